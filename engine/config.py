@@ -1,0 +1,134 @@
+"""Engine options: the single source of the CLI flags and of the operator's engine arguments.
+
+This module imports no torch so that the operator (a light image) can derive `tokenmill serve`
+flags from it. Names follow vLLM's so users can switch engines by flag name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATIONS = (None, "int8", "fp8")
+KV_CACHE_DTYPES = ("auto", "int8", "fp8")
+TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
+BLOCK_SIZES = (8, 16, 32, 64, 128)
+DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_CPU_KV_CACHE_MEMORY = 1 << 30
+
+
+class ConfigError(ValueError):
+    """An invalid engine option; the message names the option."""
+
+    def __init__(self, option: str, message: str):
+        super().__init__(f"{option}: {message}")
+        self.option = option
+
+
+def _opt(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class EngineConfig:
+    """Every engine option. Invalid values and combinations raise ConfigError at construction."""
+
+    model: str = _opt(
+        DEFAULT_MODEL,
+        "Hugging Face model directory, a .gguf file, or a built-in name "
+        f"({DEFAULT_MODEL}).",
+    )
+    dtype: str = _opt("auto", "Weight and activation dtype: auto (float32 on CPU, bfloat16 "
+                              "on CUDA), float32, bfloat16, float16.")
+    device: str = _opt("auto", "auto, cpu, cuda or cuda:N.")
+    max_model_len: int | None = _opt(
+        None, "Longest sequence (prompt + output) in tokens; default: the model's context length."
+    )
+    max_num_seqs: int = _opt(256, "Most sequences in one batch.")
+    max_num_batched_tokens: int = _opt(
+        2048, "Token budget of one engine step (prompt chunks plus decodes)."
+    )
+    block_size: int = _opt(16, "Tokens per KV-cache block.")
+    kv_cache_memory: int | None = _opt(
+        None,
+        "Bytes for the KV-cache pool. Default on CPU: 1 GiB; on CUDA: derived from "
+        "--gpu-memory-utilization.",
+    )
+    gpu_memory_utilization: float = _opt(
+        0.9, "Fraction of GPU memory the engine may use (weights, activations, KV cache)."
+    )
+    seed: int = _opt(0, "Seed of the engine's random state (requests without their own seed).")
+    tensor_parallel_size: int = _opt(1, "Number of GPUs one replica shards the model over.")
+    quantization: str | None = _opt(None, "Weight quantization: int8 or fp8.")
+    kv_cache_dtype: str = _opt("auto", "KV-cache dtype: auto (the model dtype), int8 or fp8.")
+    enable_prefix_caching: bool = _opt(
+        False, "Reuse the KV cache of earlier requests that share a prompt prefix."
+    )
+
+    def __post_init__(self) -> None:
+        _check(bool(self.model), "model", "must name a model")
+        _check(self.dtype in DTYPES, "dtype", f"{self.dtype!r} is not one of {DTYPES}")
+        _check(
+            self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
+            "device", f"{self.device!r} is not auto, cpu, cuda or cuda:N",
+        )
+        _check(self.max_model_len is None or self.max_model_len >= 1,
+               "max_model_len", f"must be at least 1, got {self.max_model_len}")
+        _check(self.max_num_seqs >= 1, "max_num_seqs", f"must be at least 1, got {self.max_num_seqs}")
+        _check(
+            self.max_num_batched_tokens >= self.max_num_seqs,
+            "max_num_batched_tokens",
+            f"({self.max_num_batched_tokens}) must be at least max_num_seqs "
+            f"({self.max_num_seqs}): every running sequence needs one token per step",
+        )
+        _check(self.block_size in BLOCK_SIZES, "block_size",
+               f"{self.block_size} is not one of {BLOCK_SIZES}")
+        _check(self.kv_cache_memory is None or self.kv_cache_memory > 0,
+               "kv_cache_memory", f"must be a positive number of bytes, got {self.kv_cache_memory}")
+        _check(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
+               f"must be in (0, 1], got {self.gpu_memory_utilization}")
+        _check(self.tensor_parallel_size in TENSOR_PARALLEL_SIZES, "tensor_parallel_size",
+               f"{self.tensor_parallel_size} is not one of {TENSOR_PARALLEL_SIZES}")
+        _check(self.quantization in QUANTIZATIONS, "quantization",
+               f"{self.quantization!r} is not one of int8, fp8 (or unset)")
+        _check(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype",
+               f"{self.kv_cache_dtype!r} is not one of {KV_CACHE_DTYPES}")
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def replace(self, **changes: Any) -> EngineConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _check(ok: bool, option: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(option, message)
+
+
+def cli_flag(option: str) -> str:
+    """The command-line flag of an EngineConfig option, vLLM style: max_num_seqs -> --max-num-seqs."""
+    return "--" + option.replace("_", "-")
+
+
+def engine_args(**options: Any) -> list[str]:
+    """Command-line arguments for `tokenmill serve` from option values (None values are skipped).
+
+    Booleans become `--flag` / `--no-flag`. Unknown option names raise ConfigError, so a caller
+    (the operator) can never emit a flag the engine does not have.
+    """
+    known = {f.name: f for f in dataclasses.fields(EngineConfig)}
+    args: list[str] = []
+    for name, value in options.items():
+        if name not in known:
+            raise ConfigError(name, "is not an engine option")
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            args.append(cli_flag(name) if value else "--no-" + cli_flag(name)[2:])
+        else:
+            args += [cli_flag(name), str(value)]
+    return args

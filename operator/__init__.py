@@ -1,0 +1,1 @@
+"""The tokenmill Kubernetes operator: InferenceService reconciliation (kopf)."""
