@@ -76,7 +76,8 @@ class EngineConfig:
         )
         _check(self.max_model_len is None or self.max_model_len >= 1,
                "max_model_len", f"must be at least 1, got {self.max_model_len}")
-        _check(self.max_num_seqs >= 1, "max_num_seqs", f"must be at least 1, got {self.max_num_seqs}")
+        _check(self.max_num_seqs >= 1, "max_num_seqs",
+               f"must be at least 1, got {self.max_num_seqs}")
         _check(
             self.max_num_batched_tokens >= self.max_num_seqs,
             "max_num_batched_tokens",
@@ -110,7 +111,7 @@ def _check(ok: bool, option: str, message: str) -> None:
 
 
 def cli_flag(option: str) -> str:
-    """The command-line flag of an EngineConfig option, vLLM style: max_num_seqs -> --max-num-seqs."""
+    """The flag of an EngineConfig option, vLLM style: max_num_seqs -> --max-num-seqs."""
     return "--" + option.replace("_", "-")
 
 

@@ -1,0 +1,291 @@
+"""LLMEngine: requests in, tokens out, one scheduler step at a time. Knows no HTTP."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tokenmill.engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, ConfigError, EngineConfig
+from tokenmill.engine.detokenizer import IncrementalDetokenizer
+from tokenmill.engine.kv_cache import KVCacheManager, KVCacheStats
+from tokenmill.engine.models.loader import build_model, load_config, load_tokenizer
+from tokenmill.engine.models.source import resolve_model
+from tokenmill.engine.output_processor import append_token, request_output
+from tokenmill.engine.outputs import RequestOutput
+from tokenmill.engine.request import RequestTimings, Sequence
+from tokenmill.engine.runner import ModelRunner, kv_bytes_per_block
+from tokenmill.engine.sampler import sample
+from tokenmill.engine.sampling_params import SamplingParams
+from tokenmill.engine.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class RequestError(ValueError):
+    """A request the engine can never serve (too long, can't fit the KV pool, bad token ids)."""
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    timings: RequestTimings
+    seqs: list[Sequence]
+    finished: bool = False
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, show_progress: bool = True):
+        _reject_unbuilt_features(config)
+        self.config = config
+        self.device = _device(config.device)
+        self.dtype = _dtype(config.dtype, self.device)
+        source = resolve_model(config.model)
+        self.model_config = load_config(source)
+        self.tokenizer = load_tokenizer(source)
+        self.max_model_len = _max_model_len(config, self.model_config)
+        log.info("loading model", extra={"model": config.model, "device": str(self.device),
+                                         "dtype": str(self.dtype)})
+        model = build_model(self.model_config, source, self.max_model_len, self.dtype,
+                            self.device, show_progress)
+        num_blocks = self._num_blocks(model)
+        self.kv = KVCacheManager(num_blocks, config.block_size)
+        self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, self.dtype)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
+        self.eos_token_ids = _eos_ids(self.model_config, self.tokenizer, source.directory)
+        self._rng = random.Random(config.seed)
+        self._seq_ids = itertools.count()
+        self._requests: dict[str, _Request] = {}
+        log.info("engine ready", extra={"kv_blocks": num_blocks, "block_size": config.block_size,
+                                        "max_model_len": self.max_model_len})
+
+    # ---- requests -------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt: str | list[int],
+                    params: SamplingParams | None = None) -> None:
+        """Queue a request. Raises RequestError (and changes nothing) if it can never be served."""
+        params = params or SamplingParams()
+        if request_id in self._requests:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        text, token_ids = self.check_request(prompt, params)
+        timings = RequestTimings()
+        seq = self._new_sequence(request_id, 0, token_ids, params, timings)
+        self._requests[request_id] = _Request(request_id, text, token_ids, params, timings, [seq])
+        self.scheduler.add(seq)
+
+    def check_request(self, prompt: str | list[int],
+                      params: SamplingParams) -> tuple[str | None, list[int]]:
+        """Tokenize and validate without queueing; raises RequestError for what can't run."""
+        text, token_ids = self._tokenize(prompt)
+        self._check_fits(token_ids, params)
+        return text, token_ids
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now; its blocks return to the pool at once."""
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return None
+        for seq in req.seqs:
+            if not seq.is_finished:
+                seq.finish_reason = "abort"
+                self.scheduler.finish(seq)
+        req.timings.finished = time.monotonic()
+        req.finished = True
+        return request_output(req)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    def kv_cache_stats(self) -> KVCacheStats:
+        return self.kv.stats()
+
+    # ---- the step -------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one batch; return an output for every request that advanced or finished."""
+        plan = self.scheduler.schedule()
+        if not plan.scheduled:
+            return []
+        self.runner.copy_blocks(plan.block_copies)
+        logits = self.runner.execute(plan.scheduled)
+        rows: list[int] = []
+        to_sample: list[Sequence] = []
+        for row, (seq, num_new) in enumerate(plan.scheduled):
+            seq.num_computed_tokens += num_new
+            if seq.num_computed_tokens < seq.num_tokens:
+                continue  # a prompt chunk; the prompt continues next step
+            for member in self._fork_if_first_sample(seq):
+                rows.append(row)
+                to_sample.append(member)
+        touched: dict[str, _Request] = {}
+        if to_sample:
+            result = sample(logits[rows], to_sample)
+            now = time.monotonic()
+            for seq, token, logprobs in zip(to_sample, result.token_ids, result.logprobs,
+                                            strict=True):
+                req = self._requests[seq.request_id]
+                if req.timings.first_token is None:
+                    req.timings.first_token = now
+                append_token(seq, token, logprobs, self.eos_token_ids, self.max_model_len)
+                if seq.finish_reason is not None:
+                    self.scheduler.finish(seq)
+                touched[req.request_id] = req
+        outputs = []
+        for req in touched.values():
+            if all(s.is_finished for s in req.seqs) and len(req.seqs) == req.params.n:
+                req.finished = True
+                req.timings.finished = time.monotonic()
+                del self._requests[req.request_id]
+            outputs.append(request_output(req))
+        return outputs
+
+    # ---- helpers --------------------------------------------------------------------------
+
+    def _fork_if_first_sample(self, seq: Sequence) -> list[Sequence]:
+        """At a request's first sample, n > 1 becomes n sequences sharing the prompt blocks."""
+        req = self._requests[seq.request_id]
+        if seq.index != 0 or len(req.seqs) == req.params.n:
+            return [seq]
+        members = [seq]
+        for index in range(1, req.params.n):
+            child = self._new_sequence(req.request_id, index, req.prompt_token_ids, req.params,
+                                       req.timings)
+            child.num_computed_tokens = seq.num_computed_tokens
+            self.kv.fork(seq, child)
+            self.scheduler.add_running(child)
+            req.seqs.append(child)
+            members.append(child)
+        return members
+
+    def _new_sequence(self, request_id: str, index: int, token_ids: list[int],
+                      params: SamplingParams, timings: RequestTimings) -> Sequence:
+        generator = None
+        if not params.greedy:
+            seed = (params.seed + index * 7919 if params.seed is not None
+                    else self._rng.getrandbits(63))
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+        detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens)
+        return Sequence(next(self._seq_ids), request_id, index, token_ids, params, generator,
+                        detok, timings)
+
+    def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        ids = list(prompt)
+        vocab = self.model_config.vocab_size
+        if not ids:
+            raise RequestError("the prompt is empty")
+        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"prompt token ids must be integers in [0, {vocab}), got {bad[:5]}")
+        return None, ids
+
+    def _check_fits(self, token_ids: list[int], params: SamplingParams) -> None:
+        if not token_ids:
+            raise RequestError("the prompt is empty")
+        total = len(token_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise RequestError(
+                f"this model's maximum context length is {self.max_model_len} tokens, but the "
+                f"request asks for {total} ({len(token_ids)} in the prompt plus "
+                f"{params.max_tokens} max_tokens); shorten the prompt or lower max_tokens"
+            )
+        needed = self.kv.blocks_needed(total)
+        if needed > self.kv.allocator.num_blocks:
+            raise RequestError(
+                f"the request needs {needed} KV-cache blocks ({total} tokens) but the pool "
+                f"holds only {self.kv.allocator.num_blocks}; raise kv_cache_memory or lower "
+                "max_tokens"
+            )
+
+    def _num_blocks(self, model: torch.nn.Module) -> int:
+        per_block = kv_bytes_per_block(self.model_config, self.config.block_size, self.dtype)
+        budget = self.config.kv_cache_memory
+        if budget is None:
+            budget = (_cuda_kv_budget(self.config, self.device) if self.device.type == "cuda"
+                      else DEFAULT_CPU_KV_CACHE_MEMORY)
+        num_blocks = budget // per_block
+        if num_blocks < 1:
+            raise ConfigError("kv_cache_memory", f"{budget} bytes hold no KV block; one block "
+                                                 f"of this model takes {per_block} bytes")
+        return int(num_blocks)
+
+
+def _reject_unbuilt_features(config: EngineConfig) -> None:
+    if config.tensor_parallel_size != 1:
+        raise ConfigError("tensor_parallel_size", "this engine build runs on a single device")
+    if config.quantization is not None:
+        raise ConfigError("quantization", f"{config.quantization} weights are not supported yet")
+    if config.kv_cache_dtype != "auto":
+        raise ConfigError("kv_cache_dtype", f"{config.kv_cache_dtype} is not supported yet")
+    if config.enable_prefix_caching:
+        log.warning("prefix caching is not available in this build; running without it")
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("device", f"{name} was asked for but no CUDA device is available")
+    return torch.device(name)
+
+
+def _dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[name]
+
+
+def _max_model_len(config: EngineConfig, model_config: Any) -> int:
+    limit = getattr(model_config, "max_position_embeddings", None) or 2048
+    if config.max_model_len is None:
+        return limit
+    if config.max_model_len > limit:
+        raise ConfigError("max_model_len", f"{config.max_model_len} exceeds the model's context "
+                                           f"length ({limit})")
+    return config.max_model_len
+
+
+def _cuda_kv_budget(config: EngineConfig, device: torch.device) -> int:
+    free, total = torch.cuda.mem_get_info(device)
+    used = total - free
+    # Headroom for activations and logits of the largest step.
+    reserve = config.max_num_batched_tokens * 64 * 1024 + (256 << 20)
+    budget = int(total * config.gpu_memory_utilization) - used - reserve
+    if budget <= 0:
+        raise ConfigError("gpu_memory_utilization",
+                          f"{config.gpu_memory_utilization} leaves no memory for the KV cache")
+    return budget
+
+
+def _eos_ids(model_config: Any, tokenizer: Any, directory: str) -> set[int]:
+    ids: set[int] = set()
+    for value in (getattr(model_config, "eos_token_id", None), tokenizer.eos_token_id):
+        ids.update(value if isinstance(value, list) else [value] if value is not None else [])
+    try:
+        from transformers import GenerationConfig
+
+        gen = GenerationConfig.from_pretrained(directory)
+        value = gen.eos_token_id
+        ids.update(value if isinstance(value, list) else [value] if value is not None else [])
+    except (OSError, ValueError):
+        pass
+    return ids

@@ -1,0 +1,104 @@
+"""Per-sequence block tables over the allocator: growth, sharing, copy-on-write and release."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenmill.engine.kv_cache.block_allocator import BlockAllocator
+from tokenmill.engine.request import Sequence
+
+
+@dataclass(frozen=True)
+class KVCacheStats:
+    num_blocks: int
+    used_blocks: int
+    allocated_slots: int
+    used_slots: int
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the pool's blocks in use."""
+        return self.used_blocks / self.num_blocks
+
+    @property
+    def waste(self) -> float:
+        """Allocated but unused slots as a fraction of allocated slots (PagedAttention's metric)."""
+        if self.allocated_slots == 0:
+            return 0.0
+        return (self.allocated_slots - self.used_slots) / self.allocated_slots
+
+
+class KVCacheManager:
+    """Owns which blocks each sequence's tokens occupy. Tensors live in the model runner."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        self.block_size = block_size
+        self.allocator = BlockAllocator(num_blocks)
+        self._tables: dict[int, Sequence] = {}
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def num_new_blocks(self, seq: Sequence, num_new_tokens: int) -> int:
+        """Blocks to allocate so seq's next `num_new_tokens` have slots, copy-on-write included."""
+        total = self.blocks_needed(seq.num_computed_tokens + num_new_tokens)
+        new = max(0, total - len(seq.block_table))
+        first = seq.num_computed_tokens // self.block_size
+        if first < len(seq.block_table) and self.allocator.ref_count(seq.block_table[first]) > 1:
+            new += 1
+        return new
+
+    def can_grow(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return self.num_new_blocks(seq, num_new_tokens) <= self.allocator.num_free
+
+    def grow(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
+        """Give seq slots for its next tokens. Returns (src, dst) block copies to perform first.
+
+        A block shared with another sequence is copied before this one writes into it.
+        Call only after can_grow() said yes.
+        """
+        copies = []
+        first = seq.num_computed_tokens // self.block_size
+        if first < len(seq.block_table):
+            shared = seq.block_table[first]
+            if self.allocator.ref_count(shared) > 1:
+                fresh = self.allocator.allocate()
+                self.allocator.release(shared)
+                seq.block_table[first] = fresh
+                copies.append((shared, fresh))
+        total = self.blocks_needed(seq.num_computed_tokens + num_new_tokens)
+        while len(seq.block_table) < total:
+            seq.block_table.append(self.allocator.allocate())
+        self._tables[seq.seq_id] = seq
+        return copies
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Child shares every block of parent (reference counts, no copy)."""
+        for block in parent.block_table:
+            self.allocator.share(block)
+        child.block_table = list(parent.block_table)
+        self._tables[child.seq_id] = child
+
+    def free(self, seq: Sequence) -> None:
+        for block in reversed(seq.block_table):
+            self.allocator.release(block)
+        seq.block_table = []
+        self._tables.pop(seq.seq_id, None)
+
+    def slot(self, seq: Sequence, position: int) -> int:
+        return seq.block_table[position // self.block_size] * self.block_size + (
+            position % self.block_size
+        )
+
+    def stats(self) -> KVCacheStats:
+        owners: dict[int, int] = {}
+        for seq in self._tables.values():
+            for i, block in enumerate(seq.block_table):
+                filled = min(self.block_size, max(0, seq.num_computed_tokens - i * self.block_size))
+                owners[block] = max(owners.get(block, 0), filled)
+        return KVCacheStats(
+            num_blocks=self.allocator.num_blocks,
+            used_blocks=self.allocator.num_used,
+            allocated_slots=self.allocator.num_used * self.block_size,
+            used_slots=sum(owners.values()),
+        )

@@ -1,0 +1,28 @@
+"""What attention needs to know about a step's batch: where each sequence's tokens sit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """Layout of one step's flattened tokens.
+
+    Sequence i owns rows query_start_loc[i]:query_start_loc[i+1] of the step's tokens; those are
+    its newest tokens, so its context (cached prefix plus new tokens) is seq_lens[i] long and
+    lives in the blocks block_tables[i]. slot_mapping[t] is the cache slot token t writes to.
+    """
+
+    slot_mapping: torch.Tensor      # [num_tokens] int64
+    block_tables: torch.Tensor      # [num_seqs, max_blocks] int64, padded with 0
+    seq_lens: torch.Tensor          # [num_seqs] int64 (context length after this step)
+    query_start_loc: torch.Tensor   # [num_seqs + 1] int64
+    seq_lens_list: list[int]
+    query_lens_list: list[int]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_list)

@@ -1,0 +1,1 @@
+"""Model code: one decoder-only transformer covering the Llama and Qwen families."""

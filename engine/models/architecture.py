@@ -1,0 +1,40 @@
+"""Which transformers architectures we run, and the few ways they differ."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ArchitectureFlags:
+    qkv_bias: bool = False       # Qwen2: bias on q/k/v projections only
+    qk_norm: bool = False        # Qwen3: RMSNorm over each head of q and k before rotary
+
+
+SUPPORTED = {
+    "LlamaForCausalLM": ArchitectureFlags(),
+    "MistralForCausalLM": ArchitectureFlags(),
+    "Qwen2ForCausalLM": ArchitectureFlags(qkv_bias=True),
+    "Qwen3ForCausalLM": ArchitectureFlags(qk_norm=True),
+}
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+               "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def architecture_of(config: Any) -> str:
+    names = list(getattr(config, "architectures", None) or [])
+    for name in names:
+        if name in SUPPORTED:
+            return name
+    by_type = MODEL_TYPES.get(getattr(config, "model_type", ""))
+    if by_type and not names:
+        return by_type
+    raise ValueError(
+        f"architecture {names or config.model_type!r} is not supported; tokenmill runs "
+        f"{', '.join(SUPPORTED)}"
+    )
+
+
+def flags_of(config: Any) -> ArchitectureFlags:
+    return SUPPORTED[architecture_of(config)]

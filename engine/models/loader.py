@@ -1,0 +1,109 @@
+"""Build a model and fill it with weights from safetensors or GGUF (dequantized on load)."""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from tokenmill.engine.layers.rotary import RotaryEmbedding, rope_parameters
+from tokenmill.engine.models.decoder import CausalLM, head_dim_of, num_kv_heads_of
+from tokenmill.engine.models.gguf_weights import gguf_tensors
+from tokenmill.engine.models.source import ModelSource
+
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def load_config(source: ModelSource) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(source.directory, gguf_file=source.gguf_file)
+
+
+def load_tokenizer(source: ModelSource) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(source.directory, gguf_file=source.gguf_file)
+
+
+def build_model(config: Any, source: ModelSource, max_positions: int, dtype: torch.dtype,
+                device: torch.device, show_progress: bool = True) -> CausalLM:
+    """Allocate the model directly on `device` (no random init) and load its weights."""
+    with torch.device("meta"):
+        model = CausalLM(config, max_positions)
+    model = model.to(dtype=dtype).to_empty(device=device)
+    # Rotary tables are computed, not loaded: rebuild them on the device in float32.
+    model.model.rotary = RotaryEmbedding(
+        head_dim_of(config), max_positions, rope_parameters(config)
+    ).to(device)
+    if getattr(config, "tie_word_embeddings", False):
+        model.lm_head.weight = model.model.embed_tokens.weight
+    tensors = _gguf_named(source, config) if source.gguf_file else _safetensors(source)
+    _load(model, tensors, show_progress)
+    return model.eval()
+
+
+def _load(model: CausalLM, tensors: Iterator[tuple[str, torch.Tensor, int]],
+          show_progress: bool) -> None:
+    params = dict(model.named_parameters(remove_duplicate=False))
+    tied = model.lm_head.weight is model.model.embed_tokens.weight
+    loaded: set[str] = set()
+    progress = None
+    for name, tensor, total in tensors:
+        if progress is None:
+            progress = tqdm(total=total, desc="Loading weights", unit="tensor",
+                            disable=not show_progress)
+        progress.update(1)
+        if name.endswith(IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
+            continue
+        if name not in params:
+            raise ValueError(f"checkpoint tensor {name!r} has no place in the model")
+        target = params[name]
+        if tuple(target.shape) != tuple(tensor.shape):
+            raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape "
+                             f"{tuple(target.shape)}")
+        with torch.no_grad():
+            target.copy_(tensor)
+        loaded.add(name)
+    if progress is not None:
+        progress.close()
+    if tied:
+        loaded.add("lm_head.weight")
+    missing = sorted(set(params) - loaded)
+    if missing:
+        raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")
+
+
+def _safetensors(source: ModelSource) -> Iterator[tuple[str, torch.Tensor, int]]:
+    from safetensors import safe_open
+
+    files = sorted(glob.glob(os.path.join(source.directory, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {source.directory}")
+    handles = [safe_open(f, framework="pt", device="cpu") for f in files]
+    names = [list(h.keys()) for h in handles]
+    total = sum(len(n) for n in names)
+    for handle, handle_names in zip(handles, names, strict=True):
+        for name in handle_names:
+            yield name, handle.get_tensor(name), total
+
+
+def _gguf_named(source: ModelSource, config: Any) -> Iterator[tuple[str, torch.Tensor, int]]:
+    unpermute = getattr(config, "model_type", "") == "llama"
+    heads = {"q_proj": config.num_attention_heads, "k_proj": num_kv_heads_of(config)}
+    for name, tensor, total in gguf_tensors(source.gguf_path):
+        kind = name.split(".")[-2]
+        if unpermute and kind in heads:
+            tensor = _undo_rope_permute(tensor, heads[kind])
+        yield name, tensor, total
+
+
+def _undo_rope_permute(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """llama.cpp interleaves each head's rotary halves in Q/K rows; restore the HF layout."""
+    rows = w.shape[0]
+    return (w.reshape(num_heads, rows // num_heads // 2, 2, *w.shape[1:])
+            .transpose(1, 2).reshape(w.shape))

