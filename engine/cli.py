@@ -1,0 +1,97 @@
+"""The `tokenmill` command. Engine flags are derived from EngineConfig, never retyped."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import types
+import typing
+from typing import Any
+
+from tokenmill.engine.config import EngineConfig, cli_flag
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per EngineConfig field, with its type, default and help."""
+    hints = typing.get_type_hints(EngineConfig)
+    for f in dataclasses.fields(EngineConfig):
+        kind = _base_type(hints[f.name])
+        help_text = f.metadata.get("help", "")
+        if kind is bool:
+            parser.add_argument(cli_flag(f.name), dest=f.name, default=f.default,
+                                action=argparse.BooleanOptionalAction, help=help_text)
+        else:
+            parser.add_argument(cli_flag(f.name), dest=f.name, type=kind, default=f.default,
+                                help=f"{help_text} (default: {f.default})")
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)})
+
+
+def _base_type(hint: Any) -> type:
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from tokenmill.engine.llm import LLM
+    from tokenmill.engine.sampling_params import SamplingParams
+
+    llm = LLM(**dataclasses.asdict(engine_config_from_args(args)))
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                            seed=args.sampling_seed)
+    prompts = args.prompt or ["What is the capital of France?"]
+    if args.raw:
+        outputs = llm.generate(prompts, params)
+    else:
+        outputs = [llm.chat([{"role": "user", "content": p}], params)[0] for p in prompts]
+    for prompt, out in zip(prompts, outputs, strict=True):
+        completion = out.outputs[0]
+        if args.json:
+            print(json.dumps({"prompt": prompt, "text": completion.text,
+                              "finish_reason": completion.finish_reason,
+                              "num_tokens": len(completion.token_ids)}))
+        else:
+            print(f"> {prompt}\n{completion.text}\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tokenmill", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    gen = commands.add_parser("generate", help="Generate with a model (chat template by default).")
+    add_engine_arguments(gen)
+    gen.add_argument("prompt", nargs="*", help="Prompts (default: a sample question).")
+    gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--sampling-seed", type=int, default=None)
+    gen.add_argument("--raw", action="store_true", help="Plain completion, no chat template.")
+    gen.add_argument("--json", action="store_true", help="One JSON object per prompt.")
+    gen.set_defaults(func=_generate)
+
+    bench = commands.add_parser("bench", help="Benchmarks.")
+    bench_commands = bench.add_subparsers(dest="bench_command", required=True)
+    from tokenmill.engine.bench import offline
+
+    offline_parser = bench_commands.add_parser("offline", help=offline.__doc__)
+    add_engine_arguments(offline_parser)
+    offline.add_arguments(offline_parser)
+    offline_parser.set_defaults(func=offline.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tokenmill.engine.log import configure_logging
+
+    args = build_parser().parse_args(argv)
+    configure_logging()
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
