@@ -1,0 +1,112 @@
+"""Bad input raises a clear error, queues nothing, and the engine keeps serving."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenmill.engine import LLM, EngineConfig, SamplingParams
+from tokenmill.engine.config import ConfigError
+from tokenmill.engine.engine import RequestError
+from tokenmill.engine.models.source import ModelNotFound
+from tokenmill.engine.sampling_params import SamplingParamsError
+
+
+@pytest.mark.parametrize("options,named", [
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"temperature": -0.5}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"top_k": 0}, "top_k"),
+    ({"n": 0}, "n"),
+    ({"logprobs": 50}, "logprobs"),
+])
+def test_invalid_sampling_params_name_the_option(options, named):
+    with pytest.raises(SamplingParamsError, match=named):
+        SamplingParams(**options)
+
+
+@pytest.mark.parametrize("options,named", [
+    ({"block_size": 10}, "block_size"),
+    ({"max_num_seqs": 0}, "max_num_seqs"),
+    ({"max_num_seqs": 64, "max_num_batched_tokens": 32}, "max_num_batched_tokens"),
+    ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+    ({"dtype": "float8"}, "dtype"),
+    ({"tensor_parallel_size": 3}, "tensor_parallel_size"),
+    ({"quantization": "awq"}, "quantization"),
+    ({"kv_cache_memory": 0}, "kv_cache_memory"),
+])
+def test_invalid_engine_options_fail_at_construction(options, named):
+    with pytest.raises(ConfigError, match=named):
+        EngineConfig(**options)
+
+
+def test_unknown_model_path_says_what_to_do(tmp_path):
+    with pytest.raises(ModelNotFound, match="Hugging Face model directory"):
+        LLM(str(tmp_path / "no-such-model"), show_progress=False)
+    with pytest.raises(ModelNotFound, match="config.json"):
+        LLM(str(tmp_path), show_progress=False)
+
+
+def test_prompt_too_long_is_rejected_and_others_still_run(tiny_llama_dir):
+    llm = LLM(tiny_llama_dir, show_progress=False, max_model_len=64)
+    good = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    with pytest.raises(RequestError, match=r"64 tokens.*70 \(62 in the prompt plus 8"):
+        llm.generate([[5, 6, 7], [11] * 62], good)
+    assert not llm.engine.has_unfinished_requests()  # nothing of the batch was queued
+    out = llm.generate([[5, 6, 7]], good)[0].outputs[0]
+    assert len(out.token_ids) == 8
+
+
+def test_request_larger_than_the_kv_pool_is_rejected_at_admission(tiny_llama_dir, tiny_llama):
+    from tokenmill.engine.runner import kv_bytes_per_block
+
+    block = kv_bytes_per_block(tiny_llama.engine.model_config, 8, tiny_llama.engine.dtype)
+    with pytest.raises(ConfigError, match="kv_cache_memory"):
+        LLM(tiny_llama_dir, show_progress=False, block_size=8, kv_cache_memory=block - 1)
+    llm = LLM(tiny_llama_dir, show_progress=False, block_size=8, kv_cache_memory=4 * block)
+    with pytest.raises(RequestError, match="needs 5 KV-cache blocks.*only 4"):
+        llm.generate([[7] * 30], SamplingParams(max_tokens=10))
+    out = llm.generate([[7] * 20], SamplingParams(max_tokens=10, ignore_eos=True))[0]
+    assert len(out.outputs[0].token_ids) == 10
+    llm.engine.kv.allocator.check_all_free()
+
+
+def test_bad_token_ids_and_empty_prompts_are_rejected(tiny_llama):
+    vocab = tiny_llama.engine.model_config.vocab_size
+    for prompt in ([], [1, vocab], [-1], ""):
+        with pytest.raises(RequestError):
+            tiny_llama.generate([prompt], SamplingParams(max_tokens=2))
+    assert len(tiny_llama.generate([[1, 2, 3]], SamplingParams(max_tokens=2,
+                                                               ignore_eos=True))[0]
+               .outputs[0].token_ids) == 2
+
+
+def test_duplicate_request_id_is_rejected_without_harming_the_first(tiny_llama):
+    engine = tiny_llama.engine
+    engine.add_request("same", [1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True))
+    with pytest.raises(RequestError, match="already in use"):
+        engine.add_request("same", [4, 5], SamplingParams(max_tokens=3))
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    assert outputs[-1].finished and len(outputs[-1].outputs[0].token_ids) == 3
+    engine.kv.allocator.check_all_free()
+
+
+def test_an_error_mid_run_aborts_the_batch_and_leaks_nothing(tiny_llama, monkeypatch):
+    engine = tiny_llama.engine
+    real_step = engine.step
+    calls = {"n": 0}
+
+    def failing_step():
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real_step()
+
+    monkeypatch.setattr(engine, "step", failing_step)
+    with pytest.raises(KeyboardInterrupt):
+        tiny_llama.generate([[1, 2, 3]] * 4, SamplingParams(max_tokens=20, ignore_eos=True))
+    monkeypatch.undo()
+    assert not engine.has_unfinished_requests()
+    engine.kv.allocator.check_all_free()

@@ -1,0 +1,40 @@
+"""EngineConfig is the single source of CLI flags and operator engine arguments."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tokenmill.engine.cli import build_parser, engine_config_from_args
+from tokenmill.engine.config import ConfigError, EngineConfig, engine_args
+
+
+def test_every_option_is_a_cli_flag_with_vllm_names():
+    args = build_parser().parse_args([
+        "generate", "--max-num-seqs", "7", "--max-model-len", "128", "--block-size", "32",
+        "--kv-cache-memory", "1000000", "--no-enable-prefix-caching", "--dtype", "float32",
+    ])
+    config = engine_config_from_args(args)
+    assert (config.max_num_seqs, config.max_model_len, config.block_size) == (7, 128, 32)
+    assert config.kv_cache_memory == 1_000_000 and config.enable_prefix_caching is False
+    defaults = engine_config_from_args(build_parser().parse_args(["generate"]))
+    assert defaults == EngineConfig()
+
+
+def test_engine_args_round_trip_through_the_cli_parser():
+    argv = engine_args(max_num_seqs=12, gpu_memory_utilization=0.8, enable_prefix_caching=True,
+                       quantization=None, model="/models/x")
+    assert argv == ["--max-num-seqs", "12", "--gpu-memory-utilization", "0.8",
+                    "--enable-prefix-caching", "--model", "/models/x"]
+    config = engine_config_from_args(build_parser().parse_args(["generate", *argv]))
+    assert config.max_num_seqs == 12 and config.gpu_memory_utilization == 0.8
+    with pytest.raises(ConfigError, match="not_an_option"):
+        engine_args(not_an_option=1)
+
+
+def test_config_module_does_not_import_torch():
+    code = ("import sys, tokenmill.engine.config as c; c.EngineConfig(); "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code], cwd="/").returncode == 0

@@ -1,0 +1,20 @@
+"""Every Python package directory ships in the wheel (pyproject's explicit package list)."""
+
+from __future__ import annotations
+
+import pathlib
+import tomllib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_package_list_covers_every_subpackage():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    listed = set(project["tool"]["setuptools"]["packages"])
+    mapping = project["tool"]["setuptools"]["package-dir"]
+    found = set()
+    for package, directory in mapping.items():
+        for init in (ROOT / directory).rglob("__init__.py"):
+            relative = init.parent.relative_to(ROOT / directory)
+            found.add(".".join([package, *relative.parts]) if relative.parts else package)
+    assert found == listed

@@ -1,0 +1,67 @@
+"""The paged torch attention equals dense causal attention over the same keys and values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tokenmill.engine.layers.attention_metadata import AttentionMetadata
+from tokenmill.engine.layers.paged_attention import paged_attention, write_kv
+
+
+def _dense(q, k, v, scale):
+    """Causal attention of the last len(q) positions over all of k/v (GQA by repetition)."""
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+    q_pos = torch.arange(k.shape[0] - q.shape[0], k.shape[0]).unsqueeze(1)
+    scores = scores.masked_fill(torch.arange(k.shape[0]).unsqueeze(0) > q_pos, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (8, 1)])
+def test_mixed_batch_of_prefill_chunks_and_decodes(block_size, heads, kv_heads):
+    torch.manual_seed(0)
+    dim, num_blocks = 8, 64
+    # (cached tokens, new tokens): fresh prefill, chunk after a prefix, decodes, partial blocks.
+    shapes = [(0, 13), (9, 7), (20, 1), (3, 1), (0, 1), (31, 2)]
+    k_cache = torch.zeros(num_blocks, block_size, kv_heads, dim)
+    v_cache = torch.zeros_like(k_cache)
+    free = list(torch.randperm(num_blocks).tolist())
+    tables, full_k, full_v, qs, slots = [], [], [], [], []
+    for cached, new in shapes:
+        total = cached + new
+        table = [free.pop() for _ in range(-(-total // block_size))]
+        tables.append(table)
+        k = torch.randn(total, kv_heads, dim)
+        v = torch.randn(total, kv_heads, dim)
+        full_k.append(k)
+        full_v.append(v)
+        positions = range(total)
+        seq_slots = [table[p // block_size] * block_size + p % block_size for p in positions]
+        write_kv(k[:cached], v[:cached], k_cache, v_cache, torch.tensor(seq_slots[:cached],
+                                                                         dtype=torch.long))
+        slots += seq_slots[cached:]
+        qs.append(torch.randn(new, heads, dim))
+    width = max(len(t) for t in tables)
+    starts = [0]
+    for _, new in shapes:
+        starts.append(starts[-1] + new)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.long),
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables]),
+        seq_lens=torch.tensor([c + n for c, n in shapes]),
+        query_start_loc=torch.tensor(starts),
+        seq_lens_list=[c + n for c, n in shapes],
+        query_lens_list=[n for _, n in shapes],
+    )
+    new_k = torch.cat([k[c:] for k, (c, _) in zip(full_k, shapes, strict=True)])
+    new_v = torch.cat([v[c:] for v, (c, _) in zip(full_v, shapes, strict=True)])
+    write_kv(new_k, new_v, k_cache, v_cache, meta.slot_mapping)
+    scale = dim ** -0.5
+    out = paged_attention(torch.cat(qs), k_cache, v_cache, meta, scale)
+    for i, q in enumerate(qs):
+        expected = _dense(q, full_k[i], full_v[i], scale)
+        torch.testing.assert_close(out[starts[i]:starts[i + 1]], expected, atol=1e-5, rtol=1e-5)

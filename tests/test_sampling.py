@@ -1,0 +1,119 @@
+"""Sampling per request: seeds, greedy equivalences, penalties, stops, n > 1, logprobs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tokenmill.engine import SamplingParams
+
+PROMPT = [312, 1040, 2203, 77, 4511]
+
+
+def _tokens(llm, params, prompt=PROMPT):
+    return [c.token_ids for c in llm.generate([prompt], params)[0].outputs]
+
+
+def test_seeded_request_reproduces_whatever_the_batch(tiny_llama):
+    params = SamplingParams(temperature=1.0, seed=1234, max_tokens=20, ignore_eos=True)
+    alone = _tokens(tiny_llama, params)
+    others = [SamplingParams(temperature=0.9, max_tokens=n, ignore_eos=True) for n in (3, 30)]
+    batch = tiny_llama.generate([[9, 8, 7], PROMPT, [1000] * 40],
+                                [others[0], params, others[1]])
+    assert batch[1].outputs[0].token_ids == alone[0]
+    different_seed = _tokens(tiny_llama, SamplingParams(temperature=1.0, seed=99, max_tokens=20,
+                                                        ignore_eos=True))
+    assert different_seed != alone
+
+
+def test_temperature_zero_and_top_k_one_equal_greedy(tiny_llama):
+    greedy = _tokens(tiny_llama, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+    top_k_1 = _tokens(tiny_llama, SamplingParams(temperature=1.3, top_k=1, seed=5, max_tokens=16,
+                                                 ignore_eos=True))
+    tiny_top_p = _tokens(tiny_llama, SamplingParams(temperature=1.0, top_p=1e-9, seed=5,
+                                                    max_tokens=16, ignore_eos=True))
+    assert top_k_1 == greedy
+    assert tiny_top_p == greedy
+
+
+def test_min_p_one_keeps_only_the_most_likely_token(tiny_llama):
+    greedy = _tokens(tiny_llama, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
+    min_p = _tokens(tiny_llama, SamplingParams(temperature=1.0, min_p=1.0, seed=1, max_tokens=10,
+                                               ignore_eos=True))
+    assert min_p == greedy
+
+
+def test_unseeded_sampling_varies(tiny_llama):
+    params = SamplingParams(temperature=1.5, max_tokens=12, ignore_eos=True)
+    assert _tokens(tiny_llama, params) != _tokens(tiny_llama, params)
+
+
+def test_penalties_discourage_repeats(tiny_llama):
+    base = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    plain = _tokens(tiny_llama, base)[0]
+    penalized = _tokens(tiny_llama, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True,
+                                                   frequency_penalty=2.0, presence_penalty=2.0))[0]
+    repetition = _tokens(tiny_llama, SamplingParams(temperature=0.0, max_tokens=40,
+                                                    ignore_eos=True, repetition_penalty=5.0))[0]
+    assert len(set(penalized)) > len(set(plain))
+    assert len(set(repetition)) > len(set(plain))
+
+
+def test_n_samples_are_independent_and_complete(tiny_llama):
+    out = tiny_llama.generate([PROMPT], SamplingParams(n=3, temperature=1.0, seed=7,
+                                                       max_tokens=8, ignore_eos=True))[0]
+    assert [c.index for c in out.outputs] == [0, 1, 2]
+    assert all(len(c.token_ids) == 8 and c.finish_reason == "length" for c in out.outputs)
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1
+    again = tiny_llama.generate([PROMPT], SamplingParams(n=3, temperature=1.0, seed=7,
+                                                         max_tokens=8, ignore_eos=True))[0]
+    assert [c.token_ids for c in again.outputs] == [c.token_ids for c in out.outputs]
+    tiny_llama.engine.kv.allocator.check_all_free()
+
+
+def test_logprobs_are_top_k_and_include_the_sampled_token(tiny_llama):
+    out = tiny_llama.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=5,
+                                                       logprobs=3, ignore_eos=True))[0].outputs[0]
+    assert len(out.logprobs) == 5
+    for token, entry in zip(out.token_ids, out.logprobs, strict=True):
+        assert len(entry) == 3 and token in entry
+        values = list(entry.values())
+        assert values == sorted(values, reverse=True) and all(v <= 0 for v in values)
+        assert entry[token] == max(values)  # greedy picks the most likely token
+        assert sum(math.exp(v) for v in values) <= 1.0 + 1e-5
+
+
+def test_stop_token_ids_end_the_output(tiny_llama):
+    full = _tokens(tiny_llama, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))[0]
+    stop_at = full[4]
+    out = tiny_llama.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=12,
+                                                       stop_token_ids=[stop_at],
+                                                       ignore_eos=True))[0].outputs[0]
+    first = full.index(stop_at)
+    assert out.token_ids == full[:first + 1]
+    assert out.finish_reason == "stop" and out.stop_reason == stop_at
+
+
+@pytest.fixture(scope="module")
+def paris_text(smol_llm):
+    msg = [{"role": "user", "content": "What is the capital of France?"}]
+    return smol_llm.chat(msg, SamplingParams(temperature=0.0, max_tokens=30))[0].outputs[0].text
+
+
+@pytest.mark.parametrize("stop", ["Paris", "is P", " of", "."])
+def test_stop_strings_cut_the_text_exactly(smol_llm, paris_text, stop):
+    msg = [{"role": "user", "content": "What is the capital of France?"}]
+    out = smol_llm.chat(msg, SamplingParams(temperature=0.0, max_tokens=30,
+                                            stop=[stop, "never-appears"]))[0].outputs[0]
+    assert out.text == paris_text[:paris_text.index(stop)]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+
+
+def test_eos_ends_with_stop_and_ignore_eos_runs_to_length(smol_llm):
+    msg = [{"role": "user", "content": "What is the capital of France?"}]
+    natural = smol_llm.chat(msg, SamplingParams(temperature=0.0, max_tokens=40))[0].outputs[0]
+    assert natural.finish_reason == "stop" and len(natural.token_ids) < 40
+    forced = smol_llm.chat(msg, SamplingParams(temperature=0.0, max_tokens=40,
+                                               ignore_eos=True))[0].outputs[0]
+    assert forced.finish_reason == "length" and len(forced.token_ids) == 40
