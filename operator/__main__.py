@@ -1,0 +1,53 @@
+"""`tokenmill operator` (or `python -P -m tokenmill.operator`): run the operator with kopf.
+
+Watches every namespace unless --namespace is given; runs with kopf peering (one active
+replica among several) unless --standalone; serves a liveness endpoint for the kubelet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tokenmill operator", description=__doc__.split("\n")[0])
+    p.add_argument("-n", "--namespace", action="append", default=[],
+                   help="Namespace (or glob) to watch; repeat for several. Default: all.")
+    p.add_argument("--standalone", action="store_true",
+                   help="Run without peering (a single operator replica).")
+    p.add_argument("--peering", default="tokenmill-operator",
+                   help="Name of the KopfPeering/ClusterKopfPeering object for HA.")
+    p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
+                   help="Liveness endpoint URL, or '' for none.")
+    p.add_argument("--engine-image", default=None,
+                   help="Image of engine pods whose spec names none (env TOKENMILL_ENGINE_IMAGE).")
+    p.add_argument("--verbose", action="store_true", help="Debug logging.")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    if args.engine_image:
+        os.environ["TOKENMILL_ENGINE_IMAGE"] = args.engine_image
+    import kopf
+
+    from . import handlers  # noqa: F401  (registers the handlers)
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    asyncio.run(kopf.operator(
+        standalone=args.standalone,
+        peering_name=None if args.standalone else args.peering,
+        liveness_endpoint=args.liveness or None,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+    ))
+
+
+if __name__ == "__main__":
+    main()

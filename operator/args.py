@@ -1,0 +1,91 @@
+"""The `tokenmill serve` command line of an InferenceService.
+
+Flags come from the engine's own option table (`engine_args`, `EngineConfig`), never retyped
+here, so the operator cannot emit a flag or a value the engine would reject at start-up.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tokenmill.engine.config import ConfigError, EngineConfig, engine_args
+
+from .spec import InferenceServiceSpec, SpecError
+
+PORT = 8000
+PVC_MOUNT = "/mnt/models"
+
+# Options the spec sets through its own fields; extraArgs may not set them again.
+_SPEC_OPTIONS = {
+    "model": "spec.model.uri",
+    "device": "spec.resources.gpus",
+    "tensor_parallel_size": "spec.engine.tensorParallelSize",
+    "quantization": "spec.engine.quantization",
+    "kv_cache_dtype": "spec.engine.kvCacheDtype",
+    "enable_prefix_caching": "spec.engine.prefixCaching",
+    "max_model_len": "spec.engine.maxModelLen",
+    "max_num_seqs": "spec.engine.maxNumSeqs",
+    "max_num_batched_tokens": "spec.engine.maxNumBatchedTokens",
+    "gpu_memory_utilization": "spec.engine.gpuMemoryUtilization",
+}
+_SERVER_FLAGS = ("host", "port", "served-model-name", "shutdown-timeout")
+
+
+def model_path(uri: str) -> str:
+    """Where the engine finds the model: pvc://claim/path is mounted under PVC_MOUNT."""
+    if uri.startswith("pvc://"):
+        _, _, path = uri.removeprefix("pvc://").partition("/")
+        return f"{PVC_MOUNT}/{path}".rstrip("/")
+    return uri
+
+
+def engine_options(spec: InferenceServiceSpec) -> dict[str, Any]:
+    """EngineConfig option values of a spec (None: the engine's default)."""
+    engine = spec.engine
+    return {
+        "model": model_path(spec.model.uri),
+        "device": "cpu" if spec.gpus == 0 else None,
+        "tensor_parallel_size": engine.tensor_parallel_size,
+        "quantization": None if engine.quantization == "none" else engine.quantization,
+        "kv_cache_dtype": engine.kv_cache_dtype,
+        "enable_prefix_caching": engine.prefix_caching,
+        "max_model_len": engine.max_model_len,
+        "max_num_seqs": engine.max_num_seqs,
+        "max_num_batched_tokens": engine.max_num_batched_tokens,
+        "gpu_memory_utilization": engine.gpu_memory_utilization,
+    }
+
+
+def check_engine(spec: InferenceServiceSpec) -> None:
+    """SpecError if the engine would reject these options or an extra flag."""
+    options = {k: v for k, v in engine_options(spec).items() if v is not None}
+    try:
+        EngineConfig(**options)
+    except ConfigError as e:
+        field = _SPEC_OPTIONS.get(e.option, e.option)
+        raise SpecError(f"{field}: {str(e).partition(': ')[2]}") from None
+    known = set(EngineConfig.option_names())
+    for arg in spec.engine.extra_args:
+        if not arg.startswith("--"):
+            continue
+        flag = arg[2:].partition("=")[0]
+        option = flag.removeprefix("no-").replace("-", "_")
+        if flag in _SERVER_FLAGS:
+            raise SpecError(f"spec.engine.extraArgs: --{flag} is set by the operator")
+        if option in _SPEC_OPTIONS:
+            raise SpecError(f"spec.engine.extraArgs: --{flag} is set by {_SPEC_OPTIONS[option]}")
+        if option not in known:
+            raise SpecError(f"spec.engine.extraArgs: --{flag} is not a tokenmill engine flag")
+
+
+def serve_command(spec: InferenceServiceSpec, served_name: str) -> list[str]:
+    """The container command: the server flags, then the engine flags, then extraArgs."""
+    return [
+        "tokenmill", "serve",
+        "--host", "0.0.0.0",
+        "--port", str(PORT),
+        "--served-model-name", served_name,
+        "--shutdown-timeout", str(spec.shutdown_timeout_seconds),
+        *engine_args(**engine_options(spec)),
+        *spec.engine.extra_args,
+    ]

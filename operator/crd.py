@@ -1,0 +1,144 @@
+"""Generate the InferenceService CRD from the pydantic models in spec.py.
+
+Regenerate the checked-in YAML after changing spec.py (run outside the repository root, or
+with -P, so the `operator/` directory does not shadow Python's `operator` module):
+
+    python -P -m tokenmill.operator.crd crds/inferenceservices.tokenmill.io.yaml
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .spec import GROUP, KIND, PLURAL, VERSION, InferenceServiceSpec, InferenceServiceStatus
+
+NAME = f"{PLURAL}.{GROUP}"
+FILENAME = f"{NAME}.yaml"
+_KEEP = {"type", "description", "default", "enum", "minimum", "maximum", "exclusiveMinimum",
+         "exclusiveMaximum", "pattern", "format", "items", "properties", "required",
+         "additionalProperties"}
+
+
+def _structural(node: Any, defs: dict[str, Any]) -> Any:
+    """A pydantic JSON Schema node as a Kubernetes structural schema: refs inlined, optional
+    types collapsed, numeric exclusive bounds in OpenAPI v3.0 form, free-form objects kept."""
+    if isinstance(node, list):
+        return [_structural(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[1]]
+        return _structural({**target, **{k: v for k, v in node.items() if k != "$ref"}}, defs)
+    if "anyOf" in node:  # `X | None`: the null branch is how the field is left out
+        (inner,) = [b for b in node["anyOf"] if b.get("type") != "null"]
+        rest = {k: v for k, v in node.items() if k != "anyOf"}
+        return _structural({**inner, **rest}, defs)
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key.startswith("x-kubernetes-"):
+            out[key] = value
+        elif key == "properties":
+            out[key] = {name: _structural(v, defs) for name, v in value.items()}
+        elif key == "additionalProperties" and value is False:
+            continue  # implied: the API server prunes unknown fields
+        elif key in ("items", "additionalProperties") and isinstance(value, dict):
+            out[key] = _structural(value, defs)
+        elif key in ("exclusiveMinimum", "exclusiveMaximum"):
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
+        elif key == "description":
+            out[key] = " ".join(value.split())
+        elif key == "default" and value is None or key not in _KEEP:
+            continue
+        else:
+            out[key] = value
+    if out.get("type") == "object" and "properties" not in out and (
+        out.get("additionalProperties") in (None, True)
+    ):  # a free-form Kubernetes object (affinity, tolerations, valueFrom)
+        out.pop("additionalProperties", None)
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    if out.get("type") == "object" and out.get("properties") == {}:
+        out.pop("properties")
+    first = [k for k in ("type", "description") if k in out]
+    return {k: out[k] for k in [*first, *sorted(set(out) - set(first))]}
+
+
+def schema(model: type) -> dict[str, Any]:
+    """The structural OpenAPI schema of one pydantic model."""
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    return _structural(raw, raw.get("$defs", {}))
+
+
+def crd() -> dict[str, Any]:
+    """The CustomResourceDefinition object."""
+    spec_schema = schema(InferenceServiceSpec)
+    status_schema = schema(InferenceServiceStatus)
+    ready = '.status.conditions[?(@.type=="Ready")].status'
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": NAME},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {"kind": KIND, "plural": PLURAL, "singular": KIND.lower(),
+                      "listKind": f"{KIND}List", "shortNames": ["tmis"],
+                      "categories": ["tokenmill"]},
+            "versions": [{
+                "name": VERSION,
+                "served": True,
+                "storage": True,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "description": spec_schema["description"],
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "metadata": {"type": "object"},
+                        "spec": {**spec_schema, "default": {}},
+                        "status": status_schema,
+                    },
+                    "x-kubernetes-validations": [{
+                        "rule": "size(self.metadata.name) <= 63",
+                        "message": "metadata.name must be at most 63 characters: it names the "
+                                   "Service",
+                    }],
+                }},
+                "subresources": {
+                    "status": {},
+                    "scale": {"specReplicasPath": ".spec.replicas",
+                              "statusReplicasPath": ".status.replicas",
+                              "labelSelectorPath": ".status.selector"},
+                },
+                "additionalPrinterColumns": [
+                    {"name": "Model", "type": "string", "jsonPath": ".spec.model.uri"},
+                    {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas"},
+                    {"name": "Ready", "type": "string", "jsonPath": ready},
+                    {"name": "URL", "type": "string", "jsonPath": ".status.url"},
+                    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                ],
+            }],
+        },
+    }
+
+
+def render() -> str:
+    """The CRD as the YAML checked in under crds/."""
+    header = "# Generated from operator/spec.py by tokenmill.operator.crd; do not edit.\n"
+    return header + yaml.safe_dump(crd(), sort_keys=False, width=100)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if args:
+        Path(args[0]).write_text(render())
+    else:
+        sys.stdout.write(render())
+
+
+if __name__ == "__main__":
+    main()

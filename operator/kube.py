@@ -1,0 +1,83 @@
+"""A small dict-in, dict-out Kubernetes API client for the few calls the operator makes.
+
+The official client does the authentication (kubeconfig or in-cluster); objects stay plain
+dicts, as manifests.py builds them. Patches are JSON merge patches: a list is replaced whole
+and a null removes a key, which is what "make the child look like this" means.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import kubernetes
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+
+PLURALS = {
+    "Deployment": "deployments",
+    "Service": "services",
+    "PodDisruptionBudget": "poddisruptionbudgets",
+    "InferenceService": "inferenceservices",
+}
+TIMEOUT_SECONDS = 30
+
+
+def load_config() -> None:
+    """In-cluster credentials inside a pod, else the kubeconfig (KUBECONFIG or ~/.kube)."""
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+
+
+def path(api_version: str, kind: str, namespace: str, name: str = "") -> str:
+    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    return f"{prefix}/namespaces/{namespace}/{PLURALS[kind]}" + (f"/{name}" if name else "")
+
+
+def object_path(obj: dict[str, Any]) -> str:
+    meta = obj["metadata"]
+    return path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+
+
+class Kube:
+    """get/create/patch/delete of namespaced objects, as dicts."""
+
+    def __init__(self, api: ApiClient | None = None):
+        self.api = api or ApiClient()
+
+    def _call(self, method: str, url: str, body: Any = None,
+              content_type: str = "application/json") -> dict[str, Any]:
+        params = self.api.param_serialize(
+            method=method, resource_path=url, body=body, auth_settings=["BearerToken"],
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+        )
+        response = self.api.call_api(*params, _request_timeout=TIMEOUT_SECONDS)
+        response.read()
+        if not 200 <= response.status <= 299:
+            raise ApiException(http_resp=response)
+        return json.loads(response.data or b"{}")
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
+        try:
+            return self._call("GET", path(api_version, kind, namespace, name))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        return self._call("POST", path(obj["apiVersion"], obj["kind"], meta["namespace"]), obj)
+
+    def patch(self, obj: dict[str, Any], patch: dict[str, Any], subresource: str = "") -> dict:
+        url = object_path(obj) + (f"/{subresource}" if subresource else "")
+        return self._call("PATCH", url, patch, "application/merge-patch+json")
+
+    def delete(self, obj: dict[str, Any]) -> None:
+        try:
+            self._call("DELETE", object_path(obj))
+        except ApiException as e:
+            if e.status != 404:
+                raise

@@ -1,0 +1,162 @@
+"""Pure functions from an InferenceService to the objects it owns: Deployment, Service, PDB.
+
+Nothing here talks to a cluster, so every spec field's effect is testable as plain dicts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .args import PORT, PVC_MOUNT, serve_command
+from .spec import GROUP, KIND, VERSION, InferenceServiceSpec
+
+OWNER_LABEL = "tokenmill.io/inferenceservice"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "tokenmill-operator"}
+CONTAINER = "engine"
+STARTUP_PERIOD_SECONDS = 10
+STARTUP_FAILURES = 180  # 30 minutes to download and load a large model
+PRE_STOP_SECONDS = 5  # lets endpoints drop the pod before the server starts draining
+
+
+def labels(name: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "tokenmill",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": "inference",
+        **MANAGED_BY,
+        OWNER_LABEL: name,
+    }
+
+
+def selector(name: str) -> dict[str, str]:
+    """The pod selector; Deployment selectors are immutable, so it never changes."""
+    return {OWNER_LABEL: name}
+
+
+def url(name: str, namespace: str) -> str:
+    return f"http://{name}.{namespace}.svc.cluster.local:{PORT}/v1"
+
+
+def _metadata(name: str, namespace: str, uid: str) -> dict[str, Any]:
+    owner = {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": name, "uid": uid,
+        "controller": True, "blockOwnerDeletion": True,
+    }
+    return {"name": name, "namespace": namespace, "labels": labels(name),
+            "ownerReferences": [owner]}
+
+
+def _probe(period: int, failures: int, timeout: int) -> dict[str, Any]:
+    return {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": period,
+            "failureThreshold": failures, "timeoutSeconds": timeout}
+
+
+def _resources(spec: InferenceServiceSpec) -> dict[str, Any]:
+    res = spec.resources
+    requests = {k: v for k, v in (("cpu", res.cpu), ("memory", res.memory)) if v}
+    limits: dict[str, Any] = {"memory": res.memory} if res.memory else {}
+    if spec.gpus:
+        limits[res.gpu_resource_name] = str(spec.gpus)
+    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+
+
+def _volumes(spec: InferenceServiceSpec) -> tuple[list[dict], list[dict]]:
+    """Volumes and their mounts: shared memory for TP workers, the model's PVC."""
+    volumes: list[dict] = []
+    mounts: list[dict] = []
+    if spec.engine.tensor_parallel_size > 1:
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    if spec.model.uri.startswith("pvc://"):
+        claim = spec.model.uri.removeprefix("pvc://").partition("/")[0]
+        volumes.append({"name": "model",
+                        "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+        mounts.append({"name": "model", "mountPath": PVC_MOUNT, "readOnly": True})
+    return volumes, mounts
+
+
+def _container(name: str, spec: InferenceServiceSpec, image: str) -> dict[str, Any]:
+    volumes_and_mounts = _volumes(spec)
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": spec.image or image,
+        "command": serve_command(spec, spec.model.served_name or name),
+        "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+        "env": [e.model_dump(by_alias=True, exclude_none=True) for e in spec.env],
+        "resources": _resources(spec),
+        "startupProbe": _probe(STARTUP_PERIOD_SECONDS, STARTUP_FAILURES, 5),
+        "readinessProbe": _probe(5, 2, 5),
+        "livenessProbe": _probe(15, 4, 10),
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_SECONDS)]}}},
+        "volumeMounts": volumes_and_mounts[1],
+    }
+    if spec.image_pull_policy:
+        container["imagePullPolicy"] = spec.image_pull_policy
+    return {k: v for k, v in container.items() if v not in ([], {})}
+
+
+def deployment(name: str, namespace: str, uid: str, spec: InferenceServiceSpec,
+               image: str) -> dict[str, Any]:
+    """The Deployment running `tokenmill serve`; every spec change lands in its pod template."""
+    pod: dict[str, Any] = {
+        "serviceAccountName": spec.service_account_name,
+        "nodeSelector": spec.node_selector,
+        "tolerations": spec.tolerations,
+        "affinity": spec.affinity,
+        # preStop, then the server's drain, then a margin for the process to exit.
+        "terminationGracePeriodSeconds": PRE_STOP_SECONDS + spec.shutdown_timeout_seconds + 10,
+        "containers": [_container(name, spec, image)],
+        "volumes": _volumes(spec)[0],
+    }
+    annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(PORT),
+                   "prometheus.io/path": "/metrics", **spec.pod_annotations}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(name, namespace, uid),
+        "spec": {
+            "replicas": spec.desired_replicas,
+            "selector": {"matchLabels": selector(name)},
+            "strategy": {"type": "RollingUpdate",
+                         "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "progressDeadlineSeconds": STARTUP_PERIOD_SECONDS * STARTUP_FAILURES + 600,
+            "revisionHistoryLimit": 3,
+            "template": {
+                "metadata": {"labels": labels(name), "annotations": annotations},
+                "spec": {k: v for k, v in pod.items() if v not in (None, [], {})},
+            },
+        },
+    }
+
+
+def service(name: str, namespace: str, uid: str) -> dict[str, Any]:
+    """The ClusterIP Service behind the status URL."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(name, namespace, uid),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector(name),
+            "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def pod_disruption_budget(name: str, namespace: str, uid: str) -> dict[str, Any]:
+    """Lets voluntary evictions (node drains) take down one replica at a time."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(name, namespace, uid),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(name)}},
+    }
+
+
+def children(name: str, namespace: str, uid: str, spec: InferenceServiceSpec,
+             image: str) -> list[dict[str, Any]]:
+    """Every object the InferenceService should own; a PDB only with more than one replica."""
+    objects = [deployment(name, namespace, uid, spec, image), service(name, namespace, uid)]
+    if spec.desired_replicas > 1:
+        objects.append(pod_disruption_budget(name, namespace, uid))
+    return objects

@@ -1,0 +1,147 @@
+"""One level-based pass: make an InferenceService's children match its spec, then say how it is.
+
+Idempotent: a child is written only when it differs from the desired object, so running the
+pass on every event (of the InferenceService or of any child) converges and then goes quiet.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from . import manifests
+from . import status as status_
+from .args import check_engine
+from .kube import Kube
+from .spec import InferenceServiceSpec, SpecError, check, parse
+
+LAST_APPLIED = "tokenmill.io/last-applied"
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+@dataclass
+class Outcome:
+    """What a pass did (Events to post) and the status it computed."""
+
+    status: dict[str, Any]
+    actions: list[tuple[str, str]] = field(default_factory=list)  # (reason, message)
+    problem: tuple[str, str] | None = None  # (reason, message) of why it cannot be Ready
+
+
+def load(name: str, spec: dict[str, Any] | None) -> InferenceServiceSpec:
+    """The parsed spec, or SpecError for anything the cluster or the engine would reject."""
+    if not DNS_LABEL.match(name):
+        raise SpecError(f"metadata.name: {name!r} must be a DNS label (it names the Service)")
+    parsed = parse(spec or {})
+    check(parsed)
+    check_engine(parsed)
+    return parsed
+
+
+def covers(live: Any, desired: Any) -> bool:
+    """Whether `live` has every value of `desired` (the API server may add defaults)."""
+    if isinstance(desired, dict):
+        return isinstance(live, dict) and all(covers(live.get(k), v) for k, v in desired.items())
+    if isinstance(desired, list):
+        return (isinstance(live, list) and len(live) == len(desired)
+                and all(covers(a, b) for a, b in zip(live, desired, strict=True)))
+    return live == desired
+
+
+def removals(old: Any, new: Any) -> dict[str, Any]:
+    """A merge patch that deletes the keys we applied before and no longer want."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return {}
+    patch: dict[str, Any] = {}
+    for key, value in old.items():
+        if key not in new:
+            patch[key] = None
+        elif sub := removals(value, new[key]):
+            patch[key] = sub
+    return patch
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        elif key not in out:
+            out[key] = value
+    return out
+
+
+def _owned_by(obj: dict[str, Any], uid: str) -> bool:
+    refs = obj.get("metadata", {}).get("ownerReferences", [])
+    return any(ref.get("uid") == uid and ref.get("controller") for ref in refs)
+
+
+class ConflictError(Exception):
+    """A child's name is taken by an object this InferenceService does not own."""
+
+
+def apply(kube: Kube, desired: dict[str, Any], uid: str) -> tuple[dict, tuple[str, str] | None]:
+    """Create or repair one child; returns the live object and the action taken, if any."""
+    meta = desired["metadata"]
+    what = f"{desired['kind']} {meta['name']}"
+    applied = json.dumps(desired, sort_keys=True)
+    desired = _merge(desired, {"metadata": {"annotations": {LAST_APPLIED: applied}}})
+    live = kube.get(desired["apiVersion"], desired["kind"], meta["namespace"], meta["name"])
+    if live is None:
+        try:
+            return kube.create(desired), ("Created", f"Created {what}")
+        except ApiException as e:
+            if e.status != 409:  # created meanwhile by a concurrent pass: repair it below
+                raise
+            live = kube.get(desired["apiVersion"], desired["kind"], meta["namespace"],
+                            meta["name"]) or {}
+    if not _owned_by(live, uid):
+        raise ConflictError(f"{what} exists and is not owned by this InferenceService")
+    if covers(live, desired):
+        return live, None
+    before = json.loads(live["metadata"].get("annotations", {}).get(LAST_APPLIED, "{}"))
+    patch = _merge(desired, removals(before, desired))
+    return kube.patch(live, patch), ("Updated", f"Updated {what} to match the spec")
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def reconcile(kube: Kube, body: dict[str, Any], image: str) -> Outcome:
+    """Bring the children of one InferenceService in line with its spec; compute its status."""
+    meta = body["metadata"]
+    name, namespace, uid = meta["name"], meta["namespace"], meta.get("uid", "")
+    previous = body.get("status") or {}
+
+    def done(deployment: dict | None, actions: list, problem: tuple | None = None) -> Outcome:
+        st = status_.status(name, namespace, meta.get("generation"), deployment, problem,
+                            previous, _now())
+        return Outcome(st, actions, problem)
+
+    try:
+        spec = load(name, body.get("spec"))
+    except SpecError as e:  # keep the last valid Deployment serving; say what to fix
+        live = kube.get("apps/v1", "Deployment", namespace, name)
+        return done(live if live and _owned_by(live, uid) else None, [], ("InvalidSpec", str(e)))
+
+    actions = []
+    deployment = None
+    try:
+        for child in manifests.children(name, namespace, uid, spec, image):
+            live, action = apply(kube, child, uid)
+            deployment = live if child["kind"] == "Deployment" else deployment
+            actions += [action] if action else []
+        if spec.desired_replicas <= 1:
+            pdb = kube.get("policy/v1", "PodDisruptionBudget", namespace, name)
+            if pdb and _owned_by(pdb, uid):
+                kube.delete(pdb)
+                actions.append(("Deleted", f"Deleted PodDisruptionBudget {name}: one replica"))
+    except ConflictError as e:
+        return done(deployment, actions, ("NameConflict", str(e)))
+    return done(deployment, actions)

@@ -1,0 +1,241 @@
+"""The InferenceService spec and status as pydantic models.
+
+These models are the single source of the CRD's OpenAPI schema (see crd.py) and parse the spec
+the operator reconciles, so the schema the API server enforces and the one the operator reads
+can never disagree. Cross-field rules are CEL (`x-kubernetes-validations`) so `kubectl apply`
+rejects a bad spec with a readable message; `check()` repeats the rules the engine would
+enforce, for clusters (and emulators) that do not run CEL.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from tokenmill.engine.config import DEFAULT_MODEL, TENSOR_PARALLEL_SIZES
+
+GROUP = "tokenmill.io"
+VERSION = "v1alpha1"
+KIND = "InferenceService"
+PLURAL = "inferenceservices"
+
+# A path in the image, pvc://claim/path, or a built-in model name (no slash, no scheme).
+MODEL_URI_PATTERN = r"^(/.+|pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?/.*|[A-Za-z0-9][A-Za-z0-9._-]*)$"
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+
+# Attention and KV heads of models whose shape the operator knows without loading them; tensor
+# parallelism must divide both. Other models are checked by the engine at start-up.
+KNOWN_MODEL_HEADS = {DEFAULT_MODEL: (9, 3)}
+
+
+def _cel(rule: str, message: str) -> dict[str, str]:
+    return {"rule": rule, "message": message}
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+def _validations(*rules: dict[str, str]) -> ConfigDict:
+    return ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid",
+        json_schema_extra={"x-kubernetes-validations": list(rules)},
+    )
+
+
+class ModelSpec(_Spec):
+    """Which model to serve and under which name."""
+
+    uri: str = Field(
+        DEFAULT_MODEL, pattern=MODEL_URI_PATTERN,
+        description="A path inside the image (/models/x), pvc://CLAIM/PATH (mounted read-only), "
+                    f"or a built-in model name ({DEFAULT_MODEL}).",
+    )
+    served_name: str | None = Field(
+        None, description="Model name clients send in OpenAI requests; default: the "
+                          "InferenceService's name.",
+    )
+
+
+class EngineSpec(_Spec):
+    """Engine options; each becomes the `tokenmill serve` flag of the same (vLLM) name."""
+
+    model_config = _validations(
+        _cel("self.tensorParallelSize in [1, 2, 4, 8]",
+             "tensorParallelSize must be one of 1, 2, 4, 8"),
+        _cel("!has(self.maxNumSeqs) || !has(self.maxNumBatchedTokens) || "
+             "self.maxNumBatchedTokens >= self.maxNumSeqs",
+             "maxNumBatchedTokens must be at least maxNumSeqs (every running sequence needs "
+             "one token per step)"),
+    )
+
+    tensor_parallel_size: int = Field(1, description="GPUs one replica shards the model over.")
+    quantization: Literal["none", "int8", "fp8"] = Field("none", description="Weight quantization.")
+    kv_cache_dtype: Literal["auto", "int8", "fp8"] = Field(
+        "auto", description="KV-cache dtype; auto is the model's dtype."
+    )
+    prefix_caching: bool = Field(True, description="Reuse the KV cache of shared prompt prefixes.")
+    max_model_len: int | None = Field(None, ge=1, description="Longest sequence in tokens.")
+    max_num_seqs: int | None = Field(None, ge=1, description="Most sequences in one batch.")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, description="Token budget of one engine step."
+    )
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="Fraction of GPU memory the engine may use."
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="More `tokenmill serve` flags, e.g. [\"--block-size\", \"32\"]; only engine "
+                    "options are accepted.",
+    )
+
+
+class AutoscalingSpec(_Spec):
+    """Replica bounds and the queue-depth target; in mode external another autoscaler (KEDA,
+    HPA) owns spec.replicas through the scale subresource and the operator never changes it."""
+
+    model_config = _validations(
+        _cel("self.minReplicas <= self.maxReplicas",
+             "autoscaling.minReplicas must not be greater than autoscaling.maxReplicas"),
+    )
+
+    mode: Literal["builtin", "external"] = Field("builtin", description="Who scales replicas.")
+    min_replicas: int = Field(1, ge=0, description="Fewest replicas.")
+    max_replicas: int = Field(4, ge=1, description="Most replicas.")
+    target_queue_depth: int = Field(
+        4, ge=1, description="Waiting requests per replica the autoscaler aims for."
+    )
+    scale_up_stabilization_seconds: int = Field(
+        30, ge=0, description="How long demand must stay high before scaling up."
+    )
+    scale_down_delay_seconds: int = Field(
+        300, ge=0, description="How long demand must stay low before scaling down."
+    )
+
+
+class ResourcesSpec(_Spec):
+    """Compute resources of one replica."""
+
+    gpus: int | None = Field(
+        None, ge=0, description="GPUs per replica; default: tensorParallelSize. 0 runs on CPU."
+    )
+    gpu_resource_name: str = Field("nvidia.com/gpu", description="Extended resource of a GPU.")
+    cpu: str | None = Field(None, pattern=QUANTITY_PATTERN, description="CPU request, e.g. 4.")
+    memory: str | None = Field(
+        None, pattern=QUANTITY_PATTERN, description="Memory request and limit, e.g. 32Gi."
+    )
+
+
+class EnvVar(_Spec):
+    """A container environment variable (Kubernetes EnvVar)."""
+
+    name: str
+    value: str | None = None
+    value_from: dict[str, Any] | None = None
+
+
+class InferenceServiceSpec(_Spec):
+    """An OpenAI-compatible endpoint serving one model with tokenmill."""
+
+    model_config = _validations(
+        _cel("!has(self.resources.gpus) || self.resources.gpus >= self.engine.tensorParallelSize"
+             " || (self.resources.gpus == 0 && self.engine.tensorParallelSize == 1)",
+             "resources.gpus must be at least engine.tensorParallelSize (or 0 to run on CPU "
+             "with tensorParallelSize 1)"),
+    )
+
+    model: ModelSpec = Field(default_factory=ModelSpec, json_schema_extra={"default": {}})
+    engine: EngineSpec = Field(default_factory=EngineSpec, json_schema_extra={"default": {}})
+    replicas: int = Field(
+        1, ge=0, description="Replicas; with autoscaling the autoscaler writes this field."
+    )
+    autoscaling: AutoscalingSpec | None = None
+    resources: ResourcesSpec = Field(
+        default_factory=ResourcesSpec, json_schema_extra={"default": {}}
+    )
+    image: str | None = Field(None, description="Engine image; default: the operator's.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+    env: list[EnvVar] = Field(default_factory=list)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    affinity: dict[str, Any] | None = None
+    service_account_name: str | None = None
+    pod_annotations: dict[str, str] = Field(default_factory=dict)
+    shutdown_timeout_seconds: int = Field(
+        30, ge=0, le=3600,
+        description="How long a replica drains in-flight requests after SIGTERM.",
+    )
+
+    @property
+    def gpus(self) -> int:
+        """GPUs per replica: resources.gpus, else one per tensor-parallel rank."""
+        gpus = self.resources.gpus
+        return self.engine.tensor_parallel_size if gpus is None else gpus
+
+    @property
+    def desired_replicas(self) -> int:
+        """spec.replicas, kept within the autoscaling bounds when the built-in autoscaler owns it.
+
+        In external mode the scale subresource's writer owns spec.replicas: it is used as is."""
+        scaling = self.autoscaling
+        if scaling is None or scaling.mode == "external":
+            return self.replicas
+        return min(max(self.replicas, scaling.min_replicas), scaling.max_replicas)
+
+
+class Condition(_Spec):
+    """A status condition, Kubernetes style."""
+
+    type: Literal["Ready", "Available", "Progressing", "Degraded"]
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str | None = Field(None, json_schema_extra={"format": "date-time"})
+    observed_generation: int | None = None
+
+
+class InferenceServiceStatus(_Spec):
+    """What the operator observed; written only by the operator."""
+
+    observed_generation: int | None = None
+    replicas: int | None = None
+    ready_replicas: int | None = None
+    url: str | None = None
+    selector: str | None = Field(None, description="Label selector of the pods (for HPA/KEDA).")
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+class SpecError(ValueError):
+    """A spec the operator cannot deploy; the message says what to fix."""
+
+
+def parse(spec: dict[str, Any]) -> InferenceServiceSpec:
+    """The spec as a model, or SpecError naming every invalid field."""
+    try:
+        return InferenceServiceSpec.model_validate(spec or {})
+    except ValidationError as e:
+        problems = []
+        for error in e.errors():
+            where = ".".join(str(part) for part in ("spec", *error["loc"]))
+            problems.append(f"{where}: {error['msg']}")
+        raise SpecError("; ".join(problems)) from None
+
+
+def check(spec: InferenceServiceSpec) -> None:
+    """SpecError for a spec the engine or the cluster would reject (the CEL rules and more)."""
+    tp = spec.engine.tensor_parallel_size
+    if tp not in TENSOR_PARALLEL_SIZES:
+        raise SpecError(f"spec.engine.tensorParallelSize: {tp} is not one of 1, 2, 4, 8")
+    if spec.gpus < tp and not (spec.gpus == 0 and tp == 1):
+        raise SpecError(f"spec.resources.gpus: {spec.gpus} GPUs cannot hold tensorParallelSize "
+                        f"{tp}; use at least {tp} (or 0 to run on CPU with tensorParallelSize 1)")
+    heads = KNOWN_MODEL_HEADS.get(spec.model.uri)
+    if heads and any(n % tp for n in heads):
+        raise SpecError(f"spec.engine.tensorParallelSize: {tp} does not divide the attention "
+                        f"heads of {spec.model.uri} ({heads[0]} heads, {heads[1]} KV heads)")
+    scaling = spec.autoscaling
+    if scaling and scaling.min_replicas > scaling.max_replicas:
+        raise SpecError(f"spec.autoscaling: minReplicas {scaling.min_replicas} is greater than "
+                        f"maxReplicas {scaling.max_replicas}")

@@ -1,0 +1,121 @@
+"""InferenceService status from what the operator sees: the spec's validity and the Deployment.
+
+A pure function, so every condition a user can meet is tested without a cluster. Conditions
+keep their lastTransitionTime until their status actually changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .manifests import OWNER_LABEL, url
+
+
+def _condition(type_: str, ok: bool, reason: str, message: str) -> dict[str, str]:
+    return {"type": type_, "status": "True" if ok else "False", "reason": reason,
+            "message": message}
+
+
+def _deployment_condition(deployment: dict, type_: str) -> dict[str, Any]:
+    for cond in deployment.get("status", {}).get("conditions", []):
+        if cond.get("type") == type_:
+            return cond
+    return {}
+
+
+def _rollout(deployment: dict[str, Any]) -> tuple[int, int, int, bool]:
+    """(wanted, ready, available, rolled out) replicas of a Deployment, as its controller says."""
+    wanted = deployment.get("spec", {}).get("replicas", 1)
+    st = deployment.get("status", {})
+    generation = deployment.get("metadata", {}).get("generation")
+    seen = generation is None or st.get("observedGeneration", 0) >= generation
+    updated, total = st.get("updatedReplicas", 0), st.get("replicas", 0)
+    available = st.get("availableReplicas", 0)
+    rolled_out = seen and updated >= wanted and total <= wanted and available >= wanted
+    return wanted, st.get("readyReplicas", 0), available, rolled_out
+
+
+def conditions(deployment: dict[str, Any] | None,
+               problem: tuple[str, str] | None) -> list[dict[str, str]]:
+    """Ready, Available, Progressing and Degraded, with reasons a person can act on.
+
+    `problem` is (reason, message) when the spec cannot be deployed (e.g. InvalidSpec)."""
+    if deployment is None and problem:
+        return [_condition("Ready", False, *problem), _condition("Available", False, *problem),
+                _condition("Progressing", False, *problem), _condition("Degraded", True, *problem)]
+    if deployment is None:
+        ready = _condition("Ready", False, "DeploymentMissing", "the Deployment is being created")
+        return [ready, _condition("Available", False, "DeploymentMissing", ready["message"]),
+                _condition("Progressing", True, "Creating", ready["message"]),
+                _condition("Degraded", False, "AsExpected", "")]
+    wanted, ready_n, available_n, rolled_out = _rollout(deployment)
+    counts = f"{ready_n}/{wanted} replicas ready"
+    stuck = _deployment_condition(deployment, "Progressing")
+    failure = _deployment_condition(deployment, "ReplicaFailure")
+
+    if problem:
+        ready = _condition("Ready", False, *problem)
+    elif wanted == 0:
+        ready = _condition("Ready", False, "ScaledToZero", "spec.replicas is 0")
+    elif rolled_out and ready_n >= wanted:
+        ready = _condition("Ready", True, "AllReplicasReady", counts)
+    else:
+        ready = _condition("Ready", False, "RollingOut" if not rolled_out else "ReplicasNotReady",
+                           counts)
+    available = _condition(
+        "Available", available_n > 0, "MinimumReplicasAvailable" if available_n else
+        "NoReplicasAvailable", f"{available_n} replicas available")
+
+    if stuck.get("status") == "False":
+        progressing = _condition("Progressing", False, stuck.get("reason", "RolloutStuck"),
+                                 stuck.get("message", ""))
+    elif problem:
+        progressing = _condition("Progressing", False, problem[0],
+                                 "the last valid spec stays deployed")
+    elif rolled_out:
+        progressing = _condition("Progressing", False, "RolloutComplete", counts)
+    else:
+        progressing = _condition("Progressing", True, "RollingOut", counts)
+
+    if problem:
+        degraded = _condition("Degraded", True, *problem)
+    elif stuck.get("status") == "False":
+        degraded = _condition("Degraded", True, stuck.get("reason", "RolloutStuck"),
+                              stuck.get("message", ""))
+    elif failure.get("status") == "True":
+        degraded = _condition("Degraded", True, failure.get("reason", "ReplicaFailure"),
+                              failure.get("message", ""))
+    else:
+        degraded = _condition("Degraded", False, "AsExpected", "")
+    return [ready, available, progressing, degraded]
+
+
+def status(name: str, namespace: str, generation: int | None, deployment: dict | None,
+           problem: tuple[str, str] | None, previous: dict[str, Any], now: str) -> dict[str, Any]:
+    """The whole status object; `previous` is the current status, for transition times."""
+    before = {c.get("type"): c for c in previous.get("conditions", [])}
+    conds = []
+    for cond in conditions(deployment, problem):
+        old = before.get(cond["type"], {})
+        same = old.get("status") == cond["status"]
+        cond["lastTransitionTime"] = old.get("lastTransitionTime", now) if same else now
+        cond["observedGeneration"] = generation
+        conds.append({k: v for k, v in cond.items() if v is not None})
+    dstatus = (deployment or {}).get("status", {})
+    result = {
+        "observedGeneration": generation,
+        "replicas": dstatus.get("replicas", 0),
+        "readyReplicas": dstatus.get("readyReplicas", 0),
+        "url": url(name, namespace),
+        "selector": f"{OWNER_LABEL}={name}",
+        "conditions": conds,
+    }
+    return {k: v for k, v in result.items() if v is not None}
+
+
+def ready_changed(previous: dict[str, Any], current: dict[str, Any]) -> dict[str, str] | None:
+    """The new Ready condition if its status changed (worth an Event), else None."""
+    def ready(st: dict) -> dict:
+        return next((c for c in st.get("conditions", []) if c.get("type") == "Ready"), {})
+    new = ready(current)
+    return new if ready(previous).get("status") != new.get("status") else None

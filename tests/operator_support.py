@@ -1,0 +1,185 @@
+"""Shared helpers of the operator tests: the CRD schema as the API server applies it (defaults,
+OpenAPI validation, CEL rules), and a running operator against kmock's Kubernetes emulator."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import celpy
+import jsonschema
+import kmock
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+CRD_PATH = REPO / "crds" / "inferenceservices.tokenmill.io.yaml"
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+IS_PATH = "/apis/tokenmill.io/v1alpha1/namespaces/{ns}/inferenceservices"
+
+
+def crd_schema() -> dict[str, Any]:
+    crd = yaml.safe_load(CRD_PATH.read_text())
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def with_defaults(schema: dict[str, Any], value: Any) -> Any:
+    """Structural defaulting, as the API server does before validation."""
+    if not isinstance(value, dict) or schema.get("type") != "object":
+        if isinstance(value, list) and "items" in schema:
+            return [with_defaults(schema["items"], v) for v in value]
+        return value
+    out = copy.deepcopy(value)
+    for name, sub in schema.get("properties", {}).items():
+        if name not in out and "default" in sub:
+            out[name] = copy.deepcopy(sub["default"])
+        if name in out:
+            out[name] = with_defaults(sub, out[name])
+    return out
+
+
+def cel_errors(schema: dict[str, Any], value: Any, env: celpy.Environment | None = None) -> list:
+    """Messages of every x-kubernetes-validations rule that `value` breaks."""
+    env = env or celpy.Environment()
+    errors = []
+    for rule in schema.get("x-kubernetes-validations", []):
+        program = env.program(env.compile(rule["rule"]))
+        if not program.evaluate({"self": celpy.json_to_cel(value)}):
+            errors.append(rule["message"])
+    if isinstance(value, dict):
+        for name, sub in schema.get("properties", {}).items():
+            if name in value:
+                errors += cel_errors(sub, value[name], env)
+    elif isinstance(value, list) and "items" in schema:
+        for item in value:
+            errors += cel_errors(schema["items"], item, env)
+    return errors
+
+
+def admission_errors(obj: dict[str, Any]) -> list[str]:
+    """What the API server would say to `kubectl apply` of this object (empty: accepted)."""
+    schema = crd_schema()
+    defaulted = with_defaults(schema, obj)
+    validator = jsonschema.Draft4Validator(schema)
+    errors = [f"{'.'.join(map(str, e.path))}: {e.message}"
+              for e in validator.iter_errors(defaulted)]
+    errors += _unknown_fields(schema, obj, "")
+    return errors or cel_errors(schema, defaulted)
+
+
+def _unknown_fields(schema: dict[str, Any], value: Any, where: str) -> list[str]:
+    """Fields the schema does not declare (kubectl's strict field validation rejects them)."""
+    if schema.get("x-kubernetes-preserve-unknown-fields") or not isinstance(value, dict):
+        return []
+    props = schema.get("properties")
+    if props is None:
+        return []
+    errors = [f"{where}{k}: unknown field" for k in value if k not in props]
+    return errors + [e for k, v in value.items() if k in props
+                     for e in _unknown_fields(props[k], v, f"{where}{k}.")]
+
+
+def inference_service(name: str, spec: dict[str, Any], ns: str = "default",
+                      uid: str = "uid-1", generation: int = 1) -> dict[str, Any]:
+    """An InferenceService as the API server would store it (kmock sets no uid, generation or
+    resourceVersion)."""
+    return {"apiVersion": "tokenmill.io/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": name, "namespace": ns, "uid": uid, "generation": generation,
+                         "resourceVersion": "1"},
+            "spec": spec}
+
+
+# --- a running operator against kmock's emulator -------------------------------------------
+
+RESOURCES = {
+    "tokenmill.io/v1alpha1/inferenceservices": ("InferenceService", ["status", "scale"]),
+    "apps/v1/deployments": ("Deployment", ["status", "scale"]),
+    "v1/services": ("Service", ["status"]),
+    "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", ["status"]),
+    "v1/events": ("Event", []),
+    # kopf's discovery waits for these two to be served, even when it does not watch them.
+    "v1/namespaces": ("Namespace", []),
+    "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", []),
+}
+CLUSTER_SCOPED = ("Namespace", "CustomResourceDefinition")
+VERBS = ["get", "list", "watch", "create", "patch", "update", "delete"]
+
+
+class Cluster:
+    """HTTP access to the emulator, as kubectl (or a controller) would touch objects."""
+
+    def __init__(self, session: aiohttp.ClientSession, log: Path):
+        self.session = session
+        self.log = log
+
+    async def request(self, method: str, path: str, body: Any = None) -> dict | None:
+        headers = {"Content-Type": "application/merge-patch+json"} if method == "PATCH" else {}
+        async with self.session.request(method, path, json=body, headers=headers) as resp:
+            if resp.status == 404:
+                return None
+            assert resp.status < 300, f"{method} {path}: {resp.status} {await resp.text()}"
+            return await resp.json()
+
+    async def get(self, path: str) -> dict | None:
+        return await self.request("GET", path)
+
+    async def events(self, ns: str = "default") -> list[dict]:
+        found = await self.get(f"/api/v1/namespaces/{ns}/events")
+        return found["items"] if found else []
+
+    async def eventually(self, check: Callable[[], Awaitable[Any]], timeout: float = 20) -> Any:
+        """Poll `check` until it returns something truthy; fail with the operator's log."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = await check()
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                tail = self.log.read_text()[-4000:]
+                raise AssertionError(f"not reached in {timeout}s; operator log:\n{tail}")
+            await asyncio.sleep(0.1)
+
+
+def _kubeconfig(url: str) -> str:
+    return yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+        "clusters": [{"name": "kmock", "cluster": {"server": url}}],
+        "users": [{"name": "kmock", "user": {"token": "test"}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}],
+    })
+
+
+@contextlib.asynccontextmanager
+async def running_operator(tmp_path: Path) -> AsyncIterator[Cluster]:
+    """The emulator serving every resource the operator touches, and `tokenmill operator`
+    running against it as a real process (standalone, no peering)."""
+    async with kmock.KubernetesEmulator() as emu, kmock.Server(emu):
+        for key, (kind, subresources) in RESOURCES.items():
+            emu.resources[key] = kmock.ResourceInfo(
+                kind=kind, namespaced=kind not in CLUSTER_SCOPED, verbs=VERBS,
+                subresources=subresources)
+        config = tmp_path / "kubeconfig"
+        config.write_text(_kubeconfig(str(emu.url).rstrip("/")))
+        log = tmp_path / "operator.log"
+        env = {**os.environ, "KUBECONFIG": str(config), "TOKENMILL_ENGINE_IMAGE": "tokenmill:test"}
+        with log.open("w") as out:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-P", "-m", "tokenmill.operator", "--standalone",
+                "--liveness", "", "--verbose", cwd=tmp_path, env=env, stdout=out, stderr=out)
+        try:
+            async with aiohttp.ClientSession(base_url=str(emu.url)) as session:
+                yield Cluster(session, log)
+        finally:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()

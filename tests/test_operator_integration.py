@@ -1,0 +1,130 @@
+"""The operator running for real (kopf, as `tokenmill operator`) against kmock's emulator.
+
+kmock stores objects as written and runs no controllers: the tests play the API server's part
+(uid, generation) and the Deployment controller's (status), and assert on what the operator
+wrote.
+"""
+
+from __future__ import annotations
+
+import pytest
+from operator_support import IS_PATH, inference_service, running_operator
+
+pytestmark = pytest.mark.asyncio
+
+NS = "default"
+ISVCS = IS_PATH.format(ns=NS)
+DEPLOY = f"/apis/apps/v1/namespaces/{NS}/deployments/chat"
+SERVICE = f"/api/v1/namespaces/{NS}/services/chat"
+PDB = f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/chat"
+
+
+def condition(isvc: dict | None, type_: str) -> dict:
+    conds = ((isvc or {}).get("status") or {}).get("conditions", [])
+    return next((c for c in conds if c["type"] == type_), {})
+
+
+def command(deployment: dict) -> list[str]:
+    return deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+
+
+async def test_create_update_status_and_repair(tmp_path):
+    async with running_operator(tmp_path) as k:
+        await k.request("POST", ISVCS, inference_service("chat", {
+            "model": {"uri": "smollm2-135m-instruct"}, "resources": {"gpus": 0},
+            "engine": {"maxNumSeqs": 16},
+        }))
+
+        # Create: a Deployment and a Service, owned by the InferenceService, with the flags.
+        deployment = await k.eventually(lambda: k.get(DEPLOY))
+        service = await k.eventually(lambda: k.get(SERVICE))
+        for child in (deployment, service):
+            (owner,) = child["metadata"]["ownerReferences"]
+            assert (owner["kind"], owner["name"], owner["uid"]) == ("InferenceService", "chat",
+                                                                    "uid-1")
+            assert owner["controller"] is True
+        args = command(deployment)
+        assert args[:2] == ["tokenmill", "serve"]
+        assert "--max-num-seqs" in args and args[args.index("--max-num-seqs") + 1] == "16"
+        assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "tokenmill:test"
+        assert await k.get(PDB) is None
+
+        isvc = await k.eventually(lambda: k.get(f"{ISVCS}/chat"))
+        isvc = await k.eventually(
+            lambda: _with(k, f"{ISVCS}/chat", lambda o: condition(o, "Ready").get("reason")
+                          == "RollingOut"))
+        assert isvc["status"]["url"] == "http://chat.default.svc.cluster.local:8000/v1"
+        assert isvc["status"]["observedGeneration"] == 1
+        assert condition(isvc, "Progressing")["status"] == "True"
+        reasons = {e["reason"] for e in await k.events()}
+        assert "Created" in reasons
+
+        # Status follows the Deployment as its controller advances it.
+        await k.request("PATCH", f"{DEPLOY}/status", {"status": {
+            "observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1,
+            "availableReplicas": 1}})
+        isvc = await k.eventually(lambda: _with(
+            k, f"{ISVCS}/chat", lambda o: condition(o, "Ready").get("status") == "True"))
+        assert condition(isvc, "Available")["status"] == "True"
+        assert condition(isvc, "Progressing")["status"] == "False"
+        assert condition(isvc, "Degraded")["status"] == "False"
+        assert isvc["status"]["readyReplicas"] == 1
+
+        # A spec change rolls the Deployment (new flags) and scaling past 1 adds a PDB.
+        await k.request("PATCH", f"{ISVCS}/chat", {
+            "metadata": {"generation": 2}, "spec": {"engine": {"maxNumSeqs": 32}, "replicas": 2}})
+        deployment = await k.eventually(lambda: _with(
+            k, DEPLOY, lambda d: "32" in command(d)))
+        assert deployment["spec"]["replicas"] == 2
+        pdb = await k.eventually(lambda: k.get(PDB))
+        assert pdb["spec"]["maxUnavailable"] == 1
+
+        # A hand edit of a child is repaired; a deleted child is recreated.
+        await k.request("PATCH", DEPLOY, {"spec": {"replicas": 7}})
+        await k.eventually(lambda: _with(k, DEPLOY, lambda d: d["spec"]["replicas"] == 2))
+        await k.request("DELETE", SERVICE)
+        await k.eventually(lambda: k.get(SERVICE))
+
+        # Back to one replica: the PDB goes.
+        await k.request("PATCH", f"{ISVCS}/chat", {
+            "metadata": {"generation": 3}, "spec": {"replicas": 1}})
+        await k.eventually(lambda: _absent(k, PDB))
+
+
+async def test_invalid_spec_is_reported_not_retried(tmp_path):
+    async with running_operator(tmp_path) as k:
+        await k.request("POST", ISVCS, inference_service("bad", {
+            "resources": {"gpus": 0}, "engine": {"quantization": "int4"}}))
+        isvc = await k.eventually(lambda: _with(
+            k, f"{ISVCS}/bad", lambda o: condition(o, "Ready").get("reason") == "InvalidSpec"))
+        assert condition(isvc, "Ready")["status"] == "False"
+        assert "spec.engine.quantization" in condition(isvc, "Ready")["message"]
+        assert condition(isvc, "Degraded")["status"] == "True"
+        warnings = await k.eventually(lambda: _events(k, "InvalidSpec"))
+        assert warnings[0]["type"] == "Warning"
+        assert await k.get(f"/apis/apps/v1/namespaces/{NS}/deployments/bad") is None
+
+        # No retry storm: nothing more is written while the spec stays the same.
+        import asyncio
+        before = await k.get(f"{ISVCS}/bad")
+        await asyncio.sleep(2)
+        assert len(await _events(k, "InvalidSpec")) == 1
+        assert (await k.get(f"{ISVCS}/bad"))["status"] == before["status"]
+
+        # Fixing the spec deploys it.
+        await k.request("PATCH", f"{ISVCS}/bad", {
+            "metadata": {"generation": 2}, "spec": {"engine": {"quantization": "none"}}})
+        await k.eventually(lambda: k.get(f"/apis/apps/v1/namespaces/{NS}/deployments/bad"))
+
+
+async def _with(k, path, predicate):
+    obj = await k.get(path)
+    return obj if obj is not None and predicate(obj) else None
+
+
+async def _absent(k, path):
+    return await k.get(path) is None
+
+
+async def _events(k, reason):
+    return [e for e in await k.events() if e["reason"] == reason]

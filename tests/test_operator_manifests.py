@@ -1,0 +1,218 @@
+"""Spec -> Deployment, Service, PDB: every spec field's effect, and Kubernetes' own schemas."""
+
+from __future__ import annotations
+
+import kubernetes_validate
+import pytest
+import yaml
+from operator_support import EXAMPLES
+
+from tokenmill.engine.config import ConfigError, engine_args
+from tokenmill.operator import manifests
+from tokenmill.operator.args import check_engine, serve_command
+from tokenmill.operator.reconcile import load
+from tokenmill.operator.spec import SpecError
+
+
+def build(spec: dict, name: str = "svc") -> list[dict]:
+    return manifests.children(name, "team", "uid-9", load(name, spec), "tokenmill:1")
+
+
+def pod(spec: dict) -> dict:
+    return build(spec)[0]["spec"]["template"]["spec"]
+
+
+def container(spec: dict) -> dict:
+    return pod(spec)["containers"][0]
+
+
+def flag(args: list[str], name: str) -> str | None:
+    return args[args.index(name) + 1] if name in args else None
+
+
+FULL = {
+    "model": {"uri": "pvc://weights/llama/8b", "servedName": "llama"},
+    "engine": {"tensorParallelSize": 2, "quantization": "fp8", "kvCacheDtype": "fp8",
+               "prefixCaching": False, "maxModelLen": 4096, "maxNumSeqs": 64,
+               "maxNumBatchedTokens": 4096, "gpuMemoryUtilization": 0.85,
+               "extraArgs": ["--block-size", "32"]},
+    "replicas": 3,
+    "resources": {"gpus": 4, "gpuResourceName": "amd.com/gpu", "cpu": "8", "memory": "64Gi"},
+    "image": "registry.local/tokenmill:2", "imagePullPolicy": "Always",
+    "env": [{"name": "HF_HOME", "value": "/cache"},
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+    "nodeSelector": {"gpu": "h100"},
+    "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}]}},
+    "serviceAccountName": "engine",
+    "podAnnotations": {"team": "ml"},
+    "shutdownTimeoutSeconds": 120,
+}
+
+
+def test_every_spec_field_lands_in_the_deployment():
+    deployment, service, pdb = build(FULL)
+    template = deployment["spec"]["template"]
+    c = template["spec"]["containers"][0]
+    args = c["command"]
+    assert args[:2] == ["tokenmill", "serve"]
+    assert flag(args, "--host") == "0.0.0.0" and flag(args, "--port") == "8000"
+    assert flag(args, "--served-model-name") == "llama"
+    assert flag(args, "--shutdown-timeout") == "120"
+    assert flag(args, "--model") == "/mnt/models/llama/8b"
+    assert flag(args, "--tensor-parallel-size") == "2"
+    assert flag(args, "--quantization") == "fp8"
+    assert flag(args, "--kv-cache-dtype") == "fp8"
+    assert "--no-enable-prefix-caching" in args and "--enable-prefix-caching" not in args
+    assert flag(args, "--max-model-len") == "4096"
+    assert flag(args, "--max-num-seqs") == "64"
+    assert flag(args, "--max-num-batched-tokens") == "4096"
+    assert flag(args, "--gpu-memory-utilization") == "0.85"
+    assert args[-2:] == ["--block-size", "32"]
+    assert deployment["spec"]["replicas"] == 3
+    assert c["resources"] == {"requests": {"cpu": "8", "memory": "64Gi"},
+                              "limits": {"memory": "64Gi", "amd.com/gpu": "4"}}
+    assert c["image"] == "registry.local/tokenmill:2" and c["imagePullPolicy"] == "Always"
+    assert c["env"] == FULL["env"]
+    spec = template["spec"]
+    assert spec["nodeSelector"] == {"gpu": "h100"}
+    assert spec["tolerations"] == FULL["tolerations"]
+    assert spec["affinity"] == FULL["affinity"]
+    assert spec["serviceAccountName"] == "engine"
+    assert spec["terminationGracePeriodSeconds"] == manifests.PRE_STOP_SECONDS + 120 + 10
+    assert template["metadata"]["annotations"]["team"] == "ml"
+    assert template["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    assert template["metadata"]["annotations"]["prometheus.io/port"] == "8000"
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
+    assert volumes["model"]["persistentVolumeClaim"] == {"claimName": "weights", "readOnly": True}
+    mounts = {m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts == {"/dev/shm", "/mnt/models"}
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+    assert pdb["kind"] == "PodDisruptionBudget"
+
+
+def test_defaults_one_gpu_built_in_model_prefix_caching_on():
+    (deployment, service) = build({})
+    c = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert c["image"] == "tokenmill:1"
+    assert flag(c["command"], "--model") == "smollm2-135m-instruct"
+    assert flag(c["command"], "--served-model-name") == "svc"
+    assert "--enable-prefix-caching" in c["command"]
+    assert "--quantization" not in c["command"]
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
+    assert "volumes" not in deployment["spec"]["template"]["spec"]
+    assert deployment["spec"]["replicas"] == 1
+
+
+def test_cpu_replicas_get_no_gpu_and_device_cpu():
+    c = container({"resources": {"gpus": 0}})
+    assert flag(c["command"], "--device") == "cpu"
+    assert "resources" not in c
+
+
+def test_gpus_default_to_tensor_parallel_size():
+    c = container({"model": {"uri": "/models/llama"}, "engine": {"tensorParallelSize": 4}})
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert flag(c["command"], "--model") == "/models/llama"
+
+
+def test_probes_and_drain():
+    c = container({})
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 1800  # a slow model load
+    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "5"]
+    assert pod({})["terminationGracePeriodSeconds"] > 30  # longer than the default drain
+
+
+def test_children_have_owner_references_labels_and_selector():
+    for child in build({"replicas": 2}):
+        meta = child["metadata"]
+        assert meta["namespace"] == "team"
+        assert meta["ownerReferences"] == [{
+            "apiVersion": "tokenmill.io/v1alpha1", "kind": "InferenceService", "name": "svc",
+            "uid": "uid-9", "controller": True, "blockOwnerDeletion": True}]
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "tokenmill-operator"
+        assert meta["labels"][manifests.OWNER_LABEL] == "svc"
+    deployment = build({})[0]
+    assert deployment["spec"]["selector"]["matchLabels"] == {manifests.OWNER_LABEL: "svc"}
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels[manifests.OWNER_LABEL] == "svc"
+
+
+@pytest.mark.parametrize(("spec", "replicas", "pdb"), [
+    ({}, 1, False),
+    ({"replicas": 0}, 0, False),
+    ({"replicas": 3}, 3, True),
+    ({"replicas": 1, "autoscaling": {"minReplicas": 2, "maxReplicas": 5}}, 2, True),
+    ({"replicas": 9, "autoscaling": {"minReplicas": 2, "maxReplicas": 5}}, 5, True),
+    # external: the scale subresource's writer (KEDA, HPA) owns spec.replicas; used as is.
+    ({"replicas": 9, "autoscaling": {"mode": "external", "maxReplicas": 5}}, 9, True),
+])
+def test_replicas_and_pdb(spec, replicas, pdb):
+    children = build(spec)
+    assert children[0]["spec"]["replicas"] == replicas
+    assert any(c["kind"] == "PodDisruptionBudget" for c in children) == pdb
+
+
+SPECS = [{}, FULL, {"resources": {"gpus": 0}}, {"replicas": 2, "engine": {"tensorParallelSize": 8},
+                                                "model": {"uri": "/m"}}]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_children_pass_kubernetes_schemas(spec):
+    for child in build(spec):
+        kubernetes_validate.validate(child, "1.31", strict=True)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_render_valid_children(path):
+    obj = yaml.safe_load(path.read_text())
+    for child in build(obj["spec"], obj["metadata"]["name"]):
+        kubernetes_validate.validate(child, "1.31", strict=True)
+
+
+@pytest.mark.parametrize(("spec", "where"), [
+    ({"engine": {"tensorParallelSize": 3}}, "spec.engine.tensorParallelSize"),
+    ({"engine": {"tensorParallelSize": 2}}, "does not divide the attention heads"),
+    ({"engine": {"quantization": "int4"}}, "spec.engine.quantization"),
+    ({"engine": {"maxNumSeqs": 4096}}, "spec.engine.maxNumBatchedTokens"),
+    ({"engine": {"extraArgs": ["--port", "9000"]}}, "--port is set by the operator"),
+    ({"engine": {"extraArgs": ["--max-num-seqs=8"]}}, "set by spec.engine.maxNumSeqs"),
+    ({"engine": {"extraArgs": ["--turbo"]}}, "--turbo is not a tokenmill engine flag"),
+    ({"resources": {"gpus": 1}, "engine": {"tensorParallelSize": 2}, "model": {"uri": "/m"}},
+     "spec.resources.gpus"),
+    ({"autoscaling": {"minReplicas": 3, "maxReplicas": 2}}, "spec.autoscaling"),
+    ({"model": {"uri": "s3://bucket/m"}}, "spec.model.uri"),
+    ({"typo": 1}, "spec.typo"),
+])
+def test_specs_the_engine_would_reject(spec, where):
+    with pytest.raises(SpecError, match=where.replace(".", r"\.").replace("-", r"\-")):
+        load("svc", spec)
+
+
+def test_bad_name_is_rejected():
+    with pytest.raises(SpecError, match="metadata.name"):
+        load("Bad_Name", {})
+
+
+def test_tp_heads_check_applies_only_where_the_model_is_known():
+    load("svc", {"model": {"uri": "/models/llama"}, "engine": {"tensorParallelSize": 8}})
+
+
+def test_flags_come_from_the_engine_option_table():
+    """serve_command emits exactly what engine_args emits; the engine owns the flag names."""
+    spec = load("svc", FULL)
+    check_engine(spec)
+    args = serve_command(spec, "llama")
+    expected = engine_args(model="/mnt/models/llama/8b", tensor_parallel_size=2,
+                           quantization="fp8", kv_cache_dtype="fp8", enable_prefix_caching=False,
+                           max_model_len=4096, max_num_seqs=64, max_num_batched_tokens=4096,
+                           gpu_memory_utilization=0.85)
+    assert args[10:10 + len(expected)] == expected
+    with pytest.raises(ConfigError):
+        engine_args(no_such_option=1)
