@@ -1,9 +1,10 @@
 """Generate the InferenceService CRD from the pydantic models in spec.py.
 
-Regenerate the checked-in YAML after changing spec.py (run outside the repository root, or
-with -P, so the `operator/` directory does not shadow Python's `operator` module):
+Regenerate the checked-in copies after changing spec.py (-P keeps the repository's `operator/`
+directory from shadowing Python's `operator` module):
 
-    python -P -m tokenmill.operator.crd crds/inferenceservices.tokenmill.io.yaml
+    python -P -m tokenmill.operator.crd crds/inferenceservices.tokenmill.io.yaml \
+        charts/tokenmill-operator/crds/inferenceservices.tokenmill.io.yaml
 """
 
 from __future__ import annotations
@@ -134,9 +135,9 @@ def render() -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    if args:
-        Path(args[0]).write_text(render())
-    else:
+    for target in args:
+        Path(target).write_text(render())
+    if not args:
         sys.stdout.write(render())
 
 

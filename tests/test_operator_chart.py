@@ -1,0 +1,105 @@
+"""The Helm chart, rendered and linted by Helm's own engine (helm-python-sdk)."""
+
+from __future__ import annotations
+
+import helm_python
+import kubernetes_validate
+import pytest
+import yaml
+from operator_support import CRD_PATH, REPO
+
+CHART = REPO / "charts" / "tokenmill-operator"
+
+
+def render(values: dict | None = None) -> list[dict]:
+    chart = helm_python.Chart.load(str(CHART))
+    rendered = chart.render(values or {}, name="tm", namespace="tokenmill")
+    docs = []
+    for path, text in rendered.items():
+        if path.endswith(".yaml"):
+            docs += [d for d in yaml.safe_load_all(text) if d]
+    return docs
+
+
+def by_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+VALUES = [{}, {"watchNamespaces": ["ml", "team-b"]}, {"peering": {"enabled": False}},
+          {"replicaCount": 2, "engineImage": "registry.local/engine:1", "verbose": True}]
+
+
+def test_chart_lints_clean():
+    report = helm_python.lint(str(CHART), strict=True)
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+@pytest.mark.parametrize("values", VALUES, ids=["default", "namespaced", "standalone", "ha"])
+def test_rendered_objects_pass_kubernetes_schemas(values):
+    for doc in render(values):
+        if doc["apiVersion"].startswith("kopf.dev/"):
+            continue  # kopf's peering CRDs are in the chart's crds/, not in Kubernetes
+        kubernetes_validate.validate(doc, "1.31", strict=True)
+
+
+def test_chart_ships_the_generated_crd():
+    chart = helm_python.Chart.load(str(CHART))
+    crds = {c["name"]: c["data"] for c in chart.crds}
+    assert crds["crds/inferenceservices.tokenmill.io.yaml"] == CRD_PATH.read_text()
+    for doc in yaml.safe_load_all(crds["crds/kopf-peering.yaml"]):
+        kubernetes_validate.validate(doc, "1.31", strict=True)
+
+
+def test_operator_deployment():
+    (deployment,) = by_kind(render(VALUES[3]), "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["command"] == ["python", "-P", "-m", "tokenmill.operator"]
+    assert "--peering=tokenmill-operator" in c["args"] and "--verbose" in c["args"]
+    assert {"name": "TOKENMILL_ENGINE_IMAGE", "value": "registry.local/engine:1"} in c["env"]
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert deployment["spec"]["replicas"] == 2
+    assert pod["serviceAccountName"] == "tm-tokenmill-operator"
+
+
+def test_standalone_and_namespaced_arguments():
+    (deployment,) = by_kind(render({"peering": {"enabled": False},
+                                    "watchNamespaces": ["ml"]}), "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--standalone" in args and "--namespace=ml" in args
+    (deployment,) = by_kind(render(), "Deployment")
+    image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == "ghcr.io/tokenmill/tokenmill:0.1.0"
+
+
+def _rules(docs: list[dict], kind: str) -> list[dict]:
+    return [rule for role in by_kind(docs, kind) for rule in role["rules"]]
+
+
+def test_rbac_is_least_privilege():
+    docs = render()
+    rules = _rules(docs, "ClusterRole")
+    for rule in rules:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+    granted = {(g, r, v) for rule in rules for g in rule["apiGroups"]
+               for r in rule["resources"] for v in rule["verbs"]}
+    needed = {("tokenmill.io", "inferenceservices", "watch"),
+              ("tokenmill.io", "inferenceservices/status", "patch"),
+              ("apps", "deployments", "create"), ("apps", "deployments", "patch"),
+              ("", "services", "create"), ("policy", "poddisruptionbudgets", "delete"),
+              ("", "events", "create"), ("kopf.dev", "clusterkopfpeerings", "patch")}
+    assert needed <= granted
+    assert ("apps", "deployments", "delete") not in granted  # children go by garbage collection
+    assert not any(r in ("secrets", "pods") for _, r, _ in granted)
+
+
+def test_namespaced_install_grants_roles_per_namespace_only():
+    docs = render({"watchNamespaces": ["ml", "team-b"]})
+    roles = by_kind(docs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml", "team-b"]
+    cluster = {r for rule in _rules(docs, "ClusterRole") for r in rule["resources"]}
+    assert cluster == {"customresourcedefinitions", "namespaces"}
+    assert sorted(p["metadata"]["namespace"] for p in by_kind(docs, "KopfPeering")) == [
+        "ml", "team-b"]
