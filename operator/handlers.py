@@ -67,12 +67,15 @@ def _run(body: dict) -> Outcome:
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
-def reconcile_service(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+def reconcile_service(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
     """The spec changed (or the operator restarted, or the periodic resync fired)."""
     raw = dict(body)
     previous = raw.get("status") or {}
     outcome = _run(raw)
-    _post(raw, outcome, previous, report_problem=True)
+    # One Warning per problem: resume and create handlers may both see a new object.
+    report = outcome.problem is not None and memo.get("problem") != outcome.problem
+    memo["problem"] = outcome.problem
+    _post(raw, outcome, previous, report_problem=report)
     if outcome.status != previous:
         patch.status.update(outcome.status)
 

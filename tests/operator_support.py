@@ -7,8 +7,10 @@ import asyncio
 import contextlib
 import copy
 import os
+import socket
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -115,9 +117,10 @@ VERBS = ["get", "list", "watch", "create", "patch", "update", "delete"]
 class Cluster:
     """HTTP access to the emulator, as kubectl (or a controller) would touch objects."""
 
-    def __init__(self, session: aiohttp.ClientSession, log: Path):
+    def __init__(self, session: aiohttp.ClientSession, log: Path, liveness: str):
         self.session = session
         self.log = log
+        self.liveness = liveness  # the operator's liveness URL
 
     async def request(self, method: str, path: str, body: Any = None) -> dict | None:
         headers = {"Content-Type": "application/merge-patch+json"} if method == "PATCH" else {}
@@ -147,6 +150,16 @@ class Cluster:
             await asyncio.sleep(0.1)
 
 
+class Emulator(kmock.KubernetesEmulator):
+    """kmock's emulator plus the API server's generateName (kopf names its Events so)."""
+
+    async def _handle(self, request: kmock.Request) -> Any:
+        meta = request.data.get("metadata") if isinstance(request.data, dict) else None
+        if request.action == kmock.action.CREATE and meta and "generateName" in meta:
+            meta.setdefault("name", meta["generateName"] + uuid.uuid4().hex[:8])
+        return await super()._handle(request)
+
+
 def _kubeconfig(url: str) -> str:
     return yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
@@ -160,7 +173,7 @@ def _kubeconfig(url: str) -> str:
 async def running_operator(tmp_path: Path) -> AsyncIterator[Cluster]:
     """The emulator serving every resource the operator touches, and `tokenmill operator`
     running against it as a real process (standalone, no peering)."""
-    async with kmock.KubernetesEmulator() as emu, kmock.Server(emu):
+    async with Emulator() as emu, kmock.Server(emu):
         for key, (kind, subresources) in RESOURCES.items():
             emu.resources[key] = kmock.ResourceInfo(
                 kind=kind, namespaced=kind not in CLUSTER_SCOPED, verbs=VERBS,
@@ -169,17 +182,27 @@ async def running_operator(tmp_path: Path) -> AsyncIterator[Cluster]:
         config.write_text(_kubeconfig(str(emu.url).rstrip("/")))
         log = tmp_path / "operator.log"
         env = {**os.environ, "KUBECONFIG": str(config), "TOKENMILL_ENGINE_IMAGE": "tokenmill:test"}
+        liveness = f"http://127.0.0.1:{_free_port()}/healthz"
         with log.open("w") as out:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-P", "-m", "tokenmill.operator", "--standalone",
-                "--liveness", "", "--verbose", cwd=tmp_path, env=env, stdout=out, stderr=out)
+                "--liveness", liveness, "--verbose", cwd=tmp_path, env=env, stdout=out,
+                stderr=out)
         try:
             async with aiohttp.ClientSession(base_url=str(emu.url)) as session:
-                yield Cluster(session, log)
+                yield Cluster(session, log, liveness)
+            assert proc.returncode is None, f"the operator exited:\n{log.read_text()[-4000:]}"
         finally:
-            proc.terminate()
+            if proc.returncode is None:
+                proc.terminate()
             try:
                 await asyncio.wait_for(proc.wait(), 10)
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

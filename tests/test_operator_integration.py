@@ -7,6 +7,8 @@ wrote.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from operator_support import IS_PATH, inference_service, running_operator
 
@@ -59,6 +61,9 @@ async def test_create_update_status_and_repair(tmp_path):
         reasons = {e["reason"] for e in await k.events()}
         assert "Created" in reasons
 
+        async with k.session.get(k.liveness) as resp:  # the kubelet's liveness probe
+            assert resp.status == 200
+
         # Status follows the Deployment as its controller advances it.
         await k.request("PATCH", f"{DEPLOY}/status", {"status": {
             "observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1,
@@ -69,6 +74,7 @@ async def test_create_update_status_and_repair(tmp_path):
         assert condition(isvc, "Progressing")["status"] == "False"
         assert condition(isvc, "Degraded")["status"] == "False"
         assert isvc["status"]["readyReplicas"] == 1
+        assert await k.eventually(lambda: _events(k, "AllReplicasReady"))
 
         # A spec change rolls the Deployment (new flags) and scaling past 1 adds a PDB.
         await k.request("PATCH", f"{ISVCS}/chat", {
@@ -105,7 +111,6 @@ async def test_invalid_spec_is_reported_not_retried(tmp_path):
         assert await k.get(f"/apis/apps/v1/namespaces/{NS}/deployments/bad") is None
 
         # No retry storm: nothing more is written while the spec stays the same.
-        import asyncio
         before = await k.get(f"{ISVCS}/bad")
         await asyncio.sleep(2)
         assert len(await _events(k, "InvalidSpec")) == 1
