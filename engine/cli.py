@@ -60,9 +60,22 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from tokenmill.engine.server.serve import serve
+
+    return serve(engine_config_from_args(args), args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokenmill", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="Serve the OpenAI API over HTTP.")
+    add_engine_arguments(serve)
+    from tokenmill.engine.server.serve import add_server_arguments
+
+    add_server_arguments(serve)
+    serve.set_defaults(func=_serve)
 
     gen = commands.add_parser("generate", help="Generate with a model (chat template by default).")
     add_engine_arguments(gen)
@@ -74,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="One JSON object per prompt.")
     gen.set_defaults(func=_generate)
 
+    commands.add_parser("operator", help="Run the Kubernetes operator (see `tokenmill "
+                                          "operator --help`).", add_help=False)
+
     bench = commands.add_parser("bench", help="Benchmarks.")
     bench_commands = bench.add_subparsers(dest="bench_command", required=True)
     from tokenmill.engine.bench import offline
@@ -82,12 +98,25 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_arguments(offline_parser)
     offline.add_arguments(offline_parser)
     offline_parser.set_defaults(func=offline.run)
+
+    from tokenmill.engine.bench import serve as bench_serve
+
+    serve_parser = bench_commands.add_parser("serve", help=bench_serve.__doc__)
+    bench_serve.add_arguments(serve_parser)
+    serve_parser.set_defaults(func=bench_serve.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     from tokenmill.engine.log import configure_logging
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["operator"]:
+        # The operator's own parser; this path imports no torch (the light operator image).
+        from tokenmill.operator.__main__ import main as operator_main
+
+        operator_main(argv[1:])
+        return 0
     args = build_parser().parse_args(argv)
     configure_logging()
     return int(args.func(args) or 0)

@@ -117,6 +117,11 @@ class LLMEngine:
     def kv_cache_stats(self) -> KVCacheStats:
         return self.kv.stats()
 
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction of KV blocks in use; cheap and safe to read from another thread."""
+        return self.kv.allocator.num_used / self.kv.allocator.num_blocks
+
     # ---- the step -------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:

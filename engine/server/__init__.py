@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server (FastAPI on uvicorn) over the async engine."""

@@ -1,0 +1,56 @@
+"""OpenAI-style error responses: {"error": {"message", "type", "param", "code"}}."""
+
+from __future__ import annotations
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
+               500: "internal_server_error", 503: "service_unavailable"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers
+
+
+def error_body(status: int, message: str, param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "error"),
+                      "param": param, "code": code}}
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(error_body(err.status, err.message, err.param, err.code),
+                        status_code=err.status, headers=err.headers)
+
+
+async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+    return error_response(exc)
+
+
+async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    first = exc.errors()[0] if exc.errors() else {}
+    where = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = where[0] if where else None
+    message = first.get("msg", "invalid request")
+    if first.get("type") == "json_invalid":
+        message, param = "the request body is not valid JSON", None
+    elif param:
+        message = f"{param}: {message}"
+    return error_response(APIError(400, message, param=param))
+
+
+async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    return error_response(APIError(exc.status_code, str(exc.detail)))
+
+
+def install_error_handlers(app) -> None:
+    app.add_exception_handler(APIError, _api_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)

@@ -1,0 +1,77 @@
+"""`tokenmill serve`: uvicorn with a draining shutdown that Kubernetes can rely on.
+
+On SIGTERM (or SIGINT) the server keeps its socket open but turns /health to 503 and answers
+new requests with 503, lets running requests finish for up to --shutdown-timeout seconds,
+aborts what is left, then stops and exits 0. A second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+
+import uvicorn
+
+from tokenmill.engine.metrics import EngineMetrics
+from tokenmill.engine.server.app import create_app
+from tokenmill.engine.server.state import ServerOptions, ServerState
+
+log = logging.getLogger(__name__)
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", default=None,
+                        help="Model name in the API (default: the --model value).")
+    parser.add_argument("--max-waiting-requests", type=int, default=1024,
+                        help="Answer 503 with Retry-After once this many requests wait.")
+    parser.add_argument("--shutdown-timeout", type=float, default=30.0,
+                        help="Seconds running requests may take to finish after SIGTERM.")
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state: ServerState):
+        super().__init__(config)
+        self.tokenmill = state
+        self._drain_task: asyncio.Task | None = None
+
+    def handle_exit(self, sig: int, frame) -> None:  # called from the signal handler
+        if self._drain_task is not None:
+            super().handle_exit(sig, frame)  # a second signal: stop now
+            return
+        loop = asyncio.get_event_loop()
+        self._drain_task = loop.create_task(self._drain())
+
+    async def _drain(self) -> None:
+        state = self.tokenmill
+        state.draining = True
+        timeout = state.options.shutdown_timeout
+        log.warning("draining", extra={"in_flight": state.in_flight, "timeout_s": timeout})
+        try:
+            await asyncio.wait_for(state.idle.wait(), timeout)
+        except TimeoutError:
+            log.warning("shutdown timeout: aborting running requests",
+                        extra={"in_flight": state.in_flight})
+            if state.engine is not None:
+                state.engine.abort_all()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(state.idle.wait(), 5.0)
+        self.should_exit = True
+
+
+def serve(config, args: argparse.Namespace) -> int:
+    name = args.served_model_name or config.model
+    state = ServerState(
+        options=ServerOptions(served_model_name=name,
+                              max_waiting_requests=args.max_waiting_requests,
+                              shutdown_timeout=args.shutdown_timeout),
+        config=config, metrics=EngineMetrics(name),
+    )
+    app = create_app(state)
+    uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                               timeout_graceful_shutdown=5)
+    DrainingServer(uv_config, state).run()
+    return 0

@@ -1,0 +1,79 @@
+"""What the HTTP layer shares: the engine (once loaded), its tokenizer, limits, drain state."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenmill.engine.async_engine import AsyncEngine
+from tokenmill.engine.config import EngineConfig
+from tokenmill.engine.engine import LLMEngine
+from tokenmill.engine.metrics import EngineMetrics
+
+
+@dataclass
+class ServerOptions:
+    served_model_name: str
+    max_waiting_requests: int = 1024
+    shutdown_timeout: float = 30.0
+
+
+@dataclass
+class ServerState:
+    options: ServerOptions
+    config: EngineConfig
+    metrics: EngineMetrics
+    engine: AsyncEngine | None = None
+    tokenizer: Any = None
+    max_model_len: int = 0
+    load_error: BaseException | None = None
+    draining: bool = False
+    in_flight: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None and self.engine.alive and not self.draining
+
+    def load(self, show_progress: bool = True) -> None:
+        """Load the model (on a worker thread at start-up) and start the engine loop."""
+        try:
+            core = LLMEngine(self.config, show_progress=show_progress)
+            # The HTTP side tokenizes on the event loop; the engine thread detokenizes.
+            # Separate tokenizer objects keep the two threads from sharing one.
+            self.tokenizer = copy.deepcopy(core.tokenizer)
+            self.max_model_len = core.max_model_len
+            engine = AsyncEngine(core, observer=self.metrics.observe_step)
+            self.metrics.bind(engine)
+            self.engine = engine
+        except BaseException as exc:
+            self.load_error = exc
+            raise
+
+    def request_started(self) -> None:
+        self.in_flight += 1
+        self.idle.clear()
+
+    def request_ended(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self.idle.set()
+
+
+def start_loading(state: ServerState, show_progress: bool = True) -> threading.Thread:
+    thread = threading.Thread(target=_load_quietly, args=(state, show_progress),
+                              name="model-loader", daemon=True)
+    thread.start()
+    return thread
+
+
+def _load_quietly(state: ServerState, show_progress: bool) -> None:
+    import logging
+
+    try:
+        state.load(show_progress)
+    except BaseException:
+        logging.getLogger(__name__).exception("model loading failed")
