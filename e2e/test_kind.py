@@ -64,7 +64,7 @@ def operator(cluster):
 
     run("docker", "build", "-t", IMAGE, "--build-arg", "DEVICE=cpu", ".", timeout=3600)
     run("kind", "load", "docker-image", IMAGE, "--name", CLUSTER)
-    chart_dir = REPO / "charts" / "tokenmill-operator"
+    chart_dir = REPO / "charts" / "tokenmill"
     chart = helm_python.Chart.load(str(chart_dir))
     for crd in chart.crds:
         kubectl("apply", "--server-side", "-f", "-", input=crd["data"])

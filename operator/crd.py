@@ -4,7 +4,7 @@ Regenerate the checked-in copies after changing spec.py (-P keeps the repository
 directory from shadowing Python's `operator` module):
 
     python -P -m tokenmill.operator.crd crds/inferenceservices.tokenmill.io.yaml \
-        charts/tokenmill-operator/crds/inferenceservices.tokenmill.io.yaml
+        charts/tokenmill/crds/inferenceservices.tokenmill.io.yaml
 """
 
 from __future__ import annotations

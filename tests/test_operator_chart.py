@@ -8,7 +8,7 @@ import pytest
 import yaml
 from operator_support import CRD_PATH, REPO
 
-CHART = REPO / "charts" / "tokenmill-operator"
+CHART = REPO / "charts" / "tokenmill"
 
 
 def render(values: dict | None = None) -> list[dict]:
