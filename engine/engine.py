@@ -206,6 +206,8 @@ class LLMEngine:
     def _check_fits(self, token_ids: list[int], params: SamplingParams) -> None:
         if not token_ids:
             raise RequestError("the prompt is empty")
+        if params.n > self.config.max_num_seqs:
+            raise RequestError(f"n={params.n} exceeds max_num_seqs={self.config.max_num_seqs}")
         total = len(token_ids) + params.max_tokens
         if total > self.max_model_len:
             raise RequestError(

@@ -81,6 +81,13 @@ def test_bad_token_ids_and_empty_prompts_are_rejected(tiny_llama):
                .outputs[0].token_ids) == 2
 
 
+def test_n_beyond_the_batch_size_is_rejected(tiny_llama_dir):
+    llm = LLM(tiny_llama_dir, show_progress=False, max_num_seqs=2)
+    with pytest.raises(RequestError, match="n=3 exceeds max_num_seqs=2"):
+        llm.generate([[1, 2]], SamplingParams(n=3, max_tokens=2))
+    assert len(llm.generate([[1, 2]], SamplingParams(n=2, max_tokens=2))[0].outputs) == 2
+
+
 def test_duplicate_request_id_is_rejected_without_harming_the_first(tiny_llama):
     engine = tiny_llama.engine
     engine.add_request("same", [1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True))
