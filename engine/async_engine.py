@@ -66,7 +66,8 @@ class AsyncEngine:
             return self.engine.num_waiting + self._pending_adds
 
     async def add_request(self, request_id: str, prompt: str | list[int],
-                          params: SamplingParams) -> RequestStream:
+                          params: SamplingParams,
+                          cache_salt: str | None = None) -> RequestStream:
         """Hand a request to the engine; return its output stream once it is admitted.
 
         Raises what the engine raised for a request it can't serve (RequestError, ...).
@@ -78,7 +79,7 @@ class AsyncEngine:
         self._streams[request_id] = stream
         with self._lock:
             self._pending_adds += 1
-        self._send(("add", request_id, prompt, params))
+        self._send(("add", request_id, prompt, params, cache_salt))
         try:
             await stream.admitted
         except BaseException:
@@ -147,11 +148,11 @@ class AsyncEngine:
             except queue.Empty:
                 return
             if command[0] == "add":
-                _, request_id, prompt, params = command
+                _, request_id, prompt, params, cache_salt = command
                 try:
                     with self._lock:
                         self._pending_adds -= 1
-                        self.engine.add_request(request_id, prompt, params)
+                        self.engine.add_request(request_id, prompt, params, cache_salt)
                 except Exception as exc:  # a bad request fails alone
                     self._deliver(request_id, exc, admission=True)
                 else:

@@ -64,7 +64,7 @@ class EngineConfig:
     quantization: str | None = _opt(None, "Weight quantization: int8 or fp8.")
     kv_cache_dtype: str = _opt("auto", "KV-cache dtype: auto (the model dtype), int8 or fp8.")
     enable_prefix_caching: bool = _opt(
-        False, "Reuse the KV cache of earlier requests that share a prompt prefix."
+        True, "Reuse the KV cache of earlier requests that share a prompt prefix."
     )
 
     def __post_init__(self) -> None:

@@ -22,7 +22,7 @@ from tokenmill.engine.request import RequestTimings, Sequence
 from tokenmill.engine.runner import ModelRunner, kv_bytes_per_block
 from tokenmill.engine.sampler import sample
 from tokenmill.engine.sampling_params import SamplingParams
-from tokenmill.engine.scheduler import Scheduler
+from tokenmill.engine.scheduler import Scheduler, SchedulerOutput
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,7 @@ class _Request:
     params: SamplingParams
     timings: RequestTimings
     seqs: list[Sequence]
+    cache_salt: str | None = None
     finished: bool = False
 
 
@@ -59,28 +60,33 @@ class LLMEngine:
         model = build_model(self.model_config, source, self.max_model_len, self.dtype,
                             self.device, show_progress)
         num_blocks = self._num_blocks(model)
-        self.kv = KVCacheManager(num_blocks, config.block_size)
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, self.dtype)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.eos_token_ids = _eos_ids(self.model_config, self.tokenizer, source.directory)
         self._rng = random.Random(config.seed)
         self._seq_ids = itertools.count()
         self._requests: dict[str, _Request] = {}
+        self.last_plan: SchedulerOutput | None = None  # the latest step's composition
         log.info("engine ready", extra={"kv_blocks": num_blocks, "block_size": config.block_size,
                                         "max_model_len": self.max_model_len})
 
     # ---- requests -------------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt: str | list[int],
-                    params: SamplingParams | None = None) -> None:
-        """Queue a request. Raises RequestError (and changes nothing) if it can never be served."""
+                    params: SamplingParams | None = None, cache_salt: str | None = None) -> None:
+        """Queue a request. Raises RequestError (and changes nothing) if it can never be served.
+
+        Requests with different cache_salt never share prefix-cache blocks (tenant isolation).
+        """
         params = params or SamplingParams()
         if request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already in use")
         text, token_ids = self.check_request(prompt, params)
         timings = RequestTimings()
-        seq = self._new_sequence(request_id, 0, token_ids, params, timings)
-        self._requests[request_id] = _Request(request_id, text, token_ids, params, timings, [seq])
+        seq = self._new_sequence(request_id, 0, token_ids, params, timings, cache_salt)
+        self._requests[request_id] = _Request(request_id, text, token_ids, params, timings, [seq],
+                                              cache_salt)
         self.scheduler.add(seq)
 
     def check_request(self, prompt: str | list[int],
@@ -127,6 +133,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one batch; return an output for every request that advanced or finished."""
         plan = self.scheduler.schedule()
+        self.last_plan = plan
         if not plan.scheduled:
             return []
         self.runner.copy_blocks(plan.block_copies)
@@ -135,6 +142,7 @@ class LLMEngine:
         to_sample: list[Sequence] = []
         for row, (seq, num_new) in enumerate(plan.scheduled):
             seq.num_computed_tokens += num_new
+            self.kv.cache_computed_blocks(seq)
             if seq.num_computed_tokens < seq.num_tokens:
                 continue  # a prompt chunk; the prompt continues next step
             for member in self._fork_if_first_sample(seq):
@@ -172,7 +180,7 @@ class LLMEngine:
         members = [seq]
         for index in range(1, req.params.n):
             child = self._new_sequence(req.request_id, index, req.prompt_token_ids, req.params,
-                                       req.timings)
+                                       req.timings, req.cache_salt)
             child.num_computed_tokens = seq.num_computed_tokens
             self.kv.fork(seq, child)
             self.scheduler.add_running(child)
@@ -181,7 +189,8 @@ class LLMEngine:
         return members
 
     def _new_sequence(self, request_id: str, index: int, token_ids: list[int],
-                      params: SamplingParams, timings: RequestTimings) -> Sequence:
+                      params: SamplingParams, timings: RequestTimings,
+                      cache_salt: str | None) -> Sequence:
         generator = None
         if not params.greedy:
             seed = (params.seed + index * 7919 if params.seed is not None
@@ -189,7 +198,7 @@ class LLMEngine:
             generator = torch.Generator(device=self.device).manual_seed(seed)
         detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens)
         return Sequence(next(self._seq_ids), request_id, index, token_ids, params, generator,
-                        detok, timings)
+                        detok, timings, cache_salt)
 
     def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -243,8 +252,6 @@ def _reject_unbuilt_features(config: EngineConfig) -> None:
         raise ConfigError("quantization", f"{config.quantization} weights are not supported yet")
     if config.kv_cache_dtype != "auto":
         raise ConfigError("kv_cache_dtype", f"{config.kv_cache_dtype} is not supported yet")
-    if config.enable_prefix_caching:
-        log.warning("prefix caching is not available in this build; running without it")
 
 
 def _device(name: str) -> torch.device:

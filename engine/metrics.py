@@ -60,7 +60,7 @@ class EngineMetrics:
                        self.prefix_queries, self.prefix_hits, self.ttft, self.itl, self.e2e,
                        self.queue_time):
             metric.labels(model_name)
-        self._seen_preemptions = 0
+        self._seen: dict[str, int] = {}
         self._last_token: dict[tuple[str, int], tuple[float, int]] = {}
         self._started: set[str] = set()
 
@@ -79,10 +79,9 @@ class EngineMetrics:
         """Account a step's outputs (called on the engine thread after every step)."""
         name = self.model_name
         now = time.monotonic()
-        preemptions = engine.scheduler.num_preemptions
-        if preemptions > self._seen_preemptions:
-            self.preemptions.labels(name).inc(preemptions - self._seen_preemptions)
-            self._seen_preemptions = preemptions
+        self._advance(self.preemptions, "preemptions", engine.scheduler.num_preemptions)
+        self._advance(self.prefix_queries, "prefix_queries", engine.kv.prefix_queries)
+        self._advance(self.prefix_hits, "prefix_hits", engine.kv.prefix_hits)
         for out in outputs:
             if out.request_id not in self._started:
                 self._started.add(out.request_id)
@@ -96,6 +95,13 @@ class EngineMetrics:
                                    now)
             if out.finished:
                 self._finish(out)
+
+    def _advance(self, counter: Counter, key: str, total: int) -> None:
+        """Move a counter up to an engine-side running total."""
+        seen = self._seen.get(key, 0)
+        if total > seen:
+            counter.labels(self.model_name).inc(total - seen)
+            self._seen[key] = total
 
     def _count_tokens(self, request_id: str, index: int, count: int, now: float) -> None:
         key = (request_id, index)

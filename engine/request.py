@@ -57,6 +57,7 @@ class Sequence:
         generator: torch.Generator | None,
         detokenizer: IncrementalDetokenizer,
         timings: RequestTimings,
+        cache_salt: str | None = None,
     ):
         self.seq_id = seq_id
         self.request_id = request_id
@@ -74,10 +75,22 @@ class Sequence:
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
         self.num_preemptions = 0
+        self.cache_salt = cache_salt
+        self.num_cached_blocks = 0  # leading blocks already indexed by the prefix cache
+        self.times_bypassed = 0     # admissions that went to a later arrival first
 
     @property
     def token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """token_ids[start:end] without building the whole list (decode reads one token)."""
+        prompt_len = len(self.prompt_token_ids)
+        if start >= prompt_len:
+            return self.output_token_ids[start - prompt_len:end - prompt_len]
+        if end <= prompt_len:
+            return self.prompt_token_ids[start:end]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - prompt_len]
 
     @property
     def num_tokens(self) -> int:

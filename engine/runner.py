@@ -30,7 +30,8 @@ class ModelRunner:
         config = model.config
         shape = (config.num_hidden_layers, 2, num_blocks, block_size,
                  num_kv_heads_of(config), head_dim_of(config))
-        self.kv_pool = torch.empty(shape, dtype=kv_dtype, device=device)
+        # Zeroed, not empty: attention reads masked-out slots too (0 * NaN would be NaN).
+        self.kv_pool = torch.zeros(shape, dtype=kv_dtype, device=device)
         self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_pool]
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
@@ -54,7 +55,7 @@ class ModelRunner:
         for row, (seq, num_new) in enumerate(scheduled):
             start = seq.num_computed_tokens
             end = start + num_new
-            input_ids += seq.token_ids[start:end]
+            input_ids += seq.token_slice(start, end)
             table = seq.block_table
             for pos in range(start, end):
                 positions.append(pos)

@@ -296,3 +296,25 @@ def test_health_models_and_version(base_url):
         assert http.get(base_url + "/version").json()["version"]
         assert http.get(base_url + "/v1/nothing").json()["error"]["type"]
     assert json.loads(json.dumps(models))
+
+
+def test_prefix_cache_hits_are_counted_and_salts_keep_tenants_apart(base_url, client,
+                                                                     server_state):
+    prompt = "You are a careful assistant. " * 12 + "Say hi."
+    _wait_idle(server_state)
+    before = _metrics(base_url)
+    first = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0)
+    second = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0)
+    salted = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0,
+                                       extra_body={"cache_salt": "tenant-b"})
+    _wait_idle(server_state)
+    after = _metrics(base_url)
+    assert first.choices[0].text == second.choices[0].text == salted.choices[0].text
+    hits = (after[("tokenmill_prefix_cache_hits_total", ())]
+            - before[("tokenmill_prefix_cache_hits_total", ())])
+    queries = (after[("tokenmill_prefix_cache_queries_total", ())]
+               - before[("tokenmill_prefix_cache_queries_total", ())])
+    prompt_len = first.usage.prompt_tokens
+    assert queries == 3 * prompt_len
+    block = server_state.config.block_size
+    assert hits == (prompt_len - 1) // block * block  # the second request only

@@ -1,10 +1,11 @@
-"""Per-sequence block tables over the allocator: growth, sharing, copy-on-write and release."""
+"""Per-sequence block tables over the allocator: growth, sharing, copy-on-write, prefix reuse."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from tokenmill.engine.kv_cache.block_allocator import BlockAllocator
+from tokenmill.engine.kv_cache.prefix_cache import NO_PARENT, PrefixCache
 from tokenmill.engine.request import Sequence
 
 
@@ -14,10 +15,12 @@ class KVCacheStats:
     used_blocks: int
     allocated_slots: int
     used_slots: int
+    cached_blocks: int = 0
+    evictable_blocks: int = 0
 
     @property
     def usage(self) -> float:
-        """Fraction of the pool's blocks in use."""
+        """Fraction of the pool's blocks held by sequences."""
         return self.used_blocks / self.num_blocks
 
     @property
@@ -31,13 +34,59 @@ class KVCacheStats:
 class KVCacheManager:
     """Owns which blocks each sequence's tokens occupy. Tensors live in the model runner."""
 
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
         self.block_size = block_size
         self.allocator = BlockAllocator(num_blocks)
+        self.prefix_cache = PrefixCache(self.allocator, block_size) if enable_prefix_caching \
+            else None
         self._tables: dict[int, Sequence] = {}
+        self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
+        self.prefix_hits = 0     # of those, tokens found
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    # ---- admission with prefix reuse ------------------------------------------------------
+
+    def match_prefix(self, seq: Sequence) -> list[int]:
+        """Cached blocks seq can start from. The last token is always recomputed: its logits
+        are needed to sample the next one."""
+        if self.prefix_cache is None or seq.num_computed_tokens or seq.block_table:
+            return []
+        return self.prefix_cache.match(seq.token_ids[:seq.num_tokens - 1], seq.cache_salt)
+
+    def can_admit(self, seq: Sequence, cached: list[int], num_new_tokens: int) -> bool:
+        start = len(cached) * self.block_size
+        new_blocks = self.blocks_needed(start + num_new_tokens) - len(cached)
+        revived = sum(1 for b in cached if self.allocator.ref_count(b) == 0)
+        return new_blocks + revived <= self.allocator.num_free
+
+    def admit(self, seq: Sequence, cached: list[int]) -> None:
+        """Start seq from its cached prefix blocks (shared, not copied)."""
+        for block in cached:
+            self.allocator.share(block)
+        seq.block_table = list(cached)
+        seq.num_computed_tokens = len(cached) * self.block_size
+        seq.num_cached_blocks = len(cached)
+        if self.prefix_cache is not None:
+            self.prefix_queries += seq.num_tokens
+            self.prefix_hits += seq.num_computed_tokens
+        self._tables[seq.seq_id] = seq
+
+    def cache_computed_blocks(self, seq: Sequence) -> None:
+        """Index seq's blocks that became full and computed, so later requests can reuse them."""
+        full = seq.num_computed_tokens // self.block_size
+        if self.prefix_cache is None or full <= seq.num_cached_blocks:
+            return
+        tokens = seq.token_ids
+        bs = self.block_size
+        for i in range(seq.num_cached_blocks, full):
+            parent = seq.block_table[i - 1] if i else NO_PARENT
+            self.prefix_cache.insert(seq.block_table[i], tuple(tokens[i * bs:(i + 1) * bs]),
+                                     seq.cache_salt, parent)
+        seq.num_cached_blocks = max(seq.num_cached_blocks, full)
+
+    # ---- growth, forks, release -----------------------------------------------------------
 
     def num_new_blocks(self, seq: Sequence, num_new_tokens: int) -> int:
         """Blocks to allocate so seq's next `num_new_tokens` have slots, copy-on-write included."""
@@ -77,12 +126,14 @@ class KVCacheManager:
         for block in parent.block_table:
             self.allocator.share(block)
         child.block_table = list(parent.block_table)
+        child.num_cached_blocks = parent.num_cached_blocks
         self._tables[child.seq_id] = child
 
     def free(self, seq: Sequence) -> None:
         for block in reversed(seq.block_table):
             self.allocator.release(block)
         seq.block_table = []
+        seq.num_cached_blocks = 0
         self._tables.pop(seq.seq_id, None)
 
     def slot(self, seq: Sequence, position: int) -> int:
@@ -101,4 +152,6 @@ class KVCacheManager:
             used_blocks=self.allocator.num_used,
             allocated_slots=self.allocator.num_used * self.block_size,
             used_slots=sum(owners.values()),
+            cached_blocks=self.allocator.num_cached,
+            evictable_blocks=self.allocator.num_evictable,
         )

@@ -34,6 +34,7 @@ class _Call:
     prompts_text: list[str | None]
     prompts_ids: list[list[int]]
     params: SamplingParams
+    cache_salt: str | None = None
     echo: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
     sent_text: dict[int, int] = field(default_factory=dict)
@@ -49,7 +50,7 @@ async def create_completion(body: CompletionRequest, request: Request,
     params = _params(body, max_tokens, body.logprobs)
     call = _Call("completion", f"cmpl-{uuid.uuid4().hex}", state.options.served_model_name,
                  body.n, [p if isinstance(p, str) else None for p in prompts], ids, params,
-                 echo=body.echo)
+                 cache_salt=body.cache_salt, echo=body.echo)
     return await _run(call, body.stream, body.include_usage, request, state)
 
 
@@ -64,7 +65,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = _params(body, max_tokens, logprobs)
     call = _Call("chat", f"chatcmpl-{uuid.uuid4().hex}", state.options.served_model_name,
-                 body.n, [None], [ids], params)
+                 body.n, [None], [ids], params, cache_salt=body.cache_salt)
     return await _run(call, body.stream, body.include_usage, request, state)
 
 
@@ -127,7 +128,8 @@ async def _admit(call: _Call, state: ServerState) -> list[RequestStream]:
     streams: list[RequestStream] = []
     try:
         for i, ids in enumerate(call.prompts_ids):
-            streams.append(await state.engine.add_request(f"{call.id}-{i}", ids, call.params))
+            streams.append(await state.engine.add_request(f"{call.id}-{i}", ids, call.params,
+                                                          call.cache_salt))
     except BaseException as exc:
         for stream in streams:
             await stream.aclose()

@@ -40,6 +40,7 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    cache_salt: Annotated[str, Field(min_length=1)] | None = None
 
     @model_validator(mode="after")
     def _check_top_k(self) -> SamplingFields:
