@@ -99,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
     offline.add_arguments(offline_parser)
     offline_parser.set_defaults(func=offline.run)
 
+    from tokenmill.engine.bench import multiturn
+
+    multiturn_parser = bench_commands.add_parser("multiturn", help=multiturn.__doc__)
+    add_engine_arguments(multiturn_parser)
+    multiturn.add_arguments(multiturn_parser)
+    multiturn_parser.set_defaults(func=multiturn.run)
+
     from tokenmill.engine.bench import serve as bench_serve
 
     serve_parser = bench_commands.add_parser("serve", help=bench_serve.__doc__)

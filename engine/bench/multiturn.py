@@ -1,0 +1,145 @@
+"""Multi-turn chat with a shared system prompt: prefix cache on against off, in one run.
+
+Each conversation sends its next turn as soon as its previous answer is complete, resending
+the whole history (system prompt, every user turn, every answer) as chat clients do. Reported
+per mode: prefix-cache hit rate (prompt tokens served from the cache), TTFT mean/P50/P99,
+output tokens/s; plus the TTFT ratio between the modes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import time
+from typing import Any
+
+from tqdm import tqdm
+
+from tokenmill.engine.bench.report import (
+    command_line,
+    distribution,
+    git_revision,
+    machine_info,
+    write_json,
+)
+from tokenmill.engine.sampling_params import SamplingParams
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--conversations", type=int, default=16)
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--system-len", type=int, default=1000,
+                        help="Tokens of the system prompt every conversation shares.")
+    parser.add_argument("--user-len", type=int, default=48, help="Tokens of each user turn.")
+    parser.add_argument("--answer-len", type=int, default=32, help="Tokens of each answer.")
+    parser.add_argument("--workload-seed", type=int, default=0)
+    parser.add_argument("--json", default=None, help="Write the raw results here.")
+
+
+def make_conversations(args: argparse.Namespace, vocab_size: int) -> tuple[list[int],
+                                                                           list[list[list[int]]]]:
+    """The shared system prompt and, per conversation, its user turns (random token ids)."""
+    rng = random.Random(args.workload_seed)
+
+    def tokens(n: int) -> list[int]:
+        return [rng.randrange(1000, vocab_size) for _ in range(n)]
+
+    system = tokens(args.system_len)
+    return system, [[tokens(args.user_len) for _ in range(args.turns)]
+                    for _ in range(args.conversations)]
+
+
+def run_conversations(engine: Any, system: list[int], users: list[list[list[int]]],
+                      answer_len: int, label: str) -> dict[str, Any]:
+    """Drive every conversation to its last turn; return per-turn records and totals."""
+    params = SamplingParams(temperature=0.0, max_tokens=answer_len, ignore_eos=True)
+    history = [list(system) for _ in users]
+    turn = [0] * len(users)
+    records: list[dict[str, Any]] = []
+    queries0, hits0 = engine.kv.prefix_queries, engine.kv.prefix_hits
+
+    def send(c: int) -> None:
+        history[c] += users[c][turn[c]]
+        engine.add_request(f"{label}-{c}-{turn[c]}", list(history[c]), params)
+
+    bar = tqdm(total=sum(len(u) for u in users), desc=label, unit="turn")
+    start = time.perf_counter()
+    for c in range(len(users)):
+        send(c)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if not out.finished:
+                continue
+            _, c_text, t_text = out.request_id.rsplit("-", 2)
+            c = int(c_text)
+            records.append({"conversation": c, "turn": int(t_text),
+                            "prompt_tokens": len(out.prompt_token_ids),
+                            "output_tokens": len(out.outputs[0].token_ids),
+                            "ttft_s": out.timings.time_to_first_token,
+                            "e2e_s": out.timings.e2e_latency})
+            history[c] += out.outputs[0].token_ids
+            turn[c] += 1
+            bar.update(1)
+            if turn[c] < len(users[c]):
+                send(c)
+    elapsed = time.perf_counter() - start
+    bar.close()
+    queries = engine.kv.prefix_queries - queries0
+    hits = engine.kv.prefix_hits - hits0
+    output_tokens = sum(r["output_tokens"] for r in records)
+    return {
+        "elapsed_s": elapsed,
+        "prefix_hit_rate": hits / queries if queries else 0.0,
+        "prompt_tokens": sum(r["prompt_tokens"] for r in records),
+        "ttft_s": distribution([r["ttft_s"] for r in records]),
+        "output_tokens_per_s": output_tokens / elapsed,
+        "records": records,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from tokenmill.engine.cli import engine_config_from_args
+    from tokenmill.engine.llm import LLM
+
+    config = engine_config_from_args(args)
+    results: dict[str, Any] = {}
+    system = users = None
+    for label, caching in (("cache-off", False), ("cache-on", True)):
+        llm = LLM(**dataclasses.asdict(config.replace(enable_prefix_caching=caching)))
+        if system is None:
+            system, users = make_conversations(args, llm.engine.model_config.vocab_size)
+        llm.generate([[1000] * 8], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
+        results[label] = run_conversations(llm.engine, system, users, args.answer_len, label)
+        llm.engine.kv.allocator.check_all_free()
+        del llm
+    off, on = results["cache-off"], results["cache-on"]
+    summary = {
+        mode: {k: v for k, v in r.items() if k != "records"} for mode, r in results.items()
+    }
+    summary["mean_ttft_speedup"] = off["ttft_s"]["mean"] / on["ttft_s"]["mean"]
+    summary["p99_ttft_speedup"] = off["ttft_s"]["p99"] / on["ttft_s"]["p99"]
+    print(format_summary(summary))
+    if args.json:
+        write_json(args.json, {
+            "command": command_line(), "machine": machine_info(str(config.device)),
+            "git": git_revision(), "workload": {k: getattr(args, k) for k in (
+                "conversations", "turns", "system_len", "user_len", "answer_len",
+                "workload_seed")},
+            "engine_config": dataclasses.asdict(config), "summary": summary,
+            "requests": {mode: r["records"] for mode, r in results.items()},
+        })
+    return 0
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    lines = [f"{'mode':<10} {'hit rate':>9} {'TTFT mean':>10} {'TTFT p50':>9} {'TTFT p99':>9} "
+             f"{'out tok/s':>10}"]
+    for mode in ("cache-off", "cache-on"):
+        s = summary[mode]
+        t = s["ttft_s"]
+        lines.append(f"{mode:<10} {s['prefix_hit_rate']:>9.1%} {t['mean']:>9.3f}s "
+                     f"{t['p50']:>8.3f}s {t['p99']:>8.3f}s {s['output_tokens_per_s']:>10.1f}")
+    lines.append(f"TTFT speed-up with the cache: mean {summary['mean_ttft_speedup']:.1f}x, "
+                 f"P99 {summary['p99_ttft_speedup']:.1f}x")
+    return "\n".join(lines)
