@@ -1,0 +1,95 @@
+"""Run the workload through tokenmill, one engine step at a time, so the KV cache can be watched.
+
+This is the loop `LLM.generate` runs, driven here so that KVCacheStats can be sampled after
+every step; the time spent sampling is measured and reported so it can be told apart.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tqdm import tqdm
+
+from tokenmill.engine.bench.workload import BenchRequest
+from tokenmill.engine.outputs import RequestOutput
+from tokenmill.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class StepSample:
+    """The engine after one step: batch occupancy and KV-cache fill."""
+
+    num_running: int
+    num_waiting: int
+    used_blocks: int
+    usage: float
+    waste: float
+
+
+@dataclass
+class EngineRun:
+    elapsed_s: float
+    requests: list[dict[str, Any]]
+    steps: list[StepSample] = field(default_factory=list)
+    num_preemptions: int = 0
+    stats_overhead_s: float = 0.0
+
+
+def params_for(request: BenchRequest) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=request.output_len, ignore_eos=True)
+
+
+def warm_up(llm: Any, vocab_token: int) -> None:
+    """One tiny generation so first-call costs (allocator, kernels' first dispatch) aren't timed."""
+    llm.generate([[vocab_token] * 8, [vocab_token] * 3],
+                 SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+
+
+def run_engine(llm: Any, workload: list[BenchRequest], show_progress: bool = True) -> EngineRun:
+    """Submit every request at once, step until all finish, time the whole with perf_counter."""
+    engine = llm.engine
+    preemptions_before = engine.scheduler.num_preemptions
+    ids = [f"bench-{i}" for i in range(len(workload))]
+    done: dict[str, RequestOutput] = {}
+    steps: list[StepSample] = []
+    stats_time = 0.0
+    total_tokens = sum(r.output_len for r in workload)
+    bar = tqdm(total=total_tokens, desc="tokenmill", unit="tok", disable=not show_progress)
+    start = time.perf_counter()
+    for request_id, request in zip(ids, workload, strict=True):
+        engine.add_request(request_id, request.prompt_token_ids, params_for(request))
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+                bar.update(len(out.outputs[0].token_ids))
+        t = time.perf_counter()
+        stats = engine.kv_cache_stats()
+        steps.append(StepSample(engine.num_running, engine.num_waiting, stats.used_blocks,
+                                stats.usage, stats.waste))
+        stats_time += time.perf_counter() - t
+    elapsed = time.perf_counter() - start
+    bar.close()
+    records = [_record(i, request, done[request_id])
+               for i, (request_id, request) in enumerate(zip(ids, workload, strict=True))]
+    return EngineRun(elapsed, records, steps,
+                     engine.scheduler.num_preemptions - preemptions_before, stats_time)
+
+
+def _record(index: int, request: BenchRequest, out: RequestOutput) -> dict[str, Any]:
+    produced = len(out.outputs[0].token_ids)
+    if produced != request.output_len:
+        raise AssertionError(f"request {index} produced {produced} tokens, asked for "
+                             f"{request.output_len} (ignore_eos is set)")
+    t = out.timings
+    return {
+        "index": index,
+        "input_len": request.input_len,
+        "output_len": produced,
+        "ttft_s": t.time_to_first_token,
+        "e2e_s": t.e2e_latency,
+        "queue_s": t.queue_time,
+        "num_preemptions": out.num_preemptions,
+    }

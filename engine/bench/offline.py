@@ -1,0 +1,125 @@
+"""Offline throughput: tokenmill against HF transformers generate on the same seeded workload."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from typing import Any
+
+from tokenmill.engine.bench.workload import BenchRequest, make_workload, parse_range
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Workload and report flags; the engine flags come from EngineConfig (cli.py)."""
+    parser.add_argument("--num-prompts", type=int, default=64, help="Requests in the workload.")
+    parser.add_argument("--input-len", type=parse_range, default="32:512",
+                        help="Prompt length range LOW:HIGH, uniform, inclusive (default 32:512).")
+    parser.add_argument("--output-len", type=parse_range, default="16:256",
+                        help="Output length range LOW:HIGH, uniform, inclusive (default 16:256).")
+    parser.add_argument("--workload-seed", type=int, default=0,
+                        help="Seed of the workload generator (--seed seeds the engine).")
+    parser.add_argument("--hf-batch-sizes", type=parse_batch_sizes, default="8,32",
+                        help="Static batch sizes for the HF generate baseline, comma separated; "
+                             "empty or 'none' skips the baseline (default 8,32).")
+    parser.add_argument("--json", metavar="PATH", help="Write the raw results as JSON here.")
+    parser.add_argument("--plot", metavar="PATH", help="Write a PNG plot (needs matplotlib).")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                        help="Show progress bars.")
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+    """'8,32' -> [8, 32]; '' or 'none' -> [] (no baseline)."""
+    if text.strip().lower() in ("", "none"):
+        return []
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected batch sizes like 8,32, got {text!r}") from None
+    if any(size < 1 for size in sizes):
+        raise argparse.ArgumentTypeError(f"batch sizes must be positive, got {text!r}")
+    return sizes
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the workload, run tokenmill then HF on it, print the table, write JSON and plot."""
+    summary, payload = benchmark(args)
+    from tokenmill.engine.bench.report import format_table, write_json
+
+    print(format_table(summary))
+    if args.json:
+        write_json(args.json, payload)
+        print(f"raw results: {args.json}")
+    if args.plot:
+        from tokenmill.engine.bench.plot import write_plot
+
+        title = f"{args.model}, {args.num_prompts} requests"
+        if write_plot(args.plot, summary, title):
+            print(f"plot: {args.plot}")
+        else:
+            print("plot skipped: matplotlib is not installed", file=sys.stderr)
+    return 0
+
+
+def benchmark(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The whole measurement; returns (summary, JSON payload)."""
+    from tokenmill.engine import LLM
+    from tokenmill.engine.bench import engine_run, hf_baseline, report
+    from tokenmill.engine.cli import engine_config_from_args
+
+    config = engine_config_from_args(args)
+    load_before = list(os.getloadavg())
+    revision = report.git_revision()  # before the run: the code that is measured
+    llm = LLM(**dataclasses.asdict(config), show_progress=args.progress)
+    engine = llm.engine
+    workload = make_workload(args.num_prompts, args.input_len, args.output_len,
+                             args.workload_seed, engine.model_config.vocab_size,
+                             special_ids(llm.tokenizer))
+    plain_token = workload[0].prompt_token_ids[0]
+    _status(f"workload: {len(workload)} requests, {_lengths(workload)}")
+    engine_run.warm_up(llm, plain_token)
+    ours = engine_run.run_engine(llm, workload, args.progress)
+    device, dtype = engine.device, engine.dtype
+    del llm, engine
+
+    hf_runs = []
+    if args.hf_batch_sizes:
+        _status("loading the model in HF transformers")
+        model = hf_baseline.load_hf_model(config.model, dtype).to(device)
+        hf_baseline.warm_up(model, plain_token)
+        hf_runs = [hf_baseline.run_hf(model, workload, size, args.progress)
+                   for size in args.hf_batch_sizes]
+        del model
+
+    summary = report.summarize(ours, hf_runs)
+    payload = {
+        "benchmark": "offline",
+        "command": report.command_line(),
+        "args": {k: v for k, v in vars(args).items() if k != "func"},
+        "engine_config": dataclasses.asdict(config),
+        "machine": {**report.machine_info(str(device)), "load_average_before": load_before},
+        "git": revision,
+        "summary": summary,
+        "requests": ours.requests,
+        "kv_steps": [dataclasses.asdict(s) for s in ours.steps],
+    }
+    return summary, payload
+
+
+def special_ids(tokenizer: Any) -> set[int]:
+    """Every id the tokenizer treats as special, including added control tokens."""
+    ids = set(tokenizer.all_special_ids)
+    ids.update(i for i, tok in tokenizer.added_tokens_decoder.items() if tok.special)
+    return ids
+
+
+def _lengths(workload: list[BenchRequest]) -> str:
+    ins = [r.input_len for r in workload]
+    outs = [r.output_len for r in workload]
+    return (f"input {min(ins)}..{max(ins)} (sum {sum(ins)}), "
+            f"output {min(outs)}..{max(outs)} (sum {sum(outs)})")
+
+
+def _status(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

@@ -1,0 +1,71 @@
+"""`tokenmill bench offline`: the seeded workload, and a tiny end-to-end run on the real SmolLM2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from tokenmill.engine.bench import offline
+from tokenmill.engine.bench.workload import make_workload, parse_range
+from tokenmill.engine.cli import build_parser
+
+
+def test_workload_is_seeded_within_ranges_and_free_of_special_tokens():
+    special = set(range(10))
+    a = make_workload(200, (3, 9), (2, 5), seed=7, vocab_size=100, special_token_ids=special)
+    b = make_workload(200, (3, 9), (2, 5), seed=7, vocab_size=100, special_token_ids=special)
+    c = make_workload(200, (3, 9), (2, 5), seed=8, vocab_size=100, special_token_ids=special)
+    assert a == b
+    assert a != c
+    assert {r.input_len for r in a} == set(range(3, 10))  # inclusive at both ends
+    assert {r.output_len for r in a} == set(range(2, 6))
+    tokens = {t for r in a for t in r.prompt_token_ids}
+    assert tokens <= set(range(10, 100)) and len(tokens) > 50
+
+
+def test_length_ranges_and_batch_sizes_parse():
+    assert parse_range("32:512") == (32, 512)
+    assert parse_range("7") == (7, 7)
+    for bad in ("0:4", "9:3", "a:b", ""):
+        with pytest.raises(ValueError):
+            parse_range(bad)
+    assert offline.parse_batch_sizes("8,32") == [8, 32]
+    assert offline.parse_batch_sizes("none") == offline.parse_batch_sizes("") == []
+    with pytest.raises(argparse.ArgumentTypeError):
+        offline.parse_batch_sizes("8,0")
+
+
+def test_cli_defaults_are_the_issue_workload():
+    args = build_parser().parse_args(["bench", "offline"])
+    assert (args.num_prompts, args.input_len, args.output_len) == (64, (32, 512), (16, 256))
+    assert args.hf_batch_sizes == [8, 32]
+    assert args.workload_seed == 0 and args.seed == 0  # workload seed apart from engine seed
+
+
+def test_tiny_run_against_hf_writes_auditable_json(tmp_path, capsys, smol_tokenizer):
+    path = tmp_path / "offline.json"
+    args = build_parser().parse_args([
+        "bench", "offline", "--num-prompts", "3", "--input-len", "4:12", "--output-len", "2:6",
+        "--hf-batch-sizes", "2", "--workload-seed", "3", "--json", str(path), "--no-progress",
+        "--kv-cache-memory", str(64 << 20),
+    ])
+    assert offline.run(args) == 0
+    assert "ratio vs HF best" in capsys.readouterr().out
+
+    data = json.loads(path.read_text())
+    expected = make_workload(3, (4, 12), (2, 6), 3, len(smol_tokenizer),
+                             offline.special_ids(smol_tokenizer))
+    requests = data["requests"]
+    assert [r["input_len"] for r in requests] == [r.input_len for r in expected]
+    assert [r["output_len"] for r in requests] == [r.output_len for r in expected]
+    assert all(0 < r["ttft_s"] <= r["e2e_s"] for r in requests)
+    summary = data["summary"]
+    assert summary["ratio"] > 0
+    assert summary["hf_best_batch_size"] == 2
+    assert summary["hf"]["2"]["output_tokens"] == sum(r.output_len for r in expected)
+    assert summary["tokenmill"]["num_preemptions"] == 0
+    assert 0.0 <= summary["tokenmill"]["kv_cache"]["waste_mean"] < 1.0
+    assert data["machine"]["torch_version"] and data["git"]["commit"]
+    assert data["engine_config"]["kv_cache_memory"] == 64 << 20
