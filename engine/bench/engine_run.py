@@ -19,8 +19,10 @@ from tokenmill.engine.sampling_params import SamplingParams
 
 @dataclass
 class StepSample:
-    """The engine after one step: batch occupancy and KV-cache fill."""
+    """One engine step: its duration, its batch and the KV-cache fill after it."""
 
+    step_s: float
+    num_tokens: int | None
     num_running: int
     num_waiting: int
     used_blocks: int
@@ -61,14 +63,19 @@ def run_engine(llm: Any, workload: list[BenchRequest], show_progress: bool = Tru
     for request_id, request in zip(ids, workload, strict=True):
         engine.add_request(request_id, request.prompt_token_ids, params_for(request))
     while engine.has_unfinished_requests():
-        for out in engine.step():
+        step_start = time.perf_counter()
+        outputs = engine.step()
+        step_s = time.perf_counter() - step_start
+        for out in outputs:
             if out.finished:
                 done[out.request_id] = out
                 bar.update(len(out.outputs[0].token_ids))
         t = time.perf_counter()
         stats = engine.kv_cache_stats()
-        steps.append(StepSample(engine.num_running, engine.num_waiting, stats.used_blocks,
-                                stats.usage, stats.waste))
+        plan = getattr(engine, "last_plan", None)
+        num_tokens = plan.num_tokens if plan is not None else None
+        steps.append(StepSample(step_s, num_tokens, engine.num_running, engine.num_waiting,
+                                stats.used_blocks, stats.usage, stats.waste))
         stats_time += time.perf_counter() - t
     elapsed = time.perf_counter() - start
     bar.close()

@@ -99,6 +99,7 @@ def summarize(run: EngineRun, hf_runs: list[HFRun]) -> dict[str, Any]:
         "ttft_s": distribution([r["ttft_s"] for r in run.requests]),
         "e2e_s": distribution([r["e2e_s"] for r in run.requests]),
         "num_steps": len(run.steps),
+        "step_s": distribution([s.step_s for s in run.steps]),
         "num_preemptions": run.num_preemptions,
         "kv_cache": kv_summary(run),
         "stats_overhead_s": run.stats_overhead_s,
