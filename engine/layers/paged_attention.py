@@ -11,6 +11,8 @@ import torch.nn.functional as F
 
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 
+DECODE_BUCKET = 16  # decode sequences per padded attention batch
+
 
 def write_kv(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -28,14 +30,17 @@ def paged_attention(
 ) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its whole cached context.
 
-    q: [tokens, heads, dim] -> [tokens, heads, dim]. Decode rows (one query each) run as one
-    padded batch; prefill and chunked-prefill rows run one sequence at a time.
+    q: [tokens, heads, dim] -> [tokens, heads, dim]. Decode rows (one query each) run in padded
+    batches of similar context length; prefill and chunked-prefill rows run one at a time.
     """
     out = torch.empty_like(q)
-    decode = [i for i, n in enumerate(meta.query_lens_list) if n == 1]
-    if decode:
-        rows = meta.query_start_loc[decode]
-        out[rows] = _decode_batch(q[rows], k_cache, v_cache, meta, decode, scale)
+    decode = sorted((i for i, n in enumerate(meta.query_lens_list) if n == 1),
+                    key=lambda i: meta.seq_lens_list[i])
+    # Sequences of similar length share a padded batch, so padding stays small.
+    for start in range(0, len(decode), DECODE_BUCKET):
+        bucket = decode[start:start + DECODE_BUCKET]
+        rows = meta.query_start_loc[bucket]
+        out[rows] = _decode_batch(q[rows], k_cache, v_cache, meta, bucket, scale)
     for i, q_len in enumerate(meta.query_lens_list):
         if q_len > 1:
             start = int(meta.query_start_loc[i])
@@ -71,16 +76,20 @@ def _prefill_one(q, k_cache, v_cache, meta, i, scale):
 
 
 def _decode_batch(q, k_cache, v_cache, meta, seqs, scale):
+    """One query per sequence, padded to the longest context; the query heads that share a
+    K/V head ride along its query axis, so K/V are read once and never repeated."""
     seq_lens = meta.seq_lens[seqs]
     max_len = max(meta.seq_lens_list[i] for i in seqs)
     block_size = k_cache.shape[1]
     tables = meta.block_tables[seqs][:, : -(-max_len // block_size)]
-    batch = len(seqs)
-    k = k_cache[tables].reshape(batch, -1, *k_cache.shape[2:])[:, :max_len].to(q.dtype)
-    v = v_cache[tables].reshape(batch, -1, *v_cache.shape[2:])[:, :max_len].to(q.dtype)
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    k = k_cache[tables].reshape(batch, -1, num_kv_heads, head_dim)[:, :max_len].to(q.dtype)
+    v = v_cache[tables].reshape(batch, -1, num_kv_heads, head_dim)[:, :max_len].to(q.dtype)
     mask = torch.arange(max_len, device=q.device).unsqueeze(0) < seq_lens.unsqueeze(1)
+    grouped = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     o = F.scaled_dot_product_attention(
-        q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2),
-        attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True,
+        grouped, k.transpose(1, 2), v.transpose(1, 2),
+        attn_mask=mask[:, None, None, :], scale=scale,
     )
-    return o.squeeze(2)
+    return o.reshape(batch, num_heads, head_dim)
