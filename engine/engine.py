@@ -291,15 +291,14 @@ def _cuda_kv_budget(config: EngineConfig, device: torch.device) -> int:
 
 
 def _eos_ids(model_config: Any, tokenizer: Any, directory: str) -> set[int]:
-    ids: set[int] = set()
-    for value in (getattr(model_config, "eos_token_id", None), tokenizer.eos_token_id):
-        ids.update(value if isinstance(value, list) else [value] if value is not None else [])
+    values = [getattr(model_config, "eos_token_id", None), tokenizer.eos_token_id]
     try:
         from transformers import GenerationConfig
 
-        gen = GenerationConfig.from_pretrained(directory)
-        value = gen.eos_token_id
-        ids.update(value if isinstance(value, list) else [value] if value is not None else [])
+        values.append(GenerationConfig.from_pretrained(directory).eos_token_id)
     except (OSError, ValueError):
         pass
+    ids: set[int] = set()
+    for value in values:  # each is None, one id, or a list of ids
+        ids.update(value if isinstance(value, list) else [] if value is None else [value])
     return ids

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
 
+from tokenmill.engine.kv_cache.manager import slot_index
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.models.decoder import CausalLM, head_dim_of, num_kv_heads_of
 from tokenmill.engine.request import Sequence
-
-log = logging.getLogger(__name__)
 
 
 def kv_bytes_per_block(model_config: Any, block_size: int, dtype: torch.dtype) -> int:
@@ -59,7 +57,7 @@ class ModelRunner:
             table = seq.block_table
             for pos in range(start, end):
                 positions.append(pos)
-                slots.append(table[pos // bs] * bs + pos % bs)
+                slots.append(slot_index(table, pos, bs))
             seq_lens.append(end)
             query_lens.append(num_new)
             tables[row, :len(table)] = torch.tensor(table, dtype=torch.long)

@@ -9,6 +9,11 @@ from tokenmill.engine.kv_cache.prefix_cache import NO_PARENT, PrefixCache
 from tokenmill.engine.request import Sequence
 
 
+def slot_index(block_table: list[int], position: int, block_size: int) -> int:
+    """The pool slot holding the KV of token `position` of a sequence with this block table."""
+    return block_table[position // block_size] * block_size + position % block_size
+
+
 @dataclass(frozen=True)
 class KVCacheStats:
     num_blocks: int
@@ -137,9 +142,7 @@ class KVCacheManager:
         self._tables.pop(seq.seq_id, None)
 
     def slot(self, seq: Sequence, position: int) -> int:
-        return seq.block_table[position // self.block_size] * self.block_size + (
-            position % self.block_size
-        )
+        return slot_index(seq.block_table, position, self.block_size)
 
     def stats(self) -> KVCacheStats:
         owners: dict[int, int] = {}
