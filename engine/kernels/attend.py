@@ -1,0 +1,62 @@
+"""The inner loop the attention kernels share: a tile of query rows over a range of paged K/V.
+
+Online softmax in base 2 (scores arrive pre-scaled by log2(e)): one pass over the keys keeps a
+running max m, denominator and unnormalized output per row. Keys are gathered token by token
+through the block table, so tiles need not line up with cache blocks.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """float32 stays exact (no TF32 rounding), so float32 runs match the torch reference."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def dim_block(head_dim: int) -> int:
+    """Tile width over head_dim: a power of two, and at least the 16 that tl.dot needs."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+@triton.jit
+def attend_context(
+    q, q_pos, k_cache_ptr, v_cache_ptr, table_ptr, kv_head, start, end, qk_scale,
+    block_size, stride_cb, stride_ct, stride_ch, head_dim,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Rows q [BLOCK_M, BLOCK_D] at positions q_pos attend causally to keys start..end-1.
+
+    Returns (acc, denom, m). Every row must see a key in the first tile (m stays finite after
+    it); the callers' ranges guarantee that. An empty range returns denom 0 and m -inf.
+    """
+    dims = tl.arange(0, BLOCK_D)
+    dim_ok = dims < head_dim
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    denom = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for tile in range(start, end, BLOCK_N):
+        pos = tile + tl.arange(0, BLOCK_N)
+        pos_ok = pos < end
+        block = tl.load(table_ptr + pos // block_size, mask=pos_ok, other=0)
+        kv_off = (block * stride_cb + (pos % block_size) * stride_ct
+                  + kv_head * stride_ch)[:, None] + dims[None, :]
+        kv_mask = pos_ok[:, None] & dim_ok[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        visible = pos_ok[None, :] & (pos[None, :] <= q_pos[:, None])
+        scores = tl.where(visible, scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, 1))
+        p = tl.exp2(scores - m_new[:, None])
+        alpha = tl.exp2(m - m_new)
+        denom = denom * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m = m_new
+    return acc, denom, m

@@ -1,0 +1,93 @@
+"""Paged prefill/extend attention: variable-length query chunks over their cached prefix.
+
+One launch serves a whole batch: sequence i's new queries (rows query_start_loc[i]:[i+1] of q)
+sit at the end of its context of seq_lens[i] tokens, so they attend causally to their own chunk
+and to everything cached before it (chunked prefill, prefix-cache hits, and decodes, which are
+chunks of one). Each program takes one (tile of query rows, sequence, K/V head); a tile's rows
+are (token, query head) pairs of that K/V head's group, so K/V are read once per group.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tokenmill.engine.kernels.attend import LOG2E, attend_context, dim_block, dot_precision
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr,
+    qk_scale,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_cb, stride_ct, stride_ch,
+    stride_bt,
+    block_size, group, head_dim,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    tile_m = tl.program_id(0)
+    seq = tl.program_id(1)
+    kv_head = tl.program_id(2)
+    q_start = tl.load(query_start_ptr + seq)
+    q_len = tl.load(query_start_ptr + seq + 1) - q_start
+    num_rows = q_len * group
+    if tile_m * BLOCK_M >= num_rows:  # the grid is sized for the longest chunk
+        return
+    prefix = tl.load(seq_lens_ptr + seq) - q_len
+
+    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    token = rows // group
+    heads = kv_head * group + rows % group
+    row_ok = rows < num_rows
+    dim_ok = dims < head_dim
+    q_pos = prefix + token
+    io_mask = row_ok[:, None] & dim_ok[None, :]
+    q = tl.load(q_ptr + (q_start + token)[:, None] * stride_qt + heads[:, None] * stride_qh
+                + dims[None, :], mask=io_mask, other=0.0)
+
+    # Keys after the tile's last query are masked for every row: stop there.
+    end = prefix + (tl.minimum((tile_m + 1) * BLOCK_M, num_rows) - 1) // group + 1
+    acc, denom, m = attend_context(
+        q, q_pos, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, kv_head,
+        0, end, qk_scale, block_size, stride_cb, stride_ct, stride_ch, head_dim,
+        BLOCK_M, BLOCK_N, BLOCK_D, DOT_PRECISION,
+    )
+    # Every row sees at least key 0, so denom > 0.
+    out = acc / denom[:, None]
+    tl.store(out_ptr + (q_start + token)[:, None] * stride_ot + heads[:, None] * stride_oh
+             + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                      query_start_loc: torch.Tensor, max_query_len: int, scale: float,
+                      block_m: int = 64, block_n: int = 64) -> torch.Tensor:
+    """q: [tokens, heads, dim] of every sequence's new tokens -> attention output, same shape.
+
+    Caches are [blocks, block_size, kv_heads, dim]; the new tokens' K/V must already be in them.
+    max_query_len is a host int (no device sync) that sizes the grid.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    assert num_heads == group * num_kv_heads and k_cache.stride() == v_cache.stride()
+    assert q.stride(-1) == k_cache.stride(-1) == 1
+    out = torch.empty_like(q)
+    num_seqs = seq_lens.shape[0]
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    grid = (triton.cdiv(max_query_len * group, block_m), num_seqs, num_kv_heads)
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
+        scale * LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0),
+        k_cache.shape[1], group, head_dim,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=dim_block(head_dim),
+        DOT_PRECISION=dot_precision(q.dtype),
+    )
+    return out

@@ -1,0 +1,113 @@
+"""The Triton kernels equal the torch paged attention (the oracle) on the same paged batches.
+
+Without a GPU they run in Triton's CPU interpreter on small shapes; with one, the same cases run
+compiled on the GPU, plus real-size cases in bfloat16.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from triton_support import DEVICE, cuda_only, paged_batch
+
+from tokenmill.engine.kernels.decode_attention import decode_attention
+from tokenmill.engine.kernels.kv_write import kv_write
+from tokenmill.engine.kernels.prefill_attention import prefill_attention
+from tokenmill.engine.layers.paged_attention import paged_attention, write_kv
+
+GQA = [(2, 2), (6, 2), (8, 1)]  # (query heads, K/V heads): group sizes 1, 3 and 8
+FP32 = {"atol": 2e-5, "rtol": 2e-5}
+BF16 = {"atol": 2e-2, "rtol": 2e-2}
+
+
+def _reference(batch, scale):
+    """Torch paged attention in float32 over a float32 copy of the batch's caches."""
+    k_cache, v_cache = batch.k_cache.float(), batch.v_cache.float()
+    write_kv(batch.new_k.float(), batch.new_v.float(), k_cache, v_cache, batch.meta.slot_mapping)
+    return paged_attention(batch.q.float(), k_cache, v_cache, batch.meta, scale)
+
+
+def _fill(batch):
+    write_kv(batch.new_k, batch.new_v, batch.k_cache, batch.v_cache, batch.meta.slot_mapping)
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_kv_write_stores_every_token_at_its_slot_and_skips_padding(block_size):
+    batch = paged_batch([(5, 3), (0, 20), (31, 1), (16, 17)], 4, 2, 16, block_size)
+    expected_k, expected_v = batch.k_cache.clone(), batch.v_cache.clone()
+    write_kv(batch.new_k, batch.new_v, expected_k, expected_v, batch.meta.slot_mapping)
+    # A padding row (slot -1) is skipped; its values would otherwise land somewhere.
+    slots = torch.cat([batch.meta.slot_mapping, torch.tensor([-1], device=DEVICE)])
+    k = torch.cat([batch.new_k, torch.full_like(batch.new_k[:1], 7.0)])
+    v = torch.cat([batch.new_v, torch.full_like(batch.new_v[:1], 7.0)])
+    kv_write(k, v, batch.k_cache, batch.v_cache, slots)
+    assert torch.equal(batch.k_cache, expected_k) and torch.equal(batch.v_cache, expected_v)
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("heads,kv_heads", GQA)
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_equals_torch(block_size, heads, kv_heads, num_splits):
+    # Partial last blocks, a one-token context, and contexts shorter than a split (empty splits).
+    batch = paged_batch([(0, 1), (16, 1), (40, 1), (70, 1)], heads, kv_heads, 16, block_size)
+    scale = 16 ** -0.5
+    expected = _reference(batch, scale)
+    _fill(batch)
+    meta = batch.meta
+    out = decode_attention(batch.q, batch.k_cache, batch.v_cache, meta.block_tables,
+                           meta.seq_lens, max(meta.seq_lens_list), scale,
+                           num_splits=num_splits, block_n=16)
+    torch.testing.assert_close(out, expected, **FP32)
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("heads,kv_heads", GQA)
+def test_prefill_and_extend_equal_torch(block_size, heads, kv_heads):
+    # A fresh prompt, chunks after a cached prefix (one ends mid-block), a decode in the batch.
+    shapes = [(0, 21), (19, 12), (32, 5), (45, 1)]
+    batch = paged_batch(shapes, heads, kv_heads, 16, block_size)
+    scale = 16 ** -0.5
+    expected = _reference(batch, scale)
+    _fill(batch)
+    meta = batch.meta
+    out = prefill_attention(batch.q, batch.k_cache, batch.v_cache, meta.block_tables,
+                            meta.seq_lens, meta.query_start_loc, max(meta.query_lens_list), scale,
+                            block_m=16, block_n=16)
+    torch.testing.assert_close(out, expected, **FP32)
+
+
+def test_head_dim_that_is_not_a_power_of_two():
+    batch = paged_batch([(10, 6), (33, 1)], 4, 2, 24, 16)
+    scale = 24 ** -0.5
+    expected = _reference(batch, scale)
+    _fill(batch)
+    meta = batch.meta
+    out = prefill_attention(batch.q, batch.k_cache, batch.v_cache, meta.block_tables,
+                            meta.seq_lens, meta.query_start_loc, 6, scale, block_m=16, block_n=16)
+    torch.testing.assert_close(out, expected, **FP32)
+    rows = meta.query_start_loc[1:] - 1
+    out = decode_attention(batch.q[rows], batch.k_cache, batch.v_cache, meta.block_tables,
+                           meta.seq_lens, 34, scale, num_splits=2, block_n=16)
+    torch.testing.assert_close(out[1], expected[-1], **FP32)
+
+
+@cuda_only
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("heads,kv_heads", [(32, 32), (24, 8), (64, 8)])
+def test_real_sizes_on_gpu(block_size, heads, kv_heads):
+    decodes = [(n, 1) for n in (1, 17, 500, 2047, 4095, 8000)]
+    chunks = [(0, 700), (1500, 512), (3000, 257), (100, 1)]
+    for shapes in (decodes, chunks):
+        batch = paged_batch(shapes, heads, kv_heads, 128, block_size, dtype=torch.bfloat16)
+        scale = 128 ** -0.5
+        expected = _reference(batch, scale)
+        kv_write(batch.new_k, batch.new_v, batch.k_cache, batch.v_cache, batch.meta.slot_mapping)
+        meta = batch.meta
+        if max(meta.query_lens_list) == 1:
+            out = decode_attention(batch.q, batch.k_cache, batch.v_cache, meta.block_tables,
+                                   meta.seq_lens, max(meta.seq_lens_list), scale)
+        else:
+            out = prefill_attention(batch.q, batch.k_cache, batch.v_cache, meta.block_tables,
+                                    meta.seq_lens, meta.query_start_loc,
+                                    max(meta.query_lens_list), scale)
+        torch.testing.assert_close(out.float(), expected, **BF16)

@@ -1,0 +1,76 @@
+"""Shared set-up of the Triton kernel tests: interpreter mode without a GPU, random paged batches.
+
+Importing this module before the kernels matters: TRITON_INTERPRET is read when a kernel is
+defined, and without a GPU the kernels must run in Triton's CPU interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from tokenmill.engine.layers.attention_metadata import AttentionMetadata
+from tokenmill.engine.layers.paged_attention import write_kv
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(),
+                               reason="real-size kernel runs need a CUDA GPU")
+
+
+@dataclass
+class PagedBatch:
+    """One step's batch: queries and new K/V, caches holding every cached prefix, metadata."""
+
+    q: torch.Tensor
+    new_k: torch.Tensor
+    new_v: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    meta: AttentionMetadata
+
+
+def paged_batch(shapes: list[tuple[int, int]], heads: int, kv_heads: int, dim: int,
+                block_size: int, dtype: torch.dtype = torch.float32,
+                device: torch.device = DEVICE, seed: int = 0) -> PagedBatch:
+    """shapes: (cached tokens, new tokens) per sequence. Blocks are shuffled over the pool and
+    the new tokens' K/V are not yet in the cache."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks_needed = [-(-(c + n) // block_size) for c, n in shapes]
+    num_blocks = sum(blocks_needed) + 3
+    free = torch.randperm(num_blocks, generator=gen).tolist()
+    k_cache = torch.zeros(num_blocks, block_size, kv_heads, dim, dtype=dtype, device=device)
+    v_cache = torch.zeros_like(k_cache)
+    tables, slots, starts = [], [], [0]
+    new_k, new_v = [], []
+    for (cached, new), count in zip(shapes, blocks_needed, strict=True):
+        table = [free.pop() for _ in range(count)]
+        tables.append(table)
+        seq_slots = [table[p // block_size] * block_size + p % block_size
+                     for p in range(cached + new)]
+        k = torch.randn(cached + new, kv_heads, dim, generator=gen).to(device, dtype)
+        v = torch.randn(cached + new, kv_heads, dim, generator=gen).to(device, dtype)
+        write_kv(k[:cached], v[:cached], k_cache, v_cache,
+                 torch.tensor(seq_slots[:cached], dtype=torch.long, device=device))
+        new_k.append(k[cached:])
+        new_v.append(v[cached:])
+        slots += seq_slots[cached:]
+        starts.append(starts[-1] + new)
+    width = max(blocks_needed)
+    seq_lens = [c + n for c, n in shapes]
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], device=device),
+        seq_lens=torch.tensor(seq_lens, device=device),
+        query_start_loc=torch.tensor(starts, device=device),
+        seq_lens_list=seq_lens,
+        query_lens_list=[n for _, n in shapes],
+    )
+    q = torch.randn(starts[-1], heads, dim, generator=gen).to(device, dtype)
+    return PagedBatch(q, torch.cat(new_k), torch.cat(new_v), k_cache, v_cache, meta)
