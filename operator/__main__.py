@@ -1,7 +1,8 @@
 """`tokenmill operator` (or `python -P -m tokenmill.operator`): run the operator with kopf.
 
 Watches every namespace unless --namespace is given; runs with kopf peering (one active
-replica among several) unless --standalone; serves a liveness endpoint for the kubelet.
+replica among several) unless --standalone; serves a liveness endpoint for the kubelet and its
+own Prometheus metrics.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ def parser() -> argparse.ArgumentParser:
                    help="Liveness endpoint URL, or '' for none.")
     p.add_argument("--engine-image", default=None,
                    help="Image of engine pods whose spec names none (env TOKENMILL_ENGINE_IMAGE).")
+    p.add_argument("--metrics-port", type=int, default=9090,
+                   help="Port of the operator's own /metrics; 0 for none.")
+    p.add_argument("--autoscale-interval", type=float, default=None,
+                   help="Seconds between built-in autoscaler decisions (default 5; env "
+                        "TOKENMILL_AUTOSCALE_INTERVAL).")
     p.add_argument("--verbose", action="store_true", help="Debug logging.")
     return p
 
@@ -32,14 +38,18 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     if args.engine_image:
         os.environ["TOKENMILL_ENGINE_IMAGE"] = args.engine_image
+    if args.autoscale_interval:
+        os.environ["TOKENMILL_AUTOSCALE_INTERVAL"] = str(args.autoscale_interval)
     import kopf
 
-    from . import handlers  # noqa: F401  (registers the handlers)
+    from . import handlers, metrics  # noqa: F401  (importing handlers registers them)
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.metrics_port:
+        metrics.serve(args.metrics_port)
     asyncio.run(kopf.operator(
         standalone=args.standalone,
         peering_name=None if args.standalone else args.peering,

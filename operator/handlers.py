@@ -1,27 +1,32 @@
-"""kopf wiring: every event of an InferenceService or of a child runs the same reconcile pass.
+"""kopf wiring: every event of an InferenceService or of a child runs the same reconcile pass,
+and a timer runs the built-in autoscaler.
 
-The handlers are thin; the logic is in reconcile.py, manifests.py and status.py. Handlers are
-sync functions (kopf runs them in threads) because the Kubernetes client is sync.
+The handlers are thin; the logic is in reconcile.py, manifests.py, status.py, autoscaler.py and
+scraper.py. Reconcile handlers are sync functions (kopf runs them in threads) because the
+Kubernetes client is sync; the autoscaler is async so it scrapes every pod at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import time
 from typing import Any
 
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from . import status
+from . import autoscaler, metrics, scraper, status
 from .kube import Kube, load_config
-from .manifests import MANAGED_BY, OWNER_LABEL
-from .reconcile import Outcome, reconcile
-from .spec import GROUP, PLURAL, VERSION
+from .manifests import MANAGED_BY, OWNER_LABEL, selector
+from .reconcile import Outcome, load, reconcile
+from .spec import GROUP, PLURAL, VERSION, SpecError
 
 DEFAULT_IMAGE = "ghcr.io/tokenmill/tokenmill:0.1.0"
 RETRY_SECONDS = 30
 RESYNC_SECONDS = float(os.environ.get("TOKENMILL_RESYNC_SECONDS", "300"))
+AUTOSCALE_SECONDS = float(os.environ.get("TOKENMILL_AUTOSCALE_INTERVAL", "5"))
 
 _state: dict[str, Any] = {}
 
@@ -54,10 +59,17 @@ def _post(body: dict, outcome: Outcome, previous: dict, report_problem: bool) ->
         kopf.event(body, type=kind, reason=ready["reason"], message=ready["message"])
 
 
+def _status_changed(previous: dict, current: dict) -> bool:
+    """Whether the reconcile pass's own fields moved (the autoscaler writes the others)."""
+    return any(previous.get(key) != value for key, value in current.items())
+
+
 def _run(body: dict) -> Outcome:
+    metrics.RECONCILES.labels("spec").inc()
     try:
         return reconcile(_state["kube"], body, engine_image())
     except ApiException as e:
+        metrics.RECONCILE_ERRORS.labels("spec").inc()
         message = f"Kubernetes API error {e.status}: {e.reason}"
         kopf.event(body, type="Warning", reason="ReconcileFailed", message=message)
         raise kopf.TemporaryError(message, delay=RETRY_SECONDS) from None
@@ -76,7 +88,7 @@ def reconcile_service(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: 
     report = outcome.problem is not None and memo.get("problem") != outcome.problem
     memo["problem"] = outcome.problem
     _post(raw, outcome, previous, report_problem=report)
-    if outcome.status != previous:
+    if _status_changed(previous, outcome.status):
         patch.status.update(outcome.status)
 
 
@@ -92,11 +104,66 @@ def child_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
     if not owner or owner["metadata"].get("deletionTimestamp"):
         return  # the garbage collector removes the children of a deleted service
     previous = owner.get("status") or {}
+    metrics.RECONCILES.labels("child").inc()
     try:
         outcome = reconcile(kube, owner, engine_image())
     except ApiException as e:
+        metrics.RECONCILE_ERRORS.labels("child").inc()
         logger.warning(f"Reconciling {name} after a child's change failed: {e.status} {e.reason}")
         return
     _post(owner, outcome, previous, report_problem=False)
-    if outcome.status != previous:
+    if _status_changed(previous, outcome.status):
         kube.patch(owner, {"status": outcome.status}, subresource="status")
+
+
+def _builtin(spec: kopf.Spec, **_: Any) -> bool:
+    scaling = spec.get("autoscaling")
+    return isinstance(scaling, dict) and scaling.get("mode", "builtin") == "builtin"
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=AUTOSCALE_SECONDS, when=_builtin)
+async def autoscale(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger,
+                    **_: Any) -> None:
+    """One decision of the built-in autoscaler: scrape the ready pods, apply the policy, write
+    spec.replicas (reconcile scales the Deployment) and status.autoscaler.
+
+    kopf runs timers only in the active operator: with peering, standby replicas are paused."""
+    meta = body["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    try:
+        spec = load(name, dict(body.get("spec") or {}))
+    except SpecError:
+        return  # the reconcile pass reports it; nothing to scale
+    scaling = spec.autoscaling
+    if scaling is None or scaling.mode != "builtin":
+        return
+    try:
+        pods = await asyncio.to_thread(_state["kube"].list, "v1", "Pod", namespace,
+                                       selector(name))
+    except ApiException as e:
+        logger.warning(f"autoscaler: listing pods failed: {e.status} {e.reason}")
+        return
+    observation, failures = await scraper.observe(pods)
+    metrics.SCRAPE_FAILURES.inc(len(failures))
+    for pod, why in failures.items():
+        logger.debug(f"autoscaler: scrape failed pod={pod} error={why!r}")
+
+    previous = dict((body.get("status") or {}).get("autoscaler") or {})
+    policy = autoscaler.Policy(scaling.min_replicas, scaling.max_replicas,
+                               scaling.target_queue_depth, scaling.scale_down_delay_seconds)
+    decision = autoscaler.decide(policy, spec.replicas, observation,
+                                 autoscaler.state_from_status(previous), time.time())
+    metrics.DECISIONS.labels(decision.reason).inc()
+    current = autoscaler.to_status(decision, observation)
+    if decision.replicas != spec.replicas:
+        patch.spec["replicas"] = decision.replicas
+    if decision.scaled:
+        kopf.event(dict(body), type="Normal", reason=decision.reason, message=decision.message)
+        logger.info(f"autoscaler: {decision.reason} replicas={decision.replicas} "
+                    f"waiting={decision.waiting} running={decision.running}")
+    elif decision.reason == autoscaler.NO_METRICS and previous.get("reason") != decision.reason:
+        detail = "; ".join(f"{pod}: {why}" for pod, why in sorted(failures.items()))
+        kopf.event(dict(body), type="Warning", reason="MetricsUnavailable",
+                   message=decision.message + (f". {detail}" if detail else ""))
+    if autoscaler.status_changed(previous, current):
+        patch.status["autoscaler"] = current

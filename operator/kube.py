@@ -8,6 +8,7 @@ and a null removes a key, which is what "make the child look like this" means.
 from __future__ import annotations
 
 import json
+import urllib.parse
 from typing import Any
 
 import kubernetes
@@ -19,6 +20,7 @@ PLURALS = {
     "Service": "services",
     "PodDisruptionBudget": "poddisruptionbudgets",
     "InferenceService": "inferenceservices",
+    "Pod": "pods",
 }
 TIMEOUT_SECONDS = 30
 
@@ -66,6 +68,15 @@ class Kube:
             if e.status == 404:
                 return None
             raise
+
+    def list(self, api_version: str, kind: str, namespace: str,
+             labels: dict[str, str]) -> list[dict[str, Any]]:
+        """Objects with every one of `labels` (checked here too, whatever the server filters)."""
+        query = urllib.parse.urlencode(
+            {"labelSelector": ",".join(f"{k}={v}" for k, v in labels.items())})
+        items = self._call("GET", f"{path(api_version, kind, namespace)}?{query}").get("items")
+        return [item for item in items or []
+                if labels.items() <= (item.get("metadata", {}).get("labels") or {}).items()]
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]

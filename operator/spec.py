@@ -99,19 +99,21 @@ class AutoscalingSpec(_Spec):
     model_config = _validations(
         _cel("self.minReplicas <= self.maxReplicas",
              "autoscaling.minReplicas must not be greater than autoscaling.maxReplicas"),
+        _cel("self.mode == 'external' || self.minReplicas >= 1",
+             "autoscaling.minReplicas must be at least 1 in mode builtin (a replica's queue is "
+             "what it scales on; scale to zero needs mode external)"),
     )
 
     mode: Literal["builtin", "external"] = Field("builtin", description="Who scales replicas.")
     min_replicas: int = Field(1, ge=0, description="Fewest replicas.")
     max_replicas: int = Field(4, ge=1, description="Most replicas.")
     target_queue_depth: int = Field(
-        4, ge=1, description="Waiting requests per replica the autoscaler aims for."
-    )
-    scale_up_stabilization_seconds: int = Field(
-        30, ge=0, description="How long demand must stay high before scaling up."
+        4, ge=1, description="Waiting requests per replica (beyond a full running batch) the "
+                             "built-in autoscaler aims for.",
     )
     scale_down_delay_seconds: int = Field(
-        300, ge=0, description="How long demand must stay low before scaling down."
+        300, ge=0, description="How long the load must call for fewer replicas before the "
+                               "built-in autoscaler removes them.",
     )
 
 
@@ -196,6 +198,30 @@ class Condition(_Spec):
     observed_generation: int | None = None
 
 
+class AutoscalerStatus(_Spec):
+    """The built-in autoscaler's last decision, the metrics behind it, and the state it resumes
+    from after an operator restart."""
+
+    desired_replicas: int | None = None
+    recommended_replicas: int | None = Field(
+        None, description="What the load called for (before the scale-down delay).")
+    reason: str | None = None
+    message: str | None = None
+    last_scale_time: str | None = Field(None, json_schema_extra={"format": "date-time"})
+    scale_down_pending_since: str | None = Field(
+        None, json_schema_extra={"format": "date-time"},
+        description="Since when the load has called for fewer replicas.")
+    scale_down_to: int | None = Field(
+        None, description="The most replicas the load called for since then.")
+    waiting_requests: float | None = None
+    running_requests: float | None = None
+    capacity_per_replica: float | None = Field(
+        None, description="Requests one replica holds at the target: its largest running batch "
+                          "plus targetQueueDepth.")
+    ready_pods: int | None = None
+    scraped_pods: int | None = None
+
+
 class InferenceServiceStatus(_Spec):
     """What the operator observed; written only by the operator."""
 
@@ -205,6 +231,7 @@ class InferenceServiceStatus(_Spec):
     url: str | None = None
     selector: str | None = Field(None, description="Label selector of the pods (for HPA/KEDA).")
     conditions: list[Condition] = Field(default_factory=list)
+    autoscaler: AutoscalerStatus | None = None
 
 
 class SpecError(ValueError):
@@ -239,3 +266,6 @@ def check(spec: InferenceServiceSpec) -> None:
     if scaling and scaling.min_replicas > scaling.max_replicas:
         raise SpecError(f"spec.autoscaling: minReplicas {scaling.min_replicas} is greater than "
                         f"maxReplicas {scaling.max_replicas}")
+    if scaling and scaling.mode == "builtin" and scaling.min_replicas < 1:
+        raise SpecError("spec.autoscaling.minReplicas: 0 needs mode external; the built-in "
+                        "autoscaler scales on the replicas' own queues")

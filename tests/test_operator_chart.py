@@ -59,6 +59,10 @@ def test_operator_deployment():
     assert "--peering=tokenmill-operator" in c["args"] and "--verbose" in c["args"]
     assert {"name": "TOKENMILL_ENGINE_IMAGE", "value": "registry.local/engine:1"} in c["env"]
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert "--metrics-port=9090" in c["args"]
+    assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in c["ports"]
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == "9090"
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert deployment["spec"]["replicas"] == 2
     assert pod["serviceAccountName"] == "tm-tokenmill-operator"
@@ -92,7 +96,9 @@ def test_rbac_is_least_privilege():
               ("", "events", "create"), ("kopf.dev", "clusterkopfpeerings", "patch")}
     assert needed <= granted
     assert ("apps", "deployments", "delete") not in granted  # children go by garbage collection
-    assert not any(r in ("secrets", "pods") for _, r, _ in granted)
+    assert not any(r == "secrets" for _, r, _ in granted)
+    # The autoscaler reads pods (readiness, IPs) and never writes them.
+    assert {v for _, r, v in granted if r == "pods"} == {"get", "list"}
 
 
 def test_namespaced_install_grants_roles_per_namespace_only():

@@ -77,6 +77,7 @@ BAD = [
     ({"model": {"uri": "hf://org/model"}}, "model.uri"),
     ({"resources": {"memory": "lots"}}, "resources.memory"),
     ({"autoscaling": {"mode": "keda"}}, "autoscaling.mode"),
+    ({"autoscaling": {"minReplicas": 0}}, "autoscaling.minReplicas must be at least 1 in mode"),
     ({"enginee": {}}, "enginee: unknown field"),
 ]
 

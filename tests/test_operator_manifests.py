@@ -187,6 +187,7 @@ def test_examples_render_valid_children(path):
     ({"resources": {"gpus": 1}, "engine": {"tensorParallelSize": 2}, "model": {"uri": "/m"}},
      "spec.resources.gpus"),
     ({"autoscaling": {"minReplicas": 3, "maxReplicas": 2}}, "spec.autoscaling"),
+    ({"autoscaling": {"minReplicas": 0}}, "spec.autoscaling.minReplicas: 0 needs mode external"),
     ({"model": {"uri": "s3://bucket/m"}}, "spec.model.uri"),
     ({"typo": 1}, "spec.typo"),
 ])

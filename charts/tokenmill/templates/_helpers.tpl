@@ -47,6 +47,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+# The built-in autoscaler reads which engine pods are ready and their IPs (never writes pods).
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list]
 {{- if .Values.peering.enabled }}
 - apiGroups: [kopf.dev]
   resources: [kopfpeerings]
