@@ -15,6 +15,7 @@ QUANTIZATIONS = (None, "int8", "fp8")
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 BLOCK_SIZES = (8, 16, 32, 64, 128)
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_CPU_KV_CACHE_MEMORY = 1 << 30
 
@@ -66,6 +67,11 @@ class EngineConfig:
     enable_prefix_caching: bool = _opt(
         True, "Reuse the KV cache of earlier requests that share a prompt prefix."
     )
+    attention_backend: str = _opt(
+        "auto", "Paged-attention kernels: auto (Triton on CUDA when triton is installed, torch "
+                "otherwise), torch, or triton (on CPU only in Triton's interpreter, "
+                "TRITON_INTERPRET=1).",
+    )
 
     def __post_init__(self) -> None:
         _check(bool(self.model), "model", "must name a model")
@@ -96,6 +102,8 @@ class EngineConfig:
                f"{self.quantization!r} is not one of int8, fp8 (or unset)")
         _check(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype",
                f"{self.kv_cache_dtype!r} is not one of {KV_CACHE_DTYPES}")
+        _check(self.attention_backend in ATTENTION_BACKENDS, "attention_backend",
+               f"{self.attention_backend!r} is not one of {ATTENTION_BACKENDS}")
 
     @classmethod
     def option_names(cls) -> list[str]:

@@ -14,6 +14,7 @@ import torch
 from tokenmill.engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, ConfigError, EngineConfig
 from tokenmill.engine.detokenizer import IncrementalDetokenizer
 from tokenmill.engine.kv_cache import KVCacheManager, KVCacheStats
+from tokenmill.engine.layers.attention import resolve_backend
 from tokenmill.engine.models.loader import build_model, load_config, load_tokenizer
 from tokenmill.engine.models.source import resolve_model
 from tokenmill.engine.output_processor import append_token, request_output
@@ -51,6 +52,7 @@ class LLMEngine:
         self.config = config
         self.device = _device(config.device)
         self.dtype = _dtype(config.dtype, self.device)
+        backend = resolve_backend(config.attention_backend, self.device)
         source = resolve_model(config.model)
         self.model_config = load_config(source)
         self.tokenizer = load_tokenizer(source)
@@ -61,7 +63,8 @@ class LLMEngine:
                             self.device, show_progress)
         num_blocks = self._num_blocks(model)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, self.dtype)
+        self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, self.dtype,
+                                  attention_backend=backend)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.eos_token_ids = _eos_ids(self.model_config, self.tokenizer, source.directory)
         self._rng = random.Random(config.seed)

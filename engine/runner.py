@@ -21,8 +21,9 @@ def kv_bytes_per_block(model_config: Any, block_size: int, dtype: torch.dtype) -
 
 class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int,
-                 device: torch.device, kv_dtype: torch.dtype):
+                 device: torch.device, kv_dtype: torch.dtype, attention_backend: str = "torch"):
         self.model = model
+        self.attention_backend = attention_backend  # "torch" or "triton", already resolved
         self.device = device
         self.block_size = block_size
         config = model.config
@@ -72,6 +73,7 @@ class ModelRunner:
             query_start_loc=torch.tensor(query_start, dtype=torch.long, device=device),
             seq_lens_list=seq_lens,
             query_lens_list=query_lens,
+            backend=self.attention_backend,
         )
         hidden = self.model(
             torch.tensor(input_ids, dtype=torch.long, device=device),

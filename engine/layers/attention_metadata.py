@@ -14,6 +14,7 @@ class AttentionMetadata:
     Sequence i owns rows query_start_loc[i]:query_start_loc[i+1] of the step's tokens; those are
     its newest tokens, so its context (cached prefix plus new tokens) is seq_lens[i] long and
     lives in the blocks block_tables[i]. slot_mapping[t] is the cache slot token t writes to.
+    backend names the ops that run attention: "torch" (the reference) or "triton" (kernels).
     """
 
     slot_mapping: torch.Tensor      # [num_tokens] int64
@@ -22,6 +23,7 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor   # [num_seqs + 1] int64
     seq_lens_list: list[int]
     query_lens_list: list[int]
+    backend: str = "torch"
 
     @property
     def num_seqs(self) -> int:

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenmill.engine.layers.attention import attention, store_kv
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.norm import RMSNorm
-from tokenmill.engine.layers.paged_attention import paged_attention, write_kv
 from tokenmill.engine.layers.rotary import RotaryEmbedding, rope_parameters
 from tokenmill.engine.models.architecture import flags_of
 
@@ -58,8 +58,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(positions, q, k)
         k_cache, v_cache = kv_cache
-        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        o = paged_attention(q, k_cache, v_cache, meta, self.scale)
+        store_kv(k, v, k_cache, v_cache, meta)
+        o = attention(q, k_cache, v_cache, meta, self.scale)
         return self.o_proj(o.reshape(tokens, -1))
 
 

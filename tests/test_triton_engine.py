@@ -1,0 +1,53 @@
+"""The engine's greedy output is the same whether attention runs in torch or in the Triton kernels.
+
+Without a GPU the kernels run in Triton's CPU interpreter, so the model and prompts are tiny.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from triton_support import DEVICE
+
+from tokenmill.engine import LLM, SamplingParams
+from tokenmill.engine.config import ConfigError
+from tokenmill.engine.layers.attention import resolve_backend
+
+
+def _outputs(llm: LLM, prompts, params) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+
+
+def test_greedy_output_is_unchanged_through_the_triton_kernels(tiny_llama_dir):
+    rng = random.Random(7)
+    shared = [rng.randrange(100, 40000) for _ in range(20)]  # a prefix-cache hit after the first
+    prompts = [shared + [rng.randrange(100, 40000) for _ in range(n)] for n in (3, 17, 30)]
+    prompts.append([5, 6, 7])
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (6, 4, 5, 8)]
+    # A small token budget chunks the long prompts and mixes chunks with decodes in one step.
+    options = {"show_progress": False, "dtype": "float32", "max_num_batched_tokens": 24,
+               "max_num_seqs": 4, "device": DEVICE.type}
+    reference = LLM(tiny_llama_dir, attention_backend="torch", **options)
+    kernels = LLM(tiny_llama_dir, attention_backend="triton", **options)
+    assert kernels.engine.runner.attention_backend == "triton"
+    expected = _outputs(reference, prompts, params)
+    assert _outputs(kernels, prompts, params) == expected
+    # Again: the shared prefix now comes from the cache, and prompts extend it.
+    assert _outputs(kernels, prompts[1:3], params[1:3]) == expected[1:3]
+    kernels.engine.kv.allocator.check_all_free()
+
+
+def test_auto_picks_triton_only_on_cuda():
+    assert resolve_backend("auto", torch.device("cpu")) == "torch"
+    assert resolve_backend("auto", torch.device("cuda")) == "triton"
+    assert resolve_backend("torch", torch.device("cuda")) == "torch"
+
+
+def test_triton_on_cpu_without_the_interpreter_is_a_config_error(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ConfigError, match="attention_backend.*TRITON_INTERPRET=1"):
+        resolve_backend("triton", torch.device("cpu"))
+    with pytest.raises(ConfigError, match="attention_backend"):
+        LLM("unused", attention_backend="cuda")
