@@ -6,6 +6,8 @@ compiled on the GPU, plus real-size cases in bfloat16.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from triton_support import DEVICE, cuda_only, paged_batch
@@ -13,6 +15,7 @@ from triton_support import DEVICE, cuda_only, paged_batch
 from tokenmill.engine.kernels.decode_attention import decode_attention
 from tokenmill.engine.kernels.kv_write import kv_write
 from tokenmill.engine.kernels.prefill_attention import prefill_attention
+from tokenmill.engine.layers.attention import attention, store_kv
 from tokenmill.engine.layers.paged_attention import paged_attention, write_kv
 
 GQA = [(2, 2), (6, 2), (8, 1)]  # (query heads, K/V heads): group sizes 1, 3 and 8
@@ -111,3 +114,14 @@ def test_real_sizes_on_gpu(block_size, heads, kv_heads):
                                     meta.seq_lens, meta.query_start_loc,
                                     max(meta.query_lens_list), scale)
         torch.testing.assert_close(out.float(), expected, **BF16)
+
+
+@pytest.mark.parametrize("shapes", [[(0, 1), (20, 1), (47, 1)], [(12, 1), (0, 9), (33, 4)]])
+def test_engine_dispatch_runs_decode_and_mixed_steps_on_the_kernels(shapes):
+    batch = paged_batch(shapes, 6, 2, 16, 16)
+    scale = 16 ** -0.5
+    expected = _reference(batch, scale)
+    meta = dataclasses.replace(batch.meta, backend="triton")
+    store_kv(batch.new_k, batch.new_v, batch.k_cache, batch.v_cache, meta)
+    out = attention(batch.q, batch.k_cache, batch.v_cache, meta, scale)
+    torch.testing.assert_close(out, expected, **FP32)
