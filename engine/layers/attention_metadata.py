@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -24,6 +25,9 @@ class AttentionMetadata:
     seq_lens_list: list[int]
     query_lens_list: list[int]
     backend: str = "torch"
+    # Per-step work that every layer shares (e.g. the torch path's decode buckets), built by the
+    # first layer that needs it; keyed by whoever builds it.
+    step_cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def num_seqs(self) -> int:

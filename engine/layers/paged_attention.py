@@ -6,12 +6,14 @@ attention is handled by SDPA's enable_gqa, so K/V heads are never repeated in me
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 
-DECODE_BUCKET = 16  # decode sequences per padded attention batch
+DECODE_BUCKET = 8  # decode sequences per padded attention batch
 
 
 def write_kv(
@@ -24,6 +26,20 @@ def write_kv(
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
+@dataclass
+class DecodeBucket:
+    """Decode sequences of similar context length, attended to as one padded batch.
+
+    Built once per step and shared by every layer: which query rows, which blocks (flattened,
+    so one index_select gathers them all), and the mask of each sequence's real context.
+    """
+
+    rows: torch.Tensor      # [batch] query rows of these sequences
+    blocks: torch.Tensor    # [batch * num_blocks] block ids, row-major by sequence
+    num_blocks: int
+    mask: torch.Tensor      # [batch, 1, 1, num_blocks * block_size] True where context exists
+
+
 def paged_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     meta: AttentionMetadata, scale: float,
@@ -34,13 +50,8 @@ def paged_attention(
     batches of similar context length; prefill and chunked-prefill rows run one at a time.
     """
     out = torch.empty_like(q)
-    decode = sorted((i for i, n in enumerate(meta.query_lens_list) if n == 1),
-                    key=lambda i: meta.seq_lens_list[i])
-    # Sequences of similar length share a padded batch, so padding stays small.
-    for start in range(0, len(decode), DECODE_BUCKET):
-        bucket = decode[start:start + DECODE_BUCKET]
-        rows = meta.query_start_loc[bucket]
-        out[rows] = _decode_batch(q[rows], k_cache, v_cache, meta, bucket, scale)
+    for bucket in decode_buckets(meta, k_cache.shape[1]):
+        out.index_copy_(0, bucket.rows, _decode_bucket(q, k_cache, v_cache, bucket, scale))
     for i, q_len in enumerate(meta.query_lens_list):
         if q_len > 1:
             start = int(meta.query_start_loc[i])
@@ -50,11 +61,39 @@ def paged_attention(
     return out
 
 
+def decode_buckets(meta: AttentionMetadata, block_size: int) -> list[DecodeBucket]:
+    """The step's decode buckets, computed by the first layer and reused by the others."""
+    key = f"decode_buckets/{block_size}"
+    if key not in meta.step_cache:
+        meta.step_cache[key] = _build_decode_buckets(meta, block_size)
+    return meta.step_cache[key]
+
+
+def _build_decode_buckets(meta: AttentionMetadata, block_size: int) -> list[DecodeBucket]:
+    decode = sorted((i for i, n in enumerate(meta.query_lens_list) if n == 1),
+                    key=lambda i: meta.seq_lens_list[i])
+    device = meta.block_tables.device
+    buckets = []
+    # Sequences of similar length share a padded batch, so padding stays small.
+    for start in range(0, len(decode), DECODE_BUCKET):
+        seqs = decode[start:start + DECODE_BUCKET]
+        index = torch.tensor(seqs, dtype=torch.long, device=device)
+        num_blocks = -(-max(meta.seq_lens_list[i] for i in seqs) // block_size)
+        blocks = meta.block_tables.index_select(0, index)[:, :num_blocks].reshape(-1)
+        positions = torch.arange(num_blocks * block_size, device=device)
+        mask = positions.unsqueeze(0) < meta.seq_lens.index_select(0, index).unsqueeze(1)
+        buckets.append(DecodeBucket(
+            rows=meta.query_start_loc.index_select(0, index),
+            blocks=blocks.contiguous(), num_blocks=num_blocks, mask=mask[:, None, None, :],
+        ))
+    return buckets
+
+
 def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     """[length, kv_heads, dim] of one sequence's context, in token order."""
     block_size = cache.shape[1]
     num_blocks = -(-length // block_size)
-    blocks = cache[block_table[:num_blocks]]
+    blocks = cache.index_select(0, block_table[:num_blocks])
     return blocks.reshape(-1, *cache.shape[2:])[:length]
 
 
@@ -75,21 +114,19 @@ def _prefill_one(q, k_cache, v_cache, meta, i, scale):
     return o.transpose(0, 1)
 
 
-def _decode_batch(q, k_cache, v_cache, meta, seqs, scale):
-    """One query per sequence, padded to the longest context; the query heads that share a
-    K/V head ride along its query axis, so K/V are read once and never repeated."""
-    seq_lens = meta.seq_lens[seqs]
-    max_len = max(meta.seq_lens_list[i] for i in seqs)
-    block_size = k_cache.shape[1]
-    tables = meta.block_tables[seqs][:, : -(-max_len // block_size)]
-    batch, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
-    k = k_cache[tables].reshape(batch, -1, num_kv_heads, head_dim)[:, :max_len].to(q.dtype)
-    v = v_cache[tables].reshape(batch, -1, num_kv_heads, head_dim)[:, :max_len].to(q.dtype)
-    mask = torch.arange(max_len, device=q.device).unsqueeze(0) < seq_lens.unsqueeze(1)
-    grouped = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+def _decode_bucket(q, k_cache, v_cache, bucket: DecodeBucket, scale):
+    """One query per sequence over its padded context; the query heads that share a K/V head
+    ride along its query axis, so K/V are gathered once and never repeated."""
+    batch = bucket.rows.shape[0]
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    num_heads = q.shape[1]
+    length = bucket.num_blocks * block_size
+    k = k_cache.index_select(0, bucket.blocks).view(batch, length, num_kv_heads, head_dim)
+    v = v_cache.index_select(0, bucket.blocks).view(batch, length, num_kv_heads, head_dim)
+    grouped = q.index_select(0, bucket.rows).view(
+        batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     o = F.scaled_dot_product_attention(
-        grouped, k.transpose(1, 2), v.transpose(1, 2),
-        attn_mask=mask[:, None, None, :], scale=scale,
+        grouped, k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype),
+        attn_mask=bucket.mask, scale=scale,
     )
     return o.reshape(batch, num_heads, head_dim)
