@@ -122,48 +122,53 @@ def _builtin(spec: kopf.Spec, **_: Any) -> bool:
 
 
 @kopf.timer(GROUP, VERSION, PLURAL, interval=AUTOSCALE_SECONDS, when=_builtin)
-async def autoscale(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger,
-                    **_: Any) -> None:
-    """One decision of the built-in autoscaler: scrape the ready pods, apply the policy, write
-    spec.replicas (reconcile scales the Deployment) and status.autoscaler.
-
-    kopf runs timers only in the active operator: with peering, standby replicas are paused."""
+async def autoscale(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
+    """One decision of the built-in autoscaler; kopf runs timers only in the active operator
+    (with peering, standby replicas are paused)."""
     meta = body["metadata"]
-    name, namespace = meta["name"], meta["namespace"]
     try:
-        spec = load(name, dict(body.get("spec") or {}))
-    except SpecError:
-        return  # the reconcile pass reports it; nothing to scale
-    scaling = spec.autoscaling
-    if scaling is None or scaling.mode != "builtin":
-        return
-    try:
-        pods = await asyncio.to_thread(_state["kube"].list, "v1", "Pod", namespace,
-                                       selector(name))
+        await _autoscale(_state["kube"], meta["namespace"], meta["name"], logger)
     except ApiException as e:
-        logger.warning(f"autoscaler: listing pods failed: {e.status} {e.reason}")
-        return
+        logger.warning(f"autoscaler: Kubernetes API error {e.status}: {e.reason}")
+
+
+async def _autoscale(kube: Kube, namespace: str, name: str, logger: logging.Logger) -> None:
+    """Scrape the ready pods, apply the policy, write spec.replicas (reconcile then scales the
+    Deployment), status.autoscaler and Events."""
+    pods = await asyncio.to_thread(kube.list, "v1", "Pod", namespace, selector(name))
     observation, failures = await scraper.observe(pods)
     metrics.SCRAPE_FAILURES.inc(len(failures))
     for pod, why in failures.items():
         logger.debug(f"autoscaler: scrape failed pod={pod} error={why!r}")
 
-    previous = dict((body.get("status") or {}).get("autoscaler") or {})
+    # Read the object now: the body kopf hands a timer may predate the last decision's writes.
+    obj = await asyncio.to_thread(kube.get, f"{GROUP}/{VERSION}", "InferenceService",
+                                  namespace, name)
+    if obj is None or obj["metadata"].get("deletionTimestamp"):
+        return
+    try:
+        spec = load(name, obj.get("spec"))
+    except SpecError:
+        return  # the reconcile pass reports it; nothing to scale
+    scaling = spec.autoscaling
+    if scaling is None or scaling.mode != "builtin":
+        return
+    previous = (obj.get("status") or {}).get("autoscaler") or {}
     policy = autoscaler.Policy(scaling.min_replicas, scaling.max_replicas,
                                scaling.target_queue_depth, scaling.scale_down_delay_seconds)
     decision = autoscaler.decide(policy, spec.replicas, observation,
                                  autoscaler.state_from_status(previous), time.time())
     metrics.DECISIONS.labels(decision.reason).inc()
-    current = autoscaler.to_status(decision, observation)
     if decision.replicas != spec.replicas:
-        patch.spec["replicas"] = decision.replicas
+        await asyncio.to_thread(kube.patch, obj, {"spec": {"replicas": decision.replicas}})
     if decision.scaled:
-        kopf.event(dict(body), type="Normal", reason=decision.reason, message=decision.message)
+        kopf.event(obj, type="Normal", reason=decision.reason, message=decision.message)
         logger.info(f"autoscaler: {decision.reason} replicas={decision.replicas} "
                     f"waiting={decision.waiting} running={decision.running}")
     elif decision.reason == autoscaler.NO_METRICS and previous.get("reason") != decision.reason:
         detail = "; ".join(f"{pod}: {why}" for pod, why in sorted(failures.items()))
-        kopf.event(dict(body), type="Warning", reason="MetricsUnavailable",
+        kopf.event(obj, type="Warning", reason="MetricsUnavailable",
                    message=decision.message + (f". {detail}" if detail else ""))
+    current = autoscaler.to_status(decision, observation)
     if autoscaler.status_changed(previous, current):
-        patch.status["autoscaler"] = current
+        await asyncio.to_thread(kube.patch, obj, {"status": {"autoscaler": current}}, "status")

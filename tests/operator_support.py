@@ -106,6 +106,7 @@ RESOURCES = {
     "v1/services": ("Service", ["status"]),
     "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", ["status"]),
     "v1/events": ("Event", []),
+    "v1/pods": ("Pod", ["status"]),  # read by the built-in autoscaler
     # kopf's discovery waits for these two to be served, even when it does not watch them.
     "v1/namespaces": ("Namespace", []),
     "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", []),
@@ -117,10 +118,12 @@ VERBS = ["get", "list", "watch", "create", "patch", "update", "delete"]
 class Cluster:
     """HTTP access to the emulator, as kubectl (or a controller) would touch objects."""
 
-    def __init__(self, session: aiohttp.ClientSession, log: Path, liveness: str):
+    def __init__(self, session: aiohttp.ClientSession, log: Path, liveness: str,
+                 metrics: str = ""):
         self.session = session
         self.log = log
         self.liveness = liveness  # the operator's liveness URL
+        self.metrics = metrics  # the operator's own /metrics
 
     async def request(self, method: str, path: str, body: Any = None) -> dict | None:
         headers = {"Content-Type": "application/merge-patch+json"} if method == "PATCH" else {}
@@ -170,9 +173,10 @@ def _kubeconfig(url: str) -> str:
 
 
 @contextlib.asynccontextmanager
-async def running_operator(tmp_path: Path) -> AsyncIterator[Cluster]:
+async def running_operator(tmp_path: Path,
+                           env: dict[str, str] | None = None) -> AsyncIterator[Cluster]:
     """The emulator serving every resource the operator touches, and `tokenmill operator`
-    running against it as a real process (standalone, no peering)."""
+    running against it as a real process (standalone, no peering); `env` adds variables."""
     async with Emulator() as emu, kmock.Server(emu):
         for key, (kind, subresources) in RESOURCES.items():
             emu.resources[key] = kmock.ResourceInfo(
@@ -181,16 +185,18 @@ async def running_operator(tmp_path: Path) -> AsyncIterator[Cluster]:
         config = tmp_path / "kubeconfig"
         config.write_text(_kubeconfig(str(emu.url).rstrip("/")))
         log = tmp_path / "operator.log"
-        env = {**os.environ, "KUBECONFIG": str(config), "TOKENMILL_ENGINE_IMAGE": "tokenmill:test"}
+        env = {**os.environ, "KUBECONFIG": str(config), "TOKENMILL_ENGINE_IMAGE": "tokenmill:test",
+               **(env or {})}
         liveness = f"http://127.0.0.1:{_free_port()}/healthz"
+        metrics_port = _free_port()
         with log.open("w") as out:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-P", "-m", "tokenmill.operator", "--standalone",
-                "--liveness", liveness, "--verbose", cwd=tmp_path, env=env, stdout=out,
-                stderr=out)
+                "--liveness", liveness, "--metrics-port", str(metrics_port), "--verbose",
+                cwd=tmp_path, env=env, stdout=out, stderr=out)
         try:
             async with aiohttp.ClientSession(base_url=str(emu.url)) as session:
-                yield Cluster(session, log, liveness)
+                yield Cluster(session, log, liveness, f"http://127.0.0.1:{metrics_port}/metrics")
             assert proc.returncode is None, f"the operator exited:\n{log.read_text()[-4000:]}"
         finally:
             if proc.returncode is None:
