@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tokenmill.engine.bench import offline
+from tokenmill.engine.bench import offline, prefix_ab
 from tokenmill.engine.bench.workload import make_workload, parse_range
 from tokenmill.engine.cli import build_parser
 
@@ -69,3 +69,25 @@ def test_tiny_run_against_hf_writes_auditable_json(tmp_path, capsys, smol_tokeni
     assert 0.0 <= summary["tokenmill"]["kv_cache"]["waste_mean"] < 1.0
     assert data["machine"]["torch_version"] and data["git"]["commit"]
     assert data["engine_config"]["kv_cache_memory"] == 64 << 20
+
+
+def test_prefix_cache_ab_alternates_modes_and_finds_no_reuse(tiny_llama_dir, tmp_path, capsys):
+    assert prefix_ab.run_order(2) == [False, True, True, False]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "offline", "--prefix-cache-ab", "-1"])
+    path = tmp_path / "ab.json"
+    args = build_parser().parse_args([
+        "bench", "offline", "--model", tiny_llama_dir, "--num-prompts", "4", "--input-len",
+        "20:40", "--output-len", "2:5", "--hf-batch-sizes", "none", "--prefix-cache-ab", "1",
+        "--json", str(path), "--no-progress",
+    ])
+    assert offline.run(args) == 0
+    assert "cache on / off" in capsys.readouterr().out
+    ab = json.loads(path.read_text())["summary"]["prefix_cache_ab"]
+    assert ab["order"] == ["cache-off", "cache-on"]
+    assert [len(v) for v in ab["output_tokens_per_s"].values()] == [1, 1]
+    # Random prompts share no block, so the cache finds nothing to reuse in either mode.
+    assert ab["prefix_hit_tokens"] == {"cache-on": 0, "cache-off": 0}
+    on, off = ab["median_output_tokens_per_s"]["cache-on"], ab["median_output_tokens_per_s"][
+        "cache-off"]
+    assert ab["ratio_on_off"] == pytest.approx(on / off)

@@ -23,10 +23,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hf-batch-sizes", type=parse_batch_sizes, default="8,32",
                         help="Static batch sizes for the HF generate baseline, comma separated; "
                              "empty or 'none' skips the baseline (default 8,32).")
+    parser.add_argument("--prefix-cache-ab", type=non_negative_int, default=0, metavar="ROUNDS",
+                        help="Also run the workload with the prefix cache off and on, ROUNDS "
+                             "times each in ABBA order, and report the ratio (default 0: skip).")
     parser.add_argument("--json", metavar="PATH", help="Write the raw results as JSON here.")
     parser.add_argument("--plot", metavar="PATH", help="Write a PNG plot (needs matplotlib).")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                         help="Show progress bars.")
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
 
 
 def parse_batch_sizes(text: str) -> list[int]:
@@ -48,6 +61,10 @@ def run(args: argparse.Namespace) -> int:
     from tokenmill.engine.bench.report import format_table, write_json
 
     print(format_table(summary))
+    if "prefix_cache_ab" in summary:
+        from tokenmill.engine.bench.prefix_ab import format_comparison
+
+        print(format_comparison(summary["prefix_cache_ab"]))
     if args.json:
         write_json(args.json, payload)
         print(f"raw results: {args.json}")
@@ -93,6 +110,12 @@ def benchmark(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
         del model
 
     summary = report.summarize(ours, hf_runs)
+    if args.prefix_cache_ab > 0:
+        from tokenmill.engine.bench import prefix_ab
+
+        _status(f"prefix cache off/on: {2 * args.prefix_cache_ab} more runs")
+        summary["prefix_cache_ab"] = prefix_ab.compare(config, workload, args.prefix_cache_ab,
+                                                       args.progress)
     payload = {
         "benchmark": "offline",
         "command": report.command_line(),
