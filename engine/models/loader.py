@@ -8,8 +8,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch import nn
 from tqdm import tqdm
 
+from tokenmill.engine.layers.linear import MergedLinear
 from tokenmill.engine.layers.rotary import RotaryEmbedding, rope_parameters
 from tokenmill.engine.models.decoder import CausalLM, head_dim_of, num_kv_heads_of
 from tokenmill.engine.models.gguf_weights import gguf_tensors
@@ -49,7 +51,7 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
 
 def _load(model: CausalLM, tensors: Iterator[tuple[str, torch.Tensor, int]],
           show_progress: bool) -> None:
-    params = dict(model.named_parameters(remove_duplicate=False))
+    params = checkpoint_tensors(model)
     tied = model.lm_head.weight is model.model.embed_tokens.weight
     loaded: set[str] = set()
     progress = None
@@ -107,3 +109,17 @@ def _undo_rope_permute(w: torch.Tensor, num_heads: int) -> torch.Tensor:
     rows = w.shape[0]
     return (w.reshape(num_heads, rows // num_heads // 2, 2, *w.shape[1:])
             .transpose(1, 2).reshape(w.shape))
+
+
+def checkpoint_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's tensors by their Hugging Face names: a merged projection's parameters are
+    replaced by views of its parts (q_proj/k_proj/v_proj, gate_proj/up_proj)."""
+    tensors = dict(model.named_parameters(remove_duplicate=False))
+    for path, module in model.named_modules():
+        if isinstance(module, MergedLinear):
+            tensors.pop(f"{path}.weight")
+            tensors.pop(f"{path}.bias", None)
+            parent = path.rpartition(".")[0]
+            tensors.update({f"{parent}.{name}": view
+                            for name, view in module.part_tensors().items()})
+    return tensors
