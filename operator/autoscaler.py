@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import datetime
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 TOLERANCE = 0.1  # a load within 10% of the current replicas' capacity changes nothing
@@ -117,7 +117,7 @@ def decide(policy: Policy, replicas: int, obs: Observation, state: State,
     if current != replicas:
         return Decision(current, None, OUT_OF_BOUNDS,
                         f"spec.replicas {replicas} is outside [{policy.min_replicas}, "
-                        f"{policy.max_replicas}]", replace(state, last_scale_time=now))
+                        f"{policy.max_replicas}]", State(last_scale_time=now))
     if not obs.loads:
         why = ("no ready pod answered on /metrics" if obs.ready else "no pod is ready")
         return Decision(current, None, NO_METRICS, f"{why}; holding {current} replicas", state)
@@ -134,9 +134,11 @@ def decide(policy: Policy, replicas: int, obs: Observation, state: State,
         return Decision(current, recommended, STEADY, f"{current} replicas: {load}",
                         State(last_scale_time=state.last_scale_time), **numbers)
 
-    since = state.below_since if state.below_since is not None else now
-    target = max(recommended, state.scale_down_to or 0) if state.below_since is not None \
-        else recommended
+    # A wait recorded for more replicas than there are now (bounds or spec.replicas changed by
+    # hand since) is stale: start a new one.
+    pending = state.below_since is not None and (state.scale_down_to or 0) < current
+    since = state.below_since if pending else now
+    target = max(recommended, state.scale_down_to or 0) if pending else recommended
     if now - since >= policy.scale_down_delay_seconds:
         return Decision(target, recommended, SCALED_DOWN,
                         f"{current} -> {target} replicas after {_n(now - since)}s below: {load}",

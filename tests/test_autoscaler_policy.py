@@ -197,6 +197,17 @@ def test_replicas_outside_the_bounds_are_corrected(replicas, expected):
     assert (d.replicas, d.reason) == (expected, OUT_OF_BOUNDS)
 
 
+def test_a_stale_wait_never_scales_up():
+    # A wait toward 4 was recorded at 5 replicas; maxReplicas is now 3. The bound comes first
+    # and drops the wait; the next low load starts a new one instead of "scaling down" to 4.
+    policy = Policy(1, 3, 2, 60)
+    stale = State(below_since=1000.0, scale_down_to=4)
+    d = decide(policy, 5, even(3, 0), stale, 1100.0)
+    assert (d.replicas, d.reason, d.state.below_since) == (3, OUT_OF_BOUNDS, None)
+    d = decide(policy, 3, even(3, 0), stale, 1100.0)  # the same stale state read back
+    assert (d.replicas, d.reason, d.state.below_since) == (3, SCALE_DOWN_PENDING, 1100.0)
+
+
 def test_bounds_hold_under_any_load():
     policy = Policy(2, 4, 2, 0)
     for load in (0, 1, 7, 16, 17, 500, 3, 0):
