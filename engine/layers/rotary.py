@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -60,11 +60,18 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+    def forward(self, positions: torch.Tensor) -> RopeTables:
+        """The step's cos/sin rows, looked up once and shared by every layer."""
+        return RopeTables(self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
+
+
+class RopeTables(NamedTuple):
+    cos: torch.Tensor  # [T, 1, dim]
+    sin: torch.Tensor
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, heads, dim], k: [T, kv_heads, dim]; rotated in the input dtype."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        return _rotate(q, self.cos, self.sin), _rotate(k, self.cos, self.sin)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

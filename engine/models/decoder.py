@@ -15,7 +15,7 @@ from tokenmill.engine.layers.attention import attention, store_kv
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.linear import MergedLinear
 from tokenmill.engine.layers.norm import RMSNorm
-from tokenmill.engine.layers.rotary import RotaryEmbedding, rope_parameters
+from tokenmill.engine.layers.rotary import RopeTables, RotaryEmbedding, rope_parameters
 from tokenmill.engine.models.architecture import flags_of
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -50,7 +50,7 @@ class Attention(nn.Module):
         self.qk_norm = flags.qk_norm
         self.scale = self.head_dim ** -0.5
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
+    def forward(self, x: torch.Tensor, rope: RopeTables,
                 kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
         tokens = x.shape[0]
         q, k, v = self.qkv_proj(x)
@@ -59,7 +59,7 @@ class Attention(nn.Module):
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
+        q, k = rope.rotate(q, k)
         k_cache, v_cache = kv_cache
         store_kv(k, v, k_cache, v_cache, meta)
         o = attention(q, k_cache, v_cache, meta, self.scale)
@@ -91,8 +91,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, positions, rotary, kv_cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, kv_cache, meta)
+    def forward(self, x, rope, kv_cache, meta):
+        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -106,8 +106,9 @@ class DecoderModel(nn.Module):
 
     def forward(self, input_ids, positions, kv_caches, meta):
         x = self.embed_tokens(input_ids)
+        rope = self.rotary(positions)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, positions, self.rotary, kv_cache, meta)
+            x = layer(x, rope, kv_cache, meta)
         return self.norm(x)
 
 
