@@ -26,7 +26,6 @@ from typing import Any
 
 from autoscale_harness import Kubelet, Load, queue, smollm2_checkpoint
 from operator_support import IS_PATH, REPO, inference_service, running_operator
-from png_chart import BLUE, GRAY, GREEN, ORANGE, RED, Panel, Series, write_chart
 
 NAME = "chat"
 SAMPLE_SECONDS = 0.5
@@ -39,7 +38,9 @@ PHASES = [(15, 0), (30, 4), (100, 12), (50, 0)]
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", default=None, help="Write the report here.")
-    p.add_argument("--plot", default=None, help="Write the PNG here.")
+    p.add_argument("--plot", default=None, help="Write the PNG here (needs matplotlib).")
+    p.add_argument("--replot", default=None, metavar="JSON",
+                   help="Only redraw --plot from a report this script wrote earlier.")
     p.add_argument("--interval", type=float, default=5.0, help="Autoscaler interval (s).")
     p.add_argument("--scale-down-delay", type=int, default=20)
     p.add_argument("--target-queue-depth", type=int, default=2)
@@ -149,24 +150,41 @@ def summarize(run: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def plot(path: str, run: dict[str, Any], args: argparse.Namespace) -> None:
+def plot(path: str, run: dict[str, Any], target_queue_depth: int) -> None:
+    """Three panels over time: queue depth against its target, replicas, windowed P99 TTFT."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     samples = run["samples"]
+    t = [s["t_s"] for s in samples]
     end = samples[-1]["t_s"]
-    replicas = [(0.0, 1.0)] + [(c["t_s"], c["replicas"]) for c in run["replica_changes"]]
-    replicas.append((end, replicas[-1][1]))
-    write_chart(path, [
-        Panel("Requests waiting (all replicas)", [
-            Series("waiting", [(s["t_s"], s["waiting"]) for s in samples], BLUE),
-            Series("target x replicas", [(s["t_s"], args.target_queue_depth * s["replicas"])
-                                         for s in samples], GRAY, steps=True)]),
-        Panel("Replicas", [
-            Series("deployment", replicas, ORANGE, steps=True),
-            Series("ready", [(s["t_s"], s["ready"]) for s in samples], GREEN, steps=True),
-            Series("streams / 4", [(s["t_s"], s["streams"] / 4) for s in samples], GRAY,
-                   steps=True)]),
-        Panel(f"P99 TTFT (s), {TTFT_WINDOW_SECONDS:.0f} s windows", [
-            Series("p99", ttft_windows(run["requests"]), RED)]),
-    ], "time (s)")
+    changes = [(0.0, 1)] + [(c["t_s"], c["replicas"]) for c in run["replica_changes"]]
+    changes.append((end, changes[-1][1]))
+    fig, (queue_ax, replica_ax, ttft_ax) = plt.subplots(3, 1, figsize=(8, 7), sharex=True)
+    queue_ax.plot(t, [s["waiting"] for s in samples], label="waiting", color="tab:blue")
+    queue_ax.step(t, [target_queue_depth * s["replicas"] for s in samples], where="post",
+                  label="target x replicas", color="tab:gray")
+    queue_ax.set_ylabel("requests waiting")
+    replica_ax.step([c[0] for c in changes], [c[1] for c in changes], where="post",
+                    label="deployment", color="tab:orange")
+    replica_ax.step(t, [s["ready"] for s in samples], where="post", label="ready",
+                    color="tab:green")
+    replica_ax.step(t, [s["streams"] / 4 for s in samples], where="post", label="streams / 4",
+                    color="tab:gray", linestyle="--")
+    replica_ax.set_ylabel("replicas")
+    windows = ttft_windows(run["requests"])
+    ttft_ax.plot([w for w, _ in windows], [v for _, v in windows], marker="o", color="tab:red",
+                 label=f"P99 TTFT, {TTFT_WINDOW_SECONDS:.0f} s windows")
+    ttft_ax.set_ylabel("seconds")
+    ttft_ax.set_xlabel("time (s)")
+    for ax in (queue_ax, replica_ax, ttft_ax):
+        ax.legend(loc="upper right", fontsize="small")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def machine() -> dict[str, Any]:
@@ -189,6 +207,10 @@ def revision() -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.replot:
+        report = json.loads(Path(args.replot).read_text())
+        plot(args.plot, report, report["settings"]["target_queue_depth"])
+        return 0
     with tempfile.TemporaryDirectory(prefix="tokenmill-autoscale-") as work:
         started = time.strftime("%Y-%m-%d")
         run = asyncio.run(scenario(args, Path(work)))
@@ -201,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     if args.plot:
-        plot(args.plot, run, args)
+        plot(args.plot, run, args.target_queue_depth)
     return 0
 
 

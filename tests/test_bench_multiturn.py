@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from tokenmill.engine.bench.multiturn import make_think_times
 from tokenmill.engine.cli import build_parser
 
 
@@ -27,3 +30,33 @@ def test_multiturn_benchmark_on_a_small_workload(tiny_llama_dir, tmp_path):
             # Each turn resends the history: system + every user turn + every answer so far.
             assert [r["prompt_tokens"] for r in turns] == [72, 84, 96]
             assert all(r["output_tokens"] == 4 for r in turns)
+
+
+def test_think_times_are_seeded_and_arrivals_wait_for_them(tiny_llama_dir, tmp_path):
+    parser = build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "multiturn", "--think-time", "-1"])
+    args = parser.parse_args(["bench", "multiturn", "--conversations", "40", "--turns", "5",
+                              "--think-time", "2"])
+    times = make_think_times(args)
+    assert times == make_think_times(args)  # the same gaps for the cache-off and cache-on runs
+    flat = [t for conv in times for t in conv]
+    assert len(flat) == 200 and min(flat) > 0
+    assert 1.5 < sum(flat) / len(flat) < 2.5  # exponential with mean 2 s
+    no_wait = parser.parse_args(["bench", "multiturn", "--conversations", "2", "--turns", "2"])
+    assert make_think_times(no_wait) == [[0.0, 0.0], [0.0, 0.0]]
+
+    out = tmp_path / "multiturn.json"
+    args = parser.parse_args([
+        "bench", "multiturn", "--model", tiny_llama_dir, "--conversations", "2", "--turns", "2",
+        "--system-len", "32", "--user-len", "4", "--answer-len", "2", "--think-time", "0.2",
+        "--json", str(out),
+    ])
+    assert args.func(args) == 0
+    report = json.loads(out.read_text())
+    assert report["workload"]["think_time"] == 0.2
+    # A conversation's turns wait their think times one after another.
+    longest_chain = max(sum(conv) for conv in make_think_times(args))
+    for mode in ("cache-off", "cache-on"):
+        assert len(report["requests"][mode]) == 4
+        assert report["summary"][mode]["elapsed_s"] >= longest_chain

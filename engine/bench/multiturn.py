@@ -33,8 +33,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Tokens of the system prompt every conversation shares.")
     parser.add_argument("--user-len", type=int, default=48, help="Tokens of each user turn.")
     parser.add_argument("--answer-len", type=int, default=32, help="Tokens of each answer.")
+    parser.add_argument("--think-time", type=_seconds, default=0.0,
+                        help="Mean seconds a user waits before each turn, the first included "
+                             "(exponential, seeded, the same in both modes); 0 sends every turn "
+                             "the moment the previous answer is complete (default).")
     parser.add_argument("--workload-seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="Write the raw results here.")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}")
+    return value
 
 
 def make_conversations(args: argparse.Namespace, vocab_size: int) -> tuple[list[int],
@@ -50,14 +64,29 @@ def make_conversations(args: argparse.Namespace, vocab_size: int) -> tuple[list[
                     for _ in range(args.conversations)]
 
 
+def make_think_times(args: argparse.Namespace) -> list[list[float]]:
+    """Seconds before each turn of each conversation: exponential with mean --think-time."""
+    rng = random.Random(args.workload_seed + 1)
+    mean = args.think_time
+    return [[rng.expovariate(1 / mean) if mean > 0 else 0.0 for _ in range(args.turns)]
+            for _ in range(args.conversations)]
+
+
 def run_conversations(engine: Any, system: list[int], users: list[list[list[int]]],
-                      answer_len: int, label: str) -> dict[str, Any]:
-    """Drive every conversation to its last turn; return per-turn records and totals."""
+                      answer_len: int, label: str,
+                      think_times: list[list[float]] | None = None) -> dict[str, Any]:
+    """Drive every conversation to its last turn; return per-turn records and totals.
+
+    A turn is sent think_times[c][turn] seconds after the previous answer completed (after
+    the start, for the first turn); TTFT counts from the moment it is sent.
+    """
     params = SamplingParams(temperature=0.0, max_tokens=answer_len, ignore_eos=True)
+    think = think_times or [[0.0] * len(u) for u in users]
     history = [list(system) for _ in users]
     turn = [0] * len(users)
     records: list[dict[str, Any]] = []
     queries0, hits0 = engine.kv.prefix_queries, engine.kv.prefix_hits
+    due: dict[int, float] = {}  # conversation -> when its next turn is sent
 
     def send(c: int) -> None:
         history[c] += users[c][turn[c]]
@@ -66,8 +95,15 @@ def run_conversations(engine: Any, system: list[int], users: list[list[list[int]
     bar = tqdm(total=sum(len(u) for u in users), desc=label, unit="turn")
     start = time.perf_counter()
     for c in range(len(users)):
-        send(c)
-    while engine.has_unfinished_requests():
+        due[c] = start + think[c][0]
+    while due or engine.has_unfinished_requests():
+        now = time.perf_counter()
+        for c in [c for c, at in due.items() if at <= now]:
+            del due[c]
+            send(c)
+        if not engine.has_unfinished_requests():
+            time.sleep(max(0.0, min(due.values()) - time.perf_counter()))
+            continue
         for out in engine.step():
             if not out.finished:
                 continue
@@ -82,7 +118,7 @@ def run_conversations(engine: Any, system: list[int], users: list[list[list[int]
             turn[c] += 1
             bar.update(1)
             if turn[c] < len(users[c]):
-                send(c)
+                due[c] = time.perf_counter() + think[c][turn[c]]
     elapsed = time.perf_counter() - start
     bar.close()
     queries = engine.kv.prefix_queries - queries0
@@ -110,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
         if system is None:
             system, users = make_conversations(args, llm.engine.model_config.vocab_size)
         llm.generate([[1000] * 8], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
-        results[label] = run_conversations(llm.engine, system, users, args.answer_len, label)
+        results[label] = run_conversations(llm.engine, system, users, args.answer_len, label,
+                                           make_think_times(args))
         llm.engine.kv.allocator.check_all_free()
         del llm
     off, on = results["cache-off"], results["cache-on"]
@@ -125,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
             "command": command_line(), "machine": machine_info(str(config.device)),
             "git": git_revision(), "workload": {k: getattr(args, k) for k in (
                 "conversations", "turns", "system_len", "user_len", "answer_len",
-                "workload_seed")},
+                "think_time", "workload_seed")},
             "engine_config": dataclasses.asdict(config), "summary": summary,
             "requests": {mode: r["records"] for mode, r in results.items()},
         })

@@ -23,23 +23,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hf-batch-sizes", type=parse_batch_sizes, default="8,32",
                         help="Static batch sizes for the HF generate baseline, comma separated; "
                              "empty or 'none' skips the baseline (default 8,32).")
-    parser.add_argument("--prefix-cache-ab", type=non_negative_int, default=0, metavar="ROUNDS",
-                        help="Also run the workload with the prefix cache off and on, ROUNDS "
-                             "times each in ABBA order, and report the ratio (default 0: skip).")
+    parser.add_argument("--prefix-cache-ab", action="store_true",
+                        help="Also run the workload on two engines, prefix cache off and on, "
+                             "stepped side by side, and report the throughput ratio.")
     parser.add_argument("--json", metavar="PATH", help="Write the raw results as JSON here.")
     parser.add_argument("--plot", metavar="PATH", help="Write a PNG plot (needs matplotlib).")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                         help="Show progress bars.")
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return value
 
 
 def parse_batch_sizes(text: str) -> list[int]:
@@ -110,12 +100,11 @@ def benchmark(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
         del model
 
     summary = report.summarize(ours, hf_runs)
-    if args.prefix_cache_ab > 0:
+    if args.prefix_cache_ab:
         from tokenmill.engine.bench import prefix_ab
 
-        _status(f"prefix cache off/on: {2 * args.prefix_cache_ab} more runs")
-        summary["prefix_cache_ab"] = prefix_ab.compare(config, workload, args.prefix_cache_ab,
-                                                       args.progress)
+        _status("prefix cache off and on, side by side")
+        summary["prefix_cache_ab"] = prefix_ab.compare(config, workload, args.progress)
     payload = {
         "benchmark": "offline",
         "command": report.command_line(),

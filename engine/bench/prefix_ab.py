@@ -1,68 +1,81 @@
 """What the prefix cache costs when it cannot help: the offline workload, cache on against off.
 
 The workload's prompts are random, so no request reuses another's blocks; any difference in
-throughput is the cache's own bookkeeping (hashing full blocks, lookups, LRU upkeep). Runs
-alternate in ABBA order (off, on, on, off, ...) so a slow drift of the machine falls on both
-modes alike; each run builds a fresh engine so neither inherits the other's cache.
+throughput is the cache's own bookkeeping (hashing full blocks, lookups, LRU upkeep). A
+difference of a few percent is below what this machine's drift makes of two identical runs, so
+the two engines run side by side in one process, step by step: both get the same requests and,
+being deterministic, schedule the same batches, so their steps pair up one for one, and the
+order within each pair alternates. Drift then falls on both modes alike, pair by pair.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import statistics
+import time
 from typing import Any
+
+from tqdm import tqdm
 
 from tokenmill.engine.bench import engine_run
 from tokenmill.engine.bench.workload import BenchRequest
 from tokenmill.engine.config import EngineConfig
 
-
-def run_order(rounds: int) -> list[bool]:
-    """Prefix caching per run, ABBA: [False, True, True, False, False, True, ...]."""
-    order: list[bool] = []
-    for r in range(rounds):
-        order += [False, True] if r % 2 == 0 else [True, False]
-    return order
+MODES = ("cache-off", "cache-on")
 
 
-def compare(config: EngineConfig, workload: list[BenchRequest], rounds: int,
+def compare(config: EngineConfig, workload: list[BenchRequest],
             show_progress: bool) -> dict[str, Any]:
-    """Run the workload `rounds` times per mode; report each run and the median ratio on/off."""
+    """Step both engines in lockstep; report each mode's output tok/s and the ratio on/off."""
     from tokenmill.engine import LLM
 
-    runs: dict[str, list[float]] = {"cache-on": [], "cache-off": []}
-    hits: dict[str, int] = {"cache-on": 0, "cache-off": 0}
-    plain_token = workload[0].prompt_token_ids[0]
-    for caching in run_order(rounds):
-        mode = "cache-on" if caching else "cache-off"
-        llm = LLM(**dataclasses.asdict(config.replace(enable_prefix_caching=caching)),
+    engines = {}
+    for mode in MODES:
+        llm = LLM(**dataclasses.asdict(config.replace(enable_prefix_caching=mode == "cache-on")),
                   show_progress=False)
-        engine_run.warm_up(llm, plain_token)
-        hits_before = llm.engine.kv.prefix_hits
-        result = engine_run.run_engine(llm, workload, show_progress)
-        hits[mode] += llm.engine.kv.prefix_hits - hits_before
-        llm.engine.kv.allocator.check_all_free()
-        output_tokens = sum(r["output_len"] for r in result.requests)
-        runs[mode].append(output_tokens / result.elapsed_s)
-        del llm
-    on, off = statistics.median(runs["cache-on"]), statistics.median(runs["cache-off"])
+        engine_run.warm_up(llm, workload[0].prompt_token_ids[0])
+        engines[mode] = llm.engine
+    busy = {mode: 0.0 for mode in MODES}
+    steps = {mode: 0 for mode in MODES}
+    hits_before = {mode: engine.kv.prefix_hits for mode, engine in engines.items()}
+    for i, request in enumerate(workload):
+        for engine in engines.values():
+            engine.add_request(f"ab-{i}", request.prompt_token_ids,
+                               engine_run.params_for(request))
+    bar = tqdm(desc="prefix cache off/on", unit="step", disable=not show_progress)
+    pair = 0
+    while any(engine.has_unfinished_requests() for engine in engines.values()):
+        order = MODES if pair % 2 == 0 else MODES[::-1]
+        for mode in order:
+            engine = engines[mode]
+            if engine.has_unfinished_requests():
+                start = time.perf_counter()
+                engine.step()
+                busy[mode] += time.perf_counter() - start
+                steps[mode] += 1
+        pair += 1
+        bar.update(1)
+    bar.close()
+    for engine in engines.values():
+        engine.kv.allocator.check_all_free()
+    output_tokens = sum(r.output_len for r in workload)
+    rates = {mode: output_tokens / busy[mode] for mode in MODES}
     return {
-        "rounds": rounds,
-        "order": ["cache-on" if c else "cache-off" for c in run_order(rounds)],
-        "output_tokens_per_s": runs,
-        "median_output_tokens_per_s": {"cache-on": on, "cache-off": off},
-        "prefix_hit_tokens": hits,
-        "ratio_on_off": on / off,
+        "method": "two engines stepped in lockstep, order alternating per step",
+        "output_tokens": output_tokens,
+        "steps": steps,
+        "step_time_s": busy,
+        "output_tokens_per_s": rates,
+        "prefix_hit_tokens": {mode: engines[mode].kv.prefix_hits - hits_before[mode]
+                              for mode in MODES},
+        "ratio_on_off": rates["cache-on"] / rates["cache-off"],
     }
 
 
 def format_comparison(result: dict[str, Any]) -> str:
-    med = result["median_output_tokens_per_s"]
-    each = {mode: ", ".join(f"{v:.1f}" for v in values)
-            for mode, values in result["output_tokens_per_s"].items()}
+    rates, steps = result["output_tokens_per_s"], result["steps"]
     return "\n".join([
-        f"prefix cache off tok/s  {med['cache-off']:.1f} (runs: {each['cache-off']})",
-        f"prefix cache on tok/s   {med['cache-on']:.1f} (runs: {each['cache-on']})",
+        f"prefix cache off tok/s  {rates['cache-off']:.1f} ({steps['cache-off']} steps)",
+        f"prefix cache on tok/s   {rates['cache-on']:.1f} ({steps['cache-on']} steps)",
         f"cache on / off          {result['ratio_on_off']:.3f} "
         f"(prefix-cache hit tokens: {result['prefix_hit_tokens']['cache-on']})",
     ])
