@@ -19,6 +19,16 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def query_groups(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> int:
+    """Query heads per K/V head, after checking the layout the attention kernels index by:
+    q [tokens, heads, dim] and caches [blocks, block_size, kv_heads, dim], unit-stride dims."""
+    num_heads = q.shape[1]
+    group = num_heads // k_cache.shape[2]
+    assert num_heads == group * k_cache.shape[2] and k_cache.stride() == v_cache.stride()
+    assert q.stride(-1) == k_cache.stride(-1) == 1
+    return group
+
+
 def dim_block(head_dim: int) -> int:
     """Tile width over head_dim: a power of two, and at least the 16 that tl.dot needs."""
     return max(16, triton.next_power_of_2(head_dim))

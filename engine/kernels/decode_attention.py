@@ -12,7 +12,13 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenmill.engine.kernels.attend import LOG2E, attend_context, dim_block, dot_precision
+from tokenmill.engine.kernels.attend import (
+    LOG2E,
+    attend_context,
+    dim_block,
+    dot_precision,
+    query_groups,
+)
 
 TARGET_PROGRAMS = 256  # enough programs to occupy every SM of a large GPU
 MIN_SPLIT_TOKENS = 256  # shorter splits would cost more to merge than they save
@@ -97,9 +103,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     """
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    group = num_heads // num_kv_heads
-    assert num_heads == group * num_kv_heads and k_cache.stride() == v_cache.stride()
-    assert q.stride(-1) == k_cache.stride(-1) == 1
+    group = query_groups(q, k_cache, v_cache)
     out = torch.empty_like(q)
     if num_seqs == 0:
         return out

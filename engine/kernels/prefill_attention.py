@@ -13,7 +13,13 @@ import torch
 import triton
 import triton.language as tl
 
-from tokenmill.engine.kernels.attend import LOG2E, attend_context, dim_block, dot_precision
+from tokenmill.engine.kernels.attend import (
+    LOG2E,
+    attend_context,
+    dim_block,
+    dot_precision,
+    query_groups,
+)
 
 
 @triton.jit
@@ -70,11 +76,9 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     Caches are [blocks, block_size, kv_heads, dim]; the new tokens' K/V must already be in them.
     max_query_len is a host int (no device sync) that sizes the grid.
     """
-    num_tokens, num_heads, head_dim = q.shape
+    num_tokens, _, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
-    group = num_heads // num_kv_heads
-    assert num_heads == group * num_kv_heads and k_cache.stride() == v_cache.stride()
-    assert q.stride(-1) == k_cache.stride(-1) == 1
+    group = query_groups(q, k_cache, v_cache)
     out = torch.empty_like(q)
     num_seqs = seq_lens.shape[0]
     if num_tokens == 0 or num_seqs == 0:
