@@ -6,35 +6,8 @@ import argparse
 import dataclasses
 import json
 import sys
-import types
-import typing
-from typing import Any
 
-from tokenmill.engine.config import EngineConfig, cli_flag
-
-
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per EngineConfig field, with its type, default and help."""
-    hints = typing.get_type_hints(EngineConfig)
-    for f in dataclasses.fields(EngineConfig):
-        kind = _base_type(hints[f.name])
-        help_text = f.metadata.get("help", "")
-        if kind is bool:
-            parser.add_argument(cli_flag(f.name), dest=f.name, default=f.default,
-                                action=argparse.BooleanOptionalAction, help=help_text)
-        else:
-            parser.add_argument(cli_flag(f.name), dest=f.name, type=kind, default=f.default,
-                                help=f"{help_text} (default: {f.default})")
-
-
-def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)})
-
-
-def _base_type(hint: Any) -> type:
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        return next(a for a in typing.get_args(hint) if a is not type(None))
-    return hint
+from tokenmill.engine.config import add_engine_arguments, engine_config_from_args
 
 
 def _generate(args: argparse.Namespace) -> int:

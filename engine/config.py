@@ -6,7 +6,10 @@ flags from it. Names follow vLLM's so users can switch engines by flag name.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +19,10 @@ KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
+# What this engine build runs today, a subset of the values above: the rest are valid option
+# values that fail at start-up (engine), and at `kubectl apply` (the CRD's rules are generated
+# from these), until the engine implements them.
+SUPPORTED = {"tensor_parallel_size": (1,), "quantization": (None,), "kv_cache_dtype": ("auto",)}
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_CPU_KV_CACHE_MEMORY = 1 << 30
 
@@ -105,6 +112,14 @@ class EngineConfig:
         _check(self.attention_backend in ATTENTION_BACKENDS, "attention_backend",
                f"{self.attention_backend!r} is not one of {ATTENTION_BACKENDS}")
 
+    def check_supported(self) -> None:
+        """ConfigError naming the first option whose value this engine build cannot run yet."""
+        for option, values in SUPPORTED.items():
+            value = getattr(self, option)
+            _check(value in values, option,
+                   f"{value} is not supported by this engine version yet (supported: "
+                   f"{', '.join('none' if v is None else str(v) for v in values)})")
+
     @classmethod
     def option_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
@@ -141,3 +156,27 @@ def engine_args(**options: Any) -> list[str]:
         else:
             args += [cli_flag(name), str(value)]
     return args
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per EngineConfig field, with its type, default and help."""
+    hints = typing.get_type_hints(EngineConfig)
+    for f in dataclasses.fields(EngineConfig):
+        kind = _base_type(hints[f.name])
+        help_text = f.metadata.get("help", "")
+        if kind is bool:
+            parser.add_argument(cli_flag(f.name), dest=f.name, default=f.default,
+                                action=argparse.BooleanOptionalAction, help=help_text)
+        else:
+            parser.add_argument(cli_flag(f.name), dest=f.name, type=kind, default=f.default,
+                                help=f"{help_text} (default: {f.default})")
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)})
+
+
+def _base_type(hint: Any) -> type:
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint

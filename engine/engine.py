@@ -48,7 +48,7 @@ class _Request:
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, show_progress: bool = True):
-        _reject_unbuilt_features(config)
+        config.check_supported()
         self.config = config
         self.device = _device(config.device)
         self.dtype = _dtype(config.dtype, self.device)
@@ -246,15 +246,6 @@ class LLMEngine:
             raise ConfigError("kv_cache_memory", f"{budget} bytes hold no KV block; one block "
                                                  f"of this model takes {per_block} bytes")
         return int(num_blocks)
-
-
-def _reject_unbuilt_features(config: EngineConfig) -> None:
-    if config.tensor_parallel_size != 1:
-        raise ConfigError("tensor_parallel_size", "this engine build runs on a single device")
-    if config.quantization is not None:
-        raise ConfigError("quantization", f"{config.quantization} weights are not supported yet")
-    if config.kv_cache_dtype != "auto":
-        raise ConfigError("kv_cache_dtype", f"{config.kv_cache_dtype} is not supported yet")
 
 
 def _device(name: str) -> torch.device:

@@ -6,9 +6,17 @@ here, so the operator cannot emit a flag or a value the engine would reject at s
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
-from tokenmill.engine.config import ConfigError, EngineConfig, engine_args
+from tokenmill.engine.config import (
+    ConfigError,
+    EngineConfig,
+    add_engine_arguments,
+    cli_flag,
+    engine_args,
+    engine_config_from_args,
+)
 
 from .spec import InferenceServiceSpec, SpecError
 
@@ -56,15 +64,16 @@ def engine_options(spec: InferenceServiceSpec) -> dict[str, Any]:
     }
 
 
+class _ExtraArgsParser(argparse.ArgumentParser):
+    """The engine's own flag parser, failing with a SpecError instead of exiting."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise SpecError(f"spec.engine.extraArgs: {message}")
+
+
 def check_engine(spec: InferenceServiceSpec) -> None:
-    """SpecError if the engine would reject these options or an extra flag."""
-    options = {k: v for k, v in engine_options(spec).items() if v is not None}
-    try:
-        EngineConfig(**options)
-    except ConfigError as e:
-        field = _SPEC_OPTIONS.get(e.option, e.option)
-        raise SpecError(f"{field}: {str(e).partition(': ')[2]}") from None
-    known = set(EngineConfig.option_names())
+    """SpecError if the engine would reject these options, an extra flag or its value, exactly
+    as `tokenmill serve` parses and checks them at start-up."""
     for arg in spec.engine.extra_args:
         if not arg.startswith("--"):
             continue
@@ -74,8 +83,16 @@ def check_engine(spec: InferenceServiceSpec) -> None:
             raise SpecError(f"spec.engine.extraArgs: --{flag} is set by the operator")
         if option in _SPEC_OPTIONS:
             raise SpecError(f"spec.engine.extraArgs: --{flag} is set by {_SPEC_OPTIONS[option]}")
-        if option not in known:
+        if option not in EngineConfig.option_names():
             raise SpecError(f"spec.engine.extraArgs: --{flag} is not a tokenmill engine flag")
+    parser = _ExtraArgsParser(prog="tokenmill serve", add_help=False)
+    add_engine_arguments(parser)
+    args = parser.parse_args([*engine_args(**engine_options(spec)), *spec.engine.extra_args])
+    try:
+        engine_config_from_args(args).check_supported()
+    except ConfigError as e:
+        field = _SPEC_OPTIONS.get(e.option, f"spec.engine.extraArgs: {cli_flag(e.option)}")
+        raise SpecError(f"{field}: {str(e).partition(': ')[2]}") from None
 
 
 def serve_command(spec: InferenceServiceSpec, served_name: str) -> list[str]:

@@ -9,19 +9,88 @@ directory from shadowing Python's `operator` module):
 
 from __future__ import annotations
 
+import functools
+import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from .spec import GROUP, KIND, PLURAL, VERSION, InferenceServiceSpec, InferenceServiceStatus
+from .spec import (
+    DNS_LABEL_PATTERN,
+    GROUP,
+    KIND,
+    PLURAL,
+    VERSION,
+    InferenceServiceSpec,
+    InferenceServiceStatus,
+)
 
 NAME = f"{PLURAL}.{GROUP}"
 FILENAME = f"{NAME}.yaml"
 _KEEP = {"type", "description", "default", "enum", "minimum", "maximum", "exclusiveMinimum",
          "exclusiveMaximum", "pattern", "format", "items", "properties", "required",
-         "additionalProperties"}
+         "additionalProperties", "minLength", "maxLength", "minItems", "maxItems",
+         "maxProperties"}
+
+# Fields typed by a Kubernetes API definition take its schema from the Kubernetes release below,
+# as kubernetes-validate ships it (a development dependency: only generating the CRD needs it).
+KUBERNETES_SCHEMA_VERSION = "1.31.0"
+# Values the Kubernetes API validates in code rather than in its OpenAPI schema.
+KUBERNETES_ENUMS = {
+    ("io.k8s.api.core.v1.Toleration", "operator"): ["Equal", "Exists"],
+    ("io.k8s.api.core.v1.Toleration", "effect"): ["", "NoSchedule", "PreferNoSchedule",
+                                                  "NoExecute"],
+    ("io.k8s.api.core.v1.NodeSelectorRequirement", "operator"): [
+        "In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"],
+    ("io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelectorRequirement", "operator"): [
+        "In", "NotIn", "Exists", "DoesNotExist"],
+}
+_KUBERNETES_KEEP = {"type", "format", "items", "properties", "required", "additionalProperties",
+                    "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
+                    "x-kubernetes-map-type"}
+
+
+@functools.cache
+def _kubernetes_definitions() -> dict[str, Any]:
+    import kubernetes_validate
+
+    root = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
+    path = root / f"v{KUBERNETES_SCHEMA_VERSION}-local-strict" / "_definitions.json"
+    return json.loads(path.read_text())["$defs"]
+
+
+def kubernetes_schema(name: str) -> dict[str, Any]:
+    """A Kubernetes API definition as a structural schema: refs inlined, nullable types made
+    plain, quantities int-or-string, unknown fields pruned, descriptions left out (they would
+    make the CRD too large for kubectl's client-side apply annotation)."""
+    defs = _kubernetes_definitions()
+
+    def convert(node: dict[str, Any], definition: str = "") -> dict[str, Any]:
+        if "$ref" in node:
+            target = node["$ref"].rsplit("/", 1)[1]
+            return convert(defs[target], target)
+        if "oneOf" in node:  # Quantity and IntOrString: a string or a number
+            return {"x-kubernetes-int-or-string": True}
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key not in _KUBERNETES_KEEP or (key == "additionalProperties" and value is False):
+                continue
+            if key == "type":
+                (value,) = [t for t in ([value] if isinstance(value, str) else value)
+                            if t != "null"]
+            elif key == "properties":
+                value = {prop: {**convert(sub), **(
+                    {"enum": KUBERNETES_ENUMS[definition, prop]}
+                    if (definition, prop) in KUBERNETES_ENUMS else {})}
+                    for prop, sub in value.items()}
+            elif key in ("items", "additionalProperties"):
+                value = convert(value)
+            out[key] = value
+        return out
+
+    return convert(defs[name], name)
 
 
 def _structural(node: Any, defs: dict[str, Any]) -> Any:
@@ -31,6 +100,10 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         return [_structural(item, defs) for item in node]
     if not isinstance(node, dict):
         return node
+    if "x-tokenmill-kubernetes-type" in node:
+        typed = kubernetes_schema(node["x-tokenmill-kubernetes-type"])
+        rest = {k: v for k, v in node.items() if k not in ("x-tokenmill-kubernetes-type", "type")}
+        return {**typed, **_structural(rest, defs)}
     if "$ref" in node:
         target = defs[node["$ref"].rsplit("/", 1)[1]]
         return _structural({**target, **{k: v for k, v in node.items() if k != "$ref"}}, defs)
@@ -106,6 +179,11 @@ def crd() -> dict[str, Any]:
                     "x-kubernetes-validations": [{
                         "rule": "size(self.metadata.name) <= 63",
                         "message": "metadata.name must be at most 63 characters: it names the "
+                                   "Service",
+                    }, {
+                        "rule": f"self.metadata.name.matches('{DNS_LABEL_PATTERN}')",
+                        "message": "metadata.name must be a DNS label (lower-case letters, "
+                                   "digits and '-', starting with a letter): it names the "
                                    "Service",
                     }],
                 }},

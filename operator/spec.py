@@ -9,12 +9,21 @@ enforce, for clusters (and emulators) that do not run CEL.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
-from tokenmill.engine.config import DEFAULT_MODEL, TENSOR_PARALLEL_SIZES
+from tokenmill.engine.config import DEFAULT_MODEL, SUPPORTED, TENSOR_PARALLEL_SIZES
 
 GROUP = "tokenmill.io"
 VERSION = "v1alpha1"
@@ -24,6 +33,25 @@ PLURAL = "inferenceservices"
 # A path in the image, pvc://claim/path, or a built-in model name (no slash, no scheme).
 MODEL_URI_PATTERN = r"^(/.+|pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?/.*|[A-Za-z0-9][A-Za-z0-9._-]*)$"
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+# Kubernetes' name and key formats (k8s.io/apimachinery/pkg/util/validation).
+DNS_LABEL_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"  # the object's name: it names the Service
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+QUALIFIED_NAME_PATTERN = (  # label and annotation keys: [dns-subdomain/]name
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?" + _NAME + "$")
+LABEL_VALUE_PATTERN = r"^(" + _NAME + ")?$"
+# An extended resource is always domain-qualified (vendor.com/gpu).
+RESOURCE_NAME_PATTERN = (
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+/" + _NAME + "$")
+ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+# registry/repository[:tag][@digest], no whitespace: what the kubelet can pull.
+IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$"
+PARENT_SEGMENT = r"(^|/)[.][.](/|$)"  # `..` in a model path would leave the mounted volume
+# Bounds on lists, maps and strings keep the CEL rules' cost estimates under the API server's
+# budget (a rule over an unbounded list is refused when the CRD is created).
+MAX_MAP_ENTRIES = 64
+MAX_LIST_ITEMS = 128
+MAX_URI_LENGTH = 1024
 
 # Attention and KV heads of models whose shape the operator knows without loading them; tensor
 # parallelism must divide both. Other models are checked by the engine at start-up.
@@ -32,6 +60,38 @@ KNOWN_MODEL_HEADS = {DEFAULT_MODEL: (9, 3)}
 
 def _cel(rule: str, message: str) -> dict[str, str]:
     return {"rule": rule, "message": message}
+
+
+def kubernetes_type(definition: str) -> WithJsonSchema:
+    """A field typed by a Kubernetes API definition (io.k8s.api.core.v1.Toleration, ...): the
+    CRD generator inlines the definition's schema, so the API server checks it at apply."""
+    return WithJsonSchema({"type": "object", "x-tokenmill-kubernetes-type": definition})
+
+
+Toleration = Annotated[dict[str, Any], kubernetes_type("io.k8s.api.core.v1.Toleration")]
+Affinity = Annotated[dict[str, Any], kubernetes_type("io.k8s.api.core.v1.Affinity")]
+EnvVarSource = Annotated[dict[str, Any], kubernetes_type("io.k8s.api.core.v1.EnvVarSource")]
+PodSecurityContext = Annotated[
+    dict[str, Any], kubernetes_type("io.k8s.api.core.v1.PodSecurityContext")]
+SecurityContext = Annotated[dict[str, Any], kubernetes_type("io.k8s.api.core.v1.SecurityContext")]
+
+
+def _supported_rule(field: str, option: str) -> dict[str, str]:
+    """The CEL rule admitting only the values the engine runs today (engine config SUPPORTED);
+    guarded with has(): the API server also checks a node's rules on its `default: {}`."""
+    values = ["none" if v is None else v for v in SUPPORTED[option]]
+    listed = ", ".join(repr(v) if isinstance(v, str) else str(v) for v in values)
+    return _cel(f"!has(self.{field}) || self.{field} in [{listed}]",
+                f"engine.{field}: this tokenmill version supports only "
+                f"{', '.join(str(v) for v in values)}; the engine does not implement other values "
+                "yet")
+
+
+def _keys_rule(pattern: str, what: str) -> dict[str, str]:
+    return _cel(f"self.all(k, k.matches('{pattern}'))",
+                f"every {what} must be a Kubernetes qualified name ([prefix/]name, name at most "
+                "63 characters of letters, digits, '-', '_', '.', starting and ending with a "
+                "letter or digit)")
 
 
 class _Spec(BaseModel):
@@ -48,30 +108,44 @@ def _validations(*rules: dict[str, str]) -> ConfigDict:
 class ModelSpec(_Spec):
     """Which model to serve and under which name."""
 
+    model_config = _validations(_cel(
+        f"!has(self.uri) || !self.uri.matches('{PARENT_SEGMENT}')",
+        "model.uri must not contain '..' path segments"))
+
     uri: str = Field(
-        DEFAULT_MODEL, pattern=MODEL_URI_PATTERN,
+        DEFAULT_MODEL, pattern=MODEL_URI_PATTERN, max_length=MAX_URI_LENGTH,
         description="A path inside the image (/models/x), pvc://CLAIM/PATH (mounted read-only), "
                     f"or a built-in model name ({DEFAULT_MODEL}).",
     )
     served_name: str | None = Field(
-        None, description="Model name clients send in OpenAI requests; default: the "
-                          "InferenceService's name.",
+        None, min_length=1, max_length=256,
+        description="Model name clients send in OpenAI requests; default: the "
+                    "InferenceService's name.",
     )
+
+    @field_validator("uri")
+    @classmethod
+    def _no_parent_segments(cls, uri: str) -> str:
+        if re.search(PARENT_SEGMENT, uri):
+            raise ValueError("must not contain '..' path segments")
+        return uri
 
 
 class EngineSpec(_Spec):
     """Engine options; each becomes the `tokenmill serve` flag of the same (vLLM) name."""
 
     model_config = _validations(
-        _cel("self.tensorParallelSize in [1, 2, 4, 8]",
-             "tensorParallelSize must be one of 1, 2, 4, 8"),
+        _supported_rule("tensorParallelSize", "tensor_parallel_size"),
+        _supported_rule("quantization", "quantization"),
+        _supported_rule("kvCacheDtype", "kv_cache_dtype"),
         _cel("!has(self.maxNumSeqs) || !has(self.maxNumBatchedTokens) || "
              "self.maxNumBatchedTokens >= self.maxNumSeqs",
              "maxNumBatchedTokens must be at least maxNumSeqs (every running sequence needs "
              "one token per step)"),
     )
 
-    tensor_parallel_size: int = Field(1, description="GPUs one replica shards the model over.")
+    tensor_parallel_size: Literal[TENSOR_PARALLEL_SIZES] = Field(  # type: ignore[valid-type]
+        1, description="GPUs one replica shards the model over.")
     quantization: Literal["none", "int8", "fp8"] = Field("none", description="Weight quantization.")
     kv_cache_dtype: Literal["auto", "int8", "fp8"] = Field(
         "auto", description="KV-cache dtype; auto is the model's dtype."
@@ -85,10 +159,10 @@ class EngineSpec(_Spec):
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1, description="Fraction of GPU memory the engine may use."
     )
-    extra_args: list[str] = Field(
-        default_factory=list,
+    extra_args: list[Annotated[str, Field(max_length=MAX_URI_LENGTH)]] = Field(
+        default_factory=list, max_length=MAX_LIST_ITEMS,
         description="More `tokenmill serve` flags, e.g. [\"--block-size\", \"32\"]; only engine "
-                    "options are accepted.",
+                    "options are accepted, and their values are checked as the engine would.",
     )
 
 
@@ -97,9 +171,11 @@ class AutoscalingSpec(_Spec):
     HPA) owns spec.replicas through the scale subresource and the operator never changes it."""
 
     model_config = _validations(
-        _cel("self.minReplicas <= self.maxReplicas",
+        _cel("!has(self.minReplicas) || !has(self.maxReplicas) || "
+             "self.minReplicas <= self.maxReplicas",
              "autoscaling.minReplicas must not be greater than autoscaling.maxReplicas"),
-        _cel("self.mode == 'external' || self.minReplicas >= 1",
+        _cel("(has(self.mode) && self.mode == 'external') || !has(self.minReplicas) || "
+             "self.minReplicas >= 1",
              "autoscaling.minReplicas must be at least 1 in mode builtin (a replica's queue is "
              "what it scales on; scale to zero needs mode external)"),
     )
@@ -123,7 +199,9 @@ class ResourcesSpec(_Spec):
     gpus: int | None = Field(
         None, ge=0, description="GPUs per replica; default: tensorParallelSize. 0 runs on CPU."
     )
-    gpu_resource_name: str = Field("nvidia.com/gpu", description="Extended resource of a GPU.")
+    gpu_resource_name: str = Field(
+        "nvidia.com/gpu", pattern=RESOURCE_NAME_PATTERN, max_length=253,
+        description="Extended resource of a GPU (domain-qualified, e.g. amd.com/gpu).")
     cpu: str | None = Field(None, pattern=QUANTITY_PATTERN, description="CPU request, e.g. 4.")
     memory: str | None = Field(
         None, pattern=QUANTITY_PATTERN, description="Memory request and limit, e.g. 32Gi."
@@ -131,19 +209,35 @@ class ResourcesSpec(_Spec):
 
 
 class EnvVar(_Spec):
-    """A container environment variable (Kubernetes EnvVar)."""
+    """A container environment variable (Kubernetes EnvVar): a value or a valueFrom."""
 
-    name: str
+    model_config = _validations(_cel(
+        "!(has(self.value) && has(self.valueFrom))",
+        "env: set value or valueFrom, not both"))
+
+    name: str = Field(pattern=ENV_NAME_PATTERN, min_length=1, max_length=253)
     value: str | None = None
-    value_from: dict[str, Any] | None = None
+    value_from: EnvVarSource | None = None
+
+    @model_validator(mode="after")
+    def _value_or_value_from(self) -> EnvVar:
+        if self.value is not None and self.value_from is not None:
+            raise ValueError("set value or valueFrom, not both")
+        return self
+
+
+LabelValue = Annotated[str, Field(pattern=LABEL_VALUE_PATTERN, max_length=63)]
 
 
 class InferenceServiceSpec(_Spec):
     """An OpenAI-compatible endpoint serving one model with tokenmill."""
 
     model_config = _validations(
-        _cel("!has(self.resources.gpus) || self.resources.gpus >= self.engine.tensorParallelSize"
-             " || (self.resources.gpus == 0 && self.engine.tensorParallelSize == 1)",
+        _cel("!has(self.resources) || !has(self.resources.gpus) || "
+             "self.resources.gpus >= (has(self.engine) && has(self.engine.tensorParallelSize) "
+             "? self.engine.tensorParallelSize : 1) || (self.resources.gpus == 0 && "
+             "(!has(self.engine) || !has(self.engine.tensorParallelSize) || "
+             "self.engine.tensorParallelSize == 1))",
              "resources.gpus must be at least engine.tensorParallelSize (or 0 to run on CPU "
              "with tensorParallelSize 1)"),
     )
@@ -157,18 +251,38 @@ class InferenceServiceSpec(_Spec):
     resources: ResourcesSpec = Field(
         default_factory=ResourcesSpec, json_schema_extra={"default": {}}
     )
-    image: str | None = Field(None, description="Engine image; default: the operator's.")
+    image: str | None = Field(None, pattern=IMAGE_PATTERN, max_length=1024,
+                              description="Engine image; default: the operator's.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
-    env: list[EnvVar] = Field(default_factory=list)
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = Field(default_factory=list)
-    affinity: dict[str, Any] | None = None
-    service_account_name: str | None = None
-    pod_annotations: dict[str, str] = Field(default_factory=dict)
+    env: list[EnvVar] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
+    node_selector: dict[str, LabelValue] = Field(
+        default_factory=dict, max_length=MAX_MAP_ENTRIES,
+        json_schema_extra={"x-kubernetes-validations": [
+            _keys_rule(QUALIFIED_NAME_PATTERN, "nodeSelector key")]})
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
+    affinity: Affinity | None = None
+    service_account_name: str | None = Field(None, pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
+    pod_annotations: dict[str, str] = Field(
+        default_factory=dict, max_length=MAX_MAP_ENTRIES,
+        json_schema_extra={"x-kubernetes-validations": [
+            _keys_rule(QUALIFIED_NAME_PATTERN, "podAnnotations key")]})
+    pod_security_context: PodSecurityContext | None = Field(
+        None, description="Overrides fields of the engine pod's securityContext (the default "
+                          "passes Pod Security Standards restricted).")
+    container_security_context: SecurityContext | None = Field(
+        None, description="Overrides fields of the engine container's securityContext.")
     shutdown_timeout_seconds: int = Field(
         30, ge=0, le=3600,
         description="How long a replica drains in-flight requests after SIGTERM.",
     )
+
+    @field_validator("node_selector", "pod_annotations")
+    @classmethod
+    def _qualified_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        bad = [k for k in value if not re.match(QUALIFIED_NAME_PATTERN, k)]
+        if bad:
+            raise ValueError(f"{', '.join(bad)}: not a Kubernetes qualified name ([prefix/]name)")
+        return value
 
     @property
     def gpus(self) -> int:
@@ -253,8 +367,6 @@ def parse(spec: dict[str, Any]) -> InferenceServiceSpec:
 def check(spec: InferenceServiceSpec) -> None:
     """SpecError for a spec the engine or the cluster would reject (the CEL rules and more)."""
     tp = spec.engine.tensor_parallel_size
-    if tp not in TENSOR_PARALLEL_SIZES:
-        raise SpecError(f"spec.engine.tensorParallelSize: {tp} is not one of 1, 2, 4, 8")
     if spec.gpus < tp and not (spec.gpus == 0 and tp == 1):
         raise SpecError(f"spec.resources.gpus: {spec.gpus} GPUs cannot hold tensorParallelSize "
                         f"{tp}; use at least {tp} (or 0 to run on CPU with tensorParallelSize 1)")

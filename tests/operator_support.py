@@ -78,11 +78,18 @@ def admission_errors(obj: dict[str, Any]) -> list[str]:
 
 def _unknown_fields(schema: dict[str, Any], value: Any, where: str) -> list[str]:
     """Fields the schema does not declare (kubectl's strict field validation rejects them)."""
-    if schema.get("x-kubernetes-preserve-unknown-fields") or not isinstance(value, dict):
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [e for i, item in enumerate(value)
+                for e in _unknown_fields(schema["items"], item, f"{where}{i}.")]
+    if not isinstance(value, dict):
         return []
     props = schema.get("properties")
     if props is None:
-        return []
+        extra = schema.get("additionalProperties")
+        return [e for k, v in value.items() for e in _unknown_fields(extra, v, f"{where}{k}.")
+                ] if isinstance(extra, dict) else []
     errors = [f"{where}{k}: unknown field" for k in value if k not in props]
     return errors + [e for k, v in value.items() if k in props
                      for e in _unknown_fields(props[k], v, f"{where}{k}.")]

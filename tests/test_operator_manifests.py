@@ -9,13 +9,16 @@ from operator_support import EXAMPLES
 
 from tokenmill.engine.config import ConfigError, engine_args
 from tokenmill.operator import manifests
-from tokenmill.operator.args import check_engine, serve_command
+from tokenmill.operator.args import serve_command
 from tokenmill.operator.reconcile import load
-from tokenmill.operator.spec import SpecError
+from tokenmill.operator.spec import SpecError, check, parse
 
 
 def build(spec: dict, name: str = "svc") -> list[dict]:
-    return manifests.children(name, "team", "uid-9", load(name, spec), "tokenmill:1")
+    """The children of a parsed spec. Manifests are built for every value the API defines,
+    tensor parallelism and quantization included; which of them this engine version runs is
+    load()'s business (tested below)."""
+    return manifests.children(name, "team", "uid-9", parse(spec), "tokenmill:1")
 
 
 def pod(spec: dict) -> dict:
@@ -202,13 +205,26 @@ def test_bad_name_is_rejected():
 
 
 def test_tp_heads_check_applies_only_where_the_model_is_known():
-    load("svc", {"model": {"uri": "/models/llama"}, "engine": {"tensorParallelSize": 8}})
+    check(parse({"model": {"uri": "/models/llama"}, "engine": {"tensorParallelSize": 8}}))
+
+
+@pytest.mark.parametrize(("engine", "where"), [
+    ({"tensorParallelSize": 2}, "spec.engine.tensorParallelSize: 2 is not supported"),
+    ({"quantization": "fp8"}, "spec.engine.quantization: fp8 is not supported"),
+    ({"kvCacheDtype": "int8"}, "spec.engine.kvCacheDtype: int8 is not supported"),
+    ({"extraArgs": ["--block-size", "7"]}, "spec.engine.extraArgs: --block-size: 7 is not one of"),
+    ({"extraArgs": ["--seed", "x"]}, "spec.engine.extraArgs: argument --seed: invalid int"),
+    ({"extraArgs": ["--max-num-seqs"]}, "set by spec.engine.maxNumSeqs"),
+])
+def test_engine_values_this_version_cannot_run_are_refused(engine, where):
+    """What `tokenmill serve` would refuse at start-up never reaches a pod."""
+    with pytest.raises(SpecError, match=where.replace(".", r"\.").replace("-", r"\-")):
+        load("svc", {"model": {"uri": "/models/llama"}, "engine": engine})
 
 
 def test_flags_come_from_the_engine_option_table():
     """serve_command emits exactly what engine_args emits; the engine owns the flag names."""
-    spec = load("svc", FULL)
-    check_engine(spec)
+    spec = parse(FULL)
     args = serve_command(spec, "llama")
     expected = engine_args(model="/mnt/models/llama/8b", tensor_parallel_size=2,
                            quantization="fp8", kv_cache_dtype="fp8", enable_prefix_caching=False,
