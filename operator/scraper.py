@@ -3,6 +3,8 @@
 Which pods count is decided here from the Pod objects (ready, with an IP); what their numbers
 mean for the replica count is decided by the policy in autoscaler.py. Scrapes of all pods run
 concurrently with a short timeout, so one hung engine costs one timeout, not one per pod.
+The pods that run but are not ready are asked for their /health reason the same way, for the
+status (pods.py).
 """
 
 from __future__ import annotations
@@ -49,14 +51,19 @@ def _port(pod: dict[str, Any]) -> int:
     return PORT
 
 
+def _url(pod: dict[str, Any], path: str) -> str:
+    """`path` on the pod's engine, by IP (IPv6 in brackets)."""
+    ip = pod["status"]["podIP"]
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{_port(pod)}{path}"
+
+
 def targets(pods: list[dict[str, Any]]) -> tuple[list[Target], int]:
     """The ready pods to scrape, and how many pods are not ready (starting or stopping)."""
     ready, not_ready = [], 0
     for pod in pods:
-        ip = (pod.get("status") or {}).get("podIP")
-        if _ready(pod) and ip:
-            host = f"[{ip}]" if ":" in ip else ip
-            ready.append(Target(pod["metadata"]["name"], f"http://{host}:{_port(pod)}/metrics"))
+        if _ready(pod) and (pod.get("status") or {}).get("podIP"):
+            ready.append(Target(pod["metadata"]["name"], _url(pod, "/metrics")))
         else:
             not_ready += 1
     return ready, not_ready
@@ -106,3 +113,45 @@ async def observe(pods: list[dict[str, Any]]) -> tuple[Observation, dict[str, st
         else:
             loads.append(result)
     return Observation(tuple(loads), len(ready), not_ready), failures
+
+
+def _asks_health(pod: dict[str, Any]) -> bool:
+    """Running with an IP and its engine container up, yet not Ready: /health says why."""
+    status = pod.get("status") or {}
+    if _ready(pod) or pod.get("metadata", {}).get("deletionTimestamp") or not status.get("podIP"):
+        return False
+    return status.get("phase") == "Running" and any(
+        c.get("name") == CONTAINER and (c.get("state") or {}).get("running") is not None
+        for c in status.get("containerStatuses") or [])
+
+
+async def _health(session: aiohttp.ClientSession, url: str) -> str | None:
+    """The engine's /health reason; None when it answers ok (the readiness probe lags)."""
+    try:
+        async with session.get(url) as response:
+            if response.status == 200:
+                return None
+            try:
+                body = await response.json(content_type=None)
+            except ValueError:
+                body = None
+            if isinstance(body, dict) and isinstance(body.get("status"), str):
+                return body["status"]
+            return f"/health answered HTTP {response.status}"
+    except TimeoutError:
+        return f"/health did not answer within {TIMEOUT_SECONDS:g}s"
+    except aiohttp.ClientError as e:
+        return f"/health unreachable: {type(e).__name__}"
+
+
+async def health_reasons(pods: list[dict[str, Any]]) -> dict[str, str]:
+    """Pod name -> why its engine says it is not ready ("loading", "model failed to load:
+    ..."), for the pods that run but are not Ready; all asked at once, like the scrape."""
+    asked = [p for p in pods if _asks_health(p)]
+    if not asked:
+        return {}
+    timeout = aiohttp.ClientTimeout(total=TIMEOUT_SECONDS)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        answers = await asyncio.gather(*(_health(session, _url(p, "/health")) for p in asked))
+    return {p["metadata"]["name"]: answer
+            for p, answer in zip(asked, answers, strict=True) if answer is not None}

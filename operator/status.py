@@ -1,4 +1,5 @@
-"""InferenceService status from what the operator sees: the spec's validity and the Deployment.
+"""InferenceService status from what the operator sees: the spec's validity, the Deployment and
+why its pods are not ready (pods.py).
 
 A pure function, so every condition a user can meet is tested without a cluster. Conditions
 keep their lastTransitionTime until their status actually changes.
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .manifests import OWNER_LABEL, url
+from .pods import needs_action
 
 
 def _condition(type_: str, ok: bool, reason: str, message: str) -> dict[str, str]:
@@ -35,11 +37,12 @@ def _rollout(deployment: dict[str, Any]) -> tuple[int, int, int, bool]:
     return wanted, st.get("readyReplicas", 0), available, rolled_out
 
 
-def conditions(deployment: dict[str, Any] | None,
-               problem: tuple[str, str] | None) -> list[dict[str, str]]:
+def conditions(deployment: dict[str, Any] | None, problem: tuple[str, str] | None,
+               pod_problem: tuple[str, str] | None = None) -> list[dict[str, str]]:
     """Ready, Available, Progressing and Degraded, with reasons a person can act on.
 
-    `problem` is (reason, message) when the spec cannot be deployed (e.g. InvalidSpec)."""
+    `problem` is (reason, message) when the spec cannot be deployed (e.g. InvalidSpec); it wins
+    over `pod_problem`, pods.pod_problem's answer, which says why replicas are not ready."""
     if deployment is None and problem:
         return [_condition("Ready", False, *problem), _condition("Available", False, *problem),
                 _condition("Progressing", False, *problem), _condition("Degraded", True, *problem)]
@@ -53,12 +56,16 @@ def conditions(deployment: dict[str, Any] | None,
     stuck = _deployment_condition(deployment, "Progressing")
     failure = _deployment_condition(deployment, "ReplicaFailure")
 
+    pods_failing = None  # a pod problem a person must fix: Degraded
     if problem:
         ready = _condition("Ready", False, *problem)
     elif wanted == 0:
         ready = _condition("Ready", False, "ScaledToZero", "spec.replicas is 0")
     elif rolled_out and ready_n >= wanted:
         ready = _condition("Ready", True, "AllReplicasReady", counts)
+    elif pod_problem:
+        ready = _condition("Ready", False, pod_problem[0], f"{counts}; {pod_problem[1]}")
+        pods_failing = pod_problem if needs_action(pod_problem[0]) else None
     else:
         ready = _condition("Ready", False, "RollingOut" if not rolled_out else "ReplicasNotReady",
                            counts)
@@ -79,6 +86,8 @@ def conditions(deployment: dict[str, Any] | None,
 
     if problem:
         degraded = _condition("Degraded", True, *problem)
+    elif pods_failing:
+        degraded = _condition("Degraded", True, *pods_failing)
     elif stuck.get("status") == "False":
         degraded = _condition("Degraded", True, stuck.get("reason", "RolloutStuck"),
                               stuck.get("message", ""))
@@ -91,11 +100,12 @@ def conditions(deployment: dict[str, Any] | None,
 
 
 def status(name: str, namespace: str, generation: int | None, deployment: dict | None,
-           problem: tuple[str, str] | None, previous: dict[str, Any], now: str) -> dict[str, Any]:
+           problem: tuple[str, str] | None, previous: dict[str, Any], now: str,
+           pod_problem: tuple[str, str] | None = None) -> dict[str, Any]:
     """The whole status object; `previous` is the current status, for transition times."""
     before = {c.get("type"): c for c in previous.get("conditions", [])}
     conds = []
-    for cond in conditions(deployment, problem):
+    for cond in conditions(deployment, problem, pod_problem):
         old = before.get(cond["type"], {})
         same = old.get("status") == cond["status"]
         cond["lastTransitionTime"] = old.get("lastTransitionTime", now) if same else now

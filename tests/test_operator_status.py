@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 from operator_support import inference_service
 
 from tokenmill.operator import status
@@ -84,6 +85,83 @@ def test_transition_times_move_only_on_change():
     assert ready["observedGeneration"] == 3 and ready["readyReplicas"] == 2
     assert status.ready_changed(first, ready)["status"] == "True"
     assert status.ready_changed(ready, ready) is None
+
+
+CRASH = ("CrashLoopBackOff", "pod a-1: CrashLoopBackOff (3 restarts): last exit Error, exit "
+         "code 1: RuntimeError: no GPU")
+POD_PROBLEMS = [
+    ("ImagePullBackOff", "pod a-1: ErrImagePull: not found", True),
+    ("InvalidImageName", "pod a-1: InvalidImageName: bad", True),
+    ("CreateContainerConfigError", 'pod a-1: CreateContainerConfigError: secret "t" not found',
+     True),
+    ("RunContainerError", "pod a-1: RunContainerError: exec failed", True),
+    (*CRASH, True),
+    ("OOMKilled", "pod a-1: CrashLoopBackOff (1 restart): last exit OOMKilled", True),
+    ("Unschedulable", "pod a-1: Unschedulable: 0/3 nodes are available", True),
+    ("ModelLoadFailed", "pod a-1: model failed to load: boom", True),
+    ("EngineStopped", "pod a-1: engine loop stopped", True),
+    ("Loading", "2/2 pods, e.g. a-1: loading", False),
+    ("Starting", "pod a-1: ContainerCreating", False),
+    ("NotReady", "pod a-1: running, not ready", False),
+]
+
+
+def full_conds(deploy, problem=None, pod_problem=None):
+    return {c["type"]: c for c in status.conditions(deploy, problem, pod_problem)}
+
+
+@pytest.mark.parametrize(("reason", "message", "degraded"), POD_PROBLEMS)
+def test_pod_problem_says_why_not_ready(reason, message, degraded):
+    c = full_conds(deployment(ready=0, available=0), None, (reason, message))
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", reason)
+    assert c["Ready"]["message"] == f"0/2 replicas ready; {message}"
+    assert c["Available"]["reason"] == "NoReplicasAvailable"
+    want = ("True", reason, message) if degraded else ("False", "AsExpected", "")
+    assert (c["Degraded"]["status"], c["Degraded"]["reason"], c["Degraded"]["message"]) == want
+
+
+def test_pod_problem_during_a_rollout_keeps_progress_and_availability():
+    c = full_conds(deployment(observed=2, updated=1, ready=2, available=2, total=3), None, CRASH)
+    assert (c["Ready"]["reason"], c["Degraded"]["reason"]) == ("CrashLoopBackOff",
+                                                               "CrashLoopBackOff")
+    assert c["Available"]["status"] == "True" and c["Progressing"]["reason"] == "RollingOut"
+    stuck = {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+             "message": "ReplicaSet has timed out progressing."}
+    c = full_conds(deployment(updated=1, ready=1, available=1, conditions=[stuck]), None, CRASH)
+    assert c["Progressing"]["reason"] == "ProgressDeadlineExceeded"
+    assert c["Degraded"]["reason"] == "CrashLoopBackOff"  # the cause, not the symptom
+
+
+def test_spec_problem_wins_over_pod_problem():
+    invalid = ("InvalidSpec", "spec.engine.quantization: bad")
+    for deploy in (deployment(ready=0, available=0), None):
+        c = full_conds(deploy, invalid, CRASH)
+        assert c["Ready"]["reason"] == "InvalidSpec" and c["Degraded"]["reason"] == "InvalidSpec"
+
+
+def test_pod_problem_ignored_when_ready_scaled_to_zero_or_not_yet_deployed():
+    assert conds(deployment(), None) == {
+        t: (c["status"], c["reason"]) for t, c in full_conds(deployment(), None, CRASH).items()}
+    zero = deployment(replicas=0, updated=0, ready=0, available=0, total=0)
+    c = full_conds(zero, None, CRASH)
+    assert c["Ready"]["reason"] == "ScaledToZero" and c["Degraded"]["status"] == "False"
+    c = full_conds(None, None, CRASH)
+    assert c["Ready"]["reason"] == "DeploymentMissing" and c["Degraded"]["status"] == "False"
+
+
+def test_pod_problem_transitions():
+    waiting = deployment(ready=0, available=0)
+    loading = status.status("a", "ns", 3, waiting, None, {}, NOW,
+                            ("Loading", "pod a-1: loading"))
+    crash = status.status("a", "ns", 3, waiting, None, loading, LATER, CRASH)
+    before = {c["type"]: c for c in loading["conditions"]}
+    after = {c["type"]: c for c in crash["conditions"]}
+    assert before["Ready"]["reason"] == "Loading" and after["Ready"]["reason"] == "CrashLoopBackOff"
+    assert after["Ready"]["lastTransitionTime"] == NOW  # still False: no transition
+    assert after["Degraded"]["lastTransitionTime"] == LATER
+    assert status.ready_changed(loading, crash) is None
+    assert status.status("a", "ns", 3, waiting, None, {}, NOW) == status.status(
+        "a", "ns", 3, waiting, None, {}, NOW, None)
 
 
 def test_covers_and_removals():

@@ -1,0 +1,163 @@
+"""Why an InferenceService's pods are not ready, in one (reason, message) a person can act on.
+
+The Deployment only counts ready replicas; the kubelet, the scheduler and the engine's /health
+say why the others are not. This reads their words from the Pod objects (and the /health
+reasons the scraper fetched), picks the most urgent reason across all pods, old ReplicaSets
+included (they say why a rollout is stuck), and names one pod and how many share it. Pure, so
+every pod state is tested without a cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .manifests import CONTAINER
+
+# Most urgent first. Everything before "Loading" needs a person (it sets Degraded).
+ORDER = (
+    "InvalidImageName", "ImagePullBackOff", "CreateContainerConfigError", "CreateContainerError",
+    "ModelLoadFailed", "OOMKilled", "CrashLoopBackOff", "ContainerFailed", "EngineStopped",
+    "Unschedulable",
+    "Loading", "Starting", "NotReady", "Draining",
+)
+
+# The kubelet alternates these while it backs off one failing pull: one reason, not a flicker.
+IMAGE_PULL = {"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "ImageInspectError",
+              "RegistryUnavailable", "SignatureValidationFailed"}
+MESSAGE_CHARS = 300
+
+
+def _short(text: str, tail: bool = False) -> str:
+    """One line of at most MESSAGE_CHARS; a log keeps its end, where the error is."""
+    line = "; ".join(part.strip() for part in text.splitlines() if part.strip())
+    if len(line) <= MESSAGE_CHARS:
+        return line
+    return "..." + line[-MESSAGE_CHARS:] if tail else line[:MESSAGE_CHARS] + "..."
+
+
+def _said(reason: str, message: str) -> str:
+    """`reason: message`, or the reason alone when there is no message."""
+    message = _short(message)
+    return f"{reason}: {message}" if message else reason
+
+
+def _rank(reason: str) -> int:
+    """Place in ORDER; the kubelet's other *Error reasons (RunContainerError, PostStartHookError,
+    ...) are kept as it names them and rank with CreateContainerError."""
+    return ORDER.index(reason if reason in ORDER else "CreateContainerError")
+
+
+def needs_action(reason: str) -> bool:
+    """Whether a pod_problem reason needs a person (Degraded) rather than time (Loading)."""
+    return _rank(reason) < ORDER.index("Loading")
+
+
+def _gone(pod: dict[str, Any]) -> bool:
+    """Being deleted or finished (e.g. Evicted): the ReplicaSet's replacement tells the story."""
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp")) or (
+        (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"))
+
+
+def _exit(terminated: dict[str, Any]) -> str:
+    """`Error, exit code 1: <log tail>` from a container's terminated state."""
+    text = f"{terminated.get('reason') or 'exited'}, exit code {terminated.get('exitCode', '?')}"
+    message = _short(terminated.get("message") or "", tail=True)
+    return f"{text}: {message}" if message else text
+
+
+def _container(status: dict[str, Any], init: bool) -> tuple[str, str] | None:
+    """(reason, detail) of one container that is waiting on a failure or has just failed."""
+    state = status.get("state") or {}
+    waiting, terminated = state.get("waiting") or {}, state.get("terminated") or {}
+    reason = waiting.get("reason", "")
+    if reason == "CrashLoopBackOff":
+        last = (status.get("lastState") or {}).get("terminated") or {}
+        restarts = status.get("restartCount", 0)
+        detail = (f"CrashLoopBackOff ({restarts} restart{'' if restarts == 1 else 's'}): "
+                  f"last exit {_exit(last)}")
+        return ("OOMKilled" if last.get("reason") == "OOMKilled" else reason), detail
+    if reason:
+        detail = _said(reason, waiting.get("message") or "")
+        if reason in IMAGE_PULL:
+            return "ImagePullBackOff", detail
+        if reason == "InvalidImageName" or reason.endswith("Error"):
+            return reason, detail  # CreateContainerConfigError, CreateContainerError, ...
+        return "Starting", detail  # ContainerCreating, PodInitializing
+    if terminated and not (init and terminated.get("exitCode") == 0):
+        return ("OOMKilled" if terminated.get("reason") == "OOMKilled" else "ContainerFailed",
+                _exit(terminated))
+    return None
+
+
+def _health(reason: str) -> str:
+    """The condition reason for the engine's /health answer (or the scraper's failure)."""
+    if reason == "loading":
+        return "Loading"
+    if reason == "draining":
+        return "Draining"
+    if reason.startswith("model failed to load"):
+        return "ModelLoadFailed"
+    if reason == "engine loop stopped":
+        return "EngineStopped"
+    return "NotReady"
+
+
+def _condition(pod: dict[str, Any], type_: str) -> dict[str, Any]:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == type_), {})
+
+
+def why_not_ready(pod: dict[str, Any], health: str | None = None) -> tuple[str, str] | None:
+    """(reason, detail) of one pod's most urgent problem; None if it is ready or going away."""
+    status = pod.get("status") or {}
+    if _gone(pod) or _condition(pod, "Ready").get("status") == "True":
+        return None
+    found = []
+    scheduled = _condition(pod, "PodScheduled")
+    if scheduled.get("status") == "False":
+        why = scheduled.get("reason") or "Pending"
+        found.append(("Unschedulable" if why == "Unschedulable" else "Starting",
+                      _said(why, scheduled.get("message") or "")))
+    for key, init in (("initContainerStatuses", True), ("containerStatuses", False)):
+        for container in status.get(key) or []:
+            problem = _container(container, init)
+            if problem is None:
+                continue
+            name = container.get("name", "")
+            if init:
+                problem = problem[0], f"init container {name}: {problem[1]}"
+            elif name != CONTAINER:
+                problem = problem[0], f"container {name}: {problem[1]}"
+            found.append(problem)
+    if health:
+        found.append((_health(health), _short(health)))
+    if not found:
+        found.append(("NotReady", "running, not ready") if status.get("phase") == "Running"
+                     else ("Starting", (status.get("phase") or "Pending").lower()))
+    return min(found, key=lambda problem: _rank(problem[0]))
+
+
+def pod_problem(pods: list[dict[str, Any]],
+                health: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+    """(reason, message) of the most urgent reason the pods are not ready, or None if none is.
+
+    `health` maps pod names to the engine's /health reason (see scraper.health_reasons). The
+    message names the first pod (by name) with that reason and how many of the live pods
+    share it: "pod a: ..." or "2/3 pods, e.g. a: ...".
+    """
+    health = health or {}
+    live = [p for p in pods if not _gone(p)]
+    problems = {}
+    for pod in sorted(live, key=lambda p: (p.get("metadata") or {}).get("name", "")):
+        name = (pod.get("metadata") or {}).get("name", "")
+        if found := why_not_ready(pod, health.get(name)):
+            problems[name] = found
+    if not problems:
+        return None
+    reason = min((r for r, _ in problems.values()), key=_rank)
+    sharing = [name for name, (r, _) in problems.items() if r == reason]
+    detail = problems[sharing[0]][1]
+    if len(sharing) == 1:
+        return reason, f"pod {sharing[0]}: {detail}"
+    return reason, f"{len(sharing)}/{len(live)} pods, e.g. {sharing[0]}: {detail}"
