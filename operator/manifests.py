@@ -16,6 +16,25 @@ CONTAINER = "engine"
 STARTUP_PERIOD_SECONDS = 10
 STARTUP_FAILURES = 180  # 30 minutes to download and load a large model
 PRE_STOP_SECONDS = 5  # lets endpoints drop the pod before the server starts draining
+ENGINE_UID = 1000  # the image's `tokenmill` user
+SCRATCH = "/tmp"  # the one writable path of the read-only root filesystem
+# Pod Security Standards "restricted", so engines run in namespaces that enforce it. fsGroup
+# lets the engine read model files on volumes that honour it (PVCs).
+POD_SECURITY_CONTEXT = {
+    "runAsNonRoot": True, "runAsUser": ENGINE_UID, "runAsGroup": ENGINE_UID,
+    "fsGroup": ENGINE_UID, "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY_CONTEXT = {
+    "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+# Caches that libraries write under $HOME by default (Triton kernels, Hugging Face, torch).
+SCRATCH_ENV = [
+    {"name": "HOME", "value": SCRATCH},
+    {"name": "XDG_CACHE_HOME", "value": f"{SCRATCH}/.cache"},
+    {"name": "TRITON_CACHE_DIR", "value": f"{SCRATCH}/.cache/triton"},
+    {"name": "HF_HOME", "value": f"{SCRATCH}/.cache/huggingface"},
+]
 
 
 def labels(name: str) -> dict[str, str]:
@@ -61,9 +80,10 @@ def _resources(spec: InferenceServiceSpec) -> dict[str, Any]:
 
 
 def _volumes(spec: InferenceServiceSpec) -> tuple[list[dict], list[dict]]:
-    """Volumes and their mounts: shared memory for TP workers, the model's PVC."""
-    volumes: list[dict] = []
-    mounts: list[dict] = []
+    """Volumes and their mounts: writable scratch, shared memory for TP workers, the model's
+    PVC."""
+    volumes: list[dict] = [{"name": "scratch", "emptyDir": {}}]
+    mounts: list[dict] = [{"name": "scratch", "mountPath": SCRATCH}]
     if spec.engine.tensor_parallel_size > 1:
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
@@ -75,6 +95,13 @@ def _volumes(spec: InferenceServiceSpec) -> tuple[list[dict], list[dict]]:
     return volumes, mounts
 
 
+def _env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    """The scratch locations, then the spec's variables (which may override them)."""
+    own = [e.model_dump(by_alias=True, exclude_none=True) for e in spec.env]
+    names = {e["name"] for e in own}
+    return [e for e in SCRATCH_ENV if e["name"] not in names] + own
+
+
 def _container(name: str, spec: InferenceServiceSpec, image: str) -> dict[str, Any]:
     volumes_and_mounts = _volumes(spec)
     container: dict[str, Any] = {
@@ -82,13 +109,17 @@ def _container(name: str, spec: InferenceServiceSpec, image: str) -> dict[str, A
         "image": spec.image or image,
         "command": serve_command(spec, spec.model.served_name or name),
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
-        "env": [e.model_dump(by_alias=True, exclude_none=True) for e in spec.env],
+        "env": _env(spec),
         "resources": _resources(spec),
         "startupProbe": _probe(STARTUP_PERIOD_SECONDS, STARTUP_FAILURES, 5),
         "readinessProbe": _probe(5, 2, 5),
         "livenessProbe": _probe(15, 4, 10),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_SECONDS)]}}},
         "volumeMounts": volumes_and_mounts[1],
+        "securityContext": {**CONTAINER_SECURITY_CONTEXT,
+                            **(spec.container_security_context or {})},
+        # A crash's last log lines become the termination message the status reports.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if spec.image_pull_policy:
         container["imagePullPolicy"] = spec.image_pull_policy
@@ -103,6 +134,7 @@ def deployment(name: str, namespace: str, uid: str, spec: InferenceServiceSpec,
         "nodeSelector": spec.node_selector,
         "tolerations": spec.tolerations,
         "affinity": spec.affinity,
+        "securityContext": {**POD_SECURITY_CONTEXT, **(spec.pod_security_context or {})},
         # preStop, then the server's drain, then a margin for the process to exit.
         "terminationGracePeriodSeconds": PRE_STOP_SECONDS + spec.shutdown_timeout_seconds + 10,
         "containers": [_container(name, spec, image)],

@@ -50,8 +50,14 @@ FULL = {
         {"weight": 1, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}]}},
     "serviceAccountName": "engine",
     "podAnnotations": {"team": "ml"},
+    "podSecurityContext": {"runAsUser": 2000, "supplementalGroups": [3000]},
+    "containerSecurityContext": {"readOnlyRootFilesystem": False},
     "shutdownTimeoutSeconds": 120,
 }
+
+
+def spec_pod_security(template: dict) -> dict:
+    return template["spec"]["securityContext"]
 
 
 def test_every_spec_field_lands_in_the_deployment():
@@ -77,7 +83,12 @@ def test_every_spec_field_lands_in_the_deployment():
     assert c["resources"] == {"requests": {"cpu": "8", "memory": "64Gi"},
                               "limits": {"memory": "64Gi", "amd.com/gpu": "4"}}
     assert c["image"] == "registry.local/tokenmill:2" and c["imagePullPolicy"] == "Always"
-    assert c["env"] == FULL["env"]
+    scratch = [e for e in manifests.SCRATCH_ENV if e["name"] != "HF_HOME"]  # the spec's wins
+    assert c["env"] == scratch + FULL["env"]
+    assert spec_pod_security(template) == {**manifests.POD_SECURITY_CONTEXT, "runAsUser": 2000,
+                                           "supplementalGroups": [3000]}
+    assert c["securityContext"] == {**manifests.CONTAINER_SECURITY_CONTEXT,
+                                    "readOnlyRootFilesystem": False}
     spec = template["spec"]
     assert spec["nodeSelector"] == {"gpu": "h100"}
     assert spec["tolerations"] == FULL["tolerations"]
@@ -91,7 +102,7 @@ def test_every_spec_field_lands_in_the_deployment():
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
     assert volumes["model"]["persistentVolumeClaim"] == {"claimName": "weights", "readOnly": True}
     mounts = {m["mountPath"] for m in c["volumeMounts"]}
-    assert mounts == {"/dev/shm", "/mnt/models"}
+    assert mounts == {"/tmp", "/dev/shm", "/mnt/models"}
     assert service["spec"]["ports"] == [
         {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
     assert pdb["kind"] == "PodDisruptionBudget"
@@ -106,7 +117,10 @@ def test_defaults_one_gpu_built_in_model_prefix_caching_on():
     assert "--enable-prefix-caching" in c["command"]
     assert "--quantization" not in c["command"]
     assert c["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
-    assert "volumes" not in deployment["spec"]["template"]["spec"]
+    assert deployment["spec"]["template"]["spec"]["volumes"] == [
+        {"name": "scratch", "emptyDir": {}}]
+    assert c["volumeMounts"] == [{"name": "scratch", "mountPath": "/tmp"}]
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert deployment["spec"]["replicas"] == 1
 
 

@@ -1,0 +1,58 @@
+"""Engine pods run in a namespace that enforces Pod Security Standards `restricted`, by default
+and with the spec's overrides; an override that breaks the profile is visible as such."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from operator_support import EXAMPLES
+from psa_restricted import violations
+
+from tokenmill.operator import manifests
+from tokenmill.operator.reconcile import load
+
+
+def template(spec: dict) -> dict:
+    deployment = manifests.deployment("svc", "team", "uid-1", load("svc", spec), "tokenmill:1")
+    return deployment["spec"]["template"]
+
+
+SPECS = [{}, {"resources": {"gpus": 0}}, {"model": {"uri": "pvc://models/llama"}},
+         {"podSecurityContext": {"runAsUser": 4242, "fsGroup": 4242}},
+         *[yaml.safe_load(p.read_text())["spec"] for p in EXAMPLES]]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_engine_pods_pass_the_restricted_profile(spec):
+    t = template(spec)
+    assert violations(t["spec"], t["metadata"].get("annotations")) == []
+
+
+def test_the_root_filesystem_is_read_only_with_a_writable_scratch():
+    t = template({})
+    (c,) = t["spec"]["containers"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"name": "scratch", "mountPath": "/tmp"} in c["volumeMounts"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["HOME"] == "/tmp"
+    assert all(env[k].startswith("/tmp/") for k in ("XDG_CACHE_HOME", "TRITON_CACHE_DIR",
+                                                    "HF_HOME"))
+    assert t["spec"]["securityContext"]["fsGroup"] == manifests.ENGINE_UID
+
+
+@pytest.mark.parametrize(("override", "violation"), [
+    ({"podSecurityContext": {"runAsNonRoot": False}}, "runAsNonRoot != true"),
+    ({"podSecurityContext": {"runAsUser": 0}}, "runAsUser=0 (pod)"),
+    ({"podSecurityContext": {"seccompProfile": {"type": "Unconfined"}}}, "seccompProfile"),
+    ({"containerSecurityContext": {"allowPrivilegeEscalation": True}},
+     "allowPrivilegeEscalation"),
+    ({"containerSecurityContext": {"privileged": True}}, "privileged"),
+    ({"containerSecurityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}},
+     "capabilities must drop ALL"),
+    ({"containerSecurityContext": {"capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]}}},
+     "non-default capabilities"),
+])
+def test_overrides_replace_the_defaults_field_by_field(override, violation):
+    """The spec may loosen the defaults (a cluster without PSA); the profile then says so."""
+    t = template(override)
+    assert any(violation in v for v in violations(t["spec"]))
