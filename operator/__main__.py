@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> None:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:  # kopf reports every handler and timer run per object at INFO
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     if args.metrics_port:
         metrics.serve(args.metrics_port)
     asyncio.run(kopf.operator(

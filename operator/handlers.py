@@ -9,8 +9,10 @@ Kubernetes client is sync; the autoscaler is async so it scrapes every pod at on
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -18,17 +20,21 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from . import autoscaler, metrics, scraper, status
-from .kube import Kube, load_config
+from .kube import Kube, api_message, load_config
 from .manifests import MANAGED_BY, OWNER_LABEL, selector
 from .reconcile import Outcome, load, reconcile
 from .spec import GROUP, PLURAL, VERSION, SpecError
 
 DEFAULT_IMAGE = "ghcr.io/tokenmill/tokenmill:0.1.0"
 RETRY_SECONDS = 30
+MAX_RETRY_SECONDS = 600
 RESYNC_SECONDS = float(os.environ.get("TOKENMILL_RESYNC_SECONDS", "300"))
 AUTOSCALE_SECONDS = float(os.environ.get("TOKENMILL_AUTOSCALE_INTERVAL", "5"))
 
 _state: dict[str, Any] = {}
+_last_status: dict[str, dict] = {}  # uid -> the status last computed for it (see _news)
+_last_status_lock = threading.Lock()
+log = logging.getLogger(__name__)
 
 
 def engine_image() -> str:
@@ -47,16 +53,26 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     _state["kube"] = Kube()
 
 
+def _news(body: dict, previous: dict, current: dict) -> list[tuple[str, str, str]]:
+    """status.events against the last status this process computed for the object, not only
+    the body's: passes run concurrently (spec and child events) and may all see the same stale
+    status, which would post one transition several times."""
+    uid = body["metadata"].get("uid", "")
+    with _last_status_lock:
+        before = _last_status.get(uid, previous)
+        _last_status[uid] = current
+    return status.events(before, current)
+
+
 def _post(body: dict, outcome: Outcome, previous: dict, report_problem: bool) -> None:
-    """Events: what the pass did, why the service cannot be Ready, and Ready transitions."""
+    """Events: what the pass did, why the spec cannot be deployed, and status news (status.events:
+    a person must act, the service became Ready, or stopped being Ready)."""
     for reason, message in outcome.actions:
         kopf.event(body, type="Normal", reason=reason, message=message)
     if report_problem and outcome.problem:
         kopf.event(body, type="Warning", reason=outcome.problem[0], message=outcome.problem[1])
-    ready = status.ready_changed(previous, outcome.status)
-    if ready and ready["reason"] != "InvalidSpec":
-        kind = "Normal" if ready["status"] == "True" else "Warning"
-        kopf.event(body, type=kind, reason=ready["reason"], message=ready["message"])
+    for kind, reason, message in _news(body, previous, outcome.status):
+        kopf.event(body, type=kind, reason=reason, message=message)
 
 
 def _status_changed(previous: dict, current: dict) -> bool:
@@ -64,26 +80,34 @@ def _status_changed(previous: dict, current: dict) -> bool:
     return any(previous.get(key) != value for key, value in current.items())
 
 
-def _run(body: dict) -> Outcome:
+def _run(body: dict, memo: kopf.Memo, retry: int) -> Outcome:
+    """One pass; an API error is one Event with the API server's own message (again only when
+    the message changes), then retries that back off up to MAX_RETRY_SECONDS."""
     metrics.RECONCILES.labels("spec").inc()
     try:
-        return reconcile(_state["kube"], body, engine_image())
+        outcome = reconcile(_state["kube"], body, engine_image())
     except ApiException as e:
         metrics.RECONCILE_ERRORS.labels("spec").inc()
-        message = f"Kubernetes API error {e.status}: {e.reason}"
-        kopf.event(body, type="Warning", reason="ReconcileFailed", message=message)
-        raise kopf.TemporaryError(message, delay=RETRY_SECONDS) from None
+        message = f"Kubernetes API error {api_message(e)}"
+        if memo.get("failure") != message:
+            kopf.event(body, type="Warning", reason="ReconcileFailed", message=message)
+        memo["failure"] = message
+        delay = min(RETRY_SECONDS * 2 ** retry, MAX_RETRY_SECONDS)
+        raise kopf.TemporaryError(message, delay=delay) from None
+    memo["failure"] = None
+    return outcome
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
-def reconcile_service(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+def reconcile_service(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry: int,
+                      **_: Any) -> None:
     """The spec changed (or the operator restarted, or the periodic resync fired)."""
     raw = dict(body)
     previous = raw.get("status") or {}
-    outcome = _run(raw)
+    outcome = _run(raw, memo, retry)
     # One Warning per problem: resume and create handlers may both see a new object.
     report = outcome.problem is not None and memo.get("problem") != outcome.problem
     memo["problem"] = outcome.problem
@@ -95,8 +119,10 @@ def reconcile_service(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED_BY)
 @kopf.on.event("v1", "services", labels=MANAGED_BY)
 @kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=MANAGED_BY)
+@kopf.on.event("v1", "pods", labels=MANAGED_BY)
 def child_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
-    """A child changed, appeared or vanished: repair it and refresh the owner's status."""
+    """A child or an engine pod changed, appeared or vanished: repair the children and refresh
+    the owner's status (pods say why replicas are not ready)."""
     name = body.get("metadata", {}).get("labels", {}).get(OWNER_LABEL)
     kube: Kube = _state["kube"]
     owner = name and kube.get(f"{GROUP}/{VERSION}", "InferenceService", body.metadata.namespace,
@@ -109,7 +135,7 @@ def child_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
         outcome = reconcile(kube, owner, engine_image())
     except ApiException as e:
         metrics.RECONCILE_ERRORS.labels("child").inc()
-        logger.warning(f"Reconciling {name} after a child's change failed: {e.status} {e.reason}")
+        logger.warning(f"Reconciling {name} after a child's change failed: {api_message(e)}")
         return
     _post(owner, outcome, previous, report_problem=False)
     if _status_changed(previous, outcome.status):
@@ -129,7 +155,7 @@ async def autoscale(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
     try:
         await _autoscale(_state["kube"], meta["namespace"], meta["name"], logger)
     except ApiException as e:
-        logger.warning(f"autoscaler: Kubernetes API error {e.status}: {e.reason}")
+        logger.warning(f"autoscaler: Kubernetes API error {api_message(e)}")
 
 
 async def _autoscale(kube: Kube, namespace: str, name: str, logger: logging.Logger) -> None:
@@ -163,8 +189,9 @@ async def _autoscale(kube: Kube, namespace: str, name: str, logger: logging.Logg
         await asyncio.to_thread(kube.patch, obj, {"spec": {"replicas": decision.replicas}})
     if decision.scaled:
         kopf.event(obj, type="Normal", reason=decision.reason, message=decision.message)
-        logger.info(f"autoscaler: {decision.reason} replicas={decision.replicas} "
-                    f"waiting={decision.waiting} running={decision.running}")
+        log.info(f"autoscaler: {decision.reason} {namespace}/{name} "
+                 f"replicas={decision.replicas} waiting={decision.waiting} "
+                 f"running={decision.running}")
     elif decision.reason == autoscaler.NO_METRICS and previous.get("reason") != decision.reason:
         detail = "; ".join(f"{pod}: {why}" for pod, why in sorted(failures.items()))
         kopf.event(obj, type="Warning", reason="MetricsUnavailable",
@@ -172,3 +199,16 @@ async def _autoscale(kube: Kube, namespace: str, name: str, logger: logging.Logg
     current = autoscaler.to_status(decision, observation)
     if autoscaler.status_changed(previous, current):
         await asyncio.to_thread(kube.patch, obj, {"status": {"autoscaler": current}}, "status")
+
+
+def _timers_without_finalizers() -> None:
+    """kopf puts a finalizer on every object a timer watches, to stop the timer before the
+    object goes; with it, `kubectl delete` hangs whenever the operator is down or uninstalled.
+    Our timers read the object fresh and end by themselves when it is gone (kopf stops them on
+    the deletion event), so they are registered as not needing one."""
+    spawning = kopf.get_default_registry()._spawning
+    spawning._handlers = [dataclasses.replace(h, requires_finalizer=False)
+                          for h in spawning._handlers]
+
+
+_timers_without_finalizers()

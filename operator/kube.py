@@ -33,6 +33,16 @@ def load_config() -> None:
         kubernetes.config.load_kube_config()
 
 
+def api_message(error: ApiException) -> str:
+    """The API server's own explanation (its Status object's message), else the HTTP reason:
+    "cannot set blockOwnerDeletion ..." says far more than "403 Forbidden"."""
+    try:
+        message = json.loads(error.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return f"{error.status} {message or error.reason}"
+
+
 def path(api_version: str, kind: str, namespace: str, name: str = "") -> str:
     prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
     return f"{prefix}/namespaces/{namespace}/{PLURALS[kind]}" + (f"/{name}" if name else "")

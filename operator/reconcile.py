@@ -6,6 +6,7 @@ pass on every event (of the InferenceService or of any child) converges and then
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
 import re
@@ -14,13 +15,15 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from . import manifests
+from . import manifests, scraper
 from . import status as status_
 from .args import check_engine
-from .kube import Kube
+from .kube import Kube, api_message
+from .pods import pod_problem
 from .spec import InferenceServiceSpec, SpecError, check, parse
 
 LAST_APPLIED = "tokenmill.io/last-applied"
+REFUSED = (400, 422)  # the API server's answers to an invalid object: retrying cannot help
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -113,6 +116,13 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def pods_problem(kube: Kube, namespace: str, name: str) -> tuple[str, str] | None:
+    """Why the service's pods are not ready, from the Pod objects and (for pods that run but
+    are not ready) the engines' own /health."""
+    pods = kube.list("v1", "Pod", namespace, manifests.selector(name))
+    return pod_problem(pods, asyncio.run(scraper.health_reasons(pods)))
+
+
 def reconcile(kube: Kube, body: dict[str, Any], image: str) -> Outcome:
     """Bring the children of one InferenceService in line with its spec; compute its status."""
     meta = body["metadata"]
@@ -120,8 +130,9 @@ def reconcile(kube: Kube, body: dict[str, Any], image: str) -> Outcome:
     previous = body.get("status") or {}
 
     def done(deployment: dict | None, actions: list, problem: tuple | None = None) -> Outcome:
+        pods = pods_problem(kube, namespace, name) if deployment and not problem else None
         st = status_.status(name, namespace, meta.get("generation"), deployment, problem,
-                            previous, _now())
+                            previous, _now(), pods)
         return Outcome(st, actions, problem)
 
     try:
@@ -144,4 +155,13 @@ def reconcile(kube: Kube, body: dict[str, Any], image: str) -> Outcome:
                 actions.append(("Deleted", f"Deleted PodDisruptionBudget {name}: one replica"))
     except ConflictError as e:
         return done(deployment, actions, ("NameConflict", str(e)))
+    except ApiException as e:
+        if e.status not in REFUSED:
+            raise
+        # The spec passed admission but Kubernetes refuses what it asks for (a field only the
+        # Deployment API checks): the same spec will be refused again, so say why and wait for
+        # a new spec; the last valid Deployment keeps serving.
+        live = kube.get("apps/v1", "Deployment", namespace, name)
+        return done(live if live and _owned_by(live, uid) else None, actions,
+                    ("InvalidSpec", f"the API server refused a child: {api_message(e)}"))
     return done(deployment, actions)

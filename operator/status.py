@@ -123,9 +123,29 @@ def status(name: str, namespace: str, generation: int | None, deployment: dict |
     return {k: v for k, v in result.items() if v is not None}
 
 
-def ready_changed(previous: dict[str, Any], current: dict[str, Any]) -> dict[str, str] | None:
-    """The new Ready condition if its status changed (worth an Event), else None."""
-    def ready(st: dict) -> dict:
-        return next((c for c in st.get("conditions", []) if c.get("type") == "Ready"), {})
-    new = ready(current)
-    return new if ready(previous).get("status") != new.get("status") else None
+SPEC_PROBLEMS = ("InvalidSpec", "NameConflict")  # posted by the reconcile pass itself
+
+
+def _find(st: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in st.get("conditions", []) if c.get("type") == type_), {})
+
+
+def events(previous: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(type, reason, message) Events worth posting for a status change: Degraded turning True
+    or changing its reason (a person must act), Ready turning True, and Ready turning False
+    from True (a Normal RollingOut when a spec change rolls out). The first Ready=False of a new
+    service is no news."""
+    found = []
+    old_degraded, degraded = _find(previous, "Degraded"), _find(current, "Degraded")
+    degraded_news = degraded.get("status") == "True" and (
+        old_degraded.get("status") != "True" or old_degraded.get("reason") != degraded["reason"])
+    if degraded_news and degraded["reason"] not in SPEC_PROBLEMS:
+        found.append(("Warning", degraded["reason"], degraded.get("message", "")))
+    old_ready, ready = _find(previous, "Ready"), _find(current, "Ready")
+    if ready.get("status") == "True" and old_ready.get("status") != "True":
+        found.append(("Normal", ready["reason"], ready.get("message", "")))
+    elif (ready.get("status") == "False" and old_ready.get("status") == "True"
+          and not degraded_news and ready["reason"] not in SPEC_PROBLEMS):
+        kind = "Normal" if ready["reason"] == "RollingOut" else "Warning"  # a spec change
+        found.append((kind, ready["reason"], ready.get("message", "")))
+    return found

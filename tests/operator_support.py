@@ -95,6 +95,26 @@ def _unknown_fields(schema: dict[str, Any], value: Any, where: str) -> list[str]
                      for e in _unknown_fields(props[k], v, f"{where}{k}.")]
 
 
+def render_chart(values: dict | None = None) -> list[dict]:
+    """The chart's objects, rendered by Helm's own engine (helm-python-sdk)."""
+    import helm_python
+
+    chart = helm_python.Chart.load(str(REPO / "charts" / "tokenmill"))
+    rendered = chart.render(values or {}, name="tm", namespace="tokenmill")
+    docs = []
+    for path, text in rendered.items():
+        if path.endswith(".yaml"):
+            docs += [d for d in yaml.safe_load_all(text) if d]
+    return docs
+
+
+def granted(docs: list[dict], kind: str = "ClusterRole") -> set[tuple[str, str, str]]:
+    """(group, resource, verb) every role of `kind` in the rendered chart grants."""
+    return {(group, resource, verb) for role in docs if role["kind"] == kind
+            for rule in role["rules"] for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]}
+
+
 def inference_service(name: str, spec: dict[str, Any], ns: str = "default",
                       uid: str = "uid-1", generation: int = 1) -> dict[str, Any]:
     """An InferenceService as the API server would store it (kmock sets no uid, generation or
@@ -126,8 +146,9 @@ class Cluster:
     """HTTP access to the emulator, as kubectl (or a controller) would touch objects."""
 
     def __init__(self, session: aiohttp.ClientSession, log: Path, liveness: str,
-                 metrics: str = ""):
+                 metrics: str = "", calls: list | None = None):
         self.session = session
+        self.calls = calls if calls is not None else []  # RBAC each request needed
         self.log = log
         self.liveness = liveness  # the operator's liveness URL
         self.metrics = metrics  # the operator's own /metrics
@@ -160,14 +181,44 @@ class Cluster:
             await asyncio.sleep(0.1)
 
 
+VERB_OF = {"LIST": "list", "WATCH": "watch", "FETCH": "get", "CREATE": "create",
+           "DELETE": "delete"}
+
+
 class Emulator(kmock.KubernetesEmulator):
-    """kmock's emulator plus the API server's generateName (kopf names its Events so)."""
+    """kmock's emulator plus the API server's generateName (kopf names its Events so); records
+    the RBAC permission each request needs (rbac_needed), as the API server's authorizer and
+    admission plugins would ask for it."""
+
+    calls: list[tuple[str, str, str]]  # (API group, resource[/subresource], verb)
 
     async def _handle(self, request: kmock.Request) -> Any:
         meta = request.data.get("metadata") if isinstance(request.data, dict) else None
         if request.action == kmock.action.CREATE and meta and "generateName" in meta:
             meta.setdefault("name", meta["generateName"] + uuid.uuid4().hex[:8])
+        operator = "authorization" in {h.lower() for h in request.headers}  # not the test's
+        if operator and request.action is not None and request.resource is not None and \
+                request.resource.plural:  # discovery is open to every authenticated user
+            self.calls.extend(_permissions(request, meta))
         return await super()._handle(request)
+
+
+def _permissions(request: kmock.Request, meta: dict | None) -> list[tuple[str, str, str]]:
+    """RBAC (group, resource, verb) a real API server checks for one request.
+
+    Besides the verb on the resource, OwnerReferencesPermissionEnforcement (an admission
+    plugin, on by default in OpenShift) asks for `update` on the owner's finalizers
+    subresource when a written object sets blockOwnerDeletion on an owner reference."""
+    resource = request.resource.plural + (f"/{request.subresource}" if request.subresource
+                                          else "")
+    action = request.action.value
+    verb = VERB_OF.get(action) or ("patch" if request.method == "PATCH" else "update")
+    needed = [(request.resource.group or "", resource, verb)]
+    for ref in (meta or {}).get("ownerReferences", []):
+        if ref.get("blockOwnerDeletion") and action in ("CREATE", "UPDATE"):
+            group = ref["apiVersion"].rpartition("/")[0]
+            needed.append((group, f"{ref['kind'].lower()}s/finalizers", "update"))
+    return needed
 
 
 def _kubeconfig(url: str) -> str:
@@ -180,11 +231,12 @@ def _kubeconfig(url: str) -> str:
 
 
 @contextlib.asynccontextmanager
-async def running_operator(tmp_path: Path,
-                           env: dict[str, str] | None = None) -> AsyncIterator[Cluster]:
+async def running_operator(tmp_path: Path, env: dict[str, str] | None = None,
+                           verbose: bool = True) -> AsyncIterator[Cluster]:
     """The emulator serving every resource the operator touches, and `tokenmill operator`
     running against it as a real process (standalone, no peering); `env` adds variables."""
     async with Emulator() as emu, kmock.Server(emu):
+        emu.calls = []
         for key, (kind, subresources) in RESOURCES.items():
             emu.resources[key] = kmock.ResourceInfo(
                 kind=kind, namespaced=kind not in CLUSTER_SCOPED, verbs=VERBS,
@@ -199,11 +251,13 @@ async def running_operator(tmp_path: Path,
         with log.open("w") as out:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-P", "-m", "tokenmill.operator", "--standalone",
-                "--liveness", liveness, "--metrics-port", str(metrics_port), "--verbose",
+                "--liveness", liveness, "--metrics-port", str(metrics_port),
+                *(["--verbose"] if verbose else []),
                 cwd=tmp_path, env=env, stdout=out, stderr=out)
         try:
             async with aiohttp.ClientSession(base_url=str(emu.url)) as session:
-                yield Cluster(session, log, liveness, f"http://127.0.0.1:{metrics_port}/metrics")
+                yield Cluster(session, log, liveness, f"http://127.0.0.1:{metrics_port}/metrics",
+                              emu.calls)
             assert proc.returncode is None, f"the operator exited:\n{log.read_text()[-4000:]}"
         finally:
             if proc.returncode is None:

@@ -6,19 +6,13 @@ import helm_python
 import kubernetes_validate
 import pytest
 import yaml
-from operator_support import CRD_PATH, REPO
+from operator_support import CRD_PATH, REPO, render_chart
 
 CHART = REPO / "charts" / "tokenmill"
 
 
 def render(values: dict | None = None) -> list[dict]:
-    chart = helm_python.Chart.load(str(CHART))
-    rendered = chart.render(values or {}, name="tm", namespace="tokenmill")
-    docs = []
-    for path, text in rendered.items():
-        if path.endswith(".yaml"):
-            docs += [d for d in yaml.safe_load_all(text) if d]
-    return docs
+    return render_chart(values)
 
 
 def by_kind(docs: list[dict], kind: str) -> list[dict]:
@@ -97,8 +91,9 @@ def test_rbac_is_least_privilege():
     assert needed <= granted
     assert ("apps", "deployments", "delete") not in granted  # children go by garbage collection
     assert not any(r == "secrets" for _, r, _ in granted)
-    # The autoscaler reads pods (readiness, IPs) and never writes them.
-    assert {v for _, r, v in granted if r == "pods"} == {"get", "list"}
+    # Pods are read (status, autoscaler) and never written.
+    assert {v for _, r, v in granted if r == "pods"} == {"get", "list", "watch"}
+    assert ("tokenmill.io", "inferenceservices/finalizers", "update") in granted
 
 
 def test_namespaced_install_grants_roles_per_namespace_only():

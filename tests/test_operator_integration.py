@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from operator_support import IS_PATH, inference_service, running_operator
+from operator_support import IS_PATH, granted, inference_service, render_chart, running_operator
 
 pytestmark = pytest.mark.asyncio
 
@@ -95,6 +95,57 @@ async def test_create_update_status_and_repair(tmp_path):
         await k.request("PATCH", f"{ISVCS}/chat", {
             "metadata": {"generation": 3}, "spec": {"replicas": 1}})
         await k.eventually(lambda: _absent(k, PDB))
+
+        # No Warning for the rollout of a new service; no finalizer that would make
+        # `kubectl delete` wait for the operator.
+        assert not [e for e in await k.events() if e["type"] == "Warning"]
+        assert len(await _events(k, "RollingOut")) <= 2  # the scale to 2, then back to 1
+        assert not (await k.get(f"{ISVCS}/chat"))["metadata"].get("finalizers")
+
+    # The chart's ClusterRoles grant every call the operator made, as a real API server's
+    # authorizer would check them, blockOwnerDeletion's finalizers permission included.
+    missing = set(k.calls) - granted(render_chart())
+    assert ("tokenmill.io", "inferenceservices/finalizers", "update") in set(k.calls)
+    assert not missing, f"the chart's RBAC lacks {sorted(missing)}"
+
+
+async def test_pods_say_why_the_service_is_not_ready(tmp_path):
+    async with running_operator(tmp_path) as k:
+        await k.request("POST", ISVCS, inference_service("chat", {"resources": {"gpus": 0}}))
+        await k.eventually(lambda: k.get(DEPLOY))
+        # The kubelet's part: a pod of the service that keeps crashing.
+        await k.request("POST", f"/api/v1/namespaces/{NS}/pods", {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "chat-5d8f-x2k", "namespace": NS, "labels": {
+                "tokenmill.io/inferenceservice": "chat",
+                "app.kubernetes.io/managed-by": "tokenmill-operator"}},
+            "status": {"phase": "Running", "containerStatuses": [{
+                "name": "engine", "restartCount": 3, "ready": False,
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                "lastState": {"terminated": {
+                    "reason": "Error", "exitCode": 1,
+                    "message": "model '/models/x' not found: no such directory"}}}]}})
+        isvc = await k.eventually(lambda: _with(
+            k, f"{ISVCS}/chat", lambda o: condition(o, "Ready").get("reason")
+            == "CrashLoopBackOff"))
+        assert "model '/models/x' not found" in condition(isvc, "Ready")["message"]
+        assert condition(isvc, "Degraded")["status"] == "True"
+        warnings = await k.eventually(lambda: _events(k, "CrashLoopBackOff"))
+        assert warnings[0]["type"] == "Warning" and "chat-5d8f-x2k" in warnings[0]["message"]
+        await asyncio.sleep(1)
+        assert len(await _events(k, "CrashLoopBackOff")) == 1
+
+
+async def test_timers_log_nothing_by_default(tmp_path):
+    env = {"TOKENMILL_AUTOSCALE_INTERVAL": "0.3"}
+    async with running_operator(tmp_path, env=env, verbose=False) as k:
+        await k.request("POST", ISVCS, inference_service("chat", {
+            "resources": {"gpus": 0}, "autoscaling": {"maxReplicas": 2}}))
+        await k.eventually(lambda: _with(k, f"{ISVCS}/chat", lambda o: (o.get("status") or {})
+                                         .get("autoscaler")))
+        await asyncio.sleep(2)  # several autoscaler runs
+        assert "Timer 'autoscale'" not in k.log.read_text()  # kopf says it at INFO per run
+        assert not (await k.get(f"{ISVCS}/chat"))["metadata"].get("finalizers")
 
 
 async def test_invalid_spec_is_reported_not_retried(tmp_path):

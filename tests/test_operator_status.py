@@ -4,8 +4,10 @@ children written only when they drift (against an in-memory API)."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 from operator_support import inference_service
 
 from tokenmill.operator import status
@@ -83,8 +85,8 @@ def test_transition_times_move_only_on_change():
     assert ready["url"] == "http://a.ns.svc.cluster.local:8000/v1"
     assert ready["selector"] == "tokenmill.io/inferenceservice=a"
     assert ready["observedGeneration"] == 3 and ready["readyReplicas"] == 2
-    assert status.ready_changed(first, ready)["status"] == "True"
-    assert status.ready_changed(ready, ready) is None
+    assert status.events(first, ready) == [("Normal", "AllReplicasReady", "2/2 replicas ready")]
+    assert status.events(ready, ready) == []
 
 
 CRASH = ("CrashLoopBackOff", "pod a-1: CrashLoopBackOff (3 restarts): last exit Error, exit "
@@ -159,7 +161,9 @@ def test_pod_problem_transitions():
     assert before["Ready"]["reason"] == "Loading" and after["Ready"]["reason"] == "CrashLoopBackOff"
     assert after["Ready"]["lastTransitionTime"] == NOW  # still False: no transition
     assert after["Degraded"]["lastTransitionTime"] == LATER
-    assert status.ready_changed(loading, crash) is None
+    assert status.events({}, loading) == []  # a new service loading: no news
+    assert status.events(loading, crash) == [("Warning", *CRASH)]  # someone must act
+    assert status.events(crash, crash) == []
     assert status.status("a", "ns", 3, waiting, None, {}, NOW) == status.status(
         "a", "ns", 3, waiting, None, {}, NOW, None)
 
@@ -181,6 +185,11 @@ class MemoryKube:
 
     def get(self, api_version, kind, namespace, name):
         return copy.deepcopy(self.objects.get((kind, namespace, name)))
+
+    def list(self, api_version, kind, namespace, labels):
+        return [copy.deepcopy(o) for (k, ns, _), o in self.objects.items()
+                if k == kind and ns == namespace
+                and labels.items() <= o["metadata"].get("labels", {}).items()]
 
     def _key(self, obj):
         return obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"]
@@ -258,3 +267,61 @@ def test_reconcile_invalid_spec_leaves_children_alone():
     assert outcome.problem[0] == "InvalidSpec" and kube.writes == writes
     ready = next(c for c in outcome.status["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "False" and "quantization" in ready["message"]
+
+
+class RefusingKube(MemoryKube):
+    """Answers a Deployment write as the API server answers an invalid pod template."""
+
+    def create(self, obj):
+        if obj["kind"] == "Deployment":
+            error = ApiException(status=422, reason="Unprocessable Entity")
+            error.body = json.dumps({"kind": "Status", "message": REFUSAL})
+            raise error
+        return super().create(obj)
+
+
+REFUSAL = ('Deployment.apps "a" is invalid: spec.template.spec.tolerations[0].operator: '
+           'Invalid value: "Exist": value must be Exists or Equal')
+
+
+def test_a_child_the_api_server_refuses_is_invalid_spec_with_its_message():
+    outcome = reconcile(RefusingKube(), inference_service("a", {"resources": {"gpus": 0}}), "img")
+    assert outcome.problem == ("InvalidSpec", f"the API server refused a child: 422 {REFUSAL}")
+    ready = next(c for c in outcome.status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert REFUSAL in ready["message"]
+
+
+def test_pods_say_why_the_service_is_not_ready():
+    kube = MemoryKube()
+    body = inference_service("a", {"resources": {"gpus": 0}})
+    reconcile(kube, body, "img")
+    kube.objects["Deployment", "default", "a"]["status"] = {"observedGeneration": 1}
+    kube.objects["Pod", "default", "a-1"] = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "a-1", "namespace": "default",
+                     "labels": {"tokenmill.io/inferenceservice": "a"}},
+        "status": {"phase": "Running", "containerStatuses": [{
+            "name": "engine", "restartCount": 4,
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"reason": "Error", "exitCode": 1,
+                                         "message": "model '/models/x' not found"}}}]}}
+    ready = next(c for c in reconcile(kube, body, "img").status["conditions"]
+                 if c["type"] == "Ready")
+    assert ready["reason"] == "CrashLoopBackOff"
+    assert "pod a-1" in ready["message"] and "model '/models/x' not found" in ready["message"]
+
+
+def test_events_say_what_changed_once():
+    ok = status.status("a", "ns", 3, deployment(), None, {}, NOW)
+    rolling = status.status("a", "ns", 3, deployment(observed=2, updated=1), None, {}, NOW)
+    assert status.events({}, rolling) == []  # a new service rolling out is no Warning
+    lost = status.status("a", "ns", 3, deployment(ready=1, available=1), None, ok, LATER)
+    assert status.events(ok, lost) == [("Normal", "RollingOut", "1/2 replicas ready")]
+    unready = status.status("a", "ns", 3, deployment(ready=1), None, ok, LATER)
+    assert status.events(ok, unready) == [("Warning", "ReplicasNotReady", "1/2 replicas ready")]
+    crashed = status.status("a", "ns", 3, deployment(ready=1, available=1), None, ok, LATER,
+                            CRASH)
+    assert status.events(ok, crashed) == [("Warning", *CRASH)]  # once, as Degraded
+    invalid = status.status("a", "ns", 3, deployment(), ("InvalidSpec", "bad"), ok, LATER)
+    assert status.events(ok, invalid) == []  # the reconcile pass posts spec problems itself

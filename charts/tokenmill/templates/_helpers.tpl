@@ -35,6 +35,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [tokenmill.io]
   resources: [inferenceservices/status]
   verbs: [get, patch]
+# Children's owner references set blockOwnerDeletion, which the API server's
+# OwnerReferencesPermissionEnforcement admission (on by default in OpenShift) allows only to
+# those who may update the owner's finalizers.
+- apiGroups: [tokenmill.io]
+  resources: [inferenceservices/finalizers]
+  verbs: [update]
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, patch]
@@ -47,10 +53,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
-# The built-in autoscaler reads which engine pods are ready and their IPs (never writes pods).
+# Engine pods: their state goes into the status (why not ready); the built-in autoscaler reads
+# which are ready and their IPs. Pods are never written.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list]
+  verbs: [get, list, watch]
 {{- if .Values.peering.enabled }}
 - apiGroups: [kopf.dev]
   resources: [kopfpeerings]
