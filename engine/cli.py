@@ -99,7 +99,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = build_parser().parse_args(argv)
     configure_logging()
-    return int(args.func(args) or 0)
+    from tokenmill.engine.config import ConfigError
+
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:  # an invalid option: one line naming it, as argparse does
+        print(f"tokenmill {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

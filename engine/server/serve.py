@@ -3,6 +3,11 @@
 On SIGTERM (or SIGINT) the server keeps its socket open but turns /health to 503 and answers
 new requests with 503, lets running requests finish for up to --shutdown-timeout seconds,
 aborts what is left, then stops and exits 0. A second signal stops at once.
+
+A server that can never serve exits 1 with the reason on stderr: a model that fails to load,
+an engine loop that dies. Kubernetes then restarts it and shows why, where a live process
+answering 503 forever would hide the cause. A port that can't be bound exits 3 (uvicorn's
+start-up failure); an invalid option value exits 2 before the server starts (see cli.py).
 """
 
 from __future__ import annotations
@@ -37,6 +42,17 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.tokenmill = state
         self._drain_task: asyncio.Task | None = None
+        self.failure: BaseException | None = None
+
+    async def on_tick(self, counter: int) -> bool:
+        """uvicorn's 0.1 s tick; also stops the server once it can never serve."""
+        fatal = self.tokenmill.fatal_error() if self.failure is None else None
+        if fatal is not None:
+            what, self.failure = fatal
+            reason = " ".join(f"{type(self.failure).__name__}: {self.failure}".split())
+            log.error(f"{what}; exiting", extra={"error": reason})
+            self.should_exit = True
+        return await super().on_tick(counter)
 
     def handle_exit(self, sig: int, frame) -> None:  # called from the signal handler
         if self._drain_task is not None:
@@ -73,5 +89,6 @@ def serve(config, args: argparse.Namespace) -> int:
     app = create_app(state)
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                timeout_graceful_shutdown=5)
-    DrainingServer(uv_config, state).run()
-    return 0
+    server = DrainingServer(uv_config, state)
+    server.run()
+    return 0 if server.failure is None else 1

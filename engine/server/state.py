@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from tokenmill.engine.async_engine import AsyncEngine
-from tokenmill.engine.config import EngineConfig
+from tokenmill.engine.config import ConfigError, EngineConfig
 from tokenmill.engine.engine import LLMEngine
 from tokenmill.engine.metrics import EngineMetrics
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -38,6 +42,14 @@ class ServerState:
     def ready(self) -> bool:
         return self.engine is not None and self.engine.alive and not self.draining
 
+    def fatal_error(self) -> tuple[str, BaseException] | None:
+        """What keeps this server from ever serving: a failed load or a dead engine loop."""
+        if self.load_error is not None:
+            return "model failed to load", self.load_error
+        if self.engine is not None and self.engine.error is not None:
+            return "engine loop failed", self.engine.error
+        return None
+
     def load(self, show_progress: bool = True) -> None:
         """Load the model (on a worker thread at start-up) and start the engine loop."""
         try:
@@ -51,6 +63,8 @@ class ServerState:
             self.engine = engine
         except BaseException as exc:
             self.load_error = exc
+            if not isinstance(exc, ConfigError | OSError):  # those say it all in one line
+                log.exception("model loading failed")
             raise
 
     def request_started(self) -> None:
@@ -71,9 +85,5 @@ def start_loading(state: ServerState, show_progress: bool = True) -> threading.T
 
 
 def _load_quietly(state: ServerState, show_progress: bool) -> None:
-    import logging
-
-    try:
+    with contextlib.suppress(BaseException):  # kept in state.load_error; the server exits on it
         state.load(show_progress)
-    except BaseException:
-        logging.getLogger(__name__).exception("model loading failed")

@@ -1,0 +1,124 @@
+"""A server that can never serve exits non-zero with its reason; a loading one answers 503."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+import uvicorn
+from server_support import free_port
+
+from tokenmill.engine import EngineConfig
+from tokenmill.engine.metrics import EngineMetrics
+from tokenmill.engine.server.app import create_app
+from tokenmill.engine.server.serve import DrainingServer
+from tokenmill.engine.server.state import ServerOptions, ServerState
+
+
+def _serve(model: str, *flags: str, port: int | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-P", "-m", "tokenmill.engine.cli", "serve", "--model", model,
+         "--host", "127.0.0.1", "--port", str(port or free_port()), *flags],
+        cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def _exit(proc: subprocess.Popen) -> tuple[int, str]:
+    try:
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+    return proc.returncode, stderr
+
+
+@pytest.mark.parametrize("model,flags,reason", [
+    ("/nonexistent", [], "model '/nonexistent' not found"),
+    ("empty-dir", [], "has no config.json"),
+    ("tiny", ["--tensor-parallel-size", "2"], "ConfigError: tensor_parallel_size"),
+])
+def test_a_model_that_cannot_load_exits_1_with_the_reason(tmp_path, tiny_llama_dir, model,
+                                                          flags, reason):
+    model = {"empty-dir": str(tmp_path), "tiny": tiny_llama_dir}.get(model, model)
+    code, stderr = _exit(_serve(model, *flags))
+    assert code == 1, stderr
+    line = next(line for line in stderr.splitlines() if "model failed to load" in line)
+    assert reason in line and "level=error" in line
+    assert "Traceback" not in stderr  # the option or path says it all
+
+
+def test_an_invalid_option_value_exits_2_naming_it():
+    code, stderr = _exit(_serve("/nonexistent", "--block-size", "7"))
+    assert code == 2
+    assert stderr.startswith("tokenmill serve: error: block_size: 7 ")
+    assert len(stderr.strip().splitlines()) == 1, stderr
+
+
+def test_a_port_in_use_exits_non_zero(tiny_llama_dir):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        code, stderr = _exit(_serve(tiny_llama_dir, port=taken.getsockname()[1]))
+    assert code == 3 and "address already in use" in stderr
+
+
+def test_health_answers_503_while_loading_then_200(tiny_llama_dir):
+    port = free_port()
+    proc = _serve(tiny_llama_dir, port=port)
+    seen = []
+    try:
+        deadline = time.monotonic() + 60
+        while not seen or seen[-1] != (200, "ok"):
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, f"not healthy; /health said {seen[-3:]}"
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+                seen.append((r.status_code, r.json()["status"]))
+            except httpx.TransportError:
+                time.sleep(0.02)
+        assert set(seen) == {(503, "loading"), (200, "ok")}, seen
+        proc.send_signal(signal.SIGTERM)
+        assert _exit(proc)[0] == 0
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+
+
+def test_a_dead_engine_loop_stops_the_server(tiny_llama_dir):
+    state = ServerState(ServerOptions(served_model_name="tiny"),
+                        EngineConfig(model=tiny_llama_dir), EngineMetrics("tiny"))
+    state.load(show_progress=False)
+
+    def broken_step():
+        raise RuntimeError("device lost")
+
+    state.engine.engine.step = broken_step  # a fault inside the real engine loop
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = DrainingServer(uvicorn.Config(create_app(state, load_model=False),
+                                           log_level="warning"), state)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.05)
+        port = sock.getsockname()[1]
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
+                       json={"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 2})
+        assert r.status_code >= 500
+        thread.join(15)
+        assert not thread.is_alive(), "the server kept running with a dead engine"
+        assert isinstance(server.failure, RuntimeError) and "device lost" in str(server.failure)
+    finally:
+        server.should_exit = True
+        thread.join(15)
+        sock.close()
