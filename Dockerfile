@@ -27,12 +27,14 @@ ENTRYPOINT ["python", "-m", "tokenmill.operator"]
 
 FROM python:${PYTHON}-slim AS engine
 ARG DEVICE=cuda
+# The torch the tests run against (Makefile); an unpinned one changes under a rebuild.
+ARG TORCH=2.13.0
 ENV PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 # CUDA wheels of torch come from PyPI; the CPU ones from PyTorch's index (much smaller).
 RUN if [ "$DEVICE" = cpu ]; then \
-      pip install --no-cache-dir torch --index-url https://download.pytorch.org/whl/cpu; \
+      pip install --no-cache-dir "torch==${TORCH}" --index-url https://download.pytorch.org/whl/cpu; \
     else \
-      pip install --no-cache-dir torch; \
+      pip install --no-cache-dir "torch==${TORCH}"; \
     fi
 COPY --from=wheel /wheels /wheels
 RUN pip install --no-cache-dir -r /wheels/operator.txt \

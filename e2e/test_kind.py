@@ -68,6 +68,10 @@ def operator(cluster):
     chart = helm_python.Chart.load(str(chart_dir))
     for crd in chart.crds:
         kubectl("apply", "--server-side", "-f", "-", input=crd["data"])
+    # The API server must serve the new types before anything uses them.
+    kubectl("wait", "--for=condition=Established", "--timeout=60s",
+            "crd/inferenceservices.tokenmill.io", "crd/kopfpeerings.kopf.dev",
+            "crd/clusterkopfpeerings.kopf.dev", timeout=90)
     kubectl("apply", "-f", "-", input=kubectl("create", "namespace", NAMESPACE,
                                               "--dry-run=client", "-o", "yaml"))
     values = {"image": {"repository": IMAGE.split(":")[0], "tag": IMAGE.split(":")[1],

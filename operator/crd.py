@@ -151,7 +151,7 @@ def crd() -> dict[str, Any]:
     """The CustomResourceDefinition object."""
     spec_schema = schema(InferenceServiceSpec)
     status_schema = schema(InferenceServiceStatus)
-    ready = '.status.conditions[?(@.type=="Ready")].status'
+    ready = '.status.conditions[?(@.type=="Ready")]'
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -196,9 +196,12 @@ def crd() -> dict[str, Any]:
                 "additionalPrinterColumns": [
                     {"name": "Model", "type": "string", "jsonPath": ".spec.model.uri"},
                     {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas"},
-                    {"name": "Ready", "type": "string", "jsonPath": ready},
+                    {"name": "Ready", "type": "string", "jsonPath": f"{ready}.status"},
+                    {"name": "Reason", "type": "string", "jsonPath": f"{ready}.reason"},
                     {"name": "URL", "type": "string", "jsonPath": ".status.url"},
                     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    {"name": "Message", "type": "string", "jsonPath": f"{ready}.message",
+                     "priority": 1},  # kubectl get -o wide
                 ],
             }],
         },

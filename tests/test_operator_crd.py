@@ -25,7 +25,7 @@ def test_crd_names_columns_and_subresources():
     names = crd.crd()["spec"]["names"]
     assert names["shortNames"] == ["tmis"] and names["categories"] == ["tokenmill"]
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Model", "Replicas", "Ready", "URL", "Age"]
+        "Model", "Replicas", "Ready", "Reason", "URL", "Age", "Message"]
     assert version["subresources"]["scale"] == {
         "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
         "labelSelectorPath": ".status.selector"}

@@ -1,8 +1,10 @@
-"""Every Python package directory ships in the wheel (pyproject's explicit package list)."""
+"""Every Python package directory ships in the wheel (pyproject's explicit package list), and
+the image installs the torch the tests run against."""
 
 from __future__ import annotations
 
 import pathlib
+import re
 import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -18,3 +20,11 @@ def test_package_list_covers_every_subpackage():
             relative = init.parent.relative_to(ROOT / directory)
             found.add(".".join([package, *relative.parts]) if relative.parts else package)
     assert found == listed
+
+
+def test_the_image_pins_the_torch_the_tests_use():
+    makefile = (ROOT / "Makefile").read_text()
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    pinned = re.search(r"torch==([0-9.]+)", makefile).group(1)
+    assert f"ARG TORCH={pinned}\n" in dockerfile
+    assert dockerfile.count('"torch==${TORCH}"') == 2  # the CPU and the CUDA build
