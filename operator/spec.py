@@ -37,8 +37,10 @@ QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
 DNS_LABEL_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"  # the object's name: it names the Service
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-QUALIFIED_NAME_PATTERN = (  # label and annotation keys: [dns-subdomain/]name
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?" + _NAME + "$")
+# label and annotation keys: [dns-subdomain/]name; `[.]`, not `\.`: the pattern also goes into
+# a CEL string literal, where `\.` is not a valid escape.
+QUALIFIED_NAME_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?" + _NAME + "$")
 LABEL_VALUE_PATTERN = r"^(" + _NAME + ")?$"
 # An extended resource is always domain-qualified (vendor.com/gpu).
 RESOURCE_NAME_PATTERN = (
