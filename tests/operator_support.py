@@ -191,6 +191,9 @@ class Emulator(kmock.KubernetesEmulator):
     admission plugins would ask for it."""
 
     calls: list[tuple[str, str, str]]  # (API group, resource[/subresource], verb)
+    # (resource, verb) -> (HTTP status, message): how the API server answers such a request,
+    # e.g. a 422 for a Deployment the Deployment API finds invalid, a 403 from RBAC.
+    refuse: dict[tuple[str, str], tuple[int, str]]
 
     async def _handle(self, request: kmock.Request) -> Any:
         meta = request.data.get("metadata") if isinstance(request.data, dict) else None
@@ -199,7 +202,11 @@ class Emulator(kmock.KubernetesEmulator):
         operator = "authorization" in {h.lower() for h in request.headers}  # not the test's
         if operator and request.action is not None and request.resource is not None and \
                 request.resource.plural:  # discovery is open to every authenticated user
-            self.calls.extend(_permissions(request, meta))
+            needed = _permissions(request, meta)
+            self.calls.extend(needed)
+            if refusal := self.refuse.get(needed[0][1:]):
+                raise kmock.KubernetesError(status=refusal[0], reason="Refused",
+                                            message=refusal[1])
         return await super()._handle(request)
 
 
@@ -232,11 +239,15 @@ def _kubeconfig(url: str) -> str:
 
 @contextlib.asynccontextmanager
 async def running_operator(tmp_path: Path, env: dict[str, str] | None = None,
-                           verbose: bool = True) -> AsyncIterator[Cluster]:
+                           verbose: bool = True,
+                           refuse: dict[tuple[str, str], tuple[int, str]] | None = None,
+                           ) -> AsyncIterator[Cluster]:
     """The emulator serving every resource the operator touches, and `tokenmill operator`
-    running against it as a real process (standalone, no peering); `env` adds variables."""
+    running against it as a real process (standalone, no peering); `env` adds variables,
+    `refuse` makes the API server answer some of the operator's requests with an error."""
     async with Emulator() as emu, kmock.Server(emu):
         emu.calls = []
+        emu.refuse = refuse or {}
         for key, (kind, subresources) in RESOURCES.items():
             emu.resources[key] = kmock.ResourceInfo(
                 kind=kind, namespaced=kind not in CLUSTER_SCOPED, verbs=VERBS,

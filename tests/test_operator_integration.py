@@ -184,3 +184,33 @@ async def _absent(k, path):
 
 async def _events(k, reason):
     return [e for e in await k.events() if e["reason"] == reason]
+
+
+INVALID = ('Deployment.apps "bad" is invalid: spec.template.spec.tolerations[0].value: Invalid '
+           'value: "x": value must be empty when `operator` is \'Exists\'')
+FORBIDDEN = ('deployments.apps "chat" is forbidden: cannot set blockOwnerDeletion if an '
+             'ownerReference refers to a resource you can\'t set finalizers on')
+
+
+async def test_a_spec_the_deployment_api_refuses_is_invalid_spec_once(tmp_path):
+    refuse = {("deployments", "create"): (422, INVALID)}
+    async with running_operator(tmp_path, refuse=refuse) as k:
+        await k.request("POST", ISVCS, inference_service("bad", {
+            "resources": {"gpus": 0},
+            "tolerations": [{"key": "gpu", "operator": "Exists", "value": "x"}]}))
+        isvc = await k.eventually(lambda: _with(
+            k, f"{ISVCS}/bad", lambda o: condition(o, "Ready").get("reason") == "InvalidSpec"))
+        assert INVALID in condition(isvc, "Ready")["message"]
+        assert condition(isvc, "Degraded")["status"] == "True"
+        await asyncio.sleep(2)
+        assert len(await _events(k, "InvalidSpec")) == 1
+        assert not await _events(k, "ReconcileFailed")
+
+
+async def test_api_errors_carry_the_api_servers_message(tmp_path):
+    refuse = {("deployments", "create"): (403, FORBIDDEN)}
+    async with running_operator(tmp_path, refuse=refuse) as k:
+        await k.request("POST", ISVCS, inference_service("chat", {"resources": {"gpus": 0}}))
+        (event,) = await k.eventually(lambda: _events(k, "ReconcileFailed"))
+        assert event["type"] == "Warning" and FORBIDDEN in event["message"]
+        assert "403" in event["message"]
