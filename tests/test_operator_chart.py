@@ -7,6 +7,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from operator_support import CRD_PATH, REPO, render_chart
+from psa_restricted import violations
 
 CHART = REPO / "charts" / "tokenmill"
 
@@ -104,3 +105,10 @@ def test_namespaced_install_grants_roles_per_namespace_only():
     assert cluster == {"customresourcedefinitions", "namespaces"}
     assert sorted(p["metadata"]["namespace"] for p in by_kind(docs, "KopfPeering")) == [
         "ml", "team-b"]
+
+
+@pytest.mark.parametrize("values", VALUES, ids=["default", "namespaced", "standalone", "ha"])
+def test_the_operator_pod_passes_the_restricted_profile(values):
+    (deployment,) = by_kind(render(values), "Deployment")
+    template = deployment["spec"]["template"]
+    assert violations(template["spec"], template["metadata"].get("annotations")) == []
