@@ -1,4 +1,4 @@
-"""The model of what a real API server checks when a CRD is created (tests/apiserver_model.py):
+"""The model of what a real API server checks when a CRD is created (tests/apiserver_model/):
 each test holds it to behaviour read from the Kubernetes sources, cost figures included."""
 
 from __future__ import annotations
