@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import aiohttp.web
 import celpy
 import jsonschema
 import kmock
@@ -278,6 +279,18 @@ async def running_operator(tmp_path: Path, env: dict[str, str] | None = None,
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
+
+
+async def http_server(path: str, handler: Callable) -> tuple[aiohttp.web.AppRunner, int]:
+    """A real HTTP server on 127.0.0.1 answering GET `path` with `handler` (an engine's
+    /metrics or /health as the operator reads it); clean up with `await runner.cleanup()`."""
+    app = aiohttp.web.Application()
+    app.router.add_get(path, handler)
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]
 
 
 def _free_port() -> int:

@@ -12,7 +12,7 @@ import time
 import pytest
 import pytest_asyncio
 from aiohttp import web
-from operator_support import IS_PATH, inference_service, running_operator
+from operator_support import IS_PATH, http_server, inference_service, running_operator
 from test_autoscaler_scraper import engine_exposition
 
 pytestmark = pytest.mark.asyncio
@@ -28,13 +28,8 @@ async def idle_engine_port():
     async def metrics(request):
         return web.Response(text=engine_exposition(0, 0), content_type="text/plain")
 
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield site._server.sockets[0].getsockname()[1]
+    runner, port = await http_server("/metrics", metrics)
+    yield port
     await runner.cleanup()
 
 

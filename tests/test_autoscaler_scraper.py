@@ -6,6 +6,7 @@ import socket
 
 import pytest
 from aiohttp import web
+from operator_support import http_server
 from prometheus_client import generate_latest
 
 from tokenmill.engine.metrics import EngineMetrics
@@ -61,19 +62,9 @@ async def test_observe_counts_failures_apart_from_loads():
     async def broken(request):
         return web.Response(status=500)
 
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    bad = web.Application()
-    bad.router.add_get("/metrics", broken)
-    runners = []
-    ports = []
-    for application in (app, bad):
-        runner = web.AppRunner(application)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        runners.append(runner)
-        ports.append(site._server.sockets[0].getsockname()[1])
+    servers = [await http_server("/metrics", metrics), await http_server("/metrics", broken)]
+    runners = [runner for runner, _ in servers]
+    ports = [port for _, port in servers]
     try:
         with socket.socket() as sock:  # a port nothing listens on
             sock.bind(("127.0.0.1", 0))

@@ -8,6 +8,7 @@ import socket
 
 import pytest
 from aiohttp import web
+from operator_support import http_server
 
 from tokenmill.operator.pods import MESSAGE_CHARS, needs_action, pod_problem, why_not_ready
 from tokenmill.operator.scraper import health_reasons
@@ -198,16 +199,6 @@ def test_needs_action(reason, degraded):
     assert needs_action(reason) is degraded
 
 
-async def _serve(handler):
-    app = web.Application()
-    app.router.add_get("/health", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, site._server.sockets[0].getsockname()[1]
-
-
 @pytest.mark.asyncio
 async def test_health_reasons_over_http():
     asked = []
@@ -220,10 +211,9 @@ async def test_health_reasons_over_http():
             return web.Response(text=body, status=status_code)
         return handler
 
-    servers = [await _serve(answering(503, {"status": "model failed to load: boom"})),
-               await _serve(answering(503, {"status": "loading"})),
-               await _serve(answering(200, {"status": "ok"})),
-               await _serve(answering(500, "Internal Server Error"))]
+    answers = [(503, {"status": "model failed to load: boom"}), (503, {"status": "loading"}),
+               (200, {"status": "ok"}), (500, "Internal Server Error")]
+    servers = [await http_server("/health", answering(*answer)) for answer in answers]
     failed, warming, ok, broken = (port for _, port in servers)
     try:
         with socket.socket() as sock:  # a port nothing listens on
