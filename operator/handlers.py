@@ -31,6 +31,10 @@ MAX_RETRY_SECONDS = 600
 RESYNC_SECONDS = float(os.environ.get("TOKENMILL_RESYNC_SECONDS", "300"))
 AUTOSCALE_SECONDS = float(os.environ.get("TOKENMILL_AUTOSCALE_INTERVAL", "5"))
 
+# What the operator watches besides InferenceServices: the children it writes, the engine pods.
+CHILD_RESOURCES = (("apps", "v1", "deployments"), ("v1", "services"),
+                   ("policy", "v1", "poddisruptionbudgets"), ("v1", "pods"))
+
 _state: dict[str, Any] = {}
 _last_status: dict[str, dict] = {}  # uid -> the status last computed for it (see _news)
 _last_status_lock = threading.Lock()
@@ -49,6 +53,11 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     settings.posting.level = logging.WARNING  # routine handler logs are not Events
     settings.networking.request_timeout = 60
+    # The API server sends only our children and engine pods down the watches (kopf's label
+    # filters on handlers are applied in the operator, after every pod was transferred).
+    managed = ",".join(f"{key}={value}" for key, value in MANAGED_BY.items())
+    for resource in CHILD_RESOURCES:
+        settings.watching.label_selectors[resource] = managed
     load_config()
     _state["kube"] = Kube()
 
@@ -116,10 +125,10 @@ def reconcile_service(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry
         patch.status.update(outcome.status)
 
 
-@kopf.on.event("apps", "v1", "deployments", labels=MANAGED_BY)
-@kopf.on.event("v1", "services", labels=MANAGED_BY)
-@kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=MANAGED_BY)
-@kopf.on.event("v1", "pods", labels=MANAGED_BY)
+@kopf.on.event(*CHILD_RESOURCES[0], labels=MANAGED_BY)
+@kopf.on.event(*CHILD_RESOURCES[1], labels=MANAGED_BY)
+@kopf.on.event(*CHILD_RESOURCES[2], labels=MANAGED_BY)
+@kopf.on.event(*CHILD_RESOURCES[3], labels=MANAGED_BY)
 def child_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
     """A child or an engine pod changed, appeared or vanished: repair the children and refresh
     the owner's status (pods say why replicas are not ready)."""

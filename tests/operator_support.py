@@ -147,9 +147,11 @@ class Cluster:
     """HTTP access to the emulator, as kubectl (or a controller) would touch objects."""
 
     def __init__(self, session: aiohttp.ClientSession, log: Path, liveness: str,
-                 metrics: str = "", calls: list | None = None):
+                 metrics: str = "", emulator: Emulator | None = None):
         self.session = session
-        self.calls = calls if calls is not None else []  # RBAC each request needed
+        # The RBAC each operator request needed, and the label selectors of its watches.
+        self.calls = emulator.calls if emulator is not None else []
+        self.selectors = emulator.selectors if emulator is not None else {}
         self.log = log
         self.liveness = liveness  # the operator's liveness URL
         self.metrics = metrics  # the operator's own /metrics
@@ -192,6 +194,7 @@ class Emulator(kmock.KubernetesEmulator):
     admission plugins would ask for it."""
 
     calls: list[tuple[str, str, str]]  # (API group, resource[/subresource], verb)
+    selectors: dict[str, str | None]  # resource -> label selector of the operator's watch
     # (resource, verb) -> (HTTP status, message): how the API server answers such a request,
     # e.g. a 422 for a Deployment the Deployment API finds invalid, a 403 from RBAC.
     refuse: dict[tuple[str, str], tuple[int, str]]
@@ -205,6 +208,8 @@ class Emulator(kmock.KubernetesEmulator):
                 request.resource.plural:  # discovery is open to every authenticated user
             needed = _permissions(request, meta)
             self.calls.extend(needed)
+            if request.action.value == "WATCH":
+                self.selectors[request.resource.plural] = request.params.get("labelSelector")
             if refusal := self.refuse.get(needed[0][1:]):
                 raise kmock.KubernetesError(status=refusal[0], reason="Refused",
                                             message=refusal[1])
@@ -248,6 +253,7 @@ async def running_operator(tmp_path: Path, env: dict[str, str] | None = None,
     `refuse` makes the API server answer some of the operator's requests with an error."""
     async with Emulator() as emu, kmock.Server(emu):
         emu.calls = []
+        emu.selectors = {}
         emu.refuse = refuse or {}
         for key, (kind, subresources) in RESOURCES.items():
             emu.resources[key] = kmock.ResourceInfo(
@@ -269,7 +275,7 @@ async def running_operator(tmp_path: Path, env: dict[str, str] | None = None,
         try:
             async with aiohttp.ClientSession(base_url=str(emu.url)) as session:
                 yield Cluster(session, log, liveness, f"http://127.0.0.1:{metrics_port}/metrics",
-                              emu.calls)
+                              emu)
             assert proc.returncode is None, f"the operator exited:\n{log.read_text()[-4000:]}"
         finally:
             if proc.returncode is None:

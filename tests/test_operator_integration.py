@@ -102,6 +102,11 @@ async def test_create_update_status_and_repair(tmp_path):
         assert len(await _events(k, "RollingOut")) <= 2  # the scale to 2, then back to 1
         assert not (await k.get(f"{ISVCS}/chat"))["metadata"].get("finalizers")
 
+    # Only the operator's children and engine pods come down its watches.
+    managed = "app.kubernetes.io/managed-by=tokenmill-operator"
+    watched = ("pods", "deployments", "services", "poddisruptionbudgets")
+    assert {k.selectors.get(r) for r in watched} == {managed}, k.selectors
+
     # The chart's ClusterRoles grant every call the operator made, as a real API server's
     # authorizer would check them, blockOwnerDeletion's finalizers permission included.
     missing = set(k.calls) - granted(render_chart())
