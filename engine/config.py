@@ -22,7 +22,8 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 # What this engine build runs today, a subset of the values above: the rest are valid option
 # values that fail at start-up (engine), and at `kubectl apply` (the CRD's rules are generated
 # from these), until the engine implements them.
-SUPPORTED = {"tensor_parallel_size": (1,), "quantization": (None,), "kv_cache_dtype": ("auto",)}
+SUPPORTED = {"tensor_parallel_size": (1,), "quantization": (None,),
+             "kv_cache_dtype": ("auto", "int8", "fp8")}
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_CPU_KV_CACHE_MEMORY = 1 << 30
 
@@ -70,7 +71,12 @@ class EngineConfig:
     seed: int = _opt(0, "Seed of the engine's random state (requests without their own seed).")
     tensor_parallel_size: int = _opt(1, "Number of GPUs one replica shards the model over.")
     quantization: str | None = _opt(None, "Weight quantization: int8 or fp8.")
-    kv_cache_dtype: str = _opt("auto", "KV-cache dtype: auto (the model dtype), int8 or fp8.")
+    kv_cache_dtype: str = _opt(
+        "auto",
+        "KV-cache dtype: auto (the model dtype), int8 or fp8 (e4m3), each with a float32 scale "
+        "per token and KV head: about 2x the tokens of bfloat16 in the same memory. fp8 with the "
+        "Triton backend needs a GPU of compute capability 8.9 or newer.",
+    )
     enable_prefix_caching: bool = _opt(
         True, "Reuse the KV cache of earlier requests that share a prompt prefix."
     )

@@ -14,13 +14,14 @@ import torch
 from tokenmill.engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, ConfigError, EngineConfig
 from tokenmill.engine.detokenizer import IncrementalDetokenizer
 from tokenmill.engine.kv_cache import KVCacheManager, KVCacheStats
-from tokenmill.engine.layers.attention import resolve_backend
+from tokenmill.engine.kv_cache.layout import KVCacheLayout
+from tokenmill.engine.layers.attention import check_kv_cache_dtype, resolve_backend
 from tokenmill.engine.models.loader import build_model, load_config, load_tokenizer
 from tokenmill.engine.models.source import resolve_model
 from tokenmill.engine.output_processor import append_token, request_output
 from tokenmill.engine.outputs import RequestOutput
 from tokenmill.engine.request import RequestTimings, Sequence
-from tokenmill.engine.runner import ModelRunner, kv_bytes_per_block
+from tokenmill.engine.runner import ModelRunner
 from tokenmill.engine.sampler import sample
 from tokenmill.engine.sampling_params import SamplingParams
 from tokenmill.engine.scheduler import Scheduler, SchedulerOutput
@@ -53,6 +54,7 @@ class LLMEngine:
         self.device = _device(config.device)
         self.dtype = _dtype(config.dtype, self.device)
         backend = resolve_backend(config.attention_backend, self.device)
+        check_kv_cache_dtype(config.kv_cache_dtype, backend, self.device)
         source = resolve_model(config.model)
         self.model_config = load_config(source)
         self.tokenizer = load_tokenizer(source)
@@ -61,9 +63,12 @@ class LLMEngine:
                                          "dtype": str(self.dtype)})
         model = build_model(self.model_config, source, self.max_model_len, self.dtype,
                             self.device, show_progress)
-        num_blocks = self._num_blocks(model)
-        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.runner = ModelRunner(model, num_blocks, config.block_size, self.device, self.dtype,
+        layout = KVCacheLayout.for_model(self.model_config, config.block_size, self.dtype,
+                                         config.kv_cache_dtype)
+        num_blocks = self._num_blocks(layout)
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                                 layout=layout)
+        self.runner = ModelRunner(model, num_blocks, layout, self.device,
                                   attention_backend=backend)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.eos_token_ids = _eos_ids(self.model_config, self.tokenizer, source.directory)
@@ -235,8 +240,8 @@ class LLMEngine:
                 "max_tokens"
             )
 
-    def _num_blocks(self, model: torch.nn.Module) -> int:
-        per_block = kv_bytes_per_block(self.model_config, self.config.block_size, self.dtype)
+    def _num_blocks(self, layout: KVCacheLayout) -> int:
+        per_block = layout.bytes_per_block  # a quantized KV dtype's scales included
         budget = self.config.kv_cache_memory
         if budget is None:
             budget = (_cuda_kv_budget(self.config, self.device) if self.device.type == "cuda"

@@ -6,39 +6,54 @@ from typing import Any
 
 import torch
 
+from tokenmill.engine.kv_cache.layout import SCALE_DTYPE, KVCacheLayout
 from tokenmill.engine.kv_cache.manager import slot_index
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
-from tokenmill.engine.models.decoder import CausalLM, head_dim_of, num_kv_heads_of
+from tokenmill.engine.layers.kv_layer import KVLayer
+from tokenmill.engine.models.decoder import CausalLM
 from tokenmill.engine.request import Sequence
 
 
-def kv_bytes_per_block(model_config: Any, block_size: int, dtype: torch.dtype) -> int:
-    """K and V of every layer for block_size tokens."""
-    per_token = (2 * model_config.num_hidden_layers * num_kv_heads_of(model_config)
-                 * head_dim_of(model_config) * torch.tensor([], dtype=dtype).element_size())
-    return per_token * block_size
+def kv_bytes_per_block(model_config: Any, block_size: int, dtype: torch.dtype,
+                       kv_cache_dtype: str = "auto") -> int:
+    """K and V of every layer for block_size tokens, stored as kv_cache_dtype (auto: dtype),
+    with the scales of a quantized pool."""
+    return KVCacheLayout.for_model(model_config, block_size, dtype, kv_cache_dtype).bytes_per_block
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, num_blocks: int, block_size: int,
-                 device: torch.device, kv_dtype: torch.dtype, attention_backend: str = "torch"):
+    def __init__(self, model: CausalLM, num_blocks: int, layout: KVCacheLayout,
+                 device: torch.device, attention_backend: str = "torch"):
         self.model = model
         self.attention_backend = attention_backend  # "torch" or "triton", already resolved
         self.device = device
-        self.block_size = block_size
-        config = model.config
-        shape = (config.num_hidden_layers, 2, num_blocks, block_size,
-                 num_kv_heads_of(config), head_dim_of(config))
+        self.layout = layout
+        self.block_size = layout.block_size
         # Zeroed, not empty: attention reads masked-out slots too (0 * NaN would be NaN).
-        self.kv_pool = torch.zeros(shape, dtype=kv_dtype, device=device)
-        self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_pool]
+        self.kv_pool = torch.zeros(layout.values_shape(num_blocks), dtype=layout.dtype,
+                                   device=device)
+        self.kv_scales = (torch.zeros(layout.scales_shape(num_blocks), dtype=SCALE_DTYPE,
+                                      device=device) if layout.quantized else None)
+        self.kv_caches = [self._layer_view(i) for i in range(layout.num_layers)]
+
+    def _layer_view(self, layer: int) -> KVLayer:
+        k, v = self.kv_pool[layer]
+        if self.kv_scales is None:
+            return KVLayer(k, v)
+        k_scale, v_scale = self.kv_scales[layer]
+        return KVLayer(k, v, k_scale, v_scale)
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """Copy-on-write of shared blocks, before the step that writes into the copies."""
+        """Copy-on-write of shared blocks (values and scales), before the step that writes into
+        the copies."""
         if copies:
             src = torch.tensor([s for s, _ in copies], device=self.device)
             dst = torch.tensor([d for _, d in copies], device=self.device)
-            self.kv_pool[:, :, dst] = self.kv_pool[:, :, src]
+            # A quantized pool is copied as bytes: index kernels do not cover float8 everywhere.
+            pool = self.kv_pool.view(torch.uint8) if self.layout.quantized else self.kv_pool
+            pool[:, :, dst] = pool[:, :, src]
+            if self.kv_scales is not None:
+                self.kv_scales[:, :, dst] = self.kv_scales[:, :, src]
 
     @torch.inference_mode()
     def execute(self, scheduled: list[tuple[Sequence, int]]) -> torch.Tensor:

@@ -122,6 +122,6 @@ def test_engine_dispatch_runs_decode_and_mixed_steps_on_the_kernels(shapes):
     scale = 16 ** -0.5
     expected = _reference(batch, scale)
     meta = dataclasses.replace(batch.meta, backend="triton")
-    store_kv(batch.new_k, batch.new_v, batch.k_cache, batch.v_cache, meta)
-    out = attention(batch.q, batch.k_cache, batch.v_cache, meta, scale)
+    store_kv(batch.new_k, batch.new_v, batch.layer, meta)
+    out = attention(batch.q, batch.layer, meta, scale)
     torch.testing.assert_close(out, expected, **FP32)

@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
+from tokenmill.engine.layers.kv_layer import KVLayer
+from tokenmill.engine.layers.kv_quant import is_quantized
 from tokenmill.engine.layers.paged_attention import write_kv
 
 if not torch.cuda.is_available():
@@ -26,7 +28,8 @@ cuda_only = pytest.mark.skipif(not torch.cuda.is_available(),
 
 @dataclass
 class PagedBatch:
-    """One step's batch: queries and new K/V, caches holding every cached prefix, metadata."""
+    """One step's batch: queries and new K/V, caches holding every cached prefix (with their
+    scales when quantized), metadata."""
 
     q: torch.Tensor
     new_k: torch.Tensor
@@ -34,19 +37,31 @@ class PagedBatch:
     k_cache: torch.Tensor
     v_cache: torch.Tensor
     meta: AttentionMetadata
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
+
+    @property
+    def layer(self) -> KVLayer:
+        return KVLayer(self.k_cache, self.v_cache, self.k_scale, self.v_scale)
 
 
 def paged_batch(shapes: list[tuple[int, int]], heads: int, kv_heads: int, dim: int,
                 block_size: int, dtype: torch.dtype = torch.float32,
-                device: torch.device = DEVICE, seed: int = 0) -> PagedBatch:
+                device: torch.device = DEVICE, seed: int = 0,
+                kv_dtype: torch.dtype | None = None) -> PagedBatch:
     """shapes: (cached tokens, new tokens) per sequence. Blocks are shuffled over the pool and
-    the new tokens' K/V are not yet in the cache."""
+    the new tokens' K/V are not yet in the cache. kv_dtype (default: dtype) is the caches'
+    storage; int8 and fp8 caches get scales and are filled by the torch quantizer."""
     gen = torch.Generator().manual_seed(seed)
     blocks_needed = [-(-(c + n) // block_size) for c, n in shapes]
     num_blocks = sum(blocks_needed) + 3
     free = torch.randperm(num_blocks, generator=gen).tolist()
-    k_cache = torch.zeros(num_blocks, block_size, kv_heads, dim, dtype=dtype, device=device)
+    k_cache = torch.zeros(num_blocks, block_size, kv_heads, dim, dtype=kv_dtype or dtype,
+                          device=device)
     v_cache = torch.zeros_like(k_cache)
+    scales = None, None
+    if is_quantized(k_cache.dtype):
+        scales = tuple(torch.zeros(k_cache.shape[:-1], device=device) for _ in range(2))
     tables, slots, starts = [], [], [0]
     new_k, new_v = [], []
     for (cached, new), count in zip(shapes, blocks_needed, strict=True):
@@ -57,7 +72,7 @@ def paged_batch(shapes: list[tuple[int, int]], heads: int, kv_heads: int, dim: i
         k = torch.randn(cached + new, kv_heads, dim, generator=gen).to(device, dtype)
         v = torch.randn(cached + new, kv_heads, dim, generator=gen).to(device, dtype)
         write_kv(k[:cached], v[:cached], k_cache, v_cache,
-                 torch.tensor(seq_slots[:cached], dtype=torch.long, device=device))
+                 torch.tensor(seq_slots[:cached], dtype=torch.long, device=device), *scales)
         new_k.append(k[cached:])
         new_v.append(v[cached:])
         slots += seq_slots[cached:]
@@ -73,4 +88,4 @@ def paged_batch(shapes: list[tuple[int, int]], heads: int, kv_heads: int, dim: i
         query_lens_list=[n for _, n in shapes],
     )
     q = torch.randn(starts[-1], heads, dim, generator=gen).to(device, dtype)
-    return PagedBatch(q, torch.cat(new_k), torch.cat(new_v), k_cache, v_cache, meta)
+    return PagedBatch(q, torch.cat(new_k), torch.cat(new_v), k_cache, v_cache, meta, *scales)

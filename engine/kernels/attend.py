@@ -2,7 +2,9 @@
 
 Online softmax in base 2 (scores arrive pre-scaled by log2(e)): one pass over the keys keeps a
 running max m, denominator and unnormalized output per row. Keys are gathered token by token
-through the block table, so tiles need not line up with cache blocks.
+through the block table, so tiles need not line up with cache blocks. A quantized cache (int8,
+fp8) is dequantized tile by tile with each key position's scale, in float32 and then cast to the
+query's dtype, as the torch reference does.
 """
 
 from __future__ import annotations
@@ -29,6 +31,16 @@ def query_groups(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) 
     return group
 
 
+def scale_args(k_cache: torch.Tensor, k_scale: torch.Tensor | None,
+               v_scale: torch.Tensor | None) -> tuple:
+    """(k_scale, v_scale, stride over blocks, stride over tokens) for the kernels; an unquantized
+    cache passes the cache itself as never-read placeholders."""
+    if k_scale is None:
+        return k_cache, k_cache, 0, 0
+    assert k_scale.stride() == v_scale.stride() and k_scale.stride(-1) == 1
+    return k_scale, v_scale, k_scale.stride(0), k_scale.stride(1)
+
+
 def dim_block(head_dim: int) -> int:
     """Tile width over head_dim: a power of two, and at least the 16 that tl.dot needs."""
     return max(16, triton.next_power_of_2(head_dim))
@@ -36,10 +48,10 @@ def dim_block(head_dim: int) -> int:
 
 @triton.jit
 def attend_context(
-    q, q_pos, k_cache_ptr, v_cache_ptr, table_ptr, kv_head, start, end, qk_scale,
-    block_size, stride_cb, stride_ct, stride_ch, head_dim,
+    q, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr, kv_head, start,
+    end, qk_scale, block_size, stride_cb, stride_ct, stride_ch, stride_sb, stride_st, head_dim,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
 ):
     """Rows q [BLOCK_M, BLOCK_D] at positions q_pos attend causally to keys start..end-1.
 
@@ -58,8 +70,16 @@ def attend_context(
         kv_off = (block * stride_cb + (pos % block_size) * stride_ct
                   + kv_head * stride_ch)[:, None] + dims[None, :]
         kv_mask = pos_ok[:, None] & dim_ok[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        if QUANTIZED:
+            scale_off = block * stride_sb + (pos % block_size) * stride_st + kv_head
+            k_scale = tl.load(k_scale_ptr + scale_off, mask=pos_ok, other=0.0)
+            v_scale = tl.load(v_scale_ptr + scale_off, mask=pos_ok, other=0.0)
+            k = k.to(tl.float32) * k_scale[:, None]
+            v = v.to(tl.float32) * v_scale[:, None]
+        k = k.to(q.dtype)
+        v = v.to(q.dtype)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
         visible = pos_ok[None, :] & (pos[None, :] <= q_pos[:, None])
         scores = tl.where(visible, scores, float("-inf"))

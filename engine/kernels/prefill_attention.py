@@ -19,19 +19,21 @@ from tokenmill.engine.kernels.attend import (
     dim_block,
     dot_precision,
     query_groups,
+    scale_args,
 )
 
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, seq_lens_ptr, query_start_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, block_tables_ptr,
+    seq_lens_ptr, query_start_ptr,
     qk_scale,
     stride_qt, stride_qh, stride_ot, stride_oh,
-    stride_cb, stride_ct, stride_ch,
+    stride_cb, stride_ct, stride_ch, stride_sb, stride_st,
     stride_bt,
     block_size, group, head_dim,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
 ):
     tile_m = tl.program_id(0)
     seq = tl.program_id(1)
@@ -57,9 +59,10 @@ def _prefill_kernel(
     # Keys after the tile's last query are masked for every row: stop there.
     end = prefix + (tl.minimum((tile_m + 1) * BLOCK_M, num_rows) - 1) // group + 1
     acc, denom, m = attend_context(
-        q, q_pos, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, kv_head,
-        0, end, qk_scale, block_size, stride_cb, stride_ct, stride_ch, head_dim,
-        BLOCK_M, BLOCK_N, BLOCK_D, DOT_PRECISION,
+        q, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+        block_tables_ptr + seq * stride_bt, kv_head, 0, end, qk_scale, block_size,
+        stride_cb, stride_ct, stride_ch, stride_sb, stride_st, head_dim,
+        BLOCK_M, BLOCK_N, BLOCK_D, DOT_PRECISION, QUANTIZED,
     )
     # Every row sees at least key 0, so denom > 0.
     out = acc / denom[:, None]
@@ -70,10 +73,13 @@ def _prefill_kernel(
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       block_tables: torch.Tensor, seq_lens: torch.Tensor,
                       query_start_loc: torch.Tensor, max_query_len: int, scale: float,
-                      block_m: int = 64, block_n: int = 64) -> torch.Tensor:
+                      block_m: int = 64, block_n: int = 64,
+                      k_scale: torch.Tensor | None = None,
+                      v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """q: [tokens, heads, dim] of every sequence's new tokens -> attention output, same shape.
 
     Caches are [blocks, block_size, kv_heads, dim]; the new tokens' K/V must already be in them.
+    int8/fp8 caches come with their float32 scales [blocks, block_size, kv_heads].
     max_query_len is a host int (no device sync) that sizes the grid.
     """
     num_tokens, _, head_dim = q.shape
@@ -84,14 +90,15 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     if num_tokens == 0 or num_seqs == 0:
         return out
     grid = (triton.cdiv(max_query_len * group, block_m), num_seqs, num_kv_heads)
+    k_scales, v_scales, scale_sb, scale_st = scale_args(k_cache, k_scale, v_scale)
     _prefill_kernel[grid](
-        q, k_cache, v_cache, out, block_tables, seq_lens, query_start_loc,
+        q, k_cache, v_cache, k_scales, v_scales, out, block_tables, seq_lens, query_start_loc,
         scale * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale_sb, scale_st,
         block_tables.stride(0),
         k_cache.shape[1], group, head_dim,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=dim_block(head_dim),
-        DOT_PRECISION=dot_precision(q.dtype),
+        DOT_PRECISION=dot_precision(q.dtype), QUANTIZED=k_scale is not None,
     )
     return out

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tokenmill.engine.kv_cache.block_allocator import BlockAllocator
 from tokenmill.engine.kv_cache.prefix_cache import NO_PARENT, PrefixCache
 from tokenmill.engine.request import Sequence
+
+if TYPE_CHECKING:
+    from tokenmill.engine.kv_cache.layout import KVCacheLayout
+
+GIB = 1 << 30
 
 
 def slot_index(block_table: list[int], position: int, block_size: int) -> int:
@@ -22,6 +28,13 @@ class KVCacheStats:
     used_slots: int
     cached_blocks: int = 0
     evictable_blocks: int = 0
+    dtype: str | None = None              # storage of K/V values: float32, int8, float8_e4m3fn
+    bytes_per_token: int | None = None    # K and V of every layer, scales included
+
+    @property
+    def tokens_per_gib(self) -> float | None:
+        """How many tokens' KV one GiB of pool holds: the gain of a smaller KV dtype."""
+        return GIB / self.bytes_per_token if self.bytes_per_token else None
 
     @property
     def usage(self) -> float:
@@ -39,8 +52,10 @@ class KVCacheStats:
 class KVCacheManager:
     """Owns which blocks each sequence's tokens occupy. Tensors live in the model runner."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
+                 layout: KVCacheLayout | None = None):
         self.block_size = block_size
+        self.layout = layout  # the pool's storage, reported in stats()
         self.allocator = BlockAllocator(num_blocks)
         self.prefix_cache = PrefixCache(self.allocator, block_size) if enable_prefix_caching \
             else None
@@ -157,4 +172,6 @@ class KVCacheManager:
             used_slots=sum(owners.values()),
             cached_blocks=self.allocator.num_cached,
             evictable_blocks=self.allocator.num_evictable,
+            dtype=self.layout.dtype_name if self.layout else None,
+            bytes_per_token=self.layout.bytes_per_token if self.layout else None,
         )

@@ -14,6 +14,7 @@ from tokenmill.engine.config import ConfigError
 from tokenmill.engine.kernels import triton_available
 from tokenmill.engine.layers import paged_attention as reference
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
+from tokenmill.engine.layers.kv_layer import KVLayer
 
 
 def resolve_backend(name: str, device: torch.device) -> str:
@@ -33,32 +34,53 @@ def resolve_backend(name: str, device: torch.device) -> str:
     return name
 
 
-def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             meta: AttentionMetadata) -> None:
+def check_kv_cache_dtype(kv_cache_dtype: str, backend: str, device: torch.device) -> None:
+    """ConfigError where the resolved backend cannot store this KV dtype.
+
+    The torch path dequantizes on any device. Triton converts to fp8 e4m3 in hardware only from
+    compute capability 8.9 (Ada, Hopper), and its CPU interpreter rounds float32 to fp8 wrongly
+    near powers of two, so fp8 with the Triton backend needs such a GPU.
+    """
+    if kv_cache_dtype != "fp8" or backend != "triton":
+        return
+    if device.type != "cuda":
+        raise ConfigError("kv_cache_dtype", "fp8 with the Triton attention backend needs a CUDA "
+                                            "GPU; use attention_backend torch on CPU")
+    if torch.cuda.get_device_capability(device) < (8, 9):
+        raise ConfigError("kv_cache_dtype", "fp8 with the Triton attention backend needs a GPU "
+                                            "of compute capability 8.9 or newer; use int8, or "
+                                            "attention_backend torch")
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, cache: KVLayer, meta: AttentionMetadata) -> None:
     """Write the step's new K/V ([tokens, kv_heads, dim]) at their slots."""
     if meta.backend == "triton":
         from tokenmill.engine.kernels.kv_write import kv_write
 
-        kv_write(k, v, k_cache, v_cache, meta.slot_mapping)
+        kv_write(k, v, cache.k, cache.v, meta.slot_mapping, cache.k_scale, cache.v_scale)
     else:
-        reference.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        reference.write_kv(k, v, cache.k, cache.v, meta.slot_mapping, cache.k_scale,
+                           cache.v_scale)
 
 
-def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-              meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def attention(q: torch.Tensor, cache: KVLayer, meta: AttentionMetadata,
+              scale: float) -> torch.Tensor:
     """Causal attention of every sequence's new queries ([tokens, heads, dim]) over its context.
 
     On Triton, an all-decode step takes the split-K decode kernel; any step with a longer chunk
     takes one launch of the prefill/extend kernel, which serves its decodes too.
     """
     if meta.backend != "triton":
-        return reference.paged_attention(q, k_cache, v_cache, meta, scale)
+        return reference.paged_attention(q, cache.k, cache.v, meta, scale, cache.k_scale,
+                                         cache.v_scale)
     if max(meta.query_lens_list) == 1:
         from tokenmill.engine.kernels.decode_attention import decode_attention
 
-        return decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                max(meta.seq_lens_list), scale)
+        return decode_attention(q, cache.k, cache.v, meta.block_tables, meta.seq_lens,
+                                max(meta.seq_lens_list), scale, k_scale=cache.k_scale,
+                                v_scale=cache.v_scale)
     from tokenmill.engine.kernels.prefill_attention import prefill_attention
 
-    return prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                             meta.query_start_loc, max(meta.query_lens_list), scale)
+    return prefill_attention(q, cache.k, cache.v, meta.block_tables, meta.seq_lens,
+                             meta.query_start_loc, max(meta.query_lens_list), scale,
+                             k_scale=cache.k_scale, v_scale=cache.v_scale)

@@ -1,7 +1,9 @@
 """Attention over the paged KV cache, in plain torch: the CPU path and the oracle for kernels.
 
-Cache layout, per layer: [num_blocks, block_size, num_kv_heads, head_dim]. Grouped-query
-attention is handled by SDPA's enable_gqa, so K/V heads are never repeated in memory.
+Cache layout, per layer: [num_blocks, block_size, num_kv_heads, head_dim]; a quantized cache
+(int8, fp8) adds float32 scales [num_blocks, block_size, num_kv_heads] and is dequantized as it
+is gathered. Grouped-query attention is handled by SDPA's enable_gqa, so K/V heads are never
+repeated in memory.
 """
 
 from __future__ import annotations
@@ -12,18 +14,30 @@ import torch
 import torch.nn.functional as F
 
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
+from tokenmill.engine.layers.kv_layer import KVLayer
+from tokenmill.engine.layers.kv_quant import dequantize, quantize
 
 DECODE_BUCKET = 8  # decode sequences per padded attention batch
 
 
 def write_kv(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
+    slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
-    """Store the step's new K/V ([tokens, kv_heads, dim]) at their slots."""
+    """Store the step's new K/V ([tokens, kv_heads, dim]) at their slots, quantized with their
+    scales when the caches are."""
     num_kv_heads, head_dim = k.shape[-2:]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    if k_scale is None:
+        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+        return
+    for x, cache, scales in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
+        values, row_scales = quantize(x, cache.dtype)
+        # As bytes: index_copy_ has no float8 kernel on CPU.
+        cache.view(torch.uint8).view(-1, num_kv_heads, head_dim).index_copy_(
+            0, slot_mapping, values.view(torch.uint8))
+        scales.view(-1, num_kv_heads).index_copy_(0, slot_mapping, row_scales)
 
 
 @dataclass
@@ -42,22 +56,22 @@ class DecodeBucket:
 
 def paged_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    meta: AttentionMetadata, scale: float,
+    meta: AttentionMetadata, scale: float, k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its whole cached context.
 
     q: [tokens, heads, dim] -> [tokens, heads, dim]. Decode rows (one query each) run in padded
     batches of similar context length; prefill and chunked-prefill rows run one at a time.
     """
+    cache = KVLayer(k_cache, v_cache, k_scale, v_scale)
     out = torch.empty_like(q)
     for bucket in decode_buckets(meta, k_cache.shape[1]):
-        out.index_copy_(0, bucket.rows, _decode_bucket(q, k_cache, v_cache, bucket, scale))
+        out.index_copy_(0, bucket.rows, _decode_bucket(q, cache, bucket, scale))
     for i, q_len in enumerate(meta.query_lens_list):
         if q_len > 1:
             start = int(meta.query_start_loc[i])
-            out[start:start + q_len] = _prefill_one(
-                q[start:start + q_len], k_cache, v_cache, meta, i, scale
-            )
+            out[start:start + q_len] = _prefill_one(q[start:start + q_len], cache, meta, i, scale)
     return out
 
 
@@ -89,19 +103,29 @@ def _build_decode_buckets(meta: AttentionMetadata, block_size: int) -> list[Deco
     return buckets
 
 
-def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+def _read(cache: torch.Tensor, scales: torch.Tensor | None, blocks: torch.Tensor,
+          dtype: torch.dtype) -> torch.Tensor:
+    """The given blocks of one cache in dtype, dequantized when it has scales."""
+    if scales is None:
+        return cache.index_select(0, blocks).to(dtype)
+    # Gathered as bytes: index kernels do not cover float8 on every device.
+    values = cache.view(torch.uint8).index_select(0, blocks).view(cache.dtype)
+    return dequantize(values, scales.index_select(0, blocks), dtype)
+
+
+def _gather(cache: torch.Tensor, scales: torch.Tensor | None, block_table: torch.Tensor,
+            length: int, dtype: torch.dtype) -> torch.Tensor:
     """[length, kv_heads, dim] of one sequence's context, in token order."""
-    block_size = cache.shape[1]
-    num_blocks = -(-length // block_size)
-    blocks = cache.index_select(0, block_table[:num_blocks])
+    num_blocks = -(-length // cache.shape[1])
+    blocks = _read(cache, scales, block_table[:num_blocks], dtype)
     return blocks.reshape(-1, *cache.shape[2:])[:length]
 
 
-def _prefill_one(q, k_cache, v_cache, meta, i, scale):
+def _prefill_one(q, cache: KVLayer, meta, i, scale):
     ctx = meta.seq_lens_list[i]
     q_len = q.shape[0]
-    k = _gather(k_cache, meta.block_tables[i], ctx).to(q.dtype)
-    v = _gather(v_cache, meta.block_tables[i], ctx).to(q.dtype)
+    k = _gather(cache.k, cache.k_scale, meta.block_tables[i], ctx, q.dtype)
+    v = _gather(cache.v, cache.v_scale, meta.block_tables[i], ctx, q.dtype)
     # 4-D inputs: with 3-D ones CPU SDPA falls back to its unfused math path (about 3x slower).
     qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
     if ctx == q_len:
@@ -115,19 +139,19 @@ def _prefill_one(q, k_cache, v_cache, meta, i, scale):
     return o[0].transpose(0, 1)
 
 
-def _decode_bucket(q, k_cache, v_cache, bucket: DecodeBucket, scale):
+def _decode_bucket(q, cache: KVLayer, bucket: DecodeBucket, scale):
     """One query per sequence over its padded context; the query heads that share a K/V head
     ride along its query axis, so K/V are gathered once and never repeated."""
     batch = bucket.rows.shape[0]
-    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    _, block_size, num_kv_heads, head_dim = cache.k.shape
     num_heads = q.shape[1]
     length = bucket.num_blocks * block_size
-    k = k_cache.index_select(0, bucket.blocks).view(batch, length, num_kv_heads, head_dim)
-    v = v_cache.index_select(0, bucket.blocks).view(batch, length, num_kv_heads, head_dim)
+    k = _read(cache.k, cache.k_scale, bucket.blocks, q.dtype)
+    v = _read(cache.v, cache.v_scale, bucket.blocks, q.dtype)
+    k, v = (x.view(batch, length, num_kv_heads, head_dim) for x in (k, v))
     grouped = q.index_select(0, bucket.rows).view(
         batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     o = F.scaled_dot_product_attention(
-        grouped, k.transpose(1, 2).to(q.dtype), v.transpose(1, 2).to(q.dtype),
-        attn_mask=bucket.mask, scale=scale,
+        grouped, k.transpose(1, 2), v.transpose(1, 2), attn_mask=bucket.mask, scale=scale,
     )
     return o.reshape(batch, num_heads, head_dim)

@@ -13,12 +13,11 @@ from torch import nn
 
 from tokenmill.engine.layers.attention import attention, store_kv
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
+from tokenmill.engine.layers.kv_layer import KVLayer
 from tokenmill.engine.layers.linear import MergedLinear
 from tokenmill.engine.layers.norm import RMSNorm
 from tokenmill.engine.layers.rotary import RopeTables, RotaryEmbedding, rope_parameters
 from tokenmill.engine.models.architecture import flags_of
-
-KVCache = tuple[torch.Tensor, torch.Tensor]
 
 
 def head_dim_of(config: Any) -> int:
@@ -51,7 +50,7 @@ class Attention(nn.Module):
         self.scale = self.head_dim ** -0.5
 
     def forward(self, x: torch.Tensor, rope: RopeTables,
-                kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+                kv_cache: KVLayer, meta: AttentionMetadata) -> torch.Tensor:
         tokens = x.shape[0]
         q, k, v = self.qkv_proj(x)
         q = q.view(tokens, self.num_heads, self.head_dim)
@@ -60,9 +59,8 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rope.rotate(q, k)
-        k_cache, v_cache = kv_cache
-        store_kv(k, v, k_cache, v_cache, meta)
-        o = attention(q, k_cache, v_cache, meta, self.scale)
+        store_kv(k, v, kv_cache, meta)
+        o = attention(q, kv_cache, meta, self.scale)
         return self.o_proj(o.reshape(tokens, -1))
 
 
@@ -125,7 +123,7 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[KVCache], meta: AttentionMetadata) -> torch.Tensor:
+                kv_caches: list[KVLayer], meta: AttentionMetadata) -> torch.Tensor:
         return self.model(input_ids, positions, kv_caches, meta)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

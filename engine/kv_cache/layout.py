@@ -1,0 +1,60 @@
+"""Shape and storage of the paged KV pool, so that sizing, allocation and reports agree."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tokenmill.engine.layers.kv_quant import is_quantized, kv_storage_dtype
+from tokenmill.engine.models.decoder import head_dim_of, num_kv_heads_of
+
+SCALE_DTYPE = torch.float32
+
+
+@dataclass(frozen=True)
+class KVCacheLayout:
+    """Values: [layers, 2 (K, V), blocks, block_size, kv_heads, head_dim] in `dtype`. A
+    quantized pool adds scales [layers, 2, blocks, block_size, kv_heads] in float32, one per
+    (token, K/V head), so a token costs head_dim bytes plus 4 per head in int8 or fp8."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+
+    @classmethod
+    def for_model(cls, model_config: Any, block_size: int, model_dtype: torch.dtype,
+                  kv_cache_dtype: str = "auto") -> KVCacheLayout:
+        return cls(model_config.num_hidden_layers, num_kv_heads_of(model_config),
+                   head_dim_of(model_config), block_size,
+                   kv_storage_dtype(kv_cache_dtype, model_dtype))
+
+    @property
+    def quantized(self) -> bool:
+        return is_quantized(self.dtype)
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    @property
+    def bytes_per_token(self) -> int:
+        """K and V of every layer for one token, scales included."""
+        per_row = self.head_dim * self.dtype.itemsize
+        if self.quantized:
+            per_row += SCALE_DTYPE.itemsize
+        return 2 * self.num_layers * self.num_kv_heads * per_row
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.bytes_per_token * self.block_size
+
+    def values_shape(self, num_blocks: int) -> tuple[int, ...]:
+        return (self.num_layers, 2, num_blocks, self.block_size, self.num_kv_heads,
+                self.head_dim)
+
+    def scales_shape(self, num_blocks: int) -> tuple[int, ...]:
+        return (self.num_layers, 2, num_blocks, self.block_size, self.num_kv_heads)
