@@ -22,7 +22,7 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 # What this engine build runs today, a subset of the values above: the rest are valid option
 # values that fail at start-up (engine), and at `kubectl apply` (the CRD's rules are generated
 # from these), until the engine implements them.
-SUPPORTED = {"tensor_parallel_size": (1,), "quantization": (None,),
+SUPPORTED = {"tensor_parallel_size": (1,), "quantization": (None, "int8", "fp8"),
              "kv_cache_dtype": ("auto", "int8", "fp8")}
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_CPU_KV_CACHE_MEMORY = 1 << 30
@@ -70,7 +70,11 @@ class EngineConfig:
     )
     seed: int = _opt(0, "Seed of the engine's random state (requests without their own seed).")
     tensor_parallel_size: int = _opt(1, "Number of GPUs one replica shards the model over.")
-    quantization: str | None = _opt(None, "Weight quantization: int8 or fp8.")
+    quantization: str | None = _opt(
+        None, "Weight quantization of the decoder's linear layers, one scale per output "
+              "channel: int8 (weights only) or fp8 (e4m3; fp8 matmuls on CUDA with compute "
+              "capability 8.9 or newer, dequantized weights elsewhere). Embeddings and the "
+              "LM head stay unquantized.")
     kv_cache_dtype: str = _opt(
         "auto",
         "KV-cache dtype: auto (the model dtype), int8 or fp8 (e4m3), each with a float32 scale "

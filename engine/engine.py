@@ -62,7 +62,7 @@ class LLMEngine:
         log.info("loading model", extra={"model": config.model, "device": str(self.device),
                                          "dtype": str(self.dtype)})
         model = build_model(self.model_config, source, self.max_model_len, self.dtype,
-                            self.device, show_progress)
+                            self.device, show_progress, quantization=config.quantization)
         layout = KVCacheLayout.for_model(self.model_config, config.block_size, self.dtype,
                                          config.kv_cache_dtype)
         num_blocks = self._num_blocks(layout)

@@ -1,4 +1,5 @@
-"""Build a model and fill it with weights from safetensors or GGUF (dequantized on load)."""
+"""Build a model and fill it with weights from safetensors or GGUF (dequantized on load),
+then optionally quantize its projections (int8 or fp8)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tokenmill.engine.layers.linear import MergedLinear
 from tokenmill.engine.layers.rotary import RotaryEmbedding, rope_parameters
 from tokenmill.engine.models.decoder import CausalLM, head_dim_of, num_kv_heads_of
 from tokenmill.engine.models.gguf_weights import gguf_tensors
+from tokenmill.engine.models.quantize import check_quantization, quantize_model
 from tokenmill.engine.models.source import ModelSource
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -33,8 +35,11 @@ def load_tokenizer(source: ModelSource) -> Any:
 
 
 def build_model(config: Any, source: ModelSource, max_positions: int, dtype: torch.dtype,
-                device: torch.device, show_progress: bool = True) -> CausalLM:
-    """Allocate the model directly on `device` (no random init) and load its weights."""
+                device: torch.device, show_progress: bool = True,
+                quantization: str | None = None) -> CausalLM:
+    """Allocate the model directly on `device` (no random init), load its weights, then
+    quantize them if asked (after loading: checkpoints hold full-precision weights)."""
+    check_quantization(quantization)
     with torch.device("meta"):
         model = CausalLM(config, max_positions)
     model = model.to(dtype=dtype).to_empty(device=device)
@@ -46,6 +51,12 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
         model.lm_head.weight = model.model.embed_tokens.weight
     tensors = _gguf_named(source, config) if source.gguf_file else _safetensors(source)
     _load(model, tensors, show_progress)
+    if quantization is not None:
+        quantize_model(model, quantization)
+        if device.type == "cuda":
+            # Hand the released full-precision weights back to the driver: the KV-cache budget
+            # is read from the free device memory.
+            torch.cuda.empty_cache()
     return model.eval()
 
 
