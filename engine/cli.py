@@ -79,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
     multiturn.add_arguments(multiturn_parser)
     multiturn_parser.set_defaults(func=multiturn.run)
 
+    from tokenmill.engine.bench import accuracy
+
+    accuracy_parser = bench_commands.add_parser("accuracy", help=accuracy.__doc__)
+    add_engine_arguments(accuracy_parser)
+    accuracy.add_arguments(accuracy_parser)
+    accuracy_parser.set_defaults(func=accuracy.run)
+
     from tokenmill.engine.bench import serve as bench_serve
 
     serve_parser = bench_commands.add_parser("serve", help=bench_serve.__doc__)

@@ -17,6 +17,7 @@ from tokenmill.engine.kv_cache import KVCacheManager, KVCacheStats
 from tokenmill.engine.kv_cache.layout import KVCacheLayout
 from tokenmill.engine.layers.attention import check_kv_cache_dtype, resolve_backend
 from tokenmill.engine.models.loader import build_model, load_config, load_tokenizer
+from tokenmill.engine.models.quantize import weight_bytes
 from tokenmill.engine.models.source import resolve_model
 from tokenmill.engine.output_processor import append_token, request_output
 from tokenmill.engine.outputs import RequestOutput
@@ -78,6 +79,7 @@ class LLMEngine:
         self.last_plan: SchedulerOutput | None = None  # the latest step's composition
         log.info("engine ready", extra={"kv_blocks": num_blocks, "block_size": config.block_size,
                                         "max_model_len": self.max_model_len})
+        log.info("memory", extra=self.memory_report())
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -130,6 +132,16 @@ class LLMEngine:
 
     def kv_cache_stats(self) -> KVCacheStats:
         return self.kv.stats()
+
+    def memory_report(self) -> dict[str, Any]:
+        """What the weights and the KV pool take: the figures quantization changes."""
+        stats = self.kv.stats()
+        return {"quantization": self.config.quantization or "none",
+                "weights_bytes": weight_bytes(self.runner.model),
+                "kv_cache_dtype": stats.dtype,
+                "kv_bytes_per_token": stats.bytes_per_token,
+                "kv_tokens_per_gib": stats.tokens_per_gib,
+                "kv_capacity_tokens": stats.num_blocks * self.config.block_size}
 
     @property
     def kv_cache_usage(self) -> float:

@@ -34,6 +34,15 @@ class EngineMetrics:
                              "Sequences in the running batch.", labels, registry=r)
         self.kv_usage = Gauge("tokenmill_kv_cache_usage_ratio",
                               "Fraction of KV-cache blocks in use.", labels, registry=r)
+        # What quantization buys: set once the model is loaded.
+        self.weights_bytes = Gauge("tokenmill_model_weights_bytes",
+                                   "Bytes of the model's weights in device memory.", labels,
+                                   registry=r)
+        self.kv_capacity = Gauge("tokenmill_kv_cache_capacity_tokens",
+                                 "Tokens the KV-cache pool holds.", labels, registry=r)
+        self.kv_tokens_per_gib = Gauge("tokenmill_kv_cache_tokens_per_gib",
+                                       "Tokens one GiB of KV-cache memory holds (with the "
+                                       "KV-cache dtype's scales).", labels, registry=r)
         self.prompt_tokens = Counter("tokenmill_prompt_tokens",
                                      "Prompt tokens of admitted requests.", labels, registry=r)
         self.generation_tokens = Counter("tokenmill_generation_tokens",
@@ -74,6 +83,10 @@ class EngineMetrics:
         self.waiting.labels(name).set_function(lambda: engine.num_waiting)
         self.running.labels(name).set_function(lambda: engine.engine.num_running)
         self.kv_usage.labels(name).set_function(lambda: engine.engine.kv_cache_usage)
+        memory = engine.engine.memory_report()
+        self.weights_bytes.labels(name).set(memory["weights_bytes"])
+        self.kv_capacity.labels(name).set(memory["kv_capacity_tokens"])
+        self.kv_tokens_per_gib.labels(name).set(memory["kv_tokens_per_gib"])
 
     def observe_step(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
         """Account a step's outputs (called on the engine thread after every step)."""

@@ -56,8 +56,10 @@ class ModelRunner:
                 self.kv_scales[:, :, dst] = self.kv_scales[:, :, src]
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[tuple[Sequence, int]]) -> torch.Tensor:
-        """Run one step; return logits for the last new token of every sequence, in order."""
+    def execute(self, scheduled: list[tuple[Sequence, int]],
+                all_logits: bool = False) -> torch.Tensor:
+        """Run one step; return logits for the last new token of every sequence, in order
+        (every new token's with all_logits: scoring a text, engine/scoring.py)."""
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -95,5 +97,7 @@ class ModelRunner:
             torch.tensor(positions, dtype=torch.long, device=device),
             self.kv_caches, meta,
         )
+        if all_logits:
+            return self.model.logits(hidden)
         last_rows = torch.tensor(query_start[1:], device=device) - 1
         return self.model.logits(hidden[last_rows])

@@ -79,10 +79,6 @@ BAD = [
     ({"engine": {"tensorParallelSize": 3}}, "engine.tensorParallelSize: 3 is not one of"),
     ({"engine": {"tensorParallelSize": 2}}, "engine.tensorParallelSize: this tokenmill version "
                                             "supports only 1"),
-    ({"engine": {"quantization": "fp8"}}, "engine.quantization: this tokenmill version "
-                                          "supports only none"),
-    ({"engine": {"kvCacheDtype": "int8"}}, "engine.kvCacheDtype: this tokenmill version "
-                                           "supports only auto"),
     ({"engine": {"tensorParallelSize": 4}, "resources": {"gpus": 2}},
      "resources.gpus must be at least engine.tensorParallelSize"),
     ({"engine": {"tensorParallelSize": 2}, "resources": {"gpus": 0}},
@@ -152,6 +148,16 @@ def test_long_names_are_rejected_at_apply():
     obj = {"apiVersion": "tokenmill.io/v1alpha1", "kind": "InferenceService",
            "metadata": {"name": "a" * 64}, "spec": {}}
     assert any("at most 63 characters" in e for e in admission_errors(obj))
+
+
+@pytest.mark.parametrize("engine", [
+    {"quantization": "int8"}, {"quantization": "fp8"}, {"kvCacheDtype": "int8"},
+    {"kvCacheDtype": "fp8"}, {"quantization": "fp8", "kvCacheDtype": "fp8"}])
+def test_quantization_is_admitted_and_deployable(engine):
+    obj = {"apiVersion": "tokenmill.io/v1alpha1", "kind": "InferenceService",
+           "metadata": {"name": "x"}, "spec": {"engine": engine}}
+    assert admission_errors(obj) == []
+    reconcile.load("x", obj["spec"])
 
 
 @pytest.mark.parametrize("name", ["my.model", "My-model", "1model", "model-"])

@@ -224,8 +224,6 @@ def test_tp_heads_check_applies_only_where_the_model_is_known():
 
 @pytest.mark.parametrize(("engine", "where"), [
     ({"tensorParallelSize": 2}, "spec.engine.tensorParallelSize: 2 is not supported"),
-    ({"quantization": "fp8"}, "spec.engine.quantization: fp8 is not supported"),
-    ({"kvCacheDtype": "int8"}, "spec.engine.kvCacheDtype: int8 is not supported"),
     ({"extraArgs": ["--block-size", "7"]}, "spec.engine.extraArgs: --block-size: 7 is not one of"),
     ({"extraArgs": ["--seed", "x"]}, "spec.engine.extraArgs: argument --seed: invalid int"),
     ({"extraArgs": ["--max-num-seqs"]}, "set by spec.engine.maxNumSeqs"),

@@ -288,6 +288,15 @@ def test_metrics_count_the_traffic(base_url, client, server_state):
         assert (name, ()) in after
 
 
+def test_metrics_report_weights_and_kv_memory(base_url, server_state):
+    memory = server_state.engine.engine.memory_report()
+    m = _metrics(base_url)
+    assert m[("tokenmill_model_weights_bytes", ())] == memory["weights_bytes"] > 100 << 20
+    assert m[("tokenmill_kv_cache_capacity_tokens", ())] == memory["kv_capacity_tokens"] > 0
+    assert m[("tokenmill_kv_cache_tokens_per_gib", ())] == pytest.approx(
+        memory["kv_tokens_per_gib"])
+
+
 def test_health_models_and_version(base_url):
     with httpx.Client(timeout=10) as http:
         assert http.get(base_url + "/health").status_code == 200

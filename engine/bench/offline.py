@@ -26,10 +26,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix-cache-ab", action="store_true",
                         help="Also run the workload on two engines, prefix cache off and on, "
                              "stepped side by side, and report the throughput ratio.")
+    parser.add_argument("--compare-quantization", metavar="MODES", type=_modes, default=None,
+                        help="Also run the workload unquantized and in each of these modes "
+                             "(comma separated, e.g. int8,kv-int8; 'all' for every mode) at the "
+                             "same KV budget, and report throughput and KV capacity ratios.")
     parser.add_argument("--json", metavar="PATH", help="Write the raw results as JSON here.")
     parser.add_argument("--plot", metavar="PATH", help="Write a PNG plot (needs matplotlib).")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                         help="Show progress bars.")
+
+
+def _modes(text: str) -> list[str]:
+    from tokenmill.engine.bench.quant_modes import MODES, parse_modes
+
+    try:
+        return list(MODES) if text.strip() == "all" else parse_modes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def parse_batch_sizes(text: str) -> list[int]:
@@ -55,6 +68,10 @@ def run(args: argparse.Namespace) -> int:
         from tokenmill.engine.bench.prefix_ab import format_comparison
 
         print(format_comparison(summary["prefix_cache_ab"]))
+    if "quantization" in summary:
+        from tokenmill.engine.bench.quant_ab import format_comparison as format_quantization
+
+        print(format_quantization(summary["quantization"]))
     if args.json:
         write_json(args.json, payload)
         print(f"raw results: {args.json}")
@@ -105,6 +122,12 @@ def benchmark(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
 
         _status("prefix cache off and on, side by side")
         summary["prefix_cache_ab"] = prefix_ab.compare(config, workload, args.progress)
+    if args.compare_quantization:
+        from tokenmill.engine.bench import quant_ab
+
+        _status(f"quantization modes at the same KV budget: {args.compare_quantization}")
+        summary["quantization"] = quant_ab.compare(config, workload, args.compare_quantization,
+                                                   args.progress)
     payload = {
         "benchmark": "offline",
         "command": report.command_line(),
