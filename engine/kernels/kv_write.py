@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tokenmill.engine.kernels.attend import scale_args
+
 
 @triton.jit
 def _quantize_rows(x, QMAX: tl.constexpr, ROUND: tl.constexpr):
@@ -74,19 +76,16 @@ def kv_write(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     assert k.stride(-1) == v.stride(-1) == k_cache.stride(-1) == v_cache.stride(-1) == 1
     assert k_cache.stride() == v_cache.stride()
     quantized = k_scale is not None
-    if quantized:
-        assert k_scale.stride() == v_scale.stride() and k_scale.stride(-1) == 1
-        qmax = (torch.finfo(k_cache.dtype) if k_cache.dtype.is_floating_point
-                else torch.iinfo(k_cache.dtype)).max
-    else:  # the scale arguments are never read: any tensor fills them
-        k_scale = v_scale = k_cache
-        qmax = 0
+    # int8: 127, e4m3: 448 (layers/kv_quant.qmax; kernels import nothing from the layers)
+    limit = (torch.finfo(k_cache.dtype) if k_cache.dtype.is_floating_point
+             else torch.iinfo(k_cache.dtype)).max
+    k_scales, v_scales, scale_sb, scale_st = scale_args(k_cache, k_scale, v_scale)
     _kv_write_kernel[(num_tokens,)](
-        k, v, k_cache, v_cache, k_scale, v_scale, slot_mapping,
+        k, v, k_cache, v_cache, k_scales, v_scales, slot_mapping,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        k_scale.stride(0), k_scale.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale_sb, scale_st,
         k_cache.shape[1], num_kv_heads, head_dim,
         BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
-        QUANTIZED=quantized, QMAX=float(qmax), ROUND=not k_cache.dtype.is_floating_point,
+        QUANTIZED=quantized, QMAX=float(limit) if quantized else 0.0,
+        ROUND=not k_cache.dtype.is_floating_point,
     )
