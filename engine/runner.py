@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from tokenmill.engine.kv_cache.layout import SCALE_DTYPE, KVCacheLayout
@@ -12,13 +10,6 @@ from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.kv_layer import KVLayer
 from tokenmill.engine.models.decoder import CausalLM
 from tokenmill.engine.request import Sequence
-
-
-def kv_bytes_per_block(model_config: Any, block_size: int, dtype: torch.dtype,
-                       kv_cache_dtype: str = "auto") -> int:
-    """K and V of every layer for block_size tokens, stored as kv_cache_dtype (auto: dtype),
-    with the scales of a quantized pool."""
-    return KVCacheLayout.for_model(model_config, block_size, dtype, kv_cache_dtype).bytes_per_block
 
 
 class ModelRunner:

@@ -58,9 +58,10 @@ def test_prompt_too_long_is_rejected_and_others_still_run(tiny_llama_dir):
 
 
 def test_request_larger_than_the_kv_pool_is_rejected_at_admission(tiny_llama_dir, tiny_llama):
-    from tokenmill.engine.runner import kv_bytes_per_block
+    from tokenmill.engine.kv_cache.layout import KVCacheLayout
 
-    block = kv_bytes_per_block(tiny_llama.engine.model_config, 8, tiny_llama.engine.dtype)
+    engine = tiny_llama.engine
+    block = KVCacheLayout.for_model(engine.model_config, 8, engine.dtype).bytes_per_block
     with pytest.raises(ConfigError, match="kv_cache_memory"):
         LLM(tiny_llama_dir, show_progress=False, block_size=8, kv_cache_memory=block - 1)
     llm = LLM(tiny_llama_dir, show_progress=False, block_size=8, kv_cache_memory=4 * block)

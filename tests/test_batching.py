@@ -83,9 +83,10 @@ def test_preemption_by_recompute_keeps_outputs(tiny_llama_dir, tiny_llama):
 
 
 def tiny_llama_block_bytes(llm: LLM, block_size: int) -> int:
-    from tokenmill.engine.runner import kv_bytes_per_block
+    from tokenmill.engine.kv_cache.layout import KVCacheLayout
 
-    return kv_bytes_per_block(llm.engine.model_config, block_size, llm.engine.dtype)
+    engine = llm.engine
+    return KVCacheLayout.for_model(engine.model_config, block_size, engine.dtype).bytes_per_block
 
 
 def test_long_prompt_is_prefilled_in_chunks_within_the_token_budget(tiny_llama_dir, tiny_llama):

@@ -69,10 +69,9 @@ def test_n_samples_with_cached_prompt(tiny_llama_dir):
 
 
 def test_eviction_under_a_small_pool_keeps_outputs_and_leaks_nothing(tiny_llama_dir, reference):
-    from tokenmill.engine.runner import kv_bytes_per_block
 
     probe = LLM(tiny_llama_dir, show_progress=False, max_num_seqs=1, kv_cache_memory=1 << 20)
-    block = kv_bytes_per_block(probe.engine.model_config, 16, probe.engine.dtype)
+    block = probe.engine.runner.layout.bytes_per_block  # the default block size, 16
     llm = LLM(tiny_llama_dir, show_progress=False, enable_prefix_caching=True,
               kv_cache_memory=8 * block)  # 8 blocks: every workload evicts earlier ones
     allocator = llm.engine.kv.allocator
