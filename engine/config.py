@@ -22,7 +22,7 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 # What this engine build runs today, a subset of the values above: the rest are valid option
 # values that fail at start-up (engine), and at `kubectl apply` (the CRD's rules are generated
 # from these), until the engine implements them.
-SUPPORTED = {"tensor_parallel_size": (1,), "quantization": (None, "int8", "fp8"),
+SUPPORTED = {"tensor_parallel_size": (1, 2, 4, 8), "quantization": (None, "int8", "fp8"),
              "kv_cache_dtype": ("auto", "int8", "fp8")}
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_CPU_KV_CACHE_MEMORY = 1 << 30

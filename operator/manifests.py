@@ -35,6 +35,14 @@ SCRATCH_ENV = [
     {"name": "TRITON_CACHE_DIR", "value": f"{SCRATCH}/.cache/triton"},
     {"name": "HF_HOME", "value": f"{SCRATCH}/.cache/huggingface"},
 ]
+# Tensor parallelism: the ranks of one replica run in one pod and talk over NCCL, which keeps
+# host-side buffers in /dev/shm (and all traffic, where GPUs lack peer access); torch shares
+# tensors between processes there too. The runtime's default /dev/shm is 64 MiB, which NCCL
+# outgrows; a memory-backed emptyDir of 1 GiB per rank is ample, and only the pages written
+# count (against the container's memory limit).
+SHM_GIB_PER_RANK = 1
+# NCCL prints nothing by default; at WARN a failed collective explains itself in the log.
+NCCL_ENV = [{"name": "NCCL_DEBUG", "value": "WARN"}]
 
 
 def labels(name: str) -> dict[str, str]:
@@ -84,8 +92,10 @@ def _volumes(spec: InferenceServiceSpec) -> tuple[list[dict], list[dict]]:
     PVC."""
     volumes: list[dict] = [{"name": "scratch", "emptyDir": {}}]
     mounts: list[dict] = [{"name": "scratch", "mountPath": SCRATCH}]
-    if spec.engine.tensor_parallel_size > 1:
-        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+    tp = spec.engine.tensor_parallel_size
+    if tp > 1:
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory",
+                                                     "sizeLimit": f"{tp * SHM_GIB_PER_RANK}Gi"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     if spec.model.uri.startswith("pvc://"):
         claim = spec.model.uri.removeprefix("pvc://").partition("/")[0]
@@ -96,10 +106,12 @@ def _volumes(spec: InferenceServiceSpec) -> tuple[list[dict], list[dict]]:
 
 
 def _env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
-    """The scratch locations, then the spec's variables (which may override them)."""
+    """The scratch locations and, with tensor parallelism, NCCL's settings, then the spec's
+    variables (which may override them)."""
     own = [e.model_dump(by_alias=True, exclude_none=True) for e in spec.env]
     names = {e["name"] for e in own}
-    return [e for e in SCRATCH_ENV if e["name"] not in names] + own
+    ours = SCRATCH_ENV + (NCCL_ENV if spec.engine.tensor_parallel_size > 1 else [])
+    return [e for e in ours if e["name"] not in names] + own
 
 
 def _container(name: str, spec: InferenceServiceSpec, image: str) -> dict[str, Any]:

@@ -25,6 +25,8 @@ from pydantic.alias_generators import to_camel
 
 from tokenmill.engine.config import DEFAULT_MODEL, SUPPORTED, TENSOR_PARALLEL_SIZES
 
+from .model_shapes import tp_problem, tp_rules
+
 GROUP = "tokenmill.io"
 VERSION = "v1alpha1"
 KIND = "InferenceService"
@@ -54,10 +56,6 @@ PARENT_SEGMENT = r"(^|/)[.][.](/|$)"  # `..` in a model path would leave the mou
 MAX_MAP_ENTRIES = 64
 MAX_LIST_ITEMS = 128
 MAX_URI_LENGTH = 1024
-
-# Attention and KV heads of models whose shape the operator knows without loading them; tensor
-# parallelism must divide both. Other models are checked by the engine at start-up.
-KNOWN_MODEL_HEADS = {DEFAULT_MODEL: (9, 3)}
 
 
 def _cel(rule: str, message: str) -> dict[str, str]:
@@ -147,7 +145,9 @@ class EngineSpec(_Spec):
     )
 
     tensor_parallel_size: Literal[TENSOR_PARALLEL_SIZES] = Field(  # type: ignore[valid-type]
-        1, description="GPUs one replica shards the model over.")
+        1, description="GPUs of one node that one replica shards the model over; must divide "
+                       "the model's attention heads and intermediate size, and its KV heads "
+                       "or be a multiple of them.")
     quantization: Literal["none", "int8", "fp8"] = Field("none", description="Weight quantization.")
     kv_cache_dtype: Literal["auto", "int8", "fp8"] = Field(
         "auto", description="KV-cache dtype; auto is the model's dtype."
@@ -199,7 +199,8 @@ class ResourcesSpec(_Spec):
     """Compute resources of one replica."""
 
     gpus: int | None = Field(
-        None, ge=0, description="GPUs per replica; default: tensorParallelSize. 0 runs on CPU."
+        None, ge=0, description="GPUs per replica, at least tensorParallelSize; default: "
+                                "tensorParallelSize. 0 runs on CPU."
     )
     gpu_resource_name: str = Field(
         "nvidia.com/gpu", pattern=RESOURCE_NAME_PATTERN, max_length=253,
@@ -242,6 +243,7 @@ class InferenceServiceSpec(_Spec):
              "self.engine.tensorParallelSize == 1))",
              "resources.gpus must be at least engine.tensorParallelSize (or 0 to run on CPU "
              "with tensorParallelSize 1)"),
+        *tp_rules(),
     )
 
     model: ModelSpec = Field(default_factory=ModelSpec, json_schema_extra={"default": {}})
@@ -372,10 +374,8 @@ def check(spec: InferenceServiceSpec) -> None:
     if spec.gpus < tp and not (spec.gpus == 0 and tp == 1):
         raise SpecError(f"spec.resources.gpus: {spec.gpus} GPUs cannot hold tensorParallelSize "
                         f"{tp}; use at least {tp} (or 0 to run on CPU with tensorParallelSize 1)")
-    heads = KNOWN_MODEL_HEADS.get(spec.model.uri)
-    if heads and any(n % tp for n in heads):
-        raise SpecError(f"spec.engine.tensorParallelSize: {tp} does not divide the attention "
-                        f"heads of {spec.model.uri} ({heads[0]} heads, {heads[1]} KV heads)")
+    if problem := tp_problem(spec.model.uri, tp):
+        raise SpecError(problem)
     scaling = spec.autoscaling
     if scaling and scaling.min_replicas > scaling.max_replicas:
         raise SpecError(f"spec.autoscaling: minReplicas {scaling.min_replicas} is greater than "

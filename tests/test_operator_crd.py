@@ -77,8 +77,16 @@ def test_there_are_the_three_examples():
 
 BAD = [
     ({"engine": {"tensorParallelSize": 3}}, "engine.tensorParallelSize: 3 is not one of"),
-    ({"engine": {"tensorParallelSize": 2}}, "engine.tensorParallelSize: this tokenmill version "
-                                            "supports only 1"),
+    ({"engine": {"tensorParallelSize": 16}}, "engine.tensorParallelSize: 16 is not one of"),
+    # The built-in model (the default) has 9 attention heads and 3 KV heads: only 1 divides.
+    ({"engine": {"tensorParallelSize": 2}},
+     "engine.tensorParallelSize must divide the attention heads of smollm2-135m-instruct "
+     "(9 attention heads, 3 KV heads"),
+    ({"model": {"uri": "smollm2-135m-instruct"}, "engine": {"tensorParallelSize": 8},
+      "resources": {"gpus": 8}},
+     "engine.tensorParallelSize must divide the attention heads of smollm2-135m-instruct"),
+    ({"model": {"uri": "/models/llama"}, "engine": {"tensorParallelSize": 8},
+      "resources": {"gpus": 4}}, "resources.gpus must be at least engine.tensorParallelSize"),
     ({"engine": {"tensorParallelSize": 4}, "resources": {"gpus": 2}},
      "resources.gpus must be at least engine.tensorParallelSize"),
     ({"engine": {"tensorParallelSize": 2}, "resources": {"gpus": 0}},
@@ -158,6 +166,24 @@ def test_quantization_is_admitted_and_deployable(engine):
            "metadata": {"name": "x"}, "spec": {"engine": engine}}
     assert admission_errors(obj) == []
     reconcile.load("x", obj["spec"])
+
+
+@pytest.mark.parametrize("spec", [
+    {"model": {"uri": "/models/llama"}, "engine": {"tensorParallelSize": 2}},
+    {"model": {"uri": "pvc://weights/llama"}, "engine": {"tensorParallelSize": 4}},
+    {"model": {"uri": "/models/llama"}, "engine": {"tensorParallelSize": 8},
+     "resources": {"gpus": 8}},
+    {"model": {"uri": "/models/llama"}, "engine": {"tensorParallelSize": 2},
+     "resources": {"gpus": 4}},
+    {"model": {"uri": "smollm2-135m-instruct"}, "engine": {"tensorParallelSize": 1}},
+], ids=["tp2", "tp4-pvc", "tp8-gpus8", "tp2-gpus4", "smollm2-tp1"])
+def test_tensor_parallelism_is_admitted_and_deployable(spec):
+    """A model the operator cannot see into is admitted at every size the API defines; the
+    engine checks its heads when it loads the model's config."""
+    obj = {"apiVersion": "tokenmill.io/v1alpha1", "kind": "InferenceService",
+           "metadata": {"name": "x"}, "spec": spec}
+    assert admission_errors(obj) == []
+    reconcile.load("x", spec)
 
 
 @pytest.mark.parametrize("name", ["my.model", "My-model", "1model", "model-"])

@@ -178,6 +178,30 @@ async def test_invalid_spec_is_reported_not_retried(tmp_path):
         await k.eventually(lambda: k.get(f"/apis/apps/v1/namespaces/{NS}/deployments/bad"))
 
 
+async def test_tensor_parallelism_deploys_or_says_why_not(tmp_path):
+    async with running_operator(tmp_path) as k:
+        await k.request("POST", ISVCS, inference_service("chat", {
+            "model": {"uri": "/models/llama"}, "engine": {"tensorParallelSize": 4}}))
+        await k.request("POST", ISVCS, inference_service("bad", {
+            "engine": {"tensorParallelSize": 2}}, uid="uid-2"))
+
+        pod = (await k.eventually(lambda: k.get(DEPLOY)))["spec"]["template"]["spec"]
+        (c,) = pod["containers"]
+        assert c["resources"]["limits"] == {"nvidia.com/gpu": "4"}
+        assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "4Gi"}} in (
+            pod["volumes"])
+        assert {"name": "NCCL_DEBUG", "value": "WARN"} in c["env"]
+
+        isvc = await k.eventually(lambda: _with(
+            k, f"{ISVCS}/bad", lambda o: condition(o, "Ready").get("reason") == "InvalidSpec"))
+        message = condition(isvc, "Ready")["message"]
+        assert "spec.engine.tensorParallelSize: 2 does not divide" in message
+        assert "9 attention heads, 3 KV heads" in message
+        (warning,) = await k.eventually(lambda: _events(k, "InvalidSpec"))
+        assert warning["type"] == "Warning" and warning["message"] == message
+        assert await k.get(f"/apis/apps/v1/namespaces/{NS}/deployments/bad") is None
+
+
 async def _with(k, path, predicate):
     obj = await k.get(path)
     return obj if obj is not None and predicate(obj) else None

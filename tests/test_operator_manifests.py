@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import re
+
 import kubernetes_validate
 import pytest
 import yaml
 from operator_support import EXAMPLES
 
+from tokenmill.engine import config
 from tokenmill.engine.config import ConfigError, engine_args
 from tokenmill.operator import manifests
 from tokenmill.operator.args import serve_command
+from tokenmill.operator.model_shapes import KNOWN_MODELS, ModelShape, allowed_sizes
 from tokenmill.operator.reconcile import load
 from tokenmill.operator.spec import SpecError, check, parse
 
@@ -84,7 +88,7 @@ def test_every_spec_field_lands_in_the_deployment():
                               "limits": {"memory": "64Gi", "amd.com/gpu": "4"}}
     assert c["image"] == "registry.local/tokenmill:2" and c["imagePullPolicy"] == "Always"
     scratch = [e for e in manifests.SCRATCH_ENV if e["name"] != "HF_HOME"]  # the spec's wins
-    assert c["env"] == scratch + FULL["env"]
+    assert c["env"] == scratch + manifests.NCCL_ENV + FULL["env"]
     assert spec_pod_security(template) == {**manifests.POD_SECURITY_CONTEXT, "runAsUser": 2000,
                                            "supplementalGroups": [3000]}
     assert c["securityContext"] == {**manifests.CONTAINER_SECURITY_CONTEXT,
@@ -99,7 +103,7 @@ def test_every_spec_field_lands_in_the_deployment():
     assert template["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
     assert template["metadata"]["annotations"]["prometheus.io/port"] == "8000"
     volumes = {v["name"]: v for v in spec["volumes"]}
-    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "2Gi"}
     assert volumes["model"]["persistentVolumeClaim"] == {"claimName": "weights", "readOnly": True}
     mounts = {m["mountPath"] for m in c["volumeMounts"]}
     assert mounts == {"/tmp", "/dev/shm", "/mnt/models"}
@@ -132,8 +136,37 @@ def test_cpu_replicas_get_no_gpu_and_device_cpu():
 
 def test_gpus_default_to_tensor_parallel_size():
     c = container({"model": {"uri": "/models/llama"}, "engine": {"tensorParallelSize": 4}})
-    assert c["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": "4"}}
     assert flag(c["command"], "--model") == "/models/llama"
+    assert flag(c["command"], "--tensor-parallel-size") == "4"
+
+
+TP4 = {"model": {"uri": "/models/llama"}, "engine": {"tensorParallelSize": 4}}
+
+
+def test_tensor_parallel_replicas_get_shared_memory_for_nccl():
+    """One pod, N ranks: /dev/shm in memory, 1 GiB per rank (the runtime's 64 MiB is too small
+    for NCCL)."""
+    p = pod(TP4)
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "4Gi"}} in p["volumes"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in p["containers"][0]["volumeMounts"]
+    assert pod({**TP4, "engine": {"tensorParallelSize": 8}})["volumes"][-1]["emptyDir"][
+        "sizeLimit"] == "8Gi"
+
+
+def test_tensor_parallel_replicas_get_nccl_env_the_spec_can_override():
+    env = {e["name"]: e.get("value") for e in container(TP4)["env"]}
+    assert env["NCCL_DEBUG"] == "WARN"
+    overridden = container({**TP4, "env": [{"name": "NCCL_DEBUG", "value": "INFO"},
+                                           {"name": "NCCL_P2P_DISABLE", "value": "1"}]})["env"]
+    assert [e for e in overridden if e["name"].startswith("NCCL_")] == [
+        {"name": "NCCL_DEBUG", "value": "INFO"}, {"name": "NCCL_P2P_DISABLE", "value": "1"}]
+
+
+def test_one_rank_gets_no_shared_memory_volume_nor_nccl_env():
+    c = container({"model": {"uri": "/models/llama"}})
+    assert not any(e["name"].startswith("NCCL_") for e in c["env"])
+    assert all(m["mountPath"] != "/dev/shm" for m in c["volumeMounts"])
 
 
 def test_probes_and_drain():
@@ -177,7 +210,7 @@ def test_replicas_and_pdb(spec, replicas, pdb):
 
 
 SPECS = [{}, FULL, {"resources": {"gpus": 0}}, {"replicas": 2, "engine": {"tensorParallelSize": 8},
-                                                "model": {"uri": "/m"}}]
+                                                "model": {"uri": "/m"}}, TP4]
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -195,21 +228,26 @@ def test_examples_render_valid_children(path):
 
 @pytest.mark.parametrize(("spec", "where"), [
     ({"engine": {"tensorParallelSize": 3}}, "spec.engine.tensorParallelSize"),
-    ({"engine": {"tensorParallelSize": 2}}, "does not divide the attention heads"),
+    ({"engine": {"tensorParallelSize": 2}}, "spec.engine.tensorParallelSize: 2 does not divide "
+     "the attention heads of smollm2-135m-instruct (9 attention heads, 3 KV heads"),
+    ({"model": {"uri": "smollm2-135m-instruct"}, "engine": {"tensorParallelSize": 8}},
+     "spec.engine.tensorParallelSize: 8 does not divide"),
     ({"engine": {"quantization": "int4"}}, "spec.engine.quantization"),
     ({"engine": {"maxNumSeqs": 4096}}, "spec.engine.maxNumBatchedTokens"),
     ({"engine": {"extraArgs": ["--port", "9000"]}}, "--port is set by the operator"),
     ({"engine": {"extraArgs": ["--max-num-seqs=8"]}}, "set by spec.engine.maxNumSeqs"),
     ({"engine": {"extraArgs": ["--turbo"]}}, "--turbo is not a tokenmill engine flag"),
     ({"resources": {"gpus": 1}, "engine": {"tensorParallelSize": 2}, "model": {"uri": "/m"}},
-     "spec.resources.gpus"),
+     "spec.resources.gpus: 1 GPUs cannot hold tensorParallelSize 2"),
+    ({"resources": {"gpus": 0}, "engine": {"tensorParallelSize": 4}, "model": {"uri": "/m"}},
+     "spec.resources.gpus: 0 GPUs cannot hold tensorParallelSize 4"),
     ({"autoscaling": {"minReplicas": 3, "maxReplicas": 2}}, "spec.autoscaling"),
     ({"autoscaling": {"minReplicas": 0}}, "spec.autoscaling.minReplicas: 0 needs mode external"),
     ({"model": {"uri": "s3://bucket/m"}}, "spec.model.uri"),
     ({"typo": 1}, "spec.typo"),
 ])
 def test_specs_the_engine_would_reject(spec, where):
-    with pytest.raises(SpecError, match=where.replace(".", r"\.").replace("-", r"\-")):
+    with pytest.raises(SpecError, match=re.escape(where)):
         load("svc", spec)
 
 
@@ -222,15 +260,35 @@ def test_tp_heads_check_applies_only_where_the_model_is_known():
     check(parse({"model": {"uri": "/models/llama"}, "engine": {"tensorParallelSize": 8}}))
 
 
+def test_tp_splits_heads_and_mlp_and_splits_or_replicates_kv_heads():
+    assert allowed_sizes(ModelShape(heads=32, kv_heads=8, intermediate_size=14336)) == [1, 2, 4, 8]
+    assert allowed_sizes(ModelShape(32, 2, 14336)) == [1, 2, 4, 8]  # KV heads replicated on 4, 8
+    assert allowed_sizes(ModelShape(24, 6, 14336)) == [1, 2]  # 6 KV heads: not on 4 or 8 ranks
+    assert allowed_sizes(ModelShape(32, 8, 1004)) == [1, 2, 4]  # the MLP does not split 8 ways
+    assert allowed_sizes(KNOWN_MODELS["smollm2-135m-instruct"]) == [1]
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_every_tensor_parallel_size_of_the_api_runs(tp):
+    spec = load("svc", {"model": {"uri": "/models/llama"}, "engine": {"tensorParallelSize": tp}})
+    assert spec.gpus == tp
+
+
+def test_sizes_the_engine_build_does_not_run_are_refused(monkeypatch):
+    """The engine's table of supported values, not the API, decides what reaches a pod."""
+    monkeypatch.setitem(config.SUPPORTED, "tensor_parallel_size", (1,))
+    with pytest.raises(SpecError, match=r"spec\.engine\.tensorParallelSize: 2 is not supported"):
+        load("svc", {"model": {"uri": "/models/llama"}, "engine": {"tensorParallelSize": 2}})
+
+
 @pytest.mark.parametrize(("engine", "where"), [
-    ({"tensorParallelSize": 2}, "spec.engine.tensorParallelSize: 2 is not supported"),
     ({"extraArgs": ["--block-size", "7"]}, "spec.engine.extraArgs: --block-size: 7 is not one of"),
     ({"extraArgs": ["--seed", "x"]}, "spec.engine.extraArgs: argument --seed: invalid int"),
     ({"extraArgs": ["--max-num-seqs"]}, "set by spec.engine.maxNumSeqs"),
 ])
 def test_engine_values_this_version_cannot_run_are_refused(engine, where):
     """What `tokenmill serve` would refuse at start-up never reaches a pod."""
-    with pytest.raises(SpecError, match=where.replace(".", r"\.").replace("-", r"\-")):
+    with pytest.raises(SpecError, match=re.escape(where)):
         load("svc", {"model": {"uri": "/models/llama"}, "engine": engine})
 
 

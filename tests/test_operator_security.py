@@ -19,6 +19,7 @@ def template(spec: dict) -> dict:
 
 SPECS = [{}, {"resources": {"gpus": 0}}, {"model": {"uri": "pvc://models/llama"}},
          {"podSecurityContext": {"runAsUser": 4242, "fsGroup": 4242}},
+         {"model": {"uri": "/models/llama"}, "engine": {"tensorParallelSize": 4}},
          *[yaml.safe_load(p.read_text())["spec"] for p in EXAMPLES]]
 
 

@@ -325,3 +325,22 @@ def test_events_say_what_changed_once():
     assert status.events(ok, crashed) == [("Warning", *CRASH)]  # once, as Degraded
     invalid = status.status("a", "ns", 3, deployment(), ("InvalidSpec", "bad"), ok, LATER)
     assert status.events(ok, invalid) == []  # the reconcile pass posts spec problems itself
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ({"engine": {"tensorParallelSize": 2}},
+     "spec.engine.tensorParallelSize: 2 does not divide the attention heads of "
+     "smollm2-135m-instruct (9 attention heads, 3 KV heads, intermediate size 1536)"),
+    ({"model": {"uri": "/models/llama"}, "engine": {"tensorParallelSize": 4},
+      "resources": {"gpus": 2}},
+     "spec.resources.gpus: 2 GPUs cannot hold tensorParallelSize 4"),
+])
+def test_tensor_parallelism_that_cannot_run_is_invalid_spec(spec, message):
+    """Where no CEL runs, the operator refuses it: no Deployment, a condition naming the field."""
+    kube = MemoryKube()
+    outcome = reconcile(kube, inference_service("a", spec), "img")
+    assert outcome.problem[0] == "InvalidSpec" and message in outcome.problem[1]
+    assert ("Deployment", "default", "a") not in kube.objects
+    ready = next(c for c in outcome.status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert message in ready["message"]
