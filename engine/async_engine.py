@@ -110,10 +110,14 @@ class AsyncEngine:
         for request_id in list(self._streams):
             self.abort(request_id)
 
-    def shutdown(self) -> None:
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop the loop (after its current step, waited for up to 30 s unless `wait` is
+        False), then the engine's tensor-parallel workers."""
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout=30)
+        if wait:
+            self._thread.join(timeout=30)
+        self.engine.shutdown()
 
     # ---- engine thread --------------------------------------------------------------------
 

@@ -72,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     offline.add_arguments(offline_parser)
     offline_parser.set_defaults(func=offline.run)
 
+    from tokenmill.engine.bench import random_model
+
+    make_model_parser = bench_commands.add_parser("make-model", help=random_model.__doc__)
+    random_model.add_arguments(make_model_parser)
+    make_model_parser.set_defaults(func=random_model.run)
+
     from tokenmill.engine.bench import multiturn
 
     multiturn_parser = bench_commands.add_parser("multiturn", help=multiturn.__doc__)

@@ -16,14 +16,14 @@ from typing import Any
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = (None, "int8", "fp8")
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
+# The GPUs per replica the CRD offers; the engine itself runs any size that divides the model.
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 # What this engine build runs today, a subset of the values above: the rest are valid option
 # values that fail at start-up (engine), and at `kubectl apply` (the CRD's rules are generated
 # from these), until the engine implements them.
-SUPPORTED = {"tensor_parallel_size": (1, 2, 4, 8), "quantization": (None, "int8", "fp8"),
-             "kv_cache_dtype": ("auto", "int8", "fp8")}
+SUPPORTED = {"quantization": (None, "int8", "fp8"), "kv_cache_dtype": ("auto", "int8", "fp8")}
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_CPU_KV_CACHE_MEMORY = 1 << 30
 
@@ -69,7 +69,10 @@ class EngineConfig:
         0.9, "Fraction of GPU memory the engine may use (weights, activations, KV cache)."
     )
     seed: int = _opt(0, "Seed of the engine's random state (requests without their own seed).")
-    tensor_parallel_size: int = _opt(1, "Number of GPUs one replica shards the model over.")
+    tensor_parallel_size: int = _opt(
+        1, "Devices one replica shards the model over, one process each (GPUs cuda:0..N-1 on "
+           "CUDA; CPU processes otherwise). N must divide the attention heads and MLP width, "
+           "and divide or be a multiple of the KV heads. On CPU, --kv-cache-memory is per rank.")
     quantization: str | None = _opt(
         None, "Weight quantization of the decoder's linear layers, one scale per output "
               "channel: int8 (weights only) or fp8 (e4m3; fp8 matmuls on CUDA with compute "
@@ -113,8 +116,8 @@ class EngineConfig:
                "kv_cache_memory", f"must be a positive number of bytes, got {self.kv_cache_memory}")
         _check(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
                f"must be in (0, 1], got {self.gpu_memory_utilization}")
-        _check(self.tensor_parallel_size in TENSOR_PARALLEL_SIZES, "tensor_parallel_size",
-               f"{self.tensor_parallel_size} is not one of {TENSOR_PARALLEL_SIZES}")
+        _check(self.tensor_parallel_size >= 1, "tensor_parallel_size",
+               f"must be at least 1, got {self.tensor_parallel_size}")
         _check(self.quantization in QUANTIZATIONS, "quantization",
                f"{self.quantization!r} is not one of int8, fp8 (or unset)")
         _check(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype",

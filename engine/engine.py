@@ -6,23 +6,26 @@ import itertools
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from tokenmill.engine.config import DEFAULT_CPU_KV_CACHE_MEMORY, ConfigError, EngineConfig
+from tokenmill.engine.config import ConfigError, EngineConfig
 from tokenmill.engine.detokenizer import IncrementalDetokenizer
+from tokenmill.engine.distributed.group import TPGroup
+from tokenmill.engine.distributed.sharding import check_tensor_parallel
+from tokenmill.engine.distributed.workers import WorkerFailed, Workers
 from tokenmill.engine.kv_cache import KVCacheManager, KVCacheStats
-from tokenmill.engine.kv_cache.layout import KVCacheLayout
 from tokenmill.engine.layers.attention import check_kv_cache_dtype, resolve_backend
-from tokenmill.engine.models.loader import build_model, load_config, load_tokenizer
+from tokenmill.engine.models.loader import load_config, load_tokenizer
 from tokenmill.engine.models.quantize import weight_bytes
 from tokenmill.engine.models.source import resolve_model
 from tokenmill.engine.output_processor import append_token, request_output
 from tokenmill.engine.outputs import RequestOutput
+from tokenmill.engine.rank import RankSetup, build_runner, rank_device
 from tokenmill.engine.request import RequestTimings, Sequence
-from tokenmill.engine.runner import ModelRunner
 from tokenmill.engine.sampler import sample
 from tokenmill.engine.sampling_params import SamplingParams
 from tokenmill.engine.scheduler import Scheduler, SchedulerOutput
@@ -49,7 +52,11 @@ class _Request:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, show_progress: bool = True):
+    """With --tensor-parallel-size N > 1 this process is rank 0: it schedules, samples and runs
+    its own shard; N - 1 worker processes run theirs (engine/distributed/)."""
+
+    def __init__(self, config: EngineConfig, show_progress: bool = True,
+                 on_worker_failure: Callable[[str], None] | None = None):
         config.check_supported()
         self.config = config
         self.device = _device(config.device)
@@ -60,17 +67,32 @@ class LLMEngine:
         self.model_config = load_config(source)
         self.tokenizer = load_tokenizer(source)
         self.max_model_len = _max_model_len(config, self.model_config)
+        tp_size = config.tensor_parallel_size
+        check_tensor_parallel(self.model_config, tp_size)
+        _check_devices(config.device, self.device, tp_size)
+        self.tp = TPGroup()
+        self.workers: Workers | None = None
+        self._threads = torch.get_num_threads()
         log.info("loading model", extra={"model": config.model, "device": str(self.device),
-                                         "dtype": str(self.dtype)})
-        model = build_model(self.model_config, source, self.max_model_len, self.dtype,
-                            self.device, show_progress, quantization=config.quantization)
-        layout = KVCacheLayout.for_model(self.model_config, config.block_size, self.dtype,
-                                         config.kv_cache_dtype)
-        num_blocks = self._num_blocks(layout)
+                                         "dtype": str(self.dtype), "tensor_parallel": tp_size})
+        setup = RankSetup(config, source, self.device.type, self.dtype, backend,
+                          self.max_model_len)
+        try:
+            if tp_size > 1:
+                self._start_workers(setup, on_worker_failure)
+            self.runner = build_runner(setup, self.model_config, self.device, self.tp,
+                                       show_progress)
+        except BaseException as exc:
+            failure = self.workers.failure if self.workers is not None else None
+            self.shutdown()
+            if failure is not None and not isinstance(exc, WorkerFailed):
+                raise WorkerFailed(failure) from exc
+            raise
+        if self.workers is not None:
+            self.runner.on_step = self.workers.send_step
+        num_blocks = self.runner.num_blocks
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
-                                 layout=layout)
-        self.runner = ModelRunner(model, num_blocks, layout, self.device,
-                                  attention_backend=backend)
+                                 layout=self.runner.layout)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.eos_token_ids = _eos_ids(self.model_config, self.tokenizer, source.directory)
         self._rng = random.Random(config.seed)
@@ -80,6 +102,31 @@ class LLMEngine:
         log.info("engine ready", extra={"kv_blocks": num_blocks, "block_size": config.block_size,
                                         "max_model_len": self.max_model_len})
         log.info("memory", extra=self.memory_report())
+
+    def _start_workers(self, setup: RankSetup,
+                       on_failure: Callable[[str], None] | None) -> None:
+        size = self.config.tensor_parallel_size
+        threads = max(1, self._threads // size)
+        if self.device.type == "cpu":
+            torch.set_num_threads(threads)  # N ranks share the cores; restored at shutdown
+        else:
+            self.device = rank_device(self.device.type, 0)
+            torch.cuda.set_device(self.device)
+        self.workers = Workers(setup, size, threads, on_failure)
+        self.workers.wait_until_joined()
+        self.tp = TPGroup.start(self.workers.store, size, self.device)
+
+    def shutdown(self) -> None:
+        """End the tensor-parallel workers and leave their group; nothing to do on one device.
+        Also runs at interpreter exit, so no worker outlives this process."""
+        if self.workers is None:
+            return
+        failed = self.workers.failure is not None
+        self.workers.shutdown()
+        # After a failure NCCL could block in teardown; gloo (CPU) leaves cleanly.
+        if not failed or self.device.type == "cpu":
+            self.tp.leave()
+        torch.set_num_threads(self._threads)
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -136,7 +183,8 @@ class LLMEngine:
     def memory_report(self) -> dict[str, Any]:
         """What the weights and the KV pool take: the figures quantization changes."""
         stats = self.kv.stats()
-        return {"quantization": self.config.quantization or "none",
+        return {"tensor_parallel_size": self.config.tensor_parallel_size,
+                "quantization": self.config.quantization or "none",
                 "weights_bytes": weight_bytes(self.runner.model),
                 "kv_cache_dtype": stats.dtype,
                 "kv_bytes_per_token": stats.bytes_per_token,
@@ -156,8 +204,12 @@ class LLMEngine:
         self.last_plan = plan
         if not plan.scheduled:
             return []
-        self.runner.copy_blocks(plan.block_copies)
-        logits = self.runner.execute(plan.scheduled)
+        try:
+            logits = self.runner.execute(plan.scheduled, block_copies=plan.block_copies)
+        except RuntimeError:
+            if self.workers is not None:  # a collective failed: name the worker that died
+                self.workers.raise_if_failed(wait_s=5.0)
+            raise
         rows: list[int] = []
         to_sample: list[Sequence] = []
         for row, (seq, num_new) in enumerate(plan.scheduled):
@@ -252,18 +304,6 @@ class LLMEngine:
                 "max_tokens"
             )
 
-    def _num_blocks(self, layout: KVCacheLayout) -> int:
-        per_block = layout.bytes_per_block  # a quantized KV dtype's scales included
-        budget = self.config.kv_cache_memory
-        if budget is None:
-            budget = (_cuda_kv_budget(self.config, self.device) if self.device.type == "cuda"
-                      else DEFAULT_CPU_KV_CACHE_MEMORY)
-        num_blocks = budget // per_block
-        if num_blocks < 1:
-            raise ConfigError("kv_cache_memory", f"{budget} bytes hold no KV block; one block "
-                                                 f"of this model takes {per_block} bytes")
-        return int(num_blocks)
-
 
 def _device(name: str) -> torch.device:
     if name == "auto":
@@ -289,16 +329,17 @@ def _max_model_len(config: EngineConfig, model_config: Any) -> int:
     return config.max_model_len
 
 
-def _cuda_kv_budget(config: EngineConfig, device: torch.device) -> int:
-    free, total = torch.cuda.mem_get_info(device)
-    used = total - free
-    # Headroom for activations and logits of the largest step.
-    reserve = config.max_num_batched_tokens * 64 * 1024 + (256 << 20)
-    budget = int(total * config.gpu_memory_utilization) - used - reserve
-    if budget <= 0:
-        raise ConfigError("gpu_memory_utilization",
-                          f"{config.gpu_memory_utilization} leaves no memory for the KV cache")
-    return budget
+def _check_devices(option: str, device: torch.device, tp_size: int) -> None:
+    if device.type != "cuda" or tp_size == 1:
+        return
+    if option.startswith("cuda:"):
+        raise ConfigError("device", f"{option} names one GPU, but tensor_parallel_size "
+                                    f"{tp_size} runs on cuda:0..{tp_size - 1}; use "
+                                    "--device cuda (and CUDA_VISIBLE_DEVICES to pick GPUs)")
+    count = torch.cuda.device_count()
+    if count < tp_size:
+        raise ConfigError("tensor_parallel_size", f"{tp_size} needs {tp_size} GPUs, but "
+                                                  f"{count} are visible")
 
 
 def _eos_ids(model_config: Any, tokenizer: Any, directory: str) -> set[int]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
 import torch
 
 from tokenmill.engine.kv_cache.layout import SCALE_DTYPE, KVCacheLayout
@@ -12,6 +15,20 @@ from tokenmill.engine.models.decoder import CausalLM
 from tokenmill.engine.request import Sequence
 
 
+@dataclass
+class StepInputs:
+    """One step in plain lists: built by rank 0's scheduler, sent to the other ranks as is."""
+
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    seq_lens: list[int] = field(default_factory=list)
+    query_lens: list[int] = field(default_factory=list)
+    block_tables: list[list[int]] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    all_logits: bool = False
+
+
 class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, layout: KVCacheLayout,
                  device: torch.device, attention_backend: str = "torch"):
@@ -19,6 +36,7 @@ class ModelRunner:
         self.attention_backend = attention_backend  # "torch" or "triton", already resolved
         self.device = device
         self.layout = layout
+        self.num_blocks = num_blocks
         self.block_size = layout.block_size
         # Zeroed, not empty: attention reads masked-out slots too (0 * NaN would be NaN).
         self.kv_pool = torch.zeros(layout.values_shape(num_blocks), dtype=layout.dtype,
@@ -26,6 +44,8 @@ class ModelRunner:
         self.kv_scales = (torch.zeros(layout.scales_shape(num_blocks), dtype=SCALE_DTYPE,
                                       device=device) if layout.quantized else None)
         self.kv_caches = [self._layer_view(i) for i in range(layout.num_layers)]
+        # Called with each step's inputs before it runs: rank 0 sends them to the other ranks.
+        self.on_step: Callable[[StepInputs], None] | None = None
 
     def _layer_view(self, layer: int) -> KVLayer:
         k, v = self.kv_pool[layer]
@@ -46,49 +66,60 @@ class ModelRunner:
             if self.kv_scales is not None:
                 self.kv_scales[:, :, dst] = self.kv_scales[:, :, src]
 
-    @torch.inference_mode()
-    def execute(self, scheduled: list[tuple[Sequence, int]],
-                all_logits: bool = False) -> torch.Tensor:
+    def execute(self, scheduled: list[tuple[Sequence, int]], all_logits: bool = False,
+                block_copies: list[tuple[int, int]] | None = None) -> torch.Tensor:
         """Run one step; return logits for the last new token of every sequence, in order
-        (every new token's with all_logits: scoring a text, engine/scoring.py)."""
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        seq_lens: list[int] = []
-        query_lens: list[int] = []
-        max_blocks = max(len(seq.block_table) for seq, _ in scheduled)
-        tables = torch.zeros(len(scheduled), max_blocks, dtype=torch.long)
+        (every new token's with all_logits: scoring a text, engine/scoring.py). Shared blocks
+        listed in block_copies are copied first (copy-on-write)."""
+        inputs = self.prepare(scheduled, all_logits, block_copies or [])
+        if self.on_step is not None:
+            self.on_step(inputs)
+        return self.run(inputs)
+
+    def prepare(self, scheduled: list[tuple[Sequence, int]], all_logits: bool = False,
+                block_copies: list[tuple[int, int]] | None = None) -> StepInputs:
+        """The step as plain lists: what every tensor-parallel rank needs to run it."""
+        inputs = StepInputs(block_copies=list(block_copies or []), all_logits=all_logits)
         bs = self.block_size
-        for row, (seq, num_new) in enumerate(scheduled):
+        for seq, num_new in scheduled:
             start = seq.num_computed_tokens
             end = start + num_new
-            input_ids += seq.token_slice(start, end)
+            inputs.input_ids += seq.token_slice(start, end)
             table = seq.block_table
             for pos in range(start, end):
-                positions.append(pos)
-                slots.append(slot_index(table, pos, bs))
-            seq_lens.append(end)
-            query_lens.append(num_new)
+                inputs.positions.append(pos)
+                inputs.slots.append(slot_index(table, pos, bs))
+            inputs.seq_lens.append(end)
+            inputs.query_lens.append(num_new)
+            inputs.block_tables.append(list(table))
+        return inputs
+
+    @torch.inference_mode()
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        self.copy_blocks(inputs.block_copies)
+        tables = torch.zeros(len(inputs.block_tables),
+                             max(len(t) for t in inputs.block_tables), dtype=torch.long)
+        for row, table in enumerate(inputs.block_tables):
             tables[row, :len(table)] = torch.tensor(table, dtype=torch.long)
         query_start = [0]
-        for n in query_lens:
+        for n in inputs.query_lens:
             query_start.append(query_start[-1] + n)
         device = self.device
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+            slot_mapping=torch.tensor(inputs.slots, dtype=torch.long, device=device),
             block_tables=tables.to(device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.long, device=device),
+            seq_lens=torch.tensor(inputs.seq_lens, dtype=torch.long, device=device),
             query_start_loc=torch.tensor(query_start, dtype=torch.long, device=device),
-            seq_lens_list=seq_lens,
-            query_lens_list=query_lens,
+            seq_lens_list=inputs.seq_lens,
+            query_lens_list=inputs.query_lens,
             backend=self.attention_backend,
         )
         hidden = self.model(
-            torch.tensor(input_ids, dtype=torch.long, device=device),
-            torch.tensor(positions, dtype=torch.long, device=device),
+            torch.tensor(inputs.input_ids, dtype=torch.long, device=device),
+            torch.tensor(inputs.positions, dtype=torch.long, device=device),
             self.kv_caches, meta,
         )
-        if all_logits:
+        if inputs.all_logits:
             return self.model.logits(hidden)
         last_rows = torch.tensor(query_start[1:], device=device) - 1
         return self.model.logits(hidden[last_rows])

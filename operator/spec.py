@@ -135,7 +135,6 @@ class EngineSpec(_Spec):
     """Engine options; each becomes the `tokenmill serve` flag of the same (vLLM) name."""
 
     model_config = _validations(
-        _supported_rule("tensorParallelSize", "tensor_parallel_size"),
         _supported_rule("quantization", "quantization"),
         _supported_rule("kvCacheDtype", "kv_cache_dtype"),
         _cel("!has(self.maxNumSeqs) || !has(self.maxNumBatchedTokens) || "

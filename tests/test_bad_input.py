@@ -31,7 +31,7 @@ def test_invalid_sampling_params_name_the_option(options, named):
     ({"max_num_seqs": 64, "max_num_batched_tokens": 32}, "max_num_batched_tokens"),
     ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
     ({"dtype": "float8"}, "dtype"),
-    ({"tensor_parallel_size": 3}, "tensor_parallel_size"),
+    ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
     ({"quantization": "awq"}, "quantization"),
     ({"kv_cache_memory": 0}, "kv_cache_memory"),
 ])

@@ -91,3 +91,28 @@ def test_prefix_cache_ab_steps_both_engines_alike_and_finds_no_reuse(tiny_llama_
     assert ab["prefix_hit_tokens"] == {"cache-on": 0, "cache-off": 0}
     rates = ab["output_tokens_per_s"]
     assert ab["ratio_on_off"] == pytest.approx(rates["cache-on"] / rates["cache-off"])
+
+
+def test_tensor_parallel_comparison_counts_every_collective(tiny_llama_dir, capsys):
+    """TP=2 on the 2-layer model: per step two all-reduces per layer, one for the embedding
+    and one gather of the logits; TP=1 makes none. Both runs finish the same workload."""
+    args = build_parser().parse_args([
+        "bench", "offline", "--model", tiny_llama_dir, "--num-prompts", "4", "--input-len",
+        "4:40", "--output-len", "3:6", "--hf-batch-sizes", "none", "--no-progress",
+        "--max-num-batched-tokens", "32", "--max-num-seqs", "4", "--block-size", "8",
+        "--compare-tensor-parallel", "1,2",
+    ])
+    assert args.compare_tensor_parallel == [1, 2]
+    summary, _ = offline.benchmark(args)
+    one, two = summary["tensor_parallel"]["sizes"]
+    assert (one["tensor_parallel_size"], two["tensor_parallel_size"]) == (1, 2)
+    assert one["collectives_per_step"] == 0 and one["collective_ms_per_step"] == 0
+    assert two["collectives_per_step"] == 2 * 2 + 1 + 1
+    assert two["collective_ms_per_step"] > 0
+    assert one["throughput_ratio"] == 1.0 and two["throughput_ratio"] > 0
+    assert two["weights_bytes_rank0"] < one["weights_bytes_rank0"]
+    from tokenmill.engine.bench.tp_ab import format_comparison
+
+    assert format_comparison(summary["tensor_parallel"]).splitlines()[2].split()[0] == "2"
+    with pytest.raises(argparse.ArgumentTypeError):
+        offline._tp_sizes("1,0")

@@ -274,11 +274,11 @@ def test_every_tensor_parallel_size_of_the_api_runs(tp):
     assert spec.gpus == tp
 
 
-def test_sizes_the_engine_build_does_not_run_are_refused(monkeypatch):
+def test_values_the_engine_build_does_not_run_are_refused(monkeypatch):
     """The engine's table of supported values, not the API, decides what reaches a pod."""
-    monkeypatch.setitem(config.SUPPORTED, "tensor_parallel_size", (1,))
-    with pytest.raises(SpecError, match=r"spec\.engine\.tensorParallelSize: 2 is not supported"):
-        load("svc", {"model": {"uri": "/models/llama"}, "engine": {"tensorParallelSize": 2}})
+    monkeypatch.setitem(config.SUPPORTED, "quantization", (None,))
+    with pytest.raises(SpecError, match=r"spec\.engine\.quantization: int8 is not supported"):
+        load("svc", {"model": {"uri": "/models/llama"}, "engine": {"quantization": "int8"}})
 
 
 @pytest.mark.parametrize(("engine", "where"), [

@@ -42,7 +42,7 @@ def _exit(proc: subprocess.Popen) -> tuple[int, str]:
 @pytest.mark.parametrize("model,flags,reason", [
     ("/nonexistent", [], "model '/nonexistent' not found"),
     ("empty-dir", [], "has no config.json"),
-    ("tiny", ["--tensor-parallel-size", "2"], "ConfigError: tensor_parallel_size"),
+    ("tiny", ["--tensor-parallel-size", "3"], "tensor_parallel_size: 3 does not divide"),
 ])
 def test_a_model_that_cannot_load_exits_1_with_the_reason(tmp_path, tiny_llama_dir, model,
                                                           flags, reason):

@@ -30,6 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Also run the workload unquantized and in each of these modes "
                              "(comma separated, e.g. int8,kv-int8; 'all' for every mode) at the "
                              "same KV budget, and report throughput and KV capacity ratios.")
+    parser.add_argument("--compare-tensor-parallel", metavar="SIZES", type=_tp_sizes,
+                        default=None,
+                        help="Also run the workload at each of these tensor-parallel sizes "
+                             "(comma separated, the first is the reference, e.g. 1,2) and "
+                             "report throughput ratios and the collectives' time per step.")
     parser.add_argument("--json", metavar="PATH", help="Write the raw results as JSON here.")
     parser.add_argument("--plot", metavar="PATH", help="Write a PNG plot (needs matplotlib).")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
@@ -43,6 +48,12 @@ def _modes(text: str) -> list[str]:
         return list(MODES) if text.strip() == "all" else parse_modes(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _tp_sizes(text: str) -> list[int]:
+    from tokenmill.engine.bench.tp_ab import parse_sizes
+
+    return parse_sizes(text)
 
 
 def parse_batch_sizes(text: str) -> list[int]:
@@ -72,6 +83,10 @@ def run(args: argparse.Namespace) -> int:
         from tokenmill.engine.bench.quant_ab import format_comparison as format_quantization
 
         print(format_quantization(summary["quantization"]))
+    if "tensor_parallel" in summary:
+        from tokenmill.engine.bench.tp_ab import format_comparison as format_tp
+
+        print(format_tp(summary["tensor_parallel"]))
     if args.json:
         write_json(args.json, payload)
         print(f"raw results: {args.json}")
@@ -105,6 +120,7 @@ def benchmark(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
     engine_run.warm_up(llm, plain_token)
     ours = engine_run.run_engine(llm, workload, args.progress)
     device, dtype = engine.device, engine.dtype
+    llm.shutdown()  # ends tensor-parallel workers: the comparisons start their own
     del llm, engine
 
     hf_runs = []
@@ -128,6 +144,12 @@ def benchmark(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
         _status(f"quantization modes at the same KV budget: {args.compare_quantization}")
         summary["quantization"] = quant_ab.compare(config, workload, args.compare_quantization,
                                                    args.progress)
+    if args.compare_tensor_parallel:
+        from tokenmill.engine.bench import tp_ab
+
+        _status(f"tensor-parallel sizes: {args.compare_tensor_parallel}")
+        summary["tensor_parallel"] = tp_ab.compare(config, workload,
+                                                   args.compare_tensor_parallel, args.progress)
     payload = {
         "benchmark": "offline",
         "command": report.command_line(),

@@ -24,10 +24,10 @@ def run_mode(config: EngineConfig, workload: list[BenchRequest],
     """One engine over the whole workload."""
     from tokenmill.engine import LLM
 
-    llm = LLM(**dataclasses.asdict(config), show_progress=False)
-    engine = llm.engine
-    engine_run.warm_up(llm, workload[0].prompt_token_ids[0])
-    result = engine_run.run_engine(llm, workload, show_progress)
+    with LLM(**dataclasses.asdict(config), show_progress=False) as llm:
+        engine = llm.engine
+        engine_run.warm_up(llm, workload[0].prompt_token_ids[0])
+        result = engine_run.run_engine(llm, workload, show_progress)
     output_tokens = sum(r["output_len"] for r in result.requests)
     return {
         "output_tokens_per_s": output_tokens / result.elapsed_s,

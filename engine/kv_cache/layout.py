@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
+from tokenmill.engine.distributed.sharding import ShardPlan
 from tokenmill.engine.layers.kv_quant import is_quantized, kv_storage_dtype
-from tokenmill.engine.models.decoder import head_dim_of, num_kv_heads_of
 
 SCALE_DTYPE = torch.float32
 
@@ -17,7 +17,8 @@ SCALE_DTYPE = torch.float32
 class KVCacheLayout:
     """Values: [layers, 2 (K, V), blocks, block_size, kv_heads, head_dim] in `dtype`. A
     quantized pool adds scales [layers, 2, blocks, block_size, kv_heads] in float32, one per
-    (token, K/V head), so a token costs head_dim bytes plus 4 per head in int8 or fp8."""
+    (token, K/V head), so a token costs head_dim bytes plus 4 per head in int8 or fp8.
+    Under tensor parallelism it is one rank's pool: that rank's KV heads only."""
 
     num_layers: int
     num_kv_heads: int
@@ -27,9 +28,9 @@ class KVCacheLayout:
 
     @classmethod
     def for_model(cls, model_config: Any, block_size: int, model_dtype: torch.dtype,
-                  kv_cache_dtype: str = "auto") -> KVCacheLayout:
-        return cls(model_config.num_hidden_layers, num_kv_heads_of(model_config),
-                   head_dim_of(model_config), block_size,
+                  kv_cache_dtype: str = "auto", tp_size: int = 1) -> KVCacheLayout:
+        plan = ShardPlan.for_model(model_config, 0, tp_size)
+        return cls(model_config.num_hidden_layers, plan.num_kv_heads, plan.head_dim, block_size,
                    kv_storage_dtype(kv_cache_dtype, model_dtype))
 
     @property

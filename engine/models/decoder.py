@@ -11,12 +11,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenmill.engine.distributed.group import TPGroup
+from tokenmill.engine.distributed.sharding import ShardPlan
 from tokenmill.engine.layers.attention import attention, store_kv
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.kv_layer import KVLayer
 from tokenmill.engine.layers.linear import MergedLinear
 from tokenmill.engine.layers.norm import RMSNorm
 from tokenmill.engine.layers.rotary import RopeTables, RotaryEmbedding, rope_parameters
+from tokenmill.engine.layers.vocab_parallel import VocabParallelEmbedding
 from tokenmill.engine.models.architecture import flags_of
 
 
@@ -29,12 +32,15 @@ def num_kv_heads_of(config: Any) -> int:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: Any):
+    """This rank's heads; o_proj's partial sums are added across ranks."""
+
+    def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup):
         super().__init__()
         flags = flags_of(config)
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = num_kv_heads_of(config)
-        self.head_dim = head_dim_of(config)
+        self.tp = tp
+        self.num_heads = plan.num_heads
+        self.num_kv_heads = plan.num_kv_heads
+        self.head_dim = plan.head_dim
         bias = bool(getattr(config, "attention_bias", False))
         qkv_bias = bias or flags.qkv_bias
         hidden = config.hidden_size
@@ -61,33 +67,35 @@ class Attention(nn.Module):
         q, k = rope.rotate(q, k)
         store_kv(k, v, kv_cache, meta)
         o = attention(q, kv_cache, meta, self.scale)
-        return self.o_proj(o.reshape(tokens, -1))
+        return self.tp.all_reduce(self.o_proj(o.reshape(tokens, -1)))
 
 
 class MLP(nn.Module):
-    def __init__(self, config: Any):
+    """This rank's slice of the MLP width; down_proj's partial sums are added across ranks."""
+
+    def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup):
         super().__init__()
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(f"activation {config.hidden_act!r} is not supported (silu)")
+        self.tp = tp
         bias = bool(getattr(config, "mlp_bias", False))
+        width = plan.intermediate_size
         self.gate_up_proj = MergedLinear(
-            config.hidden_size,
-            {"gate_proj": config.intermediate_size, "up_proj": config.intermediate_size},
-            bias=bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+            config.hidden_size, {"gate_proj": width, "up_proj": width}, bias=bias)
+        self.down_proj = nn.Linear(width, config.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+        return self.tp.all_reduce(self.down_proj(F.silu(gate) * up))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: Any):
+    def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config)
+        self.self_attn = Attention(config, plan, tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, plan, tp)
 
     def forward(self, x, rope, kv_cache, meta):
         x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
@@ -95,10 +103,11 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, config: Any, max_positions: int):
+    def __init__(self, config: Any, max_positions: int, plan: ShardPlan, tp: TPGroup):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.embed_tokens = VocabParallelEmbedding(plan, config.hidden_size, tp)
+        self.layers = nn.ModuleList(DecoderLayer(config, plan, tp)
+                                    for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(head_dim_of(config), max_positions, rope_parameters(config))
 
@@ -112,13 +121,20 @@ class DecoderModel(nn.Module):
 
 class CausalLM(nn.Module):
     """Embeddings, decoder stack and LM head; `forward` returns hidden states, not logits,
-    so only the rows that will be sampled pay for the vocabulary projection."""
+    so only the rows that will be sampled pay for the vocabulary projection.
 
-    def __init__(self, config: Any, max_positions: int):
+    Under tensor parallelism (`tp`, `plan`) it holds one rank's shard; every rank computes
+    the full logits (the LM head's vocabulary slices gathered).
+    """
+
+    def __init__(self, config: Any, max_positions: int, plan: ShardPlan | None = None,
+                 tp: TPGroup | None = None):
         super().__init__()
         self.config = config
-        self.model = DecoderModel(config, max_positions)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.plan = plan or ShardPlan.for_model(config)
+        self.tp = tp or TPGroup()
+        self.model = DecoderModel(config, max_positions, self.plan, self.tp)
+        self.lm_head = nn.Linear(config.hidden_size, self.plan.vocab_per_rank, bias=False)
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -127,4 +143,7 @@ class CausalLM(nn.Module):
         return self.model(input_ids, positions, kv_caches, meta)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        local = self.lm_head(hidden).float()
+        if self.tp.size == 1:
+            return local
+        return self.tp.all_gather_last(local)[:, :self.plan.vocab_size]

@@ -12,6 +12,8 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from tokenmill.engine.distributed.group import TPGroup
+from tokenmill.engine.distributed.sharding import ShardPlan
 from tokenmill.engine.layers.linear import MergedLinear
 from tokenmill.engine.layers.rotary import RotaryEmbedding, rope_parameters
 from tokenmill.engine.models.decoder import CausalLM, head_dim_of, num_kv_heads_of
@@ -36,12 +38,17 @@ def load_tokenizer(source: ModelSource) -> Any:
 
 def build_model(config: Any, source: ModelSource, max_positions: int, dtype: torch.dtype,
                 device: torch.device, show_progress: bool = True,
-                quantization: str | None = None) -> CausalLM:
+                quantization: str | None = None, tp: TPGroup | None = None) -> CausalLM:
     """Allocate the model directly on `device` (no random init), load its weights, then
-    quantize them if asked (after loading: checkpoints hold full-precision weights)."""
+    quantize them if asked (after loading: checkpoints hold full-precision weights).
+
+    Under tensor parallelism only this rank's shard is allocated and read from the checkpoint
+    (safetensors slices read just those bytes; GGUF tensors are dequantized one at a time)."""
     check_quantization(quantization)
+    tp = tp or TPGroup()
+    plan = ShardPlan.for_model(config, tp.rank, tp.size)
     with torch.device("meta"):
-        model = CausalLM(config, max_positions)
+        model = CausalLM(config, max_positions, plan, tp)
     model = model.to(dtype=dtype).to_empty(device=device)
     # Rotary tables are computed, not loaded: rebuild them on the device in float32.
     model.model.rotary = RotaryEmbedding(
@@ -50,7 +57,7 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     if getattr(config, "tie_word_embeddings", False):
         model.lm_head.weight = model.model.embed_tokens.weight
     tensors = _gguf_named(source, config) if source.gguf_file else _safetensors(source)
-    _load(model, tensors, show_progress)
+    _load(model, tensors, plan, show_progress)
     if quantization is not None:
         quantize_model(model, quantization)
         if device.type == "cuda":
@@ -60,13 +67,13 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     return model.eval()
 
 
-def _load(model: CausalLM, tensors: Iterator[tuple[str, torch.Tensor, int]],
+def _load(model: CausalLM, tensors: Iterator[tuple[str, Any, int]], plan: ShardPlan,
           show_progress: bool) -> None:
     params = checkpoint_tensors(model)
     tied = model.lm_head.weight is model.model.embed_tokens.weight
     loaded: set[str] = set()
     progress = None
-    for name, tensor, total in tensors:
+    for name, stored, total in tensors:
         if progress is None:
             progress = tqdm(total=total, desc="Loading weights", unit="tensor",
                             disable=not show_progress)
@@ -76,9 +83,11 @@ def _load(model: CausalLM, tensors: Iterator[tuple[str, torch.Tensor, int]],
         if name not in params:
             raise ValueError(f"checkpoint tensor {name!r} has no place in the model")
         target = params[name]
+        tensor = plan.shard(name, stored)
         if tuple(target.shape) != tuple(tensor.shape):
             raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape "
-                             f"{tuple(target.shape)}")
+                             f"{tuple(target.shape)}" + (f" (rank {plan.rank} of {plan.size})"
+                                                         if plan.size > 1 else ""))
         with torch.no_grad():
             target.copy_(tensor)
         loaded.add(name)
@@ -91,7 +100,8 @@ def _load(model: CausalLM, tensors: Iterator[tuple[str, torch.Tensor, int]],
         raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")
 
 
-def _safetensors(source: ModelSource) -> Iterator[tuple[str, torch.Tensor, int]]:
+def _safetensors(source: ModelSource) -> Iterator[tuple[str, Any, int]]:
+    """Each tensor as a lazy slice: the loader reads only the part its rank holds."""
     from safetensors import safe_open
 
     files = sorted(glob.glob(os.path.join(source.directory, "*.safetensors")))
@@ -102,7 +112,7 @@ def _safetensors(source: ModelSource) -> Iterator[tuple[str, torch.Tensor, int]]
     total = sum(len(n) for n in names)
     for handle, handle_names in zip(handles, names, strict=True):
         for name in handle_names:
-            yield name, handle.get_tensor(name), total
+            yield name, handle.get_slice(name), total
 
 
 def _gguf_named(source: ModelSource, config: Any) -> Iterator[tuple[str, torch.Tensor, int]]:

@@ -90,5 +90,8 @@ def serve(config, args: argparse.Namespace) -> int:
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                timeout_graceful_shutdown=5)
     server = DrainingServer(uv_config, state)
-    server.run()
+    try:
+        server.run()
+    finally:
+        state.close()
     return 0 if server.failure is None else 1

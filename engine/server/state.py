@@ -12,6 +12,7 @@ from typing import Any
 
 from tokenmill.engine.async_engine import AsyncEngine
 from tokenmill.engine.config import ConfigError, EngineConfig
+from tokenmill.engine.distributed.workers import WorkerFailed
 from tokenmill.engine.engine import LLMEngine
 from tokenmill.engine.metrics import EngineMetrics
 
@@ -34,6 +35,7 @@ class ServerState:
     tokenizer: Any = None
     max_model_len: int = 0
     load_error: BaseException | None = None
+    worker_error: str | None = None  # a tensor-parallel worker died (from its watcher thread)
     draining: bool = False
     in_flight: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
@@ -44,6 +46,8 @@ class ServerState:
 
     def fatal_error(self) -> tuple[str, BaseException] | None:
         """What keeps this server from ever serving: a failed load or a dead engine loop."""
+        if self.worker_error is not None:
+            return "tensor-parallel worker failed", WorkerFailed(self.worker_error)
         if self.load_error is not None:
             return "model failed to load", self.load_error
         if self.engine is not None and self.engine.error is not None:
@@ -53,7 +57,8 @@ class ServerState:
     def load(self, show_progress: bool = True) -> None:
         """Load the model (on a worker thread at start-up) and start the engine loop."""
         try:
-            core = LLMEngine(self.config, show_progress=show_progress)
+            core = LLMEngine(self.config, show_progress=show_progress,
+                             on_worker_failure=self._worker_failed)
             # The HTTP side tokenizes on the event loop; the engine thread detokenizes.
             # Separate tokenizer objects keep the two threads from sharing one.
             self.tokenizer = copy.deepcopy(core.tokenizer)
@@ -66,6 +71,15 @@ class ServerState:
             if not isinstance(exc, ConfigError | OSError):  # those say it all in one line
                 log.exception("model loading failed")
             raise
+
+    def _worker_failed(self, message: str) -> None:
+        self.worker_error = message
+
+    def close(self) -> None:
+        """Stop the engine loop and end the tensor-parallel workers. After a failure the loop
+        may be stuck in a collective with the dead rank, so it is not waited for."""
+        if self.engine is not None:
+            self.engine.shutdown(wait=self.fatal_error() is None)
 
     def request_started(self) -> None:
         self.in_flight += 1

@@ -1,0 +1,66 @@
+"""`tokenmill bench make-model`: a random-weight checkpoint of a real model's shape.
+
+Speed depends on shapes, not weight values, so benchmarks of large shapes need no download:
+the config of the named shape, random weights, and the built-in SmolLM2 tokenizer (the
+vocabulary is the tokenizer's, 49,152 tokens, so every sampled id decodes). Greedy outputs of
+such a model are meaningless; its throughput is the real shape's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+# Architecture and sizes from each model's published config.json.
+SHAPES = {
+    "llama-3.1-8b": ("LlamaConfig", dict(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, rope_theta=500000.0, max_position_embeddings=8192,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})),
+    "qwen3-0.6b": ("Qwen3Config", dict(
+        hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, rope_theta=1000000.0, max_position_embeddings=8192,
+        tie_word_embeddings=True)),
+    "qwen3-8b": ("Qwen3Config", dict(
+        hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, rope_theta=1000000.0, max_position_embeddings=8192)),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("shape", choices=sorted(SHAPES), help="Whose config to copy.")
+    parser.add_argument("output", help="Directory to write (config, tokenizer, safetensors).")
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
+                        help="Weight dtype on disk (default bfloat16).")
+
+
+def run(args: argparse.Namespace) -> int:
+    make_model(args.shape, args.output, args.dtype)
+    print(f"wrote a random-weight {args.shape} to {args.output}", file=sys.stderr)
+    return 0
+
+
+def shape_config(shape: str, vocab_size: int) -> object:
+    """The transformers config of `shape` with the given vocabulary."""
+    import transformers
+
+    kind, sizes = SHAPES[shape]
+    return getattr(transformers, kind)(vocab_size=vocab_size, bos_token_id=1, eos_token_id=2,
+                                       **sizes)
+
+
+def make_model(shape: str, output: str, dtype: str = "bfloat16") -> str:
+    import torch
+    import transformers
+
+    from tokenmill.engine.models.loader import load_tokenizer
+    from tokenmill.engine.models.source import resolve_model
+
+    tokenizer = load_tokenizer(resolve_model("smollm2-135m-instruct"))
+    config = shape_config(shape, len(tokenizer))
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    model.save_pretrained(output)
+    tokenizer.save_pretrained(output)
+    return output

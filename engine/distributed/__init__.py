@@ -1,0 +1,1 @@
+"""Tensor parallelism: one model sharded over several devices, one process per rank."""

@@ -1,0 +1,128 @@
+"""Which part of each weight a tensor-parallel rank holds (Megatron-style).
+
+Column-parallel (rows of the weight split across ranks): q/k/v, gate/up, the embedding and the
+LM head (split over the vocabulary). Row-parallel (input columns split, outputs summed by an
+all-reduce): o_proj and down_proj; their bias is held by rank 0 only, so the sum adds it once.
+KV heads are split like the query heads; with fewer KV heads than ranks each KV head is
+replicated on the ranks whose query heads read it. Norms and rotary tables are replicated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tokenmill.engine.config import ConfigError
+
+COLUMN_PARALLEL = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}
+ROW_PARALLEL = {"o_proj", "down_proj"}
+VOCAB_PARALLEL = {"embed_tokens", "lm_head"}
+
+
+def _heads(config: Any) -> tuple[int, int, int]:
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return heads, kv_heads, head_dim
+
+
+def check_tensor_parallel(config: Any, size: int) -> None:
+    """ConfigError naming --tensor-parallel-size when the model can't be split `size` ways."""
+    if size == 1:
+        return
+    heads, kv_heads, _ = _heads(config)
+    problems = []
+    if heads % size:
+        problems.append(f"{heads} attention heads")
+    if kv_heads % size and size % kv_heads:
+        problems.append(f"{kv_heads} KV heads (a TP size must divide them or be a multiple "
+                        "of them)")
+    if config.intermediate_size % size:
+        problems.append(f"an MLP width of {config.intermediate_size}")
+    if problems:
+        raise ConfigError("tensor_parallel_size",
+                          f"{size} does not divide this model's {' and '.join(problems)}; "
+                          "pick a size that does (or 1)")
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """The local sizes of one rank and the slice of every checkpoint tensor it loads."""
+
+    rank: int
+    size: int
+    num_heads: int           # query heads on this rank
+    num_kv_heads: int        # KV heads on this rank
+    first_kv_head: int       # global index of this rank's first KV head
+    head_dim: int
+    intermediate_size: int   # MLP width on this rank
+    vocab_size: int          # the model's vocabulary
+    vocab_per_rank: int      # rows of the embedding and LM head on this rank (padded)
+
+    @classmethod
+    def for_model(cls, config: Any, rank: int = 0, size: int = 1) -> ShardPlan:
+        check_tensor_parallel(config, size)
+        heads, kv_heads, head_dim = _heads(config)
+        local_kv = max(kv_heads // size, 1)
+        # With fewer KV heads than ranks, size // kv_heads consecutive ranks share one.
+        first_kv = rank * kv_heads // size if kv_heads >= size else rank // (size // kv_heads)
+        vocab = getattr(config, "vocab_size", 0)
+        return cls(rank, size, heads // size, local_kv, first_kv, head_dim,
+                   getattr(config, "intermediate_size", 0) // size, vocab, -(-vocab // size))
+
+    @property
+    def vocab_start(self) -> int:
+        return self.rank * self.vocab_per_rank
+
+    def shard(self, name: str, tensor: Any) -> torch.Tensor:
+        """This rank's part of checkpoint tensor `name`.
+
+        `tensor` is a torch tensor or a safetensors slice (indexing it reads only the part);
+        the result is a tensor of the local parameter's shape.
+        """
+        if self.size == 1:
+            return _read(tensor)
+        parts = name.split(".")
+        kind, attr = parts[-2], parts[-1]
+        if kind in VOCAB_PARALLEL:
+            return self._vocab_rows(tensor)
+        if kind in COLUMN_PARALLEL:
+            start, stop = self._output_rows(kind)
+            return tensor[start:stop]
+        if kind in ROW_PARALLEL:
+            if attr == "bias":
+                full = _read(tensor)
+                return full if self.rank == 0 else torch.zeros_like(full)
+            start, stop = self._input_columns(kind)
+            return tensor[:, start:stop]
+        return _read(tensor)
+
+    def _output_rows(self, kind: str) -> tuple[int, int]:
+        if kind == "q_proj":
+            per = self.num_heads * self.head_dim
+            return self.rank * per, (self.rank + 1) * per
+        if kind in ("k_proj", "v_proj"):
+            per = self.num_kv_heads * self.head_dim
+            return self.first_kv_head * self.head_dim, self.first_kv_head * self.head_dim + per
+        per = self.intermediate_size  # gate_proj, up_proj
+        return self.rank * per, (self.rank + 1) * per
+
+    def _input_columns(self, kind: str) -> tuple[int, int]:
+        per = self.num_heads * self.head_dim if kind == "o_proj" else self.intermediate_size
+        return self.rank * per, (self.rank + 1) * per
+
+    def _vocab_rows(self, tensor: Any) -> torch.Tensor:
+        start = self.vocab_start
+        stop = min(start + self.vocab_per_rank, self.vocab_size)
+        rows = tensor[start:stop]
+        missing = self.vocab_per_rank - rows.shape[0]
+        if missing:  # the last rank's padding rows: zero, never sampled (logits are cut)
+            rows = torch.cat([rows, rows.new_zeros(missing, *rows.shape[1:])])
+        return rows
+
+
+def _read(tensor: Any) -> torch.Tensor:
+    """The whole tensor (a safetensors slice reads it only now)."""
+    return tensor if isinstance(tensor, torch.Tensor) else tensor[:]
