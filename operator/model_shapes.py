@@ -9,30 +9,8 @@ InvalidSpec; any other model is checked by the engine when it loads the model's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from tokenmill.engine.config import DEFAULT_MODEL, TENSOR_PARALLEL_SIZES
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The dimensions tensor parallelism shards."""
-
-    heads: int
-    kv_heads: int
-    intermediate_size: int
-
-    def allows(self, tp: int) -> bool:
-        """Whether `tp` ranks can shard this model: every rank gets whole attention heads and an
-        equal slice of the MLP; KV heads are split, or replicated when there are fewer than
-        ranks."""
-        kv_ok = self.kv_heads % tp == 0 or tp % self.kv_heads == 0
-        return self.heads % tp == 0 and kv_ok and self.intermediate_size % tp == 0
-
-    def describe(self) -> str:
-        return (f"{self.heads} attention heads, {self.kv_heads} KV heads, intermediate size "
-                f"{self.intermediate_size}")
-
+from tokenmill.engine.distributed.shape import ModelShape
 
 # Built-in model names (model.uri) and their shapes, from the models' own config.json.
 KNOWN_MODELS = {DEFAULT_MODEL: ModelShape(heads=9, kv_heads=3, intermediate_size=1536)}

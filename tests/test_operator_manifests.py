@@ -11,9 +11,10 @@ from operator_support import EXAMPLES
 
 from tokenmill.engine import config
 from tokenmill.engine.config import ConfigError, engine_args
+from tokenmill.engine.distributed.shape import ModelShape
 from tokenmill.operator import manifests
 from tokenmill.operator.args import serve_command
-from tokenmill.operator.model_shapes import KNOWN_MODELS, ModelShape, allowed_sizes
+from tokenmill.operator.model_shapes import KNOWN_MODELS, allowed_sizes
 from tokenmill.operator.reconcile import load
 from tokenmill.operator.spec import SpecError, check, parse
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from tokenmill.engine.config import ConfigError
+from tokenmill.engine.distributed.shape import ModelShape
 
 COLUMN_PARALLEL = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}
 ROW_PARALLEL = {"o_proj", "down_proj"}
@@ -32,15 +33,7 @@ def check_tensor_parallel(config: Any, size: int) -> None:
     """ConfigError naming --tensor-parallel-size when the model can't be split `size` ways."""
     if size == 1:
         return
-    heads, kv_heads, _ = _heads(config)
-    problems = []
-    if heads % size:
-        problems.append(f"{heads} attention heads")
-    if kv_heads % size and size % kv_heads:
-        problems.append(f"{kv_heads} KV heads (a TP size must divide them or be a multiple "
-                        "of them)")
-    if config.intermediate_size % size:
-        problems.append(f"an MLP width of {config.intermediate_size}")
+    problems = ModelShape.of(config).problems(size)
     if problems:
         raise ConfigError("tensor_parallel_size",
                           f"{size} does not divide this model's {' and '.join(problems)}; "

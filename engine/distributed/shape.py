@@ -1,0 +1,43 @@
+"""The dimensions tensor parallelism splits, and which sizes can split them.
+
+Free of torch: the operator checks specs against the same rule the engine applies at start-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    heads: int
+    kv_heads: int
+    intermediate_size: int
+
+    @classmethod
+    def of(cls, config: Any) -> ModelShape:
+        """The shape of a transformers config."""
+        heads = config.num_attention_heads
+        return cls(heads, getattr(config, "num_key_value_heads", None) or heads,
+                   getattr(config, "intermediate_size", 0))
+
+    def problems(self, tp: int) -> list[str]:
+        """What `tp` ranks cannot split: every rank needs whole attention heads and an equal
+        slice of the MLP; KV heads are split, or replicated when there are fewer than ranks."""
+        found = []
+        if self.heads % tp:
+            found.append(f"{self.heads} attention heads")
+        if self.kv_heads % tp and tp % self.kv_heads:
+            found.append(f"{self.kv_heads} KV heads (a size must divide them or be a multiple "
+                         "of them)")
+        if self.intermediate_size % tp:
+            found.append(f"an MLP width of {self.intermediate_size}")
+        return found
+
+    def allows(self, tp: int) -> bool:
+        return not self.problems(tp)
+
+    def describe(self) -> str:
+        return (f"{self.heads} attention heads, {self.kv_heads} KV heads, intermediate size "
+                f"{self.intermediate_size}")
