@@ -85,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
     multiturn.add_arguments(multiturn_parser)
     multiturn_parser.set_defaults(func=multiturn.run)
 
+    from tokenmill.engine.bench import host_overhead
+
+    host_parser = bench_commands.add_parser("host-overhead", help=host_overhead.__doc__)
+    add_engine_arguments(host_parser)
+    host_overhead.add_arguments(host_parser)
+    host_parser.set_defaults(func=host_overhead.run)
+
     from tokenmill.engine.bench import accuracy
 
     accuracy_parser = bench_commands.add_parser("accuracy", help=accuracy.__doc__)

@@ -27,6 +27,12 @@ SHAPES = {
         num_key_value_heads=8, head_dim=128, rope_theta=1000000.0, max_position_embeddings=8192)),
 }
 
+# No real model's shape: tiny width so a decode step is nearly all host work (bench
+# host-overhead). Apart from SHAPES: its 4 heads do not shard at every CRD size.
+TINY_DEEP = ("LlamaConfig", dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=32, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=4096))
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("shape", choices=sorted(SHAPES), help="Whose config to copy.")
@@ -41,16 +47,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def shape_config(shape: str, vocab_size: int) -> object:
-    """The transformers config of `shape` with the given vocabulary."""
+def shape_config(shape: str | tuple[str, dict], vocab_size: int, **overrides: object) -> object:
+    """The transformers config of `shape` (a SHAPES name, or a (config class, sizes) pair such
+    as TINY_DEEP) with the given vocabulary; `overrides` replace sizes (num_hidden_layers=4)."""
     import transformers
 
-    kind, sizes = SHAPES[shape]
+    kind, sizes = SHAPES[shape] if isinstance(shape, str) else shape
     return getattr(transformers, kind)(vocab_size=vocab_size, bos_token_id=1, eos_token_id=2,
-                                       **sizes)
+                                       **{**sizes, **overrides})
 
 
-def make_model(shape: str, output: str, dtype: str = "bfloat16") -> str:
+def make_model(shape: str | tuple[str, dict], output: str, dtype: str = "bfloat16",
+               **overrides: object) -> str:
     import torch
     import transformers
 
@@ -58,7 +66,7 @@ def make_model(shape: str, output: str, dtype: str = "bfloat16") -> str:
     from tokenmill.engine.models.source import resolve_model
 
     tokenizer = load_tokenizer(resolve_model("smollm2-135m-instruct"))
-    config = shape_config(shape, len(tokenizer))
+    config = shape_config(shape, len(tokenizer), **overrides)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     model.save_pretrained(output)

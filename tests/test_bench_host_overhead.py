@@ -1,0 +1,67 @@
+"""`tokenmill bench host-overhead`: a tiny many-layer model, timed and op-counted per step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tokenmill.engine.bench import host_overhead
+from tokenmill.engine.cli import build_parser
+
+TINY = ["--batch-sizes", "1,2", "--steps", "3", "--warmup-steps", "1", "--prompt-len", "5"]
+
+
+def _run(tmp_path, num_layers: int) -> dict:
+    path = tmp_path / f"host-{num_layers}.json"
+    args = build_parser().parse_args(["bench", "host-overhead", "--num-layers", str(num_layers),
+                                      "--json", str(path), *TINY])
+    assert args.func(args) == 0
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("host-overhead")
+    return {n: _run(tmp, n) for n in (2, 4)}
+
+
+def test_json_reports_every_batch_size_with_a_consistent_split(runs):
+    data = runs[4]
+    assert data["benchmark"] == "host-overhead" and data["num_layers"] == 4
+    assert data["git"]["commit"] and data["machine"]["torch_threads"] == 1
+    assert [r["batch_size"] for r in data["results"]] == [1, 2]
+    for r in data["results"]:
+        assert len(r["samples_us"]["step_s"]) == r["steps"] == 3
+        assert r["step_us"] > 0
+        assert 0 < r["forward_us"] <= r["execute_us"] < r["step_us"]
+        assert 0 < r["outside_forward_us"] < r["step_us"]
+        assert r["outside_execute_us"] == pytest.approx(r["step_us"] - r["execute_us"])
+        assert r["step_us_per_layer"] == pytest.approx(r["step_us"] / 4)
+        assert r["ops_per_step"] == pytest.approx(sum(r["op_counts_per_step"].values()))
+        assert 0 < r["ops_in_layers_per_step"] < r["ops_per_step"]
+
+
+def test_ops_per_step_grow_with_layers_at_a_constant_cost_per_layer(runs):
+    for small, large in zip(runs[2]["results"], runs[4]["results"], strict=True):
+        assert large["ops_per_step"] > small["ops_per_step"]
+        assert large["ops_per_layer"] == pytest.approx(small["ops_per_layer"], rel=0.1)
+        # Every layer after the first dispatches the same ops (the first may also build
+        # metadata that later layers reuse), and the two extra layers are the whole difference.
+        later = large["ops_by_layer_per_step"][1:]
+        assert later == [small["ops_by_layer_per_step"][1]] * 3
+        assert large["ops_per_step"] - small["ops_per_step"] == pytest.approx(2 * later[0])
+        assert later[0] > 10  # norms, projections, rope, attention, MLP
+
+
+def test_table_names_each_batch_size(runs, capsys):
+    print(host_overhead.format_table(runs[2]))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("2 layers")
+    assert [line.split()[0] for line in lines[2:]] == ["1", "2"]
+
+
+def test_cli_defaults_are_the_issue_shape():
+    args = build_parser().parse_args(["bench", "host-overhead"])
+    assert (args.num_layers, args.batch_sizes, args.model) == (32, [1, 16], None)
+    assert args.threads == 1
