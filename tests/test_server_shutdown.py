@@ -62,7 +62,8 @@ def _stream_in_background(base: str, max_tokens: int) -> tuple[threading.Thread,
 def test_sigterm_drains_then_exits_zero(tiny_llama_dir, timeout, expected):
     proc, base = _start(tiny_llama_dir, timeout)
     try:
-        thread, result = _stream_in_background(base, max_tokens=300)
+        # Long enough that the stream can't finish inside the 0.5 s timeout on a fast machine.
+        thread, result = _stream_in_background(base, max_tokens=300 if timeout > 1 else 1000)
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.2)
         if expected == "length":
