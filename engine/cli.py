@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from typing import Any
 
 from tokenmill.engine.config import add_engine_arguments, engine_config_from_args
 
@@ -65,46 +66,32 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="Benchmarks.")
     bench_commands = bench.add_subparsers(dest="bench_command", required=True)
-    from tokenmill.engine.bench import offline
-
-    offline_parser = bench_commands.add_parser("offline", help=offline.__doc__)
-    add_engine_arguments(offline_parser)
-    offline.add_arguments(offline_parser)
-    offline_parser.set_defaults(func=offline.run)
-
-    from tokenmill.engine.bench import random_model
-
-    make_model_parser = bench_commands.add_parser("make-model", help=random_model.__doc__)
-    random_model.add_arguments(make_model_parser)
-    make_model_parser.set_defaults(func=random_model.run)
-
-    from tokenmill.engine.bench import multiturn
-
-    multiturn_parser = bench_commands.add_parser("multiturn", help=multiturn.__doc__)
-    add_engine_arguments(multiturn_parser)
-    multiturn.add_arguments(multiturn_parser)
-    multiturn_parser.set_defaults(func=multiturn.run)
-
-    from tokenmill.engine.bench import host_overhead
-
-    host_parser = bench_commands.add_parser("host-overhead", help=host_overhead.__doc__)
-    add_engine_arguments(host_parser)
-    host_overhead.add_arguments(host_parser)
-    host_parser.set_defaults(func=host_overhead.run)
-
-    from tokenmill.engine.bench import accuracy
-
-    accuracy_parser = bench_commands.add_parser("accuracy", help=accuracy.__doc__)
-    add_engine_arguments(accuracy_parser)
-    accuracy.add_arguments(accuracy_parser)
-    accuracy_parser.set_defaults(func=accuracy.run)
-
+    from tokenmill.engine.bench import (
+        accuracy,
+        host_overhead,
+        multiturn,
+        offline,
+        random_model,
+    )
     from tokenmill.engine.bench import serve as bench_serve
 
-    serve_parser = bench_commands.add_parser("serve", help=bench_serve.__doc__)
-    bench_serve.add_arguments(serve_parser)
-    serve_parser.set_defaults(func=bench_serve.run)
+    _add_bench(bench_commands, "offline", offline)
+    _add_bench(bench_commands, "make-model", random_model, engine_flags=False)
+    _add_bench(bench_commands, "multiturn", multiturn)
+    _add_bench(bench_commands, "host-overhead", host_overhead)
+    _add_bench(bench_commands, "accuracy", accuracy)
+    _add_bench(bench_commands, "serve", bench_serve, engine_flags=False)
     return parser
+
+
+def _add_bench(commands: argparse._SubParsersAction, name: str, module: Any,
+               engine_flags: bool = True) -> None:
+    """One `tokenmill bench NAME`: the module's docstring, flags (after the engine's) and run."""
+    sub = commands.add_parser(name, help=module.__doc__)
+    if engine_flags:
+        add_engine_arguments(sub)
+    module.add_arguments(sub)
+    sub.set_defaults(func=module.run)
 
 
 def main(argv: list[str] | None = None) -> int:
