@@ -7,11 +7,13 @@ every step; the time spent sampling is measured and reported so it can be told a
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tqdm import tqdm
 
+from tokenmill.engine.bench.decode_bound import DecodeStep
 from tokenmill.engine.bench.workload import BenchRequest
 from tokenmill.engine.outputs import RequestOutput
 from tokenmill.engine.sampling_params import SamplingParams
@@ -19,7 +21,9 @@ from tokenmill.engine.sampling_params import SamplingParams
 
 @dataclass
 class StepSample:
-    """One engine step: its duration, its batch and the KV-cache fill after it."""
+    """One engine step: its duration, its batch and the KV-cache fill after it. decode_batch is
+    the number of sequences when every one fed a single token (0 otherwise); context_tokens sums
+    the tokens each scheduled sequence attends to (its KV after the step)."""
 
     step_s: float
     num_tokens: int | None
@@ -28,6 +32,8 @@ class StepSample:
     used_blocks: int
     usage: float
     waste: float
+    decode_batch: int = 0
+    context_tokens: int = 0
 
 
 @dataclass
@@ -59,10 +65,12 @@ def run_engine(llm: Any, workload: list[BenchRequest], show_progress: bool = Tru
     stats_time = 0.0
     total_tokens = sum(r.output_len for r in workload)
     bar = tqdm(total=total_tokens, desc="tokenmill", unit="tok", disable=not show_progress)
+    sync = _synchronizer(engine.device)
     start = time.perf_counter()
     for request_id, request in zip(ids, workload, strict=True):
         engine.add_request(request_id, request.prompt_token_ids, params_for(request))
     while engine.has_unfinished_requests():
+        sync()  # a step that sampled nothing may leave device work behind: not this step's
         step_start = time.perf_counter()
         outputs = engine.step()
         step_s = time.perf_counter() - step_start
@@ -75,7 +83,8 @@ def run_engine(llm: Any, workload: list[BenchRequest], show_progress: bool = Tru
         plan = getattr(engine, "last_plan", None)
         num_tokens = plan.num_tokens if plan is not None else None
         steps.append(StepSample(step_s, num_tokens, engine.num_running, engine.num_waiting,
-                                stats.used_blocks, stats.usage, stats.waste))
+                                stats.used_blocks, stats.usage, stats.waste,
+                                *_composition(plan)))
         stats_time += time.perf_counter() - t
     elapsed = time.perf_counter() - start
     bar.close()
@@ -83,6 +92,30 @@ def run_engine(llm: Any, workload: list[BenchRequest], show_progress: bool = Tru
                for i, (request_id, request) in enumerate(zip(ids, workload, strict=True))]
     return EngineRun(elapsed, records, steps,
                      engine.scheduler.num_preemptions - preemptions_before, stats_time)
+
+
+def decode_steps(run: EngineRun) -> list[DecodeStep]:
+    """The run's pure decode steps, for the bandwidth bound."""
+    return [DecodeStep(s.step_s, s.decode_batch, s.context_tokens)
+            for s in run.steps if s.decode_batch]
+
+
+def _composition(plan: Any) -> tuple[int, int]:
+    """(decode batch, attended tokens) of a step's plan, read after the step has run."""
+    if plan is None or not plan.scheduled:
+        return 0, 0
+    context = sum(seq.num_computed_tokens for seq, _ in plan.scheduled)
+    decode = all(num_new == 1 for _, num_new in plan.scheduled)
+    return (len(plan.scheduled) if decode else 0), context
+
+
+def _synchronizer(device: Any) -> Callable[[], None]:
+    """Wait for the device's queued work (CUDA); nothing to wait for on CPU."""
+    if getattr(device, "type", "cpu") != "cuda":
+        return lambda: None
+    import torch
+
+    return lambda: torch.cuda.synchronize(device)
 
 
 def _record(index: int, request: BenchRequest, out: RequestOutput) -> dict[str, Any]:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenmill.engine.bench.workload import BenchRequest, make_workload, parse_range
+
+if TYPE_CHECKING:
+    from tokenmill.engine.bench.bandwidth import Bandwidth
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Also run the workload at each of these tensor-parallel sizes "
                              "(comma separated, the first is the reference, e.g. 1,2) and "
                              "report throughput ratios and the collectives' time per step.")
+    parser.add_argument("--bandwidth", metavar="GBPS", type=_bandwidth, default=None,
+                        help="Device memory bandwidth in GB/s (1e9 bytes/s, a copy's bytes read "
+                             "plus written) for the decode-step bound; measured on the engine's "
+                             "device when not given.")
     parser.add_argument("--json", metavar="PATH", help="Write the raw results as JSON here.")
     parser.add_argument("--plot", metavar="PATH", help="Write a PNG plot (needs matplotlib).")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
@@ -56,6 +64,16 @@ def _tp_sizes(text: str) -> list[int]:
     return parse_sizes(text)
 
 
+def _bandwidth(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected GB/s like 3000, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"bandwidth must be positive, got {text!r}")
+    return value
+
+
 def parse_batch_sizes(text: str) -> list[int]:
     """'8,32' -> [8, 32]; '' or 'none' -> [] (no baseline)."""
     if text.strip().lower() in ("", "none"):
@@ -72,9 +90,11 @@ def parse_batch_sizes(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     """Build the workload, run tokenmill then HF on it, print the table, write JSON and plot."""
     summary, payload = benchmark(args)
+    from tokenmill.engine.bench.decode_bound import format_summary as format_decode_bound
     from tokenmill.engine.bench.report import format_table, write_json
 
     print(format_table(summary))
+    print(format_decode_bound(summary["decode_bound"]))
     if "prefix_cache_ab" in summary:
         from tokenmill.engine.bench.prefix_ab import format_comparison
 
@@ -104,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
 def benchmark(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     """The whole measurement; returns (summary, JSON payload)."""
     from tokenmill.engine import LLM
-    from tokenmill.engine.bench import engine_run, hf_baseline, report
+    from tokenmill.engine.bench import decode_bound, engine_run, hf_baseline, report
     from tokenmill.engine.cli import engine_config_from_args
 
     config = engine_config_from_args(args)
@@ -120,8 +140,10 @@ def benchmark(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
     engine_run.warm_up(llm, plain_token)
     ours = engine_run.run_engine(llm, workload, args.progress)
     device, dtype = engine.device, engine.dtype
+    memory = engine.memory_report()
     llm.shutdown()  # ends tensor-parallel workers: the comparisons start their own
     del llm, engine
+    bandwidth = _bandwidth_for(args.bandwidth, device)
 
     hf_runs = []
     if args.hf_batch_sizes:
@@ -133,6 +155,9 @@ def benchmark(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
         del model
 
     summary = report.summarize(ours, hf_runs)
+    summary["decode_bound"] = decode_bound.summarize(
+        engine_run.decode_steps(ours), memory["weights_bytes"],
+        memory["kv_bytes_per_token"] or 0, bandwidth)
     if args.prefix_cache_ab:
         from tokenmill.engine.bench import prefix_ab
 
@@ -162,6 +187,18 @@ def benchmark(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
         "kv_steps": [dataclasses.asdict(s) for s in ours.steps],
     }
     return summary, payload
+
+
+def _bandwidth_for(given: float | None, device: Any) -> Bandwidth:
+    """The figure given, else one measured on the engine's device once the engine is gone (its
+    KV pool no longer holds the memory the copy needs)."""
+    from tokenmill.engine.bench.bandwidth import given_bandwidth, measure_bandwidth
+
+    if given is not None:
+        return given_bandwidth(given)
+    gc.collect()
+    _status(f"measuring memory bandwidth on {device}")
+    return measure_bandwidth(device)
 
 
 def special_ids(tokenizer: Any) -> set[int]:
