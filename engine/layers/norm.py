@@ -1,9 +1,45 @@
-"""RMSNorm, computed in float32 as the reference models do."""
+"""RMSNorm with the decoder's residual add fused in, in Hugging Face's op order.
+
+`rms_norm` is the torch reference and the CPU path; on the Triton backend one kernel
+(`kernels/rms_norm.py`) does the add and the norm. The kernel module imports triton, so it is
+imported on first use only.
+"""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 from torch import nn
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None,
+             backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+    """(normalized, residual stream) of x, or of x + residual when a residual is given.
+
+    The sum is rounded to x's dtype (it is the residual stream, as the reference models'
+    `x = x + attn_out`); the norm runs in float32, is cast to the input dtype, then multiplied
+    by the weight (LlamaRMSNorm). The Triton kernel overwrites `residual` with the sum.
+    """
+    if backend == "triton":
+        return _kernel()(x, weight, eps, residual)
+    if residual is not None:
+        x = x + residual
+    # .float() and .to() dispatch an op even when the dtype already matches: skip them then.
+    h = x if x.dtype == torch.float32 else x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True).add_(eps))
+    if h.dtype != x.dtype:
+        h = h.to(x.dtype)
+    return weight * h, x
+
+
+@functools.cache
+def _kernel() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    from tokenmill.engine.kernels.rms_norm import rms_norm as kernel
+
+    return kernel
 
 
 class RMSNorm(nn.Module):
@@ -12,8 +48,6 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+        return rms_norm(x, self.weight, self.eps, residual, backend)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -50,31 +52,65 @@ def _llama3_scaled(inv_freq: torch.Tensor, params: dict) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """Precomputed cos/sin tables indexed by absolute position."""
+    """Precomputed cos/sin tables indexed by absolute position (float32, as Hugging Face
+    computes them before casting to the model dtype)."""
 
     def __init__(self, head_dim: int, max_positions: int, params: dict):
         super().__init__()
         inv_freq = inverse_frequencies(head_dim, params)
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        angles = torch.cat([angles, angles], dim=-1)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        self.register_buffer("cos", torch.cat([angles.cos(), angles.cos()], dim=-1),
+                             persistent=False)
+        # sin with rotate_half's sign folded in: rotate_half(x) * sin == roll(x) * signed_sin.
+        sin = angles.sin()
+        self.register_buffer("signed_sin", torch.cat([-sin, sin], dim=-1), persistent=False)
 
-    def forward(self, positions: torch.Tensor) -> RopeTables:
-        """The step's cos/sin rows, looked up once and shared by every layer."""
-        return RopeTables(self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype,
+                backend: str = "torch") -> RopeRows | RopeKernel:
+        """The step's rotary inputs, built once and shared by every layer."""
+        if backend == "triton":
+            half = self.cos.shape[-1] // 2
+            return RopeKernel(positions, self.cos[:, :half], self.signed_sin[:, half:])
+        cos, sin = self.cos[positions], self.signed_sin[positions]
+        if dtype != torch.float32:
+            cos, sin = cos.to(dtype), sin.to(dtype)
+        return RopeRows(cos.unsqueeze(1), sin.unsqueeze(1))
 
 
-class RopeTables(NamedTuple):
+class RopeRows(NamedTuple):
+    """The torch path: this step's cos/sin rows in the model dtype."""
+
     cos: torch.Tensor  # [T, 1, dim]
+    signed_sin: torch.Tensor
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: [T, heads, dim], k: [T, kv_heads, dim]; new tensors in the input dtype."""
+        return apply_rotary(q, self.cos, self.signed_sin), apply_rotary(k, self.cos,
+                                                                       self.signed_sin)
+
+
+class RopeKernel(NamedTuple):
+    """The Triton path: positions and the float32 tables, one column per frequency; the
+    kernel looks the rows up and rotates q and k in place in one launch."""
+
+    positions: torch.Tensor  # [T]
+    cos: torch.Tensor  # [max_positions, dim / 2]
     sin: torch.Tensor
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, heads, dim], k: [T, kv_heads, dim]; rotated in the input dtype."""
-        return _rotate(q, self.cos, self.sin), _rotate(k, self.cos, self.sin)
+        return _kernel()(q, k, self.positions, self.cos, self.sin)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's x * cos + rotate_half(x) * sin in x's dtype, bit for bit, in 4 ops
+    instead of 7: rotate_half(x) = cat(-x2, x1) equals roll(x) = cat(x2, x1) with the sign
+    moved onto sin (exact: negation commutes with rounding)."""
     half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+    return (x * cos).add_(x.roll(half, -1).mul_(signed_sin))
+
+
+@functools.cache
+def _kernel() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    from tokenmill.engine.kernels.rotary import rotary
+
+    return rotary

@@ -8,17 +8,17 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.distributed.sharding import ShardPlan
+from tokenmill.engine.layers.activation import silu_and_mul
 from tokenmill.engine.layers.attention import attention, store_kv
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.kv_layer import KVLayer
 from tokenmill.engine.layers.linear import MergedLinear
 from tokenmill.engine.layers.norm import RMSNorm
-from tokenmill.engine.layers.rotary import RopeTables, RotaryEmbedding, rope_parameters
+from tokenmill.engine.layers.rotary import RopeKernel, RopeRows, RotaryEmbedding, rope_parameters
 from tokenmill.engine.layers.vocab_parallel import VocabParallelEmbedding
 from tokenmill.engine.models.architecture import flags_of
 
@@ -55,7 +55,7 @@ class Attention(nn.Module):
         self.qk_norm = flags.qk_norm
         self.scale = self.head_dim ** -0.5
 
-    def forward(self, x: torch.Tensor, rope: RopeTables,
+    def forward(self, x: torch.Tensor, rope: RopeRows | RopeKernel,
                 kv_cache: KVLayer, meta: AttentionMetadata) -> torch.Tensor:
         tokens = x.shape[0]
         q, k, v = self.qkv_proj(x)
@@ -63,7 +63,8 @@ class Attention(nn.Module):
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, _ = self.q_norm(q, backend=meta.backend)
+            k, _ = self.k_norm(k, backend=meta.backend)
         q, k = rope.rotate(q, k)
         store_kv(k, v, kv_cache, meta)
         o = attention(q, kv_cache, meta, self.scale)
@@ -84,12 +85,16 @@ class MLP(nn.Module):
             config.hidden_size, {"gate_proj": width, "up_proj": width}, bias=bias)
         self.down_proj = nn.Linear(width, config.hidden_size, bias=bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, backend: str) -> torch.Tensor:
         gate, up = self.gate_up_proj(x)
-        return self.tp.all_reduce(self.down_proj(F.silu(gate) * up))
+        return self.tp.all_reduce(self.down_proj(silu_and_mul(gate, up, backend)))
 
 
 class DecoderLayer(nn.Module):
+    """One block. The residual stream is carried beside the hidden states (as in vLLM): each
+    norm adds the branch output before it to the stream, so the add costs no op of its own
+    on the Triton path (one fused kernel) and the final norm takes the last layer's add."""
+
     def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -97,9 +102,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config, plan, tp)
 
-    def forward(self, x, rope, kv_cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
+                rope: RopeRows | RopeKernel, kv_cache: KVLayer,
+                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous layer's MLP output, not yet in `residual` (layer 0: the embeddings,
+        and no residual yet). Returns this layer's MLP output and the stream before it."""
+        x, residual = self.input_layernorm(x, residual, meta.backend)
+        x = self.self_attn(x, rope, kv_cache, meta)
+        x, residual = self.post_attention_layernorm(x, residual, meta.backend)
+        return self.mlp(x, meta.backend), residual
 
 
 class DecoderModel(nn.Module):
@@ -113,10 +124,11 @@ class DecoderModel(nn.Module):
 
     def forward(self, input_ids, positions, kv_caches, meta):
         x = self.embed_tokens(input_ids)
-        rope = self.rotary(positions)
+        rope = self.rotary(positions, x.dtype, meta.backend)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, rope, kv_cache, meta)
-        return self.norm(x)
+            x, residual = layer(x, residual, rope, kv_cache, meta)
+        return self.norm(x, residual, meta.backend)[0]
 
 
 class CausalLM(nn.Module):
