@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -95,7 +94,8 @@ class LLMEngine:
                                  layout=self.runner.layout)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.eos_token_ids = _eos_ids(self.model_config, self.tokenizer, source.directory)
-        self._rng = random.Random(config.seed)
+        # Noise of the sampled requests that bring no seed of their own, drawn in one call.
+        self._generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self._seq_ids = itertools.count()
         self._requests: dict[str, _Request] = {}
         self.last_plan: SchedulerOutput | None = None  # the latest step's composition
@@ -222,7 +222,9 @@ class LLMEngine:
                 to_sample.append(member)
         touched: dict[str, _Request] = {}
         if to_sample:
-            result = sample(logits[rows], to_sample)
+            if rows != list(range(len(logits))):  # some rows are prompt chunks, or forked
+                logits = logits[torch.tensor(rows, device=logits.device)]
+            result = sample(logits, to_sample, self._generator)
             now = time.monotonic()
             for seq, token, logprobs in zip(to_sample, result.token_ids, result.logprobs,
                                             strict=True):
@@ -264,10 +266,8 @@ class LLMEngine:
                       params: SamplingParams, timings: RequestTimings,
                       cache_salt: str | None) -> Sequence:
         generator = None
-        if not params.greedy:
-            seed = (params.seed + index * 7919 if params.seed is not None
-                    else self._rng.getrandbits(63))
-            generator = torch.Generator(device=self.device).manual_seed(seed)
+        if not params.greedy and params.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(params.seed + index * 7919)
         detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens)
         return Sequence(next(self._seq_ids), request_id, index, token_ids, params, generator,
                         detok, timings, cache_salt)

@@ -7,12 +7,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tokenmill.engine.decode_graphs import GRAPH_SPLIT_TOKENS, DecodeGraphs, graph_batch_sizes
 from tokenmill.engine.kv_cache.layout import SCALE_DTYPE, KVCacheLayout
 from tokenmill.engine.kv_cache.manager import slot_index
-from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.kv_layer import KVLayer
 from tokenmill.engine.models.decoder import CausalLM
 from tokenmill.engine.request import Sequence
+from tokenmill.engine.step_buffers import StepBuffers
 
 
 @dataclass
@@ -46,6 +47,8 @@ class ModelRunner:
         self.kv_caches = [self._layer_view(i) for i in range(layout.num_layers)]
         # Called with each step's inputs before it runs: rank 0 sends them to the other ranks.
         self.on_step: Callable[[StepInputs], None] | None = None
+        self.buffers = StepBuffers(device)
+        self.graphs: DecodeGraphs | None = None
 
     def _layer_view(self, layer: int) -> KVLayer:
         k, v = self.kv_pool[layer]
@@ -95,31 +98,39 @@ class ModelRunner:
         return inputs
 
     @torch.inference_mode()
+    def capture_decode_graphs(self, max_num_seqs: int, max_num_batched_tokens: int,
+                              max_model_len: int) -> None:
+        """Capture the decode step for every batch-size bucket (engine/decode_graphs.py). The
+        input buffers are sized for the largest step first: graphs keep their addresses."""
+        if self.attention_backend != "triton":
+            raise ValueError("decode graphs need the Triton attention backend")
+        max_blocks = -(-max_model_len // self.block_size) + 1
+        self.buffers.reserve(max_num_batched_tokens, max_num_seqs, max_blocks)
+        splits = -(-max_model_len // GRAPH_SPLIT_TOKENS)
+
+        def forward(num_seqs: int, seq_lens: list[int]) -> torch.Tensor:
+            views = self.buffers.views(num_seqs, num_seqs)
+            meta = self.buffers.metadata(views, seq_lens, [1] * num_seqs, self.attention_backend,
+                                         max_seq_len=max_model_len, decode_splits=splits)
+            return self.model(views.input_ids, views.positions, self.kv_caches, meta)
+
+        self.graphs = DecodeGraphs(self.buffers, forward, graph_batch_sizes(max_num_seqs),
+                                   self.device)
+
+    @torch.inference_mode()
     def run(self, inputs: StepInputs) -> torch.Tensor:
         self.copy_blocks(inputs.block_copies)
-        tables = torch.zeros(len(inputs.block_tables),
-                             max(len(t) for t in inputs.block_tables), dtype=torch.long)
-        for row, table in enumerate(inputs.block_tables):
-            tables[row, :len(table)] = torch.tensor(table, dtype=torch.long)
-        query_start = [0]
-        for n in inputs.query_lens:
-            query_start.append(query_start[-1] + n)
-        device = self.device
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(inputs.slots, dtype=torch.long, device=device),
-            block_tables=tables.to(device),
-            seq_lens=torch.tensor(inputs.seq_lens, dtype=torch.long, device=device),
-            query_start_loc=torch.tensor(query_start, dtype=torch.long, device=device),
-            seq_lens_list=inputs.seq_lens,
-            query_lens_list=inputs.query_lens,
-            backend=self.attention_backend,
-        )
-        hidden = self.model(
-            torch.tensor(inputs.input_ids, dtype=torch.long, device=device),
-            torch.tensor(inputs.positions, dtype=torch.long, device=device),
-            self.kv_caches, meta,
-        )
-        if inputs.all_logits:
+        decode_only = all(n == 1 for n in inputs.query_lens)
+        if self.graphs is not None and decode_only and not inputs.all_logits:
+            hidden = self.graphs.run(inputs.input_ids, inputs.positions, inputs.slots,
+                                     inputs.seq_lens, inputs.block_tables)
+            if hidden is not None:
+                return self.model.logits(hidden)
+        views = self.buffers.fill(inputs.input_ids, inputs.positions, inputs.slots,
+                                  inputs.seq_lens, inputs.query_lens, inputs.block_tables)
+        meta = self.buffers.metadata(views, inputs.seq_lens, inputs.query_lens,
+                                     self.attention_backend)
+        hidden = self.model(views.input_ids, views.positions, self.kv_caches, meta)
+        if inputs.all_logits or decode_only:  # decode: every row is its sequence's last
             return self.model.logits(hidden)
-        last_rows = torch.tensor(query_start[1:], device=device) - 1
-        return self.model.logits(hidden[last_rows])
+        return self.model.logits(hidden[views.query_start[1:] - 1])

@@ -1,8 +1,13 @@
 """Turn a step's logits into one token per sequence, each under its own SamplingParams.
 
-Random draws use the exponential-race form of categorical sampling (argmax of p / Exp(1)) with
-one generator per sequence: every step consumes the same number of draws from that generator
-whatever else is in the batch, so a seeded request reproduces exactly.
+Everything runs on the logits' device and the step's results (token ids, and logprobs where a
+request asks for them) come back to the host in one transfer: on a GPU each transfer waits for
+all the work queued before it.
+
+Random draws use the exponential-race form of categorical sampling (argmax of p / Exp(1)). A
+seeded request draws from its own generator: every step consumes the same number of draws from
+it whatever else is in the batch, so it reproduces exactly. Unseeded requests share the engine's
+generator and draw their noise in one call.
 """
 
 from __future__ import annotations
@@ -20,30 +25,44 @@ class SampleResult:
     logprobs: list[dict[int, float] | None]
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
-    """logits: [len(seqs), vocab] float32, one row per sequence."""
+def sample(logits: torch.Tensor, seqs: list[Sequence],
+           generator: torch.Generator | None = None) -> SampleResult:
+    """logits: [len(seqs), vocab] float32, one row per sequence; `generator` draws the noise of
+    sequences without their own (None: torch's default generator)."""
     raw_logprobs = None
     if any(s.params.logprobs is not None for s in seqs):
         raw_logprobs = torch.log_softmax(logits, dim=-1)
-    logits = logits.clone()
-    for row, seq in enumerate(seqs):
-        if seq.params.has_penalties:
-            apply_penalties(logits[row], seq)
-    tokens = torch.empty(len(seqs), dtype=torch.long, device=logits.device)
-    greedy = [i for i, s in enumerate(seqs) if s.params.greedy]
-    if greedy:
-        tokens[greedy] = logits[greedy].argmax(dim=-1)
+    if any(s.params.has_penalties for s in seqs):
+        logits = logits.clone()
+        for row, seq in enumerate(seqs):
+            if seq.params.has_penalties:
+                apply_penalties(logits[row], seq)
+    tokens = logits.argmax(dim=-1)
     randoms = [i for i, s in enumerate(seqs) if not s.params.greedy]
     if randoms:
-        probs = filtered_probs(logits[randoms], [seqs[i] for i in randoms])
-        noise = torch.stack([
-            torch.empty(probs.shape[1], device=probs.device).exponential_(
-                generator=seqs[i].generator)
-            for i in randoms
-        ])
-        tokens[randoms] = (probs / noise).argmax(dim=-1)
-    token_ids = tokens.tolist()
-    return SampleResult(token_ids, _logprobs(raw_logprobs, seqs, token_ids))
+        chosen = [seqs[i] for i in randoms]
+        every_row = len(randoms) == len(seqs)
+        rows = None if every_row else torch.tensor(randoms, device=logits.device)
+        probs = filtered_probs(logits if rows is None else logits[rows], chosen)
+        drawn = (probs / _exponential_noise(probs, chosen, generator)).argmax(dim=-1)
+        tokens = drawn if rows is None else tokens.index_copy(0, rows, drawn)
+    return _to_host(tokens, raw_logprobs, seqs)
+
+
+def _exponential_noise(probs: torch.Tensor, seqs: list[Sequence],
+                       generator: torch.Generator | None) -> torch.Tensor:
+    noise = torch.empty_like(probs)
+    shared = [j for j, s in enumerate(seqs) if s.generator is None]
+    if len(shared) == len(seqs):
+        return noise.exponential_(generator=generator)
+    if shared:
+        rows = torch.tensor(shared, device=probs.device)
+        block = torch.empty(len(shared), probs.shape[1], device=probs.device)
+        noise.index_copy_(0, rows, block.exponential_(generator=generator))
+    for j, seq in enumerate(seqs):
+        if seq.generator is not None:
+            noise[j].exponential_(generator=seq.generator)
+    return noise
 
 
 def apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
@@ -63,13 +82,14 @@ def apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
 def filtered_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """Temperature, then top-k, top-p and min-p masks; returns renormalized probabilities."""
     device = logits.device
-    temperature = torch.tensor([s.params.temperature for s in seqs], device=device)
-    logits = logits / temperature.unsqueeze(1)
     vocab = logits.shape[1]
-    top_k = torch.tensor([s.params.top_k if s.params.top_k > 0 else vocab for s in seqs],
-                         device=device)
-    top_p = torch.tensor([s.params.top_p for s in seqs], device=device)
-    min_p = torch.tensor([s.params.min_p for s in seqs], device=device)
+    settings = [(s.params.temperature, s.params.top_k if s.params.top_k > 0 else vocab,
+                 s.params.top_p, s.params.min_p) for s in seqs]
+    table = torch.tensor(settings, dtype=torch.float32).to(device)
+    temperature, top_k, top_p, min_p = table.unbind(1)
+    logits = logits / temperature.unsqueeze(1)
+    if all(k == vocab and p >= 1.0 and m <= 0.0 for _, k, p, m in settings):
+        return logits.softmax(dim=-1)  # nothing to mask: skip the sort over the vocabulary
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     sorted_probs = sorted_logits.softmax(dim=-1)
     rank = torch.arange(vocab, device=device).unsqueeze(0)
@@ -83,19 +103,30 @@ def filtered_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     return filtered.softmax(dim=-1)
 
 
-def _logprobs(raw: torch.Tensor | None, seqs: list[Sequence],
-              token_ids: list[int]) -> list[dict[int, float] | None]:
-    result: list[dict[int, float] | None] = []
+def _to_host(tokens: torch.Tensor, raw: torch.Tensor | None,
+             seqs: list[Sequence]) -> SampleResult:
+    """One device-to-host copy: token ids, then (when asked) each row's sampled-token logprob
+    and its top-k, packed as float64 (token ids are exact in it)."""
+    n = len(seqs)
+    if raw is None:
+        return SampleResult(tokens.tolist(), [None] * n)
+    max_k = max(s.params.logprobs or 0 for s in seqs)
+    parts = [tokens.double(), raw.gather(1, tokens.unsqueeze(1)).squeeze(1).double()]
+    if max_k:
+        values, ids = raw.topk(max_k, dim=-1)
+        parts += [values.double().flatten(), ids.double().flatten()]
+    flat = torch.cat(parts).tolist()
+    token_ids = [int(t) for t in flat[:n]]
+    chosen = flat[n:2 * n]
+    top_values, top_ids = flat[2 * n:2 * n + n * max_k], flat[2 * n + n * max_k:]
+    logprobs: list[dict[int, float] | None] = []
     for row, seq in enumerate(seqs):
         k = seq.params.logprobs
-        if raw is None or k is None:
-            result.append(None)
+        if k is None:
+            logprobs.append(None)
             continue
-        entry: dict[int, float] = {}
-        if k > 0:
-            values, ids = raw[row].topk(k)
-            entry = dict(zip(ids.tolist(), values.tolist(), strict=True))
-        entry[token_ids[row]] = float(raw[row, token_ids[row]])
-        return_order = sorted(entry.items(), key=lambda kv: -kv[1])
-        result.append(dict(return_order))
-    return result
+        base = row * max_k
+        entry = {int(top_ids[base + j]): top_values[base + j] for j in range(k)}
+        entry[token_ids[row]] = chosen[row]
+        logprobs.append(dict(sorted(entry.items(), key=lambda kv: -kv[1])))
+    return SampleResult(token_ids, logprobs)

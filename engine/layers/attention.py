@@ -77,8 +77,8 @@ def attention(q: torch.Tensor, cache: KVLayer, meta: AttentionMetadata,
         from tokenmill.engine.kernels.decode_attention import decode_attention
 
         return decode_attention(q, cache.k, cache.v, meta.block_tables, meta.seq_lens,
-                                max(meta.seq_lens_list), scale, k_scale=cache.k_scale,
-                                v_scale=cache.v_scale)
+                                meta.max_seq_len, scale, num_splits=meta.decode_splits,
+                                k_scale=cache.k_scale, v_scale=cache.v_scale)
     from tokenmill.engine.kernels.prefill_attention import prefill_attention
 
     return prefill_attention(q, cache.k, cache.v, meta.block_tables, meta.seq_lens,

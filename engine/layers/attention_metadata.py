@@ -25,9 +25,19 @@ class AttentionMetadata:
     seq_lens_list: list[int]
     query_lens_list: list[int]
     backend: str = "torch"
+    # Longest context in the step, a host int (no device sync); a captured CUDA graph sets it
+    # to max_model_len, since one graph serves every later step of its batch size.
+    max_seq_len: int = 0
+    # Context splits of the Triton decode kernel; None lets the kernel choose per step (a
+    # captured graph fixes it, so a split covers the same tokens at every replay).
+    decode_splits: int | None = None
     # Per-step work that every layer shares (e.g. the torch path's decode buckets), built by the
     # first layer that needs it; keyed by whoever builds it.
     step_cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.max_seq_len:
+            self.max_seq_len = max(self.seq_lens_list)
 
     @property
     def num_seqs(self) -> int:

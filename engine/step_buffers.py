@@ -1,0 +1,109 @@
+"""A step's input tensors, allocated once and refilled every step.
+
+Each step's integers (token ids, positions, slots, context lengths, query starts) travel to the
+device in one copy, and its block tables in a second, into tensors whose addresses never change:
+a captured CUDA graph reads its inputs from fixed addresses, and no step pays for allocating
+its inputs. Capacity grows while the engine warms up; once graphs are captured it is frozen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tokenmill.engine.layers.attention_metadata import AttentionMetadata
+
+PAD_SLOT = -1  # a padding row's KV slot: the KV write skips it
+
+
+@dataclass
+class StepTensors:
+    """Views of the buffers for one step of `num_tokens` tokens in `num_seqs` sequences."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start: torch.Tensor
+    block_tables: torch.Tensor
+
+
+class StepBuffers:
+    def __init__(self, device: torch.device, max_tokens: int = 256, max_seqs: int = 64,
+                 max_blocks: int = 64):
+        self.device = device
+        self.frozen = False
+        self._pin = device.type == "cuda"
+        # The last step's copies out of the pinned host buffers; refilling them waits for it.
+        self._copied = torch.cuda.Event() if self._pin else None
+        self._allocate(max_tokens, max_seqs, max_blocks)
+
+    def _allocate(self, max_tokens: int, max_seqs: int, max_blocks: int) -> None:
+        if self.frozen:
+            raise RuntimeError(f"a step of {max_tokens} tokens, {max_seqs} sequences, "
+                               f"{max_blocks} blocks each exceeds the captured input buffers")
+        self.max_tokens, self.max_seqs, self.max_blocks = max_tokens, max_seqs, max_blocks
+        # ids, positions and slots per token; context length and query start per sequence.
+        flat = 3 * max_tokens + 2 * max_seqs + 1
+        self._flat = torch.zeros(flat, dtype=torch.long, device=self.device)
+        self._flat_host = torch.zeros(flat, dtype=torch.long, pin_memory=self._pin)
+        self._tables = torch.zeros(max_seqs, max_blocks, dtype=torch.long, device=self.device)
+        self._tables_host = torch.zeros(max_seqs, max_blocks, dtype=torch.long,
+                                        pin_memory=self._pin)
+
+    def reserve(self, max_tokens: int, max_seqs: int, max_blocks: int) -> None:
+        """Grow to hold at least this step shape; never shrinks."""
+        if (max_tokens > self.max_tokens or max_seqs > self.max_seqs
+                or max_blocks > self.max_blocks):
+            self._allocate(max(max_tokens, self.max_tokens), max(max_seqs, self.max_seqs),
+                           max(max_blocks, self.max_blocks))
+
+    def views(self, num_tokens: int, num_seqs: int) -> StepTensors:
+        """The buffers as one step of this shape sees them: the same addresses every time."""
+        t, s = num_tokens, num_seqs
+        flat = self._flat
+        return StepTensors(
+            input_ids=flat[:t], positions=flat[t:2 * t], slots=flat[2 * t:3 * t],
+            seq_lens=flat[3 * t:3 * t + s], query_start=flat[3 * t + s:3 * t + 2 * s + 1],
+            block_tables=self._tables[:s],
+        )
+
+    def fill(self, input_ids: list[int], positions: list[int], slots: list[int],
+             seq_lens: list[int], query_lens: list[int],
+             block_tables: list[list[int]]) -> StepTensors:
+        """Copy one step's lists in (two host-to-device copies) and return its views.
+
+        Rows of block_tables may be ragged; only the columns a row lists are written, which
+        are all any kernel reads of it (its context length bounds them).
+        """
+        t, s = len(input_ids), len(seq_lens)
+        width = max(len(row) for row in block_tables)
+        self.reserve(t, s, width)
+        query_start = [0]
+        for n in query_lens:
+            query_start.append(query_start[-1] + n)
+        values = [*input_ids, *positions, *slots, *seq_lens, *query_start]
+        if self._copied is not None:
+            self._copied.synchronize()
+        host = self._flat_host[:len(values)]
+        host.copy_(torch.tensor(values, dtype=torch.long))
+        self._flat[:len(values)].copy_(host, non_blocking=self._pin)
+        padded = [row + [0] * (width - len(row)) for row in block_tables]
+        tables_host = self._tables_host[:s, :width]
+        tables_host.copy_(torch.tensor(padded, dtype=torch.long))
+        self._tables[:s, :width].copy_(tables_host, non_blocking=self._pin)
+        if self._copied is not None:
+            self._copied.record()
+        return self.views(t, s)
+
+    def metadata(self, views: StepTensors, seq_lens: list[int], query_lens: list[int],
+                 backend: str, max_seq_len: int | None = None,
+                 decode_splits: int | None = None) -> AttentionMetadata:
+        return AttentionMetadata(
+            slot_mapping=views.slots, block_tables=views.block_tables, seq_lens=views.seq_lens,
+            query_start_loc=views.query_start, seq_lens_list=seq_lens,
+            query_lens_list=query_lens, backend=backend,
+            max_seq_len=max_seq_len if max_seq_len is not None else max(seq_lens),
+            decode_splits=decode_splits,
+        )

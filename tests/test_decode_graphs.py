@@ -1,0 +1,126 @@
+"""Decode graphs: batch-size buckets, padding rows and fixed input buffers.
+
+CUDA graphs themselves need a GPU; on CPU the same path runs with each graph replayed eagerly
+over the same fixed buffers (`ReplayedEagerly`) and the Triton kernels in Triton's interpreter,
+so what the graphs add (bucketing, padding rows, inputs at fixed addresses, the fixed decode
+split) is checked against the eager engine token for token.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from triton_support import DEVICE, cuda_only
+
+from tokenmill.engine import LLM, SamplingParams, decode_graphs
+from tokenmill.engine.decode_graphs import bucket_for, graph_batch_sizes, graphs_wanted
+from tokenmill.engine.step_buffers import StepBuffers
+
+
+def test_batch_sizes_are_vllm_buckets_up_to_max_num_seqs():
+    assert graph_batch_sizes(256) == [1, 2, 4, *range(8, 257, 8)]
+    assert graph_batch_sizes(20) == [1, 2, 4, 8, 16, 20]
+    assert graph_batch_sizes(3) == [1, 2, 3]
+    assert graph_batch_sizes(1) == [1]
+    assert graph_batch_sizes(4096)[-1] == decode_graphs.MAX_GRAPH_BATCH
+
+
+def test_a_batch_takes_the_smallest_bucket_that_holds_it():
+    sizes = graph_batch_sizes(64)
+    assert [bucket_for(n, sizes) for n in (1, 2, 3, 5, 8, 9, 17, 64)] == [1, 2, 4, 8, 8, 16, 24,
+                                                                         64]
+    assert bucket_for(65, sizes) is None
+
+
+def test_graphs_only_on_cuda_with_triton_and_not_when_eager_is_enforced():
+    assert graphs_wanted("cuda", "triton", enforce_eager=False)
+    assert not graphs_wanted("cuda", "triton", enforce_eager=True)
+    assert not graphs_wanted("cuda", "torch", enforce_eager=False)
+    assert not graphs_wanted("cpu", "triton", enforce_eager=False)
+
+
+def test_step_buffers_keep_their_addresses_and_hold_ragged_tables():
+    buffers = StepBuffers(torch.device("cpu"), max_tokens=8, max_seqs=4, max_blocks=4)
+    first = buffers.fill([5, 6, 7], [0, 1, 9], [16, 17, 40], [2, 10], [2, 1], [[1], [2, 3]])
+    assert first.input_ids.tolist() == [5, 6, 7] and first.positions.tolist() == [0, 1, 9]
+    assert first.slots.tolist() == [16, 17, 40] and first.seq_lens.tolist() == [2, 10]
+    assert first.query_start.tolist() == [0, 2, 3]
+    assert first.block_tables[:, :2].tolist() == [[1, 0], [2, 3]]
+    second = buffers.fill([8, 9, 4], [2, 10, 0], [18, 41, 7], [3, 11], [1, 2], [[1], [2, 3]])
+    assert second.input_ids.data_ptr() == first.input_ids.data_ptr()
+    assert second.block_tables.data_ptr() == first.block_tables.data_ptr()
+    assert second.query_start.tolist() == [0, 1, 3]
+    buffers.fill([1] * 12, [0] * 12, [0] * 12, [12], [12], [[0] * 6])  # grows while not frozen
+    assert (buffers.max_tokens, buffers.max_blocks) == (12, 6)
+    buffers.frozen = True
+    with pytest.raises(RuntimeError, match="exceeds the captured input buffers"):
+        buffers.fill([1] * 13, [0] * 13, [0] * 13, [13], [13], [[0]])
+
+
+def _prompts(count: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100, 40000) for _ in range(rng.randrange(3, 40))] for _ in range(count)]
+
+
+def test_greedy_output_is_unchanged_with_decode_graphs(tiny_llama_dir, monkeypatch):
+    options = {"show_progress": False, "dtype": "float32", "max_num_batched_tokens": 64,
+               "max_num_seqs": 8, "device": DEVICE.type}
+    eager = LLM(tiny_llama_dir, attention_backend="torch", **options)  # equals HF
+    graphed = LLM(tiny_llama_dir, attention_backend="triton", **options)
+    runner = graphed.engine.runner
+    runner.capture_decode_graphs(8, 64, graphed.engine.max_model_len)
+    assert sorted(runner.graphs.graphs) == [1, 2, 4, 8]
+    ids = runner.buffers.views(8, 8).input_ids.data_ptr()
+    # Batches of 1, 3 (padded to 4) and 6 (to 8); ragged lengths finish at different steps,
+    # so the batch shrinks through the buckets.
+    for count, seed in ((1, 1), (3, 2), (6, 3)):
+        prompts = _prompts(count, seed)
+        params = [SamplingParams(temperature=0.0, max_tokens=3 + 2 * i, ignore_eos=True)
+                  for i in range(count)]
+        expected = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
+        before = runner.graphs.replays
+        got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params)]
+        assert got == expected
+        assert runner.graphs.replays > before
+    assert runner.buffers.views(8, 8).input_ids.data_ptr() == ids
+    graphed.engine.kv.allocator.check_all_free()
+
+
+def test_decode_batches_larger_than_the_largest_graph_run_eagerly(tiny_llama_dir, monkeypatch):
+    monkeypatch.setattr(decode_graphs, "MAX_GRAPH_BATCH", 2)
+    options = {"show_progress": False, "dtype": "float32", "max_num_seqs": 4,
+               "device": DEVICE.type}
+    eager = LLM(tiny_llama_dir, attention_backend="torch", **options)
+    graphed = LLM(tiny_llama_dir, attention_backend="triton", **options)
+    runner = graphed.engine.runner
+    runner.capture_decode_graphs(4, 2048, graphed.engine.max_model_len)
+    assert sorted(runner.graphs.graphs) == [1, 2]
+    prompts = _prompts(4, 5)
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    expected = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
+    assert [o.outputs[0].token_ids for o in graphed.generate(prompts, params)] == expected
+    assert runner.graphs.replays == 0  # four decodes at every step: no bucket holds them
+
+
+@cuda_only
+def test_a_graphed_decode_step_waits_for_the_gpu_once(tiny_llama_dir):
+    """The step's only synchronization is the sampled tokens' copy to the host."""
+    llm = LLM(tiny_llama_dir, show_progress=False, max_num_seqs=8)
+    assert llm.engine.runner.graphs is not None
+    engine = llm.engine
+    for i, prompt in enumerate(_prompts(3, 6)):
+        engine.add_request(f"r{i}", prompt, SamplingParams(temperature=0.0, max_tokens=8,
+                                                           ignore_eos=True))
+    engine.step()  # the prompts
+    engine.step()  # a first decode step, so lazy state is built
+    replays = engine.runner.graphs.replays
+    with pytest.warns(UserWarning) as caught:
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            engine.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert engine.runner.graphs.replays == replays + 1
+    assert len([w for w in caught if "synchroniz" in str(w.message)]) == 1
