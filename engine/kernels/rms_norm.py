@@ -48,20 +48,21 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     stream is x itself. One program per row.
     """
     assert x.dim() in (2, 3) and x.stride(-1) == 1 and weight.is_contiguous()
+    res = x if residual is None else residual
+    assert res.shape == x.shape and res.stride(-1) == 1
     size = x.shape[-1]
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:
-        return out, x if residual is None else residual
-    if residual is not None:
-        assert residual.shape == x.shape and residual.stride(-1) == 1
-    res = x if residual is None else residual
+        return out, res
     inner = x.shape[1] if x.dim() == 3 else 1
-
-    def strides(t: torch.Tensor) -> tuple[int, int]:
-        return (t.stride(0), t.stride(1)) if t.dim() == 3 else (t.stride(0), 0)
-
     _rms_norm_kernel[(x.shape[0] * inner,)](
-        x, res, weight, out, *strides(x), *strides(res), *strides(out), inner, size, eps,
+        x, res, weight, out, *_row_strides(x), *_row_strides(res), *_row_strides(out),
+        inner, size, eps,
         HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(size),
     )
     return out, res
+
+
+def _row_strides(t: torch.Tensor) -> tuple[int, int]:
+    """Strides of the two row dimensions; a 2-D tensor has one, and a single inner row."""
+    return (t.stride(0), t.stride(1)) if t.dim() == 3 else (t.stride(0), 0)
