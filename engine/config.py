@@ -62,11 +62,14 @@ class EngineConfig:
     block_size: int = _opt(16, "Tokens per KV-cache block.")
     kv_cache_memory: int | None = _opt(
         None,
-        "Bytes for the KV-cache pool. Default on CPU: 1 GiB; on CUDA: derived from "
-        "--gpu-memory-utilization.",
+        "Bytes for the KV-cache pool. Default on CPU: 1 GiB; on CUDA: what "
+        "--gpu-memory-utilization leaves. When given it wins and nothing is profiled.",
     )
     gpu_memory_utilization: float = _opt(
-        0.9, "Fraction of GPU memory the engine may use (weights, activations, KV cache)."
+        0.9, "Fraction of each GPU's memory the engine may use. At start-up a profiling step "
+             "runs the largest batch (max-num-batched-tokens, max-num-seqs) and measures the "
+             "weights and activations; these, memory outside torch (CUDA context, NCCL) and "
+             "512 MiB for CUDA graphs come off, and the KV cache gets the rest."
     )
     seed: int = _opt(0, "Seed of the engine's random state (requests without their own seed).")
     tensor_parallel_size: int = _opt(
