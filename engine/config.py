@@ -95,6 +95,10 @@ class EngineConfig:
                 "otherwise), torch, or triton (on CPU only in Triton's interpreter, "
                 "TRITON_INTERPRET=1).",
     )
+    enforce_eager: bool = _opt(
+        False, "Run every step eagerly. By default, on CUDA with the Triton attention kernels, "
+               "the decode step is captured as a CUDA graph per batch-size bucket at start-up "
+               "and replayed (fewer kernel launches from the host).")
 
     def __post_init__(self) -> None:
         _check(bool(self.model), "model", "must name a model")

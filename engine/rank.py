@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from tokenmill.engine.config import EngineConfig
+from tokenmill.engine.decode_graphs import graphs_wanted
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.kv_cache.layout import KVCacheLayout
 from tokenmill.engine.kv_cache.sizing import MemoryProfile, kv_sizing
@@ -57,7 +58,12 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
     num_blocks = tp.min_int(sizing.blocks, device)
     log.info("kv cache sizing", extra={"rank": tp.rank, **sizing.log_fields(),
                                        "rank_blocks": sizing.blocks, "blocks": num_blocks})
-    return ModelRunner(model, num_blocks, layout, device, attention_backend=setup.attention_backend)
+    runner = ModelRunner(model, num_blocks, layout, device,
+                         attention_backend=setup.attention_backend)
+    if graphs_wanted(device.type, setup.attention_backend, config.enforce_eager):
+        runner.capture_decode_graphs(config.max_num_seqs, config.max_num_batched_tokens,
+                                     setup.max_model_len)
+    return runner
 
 
 def rank_device(device_type: str, rank: int) -> torch.device:

@@ -124,3 +124,26 @@ def test_a_graphed_decode_step_waits_for_the_gpu_once(tiny_llama_dir):
             torch.cuda.set_sync_debug_mode("default")
     assert engine.runner.graphs.replays == replays + 1
     assert len([w for w in caught if "synchroniz" in str(w.message)]) == 1
+
+
+def test_enforce_eager_is_a_serve_flag():
+    import argparse
+
+    from tokenmill.engine.config import add_engine_arguments, engine_config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    assert engine_config_from_args(parser.parse_args(["--enforce-eager"])).enforce_eager
+    assert not engine_config_from_args(parser.parse_args([])).enforce_eager
+
+
+@cuda_only
+def test_graphs_are_captured_on_cuda_unless_eager_is_enforced(tiny_llama_dir):
+    graphed = LLM(tiny_llama_dir, show_progress=False, max_num_seqs=8)
+    assert sorted(graphed.engine.runner.graphs.graphs) == [1, 2, 4, 8]
+    eager = LLM(tiny_llama_dir, show_progress=False, max_num_seqs=8, enforce_eager=True)
+    assert eager.engine.runner.graphs is None
+    prompts = _prompts(3, 7)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    assert ([o.outputs[0].token_ids for o in graphed.generate(prompts, params)]
+            == [o.outputs[0].token_ids for o in eager.generate(prompts, params)])
