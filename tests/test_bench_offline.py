@@ -116,3 +116,21 @@ def test_tensor_parallel_comparison_counts_every_collective(tiny_llama_dir, caps
     assert format_comparison(summary["tensor_parallel"]).splitlines()[2].split()[0] == "2"
     with pytest.raises(argparse.ArgumentTypeError):
         offline._tp_sizes("1,0")
+
+
+def test_cuda_graphs_comparison_runs_eager_then_graphs(tiny_llama_dir):
+    """On CPU no graph is captured: both runs are eager, and the report says so."""
+    args = build_parser().parse_args([
+        "bench", "offline", "--model", tiny_llama_dir, "--num-prompts", "3", "--input-len",
+        "4:20", "--output-len", "3:5", "--hf-batch-sizes", "none", "--no-progress",
+        "--compare-cuda-graphs",
+    ])
+    summary, _ = offline.benchmark(args)
+    eager, graphed = summary["cuda_graphs"]["runs"]
+    assert eager["enforce_eager"] and not graphed["enforce_eager"]
+    assert not graphed["graphs_captured"] and graphed["graph_replays"] == 0
+    assert eager["decode_steps"] > 0 and eager["decode_step_ms_p50"] > 0
+    assert eager["throughput_ratio"] == 1.0 and graphed["throughput_ratio"] > 0
+    from tokenmill.engine.bench.graphs_ab import format_comparison
+
+    assert "no graphs here" in format_comparison(summary["cuda_graphs"])

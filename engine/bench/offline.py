@@ -39,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Also run the workload at each of these tensor-parallel sizes "
                              "(comma separated, the first is the reference, e.g. 1,2) and "
                              "report throughput ratios and the collectives' time per step.")
+    parser.add_argument("--compare-cuda-graphs", action="store_true",
+                        help="Also run the workload with --enforce-eager and with decode CUDA "
+                             "graphs (on CUDA with the Triton kernels), and report the "
+                             "throughput ratio and decode step times.")
     parser.add_argument("--bandwidth", metavar="GBPS", type=_bandwidth, default=None,
                         help="Device memory bandwidth in GB/s (1e9 bytes/s, a copy's bytes read "
                              "plus written) for the decode-step bound; measured on the engine's "
@@ -107,6 +111,10 @@ def run(args: argparse.Namespace) -> int:
         from tokenmill.engine.bench.tp_ab import format_comparison as format_tp
 
         print(format_tp(summary["tensor_parallel"]))
+    if "cuda_graphs" in summary:
+        from tokenmill.engine.bench.graphs_ab import format_comparison as format_graphs
+
+        print(format_graphs(summary["cuda_graphs"]))
     if args.json:
         write_json(args.json, payload)
         print(f"raw results: {args.json}")
@@ -175,6 +183,11 @@ def benchmark(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
         _status(f"tensor-parallel sizes: {args.compare_tensor_parallel}")
         summary["tensor_parallel"] = tp_ab.compare(config, workload,
                                                    args.compare_tensor_parallel, args.progress)
+    if args.compare_cuda_graphs:
+        from tokenmill.engine.bench import graphs_ab
+
+        _status("decode CUDA graphs off (--enforce-eager) and on")
+        summary["cuda_graphs"] = graphs_ab.compare(config, workload, args.progress)
     payload = {
         "benchmark": "offline",
         "command": report.command_line(),
