@@ -79,6 +79,9 @@ def check_engine(spec: InferenceServiceSpec) -> None:
             continue
         flag = arg[2:].partition("=")[0]
         option = flag.removeprefix("no-").replace("-", "_")
+        if flag == "api-key":
+            raise SpecError("spec.engine.extraArgs: --api-key would show the key to anyone who "
+                            "can read the Deployment; use spec.auth.apiKeySecretRef")
         if flag in _SERVER_FLAGS:
             raise SpecError(f"spec.engine.extraArgs: --{flag} is set by the operator")
         if option in _SPEC_OPTIONS:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from .args import PORT, PVC_MOUNT, serve_command
-from .spec import GROUP, KIND, VERSION, InferenceServiceSpec
+from .spec import API_KEY_ENV, GROUP, KIND, VERSION, InferenceServiceSpec, api_key_ref
 
 OWNER_LABEL = "tokenmill.io/inferenceservice"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "tokenmill-operator"}
@@ -105,13 +105,23 @@ def _volumes(spec: InferenceServiceSpec) -> tuple[list[dict], list[dict]]:
     return volumes, mounts
 
 
+def _api_key_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    """The API key as a reference the kubelet resolves when it starts the container: the value
+    never passes through the operator, the Deployment or the command line."""
+    ref = api_key_ref(spec)
+    if ref is None:
+        return []
+    return [{"name": API_KEY_ENV,
+             "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+
+
 def _env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
-    """The scratch locations and, with tensor parallelism, NCCL's settings, then the spec's
-    variables (which may override them)."""
+    """The scratch locations, with tensor parallelism NCCL's settings and the API key, then the
+    spec's variables (which may override all but the API key; check() refuses that one)."""
     own = [e.model_dump(by_alias=True, exclude_none=True) for e in spec.env]
     names = {e["name"] for e in own}
     ours = SCRATCH_ENV + (NCCL_ENV if spec.engine.tensor_parallel_size > 1 else [])
-    return [e for e in ours if e["name"] not in names] + own
+    return [e for e in ours if e["name"] not in names] + _api_key_env(spec) + own
 
 
 def _container(name: str, spec: InferenceServiceSpec, image: str) -> dict[str, Any]:

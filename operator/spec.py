@@ -51,6 +51,10 @@ ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 # registry/repository[:tag][@digest], no whitespace: what the kubelet can pull.
 IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$"
 PARENT_SEGMENT = r"(^|/)[.][.](/|$)"  # `..` in a model path would leave the mounted volume
+# A Secret's data key (IsConfigMapKey): letters, digits, '-', '_', '.'; not '.', '..' or '..x'.
+SECRET_KEY_PATTERN = r"^[.]?[-_a-zA-Z0-9][-._a-zA-Z0-9]*$"
+API_KEY_ENV = "TOKENMILL_API_KEY"  # what `tokenmill serve` reads when --api-key is not given
+API_KEY_SECRET_KEY = "api-key"
 # Bounds on lists, maps and strings keep the CEL rules' cost estimates under the API server's
 # budget (a rule over an unbounded list is refused when the CRD is created).
 MAX_MAP_ENTRIES = 64
@@ -228,6 +232,26 @@ class EnvVar(_Spec):
         return self
 
 
+class SecretKeyRef(_Spec):
+    """One key of a Secret in the InferenceService's namespace (a Kubernetes
+    SecretKeySelector): the kubelet reads it, so neither the operator nor the spec sees the
+    value."""
+
+    name: str = Field(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253,
+                      description="The Secret's name.")
+    key: str = Field(API_KEY_SECRET_KEY, pattern=SECRET_KEY_PATTERN, max_length=253,
+                     description="The key within the Secret.")
+
+
+class AuthSpec(_Spec):
+    """Who may call the endpoint: with apiKeySecretRef every OpenAI route asks for
+    `Authorization: Bearer KEY`; /health and /metrics stay open for probes and scrapers."""
+
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        None, description=f"The Secret key holding the API key; the engine gets it as "
+                          f"{API_KEY_ENV} through valueFrom.secretKeyRef.")
+
+
 LabelValue = Annotated[str, Field(pattern=LABEL_VALUE_PATTERN, max_length=63)]
 
 
@@ -243,6 +267,9 @@ class InferenceServiceSpec(_Spec):
              "resources.gpus must be at least engine.tensorParallelSize (or 0 to run on CPU "
              "with tensorParallelSize 1)"),
         *tp_rules(),
+        _cel(f"!has(self.auth) || !has(self.auth.apiKeySecretRef) || !has(self.env) || "
+             f"!self.env.exists(e, e.name == '{API_KEY_ENV}')",
+             f"env: {API_KEY_ENV} is set by auth.apiKeySecretRef; set one of them"),
     )
 
     model: ModelSpec = Field(default_factory=ModelSpec, json_schema_extra={"default": {}})
@@ -257,6 +284,7 @@ class InferenceServiceSpec(_Spec):
     image: str | None = Field(None, pattern=IMAGE_PATTERN, max_length=1024,
                               description="Engine image; default: the operator's.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+    auth: AuthSpec | None = None
     env: list[EnvVar] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
     node_selector: dict[str, LabelValue] = Field(
         default_factory=dict, max_length=MAX_MAP_ENTRIES,
@@ -351,6 +379,11 @@ class InferenceServiceStatus(_Spec):
     autoscaler: AutoscalerStatus | None = None
 
 
+def api_key_ref(spec: InferenceServiceSpec) -> SecretKeyRef | None:
+    """The Secret key of the endpoint's API key, if the spec asks for one."""
+    return spec.auth.api_key_secret_ref if spec.auth else None
+
+
 class SpecError(ValueError):
     """A spec the operator cannot deploy; the message says what to fix."""
 
@@ -375,6 +408,9 @@ def check(spec: InferenceServiceSpec) -> None:
                         f"{tp}; use at least {tp} (or 0 to run on CPU with tensorParallelSize 1)")
     if problem := tp_problem(spec.model.uri, tp):
         raise SpecError(problem)
+    if api_key_ref(spec) and any(e.name == API_KEY_ENV for e in spec.env):
+        raise SpecError(f"spec.env: {API_KEY_ENV} is set by spec.auth.apiKeySecretRef; set one "
+                        "of them")
     scaling = spec.autoscaling
     if scaling and scaling.min_replicas > scaling.max_replicas:
         raise SpecError(f"spec.autoscaling: minReplicas {scaling.min_replicas} is greater than "

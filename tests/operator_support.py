@@ -135,6 +135,8 @@ RESOURCES = {
     "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", ["status"]),
     "v1/events": ("Event", []),
     "v1/pods": ("Pod", ["status"]),  # read by the built-in autoscaler
+    # Served so that a read of the API key's Secret would be seen: the operator makes none.
+    "v1/secrets": ("Secret", []),
     # kopf's discovery waits for these two to be served, even when it does not watch them.
     "v1/namespaces": ("Namespace", []),
     "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", []),

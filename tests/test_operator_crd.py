@@ -7,7 +7,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from apiserver_model import cost_problems, crd_problems, default_problems, rule_problems
-from operator_support import CRD_PATH, EXAMPLES, admission_errors, crd_schema
+from operator_support import CRD_PATH, EXAMPLES, admission_errors, crd_schema, with_defaults
 
 from tokenmill.operator import crd, reconcile
 
@@ -118,6 +118,18 @@ BAD = [
     ({"image": "registry.local/tokenmill: latest"}, "spec.image"),
     ({"model": {"uri": "pvc://models/../../etc"}}, "model.uri must not contain '..'"),
     ({"model": {"uri": "/models/../etc/passwd"}}, "model.uri must not contain '..'"),
+    # The API key comes from a Secret the kubelet reads; the spec only names it.
+    ({"auth": {"apiKeySecretRef": {"key": "api-key"}}}, "'name' is a required property"),
+    ({"auth": {"apiKeySecretRef": {"name": "My_Secret"}}}, "spec.auth.apiKeySecretRef.name"),
+    ({"auth": {"apiKeySecretRef": {"name": "s", "key": "a/b"}}},
+     "spec.auth.apiKeySecretRef.key"),
+    ({"auth": {"apiKeySecretRef": {"name": "s", "key": ".."}}}, "spec.auth.apiKeySecretRef.key"),
+    ({"auth": {"apiKeySecretRef": {"name": "s", "value": "sk-1"}}},
+     "spec.auth.apiKeySecretRef.value: unknown field"),
+    ({"auth": {"apiKey": "sk-1"}}, "spec.auth.apiKey: unknown field"),
+    ({"auth": {"apiKeySecretRef": {"name": "s"}},
+      "env": [{"name": "TOKENMILL_API_KEY", "value": "sk-1"}]},
+     "env: TOKENMILL_API_KEY is set by auth.apiKeySecretRef"),
 ]
 
 
@@ -205,3 +217,29 @@ def test_minimal_spec_is_accepted_and_defaulted():
     obj = {"apiVersion": "tokenmill.io/v1alpha1", "kind": "InferenceService",
            "metadata": {"name": "x"}}
     assert admission_errors(obj) == []
+
+
+@pytest.mark.parametrize(("ref", "key"), [
+    ({"name": "engine-auth"}, "api-key"),
+    ({"name": "engine-auth", "key": "token"}, "token"),
+    ({"name": "engine.auth", "key": ".openai_key-1"}, ".openai_key-1"),
+])
+def test_api_key_secret_ref_is_admitted_and_its_key_defaulted(ref, key):
+    obj = {"apiVersion": "tokenmill.io/v1alpha1", "kind": "InferenceService",
+           "metadata": {"name": "x"}, "spec": {"auth": {"apiKeySecretRef": ref}}}
+    assert admission_errors(obj) == []
+    stored = with_defaults(crd_schema(), obj)
+    assert stored["spec"]["auth"]["apiKeySecretRef"] == {**ref, "key": key}
+    spec = reconcile.load("x", obj["spec"])
+    assert (spec.auth.api_key_secret_ref.name, spec.auth.api_key_secret_ref.key) == (
+        ref["name"], key)
+
+
+def test_the_api_key_variable_without_auth_is_the_users_own():
+    """Only the combination is refused: an env entry alone is a plain variable."""
+    obj = {"apiVersion": "tokenmill.io/v1alpha1", "kind": "InferenceService",
+           "metadata": {"name": "x"},
+           "spec": {"env": [{"name": "TOKENMILL_API_KEY", "valueFrom": {
+               "secretKeyRef": {"name": "s", "key": "k"}}}]}}
+    assert admission_errors(obj) == []
+    reconcile.load("x", obj["spec"])

@@ -202,6 +202,40 @@ async def test_tensor_parallelism_deploys_or_says_why_not(tmp_path):
         assert await k.get(f"/apis/apps/v1/namespaces/{NS}/deployments/bad") is None
 
 
+async def test_api_key_reaches_the_engine_only_through_the_kubelet(tmp_path):
+    """The Deployment names the Secret; the operator never reads it (its RBAC has no secrets),
+    and the key is nowhere in what it writes."""
+    key = "sk-tokenmill-never-seen"
+    async with running_operator(tmp_path) as k:
+        await k.request("POST", f"/api/v1/namespaces/{NS}/secrets", {
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "chat-auth", "namespace": NS}, "stringData": {"api-key": key}})
+        await k.request("POST", ISVCS, inference_service("chat", {
+            "resources": {"gpus": 0}, "auth": {"apiKeySecretRef": {"name": "chat-auth"}}}))
+        deployment = await k.eventually(lambda: k.get(DEPLOY))
+        (c,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert {"name": "TOKENMILL_API_KEY", "valueFrom": {"secretKeyRef": {
+            "name": "chat-auth", "key": "api-key"}}} in c["env"]
+        assert "--api-key" not in c["command"]
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert c[probe]["httpGet"]["path"] == "/health"
+        isvc = await k.eventually(lambda: _with(
+            k, f"{ISVCS}/chat", lambda o: condition(o, "Ready").get("reason") == "RollingOut"))
+
+        # Pointing at another key rolls the pods onto it.
+        await k.request("PATCH", f"{ISVCS}/chat", {"metadata": {"generation": 2}, "spec": {
+            "auth": {"apiKeySecretRef": {"name": "chat-auth", "key": "rotated"}}}})
+        deployment = await k.eventually(lambda: _with(k, DEPLOY, lambda d: any(
+            e.get("valueFrom", {}).get("secretKeyRef", {}).get("key") == "rotated"
+            for e in d["spec"]["template"]["spec"]["containers"][0]["env"])))
+        written = [deployment, await k.get(SERVICE), await k.get(f"{ISVCS}/chat"),
+                   *await k.events()]
+        assert key not in repr(written) and key not in k.log.read_text()
+        assert isvc["status"]["url"].startswith("http://chat.")
+    assert not [c for c in k.calls if c[1].startswith("secrets")], k.calls
+    assert not any(r == "secrets" for _, r, _ in granted(render_chart()))
+
+
 async def _with(k, path, predicate):
     obj = await k.get(path)
     return obj if obj is not None and predicate(obj) else None

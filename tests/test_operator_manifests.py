@@ -210,8 +210,55 @@ def test_replicas_and_pdb(spec, replicas, pdb):
     assert any(c["kind"] == "PodDisruptionBudget" for c in children) == pdb
 
 
+AUTH = {"auth": {"apiKeySecretRef": {"name": "engine-auth"}}}
+
+
+def test_api_key_comes_from_the_secret_through_the_kubelet():
+    """The engine reads TOKENMILL_API_KEY, which the kubelet fills from the Secret: the
+    Deployment holds only the reference, and the command line has no --api-key."""
+    c = container(AUTH)
+    (entry,) = [e for e in c["env"] if e["name"] == "TOKENMILL_API_KEY"]
+    assert entry == {"name": "TOKENMILL_API_KEY", "valueFrom": {
+        "secretKeyRef": {"name": "engine-auth", "key": "api-key"}}}
+    assert "--api-key" not in c["command"]
+    other = container({"auth": {"apiKeySecretRef": {"name": "s", "key": "token"}}, "env": [
+        {"name": "OTHER", "value": "1"}]})
+    assert [e["name"] for e in other["env"]][-2:] == ["TOKENMILL_API_KEY", "OTHER"]
+    assert other["env"][-2]["valueFrom"]["secretKeyRef"] == {"name": "s", "key": "token"}
+
+
+@pytest.mark.parametrize("spec", [{}, {"auth": {}}])
+def test_no_api_key_without_a_secret_ref(spec):
+    assert not any(e["name"] == "TOKENMILL_API_KEY" for e in container(spec)["env"])
+
+
+@pytest.mark.parametrize("base", [{}, FULL, TP4], ids=["default", "full", "tp4"])
+def test_auth_changes_nothing_but_the_engine_env(base):
+    """Probes still GET /health and Prometheus (and the autoscaler) still scrape /metrics
+    without a key: the engine leaves both open, so the pod, Service and PDB stay as they were."""
+    with_auth = build({**base, **AUTH})
+    without = build(base)
+    for child in with_auth:
+        if child["kind"] == "Deployment":
+            c = child["spec"]["template"]["spec"]["containers"][0]
+            c["env"] = [e for e in c["env"] if e["name"] != "TOKENMILL_API_KEY"]
+    assert with_auth == without
+    c = with_auth[0]["spec"]["template"]["spec"]["containers"][0]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+
+
+def test_the_api_key_belongs_in_a_secret_not_in_the_args():
+    with pytest.raises(SpecError, match="use spec.auth.apiKeySecretRef"):
+        load("svc", {"engine": {"extraArgs": ["--api-key", "sk-1"]}})
+    with pytest.raises(SpecError, match="use spec.auth.apiKeySecretRef"):
+        load("svc", {"engine": {"extraArgs": ["--api-key=sk-1"]}})
+    with pytest.raises(SpecError, match=re.escape(
+            "spec.env: TOKENMILL_API_KEY is set by spec.auth.apiKeySecretRef")):
+        load("svc", {**AUTH, "env": [{"name": "TOKENMILL_API_KEY", "value": "sk-1"}]})
+
+
 SPECS = [{}, FULL, {"resources": {"gpus": 0}}, {"replicas": 2, "engine": {"tensorParallelSize": 8},
-                                                "model": {"uri": "/m"}}, TP4]
+                                                "model": {"uri": "/m"}}, TP4, {**FULL, **AUTH}]
 
 
 @pytest.mark.parametrize("spec", SPECS)
