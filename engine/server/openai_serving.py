@@ -21,6 +21,7 @@ from tokenmill.engine.sampling_params import SamplingParams, SamplingParamsError
 from tokenmill.engine.server.errors import APIError, error_body
 from tokenmill.engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from tokenmill.engine.server.state import ServerState
+from tokenmill.engine.server.tools import ReplyToolCalls, ToolPlan, ToolRequestError, plan_tools
 
 
 @dataclass
@@ -36,6 +37,7 @@ class _Call:
     params: SamplingParams
     cache_salt: str | None = None
     echo: bool = False
+    tools: ReplyToolCalls | None = None  # parses chat replies into tool calls
     created: int = field(default_factory=lambda: int(time.time()))
     sent_text: dict[int, int] = field(default_factory=dict)
     sent_tokens: dict[int, int] = field(default_factory=dict)
@@ -57,16 +59,27 @@ async def create_completion(body: CompletionRequest, request: Request,
 async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                                  state: ServerState) -> Any:
     _check_serving(state, body.model)
+    plan = _tool_plan(body, state)
     try:
-        ids = _chat_ids(state, body.conversation())
+        ids = _chat_ids(state, body.conversation(), plan.template_tools)
     except ValueError as exc:
         raise APIError(400, f"messages: {exc}", param="messages") from exc
     max_tokens = body.max_completion_tokens or body.max_tokens or _room(state, [ids])
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = _params(body, max_tokens, logprobs)
     call = _Call("chat", f"chatcmpl-{uuid.uuid4().hex}", state.options.served_model_name,
-                 body.n, [None], [ids], params, cache_salt=body.cache_salt)
+                 body.n, [None], [ids], params, cache_salt=body.cache_salt,
+                 tools=ReplyToolCalls(plan) if plan.parser is not None else None)
     return await _run(call, body.stream, body.include_usage, request, state)
+
+
+def _tool_plan(body: ChatCompletionRequest, state: ServerState) -> ToolPlan:
+    options = state.options
+    try:
+        return plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls,
+                          options.tool_call_parser if options.enable_auto_tool_choice else None)
+    except ToolRequestError as exc:
+        raise APIError(400, str(exc), param=exc.param) from exc
 
 
 # ---- admission ----------------------------------------------------------------------------
@@ -97,10 +110,11 @@ def _tokenize(state: ServerState, prompt: str | list[int]) -> list[int]:
     return list(prompt)
 
 
-def _chat_ids(state: ServerState, conversation: list[dict[str, str]]) -> list[int]:
+def _chat_ids(state: ServerState, conversation: list[dict[str, Any]],
+              tools: list[dict] | None = None) -> list[int]:
     try:
-        ids = state.tokenizer.apply_chat_template(conversation, add_generation_prompt=True,
-                                                  tokenize=True)
+        ids = state.tokenizer.apply_chat_template(conversation, tools=tools,
+                                                  add_generation_prompt=True, tokenize=True)
     except Exception as exc:  # template errors (e.g. role order) are the caller's to fix
         raise ValueError(f"the chat template rejected the messages: {exc}") from exc
     if not isinstance(ids, list):
@@ -262,6 +276,10 @@ def _delta_choice(call: _Call, prompt_index: int, c: CompletionOutput,
     finish = c.finish_reason
     if call.kind == "chat":
         delta = {"content": text} if text else {}
+        if call.tools is not None:
+            delta, finish = call.tools.delta(key, c.text, finish)
+            if not delta and finish is None and logprobs is None:
+                return None
         return {"index": key, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
     return {"index": key, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
@@ -274,8 +292,11 @@ def _full_response(call: _Call, finals: list[RequestOutput], state: ServerState)
             logprobs = (_logprobs(call, state, c.token_ids, c.logprobs, 0)
                         if c.logprobs is not None else None)
             if call.kind == "chat":
-                choices.append({"index": key, "message": {"role": "assistant", "content": c.text},
-                                "logprobs": logprobs, "finish_reason": c.finish_reason})
+                message, finish = ({"role": "assistant", "content": c.text}, c.finish_reason)
+                if call.tools is not None:
+                    message, finish = call.tools.message(c.text, c.finish_reason)
+                choices.append({"index": key, "message": message, "logprobs": logprobs,
+                                "finish_reason": finish})
             else:
                 text = c.text
                 if call.echo:

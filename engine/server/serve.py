@@ -19,9 +19,11 @@ import logging
 
 import uvicorn
 
+from tokenmill.engine.config import ConfigError
 from tokenmill.engine.metrics import EngineMetrics
 from tokenmill.engine.server.app import create_app
 from tokenmill.engine.server.state import ServerOptions, ServerState
+from tokenmill.engine.server.tool_parsers import TOOL_CALL_PARSERS
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,17 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Answer 503 with Retry-After once this many requests wait.")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="Seconds running requests may take to finish after SIGTERM.")
+    add_tool_arguments(parser)
+
+
+def add_tool_arguments(parser: argparse.ArgumentParser) -> None:
+    """vLLM's names, so a serving command moves between the two unchanged."""
+    parser.add_argument("--enable-auto-tool-choice", action="store_true",
+                        help='Let the model decide to call tools (tool_choice "auto"); '
+                             "needs --tool-call-parser.")
+    parser.add_argument("--tool-call-parser", choices=sorted(TOOL_CALL_PARSERS), default=None,
+                        help="The model's tool-call format: hermes (Hermes, Qwen: "
+                             "<tool_call>...</tool_call>) or llama3_json (Llama 3.x JSON).")
 
 
 class DrainingServer(uvicorn.Server):
@@ -79,11 +92,16 @@ class DrainingServer(uvicorn.Server):
 
 
 def serve(config, args: argparse.Namespace) -> int:
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise ConfigError("--enable-auto-tool-choice", "needs --tool-call-parser "
+                          f"({' or '.join(sorted(TOOL_CALL_PARSERS))})")
     name = args.served_model_name or config.model
     state = ServerState(
         options=ServerOptions(served_model_name=name,
                               max_waiting_requests=args.max_waiting_requests,
-                              shutdown_timeout=args.shutdown_timeout),
+                              shutdown_timeout=args.shutdown_timeout,
+                              enable_auto_tool_choice=args.enable_auto_tool_choice,
+                              tool_call_parser=args.tool_call_parser),
         config=config, metrics=EngineMetrics(name),
     )
     app = create_app(state)

@@ -24,6 +24,8 @@ class ServerOptions:
     served_model_name: str
     max_waiting_requests: int = 1024
     shutdown_timeout: float = 30.0
+    enable_auto_tool_choice: bool = False  # parse tool calls when tool_choice is "auto"
+    tool_call_parser: str | None = None  # the model's tool-call format (tool_parsers.py)
 
 
 @dataclass

@@ -1,0 +1,310 @@
+"""Tool calls in generated text: one parser per model format, and their OpenAI shape.
+
+A parser reads the whole text generated so far and says what of it is message content and
+which tool calls it holds (a call's name once its string is complete, its arguments JSON text
+as far as it has come). Streaming re-parses the growing text and sends what is new since the
+last chunk, so the streamed deltas always join to the non-streamed message. Text that may be
+the start of a tool call is held back until it is clear.
+
+Formats: `hermes` (Hermes, Qwen: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`,
+several per message) and `llama3_json` (Llama 3.x: the whole reply is
+`{"name": ..., "parameters": {...}}`, optionally after `<|python_tag|>`, several joined by `;`).
+Forced tool choices produce JSON under a schema: the arguments object alone when one function
+is named, `[{"name": ..., "arguments": {...}}, ...]` when any call is required.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+_WS = " \t\r\n"
+_ARGUMENT_KEYS = ("arguments", "parameters")
+
+
+@dataclass
+class ToolCallText:
+    """One call as far as it has been generated."""
+
+    name: str | None = None  # set once the name string is complete
+    arguments: str = ""  # the arguments' JSON text so far (grows by appending)
+
+
+@dataclass
+class Parse:
+    content: str  # message content that is safe to send
+    calls: list[ToolCallText] = field(default_factory=list)
+
+    def named_calls(self, limit: int | None = None) -> list[ToolCallText]:
+        """The calls up to the first whose name is not complete yet. A call counts from the
+        moment its name is known (streaming sends it then), so a reply cut short by
+        max_tokens, or whose arguments go wrong, is still that call, streamed or not."""
+        named = []
+        for call in self.calls[:limit]:
+            if call.name is None:
+                break
+            named.append(call)
+        return named
+
+
+class ToolParser(Protocol):
+    def parse(self, text: str, final: bool) -> Parse: ...
+
+
+class _Malformed(Exception):
+    pass
+
+
+# ---- formats ------------------------------------------------------------------------------
+
+class HermesToolParser:
+    """`<tool_call>{...}</tool_call>` blocks; content is the text before the first one."""
+
+    START, END = "<tool_call>", "</tool_call>"
+
+    def parse(self, text: str, final: bool) -> Parse:
+        first = text.find(self.START)
+        if first < 0:
+            keep = len(text) if final else len(text) - _held_back(text, self.START)
+            return Parse(text[:keep])
+        result = _scan_calls(text, first + len(self.START), self._next_call)
+        result.content = text[:first]
+        return result
+
+    def _next_call(self, text: str, i: int) -> int:
+        if not text.startswith(self.END, i):
+            return -1
+        start = text.find(self.START, i + len(self.END))
+        return start + len(self.START) if start >= 0 else -1
+
+
+class Llama3JsonToolParser:
+    """A reply that is JSON call objects (after an optional `<|python_tag|>`), `;`-separated."""
+
+    TAG = "<|python_tag|>"
+
+    def parse(self, text: str, final: bool) -> Parse:
+        i = _skip_ws(text, 0)
+        if text.startswith(self.TAG, i):
+            i = _skip_ws(text, i + len(self.TAG))
+        elif not final and self.TAG.startswith(text[i:]):
+            return Parse("")  # nothing yet, or what may become the tag
+        if i < len(text) and text[i] == "{":
+            return _scan_calls(text, i, _separated_by(";"))
+        return Parse("" if i == len(text) and not final else text)
+
+
+class RequiredToolParser:
+    """`tool_choice: "required"`: a JSON array of `{"name", "arguments"}` objects."""
+
+    def parse(self, text: str, final: bool) -> Parse:
+        i = _skip_ws(text, 0)
+        if i < len(text) and text[i] == "[":
+            return _scan_calls(text, i + 1, _separated_by(","))
+        return Parse("")
+
+
+class NamedToolParser:
+    """A named `tool_choice`: the whole reply is that function's arguments object."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def parse(self, text: str, final: bool) -> Parse:
+        return Parse("", [ToolCallText(self.name, text.lstrip(_WS))])
+
+
+TOOL_CALL_PARSERS: dict[str, type[HermesToolParser] | type[Llama3JsonToolParser]] = {
+    "hermes": HermesToolParser,
+    "llama3_json": Llama3JsonToolParser,
+}
+
+
+# ---- OpenAI shapes ------------------------------------------------------------------------
+
+def new_tool_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def tool_call_message(parser: ToolParser, text: str,
+                      max_calls: int | None = None) -> tuple[str | None, list[dict]]:
+    """message.content and message.tool_calls of a finished reply: what streaming the same
+    text would have sent, in whatever pieces."""
+    parsed = parser.parse(text, final=True)
+    calls = [{"id": new_tool_call_id(), "type": "function",
+              "function": {"name": c.name, "arguments": c.arguments}}
+             for c in parsed.named_calls(max_calls)]
+    if not calls:
+        return text, []
+    return (parsed.content if parsed.content.strip() else None), calls
+
+
+class ToolCallStream:
+    """The streamed form of one choice: each update returns the content and tool-call deltas
+    that the text added since the last one. Whitespace-only content waits: before a call it
+    is dropped, as the non-streamed message drops it."""
+
+    def __init__(self, parser: ToolParser, max_calls: int | None = None):
+        self.parser = parser
+        self.max_calls = max_calls
+        self.content_sent = 0
+        self.sent: list[tuple[str, str]] = []  # per call: its id, the arguments text sent
+
+    def update(self, text: str, final: bool) -> tuple[str, list[dict]]:
+        parsed = self.parser.parse(text, final)
+        content, calls = parsed.content, parsed.named_calls(self.max_calls)
+        if final and not calls:
+            content = text  # no tool call after all: what was held back is content
+        content_delta = ""
+        if content.strip() or (final and not calls):
+            content_delta = content[self.content_sent:]
+            self.content_sent = max(self.content_sent, len(content))
+        deltas = []
+        for index, call in enumerate(calls):
+            if index == len(self.sent):
+                self.sent.append((new_tool_call_id(), call.arguments))
+                deltas.append({"index": index, "id": self.sent[index][0], "type": "function",
+                               "function": {"name": call.name, "arguments": call.arguments}})
+                continue
+            call_id, sent = self.sent[index]
+            if len(call.arguments) > len(sent) and call.arguments.startswith(sent):
+                deltas.append({"index": index,
+                               "function": {"arguments": call.arguments[len(sent):]}})
+                self.sent[index] = (call_id, call.arguments)
+        return content_delta, deltas
+
+    @property
+    def called(self) -> bool:
+        return bool(self.sent)
+
+
+# ---- scanning JSON as it grows ------------------------------------------------------------
+
+def _scan_calls(text: str, i: int, next_call: Callable[[str, int], int]) -> Parse:
+    """Call objects from text[i] on. `next_call(text, j)`, with j just past a call and its
+    trailing whitespace, says where the next call may start (-1: the calls are over)."""
+    result = Parse("")
+    with contextlib.suppress(_Malformed):  # a malformed call ends the calls
+        while i >= 0:
+            i = _skip_ws(text, i)
+            if i == len(text) or text[i] != "{":
+                break
+            end = _scan_call(text, i, result.calls)
+            if end is None:
+                break
+            i = next_call(text, _skip_ws(text, end))
+    return result
+
+
+def _separated_by(separator: str) -> Callable[[str, int], int]:
+    return lambda text, i: i + len(separator) if text.startswith(separator, i) else -1
+
+
+def _scan_call(text: str, start: int, calls: list[ToolCallText]) -> int | None:
+    """Append the call object at text[start] ('{') to `calls`, as far as it is known, and
+    return the index just past its closing brace (None while it is open). Raises _Malformed
+    where it stops being a call object, what was known of it already appended."""
+    call = ToolCallText()
+    calls.append(call)
+    has_arguments = False
+    i = start + 1
+    while True:
+        i = _skip_ws(text, i)
+        if i == len(text):
+            return None
+        if text[i] == "}":
+            if not has_arguments:
+                call.arguments = "{}"  # a function without parameters
+            return i + 1
+        if text[i] != '"':
+            raise _Malformed
+        key_end = _value_end(text, i)
+        if key_end is None:
+            return None
+        key = _loads(text[i:key_end])
+        i = _skip_ws(text, key_end)
+        if i == len(text):
+            return None
+        if text[i] != ":":
+            raise _Malformed
+        i = _skip_ws(text, i + 1)
+        if i == len(text):
+            return None
+        end = _value_end(text, i)
+        if key == "name" and end is not None:
+            name = _loads(text[i:end])
+            if not isinstance(name, str):
+                raise _Malformed
+            call.name = name
+        elif key in _ARGUMENT_KEYS and not has_arguments:
+            has_arguments = True
+            call.arguments = text[i:] if end is None else text[i:end]
+        if end is None:
+            return None
+        i = _skip_ws(text, end)
+        if i < len(text) and text[i] == ",":
+            i += 1
+        elif i < len(text) and text[i] != "}":
+            raise _Malformed
+
+
+def _value_end(text: str, i: int) -> int | None:
+    """Index just past the JSON value starting at text[i], or None if it is not complete."""
+    first = text[i]
+    if first == '"':
+        j = i + 1
+        while j < len(text):
+            if text[j] == "\\":
+                j += 2
+            elif text[j] == '"':
+                return j + 1
+            else:
+                j += 1
+        return None
+    if first in "{[":
+        depth, j = 0, i
+        while j < len(text):
+            ch = text[j]
+            if ch == '"':
+                end = _value_end(text, j)
+                if end is None:
+                    return None
+                j = end
+                continue
+            if ch in "{[":
+                depth += 1
+            elif ch in "}]":
+                depth -= 1
+                if depth == 0:
+                    return j + 1
+            j += 1
+        return None
+    j = i
+    while j < len(text) and text[j] not in ",}]" + _WS:
+        j += 1
+    return j if j < len(text) else None  # a number or literal is whole once something follows
+
+
+def _loads(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise _Malformed from exc
+
+
+def _skip_ws(text: str, i: int) -> int:
+    while i < len(text) and text[i] in _WS:
+        i += 1
+    return i
+
+
+def _held_back(text: str, marker: str) -> int:
+    """Length of the longest end of `text` that is the start of `marker`."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0

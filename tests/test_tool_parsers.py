@@ -1,0 +1,184 @@
+"""Tool-call parsers: whole replies, and the same replies streamed in every possible split."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from tokenmill.engine.server.tool_parsers import (
+    HermesToolParser,
+    Llama3JsonToolParser,
+    NamedToolParser,
+    RequiredToolParser,
+    ToolCallStream,
+    ToolParser,
+    tool_call_message,
+)
+
+HERMES_TWO_CALLS = (
+    'Let me check both.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
+    '"days": 3}}\n</tool_call>\n<tool_call>\n{"arguments": {"zone": "CET"}, "name": "get_time"}'
+    "\n</tool_call>"
+)
+
+
+def streamed(parser: ToolParser, pieces: list[str]) -> tuple[str, list[dict], list[dict]]:
+    """Feed the text piece by piece as the server does (the last update is final); return
+    the joined content, the calls reassembled from their deltas, and every tool-call delta."""
+    stream = ToolCallStream(parser)
+    content, calls, deltas = "", [], []
+    text = ""
+    for i, piece in enumerate(pieces):
+        text += piece
+        c, d = stream.update(text, final=i == len(pieces) - 1)
+        content += c
+        deltas += d
+        for delta in d:
+            if delta["index"] == len(calls):
+                assert delta["id"].startswith("call_") and delta["type"] == "function"
+                calls.append({"id": delta["id"], "name": delta["function"]["name"],
+                              "arguments": delta["function"]["arguments"]})
+            else:
+                assert "id" not in delta and "name" not in delta["function"]
+                calls[delta["index"]]["arguments"] += delta["function"]["arguments"]
+    return content, calls, deltas
+
+
+def splits(text: str, seed: int = 0) -> list[list[str]]:
+    """One character at a time, the whole text at once, and some random chunkings."""
+    rng = random.Random(seed)
+    out = [list(text), [text]]
+    for _ in range(20):
+        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 12))))
+        out.append([text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)])
+    return out
+
+
+def assert_stream_matches(parser: ToolParser, text: str) -> tuple[str | None, list[dict]]:
+    content, calls = tool_call_message(parser, text)
+    for pieces in splits(text):
+        s_content, s_calls, _ = streamed(parser, pieces)
+        assert s_content == (content or "")
+        assert [(c["name"], c["arguments"]) for c in s_calls] == [
+            (c["function"]["name"], c["function"]["arguments"]) for c in calls]
+    return content, calls
+
+
+def test_hermes_content_and_two_calls():
+    content, calls = assert_stream_matches(HermesToolParser(), HERMES_TWO_CALLS)
+    assert content == "Let me check both.\n"
+    assert [c["function"]["name"] for c in calls] == ["get_weather", "get_time"]
+    assert [json.loads(c["function"]["arguments"]) for c in calls] == [
+        {"city": "Paris", "days": 3}, {"zone": "CET"}]
+    assert len({c["id"] for c in calls}) == 2
+
+
+def test_hermes_streaming_never_sends_the_tag_as_content():
+    for pieces in splits(HERMES_TWO_CALLS, seed=1):
+        content, _, deltas = streamed(HermesToolParser(), pieces)
+        assert "<" not in content
+        assert deltas[0]["function"]["name"] == "get_weather"
+
+
+def test_hermes_plain_text_passes_through_even_when_it_looks_like_a_tag():
+    for text in ["The answer is 4 < 5.", "ends with <tool", "a <tool_cal> b", "<tool_call"]:
+        content, calls = assert_stream_matches(HermesToolParser(), text)
+        assert (content, calls) == (text, [])
+
+
+def test_hermes_block_without_a_function_name_is_content():
+    for text in ["<tool_call>\nnot json\n</tool_call>",
+                 '<tool_call>{"name": 3, "arguments": {}}</tool_call>',
+                 '<tool_call>{"arguments": {"a": 1}}</tool_call>',
+                 '<tool_call>{"nam']:
+        assert assert_stream_matches(HermesToolParser(), text) == (text, [])
+
+
+def test_a_named_call_stays_a_call_when_what_follows_goes_wrong():
+    """Streaming sends a call once its name is complete; the whole reply says the same."""
+    for text, arguments in [
+            ('<tool_call>{"name": "f", "arguments": {"a": 1}} junk</tool_call>', '{"a": 1}'),
+            ('<tool_call>{"name": "f", "arguments": {"a": [1, 2', '{"a": [1, 2'),  # max_tokens
+            ('<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call><tool_call>{"x', None),
+    ]:
+        _, calls = assert_stream_matches(HermesToolParser(), text)
+        assert [c["function"]["name"] for c in calls] == ["f"]
+        assert calls[0]["function"]["arguments"] == (arguments or '{"a": 1}')
+
+
+def test_hermes_strings_with_braces_quotes_and_escapes():
+    args = {"q": 'say "}" then {', "path": "C:\\dir", "nested": {"list": [1, {"x": None}]}}
+    text = f'<tool_call>{{"name": "search", "arguments": {json.dumps(args)}}}</tool_call>'
+    content, calls = assert_stream_matches(HermesToolParser(), text)
+    assert content is None and json.loads(calls[0]["function"]["arguments"]) == args
+
+
+def test_a_call_without_arguments_gets_an_empty_object():
+    content, calls = assert_stream_matches(HermesToolParser(),
+                                           '<tool_call>{"name": "now"}</tool_call>')
+    assert calls[0]["function"] == {"name": "now", "arguments": "{}"}
+
+
+def test_hermes_without_closing_tag_at_the_end_is_still_a_call():
+    _, calls = assert_stream_matches(HermesToolParser(),
+                                     '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n')
+    assert calls[0]["function"]["arguments"] == '{"a": 1}'
+
+
+def test_llama3_json_with_python_tag_and_two_calls():
+    text = ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+            '{"name": "get_time", "parameters": {"zone": "CET"}}')
+    content, calls = assert_stream_matches(Llama3JsonToolParser(), text)
+    assert content is None
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Paris"}), ("get_time", {"zone": "CET"})]
+
+
+def test_llama3_json_plain_answers_and_other_json_are_content():
+    for text in ["Paris is the capital.", '{"answer": 42}', "<|python", "  ", '{"na']:
+        content, calls = assert_stream_matches(Llama3JsonToolParser(), text)
+        assert (content, calls) == (text, [])
+
+
+def test_llama3_json_holds_back_a_reply_until_it_is_clear():
+    stream = ToolCallStream(Llama3JsonToolParser())
+    assert stream.update("<|py", final=False) == ("", [])
+    assert stream.update('{"na', final=False) == ("", [])
+    assert stream.update('{"answer": 4', final=False) == ("", [])
+    assert stream.update('{"answer": 42}', final=True) == ('{"answer": 42}', [])
+    plain = ToolCallStream(Llama3JsonToolParser())
+    assert plain.update("Hi", final=False) == ("Hi", [])
+
+
+def test_required_choice_array():
+    text = '[{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]'
+    content, calls = assert_stream_matches(RequiredToolParser(), text)
+    assert content is None and [c["function"]["name"] for c in calls] == ["a", "b"]
+
+
+def test_named_choice_is_the_arguments_object():
+    content, calls = assert_stream_matches(NamedToolParser("f"), ' {"x": [1, 2]}')
+    assert content is None and calls[0]["function"] == {"name": "f", "arguments": '{"x": [1, 2]}'}
+    # The name goes out before any argument text: the function is known from the start.
+    stream = ToolCallStream(NamedToolParser("f"))
+    assert stream.update("", final=False)[1][0]["function"] == {"name": "f", "arguments": ""}
+
+
+def test_max_calls_keeps_the_first_call():
+    content, calls = tool_call_message(HermesToolParser(), HERMES_TWO_CALLS, max_calls=1)
+    assert [c["function"]["name"] for c in calls] == ["get_weather"]
+    stream = ToolCallStream(HermesToolParser(), max_calls=1)
+    _, deltas = stream.update(HERMES_TWO_CALLS, final=True)
+    assert [d["function"]["name"] for d in deltas] == ["get_weather"]
+
+
+@pytest.mark.parametrize("parser", [HermesToolParser(), Llama3JsonToolParser()])
+def test_streamed_arguments_only_grow(parser):
+    text = ('<tool_call>{"name": "f", "arguments": {"a": "' + "x" * 50 + '"}}</tool_call>'
+            if isinstance(parser, HermesToolParser)
+            else '{"name": "f", "parameters": {"a": "' + "x" * 50 + '"}}')
+    _, calls, deltas = streamed(parser, list(text))
+    assert len(deltas) > 10  # arguments stream as they are generated, not at the end
+    assert calls[0]["arguments"] == '{"a": "' + "x" * 50 + '"}'
