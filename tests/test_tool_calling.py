@@ -13,6 +13,7 @@ import pytest
 from server_support import running_server
 from tool_support import (
     HERMES_REPLY,
+    HERMES_SPECIAL,
     HERMES_TEMPLATE,
     LLAMA3_REPLY,
     LLAMA3_TEMPLATE,
@@ -38,9 +39,9 @@ ASK = [{"role": "user", "content": "Weather in Paris, and the time in CET?"}]
 
 @contextlib.contextmanager
 def scripted_server(tmp_path_factory, base_tokenizer, template: str, reply: list[str],
-                    parser: str):
+                    parser: str, special: tuple[str, ...] = ()):
     directory = make_scripted_model(str(tmp_path_factory.mktemp(parser)), base_tokenizer,
-                                    template, reply)
+                                    template, reply, special)
     options = ServerOptions(served_model_name=parser, enable_auto_tool_choice=True,
                             tool_call_parser=parser)
     state = ServerState(options, EngineConfig(model=directory, max_num_seqs=8),
@@ -56,7 +57,7 @@ def scripted_server(tmp_path_factory, base_tokenizer, template: str, reply: list
 @pytest.fixture(scope="module")
 def hermes(tmp_path_factory, smol_tokenizer):
     with scripted_server(tmp_path_factory, smol_tokenizer, HERMES_TEMPLATE, HERMES_REPLY,
-                         "hermes") as server:
+                         "hermes", HERMES_SPECIAL) as server:
         yield server
 
 
@@ -150,14 +151,16 @@ def test_tool_choice_none_renders_and_parses_no_tools(hermes):
     state, client = hermes
     r = client.chat.completions.create(model="hermes", messages=ASK, tools=TOOLS,
                                        tool_choice="none", temperature=0)
-    assert r.choices[0].message.content == "".join(HERMES_REPLY)
+    # Plain text, with special tokens skipped as in any reply without tool parsing.
+    text = "".join(p for p in HERMES_REPLY if p not in HERMES_SPECIAL)
+    assert r.choices[0].message.content == text
     assert not r.choices[0].message.tool_calls and r.choices[0].finish_reason == "stop"
     plain = state.tokenizer.apply_chat_template(ASK, add_generation_prompt=True, tokenize=False)
     assert r.usage.prompt_tokens == len(state.tokenizer.encode(plain, add_special_tokens=False))
     chunks = list(client.chat.completions.create(model="hermes", messages=ASK, tools=TOOLS,
                                                  tool_choice="none", temperature=0,
                                                  stream=True))
-    assert reassemble(chunks)[0]["content"] == "".join(HERMES_REPLY)
+    assert reassemble(chunks)[0]["content"] == text
 
 
 def test_parallel_tool_calls_false_keeps_one_call(hermes):
@@ -252,3 +255,4 @@ def test_serve_flags(capsys):
     with pytest.raises(SystemExit) as exit_:
         cli_main(["serve", "--tool-call-parser", "mistral"])
     assert exit_.value.code == 2
+

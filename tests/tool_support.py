@@ -89,11 +89,14 @@ Answer a function call as JSON {"name": function name, "parameters": arguments o
 
 # What the scripted models answer, in the pieces they generate. Pieces split the tags and
 # the JSON mid-way, so streaming must hold text back and send arguments in fragments.
+# The second call's tags are special tokens, as in Hermes 2 Pro's tokenizer.
 HERMES_REPLY = [
     "Let me check.", "\n<tool", "_call>\n{\"na", "me\": \"get_weather\", \"argu",
     "ments\": {\"city\": \"Pa", "ris\", \"days\": 3}}\n</tool_call>\n",
-    "<tool_call>\n{\"name\": \"get_time\", ", "\"arguments\": {\"zone\": \"CET\"}}\n</tool_call>",
+    "<tool_call>", "\n{\"name\": \"get_time\", ", "\"arguments\": {\"zone\": \"CET\"}}\n",
+    "</tool_call>",
 ]
+HERMES_SPECIAL = ("<tool_call>", "</tool_call>")
 LLAMA3_REPLY = [
     "<|python_tag|>", "{\"na", "me\": \"get_weather\", \"param", "eters\": {\"city\": \"Par",
     "is\", \"days\": 3}}",
@@ -101,13 +104,16 @@ LLAMA3_REPLY = [
 
 
 def make_scripted_model(directory: str, base_tokenizer, chat_template: str,
-                        reply: list[str]) -> str:
-    """Save a model that answers every chat with `reply` (then EOS) under greedy decoding."""
+                        reply: list[str], special: tuple[str, ...] = ()) -> str:
+    """Save a model that answers every chat with `reply` (then EOS) under greedy decoding.
+    Pieces in `special` become special tokens (dropped from text by skip_special_tokens)."""
+    from tokenizers import AddedToken
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tokenizer = copy.deepcopy(base_tokenizer)
     tokenizer.chat_template = chat_template
-    assert tokenizer.add_tokens(reply) == len(reply), "reply pieces must be new and distinct"
+    added = tokenizer.add_tokens([AddedToken(p, special=p in special) for p in reply])
+    assert added == len(reply), "reply pieces must be new and distinct"
     pieces = tokenizer.convert_tokens_to_ids(reply)
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}],
                                            add_generation_prompt=True, tokenize=True,

@@ -21,7 +21,13 @@ from tokenmill.engine.sampling_params import SamplingParams, SamplingParamsError
 from tokenmill.engine.server.errors import APIError, error_body
 from tokenmill.engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from tokenmill.engine.server.state import ServerState
-from tokenmill.engine.server.tools import ReplyToolCalls, ToolPlan, ToolRequestError, plan_tools
+from tokenmill.engine.server.tools import (
+    ReplyToolCalls,
+    ToolPlan,
+    ToolRequestError,
+    plan_tools,
+    sampling_for_tools,
+)
 
 
 @dataclass
@@ -66,7 +72,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
         raise APIError(400, f"messages: {exc}", param="messages") from exc
     max_tokens = body.max_completion_tokens or body.max_tokens or _room(state, [ids])
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    params = _params(body, max_tokens, logprobs)
+    params = _sampling_for_tools(_params(body, max_tokens, logprobs), plan)
     call = _Call("chat", f"chatcmpl-{uuid.uuid4().hex}", state.options.served_model_name,
                  body.n, [None], [ids], params, cache_salt=body.cache_salt,
                  tools=ReplyToolCalls(plan) if plan.parser is not None else None)
@@ -78,6 +84,13 @@ def _tool_plan(body: ChatCompletionRequest, state: ServerState) -> ToolPlan:
     try:
         return plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls,
                           options.tool_call_parser if options.enable_auto_tool_choice else None)
+    except ToolRequestError as exc:
+        raise APIError(400, str(exc), param=exc.param) from exc
+
+
+def _sampling_for_tools(params: SamplingParams, plan: ToolPlan) -> SamplingParams:
+    try:
+        return sampling_for_tools(params, plan)
     except ToolRequestError as exc:
         raise APIError(400, str(exc), param=exc.param) from exc
 

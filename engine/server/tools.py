@@ -8,6 +8,7 @@ answer anything but a call). Errors name the field the way OpenAI does
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from tokenmill.engine.sampling_params import SamplingParams, SamplingParamsError
 from tokenmill.engine.server.tool_parsers import (
     TOOL_CALL_PARSERS,
     NamedToolParser,
@@ -52,6 +54,7 @@ class ToolPlan:
     parser: ToolParser | None = None  # what reads the reply (None: plain content)
     schema: dict | None = None  # what the reply must satisfy (required / named choice)
     max_calls: int | None = None  # 1 when parallel_tool_calls is false
+    keep_special_tokens: bool = False  # the parser looks for tags that may be special tokens
 
 
 class ReplyToolCalls:
@@ -105,7 +108,8 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: b
         if auto_parser is None:
             raise ToolRequestError("tool_choice", '"auto" needs the server started with '
                                    "--enable-auto-tool-choice and --tool-call-parser")
-        return ToolPlan(rendered, TOOL_CALL_PARSERS[auto_parser](), None, max_calls)
+        return ToolPlan(rendered, TOOL_CALL_PARSERS[auto_parser](), None, max_calls,
+                        keep_special_tokens=True)
     if tool_choice == "required":
         return ToolPlan(rendered, RequiredToolParser(),
                         required_schema(list(functions.values()), max_calls), max_calls)
@@ -114,6 +118,24 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: b
         raise ToolRequestError("tool_choice.function.name",
                                f"no function named {name!r} in tools")
     return ToolPlan(rendered, NamedToolParser(name), _parameters(functions[name]), 1)
+
+
+def sampling_for_tools(params: SamplingParams, plan: ToolPlan) -> SamplingParams:
+    """The request's sampling as its tools need it. A parser reads special tokens too: in
+    some tokenizers (Hermes 2 Pro) `<tool_call>` is one, and Llama's `<|python_tag|>` is.
+    `required` or a named function: the reply can only be the call(s), because every token
+    is held to the plan's JSON schema (the structured-output machinery)."""
+    changes: dict[str, Any] = {}
+    if plan.keep_special_tokens:
+        changes["skip_special_tokens"] = False
+    if plan.schema is not None:
+        raise ToolRequestError("tool_choice", "'required' and named functions are not "
+                               "supported yet: they need structured outputs")
+    try:
+        return dataclasses.replace(params, **changes)
+    except SamplingParamsError as exc:
+        raise ToolRequestError("tools", f"a function's parameters can't be enforced: "
+                               f"{exc}") from exc
 
 
 def required_schema(functions: list[dict], max_calls: int | None) -> dict:
