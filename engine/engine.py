@@ -28,6 +28,7 @@ from tokenmill.engine.request import RequestTimings, Sequence
 from tokenmill.engine.sampler import sample
 from tokenmill.engine.sampling_params import SamplingParams
 from tokenmill.engine.scheduler import Scheduler, SchedulerOutput
+from tokenmill.engine.structured.backend import GrammarError, StructuredOutputs
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,12 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 class RequestError(ValueError):
-    """A request the engine can never serve (too long, can't fit the KV pool, bad token ids)."""
+    """A request the engine can never serve (too long, can't fit the KV pool, bad token ids, a
+    constraint that does not compile). `param` names the offending request field, if one."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass
@@ -94,6 +100,9 @@ class LLMEngine:
                                  layout=self.runner.layout)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.eos_token_ids = _eos_ids(self.model_config, self.tokenizer, source.directory)
+        # Grammars of constrained requests; xgrammar loads on the first one.
+        self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size,
+                                            self.eos_token_ids)
         # Noise of the sampled requests that bring no seed of their own, drawn in one call.
         self._generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self._seq_ids = itertools.count()
@@ -151,6 +160,7 @@ class LLMEngine:
         """Tokenize and validate without queueing; raises RequestError for what can't run."""
         text, token_ids = self._tokenize(prompt)
         self._check_fits(token_ids, params)
+        self._check_sampling(params)
         return text, token_ids
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
@@ -269,8 +279,10 @@ class LLMEngine:
         if not params.greedy and params.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(params.seed + index * 7919)
         detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens)
+        constraint = (self.structured.matcher(params.structured_outputs)
+                      if params.structured_outputs is not None else None)
         return Sequence(next(self._seq_ids), request_id, index, token_ids, params, generator,
-                        detok, timings, cache_salt)
+                        detok, timings, cache_salt, constraint)
 
     def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -283,6 +295,21 @@ class LLMEngine:
         if bad:
             raise RequestError(f"prompt token ids must be integers in [0, {vocab}), got {bad[:5]}")
         return None, ids
+
+    def _check_sampling(self, params: SamplingParams) -> None:
+        """Token ids in logit_bias exist; a constraint compiles (compiled grammars are cached,
+        so the sequences made later find theirs)."""
+        vocab = self.model_config.vocab_size
+        if params.logit_bias:
+            bad = sorted(t for t in params.logit_bias if t >= vocab)
+            if bad:
+                raise RequestError(f"logit_bias: token ids must be in [0, {vocab}), got "
+                                   f"{bad[:5]}", param="logit_bias")
+        if params.structured_outputs is not None:
+            try:
+                self.structured.compile(params.structured_outputs)
+            except GrammarError as exc:
+                raise RequestError(str(exc), param="structured_outputs") from None
 
     def _check_fits(self, token_ids: list[int], params: SamplingParams) -> None:
         if not token_ids:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from tokenmill.engine.outputs import CompletionOutput, RequestOutput
 from tokenmill.engine.request import Sequence
+
+log = logging.getLogger(__name__)
 
 
 def append_token(seq: Sequence, token: int, logprobs: dict[int, float] | None,
@@ -15,6 +18,13 @@ def append_token(seq: Sequence, token: int, logprobs: dict[int, float] | None,
     seq.output_token_ids.append(token)
     if logprobs is not None:
         seq.output_logprobs.append(logprobs)
+    if seq.constraint is not None and not seq.constraint.accept(token):
+        # The sampler masks every token the grammar forbids, so this is a bug: end the
+        # sequence rather than let it continue outside its grammar.
+        log.error("token outside the grammar", extra={"request_id": seq.request_id,
+                                                      "token": token})
+        seq.finish_reason = "abort"
+        return
     if not params.ignore_eos and token in eos_token_ids:
         seq.finish_reason = "stop"
         return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -58,6 +59,7 @@ class Sequence:
         detokenizer: IncrementalDetokenizer,
         timings: RequestTimings,
         cache_salt: str | None = None,
+        constraint: Any = None,
     ):
         self.seq_id = seq_id
         self.request_id = request_id
@@ -78,6 +80,8 @@ class Sequence:
         self.cache_salt = cache_salt
         self.num_cached_blocks = 0  # leading blocks already indexed by the prefix cache
         self.times_bypassed = 0     # admissions that went to a later arrival first
+        # This sequence's grammar matcher (structured/backend.py Matcher), None when free.
+        self.constraint = constraint
 
     @property
     def token_ids(self) -> list[int]:

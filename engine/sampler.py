@@ -8,6 +8,11 @@ Random draws use the exponential-race form of categorical sampling (argmax of p 
 seeded request draws from its own generator: every step consumes the same number of draws from
 it whatever else is in the batch, so it reproduces exactly. Unseeded requests share the engine's
 generator and draw their noise in one call.
+
+Before sampling, rows that ask for it get their logit_bias added, their penalties applied and,
+when constrained, the grammar's token mask (-inf outside the allowed set; structured/): on a
+copy of the logits, touching only those rows, so constrained and free requests share one step.
+Logprobs are those of the model's raw logits.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from tokenmill.engine.request import Sequence
+from tokenmill.engine.structured import bitmask
 
 
 @dataclass
@@ -32,11 +38,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence],
     raw_logprobs = None
     if any(s.params.logprobs is not None for s in seqs):
         raw_logprobs = torch.log_softmax(logits, dim=-1)
-    if any(s.params.has_penalties for s in seqs):
-        logits = logits.clone()
-        for row, seq in enumerate(seqs):
-            if seq.params.has_penalties:
-                apply_penalties(logits[row], seq)
+    logits = _processed(logits, seqs)
     tokens = logits.argmax(dim=-1)
     randoms = [i for i, s in enumerate(seqs) if not s.params.greedy]
     if randoms:
@@ -47,6 +49,44 @@ def sample(logits: torch.Tensor, seqs: list[Sequence],
         drawn = (probs / _exponential_noise(probs, chosen, generator)).argmax(dim=-1)
         tokens = drawn if rows is None else tokens.index_copy(0, rows, drawn)
     return _to_host(tokens, raw_logprobs, seqs)
+
+
+def _processed(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """logit_bias, penalties, then grammar masks, on a copy; the logits as they are when no
+    row asks for any of them."""
+    biased = [row for row, s in enumerate(seqs) if s.params.logit_bias]
+    penalized = [row for row, s in enumerate(seqs) if s.params.has_penalties]
+    constrained = [row for row, s in enumerate(seqs)
+                   if s.constraint is not None and s.constraint.active]
+    if not (biased or penalized or constrained):
+        return logits
+    masks = None
+    if constrained:  # host work first: on a GPU it overlaps the forward still queued
+        masks = bitmask.fill([seqs[row].constraint for row in constrained], logits.shape[1],
+                             logits.device)
+    logits = logits.clone()
+    if biased:
+        apply_logit_bias(logits, [(row, seqs[row].params.logit_bias) for row in biased])
+    for row in penalized:
+        apply_penalties(logits[row], seqs[row])
+    if masks is not None:
+        bitmask.apply(logits, masks, constrained)
+    return logits
+
+
+def apply_logit_bias(logits: torch.Tensor, biases: list[tuple[int, dict[int, float]]]) -> None:
+    """In place: each row's {token id: bias} added to its logits, all rows in one scatter-add."""
+    rows: list[int] = []
+    cols: list[int] = []
+    values: list[float] = []
+    for row, bias in biases:
+        rows += [row] * len(bias)
+        cols += bias.keys()
+        values += bias.values()
+    index = torch.tensor([rows, cols], dtype=torch.long).to(logits.device)
+    logits.index_put_((index[0], index[1]),
+                      torch.tensor(values, dtype=logits.dtype).to(logits.device),
+                      accumulate=True)
 
 
 def _exponential_noise(probs: torch.Tensor, seqs: list[Sequence],
