@@ -12,6 +12,7 @@ from tokenmill.engine.kv_cache.layout import SCALE_DTYPE, KVCacheLayout
 from tokenmill.engine.kv_cache.manager import slot_index
 from tokenmill.engine.layers.kv_layer import KVLayer
 from tokenmill.engine.models.decoder import CausalLM
+from tokenmill.engine.prompt_logprobs import PromptRows, rows_to_score, score_rows
 from tokenmill.engine.request import Sequence
 from tokenmill.engine.step_buffers import StepBuffers
 
@@ -28,6 +29,7 @@ class StepInputs:
     block_tables: list[list[int]] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     all_logits: bool = False
+    prompt_rows: PromptRows = field(default_factory=PromptRows)  # rows scoring prompt tokens
 
 
 class ModelRunner:
@@ -49,6 +51,8 @@ class ModelRunner:
         self.on_step: Callable[[StepInputs], None] | None = None
         self.buffers = StepBuffers(device)
         self.graphs: DecodeGraphs | None = None
+        # The latest step's prompt-token scores (engine/prompt_logprobs.py), None without any.
+        self.prompt_scores: torch.Tensor | None = None
 
     def _layer_view(self, layer: int) -> KVLayer:
         k, v = self.kv_pool[layer]
@@ -95,6 +99,7 @@ class ModelRunner:
             inputs.seq_lens.append(end)
             inputs.query_lens.append(num_new)
             inputs.block_tables.append(list(table))
+        inputs.prompt_rows = rows_to_score(scheduled)
         return inputs
 
     @torch.inference_mode()
@@ -120,8 +125,10 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, inputs: StepInputs) -> torch.Tensor:
         self.copy_blocks(inputs.block_copies)
+        self.prompt_scores = None
         decode_only = all(n == 1 for n in inputs.query_lens)
-        if self.graphs is not None and decode_only and not inputs.all_logits:
+        if (self.graphs is not None and decode_only and not inputs.all_logits
+                and not inputs.prompt_rows.rows):
             hidden = self.graphs.run(inputs.input_ids, inputs.positions, inputs.slots,
                                      inputs.seq_lens, inputs.block_tables)
             if hidden is not None:
@@ -131,6 +138,8 @@ class ModelRunner:
         meta = self.buffers.metadata(views, inputs.seq_lens, inputs.query_lens,
                                      self.attention_backend)
         hidden = self.model(views.input_ids, views.positions, self.kv_caches, meta)
+        if inputs.prompt_rows.rows:
+            self.prompt_scores = score_rows(self.model, hidden, inputs.prompt_rows)
         if inputs.all_logits or decode_only:  # decode: every row is its sequence's last
             return self.model.logits(hidden)
         return self.model.logits(hidden[views.query_start[1:] - 1])

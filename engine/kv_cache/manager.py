@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from tokenmill.engine.kv_cache.block_allocator import BlockAllocator
 from tokenmill.engine.kv_cache.prefix_cache import NO_PARENT, PrefixCache
+from tokenmill.engine.prompt_logprobs import needs_scoring
 from tokenmill.engine.request import Sequence
 
 if TYPE_CHECKING:
@@ -70,8 +71,9 @@ class KVCacheManager:
 
     def match_prefix(self, seq: Sequence) -> list[int]:
         """Cached blocks seq can start from. The last token is always recomputed: its logits
-        are needed to sample the next one."""
-        if self.prefix_cache is None or seq.num_computed_tokens or seq.block_table:
+        are needed to sample the next one; a prompt still to be scored is computed whole."""
+        if (self.prefix_cache is None or seq.num_computed_tokens or seq.block_table
+                or needs_scoring(seq)):
             return []
         return self.prefix_cache.match(seq.token_ids[:seq.num_tokens - 1], seq.cache_salt)
 

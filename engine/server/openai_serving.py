@@ -43,6 +43,7 @@ class _Call:
     params: SamplingParams
     cache_salt: str | None = None
     echo: bool = False
+    prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: per choice, top-k
     tools: ReplyToolCalls | None = None  # parses chat replies into tool calls
     created: int = field(default_factory=lambda: int(time.time()))
     sent_text: dict[int, int] = field(default_factory=dict)
@@ -58,7 +59,8 @@ async def create_completion(body: CompletionRequest, request: Request,
     params = _params(body, max_tokens, body.logprobs)
     call = _Call("completion", f"cmpl-{uuid.uuid4().hex}", state.options.served_model_name,
                  body.n, [p if isinstance(p, str) else None for p in prompts], ids, params,
-                 cache_salt=body.cache_salt, echo=body.echo)
+                 cache_salt=body.cache_salt, echo=body.echo,
+                 prompt_logprobs=body.prompt_logprobs)
     return await _run(call, body.stream, body.include_usage, request, state)
 
 
@@ -254,7 +256,7 @@ async def _stream(call: _Call, streams: list[RequestStream], include_usage: bool
                                                                  "content": ""},
                                           "logprobs": None, "finish_reason": None}]))
         async for i, out in _merged(streams):
-            choices = [_delta_choice(call, i, c, state) for c in out.outputs]
+            choices = [_delta_choice(call, i, c, state, out) for c in out.outputs]
             choices = [c for c in choices if c is not None]
             if choices:
                 yield _sse(_chunk(call, choices))
@@ -270,21 +272,25 @@ async def _stream(call: _Call, streams: list[RequestStream], include_usage: bool
 
 
 def _delta_choice(call: _Call, prompt_index: int, c: CompletionOutput,
-                  state: ServerState) -> dict | None:
+                  state: ServerState, out: RequestOutput) -> dict | None:
     key = prompt_index * call.n + c.index
+    first = key not in call.sent_text
     sent_text = call.sent_text.get(key, 0)
     sent_tokens = call.sent_tokens.get(key, 0)
     text = c.text[sent_text:]
-    if call.echo and key not in call.sent_text:
-        text = (call.prompts_text[prompt_index] or _decode(state, call.prompts_ids[prompt_index])
-                ) + text
+    echoed = _echo_text(call, state, prompt_index) if call.echo else ""
+    if first:
+        text = echoed + text
     new_tokens = c.token_ids[sent_tokens:]
     if not text and not c.finish_reason and not (new_tokens and c.logprobs):
         return None
     call.sent_text[key] = len(c.text)
     logprobs = None
     if c.logprobs is not None:
-        logprobs = _logprobs(call, state, new_tokens, c.logprobs[sent_tokens:], sent_text)
+        logprobs = _logprobs(call, state, new_tokens, c.logprobs[sent_tokens:],
+                             len(echoed) + sent_text)
+        if first:
+            logprobs = _with_echo(call, state, out, logprobs)
         call.sent_tokens[key] = len(c.token_ids)
     finish = c.finish_reason
     if call.kind == "chat":
@@ -294,7 +300,10 @@ def _delta_choice(call: _Call, prompt_index: int, c: CompletionOutput,
             if not delta and finish is None and logprobs is None:
                 return None
         return {"index": key, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-    return {"index": key, "text": text, "logprobs": logprobs, "finish_reason": finish}
+    choice = {"index": key, "text": text, "logprobs": logprobs, "finish_reason": finish}
+    if first and call.prompt_logprobs is not None:
+        choice["prompt_logprobs"] = _vllm_prompt_logprobs(state, out, call.prompt_logprobs)
+    return choice
 
 
 def _full_response(call: _Call, finals: list[RequestOutput], state: ServerState) -> dict:
@@ -302,8 +311,10 @@ def _full_response(call: _Call, finals: list[RequestOutput], state: ServerState)
     for i, out in enumerate(finals):
         for c in out.outputs:
             key = i * call.n + c.index
-            logprobs = (_logprobs(call, state, c.token_ids, c.logprobs, 0)
-                        if c.logprobs is not None else None)
+            echoed = _echo_text(call, state, i) if call.echo else ""
+            logprobs = (_with_echo(call, state, out, _logprobs(
+                call, state, c.token_ids, c.logprobs, len(echoed)))
+                if c.logprobs is not None else None)
             if call.kind == "chat":
                 message, finish = ({"role": "assistant", "content": c.text}, c.finish_reason)
                 if call.tools is not None:
@@ -311,11 +322,12 @@ def _full_response(call: _Call, finals: list[RequestOutput], state: ServerState)
                 choices.append({"index": key, "message": message, "logprobs": logprobs,
                                 "finish_reason": finish})
             else:
-                text = c.text
-                if call.echo:
-                    text = (call.prompts_text[i] or _decode(state, call.prompts_ids[i])) + text
-                choices.append({"index": key, "text": text, "logprobs": logprobs,
-                                "finish_reason": c.finish_reason})
+                choice = {"index": key, "text": echoed + c.text, "logprobs": logprobs,
+                          "finish_reason": c.finish_reason}
+                if call.prompt_logprobs is not None:
+                    choice["prompt_logprobs"] = _vllm_prompt_logprobs(state, out,
+                                                                      call.prompt_logprobs)
+                choices.append(choice)
     body = _chunk(call, choices, usage=_usage(call, finals))
     body["object"] = "chat.completion" if call.kind == "chat" else "text_completion"
     return body
@@ -352,12 +364,45 @@ def _logprobs(call: _Call, state: ServerState, token_ids: list[int],
     for token, entry in zip(token_ids, entries, strict=False):
         piece = _decode(state, [token])
         tokens.append(piece)
-        token_logprobs.append(entry[token])
-        top_logprobs.append({_decode(state, [t]): lp for t, lp in list(entry.items())[:k]})
+        # None: the first prompt token of an echo, which nothing precedes to score it.
+        token_logprobs.append(None if entry is None else entry[token])
+        top_logprobs.append(None if entry is None else
+                            {_decode(state, [t]): lp for t, lp in list(entry.items())[:k]})
         offsets.append(offset)
         offset += len(piece)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
             "text_offset": offsets}
+
+
+def _echo_text(call: _Call, state: ServerState, prompt_index: int) -> str:
+    return call.prompts_text[prompt_index] or _decode(state, call.prompts_ids[prompt_index])
+
+
+def _with_echo(call: _Call, state: ServerState, out: RequestOutput,
+               completion: dict) -> dict:
+    """With echo, the logprobs cover the echoed prompt's tokens first (offsets from the start
+    of the text), as they do at OpenAI and vLLM."""
+    if not call.echo:
+        return completion
+    prompt = _logprobs(call, state, out.prompt_token_ids, out.prompt_logprobs or [], 0)
+    return {name: prompt[name] + completion[name] for name in prompt}
+
+
+def _vllm_prompt_logprobs(state: ServerState, out: RequestOutput, k: int) -> list[dict | None]:
+    """vLLM's `prompt_logprobs`: per prompt token (None for the first) the top-k and the token
+    itself, by token id, each with its logprob, its rank (1: the most likely) and its text."""
+    result: list[dict | None] = []
+    entries, ranks = out.prompt_logprobs or [], out.prompt_logprob_ranks or []
+    for token, entry, rank in zip(out.prompt_token_ids, entries, ranks, strict=False):
+        if entry is None:
+            result.append(None)
+            continue
+        shown = dict(list(entry.items())[:k])
+        shown[token] = entry[token]
+        result.append({str(t): {"logprob": lp, "rank": rank if t == token else i + 1,
+                                "decoded_token": _decode(state, [t])}
+                       for i, (t, lp) in enumerate(shown.items())})
+    return result
 
 
 def _token_info(state: ServerState, token: int, logprob: float) -> dict:

@@ -5,6 +5,7 @@ Out-of-range values fail validation and become HTTP 400 with an OpenAI-style err
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -82,6 +83,7 @@ class CompletionRequest(SamplingFields):
     max_tokens: Annotated[int, Field(ge=1)] | None = 16
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     echo: bool = False
+    prompt_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None  # vLLM's extension
     best_of: int | None = None
     suffix: str | None = None
 
@@ -93,9 +95,15 @@ class CompletionRequest(SamplingFields):
             raise ValueError("suffix is not supported")
         if isinstance(self.prompt, list) and not self.prompt:
             raise ValueError("prompt must not be empty")
-        if self.echo and self.logprobs is not None:
-            raise ValueError("echo together with logprobs is not supported")
         return self
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        """With echo and logprobs the echoed prompt's tokens get logprobs too (as OpenAI's
+        legacy completions and vLLM give them): the engine scores the prompt."""
+        params = super().sampling_params(max_tokens, logprobs)
+        asked = [k for k in (self.prompt_logprobs, logprobs if self.echo else None)
+                 if k is not None]
+        return replace(params, prompt_logprobs=max(asked)) if asked else params
 
     def prompts(self) -> list[str | list[int]]:
         p = self.prompt
