@@ -23,6 +23,7 @@ from tokenmill.engine.models.quantize import weight_bytes
 from tokenmill.engine.models.source import resolve_model
 from tokenmill.engine.output_processor import append_token, request_output
 from tokenmill.engine.outputs import RequestOutput
+from tokenmill.engine.prompt_logprobs import record as record_prompt_logprobs
 from tokenmill.engine.rank import RankSetup, build_runner, rank_device
 from tokenmill.engine.request import RequestTimings, Sequence
 from tokenmill.engine.sampler import sample
@@ -220,6 +221,7 @@ class LLMEngine:
             if self.workers is not None:  # a collective failed: name the worker that died
                 self.workers.raise_if_failed(wait_s=5.0)
             raise
+        record_prompt_logprobs(plan.scheduled, self.runner.prompt_scores)
         rows: list[int] = []
         to_sample: list[Sequence] = []
         for row, (seq, num_new) in enumerate(plan.scheduled):
@@ -266,6 +268,7 @@ class LLMEngine:
             child = self._new_sequence(req.request_id, index, req.prompt_token_ids, req.params,
                                        req.timings, req.cache_salt)
             child.num_computed_tokens = seq.num_computed_tokens
+            child.prompt_logprobs = seq.prompt_logprobs  # scored once, by the first
             self.kv.fork(seq, child)
             self.scheduler.add_running(child)
             req.seqs.append(child)

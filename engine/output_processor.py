@@ -82,4 +82,14 @@ def request_output(req: Any) -> RequestOutput:
         finished=req.finished,
         timings=req.timings,
         num_preemptions=sum(seq.num_preemptions for seq in req.seqs),
+        **_prompt_logprobs(req.seqs[0]),
     )
+
+
+def _prompt_logprobs(seq: Sequence) -> dict[str, Any]:
+    """The prompt's scores, shared, not copied: they are complete before any output is made
+    and never change after."""
+    found = seq.prompt_logprobs
+    if found is None:
+        return {}
+    return {"prompt_logprobs": found.entries, "prompt_logprob_ranks": found.ranks}

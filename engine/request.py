@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from tokenmill.engine.detokenizer import IncrementalDetokenizer
+from tokenmill.engine.prompt_logprobs import new_prompt_logprobs
 from tokenmill.engine.sampling_params import SamplingParams
 
 
@@ -67,6 +68,7 @@ class Sequence:
         self.prompt_token_ids = prompt_token_ids
         self.output_token_ids: list[int] = []
         self.output_logprobs: list[dict[int, float]] = []
+        self.prompt_logprobs = new_prompt_logprobs(params.prompt_logprobs)
         self.params = params
         self.generator = generator
         self.detokenizer = detokenizer

@@ -19,7 +19,8 @@ class SamplingParams:
     """How to generate for one prompt.
 
     temperature 0 means greedy. `logprobs=k` returns the top-k log-probabilities of every
-    generated token (plus the sampled one). `seed` makes a sampled request reproducible
+    generated token (plus the sampled one); `prompt_logprobs=k` the same for every prompt token
+    after the first (engine/prompt_logprobs.py). `seed` makes a sampled request reproducible
     whatever else shares its batch.
 
     `logit_bias` (OpenAI's) maps token ids to a bias in [-100, 100] added to that token's logit
@@ -55,6 +56,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] | None = None
     structured_outputs: StructuredOutputsParams | None = None
@@ -81,6 +83,8 @@ class SamplingParams:
         _require(all(s for s in self.stop), "stop", "stop strings must not be empty")
         _require(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs",
                  f"must be in [0, 20], got {self.logprobs}")
+        _require(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
+                 "prompt_logprobs", f"must be in [0, 20], got {self.prompt_logprobs}")
         self.logit_bias = _logit_bias(self.logit_bias) or None
         if isinstance(self.structured_outputs, dict):
             try:
