@@ -256,3 +256,84 @@ def test_serve_flags(capsys):
         cli_main(["serve", "--tool-call-parser", "mistral"])
     assert exit_.value.code == 2
 
+
+# ---- tool_choice "required" and a named function: forced through a JSON schema -------------
+
+ALARM = {"type": "function", "function": {
+    "name": "set_alarm", "parameters": {
+        "type": "object", "additionalProperties": False, "required": ["hour", "mode"],
+        "properties": {"hour": {"type": "integer", "minimum": 0, "maximum": 23},
+                       "mode": {"enum": ["once", "daily"]}}}}}
+LIGHTS = {"type": "function", "function": {
+    "name": "lights", "parameters": {
+        "type": "object", "additionalProperties": False, "required": ["on"],
+        "properties": {"on": {"type": "boolean"}}}}}
+
+
+@pytest.fixture(scope="module")
+def free(tiny_llama_dir):
+    """A random-weight model whose template knows nothing of tools: only the schema makes it
+    call one."""
+    state = ServerState(ServerOptions(served_model_name="free"),
+                        EngineConfig(model=tiny_llama_dir, max_num_seqs=8), EngineMetrics("free"))
+    state.load(show_progress=False)
+    try:
+        with running_server(state) as url:
+            yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    finally:
+        state.engine.shutdown()
+
+
+def assert_valid_call(name: str, arguments: dict) -> None:
+    if name == "set_alarm":
+        assert set(arguments) == {"hour", "mode"}
+        assert isinstance(arguments["hour"], int) and 0 <= arguments["hour"] <= 23
+        assert arguments["mode"] in ("once", "daily")
+    else:
+        assert name == "lights" and set(arguments) == {"on"}
+        assert isinstance(arguments["on"], bool)
+
+
+@pytest.mark.parametrize("seed", [None, 1, 2])
+def test_named_tool_choice_forces_that_call(free, seed):
+    sampling = {"temperature": 0} if seed is None else {"temperature": 1.0, "seed": seed}
+    ask = {"model": "free", "messages": ASK, "tools": [ALARM, LIGHTS], "max_tokens": 200,
+           "tool_choice": {"type": "function", "function": {"name": "set_alarm"}}} | sampling
+    r = free.chat.completions.create(**ask)
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert r.choices[0].message.content is None
+    [(name, arguments)] = calls_of(r.choices[0].message)
+    assert name == "set_alarm"
+    assert_valid_call(name, arguments)
+    got = reassemble(free.chat.completions.create(**ask, stream=True))[0]
+    assert got["finish"] == "tool_calls"
+    assert [(c["name"], c["arguments"]) for c in got["calls"]] == [
+        ("set_alarm", r.choices[0].message.tool_calls[0].function.arguments)]
+
+
+@pytest.mark.parametrize("seed", [None, 3, 4])
+def test_required_tool_choice_forces_valid_calls(free, seed):
+    sampling = {"temperature": 0} if seed is None else {"temperature": 1.0, "seed": seed}
+    ask = {"model": "free", "messages": ASK, "tools": [ALARM, LIGHTS], "max_tokens": 300,
+           "tool_choice": "required"} | sampling
+    r = free.chat.completions.create(**ask)
+    assert r.choices[0].finish_reason == "tool_calls"
+    calls = calls_of(r.choices[0].message)
+    assert calls
+    for name, arguments in calls:
+        assert_valid_call(name, arguments)
+    got = reassemble(free.chat.completions.create(**ask, stream=True))[0]
+    assert [(c["name"], c["arguments"]) for c in got["calls"]] == [
+        (c.function.name, c.function.arguments) for c in r.choices[0].message.tool_calls]
+    one = free.chat.completions.create(**ask, parallel_tool_calls=False)
+    assert len(one.choices[0].message.tool_calls) == 1
+
+
+def test_a_parameters_schema_the_grammar_cannot_enforce_is_400(free):
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"not": {"type": "string"}}}}}}
+    with pytest.raises(openai.BadRequestError) as err:
+        free.chat.completions.create(model="free", messages=ASK, tools=[tool],
+                                     tool_choice="required", max_tokens=5)
+    error = err.value.response.json()["error"]
+    assert error["param"] == "tools" and "not" in error["message"]

@@ -25,6 +25,7 @@ from tokenmill.engine.server.tool_parsers import (
     ToolParser,
     tool_call_message,
 )
+from tokenmill.engine.structured import StructuredOutputsError, StructuredOutputsParams
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -128,12 +129,11 @@ def sampling_for_tools(params: SamplingParams, plan: ToolPlan) -> SamplingParams
     changes: dict[str, Any] = {}
     if plan.keep_special_tokens:
         changes["skip_special_tokens"] = False
-    if plan.schema is not None:
-        raise ToolRequestError("tool_choice", "'required' and named functions are not "
-                               "supported yet: they need structured outputs")
     try:
+        if plan.schema is not None:
+            changes["structured_outputs"] = StructuredOutputsParams(json=plan.schema)
         return dataclasses.replace(params, **changes)
-    except SamplingParamsError as exc:
+    except (SamplingParamsError, StructuredOutputsError) as exc:
         raise ToolRequestError("tools", f"a function's parameters can't be enforced: "
                                f"{exc}") from exc
 
