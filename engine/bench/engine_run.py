@@ -17,6 +17,7 @@ from tokenmill.engine.bench.decode_bound import DecodeStep
 from tokenmill.engine.bench.workload import BenchRequest
 from tokenmill.engine.outputs import RequestOutput
 from tokenmill.engine.sampling_params import SamplingParams
+from tokenmill.engine.structured import StructuredOutputsParams
 
 
 @dataclass
@@ -46,7 +47,10 @@ class EngineRun:
 
 
 def params_for(request: BenchRequest) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=request.output_len, ignore_eos=True)
+    constraint = (None if request.json_schema is None
+                  else StructuredOutputsParams(json=request.json_schema))
+    return SamplingParams(temperature=0.0, max_tokens=request.output_len, ignore_eos=True,
+                          structured_outputs=constraint)
 
 
 def warm_up(llm: Any, vocab_token: int) -> None:

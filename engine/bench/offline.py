@@ -43,6 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Also run the workload with --enforce-eager and with decode CUDA "
                              "graphs (on CUDA with the Triton kernels), and report the "
                              "throughput ratio and decode step times.")
+    parser.add_argument("--structured-fraction", metavar="F", type=_fraction, default=None,
+                        help="Also run the workload with a JSON schema on this fraction of its "
+                             "requests (e.g. 0.5: every other one) side by side with the free "
+                             "workload, and report the throughput ratio (structured outputs' "
+                             "cost).")
     parser.add_argument("--bandwidth", metavar="GBPS", type=_bandwidth, default=None,
                         help="Device memory bandwidth in GB/s (1e9 bytes/s, a copy's bytes read "
                              "plus written) for the decode-step bound; measured on the engine's "
@@ -66,6 +71,16 @@ def _tp_sizes(text: str) -> list[int]:
     from tokenmill.engine.bench.tp_ab import parse_sizes
 
     return parse_sizes(text)
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction like 0.5, got {text!r}") from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"the fraction must be in (0, 1], got {text!r}")
+    return value
 
 
 def _bandwidth(text: str) -> float:
@@ -115,6 +130,10 @@ def run(args: argparse.Namespace) -> int:
         from tokenmill.engine.bench.graphs_ab import format_comparison as format_graphs
 
         print(format_graphs(summary["cuda_graphs"]))
+    if "structured_outputs" in summary:
+        from tokenmill.engine.bench.structured_ab import format_comparison as format_structured
+
+        print(format_structured(summary["structured_outputs"]))
     if args.json:
         write_json(args.json, payload)
         print(f"raw results: {args.json}")
@@ -188,6 +207,13 @@ def benchmark(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
 
         _status("decode CUDA graphs off (--enforce-eager) and on")
         summary["cuda_graphs"] = graphs_ab.compare(config, workload, args.progress)
+    if args.structured_fraction:
+        from tokenmill.engine.bench import structured_ab
+
+        _status(f"a JSON schema on {args.structured_fraction:g} of the requests, side by side "
+                "with the free workload")
+        summary["structured_outputs"] = structured_ab.compare(
+            config, workload, args.structured_fraction, args.progress)
     payload = {
         "benchmark": "offline",
         "command": report.command_line(),

@@ -7,15 +7,18 @@ prompt token as BOS/EOS/padding.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
 class BenchRequest:
     prompt_token_ids: list[int]
     output_len: int
+    json_schema: dict[str, Any] | None = None  # a structured-output constraint, if any
 
     @property
     def input_len(self) -> int:
@@ -33,6 +36,35 @@ def parse_range(text: str) -> tuple[int, int]:
     if not 1 <= low <= high:
         raise ValueError(f"length range {text!r} must satisfy 1 <= LOW <= HIGH")
     return low, high
+
+
+def bench_schema(max_output_len: int) -> dict[str, Any]:
+    """A JSON schema shaped like a typical API reply: a list of records (integer, bounded
+    string, number, array of enums). It asks for more records than max_output_len tokens can
+    hold, so a constrained request is masked at every token and, like a free one, ends at its
+    output length: the two runs of a comparison take the same steps."""
+    record = {"type": "object",
+              "properties": {"id": {"type": "integer"},
+                             "name": {"type": "string", "maxLength": 16},
+                             "score": {"type": "number"},
+                             "tags": {"type": "array", "items": {"enum": ["new", "sale", "gift"]},
+                                      "maxItems": 3}},
+              "required": ["id", "name", "score", "tags"], "additionalProperties": False}
+    return {"type": "object",
+            "properties": {"records": {"type": "array", "items": record,
+                                       "minItems": max_output_len // 4 + 1}},
+            "required": ["records"], "additionalProperties": False}
+
+
+def with_json_schema(workload: list[BenchRequest], fraction: float) -> list[BenchRequest]:
+    """The workload with bench_schema on `fraction` of the requests, spread evenly (0.5: every
+    other request, starting with the second)."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction must be in [0, 1], got {fraction}")
+    schema = bench_schema(max(r.output_len for r in workload))
+    return [dataclasses.replace(r, json_schema=schema)
+            if int((i + 1) * fraction) > int(i * fraction) else r
+            for i, r in enumerate(workload)]
 
 
 def make_workload(num_prompts: int, input_len: tuple[int, int], output_len: tuple[int, int],
