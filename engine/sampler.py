@@ -83,10 +83,9 @@ def apply_logit_bias(logits: torch.Tensor, biases: list[tuple[int, dict[int, flo
         rows += [row] * len(bias)
         cols += bias.keys()
         values += bias.values()
-    index = torch.tensor([rows, cols], dtype=torch.long).to(logits.device)
-    logits.index_put_((index[0], index[1]),
-                      torch.tensor(values, dtype=logits.dtype).to(logits.device),
-                      accumulate=True)
+    index = bitmask.to_device(torch.tensor([rows, cols], dtype=torch.long), logits.device)
+    bias = bitmask.to_device(torch.tensor(values, dtype=logits.dtype), logits.device)
+    logits.index_put_((index[0], index[1]), bias, accumulate=True)
 
 
 def _exponential_noise(probs: torch.Tensor, seqs: list[Sequence],

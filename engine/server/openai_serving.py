@@ -28,6 +28,7 @@ from tokenmill.engine.server.tools import (
     plan_tools,
     sampling_for_tools,
 )
+from tokenmill.engine.structured.backend import GrammarError
 
 
 @dataclass
@@ -57,6 +58,7 @@ async def create_completion(body: CompletionRequest, request: Request,
     ids = [_tokenize(state, p) for p in prompts]
     max_tokens = body.max_tokens if body.max_tokens is not None else _room(state, ids)
     params = _params(body, max_tokens, body.logprobs)
+    await _compile_constraint(state, params, body.constraint_field())
     call = _Call("completion", f"cmpl-{uuid.uuid4().hex}", state.options.served_model_name,
                  body.n, [p if isinstance(p, str) else None for p in prompts], ids, params,
                  cache_salt=body.cache_salt, echo=body.echo,
@@ -75,6 +77,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     max_tokens = body.max_completion_tokens or body.max_tokens or _room(state, [ids])
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = _sampling_for_tools(_params(body, max_tokens, logprobs), plan)
+    await _compile_constraint(state, params, body.constraint_field() or "tool_choice")
     call = _Call("chat", f"chatcmpl-{uuid.uuid4().hex}", state.options.served_model_name,
                  body.n, [None], [ids], params, cache_salt=body.cache_salt,
                  tools=ReplyToolCalls(plan) if plan.parser is not None else None)
@@ -153,6 +156,19 @@ def _params(body: Any, max_tokens: int, logprobs: int | None) -> SamplingParams:
         raise APIError(400, str(exc), param=str(exc).split(":")[0]) from exc
 
 
+async def _compile_constraint(state: ServerState, params: SamplingParams,
+                              field: str | None) -> None:
+    """Compile the request's grammar off the event loop and off the engine loop (compiled
+    grammars are cached, so the engine finds it); one that does not compile is a 400."""
+    if params.structured_outputs is None:
+        return
+    try:
+        await asyncio.to_thread(state.engine.engine.structured.compile,
+                                params.structured_outputs)
+    except GrammarError as exc:
+        raise APIError(400, f"{field}: {exc}", param=field) from exc
+
+
 async def _admit(call: _Call, state: ServerState) -> list[RequestStream]:
     streams: list[RequestStream] = []
     try:
@@ -163,8 +179,8 @@ async def _admit(call: _Call, state: ServerState) -> list[RequestStream]:
         for stream in streams:
             await stream.aclose()
         if isinstance(exc, RequestError):
-            raise APIError(400, str(exc), param="prompt" if call.kind == "completion"
-                           else "messages") from exc
+            raise APIError(400, str(exc), param=exc.param or (
+                "prompt" if call.kind == "completion" else "messages")) from exc
         if isinstance(exc, EngineDeadError):
             raise APIError(503, str(exc)) from exc
         raise

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tokenmill.engine.sampling_params import SamplingParams
+from tokenmill.engine.server.structured_fields import StructuredFields
 from tokenmill.engine.server.tools import ToolCallMessage, template_tool_calls
 
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
@@ -20,8 +21,9 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class SamplingFields(BaseModel):
-    """Fields shared by completions and chat completions."""
+class SamplingFields(BaseModel, StructuredFields):
+    """Fields shared by completions and chat completions (structured outputs and logit_bias:
+    structured_fields.py)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -71,6 +73,8 @@ class SamplingFields(BaseModel):
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens,
+            logit_bias=self.logit_bias,
+            structured_outputs=self.constraint(),
         )
 
     @property

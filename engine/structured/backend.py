@@ -85,7 +85,8 @@ class StructuredOutputs:
         return compiled
 
     def matcher(self, params: StructuredOutputsParams) -> Matcher:
-        return Matcher(self._xgr.GrammarMatcher(self.compile(params)))
+        compiled = self.compile(params)  # loads xgrammar if this is the first constraint
+        return Matcher(self._xgr.GrammarMatcher(compiled))
 
     def _compile(self, params: StructuredOutputsParams) -> Any:
         compiler = self._get_compiler()
@@ -104,7 +105,7 @@ class StructuredOutputs:
                 alternatives = " | ".join(json.dumps(c) for c in json.loads(text))
                 return compiler.compile_grammar(f"root ::= {alternatives}")
             return compiler.compile_grammar(text)
-        except (RuntimeError, ValueError) as exc:
+        except Exception as exc:  # the constraint is the caller's: whatever fails is theirs
             raise GrammarError(f"the {_NAMES[kind]} does not compile: {_clean(exc)}") from None
 
     def _get_compiler(self) -> Any:
