@@ -1,16 +1,35 @@
 """Structured, quiet-by-default logging: one logfmt line per event, extra fields included.
 
-Level from TOKENMILL_LOG_LEVEL (default WARNING); set it to INFO to see model loading and
-engine start-up.
+Level from TOKENMILL_LOG_LEVEL (default WARNING); set it to INFO to see model loading,
+engine start-up and one line per HTTP request.
+
+`log_fields(request_id=...)` adds fields to every line logged in its context (the task or
+thread that entered it): the server tags each request's lines with its request id this way.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import json
 import logging
 import os
 import sys
+from collections.abc import Iterator
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+# (name, value) pairs, later ones winning; a tuple, so the default can't be changed in place.
+_CONTEXT: contextvars.ContextVar[tuple[tuple[str, object], ...]] = contextvars.ContextVar(
+    "log_fields", default=())
+
+
+@contextlib.contextmanager
+def log_fields(**fields: object) -> Iterator[None]:
+    token = _CONTEXT.set((*_CONTEXT.get(), *fields.items()))
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
 
 
 class LogfmtFormatter(logging.Formatter):
@@ -22,6 +41,7 @@ class LogfmtFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         fields.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
+        fields.update(_CONTEXT.get())
         line = " ".join(f"{k}={_quote(v)}" for k, v in fields.items())
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
@@ -29,8 +49,12 @@ class LogfmtFormatter(logging.Formatter):
 
 
 def _quote(value: object) -> str:
+    """Quoted (JSON string escapes) when needed, so no value can end its field early: a
+    client-chosen request id with quotes in it can't forge other fields."""
     text = str(value)
-    return f'"{text}"' if (" " in text or "=" in text or not text) else text
+    if not text or any(c in ' ="\\' or not c.isprintable() for c in text):
+        return json.dumps(text, ensure_ascii=False)
+    return text
 
 
 def configure_logging(level: str | None = None) -> None:

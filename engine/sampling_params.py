@@ -85,6 +85,10 @@ class SamplingParams:
                  f"must be in [0, 20], got {self.logprobs}")
         _require(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
                  "prompt_logprobs", f"must be in [0, 20], got {self.prompt_logprobs}")
+        # A 64-bit signed integer (vLLM's bound): sequence i is seeded with seed + 7919 * i,
+        # which must stay within what a torch generator takes (-2**63 .. 2**64 - 1).
+        _require(self.seed is None or -(2**63) <= self.seed < 2**63, "seed",
+                 f"must be a 64-bit signed integer, got {self.seed}")
         self.logit_bias = _logit_bias(self.logit_bias) or None
         if isinstance(self.structured_outputs, dict):
             try:

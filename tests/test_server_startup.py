@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -43,11 +44,25 @@ def _exit(proc: subprocess.Popen) -> tuple[int, str]:
     ("/nonexistent", [], "model '/nonexistent' not found"),
     ("empty-dir", [], "has no config.json"),
     ("tiny", ["--tensor-parallel-size", "3"], "tensor_parallel_size: 3 does not divide"),
+    ("bad-gguf", [], "model.gguf does not start with the GGUF magic bytes"),
+    ("bad-json", [], "config.json' is not a valid JSON file"),
+    ("no-model-type", [], "Should have a `model_type` key"),
+    ("bad-weights", [], "cannot read the weights in"),
 ])
 def test_a_model_that_cannot_load_exits_1_with_the_reason(tmp_path, tiny_llama_dir, model,
                                                           flags, reason):
-    model = {"empty-dir": str(tmp_path), "tiny": tiny_llama_dir}.get(model, model)
+    if model == "bad-gguf":
+        (tmp_path / "model.gguf").write_bytes(b"not a gguf file at all")
+    elif model in ("bad-json", "no-model-type"):
+        (tmp_path / "config.json").write_text('{"model_type": "llama",' if model == "bad-json"
+                                              else "{}")
+    elif model == "bad-weights":  # the tiny model's config and tokenizer, garbage weights
+        shutil.copytree(tiny_llama_dir, tmp_path, dirs_exist_ok=True)
+        (tmp_path / "model.safetensors").write_bytes(b"\x00" * 64)
+    model = {"tiny": tiny_llama_dir, "/nonexistent": model}.get(model, str(tmp_path))
+    start = time.monotonic()
     code, stderr = _exit(_serve(model, *flags))
+    assert time.monotonic() - start < 30, "a model that can't load must fail fast"
     assert code == 1, stderr
     line = next(line for line in stderr.splitlines() if "model failed to load" in line)
     assert reason in line and "level=error" in line

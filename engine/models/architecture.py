@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tokenmill.engine.models.source import ModelLoadError
+
 
 @dataclass(frozen=True)
 class ArchitectureFlags:
@@ -30,7 +32,7 @@ def architecture_of(config: Any) -> str:
     by_type = MODEL_TYPES.get(getattr(config, "model_type", ""))
     if by_type and not names:
         return by_type
-    raise ValueError(
+    raise ModelLoadError(
         f"architecture {names or config.model_type!r} is not supported; tokenmill runs "
         f"{', '.join(SUPPORTED)}"
     )

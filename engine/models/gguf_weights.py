@@ -7,6 +7,8 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from tokenmill.engine.models.source import ModelLoadError
+
 LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -33,14 +35,18 @@ def hf_name(gguf_name: str) -> str:
     parts = gguf_name.split(".")
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in LAYER_NAMES:
         return f"model.layers.{parts[1]}.{LAYER_NAMES[parts[2]]}.{parts[3]}"
-    raise ValueError(f"GGUF tensor {gguf_name!r} is not part of a supported architecture")
+    raise ModelLoadError(f"GGUF tensor {gguf_name!r} is not part of a supported architecture")
 
 
 def gguf_tensors(path: str) -> Iterator[tuple[str, torch.Tensor, int]]:
     """(HF name, float32 tensor, number of tensors) for every tensor in the file."""
     import gguf
 
-    reader = gguf.GGUFReader(path)
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as exc:  # a truncated or corrupt file: name it, in one line
+        raise ModelLoadError(f"cannot read the weights in {path}: "
+                             f"{' '.join(str(exc).split())}") from exc
     total = len(reader.tensors)
     for t in reader.tensors:
         data = gguf.quants.dequantize(t.data, t.tensor_type)

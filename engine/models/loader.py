@@ -19,7 +19,7 @@ from tokenmill.engine.layers.rotary import RotaryEmbedding, rope_parameters
 from tokenmill.engine.models.decoder import CausalLM, head_dim_of, num_kv_heads_of
 from tokenmill.engine.models.gguf_weights import gguf_tensors
 from tokenmill.engine.models.quantize import check_quantization, quantize_model
-from tokenmill.engine.models.source import ModelSource
+from tokenmill.engine.models.source import ModelLoadError, ModelSource
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -27,13 +27,29 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 def load_config(source: ModelSource) -> Any:
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(source.directory, gguf_file=source.gguf_file)
+    try:
+        return AutoConfig.from_pretrained(source.directory, gguf_file=source.gguf_file)
+    except Exception as exc:  # whatever transformers raises for the file, one line naming it
+        raise ModelLoadError(f"cannot read the model config from {_where(source)}: "
+                             f"{_one_line(exc)}") from exc
 
 
 def load_tokenizer(source: ModelSource) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(source.directory, gguf_file=source.gguf_file)
+    try:
+        return AutoTokenizer.from_pretrained(source.directory, gguf_file=source.gguf_file)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot read the tokenizer from {_where(source)}: "
+                             f"{_one_line(exc)}") from exc
+
+
+def _where(source: ModelSource) -> str:
+    return source.gguf_path or source.directory
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 def build_model(config: Any, source: ModelSource, max_positions: int, dtype: torch.dtype,
@@ -81,11 +97,11 @@ def _load(model: CausalLM, tensors: Iterator[tuple[str, Any, int]], plan: ShardP
         if name.endswith(IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
             continue
         if name not in params:
-            raise ValueError(f"checkpoint tensor {name!r} has no place in the model")
+            raise ModelLoadError(f"checkpoint tensor {name!r} has no place in the model")
         target = params[name]
         tensor = plan.shard(name, stored)
         if tuple(target.shape) != tuple(tensor.shape):
-            raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape "
+            raise ModelLoadError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape "
                              f"{tuple(target.shape)}" + (f" (rank {plan.rank} of {plan.size})"
                                                          if plan.size > 1 else ""))
         with torch.no_grad():
@@ -97,7 +113,7 @@ def _load(model: CausalLM, tensors: Iterator[tuple[str, Any, int]], plan: ShardP
         loaded.add("lm_head.weight")
     missing = sorted(set(params) - loaded)
     if missing:
-        raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")
+        raise ModelLoadError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")
 
 
 def _safetensors(source: ModelSource) -> Iterator[tuple[str, Any, int]]:
@@ -107,7 +123,12 @@ def _safetensors(source: ModelSource) -> Iterator[tuple[str, Any, int]]:
     files = sorted(glob.glob(os.path.join(source.directory, "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {source.directory}")
-    handles = [safe_open(f, framework="pt", device="cpu") for f in files]
+    handles = []
+    for f in files:
+        try:
+            handles.append(safe_open(f, framework="pt", device="cpu"))
+        except Exception as exc:  # a truncated or corrupt file: name it, in one line
+            raise ModelLoadError(f"cannot read the weights in {f}: {_one_line(exc)}") from exc
     names = [list(h.keys()) for h in handles]
     total = sum(len(n) for n in names)
     for handle, handle_names in zip(handles, names, strict=True):

@@ -16,6 +16,12 @@ class ModelNotFound(FileNotFoundError):
     """The model can't be found; the message says how to install it or where to put it."""
 
 
+class ModelLoadError(ValueError):
+    """The model's files are there but are no model we can run (a corrupt GGUF, a config
+    without model_type, an unsupported architecture, weights that don't fit it); the message
+    names the file or field."""
+
+
 @dataclass(frozen=True)
 class ModelSource:
     """A resolved model: `directory` holds config and tokenizer, or `gguf_file` holds it all."""

@@ -1,19 +1,29 @@
-"""The FastAPI application: OpenAI routes, health, metrics, models and version."""
+"""The FastAPI application: OpenAI routes, tokenize, health, metrics, models and version."""
 
 from __future__ import annotations
 
+import json
 import time
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic_core import from_json
 
 from tokenmill.engine.server.errors import install_error_handlers
+from tokenmill.engine.server.middleware import ApiKey, BodyLimit, RequestId
 from tokenmill.engine.server.openai_serving import create_chat_completion, create_completion
-from tokenmill.engine.server.protocol import ChatCompletionRequest, CompletionRequest
+from tokenmill.engine.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 from tokenmill.engine.server.state import ServerState, start_loading
+from tokenmill.engine.server.tokenization import detokenize, tokenize
 
 
 def tokenmill_version() -> str:
@@ -21,6 +31,30 @@ def tokenmill_version() -> str:
         return version("tokenmill")
     except PackageNotFoundError:
         return "unknown"
+
+
+class _StrictJSONRequest(Request):
+    async def json(self):
+        if not hasattr(self, "_json"):
+            try:
+                self._json = from_json(await self.body(), allow_inf_nan=False)
+            except ValueError as exc:  # FastAPI answers this one as a 400 "json_invalid"
+                raise json.JSONDecodeError(str(exc), "", 0) from exc
+        return self._json
+
+
+class StrictJSONRoute(APIRoute):
+    """Bodies parsed as JSON per RFC 8259, where Python's json module is lax: a lone surrogate
+    escape ("\\ud800", text no encoder can write, so the tokenizer failed on it), NaN and
+    Infinity are not JSON and answer 400."""
+
+    def get_route_handler(self):
+        handler = super().get_route_handler()
+
+        async def strict(request: Request):
+            return await handler(_StrictJSONRequest(request.scope, request.receive))
+
+        return strict
 
 
 def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
@@ -37,8 +71,13 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
             state.engine.shutdown()
 
     app = FastAPI(title="tokenmill", version=tokenmill_version(), lifespan=lifespan)
+    app.router.route_class = StrictJSONRoute
     app.state.tokenmill = state
     install_error_handlers(app)
+    # Added innermost first: a request meets RequestId, then ApiKey, then BodyLimit.
+    app.add_middleware(BodyLimit, options=state.options)
+    app.add_middleware(ApiKey, options=state.options)
+    app.add_middleware(RequestId)
     created = int(time.time())
 
     @app.post("/v1/completions")
@@ -48,6 +87,14 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await create_chat_completion(body, request, state)
+
+    @app.post("/tokenize")
+    async def tokenize_route(body: TokenizeRequest):
+        return tokenize(body, state)
+
+    @app.post("/detokenize")
+    async def detokenize_route(body: DetokenizeRequest):
+        return detokenize(body, state)
 
     @app.get("/v1/models")
     async def models():

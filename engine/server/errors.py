@@ -7,8 +7,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
-               500: "internal_server_error", 503: "service_unavailable"}
+ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
+               404: "not_found_error", 405: "invalid_request_error",
+               413: "invalid_request_error", 500: "internal_server_error",
+               503: "service_unavailable"}
 
 
 class APIError(Exception):
@@ -39,8 +41,14 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
     where = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = where[0] if where else None
     message = first.get("msg", "invalid request")
+    if first.get("type") == "value_error" and "error" in first.get("ctx", {}):
+        message = str(first["ctx"]["error"])  # our validators' own words, without a prefix
     if first.get("type") == "json_invalid":
-        message, param = "the request body is not valid JSON", None
+        cause = first.get("ctx", {}).get("error")
+        message = "the request body is not valid JSON" + (f": {cause}" if cause else "")
+        param = None
+    elif first.get("type") == "missing" and not where:
+        message = "the request needs a JSON body"
     elif param:
         message = f"{param}: {message}"
     return error_response(APIError(400, message, param=param))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -29,6 +30,8 @@ from tokenmill.engine.server.tools import (
     sampling_for_tools,
 )
 from tokenmill.engine.structured.backend import GrammarError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -71,7 +74,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     _check_serving(state, body.model)
     plan = _tool_plan(body, state)
     try:
-        ids = _chat_ids(state, body.conversation(), plan.template_tools)
+        ids = chat_ids(state, body.conversation(), plan.template_tools)
     except ValueError as exc:
         raise APIError(400, f"messages: {exc}", param="messages") from exc
     max_tokens = body.max_completion_tokens or body.max_tokens or _room(state, [ids])
@@ -103,6 +106,14 @@ def _sampling_for_tools(params: SamplingParams, plan: ToolPlan) -> SamplingParam
 # ---- admission ----------------------------------------------------------------------------
 
 def _check_serving(state: ServerState, model: str | None) -> None:
+    check_model(state, model)
+    if state.engine.num_waiting >= state.options.max_waiting_requests:
+        raise APIError(503, f"too many requests waiting ({state.engine.num_waiting}); "
+                            "retry later", headers={"Retry-After": "1"})
+
+
+def check_model(state: ServerState, model: str | None) -> None:
+    """503 unless the model is loaded and serving; 404 for another model's name."""
     if state.draining:
         raise APIError(503, "the server is shutting down", headers={"Retry-After": "1"})
     if state.engine is None:
@@ -115,9 +126,6 @@ def _check_serving(state: ServerState, model: str | None) -> None:
         raise APIError(404, f"the model {model!r} does not exist; this server serves "
                             f"{state.options.served_model_name!r}", param="model",
                        code="model_not_found")
-    if state.engine.num_waiting >= state.options.max_waiting_requests:
-        raise APIError(503, f"too many requests waiting ({state.engine.num_waiting}); "
-                            "retry later", headers={"Retry-After": "1"})
 
 
 def _tokenize(state: ServerState, prompt: str | list[int]) -> list[int]:
@@ -128,16 +136,18 @@ def _tokenize(state: ServerState, prompt: str | list[int]) -> list[int]:
     return list(prompt)
 
 
-def _chat_ids(state: ServerState, conversation: list[dict[str, Any]],
-              tools: list[dict] | None = None) -> list[int]:
+def chat_ids(state: ServerState, conversation: list[dict[str, Any]],
+             tools: list[dict] | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, add_special_tokens: bool = False) -> list[int]:
+    """The conversation through the chat template, tokenized (as transformers does with
+    tokenize=True: the template writes the special tokens, so none are added by default)."""
     try:
-        ids = state.tokenizer.apply_chat_template(conversation, tools=tools,
-                                                  add_generation_prompt=True, tokenize=True)
+        text = state.tokenizer.apply_chat_template(
+            conversation, tools=tools, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, tokenize=False)
     except Exception as exc:  # template errors (e.g. role order) are the caller's to fix
         raise ValueError(f"the chat template rejected the messages: {exc}") from exc
-    if not isinstance(ids, list):
-        ids = ids["input_ids"]
-    return list(ids)
+    return state.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
 def _room(state: ServerState, prompts: list[list[int]]) -> int:
@@ -197,11 +207,16 @@ async def _run(call: _Call, stream: bool, include_usage: bool, request: Request,
     except BaseException:
         state.request_ended()
         raise
+    log.info("request admitted", extra={"id": call.id, "prompts": len(call.prompts_ids),
+                                        "n": call.n, "max_tokens": call.params.max_tokens,
+                                        "stream": stream})
     if stream:
         return StreamingResponse(_stream(call, streams, include_usage, state),
                                  media_type="text/event-stream")
     try:
         finals = await _collect(streams, request)
+    except EngineDeadError as exc:  # the loop died under this request; the server exits
+        raise APIError(503, str(exc)) from exc
     finally:
         state.request_ended()
     if finals is None:

@@ -1,6 +1,10 @@
-"""Request bodies of the OpenAI API (plus vLLM's sampling extensions), validated by pydantic.
+"""Request bodies of the OpenAI API (plus vLLM's sampling and tokenize extensions), validated
+by pydantic.
 
-Out-of-range values fail validation and become HTTP 400 with an OpenAI-style error.
+Types are strict, as OpenAI's are: `"5"` or `true` is no integer, `"yes"` no boolean, `5` no
+string; a float field takes a JSON integer (`"temperature": 1`) but no string, boolean, NaN or
+infinity. Wrong types and out-of-range values fail validation and become HTTP 400 with an
+OpenAI-style error naming the field.
 """
 
 from __future__ import annotations
@@ -8,20 +12,29 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tokenmill.engine.sampling_params import SamplingParams
 from tokenmill.engine.server.structured_fields import StructuredFields
 from tokenmill.engine.server.tools import ToolCallMessage, template_tool_calls
 
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+# vLLM's bound: a 64-bit signed integer. The engine seeds sequence i of a request with
+# seed + 7919 * i, which stays within what torch's generators take.
+Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 
 
-class StreamOptions(BaseModel):
+class RequestModel(BaseModel):
+    """Every request body and its parts: strict types (see the module docstring)."""
+
+    model_config = ConfigDict(strict=True, allow_inf_nan=False)
+
+
+class StreamOptions(RequestModel):
     include_usage: bool = False
 
 
-class SamplingFields(BaseModel, StructuredFields):
+class SamplingFields(RequestModel, StructuredFields):
     """Fields shared by completions and chat completions (structured outputs and logit_bias:
     structured_fields.py)."""
 
@@ -33,7 +46,7 @@ class SamplingFields(BaseModel, StructuredFields):
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     top_k: int | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     presence_penalty: Penalty = 0.0
@@ -118,11 +131,21 @@ class CompletionRequest(SamplingFields):
         return list(p)
 
 
-class ChatMessage(BaseModel):
+class ContentPart(RequestModel):
+    """One part of a message's content list. Only text parts are served: the models here read
+    text, so an image_url or input_audio part is a 400 naming its type."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(RequestModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[ContentPart] | None = None
     tool_calls: list[ToolCallMessage] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool result: the call it answers
     name: str | None = None
@@ -139,14 +162,20 @@ class ChatMessage(BaseModel):
             message["name"] = self.name
         return message
 
+    @field_validator("content")
+    @classmethod
+    def _text_parts_only(cls, content: str | list[ContentPart] | None):
+        for part in content if isinstance(content, list) else ():
+            if part.type != "text":
+                raise ValueError(f"content part type {part.type!r} is not supported: this "
+                                 "server's model reads text only")
+            if part.text is None:
+                raise ValueError("a content part of type 'text' needs a text field")
+        return content
+
     def text(self) -> str:
         if isinstance(self.content, list):
-            parts = []
-            for part in self.content:
-                if part.get("type") != "text":
-                    raise ValueError(f"content part type {part.get('type')!r} is not supported")
-                parts.append(str(part.get("text", "")))
-            return "".join(parts)
+            return "".join(part.text or "" for part in self.content)
         return self.content or ""
 
 
@@ -168,3 +197,40 @@ class ChatCompletionRequest(SamplingFields):
 
     def conversation(self) -> list[dict[str, Any]]:
         return [m.template_message() for m in self.messages]
+
+
+class TokenizeRequest(RequestModel):
+    """vLLM's /tokenize: a `prompt`, or chat `messages` rendered by the chat template."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    # None: vLLM's defaults, true for a prompt (BOS and the like), false for messages (the
+    # chat template writes its own).
+    add_special_tokens: bool | None = None
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either prompt or messages")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt can't both be "
+                             "true")
+        return self
+
+    def conversation(self) -> list[dict[str, Any]]:
+        return [m.template_message() for m in self.messages or []]
+
+
+class DetokenizeRequest(RequestModel):
+    """vLLM's /detokenize: token ids back to text."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    tokens: list[int]

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 
 import uvicorn
 
@@ -37,6 +38,13 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Answer 503 with Retry-After once this many requests wait.")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="Seconds running requests may take to finish after SIGTERM.")
+    parser.add_argument("--api-key", type=_api_key, default=os.environ.get("TOKENMILL_API_KEY"),
+                        help="Require `Authorization: Bearer KEY` on /v1/*, /tokenize and "
+                             "/detokenize (default: $TOKENMILL_API_KEY; none: no key needed). "
+                             "The variable keeps the key out of the process list.")
+    parser.add_argument("--max-request-body-bytes", type=_positive_int, default=10 << 20,
+                        help="Answer 413 to a larger request body, before reading it "
+                             "(default 10 MiB).")
     add_tool_arguments(parser)
 
 
@@ -48,6 +56,24 @@ def add_tool_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tool-call-parser", choices=sorted(TOOL_CALL_PARSERS), default=None,
                         help="The model's tool-call format: hermes (Hermes, Qwen: "
                              "<tool_call>...</tool_call>) or llama3_json (Llama 3.x JSON).")
+
+
+def _api_key(value: str) -> str:
+    # Never echoed: an error names what is wrong with the key, not the key.
+    if not value:
+        raise argparse.ArgumentTypeError("the API key (--api-key or TOKENMILL_API_KEY) is "
+                                         "empty; unset it to serve without a key")
+    if not all("!" <= c <= "~" for c in value):
+        raise argparse.ArgumentTypeError(
+            "the API key (--api-key or TOKENMILL_API_KEY) has a character other than visible "
+            "ASCII (a trailing newline from the Secret?), which no client can send in a header")
+    return value
+
+
+def _positive_int(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}")
+    return int(value)
 
 
 class DrainingServer(uvicorn.Server):
@@ -100,6 +126,8 @@ def serve(config, args: argparse.Namespace) -> int:
         options=ServerOptions(served_model_name=name,
                               max_waiting_requests=args.max_waiting_requests,
                               shutdown_timeout=args.shutdown_timeout,
+                              api_key=args.api_key,
+                              max_request_body_bytes=args.max_request_body_bytes,
                               enable_auto_tool_choice=args.enable_auto_tool_choice,
                               tool_call_parser=args.tool_call_parser),
         config=config, metrics=EngineMetrics(name),

@@ -15,6 +15,7 @@ from tokenmill.engine.config import ConfigError, EngineConfig
 from tokenmill.engine.distributed.workers import WorkerFailed
 from tokenmill.engine.engine import LLMEngine
 from tokenmill.engine.metrics import EngineMetrics
+from tokenmill.engine.models.source import ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,8 @@ class ServerOptions:
     served_model_name: str
     max_waiting_requests: int = 1024
     shutdown_timeout: float = 30.0
+    api_key: str | None = None  # when set, required as a Bearer token (middleware.ApiKey)
+    max_request_body_bytes: int = 10 << 20
     enable_auto_tool_choice: bool = False  # parse tool calls when tool_choice is "auto"
     tool_call_parser: str | None = None  # the model's tool-call format (tool_parsers.py)
 
@@ -70,7 +73,7 @@ class ServerState:
             self.engine = engine
         except BaseException as exc:
             self.load_error = exc
-            if not isinstance(exc, ConfigError | OSError):  # those say it all in one line
+            if not isinstance(exc, ConfigError | ModelLoadError | OSError):  # one line says all
                 log.exception("model loading failed")
             raise
 

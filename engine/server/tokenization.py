@@ -1,0 +1,36 @@
+"""vLLM's /tokenize and /detokenize: the served model's tokenizer and chat template over HTTP."""
+
+from __future__ import annotations
+
+from tokenmill.engine.server.errors import APIError
+from tokenmill.engine.server.openai_serving import chat_ids, check_model
+from tokenmill.engine.server.protocol import DetokenizeRequest, TokenizeRequest
+from tokenmill.engine.server.state import ServerState
+
+
+def tokenize(body: TokenizeRequest, state: ServerState) -> dict:
+    check_model(state, body.model)
+    if body.messages is not None:
+        try:
+            ids = chat_ids(state, body.conversation(),
+                           add_generation_prompt=body.add_generation_prompt,
+                           continue_final_message=body.continue_final_message,
+                           add_special_tokens=bool(body.add_special_tokens))
+        except ValueError as exc:
+            raise APIError(400, f"messages: {exc}", param="messages") from exc
+    else:
+        ids = state.tokenizer.encode(body.prompt,
+                                     add_special_tokens=body.add_special_tokens is not False)
+    strs = state.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+    return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids,
+            "token_strs": strs}
+
+
+def detokenize(body: DetokenizeRequest, state: ServerState) -> dict:
+    check_model(state, body.model)
+    vocab = len(state.tokenizer)
+    bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise APIError(400, f"tokens: {bad} is not a token id of this model (0 to {vocab - 1})",
+                       param="tokens")
+    return {"prompt": state.tokenizer.decode(body.tokens, skip_special_tokens=False)}
