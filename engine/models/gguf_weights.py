@@ -44,9 +44,8 @@ def gguf_tensors(path: str) -> Iterator[tuple[str, torch.Tensor, int]]:
 
     try:
         reader = gguf.GGUFReader(path)
-    except Exception as exc:  # a truncated or corrupt file: name it, in one line
-        raise ModelLoadError(f"cannot read the weights in {path}: "
-                             f"{' '.join(str(exc).split())}") from exc
+    except Exception as exc:  # a truncated or corrupt file
+        raise ModelLoadError.reading(f"the weights in {path}", exc) from exc
     total = len(reader.tensors)
     for t in reader.tensors:
         data = gguf.quants.dequantize(t.data, t.tensor_type)

@@ -29,9 +29,8 @@ def load_config(source: ModelSource) -> Any:
 
     try:
         return AutoConfig.from_pretrained(source.directory, gguf_file=source.gguf_file)
-    except Exception as exc:  # whatever transformers raises for the file, one line naming it
-        raise ModelLoadError(f"cannot read the model config from {_where(source)}: "
-                             f"{_one_line(exc)}") from exc
+    except Exception as exc:  # whatever transformers raises for the file
+        raise ModelLoadError.reading(f"the model config from {_where(source)}", exc) from exc
 
 
 def load_tokenizer(source: ModelSource) -> Any:
@@ -40,16 +39,11 @@ def load_tokenizer(source: ModelSource) -> Any:
     try:
         return AutoTokenizer.from_pretrained(source.directory, gguf_file=source.gguf_file)
     except Exception as exc:
-        raise ModelLoadError(f"cannot read the tokenizer from {_where(source)}: "
-                             f"{_one_line(exc)}") from exc
+        raise ModelLoadError.reading(f"the tokenizer from {_where(source)}", exc) from exc
 
 
 def _where(source: ModelSource) -> str:
     return source.gguf_path or source.directory
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 def build_model(config: Any, source: ModelSource, max_positions: int, dtype: torch.dtype,
@@ -127,8 +121,8 @@ def _safetensors(source: ModelSource) -> Iterator[tuple[str, Any, int]]:
     for f in files:
         try:
             handles.append(safe_open(f, framework="pt", device="cpu"))
-        except Exception as exc:  # a truncated or corrupt file: name it, in one line
-            raise ModelLoadError(f"cannot read the weights in {f}: {_one_line(exc)}") from exc
+        except Exception as exc:  # a truncated or corrupt file
+            raise ModelLoadError.reading(f"the weights in {f}", exc) from exc
     names = [list(h.keys()) for h in handles]
     total = sum(len(n) for n in names)
     for handle, handle_names in zip(handles, names, strict=True):

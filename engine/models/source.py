@@ -21,6 +21,11 @@ class ModelLoadError(ValueError):
     without model_type, an unsupported architecture, weights that don't fit it); the message
     names the file or field."""
 
+    @classmethod
+    def reading(cls, what: str, exc: BaseException) -> ModelLoadError:
+        """Whatever a reader (transformers, safetensors, gguf) raised, as one line."""
+        return cls(f"cannot read {what}: " + " ".join(f"{type(exc).__name__}: {exc}".split()))
+
 
 @dataclass(frozen=True)
 class ModelSource:
