@@ -39,9 +39,10 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="Seconds running requests may take to finish after SIGTERM.")
     parser.add_argument("--api-key", type=_api_key, default=os.environ.get("TOKENMILL_API_KEY"),
-                        help="Require `Authorization: Bearer KEY` on /v1/*, /tokenize and "
-                             "/detokenize (default: $TOKENMILL_API_KEY; none: no key needed). "
-                             "The variable keeps the key out of the process list.")
+                        help="Require `Authorization: Bearer KEY` on every path but /health, "
+                             "/metrics, /version and the OpenAPI docs (default: "
+                             "$TOKENMILL_API_KEY; none: no key needed). The variable keeps the "
+                             "key out of the process list.")
     parser.add_argument("--max-request-body-bytes", type=_positive_int, default=10 << 20,
                         help="Answer 413 to a larger request body, before reading it "
                              "(default 10 MiB).")
