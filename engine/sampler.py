@@ -62,8 +62,8 @@ def _processed(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         return logits
     masks = None
     if constrained:  # host work first: on a GPU it overlaps the forward still queued
-        masks = bitmask.fill([seqs[row].constraint for row in constrained], logits.shape[1],
-                             logits.device)
+        masks = bitmask.fill([(row, seqs[row].constraint) for row in constrained], len(seqs),
+                             logits.shape[1], logits.device)
     logits = logits.clone()
     if biased:
         apply_logit_bias(logits, [(row, seqs[row].params.logit_bias) for row in biased])

@@ -110,7 +110,8 @@ def test_sampling_params_take_a_dict_constraint_and_check_logit_bias():
     assert SamplingParams(logit_bias={}).logit_bias is None
 
 
-def test_bitmask_masks_only_the_constrained_rows():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # xgrammar's kernel; torch
+def test_bitmask_masks_only_the_constrained_rows(dtype):
     vocab, rows = 70, [0, 2]  # 70: the last word is partly outside the vocabulary
     rng = random.Random(0)
     allowed = [set(rng.sample(range(vocab), 9)) for _ in rows]
@@ -126,12 +127,14 @@ def test_bitmask_masks_only_the_constrained_rows():
             mask[row] = torch.tensor([b - (1 << 32) if b >= 1 << 31 else b for b in bits],
                                      dtype=torch.int32)
 
-    logits = torch.randn(3, vocab)
+    logits = torch.randn(3, vocab, dtype=dtype)
     masked = logits.clone()
-    bitmask.apply(masked, bitmask.fill([Fixed(a) for a in allowed], vocab, logits.device), rows)
-    for j, row in enumerate(rows):
+    masks = bitmask.fill([(row, Fixed(a)) for row, a in zip(rows, allowed, strict=True)], 3,
+                         vocab, logits.device)
+    bitmask.apply(masked, masks, rows)
+    for row, tokens in zip(rows, allowed, strict=True):
         finite = set(torch.isfinite(masked[row]).nonzero().flatten().tolist())
-        assert finite == allowed[j]
+        assert finite == tokens
         assert torch.equal(masked[row][sorted(finite)], logits[row][sorted(finite)])
     assert torch.equal(masked[1], logits[1])
 
@@ -274,3 +277,19 @@ def test_preempted_constrained_sequences_resume_their_grammar(tiny_llama_dir, ti
         if out.outputs[0].finish_reason == "stop":
             _valid(out.outputs[0].text)
     small.engine.kv.allocator.check_all_free()
+
+
+def test_the_grammar_library_loads_only_for_a_constrained_request(monkeypatch):
+    import subprocess
+    import sys
+
+    code = ("import sys; import tokenmill.engine.engine, tokenmill.engine.server.openai_serving; "
+            "from tokenmill.engine import SamplingParams; "
+            "SamplingParams(structured_outputs={'json': {'type': 'object'}}); "
+            "sys.exit('xgrammar' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], cwd="/").returncode == 0
+    from tokenmill.engine.structured.backend import GrammarError, StructuredOutputs
+
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # as if not installed
+    with pytest.raises(GrammarError, match="need the xgrammar package"):
+        StructuredOutputs(None, 10, {2}).compile(StructuredOutputsParams(regex="a"))
