@@ -22,6 +22,7 @@ class _Seq:
         self.params = SamplingParams()
         self.token_ids = tokens or []
         self.cache_salt = salt
+        self.prompt_logprobs = None  # asks for no prompt-token logprobs
 
     @property
     def num_tokens(self) -> int:
