@@ -293,3 +293,30 @@ def test_the_grammar_library_loads_only_for_a_constrained_request(monkeypatch):
     monkeypatch.setitem(sys.modules, "xgrammar", None)  # as if not installed
     with pytest.raises(GrammarError, match="need the xgrammar package"):
         StructuredOutputs(None, 10, {2}).compile(StructuredOutputsParams(regex="a"))
+
+
+def test_masks_and_biases_add_no_host_transfer(smol_llm, monkeypatch):
+    """The sampler still reads the step's results once, with constrained and biased rows."""
+    from tokenmill.engine.request import RequestTimings
+    from tokenmill.engine.sampler import sample
+
+    engine = smol_llm.engine
+    params = [_json(temperature=0.0), SamplingParams(temperature=0.8, seed=1, logit_bias={5: 3}),
+              _json(temperature=1.0, seed=2), SamplingParams(temperature=0.0)]
+    seqs = [engine._new_sequence(f"t{i}", 0, [1, 2, 3], p, RequestTimings(), None)
+            for i, p in enumerate(params)]
+    logits = torch.randn(len(seqs), engine.model_config.vocab_size)
+    reads = []
+    for name in ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "numpy"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            reads.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    result = sample(logits, seqs)
+    assert reads == ["tolist"]
+    assert seqs[0].constraint.accept(result.token_ids[0])
+    assert seqs[2].constraint.accept(result.token_ids[2])
+    assert result.token_ids[3] == int(logits[3].argmax())  # free row untouched
