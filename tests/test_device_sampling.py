@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from host_reads import record_host_reads
 
 from tokenmill.engine.request import RequestTimings, Sequence
 from tokenmill.engine.sampler import apply_penalties, filtered_probs, sample
@@ -79,15 +80,7 @@ def test_unseeded_rows_share_the_given_generator_and_reproduce_with_it():
 
 @pytest.mark.parametrize("with_logprobs", [False, True])
 def test_one_host_transfer_per_step(monkeypatch, with_logprobs):
-    reads = []
-    for name in ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "numpy"):
-        original = getattr(torch.Tensor, name)
-
-        def counted(self, *args, _original=original, _name=name, **kwargs):
-            reads.append(_name)
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
+    reads = record_host_reads(monkeypatch)
     params = [p if with_logprobs else p.__class__(**{**vars(p), "logprobs": None})
               for p in PARAMS]
     logits = torch.randn(len(params), VOCAB, generator=torch.Generator().manual_seed(4))

@@ -10,6 +10,7 @@ import re
 import jsonschema
 import pytest
 import torch
+from host_reads import record_host_reads
 
 from tokenmill.engine import LLM, SamplingParams
 from tokenmill.engine.engine import RequestError
@@ -306,15 +307,7 @@ def test_masks_and_biases_add_no_host_transfer(smol_llm, monkeypatch):
     seqs = [engine._new_sequence(f"t{i}", 0, [1, 2, 3], p, RequestTimings(), None)
             for i, p in enumerate(params)]
     logits = torch.randn(len(seqs), engine.model_config.vocab_size)
-    reads = []
-    for name in ("tolist", "item", "__int__", "__float__", "__bool__", "__index__", "numpy"):
-        original = getattr(torch.Tensor, name)
-
-        def counted(self, *args, _original=original, _name=name, **kwargs):
-            reads.append(_name)
-            return _original(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
+    reads = record_host_reads(monkeypatch)
     result = sample(logits, seqs)
     assert reads == ["tolist"]
     assert seqs[0].constraint.accept(result.token_ids[0])
