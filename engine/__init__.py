@@ -1,27 +1,27 @@
 """The tokenmill inference engine.
 
 `LLM` and `SamplingParams` import torch, so they load lazily: importing
-`tokenmill.engine.config` (as the operator does) stays free of torch.
+`tokenmill.engine.contract.config` (as the operator does) stays free of torch.
 """
 
 from typing import TYPE_CHECKING, Any
 
-from tokenmill.engine.config import EngineConfig
+from tokenmill.engine.contract.config import EngineConfig
 
 __all__ = ["LLM", "SamplingParams", "EngineConfig"]
 
 if TYPE_CHECKING:
-    from tokenmill.engine.llm import LLM
-    from tokenmill.engine.sampling_params import SamplingParams
+    from tokenmill.engine.core.sampling_params import SamplingParams
+    from tokenmill.engine.frontend.llm import LLM
 
 
 def __getattr__(name: str) -> Any:
     if name == "LLM":
-        from tokenmill.engine.llm import LLM
+        from tokenmill.engine.frontend.llm import LLM
 
         return LLM
     if name == "SamplingParams":
-        from tokenmill.engine.sampling_params import SamplingParams
+        from tokenmill.engine.core.sampling_params import SamplingParams
 
         return SamplingParams
     raise AttributeError(name)

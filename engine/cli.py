@@ -8,12 +8,12 @@ import json
 import sys
 from typing import Any
 
-from tokenmill.engine.config import add_engine_arguments, engine_config_from_args
+from tokenmill.engine.contract.config import add_engine_arguments, engine_config_from_args
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from tokenmill.engine.llm import LLM
-    from tokenmill.engine.sampling_params import SamplingParams
+    from tokenmill.engine.core.sampling_params import SamplingParams
+    from tokenmill.engine.frontend.llm import LLM
 
     llm = LLM(**dataclasses.asdict(engine_config_from_args(args)))
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = build_parser().parse_args(argv)
     configure_logging()
-    from tokenmill.engine.config import ConfigError
+    from tokenmill.engine.contract.config import ConfigError
 
     try:
         return int(args.func(args) or 0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tokenmill.engine.config import (
+from tokenmill.engine.contract.config import (
     ConfigError,
     EngineConfig,
     add_engine_arguments,

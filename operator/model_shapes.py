@@ -9,8 +9,8 @@ InvalidSpec; any other model is checked by the engine when it loads the model's 
 
 from __future__ import annotations
 
-from tokenmill.engine.config import DEFAULT_MODEL, TENSOR_PARALLEL_SIZES
-from tokenmill.engine.distributed.shape import ModelShape
+from tokenmill.engine.contract.config import DEFAULT_MODEL, TENSOR_PARALLEL_SIZES
+from tokenmill.engine.contract.model_shape import ModelShape
 
 # Built-in model names (model.uri) and their shapes, from the models' own config.json.
 KNOWN_MODELS = {DEFAULT_MODEL: ModelShape(heads=9, kv_heads=3, intermediate_size=1536)}

@@ -23,7 +23,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from tokenmill.engine.config import DEFAULT_MODEL, SUPPORTED, TENSOR_PARALLEL_SIZES
+from tokenmill.engine.contract.config import DEFAULT_MODEL, SUPPORTED, TENSOR_PARALLEL_SIZES
 
 from .model_shapes import tp_problem, tp_rules
 

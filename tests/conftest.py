@@ -95,7 +95,7 @@ def tiny_server(tiny_llama_dir):
     from server_support import running_server
 
     from tokenmill.engine import EngineConfig
-    from tokenmill.engine.metrics import EngineMetrics
+    from tokenmill.engine.server.metrics import EngineMetrics
     from tokenmill.engine.server.state import ServerOptions, ServerState
 
     state = ServerState(ServerOptions(served_model_name="tiny"),

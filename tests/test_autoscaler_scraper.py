@@ -9,7 +9,7 @@ from aiohttp import web
 from operator_support import http_server
 from prometheus_client import generate_latest
 
-from tokenmill.engine.metrics import EngineMetrics
+from tokenmill.engine.server.metrics import EngineMetrics
 from tokenmill.operator.autoscaler import PodLoad
 from tokenmill.operator.scraper import ScrapeError, observe, parse_load, targets
 

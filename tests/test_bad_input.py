@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from tokenmill.engine import LLM, EngineConfig, SamplingParams
-from tokenmill.engine.config import ConfigError
-from tokenmill.engine.engine import RequestError
+from tokenmill.engine.contract.config import ConfigError
+from tokenmill.engine.core.errors import RequestError
+from tokenmill.engine.core.sampling_params import SamplingParamsError
 from tokenmill.engine.models.source import ModelNotFound
-from tokenmill.engine.sampling_params import SamplingParamsError
 
 
 @pytest.mark.parametrize("options,named", [
@@ -58,7 +58,7 @@ def test_prompt_too_long_is_rejected_and_others_still_run(tiny_llama_dir):
 
 
 def test_request_larger_than_the_kv_pool_is_rejected_at_admission(tiny_llama_dir, tiny_llama):
-    from tokenmill.engine.kv_cache.layout import KVCacheLayout
+    from tokenmill.engine.execution.kv_layout import KVCacheLayout
 
     engine = tiny_llama.engine
     block = KVCacheLayout.for_model(engine.model_config, 8, engine.dtype).bytes_per_block

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from tokenmill.engine import LLM, SamplingParams
-from tokenmill.engine.engine import LLMEngine
+from tokenmill.engine.core.engine import LLMEngine
 
 
 def _prompts(count: int, seed: int = 0) -> list[list[int]]:
@@ -83,7 +83,7 @@ def test_preemption_by_recompute_keeps_outputs(tiny_llama_dir, tiny_llama):
 
 
 def tiny_llama_block_bytes(llm: LLM, block_size: int) -> int:
-    from tokenmill.engine.kv_cache.layout import KVCacheLayout
+    from tokenmill.engine.execution.kv_layout import KVCacheLayout
 
     engine = llm.engine
     return KVCacheLayout.for_model(engine.model_config, block_size, engine.dtype).bytes_per_block

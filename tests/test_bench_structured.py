@@ -9,7 +9,7 @@ import pytest
 from tokenmill.engine.bench import offline
 from tokenmill.engine.bench.workload import bench_schema, make_workload, with_json_schema
 from tokenmill.engine.cli import build_parser
-from tokenmill.engine.structured import StructuredOutputsParams
+from tokenmill.engine.core.structured import StructuredOutputsParams
 
 
 def test_the_schema_goes_on_an_even_spread_of_the_requests():

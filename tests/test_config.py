@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from tokenmill.engine.cli import build_parser, engine_config_from_args
-from tokenmill.engine.config import ConfigError, EngineConfig, engine_args
+from tokenmill.engine.contract.config import ConfigError, EngineConfig, engine_args
 
 
 def test_every_option_is_a_cli_flag_with_vllm_names():
@@ -35,6 +35,6 @@ def test_engine_args_round_trip_through_the_cli_parser():
 
 
 def test_config_module_does_not_import_torch():
-    code = ("import sys, tokenmill.engine.config as c; c.EngineConfig(); "
+    code = ("import sys, tokenmill.engine.contract.config as c; c.EngineConfig(); "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], cwd="/").returncode == 0

@@ -14,9 +14,10 @@ import pytest
 import torch
 from triton_support import DEVICE, cuda_only
 
-from tokenmill.engine import LLM, SamplingParams, decode_graphs
-from tokenmill.engine.decode_graphs import bucket_for, graph_batch_sizes, graphs_wanted
-from tokenmill.engine.step_buffers import StepBuffers
+from tokenmill.engine import LLM, SamplingParams
+from tokenmill.engine.execution import decode_graphs
+from tokenmill.engine.execution.decode_graphs import bucket_for, graph_batch_sizes, graphs_wanted
+from tokenmill.engine.execution.step_buffers import StepBuffers
 
 
 def test_batch_sizes_are_vllm_buckets_up_to_max_num_seqs():
@@ -129,7 +130,7 @@ def test_a_graphed_decode_step_waits_for_the_gpu_once(tiny_llama_dir):
 def test_enforce_eager_is_a_serve_flag():
     import argparse
 
-    from tokenmill.engine.config import add_engine_arguments, engine_config_from_args
+    from tokenmill.engine.contract.config import add_engine_arguments, engine_config_from_args
 
     parser = argparse.ArgumentParser()
     add_engine_arguments(parser)

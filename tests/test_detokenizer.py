@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tokenmill.engine.detokenizer import IncrementalDetokenizer
+from tokenmill.engine.core.detokenizer import IncrementalDetokenizer
 
 TEXTS = [
     "Paris is the capital of France.",

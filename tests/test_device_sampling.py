@@ -7,9 +7,9 @@ import pytest
 import torch
 from host_reads import record_host_reads
 
-from tokenmill.engine.request import RequestTimings, Sequence
-from tokenmill.engine.sampler import apply_penalties, filtered_probs, sample
-from tokenmill.engine.sampling_params import SamplingParams
+from tokenmill.engine.core.request import RequestTimings, Sequence
+from tokenmill.engine.core.sampler import apply_penalties, filtered_probs, sample
+from tokenmill.engine.core.sampling_params import SamplingParams
 
 VOCAB = 300
 

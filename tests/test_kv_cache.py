@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tokenmill.engine.kv_cache import BlockAllocator, KVCacheManager, OutOfBlocks
-from tokenmill.engine.sampling_params import SamplingParams
+from tokenmill.engine.core.kv_cache import BlockAllocator, KVCacheManager, OutOfBlocks
+from tokenmill.engine.core.sampling_params import SamplingParams
 
 
 class _Seq:
@@ -150,7 +150,7 @@ def test_released_cached_blocks_are_evicted_lru_and_never_while_in_use():
 
 
 def test_forged_hash_collisions_never_serve_other_tokens(monkeypatch):
-    from tokenmill.engine.kv_cache.prefix_cache import PrefixCache
+    from tokenmill.engine.core.kv_cache.prefix_cache import PrefixCache
 
     monkeypatch.setattr(PrefixCache, "block_key", staticmethod(lambda *args: 7))
     kv = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
@@ -162,7 +162,7 @@ def test_forged_hash_collisions_never_serve_other_tokens(monkeypatch):
 
 
 def test_a_reallocated_parent_invalidates_its_cached_children(monkeypatch):
-    from tokenmill.engine.kv_cache.prefix_cache import PrefixCache
+    from tokenmill.engine.core.kv_cache.prefix_cache import PrefixCache
 
     monkeypatch.setattr(PrefixCache, "block_key", staticmethod(lambda *args: 7))
     kv = KVCacheManager(num_blocks=3, block_size=2, enable_prefix_caching=True)

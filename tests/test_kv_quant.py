@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from tokenmill.engine import LLM, SamplingParams
-from tokenmill.engine.config import ConfigError, EngineConfig
-from tokenmill.engine.kv_cache.layout import KVCacheLayout
+from tokenmill.engine.contract.config import ConfigError, EngineConfig
+from tokenmill.engine.execution.kv_layout import KVCacheLayout
 from tokenmill.engine.layers.attention import check_kv_cache_dtype
 from tokenmill.engine.layers.kv_quant import dequantize, quantize
 

@@ -11,21 +11,21 @@ import pytest
 import torch
 
 from tokenmill.engine import LLM, SamplingParams
-from tokenmill.engine.config import ConfigError, EngineConfig
-from tokenmill.engine.kv_cache.sizing import (
+from tokenmill.engine.contract.config import ConfigError, EngineConfig
+from tokenmill.engine.core.sampler import sample_worst_case
+from tokenmill.engine.execution.kv_sizing import (
     CUDA_GRAPH_MARGIN,
     MemoryProfile,
     kv_budget,
     kv_sizing,
     profiled_blocks,
 )
-from tokenmill.engine.profile_run import (
+from tokenmill.engine.execution.profile_run import (
     MemoryReading,
     profile_memory,
-    sample_worst_case,
     worst_case_step,
 )
-from tokenmill.engine.runner import ModelRunner
+from tokenmill.engine.execution.runner import ModelRunner
 
 from conftest import hf_greedy
 
@@ -176,7 +176,7 @@ def test_profiling_leaves_the_engine_untouched_and_greedy_output_unchanged(
 
 
 def test_every_rank_logs_its_sizing(tiny_llama_dir, caplog):
-    with caplog.at_level(logging.INFO, logger="tokenmill.engine.rank"):
+    with caplog.at_level(logging.INFO, logger="tokenmill.engine.execution.rank"):
         llm = LLM(tiny_llama_dir, **ENGINE)
     record = next(r for r in caplog.records if r.getMessage() == "kv cache sizing")
     assert record.source == "kv_cache_memory" and record.budget_bytes == 4 * MIB

@@ -9,8 +9,8 @@ import pytest
 
 from tokenmill.engine.bench import offline
 from tokenmill.engine.cli import build_parser
-from tokenmill.engine.config import EngineConfig
-from tokenmill.engine.engine import LLMEngine
+from tokenmill.engine.contract.config import EngineConfig
+from tokenmill.engine.core.engine import LLMEngine
 
 BUDGET = 8 << 20  # bytes of KV pool, the same for every mode
 

@@ -9,9 +9,9 @@ import pytest
 import yaml
 from operator_support import EXAMPLES
 
-from tokenmill.engine import config
-from tokenmill.engine.config import ConfigError, engine_args
-from tokenmill.engine.distributed.shape import ModelShape
+from tokenmill.engine.contract import config
+from tokenmill.engine.contract.config import ConfigError, engine_args
+from tokenmill.engine.contract.model_shape import ModelShape
 from tokenmill.operator import manifests
 from tokenmill.operator.args import serve_command
 from tokenmill.operator.model_shapes import KNOWN_MODELS, allowed_sizes

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from tokenmill.engine import LLM, SamplingParams
-from tokenmill.engine import prompt_logprobs as scoring
+from tokenmill.engine.core import prompt_logprobs as scoring
+from tokenmill.engine.execution import prompt_scores
 
 TOL = 1e-4
 
@@ -130,7 +131,7 @@ def test_one_token_prompt_has_nothing_to_score(tiny_llama):
 
 def test_long_prompts_are_projected_a_slice_at_a_time(tiny_llama_dir, hf_tiny, monkeypatch):
     """No [prompt, vocab] logits at once: ROWS_PER_SLICE rows per LM-head call."""
-    monkeypatch.setattr(scoring, "ROWS_PER_SLICE", 7)
+    monkeypatch.setattr(prompt_scores, "ROWS_PER_SLICE", 7)
     llm = LLM(tiny_llama_dir, show_progress=False)
     calls: list[int] = []
     logits = llm.engine.runner.model.logits

@@ -10,7 +10,7 @@ import torch
 from server_support import running_server
 
 from tokenmill.engine import EngineConfig
-from tokenmill.engine.metrics import EngineMetrics
+from tokenmill.engine.server.metrics import EngineMetrics
 from tokenmill.engine.server.state import ServerOptions, ServerState
 
 MODEL = "tiny"

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from tokenmill.engine.bench import accuracy
-from tokenmill.engine.config import EngineConfig
-from tokenmill.engine.engine import LLMEngine
-from tokenmill.engine.scoring import next_token_logprobs
+from tokenmill.engine.contract.config import EngineConfig
+from tokenmill.engine.core.engine import LLMEngine
+from tokenmill.engine.core.scoring import next_token_logprobs
 
 # (min top-1 agreement, max mean KL in nats, max |perplexity delta|) on the fixed text's first
 # 2,048 tokens with SmolLM2, float32 on CPU. docs/quantization.md has the measured figures and

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from server_support import running_server
 
 from tokenmill.engine import EngineConfig, SamplingParams
-from tokenmill.engine.metrics import EngineMetrics
+from tokenmill.engine.server.metrics import EngineMetrics
 from tokenmill.engine.server.state import ServerOptions, ServerState
 
 MODEL = "smollm2-135m-instruct"

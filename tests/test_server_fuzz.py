@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
 from tokenmill.engine import EngineConfig
-from tokenmill.engine.metrics import EngineMetrics
 from tokenmill.engine.server.app import create_app
+from tokenmill.engine.server.metrics import EngineMetrics
 from tokenmill.engine.server.state import ServerOptions, ServerState
 
 EXAMPLES = int(os.environ.get("TOKENMILL_FUZZ_EXAMPLES", "25"))

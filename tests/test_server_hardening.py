@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from tokenmill.engine import SamplingParams
-from tokenmill.engine.sampling_params import SamplingParamsError
+from tokenmill.engine.core.sampling_params import SamplingParamsError
 
 USER = [{"role": "user", "content": "Hi"}]
 

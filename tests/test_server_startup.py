@@ -17,8 +17,8 @@ import uvicorn
 from server_support import free_port
 
 from tokenmill.engine import EngineConfig
-from tokenmill.engine.metrics import EngineMetrics
 from tokenmill.engine.server.app import create_app
+from tokenmill.engine.server.metrics import EngineMetrics
 from tokenmill.engine.server.serve import DrainingServer
 from tokenmill.engine.server.state import ServerOptions, ServerState
 

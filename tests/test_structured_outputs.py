@@ -13,10 +13,14 @@ import torch
 from host_reads import record_host_reads
 
 from tokenmill.engine import LLM, SamplingParams
-from tokenmill.engine.engine import RequestError
-from tokenmill.engine.sampler import apply_logit_bias
-from tokenmill.engine.sampling_params import SamplingParamsError
-from tokenmill.engine.structured import StructuredOutputsError, StructuredOutputsParams, bitmask
+from tokenmill.engine.core.errors import RequestError
+from tokenmill.engine.core.sampler import apply_logit_bias
+from tokenmill.engine.core.sampling_params import SamplingParamsError
+from tokenmill.engine.core.structured import (
+    StructuredOutputsError,
+    StructuredOutputsParams,
+    bitmask,
+)
 
 pytest.importorskip("xgrammar")
 
@@ -284,12 +288,13 @@ def test_the_grammar_library_loads_only_for_a_constrained_request(monkeypatch):
     import subprocess
     import sys
 
-    code = ("import sys; import tokenmill.engine.engine, tokenmill.engine.server.openai_serving; "
+    code = ("import sys; import tokenmill.engine.core.engine; "
+            "import tokenmill.engine.server.openai_serving; "
             "from tokenmill.engine import SamplingParams; "
             "SamplingParams(structured_outputs={'json': {'type': 'object'}}); "
             "sys.exit('xgrammar' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd="/").returncode == 0
-    from tokenmill.engine.structured.backend import GrammarError, StructuredOutputs
+    from tokenmill.engine.core.structured.backend import GrammarError, StructuredOutputs
 
     monkeypatch.setitem(sys.modules, "xgrammar", None)  # as if not installed
     with pytest.raises(GrammarError, match="need the xgrammar package"):
@@ -298,8 +303,8 @@ def test_the_grammar_library_loads_only_for_a_constrained_request(monkeypatch):
 
 def test_masks_and_biases_add_no_host_transfer(smol_llm, monkeypatch):
     """The sampler still reads the step's results once, with constrained and biased rows."""
-    from tokenmill.engine.request import RequestTimings
-    from tokenmill.engine.sampler import sample
+    from tokenmill.engine.core.request import RequestTimings
+    from tokenmill.engine.core.sampler import sample
 
     engine = smol_llm.engine
     params = [_json(temperature=0.0), SamplingParams(temperature=0.8, seed=1, logit_bias={5: 3}),

@@ -13,7 +13,7 @@ import pytest
 from server_support import running_server
 
 from tokenmill.engine import EngineConfig
-from tokenmill.engine.metrics import EngineMetrics
+from tokenmill.engine.server.metrics import EngineMetrics
 from tokenmill.engine.server.state import ServerOptions, ServerState
 
 pytest.importorskip("xgrammar")

@@ -13,9 +13,9 @@ from process_support import alive, children
 
 from tokenmill.engine import LLM, SamplingParams
 from tokenmill.engine.bench import random_model
-from tokenmill.engine.config import ConfigError
+from tokenmill.engine.contract.config import ConfigError
 from tokenmill.engine.distributed.sharding import ShardPlan
-from tokenmill.engine.distributed.workers import WorkerFailed
+from tokenmill.engine.execution.workers import WorkerFailed
 
 from conftest import make_random_model
 

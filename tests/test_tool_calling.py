@@ -22,7 +22,7 @@ from tool_support import (
 
 from tokenmill.engine import EngineConfig
 from tokenmill.engine.cli import main as cli_main
-from tokenmill.engine.metrics import EngineMetrics
+from tokenmill.engine.server.metrics import EngineMetrics
 from tokenmill.engine.server.state import ServerOptions, ServerState
 
 WEATHER = {"type": "function", "function": {

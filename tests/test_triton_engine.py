@@ -12,7 +12,7 @@ import torch
 from triton_support import DEVICE
 
 from tokenmill.engine import LLM, SamplingParams
-from tokenmill.engine.config import ConfigError
+from tokenmill.engine.contract.config import ConfigError
 from tokenmill.engine.layers.attention import resolve_backend
 
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenmill.engine import LLM, SamplingParams
-from tokenmill.engine.config import ConfigError
+from tokenmill.engine.contract.config import ConfigError
 from tokenmill.engine.layers import fp8_matmul, quantized_linear
 from tokenmill.engine.layers.fp8_matmul import quantize_rows, scaled_mm_supported
 from tokenmill.engine.layers.linear import MergedLinear

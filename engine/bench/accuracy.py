@@ -1,6 +1,6 @@
 """Accuracy of quantized modes against the unquantized engine, on one fixed text.
 
-Each engine scores the same text, teacher-forced (engine/scoring.py: the KV cache is written
+Each engine scores the same text, teacher-forced (engine/core/scoring.py: the KV cache is written
 and read back as in serving). Against the unquantized engine's distributions: top-1 agreement
 (the same most likely next token), the mean KL divergence KL(unquantized || mode) per position,
 and the text's perplexity under each, with the relative change.
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tokenmill.engine.bench.quant_modes import MODES, REFERENCE, parse_modes
-from tokenmill.engine.config import EngineConfig
+from tokenmill.engine.contract.config import EngineConfig
 
 if TYPE_CHECKING:  # torch is imported where it runs: the CLI builds this parser for every command
     import torch
@@ -47,8 +47,8 @@ def score(config: EngineConfig, token_ids: list[int]) -> torch.Tensor:
     """[len - 1, vocab] log-probabilities of one engine built from `config`."""
     import torch
 
-    from tokenmill.engine.engine import LLMEngine
-    from tokenmill.engine.scoring import next_token_logprobs
+    from tokenmill.engine.core.engine import LLMEngine
+    from tokenmill.engine.core.scoring import next_token_logprobs
 
     engine = LLMEngine(config, show_progress=False)
     return torch.cat(list(next_token_logprobs(engine, token_ids)))
@@ -78,7 +78,7 @@ def measure(config: EngineConfig, token_ids: list[int],
 
 def run(args: argparse.Namespace) -> int:
     from tokenmill.engine.bench import report
-    from tokenmill.engine.config import engine_config_from_args
+    from tokenmill.engine.contract.config import engine_config_from_args
     from tokenmill.engine.models.loader import load_tokenizer
     from tokenmill.engine.models.source import resolve_model
 

@@ -15,9 +15,9 @@ from tqdm import tqdm
 
 from tokenmill.engine.bench.decode_bound import DecodeStep
 from tokenmill.engine.bench.workload import BenchRequest
-from tokenmill.engine.outputs import RequestOutput
-from tokenmill.engine.sampling_params import SamplingParams
-from tokenmill.engine.structured import StructuredOutputsParams
+from tokenmill.engine.core.outputs import RequestOutput
+from tokenmill.engine.core.sampling_params import SamplingParams
+from tokenmill.engine.core.structured import StructuredOutputsParams
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any
 
 from tokenmill.engine.bench import engine_run
 from tokenmill.engine.bench.workload import BenchRequest
-from tokenmill.engine.config import EngineConfig
+from tokenmill.engine.contract.config import EngineConfig
 
 
 def run_mode(config: EngineConfig, workload: list[BenchRequest],

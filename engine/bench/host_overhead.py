@@ -93,7 +93,7 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
 def _measure_all(args: argparse.Namespace) -> dict[str, Any]:
     from tokenmill.engine import LLM
     from tokenmill.engine.bench import random_model
-    from tokenmill.engine.config import engine_config_from_args
+    from tokenmill.engine.contract.config import engine_config_from_args
 
     with tempfile.TemporaryDirectory(prefix="tokenmill-host-overhead-") as tmp:
         model = args.model
@@ -119,7 +119,7 @@ def measure(engine: Any, batch_size: int, steps: int, warmup: int,
             prompt_len: int) -> dict[str, Any]:
     """One prefill step for `batch_size` distinct prompts, then `warmup` untimed decode steps,
     `steps` timed ones and COUNTED_STEPS with the ops counted; every request then finishes."""
-    from tokenmill.engine.sampling_params import SamplingParams
+    from tokenmill.engine.core.sampling_params import SamplingParams
 
     rng = random.Random(batch_size)
     vocab = engine.model_config.vocab_size

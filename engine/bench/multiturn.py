@@ -23,7 +23,7 @@ from tokenmill.engine.bench.report import (
     machine_info,
     write_json,
 )
-from tokenmill.engine.sampling_params import SamplingParams
+from tokenmill.engine.core.sampling_params import SamplingParams
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -136,7 +136,7 @@ def run_conversations(engine: Any, system: list[int], users: list[list[list[int]
 
 def run(args: argparse.Namespace) -> int:
     from tokenmill.engine.cli import engine_config_from_args
-    from tokenmill.engine.llm import LLM
+    from tokenmill.engine.frontend.llm import LLM
 
     config = engine_config_from_args(args)
     results: dict[str, Any] = {}

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from tokenmill.engine.bench import engine_run
 from tokenmill.engine.bench.workload import BenchRequest
-from tokenmill.engine.config import EngineConfig
+from tokenmill.engine.contract.config import EngineConfig
 
 MODES = ("cache-off", "cache-on")
 

@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from tokenmill.engine.bench import engine_run
 from tokenmill.engine.bench.workload import BenchRequest, with_json_schema
-from tokenmill.engine.config import EngineConfig
+from tokenmill.engine.contract.config import EngineConfig
 
 MODES = ("free", "schema")
 

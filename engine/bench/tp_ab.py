@@ -16,7 +16,7 @@ from typing import Any
 
 from tokenmill.engine.bench import engine_run
 from tokenmill.engine.bench.workload import BenchRequest
-from tokenmill.engine.config import EngineConfig
+from tokenmill.engine.contract.config import EngineConfig
 
 
 def parse_sizes(text: str) -> list[int]:

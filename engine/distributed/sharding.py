@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from tokenmill.engine.config import ConfigError
-from tokenmill.engine.distributed.shape import ModelShape
+from tokenmill.engine.contract.config import ConfigError
+from tokenmill.engine.contract.model_shape import ModelShape
 
 COLUMN_PARALLEL = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}
 ROW_PARALLEL = {"o_proj", "down_proj"}

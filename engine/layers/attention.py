@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from tokenmill.engine.config import ConfigError
+from tokenmill.engine.contract.config import ConfigError
 from tokenmill.engine.kernels import triton_available
 from tokenmill.engine.layers import paged_attention as reference
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata

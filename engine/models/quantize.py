@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from tokenmill.engine.config import ConfigError
+from tokenmill.engine.contract.config import ConfigError
 from tokenmill.engine.layers.fp8_matmul import FP8_DTYPE
 from tokenmill.engine.layers.quantized_linear import WEIGHT_DTYPES, quantize_linear
 from tokenmill.engine.models.decoder import CausalLM

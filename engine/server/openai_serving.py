@@ -15,10 +15,9 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from tokenmill.engine.async_engine import EngineDeadError, RequestStream
-from tokenmill.engine.engine import RequestError
-from tokenmill.engine.outputs import CompletionOutput, RequestOutput
-from tokenmill.engine.sampling_params import SamplingParams, SamplingParamsError
+from tokenmill.engine.core import CompletionOutput, RequestOutput, SamplingParams
+from tokenmill.engine.core.errors import EngineDeadError, RequestError, SamplingParamsError
+from tokenmill.engine.frontend.async_engine import RequestStream
 from tokenmill.engine.server.errors import APIError, error_body
 from tokenmill.engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from tokenmill.engine.server.state import ServerState
@@ -29,7 +28,6 @@ from tokenmill.engine.server.tools import (
     plan_tools,
     sampling_for_tools,
 )
-from tokenmill.engine.structured.backend import GrammarError
 
 log = logging.getLogger(__name__)
 
@@ -168,14 +166,11 @@ def _params(body: Any, max_tokens: int, logprobs: int | None) -> SamplingParams:
 
 async def _compile_constraint(state: ServerState, params: SamplingParams,
                               field: str | None) -> None:
-    """Compile the request's grammar off the event loop and off the engine loop (compiled
-    grammars are cached, so the engine finds it); one that does not compile is a 400."""
-    if params.structured_outputs is None:
-        return
+    """Compile the request's grammar ahead, off both loops; one that does not compile is a
+    400 naming the field the user set."""
     try:
-        await asyncio.to_thread(state.engine.engine.structured.compile,
-                                params.structured_outputs)
-    except GrammarError as exc:
+        await state.engine.check_constraint(params)
+    except RequestError as exc:
         raise APIError(400, f"{field}: {exc}", param=field) from exc
 
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tokenmill.engine.sampling_params import SamplingParams
+from tokenmill.engine.core import SamplingParams
 from tokenmill.engine.server.structured_fields import StructuredFields
 from tokenmill.engine.server.tools import ToolCallMessage, template_tool_calls
 

@@ -20,9 +20,9 @@ import os
 
 import uvicorn
 
-from tokenmill.engine.config import ConfigError
-from tokenmill.engine.metrics import EngineMetrics
+from tokenmill.engine.core.errors import ConfigError
 from tokenmill.engine.server.app import create_app
+from tokenmill.engine.server.metrics import EngineMetrics
 from tokenmill.engine.server.state import ServerOptions, ServerState
 from tokenmill.engine.server.tool_parsers import TOOL_CALL_PARSERS
 

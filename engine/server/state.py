@@ -10,12 +10,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenmill.engine.async_engine import AsyncEngine
-from tokenmill.engine.config import ConfigError, EngineConfig
-from tokenmill.engine.distributed.workers import WorkerFailed
-from tokenmill.engine.engine import LLMEngine
-from tokenmill.engine.metrics import EngineMetrics
-from tokenmill.engine.models.source import ModelLoadError
+from tokenmill.engine.contract.config import EngineConfig
+from tokenmill.engine.core import LLMEngine
+from tokenmill.engine.core.errors import ConfigError, ModelLoadError, WorkerFailed
+from tokenmill.engine.frontend.async_engine import AsyncEngine
+from tokenmill.engine.server.metrics import EngineMetrics
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tokenmill.engine.sampling_params import SamplingParamsError
-from tokenmill.engine.structured import StructuredOutputsError, StructuredOutputsParams
+from tokenmill.engine.core import StructuredOutputsParams
+from tokenmill.engine.core.errors import SamplingParamsError, StructuredOutputsError
 
 CONSTRAINT_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex",
                      "guided_choice", "guided_grammar")

@@ -16,7 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tokenmill.engine.sampling_params import SamplingParams, SamplingParamsError
+from tokenmill.engine.core import SamplingParams, StructuredOutputsParams
+from tokenmill.engine.core.errors import SamplingParamsError, StructuredOutputsError
 from tokenmill.engine.server.tool_parsers import (
     TOOL_CALL_PARSERS,
     NamedToolParser,
@@ -25,7 +26,6 @@ from tokenmill.engine.server.tool_parsers import (
     ToolParser,
     tool_call_message,
 )
-from tokenmill.engine.structured import StructuredOutputsError, StructuredOutputsParams
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 

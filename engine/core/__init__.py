@@ -1,0 +1,36 @@
+"""The engine core: requests in, tokens out, one scheduled step at a time (scheduler, KV block
+bookkeeping, sampler, outputs). It knows no HTTP and no Kubernetes.
+
+Its public surface is what this package exports plus `errors`: the server and the frontends
+import nothing else of the core. Names load lazily, so importing a light piece
+(SamplingParams, StructuredOutputsParams) does not load the model machinery.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tokenmill.engine.core.engine import LLMEngine
+    from tokenmill.engine.core.outputs import CompletionOutput, RequestOutput
+    from tokenmill.engine.core.sampling_params import SamplingParams
+    from tokenmill.engine.core.structured.params import StructuredOutputsParams
+
+_EXPORTS = {
+    "LLMEngine": "tokenmill.engine.core.engine",
+    "CompletionOutput": "tokenmill.engine.core.outputs",
+    "RequestOutput": "tokenmill.engine.core.outputs",
+    "SamplingParams": "tokenmill.engine.core.sampling_params",
+    "StructuredOutputsParams": "tokenmill.engine.core.structured.params",
+}
+
+__all__ = ["CompletionOutput", "LLMEngine", "RequestOutput", "SamplingParams",
+           "StructuredOutputsParams"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(name)
+    return getattr(importlib.import_module(module), name)

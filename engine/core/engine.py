@@ -1,0 +1,387 @@
+"""LLMEngine: requests in, tokens out, one scheduler step at a time. Knows no HTTP."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tokenmill.engine.contract.config import ConfigError, EngineConfig
+from tokenmill.engine.core.detokenizer import IncrementalDetokenizer
+from tokenmill.engine.core.errors import RequestError
+from tokenmill.engine.core.kv_cache import KVCacheManager, KVCacheStats
+from tokenmill.engine.core.output_processor import append_token, request_output
+from tokenmill.engine.core.outputs import RequestOutput
+from tokenmill.engine.core.prompt_logprobs import record as record_prompt_logprobs
+from tokenmill.engine.core.request import RequestTimings, Sequence
+from tokenmill.engine.core.sampler import sample, sample_worst_case
+from tokenmill.engine.core.sampling_params import SamplingParams
+from tokenmill.engine.core.scheduler import Scheduler, SchedulerOutput
+from tokenmill.engine.core.step_builder import build_step_inputs
+from tokenmill.engine.core.structured.backend import GrammarError, StructuredOutputs
+from tokenmill.engine.distributed.group import TPGroup
+from tokenmill.engine.distributed.sharding import check_tensor_parallel
+from tokenmill.engine.execution.rank import RankSetup, build_runner, rank_device
+from tokenmill.engine.execution.workers import WorkerFailed, Workers
+from tokenmill.engine.layers.attention import check_kv_cache_dtype, resolve_backend
+from tokenmill.engine.models.loader import load_config, load_tokenizer
+from tokenmill.engine.models.quantize import weight_bytes
+from tokenmill.engine.models.source import resolve_model
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    timings: RequestTimings
+    seqs: list[Sequence]
+    cache_salt: str | None = None
+    finished: bool = False
+
+
+class LLMEngine:
+    """With --tensor-parallel-size N > 1 this process is rank 0: it schedules, samples and runs
+    its own shard; N - 1 worker processes run theirs (engine/distributed/)."""
+
+    def __init__(self, config: EngineConfig, show_progress: bool = True,
+                 on_worker_failure: Callable[[str], None] | None = None):
+        config.check_supported()
+        self.config = config
+        self.device = _device(config.device)
+        self.dtype = _dtype(config.dtype, self.device)
+        backend = resolve_backend(config.attention_backend, self.device)
+        check_kv_cache_dtype(config.kv_cache_dtype, backend, self.device)
+        source = resolve_model(config.model)
+        self.model_config = load_config(source)
+        self.tokenizer = load_tokenizer(source)
+        self.max_model_len = _max_model_len(config, self.model_config)
+        tp_size = config.tensor_parallel_size
+        check_tensor_parallel(self.model_config, tp_size)
+        _check_devices(config.device, self.device, tp_size)
+        self.tp = TPGroup()
+        self.workers: Workers | None = None
+        self._threads = torch.get_num_threads()
+        log.info("loading model", extra={"model": config.model, "device": str(self.device),
+                                         "dtype": str(self.dtype), "tensor_parallel": tp_size})
+        setup = RankSetup(config, source, self.device.type, self.dtype, backend,
+                          self.max_model_len)
+        try:
+            if tp_size > 1:
+                self._start_workers(setup, on_worker_failure)
+            self.runner = build_runner(setup, self.model_config, self.device, self.tp,
+                                       show_progress, on_logits=sample_worst_case)
+        except BaseException as exc:
+            failure = self.workers.failure if self.workers is not None else None
+            self.shutdown()
+            if failure is not None and not isinstance(exc, WorkerFailed):
+                raise WorkerFailed(failure) from exc
+            raise
+        if self.workers is not None:
+            self.runner.on_step = self.workers.send_step
+        num_blocks = self.runner.num_blocks
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                                 layout=self.runner.layout)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
+        self.eos_token_ids = _eos_ids(self.model_config, self.tokenizer, source.directory)
+        # Grammars of constrained requests; xgrammar loads on the first one.
+        self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size,
+                                            self.eos_token_ids)
+        # Noise of the sampled requests that bring no seed of their own, drawn in one call.
+        self._generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self._seq_ids = itertools.count()
+        self._requests: dict[str, _Request] = {}
+        self.last_plan: SchedulerOutput | None = None  # the latest step's composition
+        log.info("engine ready", extra={"kv_blocks": num_blocks, "block_size": config.block_size,
+                                        "max_model_len": self.max_model_len})
+        log.info("memory", extra=self.memory_report())
+
+    def _start_workers(self, setup: RankSetup,
+                       on_failure: Callable[[str], None] | None) -> None:
+        size = self.config.tensor_parallel_size
+        threads = max(1, self._threads // size)
+        if self.device.type == "cpu":
+            torch.set_num_threads(threads)  # N ranks share the cores; restored at shutdown
+        else:
+            self.device = rank_device(self.device.type, 0)
+            torch.cuda.set_device(self.device)
+        self.workers = Workers(setup, size, threads, on_failure)
+        self.workers.wait_until_joined()
+        self.tp = TPGroup.start(self.workers.store, size, self.device)
+
+    def shutdown(self) -> None:
+        """End the tensor-parallel workers and leave their group; nothing to do on one device.
+        Also runs at interpreter exit, so no worker outlives this process."""
+        if self.workers is None:
+            return
+        failed = self.workers.failure is not None
+        self.workers.shutdown()
+        # After a failure NCCL could block in teardown; gloo (CPU) leaves cleanly.
+        if not failed or self.device.type == "cpu":
+            self.tp.leave()
+        torch.set_num_threads(self._threads)
+
+    # ---- requests -------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt: str | list[int],
+                    params: SamplingParams | None = None, cache_salt: str | None = None) -> None:
+        """Queue a request. Raises RequestError (and changes nothing) if it can never be served.
+
+        Requests with different cache_salt never share prefix-cache blocks (tenant isolation).
+        """
+        params = params or SamplingParams()
+        if request_id in self._requests:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        text, token_ids = self.check_request(prompt, params)
+        timings = RequestTimings()
+        seq = self._new_sequence(request_id, 0, token_ids, params, timings, cache_salt)
+        self._requests[request_id] = _Request(request_id, text, token_ids, params, timings, [seq],
+                                              cache_salt)
+        self.scheduler.add(seq)
+
+    def check_request(self, prompt: str | list[int],
+                      params: SamplingParams) -> tuple[str | None, list[int]]:
+        """Tokenize and validate without queueing; raises RequestError for what can't run."""
+        text, token_ids = self._tokenize(prompt)
+        self._check_fits(token_ids, params)
+        self._check_sampling(params)
+        return text, token_ids
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now; its blocks return to the pool at once."""
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return None
+        for seq in req.seqs:
+            if not seq.is_finished:
+                seq.finish_reason = "abort"
+                self.scheduler.finish(seq)
+        req.timings.finished = time.monotonic()
+        req.finished = True
+        return request_output(req)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    def kv_cache_stats(self) -> KVCacheStats:
+        return self.kv.stats()
+
+    def memory_report(self) -> dict[str, Any]:
+        """What the weights and the KV pool take: the figures quantization changes."""
+        stats = self.kv.stats()
+        return {"tensor_parallel_size": self.config.tensor_parallel_size,
+                "quantization": self.config.quantization or "none",
+                "weights_bytes": weight_bytes(self.runner.model),
+                "kv_cache_dtype": stats.dtype,
+                "kv_bytes_per_token": stats.bytes_per_token,
+                "kv_tokens_per_gib": stats.tokens_per_gib,
+                "kv_capacity_tokens": stats.num_blocks * self.config.block_size}
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction of KV blocks in use; cheap and safe to read from another thread."""
+        return self.kv.allocator.num_used / self.kv.allocator.num_blocks
+
+    # ---- the step -------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one batch; return an output for every request that advanced or finished."""
+        plan = self.scheduler.schedule()
+        self.last_plan = plan
+        if not plan.scheduled:
+            return []
+        try:
+            inputs = build_step_inputs(plan.scheduled, self.config.block_size,
+                                       block_copies=plan.block_copies)
+            logits = self.runner.execute(inputs)
+        except RuntimeError:
+            if self.workers is not None:  # a collective failed: name the worker that died
+                self.workers.raise_if_failed(wait_s=5.0)
+            raise
+        record_prompt_logprobs(plan.scheduled, self.runner.prompt_scores)
+        rows: list[int] = []
+        to_sample: list[Sequence] = []
+        for row, (seq, num_new) in enumerate(plan.scheduled):
+            seq.num_computed_tokens += num_new
+            self.kv.cache_computed_blocks(seq)
+            if seq.num_computed_tokens < seq.num_tokens:
+                continue  # a prompt chunk; the prompt continues next step
+            for member in self._fork_if_first_sample(seq):
+                rows.append(row)
+                to_sample.append(member)
+        touched: dict[str, _Request] = {}
+        if to_sample:
+            if rows != list(range(len(logits))):  # some rows are prompt chunks, or forked
+                logits = logits[torch.tensor(rows, device=logits.device)]
+            result = sample(logits, to_sample, self._generator)
+            now = time.monotonic()
+            for seq, token, logprobs in zip(to_sample, result.token_ids, result.logprobs,
+                                            strict=True):
+                req = self._requests[seq.request_id]
+                if req.timings.first_token is None:
+                    req.timings.first_token = now
+                append_token(seq, token, logprobs, self.eos_token_ids, self.max_model_len)
+                if seq.finish_reason is not None:
+                    self.scheduler.finish(seq)
+                touched[req.request_id] = req
+        outputs = []
+        for req in touched.values():
+            if all(s.is_finished for s in req.seqs) and len(req.seqs) == req.params.n:
+                req.finished = True
+                req.timings.finished = time.monotonic()
+                del self._requests[req.request_id]
+            outputs.append(request_output(req))
+        return outputs
+
+    # ---- helpers --------------------------------------------------------------------------
+
+    def _fork_if_first_sample(self, seq: Sequence) -> list[Sequence]:
+        """At a request's first sample, n > 1 becomes n sequences sharing the prompt blocks."""
+        req = self._requests[seq.request_id]
+        if seq.index != 0 or len(req.seqs) == req.params.n:
+            return [seq]
+        members = [seq]
+        for index in range(1, req.params.n):
+            child = self._new_sequence(req.request_id, index, req.prompt_token_ids, req.params,
+                                       req.timings, req.cache_salt)
+            child.num_computed_tokens = seq.num_computed_tokens
+            child.prompt_logprobs = seq.prompt_logprobs  # scored once, by the first
+            self.kv.fork(seq, child)
+            self.scheduler.add_running(child)
+            req.seqs.append(child)
+            members.append(child)
+        return members
+
+    def _new_sequence(self, request_id: str, index: int, token_ids: list[int],
+                      params: SamplingParams, timings: RequestTimings,
+                      cache_salt: str | None) -> Sequence:
+        generator = None
+        if not params.greedy and params.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(params.seed + index * 7919)
+        detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens)
+        constraint = (self.structured.matcher(params.structured_outputs)
+                      if params.structured_outputs is not None else None)
+        return Sequence(next(self._seq_ids), request_id, index, token_ids, params, generator,
+                        detok, timings, cache_salt, constraint)
+
+    def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        ids = list(prompt)
+        vocab = self.model_config.vocab_size
+        if not ids:
+            raise RequestError("the prompt is empty")
+        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"prompt token ids must be integers in [0, {vocab}), got {bad[:5]}")
+        return None, ids
+
+    def _check_sampling(self, params: SamplingParams) -> None:
+        """Token ids in logit_bias exist; a constraint compiles."""
+        vocab = self.model_config.vocab_size
+        if params.logit_bias:
+            bad = sorted(t for t in params.logit_bias if t >= vocab)
+            if bad:
+                raise RequestError(f"logit_bias: token ids must be in [0, {vocab}), got "
+                                   f"{bad[:5]}", param="logit_bias")
+        self.check_constraint(params)
+
+    def check_constraint(self, params: SamplingParams) -> None:
+        """Compile the request's constraint, if any; RequestError if it does not compile.
+        Thread-safe, and compiled grammars are cached: a caller may compile ahead on another
+        thread, and the checks and sequences that follow find it compiled."""
+        if params.structured_outputs is None:
+            return
+        try:
+            self.structured.compile(params.structured_outputs)
+        except GrammarError as exc:
+            raise RequestError(str(exc), param="structured_outputs") from None
+
+    def _check_fits(self, token_ids: list[int], params: SamplingParams) -> None:
+        if not token_ids:
+            raise RequestError("the prompt is empty")
+        if params.n > self.config.max_num_seqs:
+            raise RequestError(f"n={params.n} exceeds max_num_seqs={self.config.max_num_seqs}")
+        total = len(token_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise RequestError(
+                f"this model's maximum context length is {self.max_model_len} tokens, but the "
+                f"request asks for {total} ({len(token_ids)} in the prompt plus "
+                f"{params.max_tokens} max_tokens); shorten the prompt or lower max_tokens"
+            )
+        needed = self.kv.blocks_needed(total)
+        if needed > self.kv.allocator.num_blocks:
+            raise RequestError(
+                f"the request needs {needed} KV-cache blocks ({total} tokens) but the pool "
+                f"holds only {self.kv.allocator.num_blocks}; raise kv_cache_memory or lower "
+                "max_tokens"
+            )
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("device", f"{name} was asked for but no CUDA device is available")
+    return torch.device(name)
+
+
+def _dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[name]
+
+
+def _max_model_len(config: EngineConfig, model_config: Any) -> int:
+    limit = getattr(model_config, "max_position_embeddings", None) or 2048
+    if config.max_model_len is None:
+        return limit
+    if config.max_model_len > limit:
+        raise ConfigError("max_model_len", f"{config.max_model_len} exceeds the model's context "
+                                           f"length ({limit})")
+    return config.max_model_len
+
+
+def _check_devices(option: str, device: torch.device, tp_size: int) -> None:
+    if device.type != "cuda" or tp_size == 1:
+        return
+    if option.startswith("cuda:"):
+        raise ConfigError("device", f"{option} names one GPU, but tensor_parallel_size "
+                                    f"{tp_size} runs on cuda:0..{tp_size - 1}; use "
+                                    "--device cuda (and CUDA_VISIBLE_DEVICES to pick GPUs)")
+    count = torch.cuda.device_count()
+    if count < tp_size:
+        raise ConfigError("tensor_parallel_size", f"{tp_size} needs {tp_size} GPUs, but "
+                                                  f"{count} are visible")
+
+
+def _eos_ids(model_config: Any, tokenizer: Any, directory: str) -> set[int]:
+    values = [getattr(model_config, "eos_token_id", None), tokenizer.eos_token_id]
+    try:
+        from transformers import GenerationConfig
+
+        values.append(GenerationConfig.from_pretrained(directory).eos_token_id)
+    except (OSError, ValueError):
+        pass
+    ids: set[int] = set()
+    for value in values:  # each is None, one id, or a list of ids
+        ids.update(value if isinstance(value, list) else [] if value is None else [value])
+    return ids

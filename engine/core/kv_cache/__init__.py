@@ -1,0 +1,6 @@
+"""Paged KV cache: a pool of fixed-size blocks, their allocator and per-sequence block tables."""
+
+from tokenmill.engine.core.kv_cache.block_allocator import BlockAllocator, OutOfBlocks
+from tokenmill.engine.core.kv_cache.manager import KVCacheManager, KVCacheStats
+
+__all__ = ["BlockAllocator", "OutOfBlocks", "KVCacheManager", "KVCacheStats"]

@@ -1,0 +1,175 @@
+"""Per-sequence block tables over the allocator: growth, sharing, copy-on-write, prefix reuse."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tokenmill.engine.core.kv_cache.block_allocator import BlockAllocator
+from tokenmill.engine.core.kv_cache.prefix_cache import NO_PARENT, PrefixCache
+from tokenmill.engine.core.prompt_logprobs import needs_scoring
+from tokenmill.engine.core.request import Sequence
+from tokenmill.engine.execution.step_inputs import slot_index
+
+if TYPE_CHECKING:
+    from tokenmill.engine.execution.kv_layout import KVCacheLayout
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class KVCacheStats:
+    num_blocks: int
+    used_blocks: int
+    allocated_slots: int
+    used_slots: int
+    cached_blocks: int = 0
+    evictable_blocks: int = 0
+    dtype: str | None = None              # storage of K/V values: float32, int8, float8_e4m3fn
+    bytes_per_token: int | None = None    # K and V of every layer, scales included
+
+    @property
+    def tokens_per_gib(self) -> float | None:
+        """How many tokens' KV one GiB of pool holds: the gain of a smaller KV dtype."""
+        return GIB / self.bytes_per_token if self.bytes_per_token else None
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the pool's blocks held by sequences."""
+        return self.used_blocks / self.num_blocks
+
+    @property
+    def waste(self) -> float:
+        """Allocated but unused slots as a fraction of allocated slots (PagedAttention's metric)."""
+        if self.allocated_slots == 0:
+            return 0.0
+        return (self.allocated_slots - self.used_slots) / self.allocated_slots
+
+
+class KVCacheManager:
+    """Owns which blocks each sequence's tokens occupy. Tensors live in the model runner."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
+                 layout: KVCacheLayout | None = None):
+        self.block_size = block_size
+        self.layout = layout  # the pool's storage, reported in stats()
+        self.allocator = BlockAllocator(num_blocks)
+        self.prefix_cache = PrefixCache(self.allocator, block_size) if enable_prefix_caching \
+            else None
+        self._tables: dict[int, Sequence] = {}
+        self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
+        self.prefix_hits = 0     # of those, tokens found
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # ---- admission with prefix reuse ------------------------------------------------------
+
+    def match_prefix(self, seq: Sequence) -> list[int]:
+        """Cached blocks seq can start from. The last token is always recomputed: its logits
+        are needed to sample the next one; a prompt still to be scored is computed whole."""
+        if (self.prefix_cache is None or seq.num_computed_tokens or seq.block_table
+                or needs_scoring(seq)):
+            return []
+        return self.prefix_cache.match(seq.token_ids[:seq.num_tokens - 1], seq.cache_salt)
+
+    def can_admit(self, seq: Sequence, cached: list[int], num_new_tokens: int) -> bool:
+        start = len(cached) * self.block_size
+        new_blocks = self.blocks_needed(start + num_new_tokens) - len(cached)
+        revived = sum(1 for b in cached if self.allocator.ref_count(b) == 0)
+        return new_blocks + revived <= self.allocator.num_free
+
+    def admit(self, seq: Sequence, cached: list[int]) -> None:
+        """Start seq from its cached prefix blocks (shared, not copied)."""
+        for block in cached:
+            self.allocator.share(block)
+        seq.block_table = list(cached)
+        seq.num_computed_tokens = len(cached) * self.block_size
+        seq.num_cached_blocks = len(cached)
+        if self.prefix_cache is not None:
+            self.prefix_queries += seq.num_tokens
+            self.prefix_hits += seq.num_computed_tokens
+        self._tables[seq.seq_id] = seq
+
+    def cache_computed_blocks(self, seq: Sequence) -> None:
+        """Index seq's blocks that became full and computed, so later requests can reuse them."""
+        full = seq.num_computed_tokens // self.block_size
+        if self.prefix_cache is None or full <= seq.num_cached_blocks:
+            return
+        tokens = seq.token_ids
+        bs = self.block_size
+        for i in range(seq.num_cached_blocks, full):
+            parent = seq.block_table[i - 1] if i else NO_PARENT
+            self.prefix_cache.insert(seq.block_table[i], tuple(tokens[i * bs:(i + 1) * bs]),
+                                     seq.cache_salt, parent)
+        seq.num_cached_blocks = max(seq.num_cached_blocks, full)
+
+    # ---- growth, forks, release -----------------------------------------------------------
+
+    def num_new_blocks(self, seq: Sequence, num_new_tokens: int) -> int:
+        """Blocks to allocate so seq's next `num_new_tokens` have slots, copy-on-write included."""
+        total = self.blocks_needed(seq.num_computed_tokens + num_new_tokens)
+        new = max(0, total - len(seq.block_table))
+        first = seq.num_computed_tokens // self.block_size
+        if first < len(seq.block_table) and self.allocator.ref_count(seq.block_table[first]) > 1:
+            new += 1
+        return new
+
+    def can_grow(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return self.num_new_blocks(seq, num_new_tokens) <= self.allocator.num_free
+
+    def grow(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
+        """Give seq slots for its next tokens. Returns (src, dst) block copies to perform first.
+
+        A block shared with another sequence is copied before this one writes into it.
+        Call only after can_grow() said yes.
+        """
+        copies = []
+        first = seq.num_computed_tokens // self.block_size
+        if first < len(seq.block_table):
+            shared = seq.block_table[first]
+            if self.allocator.ref_count(shared) > 1:
+                fresh = self.allocator.allocate()
+                self.allocator.release(shared)
+                seq.block_table[first] = fresh
+                copies.append((shared, fresh))
+        total = self.blocks_needed(seq.num_computed_tokens + num_new_tokens)
+        while len(seq.block_table) < total:
+            seq.block_table.append(self.allocator.allocate())
+        self._tables[seq.seq_id] = seq
+        return copies
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Child shares every block of parent (reference counts, no copy)."""
+        for block in parent.block_table:
+            self.allocator.share(block)
+        child.block_table = list(parent.block_table)
+        child.num_cached_blocks = parent.num_cached_blocks
+        self._tables[child.seq_id] = child
+
+    def free(self, seq: Sequence) -> None:
+        for block in reversed(seq.block_table):
+            self.allocator.release(block)
+        seq.block_table = []
+        seq.num_cached_blocks = 0
+        self._tables.pop(seq.seq_id, None)
+
+    def slot(self, seq: Sequence, position: int) -> int:
+        return slot_index(seq.block_table, position, self.block_size)
+
+    def stats(self) -> KVCacheStats:
+        owners: dict[int, int] = {}
+        for seq in self._tables.values():
+            for i, block in enumerate(seq.block_table):
+                filled = min(self.block_size, max(0, seq.num_computed_tokens - i * self.block_size))
+                owners[block] = max(owners.get(block, 0), filled)
+        return KVCacheStats(
+            num_blocks=self.allocator.num_blocks,
+            used_blocks=self.allocator.num_used,
+            allocated_slots=self.allocator.num_used * self.block_size,
+            used_slots=sum(owners.values()),
+            cached_blocks=self.allocator.num_cached,
+            evictable_blocks=self.allocator.num_evictable,
+            dtype=self.layout.dtype_name if self.layout else None,
+            bytes_per_token=self.layout.bytes_per_token if self.layout else None,
+        )

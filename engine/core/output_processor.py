@@ -1,0 +1,95 @@
+"""After sampling: append the token, detokenize, apply stop conditions, report to the caller."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tokenmill.engine.core.outputs import CompletionOutput, RequestOutput
+from tokenmill.engine.core.request import Sequence
+
+log = logging.getLogger(__name__)
+
+
+def append_token(seq: Sequence, token: int, logprobs: dict[int, float] | None,
+                 eos_token_ids: set[int], max_model_len: int) -> None:
+    """Add one sampled token to seq and set seq.finish_reason if it ends the sequence."""
+    params = seq.params
+    seq.output_token_ids.append(token)
+    if logprobs is not None:
+        seq.output_logprobs.append(logprobs)
+    if seq.constraint is not None and not seq.constraint.accept(token):
+        # The sampler masks every token the grammar forbids, so this is a bug: end the
+        # sequence rather than let it continue outside its grammar.
+        log.error("token outside the grammar", extra={"request_id": seq.request_id,
+                                                      "token": token})
+        seq.finish_reason = "abort"
+        return
+    if not params.ignore_eos and token in eos_token_ids:
+        seq.finish_reason = "stop"
+        return
+    if token in params.stop_token_ids:
+        seq.finish_reason, seq.stop_reason = "stop", token
+        return
+    before = len(seq.detokenizer.text)
+    if seq.detokenizer.append(token) and params.stop:
+        _apply_stop_strings(seq, before)
+        if seq.finish_reason:
+            return
+    if len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= max_model_len:
+        seq.finish_reason = "length"
+
+
+def _apply_stop_strings(seq: Sequence, before: int) -> None:
+    """Cut the text at the first stop string that the new text completes."""
+    text = seq.detokenizer.text
+    longest = max(len(s) for s in seq.params.stop)
+    search_from = max(0, before - longest + 1)
+    hits = [(text.find(stop, search_from), stop) for stop in seq.params.stop]
+    hits = [(at, stop) for at, stop in hits if at >= 0]
+    if hits:
+        at, stop = min(hits)
+        seq.detokenizer.text = text[:at]
+        seq.finish_reason, seq.stop_reason = "stop", stop
+
+
+def visible_text(seq: Sequence) -> str:
+    """Text safe to show: while running, hold back a tail that may start a stop string."""
+    text = seq.detokenizer.text
+    if seq.finish_reason is None and seq.params.stop:
+        hold = max(len(s) for s in seq.params.stop) - 1
+        return text[:len(text) - hold] if hold else text
+    return text
+
+
+def request_output(req: Any) -> RequestOutput:
+    outputs = [
+        CompletionOutput(
+            index=seq.index,
+            text=visible_text(seq),
+            token_ids=list(seq.output_token_ids),
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+            logprobs=list(seq.output_logprobs) if seq.params.logprobs is not None else None,
+        )
+        for seq in req.seqs
+    ]
+    return RequestOutput(
+        request_id=req.request_id,
+        prompt=req.prompt,
+        prompt_token_ids=req.prompt_token_ids,
+        outputs=outputs,
+        finished=req.finished,
+        timings=req.timings,
+        num_preemptions=sum(seq.num_preemptions for seq in req.seqs),
+        **_prompt_logprobs(req.seqs[0]),
+    )
+
+
+def _prompt_logprobs(seq: Sequence) -> dict[str, Any]:
+    """The prompt's scores, shared, not copied: they are complete before any output is made
+    and never change after."""
+    found = seq.prompt_logprobs
+    if found is None:
+        return {}
+    return {"prompt_logprobs": found.entries, "prompt_logprob_ranks": found.ranks}

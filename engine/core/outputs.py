@@ -1,0 +1,38 @@
+"""What the engine returns for a request: texts, token ids, finish reasons, timings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tokenmill.engine.core.request import RequestTimings
+
+
+@dataclass
+class CompletionOutput:
+    """One of a request's n generations, cumulative so far."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None      # "stop", "length" or "abort"
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it
+    logprobs: list[dict[int, float]] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    timings: RequestTimings = field(default_factory=RequestTimings)
+    num_preemptions: int = 0
+    # With SamplingParams.prompt_logprobs: per prompt token (None for the first) its logprob
+    # and the top-k, most likely first, and the token's rank (1: the most likely).
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_logprob_ranks: list[int | None] | None = None

@@ -1,0 +1,119 @@
+"""A sequence: one prompt plus the tokens generated for it, and where its KV cache lives."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tokenmill.engine.core.detokenizer import IncrementalDetokenizer
+from tokenmill.engine.core.prompt_logprobs import new_prompt_logprobs
+from tokenmill.engine.core.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class RequestTimings:
+    """Wall-clock instants (time.monotonic) of a request's life."""
+
+    arrival: float = field(default_factory=time.monotonic)
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def queue_time(self) -> float | None:
+        return None if self.first_scheduled is None else self.first_scheduled - self.arrival
+
+    @property
+    def e2e_latency(self) -> float | None:
+        return None if self.finished is None else self.finished - self.arrival
+
+
+class Sequence:
+    """One generation stream. A request with n > 1 becomes n sequences sharing the prompt's KV.
+
+    `num_computed_tokens` counts tokens whose KV is in the cache; the tokens after it are
+    what the next step must feed the model (a prompt chunk, or the last sampled token).
+    """
+
+    def __init__(
+        self,
+        seq_id: int,
+        request_id: str,
+        index: int,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        detokenizer: IncrementalDetokenizer,
+        timings: RequestTimings,
+        cache_salt: str | None = None,
+        constraint: Any = None,
+    ):
+        self.seq_id = seq_id
+        self.request_id = request_id
+        self.index = index
+        self.prompt_token_ids = prompt_token_ids
+        self.output_token_ids: list[int] = []
+        self.output_logprobs: list[dict[int, float]] = []
+        self.prompt_logprobs = new_prompt_logprobs(params.prompt_logprobs)
+        self.params = params
+        self.generator = generator
+        self.detokenizer = detokenizer
+        self.timings = timings
+        self.status = SequenceStatus.WAITING
+        self.block_table: list[int] = []
+        self.num_computed_tokens = 0
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.num_preemptions = 0
+        self.cache_salt = cache_salt
+        self.num_cached_blocks = 0  # leading blocks already indexed by the prefix cache
+        self.times_bypassed = 0     # admissions that went to a later arrival first
+        # This sequence's grammar matcher (structured/backend.py Matcher), None when free.
+        self.constraint = constraint
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """token_ids[start:end] without building the whole list (decode reads one token)."""
+        prompt_len = len(self.prompt_token_ids)
+        if start >= prompt_len:
+            return self.output_token_ids[start - prompt_len:end - prompt_len]
+        if end <= prompt_len:
+            return self.prompt_token_ids[start:end]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - prompt_len]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def text(self) -> str:
+        return self.detokenizer.text
+
+    def __repr__(self) -> str:
+        return (f"Sequence(id={self.seq_id}, request={self.request_id!r}, "
+                f"tokens={self.num_tokens}, computed={self.num_computed_tokens})")

@@ -1,0 +1,184 @@
+"""Turn a step's logits into one token per sequence, each under its own SamplingParams.
+
+Everything runs on the logits' device and the step's results (token ids, and logprobs where a
+request asks for them) come back to the host in one transfer: on a GPU each transfer waits for
+all the work queued before it.
+
+Random draws use the exponential-race form of categorical sampling (argmax of p / Exp(1)). A
+seeded request draws from its own generator: every step consumes the same number of draws from
+it whatever else is in the batch, so it reproduces exactly. Unseeded requests share the engine's
+generator and draw their noise in one call.
+
+Before sampling, rows that ask for it get their logit_bias added, their penalties applied and,
+when constrained, the grammar's token mask (-inf outside the allowed set; structured/): on a
+copy of the logits, touching only those rows, so constrained and free requests share one step.
+Logprobs are those of the model's raw logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tokenmill.engine.core.request import RequestTimings, Sequence
+from tokenmill.engine.core.sampling_params import SamplingParams
+from tokenmill.engine.core.structured import bitmask
+
+
+@dataclass
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[dict[int, float] | None]
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence],
+           generator: torch.Generator | None = None) -> SampleResult:
+    """logits: [len(seqs), vocab] float32, one row per sequence; `generator` draws the noise of
+    sequences without their own (None: torch's default generator)."""
+    raw_logprobs = None
+    if any(s.params.logprobs is not None for s in seqs):
+        raw_logprobs = torch.log_softmax(logits, dim=-1)
+    logits = _processed(logits, seqs)
+    tokens = logits.argmax(dim=-1)
+    randoms = [i for i, s in enumerate(seqs) if not s.params.greedy]
+    if randoms:
+        chosen = [seqs[i] for i in randoms]
+        every_row = len(randoms) == len(seqs)
+        rows = None if every_row else torch.tensor(randoms, device=logits.device)
+        probs = filtered_probs(logits if rows is None else logits[rows], chosen)
+        drawn = (probs / _exponential_noise(probs, chosen, generator)).argmax(dim=-1)
+        tokens = drawn if rows is None else tokens.index_copy(0, rows, drawn)
+    return _to_host(tokens, raw_logprobs, seqs)
+
+
+def _processed(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """logit_bias, penalties, then grammar masks, on a copy; the logits as they are when no
+    row asks for any of them."""
+    biased = [row for row, s in enumerate(seqs) if s.params.logit_bias]
+    penalized = [row for row, s in enumerate(seqs) if s.params.has_penalties]
+    constrained = [row for row, s in enumerate(seqs)
+                   if s.constraint is not None and s.constraint.active]
+    if not (biased or penalized or constrained):
+        return logits
+    masks = None
+    if constrained:  # host work first: on a GPU it overlaps the forward still queued
+        masks = bitmask.fill([(row, seqs[row].constraint) for row in constrained], len(seqs),
+                             logits.shape[1], logits.device)
+    logits = logits.clone()
+    if biased:
+        apply_logit_bias(logits, [(row, seqs[row].params.logit_bias) for row in biased])
+    for row in penalized:
+        apply_penalties(logits[row], seqs[row])
+    if masks is not None:
+        bitmask.apply(logits, masks, constrained)
+    return logits
+
+
+def apply_logit_bias(logits: torch.Tensor, biases: list[tuple[int, dict[int, float]]]) -> None:
+    """In place: each row's {token id: bias} added to its logits, all rows in one scatter-add."""
+    rows: list[int] = []
+    cols: list[int] = []
+    values: list[float] = []
+    for row, bias in biases:
+        rows += [row] * len(bias)
+        cols += bias.keys()
+        values += bias.values()
+    index = bitmask.to_device(torch.tensor([rows, cols], dtype=torch.long), logits.device)
+    bias = bitmask.to_device(torch.tensor(values, dtype=logits.dtype), logits.device)
+    logits.index_put_((index[0], index[1]), bias, accumulate=True)
+
+
+def _exponential_noise(probs: torch.Tensor, seqs: list[Sequence],
+                       generator: torch.Generator | None) -> torch.Tensor:
+    noise = torch.empty_like(probs)
+    shared = [j for j, s in enumerate(seqs) if s.generator is None]
+    if len(shared) == len(seqs):
+        return noise.exponential_(generator=generator)
+    if shared:
+        rows = torch.tensor(shared, device=probs.device)
+        block = torch.empty(len(shared), probs.shape[1], device=probs.device)
+        noise.index_copy_(0, rows, block.exponential_(generator=generator))
+    for j, seq in enumerate(seqs):
+        if seq.generator is not None:
+            noise[j].exponential_(generator=seq.generator)
+    return noise
+
+
+def apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
+    """OpenAI presence/frequency penalties over the output; HF repetition penalty over all."""
+    p = seq.params
+    if p.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long, device=logits.device)
+        values = logits[seen]
+        logits[seen] = torch.where(values > 0, values / p.repetition_penalty,
+                                   values * p.repetition_penalty)
+    if seq.output_token_ids and (p.presence_penalty or p.frequency_penalty):
+        out = torch.tensor(seq.output_token_ids, dtype=torch.long, device=logits.device)
+        counts = torch.bincount(out, minlength=logits.shape[0]).to(logits.dtype)
+        logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+
+
+def filtered_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """Temperature, then top-k, top-p and min-p masks; returns renormalized probabilities."""
+    device = logits.device
+    vocab = logits.shape[1]
+    settings = [(s.params.temperature, s.params.top_k if s.params.top_k > 0 else vocab,
+                 s.params.top_p, s.params.min_p) for s in seqs]
+    table = torch.tensor(settings, dtype=torch.float32).to(device)
+    temperature, top_k, top_p, min_p = table.unbind(1)
+    logits = logits / temperature.unsqueeze(1)
+    if all(k == vocab and p >= 1.0 and m <= 0.0 for _, k, p, m in settings):
+        return logits.softmax(dim=-1)  # nothing to mask: skip the sort over the vocabulary
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    sorted_probs = sorted_logits.softmax(dim=-1)
+    rank = torch.arange(vocab, device=device).unsqueeze(0)
+    drop = rank >= top_k.unsqueeze(1)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    drop |= mass_before >= top_p.unsqueeze(1)
+    drop |= sorted_probs < min_p.unsqueeze(1) * sorted_probs[:, :1]
+    drop[:, 0] = False
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    filtered = torch.empty_like(logits).scatter_(1, order, sorted_logits)
+    return filtered.softmax(dim=-1)
+
+
+def _to_host(tokens: torch.Tensor, raw: torch.Tensor | None,
+             seqs: list[Sequence]) -> SampleResult:
+    """One device-to-host copy: token ids, then (when asked) each row's sampled-token logprob
+    and its top-k, packed as float64 (token ids are exact in it)."""
+    n = len(seqs)
+    if raw is None:
+        return SampleResult(tokens.tolist(), [None] * n)
+    max_k = max(s.params.logprobs or 0 for s in seqs)
+    parts = [tokens.double(), raw.gather(1, tokens.unsqueeze(1)).squeeze(1).double()]
+    if max_k:
+        values, ids = raw.topk(max_k, dim=-1)
+        parts += [values.double().flatten(), ids.double().flatten()]
+    flat = torch.cat(parts).tolist()
+    token_ids = [int(t) for t in flat[:n]]
+    chosen = flat[n:2 * n]
+    top_values, top_ids = flat[2 * n:2 * n + n * max_k], flat[2 * n + n * max_k:]
+    logprobs: list[dict[int, float] | None] = []
+    for row, seq in enumerate(seqs):
+        k = seq.params.logprobs
+        if k is None:
+            logprobs.append(None)
+            continue
+        base = row * max_k
+        entry = {int(top_ids[base + j]): top_values[base + j] for j in range(k)}
+        entry[token_ids[row]] = chosen[row]
+        logprobs.append(dict(sorted(entry.items(), key=lambda kv: -kv[1])))
+    return SampleResult(token_ids, logprobs)
+
+
+def sample_worst_case(logits: torch.Tensor) -> None:
+    """Sample every row with the options that hold the most memory (top-k, top-p and min-p sort
+    the vocabulary, logprobs keep a log-softmax): the profiling step runs this on its logits, so
+    the sampler's workspace counts in the KV pool's sizing."""
+    params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, min_p=0.01, logprobs=20)
+    seqs = [Sequence(-1 - row, "profile", 0, [0], params,
+                     torch.Generator(device=logits.device).manual_seed(row), None,
+                     RequestTimings())
+            for row in range(logits.shape[0])]
+    sample(logits, seqs)

@@ -1,0 +1,137 @@
+"""Per-request generation options, validated at construction (OpenAI / vLLM names)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenmill.engine.core.structured.params import StructuredOutputsError, StructuredOutputsParams
+
+LOGIT_BIAS_LIMIT = 100.0
+
+
+class SamplingParamsError(ValueError):
+    """An invalid sampling option; the message names the option."""
+
+
+@dataclass
+class SamplingParams:
+    """How to generate for one prompt.
+
+    temperature 0 means greedy. `logprobs=k` returns the top-k log-probabilities of every
+    generated token (plus the sampled one); `prompt_logprobs=k` the same for every prompt token
+    after the first (engine/core/prompt_logprobs.py). `seed` makes a sampled request reproducible
+    whatever else shares its batch.
+
+    `logit_bias` (OpenAI's) maps token ids to a bias in [-100, 100] added to that token's logit
+    before sampling; ids are checked against the model's vocabulary when the request is added.
+
+    `structured_outputs` constrains the output (a StructuredOutputsParams, or a dict of its
+    fields): a JSON schema, any JSON object, a regex, a choice of strings or an EBNF grammar.
+    The constrained request runs in the same batch as free ones; its tokens are masked to what
+    the grammar allows, and it ends when the grammar does (EOS is allowed only then). A caller
+    that must force a shape, e.g. tool calling's `tool_choice: required` or a named function,
+    sets a JSON schema:
+
+        params = dataclasses.replace(params, structured_outputs=StructuredOutputsParams(
+            json={"type": "object", "properties": {"name": {"const": "get_weather"},
+                                                   "arguments": parameters_schema},
+                  "required": ["name", "arguments"], "additionalProperties": False}))
+
+    A schema feature the grammar can't enforce raises SamplingParamsError naming it; a
+    constraint that does not compile raises RequestError when the request is added.
+    """
+
+    n: int = 1
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    logit_bias: dict[int, float] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        _require(self.n >= 1, "n", f"must be at least 1, got {self.n}")
+        _require(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")
+        _require(self.temperature >= 0.0, "temperature",
+                 f"must be non-negative, got {self.temperature}")
+        _require(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
+        _require(self.top_k == -1 or self.top_k >= 1, "top_k",
+                 f"must be -1 (disabled) or at least 1, got {self.top_k}")
+        _require(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
+        _require(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
+                 f"must be in [-2, 2], got {self.presence_penalty}")
+        _require(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
+                 f"must be in [-2, 2], got {self.frequency_penalty}")
+        _require(self.repetition_penalty > 0.0, "repetition_penalty",
+                 f"must be positive, got {self.repetition_penalty}")
+        _require(all(s for s in self.stop), "stop", "stop strings must not be empty")
+        _require(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs",
+                 f"must be in [0, 20], got {self.logprobs}")
+        _require(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
+                 "prompt_logprobs", f"must be in [0, 20], got {self.prompt_logprobs}")
+        # A 64-bit signed integer (vLLM's bound): sequence i is seeded with seed + 7919 * i,
+        # which must stay within what a torch generator takes (-2**63 .. 2**64 - 1).
+        _require(self.seed is None or -(2**63) <= self.seed < 2**63, "seed",
+                 f"must be a 64-bit signed integer, got {self.seed}")
+        self.logit_bias = _logit_bias(self.logit_bias) or None
+        if isinstance(self.structured_outputs, dict):
+            try:
+                self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+            except TypeError as exc:
+                raise SamplingParamsError(f"structured_outputs: {exc}") from None
+            except StructuredOutputsError as exc:
+                raise SamplingParamsError(f"structured_outputs: {exc}") from None
+        _require(self.structured_outputs is None
+                 or isinstance(self.structured_outputs, StructuredOutputsParams),
+                 "structured_outputs", "must be a StructuredOutputsParams or a dict of its fields")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)
+
+
+def _logit_bias(bias: Any) -> dict[int, float]:
+    """{token id: bias}; ids may come as strings (JSON object keys)."""
+    if bias is None:
+        return {}
+    _require(isinstance(bias, dict), "logit_bias", "must map token ids to biases")
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        try:
+            if isinstance(key, bool) or not isinstance(key, int | str):
+                raise ValueError
+            token = int(key)
+        except ValueError:
+            raise SamplingParamsError(f"logit_bias: token id {key!r} is not an integer") from None
+        _require(token >= 0, "logit_bias", f"token id {key!r} is not a valid token id")
+        _require(isinstance(value, int | float) and not isinstance(value, bool)
+                 and -LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT, "logit_bias",
+                 f"the bias of token {token} must be a number in [-100, 100], got {value!r}")
+        out[token] = float(value)
+    return out
+
+
+def _require(ok: bool, option: str, message: str) -> None:
+    if not ok:
+        raise SamplingParamsError(f"{option}: {message}")

@@ -1,0 +1,152 @@
+"""Continuous batching: decide, every step, which sequences run and how many tokens each feeds.
+
+Each step has a token budget (max_num_batched_tokens). Running decodes go first (one token
+each), so streams already producing tokens never stall; running prompts that are still being
+prefilled take chunks of what budget is left; then waiting sequences are admitted while there
+is budget, a free batch seat and KV blocks. A waiting sequence starts from the longest prefix
+of its tokens found in the prefix cache and only prefills the rest. When several wait, the one
+with the longest cached prefix goes first (cheapest to start, and its blocks are not evicted
+meanwhile), unless the oldest has already been passed over MAX_BYPASSES times.
+
+When a running sequence needs a block and the pool is empty, the newest running sequence not
+yet scheduled in this step is preempted by recompute: its blocks are freed and it goes back
+to the front of the waiting queue, to be prefilled again (prompt plus what it generated).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from tokenmill.engine.core.kv_cache import KVCacheManager
+from tokenmill.engine.core.request import Sequence, SequenceStatus
+
+MAX_BYPASSES = 8        # admissions that may overtake the oldest waiting sequence
+MAX_CANDIDATES = 64     # waiting sequences considered for cache-aware admission
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        chosen: set[int] = set()
+        decodes = [s for s in self.running if s.num_uncomputed_tokens == 1]
+        prefills = [s for s in self.running if s.num_uncomputed_tokens > 1]
+        for seq in decodes + prefills:
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this step
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if self._make_room(seq, num_new, chosen, out):
+                out.block_copies += self.kv.grow(seq, num_new)
+                out.scheduled.append((seq, num_new))
+                chosen.add(seq.seq_id)
+                budget -= num_new
+        if not out.preempted:
+            self._admit(out, budget)
+        return out
+
+    def _make_room(self, seq: Sequence, num_new: int, chosen: set[int],
+                   out: SchedulerOutput) -> bool:
+        """Preempt the newest unscheduled running sequences until seq can grow."""
+        while not self.kv.can_grow(seq, num_new):
+            victims = [s for s in self.running if s.seq_id not in chosen]
+            if not victims:
+                return False
+            victim = victims[-1]
+            self.preempt(victim)
+            out.preempted.append(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0:
+            seq, cached = self._next_waiting()
+            seats = seq.params.n if not seq.output_token_ids and seq.index == 0 else 1
+            if self.running and len(self.running) + seats > self.max_num_seqs:
+                break
+            start = len(cached) * self.kv.block_size
+            num_new = min(seq.num_tokens - start, budget)
+            if not self.kv.can_admit(seq, cached, num_new):
+                break
+            for other in self.waiting:
+                if other is seq:
+                    break
+                other.times_bypassed += 1
+            self.waiting.remove(seq)
+            seq.status = SequenceStatus.RUNNING
+            if seq.timings.first_scheduled is None:
+                seq.timings.first_scheduled = time.monotonic()
+            self.kv.admit(seq, cached)
+            out.block_copies += self.kv.grow(seq, num_new)
+            out.scheduled.append((seq, num_new))
+            self.running.append(seq)
+            budget -= num_new
+
+    def _next_waiting(self) -> tuple[Sequence, list[int]]:
+        """The waiting sequence to admit next and its cached prefix blocks."""
+        oldest = self.waiting[0]
+        first = (oldest, self.kv.match_prefix(oldest))
+        if (self.kv.prefix_cache is None or len(self.waiting) == 1 or oldest.num_preemptions
+                or oldest.times_bypassed >= MAX_BYPASSES):
+            return first
+        best = first
+        for i, seq in enumerate(self.waiting):
+            if i == 0:
+                continue
+            if i >= MAX_CANDIDATES:
+                break
+            cached = self.kv.match_prefix(seq)
+            if len(cached) > len(best[1]):
+                best = (seq, cached)
+        return best
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free seq's KV and requeue it first; it will be recomputed from its tokens."""
+        self.running.remove(seq)
+        self.kv.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def add_running(self, seq: Sequence) -> None:
+        """A sequence forked from a running one (n > 1) joins the batch directly."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove seq from whichever queue holds it and free its blocks at once."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.kv.free(seq)
+        seq.status = SequenceStatus.FINISHED
+

@@ -1,0 +1,22 @@
+"""The scheduler's step as plain data for the execution layer: each scheduled sequence's new
+tokens, positions, KV slots and block table, and the rows that score prompt tokens."""
+
+from __future__ import annotations
+
+from tokenmill.engine.core.prompt_logprobs import rows_to_score
+from tokenmill.engine.core.request import Sequence
+from tokenmill.engine.execution.step_inputs import StepInputs
+
+
+def build_step_inputs(scheduled: list[tuple[Sequence, int]], block_size: int,
+                      all_logits: bool = False,
+                      block_copies: list[tuple[int, int]] | None = None) -> StepInputs:
+    """Sequences with their number of new tokens, in the order the runner lays out rows.
+    all_logits asks for every new token's logits (scoring a text), not only the last's."""
+    inputs = StepInputs(block_copies=list(block_copies or []), all_logits=all_logits)
+    for seq, num_new in scheduled:
+        start = seq.num_computed_tokens
+        inputs.add_sequence(seq.token_slice(start, start + num_new), start, seq.block_table,
+                            block_size)
+    inputs.prompt_rows = rows_to_score(scheduled)
+    return inputs

@@ -1,0 +1,118 @@
+"""CUDA graphs of the decode step, one per batch-size bucket (as vLLM and nano-vllm do).
+
+A decode step launches several kernels per layer for a few microseconds of work each, so the
+GPU waits on the host. A captured graph replays all of a step's launches at once. Graphs are
+captured at start-up for batch sizes 1, 2, 4 and every multiple of 8 up to max_num_seqs; a step
+of n sequences replays the smallest bucket that holds n, the rows past n being padding: slot -1
+(the KV write skips them), a one-token context, outputs dropped.
+
+Everything a graph reads lives at fixed addresses (step_buffers.py). Where CUDA graphs do not
+exist (CPU), `ReplayedEagerly` keeps their contract, so the bucketed, padded, fixed-buffer
+path runs and is tested on every machine.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+from tokenmill.engine.execution.step_buffers import PAD_SLOT, StepBuffers
+
+log = logging.getLogger(__name__)
+
+MAX_GRAPH_BATCH = 512  # larger decode batches run eagerly: their launches are amortized
+GRAPH_SPLIT_TOKENS = 256  # context per decode-kernel split, fixed so one graph serves any length
+
+Forward = Callable[[int, list[int]], torch.Tensor]
+
+
+def graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, 8, 16, 24, ... up to max_num_seqs (itself included), at most MAX_GRAPH_BATCH."""
+    top = min(max_num_seqs, MAX_GRAPH_BATCH)
+    sizes = [b for b in (1, 2, 4) if b <= top] + list(range(8, top + 1, 8))
+    if sizes[-1] != top:
+        sizes.append(top)
+    return sizes
+
+
+def bucket_for(num_seqs: int, sizes: list[int]) -> int | None:
+    """The smallest captured batch size that holds num_seqs; None: run it eagerly."""
+    i = bisect.bisect_left(sizes, num_seqs)
+    return sizes[i] if i < len(sizes) else None
+
+
+def graphs_wanted(device_type: str, attention_backend: str, enforce_eager: bool) -> bool:
+    """CUDA graphs on CUDA with the Triton kernels (the torch attention reads host lists of
+    the step, which a replay would not see), unless --enforce-eager."""
+    return device_type == "cuda" and attention_backend == "triton" and not enforce_eager
+
+
+class ReplayedEagerly:
+    """A captured graph's contract without CUDA: `replay()` recomputes `output` in place from
+    the same fixed input buffers."""
+
+    def __init__(self, fn: Callable[[], torch.Tensor], pool: object = None):
+        self._fn = fn
+        self.output = fn()
+
+    def replay(self) -> None:
+        self.output.copy_(self._fn())
+
+
+class CapturedGraph:
+    def __init__(self, fn: Callable[[], torch.Tensor], pool: object):
+        fn()  # warm-up outside the capture: Triton compiles its kernels here
+        torch.cuda.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.output = fn()
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class DecodeGraphs:
+    """One graph per bucket, all reading the same StepBuffers; `forward(num_seqs, seq_lens)`
+    runs the model on the buffers' views for that many one-token sequences."""
+
+    def __init__(self, buffers: StepBuffers, forward: Forward, sizes: list[int],
+                 device: torch.device):
+        self.buffers = buffers
+        self.sizes = sizes
+        self.graphs: dict[int, CapturedGraph | ReplayedEagerly] = {}
+        self.replays = 0  # decode steps served by a graph
+        kind = CapturedGraph if device.type == "cuda" else ReplayedEagerly
+        pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
+        start = time.perf_counter()
+        # Largest first: the smaller graphs reuse its memory pool.
+        for size in reversed(sizes):
+            self._fill(size, [], [], [], [], [])
+            seq_lens = [1] * size
+            self.graphs[size] = kind(lambda size=size, lens=seq_lens: forward(size, lens), pool)
+        buffers.frozen = True
+        log.info("captured decode graphs", extra={
+            "batch_sizes": len(sizes), "largest": sizes[-1],
+            "seconds": round(time.perf_counter() - start, 2)})
+
+    def _fill(self, size: int, input_ids: list[int], positions: list[int], slots: list[int],
+              seq_lens: list[int], block_tables: list[list[int]]) -> None:
+        pad = size - len(seq_lens)
+        self.buffers.fill(input_ids + [0] * pad, positions + [0] * pad,
+                          slots + [PAD_SLOT] * pad, seq_lens + [1] * pad, [1] * size,
+                          block_tables + [[0]] * pad)
+
+    def run(self, input_ids: list[int], positions: list[int], slots: list[int],
+            seq_lens: list[int], block_tables: list[list[int]]) -> torch.Tensor | None:
+        """Hidden states of a decode step's sequences, or None when no bucket holds them."""
+        size = bucket_for(len(seq_lens), self.sizes)
+        if size is None:
+            return None
+        self._fill(size, input_ids, positions, slots, seq_lens, block_tables)
+        graph = self.graphs[size]
+        graph.replay()
+        self.replays += 1
+        return graph.output[:len(seq_lens)]

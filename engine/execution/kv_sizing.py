@@ -1,0 +1,90 @@
+"""How many KV blocks one device's pool holds: --kv-cache-memory when given, 1 GiB on CPU, and
+on CUDA what --gpu-memory-utilization leaves once a profiled worst-case step has shown what the
+weights, activations and memory outside torch's allocator take (engine/execution/profile_run.py).
+
+The arithmetic is plain numbers in, numbers out, so it is tested on known figures."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tokenmill.engine.contract.config import DEFAULT_CPU_KV_CACHE_MEMORY, ConfigError, EngineConfig
+
+# Held back for what is allocated after the pool and so cannot be profiled before it: the
+# decode CUDA graphs' private memory pool (activations of the largest graphed decode batch,
+# split-K attention partials that grow with max_model_len) and their cuBLAS workspaces.
+# vLLM measures a few hundred MiB for such graphs on 8B-class models.
+CUDA_GRAPH_MARGIN = 512 << 20
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    """One device's memory, measured around the worst-case step (bytes)."""
+
+    total: int      # the device's memory
+    weights: int    # held by torch before the step: the model's weights
+    peak: int       # torch's peak during the step, weights included, temporary KV pool not
+    non_torch: int  # in use outside torch's allocator: CUDA context, NCCL, other processes
+
+    @property
+    def activation(self) -> int:
+        return self.peak - self.weights
+
+
+def kv_budget(profile: MemoryProfile, utilization: float, margin: int = CUDA_GRAPH_MARGIN) -> int:
+    """Bytes left for the KV pool under `utilization` of the device (negative: none)."""
+    return int(profile.total * utilization) - profile.peak - profile.non_torch - margin
+
+
+def profiled_blocks(profile: MemoryProfile, utilization: float, bytes_per_block: int) -> int:
+    """Whole blocks in the budget; ConfigError naming gpu_memory_utilization when none fits."""
+    budget = kv_budget(profile, utilization)
+    if budget < bytes_per_block:
+        gib = 1 << 30
+        raise ConfigError(
+            "gpu_memory_utilization",
+            f"{utilization} of {profile.total / gib:.2f} GiB leaves no room for a KV block "
+            f"({bytes_per_block} bytes): the weights and the largest step's activations peak "
+            f"at {profile.peak / gib:.2f} GiB, memory outside torch takes "
+            f"{profile.non_torch / gib:.2f} GiB and {CUDA_GRAPH_MARGIN >> 20} MiB are kept for "
+            "CUDA graphs; raise gpu_memory_utilization, lower max_num_batched_tokens or "
+            "max_num_seqs, or use a smaller model (or more tensor-parallel ranks)")
+    return budget // bytes_per_block
+
+
+@dataclass(frozen=True)
+class KVSizing:
+    """A pool size and where it came from, for the start-up log."""
+
+    blocks: int
+    budget: int
+    profile: MemoryProfile | None = None  # None: the budget was given, not measured
+    utilization: float | None = None
+
+    def log_fields(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {"budget_bytes": self.budget, "blocks": self.blocks}
+        if self.profile is None:
+            return {"source": "kv_cache_memory", **fields}
+        p = self.profile
+        return {"source": "profiled", "total_bytes": p.total,
+                "gpu_memory_utilization": self.utilization, "weights_bytes": p.weights,
+                "peak_activation_bytes": p.activation, "non_torch_bytes": p.non_torch,
+                "cuda_graph_margin_bytes": CUDA_GRAPH_MARGIN, **fields}
+
+
+def kv_sizing(config: EngineConfig, bytes_per_block: int, device_type: str,
+              profile: Callable[[], MemoryProfile]) -> KVSizing:
+    """--kv-cache-memory wins (nothing is profiled); CPU has no allocator statistics and keeps
+    its 1 GiB default; on CUDA `profile` runs the worst-case step and the budget is measured."""
+    if config.kv_cache_memory is None and device_type == "cuda":
+        measured = profile()
+        blocks = profiled_blocks(measured, config.gpu_memory_utilization, bytes_per_block)
+        return KVSizing(blocks, kv_budget(measured, config.gpu_memory_utilization), measured,
+                        config.gpu_memory_utilization)
+    budget = config.kv_cache_memory or DEFAULT_CPU_KV_CACHE_MEMORY
+    if budget < bytes_per_block:
+        raise ConfigError("kv_cache_memory", f"{budget} bytes hold no KV block; one block "
+                                             f"of this model takes {bytes_per_block} bytes")
+    return KVSizing(budget // bytes_per_block, budget)

@@ -1,0 +1,74 @@
+"""What every tensor-parallel rank builds alike: its model shard, its KV pool shard and the
+runner over both. Rank 0 (the engine) and the worker processes share this one path."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tokenmill.engine.contract.config import EngineConfig
+from tokenmill.engine.distributed.group import TPGroup
+from tokenmill.engine.execution.decode_graphs import graphs_wanted
+from tokenmill.engine.execution.kv_layout import KVCacheLayout
+from tokenmill.engine.execution.kv_sizing import MemoryProfile, kv_sizing
+from tokenmill.engine.execution.profile_run import CudaMemory, profile_memory
+from tokenmill.engine.execution.runner import ModelRunner
+from tokenmill.engine.models.loader import build_model
+from tokenmill.engine.models.source import ModelSource
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RankSetup:
+    """Everything resolved that a rank needs; rank 0 sends it to the workers (pickled)."""
+
+    config: EngineConfig
+    source: ModelSource
+    device_type: str  # "cpu" or "cuda": rank r runs on cuda:r
+    dtype: torch.dtype
+    attention_backend: str
+    max_model_len: int
+
+
+def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: TPGroup,
+                 show_progress: bool,
+                 on_logits: Callable[[torch.Tensor], object] | None = None) -> ModelRunner:
+    """Load this rank's shard and size its KV pool; every rank agrees on the block count
+    (the smallest any rank can hold), since rank 0 schedules blocks for all of them.
+
+    On CUDA each rank profiles the worst-case step on its own shard (the ranks run it together:
+    its collectives join them); rank 0 passes `on_logits`, its sampler's worst case over the
+    step's logits, as it samples them when serving."""
+    config = setup.config
+    model = build_model(model_config, setup.source, setup.max_model_len, setup.dtype, device,
+                        show_progress, quantization=config.quantization, tp=tp)
+    layout = KVCacheLayout.for_model(model_config, config.block_size, setup.dtype,
+                                     config.kv_cache_dtype, tp.size)
+
+    def profile() -> MemoryProfile:
+        return profile_memory(model, layout, device, setup.attention_backend, CudaMemory(device),
+                              max_num_batched_tokens=config.max_num_batched_tokens,
+                              max_num_seqs=config.max_num_seqs,
+                              max_model_len=setup.max_model_len,
+                              on_logits=on_logits)
+
+    sizing = kv_sizing(config, layout.bytes_per_block, device.type, profile)
+    num_blocks = tp.min_int(sizing.blocks, device)
+    log.info("kv cache sizing", extra={"rank": tp.rank, **sizing.log_fields(),
+                                       "rank_blocks": sizing.blocks, "blocks": num_blocks})
+    runner = ModelRunner(model, num_blocks, layout, device,
+                         attention_backend=setup.attention_backend)
+    if graphs_wanted(device.type, setup.attention_backend, config.enforce_eager):
+        runner.capture_decode_graphs(config.max_num_seqs, config.max_num_batched_tokens,
+                                     setup.max_model_len)
+    return runner
+
+
+def rank_device(device_type: str, rank: int) -> torch.device:
+    """Rank r runs on cuda:r (of the visible devices); every CPU rank on the CPU."""
+    return torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")

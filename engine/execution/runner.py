@@ -1,0 +1,110 @@
+"""Model runner: owns the model and the KV pool tensors, turns a scheduled step into logits."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from tokenmill.engine.execution.decode_graphs import (
+    GRAPH_SPLIT_TOKENS,
+    DecodeGraphs,
+    graph_batch_sizes,
+)
+from tokenmill.engine.execution.kv_layout import SCALE_DTYPE, KVCacheLayout
+from tokenmill.engine.execution.prompt_scores import score_rows
+from tokenmill.engine.execution.step_buffers import StepBuffers
+from tokenmill.engine.execution.step_inputs import StepInputs
+from tokenmill.engine.layers.kv_layer import KVLayer
+from tokenmill.engine.models.decoder import CausalLM
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, num_blocks: int, layout: KVCacheLayout,
+                 device: torch.device, attention_backend: str = "torch"):
+        self.model = model
+        self.attention_backend = attention_backend  # "torch" or "triton", already resolved
+        self.device = device
+        self.layout = layout
+        self.num_blocks = num_blocks
+        self.block_size = layout.block_size
+        # Zeroed, not empty: attention reads masked-out slots too (0 * NaN would be NaN).
+        self.kv_pool = torch.zeros(layout.values_shape(num_blocks), dtype=layout.dtype,
+                                   device=device)
+        self.kv_scales = (torch.zeros(layout.scales_shape(num_blocks), dtype=SCALE_DTYPE,
+                                      device=device) if layout.quantized else None)
+        self.kv_caches = [self._layer_view(i) for i in range(layout.num_layers)]
+        # Called with each step's inputs before it runs: rank 0 sends them to the other ranks.
+        self.on_step: Callable[[StepInputs], None] | None = None
+        self.buffers = StepBuffers(device)
+        self.graphs: DecodeGraphs | None = None
+        # The latest step's prompt-token scores (prompt_scores.py), None without any.
+        self.prompt_scores: torch.Tensor | None = None
+
+    def _layer_view(self, layer: int) -> KVLayer:
+        k, v = self.kv_pool[layer]
+        if self.kv_scales is None:
+            return KVLayer(k, v)
+        k_scale, v_scale = self.kv_scales[layer]
+        return KVLayer(k, v, k_scale, v_scale)
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write of shared blocks (values and scales), before the step that writes into
+        the copies."""
+        if copies:
+            src = torch.tensor([s for s, _ in copies], device=self.device)
+            dst = torch.tensor([d for _, d in copies], device=self.device)
+            # A quantized pool is copied as bytes: index kernels do not cover float8 everywhere.
+            pool = self.kv_pool.view(torch.uint8) if self.layout.quantized else self.kv_pool
+            pool[:, :, dst] = pool[:, :, src]
+            if self.kv_scales is not None:
+                self.kv_scales[:, :, dst] = self.kv_scales[:, :, src]
+
+    def execute(self, inputs: StepInputs) -> torch.Tensor:
+        """Hand the step to the other ranks (on_step), then run it here; return logits for the
+        last new token of every sequence, in order (every new token's with all_logits)."""
+        if self.on_step is not None:
+            self.on_step(inputs)
+        return self.run(inputs)
+
+    @torch.inference_mode()
+    def capture_decode_graphs(self, max_num_seqs: int, max_num_batched_tokens: int,
+                              max_model_len: int) -> None:
+        """Capture the decode step for every batch-size bucket (decode_graphs.py). The input
+        buffers are sized for the largest step first: graphs keep their addresses."""
+        if self.attention_backend != "triton":
+            raise ValueError("decode graphs need the Triton attention backend")
+        max_blocks = -(-max_model_len // self.block_size) + 1
+        self.buffers.reserve(max_num_batched_tokens, max_num_seqs, max_blocks)
+        splits = -(-max_model_len // GRAPH_SPLIT_TOKENS)
+
+        def forward(num_seqs: int, seq_lens: list[int]) -> torch.Tensor:
+            views = self.buffers.views(num_seqs, num_seqs)
+            meta = self.buffers.metadata(views, seq_lens, [1] * num_seqs, self.attention_backend,
+                                         max_seq_len=max_model_len, decode_splits=splits)
+            return self.model(views.input_ids, views.positions, self.kv_caches, meta)
+
+        self.graphs = DecodeGraphs(self.buffers, forward, graph_batch_sizes(max_num_seqs),
+                                   self.device)
+
+    @torch.inference_mode()
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        self.copy_blocks(inputs.block_copies)
+        self.prompt_scores = None
+        decode_only = all(n == 1 for n in inputs.query_lens)
+        if (self.graphs is not None and decode_only and not inputs.all_logits
+                and not inputs.prompt_rows.rows):
+            hidden = self.graphs.run(inputs.input_ids, inputs.positions, inputs.slots,
+                                     inputs.seq_lens, inputs.block_tables)
+            if hidden is not None:
+                return self.model.logits(hidden)
+        views = self.buffers.fill(inputs.input_ids, inputs.positions, inputs.slots,
+                                  inputs.seq_lens, inputs.query_lens, inputs.block_tables)
+        meta = self.buffers.metadata(views, inputs.seq_lens, inputs.query_lens,
+                                     self.attention_backend)
+        hidden = self.model(views.input_ids, views.positions, self.kv_caches, meta)
+        if inputs.prompt_rows.rows:
+            self.prompt_scores = score_rows(self.model, hidden, inputs.prompt_rows)
+        if inputs.all_logits or decode_only:  # decode: every row is its sequence's last
+            return self.model.logits(hidden)
+        return self.model.logits(hidden[views.query_start[1:] - 1])

@@ -1,0 +1,47 @@
+"""One engine step as plain data: what the core hands the execution layer (and rank 0 sends
+every tensor-parallel rank as is). Nothing here knows requests or sequences."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def slot_index(block_table: list[int], position: int, block_size: int) -> int:
+    """The pool slot holding the KV of token `position` of a sequence with this block table."""
+    return block_table[position // block_size] * block_size + position % block_size
+
+
+@dataclass
+class PromptRows:
+    """The rows of one step that score prompt tokens (prompt logprobs)."""
+
+    rows: list[int] = field(default_factory=list)     # flat token rows of the step
+    targets: list[int] = field(default_factory=list)  # the prompt token each row scores
+    top_k: int = 0                                     # the most any of their requests asks
+
+
+@dataclass
+class StepInputs:
+    """One step in plain lists, one entry per scheduled sequence (or per new token)."""
+
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    seq_lens: list[int] = field(default_factory=list)
+    query_lens: list[int] = field(default_factory=list)
+    block_tables: list[list[int]] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    all_logits: bool = False
+    prompt_rows: PromptRows = field(default_factory=PromptRows)  # rows scoring prompt tokens
+
+    def add_sequence(self, token_ids: list[int], start: int, block_table: list[int],
+                     block_size: int) -> None:
+        """A sequence whose new tokens `token_ids` sit at positions start.. (its context ends
+        with them)."""
+        end = start + len(token_ids)
+        self.input_ids += token_ids
+        self.positions += range(start, end)
+        self.slots += [slot_index(block_table, p, block_size) for p in range(start, end)]
+        self.seq_lens.append(end)
+        self.query_lens.append(len(token_ids))
+        self.block_tables.append(list(block_table))

@@ -1,0 +1,226 @@
+"""AsyncEngine: the engine loop on its own thread, requests and outputs crossing to asyncio.
+
+The model step is heavy torch work, so it runs on a dedicated thread and the event loop stays
+free to accept connections and stream tokens. The loop thread owns the LLMEngine outright:
+callers send it commands (add, abort) through a queue it drains between steps, and it hands
+outputs back to each request's asyncio.Queue with call_soon_threadsafe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tokenmill.engine.core import LLMEngine, RequestOutput, SamplingParams
+from tokenmill.engine.core.errors import EngineDeadError
+
+log = logging.getLogger(__name__)
+
+StepObserver = Callable[[LLMEngine, list[RequestOutput]], None]
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    outputs: asyncio.Queue
+    admitted: asyncio.Future
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, observer: StepObserver | None = None):
+        self.engine = engine
+        self._observer = observer
+        self._commands: queue.Queue = queue.Queue()
+        self._streams: dict[str, _Stream] = {}
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._pending_adds = 0
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    @property
+    def num_requests(self) -> int:
+        """Requests accepted and not yet finished (queued commands included)."""
+        return len(self._streams)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests not yet running: the scheduler's queue plus those still being handed over."""
+        with self._lock:
+            return self.engine.num_waiting + self._pending_adds
+
+    async def add_request(self, request_id: str, prompt: str | list[int],
+                          params: SamplingParams,
+                          cache_salt: str | None = None) -> RequestStream:
+        """Hand a request to the engine; return its output stream once it is admitted.
+
+        Raises what the engine raised for a request it can't serve (RequestError, ...).
+        """
+        if not self.alive:
+            raise EngineDeadError("the engine loop is not running")
+        loop = asyncio.get_running_loop()
+        stream = _Stream(loop, asyncio.Queue(), loop.create_future())
+        self._streams[request_id] = stream
+        with self._lock:
+            self._pending_adds += 1
+        self._send(("add", request_id, prompt, params, cache_salt))
+        try:
+            await stream.admitted
+        except BaseException:
+            self._streams.pop(request_id, None)
+            self._send(("abort", request_id))
+            raise
+        return RequestStream(self, request_id, stream.outputs)
+
+    async def check_constraint(self, params: SamplingParams) -> None:
+        """Compile a request's constraint on a worker thread, off the event loop and off the
+        engine loop, before the request is added; RequestError if it does not compile."""
+        if params.structured_outputs is not None:
+            await asyncio.to_thread(self.engine.check_constraint, params)
+
+    async def generate(self, request_id: str, prompt: str | list[int],
+                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+        """Admit a request and iterate its outputs (cumulative, one per engine step)."""
+        stream = await self.add_request(request_id, prompt, params)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            await stream.aclose()
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request; its stream (if still open) receives the final "abort" output."""
+        self._send(("abort", request_id))
+
+    def forget(self, request_id: str) -> None:
+        """Stop delivering outputs of a request (its reader is gone or done)."""
+        self._streams.pop(request_id, None)
+
+    def abort_all(self) -> None:
+        for request_id in list(self._streams):
+            self.abort(request_id)
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop the loop (after its current step, waited for up to 30 s unless `wait` is
+        False), then the engine's tensor-parallel workers."""
+        self._stop.set()
+        self._wake.set()
+        if wait:
+            self._thread.join(timeout=30)
+        self.engine.shutdown()
+
+    # ---- engine thread --------------------------------------------------------------------
+
+    def _send(self, command: tuple) -> None:
+        self._commands.put(command)
+        self._wake.set()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._apply_commands()
+                if not self.engine.has_unfinished_requests():
+                    self._wake.wait(timeout=0.5)
+                    self._wake.clear()
+                    continue
+                outputs = self.engine.step()
+                if self._observer is not None:
+                    self._observer(self.engine, outputs)
+                for out in outputs:
+                    self._deliver(out.request_id, out)
+        except BaseException as exc:  # the loop must never die silently
+            log.exception("engine loop failed")
+            self.error = exc
+            dead = EngineDeadError(f"the engine loop failed: {exc!r}")
+            for request_id in list(self._streams):
+                self._deliver(request_id, dead, admission=True)
+
+    def _apply_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if command[0] == "add":
+                _, request_id, prompt, params, cache_salt = command
+                try:
+                    with self._lock:
+                        self._pending_adds -= 1
+                        self.engine.add_request(request_id, prompt, params, cache_salt)
+                except Exception as exc:  # a bad request fails alone
+                    self._deliver(request_id, exc, admission=True)
+                else:
+                    self._admit(request_id)
+            else:
+                out = self.engine.abort_request(command[1])
+                if out is not None:
+                    if self._observer is not None:
+                        self._observer(self.engine, [out])
+                    self._deliver(out.request_id, out)
+
+    def _admit(self, request_id: str) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.loop.call_soon_threadsafe(_resolve, stream.admitted, None)
+        else:  # the caller went away before admission
+            self.engine.abort_request(request_id)
+
+    def _deliver(self, request_id: str, item: Any, admission: bool = False) -> None:
+        stream = self._streams.get(request_id)
+        if stream is None:
+            return
+        if admission:
+            stream.loop.call_soon_threadsafe(_resolve, stream.admitted, item)
+        stream.loop.call_soon_threadsafe(stream.outputs.put_nowait, item)
+
+
+class RequestStream:
+    """Outputs of one admitted request. Closing it before the end aborts the request."""
+
+    def __init__(self, engine: AsyncEngine, request_id: str, outputs: asyncio.Queue):
+        self._engine = engine
+        self.request_id = request_id
+        self._outputs = outputs
+        self.finished = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        item = await self._outputs.get()
+        if isinstance(item, BaseException):
+            self.finished = True
+            self._engine.forget(self.request_id)
+            raise item
+        if item.finished:
+            self.finished = True
+            self._engine.forget(self.request_id)
+        return item
+
+    async def aclose(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self._engine.forget(self.request_id)
+            self._engine.abort(self.request_id)
+
+
+def _resolve(future: asyncio.Future, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)

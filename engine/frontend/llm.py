@@ -1,0 +1,104 @@
+"""Offline API: `LLM(model=...).generate(prompts, params)` and `LLM.chat(messages)`."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm import tqdm
+
+from tokenmill.engine.contract.config import EngineConfig
+from tokenmill.engine.core import LLMEngine, RequestOutput, SamplingParams
+
+Prompt = str | list[int]
+Message = dict[str, Any]
+
+
+class LLM:
+    """Generate for a list of prompts at once; continuous batching does the rest.
+
+    Options are EngineConfig's (vLLM names): LLM(model="smollm2-135m-instruct", max_num_seqs=64).
+    """
+
+    def __init__(self, model: str | None = None, show_progress: bool = True, **options: Any):
+        if model is not None:
+            options["model"] = model
+        self.engine = LLMEngine(EngineConfig(**options), show_progress=show_progress)
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+
+    def shutdown(self) -> None:
+        """End the tensor-parallel worker processes (if any); also runs at interpreter exit."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Results come back in input order. A prompt is a string or a list of token ids.
+
+        Every prompt is checked before any runs: one bad prompt raises and none is queued.
+        """
+        batch = _as_prompt_list(prompts)
+        params_list = _as_params_list(params, len(batch))
+        for prompt, p in zip(batch, params_list, strict=True):
+            self.engine.check_request(prompt, p)
+        ids = [f"offline-{next(self._ids)}" for _ in batch]
+        for request_id, prompt, p in zip(ids, batch, params_list, strict=True):
+            self.engine.add_request(request_id, prompt, p)
+        done: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), desc="Generating", disable=not use_tqdm) as bar:
+            try:
+                while len(done) < len(ids):
+                    for out in self.engine.step():
+                        if out.finished:
+                            done[out.request_id] = out
+                            bar.update(1)
+            except BaseException:
+                for request_id in ids:
+                    if request_id not in done:
+                        self.engine.abort_request(request_id)
+                raise
+        return [done[i] for i in ids]
+
+    def chat(self, messages: list[Message] | list[list[Message]],
+             params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = False) -> list[RequestOutput]:
+        """Apply the model's chat template (with the assistant turn opened), then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.apply_chat_template(c) for c in conversations]
+        return self.generate(prompts, params, use_tqdm)
+
+    def apply_chat_template(self, messages: list[Message]) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                 tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+
+
+def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]
+    return [p if isinstance(p, str) else list(p) for p in prompts]
+
+
+def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None,
+                    count: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams() for _ in range(count)]
+    if isinstance(params, SamplingParams):
+        return [params] * count
+    params = list(params)
+    if len(params) != count:
+        raise ValueError(f"got {len(params)} SamplingParams for {count} prompts")
+    return params

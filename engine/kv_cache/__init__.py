@@ -1,6 +1,0 @@
-"""Paged KV cache: a pool of fixed-size blocks, their allocator and per-sequence block tables."""
-
-from tokenmill.engine.kv_cache.block_allocator import BlockAllocator, OutOfBlocks
-from tokenmill.engine.kv_cache.manager import KVCacheManager, KVCacheStats
-
-__all__ = ["BlockAllocator", "OutOfBlocks", "KVCacheManager", "KVCacheStats"]

@@ -1,0 +1,136 @@
+"""Prometheus metrics of a serving engine, named like vLLM's so dashboards carry over.
+
+Gauges are read from the engine at scrape time (set_function), so the waiting-queue gauge the
+operator autoscales on is exact at every scrape. Counters and histograms are fed after each
+engine step from the outputs of that step.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from tokenmill.engine.core import RequestOutput
+
+if TYPE_CHECKING:
+    from tokenmill.engine.core import LLMEngine
+    from tokenmill.engine.frontend.async_engine import AsyncEngine
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                   7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+
+
+class EngineMetrics:
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        self.model_name = model_name
+        labels = ["model_name"]
+        r = self.registry
+        self.waiting = Gauge("tokenmill_num_requests_waiting",
+                             "Requests waiting to be scheduled.", labels, registry=r)
+        self.running = Gauge("tokenmill_num_requests_running",
+                             "Sequences in the running batch.", labels, registry=r)
+        self.kv_usage = Gauge("tokenmill_kv_cache_usage_ratio",
+                              "Fraction of KV-cache blocks in use.", labels, registry=r)
+        # What quantization buys: set once the model is loaded.
+        self.weights_bytes = Gauge("tokenmill_model_weights_bytes",
+                                   "Bytes of the model's weights in device memory.", labels,
+                                   registry=r)
+        self.kv_capacity = Gauge("tokenmill_kv_cache_capacity_tokens",
+                                 "Tokens the KV-cache pool holds.", labels, registry=r)
+        self.kv_tokens_per_gib = Gauge("tokenmill_kv_cache_tokens_per_gib",
+                                       "Tokens one GiB of KV-cache memory holds (with the "
+                                       "KV-cache dtype's scales).", labels, registry=r)
+        self.prompt_tokens = Counter("tokenmill_prompt_tokens",
+                                     "Prompt tokens of admitted requests.", labels, registry=r)
+        self.generation_tokens = Counter("tokenmill_generation_tokens",
+                                         "Generated tokens.", labels, registry=r)
+        self.preemptions = Counter("tokenmill_num_preemptions",
+                                   "Sequences preempted by recompute.", labels, registry=r)
+        self.prefix_queries = Counter("tokenmill_prefix_cache_queries",
+                                      "Prompt tokens looked up in the prefix cache.", labels,
+                                      registry=r)
+        self.prefix_hits = Counter("tokenmill_prefix_cache_hits",
+                                   "Prompt tokens found in the prefix cache.", labels, registry=r)
+        self.success = Counter("tokenmill_request_success", "Finished requests.",
+                               labels + ["finished_reason"], registry=r)
+        self.ttft = self._histogram("tokenmill_time_to_first_token_seconds",
+                                    "Time to first token.")
+        self.itl = self._histogram("tokenmill_inter_token_latency_seconds",
+                                   "Time between consecutive tokens of a sequence.")
+        self.e2e = self._histogram("tokenmill_e2e_request_latency_seconds",
+                                   "Arrival to last token.")
+        self.queue_time = self._histogram("tokenmill_request_queue_time_seconds",
+                                          "Arrival to first scheduling.")
+        # Every series exists from the first scrape, at zero.
+        for metric in (self.prompt_tokens, self.generation_tokens, self.preemptions,
+                       self.prefix_queries, self.prefix_hits, self.ttft, self.itl, self.e2e,
+                       self.queue_time):
+            metric.labels(model_name)
+        self._seen: dict[str, int] = {}
+        self._last_token: dict[tuple[str, int], tuple[float, int]] = {}
+        self._started: set[str] = set()
+
+    def _histogram(self, name: str, documentation: str) -> Histogram:
+        return Histogram(name, documentation, ["model_name"], buckets=LATENCY_BUCKETS,
+                         registry=self.registry)
+
+    def bind(self, engine: AsyncEngine) -> None:
+        """Read the gauges from this engine at every scrape."""
+        name = self.model_name
+        self.waiting.labels(name).set_function(lambda: engine.num_waiting)
+        self.running.labels(name).set_function(lambda: engine.engine.num_running)
+        self.kv_usage.labels(name).set_function(lambda: engine.engine.kv_cache_usage)
+        memory = engine.engine.memory_report()
+        self.weights_bytes.labels(name).set(memory["weights_bytes"])
+        self.kv_capacity.labels(name).set(memory["kv_capacity_tokens"])
+        self.kv_tokens_per_gib.labels(name).set(memory["kv_tokens_per_gib"])
+
+    def observe_step(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
+        """Account a step's outputs (called on the engine thread after every step)."""
+        name = self.model_name
+        now = time.monotonic()
+        self._advance(self.preemptions, "preemptions", engine.scheduler.num_preemptions)
+        self._advance(self.prefix_queries, "prefix_queries", engine.kv.prefix_queries)
+        self._advance(self.prefix_hits, "prefix_hits", engine.kv.prefix_hits)
+        for out in outputs:
+            if out.request_id not in self._started:
+                self._started.add(out.request_id)
+                self.prompt_tokens.labels(name).inc(len(out.prompt_token_ids))
+                if out.timings.queue_time is not None:
+                    self.queue_time.labels(name).observe(out.timings.queue_time)
+                if out.timings.time_to_first_token is not None:
+                    self.ttft.labels(name).observe(out.timings.time_to_first_token)
+            for completion in out.outputs:
+                self._count_tokens(out.request_id, completion.index, len(completion.token_ids),
+                                   now)
+            if out.finished:
+                self._finish(out)
+
+    def _advance(self, counter: Counter, key: str, total: int) -> None:
+        """Move a counter up to an engine-side running total."""
+        seen = self._seen.get(key, 0)
+        if total > seen:
+            counter.labels(self.model_name).inc(total - seen)
+            self._seen[key] = total
+
+    def _count_tokens(self, request_id: str, index: int, count: int, now: float) -> None:
+        key = (request_id, index)
+        last_time, last_count = self._last_token.get(key, (None, 0))
+        if count > last_count:
+            self.generation_tokens.labels(self.model_name).inc(count - last_count)
+            if last_time is not None:
+                self.itl.labels(self.model_name).observe((now - last_time) / (count - last_count))
+            self._last_token[key] = (now, count)
+
+    def _finish(self, out: RequestOutput) -> None:
+        name = self.model_name
+        for completion in out.outputs:
+            self._last_token.pop((out.request_id, completion.index), None)
+        self._started.discard(out.request_id)
+        reason = out.outputs[0].finish_reason if out.outputs else "abort"
+        self.success.labels(name, reason or "abort").inc()
+        if out.timings.e2e_latency is not None:
+            self.e2e.labels(name).observe(out.timings.e2e_latency)
