@@ -1,25 +1,24 @@
-"""/v1/completions and /v1/chat/completions: requests to engine calls, outputs to OpenAI JSON."""
+"""/v1/completions and /v1/chat/completions: requests checked and admitted to the engine, their
+outputs collected or streamed (the JSON bodies are rendered by rendering.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from tokenmill.engine.core import CompletionOutput, RequestOutput, SamplingParams
+from tokenmill.engine.core import RequestOutput, SamplingParams
 from tokenmill.engine.core.errors import EngineDeadError, RequestError, SamplingParamsError
 from tokenmill.engine.frontend.async_engine import RequestStream
 from tokenmill.engine.server.errors import APIError, error_body
 from tokenmill.engine.server.protocol import ChatCompletionRequest, CompletionRequest
+from tokenmill.engine.server.rendering import Call, chunk, delta_choice, full_response, sse, usage
 from tokenmill.engine.server.state import ServerState
 from tokenmill.engine.server.tools import (
     ReplyToolCalls,
@@ -32,26 +31,6 @@ from tokenmill.engine.server.tools import (
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _Call:
-    """One API call: its engine requests (one per prompt) and what has been sent so far."""
-
-    kind: str  # "completion" or "chat"
-    id: str
-    model: str
-    n: int
-    prompts_text: list[str | None]
-    prompts_ids: list[list[int]]
-    params: SamplingParams
-    cache_salt: str | None = None
-    echo: bool = False
-    prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: per choice, top-k
-    tools: ReplyToolCalls | None = None  # parses chat replies into tool calls
-    created: int = field(default_factory=lambda: int(time.time()))
-    sent_text: dict[int, int] = field(default_factory=dict)
-    sent_tokens: dict[int, int] = field(default_factory=dict)
-
-
 async def create_completion(body: CompletionRequest, request: Request,
                             state: ServerState) -> Any:
     _check_serving(state, body.model)
@@ -60,7 +39,7 @@ async def create_completion(body: CompletionRequest, request: Request,
     max_tokens = body.max_tokens if body.max_tokens is not None else _room(state, ids)
     params = _params(body, max_tokens, body.logprobs)
     await _compile_constraint(state, params, body.constraint_field())
-    call = _Call("completion", f"cmpl-{uuid.uuid4().hex}", state.options.served_model_name,
+    call = Call("completion", f"cmpl-{uuid.uuid4().hex}", state.options.served_model_name,
                  body.n, [p if isinstance(p, str) else None for p in prompts], ids, params,
                  cache_salt=body.cache_salt, echo=body.echo,
                  prompt_logprobs=body.prompt_logprobs)
@@ -79,7 +58,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = _sampling_for_tools(_params(body, max_tokens, logprobs), plan)
     await _compile_constraint(state, params, body.constraint_field() or "tool_choice")
-    call = _Call("chat", f"chatcmpl-{uuid.uuid4().hex}", state.options.served_model_name,
+    call = Call("chat", f"chatcmpl-{uuid.uuid4().hex}", state.options.served_model_name,
                  body.n, [None], [ids], params, cache_salt=body.cache_salt,
                  tools=ReplyToolCalls(plan) if plan.parser is not None else None)
     return await _run(call, body.stream, body.include_usage, request, state)
@@ -174,7 +153,7 @@ async def _compile_constraint(state: ServerState, params: SamplingParams,
         raise APIError(400, f"{field}: {exc}", param=field) from exc
 
 
-async def _admit(call: _Call, state: ServerState) -> list[RequestStream]:
+async def _admit(call: Call, state: ServerState) -> list[RequestStream]:
     streams: list[RequestStream] = []
     try:
         for i, ids in enumerate(call.prompts_ids):
@@ -194,7 +173,7 @@ async def _admit(call: _Call, state: ServerState) -> list[RequestStream]:
 
 # ---- running ------------------------------------------------------------------------------
 
-async def _run(call: _Call, stream: bool, include_usage: bool, request: Request,
+async def _run(call: Call, stream: bool, include_usage: bool, request: Request,
                state: ServerState) -> Any:
     state.request_started()
     try:
@@ -216,7 +195,7 @@ async def _run(call: _Call, stream: bool, include_usage: bool, request: Request,
         state.request_ended()
     if finals is None:
         return JSONResponse(error_body(499, "client closed the request"), status_code=499)
-    return JSONResponse(_full_response(call, finals, state))
+    return JSONResponse(full_response(call, finals, state))
 
 
 async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
@@ -272,173 +251,26 @@ async def _collect(streams: list[RequestStream],
     return [finals[i] for i in range(len(streams))]
 
 
-async def _stream(call: _Call, streams: list[RequestStream], include_usage: bool,
+async def _stream(call: Call, streams: list[RequestStream], include_usage: bool,
                   state: ServerState) -> AsyncIterator[str]:
     finals: dict[int, RequestOutput] = {}
     try:
         if call.kind == "chat":
             for c in range(call.n):
-                yield _sse(_chunk(call, [{"index": c, "delta": {"role": "assistant",
+                yield sse(chunk(call, [{"index": c, "delta": {"role": "assistant",
                                                                  "content": ""},
                                           "logprobs": None, "finish_reason": None}]))
         async for i, out in _merged(streams):
-            choices = [_delta_choice(call, i, c, state, out) for c in out.outputs]
+            choices = [delta_choice(call, i, c, state, out) for c in out.outputs]
             choices = [c for c in choices if c is not None]
             if choices:
-                yield _sse(_chunk(call, choices))
+                yield sse(chunk(call, choices))
             if out.finished:
                 finals[i] = out
         if include_usage:
-            yield _sse(_chunk(call, [], usage=_usage(call, list(finals.values()))))
+            yield sse(chunk(call, [], usage=usage(call, list(finals.values()))))
         yield "data: [DONE]\n\n"
     except (APIError, RequestError, EngineDeadError) as exc:
-        yield _sse(error_body(500, str(exc)))
+        yield sse(error_body(500, str(exc)))
     finally:
         state.request_ended()
-
-
-def _delta_choice(call: _Call, prompt_index: int, c: CompletionOutput,
-                  state: ServerState, out: RequestOutput) -> dict | None:
-    key = prompt_index * call.n + c.index
-    first = key not in call.sent_text
-    sent_text = call.sent_text.get(key, 0)
-    sent_tokens = call.sent_tokens.get(key, 0)
-    text = c.text[sent_text:]
-    echoed = _echo_text(call, state, prompt_index) if call.echo else ""
-    if first:
-        text = echoed + text
-    new_tokens = c.token_ids[sent_tokens:]
-    if not text and not c.finish_reason and not (new_tokens and c.logprobs):
-        return None
-    call.sent_text[key] = len(c.text)
-    logprobs = None
-    if c.logprobs is not None:
-        logprobs = _logprobs(call, state, new_tokens, c.logprobs[sent_tokens:],
-                             len(echoed) + sent_text)
-        if first:
-            logprobs = _with_echo(call, state, out, logprobs)
-        call.sent_tokens[key] = len(c.token_ids)
-    finish = c.finish_reason
-    if call.kind == "chat":
-        delta = {"content": text} if text else {}
-        if call.tools is not None:
-            delta, finish = call.tools.delta(key, c.text, finish)
-            if not delta and finish is None and logprobs is None:
-                return None
-        return {"index": key, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-    choice = {"index": key, "text": text, "logprobs": logprobs, "finish_reason": finish}
-    if first and call.prompt_logprobs is not None:
-        choice["prompt_logprobs"] = _vllm_prompt_logprobs(state, out, call.prompt_logprobs)
-    return choice
-
-
-def _full_response(call: _Call, finals: list[RequestOutput], state: ServerState) -> dict:
-    choices = []
-    for i, out in enumerate(finals):
-        for c in out.outputs:
-            key = i * call.n + c.index
-            echoed = _echo_text(call, state, i) if call.echo else ""
-            logprobs = (_with_echo(call, state, out, _logprobs(
-                call, state, c.token_ids, c.logprobs, len(echoed)))
-                if c.logprobs is not None else None)
-            if call.kind == "chat":
-                message, finish = ({"role": "assistant", "content": c.text}, c.finish_reason)
-                if call.tools is not None:
-                    message, finish = call.tools.message(c.text, c.finish_reason)
-                choices.append({"index": key, "message": message, "logprobs": logprobs,
-                                "finish_reason": finish})
-            else:
-                choice = {"index": key, "text": echoed + c.text, "logprobs": logprobs,
-                          "finish_reason": c.finish_reason}
-                if call.prompt_logprobs is not None:
-                    choice["prompt_logprobs"] = _vllm_prompt_logprobs(state, out,
-                                                                      call.prompt_logprobs)
-                choices.append(choice)
-    body = _chunk(call, choices, usage=_usage(call, finals))
-    body["object"] = "chat.completion" if call.kind == "chat" else "text_completion"
-    return body
-
-
-def _chunk(call: _Call, choices: list[dict], usage: dict | None = None) -> dict:
-    body = {"id": call.id,
-            "object": "chat.completion.chunk" if call.kind == "chat" else "text_completion",
-            "created": call.created, "model": call.model, "choices": choices}
-    if usage is not None:
-        body["usage"] = usage
-    return body
-
-
-def _usage(call: _Call, finals: list[RequestOutput]) -> dict:
-    prompt = sum(len(ids) for ids in call.prompts_ids)
-    completion = sum(len(c.token_ids) for out in finals for c in out.outputs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
-
-
-def _logprobs(call: _Call, state: ServerState, token_ids: list[int],
-              entries: list[dict[int, float]], text_offset: int) -> dict:
-    k = call.params.logprobs or 0
-    if call.kind == "chat":
-        content = []
-        for token, entry in zip(token_ids, entries, strict=False):
-            top = list(entry.items())[:k]
-            content.append({**_token_info(state, token, entry[token]),
-                            "top_logprobs": [_token_info(state, t, lp) for t, lp in top]})
-        return {"content": content}
-    tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
-    offset = text_offset
-    for token, entry in zip(token_ids, entries, strict=False):
-        piece = _decode(state, [token])
-        tokens.append(piece)
-        # None: the first prompt token of an echo, which nothing precedes to score it.
-        token_logprobs.append(None if entry is None else entry[token])
-        top_logprobs.append(None if entry is None else
-                            {_decode(state, [t]): lp for t, lp in list(entry.items())[:k]})
-        offsets.append(offset)
-        offset += len(piece)
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
-            "text_offset": offsets}
-
-
-def _echo_text(call: _Call, state: ServerState, prompt_index: int) -> str:
-    return call.prompts_text[prompt_index] or _decode(state, call.prompts_ids[prompt_index])
-
-
-def _with_echo(call: _Call, state: ServerState, out: RequestOutput,
-               completion: dict) -> dict:
-    """With echo, the logprobs cover the echoed prompt's tokens first (offsets from the start
-    of the text), as they do at OpenAI and vLLM."""
-    if not call.echo:
-        return completion
-    prompt = _logprobs(call, state, out.prompt_token_ids, out.prompt_logprobs or [], 0)
-    return {name: prompt[name] + completion[name] for name in prompt}
-
-
-def _vllm_prompt_logprobs(state: ServerState, out: RequestOutput, k: int) -> list[dict | None]:
-    """vLLM's `prompt_logprobs`: per prompt token (None for the first) the top-k and the token
-    itself, by token id, each with its logprob, its rank (1: the most likely) and its text."""
-    result: list[dict | None] = []
-    entries, ranks = out.prompt_logprobs or [], out.prompt_logprob_ranks or []
-    for token, entry, rank in zip(out.prompt_token_ids, entries, ranks, strict=False):
-        if entry is None:
-            result.append(None)
-            continue
-        shown = dict(list(entry.items())[:k])
-        shown[token] = entry[token]
-        result.append({str(t): {"logprob": lp, "rank": rank if t == token else i + 1,
-                                "decoded_token": _decode(state, [t])}
-                       for i, (t, lp) in enumerate(shown.items())})
-    return result
-
-
-def _token_info(state: ServerState, token: int, logprob: float) -> dict:
-    piece = _decode(state, [token])
-    return {"token": piece, "logprob": logprob, "bytes": list(piece.encode("utf-8"))}
-
-
-def _decode(state: ServerState, ids: list[int]) -> str:
-    return state.tokenizer.decode(ids, skip_special_tokens=False)
-
-
-def _sse(body: dict) -> str:
-    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"

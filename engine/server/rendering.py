@@ -1,0 +1,181 @@
+"""OpenAI response bodies from engine outputs: whole responses, streamed chunks and their
+choices, usage, logprobs in the completions and chat shapes, echo, and vLLM's
+prompt_logprobs. Pure functions of a call and its outputs; the routes are in openai_serving.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+from tokenmill.engine.core import CompletionOutput, RequestOutput, SamplingParams
+from tokenmill.engine.server.state import ServerState
+from tokenmill.engine.server.tools import ReplyToolCalls
+
+
+@dataclass
+class Call:
+    """One API call: its engine requests (one per prompt) and what has been sent so far."""
+
+    kind: str  # "completion" or "chat"
+    id: str
+    model: str
+    n: int
+    prompts_text: list[str | None]
+    prompts_ids: list[list[int]]
+    params: SamplingParams
+    cache_salt: str | None = None
+    echo: bool = False
+    prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: per choice, top-k
+    tools: ReplyToolCalls | None = None  # parses chat replies into tool calls
+    created: int = field(default_factory=lambda: int(time.time()))
+    sent_text: dict[int, int] = field(default_factory=dict)
+    sent_tokens: dict[int, int] = field(default_factory=dict)
+
+
+def delta_choice(call: Call, prompt_index: int, c: CompletionOutput,
+                  state: ServerState, out: RequestOutput) -> dict | None:
+    key = prompt_index * call.n + c.index
+    first = key not in call.sent_text
+    sent_text = call.sent_text.get(key, 0)
+    sent_tokens = call.sent_tokens.get(key, 0)
+    text = c.text[sent_text:]
+    echoed = _echo_text(call, state, prompt_index) if call.echo else ""
+    if first:
+        text = echoed + text
+    new_tokens = c.token_ids[sent_tokens:]
+    if not text and not c.finish_reason and not (new_tokens and c.logprobs):
+        return None
+    call.sent_text[key] = len(c.text)
+    logprobs = None
+    if c.logprobs is not None:
+        logprobs = _logprobs(call, state, new_tokens, c.logprobs[sent_tokens:],
+                             len(echoed) + sent_text)
+        if first:
+            logprobs = _with_echo(call, state, out, logprobs)
+        call.sent_tokens[key] = len(c.token_ids)
+    finish = c.finish_reason
+    if call.kind == "chat":
+        delta = {"content": text} if text else {}
+        if call.tools is not None:
+            delta, finish = call.tools.delta(key, c.text, finish)
+            if not delta and finish is None and logprobs is None:
+                return None
+        return {"index": key, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+    choice = {"index": key, "text": text, "logprobs": logprobs, "finish_reason": finish}
+    if first and call.prompt_logprobs is not None:
+        choice["prompt_logprobs"] = _vllm_prompt_logprobs(state, out, call.prompt_logprobs)
+    return choice
+
+
+def full_response(call: Call, finals: list[RequestOutput], state: ServerState) -> dict:
+    choices = []
+    for i, out in enumerate(finals):
+        for c in out.outputs:
+            key = i * call.n + c.index
+            echoed = _echo_text(call, state, i) if call.echo else ""
+            logprobs = (_with_echo(call, state, out, _logprobs(
+                call, state, c.token_ids, c.logprobs, len(echoed)))
+                if c.logprobs is not None else None)
+            if call.kind == "chat":
+                message, finish = ({"role": "assistant", "content": c.text}, c.finish_reason)
+                if call.tools is not None:
+                    message, finish = call.tools.message(c.text, c.finish_reason)
+                choices.append({"index": key, "message": message, "logprobs": logprobs,
+                                "finish_reason": finish})
+            else:
+                choice = {"index": key, "text": echoed + c.text, "logprobs": logprobs,
+                          "finish_reason": c.finish_reason}
+                if call.prompt_logprobs is not None:
+                    choice["prompt_logprobs"] = _vllm_prompt_logprobs(state, out,
+                                                                      call.prompt_logprobs)
+                choices.append(choice)
+    body = chunk(call, choices, usage=usage(call, finals))
+    body["object"] = "chat.completion" if call.kind == "chat" else "text_completion"
+    return body
+
+
+def chunk(call: Call, choices: list[dict], usage: dict | None = None) -> dict:
+    body = {"id": call.id,
+            "object": "chat.completion.chunk" if call.kind == "chat" else "text_completion",
+            "created": call.created, "model": call.model, "choices": choices}
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+def usage(call: Call, finals: list[RequestOutput]) -> dict:
+    prompt = sum(len(ids) for ids in call.prompts_ids)
+    completion = sum(len(c.token_ids) for out in finals for c in out.outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def _logprobs(call: Call, state: ServerState, token_ids: list[int],
+              entries: list[dict[int, float]], text_offset: int) -> dict:
+    k = call.params.logprobs or 0
+    if call.kind == "chat":
+        content = []
+        for token, entry in zip(token_ids, entries, strict=False):
+            top = list(entry.items())[:k]
+            content.append({**_token_info(state, token, entry[token]),
+                            "top_logprobs": [_token_info(state, t, lp) for t, lp in top]})
+        return {"content": content}
+    tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+    offset = text_offset
+    for token, entry in zip(token_ids, entries, strict=False):
+        piece = _decode(state, [token])
+        tokens.append(piece)
+        # None: the first prompt token of an echo, which nothing precedes to score it.
+        token_logprobs.append(None if entry is None else entry[token])
+        top_logprobs.append(None if entry is None else
+                            {_decode(state, [t]): lp for t, lp in list(entry.items())[:k]})
+        offsets.append(offset)
+        offset += len(piece)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
+            "text_offset": offsets}
+
+
+def _echo_text(call: Call, state: ServerState, prompt_index: int) -> str:
+    return call.prompts_text[prompt_index] or _decode(state, call.prompts_ids[prompt_index])
+
+
+def _with_echo(call: Call, state: ServerState, out: RequestOutput,
+               completion: dict) -> dict:
+    """With echo, the logprobs cover the echoed prompt's tokens first (offsets from the start
+    of the text), as they do at OpenAI and vLLM."""
+    if not call.echo:
+        return completion
+    prompt = _logprobs(call, state, out.prompt_token_ids, out.prompt_logprobs or [], 0)
+    return {name: prompt[name] + completion[name] for name in prompt}
+
+
+def _vllm_prompt_logprobs(state: ServerState, out: RequestOutput, k: int) -> list[dict | None]:
+    """vLLM's `prompt_logprobs`: per prompt token (None for the first) the top-k and the token
+    itself, by token id, each with its logprob, its rank (1: the most likely) and its text."""
+    result: list[dict | None] = []
+    entries, ranks = out.prompt_logprobs or [], out.prompt_logprob_ranks or []
+    for token, entry, rank in zip(out.prompt_token_ids, entries, ranks, strict=False):
+        if entry is None:
+            result.append(None)
+            continue
+        shown = dict(list(entry.items())[:k])
+        shown[token] = entry[token]
+        result.append({str(t): {"logprob": lp, "rank": rank if t == token else i + 1,
+                                "decoded_token": _decode(state, [t])}
+                       for i, (t, lp) in enumerate(shown.items())})
+    return result
+
+
+def _token_info(state: ServerState, token: int, logprob: float) -> dict:
+    piece = _decode(state, [token])
+    return {"token": piece, "logprob": logprob, "bytes": list(piece.encode("utf-8"))}
+
+
+def _decode(state: ServerState, ids: list[int]) -> str:
+    return state.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def sse(body: dict) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
