@@ -152,7 +152,7 @@ def benchmark(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
     """The whole measurement; returns (summary, JSON payload)."""
     from tokenmill.engine import LLM
     from tokenmill.engine.bench import decode_bound, engine_run, hf_baseline, report
-    from tokenmill.engine.cli import engine_config_from_args
+    from tokenmill.engine.config import engine_config_from_args
 
     config = engine_config_from_args(args)
     load_before = list(os.getloadavg())
