@@ -1,25 +1,36 @@
-"""A/B comparisons on the offline workload; each comparison module says only what differs (its
-modes, its labels, its extra fields).
+"""The two shapes of an A/B comparison on the offline workload; each comparison module says only
+what differs (its modes, its labels, its extra fields).
 
 - Lockstep: one engine per mode, stepped side by side in one process. Deterministic engines
   given the same requests schedule the same batches, so their steps pair up one for one; the
   order within each pair alternates, so the machine's drift falls on every mode alike. For
   differences of a few percent, which two runs one after the other cannot resolve.
+- Per mode: one engine per mode, the whole workload through each, one after the other in one
+  process, the first as the reference. For modes whose steps differ (another pool size, another
+  number of ranks), which cannot be paired step by step.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tqdm import tqdm
 
 from tokenmill.engine.bench import engine_run
+from tokenmill.engine.bench.engine_run import EngineRun
 from tokenmill.engine.bench.workload import BenchRequest
 from tokenmill.engine.config import EngineConfig
 
 LOCKSTEP_METHOD = "two engines stepped in lockstep, order alternating per step"
+
+# What a per-mode comparison records of one mode: given the mode's config, its warmed-up LLM and
+# a call that runs the workload on it, the run's fields (it measures around the call what the
+# call does not report).
+Measure = Callable[[EngineConfig, Any, Callable[[], EngineRun]], dict[str, Any]]
 
 
 @dataclasses.dataclass
@@ -82,3 +93,27 @@ def lockstep(engines: dict[str, Any], workloads: dict[str, list[BenchRequest]], 
                                      f"for {request.output_len}")
     return Lockstep(steps, busy)
 
+
+def per_mode(configs: list[EngineConfig], workload: list[BenchRequest], show_progress: bool,
+             measure: Measure) -> list[dict[str, Any]]:
+    """Each configuration on its own engine over the whole workload, one after the other; every
+    run also gets its throughput ratio to the first."""
+    from tokenmill.engine import LLM
+
+    runs = []
+    for config in configs:
+        with LLM(**dataclasses.asdict(config), show_progress=False) as llm:
+            engine_run.warm_up(llm, workload[0].prompt_token_ids[0])
+            runs.append(measure(config, llm, functools.partial(
+                engine_run.run_engine, llm, workload, show_progress)))
+    base = runs[0]["output_tokens_per_s"]
+    for run in runs:
+        run["throughput_ratio"] = run["output_tokens_per_s"] / base
+    return runs
+
+
+def throughput(result: EngineRun) -> dict[str, float]:
+    """A run's output tokens/s and elapsed time, as every per-mode comparison reports them."""
+    output_tokens = sum(r["output_len"] for r in result.requests)
+    return {"output_tokens_per_s": output_tokens / result.elapsed_s,
+            "elapsed_s": result.elapsed_s}
