@@ -134,3 +134,17 @@ def test_cuda_graphs_comparison_runs_eager_then_graphs(tiny_llama_dir):
     from tokenmill.engine.bench.graphs_ab import format_comparison
 
     assert "no graphs here" in format_comparison(summary["cuda_graphs"])
+
+
+def test_every_comparison_in_the_table_has_its_flag_and_module():
+    """Each entry names a flag of `bench offline` (off by default) and a module whose compare
+    takes the flag's value under the entry's keyword."""
+    import inspect
+
+    args = build_parser().parse_args(["bench", "offline"])
+    for dest, comparison in offline.COMPARISONS.items():
+        assert not getattr(args, dest)
+        module = comparison.load()
+        parameters = inspect.signature(module.compare).parameters
+        assert "show_progress" in parameters and callable(module.format_comparison)
+        assert comparison.keyword is None or comparison.keyword in parameters

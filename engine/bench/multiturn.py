@@ -135,7 +135,7 @@ def run_conversations(engine: Any, system: list[int], users: list[list[list[int]
 
 
 def run(args: argparse.Namespace) -> int:
-    from tokenmill.engine.cli import engine_config_from_args
+    from tokenmill.engine.contract.config import engine_config_from_args
     from tokenmill.engine.frontend.llm import LLM
 
     config = engine_config_from_args(args)

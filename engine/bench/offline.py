@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import importlib
 import os
 import sys
+from collections.abc import Callable
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from tokenmill.engine.bench.workload import BenchRequest, make_workload, parse_range
@@ -93,6 +96,41 @@ def _bandwidth(text: str) -> float:
     return value
 
 
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """An optional comparison on the benchmark's workload: the summary key of its result, its
+    module (imported only when asked for: it has compare(config, workload, ..., show_progress)
+    and format_comparison(result)), what to say as it starts, and the name of compare's
+    parameter that takes the flag's value (none for a plain switch)."""
+
+    summary_key: str
+    module: str
+    status: Callable[[Any], str]
+    keyword: str | None = None
+
+    def load(self) -> ModuleType:
+        return importlib.import_module(f"tokenmill.engine.bench.{self.module}")
+
+
+# The comparisons by the argparse dest of the flag that asks for one, in the order they run and
+# print: a new comparison is its flag in add_arguments and one entry here.
+COMPARISONS: dict[str, Comparison] = {
+    "prefix_cache_ab": Comparison("prefix_cache_ab", "prefix_ab",
+                                  lambda _: "prefix cache off and on, side by side"),
+    "compare_quantization": Comparison(
+        "quantization", "quant_ab",
+        lambda modes: f"quantization modes at the same KV budget: {modes}", "modes"),
+    "compare_tensor_parallel": Comparison(
+        "tensor_parallel", "tp_ab", lambda sizes: f"tensor-parallel sizes: {sizes}", "sizes"),
+    "compare_cuda_graphs": Comparison(
+        "cuda_graphs", "graphs_ab", lambda _: "decode CUDA graphs off (--enforce-eager) and on"),
+    "structured_fraction": Comparison(
+        "structured_outputs", "structured_ab",
+        lambda fraction: f"a JSON schema on {fraction:g} of the requests, side by side with "
+                         "the free workload", "fraction"),
+}
+
+
 def parse_batch_sizes(text: str) -> list[int]:
     """'8,32' -> [8, 32]; '' or 'none' -> [] (no baseline)."""
     if text.strip().lower() in ("", "none"):
@@ -114,26 +152,9 @@ def run(args: argparse.Namespace) -> int:
 
     print(format_table(summary))
     print(format_decode_bound(summary["decode_bound"]))
-    if "prefix_cache_ab" in summary:
-        from tokenmill.engine.bench.prefix_ab import format_comparison
-
-        print(format_comparison(summary["prefix_cache_ab"]))
-    if "quantization" in summary:
-        from tokenmill.engine.bench.quant_ab import format_comparison as format_quantization
-
-        print(format_quantization(summary["quantization"]))
-    if "tensor_parallel" in summary:
-        from tokenmill.engine.bench.tp_ab import format_comparison as format_tp
-
-        print(format_tp(summary["tensor_parallel"]))
-    if "cuda_graphs" in summary:
-        from tokenmill.engine.bench.graphs_ab import format_comparison as format_graphs
-
-        print(format_graphs(summary["cuda_graphs"]))
-    if "structured_outputs" in summary:
-        from tokenmill.engine.bench.structured_ab import format_comparison as format_structured
-
-        print(format_structured(summary["structured_outputs"]))
+    for comparison in COMPARISONS.values():
+        if comparison.summary_key in summary:
+            print(comparison.load().format_comparison(summary[comparison.summary_key]))
     if args.json:
         write_json(args.json, payload)
         print(f"raw results: {args.json}")
@@ -152,7 +173,7 @@ def benchmark(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
     """The whole measurement; returns (summary, JSON payload)."""
     from tokenmill.engine import LLM
     from tokenmill.engine.bench import decode_bound, engine_run, hf_baseline, report
-    from tokenmill.engine.cli import engine_config_from_args
+    from tokenmill.engine.contract.config import engine_config_from_args
 
     config = engine_config_from_args(args)
     load_before = list(os.getloadavg())
@@ -185,35 +206,13 @@ def benchmark(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
     summary["decode_bound"] = decode_bound.summarize(
         engine_run.decode_steps(ours), memory["weights_bytes"],
         memory["kv_bytes_per_token"] or 0, bandwidth)
-    if args.prefix_cache_ab:
-        from tokenmill.engine.bench import prefix_ab
-
-        _status("prefix cache off and on, side by side")
-        summary["prefix_cache_ab"] = prefix_ab.compare(config, workload, args.progress)
-    if args.compare_quantization:
-        from tokenmill.engine.bench import quant_ab
-
-        _status(f"quantization modes at the same KV budget: {args.compare_quantization}")
-        summary["quantization"] = quant_ab.compare(config, workload, args.compare_quantization,
-                                                   args.progress)
-    if args.compare_tensor_parallel:
-        from tokenmill.engine.bench import tp_ab
-
-        _status(f"tensor-parallel sizes: {args.compare_tensor_parallel}")
-        summary["tensor_parallel"] = tp_ab.compare(config, workload,
-                                                   args.compare_tensor_parallel, args.progress)
-    if args.compare_cuda_graphs:
-        from tokenmill.engine.bench import graphs_ab
-
-        _status("decode CUDA graphs off (--enforce-eager) and on")
-        summary["cuda_graphs"] = graphs_ab.compare(config, workload, args.progress)
-    if args.structured_fraction:
-        from tokenmill.engine.bench import structured_ab
-
-        _status(f"a JSON schema on {args.structured_fraction:g} of the requests, side by side "
-                "with the free workload")
-        summary["structured_outputs"] = structured_ab.compare(
-            config, workload, args.structured_fraction, args.progress)
+    for dest, comparison in COMPARISONS.items():
+        value = getattr(args, dest)
+        if value:
+            _status(comparison.status(value))
+            option = {comparison.keyword: value} if comparison.keyword else {}
+            summary[comparison.summary_key] = comparison.load().compare(
+                config, workload, show_progress=args.progress, **option)
     payload = {
         "benchmark": "offline",
         "command": report.command_line(),

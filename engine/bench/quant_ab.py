@@ -1,52 +1,45 @@
 """Throughput and KV capacity of each quantization mode on the offline workload.
 
 Every mode runs the same workload on its own engine with the same KV-cache budget, one after
-the other in one process, the unquantized engine first: output tokens/s, the weights' bytes,
-the tokens the KV pool holds, the most sequences that ran at once, and preemptions, with each
-mode's ratio to the unquantized run. The modes' step compositions differ (a larger pool admits
-more sequences), so the runs cannot be paired step by step like the prefix-cache comparison;
-on a noisy machine, compare ratios of a few percent with care.
+the other in one process (ab.per_mode), the unquantized engine first: output tokens/s, the
+weights' bytes, the tokens the KV pool holds, the most sequences that ran at once, and
+preemptions, with each mode's ratio to the unquantized run. The modes' step compositions
+differ (a larger pool admits more sequences), so the runs cannot be paired step by step like
+the prefix-cache comparison; on a noisy machine, compare ratios of a few percent with care.
 """
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Callable
 from typing import Any
 
-from tokenmill.engine.bench import engine_run
+from tokenmill.engine.bench import ab
+from tokenmill.engine.bench.engine_run import EngineRun
 from tokenmill.engine.bench.quant_modes import MODES, REFERENCE, REFERENCE_NAME
 from tokenmill.engine.bench.workload import BenchRequest
 from tokenmill.engine.contract.config import EngineConfig
 
 
-def run_mode(config: EngineConfig, workload: list[BenchRequest],
-             show_progress: bool) -> dict[str, Any]:
-    """One engine over the whole workload."""
-    from tokenmill.engine import LLM
-
-    with LLM(**dataclasses.asdict(config), show_progress=False) as llm:
-        engine = llm.engine
-        engine_run.warm_up(llm, workload[0].prompt_token_ids[0])
-        result = engine_run.run_engine(llm, workload, show_progress)
-    output_tokens = sum(r["output_len"] for r in result.requests)
+def measure(config: EngineConfig, llm: Any,
+            run_workload: Callable[[], EngineRun]) -> dict[str, Any]:
+    """The run's throughput, how many sequences it held at once, and the engine's memory."""
+    result = run_workload()
     return {
-        "output_tokens_per_s": output_tokens / result.elapsed_s,
-        "elapsed_s": result.elapsed_s,
+        **ab.throughput(result),
         "max_running_seqs": max(s.num_running for s in result.steps),
         "num_preemptions": result.num_preemptions,
-        **engine.memory_report(),
+        **llm.engine.memory_report(),
     }
 
 
 def compare(config: EngineConfig, workload: list[BenchRequest], modes: list[str],
             show_progress: bool) -> dict[str, Any]:
     """The unquantized engine, then every mode; ratios to the unquantized run."""
-    runs = {REFERENCE_NAME: run_mode(config.replace(**REFERENCE), workload, show_progress)}
-    for mode in modes:
-        runs[mode] = run_mode(config.replace(**MODES[mode]), workload, show_progress)
+    configs = [config.replace(**REFERENCE)] + [config.replace(**MODES[m]) for m in modes]
+    runs = dict(zip([REFERENCE_NAME, *modes],
+                    ab.per_mode(configs, workload, show_progress, measure), strict=True))
     base = runs[REFERENCE_NAME]
     for result in runs.values():
-        result["throughput_ratio"] = result["output_tokens_per_s"] / base["output_tokens_per_s"]
         result["kv_capacity_ratio"] = result["kv_capacity_tokens"] / base["kv_capacity_tokens"]
         result["weights_ratio"] = result["weights_bytes"] / base["weights_bytes"]
     return {"method": "one engine per mode, run one after the other on the same workload",

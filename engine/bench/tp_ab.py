@@ -1,20 +1,21 @@
 """Throughput at each tensor-parallel size on the offline workload, and what the collectives
 cost per step.
 
-Every size runs the same workload on its own engine, one after the other in one process, the
-first size (normally 1) as the reference. Rank 0 times its all-reduces and the logits'
-all-gather (on CUDA each synchronized); that time includes waiting for the slowest rank, which
-is the cost a step pays for them. On a CPU the ranks share the cores, so TP > 1 is expected to
-be slower there: it shows the overhead, not a speed-up.
+Every size runs the same workload on its own engine, one after the other in one process
+(ab.per_mode), the first size (normally 1) as the reference. Rank 0 times its all-reduces and
+the logits' all-gather (on CUDA each synchronized); that time includes waiting for the slowest
+rank, which is the cost a step pays for them. On a CPU the ranks share the cores, so TP > 1 is
+expected to be slower there: it shows the overhead, not a speed-up.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+from collections.abc import Callable
 from typing import Any
 
-from tokenmill.engine.bench import engine_run
+from tokenmill.engine.bench import ab
+from tokenmill.engine.bench.engine_run import EngineRun
 from tokenmill.engine.bench.workload import BenchRequest
 from tokenmill.engine.contract.config import EngineConfig
 
@@ -30,40 +31,32 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
-def run_size(config: EngineConfig, workload: list[BenchRequest],
-             show_progress: bool) -> dict[str, Any]:
-    from tokenmill.engine import LLM
-
-    with LLM(**dataclasses.asdict(config), show_progress=False) as llm:
-        engine_run.warm_up(llm, workload[0].prompt_token_ids[0])
-        tp = llm.engine.tp
-        tp.timing, tp.collective_s, tp.collective_calls = True, 0.0, 0
-        result = engine_run.run_engine(llm, workload, show_progress)
-        tp.timing = False
-        steps = len(result.steps)
-        output_tokens = sum(r["output_len"] for r in result.requests)
-        memory = llm.engine.memory_report()
-        return {
-            "tensor_parallel_size": config.tensor_parallel_size,
-            "output_tokens_per_s": output_tokens / result.elapsed_s,
-            "elapsed_s": result.elapsed_s,
-            "steps": steps,
-            "step_ms": 1000 * result.elapsed_s / steps,
-            "collective_ms_per_step": 1000 * tp.collective_s / steps,
-            "collectives_per_step": tp.collective_calls / steps,
-            "collective_share": tp.collective_s / result.elapsed_s,
-            "kv_capacity_tokens": memory["kv_capacity_tokens"],
-            "weights_bytes_rank0": memory["weights_bytes"],
-        }
+def measure(config: EngineConfig, llm: Any,
+            run_workload: Callable[[], EngineRun]) -> dict[str, Any]:
+    """The run's throughput and step time, and the collectives' time on rank 0."""
+    tp = llm.engine.tp
+    tp.timing, tp.collective_s, tp.collective_calls = True, 0.0, 0
+    result = run_workload()
+    tp.timing = False
+    steps = len(result.steps)
+    memory = llm.engine.memory_report()
+    return {
+        "tensor_parallel_size": config.tensor_parallel_size,
+        **ab.throughput(result),
+        "steps": steps,
+        "step_ms": 1000 * result.elapsed_s / steps,
+        "collective_ms_per_step": 1000 * tp.collective_s / steps,
+        "collectives_per_step": tp.collective_calls / steps,
+        "collective_share": tp.collective_s / result.elapsed_s,
+        "kv_capacity_tokens": memory["kv_capacity_tokens"],
+        "weights_bytes_rank0": memory["weights_bytes"],
+    }
 
 
 def compare(config: EngineConfig, workload: list[BenchRequest], sizes: list[int],
             show_progress: bool) -> dict[str, Any]:
-    runs = [run_size(config.replace(tensor_parallel_size=size), workload, show_progress)
-            for size in sizes]
-    base = runs[0]["output_tokens_per_s"]
-    for run in runs:
-        run["throughput_ratio"] = run["output_tokens_per_s"] / base
+    runs = ab.per_mode([config.replace(tensor_parallel_size=size) for size in sizes],
+                       workload, show_progress, measure)
     return {"method": "one engine per tensor-parallel size, run one after the other on the "
                       "same workload; collective time measured on rank 0",
             "sizes": runs}
