@@ -7,7 +7,7 @@ import pathlib
 import re
 import tomllib
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_package_list_covers_every_subpackage():

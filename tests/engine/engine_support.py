@@ -1,4 +1,5 @@
-"""Count a test's reads of tensor values into Python: on a GPU each is a device-to-host wait."""
+"""What the engine tests share: counting a test's reads of tensor values into Python (on a GPU
+each is a device-to-host wait)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from host_reads import record_host_reads
+from engine_support import record_host_reads
 
 from tokenmill.engine.request import RequestTimings, Sequence
 from tokenmill.engine.sampler import apply_penalties, filtered_probs, sample

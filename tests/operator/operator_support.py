@@ -22,7 +22,7 @@ import jsonschema
 import kmock
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / "inferenceservices.tokenmill.io.yaml"
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 IS_PATH = "/apis/tokenmill.io/v1alpha1/namespaces/{ns}/inferenceservices"

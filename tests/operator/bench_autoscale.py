@@ -2,7 +2,7 @@
 load that steps up and down; writes a JSON report and a PNG of queue depth, replicas and P99
 TTFT over time.
 
-    python tests/bench_autoscale.py --json docs/bench/autoscale-cpu-smollm2.json \\
+    python tests/operator/bench_autoscale.py --json docs/bench/autoscale-cpu-smollm2.json \\
         --plot docs/bench/autoscale-cpu-smollm2.png
 
 (run it from any directory but the repository root, or as above: the script's own directory
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.strftime("%Y-%m-%d")
         run = asyncio.run(scenario(args, Path(work)))
     summary = summarize(run, args)
-    report = {"command": " ".join(["python", "tests/bench_autoscale.py", *sys.argv[1:]]),
+    report = {"command": " ".join(["python", "tests/operator/bench_autoscale.py", *sys.argv[1:]]),
               "date": started, "machine": machine(), "git": revision(),
               "settings": {k: v for k, v in vars(args).items() if k not in ("json", "plot")},
               "phases_s_streams": PHASES, **run, "summary": summary}

@@ -10,7 +10,7 @@ import re
 import jsonschema
 import pytest
 import torch
-from host_reads import record_host_reads
+from engine_support import record_host_reads
 
 from tokenmill.engine import LLM, SamplingParams
 from tokenmill.engine.engine import RequestError

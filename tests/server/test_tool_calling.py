@@ -1,7 +1,7 @@
 """Tool calling over real HTTP with the official `openai` client: tools rendered by the chat
 template, replies parsed into message.tool_calls (and streamed as deltas), tool_choice, and
-400s naming the bad field. The models are scripted (tests/tool_support.py): greedy decoding
-writes a known tool call, in pieces that split tags and JSON, through the real engine."""
+400s naming the bad field. The models are scripted (tests/server/tool_support.py): greedy
+decoding writes a known tool call, in pieces that split tags and JSON, through the real engine."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The model of what a real API server checks when a CRD is created (tests/apiserver_model/):
-each test holds it to behaviour read from the Kubernetes sources, cost figures included."""
+"""The model of what a real API server checks when a CRD is created
+(tests/operator/apiserver_model/): each test holds it to behaviour read from the Kubernetes
+sources, cost figures included."""
 
 from __future__ import annotations
 
