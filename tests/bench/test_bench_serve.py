@@ -17,6 +17,7 @@ from collections import Counter
 
 import pytest
 from aiohttp import web
+from process_support import free_port
 
 from tokenmill.engine.bench import serve
 from tokenmill.engine.bench.serve_dataset import random_prompts, sharegpt_prompts
@@ -215,9 +216,7 @@ def test_sharegpt_prompts_and_run(fake_server, tmp_path, capsys):
 
 
 def test_unreachable_server_counts_failures_without_crashing(capsys):
-    with socket.socket() as sock:  # a port nobody listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # a port nobody listens on
     args = parse("--base-url", f"http://127.0.0.1:{port}", "--num-prompts", "3",
                  "--input-len", "4", "--output-len", "2", "--warmup-requests", "0")
     assert serve.run(args) == 1

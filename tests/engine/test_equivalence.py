@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from model_support import hf_greedy, make_random_model
 
 from tokenmill.engine import LLM, SamplingParams
-
-from conftest import hf_greedy, make_random_model
 
 MAX_NEW = 24
 

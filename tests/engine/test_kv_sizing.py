@@ -9,6 +9,7 @@ import logging
 
 import pytest
 import torch
+from model_support import hf_greedy
 
 from tokenmill.engine import LLM, SamplingParams
 from tokenmill.engine.config import ConfigError, EngineConfig
@@ -26,8 +27,6 @@ from tokenmill.engine.profile_run import (
     worst_case_step,
 )
 from tokenmill.engine.runner import ModelRunner
-
-from conftest import hf_greedy
 
 GIB = 1 << 30
 MIB = 1 << 20

@@ -157,9 +157,8 @@ def test_tensor_parallel_ranks_score_the_same_rows(tmp_path, smol_tokenizer):
     """TP=2 on CPU: every rank projects the same slices (the LM head's gather is a
     collective), and the padded vocabulary shard is cut before the softmax."""
     import transformers
+    from model_support import make_random_model
     from transformers import AutoModelForCausalLM
-
-    from conftest import make_random_model
 
     config = transformers.LlamaConfig(
         vocab_size=len(smol_tokenizer) + 3, hidden_size=128, intermediate_size=256,

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from model_support import make_random_model
 from process_support import alive, children
 
 from tokenmill.engine import LLM, SamplingParams
@@ -16,8 +17,6 @@ from tokenmill.engine.bench import random_model
 from tokenmill.engine.config import ConfigError
 from tokenmill.engine.distributed.sharding import ShardPlan
 from tokenmill.engine.distributed.workers import WorkerFailed
-
-from conftest import make_random_model
 
 MAX_NEW = 20
 # Small steps so that long prompts are prefilled in chunks, and room for several at once.

@@ -16,21 +16,20 @@ import contextlib
 import copy
 import itertools
 import os
-import socket
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+from model_support import SMOLLM2
 from operator_support import Cluster
+from process_support import free_port, serve_command
 
 from tokenmill.engine.bench.serve_client import RequestResult, completion_payload, send_request
 from tokenmill.engine.bench.serve_dataset import ServePrompt
 from tokenmill.operator.scraper import parse_load
 
-SMOLLM2 = "smollm2-135m-instruct"
 POLL_SECONDS = 0.25
 FIRST_ADDRESS = 2  # 127.0.0.1 is everyone's; replicas get 127.0.0.2 and up
 
@@ -64,12 +63,6 @@ def smollm2_checkpoint(directory: Path, model: Any = None, tokenizer: Any = None
                if not (tied and k == "lm_head.weight")}
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     return directory
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -161,7 +154,7 @@ class Kubelet:
         template = deployment["spec"]["template"]
         (container,) = template["spec"]["containers"]
         host = self._address()
-        port = _free_port(host)
+        port = free_port(host)
         command = _local_command(container["command"], host, port)
         pod = f"{self.name}-{next(self._ids)}"
         with (self.log_dir / f"{pod}.log").open("w") as out:
@@ -215,7 +208,7 @@ def _local_command(command: list[str], host: str, port: int) -> list[str]:
     args = list(command[2:])
     for flag, value in (("--host", host), ("--port", str(port))):
         args[args.index(flag) + 1] = value
-    return [sys.executable, "-P", "-m", "tokenmill.engine.cli", "serve", *args]
+    return serve_command(*args)
 
 
 def _pod_status(replica: Replica, ready: bool) -> dict[str, Any]:

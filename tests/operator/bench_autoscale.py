@@ -24,8 +24,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autoscale_harness import Kubelet, Load, queue, smollm2_checkpoint
-from operator_support import IS_PATH, REPO, inference_service, running_operator
+# Run as a script, only this file's directory is on sys.path: the modules every group of tests
+# shares are one level up (under pytest, tests/conftest.py puts that directory on sys.path).
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+
+from autoscale_harness import Kubelet, Load, queue, smollm2_checkpoint  # noqa: E402
+from operator_support import IS_PATH, REPO, inference_service, running_operator  # noqa: E402
 
 NAME = "chat"
 SAMPLE_SECONDS = 0.5

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import copy
 import os
-import socket
 import sys
 import time
 import uuid
@@ -21,6 +20,7 @@ import celpy
 import jsonschema
 import kmock
 import yaml
+from process_support import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / "inferenceservices.tokenmill.io.yaml"
@@ -266,8 +266,8 @@ async def running_operator(tmp_path: Path, env: dict[str, str] | None = None,
         log = tmp_path / "operator.log"
         env = {**os.environ, "KUBECONFIG": str(config), "TOKENMILL_ENGINE_IMAGE": "tokenmill:test",
                **(env or {})}
-        liveness = f"http://127.0.0.1:{_free_port()}/healthz"
-        metrics_port = _free_port()
+        liveness = f"http://127.0.0.1:{free_port()}/healthz"
+        metrics_port = free_port()
         with log.open("w") as out:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-P", "-m", "tokenmill.operator", "--standalone",
@@ -299,9 +299,3 @@ async def http_server(path: str, handler: Callable) -> tuple[aiohttp.web.AppRunn
     site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     return runner, site._server.sockets[0].getsockname()[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

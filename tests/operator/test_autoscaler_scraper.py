@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 from aiohttp import web
 from operator_support import http_server
+from process_support import free_port
 from prometheus_client import generate_latest
 
 from tokenmill.engine.metrics import EngineMetrics
@@ -66,9 +65,7 @@ async def test_observe_counts_failures_apart_from_loads():
     runners = [runner for runner, _ in servers]
     ports = [port for _, port in servers]
     try:
-        with socket.socket() as sock:  # a port nothing listens on
-            sock.bind(("127.0.0.1", 0))
-            closed = sock.getsockname()[1]
+        closed = free_port()  # a port nothing listens on
         obs, failures = await observe([
             pod("good", ip="127.0.0.1", port=ports[0]),
             pod("error", ip="127.0.0.1", port=ports[1]),

@@ -4,11 +4,11 @@ objects shaped as the API server returns them, and /health asked over real HTTP.
 from __future__ import annotations
 
 import random
-import socket
 
 import pytest
 from aiohttp import web
 from operator_support import http_server
+from process_support import free_port
 
 from tokenmill.operator.pods import MESSAGE_CHARS, needs_action, pod_problem, why_not_ready
 from tokenmill.operator.scraper import health_reasons
@@ -216,9 +216,7 @@ async def test_health_reasons_over_http():
     servers = [await http_server("/health", answering(*answer)) for answer in answers]
     failed, warming, ok, broken = (port for _, port in servers)
     try:
-        with socket.socket() as sock:  # a port nothing listens on
-            sock.bind(("127.0.0.1", 0))
-            closed = sock.getsockname()[1]
+        closed = free_port()  # a port nothing listens on
         pods = [
             loading("failed", port=failed), loading("warming", port=warming),
             loading("ok", port=ok), loading("broken", port=broken),

@@ -34,9 +34,3 @@ def running_server(state: ServerState):
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

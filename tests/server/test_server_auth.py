@@ -12,7 +12,7 @@ import time
 import httpx
 import openai
 import pytest
-from server_support import free_port
+from process_support import free_port
 
 KEY = "tm-test-key-0123456789"
 

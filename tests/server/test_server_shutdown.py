@@ -12,7 +12,7 @@ import time
 
 import httpx
 import pytest
-from server_support import free_port
+from process_support import free_port
 
 
 def _start(model_dir: str, shutdown_timeout: float):

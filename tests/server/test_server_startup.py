@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 import uvicorn
-from server_support import free_port
+from process_support import free_port
 
 from tokenmill.engine import EngineConfig
 from tokenmill.engine.metrics import EngineMetrics

@@ -12,8 +12,7 @@ import time
 import httpx
 import openai
 import pytest
-from process_support import alive, children, gone
-from server_support import free_port
+from process_support import alive, children, free_port, gone
 
 
 def _serve_tp2(model_dir: str) -> tuple[subprocess.Popen, str, list[int]]:
