@@ -55,21 +55,3 @@ def tiny_llama_dir(tmp_path_factory, smol_tokenizer):
 def tiny_llama(tiny_llama_dir):
     return LLM(tiny_llama_dir, show_progress=False)
 
-
-@pytest.fixture(scope="session")
-def tiny_server(tiny_llama_dir):
-    """(base URL, ServerState) of a server over the tiny random model, shared by the server
-    tests that need no real model. A short context keeps every request quick (the fuzz test
-    sends whatever the schema allows). Tests that change state.options restore them."""
-    from server_support import running_server
-
-    from tokenmill.engine import EngineConfig
-    from tokenmill.engine.metrics import EngineMetrics
-    from tokenmill.engine.server.state import ServerOptions, ServerState
-
-    state = ServerState(ServerOptions(served_model_name="tiny"),
-                        EngineConfig(model=tiny_llama_dir, max_model_len=128),
-                        EngineMetrics("tiny"))
-    state.load(show_progress=False)
-    with running_server(state) as url:
-        yield url, state

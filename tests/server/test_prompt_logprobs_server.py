@@ -4,14 +4,11 @@
 from __future__ import annotations
 
 import httpx
-import openai
 import pytest
 import torch
-from server_support import running_server
+from server_support import in_process_server
 
-from tokenmill.engine import EngineConfig
-from tokenmill.engine.metrics import EngineMetrics
-from tokenmill.engine.server.state import ServerOptions, ServerState
+from tokenmill.engine.server.state import ServerState
 
 MODEL = "tiny"
 PROMPT = "The quick brown fox jumps over the lazy dog because"
@@ -19,18 +16,10 @@ TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def server_state(tiny_llama_dir):
-    state = ServerState(ServerOptions(served_model_name=MODEL),
-                        EngineConfig(model=tiny_llama_dir, max_num_batched_tokens=256),
-                        EngineMetrics(MODEL))
-    state.load(show_progress=False)
-    return state
-
-
-@pytest.fixture(scope="module")
-def client(server_state):
-    with running_server(server_state) as url:
-        yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+def server(tiny_llama_dir):
+    """In place of SmolLM2: the tiny random model, whose HF forward pass is the reference."""
+    with in_process_server(tiny_llama_dir, MODEL, max_num_batched_tokens=256) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

@@ -7,36 +7,16 @@ import json
 import time
 
 import httpx
-import openai
 import pytest
+from model_support import SMOLLM2
 from prometheus_client.parser import text_string_to_metric_families
-from server_support import running_server
+from server_support import async_openai_client
 
-from tokenmill.engine import EngineConfig, SamplingParams
-from tokenmill.engine.metrics import EngineMetrics
-from tokenmill.engine.server.state import ServerOptions, ServerState
+from tokenmill.engine import SamplingParams
+from tokenmill.engine.server.state import ServerState
 
-MODEL = "smollm2-135m-instruct"
+MODEL = SMOLLM2  # what the `server` fixture serves
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def server_state():
-    state = ServerState(ServerOptions(served_model_name=MODEL), EngineConfig(model=MODEL),
-                        EngineMetrics(MODEL))
-    state.load(show_progress=False)
-    return state
-
-
-@pytest.fixture(scope="module")
-def base_url(server_state):
-    with running_server(server_state) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def client(base_url):
-    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
 
 
 def _wait_idle(state: ServerState, timeout: float = 30.0) -> None:
@@ -147,7 +127,7 @@ def test_32_concurrent_streams_equal_their_solo_runs(base_url, client, server_st
     prompts = [f"Fact number {i}: the" for i in range(32)]
 
     async def stream_all():
-        aclient = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+        aclient = async_openai_client(f"{base_url}/v1")
 
         async def one(prompt):
             parts = []

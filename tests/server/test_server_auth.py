@@ -13,13 +13,14 @@ import httpx
 import openai
 import pytest
 from process_support import free_port
+from server_support import openai_client
 
 KEY = "tm-test-key-0123456789"
 
 
 @pytest.fixture
 def keyed(tiny_server):
-    url, state = tiny_server
+    url, state = tiny_server.url, tiny_server.state
     state.options.api_key = KEY
     try:
         yield url
@@ -28,13 +29,13 @@ def keyed(tiny_server):
 
 
 def test_the_official_client_works_with_the_key_and_raises_without(keyed):
-    good = openai.OpenAI(base_url=f"{keyed}/v1", api_key=KEY, max_retries=0)
+    good = openai_client(f"{keyed}/v1", KEY)
     assert [m.id for m in good.models.list()] == ["tiny"]
     assert good.completions.create(model="tiny", prompt="Hi", max_tokens=2).choices
     chunks = list(good.chat.completions.create(model="tiny", max_tokens=2, stream=True,
                                                messages=[{"role": "user", "content": "Hi"}]))
     assert chunks[-1].choices[0].finish_reason is not None
-    bad = openai.OpenAI(base_url=f"{keyed}/v1", api_key=KEY + "x", max_retries=0)
+    bad = openai_client(f"{keyed}/v1", KEY + "x")
     with pytest.raises(openai.AuthenticationError) as info:
         bad.completions.create(model="tiny", prompt="Hi", max_tokens=2)
     assert info.value.status_code == 401
@@ -77,10 +78,10 @@ def test_probes_metrics_and_version_stay_open(keyed, path):
 
 
 def test_a_key_for_tokenize_through_the_official_client(keyed):
-    root = openai.OpenAI(base_url=keyed, api_key=KEY, max_retries=0)
+    root = openai_client(keyed, KEY)
     assert root.post("/tokenize", body={"prompt": "Hi"}, cast_to=object)["count"] >= 1
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=keyed, api_key="nope", max_retries=0).post(
+        openai_client(keyed, "nope").post(
             "/tokenize", body={"prompt": "Hi"}, cast_to=object)
 
 
@@ -123,10 +124,10 @@ def test_the_environment_variable_guards_a_real_server(tiny_llama_dir):
             except httpx.TransportError:
                 pass
             time.sleep(0.1)
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+        client = openai_client(f"{url}/v1", KEY)
         assert client.completions.create(model=tiny_llama_dir, prompt="Hi", max_tokens=2).choices
         with pytest.raises(openai.AuthenticationError):
-            openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
+            openai_client(f"{url}/v1", "wrong").models.list()
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

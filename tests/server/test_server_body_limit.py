@@ -9,13 +9,14 @@ import time
 import httpx
 import openai
 import pytest
+from server_support import openai_client
 
 LIMIT = 64 * 1024
 
 
 @pytest.fixture
 def limited(tiny_server):
-    url, state = tiny_server
+    url, state = tiny_server.url, tiny_server.state
     before = state.options.max_request_body_bytes
     state.options.max_request_body_bytes = LIMIT
     try:
@@ -31,7 +32,7 @@ def _is_413(error: dict) -> None:
 
 
 def test_the_official_client_gets_413_for_a_large_prompt(limited):
-    client = openai.OpenAI(base_url=f"{limited}/v1", api_key="unused", max_retries=0)
+    client = openai_client(f"{limited}/v1")
     with pytest.raises(openai.APIStatusError) as info:
         client.completions.create(model="tiny", prompt="a" * (LIMIT + 1), max_tokens=2)
     assert info.value.status_code == 413

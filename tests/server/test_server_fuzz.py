@@ -11,15 +11,12 @@ from __future__ import annotations
 import os
 
 import httpx
-import openai
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
+from server_support import server_state
 
-from tokenmill.engine import EngineConfig
-from tokenmill.engine.metrics import EngineMetrics
 from tokenmill.engine.server.app import create_app
-from tokenmill.engine.server.state import ServerOptions, ServerState
 
 EXAMPLES = int(os.environ.get("TOKENMILL_FUZZ_EXAMPLES", "25"))
 
@@ -28,9 +25,7 @@ def _document() -> dict:
     """The document a server serves at /openapi.json (the routes and request models; which
     model it serves doesn't change it). Test items are made from it at collection, before any
     server runs; the first test checks that the live server serves the same one."""
-    state = ServerState(ServerOptions(served_model_name="tiny"), EngineConfig(model="tiny"),
-                        EngineMetrics("tiny"))
-    return create_app(state, load_model=False).openapi()
+    return create_app(server_state("tiny", load=False), load_model=False).openapi()
 
 
 DOCUMENT = _document()
@@ -38,7 +33,7 @@ schema = schemathesis.openapi.from_dict(DOCUMENT)
 
 
 def test_the_live_server_serves_this_document(tiny_server):
-    url, _ = tiny_server
+    url = tiny_server.url
     assert httpx.get(f"{url}/openapi.json").json() == DOCUMENT
 
 
@@ -46,7 +41,7 @@ def test_the_live_server_serves_this_document(tiny_server):
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
           derandomize=True, database=None)
 def test_no_request_gets_a_server_error(case, tiny_server):
-    url, state = tiny_server
+    url, state = tiny_server.url, tiny_server.state
     if isinstance(case.body, dict) and isinstance(case.body.get("model"), str):
         # A random model name is a 404 before anything else is looked at; the served name
         # takes the rest of the body through to the engine.
@@ -55,9 +50,7 @@ def test_no_request_gets_a_server_error(case, tiny_server):
 
 
 def test_the_server_still_serves_afterwards(tiny_server):
-    url, state = tiny_server
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-    r = client.completions.create(model="tiny", prompt="Hi", max_tokens=3, temperature=0,
-                                  extra_body={"ignore_eos": True})
+    r = tiny_server.client.completions.create(model="tiny", prompt="Hi", max_tokens=3,
+                                              temperature=0, extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 3
-    assert state.ready
+    assert tiny_server.state.ready

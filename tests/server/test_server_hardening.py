@@ -15,8 +15,7 @@ USER = [{"role": "user", "content": "Hi"}]
 
 @pytest.fixture(scope="module")
 def client(tiny_server):
-    url, _ = tiny_server
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    return tiny_server.client
 
 
 def _bad_request(call) -> dict:
@@ -101,7 +100,7 @@ def test_floats_take_json_integers_like_openai(client):
     ("/v1/completions", b'{"prompt": "\xff", "max_tokens": 2}'),
 ])
 def test_what_is_not_json_is_a_400(tiny_server, path, body):
-    url, _ = tiny_server
+    url = tiny_server.url
     r = httpx.post(url + path, content=body, headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["message"].startswith("the request body is not valid JSON: ")
@@ -140,7 +139,7 @@ def test_text_parts_are_joined(client):
 
 
 def test_an_unexpected_error_is_a_json_500_with_the_request_id(tiny_server, monkeypatch):
-    url, state = tiny_server
+    url, state = tiny_server.url, tiny_server.state
 
     def broken(*args, **kwargs):
         raise RuntimeError("tokenizer exploded")

@@ -17,8 +17,7 @@ USER = [{"role": "user", "content": "Hi"}]
 
 @pytest.fixture(scope="module")
 def client(tiny_server):
-    url, _ = tiny_server
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    return tiny_server.client
 
 
 @pytest.fixture

@@ -8,19 +8,12 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
 from process_support import free_port
-
-from tokenmill.engine import EngineConfig
-from tokenmill.engine.metrics import EngineMetrics
-from tokenmill.engine.server.app import create_app
-from tokenmill.engine.server.serve import DrainingServer
-from tokenmill.engine.server.state import ServerOptions, ServerState
+from server_support import running_server, server_state
 
 
 def _serve(model: str, *flags: str, port: int | None = None) -> subprocess.Popen:
@@ -107,33 +100,17 @@ def test_health_answers_503_while_loading_then_200(tiny_llama_dir):
 
 
 def test_a_dead_engine_loop_stops_the_server(tiny_llama_dir):
-    state = ServerState(ServerOptions(served_model_name="tiny"),
-                        EngineConfig(model=tiny_llama_dir), EngineMetrics("tiny"))
-    state.load(show_progress=False)
+    state = server_state(tiny_llama_dir, "tiny")
 
     def broken_step():
         raise RuntimeError("device lost")
 
     state.engine.engine.step = broken_step  # a fault inside the real engine loop
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = DrainingServer(uvicorn.Config(create_app(state, load_model=False),
-                                           log_level="warning"), state)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.05)
-        port = sock.getsockname()[1]
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
+    with running_server(state, draining=True) as served:
+        r = httpx.post(f"{served.url}/v1/completions", timeout=30,
                        json={"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 2})
         assert r.status_code >= 500
-        thread.join(15)
-        assert not thread.is_alive(), "the server kept running with a dead engine"
-        assert isinstance(server.failure, RuntimeError) and "device lost" in str(server.failure)
-    finally:
-        server.should_exit = True
-        thread.join(15)
-        sock.close()
+        served.thread.join(15)
+        assert not served.thread.is_alive(), "the server kept running with a dead engine"
+        failure = served.server.failure
+        assert isinstance(failure, RuntimeError) and "device lost" in str(failure)

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import openai
 import pytest
+from server_support import openai_client
 
 HELLO = [{"role": "user", "content": "Hello there"}]
 
 
 @pytest.fixture(scope="module")
 def root(tiny_server):
-    url, _ = tiny_server
-    return openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
+    return openai_client(tiny_server.url)
 
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_server):
-    return tiny_server[1].tokenizer
+    return tiny_server.state.tokenizer
 
 
 def _post(root, path: str, **body) -> dict:
@@ -26,8 +26,8 @@ def _post(root, path: str, **body) -> dict:
 def test_tokenize_a_prompt(root, tokenizer, tiny_server):
     r = _post(root, "/tokenize", model="tiny", prompt="The sky is blue")
     ids = tokenizer.encode("The sky is blue")
-    assert r == {"count": len(ids), "max_model_len": tiny_server[1].max_model_len, "tokens": ids,
-                 "token_strs": None}
+    assert r == {"count": len(ids), "max_model_len": tiny_server.state.max_model_len,
+                 "tokens": ids, "token_strs": None}
     plain = _post(root, "/tokenize", prompt="The sky is blue", add_special_tokens=False)
     assert plain["tokens"] == tokenizer.encode("The sky is blue", add_special_tokens=False)
     strs = _post(root, "/tokenize", prompt="The sky", return_token_strs=True)
@@ -35,11 +35,10 @@ def test_tokenize_a_prompt(root, tokenizer, tiny_server):
 
 
 def test_tokenize_messages_counts_what_chat_completions_counts(root, tiny_server, tokenizer):
-    url, _ = tiny_server
     r = _post(root, "/tokenize", messages=HELLO)
     assert r["tokens"] == tokenizer.apply_chat_template(HELLO, add_generation_prompt=True,
                                                         tokenize=True, return_dict=False)
-    chat = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    chat = tiny_server.client
     reply = chat.chat.completions.create(model="tiny", messages=HELLO, max_tokens=1)
     assert reply.usage.prompt_tokens == r["count"]
     no_prompt = _post(root, "/tokenize", messages=HELLO, add_generation_prompt=False)

@@ -10,15 +10,12 @@ import re
 import jsonschema
 import openai
 import pytest
-from server_support import running_server
-
-from tokenmill.engine import EngineConfig
-from tokenmill.engine.metrics import EngineMetrics
-from tokenmill.engine.server.state import ServerOptions, ServerState
+from model_support import SMOLLM2
+from server_support import async_openai_client
 
 pytest.importorskip("xgrammar")
 
-MODEL = "smollm2-135m-instruct"
+MODEL = SMOLLM2  # what the `server` fixture serves
 # Small and bounded: every output the grammar allows ends within max_tokens.
 PERSON = {
     "type": "object",
@@ -36,30 +33,10 @@ PERSON_FORMAT = {"type": "json_schema",
 ASK = [{"role": "user", "content": "Describe a person as JSON: name, age, mood, likes_cats."}]
 
 
-@pytest.fixture(scope="module")
-def server_state():
-    state = ServerState(ServerOptions(served_model_name=MODEL), EngineConfig(model=MODEL),
-                        EngineMetrics(MODEL))
-    state.load(show_progress=False)
-    return state
-
-
-@pytest.fixture(scope="module")
-def base_url(server_state):
-    with running_server(server_state) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def client(base_url):
-    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
-
-
 def test_json_schema_replies_always_validate_100_seeded_samples_at_temperature_1(base_url):
     """100 samples: 10 concurrent requests of n=10, seeds 0..9; the engine batches them."""
     async def ask_all():
-        async with openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="unused",
-                                      max_retries=0, timeout=600) as client:
+        async with async_openai_client(f"{base_url}/v1", timeout=600) as client:
             return await asyncio.gather(*[
                 client.chat.completions.create(model=MODEL, messages=ASK, n=10, seed=seed,
                                                temperature=1.0, max_tokens=96,

@@ -10,9 +10,9 @@ import sys
 import time
 
 import httpx
-import openai
 import pytest
 from process_support import alive, children, free_port, gone
+from server_support import openai_client
 
 
 def _serve_tp2(model_dir: str) -> tuple[subprocess.Popen, str, list[int]]:
@@ -54,7 +54,7 @@ def server(tiny_llama_dir):
 
 def test_answers_the_openai_client_then_sigterm_ends_every_rank(server):
     proc, base, workers = server
-    client = openai.OpenAI(base_url=base + "/v1", api_key="unused")
+    client = openai_client(base + "/v1")
     chat = client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "Say something."}],
         max_tokens=8, temperature=0)

@@ -10,7 +10,7 @@ import json
 
 import openai
 import pytest
-from server_support import running_server
+from server_support import in_process_server
 from tool_support import (
     HERMES_REPLY,
     HERMES_SPECIAL,
@@ -20,10 +20,7 @@ from tool_support import (
     make_scripted_model,
 )
 
-from tokenmill.engine import EngineConfig
 from tokenmill.engine.cli import main as cli_main
-from tokenmill.engine.metrics import EngineMetrics
-from tokenmill.engine.server.state import ServerOptions, ServerState
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city.",
@@ -42,16 +39,9 @@ def scripted_server(tmp_path_factory, base_tokenizer, template: str, reply: list
                     parser: str, special: tuple[str, ...] = ()):
     directory = make_scripted_model(str(tmp_path_factory.mktemp(parser)), base_tokenizer,
                                     template, reply, special)
-    options = ServerOptions(served_model_name=parser, enable_auto_tool_choice=True,
-                            tool_call_parser=parser)
-    state = ServerState(options, EngineConfig(model=directory, max_num_seqs=8),
-                        EngineMetrics(parser))
-    state.load(show_progress=False)
-    try:
-        with running_server(state) as url:
-            yield state, openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-    finally:
-        state.engine.shutdown()
+    options = {"enable_auto_tool_choice": True, "tool_call_parser": parser}
+    with in_process_server(directory, parser, options=options, max_num_seqs=8) as server:
+        yield server.state, server.client
 
 
 @pytest.fixture(scope="module")
@@ -274,14 +264,8 @@ LIGHTS = {"type": "function", "function": {
 def free(tiny_llama_dir):
     """A random-weight model whose template knows nothing of tools: only the schema makes it
     call one."""
-    state = ServerState(ServerOptions(served_model_name="free"),
-                        EngineConfig(model=tiny_llama_dir, max_num_seqs=8), EngineMetrics("free"))
-    state.load(show_progress=False)
-    try:
-        with running_server(state) as url:
-            yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-    finally:
-        state.engine.shutdown()
+    with in_process_server(tiny_llama_dir, "free", max_num_seqs=8) as server:
+        yield server.client
 
 
 def assert_valid_call(name: str, arguments: dict) -> None:
