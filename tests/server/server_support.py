@@ -2,21 +2,28 @@
 
 In this process: `server_state` builds a ServerState (loaded unless asked not to),
 `running_server` serves one with a real uvicorn server on a loopback port in a background
-thread, and `in_process_server` does both and shuts the engine down afterwards.
+thread, and `in_process_server` does both and shuts the engine down afterwards. As a
+subprocess: `ServeProcess` runs `tokenmill serve`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import httpx
 import openai
+import pytest
 import uvicorn
+from process_support import free_port, serve_command
 
 from tokenmill.engine import EngineConfig
 from tokenmill.engine.metrics import EngineMetrics
@@ -94,3 +101,44 @@ def in_process_server(model: str, name: str | None = None, *, options: dict | No
             yield server
     finally:
         state.engine.shutdown()
+
+
+class ServeProcess(subprocess.Popen):
+    """`tokenmill serve --model MODEL FLAGS` on 127.0.0.1:`port` (a free one by default), run
+    from / with `env` added to this process's environment. stdout is dropped; stderr is kept
+    (text) for the test to read."""
+
+    def __init__(self, model: str, *flags: str, port: int | None = None,
+                 env: dict[str, str] | None = None):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__(
+            serve_command("--model", model, "--host", "127.0.0.1", "--port", str(self.port),
+                          *flags),
+            cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, **(env or {})},
+        )
+
+    def wait_healthy(self, timeout: float) -> None:
+        """Return once /health answers 200; fail with the server's stderr if it exits first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.poll() is not None:
+                pytest.fail(f"server exited {self.returncode}: {self.stderr.read()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server did not become healthy"
+            time.sleep(0.2)
+
+    def finish(self, timeout: float = 60) -> tuple[int, str]:
+        """The exit status and stderr of a server that ends by itself; killed if it has not
+        within `timeout` seconds."""
+        try:
+            _, stderr = self.communicate(timeout=timeout)
+        finally:
+            if self.poll() is None:
+                os.kill(self.pid, signal.SIGKILL)
+        return self.returncode, stderr

@@ -3,17 +3,12 @@ probes and metrics open."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
 
 import httpx
 import openai
 import pytest
-from process_support import free_port
-from server_support import openai_client
+from server_support import ServeProcess, openai_client
 
 KEY = "tm-test-key-0123456789"
 
@@ -85,16 +80,6 @@ def test_a_key_for_tokenize_through_the_official_client(keyed):
             "/tokenize", body={"prompt": "Hi"}, cast_to=object)
 
 
-def _serve(*flags: str, env: dict[str, str] | None = None, port: int = 0,
-           model: str = "/nonexistent") -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-P", "-m", "tokenmill.engine.cli", "serve", "--model", model,
-         "--host", "127.0.0.1", "--port", str(port or free_port()), *flags],
-        cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, **(env or {})},
-    )
-
-
 @pytest.mark.parametrize("flags,env,reason", [
     (["--api-key", ""], {}, "is empty"),
     ([], {"TOKENMILL_API_KEY": ""}, "is empty"),
@@ -102,28 +87,17 @@ def _serve(*flags: str, env: dict[str, str] | None = None, port: int = 0,
     (["--api-key", "s3cret key"], {}, "visible ASCII"),
 ])
 def test_an_unusable_key_exits_2_without_echoing_it(flags, env, reason):
-    proc = _serve(*flags, env=env)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 2, stderr
+    code, stderr = ServeProcess("/nonexistent", *flags, env=env).finish()
+    assert code == 2, stderr
     assert reason in stderr and "s3cret" not in stderr
     assert "--api-key" in stderr
 
 
 def test_the_environment_variable_guards_a_real_server(tiny_llama_dir):
-    port = free_port()
-    proc = _serve(env={"TOKENMILL_API_KEY": KEY}, port=port, model=tiny_llama_dir)
-    url = f"http://127.0.0.1:{port}"
+    proc = ServeProcess(tiny_llama_dir, env={"TOKENMILL_API_KEY": KEY})
+    url = proc.url
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "the server did not get ready"
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
+        proc.wait_healthy(60)
         client = openai_client(f"{url}/v1", KEY)
         assert client.completions.create(model=tiny_llama_dir, prompt="Hi", max_tokens=2).choices
         with pytest.raises(openai.AuthenticationError):

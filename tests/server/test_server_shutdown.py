@@ -5,35 +5,19 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
 import httpx
 import pytest
-from process_support import free_port
+from server_support import ServeProcess
 
 
-def _start(model_dir: str, shutdown_timeout: float):
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-P", "-m", "tokenmill.engine.cli", "serve", "--model", model_dir,
-         "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny",
-         "--shutdown-timeout", str(shutdown_timeout)],
-        cwd="/", stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, proc.stdout.read().decode()
-        try:
-            if httpx.get(base + "/health", timeout=2).status_code == 200:
-                return proc, base
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "server did not become healthy"
-        time.sleep(0.2)
+def _start(model_dir: str, shutdown_timeout: float) -> tuple[ServeProcess, str]:
+    proc = ServeProcess(model_dir, "--served-model-name", "tiny",
+                        "--shutdown-timeout", str(shutdown_timeout))
+    proc.wait_healthy(120)
+    return proc, proc.url
 
 
 def _stream_in_background(base: str, max_tokens: int) -> tuple[threading.Thread, dict]:

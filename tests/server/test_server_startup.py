@@ -6,31 +6,11 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
-from process_support import free_port
-from server_support import running_server, server_state
-
-
-def _serve(model: str, *flags: str, port: int | None = None) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-P", "-m", "tokenmill.engine.cli", "serve", "--model", model,
-         "--host", "127.0.0.1", "--port", str(port or free_port()), *flags],
-        cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )
-
-
-def _exit(proc: subprocess.Popen) -> tuple[int, str]:
-    try:
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-    return proc.returncode, stderr
+from server_support import ServeProcess, running_server, server_state
 
 
 @pytest.mark.parametrize("model,flags,reason", [
@@ -54,7 +34,7 @@ def test_a_model_that_cannot_load_exits_1_with_the_reason(tmp_path, tiny_llama_d
         (tmp_path / "model.safetensors").write_bytes(b"\x00" * 64)
     model = {"tiny": tiny_llama_dir, "/nonexistent": model}.get(model, str(tmp_path))
     start = time.monotonic()
-    code, stderr = _exit(_serve(model, *flags))
+    code, stderr = ServeProcess(model, *flags).finish()
     assert time.monotonic() - start < 30, "a model that can't load must fail fast"
     assert code == 1, stderr
     line = next(line for line in stderr.splitlines() if "model failed to load" in line)
@@ -63,7 +43,7 @@ def test_a_model_that_cannot_load_exits_1_with_the_reason(tmp_path, tiny_llama_d
 
 
 def test_an_invalid_option_value_exits_2_naming_it():
-    code, stderr = _exit(_serve("/nonexistent", "--block-size", "7"))
+    code, stderr = ServeProcess("/nonexistent", "--block-size", "7").finish()
     assert code == 2
     assert stderr.startswith("tokenmill serve: error: block_size: 7 ")
     assert len(stderr.strip().splitlines()) == 1, stderr
@@ -73,13 +53,12 @@ def test_a_port_in_use_exits_non_zero(tiny_llama_dir):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        code, stderr = _exit(_serve(tiny_llama_dir, port=taken.getsockname()[1]))
+        code, stderr = ServeProcess(tiny_llama_dir, port=taken.getsockname()[1]).finish()
     assert code == 3 and "address already in use" in stderr
 
 
 def test_health_answers_503_while_loading_then_200(tiny_llama_dir):
-    port = free_port()
-    proc = _serve(tiny_llama_dir, port=port)
+    proc = ServeProcess(tiny_llama_dir)
     seen = []
     try:
         deadline = time.monotonic() + 60
@@ -87,13 +66,13 @@ def test_health_answers_503_while_loading_then_200(tiny_llama_dir):
             assert proc.poll() is None, proc.stderr.read()
             assert time.monotonic() < deadline, f"not healthy; /health said {seen[-3:]}"
             try:
-                r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+                r = httpx.get(f"{proc.url}/health", timeout=2)
                 seen.append((r.status_code, r.json()["status"]))
             except httpx.TransportError:
                 time.sleep(0.02)
         assert set(seen) == {(503, "loading"), (200, "ok")}, seen
         proc.send_signal(signal.SIGTERM)
-        assert _exit(proc)[0] == 0
+        assert proc.finish()[0] == 0
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)

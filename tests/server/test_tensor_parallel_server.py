@@ -5,45 +5,21 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
-import httpx
 import pytest
-from process_support import alive, children, free_port, gone
-from server_support import openai_client
-
-
-def _serve_tp2(model_dir: str) -> tuple[subprocess.Popen, str, list[int]]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-P", "-m", "tokenmill.engine.cli", "serve", "--model", model_dir,
-         "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny",
-         "--tensor-parallel-size", "2", "--max-num-seqs", "8", "--block-size", "8"],
-        cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited {proc.returncode}: {proc.stderr.read()}")
-        try:
-            if httpx.get(base + "/health", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "server did not become healthy"
-        time.sleep(0.2)
-    workers = children(proc.pid)
-    assert len(workers) == 1, workers
-    return proc, base, workers
+from process_support import alive, children, gone
+from server_support import ServeProcess, openai_client
 
 
 @pytest.fixture
-def server(tiny_llama_dir):
-    proc, base, workers = _serve_tp2(tiny_llama_dir)
-    yield proc, base, workers
+def tp2_server(tiny_llama_dir):
+    proc = ServeProcess(tiny_llama_dir, "--served-model-name", "tiny",
+                        "--tensor-parallel-size", "2", "--max-num-seqs", "8", "--block-size", "8")
+    proc.wait_healthy(180)
+    workers = children(proc.pid)
+    assert len(workers) == 1, workers
+    yield proc, proc.url, workers
     if proc.poll() is None:
         proc.kill()
         proc.wait()
@@ -52,8 +28,8 @@ def server(tiny_llama_dir):
             os.kill(pid, signal.SIGKILL)
 
 
-def test_answers_the_openai_client_then_sigterm_ends_every_rank(server):
-    proc, base, workers = server
+def test_answers_the_openai_client_then_sigterm_ends_every_rank(tp2_server):
+    proc, base, workers = tp2_server
     client = openai_client(base + "/v1")
     chat = client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "Say something."}],
@@ -71,8 +47,8 @@ def test_answers_the_openai_client_then_sigterm_ends_every_rank(server):
     assert gone(workers, within_s=15)
 
 
-def test_a_killed_worker_brings_the_server_down_with_its_reason(server):
-    proc, base, workers = server
+def test_a_killed_worker_brings_the_server_down_with_its_reason(tp2_server):
+    proc, base, workers = tp2_server
     os.kill(workers[0], signal.SIGKILL)
     start = time.monotonic()
     code = proc.wait(timeout=30)
@@ -82,8 +58,8 @@ def test_a_killed_worker_brings_the_server_down_with_its_reason(server):
     assert f"tensor-parallel worker rank 1 (pid {workers[0]}) was killed by SIGKILL" in stderr
 
 
-def test_killing_rank_0_ends_its_workers(server):
-    proc, _, workers = server
+def test_killing_rank_0_ends_its_workers(tp2_server):
+    proc, _, workers = tp2_server
     proc.kill()
     proc.wait()
     assert gone(workers, within_s=10)
