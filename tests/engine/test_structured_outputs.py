@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 import torch
 from engine_support import record_host_reads
+from structured_support import ASK, PERSON
 
 from tokenmill.engine import LLM, SamplingParams
 from tokenmill.engine.engine import RequestError
@@ -19,20 +20,6 @@ from tokenmill.engine.sampling_params import SamplingParamsError
 from tokenmill.engine.structured import StructuredOutputsError, StructuredOutputsParams, bitmask
 
 pytest.importorskip("xgrammar")
-
-# Every field bounded, so any output the grammar allows ends well within max_tokens.
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 12},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "mood": {"enum": ["happy", "sad", "calm"]},
-        "likes_cats": {"type": "boolean"},
-    },
-    "required": ["name", "age", "mood", "likes_cats"],
-    "additionalProperties": False,
-}
-ASK = [{"role": "user", "content": "Describe a person as JSON: name, age, mood, likes_cats."}]
 
 
 def _json(**kw) -> SamplingParams:

@@ -12,25 +12,13 @@ import openai
 import pytest
 from model_support import SMOLLM2
 from server_support import async_openai_client
+from structured_support import ASK, PERSON
 
 pytest.importorskip("xgrammar")
 
 MODEL = SMOLLM2  # what the `server` fixture serves
-# Small and bounded: every output the grammar allows ends within max_tokens.
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 12},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "mood": {"enum": ["happy", "sad", "calm"]},
-        "likes_cats": {"type": "boolean"},
-    },
-    "required": ["name", "age", "mood", "likes_cats"],
-    "additionalProperties": False,
-}
 PERSON_FORMAT = {"type": "json_schema",
                  "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
-ASK = [{"role": "user", "content": "Describe a person as JSON: name, age, mood, likes_cats."}]
 
 
 def test_json_schema_replies_always_validate_100_seeded_samples_at_temperature_1(base_url):
