@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from engine_support import tiny_llama_block_bytes
 
 from tokenmill.engine import LLM, SamplingParams
 from tokenmill.engine.engine import LLMEngine
@@ -80,13 +81,6 @@ def test_preemption_by_recompute_keeps_outputs(tiny_llama_dir, tiny_llama):
     assert small.engine.scheduler.num_preemptions > 0
     assert sum(o.num_preemptions for o in outputs) == small.engine.scheduler.num_preemptions
     small.engine.kv.allocator.check_all_free()
-
-
-def tiny_llama_block_bytes(llm: LLM, block_size: int) -> int:
-    from tokenmill.engine.kv_cache.layout import KVCacheLayout
-
-    engine = llm.engine
-    return KVCacheLayout.for_model(engine.model_config, block_size, engine.dtype).bytes_per_block
 
 
 def test_long_prompt_is_prefilled_in_chunks_within_the_token_budget(tiny_llama_dir, tiny_llama):

@@ -8,6 +8,7 @@ import random
 
 import pytest
 import torch
+from engine_support import tiny_llama_block_bytes
 
 from tokenmill.engine import LLM, SamplingParams
 from tokenmill.engine import prompt_logprobs as scoring
@@ -101,8 +102,6 @@ def test_n_sequences_share_one_scoring_of_the_prompt(tiny_llama, hf_tiny):
 def test_preemption_scores_nothing_twice(tiny_llama_dir, tiny_llama, hf_tiny, monkeypatch):
     """Preempted sequences, some of them in the middle of their prompt, are recomputed from
     the start; what was scored before is kept, the rest is scored once."""
-    from test_batching import tiny_llama_block_bytes
-
     prompts = [_prompt(30 + 5 * i, seed=10 + i) for i in range(6)]
     small = LLM(tiny_llama_dir, show_progress=False, block_size=8, max_num_batched_tokens=16,
                 max_num_seqs=4, kv_cache_memory=12 * tiny_llama_block_bytes(tiny_llama, 8))

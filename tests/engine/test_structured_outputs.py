@@ -10,7 +10,7 @@ import re
 import jsonschema
 import pytest
 import torch
-from engine_support import record_host_reads
+from engine_support import record_host_reads, tiny_llama_block_bytes
 from structured_support import ASK, PERSON
 
 from tokenmill.engine import LLM, SamplingParams
@@ -245,8 +245,6 @@ def test_logit_bias_steers_and_bad_ids_are_request_errors(smol_llm):
 # ---- preemption on a tiny random-weight Llama ---------------------------------------------
 
 def test_preempted_constrained_sequences_resume_their_grammar(tiny_llama_dir, tiny_llama):
-    from test_batching import tiny_llama_block_bytes
-
     rng = random.Random(4)
     prompts = [[rng.randrange(100, 40000) for _ in range(rng.randrange(10, 40))]
                for _ in range(6)]

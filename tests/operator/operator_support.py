@@ -1,5 +1,6 @@
 """Shared helpers of the operator tests: the CRD schema as the API server applies it (defaults,
-OpenAPI validation, CEL rules), and a running operator against kmock's Kubernetes emulator."""
+OpenAPI validation, CEL rules), a running operator against kmock's Kubernetes emulator, and
+HTTP servers standing in for engine pods."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ import jsonschema
 import kmock
 import yaml
 from process_support import free_port
+from prometheus_client import generate_latest
+
+from tokenmill.engine.metrics import EngineMetrics
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / "inferenceservices.tokenmill.io.yaml"
@@ -299,3 +303,11 @@ async def http_server(path: str, handler: Callable) -> tuple[aiohttp.web.AppRunn
     site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     return runner, site._server.sockets[0].getsockname()[1]
+
+
+def engine_exposition(waiting: int, running: int) -> str:
+    """What `tokenmill serve` answers on /metrics, from the engine's own metrics class."""
+    metrics = EngineMetrics("smollm2")
+    metrics.waiting.labels("smollm2").set(waiting)
+    metrics.running.labels("smollm2").set(running)
+    return generate_latest(metrics.registry).decode()

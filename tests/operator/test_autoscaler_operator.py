@@ -12,8 +12,13 @@ import time
 import pytest
 import pytest_asyncio
 from aiohttp import web
-from operator_support import IS_PATH, http_server, inference_service, running_operator
-from test_autoscaler_scraper import engine_exposition
+from operator_support import (
+    IS_PATH,
+    engine_exposition,
+    http_server,
+    inference_service,
+    running_operator,
+)
 
 pytestmark = pytest.mark.asyncio
 

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import pytest
 from aiohttp import web
-from operator_support import http_server
+from operator_support import engine_exposition, http_server
 from process_support import free_port
-from prometheus_client import generate_latest
 
-from tokenmill.engine.metrics import EngineMetrics
 from tokenmill.operator.autoscaler import PodLoad
 from tokenmill.operator.scraper import ScrapeError, observe, parse_load, targets
 
@@ -24,14 +22,6 @@ def pod(name, ip="10.0.0.1", ready=True, phase="Running", port=None, deleting=Fa
     if deleting:
         obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     return obj
-
-
-def engine_exposition(waiting: int, running: int) -> str:
-    """What `tokenmill serve` answers on /metrics, from the engine's own metrics class."""
-    metrics = EngineMetrics("smollm2")
-    metrics.waiting.labels("smollm2").set(waiting)
-    metrics.running.labels("smollm2").set(running)
-    return generate_latest(metrics.registry).decode()
 
 
 def test_only_ready_running_pods_with_an_ip_are_scraped():
