@@ -1,4 +1,21 @@
-"""Shared fixtures: the real SmolLM2 model, its HF reference, and small random-weight models."""
+"""Fixtures every group of tests shares: the real SmolLM2 model, its HF reference, and a tiny
+random-weight Llama.
+
+The tests are grouped by part: engine/ (the engine in this process), device_kernels/ (Triton
+kernels, decode graphs and their torch references), server/ (the HTTP server, in process or
+as `tokenmill serve`), operator/ (the Kubernetes operator, its CRD, chart and autoscaler),
+bench/ (the benchmark commands) and project/ (packaging, and the configuration the CLI and the
+operator share). What a group's files share is in its conftest.py (fixtures) and its
+*_support.py (functions and constants); operator/ also holds its API server model, Pod
+Security checker and autoscaling harness.
+
+Pytest puts this directory on sys.path (no __init__.py files: the repository root, whose
+operator/ would shadow Python's operator module, stays off it), so the modules here are
+imported by name from every group: model_support (SmolLM2's name, random-weight checkpoints,
+HF's greedy reference), process_support (free_port, the serve command line, /proc) and
+structured_support (the JSON schema of the structured-output tests). The names of these
+modules are unique across all directories, and so are test file names.
+"""
 
 from __future__ import annotations
 
