@@ -1,16 +1,30 @@
-"""Shared fixtures: the real SmolLM2 model, its HF reference, and small random-weight models."""
+"""Fixtures every group of tests shares: the real SmolLM2 model, its HF reference, and a tiny
+random-weight Llama.
+
+The tests are grouped by part: engine/ (the engine in this process), device_kernels/ (Triton
+kernels, decode graphs and their torch references), server/ (the HTTP server, in process or
+as `tokenmill serve`), operator/ (the Kubernetes operator, its CRD, chart and autoscaler),
+bench/ (the benchmark commands) and project/ (packaging, and the configuration the CLI and the
+operator share). What a group's files share is in its conftest.py (fixtures) and its
+*_support.py (functions and constants); operator/ also holds its API server model, Pod
+Security checker and autoscaling harness.
+
+Pytest puts this directory on sys.path (no __init__.py files: the repository root, whose
+operator/ would shadow Python's operator module, stays off it), so the modules here are
+imported by name from every group: model_support (SmolLM2's name, random-weight checkpoints,
+HF's greedy reference), process_support (free_port, the serve command line, /proc) and
+structured_support (the JSON schema of the structured-output tests). The names of these
+modules are unique across all directories, and so are test file names.
+"""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from model_support import SMOLLM2, make_random_model
 
 from tokenmill.engine import LLM
 from tokenmill.engine.models.source import resolve_model
-
-SMOLLM2 = "smollm2-135m-instruct"
 
 
 @pytest.fixture(scope="session")
@@ -39,34 +53,6 @@ def smol_hf(smol_source):
     ).eval()
 
 
-def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    """Reference greedy continuation from Hugging Face transformers (stops at the model's EOS)."""
-    ids = torch.tensor([prompt_ids])
-    with torch.no_grad():
-        out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-            do_sample=False, pad_token_id=0,
-        )
-    return out[0, len(prompt_ids):].tolist()
-
-
-def make_random_model(directory: str, config, tokenizer) -> str:
-    """A random-weight model saved as a real HF checkpoint (config, tokenizer, safetensors)."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        # Larger weights than the default init so logits have clear winners (no near-ties).
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.08)
-    os.makedirs(directory, exist_ok=True)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
-
-
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory, smol_tokenizer):
     from transformers import LlamaConfig
@@ -86,21 +72,3 @@ def tiny_llama_dir(tmp_path_factory, smol_tokenizer):
 def tiny_llama(tiny_llama_dir):
     return LLM(tiny_llama_dir, show_progress=False)
 
-
-@pytest.fixture(scope="session")
-def tiny_server(tiny_llama_dir):
-    """(base URL, ServerState) of a server over the tiny random model, shared by the server
-    tests that need no real model. A short context keeps every request quick (the fuzz test
-    sends whatever the schema allows). Tests that change state.options restore them."""
-    from server_support import running_server
-
-    from tokenmill.engine import EngineConfig
-    from tokenmill.engine.server.metrics import EngineMetrics
-    from tokenmill.engine.server.state import ServerOptions, ServerState
-
-    state = ServerState(ServerOptions(served_model_name="tiny"),
-                        EngineConfig(model=tiny_llama_dir, max_model_len=128),
-                        EngineMetrics("tiny"))
-    state.load(show_progress=False)
-    with running_server(state) as url:
-        yield url, state

@@ -1,9 +1,26 @@
-"""Which processes exist, read from /proc: to check that no worker outlives its engine."""
+"""Processes the tests start and watch: the `tokenmill serve` command line, a free loopback
+port, and which processes exist, read from /proc (to check that no worker outlives its
+engine)."""
 
 from __future__ import annotations
 
 import os
+import socket
+import sys
 import time
+
+
+def serve_command(*args: str) -> list[str]:
+    """`tokenmill serve ARGS` from this Python. `-P` keeps the working directory off sys.path:
+    from the repository root, its operator/ would shadow Python's operator module."""
+    return [sys.executable, "-P", "-m", "tokenmill.engine.cli", "serve", *args]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on at the moment: bound, read and released."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
 
 
 def children(pid: int) -> list[int]:

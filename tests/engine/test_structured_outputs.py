@@ -1,0 +1,305 @@
+"""Structured outputs and logit_bias in the engine: constrained and free requests in one batch,
+n > 1, preemption, compile errors, and the pieces (schema checks, bitmasks, biases) alone."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import jsonschema
+import pytest
+import torch
+from engine_support import record_host_reads, tiny_llama_block_bytes
+from structured_support import ASK, PERSON
+
+from tokenmill.engine import LLM, SamplingParams
+from tokenmill.engine.core.errors import RequestError
+from tokenmill.engine.core.sampler import apply_logit_bias
+from tokenmill.engine.core.sampling_params import SamplingParamsError
+from tokenmill.engine.core.structured import (
+    StructuredOutputsError,
+    StructuredOutputsParams,
+    bitmask,
+)
+
+pytest.importorskip("xgrammar")
+
+
+def _json(**kw) -> SamplingParams:
+    kw.setdefault("max_tokens", 64)
+    return SamplingParams(structured_outputs=StructuredOutputsParams(json=PERSON), **kw)
+
+
+def _valid(text: str) -> dict:
+    value = json.loads(text)
+    jsonschema.validate(value, PERSON)
+    return value
+
+
+# ---- the pieces ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("schema, named", [
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+     "'uniqueItems' at /"),
+    ({"type": "object", "properties": {"a": {"not": {"type": "string"}}}},
+     "'not' (negation) at /properties/a"),
+    ({"type": "string", "format": "idn-email"}, "'format': 'idn-email' at /"),
+    ({"$ref": "https://example.com/person.json"}, "'$ref' to another document"),
+    ({"type": "number", "multipleOf": 0.5}, "'multipleOf' on a non-integer at /"),
+    ({"allOf": [{"type": "integer"}, {"minimum": 3}]}, "'allOf' with more than one"),
+    ({"type": "object", "properties": {"k": {"type": "string", "pattern": "^(?!x)"}}},
+     "lookaround in 'pattern' at /properties/k"),
+    ({"type": "array", "items": {"if": {"type": "string"}, "then": {"minLength": 2}}},
+     "'if' (conditional subschemas) at /items"),
+    ({"$defs": {"a/b": {"type": "array", "contains": {"const": 1}}}},
+     "'contains' (array contains) at /$defs/a~1b"),
+])
+def test_unsupported_schema_features_are_named_with_their_place(schema, named):
+    with pytest.raises(StructuredOutputsError, match="unsupported JSON Schema features") as e:
+        StructuredOutputsParams(json=schema)
+    assert named in str(e.value)
+
+
+def test_supported_schema_features_pass_and_annotations_are_ignored():
+    schema = {"$defs": {"tag": {"enum": ["a", "b"]}}, "title": "T", "description": "d",
+              "type": "object", "examples": [{}], "x-vendor": 1,
+              "properties": {"t": {"$ref": "#/$defs/tag"},
+                             "n": {"type": "integer", "multipleOf": 5, "default": 5},
+                             "s": {"type": "string", "format": "date", "pattern": "^2"},
+                             "u": {"anyOf": [{"type": "null"}, {"type": "number"}]},
+                             "l": {"type": "array", "items": {"type": "string"}, "maxItems": 2,
+                                   "uniqueItems": False}}}
+    assert StructuredOutputsParams(json=schema).schema() == schema
+
+
+def test_constraint_params_need_exactly_one_kind_and_compare_by_value():
+    with pytest.raises(StructuredOutputsError, match="exactly one"):
+        StructuredOutputsParams()
+    with pytest.raises(StructuredOutputsError, match="json, regex"):
+        StructuredOutputsParams(json={}, regex="a")
+    with pytest.raises(StructuredOutputsError, match="non-empty list"):
+        StructuredOutputsParams(choice=[])
+    with pytest.raises(StructuredOutputsError, match="not valid JSON"):
+        StructuredOutputsParams(json="{nope")
+    assert StructuredOutputsParams(json=json.dumps(PERSON)) == StructuredOutputsParams(json=PERSON)
+    assert StructuredOutputsParams(choice=["a", "b"]).kind == "choice"
+    with pytest.raises(StructuredOutputsError, match="lookaround"):
+        StructuredOutputsParams(regex="(?<=a)b")
+
+
+def test_sampling_params_take_a_dict_constraint_and_check_logit_bias():
+    params = SamplingParams(structured_outputs={"regex": "[0-9]+"}, logit_bias={"7": 5, 9: -1.5})
+    assert params.structured_outputs == StructuredOutputsParams(regex="[0-9]+")
+    assert params.logit_bias == {7: 5.0, 9: -1.5}
+    with pytest.raises(SamplingParamsError, match="^structured_outputs: unsupported JSON"):
+        SamplingParams(structured_outputs={"json": {"not": {}}})
+    with pytest.raises(SamplingParamsError, match="^structured_outputs:"):
+        SamplingParams(structured_outputs={"jsn": {}})
+    for bad in ({"x": 1}, {"5": 101}, {"5": -100.5}, {-1: 0}, {"5": True}, {1.5: 1}):
+        with pytest.raises(SamplingParamsError, match="^logit_bias:"):
+            SamplingParams(logit_bias=bad)
+    assert SamplingParams(logit_bias={}).logit_bias is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # xgrammar's kernel; torch
+def test_bitmask_masks_only_the_constrained_rows(dtype):
+    vocab, rows = 70, [0, 2]  # 70: the last word is partly outside the vocabulary
+    rng = random.Random(0)
+    allowed = [set(rng.sample(range(vocab), 9)) for _ in rows]
+
+    class Fixed:
+        def __init__(self, tokens):
+            self.tokens = tokens
+
+        def fill_bitmask(self, mask, row):
+            bits = [0] * bitmask.words(vocab)
+            for t in self.tokens:
+                bits[t // 32] |= 1 << (t % 32)
+            mask[row] = torch.tensor([b - (1 << 32) if b >= 1 << 31 else b for b in bits],
+                                     dtype=torch.int32)
+
+    logits = torch.randn(3, vocab, dtype=dtype)
+    masked = logits.clone()
+    masks = bitmask.fill([(row, Fixed(a)) for row, a in zip(rows, allowed, strict=True)], 3,
+                         vocab, logits.device)
+    bitmask.apply(masked, masks, rows)
+    for row, tokens in zip(rows, allowed, strict=True):
+        finite = set(torch.isfinite(masked[row]).nonzero().flatten().tolist())
+        assert finite == tokens
+        assert torch.equal(masked[row][sorted(finite)], logits[row][sorted(finite)])
+    assert torch.equal(masked[1], logits[1])
+
+
+def test_logit_bias_is_one_scatter_add_equal_to_a_loop():
+    logits = torch.randn(4, 50)
+    biases = [(0, {3: 5.0, 7: -100.0}), (2, {3: 1.5}), (3, {49: 100.0, 0: -2.0})]
+    expected = logits.clone()
+    for row, bias in biases:
+        for token, value in bias.items():
+            expected[row, token] += value
+    apply_logit_bias(logits, biases)
+    assert torch.equal(logits, expected)
+
+
+# ---- the engine on SmolLM2 ----------------------------------------------------------------
+
+def test_constrained_and_free_requests_share_steps_and_free_outputs_do_not_change(smol_llm):
+    engine = smol_llm.engine
+    chat = smol_llm.apply_chat_template(ASK)
+    free_prompts = ["The three primary colors are", "Once upon a time"]
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    alone = [o.outputs[0].token_ids for o in smol_llm.generate(free_prompts, greedy)]
+
+    requests = {
+        "free-0": (free_prompts[0], greedy),
+        "json": (chat, _json(temperature=0.0)),
+        "free-1": (free_prompts[1], greedy),
+        "regex": (chat, SamplingParams(temperature=1.0, seed=5, max_tokens=24,
+                                       structured_outputs=StructuredOutputsParams(
+                                           regex=r"[A-Z][a-z]{2,8} \d{2}"))),
+        "choice": (chat, SamplingParams(temperature=1.0, seed=2, max_tokens=8,
+                                        structured_outputs=StructuredOutputsParams(
+                                            choice=["yes", "no", "not sure"]))),
+    }
+    for request_id, (prompt, params) in requests.items():
+        engine.add_request(request_id, prompt, params)
+    done, mixed_steps = {}, 0
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        ran = {seq.request_id for seq, _ in engine.last_plan.scheduled}
+        mixed_steps += bool(ran & {"json", "regex"}) and bool(ran & {"free-0", "free-1"})
+        done.update({o.request_id: o.outputs[0] for o in outputs if o.finished})
+    assert mixed_steps >= 10
+    assert [done["free-0"].token_ids, done["free-1"].token_ids] == alone
+    person = _valid(done["json"].text)
+    assert done["json"].finish_reason == "stop" and person["mood"] in ("happy", "sad", "calm")
+    assert re.fullmatch(r"[A-Z][a-z]{2,8} \d{2}", done["regex"].text)
+    assert done["choice"].text in ("yes", "no", "not sure")
+    assert done["choice"].finish_reason == done["regex"].finish_reason == "stop"
+    engine.kv.allocator.check_all_free()
+
+
+def test_each_of_n_samples_follows_the_schema_on_its_own(smol_llm):
+    chat = smol_llm.apply_chat_template(ASK)
+    out = smol_llm.generate([chat], _json(n=6, temperature=1.0, seed=11))[0]
+    people = [_valid(c.text) for c in out.outputs]
+    assert all(c.finish_reason == "stop" for c in out.outputs)
+    assert len({json.dumps(p, sort_keys=True) for p in people}) >= 3
+    again = smol_llm.generate([chat], _json(n=6, temperature=1.0, seed=11))[0]
+    assert [c.text for c in again.outputs] == [c.text for c in out.outputs]
+
+
+def test_json_object_and_grammar_constraints(smol_llm):
+    chat = smol_llm.apply_chat_template(
+        [{"role": "user", "content": 'Reply with a JSON object whose "city" is Paris and '
+                                     'whose "country" is France.'}])
+    obj = smol_llm.generate([chat], SamplingParams(
+        temperature=0.0, max_tokens=120,
+        structured_outputs=StructuredOutputsParams(json_object=True)))[0].outputs[0]
+    assert obj.finish_reason == "stop" and json.loads(obj.text)["city"] == "Paris"
+    grammar = 'root ::= "x=" digit digit ";"\ndigit ::= [0-9]'
+    g = smol_llm.generate([chat], SamplingParams(
+        temperature=1.0, seed=1, max_tokens=10,
+        structured_outputs=StructuredOutputsParams(grammar=grammar)))[0].outputs[0]
+    assert re.fullmatch(r"x=\d\d;", g.text) and g.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("constraint, says", [
+    (StructuredOutputsParams(regex="(ab"), "the regex does not compile"),
+    (StructuredOutputsParams(grammar="root ::= missing"), "the grammar does not compile"),
+    (StructuredOutputsParams(json={"type": "integr"}), "the JSON schema does not compile"),
+])
+def test_a_constraint_that_does_not_compile_is_a_request_error(smol_llm, constraint, says):
+    engine = smol_llm.engine
+    with pytest.raises(RequestError, match=says) as e:
+        engine.add_request("bad", "Hi", SamplingParams(structured_outputs=constraint))
+    assert e.value.param == "structured_outputs"
+    assert "/project/" not in str(e.value)  # no C++ source location
+    assert not engine.has_unfinished_requests()
+
+
+def test_past_the_grammar_end_ignore_eos_generates_freely(smol_llm):
+    out = smol_llm.generate(["Hi"], SamplingParams(
+        temperature=0.0, max_tokens=6, ignore_eos=True,
+        structured_outputs=StructuredOutputsParams(choice=["Hello"])))[0].outputs[0]
+    assert len(out.token_ids) == 6 and out.text.startswith("Hello")
+
+
+def test_logit_bias_steers_and_bad_ids_are_request_errors(smol_llm):
+    prompt = "The capital of France is"
+    greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    plain = smol_llm.generate([prompt], greedy)[0].outputs[0].token_ids
+    forced = smol_llm.generate([prompt], SamplingParams(
+        temperature=0.0, max_tokens=4, ignore_eos=True, logit_bias={"504": 100}))
+    assert forced[0].outputs[0].token_ids == [504] * 4
+    banned = smol_llm.generate([prompt], SamplingParams(
+        temperature=0.0, max_tokens=4, ignore_eos=True, logit_bias={plain[0]: -100}))
+    assert banned[0].outputs[0].token_ids[0] != plain[0]
+    sampled = smol_llm.generate([prompt], SamplingParams(
+        temperature=1.0, seed=3, max_tokens=8, ignore_eos=True,
+        logit_bias={t: -100 for t in plain}))
+    assert not set(sampled[0].outputs[0].token_ids) & set(plain)
+    vocab = smol_llm.engine.model_config.vocab_size
+    with pytest.raises(RequestError, match=rf"logit_bias: token ids must be in \[0, {vocab}\)"):
+        smol_llm.engine.add_request("bad", prompt, SamplingParams(logit_bias={vocab: 1}))
+    assert not smol_llm.engine.has_unfinished_requests()
+
+
+# ---- preemption on a tiny random-weight Llama ---------------------------------------------
+
+def test_preempted_constrained_sequences_resume_their_grammar(tiny_llama_dir, tiny_llama):
+    rng = random.Random(4)
+    prompts = [[rng.randrange(100, 40000) for _ in range(rng.randrange(10, 40))]
+               for _ in range(6)]
+    params = [_json(temperature=0.0, max_tokens=60) if i % 2 == 0 else
+              SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+              for i in range(6)]
+    expected = [tiny_llama.generate([p], sp)[0].outputs[0] for p, sp in zip(prompts, params,
+                                                                              strict=True)]
+    small = LLM(tiny_llama_dir, show_progress=False, block_size=8,
+                kv_cache_memory=12 * tiny_llama_block_bytes(tiny_llama, 8))
+    outputs = small.generate(prompts, params)
+    assert small.engine.scheduler.num_preemptions > 0
+    assert any(o.num_preemptions for o in outputs[::2])  # a constrained one was preempted
+    assert [o.outputs[0].token_ids for o in outputs] == [e.token_ids for e in expected]
+    for out in outputs[::2]:
+        if out.outputs[0].finish_reason == "stop":
+            _valid(out.outputs[0].text)
+    small.engine.kv.allocator.check_all_free()
+
+
+def test_the_grammar_library_loads_only_for_a_constrained_request(monkeypatch):
+    import subprocess
+    import sys
+
+    code = ("import sys; import tokenmill.engine.core.engine; "
+            "import tokenmill.engine.server.openai_serving; "
+            "from tokenmill.engine import SamplingParams; "
+            "SamplingParams(structured_outputs={'json': {'type': 'object'}}); "
+            "sys.exit('xgrammar' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], cwd="/").returncode == 0
+    from tokenmill.engine.core.structured.backend import GrammarError, StructuredOutputs
+
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # as if not installed
+    with pytest.raises(GrammarError, match="need the xgrammar package"):
+        StructuredOutputs(None, 10, {2}).compile(StructuredOutputsParams(regex="a"))
+
+
+def test_masks_and_biases_add_no_host_transfer(smol_llm, monkeypatch):
+    """The sampler still reads the step's results once, with constrained and biased rows."""
+    from tokenmill.engine.core.request import RequestTimings
+    from tokenmill.engine.core.sampler import sample
+
+    engine = smol_llm.engine
+    params = [_json(temperature=0.0), SamplingParams(temperature=0.8, seed=1, logit_bias={5: 3}),
+              _json(temperature=1.0, seed=2), SamplingParams(temperature=0.0)]
+    seqs = [engine._new_sequence(f"t{i}", 0, [1, 2, 3], p, RequestTimings(), None)
+            for i, p in enumerate(params)]
+    logits = torch.randn(len(seqs), engine.model_config.vocab_size)
+    reads = record_host_reads(monkeypatch)
+    result = sample(logits, seqs)
+    assert reads == ["tolist"]
+    assert seqs[0].constraint.accept(result.token_ids[0])
+    assert seqs[2].constraint.accept(result.token_ids[2])
+    assert result.token_ids[3] == int(logits[3].argmax())  # free row untouched

@@ -1,0 +1,38 @@
+"""The models every group of tests uses: SmolLM2's name, random-weight checkpoints built from a
+small config, and Hugging Face's greedy continuation as the reference."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+SMOLLM2 = "smollm2-135m-instruct"
+
+
+def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """Reference greedy continuation from Hugging Face transformers (stops at the model's EOS)."""
+    ids = torch.tensor([prompt_ids])
+    with torch.no_grad():
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+            do_sample=False, pad_token_id=0,
+        )
+    return out[0, len(prompt_ids):].tolist()
+
+
+def make_random_model(directory: str, config, tokenizer) -> str:
+    """A random-weight model saved as a real HF checkpoint (config, tokenizer, safetensors)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        # Larger weights than the default init so logits have clear winners (no near-ties).
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.08)
+    os.makedirs(directory, exist_ok=True)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory

@@ -1,0 +1,313 @@
+"""Shared helpers of the operator tests: the CRD schema as the API server applies it (defaults,
+OpenAPI validation, CEL rules), a running operator against kmock's Kubernetes emulator, and
+HTTP servers standing in for engine pods."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import os
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import aiohttp.web
+import celpy
+import jsonschema
+import kmock
+import yaml
+from process_support import free_port
+from prometheus_client import generate_latest
+
+from tokenmill.engine.server.metrics import EngineMetrics
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_PATH = REPO / "crds" / "inferenceservices.tokenmill.io.yaml"
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+IS_PATH = "/apis/tokenmill.io/v1alpha1/namespaces/{ns}/inferenceservices"
+
+
+def crd_schema() -> dict[str, Any]:
+    crd = yaml.safe_load(CRD_PATH.read_text())
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def with_defaults(schema: dict[str, Any], value: Any) -> Any:
+    """Structural defaulting, as the API server does before validation."""
+    if not isinstance(value, dict) or schema.get("type") != "object":
+        if isinstance(value, list) and "items" in schema:
+            return [with_defaults(schema["items"], v) for v in value]
+        return value
+    out = copy.deepcopy(value)
+    for name, sub in schema.get("properties", {}).items():
+        if name not in out and "default" in sub:
+            out[name] = copy.deepcopy(sub["default"])
+        if name in out:
+            out[name] = with_defaults(sub, out[name])
+    return out
+
+
+def cel_errors(schema: dict[str, Any], value: Any, env: celpy.Environment | None = None) -> list:
+    """Messages of every x-kubernetes-validations rule that `value` breaks."""
+    env = env or celpy.Environment()
+    errors = []
+    for rule in schema.get("x-kubernetes-validations", []):
+        program = env.program(env.compile(rule["rule"]))
+        if not program.evaluate({"self": celpy.json_to_cel(value)}):
+            errors.append(rule["message"])
+    if isinstance(value, dict):
+        for name, sub in schema.get("properties", {}).items():
+            if name in value:
+                errors += cel_errors(sub, value[name], env)
+    elif isinstance(value, list) and "items" in schema:
+        for item in value:
+            errors += cel_errors(schema["items"], item, env)
+    return errors
+
+
+def admission_errors(obj: dict[str, Any]) -> list[str]:
+    """What the API server would say to `kubectl apply` of this object (empty: accepted)."""
+    schema = crd_schema()
+    defaulted = with_defaults(schema, obj)
+    validator = jsonschema.Draft4Validator(schema)
+    errors = [f"{'.'.join(map(str, e.path))}: {e.message}"
+              for e in validator.iter_errors(defaulted)]
+    errors += _unknown_fields(schema, obj, "")
+    return errors or cel_errors(schema, defaulted)
+
+
+def _unknown_fields(schema: dict[str, Any], value: Any, where: str) -> list[str]:
+    """Fields the schema does not declare (kubectl's strict field validation rejects them)."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [e for i, item in enumerate(value)
+                for e in _unknown_fields(schema["items"], item, f"{where}{i}.")]
+    if not isinstance(value, dict):
+        return []
+    props = schema.get("properties")
+    if props is None:
+        extra = schema.get("additionalProperties")
+        return [e for k, v in value.items() for e in _unknown_fields(extra, v, f"{where}{k}.")
+                ] if isinstance(extra, dict) else []
+    errors = [f"{where}{k}: unknown field" for k in value if k not in props]
+    return errors + [e for k, v in value.items() if k in props
+                     for e in _unknown_fields(props[k], v, f"{where}{k}.")]
+
+
+def render_chart(values: dict | None = None) -> list[dict]:
+    """The chart's objects, rendered by Helm's own engine (helm-python-sdk)."""
+    import helm_python
+
+    chart = helm_python.Chart.load(str(REPO / "charts" / "tokenmill"))
+    rendered = chart.render(values or {}, name="tm", namespace="tokenmill")
+    docs = []
+    for path, text in rendered.items():
+        if path.endswith(".yaml"):
+            docs += [d for d in yaml.safe_load_all(text) if d]
+    return docs
+
+
+def granted(docs: list[dict], kind: str = "ClusterRole") -> set[tuple[str, str, str]]:
+    """(group, resource, verb) every role of `kind` in the rendered chart grants."""
+    return {(group, resource, verb) for role in docs if role["kind"] == kind
+            for rule in role["rules"] for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+def inference_service(name: str, spec: dict[str, Any], ns: str = "default",
+                      uid: str = "uid-1", generation: int = 1) -> dict[str, Any]:
+    """An InferenceService as the API server would store it (kmock sets no uid, generation or
+    resourceVersion)."""
+    return {"apiVersion": "tokenmill.io/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": name, "namespace": ns, "uid": uid, "generation": generation,
+                         "resourceVersion": "1"},
+            "spec": spec}
+
+
+# --- a running operator against kmock's emulator -------------------------------------------
+
+RESOURCES = {
+    "tokenmill.io/v1alpha1/inferenceservices": ("InferenceService", ["status", "scale"]),
+    "apps/v1/deployments": ("Deployment", ["status", "scale"]),
+    "v1/services": ("Service", ["status"]),
+    "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", ["status"]),
+    "v1/events": ("Event", []),
+    "v1/pods": ("Pod", ["status"]),  # read by the built-in autoscaler
+    # Served so that a read of the API key's Secret would be seen: the operator makes none.
+    "v1/secrets": ("Secret", []),
+    # kopf's discovery waits for these two to be served, even when it does not watch them.
+    "v1/namespaces": ("Namespace", []),
+    "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", []),
+}
+CLUSTER_SCOPED = ("Namespace", "CustomResourceDefinition")
+VERBS = ["get", "list", "watch", "create", "patch", "update", "delete"]
+
+
+class Cluster:
+    """HTTP access to the emulator, as kubectl (or a controller) would touch objects."""
+
+    def __init__(self, session: aiohttp.ClientSession, log: Path, liveness: str,
+                 metrics: str = "", emulator: Emulator | None = None):
+        self.session = session
+        # The RBAC each operator request needed, and the label selectors of its watches.
+        self.calls = emulator.calls if emulator is not None else []
+        self.selectors = emulator.selectors if emulator is not None else {}
+        self.log = log
+        self.liveness = liveness  # the operator's liveness URL
+        self.metrics = metrics  # the operator's own /metrics
+
+    async def request(self, method: str, path: str, body: Any = None) -> dict | None:
+        headers = {"Content-Type": "application/merge-patch+json"} if method == "PATCH" else {}
+        async with self.session.request(method, path, json=body, headers=headers) as resp:
+            if resp.status == 404:
+                return None
+            assert resp.status < 300, f"{method} {path}: {resp.status} {await resp.text()}"
+            return await resp.json()
+
+    async def get(self, path: str) -> dict | None:
+        return await self.request("GET", path)
+
+    async def events(self, ns: str = "default") -> list[dict]:
+        found = await self.get(f"/api/v1/namespaces/{ns}/events")
+        return found["items"] if found else []
+
+    async def eventually(self, check: Callable[[], Awaitable[Any]], timeout: float = 20) -> Any:
+        """Poll `check` until it returns something truthy; fail with the operator's log."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = await check()
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                tail = self.log.read_text()[-4000:]
+                raise AssertionError(f"not reached in {timeout}s; operator log:\n{tail}")
+            await asyncio.sleep(0.1)
+
+
+VERB_OF = {"LIST": "list", "WATCH": "watch", "FETCH": "get", "CREATE": "create",
+           "DELETE": "delete"}
+
+
+class Emulator(kmock.KubernetesEmulator):
+    """kmock's emulator plus the API server's generateName (kopf names its Events so); records
+    the RBAC permission each request needs (rbac_needed), as the API server's authorizer and
+    admission plugins would ask for it."""
+
+    calls: list[tuple[str, str, str]]  # (API group, resource[/subresource], verb)
+    selectors: dict[str, str | None]  # resource -> label selector of the operator's watch
+    # (resource, verb) -> (HTTP status, message): how the API server answers such a request,
+    # e.g. a 422 for a Deployment the Deployment API finds invalid, a 403 from RBAC.
+    refuse: dict[tuple[str, str], tuple[int, str]]
+
+    async def _handle(self, request: kmock.Request) -> Any:
+        meta = request.data.get("metadata") if isinstance(request.data, dict) else None
+        if request.action == kmock.action.CREATE and meta and "generateName" in meta:
+            meta.setdefault("name", meta["generateName"] + uuid.uuid4().hex[:8])
+        operator = "authorization" in {h.lower() for h in request.headers}  # not the test's
+        if operator and request.action is not None and request.resource is not None and \
+                request.resource.plural:  # discovery is open to every authenticated user
+            needed = _permissions(request, meta)
+            self.calls.extend(needed)
+            if request.action.value == "WATCH":
+                self.selectors[request.resource.plural] = request.params.get("labelSelector")
+            if refusal := self.refuse.get(needed[0][1:]):
+                raise kmock.KubernetesError(status=refusal[0], reason="Refused",
+                                            message=refusal[1])
+        return await super()._handle(request)
+
+
+def _permissions(request: kmock.Request, meta: dict | None) -> list[tuple[str, str, str]]:
+    """RBAC (group, resource, verb) a real API server checks for one request.
+
+    Besides the verb on the resource, OwnerReferencesPermissionEnforcement (an admission
+    plugin, on by default in OpenShift) asks for `update` on the owner's finalizers
+    subresource when a written object sets blockOwnerDeletion on an owner reference."""
+    resource = request.resource.plural + (f"/{request.subresource}" if request.subresource
+                                          else "")
+    action = request.action.value
+    verb = VERB_OF.get(action) or ("patch" if request.method == "PATCH" else "update")
+    needed = [(request.resource.group or "", resource, verb)]
+    for ref in (meta or {}).get("ownerReferences", []):
+        if ref.get("blockOwnerDeletion") and action in ("CREATE", "UPDATE"):
+            group = ref["apiVersion"].rpartition("/")[0]
+            needed.append((group, f"{ref['kind'].lower()}s/finalizers", "update"))
+    return needed
+
+
+def _kubeconfig(url: str) -> str:
+    return yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+        "clusters": [{"name": "kmock", "cluster": {"server": url}}],
+        "users": [{"name": "kmock", "user": {"token": "test"}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}],
+    })
+
+
+@contextlib.asynccontextmanager
+async def running_operator(tmp_path: Path, env: dict[str, str] | None = None,
+                           verbose: bool = True,
+                           refuse: dict[tuple[str, str], tuple[int, str]] | None = None,
+                           ) -> AsyncIterator[Cluster]:
+    """The emulator serving every resource the operator touches, and `tokenmill operator`
+    running against it as a real process (standalone, no peering); `env` adds variables,
+    `refuse` makes the API server answer some of the operator's requests with an error."""
+    async with Emulator() as emu, kmock.Server(emu):
+        emu.calls = []
+        emu.selectors = {}
+        emu.refuse = refuse or {}
+        for key, (kind, subresources) in RESOURCES.items():
+            emu.resources[key] = kmock.ResourceInfo(
+                kind=kind, namespaced=kind not in CLUSTER_SCOPED, verbs=VERBS,
+                subresources=subresources)
+        config = tmp_path / "kubeconfig"
+        config.write_text(_kubeconfig(str(emu.url).rstrip("/")))
+        log = tmp_path / "operator.log"
+        env = {**os.environ, "KUBECONFIG": str(config), "TOKENMILL_ENGINE_IMAGE": "tokenmill:test",
+               **(env or {})}
+        liveness = f"http://127.0.0.1:{free_port()}/healthz"
+        metrics_port = free_port()
+        with log.open("w") as out:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-P", "-m", "tokenmill.operator", "--standalone",
+                "--liveness", liveness, "--metrics-port", str(metrics_port),
+                *(["--verbose"] if verbose else []),
+                cwd=tmp_path, env=env, stdout=out, stderr=out)
+        try:
+            async with aiohttp.ClientSession(base_url=str(emu.url)) as session:
+                yield Cluster(session, log, liveness, f"http://127.0.0.1:{metrics_port}/metrics",
+                              emu)
+            assert proc.returncode is None, f"the operator exited:\n{log.read_text()[-4000:]}"
+        finally:
+            if proc.returncode is None:
+                proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+async def http_server(path: str, handler: Callable) -> tuple[aiohttp.web.AppRunner, int]:
+    """A real HTTP server on 127.0.0.1 answering GET `path` with `handler` (an engine's
+    /metrics or /health as the operator reads it); clean up with `await runner.cleanup()`."""
+    app = aiohttp.web.Application()
+    app.router.add_get(path, handler)
+    runner = aiohttp.web.AppRunner(app)
+    await runner.setup()
+    site = aiohttp.web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]
+
+
+def engine_exposition(waiting: int, running: int) -> str:
+    """What `tokenmill serve` answers on /metrics, from the engine's own metrics class."""
+    metrics = EngineMetrics("smollm2")
+    metrics.waiting.labels("smollm2").set(waiting)
+    metrics.running.labels("smollm2").set(running)
+    return generate_latest(metrics.registry).decode()

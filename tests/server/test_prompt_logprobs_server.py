@@ -1,0 +1,151 @@
+"""Echo with logprobs and vLLM's prompt_logprobs through /v1/completions, driven by the official
+`openai` client, checked against Hugging Face's forward pass on a tiny random model."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import torch
+from server_support import in_process_server
+
+from tokenmill.engine.server.state import ServerState
+
+MODEL = "tiny"
+PROMPT = "The quick brown fox jumps over the lazy dog because"
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama_dir):
+    """In place of SmolLM2: the tiny random model, whose HF forward pass is the reference."""
+    with in_process_server(tiny_llama_dir, MODEL, max_num_batched_tokens=256) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama_dir, server_state):
+    """The prompt's ids and HF's [len - 1, vocab] logprobs of each next prompt token."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    ids = server_state.tokenizer.encode(PROMPT)
+    with torch.no_grad():
+        logits = hf(torch.tensor([ids])).logits[0, :-1]
+    return ids, torch.log_softmax(logits.float(), dim=-1)
+
+
+def _piece(state: ServerState, token: int) -> str:
+    return state.tokenizer.decode([token], skip_special_tokens=False)
+
+
+def test_echo_with_logprobs_scores_the_prompt_then_the_completion(client, server_state,
+                                                                  reference):
+    ids, ref = reference
+    prompt_len = len(ids)
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0,
+                                  logprobs=3, echo=True)
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0,
+                                      logprobs=3)
+    choice, lp = r.choices[0], r.choices[0].logprobs
+    assert choice.text == PROMPT + plain.choices[0].text
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == prompt_len + 4
+    assert lp.tokens[:prompt_len] == [_piece(server_state, t) for t in ids]
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    for p in range(1, prompt_len):
+        row = ref[p - 1]
+        assert abs(lp.token_logprobs[p] - row[ids[p]].item()) < TOL
+        top = row.topk(3)
+        shown = lp.top_logprobs[p]
+        assert sorted(shown.values(), reverse=True) == pytest.approx(top.values.tolist(),
+                                                                     abs=TOL)
+        assert set(shown) == {_piece(server_state, t) for t in top.indices.tolist()}
+    # The completion's part is what the same request without echo returns.
+    assert lp.tokens[prompt_len:] == plain.choices[0].logprobs.tokens
+    assert lp.token_logprobs[prompt_len:] == pytest.approx(
+        plain.choices[0].logprobs.token_logprobs, abs=TOL)
+    # Offsets count from the start of the returned text: the prompt's tokens from 0, the
+    # completion's from the end of the echoed prompt.
+    offsets = lp.text_offset
+    assert offsets[0] == 0 and offsets == sorted(offsets)
+    assert offsets[prompt_len:] == [len(PROMPT) + o for o in plain.choices[0].logprobs.text_offset]
+
+
+def test_prompt_logprobs_field_is_vllms(client, server_state, reference):
+    ids, ref = reference
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0,
+                                  extra_body={"prompt_logprobs": 2})
+    choice = r.choices[0]
+    assert choice.logprobs is None and choice.text  # nothing else changes
+    scores = choice.model_extra["prompt_logprobs"]
+    assert len(scores) == len(ids) and scores[0] is None
+    for p in range(1, len(ids)):
+        row, token = ref[p - 1], ids[p]
+        entry = scores[p]
+        top = row.topk(2).indices.tolist()
+        assert set(entry) == {str(t) for t in [*top, token]}
+        for t, info in entry.items():
+            assert abs(info["logprob"] - row[int(t)].item()) < TOL
+            assert info["decoded_token"] == _piece(server_state, int(t))
+        mine = entry[str(token)]
+        value = row[token]
+        assert int((row > value + TOL).sum()) + 1 <= mine["rank"] <= (
+            int((row > value - TOL).sum()) + 1)
+        for rank, t in enumerate(top, start=1):
+            if t != token:
+                assert entry[str(t)]["rank"] == rank
+
+
+def test_prompt_logprobs_zero_is_the_prompt_token_alone(client, reference):
+    ids, _ = reference
+    r = client.completions.create(model=MODEL, prompt=ids, max_tokens=1, temperature=0,
+                                  extra_body={"prompt_logprobs": 0})
+    scores = r.choices[0].model_extra["prompt_logprobs"]
+    assert [list(e) if e else e for e in scores] == [None] + [[str(t)] for t in ids[1:]]
+
+
+def test_streamed_echo_logprobs_equal_the_full_response(client):
+    kwargs = dict(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=2,
+                  echo=True)
+    full = client.completions.create(**kwargs).choices[0]
+    text, tokens, values, offsets, prompt_scores = "", [], [], [], []
+    for chunk in client.completions.create(stream=True, **kwargs,
+                                           extra_body={"prompt_logprobs": 1}):
+        for c in chunk.choices:
+            text += c.text
+            if c.logprobs:
+                tokens += c.logprobs.tokens
+                values += c.logprobs.token_logprobs
+                offsets += c.logprobs.text_offset
+            prompt_scores.append((c.model_extra or {}).get("prompt_logprobs"))
+    assert text == full.text
+    assert tokens == full.logprobs.tokens and offsets == full.logprobs.text_offset
+    assert values[0] is None and full.logprobs.token_logprobs[0] is None
+    assert values[1:] == pytest.approx(full.logprobs.token_logprobs[1:], abs=TOL)
+    assert prompt_scores[0] is not None and not any(prompt_scores[1:])  # the first chunk's
+
+
+def test_every_prompt_and_choice_gets_its_own_prompts_scores(client, server_state):
+    prompts = [PROMPT, "Another prompt, longer than the first one by a few words at least"]
+    r = client.completions.create(model=MODEL, prompt=prompts, max_tokens=3, n=2,
+                                  temperature=0.8, seed=1, logprobs=0, echo=True)
+    assert len(r.choices) == 4
+    for choice in r.choices:
+        prompt = prompts[choice.index // 2]
+        ids = server_state.tokenizer.encode(prompt)
+        assert choice.text.startswith(prompt)
+        assert choice.logprobs.tokens[:len(ids)] == [_piece(server_state, t) for t in ids]
+        assert choice.logprobs.token_logprobs[0] is None
+        assert all(v is not None for v in choice.logprobs.token_logprobs[1:])
+        assert all(top == {} for top in choice.logprobs.top_logprobs[1:])  # logprobs=0
+    first = [c.logprobs.token_logprobs[:10] for c in r.choices[:2]]
+    assert first[0] == first[1]  # one prompt, one scoring
+
+
+@pytest.mark.parametrize("body", [
+    {"prompt_logprobs": 21}, {"prompt_logprobs": -1}, {"prompt_logprobs": 1.5},
+])
+def test_bad_prompt_logprobs_are_400(client, body):
+    r = httpx.post(f"{client.base_url}completions",
+                   json={"model": MODEL, "prompt": "x", "max_tokens": 1, **body})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error"

@@ -1,0 +1,95 @@
+"""A server that can never serve exits non-zero with its reason; a loading one answers 503."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import time
+
+import httpx
+import pytest
+from server_support import ServeProcess, running_server, server_state
+
+
+@pytest.mark.parametrize("model,flags,reason", [
+    ("/nonexistent", [], "model '/nonexistent' not found"),
+    ("empty-dir", [], "has no config.json"),
+    ("tiny", ["--tensor-parallel-size", "3"], "tensor_parallel_size: 3 does not divide"),
+    ("bad-gguf", [], "model.gguf does not start with the GGUF magic bytes"),
+    ("bad-json", [], "config.json' is not a valid JSON file"),
+    ("no-model-type", [], "Should have a `model_type` key"),
+    ("bad-weights", [], "cannot read the weights in"),
+])
+def test_a_model_that_cannot_load_exits_1_with_the_reason(tmp_path, tiny_llama_dir, model,
+                                                          flags, reason):
+    if model == "bad-gguf":
+        (tmp_path / "model.gguf").write_bytes(b"not a gguf file at all")
+    elif model in ("bad-json", "no-model-type"):
+        (tmp_path / "config.json").write_text('{"model_type": "llama",' if model == "bad-json"
+                                              else "{}")
+    elif model == "bad-weights":  # the tiny model's config and tokenizer, garbage weights
+        shutil.copytree(tiny_llama_dir, tmp_path, dirs_exist_ok=True)
+        (tmp_path / "model.safetensors").write_bytes(b"\x00" * 64)
+    model = {"tiny": tiny_llama_dir, "/nonexistent": model}.get(model, str(tmp_path))
+    start = time.monotonic()
+    code, stderr = ServeProcess(model, *flags).finish()
+    assert time.monotonic() - start < 30, "a model that can't load must fail fast"
+    assert code == 1, stderr
+    line = next(line for line in stderr.splitlines() if "model failed to load" in line)
+    assert reason in line and "level=error" in line
+    assert "Traceback" not in stderr  # the option or path says it all
+
+
+def test_an_invalid_option_value_exits_2_naming_it():
+    code, stderr = ServeProcess("/nonexistent", "--block-size", "7").finish()
+    assert code == 2
+    assert stderr.startswith("tokenmill serve: error: block_size: 7 ")
+    assert len(stderr.strip().splitlines()) == 1, stderr
+
+
+def test_a_port_in_use_exits_non_zero(tiny_llama_dir):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        code, stderr = ServeProcess(tiny_llama_dir, port=taken.getsockname()[1]).finish()
+    assert code == 3 and "address already in use" in stderr
+
+
+def test_health_answers_503_while_loading_then_200(tiny_llama_dir):
+    proc = ServeProcess(tiny_llama_dir)
+    seen = []
+    try:
+        deadline = time.monotonic() + 60
+        while not seen or seen[-1] != (200, "ok"):
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, f"not healthy; /health said {seen[-3:]}"
+            try:
+                r = httpx.get(f"{proc.url}/health", timeout=2)
+                seen.append((r.status_code, r.json()["status"]))
+            except httpx.TransportError:
+                time.sleep(0.02)
+        assert set(seen) == {(503, "loading"), (200, "ok")}, seen
+        proc.send_signal(signal.SIGTERM)
+        assert proc.finish()[0] == 0
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+
+
+def test_a_dead_engine_loop_stops_the_server(tiny_llama_dir):
+    state = server_state(tiny_llama_dir, "tiny")
+
+    def broken_step():
+        raise RuntimeError("device lost")
+
+    state.engine.engine.step = broken_step  # a fault inside the real engine loop
+    with running_server(state, draining=True) as served:
+        r = httpx.post(f"{served.url}/v1/completions", timeout=30,
+                       json={"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 2})
+        assert r.status_code >= 500
+        served.thread.join(15)
+        assert not served.thread.is_alive(), "the server kept running with a dead engine"
+        failure = served.server.failure
+        assert isinstance(failure, RuntimeError) and "device lost" in str(failure)
