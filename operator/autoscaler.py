@@ -20,7 +20,9 @@ Pods that are not ready get no traffic (the Service skips them): they add no loa
 asked for any. A ready pod whose metrics cannot be read is assumed to carry the mean load of the
 ready pods that answered: it is neither zero load (which would scale down under load) nor a
 reason to hold. Only when no ready pod answers is there nothing to decide on: the replicas and
-the saved state stay as they are until metrics return.
+the saved state stay as they are until metrics return. No ready pod at all is the normal state
+of a service that is still loading its model (NoReadyPods), not a failure to read metrics
+(NoMetrics).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ SCALED_DOWN = "ScaledDown"
 SCALE_DOWN_PENDING = "ScaleDownPending"
 STEADY = "Steady"
 NO_METRICS = "NoMetrics"
+NO_READY_PODS = "NoReadyPods"
 OUT_OF_BOUNDS = "OutOfBounds"
 
 
@@ -118,9 +121,12 @@ def decide(policy: Policy, replicas: int, obs: Observation, state: State,
         return Decision(current, None, OUT_OF_BOUNDS,
                         f"spec.replicas {replicas} is outside [{policy.min_replicas}, "
                         f"{policy.max_replicas}]", State(last_scale_time=now))
+    if not obs.ready:  # starting or loading the model: the Ready condition says which
+        return Decision(current, None, NO_READY_PODS,
+                        f"no pod is ready yet; holding {current} replicas", state)
     if not obs.loads:
-        why = ("no ready pod answered on /metrics" if obs.ready else "no pod is ready")
-        return Decision(current, None, NO_METRICS, f"{why}; holding {current} replicas", state)
+        return Decision(current, None, NO_METRICS,
+                        f"no ready pod answered on /metrics; holding {current} replicas", state)
 
     recommended, waiting, running, capacity = recommend(policy, current, obs)
     numbers = dict(waiting=waiting, running=running, capacity=capacity)

@@ -20,7 +20,7 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from . import autoscaler, metrics, scraper, status
-from .kube import Kube, api_message, load_config
+from .kube import MANAGER, Kube, api_message, load_config
 from .manifests import MANAGED_BY, OWNER_LABEL, selector
 from .reconcile import Outcome, load, reconcile
 from .spec import GROUP, PLURAL, VERSION, SpecError
@@ -30,6 +30,9 @@ RETRY_SECONDS = 30
 MAX_RETRY_SECONDS = 600
 RESYNC_SECONDS = float(os.environ.get("TOKENMILL_RESYNC_SECONDS", "300"))
 AUTOSCALE_SECONDS = float(os.environ.get("TOKENMILL_AUTOSCALE_INTERVAL", "5"))
+# The field manager of the built-in autoscaler's spec.replicas writes: a server-side apply of a
+# manifest that sets spec.replicas then conflicts with a name that says who owns the field.
+AUTOSCALER_MANAGER = "tokenmill-autoscaler"
 
 # What the operator watches besides InferenceServices: the children it writes, the engine pods.
 CHILD_RESOURCES = (("apps", "v1", "deployments"), ("v1", "services"),
@@ -52,6 +55,10 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     settings.posting.level = logging.WARNING  # routine handler logs are not Events
+    # Events say `From: tokenmill-operator` and name the pod that posted them.
+    settings.posting.reporting_component = MANAGER
+    settings.posting.reporting_instance = os.environ.get("HOSTNAME", MANAGER)
+    settings.posting.event_name_prefix = f"{MANAGER}-"
     settings.networking.request_timeout = 60
     # The API server sends only our children and engine pods down the watches (kopf's label
     # filters on handlers are applied in the operator, after every pod was transferred).
@@ -60,6 +67,23 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.watching.label_selectors[resource] = managed
     load_config()
     _state["kube"] = Kube()
+
+
+class _NamedConnection(kopf.ConnectionInfo):
+    """kopf's credentials plus a User-Agent naming the operator: the API server records it as
+    the field manager of kopf's own writes (status, annotations), instead of `kopf`."""
+
+    def as_http_headers(self) -> dict[str, str]:
+        return {**super().as_http_headers(), "User-Agent": Kube.user_agent()}
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """kopf's own login through the kubernetes client (in-cluster, else the kubeconfig)."""
+    info = kopf.login_via_client(**kwargs)
+    if info is None:
+        return None
+    return _NamedConnection(**{f.name: getattr(info, f.name) for f in dataclasses.fields(info)})
 
 
 def _news(body: dict, previous: dict, current: dict) -> list[tuple[str, str, str]]:
@@ -195,7 +219,8 @@ async def _autoscale(kube: Kube, namespace: str, name: str, logger: logging.Logg
                                  autoscaler.state_from_status(previous), time.time())
     metrics.DECISIONS.labels(decision.reason).inc()
     if decision.replicas != spec.replicas:
-        await asyncio.to_thread(kube.patch, obj, {"spec": {"replicas": decision.replicas}})
+        await asyncio.to_thread(kube.patch, obj, {"spec": {"replicas": decision.replicas}},
+                                manager=AUTOSCALER_MANAGER)
     if decision.scaled:
         kopf.event(obj, type="Normal", reason=decision.reason, message=decision.message)
         log.info(f"autoscaler: {decision.reason} {namespace}/{name} "

@@ -7,6 +7,7 @@ and a null removes a key, which is what "make the child look like this" means.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import urllib.parse
 from typing import Any
@@ -23,6 +24,17 @@ PLURALS = {
     "Pod": "pods",
 }
 TIMEOUT_SECONDS = 30
+# The name the API server records as the field manager of the operator's writes (it takes the
+# User-Agent up to its first "/" when a request names no fieldManager) and that Events show in
+# `kubectl describe` as their source.
+MANAGER = "tokenmill-operator"
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("tokenmill")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def load_config() -> None:
@@ -58,6 +70,11 @@ class Kube:
 
     def __init__(self, api: ApiClient | None = None):
         self.api = api or ApiClient()
+        self.api.user_agent = self.user_agent()
+
+    @staticmethod
+    def user_agent() -> str:
+        return f"{MANAGER}/{_version()}"
 
     def _call(self, method: str, url: str, body: Any = None,
               content_type: str = "application/json") -> dict[str, Any]:
@@ -92,8 +109,13 @@ class Kube:
         meta = obj["metadata"]
         return self._call("POST", path(obj["apiVersion"], obj["kind"], meta["namespace"]), obj)
 
-    def patch(self, obj: dict[str, Any], patch: dict[str, Any], subresource: str = "") -> dict:
+    def patch(self, obj: dict[str, Any], patch: dict[str, Any], subresource: str = "",
+              manager: str = "") -> dict:
+        """A merge patch; `manager` names the field manager when it is not the operator's
+        (the built-in autoscaler owns spec.replicas under its own name)."""
         url = object_path(obj) + (f"/{subresource}" if subresource else "")
+        if manager:
+            url += "?" + urllib.parse.urlencode({"fieldManager": manager})
         return self._call("PATCH", url, patch, "application/merge-patch+json")
 
     def delete(self, obj: dict[str, Any]) -> None:

@@ -155,8 +155,10 @@ class Cluster:
     def __init__(self, session: aiohttp.ClientSession, log: Path, liveness: str,
                  metrics: str = "", emulator: Emulator | None = None):
         self.session = session
-        # The RBAC each operator request needed, and the label selectors of its watches.
+        # The RBAC each operator request needed, the field managers of its writes, and the
+        # label selectors of its watches.
         self.calls = emulator.calls if emulator is not None else []
+        self.managers = emulator.managers if emulator is not None else []
         self.selectors = emulator.selectors if emulator is not None else {}
         self.log = log
         self.liveness = liveness  # the operator's liveness URL
@@ -200,6 +202,8 @@ class Emulator(kmock.KubernetesEmulator):
     admission plugins would ask for it."""
 
     calls: list[tuple[str, str, str]]  # (API group, resource[/subresource], verb)
+    # (resource[/subresource], field manager) of each write the operator made
+    managers: list[tuple[str, str]]
     selectors: dict[str, str | None]  # resource -> label selector of the operator's watch
     # (resource, verb) -> (HTTP status, message): how the API server answers such a request,
     # e.g. a 422 for a Deployment the Deployment API finds invalid, a 403 from RBAC.
@@ -216,10 +220,22 @@ class Emulator(kmock.KubernetesEmulator):
             self.calls.extend(needed)
             if request.action.value == "WATCH":
                 self.selectors[request.resource.plural] = request.params.get("labelSelector")
+            if request.method in ("POST", "PUT", "PATCH"):
+                self.managers.append((needed[0][1], field_manager(request)))
             if refusal := self.refuse.get(needed[0][1:]):
                 raise kmock.KubernetesError(status=refusal[0], reason="Refused",
                                             message=refusal[1])
         return await super()._handle(request)
+
+
+def field_manager(request: kmock.Request) -> str:
+    """The manager the API server records for a write that is not an apply: the fieldManager
+    query parameter, else the User-Agent up to its first "/", printable characters only, at
+    most 128 (k8s.io/apiserver endpoints/handlers: prefixFromUserAgent)."""
+    if manager := request.params.get("fieldManager"):
+        return manager
+    agent = next((v for k, v in request.headers.items() if k.lower() == "user-agent"), "")
+    return "".join(c for c in agent.split("/")[0] if c.isprintable())[:128]
 
 
 def _permissions(request: kmock.Request, meta: dict | None) -> list[tuple[str, str, str]]:
@@ -259,6 +275,7 @@ async def running_operator(tmp_path: Path, env: dict[str, str] | None = None,
     `refuse` makes the API server answer some of the operator's requests with an error."""
     async with Emulator() as emu, kmock.Server(emu):
         emu.calls = []
+        emu.managers = []
         emu.selectors = {}
         emu.refuse = refuse or {}
         for key, (kind, subresources) in RESOURCES.items():

@@ -108,3 +108,69 @@ async def test_external_mode_leaves_replicas_alone(tmp_path, idle_engine_port):
 async def _replicas(k, n: int) -> bool:
     deployment = await k.get(f"/apis/apps/v1/namespaces/{NS}/deployments/chat")
     return bool(deployment) and deployment["spec"]["replicas"] == n
+
+
+async def test_loading_pods_are_not_a_metrics_failure(tmp_path):
+    """No ready pod is a service loading its model (no Warning); a ready pod that does not
+    answer on /metrics is a failure a person must look at (a MetricsUnavailable Warning)."""
+    async def broken(request):
+        return web.Response(status=500, text="engine error")
+
+    runner, port = await http_server("/metrics", broken)
+    path = f"{IS_PATH.format(ns=NS)}/chat"
+    try:
+        async with running_operator(tmp_path, env={"TOKENMILL_AUTOSCALE_INTERVAL": "0.5"}) as k:
+            await k.request("POST", IS_PATH.format(ns=NS), inference_service("chat", {
+                "replicas": 1, "resources": {"gpus": 0}, "autoscaling": {"maxReplicas": 3}}))
+
+            async def autoscaler_reason(reason: str) -> bool:
+                status = ((await k.get(path)).get("status") or {}).get("autoscaler") or {}
+                return status.get("reason") == reason
+
+            await k.eventually(lambda: autoscaler_reason("NoReadyPods"))
+            await asyncio.sleep(2)  # four more decisions without a ready pod
+            assert not await _events(k, "MetricsUnavailable")
+
+            await add_ready_pods(k, port, n=1)
+            (event,) = await k.eventually(lambda: _events(k, "MetricsUnavailable"))
+            assert event["type"] == "Warning"
+            assert "no ready pod answered on /metrics" in event["message"]
+            await k.eventually(lambda: autoscaler_reason("NoMetrics"))
+    finally:
+        await runner.cleanup()
+
+
+async def test_writes_and_events_name_the_operator(tmp_path):
+    """Field managers and Event sources say tokenmill, and spec.replicas written by the built-in
+    autoscaler is owned by `tokenmill-autoscaler`, the name a conflicting server-side apply of
+    the user's manifest shows."""
+    async def busy(request):
+        return web.Response(text=engine_exposition(10, 2), content_type="text/plain")
+
+    runner, port = await http_server("/metrics", busy)
+    try:
+        async with running_operator(tmp_path, env={"TOKENMILL_AUTOSCALE_INTERVAL": "0.5"}) as k:
+            await add_ready_pods(k, port, n=1)
+            await k.request("POST", IS_PATH.format(ns=NS), inference_service("chat", {
+                "replicas": 1, "resources": {"gpus": 0}, "autoscaling": {"maxReplicas": 3}}))
+            (scaled,) = await k.eventually(lambda: _events(k, "ScaledUp"))
+            await k.eventually(lambda: _replicas(k, 2))  # 12 requests, 2 running per engine
+            assert await _events(k, "Created")
+
+            source = (scaled["source"]["component"], scaled.get("reportingComponent"))
+            assert source == ("tokenmill-operator", "tokenmill-operator")
+            managers = dict.fromkeys(k.managers)
+            assert ("inferenceservices", "tokenmill-autoscaler") in managers
+            assert ("deployments", "tokenmill-operator") in managers
+            assert ("inferenceservices/status", "tokenmill-operator") in managers
+            assert {manager for _, manager in managers} == {"tokenmill-operator",
+                                                            "tokenmill-autoscaler"}
+            # Only spec.replicas is written under the autoscaler's name.
+            assert {r for r, m in k.managers if m == "tokenmill-autoscaler"} == {
+                "inferenceservices"}
+    finally:
+        await runner.cleanup()
+
+
+async def _events(k, reason: str) -> list[dict]:
+    return [e for e in await k.events() if e["reason"] == reason]

@@ -6,6 +6,7 @@ import pytest
 
 from tokenmill.operator.autoscaler import (
     NO_METRICS,
+    NO_READY_PODS,
     OUT_OF_BOUNDS,
     SCALE_DOWN_PENDING,
     SCALED_DOWN,
@@ -171,9 +172,11 @@ def test_unscraped_ready_pods_carry_the_mean_load():
 
 def test_no_metrics_holds_and_keeps_the_state():
     pending = State(below_since=1000.0, scale_down_to=2, last_scale_time=900.0)
-    for obs in (pods(ready=3), pods(ready=0, not_ready=3)):
+    # Ready pods that do not answer are a failure to read metrics; no ready pod at all is a
+    # service still loading its model. Both hold.
+    for obs, reason in ((pods(ready=3), NO_METRICS), (pods(ready=0, not_ready=3), NO_READY_PODS)):
         d = decide(POLICY, 3, obs, pending, 1030.0)
-        assert (d.replicas, d.reason, d.state) == (3, NO_METRICS, pending)
+        assert (d.replicas, d.reason, d.state) == (3, reason, pending)
         assert d.recommended is None
     # When metrics come back after the delay the pending scale-down completes.
     d = decide(POLICY, 3, even(3, 0), pending, 1061.0)
