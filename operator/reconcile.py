@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
+from kubernetes.utils import parse_quantity
 
 from . import manifests, scraper
 from . import status as status_
@@ -46,14 +47,29 @@ def load(name: str, spec: dict[str, Any] | None) -> InferenceServiceSpec:
     return parsed
 
 
-def covers(live: Any, desired: Any) -> bool:
-    """Whether `live` has every value of `desired` (the API server may add defaults)."""
+def _is_quantity(path: tuple[str, ...]) -> bool:
+    """Whether the field at `path` is a resource.Quantity: a request, a limit, a size limit."""
+    return path[-2:-1] in (("requests",), ("limits",)) or path[-1:] == ("sizeLimit",)
+
+
+def _same_quantity(live: Any, desired: Any) -> bool:
+    """The API server stores quantities canonically ("1000m" is read back as "1")."""
+    try:
+        return parse_quantity(live) == parse_quantity(desired)
+    except ValueError:
+        return False
+
+
+def covers(live: Any, desired: Any, path: tuple[str, ...] = ()) -> bool:
+    """Whether `live` has every value of `desired` (the API server may add defaults, and
+    writes quantities in its own form)."""
     if isinstance(desired, dict):
-        return isinstance(live, dict) and all(covers(live.get(k), v) for k, v in desired.items())
+        return isinstance(live, dict) and all(
+            covers(live.get(k), v, (*path, k)) for k, v in desired.items())
     if isinstance(desired, list):
         return (isinstance(live, list) and len(live) == len(desired)
-                and all(covers(a, b) for a, b in zip(live, desired, strict=True)))
-    return live == desired
+                and all(covers(a, b, path) for a, b in zip(live, desired, strict=True)))
+    return live == desired or (_is_quantity(path) and _same_quantity(live, desired))
 
 
 def removals(old: Any, new: Any) -> dict[str, Any]:

@@ -176,6 +176,17 @@ def test_covers_and_removals():
                                                                           "b": {"d": None}}
 
 
+def test_covers_compares_quantities_by_value():
+    """The API server reads back "1000m" as "1" (apiserver_model/quantity.py): not drift."""
+    stored = {"containers": [{"resources": {"requests": {"cpu": "1", "memory": "4Gi"}}}],
+              "volumes": [{"emptyDir": {"sizeLimit": "1536Mi"}}]}
+    written = {"containers": [{"resources": {"requests": {"cpu": "1000m", "memory": "4096Mi"}}}],
+               "volumes": [{"emptyDir": {"sizeLimit": "1.5Gi"}}]}
+    assert covers(stored, written)
+    assert not covers(stored, {"containers": [{"resources": {"requests": {"cpu": "1500m"}}}]})
+    assert not covers({"image": "1"}, {"image": "1000m"})  # only quantity fields
+
+
 class MemoryKube:
     """The Kube interface over a dict, with JSON merge-patch semantics; counts writes."""
 
