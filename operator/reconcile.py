@@ -19,12 +19,15 @@ from kubernetes.utils import parse_quantity
 from . import manifests, scraper
 from . import status as status_
 from .args import check_engine
+from .bookkeeping import skeleton
 from .kube import Kube, api_message
 from .pods import pod_problem
 from .spec import InferenceServiceSpec, SpecError, check, parse
 
+# The keys of the child as last applied (bookkeeping.skeleton): what removals() needs.
 LAST_APPLIED = "tokenmill.io/last-applied"
-REFUSED = (400, 422)  # the API server's answers to an invalid object: retrying cannot help
+REFUSED = (400, 413, 422)  # the API server's answers to an invalid object: retrying cannot help
+TOO_LARGE = "ObjectTooLarge"
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -108,7 +111,7 @@ def apply(kube: Kube, desired: dict[str, Any], uid: str) -> tuple[dict, tuple[st
     """Create or repair one child; returns the live object and the action taken, if any."""
     meta = desired["metadata"]
     what = f"{desired['kind']} {meta['name']}"
-    applied = json.dumps(desired, sort_keys=True)
+    applied = json.dumps(skeleton(desired), sort_keys=True, separators=(",", ":"))
     desired = _merge(desired, {"metadata": {"annotations": {LAST_APPLIED: applied}}})
     live = kube.get(desired["apiVersion"], desired["kind"], meta["namespace"], meta["name"])
     if live is None:
@@ -137,6 +140,20 @@ def pods_problem(kube: Kube, namespace: str, name: str) -> tuple[str, str] | Non
     are not ready) the engines' own /health."""
     pods = kube.list("v1", "Pod", namespace, manifests.selector(name))
     return pod_problem(pods, asyncio.run(scraper.health_reasons(pods)))
+
+
+def _too_large(error: ApiException) -> bool:
+    """A refusal for size: a request body over the server's limit (413), or a field over its
+    limit, such as annotations ("Too long: must have at most 262144 bytes")."""
+    message = api_message(error)
+    return error.status == 413 or (error.status == 422 and "Too long" in message)
+
+
+def _refusal(error: ApiException) -> tuple[str, str]:
+    """The problem to report for a child the API server refused."""
+    if _too_large(error):
+        return TOO_LARGE, f"the API server refused a child as too large: {api_message(error)}"
+    return "InvalidSpec", f"the API server refused a child: {api_message(error)}"
 
 
 def reconcile(kube: Kube, body: dict[str, Any], image: str) -> Outcome:
@@ -178,6 +195,5 @@ def reconcile(kube: Kube, body: dict[str, Any], image: str) -> Outcome:
         # Deployment API checks): the same spec will be refused again, so say why and wait for
         # a new spec; the last valid Deployment keeps serving.
         live = kube.get("apps/v1", "Deployment", namespace, name)
-        return done(live if live and _owned_by(live, uid) else None, actions,
-                    ("InvalidSpec", f"the API server refused a child: {api_message(e)}"))
+        return done(live if live and _owned_by(live, uid) else None, actions, _refusal(e))
     return done(deployment, actions)
