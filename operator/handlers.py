@@ -19,10 +19,10 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from . import autoscaler, metrics, scraper, status
+from . import autoscaler, bookkeeping, metrics, scraper, status
 from .kube import MANAGER, Kube, api_message, load_config
 from .manifests import MANAGED_BY, OWNER_LABEL, selector
-from .reconcile import Outcome, load, reconcile
+from .reconcile import TOO_LARGE, Outcome, load, reconcile
 from .spec import GROUP, PLURAL, VERSION, SpecError
 
 DEFAULT_IMAGE = "ghcr.io/tokenmill/tokenmill:0.1.0"
@@ -53,7 +53,8 @@ def engine_image() -> str:
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Handler progress lives in annotations: the status belongs to the InferenceService's users.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    # kopf's record of the handled spec: a digest, not a copy (bookkeeping.py).
+    settings.persistence.diffbase_storage = bookkeeping.DigestDiffBaseStorage(prefix=GROUP)
     settings.posting.level = logging.WARNING  # routine handler logs are not Events
     # Events say `From: tokenmill-operator` and name the pod that posted them.
     settings.posting.reporting_component = MANAGER
@@ -128,7 +129,20 @@ def _run(body: dict, memo: kopf.Memo, retry: int) -> Outcome:
         delay = min(RETRY_SECONDS * 2 ** retry, MAX_RETRY_SECONDS)
         raise kopf.TemporaryError(message, delay=delay) from None
     memo["failure"] = None
+    if outcome.problem and outcome.problem[0] == TOO_LARGE:
+        metrics.RECONCILE_ERRORS.labels("spec").inc()
     return outcome
+
+
+def _no_room(body: dict, memo: kopf.Memo) -> None:
+    """A Warning (once per message) and a counted error when the object's own annotations leave
+    no room for kopf's record of the handled spec (the API server would refuse the write)."""
+    why = bookkeeping.no_room(body["metadata"].get("annotations") or {}, GROUP)
+    if why:
+        metrics.RECONCILE_ERRORS.labels("spec").inc()
+        if memo.get("no_room") != why:
+            kopf.event(body, type="Warning", reason=TOO_LARGE, message=why)
+    memo["no_room"] = why
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
@@ -141,6 +155,7 @@ def reconcile_service(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry
     raw = dict(body)
     previous = raw.get("status") or {}
     outcome = _run(raw, memo, retry)
+    _no_room(raw, memo)
     # One Warning per problem: resume and create handlers may both see a new object.
     report = outcome.problem is not None and memo.get("problem") != outcome.problem
     memo["problem"] = outcome.problem
@@ -170,6 +185,8 @@ def child_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
         metrics.RECONCILE_ERRORS.labels("child").inc()
         logger.warning(f"Reconciling {name} after a child's change failed: {api_message(e)}")
         return
+    if outcome.problem and outcome.problem[0] == TOO_LARGE:
+        metrics.RECONCILE_ERRORS.labels("child").inc()
     _post(owner, outcome, previous, report_problem=False)
     if _status_changed(previous, outcome.status):
         kube.patch(owner, {"status": outcome.status}, subresource="status")

@@ -14,16 +14,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
+from kubernetes.utils import parse_quantity
 
 from . import manifests, scraper
 from . import status as status_
 from .args import check_engine
+from .bookkeeping import skeleton
 from .kube import Kube, api_message
 from .pods import pod_problem
 from .spec import InferenceServiceSpec, SpecError, check, parse
 
+# The keys of the child as last applied (bookkeeping.skeleton): what removals() needs.
 LAST_APPLIED = "tokenmill.io/last-applied"
-REFUSED = (400, 422)  # the API server's answers to an invalid object: retrying cannot help
+REFUSED = (400, 413, 422)  # the API server's answers to an invalid object: retrying cannot help
+TOO_LARGE = "ObjectTooLarge"
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
@@ -46,14 +50,29 @@ def load(name: str, spec: dict[str, Any] | None) -> InferenceServiceSpec:
     return parsed
 
 
-def covers(live: Any, desired: Any) -> bool:
-    """Whether `live` has every value of `desired` (the API server may add defaults)."""
+def _is_quantity(path: tuple[str, ...]) -> bool:
+    """Whether the field at `path` is a resource.Quantity: a request, a limit, a size limit."""
+    return path[-2:-1] in (("requests",), ("limits",)) or path[-1:] == ("sizeLimit",)
+
+
+def _same_quantity(live: Any, desired: Any) -> bool:
+    """The API server stores quantities canonically ("1000m" is read back as "1")."""
+    try:
+        return parse_quantity(live) == parse_quantity(desired)
+    except ValueError:
+        return False
+
+
+def covers(live: Any, desired: Any, path: tuple[str, ...] = ()) -> bool:
+    """Whether `live` has every value of `desired` (the API server may add defaults, and
+    writes quantities in its own form)."""
     if isinstance(desired, dict):
-        return isinstance(live, dict) and all(covers(live.get(k), v) for k, v in desired.items())
+        return isinstance(live, dict) and all(
+            covers(live.get(k), v, (*path, k)) for k, v in desired.items())
     if isinstance(desired, list):
         return (isinstance(live, list) and len(live) == len(desired)
-                and all(covers(a, b) for a, b in zip(live, desired, strict=True)))
-    return live == desired
+                and all(covers(a, b, path) for a, b in zip(live, desired, strict=True)))
+    return live == desired or (_is_quantity(path) and _same_quantity(live, desired))
 
 
 def removals(old: Any, new: Any) -> dict[str, Any]:
@@ -92,7 +111,7 @@ def apply(kube: Kube, desired: dict[str, Any], uid: str) -> tuple[dict, tuple[st
     """Create or repair one child; returns the live object and the action taken, if any."""
     meta = desired["metadata"]
     what = f"{desired['kind']} {meta['name']}"
-    applied = json.dumps(desired, sort_keys=True)
+    applied = json.dumps(skeleton(desired), sort_keys=True, separators=(",", ":"))
     desired = _merge(desired, {"metadata": {"annotations": {LAST_APPLIED: applied}}})
     live = kube.get(desired["apiVersion"], desired["kind"], meta["namespace"], meta["name"])
     if live is None:
@@ -121,6 +140,20 @@ def pods_problem(kube: Kube, namespace: str, name: str) -> tuple[str, str] | Non
     are not ready) the engines' own /health."""
     pods = kube.list("v1", "Pod", namespace, manifests.selector(name))
     return pod_problem(pods, asyncio.run(scraper.health_reasons(pods)))
+
+
+def _too_large(error: ApiException) -> bool:
+    """A refusal for size: a request body over the server's limit (413), or a field over its
+    limit, such as annotations ("Too long: must have at most 262144 bytes")."""
+    message = api_message(error)
+    return error.status == 413 or (error.status == 422 and "Too long" in message)
+
+
+def _refusal(error: ApiException) -> tuple[str, str]:
+    """The problem to report for a child the API server refused."""
+    if _too_large(error):
+        return TOO_LARGE, f"the API server refused a child as too large: {api_message(error)}"
+    return "InvalidSpec", f"the API server refused a child: {api_message(error)}"
 
 
 def reconcile(kube: Kube, body: dict[str, Any], image: str) -> Outcome:
@@ -162,6 +195,5 @@ def reconcile(kube: Kube, body: dict[str, Any], image: str) -> Outcome:
         # Deployment API checks): the same spec will be refused again, so say why and wait for
         # a new spec; the last valid Deployment keeps serving.
         live = kube.get("apps/v1", "Deployment", namespace, name)
-        return done(live if live and _owned_by(live, uid) else None, actions,
-                    ("InvalidSpec", f"the API server refused a child: {api_message(e)}"))
+        return done(live if live and _owned_by(live, uid) else None, actions, _refusal(e))
     return done(deployment, actions)

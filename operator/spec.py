@@ -60,6 +60,11 @@ API_KEY_SECRET_KEY = "api-key"
 MAX_MAP_ENTRIES = 64
 MAX_LIST_ITEMS = 128
 MAX_URI_LENGTH = 1024
+# A qualified name: a DNS subdomain prefix (253), '/', a name (63).
+MAX_QUALIFIED_NAME = 253 + 1 + 63
+# podAnnotations land in the pod template's annotations, which the API server caps at 256 KiB in
+# total: 64 keys and values of this size, with the operator's prometheus.io annotations, fit.
+MAX_POD_ANNOTATION_VALUE = 3 * 1024
 
 
 def _cel(rule: str, message: str) -> dict[str, str]:
@@ -92,10 +97,10 @@ def _supported_rule(field: str, option: str) -> dict[str, str]:
 
 
 def _keys_rule(pattern: str, what: str) -> dict[str, str]:
-    return _cel(f"self.all(k, k.matches('{pattern}'))",
+    return _cel(f"self.all(k, size(k) <= {MAX_QUALIFIED_NAME} && k.matches('{pattern}'))",
                 f"every {what} must be a Kubernetes qualified name ([prefix/]name, name at most "
                 "63 characters of letters, digits, '-', '_', '.', starting and ending with a "
-                "letter or digit)")
+                "letter or digit, prefix a DNS subdomain of at most 253)")
 
 
 class _Spec(BaseModel):
@@ -253,6 +258,7 @@ class AuthSpec(_Spec):
 
 
 LabelValue = Annotated[str, Field(pattern=LABEL_VALUE_PATTERN, max_length=63)]
+PodAnnotationValue = Annotated[str, Field(max_length=MAX_POD_ANNOTATION_VALUE)]
 
 
 class InferenceServiceSpec(_Spec):
@@ -293,7 +299,7 @@ class InferenceServiceSpec(_Spec):
     tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
     affinity: Affinity | None = None
     service_account_name: str | None = Field(None, pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
-    pod_annotations: dict[str, str] = Field(
+    pod_annotations: dict[str, PodAnnotationValue] = Field(
         default_factory=dict, max_length=MAX_MAP_ENTRIES,
         json_schema_extra={"x-kubernetes-validations": [
             _keys_rule(QUALIFIED_NAME_PATTERN, "podAnnotations key")]})
@@ -310,7 +316,8 @@ class InferenceServiceSpec(_Spec):
     @field_validator("node_selector", "pod_annotations")
     @classmethod
     def _qualified_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
-        bad = [k for k in value if not re.match(QUALIFIED_NAME_PATTERN, k)]
+        bad = [k for k in value
+               if len(k) > MAX_QUALIFIED_NAME or not re.match(QUALIFIED_NAME_PATTERN, k)]
         if bad:
             raise ValueError(f"{', '.join(bad)}: not a Kubernetes qualified name ([prefix/]name)")
         return value

@@ -123,7 +123,7 @@ def status(name: str, namespace: str, generation: int | None, deployment: dict |
     return {k: v for k, v in result.items() if v is not None}
 
 
-SPEC_PROBLEMS = ("InvalidSpec", "NameConflict")  # posted by the reconcile pass itself
+SPEC_PROBLEMS = ("InvalidSpec", "NameConflict", "ObjectTooLarge")  # posted by the pass itself
 
 
 def _find(st: dict[str, Any], type_: str) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import celpy
 import jsonschema
 import kmock
 import yaml
+from apiserver_model.writes import TOO_LONG, canonicalize, merge_patch, too_long
 from process_support import free_port
 from prometheus_client import generate_latest
 
@@ -146,6 +147,7 @@ RESOURCES = {
     "apiextensions.k8s.io/v1/customresourcedefinitions": ("CustomResourceDefinition", []),
 }
 CLUSTER_SCOPED = ("Namespace", "CustomResourceDefinition")
+KIND_OF = {key.rpartition("/")[2]: kind for key, (kind, _) in RESOURCES.items()}
 VERBS = ["get", "list", "watch", "create", "patch", "update", "delete"]
 
 
@@ -197,8 +199,9 @@ VERB_OF = {"LIST": "list", "WATCH": "watch", "FETCH": "get", "CREATE": "create",
 
 
 class Emulator(kmock.KubernetesEmulator):
-    """kmock's emulator plus the API server's generateName (kopf names its Events so); records
-    the RBAC permission each request needs (rbac_needed), as the API server's authorizer and
+    """kmock's emulator plus the API server's generateName (kopf names its Events so), its
+    canonical quantities and its annotation size limit (apiserver_model.writes); records the
+    RBAC permission each request needs (rbac_needed), as the API server's authorizer and
     admission plugins would ask for it."""
 
     calls: list[tuple[str, str, str]]  # (API group, resource[/subresource], verb)
@@ -225,7 +228,37 @@ class Emulator(kmock.KubernetesEmulator):
             if refusal := self.refuse.get(needed[0][1:]):
                 raise kmock.KubernetesError(status=refusal[0], reason="Refused",
                                             message=refusal[1])
+        if request.resource is not None and isinstance(request.data, dict):
+            self._as_stored(request)
         return await super()._handle(request)
+
+    def _as_stored(self, request: kmock.Request) -> None:
+        """Canonical quantities in what is written, and the 422 for annotations over the
+        limit, judged on the object as it would be after the write."""
+        kind = KIND_OF.get(request.resource.plural, "")
+        try:
+            canonicalize(kind, request.data)
+        except ValueError as e:  # the JSON decoder's refusal of a malformed quantity
+            raise kmock.KubernetesError(status=400, reason="BadRequest", message=str(e)) from None
+        after = request.data
+        if request.action == kmock.action.UPDATE:
+            key = (request.resource, request.namespace, request.name)
+            known = key in self.objects and not self.objects[key].deleted
+            after = merge_patch(self.objects[key].raw if known else {}, request.data)
+        name = request.name or (request.data.get("metadata") or {}).get("name", "")
+        if fields := too_long(kind, after):
+            raise _invalid(kind, request.resource.group, name, fields)
+
+
+def _invalid(kind: str, group: str | None, name: str, fields: list[str]) -> kmock.KubernetesError:
+    """A 422 Status as the API server words it (StatusError from field.ErrorList)."""
+    qualified = f"{kind}.{group}" if group else kind
+    causes = [{"reason": "FieldValueTooLong", "message": TOO_LONG, "field": f} for f in fields]
+    message = f'{qualified} "{name}" is invalid: ' + ", ".join(f"{f}: {TOO_LONG}" for f in fields)
+    return kmock.KubernetesError(
+        status=422, reason="Invalid", message=message,
+        details={"name": name, "group": group or "", "kind": kind.lower() + "s",
+                 "causes": causes})
 
 
 def field_manager(request: kmock.Request) -> str:

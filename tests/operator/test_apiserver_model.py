@@ -17,6 +17,8 @@ from apiserver_model import (
     rule_problems,
     structure_problems,
 )
+from apiserver_model.quantity import canonical
+from apiserver_model.writes import canonicalize, merge_patch, too_long
 
 
 def obj(props: dict, **extra) -> dict:
@@ -464,3 +466,58 @@ def test_crd_problems_names_each_stage():
                for p in problems)
     assert any(p.startswith(f"{base}.properties[tags].x-kubernetes-validations[0].rule: "
                             "Forbidden: estimated rule cost") for p in problems)
+
+
+# --- quantities: stored canonically (apimachinery resource.Quantity.String()) ----------------
+
+# Pairs from the observations on a real server and from apimachinery's quantity_test.go
+# (TestQuantityParse, TestQuantityString, TestQuantityParseEmit).
+CANONICAL = [
+    ("1000m", "1"), ("4096Mi", "4Gi"), ("0.5", "500m"), ("1.5Gi", "1536Mi"), (2, "2"),
+    (0.5, "500m"), ("100M", "100M"), ("1000M", "1G"), ("1024Mi", "1Gi"), ("1Ki", "1Ki"),
+    ("1e3", "1e3"),  # an exponent stays an exponent (DecimalExponent keeps its format)
+    ("1.2e3", "1200"), ("1.3E+6", "1300e3"), ("1.5Ki", "1536"), ("0.5Mi", "512Ki"),
+    (".001Ki", "1024m"), (".000000000001Ki", "2n"), ("3.001n", "4n"), ("0Mi", "0"),
+    ("-1000m", "-1"), ("1.", "1"), ("100.035k", "100035"), ("9Ei", "9223372036854775807"),
+]
+
+
+@pytest.mark.parametrize(("written", "stored"), CANONICAL)
+def test_quantities_are_stored_canonically(written, stored):
+    assert canonical(written) == stored
+    assert canonical(stored) == stored  # what is read back is written back unchanged
+
+
+@pytest.mark.parametrize("bad", ["1.1.M", "0.1mi", "aoeu", "1i", " 1", ""])
+def test_malformed_quantities_are_refused(bad):
+    with pytest.raises(ValueError):
+        canonical(bad)
+
+
+def test_writes_canonicalize_every_container_and_the_empty_dir_size():
+    pod = {"containers": [{"resources": {"requests": {"cpu": "1000m"},
+                                         "limits": {"memory": "4096Mi", "x.io/gpu": 1}}}],
+           "initContainers": [{"resources": {"limits": {"cpu": "0.5"}}}],
+           "volumes": [{"emptyDir": {"sizeLimit": "2048Mi"}}, {"emptyDir": {}}]}
+    deployment = {"spec": {"template": {"spec": copy.deepcopy(pod)}}}
+    canonicalize("Deployment", deployment)
+    written = deployment["spec"]["template"]["spec"]
+    assert written["containers"][0]["resources"] == {
+        "requests": {"cpu": "1"}, "limits": {"memory": "4Gi", "x.io/gpu": "1"}}
+    assert written["initContainers"][0]["resources"]["limits"] == {"cpu": "500m"}
+    assert written["volumes"] == [{"emptyDir": {"sizeLimit": "2Gi"}}, {"emptyDir": {}}]
+    pdb = {"spec": {"minAvailable": "50%", "maxUnavailable": 1}}  # IntOrString: not a quantity
+    canonicalize("PodDisruptionBudget", pdb)
+    assert pdb == {"spec": {"minAvailable": "50%", "maxUnavailable": 1}}
+
+
+def test_annotations_over_256_kib_in_total_are_too_long():
+    at_limit = {"a": "x" * (256 * 1024 - 1)}
+    assert too_long("InferenceService", {"metadata": {"annotations": at_limit}}) == []
+    over = {"a": "x" * (256 * 1024 - 1), "b": ""}  # keys count too
+    assert too_long("Deployment", {"metadata": {"annotations": over}}) == [
+        "metadata.annotations"]
+    template = {"spec": {"template": {"metadata": {"annotations": over}}}}
+    assert too_long("Deployment", template) == ["spec.template.metadata.annotations"]
+    assert merge_patch({"a": 1, "b": {"c": 2}}, {"b": {"c": None, "d": 3}}) == {
+        "a": 1, "b": {"d": 3}}

@@ -10,8 +10,9 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from operator_support import inference_service
 
-from tokenmill.operator import status
-from tokenmill.operator.reconcile import covers, reconcile, removals
+from tokenmill.operator import manifests, status
+from tokenmill.operator.reconcile import LAST_APPLIED, covers, reconcile, removals
+from tokenmill.operator.spec import parse
 
 NOW = "2026-01-01T00:00:00Z"
 LATER = "2026-01-01T00:05:00Z"
@@ -176,6 +177,17 @@ def test_covers_and_removals():
                                                                           "b": {"d": None}}
 
 
+def test_covers_compares_quantities_by_value():
+    """The API server reads back "1000m" as "1" (apiserver_model/quantity.py): not drift."""
+    stored = {"containers": [{"resources": {"requests": {"cpu": "1", "memory": "4Gi"}}}],
+              "volumes": [{"emptyDir": {"sizeLimit": "1536Mi"}}]}
+    written = {"containers": [{"resources": {"requests": {"cpu": "1000m", "memory": "4096Mi"}}}],
+               "volumes": [{"emptyDir": {"sizeLimit": "1.5Gi"}}]}
+    assert covers(stored, written)
+    assert not covers(stored, {"containers": [{"resources": {"requests": {"cpu": "1500m"}}}]})
+    assert not covers({"image": "1"}, {"image": "1000m"})  # only quantity fields
+
+
 class MemoryKube:
     """The Kube interface over a dict, with JSON merge-patch semantics; counts writes."""
 
@@ -245,6 +257,21 @@ def test_reconcile_is_idempotent_and_removes_what_the_spec_dropped():
     assert pod_spec(kube)["dnsPolicy"] == "ClusterFirst"  # not ours: left alone
     assert ("PodDisruptionBudget", "default", "a") not in kube.objects
     assert {a[0] for a in outcome.actions} == {"Updated", "Deleted"}
+
+
+def test_a_deployment_recorded_by_an_older_operator_still_loses_dropped_fields():
+    """Older operators recorded the whole Deployment in tokenmill.io/last-applied; removals()
+    reads that as it reads the key skeleton recorded now."""
+    kube = MemoryKube()
+    body = inference_service("a", {"resources": {"gpus": 0}, "nodeSelector": {"pool": "cpu"}})
+    reconcile(kube, body, "img")
+    live = kube.objects["Deployment", "default", "a"]
+    whole = manifests.deployment("a", "default", "", parse(body["spec"]), "img")
+    live["metadata"]["annotations"][LAST_APPLIED] = json.dumps(whole, sort_keys=True)
+    body["spec"] = {"resources": {"gpus": 0}}
+    assert [a[0] for a in reconcile(kube, body, "img").actions] == ["Updated"]
+    assert "nodeSelector" not in pod_spec(kube)
+    assert len(live["metadata"]["annotations"][LAST_APPLIED]) < 2048  # the skeleton now
 
 
 def test_reconcile_refuses_children_it_does_not_own():

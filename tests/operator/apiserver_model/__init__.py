@@ -15,6 +15,10 @@ NewStructural's conversion errors and the completeness of value validations (all
 Modules, each importing only those before it: saturating and re2 (Go's arithmetic and regexp),
 schema (the walk), cel_types, cel_syntax, cel_check (types and cost of a rule), cel_eval, then
 one per stage: structure, defaults, rules, cel_cost; crd ties them together.
+
+Apart from CRD creation, quantity (the canonical form the server stores a quantity in) and writes
+(what it does to every object written: canonical quantities, the annotation size limit) model
+what the server does to objects; the emulator the operator tests run against applies them.
 """
 
 from .cel_cost import RuleCost, cost_problems, rule_costs

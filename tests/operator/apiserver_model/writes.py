@@ -1,0 +1,85 @@
+"""What the API server does to every object written to it, whatever the resource: quantities of
+built-in types stored canonically (quantity.py), and the total size of metadata.annotations
+capped.
+
+The size rule is k8s.io/apimachinery/pkg/api/validation/objectmeta.go: ValidateAnnotationsSize
+counts len(key) + len(value) in bytes over every annotation and refuses more than
+TotalAnnotationSizeLimitB (256 KiB) with field.TooLong on metadata.annotations; the pod template
+of a workload is ObjectMeta too (ValidatePodTemplateSpec), so the same rule holds for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from .quantity import canonical
+
+ANNOTATIONS_LIMIT = 256 * (1 << 10)  # TotalAnnotationSizeLimitB
+TOO_LONG = f"Too long: must have at most {ANNOTATIONS_LIMIT} bytes"  # field.TooLong's detail
+WORKLOADS = ("Deployment", "ReplicaSet", "StatefulSet", "DaemonSet", "Job")
+
+
+def _pod_specs(kind: str, obj: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return
+    if kind == "Pod":
+        yield spec
+    elif kind in WORKLOADS and isinstance(spec.get("template"), dict):
+        pod = spec["template"].get("spec")
+        if isinstance(pod, dict):
+            yield pod
+
+
+def _canonical_map(values: Any) -> None:
+    if isinstance(values, dict):
+        for name, value in values.items():
+            if value is not None:  # a merge patch's null deletes the entry
+                values[name] = canonical(value)
+
+
+def canonicalize(kind: str, obj: dict[str, Any]) -> None:
+    """Rewrite in place the quantities of a Pod or a workload's pod template: container (and
+    init container) requests and limits, emptyDir sizeLimit. Works on a whole object or on a
+    merge patch (lists are replaced whole, so a patched container list is complete)."""
+    for pod in _pod_specs(kind, obj):
+        for key in ("containers", "initContainers"):
+            for container in pod.get(key) or []:
+                resources = container.get("resources") if isinstance(container, dict) else None
+                for part in ("requests", "limits"):
+                    _canonical_map((resources or {}).get(part))
+        for volume in pod.get("volumes") or []:
+            empty_dir = volume.get("emptyDir") if isinstance(volume, dict) else None
+            if isinstance(empty_dir, dict) and empty_dir.get("sizeLimit") is not None:
+                empty_dir["sizeLimit"] = canonical(empty_dir["sizeLimit"])
+
+
+def annotation_bytes(annotations: dict[str, str] | None) -> int:
+    """Bytes of keys and values, as ValidateAnnotationsSize counts them."""
+    return sum(len(k.encode()) + len(v.encode()) for k, v in (annotations or {}).items())
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """The object after a JSON merge patch (RFC 7386): what the server validates."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def too_long(kind: str, obj: dict[str, Any]) -> list[str]:
+    """The fields whose annotations exceed the limit, as the API server names them."""
+    fields = []
+    if annotation_bytes((obj.get("metadata") or {}).get("annotations")) > ANNOTATIONS_LIMIT:
+        fields.append("metadata.annotations")
+    template = (obj.get("spec") or {}).get("template") if kind in WORKLOADS else None
+    meta = (template or {}).get("metadata") or {}
+    if annotation_bytes(meta.get("annotations")) > ANNOTATIONS_LIMIT:
+        fields.append("spec.template.metadata.annotations")
+    return fields
