@@ -97,12 +97,14 @@ Path = list[str | int]
 
 
 def absent(live: Any, desired: Any) -> list[Path]:
-    """The paths of `desired` whose key `live` lacks: what the API server did not keep."""
+    """The paths of `desired` whose key `live` lacks: what the API server did not keep. An
+    empty value ("", 0, false, [], {}) is not counted: Go's `omitempty` writes it as no key,
+    which means the same."""
     if isinstance(desired, dict) and isinstance(live, dict):
         found: list[Path] = []
         for key, value in desired.items():
             if key not in live:
-                found.append([key])
+                found += [[key]] if value or value is None else []
             else:
                 found += [[key, *sub] for sub in absent(live[key], value)]
         return found

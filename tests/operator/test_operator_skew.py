@@ -14,6 +14,7 @@ from operator_support import IS_PATH, inference_service, running_operator
 
 from tokenmill.operator import manifests
 from tokenmill.operator.kube import parse_warnings
+from tokenmill.operator.reconcile import absent, path_text, without
 from tokenmill.operator.spec import parse
 
 NS = "default"
@@ -220,3 +221,13 @@ async def test_a_refusal_names_the_users_field(tmp_path):
         assert 'spec.env[0].valueFrom.fieldRef.fieldPath: Unsupported value: "metadata.foo"' in (
             message)
         assert "containers[0]" not in message
+
+
+def test_what_a_write_did_not_keep():
+    """A key the stored object lacks is dropped; an empty value is Go's omitempty, not a drop."""
+    desired = {"spec": {"a": 1, "b": {"c": "x", "d": ""}, "l": [{"e": 1}, {"f": 2}]}}
+    live = {"spec": {"a": 1, "b": {}, "l": [{"e": 1}, {}], "extra": 3}}
+    assert absent(live, desired) == [["spec", "b", "c"], ["spec", "l", 1, "f"]]
+    assert path_text(["spec", "l", 1, "f"]) == "spec.l[1].f"
+    assert without(desired, absent(live, desired)) == {
+        "spec": {"a": 1, "b": {"d": ""}, "l": [{"e": 1}, {}]}}
