@@ -24,6 +24,7 @@ from .kube import MANAGER, Kube, api_message, load_config
 from .manifests import MANAGED_BY, OWNER_LABEL, selector
 from .reconcile import TOO_LARGE, Outcome, load, reconcile
 from .spec import GROUP, PLURAL, VERSION, SpecError
+from .user_paths import stable
 
 DEFAULT_IMAGE = "ghcr.io/tokenmill/tokenmill:0.1.0"
 RETRY_SECONDS = 30
@@ -68,6 +69,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.watching.label_selectors[resource] = managed
     load_config()
     _state["kube"] = Kube()
+    version = _state["kube"].server_version()  # asked once; fields to refuse depend on it
+    log.info(f"Kubernetes API server version: {version or 'unknown'}")
 
 
 class _NamedConnection(kopf.ConnectionInfo):
@@ -103,6 +106,8 @@ def _post(body: dict, outcome: Outcome, previous: dict, report_problem: bool) ->
     a person must act, the service became Ready, or stopped being Ready)."""
     for reason, message in outcome.actions:
         kopf.event(body, type="Normal", reason=reason, message=message)
+    for reason, message in outcome.warnings:  # the API server's, on a write just made
+        kopf.event(body, type="Warning", reason=reason, message=message)
     if report_problem and outcome.problem:
         kopf.event(body, type="Warning", reason=outcome.problem[0], message=outcome.problem[1])
     for kind, reason, message in _news(body, previous, outcome.status):
@@ -122,7 +127,7 @@ def _run(body: dict, memo: kopf.Memo, retry: int) -> Outcome:
         outcome = reconcile(_state["kube"], body, engine_image())
     except ApiException as e:
         metrics.RECONCILE_ERRORS.labels("spec").inc()
-        message = f"Kubernetes API error {api_message(e)}"
+        message = stable(f"Kubernetes API error {api_message(e)}")
         if memo.get("failure") != message:
             kopf.event(body, type="Warning", reason="ReconcileFailed", message=message)
         memo["failure"] = message

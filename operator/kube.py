@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import re
+import threading
 import urllib.parse
 from typing import Any
 
@@ -37,6 +39,12 @@ def _version() -> str:
         return "unknown"
 
 
+# One warning of a `Warning` header (RFC 7234 5.5, as apimachinery's ParseWarningHeader reads
+# it): code, agent, quoted text with backslash escapes, an optional quoted date; several are
+# comma-separated.
+WARNING = re.compile(r'\s*(\d{3}) (\S+) "((?:[^"\\]|\\.)*)"(?: "[^"]*")?\s*(?:,|$)')
+
+
 def load_config() -> None:
     """In-cluster credentials inside a pod, else the kubeconfig (KUBECONFIG or ~/.kube)."""
     try:
@@ -55,6 +63,24 @@ def api_message(error: ApiException) -> str:
     return f"{error.status} {message or error.reason}"
 
 
+def parse_warnings(headers: list[str]) -> list[str]:
+    """The texts of the API server's warnings (`Warning: 299 - "unknown field ..."`): the
+    server sends them on a write it accepted but changed, e.g. a field it does not know."""
+    texts = []
+    for header in headers:
+        for match in WARNING.finditer(header):
+            texts.append(re.sub(r"\\(.)", r"\1", match.group(3)))
+    return texts
+
+
+def parse_version(info: dict[str, Any]) -> tuple[int, int] | None:
+    """(major, minor) of GET /version; managed clusters write minors such as "28+"."""
+    try:
+        return int(info["major"]), int(re.sub(r"\D.*", "", str(info["minor"])))
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
 def path(api_version: str, kind: str, namespace: str, name: str = "") -> str:
     prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
     return f"{prefix}/namespaces/{namespace}/{PLURALS[kind]}" + (f"/{name}" if name else "")
@@ -71,6 +97,8 @@ class Kube:
     def __init__(self, api: ApiClient | None = None):
         self.api = api or ApiClient()
         self.api.user_agent = self.user_agent()
+        self._local = threading.local()  # the warnings of this thread's last call
+        self._version: tuple[int, int] | None = None
 
     @staticmethod
     def user_agent() -> str:
@@ -84,9 +112,23 @@ class Kube:
         )
         response = self.api.call_api(*params, _request_timeout=TIMEOUT_SECONDS)
         response.read()
+        self._local.warnings = parse_warnings(response.headers.getlist("Warning"))
         if not 200 <= response.status <= 299:
             raise ApiException(http_resp=response)
         return json.loads(response.data or b"{}")
+
+    def warnings(self) -> list[str]:
+        """The API server's warnings on this thread's last call."""
+        return list(getattr(self._local, "warnings", []))
+
+    def server_version(self) -> tuple[int, int] | None:
+        """(major, minor) of the API server, asked once; None while it cannot be read."""
+        if self._version is None:
+            try:
+                self._version = parse_version(self._call("GET", "/version"))
+            except (ApiException, OSError, ValueError):
+                return None
+        return self._version
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
         try:

@@ -124,6 +124,24 @@ def _env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
     return [e for e in ours if e["name"] not in names] + _api_key_env(spec) + own
 
 
+def user_env_offset(spec: InferenceServiceSpec) -> int:
+    """Where the spec's first variable is in the container's env (the operator's come first)."""
+    return len(_env(spec)) - len(spec.env)
+
+
+def _container_security_context(spec: InferenceServiceSpec) -> dict[str, Any]:
+    """The restricted defaults under the spec's overrides. A privileged container, or one that
+    adds CAP_SYS_ADMIN, always may escalate privileges (SecurityContext.allowPrivilegeEscalation),
+    and the Deployment API refuses an explicit false beside them: the default is left out then,
+    so the API server never blames a field the spec did not set."""
+    own = spec.container_security_context or {}
+    added = (own.get("capabilities") or {}).get("add") or []
+    escalates = own.get("privileged") is True or "CAP_SYS_ADMIN" in added
+    defaults = {k: v for k, v in CONTAINER_SECURITY_CONTEXT.items()
+                if not (escalates and k == "allowPrivilegeEscalation")}
+    return {**defaults, **own}
+
+
 def _container(name: str, spec: InferenceServiceSpec, image: str) -> dict[str, Any]:
     volumes_and_mounts = _volumes(spec)
     container: dict[str, Any] = {
@@ -138,8 +156,7 @@ def _container(name: str, spec: InferenceServiceSpec, image: str) -> dict[str, A
         "livenessProbe": _probe(15, 4, 10),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_SECONDS)]}}},
         "volumeMounts": volumes_and_mounts[1],
-        "securityContext": {**CONTAINER_SECURITY_CONTEXT,
-                            **(spec.container_security_context or {})},
+        "securityContext": _container_security_context(spec),
         # A crash's last log lines become the termination message the status reports.
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }

@@ -22,10 +22,14 @@ from .args import check_engine
 from .bookkeeping import skeleton
 from .kube import Kube, api_message
 from .pods import pod_problem
+from .server_versions import check_server
 from .spec import InferenceServiceSpec, SpecError, check, parse
+from .user_paths import user_message, user_path
 
 # The keys of the child as last applied (bookkeeping.skeleton): what removals() needs.
 LAST_APPLIED = "tokenmill.io/last-applied"
+# The paths of the last applied object the API server did not keep (JSON list of path segments).
+DROPPED = "tokenmill.io/dropped-fields"
 REFUSED = (400, 413, 422)  # the API server's answers to an invalid object: retrying cannot help
 TOO_LARGE = "ObjectTooLarge"
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -38,6 +42,7 @@ class Outcome:
     status: dict[str, Any]
     actions: list[tuple[str, str]] = field(default_factory=list)  # (reason, message)
     problem: tuple[str, str] | None = None  # (reason, message) of why it cannot be Ready
+    warnings: list[tuple[str, str]] = field(default_factory=list)  # the API server's, as Events
 
 
 def load(name: str, spec: dict[str, Any] | None) -> InferenceServiceSpec:
@@ -107,8 +112,72 @@ class ConflictError(Exception):
     """A child's name is taken by an object this InferenceService does not own."""
 
 
-def apply(kube: Kube, desired: dict[str, Any], uid: str) -> tuple[dict, tuple[str, str] | None]:
-    """Create or repair one child; returns the live object and the action taken, if any."""
+Path = list[str | int]
+
+
+def absent(live: Any, desired: Any) -> list[Path]:
+    """The paths of `desired` whose key `live` lacks: what the API server did not keep. An
+    empty value ("", 0, false, [], {}) is not counted: Go's `omitempty` writes it as no key,
+    which means the same."""
+    if isinstance(desired, dict) and isinstance(live, dict):
+        found: list[Path] = []
+        for key, value in desired.items():
+            if key not in live:
+                found += [[key]] if value or value is None else []
+            else:
+                found += [[key, *sub] for sub in absent(live[key], value)]
+        return found
+    if isinstance(desired, list) and isinstance(live, list):
+        pairs = enumerate(zip(live, desired, strict=False))  # a changed length is not "absent"
+        return [[i, *sub] for i, (a, b) in pairs for sub in absent(a, b)]
+    return []
+
+
+def without(obj: Any, paths: list[Path]) -> Any:
+    """A copy of `obj` lacking `paths`."""
+    obj = json.loads(json.dumps(obj))
+    for path in paths:
+        parent = obj
+        for part in path[:-1]:
+            try:
+                parent = parent[part]
+            except (KeyError, IndexError, TypeError):
+                parent = None
+                break
+        if isinstance(parent, dict):
+            parent.pop(path[-1], None)
+    return obj
+
+
+def path_text(path: Path) -> str:
+    """A path as the API server prints it: `spec.template.spec.containers[0].image`."""
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+
+
+def dropped(live: dict[str, Any]) -> list[Path]:
+    """The paths the API server did not keep of the object last applied to this child."""
+    return json.loads((live.get("metadata", {}).get("annotations") or {}).get(DROPPED, "[]"))
+
+
+def _warnings(kube: Kube) -> list[str]:
+    """The API server's warnings on the write just made (an in-memory stand-in has none)."""
+    return kube.warnings() if hasattr(kube, "warnings") else []
+
+
+def _written(kube: Kube, live: dict[str, Any], desired: dict[str, Any]) -> tuple[dict, list]:
+    """After a write: the server's warnings, and what it did not keep recorded on the child, so
+    later passes neither patch for it again nor forget it until the spec changes."""
+    warned = _warnings(kube)
+    if missing := absent(live, desired):
+        note = {"metadata": {"annotations": {DROPPED: json.dumps(missing)}}}
+        live = kube.patch(live, note)
+    return live, warned
+
+
+def apply(kube: Kube, desired: dict[str, Any], uid: str
+          ) -> tuple[dict, tuple[str, str] | None, list[str]]:
+    """Create or repair one child; returns the live object, the action taken, if any, and the
+    API server's warnings on it."""
     meta = desired["metadata"]
     what = f"{desired['kind']} {meta['name']}"
     applied = json.dumps(skeleton(desired), sort_keys=True, separators=(",", ":"))
@@ -116,7 +185,8 @@ def apply(kube: Kube, desired: dict[str, Any], uid: str) -> tuple[dict, tuple[st
     live = kube.get(desired["apiVersion"], desired["kind"], meta["namespace"], meta["name"])
     if live is None:
         try:
-            return kube.create(desired), ("Created", f"Created {what}")
+            live, warned = _written(kube, kube.create(desired), desired)
+            return live, ("Created", f"Created {what}"), warned
         except ApiException as e:
             if e.status != 409:  # created meanwhile by a concurrent pass: repair it below
                 raise
@@ -124,11 +194,16 @@ def apply(kube: Kube, desired: dict[str, Any], uid: str) -> tuple[dict, tuple[st
                             meta["name"]) or {}
     if not _owned_by(live, uid):
         raise ConflictError(f"{what} exists and is not owned by this InferenceService")
-    if covers(live, desired):
-        return live, None
-    before = json.loads(live["metadata"].get("annotations", {}).get(LAST_APPLIED, "{}"))
+    annotations = live["metadata"].get("annotations") or {}
+    kept = dropped(live) if annotations.get(LAST_APPLIED) == applied else []
+    if covers(live, without(desired, kept)):
+        return live, None, []
+    before = json.loads(annotations.get(LAST_APPLIED, "{}"))
     patch = _merge(desired, removals(before, desired))
-    return kube.patch(live, patch), ("Updated", f"Updated {what} to match the spec")
+    if DROPPED in annotations:
+        patch = _merge(patch, {"metadata": {"annotations": {DROPPED: None}}})
+    live, warned = _written(kube, kube.patch(live, patch), desired)
+    return live, ("Updated", f"Updated {what} to match the spec"), warned
 
 
 def _now() -> str:
@@ -149,11 +224,30 @@ def _too_large(error: ApiException) -> bool:
     return error.status == 413 or (error.status == 422 and "Too long" in message)
 
 
-def _refusal(error: ApiException) -> tuple[str, str]:
-    """The problem to report for a child the API server refused."""
+def _refusal(error: ApiException, spec: InferenceServiceSpec) -> tuple[str, str]:
+    """The problem to report for a child the API server refused, in the spec's terms and
+    without the Go pointers that change on every answer."""
+    message = user_message(api_message(error), spec)
     if _too_large(error):
-        return TOO_LARGE, f"the API server refused a child as too large: {api_message(error)}"
-    return "InvalidSpec", f"the API server refused a child: {api_message(error)}"
+        return TOO_LARGE, f"the API server refused a child as too large: {message}"
+    return "InvalidSpec", f"the API server refused a child: {message}"
+
+
+def _server_version(kube: Kube) -> tuple[int, int] | None:
+    return kube.server_version() if hasattr(kube, "server_version") else None
+
+
+def _dropped_notice(paths: list[str], spec: InferenceServiceSpec,
+                    version: tuple[int, int] | None) -> tuple[str, str] | None:
+    """FieldsDropped, naming the spec's fields the API server did not keep."""
+    if not paths:
+        return None
+    server = f"v{version[0]}.{version[1]}" if version else "server"
+    fields = ", ".join(user_path(p, spec) or p for p in paths)
+    return ("FieldsDropped",
+            f"the API {server} did not keep {fields} (its version does not know the field or "
+            "turns it off): the pods run without it, and it is not written again until the spec "
+            "changes")
 
 
 def reconcile(kube: Kube, body: dict[str, Any], image: str) -> Outcome:
@@ -161,16 +255,23 @@ def reconcile(kube: Kube, body: dict[str, Any], image: str) -> Outcome:
     meta = body["metadata"]
     name, namespace, uid = meta["name"], meta["namespace"], meta.get("uid", "")
     previous = body.get("status") or {}
+    version = _server_version(kube)
+    lost: list[str] = []  # paths of the children the API server did not keep
+    warnings: list[tuple[str, str]] = []
 
     def done(deployment: dict | None, actions: list, problem: tuple | None = None) -> Outcome:
         pods = pods_problem(kube, namespace, name) if deployment and not problem else None
+        notice = _dropped_notice(lost, spec, version) if spec else None
         st = status_.status(name, namespace, meta.get("generation"), deployment, problem,
-                            previous, _now(), pods)
-        return Outcome(st, actions, problem)
+                            previous, _now(), pods, notice)
+        return Outcome(st, actions, problem, warnings)
 
+    spec = None
     try:
         spec = load(name, body.get("spec"))
+        check_server(spec, version)
     except SpecError as e:  # keep the last valid Deployment serving; say what to fix
+        spec = None
         live = kube.get("apps/v1", "Deployment", namespace, name)
         return done(live if live and _owned_by(live, uid) else None, [], ("InvalidSpec", str(e)))
 
@@ -178,9 +279,12 @@ def reconcile(kube: Kube, body: dict[str, Any], image: str) -> Outcome:
     deployment = None
     try:
         for child in manifests.children(name, namespace, uid, spec, image):
-            live, action = apply(kube, child, uid)
+            live, action, warned = apply(kube, child, uid)
             deployment = live if child["kind"] == "Deployment" else deployment
             actions += [action] if action else []
+            lost += [path_text(p) for p in dropped(live)]
+            warnings += [("APIServerWarning", f"the API server warned on writing "
+                          f"{child['kind']} {name}: {user_message(w, spec)}") for w in warned]
         if spec.desired_replicas <= 1:
             pdb = kube.get("policy/v1", "PodDisruptionBudget", namespace, name)
             if pdb and _owned_by(pdb, uid):
@@ -192,8 +296,9 @@ def reconcile(kube: Kube, body: dict[str, Any], image: str) -> Outcome:
         if e.status not in REFUSED:
             raise
         # The spec passed admission but Kubernetes refuses what it asks for (a field only the
-        # Deployment API checks): the same spec will be refused again, so say why and wait for
-        # a new spec; the last valid Deployment keeps serving.
+        # Deployment API checks): the same spec will be refused again, so say why (in the
+        # spec's terms, without the Go pointers that change on every answer) and wait for a
+        # new spec; the last valid Deployment keeps serving.
         live = kube.get("apps/v1", "Deployment", namespace, name)
-        return done(live if live and _owned_by(live, uid) else None, actions, _refusal(e))
+        return done(live if live and _owned_by(live, uid) else None, actions, _refusal(e, spec))
     return done(deployment, actions)

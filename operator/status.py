@@ -38,11 +38,13 @@ def _rollout(deployment: dict[str, Any]) -> tuple[int, int, int, bool]:
 
 
 def conditions(deployment: dict[str, Any] | None, problem: tuple[str, str] | None,
-               pod_problem: tuple[str, str] | None = None) -> list[dict[str, str]]:
+               pod_problem: tuple[str, str] | None = None,
+               notice: tuple[str, str] | None = None) -> list[dict[str, str]]:
     """Ready, Available, Progressing and Degraded, with reasons a person can act on.
 
     `problem` is (reason, message) when the spec cannot be deployed (e.g. InvalidSpec); it wins
-    over `pod_problem`, pods.pod_problem's answer, which says why replicas are not ready."""
+    over `pod_problem`, pods.pod_problem's answer, which says why replicas are not ready.
+    `notice` is a deployed spec's shortfall (FieldsDropped): Degraded when nothing worse is."""
     if deployment is None and problem:
         return [_condition("Ready", False, *problem), _condition("Available", False, *problem),
                 _condition("Progressing", False, *problem), _condition("Degraded", True, *problem)]
@@ -94,6 +96,8 @@ def conditions(deployment: dict[str, Any] | None, problem: tuple[str, str] | Non
     elif failure.get("status") == "True":
         degraded = _condition("Degraded", True, failure.get("reason", "ReplicaFailure"),
                               failure.get("message", ""))
+    elif notice:
+        degraded = _condition("Degraded", True, *notice)
     else:
         degraded = _condition("Degraded", False, "AsExpected", "")
     return [ready, available, progressing, degraded]
@@ -101,11 +105,12 @@ def conditions(deployment: dict[str, Any] | None, problem: tuple[str, str] | Non
 
 def status(name: str, namespace: str, generation: int | None, deployment: dict | None,
            problem: tuple[str, str] | None, previous: dict[str, Any], now: str,
-           pod_problem: tuple[str, str] | None = None) -> dict[str, Any]:
+           pod_problem: tuple[str, str] | None = None,
+           notice: tuple[str, str] | None = None) -> dict[str, Any]:
     """The whole status object; `previous` is the current status, for transition times."""
     before = {c.get("type"): c for c in previous.get("conditions", [])}
     conds = []
-    for cond in conditions(deployment, problem, pod_problem):
+    for cond in conditions(deployment, problem, pod_problem, notice):
         old = before.get(cond["type"], {})
         same = old.get("status") == cond["status"]
         cond["lastTransitionTime"] = old.get("lastTransitionTime", now) if same else now

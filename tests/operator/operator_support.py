@@ -21,6 +21,7 @@ import celpy
 import jsonschema
 import kmock
 import yaml
+from apiserver_model.versions import drop_unknown, warning_header
 from apiserver_model.writes import TOO_LONG, canonicalize, merge_patch, too_long
 from process_support import free_port
 from prometheus_client import generate_latest
@@ -198,19 +199,26 @@ VERB_OF = {"LIST": "list", "WATCH": "watch", "FETCH": "get", "CREATE": "create",
            "DELETE": "delete"}
 
 
+Refusals = dict[tuple[str, str], tuple[int, str | Callable[[], str]]]
+
+
 class Emulator(kmock.KubernetesEmulator):
     """kmock's emulator plus the API server's generateName (kopf names its Events so), its
     canonical quantities and its annotation size limit (apiserver_model.writes); records the
     RBAC permission each request needs (rbac_needed), as the API server's authorizer and
-    admission plugins would ask for it."""
+    admission plugins would ask for it; plays a server of version 1.`minor`, which drops the
+    Deployment fields it does not know or keep and warns about the unknown ones
+    (apiserver_model.versions)."""
 
     calls: list[tuple[str, str, str]]  # (API group, resource[/subresource], verb)
     # (resource[/subresource], field manager) of each write the operator made
     managers: list[tuple[str, str]]
     selectors: dict[str, str | None]  # resource -> label selector of the operator's watch
     # (resource, verb) -> (HTTP status, message): how the API server answers such a request,
-    # e.g. a 422 for a Deployment the Deployment API finds invalid, a 403 from RBAC.
-    refuse: dict[tuple[str, str], tuple[int, str]]
+    # e.g. a 422 for a Deployment the Deployment API finds invalid, a 403 from RBAC. A callable
+    # message is called for every answer (a message that embeds Go pointers changes each time).
+    refuse: Refusals
+    minor: int = 31
 
     async def _handle(self, request: kmock.Request) -> Any:
         meta = request.data.get("metadata") if isinstance(request.data, dict) else None
@@ -226,11 +234,30 @@ class Emulator(kmock.KubernetesEmulator):
             if request.method in ("POST", "PUT", "PATCH"):
                 self.managers.append((needed[0][1], field_manager(request)))
             if refusal := self.refuse.get(needed[0][1:]):
+                message = refusal[1]() if callable(refusal[1]) else refusal[1]
                 raise kmock.KubernetesError(status=refusal[0], reason="Refused",
-                                            message=refusal[1])
+                                            message=message)
+        warnings = self._drop_unknown(request)
         if request.resource is not None and isinstance(request.data, dict):
             self._as_stored(request)
-        return await super()._handle(request)
+        response = await super()._handle(request)
+        for text in warnings:
+            response.headers.add("Warning", warning_header(text))
+        return response
+
+    def _drop_unknown(self, request: kmock.Request) -> list[str]:
+        """What this server version drops from a written Deployment, and its warnings."""
+        resource = request.resource
+        writes = (kmock.action.CREATE, kmock.action.UPDATE)
+        if (resource is None or resource.plural != "deployments" or request.action not in writes
+                or not isinstance(request.data, dict)):
+            return []
+        return drop_unknown(request.data, self.minor)
+
+    async def _serve_server_version(self, request: kmock.Request) -> dict[str, str]:
+        """GET /version, as kube-apiserver answers it (k8s.io/apimachinery version.Info)."""
+        return {"major": "1", "minor": str(self.minor), "gitVersion": f"v1.{self.minor}.0",
+                "platform": "linux/amd64"}
 
     def _as_stored(self, request: kmock.Request) -> None:
         """Canonical quantities in what is written, and the 422 for annotations over the
@@ -301,16 +328,18 @@ def _kubeconfig(url: str) -> str:
 @contextlib.asynccontextmanager
 async def running_operator(tmp_path: Path, env: dict[str, str] | None = None,
                            verbose: bool = True,
-                           refuse: dict[tuple[str, str], tuple[int, str]] | None = None,
+                           refuse: Refusals | None = None, minor: int = 31,
                            ) -> AsyncIterator[Cluster]:
     """The emulator serving every resource the operator touches, and `tokenmill operator`
     running against it as a real process (standalone, no peering); `env` adds variables,
-    `refuse` makes the API server answer some of the operator's requests with an error."""
+    `refuse` makes the API server answer some of the operator's requests with an error,
+    `minor` is the API server's version (1.minor)."""
     async with Emulator() as emu, kmock.Server(emu):
         emu.calls = []
         emu.managers = []
         emu.selectors = {}
         emu.refuse = refuse or {}
+        emu.minor = minor
         for key, (kind, subresources) in RESOURCES.items():
             emu.resources[key] = kmock.ResourceInfo(
                 kind=kind, namespaced=kind not in CLUSTER_SCOPED, verbs=VERBS,

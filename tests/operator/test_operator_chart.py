@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import helm_python
+import helm_python.errors
+import kmock
 import kubernetes_validate
 import pytest
 import yaml
-from operator_support import CRD_PATH, REPO, render_chart
+from helm_python.config import Config
+from operator_support import CRD_PATH, REPO, Emulator, render_chart
 from psa_restricted import violations
+
+from tokenmill.operator.server_versions import MINIMUM
 
 CHART = REPO / "charts" / "tokenmill"
 
@@ -112,3 +119,37 @@ def test_the_operator_pod_passes_the_restricted_profile(values):
     (deployment,) = by_kind(render(values), "Deployment")
     template = deployment["spec"]["template"]
     assert violations(template["spec"], template["metadata"].get("annotations")) == []
+
+
+def test_the_chart_states_the_minimum_kubernetes_version():
+    """Helm refuses to install on an older cluster; the bound is the operator's own."""
+    major, minor = MINIMUM
+    assert helm_python.Chart.load(str(CHART)).metadata["kubeVersion"] == f">={major}.{minor}.0-0"
+
+
+def test_the_chart_installs_from_the_minimum_version_only(tmp_path):
+    """A dry run: Helm compares kubeVersion with the version the API server reports (GET
+    /version, the emulator playing an older server) and renders with its own default."""
+    chart = helm_python.Chart.load(str(CHART))
+    release = Config(kube_apiserver="http://127.0.0.1:1").install(
+        chart, "tm", {}, namespace="tokenmill", dry_run="client")
+    assert "kind: Deployment" in release["manifest"]
+
+    async def install_on(minor: int) -> str:
+        async with Emulator() as emu, kmock.Server(emu):
+            emu.calls, emu.selectors, emu.refuse, emu.minor = [], {}, {}, minor
+            emu.resources["v1/secrets"] = kmock.ResourceInfo(
+                kind="Secret", namespaced=True, verbs=["get", "list", "create"])
+            config = Config(kube_apiserver=str(emu.url).rstrip("/"), kube_token="t")
+            try:
+                await asyncio.to_thread(config.install, chart, "tm", {}, namespace="tokenmill",
+                                        dry_run="server")
+            except helm_python.errors.HelmError as e:
+                return str(e)
+            return ""
+
+    too_old = asyncio.run(install_on(MINIMUM[1] - 1))
+    assert f"incompatible with Kubernetes v1.{MINIMUM[1] - 1}.0" in too_old
+    # At the minimum the version check passes (what follows needs the server's OpenAPI
+    # document, which the emulator does not serve).
+    assert "kubeVersion" not in asyncio.run(install_on(MINIMUM[1]))

@@ -263,7 +263,8 @@ async def test_a_spec_the_deployment_api_refuses_is_invalid_spec_once(tmp_path):
             "tolerations": [{"key": "gpu", "operator": "Exists", "value": "x"}]}))
         isvc = await k.eventually(lambda: _with(
             k, f"{ISVCS}/bad", lambda o: condition(o, "Ready").get("reason") == "InvalidSpec"))
-        assert INVALID in condition(isvc, "Ready")["message"]
+        mapped = INVALID.replace("spec.template.spec.tolerations", "spec.tolerations")
+        assert mapped in condition(isvc, "Ready")["message"]
         assert condition(isvc, "Degraded")["status"] == "True"
         await asyncio.sleep(2)
         assert len(await _events(k, "InvalidSpec")) == 1
