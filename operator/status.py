@@ -143,6 +143,15 @@ def _find(st: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in st.get("conditions", []) if c.get("type") == type_), {})
 
 
+def already_reported(previous: dict[str, Any], problem: tuple[str, str]) -> bool:
+    """Whether the stored status already says `problem` (Ready with the same reason and
+    message): its Warning was posted when the status was written, by this operator process or
+    an earlier one, so a restart has nothing new to say."""
+    ready = _find(previous, "Ready")
+    return (ready.get("status"), ready.get("reason"), ready.get("message")) == (
+        "False", *problem)
+
+
 def events(previous: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(type, reason, message) Events worth posting for a status change: Degraded turning True
     or changing its reason (a person must act), Ready turning True, and Ready turning False

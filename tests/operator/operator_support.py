@@ -161,6 +161,15 @@ class Cluster:
         self.log = log
         self.liveness = liveness  # the operator's liveness URL
         self.metrics = metrics  # the operator's own /metrics
+        self.log_start = 0  # where the running operator process's log begins
+        self.restart: Callable[[], Awaitable[None]] = _no_restart
+
+    async def handled_since_start(self, handler: str) -> bool:
+        """Whether the running operator process has completed `handler` at least once (kopf
+        logs each success at INFO, which --verbose shows)."""
+        lines = self.log.read_text()[self.log_start:].splitlines()
+        return any(f"Handler '{handler}" in line and line.rstrip().endswith("succeeded.")
+                   for line in lines)
 
     async def request(self, method: str, path: str, body: Any = None) -> dict | None:
         headers = {"Content-Type": "application/merge-patch+json"} if method == "PATCH" else {}
@@ -249,6 +258,32 @@ def _kubeconfig(url: str) -> str:
     })
 
 
+async def _no_restart() -> None:
+    raise NotImplementedError("only running_operator's clusters restart an operator")
+
+
+async def _start_operator(tmp_path: Path, env: dict[str, str], log: Path, liveness: str,
+                          metrics_port: int, verbose: bool) -> asyncio.subprocess.Process:
+    """`tokenmill operator` as a real process (standalone, no peering), appending to `log`."""
+    with log.open("a") as out:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-P", "-m", "tokenmill.operator", "--standalone",
+            "--liveness", liveness, "--metrics-port", str(metrics_port),
+            *(["--verbose"] if verbose else []),
+            cwd=tmp_path, env=env, stdout=out, stderr=out)
+
+
+async def _stop_operator(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM, as the kubelet stops a pod; SIGKILL after 10 s."""
+    if proc.returncode is None:
+        proc.terminate()
+    try:
+        await asyncio.wait_for(proc.wait(), 10)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+
+
 @contextlib.asynccontextmanager
 async def running_operator(tmp_path: Path, env: dict[str, str] | None = None,
                            verbose: bool = True,
@@ -256,7 +291,9 @@ async def running_operator(tmp_path: Path, env: dict[str, str] | None = None,
                            ) -> AsyncIterator[Cluster]:
     """The emulator serving every resource the operator touches, and `tokenmill operator`
     running against it as a real process (standalone, no peering); `env` adds variables,
-    `refuse` makes the API server answer some of the operator's requests with an error."""
+    `refuse` makes the API server answer some of the operator's requests with an error.
+    `Cluster.restart()` replaces the process with a new one against the same emulator, as an
+    upgrade or a rescheduled operator pod would."""
     async with Emulator() as emu, kmock.Server(emu):
         emu.calls = []
         emu.selectors = {}
@@ -268,29 +305,29 @@ async def running_operator(tmp_path: Path, env: dict[str, str] | None = None,
         config = tmp_path / "kubeconfig"
         config.write_text(_kubeconfig(str(emu.url).rstrip("/")))
         log = tmp_path / "operator.log"
+        log.write_text("")
         env = {**os.environ, "KUBECONFIG": str(config), "TOKENMILL_ENGINE_IMAGE": "tokenmill:test",
                **(env or {})}
         liveness = f"http://127.0.0.1:{free_port()}/healthz"
         metrics_port = free_port()
-        with log.open("w") as out:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-P", "-m", "tokenmill.operator", "--standalone",
-                "--liveness", liveness, "--metrics-port", str(metrics_port),
-                *(["--verbose"] if verbose else []),
-                cwd=tmp_path, env=env, stdout=out, stderr=out)
+        procs = [await _start_operator(tmp_path, env, log, liveness, metrics_port, verbose)]
         try:
             async with aiohttp.ClientSession(base_url=str(emu.url)) as session:
-                yield Cluster(session, log, liveness, f"http://127.0.0.1:{metrics_port}/metrics",
-                              emu)
-            assert proc.returncode is None, f"the operator exited:\n{log.read_text()[-4000:]}"
+                cluster = Cluster(session, log, liveness,
+                                  f"http://127.0.0.1:{metrics_port}/metrics", emu)
+
+                async def restart() -> None:
+                    await _stop_operator(procs[-1])
+                    cluster.log_start = len(log.read_text())
+                    procs.append(await _start_operator(tmp_path, env, log, liveness,
+                                                       metrics_port, verbose))
+
+                cluster.restart = restart
+                yield cluster
+            assert procs[-1].returncode is None, (
+                f"the operator exited:\n{log.read_text()[-4000:]}")
         finally:
-            if proc.returncode is None:
-                proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+            await _stop_operator(procs[-1])
 
 
 async def http_server(path: str, handler: Callable) -> tuple[aiohttp.web.AppRunner, int]:

@@ -210,6 +210,23 @@ async def test_invalid_spec_is_reported_not_retried(tmp_path):
         await k.eventually(lambda: k.get(f"/apis/apps/v1/namespaces/{NS}/deployments/bad"))
 
 
+async def test_a_restarted_operator_does_not_post_the_same_warning_again(tmp_path):
+    """The status already says InvalidSpec with the same message: a new operator process (an
+    upgrade, a rescheduled pod) has nothing new to tell."""
+    async with running_operator(tmp_path) as k:
+        await k.request("POST", ISVCS, inference_service("bad", {
+            "resources": {"gpus": 0}, "engine": {"quantization": "int4"}}))
+        await k.eventually(lambda: _with(
+            k, f"{ISVCS}/bad", lambda o: condition(o, "Ready").get("reason") == "InvalidSpec"))
+        assert len(await k.eventually(lambda: _events(k, "InvalidSpec"))) == 1
+
+        for _ in range(2):
+            await k.restart()
+            await k.eventually(lambda: k.handled_since_start("reconcile_service"))
+            await asyncio.sleep(1)
+        assert len(await _events(k, "InvalidSpec")) == 1
+
+
 async def test_tensor_parallelism_deploys_or_says_why_not(tmp_path):
     async with running_operator(tmp_path) as k:
         await k.request("POST", ISVCS, inference_service("chat", {

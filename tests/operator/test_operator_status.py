@@ -367,3 +367,11 @@ def test_tensor_parallelism_that_cannot_run_is_invalid_spec(spec, message):
     ready = next(c for c in outcome.status["conditions"] if c["type"] == "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
     assert message in ready["message"]
+
+
+def test_a_problem_already_in_the_status_was_reported():
+    problem = ("InvalidSpec", "spec.engine.quantization: bad")
+    written = status.status("a", "ns", 1, None, problem, {}, NOW)
+    assert status.already_reported(written, problem)
+    assert not status.already_reported(written, ("InvalidSpec", "spec.replicas: bad"))
+    assert not status.already_reported({}, problem)
