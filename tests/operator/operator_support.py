@@ -70,15 +70,46 @@ def cel_errors(schema: dict[str, Any], value: Any, env: celpy.Environment | None
     return errors
 
 
-def admission_errors(obj: dict[str, Any]) -> list[str]:
-    """What the API server would say to `kubectl apply` of this object (empty: accepted)."""
-    schema = crd_schema()
+# apiextensions-apiserver pkg/registry/customresource/strategy.go, hasBlockingErr: OpenAPI
+# errors of these types (enum -> NotSupported, required, maxLength -> TooLong,
+# maxItems/maxProperties -> TooMany, type -> TypeInvalid) skip every CEL rule of the object and
+# add this one error instead; any other (pattern, minimum, ...: field.Invalid) lets them run.
+BLOCKING = {"enum", "required", "maxLength", "maxItems", "maxProperties", "type"}
+SKIPPED_RULES = ("some validation rules were not checked because the object was invalid; "
+                 "correct the existing errors to complete validation")
+
+
+def admission_errors(obj: dict[str, Any], schema: dict[str, Any] | None = None) -> list[str]:
+    """What the API server would say to `kubectl apply` of this object (empty: accepted), for
+    the CRD's schema or `schema`.
+
+    Unknown fields first: with strict field validation (kubectl's default) the decoder refuses
+    them with a 400 before the object is validated (apiserver handlers/create.go). Then defaults,
+    the OpenAPI schema, and the CEL rules unless a schema error blocks them (BLOCKING)."""
+    schema = schema or crd_schema()
+    unknown = _unknown_fields(schema, obj, "")
+    if unknown:
+        return unknown
     defaulted = with_defaults(schema, obj)
-    validator = jsonschema.Draft4Validator(schema)
-    errors = [f"{'.'.join(map(str, e.path))}: {e.message}"
-              for e in validator.iter_errors(defaulted)]
-    errors += _unknown_fields(schema, obj, "")
-    return errors or cel_errors(schema, defaulted)
+    found = list(jsonschema.Draft4Validator(_int_or_string_typed(schema)).iter_errors(defaulted))
+    errors = [f"{'.'.join(map(str, e.path))}: {e.message}" for e in found]
+    if any(e.validator in BLOCKING for e in found):
+        return [*errors, SKIPPED_RULES]
+    return errors + cel_errors(schema, defaulted)
+
+
+def _int_or_string_typed(schema: Any) -> Any:
+    """The schema as the API server validates with it: an x-kubernetes-int-or-string node has
+    type [integer, string] (apiextensions-apiserver validation.go,
+    ConvertJSONSchemaPropsWithPostProcess), so `cpu: true` is a type error."""
+    if isinstance(schema, list):
+        return [_int_or_string_typed(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _int_or_string_typed(v) for k, v in schema.items()}
+    if schema.get("x-kubernetes-int-or-string"):
+        out["type"] = ["integer", "string"]
+    return out
 
 
 def _unknown_fields(schema: dict[str, Any], value: Any, where: str) -> list[str]:

@@ -7,7 +7,14 @@ import kubernetes_validate
 import pytest
 import yaml
 from apiserver_model import cost_problems, crd_problems, default_problems, rule_problems
-from operator_support import CRD_PATH, EXAMPLES, admission_errors, crd_schema, with_defaults
+from operator_support import (
+    CRD_PATH,
+    EXAMPLES,
+    SKIPPED_RULES,
+    admission_errors,
+    crd_schema,
+    with_defaults,
+)
 
 from tokenmill.operator import crd, reconcile
 
@@ -243,3 +250,34 @@ def test_the_api_key_variable_without_auth_is_the_users_own():
                "secretKeyRef": {"name": "s", "key": "k"}}}]}}
     assert admission_errors(obj) == []
     reconcile.load("x", obj["spec"])
+
+
+# --- the admission model: what the API server reports for one object -----------------------
+
+TOY = {"type": "object", "properties": {"spec": {
+    "type": "object",
+    "properties": {"mode": {"type": "string", "enum": ["a", "b"]},
+                   "name": {"type": "string", "pattern": "^[a-z]+$"},
+                   "n": {"type": "integer"}},
+    "x-kubernetes-validations": [{"rule": "!has(self.n) || self.n < 10",
+                                  "message": "n must be below 10"}]}}}
+
+
+def test_an_enum_violation_blocks_the_rules_and_says_so():
+    """strategy.go hasBlockingErr: an enum (NotSupported), required, maxLength, maxItems,
+    maxProperties or type error skips every CEL rule and adds one placeholder error."""
+    errors = admission_errors({"spec": {"mode": "c", "n": 11}}, TOY)
+    assert len(errors) == 2 and "'c' is not one of ['a', 'b']" in errors[0], errors
+    assert errors[1] == SKIPPED_RULES
+
+
+def test_a_pattern_violation_does_not_block_the_rules():
+    """A pattern or minimum error is field.Invalid, not blocking: the rules run as well."""
+    errors = admission_errors({"spec": {"name": "A", "n": 11}}, TOY)
+    assert len(errors) == 2 and "does not match" in errors[0], errors
+    assert errors[1] == "n must be below 10"
+
+
+def test_unknown_fields_fail_the_request_before_validation():
+    """create.go: a strict decoding error is a 400 before the object is validated at all."""
+    assert admission_errors({"spec": {"mode": "c", "typo": 1}}, TOY) == ["spec.typo: unknown field"]
