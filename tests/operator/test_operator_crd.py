@@ -367,6 +367,16 @@ def test_every_field_of_our_models_has_a_description():
     assert not missing, missing
 
 
+def test_inlined_kubernetes_types_keep_their_first_level_descriptions():
+    spec = crd_schema()["properties"]["spec"]["properties"]
+    toleration = spec["tolerations"]["items"]
+    assert spec["tolerations"].get("description")
+    assert all(sub.get("description") for sub in toleration["properties"].values()), toleration
+    for field in ("affinity", "podSecurityContext", "containerSecurityContext"):
+        assert spec[field].get("description")
+        assert all(sub.get("description") for sub in spec[field]["properties"].values()), field
+
+
 # kubectl's client-side apply copies the whole object into the
 # kubectl.kubernetes.io/last-applied-configuration annotation, and the API server caps an
 # object's annotations at 256 KiB in total (apimachinery ValidateAnnotationsSize,
