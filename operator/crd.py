@@ -63,14 +63,15 @@ def _kubernetes_definitions() -> dict[str, Any]:
 
 def kubernetes_schema(name: str) -> dict[str, Any]:
     """A Kubernetes API definition as a structural schema: refs inlined, nullable types made
-    plain, quantities int-or-string, unknown fields pruned, descriptions left out (they would
-    make the CRD too large for kubectl's client-side apply annotation)."""
+    plain, quantities int-or-string, unknown fields pruned. Only the definition's own fields
+    keep a description, their first sentence, for `kubectl explain`: all of them would make the
+    CRD too large for kubectl's client-side apply annotation."""
     defs = _kubernetes_definitions()
 
-    def convert(node: dict[str, Any], definition: str = "") -> dict[str, Any]:
+    def convert(node: dict[str, Any], definition: str = "", depth: int = 0) -> dict[str, Any]:
         if "$ref" in node:
             target = node["$ref"].rsplit("/", 1)[1]
-            return convert(defs[target], target)
+            return convert(defs[target], target, depth)
         if "oneOf" in node:  # Quantity and IntOrString: a string or a number
             return {"x-kubernetes-int-or-string": True}
         out: dict[str, Any] = {}
@@ -81,16 +82,26 @@ def kubernetes_schema(name: str) -> dict[str, Any]:
                 (value,) = [t for t in ([value] if isinstance(value, str) else value)
                             if t != "null"]
             elif key == "properties":
-                value = {prop: {**convert(sub), **(
+                value = {prop: {**(_first_sentence(sub) if depth == 0 else {}),
+                                **convert(sub, depth=depth + 1), **(
                     {"enum": KUBERNETES_ENUMS[definition, prop]}
                     if (definition, prop) in KUBERNETES_ENUMS else {})}
                     for prop, sub in value.items()}
             elif key in ("items", "additionalProperties"):
-                value = convert(value)
+                value = convert(value, depth=depth)
             out[key] = value
         return out
 
     return convert(defs[name], name)
+
+
+def _first_sentence(node: dict[str, Any]) -> dict[str, str]:
+    """{"description": its first sentence} of a node that has one (else {})."""
+    text = " ".join(str(node.get("description", "")).split())
+    if not text:
+        return {}
+    end = text.find(". ")
+    return {"description": text if end < 0 else text[:end + 1]}
 
 
 def _structural(node: Any, defs: dict[str, Any]) -> Any:

@@ -161,8 +161,10 @@ def reconcile_service(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry
     previous = raw.get("status") or {}
     outcome = _run(raw, memo, retry)
     _no_room(raw, memo)
-    # One Warning per problem: resume and create handlers may both see a new object.
-    report = outcome.problem is not None and memo.get("problem") != outcome.problem
+    # One Warning per problem: resume and create handlers may both see a new object (memo),
+    # and a restarted operator finds the problem already in the status.
+    report = (outcome.problem is not None and memo.get("problem") != outcome.problem
+              and not status.already_reported(previous, outcome.problem))
     memo["problem"] = outcome.problem
     _post(raw, outcome, previous, report_problem=report)
     if _status_changed(previous, outcome.status):

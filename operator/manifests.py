@@ -80,8 +80,9 @@ def _probe(period: int, failures: int, timeout: int) -> dict[str, Any]:
 
 def _resources(spec: InferenceServiceSpec) -> dict[str, Any]:
     res = spec.resources
-    requests = {k: v for k, v in (("cpu", res.cpu), ("memory", res.memory)) if v}
-    limits: dict[str, Any] = {"memory": res.memory} if res.memory else {}
+    # A quantity may be written as an integer (`cpu: 2`); the Deployment gets its string form.
+    requests = {k: str(v) for k, v in (("cpu", res.cpu), ("memory", res.memory)) if v is not None}
+    limits: dict[str, Any] = {"memory": requests["memory"]} if "memory" in requests else {}
     if spec.gpus:
         limits[res.gpu_resource_name] = str(spec.gpus)
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}

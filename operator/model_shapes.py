@@ -35,14 +35,17 @@ def tp_rules() -> list[dict[str, str]]:
     """CEL rules of the spec, one per known model: its tensorParallelSize must be one it allows.
 
     Guarded with has(): the API server also evaluates the rules on defaults as written; a spec
-    without model.uri serves the default model, as the engine does."""
+    without model.uri serves the default model, as the engine does. A size the API does not
+    offer is the field's own rule's to report (one message per bad value)."""
     uri = f"(has(self.model) && has(self.model.uri) ? self.model.uri : '{DEFAULT_MODEL}')"
+    offered = ", ".join(map(str, TENSOR_PARALLEL_SIZES))
     rules = []
     for name, shape in KNOWN_MODELS.items():
         sizes = allowed_sizes(shape)
         listed = ", ".join(map(str, sizes))
         rules.append({
             "rule": f"!has(self.engine) || !has(self.engine.tensorParallelSize) || "
+                    f"!(self.engine.tensorParallelSize in [{offered}]) || "
                     f"self.engine.tensorParallelSize in [{listed}] || {uri} != '{name}'",
             "message": f"engine.tensorParallelSize must divide the attention heads of {name} "
                        f"({shape.describe()}): use {' or '.join(map(str, sizes))}",

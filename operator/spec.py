@@ -16,6 +16,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictInt,
     ValidationError,
     WithJsonSchema,
     field_validator,
@@ -25,15 +26,25 @@ from pydantic.alias_generators import to_camel
 
 from tokenmill.engine.contract.config import DEFAULT_MODEL, SUPPORTED, TENSOR_PARALLEL_SIZES
 
-from .model_shapes import tp_problem, tp_rules
+from .model_shapes import KNOWN_MODELS, tp_problem, tp_rules
 
 GROUP = "tokenmill.io"
 VERSION = "v1alpha1"
 KIND = "InferenceService"
 PLURAL = "inferenceservices"
 
-# A path in the image, pvc://claim/path, or a built-in model name (no slash, no scheme).
-MODEL_URI_PATTERN = r"^(/.+|pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?/.*|[A-Za-z0-9][A-Za-z0-9._-]*)$"
+# model.uri: a built-in model name, or one of these forms (what a user writes: its pattern).
+# A new source (hf://, s3://) is one more entry; a bare name that is not built in is refused,
+# since the engine would look for it as a directory in the pod. The patterns also go into a
+# CEL string literal: no backslashes.
+MODEL_URI_FORMS = {
+    "a path in the image (/models/NAME)": "/.+",
+    "pvc://CLAIM/PATH": "pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?/.*",
+}
+BUILTIN_MODELS = tuple(KNOWN_MODELS)
+MODEL_URI_PATTERN = "^(" + "|".join(MODEL_URI_FORMS.values()) + ")$"
+MODEL_URI_MESSAGE = (f"model.uri must be a built-in model name ({', '.join(BUILTIN_MODELS)}) "
+                     f"or {' or '.join(MODEL_URI_FORMS)}")
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
 # Kubernetes' name and key formats (k8s.io/apimachinery/pkg/util/validation).
 DNS_LABEL_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"  # the object's name: it names the Service
@@ -85,15 +96,37 @@ PodSecurityContext = Annotated[
 SecurityContext = Annotated[dict[str, Any], kubernetes_type("io.k8s.api.core.v1.SecurityContext")]
 
 
-def _supported_rule(field: str, option: str) -> dict[str, str]:
-    """The CEL rule admitting only the values the engine runs today (engine config SUPPORTED);
-    guarded with has(): the API server also checks a node's rules on its `default: {}`."""
-    values = ["none" if v is None else v for v in SUPPORTED[option]]
-    listed = ", ".join(repr(v) if isinstance(v, str) else str(v) for v in values)
-    return _cel(f"!has(self.{field}) || self.{field} in [{listed}]",
-                f"engine.{field}: this tokenmill version supports only "
-                f"{', '.join(str(v) for v in values)}; the engine does not implement other values "
-                "yet")
+def one_of(values: tuple[Any, ...], message: str) -> Any:
+    """A field taking one of `values`: Literal for the operator's parse, and in the CRD a CEL
+    rule on the field instead of an enum, so one bad value is one message saying what is
+    allowed (an enum error blocks every CEL rule of the object and adds a second message,
+    'some validation rules were not checked', on current API servers; older ones print the
+    enum's and the rules' messages)."""
+    listed = ", ".join(f"'{v}'" if isinstance(v, str) else str(v) for v in values)
+    kind = "integer" if all(isinstance(v, int) for v in values) else "string"
+    return Annotated[Literal[values], WithJsonSchema({  # type: ignore[valid-type]
+        "type": kind, "x-kubernetes-validations": [_cel(f"self in [{listed}]", message)]})]
+
+
+def _listed(values: tuple[Any, ...]) -> str:
+    words = [str(v) for v in values]
+    return ", ".join(words[:-1]) + f" or {words[-1]}" if len(words) > 1 else words[0]
+
+
+def _supported(option: str) -> Any:
+    """The values of an engine option this engine build runs (engine config SUPPORTED)."""
+    values = tuple("none" if v is None else v for v in SUPPORTED[option])
+    field = to_camel(option)
+    return one_of(values, f"engine.{field} must be {_listed(values)}: this tokenmill version "
+                          "supports only these; the engine does not implement other values yet")
+
+
+# A Kubernetes quantity, an integer or a string as in a Pod (`cpu: 2`, `memory: 32Gi`); the
+# API server validates an int-or-string node as type [integer, string].
+Quantity = Annotated[
+    Annotated[StrictInt, Field(ge=0)] | Annotated[str, Field(pattern=QUANTITY_PATTERN)],
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN,
+                    "minimum": 0})]
 
 
 def _keys_rule(pattern: str, what: str) -> dict[str, str]:
@@ -122,9 +155,12 @@ class ModelSpec(_Spec):
         "model.uri must not contain '..' path segments"))
 
     uri: str = Field(
-        DEFAULT_MODEL, pattern=MODEL_URI_PATTERN, max_length=MAX_URI_LENGTH,
+        DEFAULT_MODEL, max_length=MAX_URI_LENGTH,
         description="A path inside the image (/models/x), pvc://CLAIM/PATH (mounted read-only), "
-                    f"or a built-in model name ({DEFAULT_MODEL}).",
+                    f"or a built-in model name ({', '.join(BUILTIN_MODELS)}).",
+        json_schema_extra={"x-kubernetes-validations": [_cel(
+            f"self in [{', '.join(repr(n) for n in BUILTIN_MODELS)}] || "
+            f"self.matches('{MODEL_URI_PATTERN}')", MODEL_URI_MESSAGE)]},
     )
     served_name: str | None = Field(
         None, min_length=1, max_length=256,
@@ -135,6 +171,8 @@ class ModelSpec(_Spec):
     @field_validator("uri")
     @classmethod
     def _no_parent_segments(cls, uri: str) -> str:
+        if uri not in BUILTIN_MODELS and not re.match(MODEL_URI_PATTERN, uri):
+            raise ValueError(MODEL_URI_MESSAGE)
         if re.search(PARENT_SEGMENT, uri):
             raise ValueError("must not contain '..' path segments")
         return uri
@@ -144,20 +182,21 @@ class EngineSpec(_Spec):
     """Engine options; each becomes the `tokenmill serve` flag of the same (vLLM) name."""
 
     model_config = _validations(
-        _supported_rule("quantization", "quantization"),
-        _supported_rule("kvCacheDtype", "kv_cache_dtype"),
         _cel("!has(self.maxNumSeqs) || !has(self.maxNumBatchedTokens) || "
              "self.maxNumBatchedTokens >= self.maxNumSeqs",
              "maxNumBatchedTokens must be at least maxNumSeqs (every running sequence needs "
              "one token per step)"),
     )
 
-    tensor_parallel_size: Literal[TENSOR_PARALLEL_SIZES] = Field(  # type: ignore[valid-type]
+    tensor_parallel_size: one_of(  # type: ignore[valid-type]
+        TENSOR_PARALLEL_SIZES,
+        f"engine.tensorParallelSize must be {_listed(TENSOR_PARALLEL_SIZES)}") = Field(
         1, description="GPUs of one node that one replica shards the model over; must divide "
                        "the model's attention heads and intermediate size, and its KV heads "
                        "or be a multiple of them.")
-    quantization: Literal["none", "int8", "fp8"] = Field("none", description="Weight quantization.")
-    kv_cache_dtype: Literal["auto", "int8", "fp8"] = Field(
+    quantization: _supported("quantization") = Field(  # type: ignore[valid-type]
+        "none", description="Weight quantization.")
+    kv_cache_dtype: _supported("kv_cache_dtype") = Field(  # type: ignore[valid-type]
         "auto", description="KV-cache dtype; auto is the model's dtype."
     )
     prefix_caching: bool = Field(True, description="Reuse the KV cache of shared prompt prefixes.")
@@ -190,7 +229,10 @@ class AutoscalingSpec(_Spec):
              "what it scales on; scale to zero needs mode external)"),
     )
 
-    mode: Literal["builtin", "external"] = Field("builtin", description="Who scales replicas.")
+    mode: one_of(  # type: ignore[valid-type]
+        ("builtin", "external"), "autoscaling.mode must be builtin or external") = Field(
+        "builtin", description="Who scales replicas: builtin, the operator on the engines' "
+                               "queues; external, KEDA or an HPA through the scale subresource.")
     min_replicas: int = Field(1, ge=0, description="Fewest replicas.")
     max_replicas: int = Field(4, ge=1, description="Most replicas.")
     target_queue_depth: int = Field(
@@ -213,10 +255,8 @@ class ResourcesSpec(_Spec):
     gpu_resource_name: str = Field(
         "nvidia.com/gpu", pattern=RESOURCE_NAME_PATTERN, max_length=253,
         description="Extended resource of a GPU (domain-qualified, e.g. amd.com/gpu).")
-    cpu: str | None = Field(None, pattern=QUANTITY_PATTERN, description="CPU request, e.g. 4.")
-    memory: str | None = Field(
-        None, pattern=QUANTITY_PATTERN, description="Memory request and limit, e.g. 32Gi."
-    )
+    cpu: Quantity | None = Field(None, description="CPU request, e.g. 4 or 500m.")
+    memory: Quantity | None = Field(None, description="Memory request and limit, e.g. 32Gi.")
 
 
 class EnvVar(_Spec):
@@ -226,9 +266,12 @@ class EnvVar(_Spec):
         "!(has(self.value) && has(self.valueFrom))",
         "env: set value or valueFrom, not both"))
 
-    name: str = Field(pattern=ENV_NAME_PATTERN, min_length=1, max_length=253)
-    value: str | None = None
-    value_from: EnvVarSource | None = None
+    name: str = Field(pattern=ENV_NAME_PATTERN, min_length=1, max_length=253,
+                      description="The variable's name.")
+    value: str | None = Field(None, description="The variable's value.")
+    value_from: EnvVarSource | None = Field(
+        None, description="Where the kubelet reads the value: a Secret or ConfigMap key, a "
+                          "field of the pod, a resource of the container.")
 
     @model_validator(mode="after")
     def _value_or_value_from(self) -> EnvVar:
@@ -278,29 +321,46 @@ class InferenceServiceSpec(_Spec):
              f"env: {API_KEY_ENV} is set by auth.apiKeySecretRef; set one of them"),
     )
 
-    model: ModelSpec = Field(default_factory=ModelSpec, json_schema_extra={"default": {}})
-    engine: EngineSpec = Field(default_factory=EngineSpec, json_schema_extra={"default": {}})
+    model: ModelSpec = Field(default_factory=ModelSpec, json_schema_extra={"default": {}},
+                             description=ModelSpec.__doc__)
+    engine: EngineSpec = Field(default_factory=EngineSpec, json_schema_extra={"default": {}},
+                               description=EngineSpec.__doc__)
     replicas: int = Field(
         1, ge=0, description="Replicas; with autoscaling the autoscaler writes this field."
     )
-    autoscaling: AutoscalingSpec | None = None
+    autoscaling: AutoscalingSpec | None = Field(
+        None, description="Replica bounds and the queue-depth target; without it spec.replicas "
+                          "is used as written.")
     resources: ResourcesSpec = Field(
-        default_factory=ResourcesSpec, json_schema_extra={"default": {}}
-    )
+        default_factory=ResourcesSpec, json_schema_extra={"default": {}},
+        description=ResourcesSpec.__doc__)
     image: str | None = Field(None, pattern=IMAGE_PATTERN, max_length=1024,
                               description="Engine image; default: the operator's.")
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
-    auth: AuthSpec | None = None
-    env: list[EnvVar] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
+    image_pull_policy: one_of(  # type: ignore[valid-type]
+        ("Always", "IfNotPresent", "Never"),
+        "imagePullPolicy must be Always, IfNotPresent or Never") | None = Field(
+        None, description="When the kubelet pulls the image; default: Kubernetes' (Always for "
+                          ":latest, else IfNotPresent).")
+    auth: AuthSpec | None = Field(None, description="Who may call the endpoint; default: "
+                                                    "everyone who reaches the Service.")
+    env: list[EnvVar] = Field(default_factory=list, max_length=MAX_LIST_ITEMS,
+                              description="Environment variables of the engine container.")
     node_selector: dict[str, LabelValue] = Field(
         default_factory=dict, max_length=MAX_MAP_ENTRIES,
+        description="Node labels an engine pod's node must carry.",
         json_schema_extra={"x-kubernetes-validations": [
             _keys_rule(QUALIFIED_NAME_PATTERN, "nodeSelector key")]})
-    tolerations: list[Toleration] = Field(default_factory=list, max_length=MAX_LIST_ITEMS)
-    affinity: Affinity | None = None
-    service_account_name: str | None = Field(None, pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=MAX_LIST_ITEMS,
+        description="Taints the engine pods tolerate (Kubernetes Toleration).")
+    affinity: Affinity | None = Field(
+        None, description="Where the engine pods may run (Kubernetes Affinity).")
+    service_account_name: str | None = Field(
+        None, pattern=DNS_SUBDOMAIN_PATTERN, max_length=253,
+        description="ServiceAccount of the engine pods; it must exist in the namespace.")
     pod_annotations: dict[str, PodAnnotationValue] = Field(
         default_factory=dict, max_length=MAX_MAP_ENTRIES,
+        description="Annotations of the engine pods, besides the operator's own.",
         json_schema_extra={"x-kubernetes-validations": [
             _keys_rule(QUALIFIED_NAME_PATTERN, "podAnnotations key")]})
     pod_security_context: PodSecurityContext | None = Field(
@@ -342,48 +402,59 @@ class InferenceServiceSpec(_Spec):
 class Condition(_Spec):
     """A status condition, Kubernetes style."""
 
-    type: Literal["Ready", "Available", "Progressing", "Degraded"]
-    status: Literal["True", "False", "Unknown"]
-    reason: str
-    message: str = ""
-    last_transition_time: str | None = Field(None, json_schema_extra={"format": "date-time"})
-    observed_generation: int | None = None
+    type: Literal["Ready", "Available", "Progressing", "Degraded"] = Field(
+        description="Ready: serving with every replica; Available: at least one replica "
+                    "serves; Progressing: a rollout moves; Degraded: a person must act.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="Why, in one CamelCase word.")
+    message: str = Field("", description="Why, for a person.")
+    last_transition_time: str | None = Field(
+        None, json_schema_extra={"format": "date-time"},
+        description="When the status last changed.")
+    observed_generation: int | None = Field(
+        None, description="The metadata.generation the condition was computed for.")
 
 
 class AutoscalerStatus(_Spec):
     """The built-in autoscaler's last decision, the metrics behind it, and the state it resumes
     from after an operator restart."""
 
-    desired_replicas: int | None = None
+    desired_replicas: int | None = Field(None, description="Replicas the autoscaler set.")
     recommended_replicas: int | None = Field(
         None, description="What the load called for (before the scale-down delay).")
-    reason: str | None = None
-    message: str | None = None
-    last_scale_time: str | None = Field(None, json_schema_extra={"format": "date-time"})
+    reason: str | None = Field(None, description="Why, in one CamelCase word.")
+    message: str | None = Field(None, description="Why, for a person.")
+    last_scale_time: str | None = Field(None, json_schema_extra={"format": "date-time"},
+                                        description="When the autoscaler last scaled.")
     scale_down_pending_since: str | None = Field(
         None, json_schema_extra={"format": "date-time"},
         description="Since when the load has called for fewer replicas.")
     scale_down_to: int | None = Field(
         None, description="The most replicas the load called for since then.")
-    waiting_requests: float | None = None
-    running_requests: float | None = None
+    waiting_requests: float | None = Field(
+        None, description="Requests waiting in the ready replicas' queues, in total.")
+    running_requests: float | None = Field(
+        None, description="Requests running in the ready replicas' batches, in total.")
     capacity_per_replica: float | None = Field(
         None, description="Requests one replica holds at the target: its largest running batch "
                           "plus targetQueueDepth.")
-    ready_pods: int | None = None
-    scraped_pods: int | None = None
+    ready_pods: int | None = Field(None, description="Ready engine pods.")
+    scraped_pods: int | None = Field(None, description="Ready pods whose metrics were read.")
 
 
 class InferenceServiceStatus(_Spec):
     """What the operator observed; written only by the operator."""
 
-    observed_generation: int | None = None
-    replicas: int | None = None
-    ready_replicas: int | None = None
-    url: str | None = None
+    observed_generation: int | None = Field(
+        None, description="The metadata.generation this status describes.")
+    replicas: int | None = Field(None, description="Engine pods (the scale subresource's).")
+    ready_replicas: int | None = Field(None, description="Engine pods ready to serve.")
+    url: str | None = Field(None, description="The OpenAI-compatible endpoint in the cluster.")
     selector: str | None = Field(None, description="Label selector of the pods (for HPA/KEDA).")
-    conditions: list[Condition] = Field(default_factory=list)
-    autoscaler: AutoscalerStatus | None = None
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Ready, Available, Progressing and Degraded.")
+    autoscaler: AutoscalerStatus | None = Field(
+        None, description="The built-in autoscaler's last decision.")
 
 
 def api_key_ref(spec: InferenceServiceSpec) -> SecretKeyRef | None:

@@ -37,6 +37,15 @@ def _rollout(deployment: dict[str, Any]) -> tuple[int, int, int, bool]:
     return wanted, st.get("readyReplicas", 0), available, rolled_out
 
 
+def _refused(failure: dict[str, Any]) -> tuple[str, str] | None:
+    """(reason, message) of the Deployment's ReplicaFailure: the ReplicaSet controller could
+    not create a pod (Pod Security, a missing ServiceAccount, quota) and says so only there and
+    in an Event on the ReplicaSet. Retrying changes nothing until a person fixes the cause."""
+    if failure.get("status") != "True":
+        return None
+    return failure.get("reason") or "ReplicaFailure", failure.get("message", "")
+
+
 def conditions(deployment: dict[str, Any] | None, problem: tuple[str, str] | None,
                pod_problem: tuple[str, str] | None = None,
                notice: tuple[str, str] | None = None) -> list[dict[str, str]]:
@@ -57,6 +66,7 @@ def conditions(deployment: dict[str, Any] | None, problem: tuple[str, str] | Non
     counts = f"{ready_n}/{wanted} replicas ready"
     stuck = _deployment_condition(deployment, "Progressing")
     failure = _deployment_condition(deployment, "ReplicaFailure")
+    refused = _refused(failure)
 
     pods_failing = None  # a pod problem a person must fix: Degraded
     if problem:
@@ -65,6 +75,8 @@ def conditions(deployment: dict[str, Any] | None, problem: tuple[str, str] | Non
         ready = _condition("Ready", False, "ScaledToZero", "spec.replicas is 0")
     elif rolled_out and ready_n >= wanted:
         ready = _condition("Ready", True, "AllReplicasReady", counts)
+    elif refused:
+        ready = _condition("Ready", False, refused[0], f"{counts}; {refused[1]}")
     elif pod_problem:
         ready = _condition("Ready", False, pod_problem[0], f"{counts}; {pod_problem[1]}")
         pods_failing = pod_problem if needs_action(pod_problem[0]) else None
@@ -81,6 +93,8 @@ def conditions(deployment: dict[str, Any] | None, problem: tuple[str, str] | Non
     elif problem:
         progressing = _condition("Progressing", False, problem[0],
                                  "the last valid spec stays deployed")
+    elif refused and not rolled_out:  # nothing moves until the cause is fixed
+        progressing = _condition("Progressing", False, *refused)
     elif rolled_out:
         progressing = _condition("Progressing", False, "RolloutComplete", counts)
     else:
@@ -93,9 +107,8 @@ def conditions(deployment: dict[str, Any] | None, problem: tuple[str, str] | Non
     elif stuck.get("status") == "False":
         degraded = _condition("Degraded", True, stuck.get("reason", "RolloutStuck"),
                               stuck.get("message", ""))
-    elif failure.get("status") == "True":
-        degraded = _condition("Degraded", True, failure.get("reason", "ReplicaFailure"),
-                              failure.get("message", ""))
+    elif refused:
+        degraded = _condition("Degraded", True, *refused)
     elif notice:
         degraded = _condition("Degraded", True, *notice)
     else:
@@ -133,6 +146,15 @@ SPEC_PROBLEMS = ("InvalidSpec", "NameConflict", "ObjectTooLarge")  # posted by t
 
 def _find(st: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in st.get("conditions", []) if c.get("type") == type_), {})
+
+
+def already_reported(previous: dict[str, Any], problem: tuple[str, str]) -> bool:
+    """Whether the stored status already says `problem` (Ready with the same reason and
+    message): its Warning was posted when the status was written, by this operator process or
+    an earlier one, so a restart has nothing new to say."""
+    ready = _find(previous, "Ready")
+    return (ready.get("status"), ready.get("reason"), ready.get("message")) == (
+        "False", *problem)
 
 
 def events(previous: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, str, str]]:

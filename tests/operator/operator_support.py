@@ -72,15 +72,46 @@ def cel_errors(schema: dict[str, Any], value: Any, env: celpy.Environment | None
     return errors
 
 
-def admission_errors(obj: dict[str, Any]) -> list[str]:
-    """What the API server would say to `kubectl apply` of this object (empty: accepted)."""
-    schema = crd_schema()
+# apiextensions-apiserver pkg/registry/customresource/strategy.go, hasBlockingErr: OpenAPI
+# errors of these types (enum -> NotSupported, required, maxLength -> TooLong,
+# maxItems/maxProperties -> TooMany, type -> TypeInvalid) skip every CEL rule of the object and
+# add this one error instead; any other (pattern, minimum, ...: field.Invalid) lets them run.
+BLOCKING = {"enum", "required", "maxLength", "maxItems", "maxProperties", "type"}
+SKIPPED_RULES = ("some validation rules were not checked because the object was invalid; "
+                 "correct the existing errors to complete validation")
+
+
+def admission_errors(obj: dict[str, Any], schema: dict[str, Any] | None = None) -> list[str]:
+    """What the API server would say to `kubectl apply` of this object (empty: accepted), for
+    the CRD's schema or `schema`.
+
+    Unknown fields first: with strict field validation (kubectl's default) the decoder refuses
+    them with a 400 before the object is validated (apiserver handlers/create.go). Then defaults,
+    the OpenAPI schema, and the CEL rules unless a schema error blocks them (BLOCKING)."""
+    schema = schema or crd_schema()
+    unknown = _unknown_fields(schema, obj, "")
+    if unknown:
+        return unknown
     defaulted = with_defaults(schema, obj)
-    validator = jsonschema.Draft4Validator(schema)
-    errors = [f"{'.'.join(map(str, e.path))}: {e.message}"
-              for e in validator.iter_errors(defaulted)]
-    errors += _unknown_fields(schema, obj, "")
-    return errors or cel_errors(schema, defaulted)
+    found = list(jsonschema.Draft4Validator(_int_or_string_typed(schema)).iter_errors(defaulted))
+    errors = [f"{'.'.join(map(str, e.path))}: {e.message}" for e in found]
+    if any(e.validator in BLOCKING for e in found):
+        return [*errors, SKIPPED_RULES]
+    return errors + cel_errors(schema, defaulted)
+
+
+def _int_or_string_typed(schema: Any) -> Any:
+    """The schema as the API server validates with it: an x-kubernetes-int-or-string node has
+    type [integer, string] (apiextensions-apiserver validation.go,
+    ConvertJSONSchemaPropsWithPostProcess), so `cpu: true` is a type error."""
+    if isinstance(schema, list):
+        return [_int_or_string_typed(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _int_or_string_typed(v) for k, v in schema.items()}
+    if schema.get("x-kubernetes-int-or-string"):
+        out["type"] = ["integer", "string"]
+    return out
 
 
 def _unknown_fields(schema: dict[str, Any], value: Any, where: str) -> list[str]:
@@ -166,6 +197,15 @@ class Cluster:
         self.log = log
         self.liveness = liveness  # the operator's liveness URL
         self.metrics = metrics  # the operator's own /metrics
+        self.log_start = 0  # where the running operator process's log begins
+        self.restart: Callable[[], Awaitable[None]] = _no_restart
+
+    async def handled_since_start(self, handler: str) -> bool:
+        """Whether the running operator process has completed `handler` at least once (kopf
+        logs each success at INFO, which --verbose shows)."""
+        lines = self.log.read_text()[self.log_start:].splitlines()
+        return any(f"Handler '{handler}" in line and line.rstrip().endswith("succeeded.")
+                   for line in lines)
 
     async def request(self, method: str, path: str, body: Any = None) -> dict | None:
         headers = {"Content-Type": "application/merge-patch+json"} if method == "PATCH" else {}
@@ -325,6 +365,32 @@ def _kubeconfig(url: str) -> str:
     })
 
 
+async def _no_restart() -> None:
+    raise NotImplementedError("only running_operator's clusters restart an operator")
+
+
+async def _start_operator(tmp_path: Path, env: dict[str, str], log: Path, liveness: str,
+                          metrics_port: int, verbose: bool) -> asyncio.subprocess.Process:
+    """`tokenmill operator` as a real process (standalone, no peering), appending to `log`."""
+    with log.open("a") as out:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-P", "-m", "tokenmill.operator", "--standalone",
+            "--liveness", liveness, "--metrics-port", str(metrics_port),
+            *(["--verbose"] if verbose else []),
+            cwd=tmp_path, env=env, stdout=out, stderr=out)
+
+
+async def _stop_operator(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM, as the kubelet stops a pod; SIGKILL after 10 s."""
+    if proc.returncode is None:
+        proc.terminate()
+    try:
+        await asyncio.wait_for(proc.wait(), 10)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+
+
 @contextlib.asynccontextmanager
 async def running_operator(tmp_path: Path, env: dict[str, str] | None = None,
                            verbose: bool = True,
@@ -333,7 +399,9 @@ async def running_operator(tmp_path: Path, env: dict[str, str] | None = None,
     """The emulator serving every resource the operator touches, and `tokenmill operator`
     running against it as a real process (standalone, no peering); `env` adds variables,
     `refuse` makes the API server answer some of the operator's requests with an error,
-    `minor` is the API server's version (1.minor)."""
+    `minor` is the API server's version (1.minor). `Cluster.restart()` replaces the process
+    with a new one against the same emulator, as an upgrade or a rescheduled operator pod
+    would."""
     async with Emulator() as emu, kmock.Server(emu):
         emu.calls = []
         emu.managers = []
@@ -347,29 +415,29 @@ async def running_operator(tmp_path: Path, env: dict[str, str] | None = None,
         config = tmp_path / "kubeconfig"
         config.write_text(_kubeconfig(str(emu.url).rstrip("/")))
         log = tmp_path / "operator.log"
+        log.write_text("")
         env = {**os.environ, "KUBECONFIG": str(config), "TOKENMILL_ENGINE_IMAGE": "tokenmill:test",
                **(env or {})}
         liveness = f"http://127.0.0.1:{free_port()}/healthz"
         metrics_port = free_port()
-        with log.open("w") as out:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-P", "-m", "tokenmill.operator", "--standalone",
-                "--liveness", liveness, "--metrics-port", str(metrics_port),
-                *(["--verbose"] if verbose else []),
-                cwd=tmp_path, env=env, stdout=out, stderr=out)
+        procs = [await _start_operator(tmp_path, env, log, liveness, metrics_port, verbose)]
         try:
             async with aiohttp.ClientSession(base_url=str(emu.url)) as session:
-                yield Cluster(session, log, liveness, f"http://127.0.0.1:{metrics_port}/metrics",
-                              emu)
-            assert proc.returncode is None, f"the operator exited:\n{log.read_text()[-4000:]}"
+                cluster = Cluster(session, log, liveness,
+                                  f"http://127.0.0.1:{metrics_port}/metrics", emu)
+
+                async def restart() -> None:
+                    await _stop_operator(procs[-1])
+                    cluster.log_start = len(log.read_text())
+                    procs.append(await _start_operator(tmp_path, env, log, liveness,
+                                                       metrics_port, verbose))
+
+                cluster.restart = restart
+                yield cluster
+            assert procs[-1].returncode is None, (
+                f"the operator exited:\n{log.read_text()[-4000:]}")
         finally:
-            if proc.returncode is None:
-                proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+            await _stop_operator(procs[-1])
 
 
 async def http_server(path: str, handler: Callable) -> tuple[aiohttp.web.AppRunner, int]:

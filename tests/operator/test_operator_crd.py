@@ -7,7 +7,14 @@ import kubernetes_validate
 import pytest
 import yaml
 from apiserver_model import cost_problems, crd_problems, default_problems, rule_problems
-from operator_support import CRD_PATH, EXAMPLES, admission_errors, crd_schema, with_defaults
+from operator_support import (
+    CRD_PATH,
+    EXAMPLES,
+    SKIPPED_RULES,
+    admission_errors,
+    crd_schema,
+    with_defaults,
+)
 
 from tokenmill.operator import crd, reconcile
 
@@ -76,8 +83,8 @@ def test_there_are_the_three_examples():
 
 
 BAD = [
-    ({"engine": {"tensorParallelSize": 3}}, "engine.tensorParallelSize: 3 is not one of"),
-    ({"engine": {"tensorParallelSize": 16}}, "engine.tensorParallelSize: 16 is not one of"),
+    ({"engine": {"tensorParallelSize": 3}}, "engine.tensorParallelSize must be 1, 2, 4 or 8"),
+    ({"engine": {"tensorParallelSize": 16}}, "engine.tensorParallelSize must be 1, 2, 4 or 8"),
     # The built-in model (the default) has 9 attention heads and 3 KV heads: only 1 divides.
     ({"engine": {"tensorParallelSize": 2}},
      "engine.tensorParallelSize must divide the attention heads of smollm2-135m-instruct "
@@ -243,3 +250,174 @@ def test_the_api_key_variable_without_auth_is_the_users_own():
                "secretKeyRef": {"name": "s", "key": "k"}}}]}}
     assert admission_errors(obj) == []
     reconcile.load("x", obj["spec"])
+
+
+def _spec(spec: dict) -> dict:
+    return {"apiVersion": "tokenmill.io/v1alpha1", "kind": "InferenceService",
+            "metadata": {"name": "x"}, "spec": spec}
+
+
+@pytest.mark.parametrize("uri", ["smollm2-135m-instruc", "llama-3-8b", "Qwen3-8B", "models/x"])
+def test_a_bare_model_name_that_is_not_built_in_is_refused_at_apply(uri):
+    """A bare name can only be a built-in model: the engine would look for it as a directory
+    in the pod's working directory and fail there."""
+    (error,) = admission_errors(_spec({"model": {"uri": uri}}))
+    assert "model.uri" in error and "smollm2-135m-instruct" in error
+    assert "pvc://" in error and "/models/" in error  # the accepted forms
+    with pytest.raises(reconcile.SpecError, match="smollm2-135m-instruct"):
+        reconcile.load("x", {"model": {"uri": uri}})
+
+
+def test_the_built_in_names_are_the_engines():
+    from tokenmill.engine.models.source import BUILTIN_MODELS as ENGINE_BUILTINS
+    from tokenmill.operator.spec import BUILTIN_MODELS
+
+    assert set(BUILTIN_MODELS) == set(ENGINE_BUILTINS)
+
+
+@pytest.mark.parametrize("uri", ["smollm2-135m-instruct", "/models/llama", "pvc://weights/x"])
+def test_built_in_names_paths_and_claims_are_admitted(uri):
+    assert admission_errors(_spec({"model": {"uri": uri}})) == []
+    reconcile.load("x", {"model": {"uri": uri}})
+
+
+@pytest.mark.parametrize("resources", [{"cpu": 2}, {"cpu": 2, "memory": 4294967296},
+                                       {"cpu": "500m", "memory": "4Gi"}])
+def test_quantities_are_int_or_string_as_in_a_pod(resources):
+    assert admission_errors(_spec({"resources": {"gpus": 0, **resources}})) == []
+    reconcile.load("x", {"resources": {"gpus": 0, **resources}})
+
+
+@pytest.mark.parametrize("resources", [{"cpu": -2}, {"cpu": "2 cores"}, {"memory": "-1Gi"},
+                                       {"cpu": True}])
+def test_quantities_that_are_no_quantity_are_refused(resources):
+    assert admission_errors(_spec({"resources": resources}))
+    with pytest.raises(reconcile.SpecError, match="spec.resources"):
+        reconcile.load("x", {"resources": resources})
+
+
+CLOSED_SETS = [
+    ({"engine": {"quantization": "int4"}}, ["none", "int8", "fp8"]),
+    ({"engine": {"kvCacheDtype": "fp4"}}, ["auto", "int8", "fp8"]),
+    ({"engine": {"tensorParallelSize": 3}}, ["1", "2", "4", "8"]),
+    ({"autoscaling": {"mode": "keda"}}, ["builtin", "external"]),
+    ({"imagePullPolicy": "Sometimes"}, ["Always", "IfNotPresent", "Never"]),
+]
+
+
+@pytest.mark.parametrize(("spec", "allowed"), CLOSED_SETS, ids=lambda v: str(v))
+def test_a_value_outside_a_closed_set_is_one_message_naming_the_allowed(spec, allowed):
+    """One bad value, one message: an enum beside a CEL rule on the same field prints both on
+    servers where an enum violation does not block CEL, and the placeholder 'some validation
+    rules were not checked' where it does (hasBlockingErr)."""
+    errors = admission_errors(_spec(spec))
+    assert len(errors) == 1, errors
+    assert all(value in errors[0] for value in allowed), errors
+
+
+def _enums(node: dict, where: str) -> list[str]:
+    """Paths of the nodes with an enum, not descending into inlined Kubernetes types."""
+    found = [where] if "enum" in node else []
+    for name, sub in node.get("properties", {}).items():
+        if name not in KUBERNETES_TYPED:
+            found += _enums(sub, f"{where}.{name}")
+    if isinstance(node.get("items"), dict):
+        found += _enums(node["items"], f"{where}[]")
+    return found
+
+
+def test_our_own_fields_carry_no_enum():
+    """A closed set of values is a CEL rule on the field (one message); only the inlined
+    Kubernetes types keep their enums."""
+    assert _enums(crd_schema()["properties"]["spec"], "spec") == []
+
+
+KUBERNETES_TYPED = {"tolerations", "affinity", "valueFrom", "podSecurityContext",
+                    "containerSecurityContext"}
+
+
+def _our_models():
+    from tokenmill.operator import spec as spec_module
+
+    seen, todo = [], [spec_module.InferenceServiceSpec, spec_module.InferenceServiceStatus]
+    while todo:
+        model = todo.pop()
+        if model in seen:
+            continue
+        seen.append(model)
+        for field in model.model_fields.values():
+            todo += [t for t in _model_types(field.annotation) if t not in seen]
+    return seen
+
+
+def _model_types(annotation):
+    import typing
+
+    from pydantic import BaseModel
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [t for arg in typing.get_args(annotation) for t in _model_types(arg)]
+
+
+def test_every_field_of_our_models_has_a_description():
+    """`kubectl explain` shows a field's description; no field of ours says <no description>."""
+    missing = [f"{model.__name__}.{name}" for model in _our_models()
+               for name, field in model.model_fields.items() if not field.description]
+    assert not missing, missing
+
+
+def test_inlined_kubernetes_types_keep_their_first_level_descriptions():
+    spec = crd_schema()["properties"]["spec"]["properties"]
+    toleration = spec["tolerations"]["items"]
+    assert spec["tolerations"].get("description")
+    assert all(sub.get("description") for sub in toleration["properties"].values()), toleration
+    for field in ("affinity", "podSecurityContext", "containerSecurityContext"):
+        assert spec[field].get("description")
+        assert all(sub.get("description") for sub in spec[field]["properties"].values()), field
+
+
+# kubectl's client-side apply copies the whole object into the
+# kubectl.kubernetes.io/last-applied-configuration annotation, and the API server caps an
+# object's annotations at 256 KiB in total (apimachinery ValidateAnnotationsSize,
+# TotalAnnotationSizeLimitB = 256 * (1 << 10)).
+TOTAL_ANNOTATION_SIZE = 256 * (1 << 10)
+
+
+def test_the_crd_fits_kubectls_last_applied_annotation():
+    import json
+
+    key = "kubectl.kubernetes.io/last-applied-configuration"
+    applied = json.dumps(yaml.safe_load(CRD_PATH.read_text()), separators=(",", ":"))
+    assert len(key) + len(applied) < TOTAL_ANNOTATION_SIZE
+
+
+# --- the admission model: what the API server reports for one object -----------------------
+
+TOY = {"type": "object", "properties": {"spec": {
+    "type": "object",
+    "properties": {"mode": {"type": "string", "enum": ["a", "b"]},
+                   "name": {"type": "string", "pattern": "^[a-z]+$"},
+                   "n": {"type": "integer"}},
+    "x-kubernetes-validations": [{"rule": "!has(self.n) || self.n < 10",
+                                  "message": "n must be below 10"}]}}}
+
+
+def test_an_enum_violation_blocks_the_rules_and_says_so():
+    """strategy.go hasBlockingErr: an enum (NotSupported), required, maxLength, maxItems,
+    maxProperties or type error skips every CEL rule and adds one placeholder error."""
+    errors = admission_errors({"spec": {"mode": "c", "n": 11}}, TOY)
+    assert len(errors) == 2 and "'c' is not one of ['a', 'b']" in errors[0], errors
+    assert errors[1] == SKIPPED_RULES
+
+
+def test_a_pattern_violation_does_not_block_the_rules():
+    """A pattern or minimum error is field.Invalid, not blocking: the rules run as well."""
+    errors = admission_errors({"spec": {"name": "A", "n": 11}}, TOY)
+    assert len(errors) == 2 and "does not match" in errors[0], errors
+    assert errors[1] == "n must be below 10"
+
+
+def test_unknown_fields_fail_the_request_before_validation():
+    """create.go: a strict decoding error is a 400 before the object is validated at all."""
+    assert admission_errors({"spec": {"mode": "c", "typo": 1}}, TOY) == ["spec.typo: unknown field"]

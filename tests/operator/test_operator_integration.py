@@ -141,6 +141,38 @@ async def test_pods_say_why_the_service_is_not_ready(tmp_path):
         assert len(await _events(k, "CrashLoopBackOff")) == 1
 
 
+SA_MISSING = ('pods "chat-5d8f9-" is forbidden: error looking up service account default/engine: '
+              'serviceaccount "engine" not found')
+
+
+async def test_pods_the_api_server_refuses_block_ready(tmp_path):
+    async with running_operator(tmp_path) as k:
+        await k.request("POST", ISVCS, inference_service("chat", {
+            "resources": {"gpus": 0}, "serviceAccountName": "engine"}))
+        await k.eventually(lambda: k.get(DEPLOY))
+        # The Deployment controller's part: the ReplicaSet controller's pod create was refused
+        # (only an Event on the ReplicaSet), which the Deployment shows as ReplicaFailure while
+        # its own Progressing stays True until progressDeadlineSeconds.
+        await k.request("PATCH", f"{DEPLOY}/status", {"status": {
+            "observedGeneration": 1, "replicas": 0, "updatedReplicas": 0,
+            "unavailableReplicas": 1, "conditions": [
+                {"type": "Available", "status": "False", "reason": "MinimumReplicasUnavailable",
+                 "message": "Deployment does not have minimum availability."},
+                {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated",
+                 "message": 'ReplicaSet "chat-5d8f9" is progressing.'},
+                {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+                 "message": SA_MISSING}]}})
+        isvc = await k.eventually(lambda: _with(
+            k, f"{ISVCS}/chat", lambda o: condition(o, "Ready").get("reason") == "FailedCreate"))
+        assert SA_MISSING in condition(isvc, "Ready")["message"]
+        assert condition(isvc, "Progressing")["status"] == "False"
+        assert condition(isvc, "Progressing")["reason"] == "FailedCreate"
+        (warning,) = await k.eventually(lambda: _events(k, "FailedCreate"))
+        assert warning["type"] == "Warning" and SA_MISSING in warning["message"]
+        await asyncio.sleep(1)
+        assert len(await _events(k, "FailedCreate")) == 1
+
+
 async def test_timers_log_nothing_by_default(tmp_path):
     env = {"TOKENMILL_AUTOSCALE_INTERVAL": "0.3"}
     async with running_operator(tmp_path, env=env, verbose=False) as k:
@@ -176,6 +208,23 @@ async def test_invalid_spec_is_reported_not_retried(tmp_path):
         await k.request("PATCH", f"{ISVCS}/bad", {
             "metadata": {"generation": 2}, "spec": {"engine": {"quantization": "none"}}})
         await k.eventually(lambda: k.get(f"/apis/apps/v1/namespaces/{NS}/deployments/bad"))
+
+
+async def test_a_restarted_operator_does_not_post_the_same_warning_again(tmp_path):
+    """The status already says InvalidSpec with the same message: a new operator process (an
+    upgrade, a rescheduled pod) has nothing new to tell."""
+    async with running_operator(tmp_path) as k:
+        await k.request("POST", ISVCS, inference_service("bad", {
+            "resources": {"gpus": 0}, "engine": {"quantization": "int4"}}))
+        await k.eventually(lambda: _with(
+            k, f"{ISVCS}/bad", lambda o: condition(o, "Ready").get("reason") == "InvalidSpec"))
+        assert len(await k.eventually(lambda: _events(k, "InvalidSpec"))) == 1
+
+        for _ in range(2):
+            await k.restart()
+            await k.eventually(lambda: k.handled_since_start("reconcile_service"))
+            await asyncio.sleep(1)
+        assert len(await _events(k, "InvalidSpec")) == 1
 
 
 async def test_tensor_parallelism_deploys_or_says_why_not(tmp_path):

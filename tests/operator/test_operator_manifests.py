@@ -351,3 +351,12 @@ def test_flags_come_from_the_engine_option_table():
     assert args[10:10 + len(expected)] == expected
     with pytest.raises(ConfigError):
         engine_args(no_such_option=1)
+
+
+def test_integer_quantities_reach_the_deployment_as_quantities():
+    """`cpu: 2` is what a Pod accepts; the container gets the quantity's string form."""
+    spec = {"resources": {"gpus": 0, "cpu": 2, "memory": 4294967296}}
+    assert container(spec)["resources"] == {
+        "requests": {"cpu": "2", "memory": "4294967296"}, "limits": {"memory": "4294967296"}}
+    for child in build(spec):
+        kubernetes_validate.validate(child, "1.31", strict=True)

@@ -63,6 +63,29 @@ def test_replica_failure_is_degraded():
         "True", "FailedCreate")
 
 
+SA_MISSING = ('pods "chat-5d8f9-" is forbidden: error looking up service account default/engine: '
+              'serviceaccount "engine" not found')
+
+
+@pytest.mark.parametrize("pod_problem", [None, ("ContainersNotReady", "engine not ready")])
+def test_pods_that_cannot_be_created_block_ready_and_progress(pod_problem):
+    """The ReplicaSet controller reports a pod the API server refuses (Pod Security, a missing
+    ServiceAccount, quota) as the Deployment's ReplicaFailure; waiting changes nothing, so
+    Ready says why and Progressing is False, while the Deployment's own Progressing stays True
+    until its deadline."""
+    failure = {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+               "message": SA_MISSING}
+    progressing = {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated",
+                   "message": 'ReplicaSet "chat-5d8f9" is progressing.'}
+    deploy = deployment(replicas=1, updated=0, ready=0, available=0, total=0,
+                        conditions=[progressing, failure])
+    c = {cond["type"]: cond for cond in status.conditions(deploy, None, pod_problem)}
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("False", "FailedCreate")
+    assert c["Ready"]["message"] == f"0/1 replicas ready; {SA_MISSING}"
+    assert (c["Progressing"]["status"], c["Progressing"]["reason"]) == ("False", "FailedCreate")
+    assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == ("True", "FailedCreate")
+
+
 def test_invalid_spec_with_and_without_a_running_deployment():
     problem = ("InvalidSpec", "spec.engine.quantization: bad")
     c = conds(deployment(), problem)
@@ -373,3 +396,11 @@ def test_tensor_parallelism_that_cannot_run_is_invalid_spec(spec, message):
     ready = next(c for c in outcome.status["conditions"] if c["type"] == "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
     assert message in ready["message"]
+
+
+def test_a_problem_already_in_the_status_was_reported():
+    problem = ("InvalidSpec", "spec.engine.quantization: bad")
+    written = status.status("a", "ns", 1, None, problem, {}, NOW)
+    assert status.already_reported(written, problem)
+    assert not status.already_reported(written, ("InvalidSpec", "spec.replicas: bad"))
+    assert not status.already_reported({}, problem)
