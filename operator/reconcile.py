@@ -69,8 +69,11 @@ def _same_quantity(live: Any, desired: Any) -> bool:
 
 
 def covers(live: Any, desired: Any, path: tuple[str, ...] = ()) -> bool:
-    """Whether `live` has every value of `desired` (the API server may add defaults, and
-    writes quantities in its own form)."""
+    """Whether `live` has every value of `desired` (the API server may add defaults, writes
+    quantities in its own form, and stores an empty optional value ("", [], {}, 0, false) as
+    no key at all, Go's `omitempty`)."""
+    if live is None and desired is not None and not desired:
+        return True
     if isinstance(desired, dict):
         return isinstance(live, dict) and all(
             covers(live.get(k), v, (*path, k)) for k, v in desired.items())

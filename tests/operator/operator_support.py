@@ -22,7 +22,7 @@ import jsonschema
 import kmock
 import yaml
 from apiserver_model.versions import drop_unknown, warning_header
-from apiserver_model.writes import TOO_LONG, canonicalize, merge_patch, too_long
+from apiserver_model.writes import TOO_LONG, canonicalize, merge_patch, omit_empty, too_long
 from process_support import free_port
 from prometheus_client import generate_latest
 
@@ -300,13 +300,14 @@ class Emulator(kmock.KubernetesEmulator):
                 "platform": "linux/amd64"}
 
     def _as_stored(self, request: kmock.Request) -> None:
-        """Canonical quantities in what is written, and the 422 for annotations over the
-        limit, judged on the object as it would be after the write."""
+        """Canonical quantities and no empty optional fields in what is written, and the 422
+        for annotations over the limit, judged on the object as it would be after the write."""
         kind = KIND_OF.get(request.resource.plural, "")
         try:
             canonicalize(kind, request.data)
         except ValueError as e:  # the JSON decoder's refusal of a malformed quantity
             raise kmock.KubernetesError(status=400, reason="BadRequest", message=str(e)) from None
+        omit_empty(kind, request.data, patch=request.action == kmock.action.UPDATE)
         after = request.data
         if request.action == kmock.action.UPDATE:
             key = (request.resource, request.namespace, request.name)

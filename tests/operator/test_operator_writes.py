@@ -214,3 +214,22 @@ def test_kopfs_record_is_a_digest_that_tells_changes_apart():
     full = {"example.com/notes": "x" * (ANNOTATIONS_LIMIT - 100)}
     assert _stored(storage, kopf.Body(inference_service("chat", small) | {
         "metadata": {"name": "chat", "annotations": full}})) == {}
+
+
+@pytest.mark.asyncio
+async def test_empty_values_the_server_leaves_out_are_not_patched_again(tmp_path):
+    """`value: ""` and `effect: ""` are stored as no key (Go's omitempty): comparing them as
+    written would patch the Deployment on every pass."""
+    async with running_operator(tmp_path, env={"TOKENMILL_RESYNC_SECONDS": str(RESYNC)}) as k:
+        await k.request("POST", ISVCS, inference_service("chat", {
+            "resources": {"gpus": 0}, "env": [{"name": "EMPTY", "value": ""}],
+            "tolerations": [{"key": "gpu", "operator": "Exists", "effect": ""}]}))
+        deployment = await k.eventually(lambda: k.get(DEPLOY))
+        pod = deployment["spec"]["template"]["spec"]
+        assert {"name": "EMPTY"} in pod["containers"][0]["env"]
+        assert pod["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
+        await asyncio.sleep(4 * RESYNC)  # settles
+        writes = _deployment_writes(k)
+        await asyncio.sleep(8 * RESYNC)
+        assert _deployment_writes(k) == writes
+        assert not await _reasons(k, "Updated")

@@ -1,6 +1,11 @@
 """What the API server does to every object written to it, whatever the resource: quantities of
-built-in types stored canonically (quantity.py), and the total size of metadata.annotations
-capped.
+built-in types stored canonically (quantity.py), empty optional strings and lists of a pod spec
+left out, and the total size of metadata.annotations capped.
+
+Empty values: the core/v1 types tag their optional string and slice fields `omitempty`, so an
+empty one is stored and read back as no key at all (`env: [{name: X, value: ""}]` comes back as
+`[{name: X}]`). Pointer fields (`*bool` such as allowPrivilegeEscalation) keep `false`, and
+non-pointer structs (`resources: {}`) are never omitted, so only "" and [] are modelled.
 
 The size rule is k8s.io/apimachinery/pkg/api/validation/objectmeta.go: ValidateAnnotationsSize
 counts len(key) + len(value) in bytes over every annotation and refuses more than
@@ -53,6 +58,32 @@ def canonicalize(kind: str, obj: dict[str, Any]) -> None:
             empty_dir = volume.get("emptyDir") if isinstance(volume, dict) else None
             if isinstance(empty_dir, dict) and empty_dir.get("sizeLimit") is not None:
                 empty_dir["sizeLimit"] = canonical(empty_dir["sizeLimit"])
+
+
+def _omit_empty(value: Any, patch: bool) -> Any:
+    """`value` with its empty strings and lists gone; in a merge patch they become null, which
+    leaves the key absent after the write just as the server's encoder does."""
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if item == "" or item == []:
+                if patch:
+                    out[key] = None
+                continue
+            out[key] = _omit_empty(item, patch)
+        return out
+    if isinstance(value, list):
+        return [_omit_empty(item, patch) for item in value]
+    return value
+
+
+def omit_empty(kind: str, obj: dict[str, Any], patch: bool = False) -> None:
+    """Drop, in place, the empty optional strings and lists of a Pod's or a workload's pod
+    spec, as the API server stores them (see the module's docstring)."""
+    for pod in _pod_specs(kind, obj):
+        cleaned = _omit_empty(pod, patch)
+        pod.clear()
+        pod.update(cleaned)
 
 
 def annotation_bytes(annotations: dict[str, str] | None) -> int:
