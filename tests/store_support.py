@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import http.server
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Iterator
 
 import boto3
@@ -79,3 +81,31 @@ def same_files(a: str, b: str) -> bool:
                     out[os.path.relpath(os.path.join(root, n), d)] = f.read()
         return out
     return files(a) == files(b)
+
+
+@contextlib.contextmanager
+def hub_that_finds_nothing() -> Iterator[str]:
+    """A loopback server answering every hub request as the hub answers for a repository that
+    does not exist (404, X-Error-Code: RepoNotFound), or, under a `gated-*` name, for a gated
+    one without access (403, GatedRepo): its URL, for HF_ENDPOINT."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            gated = "/gated-" in self.path
+            self.send_response(403 if gated else 404)
+            self.send_header("X-Error-Code", "GatedRepo" if gated else "RepoNotFound")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

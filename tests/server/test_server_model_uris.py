@@ -50,3 +50,12 @@ def test_serves_a_model_from_an_offline_hub_cache_with_hf_greedy_output(tmp_path
     write_hub_cache(cache, "tokenmill-test/tiny-llama", tiny_llama_dir)
     env = {"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing answers there
     assert _served_text("hf://tokenmill-test/tiny-llama", env, cache, prompt) == expected
+
+
+def test_a_model_that_cannot_be_fetched_ends_the_server_with_one_line(s3_env, tmp_path):
+    model = f"s3://{BUCKET}/llama/nothing"
+    code, stderr = ServeProcess(model, "--download-dir", str(tmp_path), env=s3_env).finish()
+    assert code == 1
+    [line] = [line for line in stderr.splitlines() if "cannot fetch" in line]
+    assert "model failed to load; exiting" in line
+    assert f"cannot fetch {model}: no objects under the prefix 'llama/nothing/'" in line

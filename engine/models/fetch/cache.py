@@ -8,7 +8,7 @@ import os
 import shutil
 from collections.abc import Iterator
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from tokenmill.engine.models.fetch.errors import ModelFetchError
 
@@ -29,7 +29,9 @@ def model_lock(directory: str, model: str) -> Iterator[None]:
     then finds the files complete and downloads nothing."""
     os.makedirs(os.path.dirname(os.path.abspath(directory)), exist_ok=True)
     lock = FileLock(os.path.abspath(directory) + ".lock")
-    if not lock.acquire(blocking=False):
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
         log.warning("waiting for another download of this model", extra={"model": model})
         lock.acquire()
     try:
