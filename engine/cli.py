@@ -100,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         multiturn,
         offline,
         random_model,
+        s3_fetch,
     )
     from tokenmill.engine.bench import serve as bench_serve
 
@@ -109,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(bench_commands, "host-overhead", host_overhead)
     _add_bench(bench_commands, "accuracy", accuracy)
     _add_bench(bench_commands, "serve", bench_serve, engine_flags=False)
+    _add_bench(bench_commands, "s3-fetch", s3_fetch, engine_flags=False)
     return parser
 
 
