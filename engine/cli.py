@@ -40,6 +40,32 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(engine_config_from_args(args), args)
 
 
+def _download(argv: list[str]) -> int:
+    """`tokenmill download MODEL`: fetch into the cache and print the local path; no torch is
+    imported, so an init container needs only the light dependencies."""
+    from tokenmill.engine.contract.config import EngineConfig
+    from tokenmill.engine.log import configure_logging
+    from tokenmill.engine.models.source import resolve_model
+
+    options = {f.name: f.metadata["help"] for f in dataclasses.fields(EngineConfig)}
+    parser = argparse.ArgumentParser(prog="tokenmill download", description=DOWNLOAD_HELP)
+    parser.add_argument("model", help=options["model"])
+    parser.add_argument("--download-dir", default=None, help=options["download_dir"])
+    args = parser.parse_args(argv)
+    configure_logging()
+    try:
+        source = resolve_model(args.model, args.download_dir)
+    except OSError as exc:  # a fetch or a missing path: one line naming the model and cause
+        print(f"tokenmill download: error: {exc}", file=sys.stderr)
+        return 1
+    print(source.gguf_path or source.directory)
+    return 0
+
+
+DOWNLOAD_HELP = ("Download a hf:// or s3:// model into the cache (what `serve` would load) "
+                 "and print its local path.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokenmill", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -61,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="One JSON object per prompt.")
     gen.set_defaults(func=_generate)
 
+    commands.add_parser("download", help=DOWNLOAD_HELP + " See `tokenmill download --help`.",
+                        add_help=False)
     commands.add_parser("operator", help="Run the Kubernetes operator (see `tokenmill "
                                           "operator --help`).", add_help=False)
 
@@ -72,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         multiturn,
         offline,
         random_model,
+        s3_fetch,
     )
     from tokenmill.engine.bench import serve as bench_serve
 
@@ -81,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(bench_commands, "host-overhead", host_overhead)
     _add_bench(bench_commands, "accuracy", accuracy)
     _add_bench(bench_commands, "serve", bench_serve, engine_flags=False)
+    _add_bench(bench_commands, "s3-fetch", s3_fetch, engine_flags=False)
     return parser
 
 
@@ -104,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
 
         operator_main(argv[1:])
         return 0
+    if argv[:1] == ["download"]:  # no torch either: what an init container runs
+        return _download(argv[1:])
     args = build_parser().parse_args(argv)
     configure_logging()
     from tokenmill.engine.contract.config import ConfigError

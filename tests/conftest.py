@@ -1,19 +1,21 @@
-"""Fixtures every group of tests shares: the real SmolLM2 model, its HF reference, and a tiny
-random-weight Llama.
+"""Fixtures every group of tests shares: the real SmolLM2 model, its HF reference, a tiny
+random-weight Llama, and an S3 server holding it.
 
 The tests are grouped by part: engine/ (the engine in this process), device_kernels/ (Triton
 kernels, decode graphs and their torch references), server/ (the HTTP server, in process or
 as `tokenmill serve`), operator/ (the Kubernetes operator, its CRD, chart and autoscaler),
-bench/ (the benchmark commands) and project/ (packaging, and the configuration the CLI and the
-operator share). What a group's files share is in its conftest.py (fixtures) and its
+bench/ (the benchmark commands), models/ (fetching models from hf:// and s3://: caches,
+resumed and concurrent downloads, failures) and project/ (packaging, and the configuration
+the CLI and the operator share). What a group's files share is in its conftest.py (fixtures) and its
 *_support.py (functions and constants); operator/ also holds its API server model, Pod
 Security checker and autoscaling harness.
 
 Pytest puts this directory on sys.path (no __init__.py files: the repository root, whose
 operator/ would shadow Python's operator module, stays off it), so the modules here are
 imported by name from every group: model_support (SmolLM2's name, random-weight checkpoints,
-HF's greedy reference), process_support (free_port, the serve command line, /proc) and
-structured_support (the JSON schema of the structured-output tests). The names of these
+HF's greedy reference), process_support (free_port, the serve command line, /proc),
+store_support (moto's S3 server, hub caches in the hub's layout) and structured_support (the
+JSON schema of the structured-output tests). The names of these
 modules are unique across all directories, and so are test file names.
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import pytest
 import torch
 from model_support import SMOLLM2, make_random_model
+from store_support import BUCKET, S3_ENV, TINY_PREFIX, moto_s3, s3_client, upload_directory
 
 from tokenmill.engine import LLM
 from tokenmill.engine.models.source import resolve_model
@@ -72,3 +75,30 @@ def tiny_llama_dir(tmp_path_factory, smol_tokenizer):
 def tiny_llama(tiny_llama_dir):
     return LLM(tiny_llama_dir, show_progress=False)
 
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tiny_llama_dir):
+    """A real S3-compatible server (moto) on loopback holding the tiny Llama under
+    s3://BUCKET/TINY_PREFIX: its endpoint URL."""
+    with moto_s3() as endpoint:
+        client = s3_client(endpoint)
+        client.create_bucket(Bucket=BUCKET)
+        upload_directory(client, BUCKET, TINY_PREFIX, tiny_llama_dir)
+        yield endpoint
+
+
+@pytest.fixture
+def s3_env(s3_endpoint, monkeypatch):
+    """The store's endpoint and test credentials in the environment, as a pod has them."""
+    env = {**S3_ENV, "AWS_ENDPOINT_URL": s3_endpoint}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    return env
+
+
+@pytest.fixture
+def bucket(s3_endpoint):
+    """A boto3 client of the store: how tests put objects there (tokenmill reads with its own)."""
+    return s3_client(s3_endpoint)

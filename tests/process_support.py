@@ -1,4 +1,5 @@
-"""Processes the tests start and watch: the `tokenmill serve` command line, a free loopback
+"""Processes the tests start and watch: the `tokenmill serve` and `tokenmill download` command
+lines, a free loopback
 port, and which processes exist, read from /proc (to check that no worker outlives its
 engine)."""
 
@@ -14,6 +15,11 @@ def serve_command(*args: str) -> list[str]:
     """`tokenmill serve ARGS` from this Python. `-P` keeps the working directory off sys.path:
     from the repository root, its operator/ would shadow Python's operator module."""
     return [sys.executable, "-P", "-m", "tokenmill.engine.cli", "serve", *args]
+
+
+def download_command(*args: str) -> list[str]:
+    """`tokenmill download ARGS` from this Python (as serve_command)."""
+    return [sys.executable, "-P", "-m", "tokenmill.engine.cli", "download", *args]
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -46,8 +46,17 @@ class EngineConfig:
 
     model: str = _opt(
         DEFAULT_MODEL,
-        "Hugging Face model directory, a .gguf file, or a built-in name "
-        f"({DEFAULT_MODEL}).",
+        "Hugging Face model directory, a .gguf file, a built-in name "
+        f"({DEFAULT_MODEL}), hf://ORG/NAME[@REVISION] (the hub's client: HF_TOKEN, "
+        "HF_ENDPOINT, HF_HUB_OFFLINE) or s3://BUCKET/PREFIX (AWS_ACCESS_KEY_ID, "
+        "AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL for S3-compatible stores). A hf:// or s3:// "
+        "model is downloaded into --download-dir first, once.",
+    )
+    download_dir: str | None = _opt(
+        None, "Cache that hf:// and s3:// models are downloaded into and loaded from; "
+              "`tokenmill download` fills the same one. Default: the hub's cache for hf:// "
+              "($HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub) and "
+              "$XDG_CACHE_HOME/tokenmill (~/.cache/tokenmill) for s3://.",
     )
     dtype: str = _opt("auto", "Weight and activation dtype: auto (float32 on CPU, bfloat16 "
                               "on CUDA), float32, bfloat16, float16.")

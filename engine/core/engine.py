@@ -62,7 +62,7 @@ class LLMEngine:
         self.dtype = _dtype(config.dtype, self.device)
         backend = resolve_backend(config.attention_backend, self.device)
         check_kv_cache_dtype(config.kv_cache_dtype, backend, self.device)
-        source = resolve_model(config.model)
+        source = resolve_model(config.model, config.download_dir)
         self.model_config = load_config(source)
         self.tokenizer = load_tokenizer(source)
         self.max_model_len = _max_model_len(config, self.model_config)

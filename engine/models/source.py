@@ -1,4 +1,5 @@
-"""Where a model comes from: a Hugging Face directory, a GGUF file, or a built-in name."""
+"""Where a model comes from: a Hugging Face directory, a GGUF file, a built-in name, or a
+store (hf://, s3://) it is downloaded from first (models/fetch/)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,18 @@ class ModelSource:
         return None if self.gguf_file is None else os.path.join(self.directory, self.gguf_file)
 
 
-def resolve_model(model: str) -> ModelSource:
+def resolve_model(model: str, download_dir: str | None = None) -> ModelSource:
+    """The local files of `model`; a hf:// or s3:// model is downloaded into `download_dir`
+    (or found complete there) first."""
+    from tokenmill.engine.models.fetch import fetch_model
+
+    local = fetch_model(model, download_dir)
+    if local is not None:
+        return _local(local)
+    return _local(model)
+
+
+def _local(model: str) -> ModelSource:
     if model in BUILTIN_MODELS:
         return _builtin(model)
     path = os.path.expanduser(model)
@@ -57,8 +69,8 @@ def resolve_model(model: str) -> ModelSource:
         return ModelSource(os.path.abspath(path))
     raise ModelNotFound(
         f"model {model!r} not found: pass a Hugging Face model directory (config.json, "
-        "tokenizer, *.safetensors), a .gguf file, or a built-in name "
-        f"({', '.join(BUILTIN_MODELS)}). Models are never downloaded at run time."
+        "tokenizer, *.safetensors), a .gguf file, a built-in name "
+        f"({', '.join(BUILTIN_MODELS)}), hf://ORG/NAME[@REVISION] or s3://BUCKET/PREFIX."
     )
 
 

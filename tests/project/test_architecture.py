@@ -25,6 +25,9 @@ import tokenmill.engine.contract
 from tokenmill.engine.contract.config import SUPPORTED, ConfigError, EngineConfig, engine_args
 from tokenmill.engine.contract.model_shape import ModelShape
 import tokenmill.operator.crd, tokenmill.operator.handlers, tokenmill.operator.manifests
+# What `tokenmill download` (an init container) runs.
+import tokenmill.engine.models.fetch.hub, tokenmill.engine.models.fetch.s3
+from tokenmill.engine.models.source import resolve_model
 EngineConfig(model="m", tensor_parallel_size=2)
 assert ModelShape(heads=9, kv_heads=3, intermediate_size=1536).problems(2)
 assert engine_args(max_num_seqs=8) == ["--max-num-seqs", "8"]

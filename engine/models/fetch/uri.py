@@ -1,0 +1,48 @@
+"""Model names that point at a store: hf://ORG/NAME[@REVISION] and s3://BUCKET/PREFIX."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from tokenmill.engine.models.fetch.errors import ModelFetchError
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+FORMS = ("hf://ORG/NAME[@REVISION], s3://BUCKET/PREFIX, a local model directory or .gguf "
+         "file, or a built-in name")
+
+
+@dataclass(frozen=True)
+class HubModel:
+    uri: str
+    repo_id: str
+    revision: str | None
+
+
+@dataclass(frozen=True)
+class S3Model:
+    uri: str
+    bucket: str
+    prefix: str  # without a trailing slash; "" is the whole bucket
+
+
+def parse_model_uri(model: str) -> HubModel | S3Model | None:
+    """The store a model name points at, or None for a local path or a built-in name.
+
+    An unknown scheme fails here, before anything is downloaded or loaded."""
+    match = _SCHEME.match(model)
+    if match is None:
+        return None
+    scheme, rest = match.group(1).lower(), model[match.end():]
+    if scheme == "hf":
+        repo_id, _, revision = rest.partition("@")
+        parts = repo_id.strip("/").split("/")
+        if not 1 <= len(parts) <= 2 or not all(parts) or "@" in model and not revision:
+            raise ModelFetchError(model, "expected hf://ORG/NAME or hf://ORG/NAME@REVISION")
+        return HubModel(model, "/".join(parts), revision or None)
+    if scheme == "s3":
+        bucket, _, prefix = rest.partition("/")
+        if not bucket:
+            raise ModelFetchError(model, "expected s3://BUCKET/PREFIX")
+        return S3Model(model, bucket, prefix.strip("/"))
+    raise ModelFetchError(model, f"unknown scheme {scheme}://; use {FORMS}")

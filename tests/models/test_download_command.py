@@ -1,0 +1,53 @@
+"""`tokenmill download MODEL`, what an init container runs: it needs no torch, prints the
+local path, and two of them downloading into one cache share it without corrupting it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from process_support import download_command
+from store_support import BUCKET, TINY_PREFIX, same_files
+
+URI = f"s3://{BUCKET}/{TINY_PREFIX}"
+
+# `tokenmill download` with torch made unimportable.
+WITHOUT_TORCH = """
+import sys
+sys.modules["torch"] = None
+from tokenmill.engine.cli import main
+code = main(["download", *sys.argv[1:]])
+assert "torch" not in {m.split(".")[0] for m, v in sys.modules.items() if v is not None}
+sys.exit(code)
+"""
+
+
+def test_downloads_without_torch_and_prints_the_path(s3_env, download_dir, tiny_llama_dir):
+    result = subprocess.run([sys.executable, "-P", "-c", WITHOUT_TORCH, URI, "--download-dir",
+                             download_dir], cwd="/", capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    path = result.stdout.strip()
+    assert path == os.path.join(download_dir, "s3", BUCKET, *TINY_PREFIX.split("/"))
+    assert same_files(path, tiny_llama_dir)
+    # Off a terminal, progress is logfmt lines (here the last one: the whole download).
+    assert re.search(rf"msg=\"download done\" model={URI} bytes=(\d+) total=\1 ", result.stderr)
+
+
+def test_two_downloads_into_one_cache_move_the_bytes_once(s3_env, download_dir,
+                                                          tiny_llama_dir):
+    procs = [subprocess.Popen(download_command(URI, "--download-dir", download_dir), cwd="/",
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert outputs[0][0] == outputs[1][0]
+    path = outputs[0][0].strip()
+    assert same_files(path, tiny_llama_dir)  # no .partial, no journal left, every byte right
+    done = [re.search(r"download done.* bytes=(\d+) total=(\d+) resumed_bytes=(\d+)", err)
+            for _, err in outputs]
+    total = int(done[0].group(2))
+    moved = sorted(int(m.group(1)) - int(m.group(3)) for m in done)
+    # One fetched everything; the other waited on the lock, then found it complete.
+    assert moved == [0, total]

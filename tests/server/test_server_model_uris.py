@@ -1,0 +1,61 @@
+"""`tokenmill serve --model s3://...` and `--model hf://...` (an offline hub cache) download
+or find the model, then answer the official openai client with HF's greedy tokens on the
+same weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from model_support import hf_greedy
+from server_support import ServeProcess, openai_client
+from store_support import BUCKET, TINY_PREFIX, write_hub_cache
+
+MAX_NEW = 8
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama_dir, smol_tokenizer):
+    """The prompt's ids and HF transformers' greedy continuation of them on the tiny model."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    prompt = smol_tokenizer("The capital of France is")["input_ids"]
+    return prompt, smol_tokenizer.decode(hf_greedy(model, prompt, MAX_NEW))
+
+
+def _served_text(model: str, env: dict[str, str], download_dir: str, prompt: list[int]) -> str:
+    proc = ServeProcess(model, "--served-model-name", "tiny", "--download-dir", download_dir,
+                        "--max-num-seqs", "4", "--block-size", "8", env=env)
+    try:
+        proc.wait_healthy(180)
+        out = openai_client(proc.url + "/v1").completions.create(
+            model="tiny", prompt=prompt, max_tokens=MAX_NEW, temperature=0)
+        return out.choices[0].text
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_serves_a_model_from_s3_with_hf_greedy_output(s3_env, tmp_path, reference):
+    prompt, expected = reference
+    assert _served_text(f"s3://{BUCKET}/{TINY_PREFIX}", s3_env, str(tmp_path),
+                        prompt) == expected
+
+
+def test_serves_a_model_from_an_offline_hub_cache_with_hf_greedy_output(tmp_path,
+                                                                         tiny_llama_dir,
+                                                                         reference):
+    prompt, expected = reference
+    cache = str(tmp_path / "hub")
+    write_hub_cache(cache, "tokenmill-test/tiny-llama", tiny_llama_dir)
+    env = {"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing answers there
+    assert _served_text("hf://tokenmill-test/tiny-llama", env, cache, prompt) == expected
+
+
+def test_a_model_that_cannot_be_fetched_ends_the_server_with_one_line(s3_env, tmp_path):
+    model = f"s3://{BUCKET}/llama/nothing"
+    code, stderr = ServeProcess(model, "--download-dir", str(tmp_path), env=s3_env).finish()
+    assert code == 1
+    [line] = [line for line in stderr.splitlines() if "cannot fetch" in line]
+    assert "model failed to load; exiting" in line
+    assert f"cannot fetch {model}: no objects under the prefix 'llama/nothing/'" in line

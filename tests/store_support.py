@@ -1,0 +1,111 @@
+"""The stores tests fetch models from: moto's S3 server on loopback, and Hugging Face hub
+caches written in the hub's own layout."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.server
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+
+import boto3
+from moto.server import ThreadedMotoServer
+from process_support import free_port
+
+BUCKET = "models"
+TINY_PREFIX = "llama/tiny"
+# The credentials moto accepts while it does not check them, as any S3 client reads them.
+S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+          "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1"}
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@contextlib.contextmanager
+def moto_s3() -> Iterator[str]:
+    """A real S3-compatible HTTP server on a free loopback port: its endpoint URL."""
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+def s3_client(endpoint: str):
+    return boto3.client("s3", endpoint_url=endpoint, **{
+        "aws_access_key_id": S3_ENV["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": S3_ENV["AWS_SECRET_ACCESS_KEY"],
+        "region_name": S3_ENV["AWS_REGION"]})
+
+
+def upload_directory(client, bucket: str, prefix: str, directory: str) -> None:
+    for root, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(root, name)
+            key = f"{prefix}/{os.path.relpath(path, directory)}"
+            client.upload_file(path, bucket, key)
+
+
+def write_hub_cache(cache: str, repo_id: str, directory: str, commit: str = COMMIT) -> str:
+    """`directory`'s files as the hub client caches a download of `repo_id` at `commit`
+    (models--ORG--NAME/ with blobs named by content hash, snapshots/COMMIT/ of links to them,
+    refs/main): its snapshot directory."""
+    repo = os.path.join(cache, "models--" + repo_id.replace("/", "--"))
+    snapshot = os.path.join(repo, "snapshots", commit)
+    os.makedirs(os.path.join(repo, "blobs"), exist_ok=True)
+    os.makedirs(os.path.join(repo, "refs"), exist_ok=True)
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name), "rb") as f:
+            blob = hashlib.sha256(f.read()).hexdigest()
+        shutil.copyfile(os.path.join(directory, name), os.path.join(repo, "blobs", blob))
+        os.makedirs(snapshot, exist_ok=True)
+        os.symlink(os.path.join("..", "..", "blobs", blob), os.path.join(snapshot, name))
+    with open(os.path.join(repo, "refs", "main"), "w") as f:
+        f.write(commit)
+    return snapshot
+
+
+def same_files(a: str, b: str) -> bool:
+    """Whether two directories hold the same files with the same bytes."""
+    def files(d: str) -> dict[str, bytes]:
+        out = {}
+        for root, _, names in os.walk(d):
+            for n in names:
+                with open(os.path.join(root, n), "rb") as f:
+                    out[os.path.relpath(os.path.join(root, n), d)] = f.read()
+        return out
+    return files(a) == files(b)
+
+
+@contextlib.contextmanager
+def hub_that_finds_nothing() -> Iterator[str]:
+    """A loopback server answering every hub request as the hub answers for a repository that
+    does not exist (404, X-Error-Code: RepoNotFound), or, under a `gated-*` name, for a gated
+    one without access (403, GatedRepo): its URL, for HF_ENDPOINT."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            gated = "/gated-" in self.path
+            self.send_response(403 if gated else 404)
+            self.send_header("X-Error-Code", "GatedRepo" if gated else "RepoNotFound")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
