@@ -33,18 +33,51 @@ VERSION = "v1alpha1"
 KIND = "InferenceService"
 PLURAL = "inferenceservices"
 
-# model.uri: a built-in model name, or one of these forms (what a user writes: its pattern).
-# A new source (hf://, s3://) is one more entry; a bare name that is not built in is refused,
-# since the engine would look for it as a directory in the pod. The patterns also go into a
-# CEL string literal: no backslashes.
+# model.uri: a built-in model name, or one of these forms (what a user writes: the patterns a
+# URI of that form must all match; RE2, which CEL uses, has no lookahead, so a length bound is
+# a pattern of its own). A bare name that is not built in is refused, since the engine would
+# look for it as a directory in the pod. The patterns also go into CEL string literals: no
+# backslashes.
+# hf://: the hub's repo id rules (huggingface_hub validate_repo_id): ORG and NAME of letters,
+# digits, '-', '_', '.', starting and ending with a letter, digit or '_', no '--' or '..', at
+# most 96 characters each; a revision is a branch, tag, commit or refs/pr/N.
+_HUB_PART = "[A-Za-z0-9_]+(([-.]|-[.]|[.]-)[A-Za-z0-9_]+)*"
+# s3://: S3's bucket naming rules: 3 to 63 lowercase letters, digits, '.', '-', labels between
+# dots starting and ending with a letter or digit (so no '..'); the prefix is any key prefix.
+_BUCKET_LABEL = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 MODEL_URI_FORMS = {
-    "a path in the image (/models/NAME)": "/.+",
-    "pvc://CLAIM/PATH": "pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?/.*",
+    "a path in the image (/models/NAME)": ("/.+",),
+    "pvc://CLAIM/PATH": ("pvc://[a-z0-9]([-a-z0-9.]*[a-z0-9])?/.*",),
+    "hf://ORG/NAME[@REVISION] (ORG and NAME: up to 96 letters, digits, '-', '_', '.')": (
+        f"hf://{_HUB_PART}/{_HUB_PART}(@[A-Za-z0-9_][-A-Za-z0-9_./]*)?",
+        "hf://[^/@]{1,96}/[^/@]{1,96}(@.{1,255})?"),
+    "s3://BUCKET/PREFIX (BUCKET: 3 to 63 lowercase letters, digits, '.', '-')": (
+        f"s3://{_BUCKET_LABEL}([.]{_BUCKET_LABEL})*(/.*)?",
+        "s3://[^/]{3,63}(/.*)?"),
 }
+REMOTE_SCHEMES = ("hf://", "s3://")  # fetched by an init container into the model cache
 BUILTIN_MODELS = tuple(KNOWN_MODELS)
-MODEL_URI_PATTERN = "^(" + "|".join(MODEL_URI_FORMS.values()) + ")$"
-MODEL_URI_MESSAGE = (f"model.uri must be a built-in model name ({', '.join(BUILTIN_MODELS)}) "
-                     f"or {' or '.join(MODEL_URI_FORMS)}")
+MODEL_URI_MESSAGE = (f"model.uri must be a built-in model name ({', '.join(BUILTIN_MODELS)}), "
+                     f"{', '.join(list(MODEL_URI_FORMS)[:-1])} or {list(MODEL_URI_FORMS)[-1]}")
+
+
+def _full(pattern: str) -> str:
+    return f"^({pattern})$"
+
+
+def model_uri_ok(uri: str) -> bool:
+    """Whether a model URI has one of the accepted forms (the CEL rule, for the operator)."""
+    return uri in BUILTIN_MODELS or any(
+        all(re.match(_full(p), uri) for p in patterns) for patterns in MODEL_URI_FORMS.values())
+
+
+def _model_uri_rule() -> str:
+    forms = [" && ".join(f"self.matches('{_full(p)}')" for p in patterns)
+             for patterns in MODEL_URI_FORMS.values()]
+    return (f"self in [{', '.join(repr(n) for n in BUILTIN_MODELS)}] || "
+            + " || ".join(f"({form})" for form in forms))
+
+
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
 # Kubernetes' name and key formats (k8s.io/apimachinery/pkg/util/validation).
 DNS_LABEL_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"  # the object's name: it names the Service
@@ -147,35 +180,77 @@ def _validations(*rules: dict[str, str]) -> ConfigDict:
     )
 
 
+class ModelCacheSpec(_Spec):
+    """Where a hf:// or s3:// model is downloaded: by default an emptyDir per pod (each pod
+    downloads it); with pvc, a claim every replica and restart shares (downloaded once)."""
+
+    pvc: str | None = Field(
+        None, pattern=DNS_SUBDOMAIN_PATTERN, max_length=253,
+        description="A PersistentVolumeClaim in the InferenceService's namespace, ReadWriteMany "
+                    "with more than one replica; the download writes it, the engine reads it.")
+
+
+class SecretRef(_Spec):
+    """A Secret in the InferenceService's namespace, by name."""
+
+    name: str = Field(pattern=DNS_SUBDOMAIN_PATTERN, max_length=253,
+                      description="The Secret's name.")
+
+
+_REMOTE_ONLY = ("model.cache and model.credentialsSecretRef apply only to a hf:// or s3:// "
+                "model.uri")
+
+
 class ModelSpec(_Spec):
     """Which model to serve and under which name."""
 
-    model_config = _validations(_cel(
-        f"!has(self.uri) || !self.uri.matches('{PARENT_SEGMENT}')",
-        "model.uri must not contain '..' path segments"))
+    model_config = _validations(
+        _cel(f"!has(self.uri) || !self.uri.matches('{PARENT_SEGMENT}')",
+             "model.uri must not contain '..' path segments"),
+        _cel("(!has(self.cache) && !has(self.credentialsSecretRef)) || (has(self.uri) && ("
+             + " || ".join(f"self.uri.startsWith('{s}')" for s in REMOTE_SCHEMES) + "))",
+             _REMOTE_ONLY))
 
     uri: str = Field(
         DEFAULT_MODEL, max_length=MAX_URI_LENGTH,
         description="A path inside the image (/models/x), pvc://CLAIM/PATH (mounted read-only), "
-                    f"or a built-in model name ({', '.join(BUILTIN_MODELS)}).",
-        json_schema_extra={"x-kubernetes-validations": [_cel(
-            f"self in [{', '.join(repr(n) for n in BUILTIN_MODELS)}] || "
-            f"self.matches('{MODEL_URI_PATTERN}')", MODEL_URI_MESSAGE)]},
+                    "hf://ORG/NAME[@REVISION] or s3://BUCKET/PREFIX (downloaded by an init "
+                    f"container), or a built-in model name ({', '.join(BUILTIN_MODELS)}).",
+        json_schema_extra={"x-kubernetes-validations": [
+            _cel(_model_uri_rule(), MODEL_URI_MESSAGE)]},
     )
     served_name: str | None = Field(
         None, min_length=1, max_length=256,
         description="Model name clients send in OpenAI requests; default: the "
                     "InferenceService's name.",
     )
+    cache: ModelCacheSpec | None = Field(
+        None, description=ModelCacheSpec.__doc__)
+    credentials_secret_ref: SecretRef | None = Field(
+        None, description="A Secret whose keys become environment variables of the download "
+                          "only (HF_TOKEN; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+                          "AWS_SESSION_TOKEN, AWS_REGION, AWS_ENDPOINT_URL); the kubelet "
+                          "reads it, the operator never does.")
 
     @field_validator("uri")
     @classmethod
     def _no_parent_segments(cls, uri: str) -> str:
-        if uri not in BUILTIN_MODELS and not re.match(MODEL_URI_PATTERN, uri):
+        if not model_uri_ok(uri):
             raise ValueError(MODEL_URI_MESSAGE)
         if re.search(PARENT_SEGMENT, uri):
             raise ValueError("must not contain '..' path segments")
         return uri
+
+    @model_validator(mode="after")
+    def _remote_only(self) -> ModelSpec:
+        if (self.cache or self.credentials_secret_ref) and not self.remote:
+            raise ValueError(_REMOTE_ONLY)
+        return self
+
+    @property
+    def remote(self) -> bool:
+        """Whether the model is downloaded (hf://, s3://) before the engine starts."""
+        return self.uri.startswith(REMOTE_SCHEMES)
 
 
 class EngineSpec(_Spec):

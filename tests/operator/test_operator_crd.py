@@ -3,6 +3,8 @@ with readable messages (OpenAPI checks plus CEL rules evaluated with cel-python)
 
 from __future__ import annotations
 
+import re
+
 import kubernetes_validate
 import pytest
 import yaml
@@ -77,9 +79,10 @@ def test_examples_are_accepted_and_deployable(path):
     reconcile.load(obj["metadata"]["name"], obj["spec"])
 
 
-def test_there_are_the_three_examples():
+def test_there_are_the_four_examples():
     assert {p.name for p in EXAMPLES} == {
-        "smollm2-cpu.yaml", "llama-8b-1gpu.yaml", "qwen3-8b-autoscaled.yaml"}
+        "smollm2-cpu.yaml", "llama-8b-1gpu.yaml", "qwen3-8b-autoscaled.yaml",
+        "qwen3-hf-cache.yaml"}
 
 
 BAD = [
@@ -107,7 +110,7 @@ BAD = [
     ({"engine": {"gpuMemoryUtilization": 0}}, "engine.gpuMemoryUtilization"),
     ({"engine": {"gpuMemoryUtilization": 1.5}}, "engine.gpuMemoryUtilization"),
     ({"replicas": -1}, "replicas"),
-    ({"model": {"uri": "hf://org/model"}}, "model.uri"),
+    ({"model": {"uri": "gs://bucket/model"}}, "model.uri"),
     ({"resources": {"memory": "lots"}}, "resources.memory"),
     ({"autoscaling": {"mode": "keda"}}, "autoscaling.mode"),
     ({"autoscaling": {"minReplicas": 0}}, "autoscaling.minReplicas must be at least 1 in mode"),
@@ -279,6 +282,72 @@ def test_the_built_in_names_are_the_engines():
 def test_built_in_names_paths_and_claims_are_admitted(uri):
     assert admission_errors(_spec({"model": {"uri": uri}})) == []
     reconcile.load("x", {"model": {"uri": uri}})
+
+
+REMOTE_URIS = [
+    "hf://Qwen/Qwen3-0.6B", "hf://Qwen/Qwen3-0.6B@main", "hf://meta-llama/Llama-3.1-8B@v1.0",
+    "hf://org_1/name.v2@refs/pr/3", "hf://a/b@0123456789abcdef0123456789abcdef01234567",
+    f"hf://{'o' * 96}/{'n' * 96}", "s3://models/llama/8b", "s3://my.bucket-1/a/b/",
+    "s3://abc/", "s3://abc", f"s3://{'b' * 63}/x", "s3://models/Llama 3/weights",
+]
+
+
+@pytest.mark.parametrize("uri", REMOTE_URIS)
+def test_remote_model_uris_are_admitted(uri):
+    assert admission_errors(_spec({"model": {"uri": uri}})) == []
+    reconcile.load("x", {"model": {"uri": uri}})
+
+
+MALFORMED_URIS = [
+    "gs://bucket/model", "oci://registry/model:1", "http://example.com/m", "HF://org/name",
+    "hf://Qwen3-0.6B",  # no ORG
+    "hf://org/name/extra", "hf://org/", "hf://org/name@", "hf://org/na--me", "hf://or..g/name",
+    "hf://-org/name", "hf://org/name.", "hf://org/na me", f"hf://{'o' * 97}/name",
+    f"hf://org/{'n' * 97}", "hf://org/name@bad rev",
+    "s3://Models/x", "s3://ab/x", f"s3://{'b' * 64}/x", "s3://my_bucket/x", "s3://-bucket/x",
+    "s3://bucket-/x", "s3://a..b/x", "s3:///x", "s3://",
+]
+
+
+@pytest.mark.parametrize("uri", MALFORMED_URIS)
+def test_unknown_schemes_and_malformed_uris_are_refused_with_the_forms(uri):
+    """One message per bad URI, naming every accepted form, at apply and in the operator."""
+    (error,) = admission_errors(_spec({"model": {"uri": uri}}))
+    for form in ("smollm2-135m-instruct", "/models/", "pvc://CLAIM/PATH",
+                 "hf://ORG/NAME[@REVISION]", "s3://BUCKET/PREFIX"):
+        assert form in error
+    with pytest.raises(reconcile.SpecError, match=re.escape("hf://ORG/NAME[@REVISION]")):
+        reconcile.load("x", {"model": {"uri": uri}})
+
+
+@pytest.mark.parametrize("model", [
+    {"uri": "hf://Qwen/Qwen3-0.6B", "cache": {"pvc": "model-cache"}},
+    {"uri": "s3://models/llama", "credentialsSecretRef": {"name": "s3-creds"}},
+    {"uri": "s3://models/llama", "cache": {"pvc": "shared"},
+     "credentialsSecretRef": {"name": "s3-creds"}},
+    {"uri": "hf://Qwen/Qwen3-0.6B", "cache": {}},
+])
+def test_a_cache_and_credentials_are_admitted_for_remote_models(model):
+    assert admission_errors(_spec({"model": model})) == []
+    reconcile.load("x", {"model": model})
+
+
+@pytest.mark.parametrize(("model", "message"), [
+    ({"uri": "/models/x", "cache": {"pvc": "c"}}, "model.cache and model.credentialsSecretRef"),
+    ({"uri": "pvc://weights/x", "credentialsSecretRef": {"name": "s"}},
+     "model.cache and model.credentialsSecretRef"),
+    ({"cache": {"pvc": "c"}}, "model.cache and model.credentialsSecretRef"),  # the built-in
+    ({"uri": "s3://models/x", "cache": {"pvc": "My_Claim"}}, "spec.model.cache.pvc"),
+    ({"uri": "s3://models/x", "cache": {"claim": "c"}}, "spec.model.cache.claim"),
+    ({"uri": "s3://models/x", "credentialsSecretRef": {}}, "'name' is a required property"),
+    ({"uri": "s3://models/x", "credentialsSecretRef": {"name": "Bad_Secret"}},
+     "spec.model.credentialsSecretRef.name"),
+])
+def test_a_cache_or_credentials_that_cannot_apply_are_refused(model, message):
+    errors = admission_errors(_spec({"model": model}))
+    assert any(message in e for e in errors), errors
+    with pytest.raises(reconcile.SpecError):
+        reconcile.load("x", {"model": model})
 
 
 @pytest.mark.parametrize("resources", [{"cpu": 2}, {"cpu": 2, "memory": 4294967296},
