@@ -7,6 +7,7 @@ here, so the operator cannot emit a flag or a value the engine would reject at s
 from __future__ import annotations
 
 import argparse
+import posixpath
 from typing import Any
 
 from tokenmill.engine.contract.config import (
@@ -22,10 +23,12 @@ from .spec import InferenceServiceSpec, SpecError
 
 PORT = 8000
 PVC_MOUNT = "/mnt/models"
+CACHE_MOUNT = "/model-cache"  # where the init container downloads hf:// and s3:// models
 
 # Options the spec sets through its own fields; extraArgs may not set them again.
 _SPEC_OPTIONS = {
     "model": "spec.model.uri",
+    "download_dir": "spec.model (the operator's model cache)",
     "device": "spec.resources.gpus",
     "tensor_parallel_size": "spec.engine.tensorParallelSize",
     "quantization": "spec.engine.quantization",
@@ -40,11 +43,23 @@ _SERVER_FLAGS = ("host", "port", "served-model-name", "shutdown-timeout")
 
 
 def model_path(uri: str) -> str:
-    """Where the engine finds the model: pvc://claim/path is mounted under PVC_MOUNT."""
+    """Where the engine finds the model: pvc://claim/path is mounted under PVC_MOUNT; an
+    s3:// model is the directory `tokenmill download` filled (DIR/s3/BUCKET/PREFIX), so the
+    engine neither lists the store (network, credentials) nor takes the download's lock (a
+    write); hf:// stays a URI the engine resolves in the cache, offline (see manifests)."""
     if uri.startswith("pvc://"):
         _, _, path = uri.removeprefix("pvc://").partition("/")
         return f"{PVC_MOUNT}/{path}".rstrip("/")
+    if uri.startswith("s3://"):
+        bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+        return posixpath.join(CACHE_MOUNT, "s3", bucket,
+                              *prefix.strip("/").split("/")).rstrip("/")
     return uri
+
+
+def download_dir(uri: str) -> str | None:
+    """The engine's --download-dir: the cache, for the models it resolves there (hf://)."""
+    return CACHE_MOUNT if uri.startswith("hf://") else None
 
 
 def engine_options(spec: InferenceServiceSpec) -> dict[str, Any]:
@@ -52,6 +67,7 @@ def engine_options(spec: InferenceServiceSpec) -> dict[str, Any]:
     engine = spec.engine
     return {
         "model": model_path(spec.model.uri),
+        "download_dir": download_dir(spec.model.uri),
         "device": "cpu" if spec.gpus == 0 else None,
         "tensor_parallel_size": engine.tensor_parallel_size,
         "quantization": None if engine.quantization == "none" else engine.quantization,
@@ -96,6 +112,11 @@ def check_engine(spec: InferenceServiceSpec) -> None:
     except ConfigError as e:
         field = _SPEC_OPTIONS.get(e.option, f"spec.engine.extraArgs: {cli_flag(e.option)}")
         raise SpecError(f"{field}: {str(e).partition(': ')[2]}") from None
+
+
+def download_command(spec: InferenceServiceSpec) -> list[str]:
+    """The init container's command: the model into the cache, where the engine finds it."""
+    return ["tokenmill", "download", spec.model.uri, "--download-dir", CACHE_MOUNT]
 
 
 def serve_command(spec: InferenceServiceSpec, served_name: str) -> list[str]:

@@ -5,14 +5,23 @@ Nothing here talks to a cluster, so every spec field's effect is testable as pla
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from .args import PORT, PVC_MOUNT, serve_command
+from .args import CACHE_MOUNT, PORT, PVC_MOUNT, download_command, serve_command
 from .spec import API_KEY_ENV, GROUP, KIND, VERSION, InferenceServiceSpec, api_key_ref
 
 OWNER_LABEL = "tokenmill.io/inferenceservice"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "tokenmill-operator"}
 CONTAINER = "engine"
+MODEL_DOWNLOAD = "model-download"  # the init container that fetches hf:// and s3:// models
+CACHE_VOLUME = "model-cache"
+# The download moves bytes and checks them; the pod's effective request is the larger of this
+# and the engine's, so it adds nothing to a replica that requests resources of its own.
+DOWNLOAD_RESOURCES = {"requests": {"cpu": "250m", "memory": "512Mi"}}
+# The download already filled the cache: without the hub, hf:// resolves the revision from the
+# cache's refs, with no network, no token and no write (the cache is mounted read-only).
+OFFLINE_HUB_ENV = [{"name": "HF_HUB_OFFLINE", "value": "1"}]
 STARTUP_PERIOD_SECONDS = 10
 STARTUP_FAILURES = 180  # 30 minutes to download and load a large model
 PRE_STOP_SECONDS = 5  # lets endpoints drop the pod before the server starts draining
@@ -88,9 +97,19 @@ def _resources(spec: InferenceServiceSpec) -> dict[str, Any]:
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
 
 
+def _cache_volume(spec: InferenceServiceSpec) -> dict[str, Any]:
+    """The download's cache: the spec's claim (shared by every replica and restart), else an
+    emptyDir per pod."""
+    claim = spec.model.cache.pvc if spec.model.cache else None
+    if claim:
+        return {"name": CACHE_VOLUME, "persistentVolumeClaim": {"claimName": claim}}
+    return {"name": CACHE_VOLUME, "emptyDir": {}}
+
+
 def _volumes(spec: InferenceServiceSpec) -> tuple[list[dict], list[dict]]:
-    """Volumes and their mounts: writable scratch, shared memory for TP workers, the model's
-    PVC."""
+    """Volumes and the engine's mounts: writable scratch, shared memory for TP workers, the
+    model's PVC, or the cache a remote model was downloaded into (read-only: the engine only
+    reads it)."""
     volumes: list[dict] = [{"name": "scratch", "emptyDir": {}}]
     mounts: list[dict] = [{"name": "scratch", "mountPath": SCRATCH}]
     tp = spec.engine.tensor_parallel_size
@@ -103,6 +122,9 @@ def _volumes(spec: InferenceServiceSpec) -> tuple[list[dict], list[dict]]:
         volumes.append({"name": "model",
                         "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
         mounts.append({"name": "model", "mountPath": PVC_MOUNT, "readOnly": True})
+    if spec.model.remote:
+        volumes.append(_cache_volume(spec))
+        mounts.append({"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT, "readOnly": True})
     return volumes, mounts
 
 
@@ -116,13 +138,21 @@ def _api_key_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
              "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
 
 
-def _env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
-    """The scratch locations, with tensor parallelism NCCL's settings and the API key, then the
-    spec's variables (which may override all but the API key; check() refuses that one)."""
+def _with_spec_env(ours: list[dict[str, Any]], spec: InferenceServiceSpec,
+                   fixed: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Our variables the spec does not set, then `fixed` (never overridden), then the spec's."""
     own = [e.model_dump(by_alias=True, exclude_none=True) for e in spec.env]
     names = {e["name"] for e in own}
-    ours = SCRATCH_ENV + (NCCL_ENV if spec.engine.tensor_parallel_size > 1 else [])
-    return [e for e in ours if e["name"] not in names] + _api_key_env(spec) + own
+    return [e for e in ours if e["name"] not in names] + list(fixed) + own
+
+
+def _env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    """The scratch locations, with tensor parallelism NCCL's settings, for a hf:// model the
+    offline hub, and the API key, then the spec's variables (which may override all but the
+    API key; check() refuses that one)."""
+    ours = (SCRATCH_ENV + (NCCL_ENV if spec.engine.tensor_parallel_size > 1 else [])
+            + (OFFLINE_HUB_ENV if spec.model.uri.startswith("hf://") else []))
+    return _with_spec_env(ours, spec, _api_key_env(spec))
 
 
 def user_env_offset(spec: InferenceServiceSpec) -> int:
@@ -166,6 +196,28 @@ def _container(name: str, spec: InferenceServiceSpec, image: str) -> dict[str, A
     return {k: v for k, v in container.items() if v not in ([], {})}
 
 
+def _download_container(spec: InferenceServiceSpec, image: str) -> dict[str, Any]:
+    """`tokenmill download` into the cache before the engine starts: the engine's image and
+    security context, the spec's env (proxies, AWS_REGION, HF_ENDPOINT) and, for it alone, the
+    credentials Secret's keys as variables, which the kubelet reads."""
+    ref = spec.model.credentials_secret_ref
+    container: dict[str, Any] = {
+        "name": MODEL_DOWNLOAD,
+        "image": spec.image or image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": download_command(spec),
+        "env": _with_spec_env(SCRATCH_ENV, spec),
+        "envFrom": [{"secretRef": {"name": ref.name}}] if ref else [],
+        "resources": DOWNLOAD_RESOURCES,
+        "volumeMounts": [{"name": "scratch", "mountPath": SCRATCH},
+                         {"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT}],
+        "securityContext": _container_security_context(spec),
+        # A failed download's last log line (`cannot fetch MODEL: CAUSE`) reaches the status.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    return {k: v for k, v in container.items() if v not in (None, [], {})}
+
+
 def deployment(name: str, namespace: str, uid: str, spec: InferenceServiceSpec,
                image: str) -> dict[str, Any]:
     """The Deployment running `tokenmill serve`; every spec change lands in its pod template."""
@@ -177,6 +229,7 @@ def deployment(name: str, namespace: str, uid: str, spec: InferenceServiceSpec,
         "securityContext": {**POD_SECURITY_CONTEXT, **(spec.pod_security_context or {})},
         # preStop, then the server's drain, then a margin for the process to exit.
         "terminationGracePeriodSeconds": PRE_STOP_SECONDS + spec.shutdown_timeout_seconds + 10,
+        "initContainers": [_download_container(spec, image)] if spec.model.remote else [],
         "containers": [_container(name, spec, image)],
         "volumes": _volumes(spec)[0],
     }

@@ -257,8 +257,99 @@ def test_the_api_key_belongs_in_a_secret_not_in_the_args():
         load("svc", {**AUTH, "env": [{"name": "TOKENMILL_API_KEY", "value": "sk-1"}]})
 
 
+HF = {"model": {"uri": "hf://Qwen/Qwen3-0.6B@main"}, "resources": {"gpus": 0}}
+S3 = {"model": {"uri": "s3://models/llama/8b/"}}
+SHARED = {"cache": {"pvc": "model-cache"}, "credentialsSecretRef": {"name": "store-creds"}}
+HF_SHARED = {**HF, "model": {**HF["model"], **SHARED}}
+S3_SHARED = {**FULL, "model": {"uri": "s3://models/llama/8b", "servedName": "llama", **SHARED}}
+REMOTE = [HF, S3, HF_SHARED, S3_SHARED]
+REMOTE_IDS = ["hf", "s3", "hf-pvc-credentials", "s3-pvc-credentials-full"]
+
+
+def init_containers(spec: dict) -> list[dict]:
+    return pod(spec).get("initContainers", [])
+
+
+@pytest.mark.parametrize("spec", REMOTE, ids=REMOTE_IDS)
+def test_remote_models_are_downloaded_by_an_init_container(spec):
+    """The same image and security context as the engine, `tokenmill download` into the cache,
+    and a crash's last line in the termination message the status reports."""
+    p = pod(spec)
+    (init,) = p["initContainers"]
+    engine = p["containers"][0]
+    assert init["name"] == manifests.MODEL_DOWNLOAD
+    assert init["image"] == engine["image"]
+    assert init.get("imagePullPolicy") == engine.get("imagePullPolicy")
+    assert init["command"] == ["tokenmill", "download", spec["model"]["uri"],
+                               "--download-dir", "/model-cache"]
+    assert init["securityContext"] == engine["securityContext"]
+    assert init["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert init["resources"] == {"requests": {"cpu": "250m", "memory": "512Mi"}}
+    assert init["volumeMounts"] == [{"name": "scratch", "mountPath": "/tmp"},
+                                    {"name": "model-cache", "mountPath": "/model-cache"}]
+    assert {"name": "model-cache", "mountPath": "/model-cache", "readOnly": True} in (
+        engine["volumeMounts"])
+    assert "ports" not in init and "startupProbe" not in init and "lifecycle" not in init
+
+
+def test_the_engine_loads_hf_models_from_the_cache_without_the_hub():
+    """hf:// would ask the hub for the revision's commit on every start (a network dependency,
+    credentials, and writes the read-only cache refuses); offline it reads refs/ in the cache."""
+    c = container(HF)
+    assert flag(c["command"], "--model") == "hf://Qwen/Qwen3-0.6B@main"
+    assert flag(c["command"], "--download-dir") == "/model-cache"
+    assert {"name": "HF_HUB_OFFLINE", "value": "1"} in c["env"]
+    own = container({**HF, "env": [{"name": "HF_HUB_OFFLINE", "value": "0"}]})
+    assert [e for e in own["env"] if e["name"] == "HF_HUB_OFFLINE"] == [
+        {"name": "HF_HUB_OFFLINE", "value": "0"}]
+
+
+def test_the_engine_loads_s3_models_from_the_downloaded_directory():
+    """s3:// in the engine would list the prefix on every start (network and credentials) and
+    take the download lock (a write): the engine gets the directory the download filled."""
+    c = container(S3)
+    assert flag(c["command"], "--model") == "/model-cache/s3/models/llama/8b"
+    assert "--download-dir" not in c["command"]
+    assert not any(e["name"] == "HF_HUB_OFFLINE" for e in c["env"])
+
+
+@pytest.mark.parametrize(("spec", "volume"), [
+    (HF, {"name": "model-cache", "emptyDir": {}}),
+    (HF_SHARED, {"name": "model-cache", "persistentVolumeClaim": {"claimName": "model-cache"}}),
+])
+def test_the_cache_is_per_pod_or_a_shared_claim(spec, volume):
+    assert volume in pod(spec)["volumes"]
+
+
+@pytest.mark.parametrize("spec", [HF_SHARED, S3_SHARED], ids=["hf", "s3"])
+def test_credentials_reach_only_the_init_container_through_the_kubelet(spec):
+    p = pod(spec)
+    (init,) = p["initContainers"]
+    assert init["envFrom"] == [{"secretRef": {"name": "store-creds"}}]
+    assert "envFrom" not in p["containers"][0]
+    assert "store-creds" not in repr(p["containers"])
+
+
+def test_the_spec_env_reaches_both_containers():
+    """Proxies, AWS_REGION, HF_ENDPOINT: what the download needs besides the Secret."""
+    env = [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}]
+    p = pod({**S3, "env": env})
+    assert p["initContainers"][0]["env"][-1] == env[0]
+    assert p["containers"][0]["env"][-1] == env[0]
+    assert {"name": "HOME", "value": "/tmp"} in p["initContainers"][0]["env"]
+
+
+@pytest.mark.parametrize("uri", ["smollm2-135m-instruct", "/models/llama", "pvc://weights/x"])
+def test_local_models_get_no_init_container_nor_cache(uri):
+    p = pod({"model": {"uri": uri}})
+    assert "initContainers" not in p
+    assert all(v["name"] != "model-cache" for v in p["volumes"])
+    assert "--download-dir" not in p["containers"][0]["command"]
+
+
 SPECS = [{}, FULL, {"resources": {"gpus": 0}}, {"replicas": 2, "engine": {"tensorParallelSize": 8},
-                                                "model": {"uri": "/m"}}, TP4, {**FULL, **AUTH}]
+                                                "model": {"uri": "/m"}}, TP4, {**FULL, **AUTH},
+         *REMOTE]
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -291,7 +382,9 @@ def test_examples_render_valid_children(path):
      "spec.resources.gpus: 0 GPUs cannot hold tensorParallelSize 4"),
     ({"autoscaling": {"minReplicas": 3, "maxReplicas": 2}}, "spec.autoscaling"),
     ({"autoscaling": {"minReplicas": 0}}, "spec.autoscaling.minReplicas: 0 needs mode external"),
-    ({"model": {"uri": "s3://bucket/m"}}, "spec.model.uri"),
+    ({"model": {"uri": "gs://bucket/m"}}, "spec.model.uri"),
+    ({"model": {"uri": "s3://bucket/m"}, "engine": {"extraArgs": ["--download-dir", "/x"]}},
+     "--download-dir is set by spec.model"),
     ({"typo": 1}, "spec.typo"),
 ])
 def test_specs_the_engine_would_reject(spec, where):

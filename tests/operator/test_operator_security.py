@@ -20,6 +20,9 @@ def template(spec: dict) -> dict:
 SPECS = [{}, {"resources": {"gpus": 0}}, {"model": {"uri": "pvc://models/llama"}},
          {"podSecurityContext": {"runAsUser": 4242, "fsGroup": 4242}},
          {"model": {"uri": "/models/llama"}, "engine": {"tensorParallelSize": 4}},
+         {"model": {"uri": "hf://Qwen/Qwen3-0.6B"}},
+         {"model": {"uri": "s3://models/llama", "cache": {"pvc": "shared"},
+                    "credentialsSecretRef": {"name": "creds"}}},
          *[yaml.safe_load(p.read_text())["spec"] for p in EXAMPLES]]
 
 
@@ -57,3 +60,13 @@ def test_overrides_replace_the_defaults_field_by_field(override, violation):
     """The spec may loosen the defaults (a cluster without PSA); the profile then says so."""
     t = template(override)
     assert any(violation in v for v in violations(t["spec"]))
+
+
+def test_the_download_runs_under_the_engines_overrides_too():
+    """The init container is one more container of the pod: the spec's container security
+    context applies to it as to the engine, so a loosened profile shows on both."""
+    t = template({"model": {"uri": "s3://models/llama"},
+                  "containerSecurityContext": {"allowPrivilegeEscalation": True}})
+    found = violations(t["spec"])
+    assert "allowPrivilegeEscalation != false (model-download)" in found
+    assert "allowPrivilegeEscalation != false (engine)" in found
