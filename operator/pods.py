@@ -12,14 +12,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .manifests import CONTAINER
+from .manifests import CONTAINER, MODEL_DOWNLOAD
 
 # Most urgent first. Everything before "Loading" needs a person (it sets Degraded).
 ORDER = (
     "InvalidImageName", "ImagePullBackOff", "CreateContainerConfigError", "CreateContainerError",
-    "ModelLoadFailed", "OOMKilled", "CrashLoopBackOff", "ContainerFailed", "EngineStopped",
-    "Unschedulable",
-    "Loading", "Starting", "NotReady", "Draining",
+    "ModelDownloadFailed", "ModelLoadFailed", "OOMKilled", "CrashLoopBackOff", "ContainerFailed",
+    "EngineStopped", "Unschedulable",
+    "Loading", "Downloading", "Starting", "NotReady", "Draining",
 )
 
 # The kubelet alternates these while it backs off one failing pull: one reason, not a flicker.
@@ -51,6 +51,10 @@ def _rank(reason: str) -> int:
 def needs_action(reason: str) -> bool:
     """Whether a pod_problem reason needs a person (Degraded) rather than time (Loading)."""
     return _rank(reason) < ORDER.index("Loading")
+
+
+def _name(pod: dict[str, Any]) -> str:
+    return (pod.get("metadata") or {}).get("name", "")
 
 
 def _gone(pod: dict[str, Any]) -> bool:
@@ -90,6 +94,32 @@ def _container(status: dict[str, Any], init: bool) -> tuple[str, str] | None:
     return None
 
 
+def _last_line(text: str) -> str:
+    """The last line of a log tail: what `tokenmill download` says when it fails."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return _short(lines[-1], tail=True) if lines else ""
+
+
+def _download(status: dict[str, Any], pod: str) -> tuple[str, str] | None:
+    """(reason, detail) of the model download (the init container): running, or failed with
+    the tool's one line; None otherwise, and for an OOM kill, which says more as it is."""
+    state = status.get("state") or {}
+    if state.get("running"):
+        return "Downloading", (f"downloading the model; `kubectl logs {pod} -c {MODEL_DOWNLOAD}` "
+                               "shows its progress")
+    crash_looping = (state.get("waiting") or {}).get("reason") == "CrashLoopBackOff"
+    terminated = ((status.get("lastState") or {}).get("terminated") if crash_looping
+                  else state.get("terminated")) or {}
+    if not terminated or terminated.get("exitCode") == 0 or terminated.get(
+            "reason") == "OOMKilled":
+        return None
+    restarts = status.get("restartCount", 0)
+    tries = f" ({restarts} restart{'' if restarts == 1 else 's'})" if crash_looping else ""
+    line = _last_line(terminated.get("message") or "")
+    detail = f"exit code {terminated.get('exitCode', '?')}{tries}"
+    return "ModelDownloadFailed", f"{detail}: {line}" if line else detail
+
+
 def _health(reason: str) -> str:
     """The condition reason for the engine's /health answer (or the scraper's failure)."""
     if reason == "loading":
@@ -121,10 +151,12 @@ def why_not_ready(pod: dict[str, Any], health: str | None = None) -> tuple[str, 
                       _said(why, scheduled.get("message") or "")))
     for key, init in (("initContainerStatuses", True), ("containerStatuses", False)):
         for container in status.get(key) or []:
-            problem = _container(container, init)
+            name = container.get("name", "")
+            download = init and name == MODEL_DOWNLOAD
+            problem = ((download and _download(container, _name(pod)))
+                       or _container(container, init))
             if problem is None:
                 continue
-            name = container.get("name", "")
             if init:
                 problem = problem[0], f"init container {name}: {problem[1]}"
             elif name != CONTAINER:
@@ -149,8 +181,8 @@ def pod_problem(pods: list[dict[str, Any]],
     health = health or {}
     live = [p for p in pods if not _gone(p)]
     problems = {}
-    for pod in sorted(live, key=lambda p: (p.get("metadata") or {}).get("name", "")):
-        name = (pod.get("metadata") or {}).get("name", "")
+    for pod in sorted(live, key=_name):
+        name = _name(pod)
         if found := why_not_ready(pod, health.get(name)):
             problems[name] = found
     if not problems:

@@ -141,6 +141,61 @@ async def test_pods_say_why_the_service_is_not_ready(tmp_path):
         assert len(await _events(k, "CrashLoopBackOff")) == 1
 
 
+DOWNLOAD_FAILED = "cannot fetch s3://models/llama: bucket 'models' does not exist"
+
+
+async def test_a_remote_model_is_downloaded_first_and_a_failed_download_is_reported(tmp_path):
+    async with running_operator(tmp_path) as k:
+        await k.request("POST", ISVCS, inference_service("chat", {
+            "model": {"uri": "s3://models/llama", "cache": {"pvc": "model-cache"},
+                      "credentialsSecretRef": {"name": "s3-creds"}},
+            "resources": {"gpus": 0}}))
+        pod = (await k.eventually(lambda: k.get(DEPLOY)))["spec"]["template"]["spec"]
+        (init,) = pod["initContainers"]
+        assert init["command"] == ["tokenmill", "download", "s3://models/llama",
+                                   "--download-dir", "/model-cache"]
+        assert init["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
+        assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "model-cache"}} in (
+            pod["volumes"])
+        assert "/model-cache/s3/models/llama" in pod["containers"][0]["command"]
+
+        # The kubelet's part: the download's pod, first downloading, then failed.
+        pod_path = f"/api/v1/namespaces/{NS}/pods/chat-5d8f-x2k"
+        await k.request("POST", f"/api/v1/namespaces/{NS}/pods", _pod("chat-5d8f-x2k", {
+            "phase": "Pending", "initContainerStatuses": [{
+                "name": "model-download", "restartCount": 0, "ready": False,
+                "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}))
+        isvc = await k.eventually(lambda: _with(
+            k, f"{ISVCS}/chat", lambda o: condition(o, "Ready").get("reason") == "Downloading"))
+        assert condition(isvc, "Degraded")["status"] == "False"
+
+        await k.request("PATCH", pod_path, {"status": {"initContainerStatuses": [{
+            "name": "model-download", "restartCount": 0, "ready": False,
+            "state": {"terminated": {"reason": "Error", "exitCode": 1,
+                                     "message": f"tokenmill download: error: {DOWNLOAD_FAILED}\n"}},
+        }]}})
+        isvc = await k.eventually(lambda: _with(
+            k, f"{ISVCS}/chat", lambda o: condition(o, "Ready").get("reason")
+            == "ModelDownloadFailed"))
+        assert condition(isvc, "Ready")["status"] == "False"
+        assert DOWNLOAD_FAILED in condition(isvc, "Ready")["message"]
+        degraded = condition(isvc, "Degraded")
+        assert (degraded["status"], degraded["reason"]) == ("True", "ModelDownloadFailed")
+        (warning,) = await k.eventually(lambda: _events(k, "ModelDownloadFailed"))
+        assert warning["type"] == "Warning" and DOWNLOAD_FAILED in warning["message"]
+    # The operator read no Secret, and the chart grants every call it made.
+    assert not [c for c in k.calls if c[1].startswith("secrets")], k.calls
+    assert not set(k.calls) - granted(render_chart())
+
+
+def _pod(name: str, status: dict) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NS, "labels": {
+                "tokenmill.io/inferenceservice": "chat",
+                "app.kubernetes.io/managed-by": "tokenmill-operator"}},
+            "status": status}
+
+
 SA_MISSING = ('pods "chat-5d8f9-" is forbidden: error looking up service account default/engine: '
               'serviceaccount "engine" not found')
 

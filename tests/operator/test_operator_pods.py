@@ -21,6 +21,13 @@ TRACEBACK = ("Traceback (most recent call last):\n"
              "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
 
 
+FETCH_ERROR = ("tokenmill download: error: cannot fetch s3://models/llama: the store refused "
+               "the credentials (InvalidAccessKeyId): check AWS_ACCESS_KEY_ID")
+# What FallbackToLogsOnError puts in the termination message: the log's tail, progress first.
+DOWNLOAD_LOG = ("ts=2026-01-01T00:00:01Z level=info logger=tokenmill.engine.models.fetch.progress"
+                " msg=download model=s3://models/llama bytes=0 total=0\n" + FETCH_ERROR + "\n")
+
+
 def status(name="engine", ready=False, restarts=0, running=False, waiting=None,
            terminated=None, last=None):
     """One containerStatuses entry; waiting is (reason, message), the others are dicts."""
@@ -125,6 +132,32 @@ CASES = {
         {}, "CrashLoopBackOff",
         ["pod a: init container fetch-model: CrashLoopBackOff (2 restarts): last exit Error, "
          "exit code 1: 403 Forbidden"]),
+    "downloading the model": (
+        [pod("a", phase="Pending", init=[status("model-download", running=True)],
+             containers=[status(waiting=("PodInitializing", None))])],
+        {}, "Downloading", ["pod a: init container model-download: downloading the model",
+                            "kubectl logs a -c model-download"]),
+    "download failed, before the back-off": (
+        [pod("a", phase="Pending", init=[status("model-download", terminated=exited(
+            message=DOWNLOAD_LOG))], containers=[status(waiting=("PodInitializing", None))])],
+        {}, "ModelDownloadFailed",
+        [f"pod a: init container model-download: exit code 1: {FETCH_ERROR}"]),
+    "download failing in a crash loop": (
+        [pod("a", phase="Pending", init=[status(
+            "model-download", waiting=("CrashLoopBackOff", "back-off 40s"), restarts=3,
+            last=exited(message=DOWNLOAD_LOG))],
+            containers=[status(waiting=("PodInitializing", None))])],
+        {}, "ModelDownloadFailed",
+        [f"pod a: init container model-download: exit code 1 (3 restarts): {FETCH_ERROR}"]),
+    "a download beats a pod still being created": (
+        [pod("a", phase="Pending", init=[status("model-download", running=True)]),
+         waiting_on("b", "ContainerCreating")], {}, "Downloading", ["pod a: "]),
+    "a loading engine beats another pod's download": (
+        [pod("a", phase="Pending", init=[status("model-download", running=True)]),
+         loading("b")], {"b": "loading"}, "Loading", ["pod b: loading"]),
+    "download done, engine loading": (
+        [loading("a", init=[status("model-download", terminated=exited("Completed", 0))])],
+        {"a": "loading"}, "Loading", ["pod a: loading"]),
     "init container done, engine loading": (
         [loading("a", init=[status("fetch-model", terminated=exited("Completed", 0))])],
         {"a": "loading"}, "Loading", ["pod a: loading"]),
@@ -184,6 +217,14 @@ def test_long_logs_keep_their_end():
     assert message.startswith("pod a: Unschedulable: 0/3 nodes") and message.endswith("...")
 
 
+def test_a_failed_download_reports_the_tools_line_not_its_progress():
+    failed = pod("a", phase="Pending", init=[status("model-download", terminated=exited(
+        message=DOWNLOAD_LOG))])
+    reason, message = pod_problem([failed])
+    assert reason == "ModelDownloadFailed" and message.endswith(FETCH_ERROR)
+    assert "msg=download" not in message
+
+
 def test_ready_pods_have_no_problem_whatever_health_says():
     assert why_not_ready(healthy("a"), "draining") is None
     assert why_not_ready(loading("a"), "draining") == ("Draining", "draining")
@@ -193,8 +234,9 @@ def test_ready_pods_have_no_problem_whatever_health_says():
     ("ImagePullBackOff", True), ("InvalidImageName", True), ("CreateContainerConfigError", True),
     ("CreateContainerError", True), ("RunContainerError", True), ("CrashLoopBackOff", True),
     ("OOMKilled", True), ("ContainerFailed", True), ("Unschedulable", True),
-    ("ModelLoadFailed", True), ("EngineStopped", True),
-    ("Loading", False), ("Starting", False), ("NotReady", False), ("Draining", False)])
+    ("ModelLoadFailed", True), ("EngineStopped", True), ("ModelDownloadFailed", True),
+    ("Loading", False), ("Downloading", False), ("Starting", False), ("NotReady", False),
+    ("Draining", False)])
 def test_needs_action(reason, degraded):
     assert needs_action(reason) is degraded
 
