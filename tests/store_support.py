@@ -84,12 +84,15 @@ def same_files(a: str, b: str) -> bool:
 
 
 @contextlib.contextmanager
-def hub_that_finds_nothing() -> Iterator[str]:
+def hub_that_finds_nothing(asked: list[str] | None = None) -> Iterator[str]:
     """A loopback server answering every hub request as the hub answers for a repository that
     does not exist (404, X-Error-Code: RepoNotFound), or, under a `gated-*` name, for a gated
-    one without access (403, GatedRepo): its URL, for HF_ENDPOINT."""
+    one without access (403, GatedRepo): its URL, for HF_ENDPOINT. `asked` collects the paths
+    requested."""
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            if asked is not None:
+                asked.append(self.path)
             gated = "/gated-" in self.path
             self.send_response(403 if gated else 404)
             self.send_header("X-Error-Code", "GatedRepo" if gated else "RepoNotFound")
