@@ -5,6 +5,7 @@ the load reports its bytes, and the host holds no second copy of the weights whi
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -153,3 +154,21 @@ def test_loading_holds_no_second_copy_of_the_weights_in_host_memory(tmp_path, sm
     m = json.loads(out.stdout.strip().splitlines()[-1])
     assert m["weights"] > 60 << 20
     assert m["peak"] - m["before"] < m["weights"] + (32 << 20)
+
+
+def test_start_up_logs_download_and_load(tiny_llama_dir, caplog):
+    from tokenmill.engine import LLM
+
+    with caplog.at_level(logging.INFO, logger="tokenmill.engine.core.engine"):
+        engine = LLM(tiny_llama_dir, show_progress=False, max_model_len=64).engine
+    load = engine.load_report()
+    assert load["download_seconds"] == 0
+    assert load["load_seconds"] > 0
+    assert load["load_bytes"] == sum(t.numel() * t.element_size()
+                                     for t in _stored(tiny_llama_dir).values())
+    assert load["load_gb_per_s"] == pytest.approx(load["load_bytes"] / 1e9
+                                                  / load["load_seconds"])
+    [record] = [r for r in caplog.records if r.getMessage() == "model loaded"]
+    assert record.model == tiny_llama_dir
+    assert (record.download_seconds, record.load_seconds, record.load_bytes) == (
+        0, round(load["load_seconds"], 3), load["load_bytes"])
