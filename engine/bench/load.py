@@ -192,35 +192,25 @@ def _summary(runs: list[dict[str, Any]], workers: list[int]) -> dict[str, Any]:
 def _s3_runs(source: Any, files: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
     """Upload the model's directory to moto's server, then per repeat: fetch into an empty
     download directory (timed as the engine times it) and load from there."""
-    from tokenmill.engine.bench.s3_fetch import CREDENTIALS, _boto, _moto_server
+    from tokenmill.engine.bench.s3_fetch import _boto, moto_environment
     from tokenmill.engine.models.source import resolve_model
 
-    saved = {k: os.environ.get(k) for k in [*CREDENTIALS, "AWS_ENDPOINT_URL"]}
-    os.environ.update(CREDENTIALS)
     runs = []
-    try:
-        with _moto_server() as endpoint, tempfile.TemporaryDirectory() as tmp:
-            os.environ["AWS_ENDPOINT_URL"] = endpoint
-            client = _boto(endpoint)
-            client.create_bucket(Bucket=BUCKET)
-            for name in os.listdir(source.directory):
-                path = os.path.join(source.directory, name)
-                if os.path.isfile(path):
-                    client.upload_file(path, BUCKET, f"{PREFIX}/{name}")
-            workers = int(args.workers.split(",")[-1])
-            for repeat in range(args.repeats):
-                local = resolve_model(f"s3://{BUCKET}/{PREFIX}", os.path.join(tmp, str(repeat)))
-                load = _load(local, args.device, args.dtype, workers)
-                runs.append({"repeat": repeat, "download_seconds": local.download_seconds,
-                             "download_gb_per_s": sum(os.path.getsize(f) for f in files)
-                             / 1e9 / local.download_seconds,
-                             "workers": workers, **{f"load_{k}": v for k, v in load.items()}})
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    with moto_environment() as endpoint, tempfile.TemporaryDirectory() as tmp:
+        client = _boto(endpoint)
+        client.create_bucket(Bucket=BUCKET)
+        for name in os.listdir(source.directory):
+            path = os.path.join(source.directory, name)
+            if os.path.isfile(path):
+                client.upload_file(path, BUCKET, f"{PREFIX}/{name}")
+        workers = int(args.workers.split(",")[-1])
+        for repeat in range(args.repeats):
+            local = resolve_model(f"s3://{BUCKET}/{PREFIX}", os.path.join(tmp, str(repeat)))
+            load = _load(local, args.device, args.dtype, workers)
+            runs.append({"repeat": repeat, "download_seconds": local.download_seconds,
+                         "download_gb_per_s": sum(os.path.getsize(f) for f in files)
+                         / 1e9 / local.download_seconds,
+                         "workers": workers, **{f"load_{k}": v for k, v in load.items()}})
     return runs
 
 

@@ -25,9 +25,10 @@ from tokenmill.engine.models.safetensors_files import Checkpoint, StoredTensor
 from tokenmill.engine.models.source import ModelLoadError, ModelSource
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-# Tensors read at once: reads wait on the disk and copies release the GIL, so a few threads
-# overlap them (docs/benchmarks.md, "Model loading", compares counts).
-LOAD_WORKERS = 4
+# Tensors read at once: reads wait on the disk and copies (and first touches of the weights'
+# memory) release the GIL, so a thread per core, up to 4, overlaps them (docs/benchmarks.md,
+# "Model loading", compares counts).
+LOAD_WORKERS = min(4, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
