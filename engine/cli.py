@@ -97,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     from tokenmill.engine.bench import (
         accuracy,
         host_overhead,
+        load,
         multiturn,
         offline,
         random_model,
@@ -111,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(bench_commands, "accuracy", accuracy)
     _add_bench(bench_commands, "serve", bench_serve, engine_flags=False)
     _add_bench(bench_commands, "s3-fetch", s3_fetch, engine_flags=False)
+    _add_bench(bench_commands, "load", load, engine_flags=False)
     return parser
 
 

@@ -18,6 +18,10 @@ SHAPES = {
         num_key_value_heads=8, rope_theta=500000.0, max_position_embeddings=8192,
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})),
+    "llama-3.2-1b": ("LlamaConfig", dict(
+        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=64, rope_theta=500000.0, max_position_embeddings=8192,
+        tie_word_embeddings=True)),
     "qwen3-0.6b": ("Qwen3Config", dict(
         hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
         num_key_value_heads=8, head_dim=128, rope_theta=1000000.0, max_position_embeddings=8192,
@@ -39,10 +43,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("output", help="Directory to write (config, tokenizer, safetensors).")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
                         help="Weight dtype on disk (default bfloat16).")
+    parser.add_argument("--num-layers", type=int, default=None,
+                        help="Fewer decoder layers than the shape has (a smaller checkpoint).")
+    parser.add_argument("--max-shard-size", default=None,
+                        help="Split the weights into files of at most this size (\"300MB\").")
 
 
 def run(args: argparse.Namespace) -> int:
-    make_model(args.shape, args.output, args.dtype)
+    overrides = {} if args.num_layers is None else {"num_hidden_layers": args.num_layers}
+    make_model(args.shape, args.output, args.dtype, max_shard_size=args.max_shard_size,
+               **overrides)
     print(f"wrote a random-weight {args.shape} to {args.output}", file=sys.stderr)
     return 0
 
@@ -58,7 +68,7 @@ def shape_config(shape: str | tuple[str, dict], vocab_size: int, **overrides: ob
 
 
 def make_model(shape: str | tuple[str, dict], output: str, dtype: str = "bfloat16",
-               **overrides: object) -> str:
+               max_shard_size: str | None = None, **overrides: object) -> str:
     import torch
     import transformers
 
@@ -69,6 +79,7 @@ def make_model(shape: str | tuple[str, dict], output: str, dtype: str = "bfloat1
     config = shape_config(shape, len(tokenizer), **overrides)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
-    model.save_pretrained(output)
+    model.save_pretrained(output, **({} if max_shard_size is None
+                                     else {"max_shard_size": max_shard_size}))
     tokenizer.save_pretrained(output)
     return output

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import os
 import platform
 import shutil
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 MB = 1_000_000
@@ -66,9 +67,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def benchmark(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
+    with moto_environment() as endpoint:
+        return _measure(args, endpoint)
+
+
+@contextlib.contextmanager
+def moto_environment() -> Iterator[str]:
+    """moto's server running, and this process's S3 settings pointing at it (the bench
+    credentials); the settings are restored afterwards. Yields the endpoint URL."""
     saved = {k: os.environ.get(k) for k in [*CREDENTIALS, "AWS_ENDPOINT_URL"]}
+    os.environ.update(CREDENTIALS)
     try:
-        return _measure(args)
+        with _moto_server() as endpoint:
+            os.environ["AWS_ENDPOINT_URL"] = endpoint
+            yield endpoint
     finally:
         for name, value in saved.items():
             if value is None:
@@ -77,10 +89,8 @@ def benchmark(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
                 os.environ[name] = value
 
 
-def _measure(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
-    os.environ.update(CREDENTIALS)
-    with _moto_server() as endpoint, tempfile.TemporaryDirectory() as tmp:
-        os.environ["AWS_ENDPOINT_URL"] = endpoint
+def _measure(args: argparse.Namespace, endpoint: str) -> dict[str, list[dict[str, float]]]:
+    with tempfile.TemporaryDirectory() as tmp:
         sizes = _upload(endpoint, args.total_mb * MIB, args.files)
         clients = _clients(endpoint, sizes)
         results: dict[str, list[dict[str, float]]] = {}

@@ -89,6 +89,8 @@ class LLMEngine:
             raise
         if self.workers is not None:
             self.runner.on_step = self.workers.send_step
+        self._download_seconds = source.download_seconds
+        log.info("model loaded", extra={"model": config.model, **self._load_log_fields()})
         num_blocks = self.runner.num_blocks
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                  layout=self.runner.layout)
@@ -194,6 +196,17 @@ class LLMEngine:
                 "kv_bytes_per_token": stats.bytes_per_token,
                 "kv_tokens_per_gib": stats.tokens_per_gib,
                 "kv_capacity_tokens": stats.num_blocks * self.config.block_size}
+
+    def load_report(self) -> dict[str, float]:
+        """What fetching and loading the model took (rank 0's shard under tensor
+        parallelism): set once, read by the start-up log and /metrics."""
+        report = self.runner.model.load_report
+        return {"download_seconds": self._download_seconds, "load_seconds": report.seconds,
+                "load_bytes": report.bytes, "load_gb_per_s": report.gb_per_s}
+
+    def _load_log_fields(self) -> dict[str, Any]:
+        report = self.runner.model.load_report
+        return {"download_seconds": round(self._download_seconds, 3), **report.log_fields()}
 
     @property
     def kv_cache_usage(self) -> float:

@@ -3,9 +3,11 @@ then optionally quantize its projections (int8 or fp8)."""
 
 from __future__ import annotations
 
-import glob
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,9 +21,34 @@ from tokenmill.engine.layers.rotary import RotaryEmbedding, rope_parameters
 from tokenmill.engine.models.decoder import CausalLM, head_dim_of, num_kv_heads_of
 from tokenmill.engine.models.gguf_weights import gguf_tensors
 from tokenmill.engine.models.quantize import check_quantization, quantize_model
+from tokenmill.engine.models.safetensors_files import Checkpoint, StoredTensor
 from tokenmill.engine.models.source import ModelLoadError, ModelSource
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# Tensors read at once: reads wait on the disk and copies (and first touches of the weights'
+# memory) release the GIL, so a thread per core, up to 4, overlaps them (docs/benchmarks.md,
+# "Model loading", compares counts).
+LOAD_WORKERS = min(4, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What loading the weights took on this rank: wall seconds from allocation until every
+    weight is in place, and the checkpoint bytes it read (this rank's shard only)."""
+
+    seconds: float
+    bytes: int
+    files: int
+    workers: int
+
+    @property
+    def gb_per_s(self) -> float:
+        return self.bytes / 1e9 / self.seconds if self.seconds > 0 else 0.0
+
+    def log_fields(self) -> dict[str, Any]:
+        return {"load_seconds": round(self.seconds, 3), "load_bytes": self.bytes,
+                "load_gb_per_s": round(self.gb_per_s, 3), "files": self.files,
+                "workers": self.workers}
 
 
 def load_config(source: ModelSource) -> Any:
@@ -48,14 +75,18 @@ def _where(source: ModelSource) -> str:
 
 def build_model(config: Any, source: ModelSource, max_positions: int, dtype: torch.dtype,
                 device: torch.device, show_progress: bool = True,
-                quantization: str | None = None, tp: TPGroup | None = None) -> CausalLM:
+                quantization: str | None = None, tp: TPGroup | None = None,
+                workers: int = LOAD_WORKERS) -> CausalLM:
     """Allocate the model directly on `device` (no random init), load its weights, then
     quantize them if asked (after loading: checkpoints hold full-precision weights).
 
     Under tensor parallelism only this rank's shard is allocated and read from the checkpoint
-    (safetensors slices read just those bytes; GGUF tensors are dequantized one at a time)."""
+    (safetensors reads just those bytes; GGUF tensors are dequantized one at a time).
+    `workers` safetensors tensors are read at once. The returned model's `load_report` says
+    what the load took."""
     check_quantization(quantization)
     tp = tp or TPGroup()
+    start = time.perf_counter()
     plan = ShardPlan.for_model(config, tp.rank, tp.size)
     with torch.device("meta"):
         model = CausalLM(config, max_positions, plan, tp)
@@ -66,8 +97,17 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     ).to(device)
     if getattr(config, "tie_word_embeddings", False):
         model.lm_head.weight = model.model.embed_tokens.weight
-    tensors = _gguf_named(source, config) if source.gguf_file else _safetensors(source)
-    _load(model, tensors, plan, show_progress)
+    if source.gguf_file:
+        _load(model, _gguf_named(source, config), plan, show_progress)
+        files, nbytes, workers = 1, os.path.getsize(source.gguf_path), 1
+    else:
+        with Checkpoint(source.directory) as checkpoint:
+            _load(model, ((t.name, t, len(checkpoint.tensors)) for t in checkpoint.tensors),
+                  plan, show_progress, checkpoint, workers)
+        files, nbytes = len(checkpoint.files), checkpoint.bytes_read
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # the last copies to the device are asynchronous
+    model.load_report = LoadReport(time.perf_counter() - start, nbytes, files, workers)
     if quantization is not None:
         quantize_model(model, quantization)
         if device.type == "cuda":
@@ -77,30 +117,56 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     return model.eval()
 
 
-def _load(model: CausalLM, tensors: Iterator[tuple[str, Any, int]], plan: ShardPlan,
-          show_progress: bool) -> None:
+def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardPlan,
+          show_progress: bool, checkpoint: Checkpoint | None = None, workers: int = 1) -> None:
+    """Put every checkpoint tensor in its place. A `StoredTensor` of `checkpoint` is read
+    straight into its parameter where it can (`workers` at once); other tensors (GGUF's,
+    dequantized) arrive as torch tensors, one at a time."""
     params = checkpoint_tensors(model)
     tied = model.lm_head.weight is model.model.embed_tokens.weight
     loaded: set[str] = set()
-    progress = None
-    for name, stored, total in tensors:
-        if progress is None:
-            progress = tqdm(total=total, desc="Loading weights", unit="tensor",
-                            disable=not show_progress)
-        progress.update(1)
+
+    def place(name: str, stored: Any) -> str | None:
         if name.endswith(IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
-            continue
+            return None
         if name not in params:
             raise ModelLoadError(f"checkpoint tensor {name!r} has no place in the model")
         target = params[name]
+        if isinstance(stored, StoredTensor) and checkpoint is not None:
+            stored = checkpoint.slice(stored, into=target)
         tensor = plan.shard(name, stored)
         if tuple(target.shape) != tuple(tensor.shape):
             raise ModelLoadError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape "
                              f"{tuple(target.shape)}" + (f" (rank {plan.rank} of {plan.size})"
                                                          if plan.size > 1 else ""))
-        with torch.no_grad():
-            target.copy_(tensor)
-        loaded.add(name)
+        if tensor is not target:
+            # From pinned staging memory the copy to a GPU is asynchronous.
+            asynchronous = target.device.type == "cuda" and tensor.is_pinned()
+            with torch.no_grad():
+                target.copy_(tensor, non_blocking=asynchronous)
+        return name
+
+    progress: tqdm | None = None
+
+    def jobs() -> Iterator[tuple[str, Any]]:
+        nonlocal progress
+        for name, stored, total in tensors:
+            if progress is None:
+                progress = tqdm(total=total, desc="Loading weights", unit="tensor",
+                                disable=not show_progress)
+            yield name, stored
+
+    def placed(names: Iterable[str | None]) -> None:
+        for name in names:
+            progress.update(1)
+            if name is not None:
+                loaded.add(name)
+
+    if workers > 1:
+        with ThreadPoolExecutor(workers, thread_name_prefix="load") as pool:
+            placed(pool.map(lambda job: place(*job), jobs()))
+    else:
+        placed(place(*job) for job in jobs())
     if progress is not None:
         progress.close()
     if tied:
@@ -108,26 +174,6 @@ def _load(model: CausalLM, tensors: Iterator[tuple[str, Any, int]], plan: ShardP
     missing = sorted(set(params) - loaded)
     if missing:
         raise ModelLoadError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")
-
-
-def _safetensors(source: ModelSource) -> Iterator[tuple[str, Any, int]]:
-    """Each tensor as a lazy slice: the loader reads only the part its rank holds."""
-    from safetensors import safe_open
-
-    files = sorted(glob.glob(os.path.join(source.directory, "*.safetensors")))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors weights in {source.directory}")
-    handles = []
-    for f in files:
-        try:
-            handles.append(safe_open(f, framework="pt", device="cpu"))
-        except Exception as exc:  # a truncated or corrupt file
-            raise ModelLoadError.reading(f"the weights in {f}", exc) from exc
-    names = [list(h.keys()) for h in handles]
-    total = sum(len(n) for n in names)
-    for handle, handle_names in zip(handles, names, strict=True):
-        for name in handle_names:
-            yield name, handle.get_slice(name), total
 
 
 def _gguf_named(source: ModelSource, config: Any) -> Iterator[tuple[str, torch.Tensor, int]]:

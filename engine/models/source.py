@@ -3,8 +3,10 @@ store (hf://, s3://) it is downloaded from first (models/fetch/)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
+import time
 from dataclasses import dataclass
 
 BUILTIN_MODELS = {
@@ -30,10 +32,12 @@ class ModelLoadError(ValueError):
 
 @dataclass(frozen=True)
 class ModelSource:
-    """A resolved model: `directory` holds config and tokenizer, or `gguf_file` holds it all."""
+    """A resolved model: `directory` holds config and tokenizer, or `gguf_file` holds it all.
+    `download_seconds` is what fetching it from its store took (0 for a local model)."""
 
     directory: str
     gguf_file: str | None = None
+    download_seconds: float = 0.0
 
     @property
     def gguf_path(self) -> str | None:
@@ -45,9 +49,10 @@ def resolve_model(model: str, download_dir: str | None = None) -> ModelSource:
     (or found complete there) first."""
     from tokenmill.engine.models.fetch import fetch_model
 
+    start = time.perf_counter()
     local = fetch_model(model, download_dir)
     if local is not None:
-        return _local(local)
+        return dataclasses.replace(_local(local), download_seconds=time.perf_counter() - start)
     return _local(model)
 
 

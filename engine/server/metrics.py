@@ -38,6 +38,19 @@ class EngineMetrics:
         self.weights_bytes = Gauge("tokenmill_model_weights_bytes",
                                    "Bytes of the model's weights in device memory.", labels,
                                    registry=r)
+        # What start-up took (rank 0's shard under tensor parallelism): set once.
+        self.download_seconds = Gauge("tokenmill_model_download_seconds",
+                                      "Seconds fetching the model from its store (hf://, "
+                                      "s3://); 0 for a local model.", labels, registry=r)
+        self.load_seconds = Gauge("tokenmill_model_load_seconds",
+                                  "Seconds loading the weights into memory.", labels,
+                                  registry=r)
+        self.load_bytes = Gauge("tokenmill_model_load_bytes",
+                                "Checkpoint bytes read while loading the weights.", labels,
+                                registry=r)
+        self.load_rate = Gauge("tokenmill_model_load_bytes_per_second",
+                               "Checkpoint bytes read per second while loading the weights.",
+                               labels, registry=r)
         self.kv_capacity = Gauge("tokenmill_kv_cache_capacity_tokens",
                                  "Tokens the KV-cache pool holds.", labels, registry=r)
         self.kv_tokens_per_gib = Gauge("tokenmill_kv_cache_tokens_per_gib",
@@ -87,6 +100,11 @@ class EngineMetrics:
         self.weights_bytes.labels(name).set(memory["weights_bytes"])
         self.kv_capacity.labels(name).set(memory["kv_capacity_tokens"])
         self.kv_tokens_per_gib.labels(name).set(memory["kv_tokens_per_gib"])
+        load = engine.engine.load_report()
+        self.download_seconds.labels(name).set(load["download_seconds"])
+        self.load_seconds.labels(name).set(load["load_seconds"])
+        self.load_bytes.labels(name).set(load["load_bytes"])
+        self.load_rate.labels(name).set(load["load_gb_per_s"] * 1e9)
 
     def observe_step(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
         """Account a step's outputs (called on the engine thread after every step)."""

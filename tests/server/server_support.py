@@ -42,6 +42,15 @@ def async_openai_client(base_url: str, api_key: str = "unused",
     return openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, **kwargs)
 
 
+def load_metrics(base_url: str) -> dict[str, float]:
+    """The server's `tokenmill_model_*` samples by name (what start-up measured)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(base_url + "/metrics", timeout=10).text
+    return {sample.name: sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples if sample.name.startswith("tokenmill_model_")}
+
+
 def server_state(model: str, name: str | None = None, *, options: dict | None = None,
                  load: bool = True, **engine) -> ServerState:
     """A server's state for `model`, served as `name` (the model's own by default); `options`

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from model_support import hf_greedy
-from server_support import ServeProcess, openai_client
+from server_support import ServeProcess, load_metrics, openai_client
 from store_support import BUCKET, TINY_PREFIX, write_hub_cache
 
 MAX_NEW = 8
@@ -23,13 +23,17 @@ def reference(tiny_llama_dir, smol_tokenizer):
     return prompt, smol_tokenizer.decode(hf_greedy(model, prompt, MAX_NEW))
 
 
-def _served_text(model: str, env: dict[str, str], download_dir: str, prompt: list[int]) -> str:
+def _served_text(model: str, env: dict[str, str], download_dir: str, prompt: list[int],
+                 metrics: dict[str, float] | None = None) -> str:
+    """The server's greedy continuation of `prompt`; its model load metrics go to `metrics`."""
     proc = ServeProcess(model, "--served-model-name", "tiny", "--download-dir", download_dir,
                         "--max-num-seqs", "4", "--block-size", "8", env=env)
     try:
         proc.wait_healthy(180)
         out = openai_client(proc.url + "/v1").completions.create(
             model="tiny", prompt=prompt, max_tokens=MAX_NEW, temperature=0)
+        if metrics is not None:
+            metrics.update(load_metrics(proc.url))
         return out.choices[0].text
     finally:
         proc.kill()
@@ -38,8 +42,12 @@ def _served_text(model: str, env: dict[str, str], download_dir: str, prompt: lis
 
 def test_serves_a_model_from_s3_with_hf_greedy_output(s3_env, tmp_path, reference):
     prompt, expected = reference
+    metrics: dict[str, float] = {}
     assert _served_text(f"s3://{BUCKET}/{TINY_PREFIX}", s3_env, str(tmp_path),
-                        prompt) == expected
+                        prompt, metrics) == expected
+    # Downloaded by this server: the download took time, and so did the load after it.
+    assert 0 < metrics["tokenmill_model_download_seconds"] < 180
+    assert metrics["tokenmill_model_load_seconds"] > 0
 
 
 def test_serves_a_model_from_an_offline_hub_cache_with_hf_greedy_output(tmp_path,
