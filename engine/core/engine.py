@@ -26,6 +26,7 @@ from tokenmill.engine.core.step_builder import build_step_inputs
 from tokenmill.engine.core.structured.backend import GrammarError, StructuredOutputs
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.distributed.sharding import check_tensor_parallel
+from tokenmill.engine.execution.kv_sizing import check_host_memory
 from tokenmill.engine.execution.rank import RankSetup, build_runner, rank_device
 from tokenmill.engine.execution.workers import WorkerFailed, Workers
 from tokenmill.engine.layers.attention import check_kv_cache_dtype, resolve_backend
@@ -69,6 +70,7 @@ class LLMEngine:
         tp_size = config.tensor_parallel_size
         check_tensor_parallel(self.model_config, tp_size)
         _check_devices(config.device, self.device, tp_size)
+        check_host_memory(config)
         self.tp = TPGroup()
         self.workers: Workers | None = None
         self._threads = torch.get_num_threads()
@@ -91,7 +93,8 @@ class LLMEngine:
             self.runner.on_step = self.workers.send_step
         num_blocks = self.runner.num_blocks
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
-                                 layout=self.runner.layout)
+                                 layout=self.runner.layout,
+                                 num_host_blocks=self.runner.num_host_blocks)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.eos_token_ids = _eos_ids(self.model_config, self.tokenizer, source.directory)
         # Grammars of constrained requests; xgrammar loads on the first one.
@@ -210,7 +213,8 @@ class LLMEngine:
             return []
         try:
             inputs = build_step_inputs(plan.scheduled, self.config.block_size,
-                                       block_copies=plan.block_copies)
+                                       block_copies=plan.block_copies,
+                                       transfers=(plan.kv_to_host, plan.kv_to_device))
             logits = self.runner.execute(inputs)
         except RuntimeError:
             if self.workers is not None:  # a collective failed: name the worker that died
