@@ -29,11 +29,13 @@ def _conversations() -> list[list[int]]:
 
 
 def _engine(directory: str, offload: bool, **options) -> LLM:
+    """DEVICE_BLOCKS in the device pool and HOST_BLOCKS in the host tier, on every rank."""
+    tp = options.get("tensor_parallel_size", 1)
     layout = KVCacheLayout.for_model(_config(directory), 16, torch.float32,
-                                     options.get("kv_cache_dtype", "auto"))
+                                     options.get("kv_cache_dtype", "auto"), tp)
     return LLM(directory, show_progress=False, kv_cache_memory=DEVICE_BLOCKS
                * layout.bytes_per_block, max_num_seqs=4,
-               kv_offloading_size=HOST_BLOCKS * layout.bytes_per_block / (1 << 30)
+               kv_offloading_size=tp * HOST_BLOCKS * layout.bytes_per_block / (1 << 30)
                if offload else 0.0, **options)
 
 
@@ -129,6 +131,16 @@ def test_int8_kv_is_offloaded_as_stored(tiny_llama_dir):
     outputs = _off_and_on(tiny_llama_dir, lambda llm: _one_at_a_time(llm, _conversations()),
                           kv_cache_dtype="int8", max_num_batched_tokens=24)
     assert outputs[True] == outputs[False]
+
+
+def test_tp2_ranks_offload_their_own_shards(tiny_llama_dir, hf_reference):
+    llm = _engine(tiny_llama_dir, True, tensor_parallel_size=2, max_num_batched_tokens=24)
+    with llm:
+        assert llm.engine.runner.num_host_blocks == HOST_BLOCKS
+        outputs = [o[0] for o in _one_at_a_time(llm, _conversations())]
+        assert llm.engine.kv.host.blocks_loaded >= 12
+        _check_no_leaks(llm)
+    assert outputs == hf_reference
 
 
 def test_aborts_mid_prefill_and_decode_leak_no_block_in_either_tier(tiny_llama_dir):
