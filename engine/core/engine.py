@@ -199,6 +199,11 @@ class LLMEngine:
                 "kv_capacity_tokens": stats.num_blocks * self.config.block_size}
 
     @property
+    def offload_block_bytes(self) -> int:
+        """Bytes one block copy between the tiers moves, over every tensor-parallel rank."""
+        return self.runner.layout.bytes_per_block * self.config.tensor_parallel_size
+
+    @property
     def kv_cache_usage(self) -> float:
         """Fraction of KV blocks in use; cheap and safe to read from another thread."""
         return self.kv.allocator.num_used / self.kv.allocator.num_blocks
