@@ -38,6 +38,7 @@ _SPEC_OPTIONS = {
     "max_num_seqs": "spec.engine.maxNumSeqs",
     "max_num_batched_tokens": "spec.engine.maxNumBatchedTokens",
     "gpu_memory_utilization": "spec.engine.gpuMemoryUtilization",
+    "kv_offloading_size": "spec.engine.kvOffloadingSize",
 }
 _SERVER_FLAGS = ("host", "port", "served-model-name", "shutdown-timeout")
 
@@ -77,6 +78,7 @@ def engine_options(spec: InferenceServiceSpec) -> dict[str, Any]:
         "max_num_seqs": engine.max_num_seqs,
         "max_num_batched_tokens": engine.max_num_batched_tokens,
         "gpu_memory_utilization": engine.gpu_memory_utilization,
+        "kv_offloading_size": float(engine.kv_offloading_size) or None,
     }
 
 

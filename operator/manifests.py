@@ -8,9 +8,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from kubernetes.utils import parse_quantity
+
 from .args import CACHE_MOUNT, PORT, PVC_MOUNT, download_command, serve_command
 from .spec import API_KEY_ENV, GROUP, KIND, VERSION, InferenceServiceSpec, api_key_ref
 
+GIB = 1 << 30
 OWNER_LABEL = "tokenmill.io/inferenceservice"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "tokenmill-operator"}
 CONTAINER = "engine"
@@ -90,11 +93,22 @@ def _probe(period: int, failures: int, timeout: int) -> dict[str, Any]:
 def _resources(spec: InferenceServiceSpec) -> dict[str, Any]:
     res = spec.resources
     # A quantity may be written as an integer (`cpu: 2`); the Deployment gets its string form.
-    requests = {k: str(v) for k, v in (("cpu", res.cpu), ("memory", res.memory)) if v is not None}
-    limits: dict[str, Any] = {"memory": requests["memory"]} if "memory" in requests else {}
+    memory = _with_host_tier(res.memory, spec.engine.kv_offloading_size)
+    requests = {k: str(v) for k, v in (("cpu", res.cpu), ("memory", memory)) if v is not None}
+    # The tier alone is no limit: the weights and the rest of the engine come on top.
+    limits: dict[str, Any] = {"memory": requests["memory"]} if res.memory is not None else {}
     if spec.gpus:
         limits[res.gpu_resource_name] = str(spec.gpus)
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+
+
+def _with_host_tier(memory: int | str | None, tier_gib: float) -> int | str | None:
+    """The memory request plus the KV host tier's GiB (the engine pins that much at start-up),
+    in Gi where whole, else in bytes; the tier alone where no memory is requested."""
+    if not tier_gib:
+        return memory
+    total = int(tier_gib * GIB) + (int(parse_quantity(memory)) if memory is not None else 0)
+    return f"{total // GIB}Gi" if total % GIB == 0 else str(total)
 
 
 def _cache_volume(spec: InferenceServiceSpec) -> dict[str, Any]:

@@ -283,6 +283,9 @@ class EngineSpec(_Spec):
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1, description="Fraction of GPU memory the engine may use."
     )
+    kv_offloading_size: float = Field(
+        0, ge=0, description="GiB of host memory for a second KV-cache tier under the prefix "
+                             "cache (0: off); added to the pod's memory request (and limit).")
     extra_args: list[Annotated[str, Field(max_length=MAX_URI_LENGTH)]] = Field(
         default_factory=list, max_length=MAX_LIST_ITEMS,
         description="More `tokenmill serve` flags, e.g. [\"--block-size\", \"32\"]; only engine "

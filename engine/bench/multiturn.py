@@ -1,9 +1,11 @@
-"""Multi-turn chat with a shared system prompt: prefix cache on against off, in one run.
+"""Multi-turn chat with a shared system prompt: prefix cache on against off, in one run; or,
+with --kv-offloading-size, the prefix cache without against with its host tier.
 
 Each conversation sends its next turn as soon as its previous answer is complete, resending
 the whole history (system prompt, every user turn, every answer) as chat clients do. Reported
-per mode: prefix-cache hit rate (prompt tokens served from the cache), TTFT mean/P50/P99,
-output tokens/s; plus the TTFT ratio between the modes.
+per mode: prefix-cache hit rate (prompt tokens served from the cache) in all and by tier
+(device pool, host tier), TTFT mean/P50/P99 of every turn and of the later turns (those with
+a history to reuse), output tokens/s; plus the TTFT ratios between the modes.
 """
 
 from __future__ import annotations
@@ -85,7 +87,8 @@ def run_conversations(engine: Any, system: list[int], users: list[list[list[int]
     history = [list(system) for _ in users]
     turn = [0] * len(users)
     records: list[dict[str, Any]] = []
-    queries0, hits0 = engine.kv.prefix_queries, engine.kv.prefix_hits
+    kv = engine.kv
+    queries0, hits0, host_hits0 = kv.prefix_queries, kv.prefix_hits, kv.host_prefix_hits
     due: dict[int, float] = {}  # conversation -> when its next turn is sent
 
     def send(c: int) -> None:
@@ -121,14 +124,19 @@ def run_conversations(engine: Any, system: list[int], users: list[list[list[int]
                 due[c] = time.perf_counter() + think[c][turn[c]]
     elapsed = time.perf_counter() - start
     bar.close()
-    queries = engine.kv.prefix_queries - queries0
-    hits = engine.kv.prefix_hits - hits0
+    queries = kv.prefix_queries - queries0
+    hits = kv.prefix_hits - hits0
+    host_hits = kv.host_prefix_hits - host_hits0
     output_tokens = sum(r["output_tokens"] for r in records)
+    later = [r["ttft_s"] for r in records if r["turn"] > 0]  # a history to reuse
     return {
         "elapsed_s": elapsed,
         "prefix_hit_rate": hits / queries if queries else 0.0,
+        "device_hit_rate": (hits - host_hits) / queries if queries else 0.0,
+        "host_hit_rate": host_hits / queries if queries else 0.0,
         "prompt_tokens": sum(r["prompt_tokens"] for r in records),
         "ttft_s": distribution([r["ttft_s"] for r in records]),
+        "later_turn_ttft_s": distribution(later) if later else {},
         "output_tokens_per_s": output_tokens / elapsed,
         "records": records,
     }
@@ -141,22 +149,28 @@ def run(args: argparse.Namespace) -> int:
     config = engine_config_from_args(args)
     results: dict[str, Any] = {}
     system = users = None
-    for label, caching in (("cache-off", False), ("cache-on", True)):
-        llm = LLM(**dataclasses.asdict(config.replace(enable_prefix_caching=caching)))
+    modes = compared_modes(config)
+    for label, mode_config in modes.items():
+        llm = LLM(**dataclasses.asdict(mode_config))
         if system is None:
             system, users = make_conversations(args, llm.engine.model_config.vocab_size)
         llm.generate([[1000] * 8], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
         results[label] = run_conversations(llm.engine, system, users, args.answer_len, label,
                                            make_think_times(args))
         llm.engine.kv.allocator.check_all_free()
+        if llm.engine.kv.host is not None:
+            llm.engine.kv.host.check_consistent()
         del llm
-    off, on = results["cache-off"], results["cache-on"]
+    off, on = (results[label] for label in modes)
     summary = {
         mode: {k: v for k, v in r.items() if k != "records"} for mode, r in results.items()
     }
     summary["mean_ttft_speedup"] = off["ttft_s"]["mean"] / on["ttft_s"]["mean"]
     summary["p99_ttft_speedup"] = off["ttft_s"]["p99"] / on["ttft_s"]["p99"]
-    print(format_summary(summary))
+    if on["later_turn_ttft_s"]:
+        summary["later_turn_mean_ttft_speedup"] = (off["later_turn_ttft_s"]["mean"]
+                                                   / on["later_turn_ttft_s"]["mean"])
+    print(format_summary(summary, list(modes)))
     if args.json:
         write_json(args.json, {
             "command": command_line(), "machine": machine_info(str(config.device)),
@@ -169,14 +183,27 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_summary(summary: dict[str, Any]) -> str:
-    lines = [f"{'mode':<10} {'hit rate':>9} {'TTFT mean':>10} {'TTFT p50':>9} {'TTFT p99':>9} "
-             f"{'out tok/s':>10}"]
-    for mode in ("cache-off", "cache-on"):
+def compared_modes(config: Any) -> dict[str, Any]:
+    """The two engine configurations a run compares: the prefix cache off and on, or, when
+    a host tier is asked for, the prefix cache without and with it (the same device pool)."""
+    if config.kv_offloading_size:
+        return {"offload-off": config.replace(enable_prefix_caching=True, kv_offloading_size=0.0),
+                "offload-on": config.replace(enable_prefix_caching=True)}
+    return {"cache-off": config.replace(enable_prefix_caching=False),
+            "cache-on": config.replace(enable_prefix_caching=True)}
+
+
+def format_summary(summary: dict[str, Any], modes: list[str]) -> str:
+    lines = [f"{'mode':<12} {'hit rate':>9} {'device':>7} {'host':>7} {'TTFT mean':>10} "
+             f"{'TTFT p50':>9} {'TTFT p99':>9} {'later mean':>11} {'out tok/s':>10}"]
+    for mode in modes:
         s = summary[mode]
         t = s["ttft_s"]
-        lines.append(f"{mode:<10} {s['prefix_hit_rate']:>9.1%} {t['mean']:>9.3f}s "
-                     f"{t['p50']:>8.3f}s {t['p99']:>8.3f}s {s['output_tokens_per_s']:>10.1f}")
-    lines.append(f"TTFT speed-up with the cache: mean {summary['mean_ttft_speedup']:.1f}x, "
-                 f"P99 {summary['p99_ttft_speedup']:.1f}x")
+        later = s["later_turn_ttft_s"].get("mean") or 0.0
+        lines.append(f"{mode:<12} {s['prefix_hit_rate']:>9.1%} {s['device_hit_rate']:>7.1%} "
+                     f"{s['host_hit_rate']:>7.1%} {t['mean']:>9.3f}s {t['p50']:>8.3f}s "
+                     f"{t['p99']:>8.3f}s {later:>10.3f}s {s['output_tokens_per_s']:>10.1f}")
+    lines.append(f"TTFT speed-up of {modes[1]}: mean {summary['mean_ttft_speedup']:.1f}x, "
+                 f"P99 {summary['p99_ttft_speedup']:.1f}x, later turns' mean "
+                 f"{summary.get('later_turn_mean_ttft_speedup', float('nan')):.1f}x")
     return "\n".join(lines)

@@ -99,6 +99,14 @@ class EngineConfig:
     enable_prefix_caching: bool = _opt(
         True, "Reuse the KV cache of earlier requests that share a prompt prefix."
     )
+    kv_offloading_size: float = _opt(
+        0.0, "GiB of host memory for a second tier of KV-cache blocks under the prefix cache "
+             "(summed over tensor-parallel ranks; 0: off). Cached prefix blocks evicted from "
+             "the device pool are copied there instead of dropped, and a later prompt that "
+             "shares the prefix copies them back instead of recomputing them. Pinned memory "
+             "on CUDA; the engine refuses to start if the host has less memory available. "
+             "Needs --enable-prefix-caching.",
+    )
     attention_backend: str = _opt(
         "auto", "Paged-attention kernels: auto (Triton on CUDA when triton is installed, torch "
                 "otherwise), torch, or triton (on CPU only in Triton's interpreter, "
@@ -138,6 +146,11 @@ class EngineConfig:
                f"{self.quantization!r} is not one of int8, fp8 (or unset)")
         _check(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype",
                f"{self.kv_cache_dtype!r} is not one of {KV_CACHE_DTYPES}")
+        _check(self.kv_offloading_size >= 0, "kv_offloading_size",
+               f"must be a number of GiB >= 0, got {self.kv_offloading_size}")
+        _check(not self.kv_offloading_size or self.enable_prefix_caching, "kv_offloading_size",
+               "the host tier holds blocks the prefix cache evicts; it needs "
+               "enable_prefix_caching")
         _check(self.attention_backend in ATTENTION_BACKENDS, "attention_backend",
                f"{self.attention_backend!r} is not one of {ATTENTION_BACKENDS}")
 

@@ -26,6 +26,7 @@ from tokenmill.engine.core.step_builder import build_step_inputs
 from tokenmill.engine.core.structured.backend import GrammarError, StructuredOutputs
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.distributed.sharding import check_tensor_parallel
+from tokenmill.engine.execution.kv_sizing import check_host_memory
 from tokenmill.engine.execution.rank import RankSetup, build_runner, rank_device
 from tokenmill.engine.execution.workers import WorkerFailed, Workers
 from tokenmill.engine.layers.attention import check_kv_cache_dtype, resolve_backend
@@ -69,6 +70,7 @@ class LLMEngine:
         tp_size = config.tensor_parallel_size
         check_tensor_parallel(self.model_config, tp_size)
         _check_devices(config.device, self.device, tp_size)
+        check_host_memory(config)
         self.tp = TPGroup()
         self.workers: Workers | None = None
         self._threads = torch.get_num_threads()
@@ -93,7 +95,8 @@ class LLMEngine:
         log.info("model loaded", extra={"model": config.model, **self._load_log_fields()})
         num_blocks = self.runner.num_blocks
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
-                                 layout=self.runner.layout)
+                                 layout=self.runner.layout,
+                                 num_host_blocks=self.runner.num_host_blocks)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.eos_token_ids = _eos_ids(self.model_config, self.tokenizer, source.directory)
         # Grammars of constrained requests; xgrammar loads on the first one.
@@ -209,6 +212,11 @@ class LLMEngine:
         return {"download_seconds": round(self._download_seconds, 3), **report.log_fields()}
 
     @property
+    def offload_block_bytes(self) -> int:
+        """Bytes one block copy between the tiers moves, over every tensor-parallel rank."""
+        return self.runner.layout.bytes_per_block * self.config.tensor_parallel_size
+
+    @property
     def kv_cache_usage(self) -> float:
         """Fraction of KV blocks in use; cheap and safe to read from another thread."""
         return self.kv.allocator.num_used / self.kv.allocator.num_blocks
@@ -223,7 +231,8 @@ class LLMEngine:
             return []
         try:
             inputs = build_step_inputs(plan.scheduled, self.config.block_size,
-                                       block_copies=plan.block_copies)
+                                       block_copies=plan.block_copies,
+                                       transfers=(plan.kv_to_host, plan.kv_to_device))
             logits = self.runner.execute(inputs)
         except RuntimeError:
             if self.workers is not None:  # a collective failed: name the worker that died

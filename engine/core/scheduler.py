@@ -4,7 +4,9 @@ Each step has a token budget (max_num_batched_tokens). Running decodes go first 
 each), so streams already producing tokens never stall; running prompts that are still being
 prefilled take chunks of what budget is left; then waiting sequences are admitted while there
 is budget, a free batch seat and KV blocks. A waiting sequence starts from the longest prefix
-of its tokens found in the prefix cache and only prefills the rest. When several wait, the one
+of its tokens found in the prefix cache and only prefills the rest; the part of that prefix
+found in the host tier takes device blocks, into which it is copied before the step runs
+(copies cost no token budget: no token goes through the model). When several wait, the one
 with the longest cached prefix goes first (cheapest to start, and its blocks are not evicted
 meanwhile), unless the oldest has already been passed over MAX_BYPASSES times.
 
@@ -19,7 +21,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from tokenmill.engine.core.kv_cache import KVCacheManager
+from tokenmill.engine.core.kv_cache import KVCacheManager, PrefixMatch
 from tokenmill.engine.core.request import Sequence, SequenceStatus
 
 MAX_BYPASSES = 8        # admissions that may overtake the oldest waiting sequence
@@ -31,6 +33,9 @@ class SchedulerOutput:
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    # (device block, host block) copies of the host tier, run before the step's forward pass.
+    kv_to_host: list[tuple[int, int]] = field(default_factory=list)
+    kv_to_device: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -68,6 +73,7 @@ class Scheduler:
                 budget -= num_new
         if not out.preempted:
             self._admit(out, budget)
+        out.kv_to_host, out.kv_to_device = self.kv.take_transfers()
         return out
 
     def _make_room(self, seq: Sequence, num_new: int, chosen: set[int],
@@ -90,7 +96,7 @@ class Scheduler:
             seats = seq.params.n if not seq.output_token_ids and seq.index == 0 else 1
             if self.running and len(self.running) + seats > self.max_num_seqs:
                 break
-            start = len(cached) * self.kv.block_size
+            start = cached.num_blocks * self.kv.block_size
             num_new = min(seq.num_tokens - start, budget)
             if not self.kv.can_admit(seq, cached, num_new):
                 break
@@ -108,7 +114,7 @@ class Scheduler:
             self.running.append(seq)
             budget -= num_new
 
-    def _next_waiting(self) -> tuple[Sequence, list[int]]:
+    def _next_waiting(self) -> tuple[Sequence, PrefixMatch]:
         """The waiting sequence to admit next and its cached prefix blocks."""
         oldest = self.waiting[0]
         first = (oldest, self.kv.match_prefix(oldest))
@@ -122,7 +128,7 @@ class Scheduler:
             if i >= MAX_CANDIDATES:
                 break
             cached = self.kv.match_prefix(seq)
-            if len(cached) > len(best[1]):
+            if cached.num_blocks > best[1].num_blocks:
                 best = (seq, cached)
         return best
 

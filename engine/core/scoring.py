@@ -38,7 +38,8 @@ def next_token_logprobs(engine: LLMEngine, token_ids: list[int]) -> Iterator[tor
         while seq.num_computed_tokens < total:
             n = min(budget, total - seq.num_computed_tokens)
             engine.kv.grow(seq, n)
-            step = build_step_inputs([(seq, n)], engine.config.block_size, all_logits=True)
+            step = build_step_inputs([(seq, n)], engine.config.block_size, all_logits=True,
+                                     transfers=engine.kv.take_transfers())
             logits = engine.runner.execute(step)
             seq.num_computed_tokens += n
             if seq.num_computed_tokens == total:

@@ -10,10 +10,14 @@ from tokenmill.engine.execution.step_inputs import StepInputs
 
 def build_step_inputs(scheduled: list[tuple[Sequence, int]], block_size: int,
                       all_logits: bool = False,
-                      block_copies: list[tuple[int, int]] | None = None) -> StepInputs:
+                      block_copies: list[tuple[int, int]] | None = None,
+                      transfers: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], []),
+                      ) -> StepInputs:
     """Sequences with their number of new tokens, in the order the runner lays out rows.
-    all_logits asks for every new token's logits (scoring a text), not only the last's."""
-    inputs = StepInputs(block_copies=list(block_copies or []), all_logits=all_logits)
+    all_logits asks for every new token's logits (scoring a text), not only the last's;
+    transfers are the host tier's (to host, to device) copies (KVCacheManager.take_transfers)."""
+    inputs = StepInputs(block_copies=list(block_copies or []), all_logits=all_logits,
+                        kv_to_host=list(transfers[0]), kv_to_device=list(transfers[1]))
     for seq, num_new in scheduled:
         start = seq.num_computed_tokens
         inputs.add_sequence(seq.token_slice(start, start + num_new), start, seq.block_table,

@@ -12,6 +12,8 @@ from typing import Any
 
 from tokenmill.engine.contract.config import DEFAULT_CPU_KV_CACHE_MEMORY, ConfigError, EngineConfig
 
+GIB = 1 << 30
+
 # Held back for what is allocated after the pool and so cannot be profiled before it: the
 # decode CUDA graphs' private memory pool (activations of the largest graphed decode batch,
 # split-K attention partials that grow with max_model_len) and their cuBLAS workspaces.
@@ -88,3 +90,43 @@ def kv_sizing(config: EngineConfig, bytes_per_block: int, device_type: str,
         raise ConfigError("kv_cache_memory", f"{budget} bytes hold no KV block; one block "
                                              f"of this model takes {bytes_per_block} bytes")
     return KVSizing(budget // bytes_per_block, budget)
+
+
+def host_tier_blocks(config: EngineConfig, bytes_per_block: int, tp_size: int) -> int:
+    """Blocks of one rank's host tier: --kv-offloading-size is shared by the ranks, each
+    storing blocks of its own shard (bytes_per_block)."""
+    if not config.kv_offloading_size:
+        return 0
+    per_rank = int(config.kv_offloading_size * GIB) // tp_size
+    if per_rank < bytes_per_block:
+        raise ConfigError("kv_offloading_size",
+                          f"{config.kv_offloading_size} GiB over {tp_size} rank(s) holds no KV "
+                          f"block; one block of a rank takes {bytes_per_block} bytes")
+    return per_rank // bytes_per_block
+
+
+def check_host_memory(config: EngineConfig, available: int | None = None) -> None:
+    """Refuse a host tier larger than the host memory available now (MemAvailable), before
+    anything is loaded: pinning it would fail late or push the machine into swap."""
+    if not config.kv_offloading_size:
+        return
+    if available is None:
+        available = host_memory_available()
+    wanted = config.kv_offloading_size * GIB
+    if available is not None and wanted > available:
+        raise ConfigError("kv_offloading_size",
+                          f"{config.kv_offloading_size} GiB asked for the host tier, but only "
+                          f"{available / GIB:.2f} GiB of host memory is available; lower "
+                          "--kv-offloading-size")
+
+
+def host_memory_available() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None

@@ -14,7 +14,7 @@ from tokenmill.engine.contract.config import EngineConfig
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.execution.decode_graphs import graphs_wanted
 from tokenmill.engine.execution.kv_layout import KVCacheLayout
-from tokenmill.engine.execution.kv_sizing import MemoryProfile, kv_sizing
+from tokenmill.engine.execution.kv_sizing import MemoryProfile, host_tier_blocks, kv_sizing
 from tokenmill.engine.execution.profile_run import CudaMemory, profile_memory
 from tokenmill.engine.execution.runner import ModelRunner
 from tokenmill.engine.models.loader import build_model
@@ -59,10 +59,12 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
 
     sizing = kv_sizing(config, layout.bytes_per_block, device.type, profile)
     num_blocks = tp.min_int(sizing.blocks, device)
+    host_blocks = tp.min_int(host_tier_blocks(config, layout.bytes_per_block, tp.size), device)
     log.info("kv cache sizing", extra={"rank": tp.rank, **sizing.log_fields(),
-                                       "rank_blocks": sizing.blocks, "blocks": num_blocks})
+                                       "rank_blocks": sizing.blocks, "blocks": num_blocks,
+                                       "host_blocks": host_blocks})
     runner = ModelRunner(model, num_blocks, layout, device,
-                         attention_backend=setup.attention_backend)
+                         attention_backend=setup.attention_backend, num_host_blocks=host_blocks)
     if graphs_wanted(device.type, setup.attention_backend, config.enforce_eager):
         runner.capture_decode_graphs(config.max_num_seqs, config.max_num_batched_tokens,
                                      setup.max_model_len)

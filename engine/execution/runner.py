@@ -12,6 +12,7 @@ from tokenmill.engine.execution.decode_graphs import (
     graph_batch_sizes,
 )
 from tokenmill.engine.execution.kv_layout import SCALE_DTYPE, KVCacheLayout
+from tokenmill.engine.execution.kv_offload import KVOffload
 from tokenmill.engine.execution.prompt_scores import score_rows
 from tokenmill.engine.execution.step_buffers import StepBuffers
 from tokenmill.engine.execution.step_inputs import StepInputs
@@ -21,7 +22,8 @@ from tokenmill.engine.models.decoder import CausalLM
 
 class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, layout: KVCacheLayout,
-                 device: torch.device, attention_backend: str = "torch"):
+                 device: torch.device, attention_backend: str = "torch",
+                 num_host_blocks: int = 0):
         self.model = model
         self.attention_backend = attention_backend  # "torch" or "triton", already resolved
         self.device = device
@@ -34,6 +36,9 @@ class ModelRunner:
         self.kv_scales = (torch.zeros(layout.scales_shape(num_blocks), dtype=SCALE_DTYPE,
                                       device=device) if layout.quantized else None)
         self.kv_caches = [self._layer_view(i) for i in range(layout.num_layers)]
+        self.num_host_blocks = num_host_blocks
+        self.offload = KVOffload(self._pool_tensors(), num_host_blocks, device) \
+            if num_host_blocks else None
         # Called with each step's inputs before it runs: rank 0 sends them to the other ranks.
         self.on_step: Callable[[StepInputs], None] | None = None
         self.buffers = StepBuffers(device)
@@ -48,17 +53,20 @@ class ModelRunner:
         k_scale, v_scale = self.kv_scales[layer]
         return KVLayer(k, v, k_scale, v_scale)
 
+    def _pool_tensors(self) -> list[torch.Tensor]:
+        """The pool's values (as bytes when quantized: index kernels do not cover float8
+        everywhere) and scales, each [layers, 2, blocks, ...]."""
+        pool = self.kv_pool.view(torch.uint8) if self.layout.quantized else self.kv_pool
+        return [pool] if self.kv_scales is None else [pool, self.kv_scales]
+
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write of shared blocks (values and scales), before the step that writes into
         the copies."""
         if copies:
             src = torch.tensor([s for s, _ in copies], device=self.device)
             dst = torch.tensor([d for _, d in copies], device=self.device)
-            # A quantized pool is copied as bytes: index kernels do not cover float8 everywhere.
-            pool = self.kv_pool.view(torch.uint8) if self.layout.quantized else self.kv_pool
-            pool[:, :, dst] = pool[:, :, src]
-            if self.kv_scales is not None:
-                self.kv_scales[:, :, dst] = self.kv_scales[:, :, src]
+            for pool in self._pool_tensors():
+                pool[:, :, dst] = pool[:, :, src]
 
     def execute(self, inputs: StepInputs) -> torch.Tensor:
         """Hand the step to the other ranks (on_step), then run it here; return logits for the
@@ -89,6 +97,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, inputs: StepInputs) -> torch.Tensor:
+        if self.offload is not None:
+            self.offload.run(inputs.kv_to_host, inputs.kv_to_device)
         self.copy_blocks(inputs.block_copies)
         self.prompt_scores = None
         decode_only = all(n == 1 for n in inputs.query_lens)

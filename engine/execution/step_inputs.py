@@ -31,6 +31,10 @@ class StepInputs:
     query_lens: list[int] = field(default_factory=list)
     block_tables: list[list[int]] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)
+    # Host tier copies as (device block, host block), run before the forward pass (to host
+    # first): blocks the device pool evicts, and cached prefixes brought back.
+    kv_to_host: list[tuple[int, int]] = field(default_factory=list)
+    kv_to_device: list[tuple[int, int]] = field(default_factory=list)
     all_logits: bool = False
     prompt_rows: PromptRows = field(default_factory=PromptRows)  # rows scoring prompt tokens
 

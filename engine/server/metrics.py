@@ -67,6 +67,20 @@ class EngineMetrics:
                                       registry=r)
         self.prefix_hits = Counter("tokenmill_prefix_cache_hits",
                                    "Prompt tokens found in the prefix cache.", labels, registry=r)
+        # The host tier (--kv-offloading-size): where prefix hits came from, what moved.
+        self.offload_hits = Counter("tokenmill_kv_offload_prefix_hits",
+                                    "Prompt tokens found in the prefix cache, by tier (device, "
+                                    "host).", labels + ["tier"], registry=r)
+        self.offload_bytes = Counter("tokenmill_kv_offload_bytes",
+                                     "Bytes of KV blocks copied between the tiers, summed over "
+                                     "tensor-parallel ranks, by direction (to_host, to_device).",
+                                     labels + ["direction"], registry=r)
+        self.offload_usage = Gauge("tokenmill_kv_offload_host_usage_ratio",
+                                   "Fraction of the host tier's blocks holding evicted prefix "
+                                   "blocks (0 without a host tier).", labels, registry=r)
+        self.offload_capacity = Gauge("tokenmill_kv_offload_host_capacity_tokens",
+                                      "Tokens the host tier holds (0: no host tier).", labels,
+                                      registry=r)
         self.success = Counter("tokenmill_request_success", "Finished requests.",
                                labels + ["finished_reason"], registry=r)
         self.ttft = self._histogram("tokenmill_time_to_first_token_seconds",
@@ -82,6 +96,10 @@ class EngineMetrics:
                        self.prefix_queries, self.prefix_hits, self.ttft, self.itl, self.e2e,
                        self.queue_time):
             metric.labels(model_name)
+        for tier in ("device", "host"):
+            self.offload_hits.labels(model_name, tier)
+        for direction in ("to_host", "to_device"):
+            self.offload_bytes.labels(model_name, direction)
         self._seen: dict[str, int] = {}
         self._last_token: dict[tuple[str, int], tuple[float, int]] = {}
         self._started: set[str] = set()
@@ -113,6 +131,7 @@ class EngineMetrics:
         self._advance(self.preemptions, "preemptions", engine.scheduler.num_preemptions)
         self._advance(self.prefix_queries, "prefix_queries", engine.kv.prefix_queries)
         self._advance(self.prefix_hits, "prefix_hits", engine.kv.prefix_hits)
+        self._observe_offload(engine)
         for out in outputs:
             if out.request_id not in self._started:
                 self._started.add(out.request_id)
@@ -127,11 +146,27 @@ class EngineMetrics:
             if out.finished:
                 self._finish(out)
 
-    def _advance(self, counter: Counter, key: str, total: int) -> None:
+    def _observe_offload(self, engine: LLMEngine) -> None:
+        kv = engine.kv
+        self._advance(self.offload_hits, "hits_device", kv.prefix_hits - kv.host_prefix_hits,
+                      "device")
+        self._advance(self.offload_hits, "hits_host", kv.host_prefix_hits, "host")
+        host = kv.host
+        if host is None:
+            return
+        block_bytes = engine.offload_block_bytes
+        self._advance(self.offload_bytes, "to_host", host.blocks_offloaded * block_bytes,
+                      "to_host")
+        self._advance(self.offload_bytes, "to_device", host.blocks_loaded * block_bytes,
+                      "to_device")
+        self.offload_usage.labels(self.model_name).set(host.num_used / host.num_blocks)
+        self.offload_capacity.labels(self.model_name).set(host.num_blocks * kv.block_size)
+
+    def _advance(self, counter: Counter, key: str, total: int, *labels: str) -> None:
         """Move a counter up to an engine-side running total."""
         seen = self._seen.get(key, 0)
         if total > seen:
-            counter.labels(self.model_name).inc(total - seen)
+            counter.labels(self.model_name, *labels).inc(total - seen)
             self._seen[key] = total
 
     def _count_tokens(self, request_id: str, index: int, count: int, now: float) -> None:

@@ -60,3 +60,28 @@ def test_think_times_are_seeded_and_arrivals_wait_for_them(tiny_llama_dir, tmp_p
     for mode in ("cache-off", "cache-on"):
         assert len(report["requests"][mode]) == 4
         assert report["summary"][mode]["elapsed_s"] >= longest_chain
+
+
+def test_offload_mode_compares_the_host_tier_at_the_same_device_pool(tiny_llama_dir, tmp_path):
+    """Five conversations against a device pool for about one: with think times between
+    turns the others evict a history, which later turns find in the host tier when it is on."""
+    out = tmp_path / "multiturn.json"
+    block = 16 * 512  # bytes of a 16-token block of the tiny model (2 layers, 2 KV heads of 16)
+    args = build_parser().parse_args([
+        "bench", "multiturn", "--model", tiny_llama_dir, "--conversations", "5", "--turns", "3",
+        "--system-len", "16", "--user-len", "40", "--answer-len", "4", "--think-time", "0.3",
+        "--json", str(out),
+        "--kv-cache-memory", str(12 * block), "--kv-offloading-size", str(100 * block / 2**30),
+    ])
+    assert args.func(args) == 0
+    report = json.loads(out.read_text())
+    summary = report["summary"]
+    assert set(report["requests"]) == {"offload-off", "offload-on"}
+    assert summary["offload-off"]["host_hit_rate"] == 0.0
+    assert summary["offload-on"]["host_hit_rate"] > 0.2
+    for mode in ("offload-off", "offload-on"):
+        s = summary[mode]
+        assert s["prefix_hit_rate"] == pytest.approx(s["device_hit_rate"] + s["host_hit_rate"])
+        assert len(report["requests"][mode]) == 15
+    assert summary["offload-on"]["prefix_hit_rate"] > summary["offload-off"]["prefix_hit_rate"]
+    assert "later_turn_mean_ttft_speedup" in summary

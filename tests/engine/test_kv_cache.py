@@ -109,23 +109,23 @@ def test_prefix_cache_reuses_full_blocks_and_recomputes_the_last_token():
     assert kv.allocator.num_cached == 2
     second = _Seq(tokens=list(range(8)) + [50, 51])
     cached = kv.match_prefix(second)
-    assert cached == first.block_table[:2]
+    assert cached.device == first.block_table[:2]
     exact = _Seq(tokens=list(range(8)))  # block-aligned: the last block is recomputed
-    assert kv.match_prefix(exact) == first.block_table[:1]
+    assert kv.match_prefix(exact).device == first.block_table[:1]
     diverged = _Seq(tokens=[0, 1, 2, 99, 4, 5, 6, 7, 8])  # differs inside the first block
-    assert kv.match_prefix(diverged) == []
+    assert kv.match_prefix(diverged).device == []
     kv.admit(second, cached)
     assert second.num_computed_tokens == 8
-    assert all(kv.allocator.ref_count(b) == 2 for b in cached)
+    assert all(kv.allocator.ref_count(b) == 2 for b in cached.device)
     assert (kv.prefix_queries, kv.prefix_hits) == (20, 8)  # 10 + 10 looked up, 8 found
 
 
 def test_cache_salt_separates_tenants():
     kv = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
     _prefilled(kv, list(range(9)), salt="tenant-a")
-    assert len(kv.match_prefix(_Seq(tokens=list(range(9)), salt="tenant-a"))) == 2
-    assert kv.match_prefix(_Seq(tokens=list(range(9)), salt="tenant-b")) == []
-    assert kv.match_prefix(_Seq(tokens=list(range(9)))) == []
+    assert kv.match_prefix(_Seq(tokens=list(range(9)), salt="tenant-a")).num_blocks == 2
+    assert kv.match_prefix(_Seq(tokens=list(range(9)), salt="tenant-b")).device == []
+    assert kv.match_prefix(_Seq(tokens=list(range(9)))).device == []
 
 
 def test_released_cached_blocks_are_evicted_lru_and_never_while_in_use():
@@ -141,8 +141,8 @@ def test_released_cached_blocks_are_evicted_lru_and_never_while_in_use():
     big = _Seq(tokens=list(range(300, 312)))           # needs 3 blocks: evicts `old` first
     kv.admit(big, [])
     kv.grow(big, 12)
-    assert kv.match_prefix(_Seq(tokens=list(range(100, 109)))) == []
-    assert kv.match_prefix(_Seq(tokens=list(range(200, 209)))) == recent_blocks
+    assert kv.match_prefix(_Seq(tokens=list(range(100, 109)))).device == []
+    assert kv.match_prefix(_Seq(tokens=list(range(200, 209)))).device == recent_blocks
     assert all(kv.allocator.ref_count(b) >= 1 for b in held.block_table)
     for seq in (held, big):
         kv.free(seq)
@@ -155,10 +155,10 @@ def test_forged_hash_collisions_never_serve_other_tokens(monkeypatch):
     monkeypatch.setattr(PrefixCache, "block_key", staticmethod(lambda *args: 7))
     kv = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
     a = _prefilled(kv, [1, 2, 3, 4, 5, 6, 7, 8, 9])
-    assert kv.match_prefix(_Seq(tokens=[1, 2, 3, 4, 9, 9, 9, 9, 9])) == a.block_table[:1]
-    assert kv.match_prefix(_Seq(tokens=[5, 6, 7, 8, 1, 2, 3, 4, 0])) == []
+    assert kv.match_prefix(_Seq(tokens=[1, 2, 3, 4, 9, 9, 9, 9, 9])).device == a.block_table[:1]
+    assert kv.match_prefix(_Seq(tokens=[5, 6, 7, 8, 1, 2, 3, 4, 0])).device == []
     b = _prefilled(kv, [5, 6, 7, 8, 1, 2, 3, 4, 0])
-    assert kv.match_prefix(_Seq(tokens=[5, 6, 7, 8, 1, 2, 3, 4, 1])) == b.block_table[:2]
+    assert kv.match_prefix(_Seq(tokens=[5, 6, 7, 8, 1, 2, 3, 4, 1])).device == b.block_table[:2]
 
 
 def test_a_reallocated_parent_invalidates_its_cached_children(monkeypatch):
@@ -178,4 +178,101 @@ def test_a_reallocated_parent_invalidates_its_cached_children(monkeypatch):
     assert other.block_table == [parent] and kv.allocator.num_cached == 2
     # The parent block now holds [7, 8]. The cached child [3, 4] was computed after [1, 2]:
     # it must not be served after [7, 8] even though its tokens and parent id match.
-    assert kv.match_prefix(_Seq(tokens=[7, 8, 3, 4, 0])) == [parent]
+    assert kv.match_prefix(_Seq(tokens=[7, 8, 3, 4, 0])).device == [parent]
+
+
+# ---- the host tier ----------------------------------------------------------------------------
+
+def _evict_all(kv: KVCacheManager) -> _Seq:
+    """Fill the device pool with an uncached sequence, evicting every cached block."""
+    filler = _Seq(tokens=[0])
+    kv.admit(filler, [])
+    kv.grow(filler, kv.allocator.num_free * kv.block_size)
+    return filler
+
+
+def test_evicted_blocks_go_to_the_host_tier_and_a_match_continues_there():
+    kv = KVCacheManager(num_blocks=4, block_size=4, enable_prefix_caching=True,
+                        num_host_blocks=8)
+    first = _prefilled(kv, list(range(13)))            # 4 blocks, the first 3 cached
+    device_blocks = first.block_table[:3]
+    assert kv.take_transfers() == ([], [])
+    kv.free(first)
+    filler = _evict_all(kv)
+    to_host, to_device = kv.take_transfers()
+    assert sorted(d for d, _ in to_host) == sorted(device_blocks) and to_device == []
+    assert kv.host.num_used == 3 and kv.allocator.num_cached == 0
+    kv.free(filler)
+
+    again = _Seq(tokens=list(range(13)) + [99])
+    match = kv.match_prefix(again)
+    assert match.device == [] and len(match.host) == 3
+    assert kv.can_admit(again, match, 2)
+    kv.admit(again, match)
+    assert again.num_computed_tokens == 12 and again.num_cached_blocks == 3
+    _, to_device = kv.take_transfers()
+    host_of = {d: h for d, h in to_host}
+    # Each host block goes back into a fresh device block, in the prefix's order.
+    assert [h for _, h in to_device] == [host_of[b] for b in device_blocks]
+    assert [d for d, _ in to_device] == again.block_table
+    assert (kv.prefix_hits, kv.host_prefix_hits) == (12, 12)
+    # The copied-back blocks are device-cached again: the next match stays on the device.
+    assert kv.match_prefix(_Seq(tokens=list(range(13)))).device == again.block_table
+    kv.free(again)
+    kv.allocator.check_all_free()
+    kv.host.check_consistent()
+
+
+def test_a_prefix_split_across_tiers_matches_device_then_host():
+    kv = KVCacheManager(num_blocks=5, block_size=2, enable_prefix_caching=True,
+                        num_host_blocks=4)
+    seq = _prefilled(kv, [1, 2, 3, 4, 5, 6, 7])        # cached [1,2] [3,4] [5,6]
+    blocks = list(seq.block_table)
+    kv.free(seq)                                       # released tail first: LRU is [5,6]
+    user = _Seq(tokens=[9])
+    kv.admit(user, [])
+    kv.grow(user, 6)                                   # 3 blocks: 2 free + evicts [5,6]
+    to_host, _ = kv.take_transfers()
+    assert len(to_host) == 1 and kv.host.num_used == 1
+    match = kv.match_prefix(_Seq(tokens=[1, 2, 3, 4, 5, 6, 0]))
+    assert match.device == blocks[:2] and match.host == [to_host[0][1]]
+    # A different history after the same first blocks does not match the host block.
+    assert kv.match_prefix(_Seq(tokens=[1, 2, 8, 8, 5, 6, 0])).num_blocks == 1
+    kv.free(user)
+    kv.host.check_consistent()
+
+
+def test_the_host_tier_evicts_lru_never_a_block_pinned_this_step_and_copies_once():
+    kv = KVCacheManager(num_blocks=2, block_size=2, enable_prefix_caching=True,
+                        num_host_blocks=2)
+    a = _prefilled(kv, [1, 2, 0])                      # one cached block each
+    kv.free(a)
+    b = _prefilled(kv, [3, 4, 0])                      # evicts a's block -> host
+    kv.free(b)
+    c = _prefilled(kv, [5, 6, 0])                      # evicts b's block -> host
+    kv.free(c)
+    assert len(kv.take_transfers()[0]) == 2 and kv.host.num_used == 2
+    # Bring a back (pinned while the step is built); c is evicted into the one unpinned block.
+    back = _Seq(tokens=[1, 2, 7])
+    match = kv.match_prefix(back)
+    assert len(match.host) == 1
+    kv.admit(back, match)
+    kv.grow(back, 1)
+    to_host, to_device = kv.take_transfers()
+    assert match.host[0] not in [h for _, h in to_host]
+    assert [h for _, h in to_device] == match.host
+    assert kv.match_prefix(_Seq(tokens=[3, 4, 0])).num_blocks == 0   # b was the LRU: gone
+    assert kv.match_prefix(_Seq(tokens=[5, 6, 0])).num_blocks == 1   # c: in the host tier
+    # a's block goes back to the device and out again: the host still holds it, no new copy.
+    kv.free(back)
+    _evict_all(kv)
+    to_host, _ = kv.take_transfers()
+    assert to_host == []
+    assert kv.host.blocks_offloaded == 3 and kv.host.blocks_loaded == 1
+    kv.host.check_consistent()
+
+
+def test_without_prefix_caching_there_is_no_host_tier():
+    kv = KVCacheManager(num_blocks=4, block_size=4, num_host_blocks=8)
+    assert kv.host is None and kv.take_transfers() == ([], [])
+    assert kv.stats().host_blocks == 0

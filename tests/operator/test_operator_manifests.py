@@ -453,3 +453,32 @@ def test_integer_quantities_reach_the_deployment_as_quantities():
         "requests": {"cpu": "2", "memory": "4294967296"}, "limits": {"memory": "4294967296"}}
     for child in build(spec):
         kubernetes_validate.validate(child, "1.31", strict=True)
+
+
+@pytest.mark.parametrize("size, memory, resources", [
+    (8, "64Gi", {"requests": {"memory": "72Gi"}, "limits": {"memory": "72Gi"}}),
+    (0.5, 4000000000, {"requests": {"memory": "4536870912"},
+                       "limits": {"memory": "4536870912"}}),
+    (2, None, {"requests": {"memory": "2Gi"}}),
+    (0, "16Gi", {"requests": {"memory": "16Gi"}, "limits": {"memory": "16Gi"}}),
+])
+def test_the_host_tier_is_an_engine_flag_and_adds_to_the_memory_request(size, memory,
+                                                                        resources):
+    spec = {"engine": {"kvOffloadingSize": size}, "resources": {"gpus": 0}}
+    if memory is not None:
+        spec["resources"]["memory"] = memory
+    c = container(spec)
+    assert flag(c["command"], "--kv-offloading-size") == (str(float(size)) if size else None)
+    assert c["resources"] == resources
+    for resource in resources.values():
+        kubernetes_validate.validate({"apiVersion": "v1", "kind": "ResourceQuota",
+                                      "metadata": {"name": "q"},
+                                      "spec": {"hard": resource}}, "1.31", strict=True)
+
+
+def test_a_host_tier_without_prefix_caching_is_refused():
+    with pytest.raises(SpecError, match=r"spec\.engine\.kvOffloadingSize: .*needs "
+                                        "enable_prefix_caching"):
+        load("svc", {"engine": {"kvOffloadingSize": 1, "prefixCaching": False}})
+    with pytest.raises(SpecError):
+        parse({"engine": {"kvOffloadingSize": -1}})

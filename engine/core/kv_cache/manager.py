@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tokenmill.engine.core.kv_cache.block_allocator import BlockAllocator
-from tokenmill.engine.core.kv_cache.prefix_cache import NO_PARENT, PrefixCache
+from tokenmill.engine.core.kv_cache.host_tier import HostTier
+from tokenmill.engine.core.kv_cache.prefix_cache import NO_PARENT, PrefixCache, PrefixMatch
 from tokenmill.engine.core.prompt_logprobs import needs_scoring
 from tokenmill.engine.core.request import Sequence
 from tokenmill.engine.execution.step_inputs import slot_index
@@ -25,6 +26,8 @@ class KVCacheStats:
     used_slots: int
     cached_blocks: int = 0
     evictable_blocks: int = 0
+    host_blocks: int = 0       # the host tier's size (0: no tier)
+    host_used_blocks: int = 0  # of those, holding an evicted prefix block
     dtype: str | None = None              # storage of K/V values: float32, int8, float8_e4m3fn
     bytes_per_token: int | None = None    # K and V of every layer, scales included
 
@@ -50,46 +53,67 @@ class KVCacheManager:
     """Owns which blocks each sequence's tokens occupy. Tensors live in the model runner."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
-                 layout: KVCacheLayout | None = None):
+                 layout: KVCacheLayout | None = None, num_host_blocks: int = 0):
         self.block_size = block_size
         self.layout = layout  # the pool's storage, reported in stats()
         self.allocator = BlockAllocator(num_blocks)
-        self.prefix_cache = PrefixCache(self.allocator, block_size) if enable_prefix_caching \
+        # The host tier holds what the prefix cache evicts: without the cache it has no use.
+        self.host = HostTier(num_host_blocks) if num_host_blocks and enable_prefix_caching \
             else None
+        self.prefix_cache = PrefixCache(self.allocator, block_size, self.host) \
+            if enable_prefix_caching else None
         self._tables: dict[int, Sequence] = {}
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
-        self.prefix_hits = 0     # of those, tokens found
+        self.prefix_hits = 0     # of those, tokens found (on the device or in the host tier)
+        self.host_prefix_hits = 0  # of those, tokens found in the host tier
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
     # ---- admission with prefix reuse ------------------------------------------------------
 
-    def match_prefix(self, seq: Sequence) -> list[int]:
+    def match_prefix(self, seq: Sequence) -> PrefixMatch:
         """Cached blocks seq can start from. The last token is always recomputed: its logits
         are needed to sample the next one; a prompt still to be scored is computed whole."""
         if (self.prefix_cache is None or seq.num_computed_tokens or seq.block_table
                 or needs_scoring(seq)):
-            return []
+            return PrefixMatch()
         return self.prefix_cache.match(seq.token_ids[:seq.num_tokens - 1], seq.cache_salt)
 
-    def can_admit(self, seq: Sequence, cached: list[int], num_new_tokens: int) -> bool:
-        start = len(cached) * self.block_size
-        new_blocks = self.blocks_needed(start + num_new_tokens) - len(cached)
-        revived = sum(1 for b in cached if self.allocator.ref_count(b) == 0)
+    def can_admit(self, seq: Sequence, cached: PrefixMatch, num_new_tokens: int) -> bool:
+        """Blocks for the new tokens and for the host-tier blocks copied back all fit."""
+        start = cached.num_blocks * self.block_size
+        new_blocks = self.blocks_needed(start + num_new_tokens) - len(cached.device)
+        revived = sum(1 for b in cached.device if self.allocator.ref_count(b) == 0)
         return new_blocks + revived <= self.allocator.num_free
 
-    def admit(self, seq: Sequence, cached: list[int]) -> None:
-        """Start seq from its cached prefix blocks (shared, not copied)."""
-        for block in cached:
+    def admit(self, seq: Sequence, cached: PrefixMatch | list[int]) -> None:
+        """Start seq from its cached prefix: device blocks shared, host-tier blocks copied
+        into fresh device blocks before the step runs (take_transfers())."""
+        if isinstance(cached, list):
+            cached = PrefixMatch(cached)
+        for block in cached.device:
             self.allocator.share(block)
-        seq.block_table = list(cached)
-        seq.num_computed_tokens = len(cached) * self.block_size
-        seq.num_cached_blocks = len(cached)
+        seq.block_table = list(cached.device)
+        if cached.host:
+            for host_block in cached.host:  # an allocation below may offload: never into these
+                self.host.pin(host_block)
+            for host_block in cached.host:
+                block = self.allocator.allocate()
+                self.prefix_cache.adopt(block, self.host.load(host_block, block))
+                seq.block_table.append(block)
+        seq.num_computed_tokens = cached.num_blocks * self.block_size
+        seq.num_cached_blocks = cached.num_blocks
         if self.prefix_cache is not None:
             self.prefix_queries += seq.num_tokens
             self.prefix_hits += seq.num_computed_tokens
+            self.host_prefix_hits += len(cached.host) * self.block_size
         self._tables[seq.seq_id] = seq
+
+    def take_transfers(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """The (device, host) block copies to host and to device queued since the last call;
+        they must run before the next forward pass writes the pool."""
+        return self.host.take_copies() if self.host is not None else ([], [])
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Index seq's blocks that became full and computed, so later requests can reuse them."""
@@ -170,6 +194,8 @@ class KVCacheManager:
             used_slots=sum(owners.values()),
             cached_blocks=self.allocator.num_cached,
             evictable_blocks=self.allocator.num_evictable,
+            host_blocks=self.host.num_blocks if self.host else 0,
+            host_used_blocks=self.host.num_used if self.host else 0,
             dtype=self.layout.dtype_name if self.layout else None,
             bytes_per_token=self.layout.bytes_per_token if self.layout else None,
         )

@@ -3,17 +3,26 @@
 Chained block hashes (as in vLLM) rather than a radix tree (as in SGLang): a block's key is
 hash(parent's key, its tokens, cache salt), so a lookup is one dictionary probe per block and
 the cache is a flat map beside the allocator, with no tree to keep balanced on eviction. The
-hash only finds candidates. A candidate is used only if its stored tokens and salt equal ours
-and its parent is exactly the block we matched just before, in the same generation (not
-reallocated since), so by induction the whole prefix is confirmed token for token and a hash
-collision can never serve another prompt's KV.
+hash only finds candidates. Every cached prefix also gets a node id, never reused; a candidate
+is used only if its stored tokens and salt equal ours and its parent's node is exactly the
+node we matched just before, so by induction the whole prefix is confirmed token for token and
+a hash collision can never serve another prompt's KV.
+
+With a host tier (host_tier.py), a block evicted from the device keeps its entry, node id
+included, in host memory; a match continues there where the device's cached blocks end.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tokenmill.engine.core.kv_cache.block_allocator import BlockAllocator
+
+if TYPE_CHECKING:
+    from tokenmill.engine.core.kv_cache.host_tier import HostTier
 
 NO_PARENT = -1
 
@@ -23,16 +32,40 @@ class CachedBlock:
     key: int
     tokens: tuple[int, ...]
     salt: str | None
-    parent: int
-    parent_generation: int
+    parent: int  # node of the preceding block, NO_PARENT for a prompt's first block
+    node: int    # this exact prefix; it follows the contents from one tier to the other
+
+
+@dataclass
+class PrefixMatch:
+    """A prompt's cached prefix: device blocks first, then host-tier blocks to copy back."""
+
+    device: list[int] = field(default_factory=list)
+    host: list[int] = field(default_factory=list)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.device) + len(self.host)
+
+
+def confirmed(candidates: Iterable[int], entries: Mapping[int, CachedBlock],
+              tokens: tuple[int, ...], salt: str | None, parent: int) -> int | None:
+    """The first candidate block whose entry holds exactly these tokens after `parent`."""
+    for block in candidates:
+        info = entries[block]
+        if info.tokens == tokens and info.salt == salt and info.parent == parent:
+            return block
+    return None
 
 
 class PrefixCache:
-    def __init__(self, allocator: BlockAllocator, block_size: int):
+    def __init__(self, allocator: BlockAllocator, block_size: int, host: HostTier | None = None):
         self.allocator = allocator
         self.block_size = block_size
+        self.host = host
         self._by_key: dict[int, list[int]] = {}
         self._blocks: dict[int, CachedBlock] = {}
+        self._nodes = itertools.count()
         allocator.on_evict = self._forget
 
     @staticmethod
@@ -40,46 +73,54 @@ class PrefixCache:
         """Candidate key of a block; collisions are harmless (see the module docstring)."""
         return hash((parent_key, tokens, salt))
 
-    def match(self, token_ids: list[int], salt: str | None) -> list[int]:
-        """Cached blocks holding the longest prefix of token_ids, in order."""
-        matched: list[int] = []
+    def match(self, token_ids: list[int], salt: str | None) -> PrefixMatch:
+        """Cached blocks holding the longest prefix of token_ids, in order: on the device while
+        they last, then in the host tier."""
+        found = PrefixMatch()
         parent, parent_key = NO_PARENT, 0
         bs = self.block_size
         for start in range(0, len(token_ids) - bs + 1, bs):
             tokens = tuple(token_ids[start:start + bs])
             key = self.block_key(parent_key, tokens, salt)
-            block = self._confirmed(key, tokens, salt, parent)
-            if block is None:
-                break
-            matched.append(block)
-            parent, parent_key = block, key
-        return matched
+            block = None if found.host else self._confirmed(key, tokens, salt, parent)
+            if block is not None:
+                found.device.append(block)
+                parent = self._blocks[block].node
+            else:
+                host_block = (self.host.find(key, tokens, salt, parent)
+                              if self.host is not None else None)
+                if host_block is None:
+                    break
+                found.host.append(host_block)
+                parent = self.host.entry(host_block).node
+            parent_key = key
+        return found
 
     def insert(self, block: int, tokens: tuple[int, ...], salt: str | None, parent: int) -> None:
-        """Index a full, computed block whose predecessor in its sequence is `parent`."""
+        """Index a full, computed block whose predecessor in its sequence is block `parent`."""
         if block in self._blocks:
             return
         if parent != NO_PARENT and parent not in self._blocks:
             return  # the chain above is not cached, so this block could never be reached
+        parent_node = self._blocks[parent].node if parent != NO_PARENT else NO_PARENT
         parent_key = self._blocks[parent].key if parent != NO_PARENT else 0
         key = self.block_key(parent_key, tokens, salt)
-        if self._confirmed(key, tokens, salt, parent) is not None:
+        if self._confirmed(key, tokens, salt, parent_node) is not None:
             return  # the same prefix is already cached in another block
-        parent_generation = self.allocator.generation[parent] if parent != NO_PARENT else 0
-        self._blocks[block] = CachedBlock(key, tokens, salt, parent, parent_generation)
-        self._by_key.setdefault(key, []).append(block)
+        in_host = self.host.find(key, tokens, salt, parent_node) if self.host else None
+        # The same prefix in the host tier keeps its node: offloading it again copies nothing.
+        node = self.host.entry(in_host).node if in_host is not None else next(self._nodes)
+        self.adopt(block, CachedBlock(key, tokens, salt, parent_node, node))
+
+    def adopt(self, block: int, entry: CachedBlock) -> None:
+        """Index a held device block under `entry` (a new one, or one copied back from host)."""
+        self._blocks[block] = entry
+        self._by_key.setdefault(entry.key, []).append(block)
         self.allocator.mark_cached(block)
 
     def _confirmed(self, key: int, tokens: tuple[int, ...], salt: str | None,
                    parent: int) -> int | None:
-        for block in self._by_key.get(key, ()):
-            info = self._blocks[block]
-            if info.tokens != tokens or info.salt != salt or info.parent != parent:
-                continue
-            if parent != NO_PARENT and self.allocator.generation[parent] != info.parent_generation:
-                continue
-            return block
-        return None
+        return confirmed(self._by_key.get(key, ()), self._blocks, tokens, salt, parent)
 
     def _forget(self, block: int) -> None:
         info = self._blocks.pop(block, None)
@@ -89,6 +130,8 @@ class PrefixCache:
         same_key.remove(block)
         if not same_key:
             del self._by_key[info.key]
+        if self.host is not None:
+            self.host.offload(block, info)
 
     def __contains__(self, block: int) -> bool:
         return block in self._blocks

@@ -1,0 +1,84 @@
+"""The host tier's tensors and the block copies between them and the device's KV pool.
+
+The core decides which blocks move (core/kv_cache/host_tier.py); every step's StepInputs lists
+them as (device block, host block) pairs, and each rank copies its own shard before the step's
+forward pass. Host blocks are stored block-major ([blocks, layers, 2, block_size, kv_heads,
+head_dim], each block one contiguous run of the pool's dtype; scales likewise) so that one
+block is one memcpy. A quantized pool moves as stored: its bytes and its scales.
+
+On CUDA the host tensors are pinned and the copies run on their own stream, enqueued without
+any host synchronization: the compute stream waits for them on the device, not the host.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVOffload:
+    def __init__(self, device_tensors: list[torch.Tensor], num_blocks: int,
+                 device: torch.device):
+        """device_tensors: the pool's tensors ([layers, 2, blocks, ...] each), values (as bytes
+        when quantized) and scales; a host twin of num_blocks blocks is made for each."""
+        self.device = device
+        self.num_blocks = num_blocks
+        cuda = device.type == "cuda"
+        self.pairs = [(pool, torch.zeros((num_blocks, *pool.shape[:2], *pool.shape[3:]),
+                                         dtype=pool.dtype, pin_memory=cuda))
+                      for pool in device_tensors]
+        self.stream = torch.cuda.Stream(device) if cuda else None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(host.nbytes for _, host in self.pairs)
+
+    def run(self, to_host: list[tuple[int, int]], to_device: list[tuple[int, int]]) -> None:
+        """Copy blocks to the host tier, then back to the device (a block offloaded in this
+        step may be brought back in the same step, so the order matters)."""
+        if not to_host and not to_device:
+            return
+        if self.stream is None:
+            self._copy_on_cpu(to_host, to_device)
+            return
+        compute = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(compute)  # the pool as the previous steps left it
+        with torch.cuda.stream(self.stream):
+            self._copy_on_cuda(to_host, to_device)
+        compute.wait_stream(self.stream)  # this step's forward reads and writes those blocks
+
+    def _copy_on_cpu(self, to_host: list[tuple[int, int]],
+                     to_device: list[tuple[int, int]]) -> None:
+        for pool, host in self.pairs:
+            if to_host:
+                device_ids, host_ids = _indices(to_host, self.device)
+                host[host_ids] = pool[:, :, device_ids].movedim(2, 0)
+            if to_device:
+                device_ids, host_ids = _indices(to_device, self.device)
+                pool[:, :, device_ids] = host[host_ids].movedim(0, 2)
+
+    def _copy_on_cuda(self, to_host: list[tuple[int, int]],
+                      to_device: list[tuple[int, int]]) -> None:
+        for pool, host in self.pairs:
+            if to_host:
+                device_ids, _ = _indices(to_host, self.device)
+                staged = pool[:, :, device_ids].movedim(2, 0).contiguous()
+                for row, (_, block) in enumerate(to_host):
+                    host[block].copy_(staged[row], non_blocking=True)
+            if to_device:
+                device_ids, _ = _indices(to_device, self.device)
+                staged = torch.empty((len(to_device), *host.shape[1:]), dtype=host.dtype,
+                                     device=self.device)
+                for row, (_, block) in enumerate(to_device):
+                    staged[row].copy_(host[block], non_blocking=True)
+                pool[:, :, device_ids] = staged.movedim(0, 2)
+
+
+def _indices(pairs: list[tuple[int, int]],
+             device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Device-block ids on the device (sent without a host wait on CUDA), host-block ids on
+    the host."""
+    device_ids = torch.tensor([d for d, _ in pairs])
+    host_ids = torch.tensor([h for _, h in pairs])
+    if device.type == "cuda":
+        device_ids = device_ids.pin_memory().to(device, non_blocking=True)
+    return device_ids, host_ids
