@@ -24,9 +24,6 @@ class BlockAllocator:
         self._ref_counts = [0] * num_blocks
         self._cached: set[int] = set()
         self._evictable: OrderedDict[int, None] = OrderedDict()
-        # Incremented whenever a block is handed out again, so a reference to "block b as it
-        # was" can tell that b now holds something else.
-        self.generation = [0] * num_blocks
         self.on_evict: Callable[[int], None] | None = None
 
     @property
@@ -61,7 +58,6 @@ class BlockAllocator:
         else:
             raise OutOfBlocks("no free KV-cache block")
         self._ref_counts[block] = 1
-        self.generation[block] += 1
         return block
 
     def share(self, block: int) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
-from tokenmill.engine.core.kv_cache.prefix_cache import CachedBlock, confirmed
+from tokenmill.engine.core.kv_cache.prefix_cache import CachedBlock, confirmed, unindex
 
 
 class HostTier:
@@ -106,7 +106,4 @@ class HostTier:
         entry = self._entries.pop(block)
         del self._lru[block]
         del self._by_node[entry.node]
-        same_key = self._by_key[entry.key]
-        same_key.remove(block)
-        if not same_key:
-            del self._by_key[entry.key]
+        unindex(self._by_key, entry.key, block)

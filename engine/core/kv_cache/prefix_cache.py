@@ -58,6 +58,14 @@ def confirmed(candidates: Iterable[int], entries: Mapping[int, CachedBlock],
     return None
 
 
+def unindex(by_key: dict[int, list[int]], key: int, block: int) -> None:
+    """Remove `block` from its key's candidates, and the key once it has none."""
+    same_key = by_key[key]
+    same_key.remove(block)
+    if not same_key:
+        del by_key[key]
+
+
 class PrefixCache:
     def __init__(self, allocator: BlockAllocator, block_size: int, host: HostTier | None = None):
         self.allocator = allocator
@@ -126,10 +134,7 @@ class PrefixCache:
         info = self._blocks.pop(block, None)
         if info is None:
             return
-        same_key = self._by_key[info.key]
-        same_key.remove(block)
-        if not same_key:
-            del self._by_key[info.key]
+        unindex(self._by_key, info.key, block)
         if self.host is not None:
             self.host.offload(block, info)
 
