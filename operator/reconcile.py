@@ -162,15 +162,10 @@ def dropped(live: dict[str, Any]) -> list[Path]:
     return json.loads((live.get("metadata", {}).get("annotations") or {}).get(DROPPED, "[]"))
 
 
-def _warnings(kube: Kube) -> list[str]:
-    """The API server's warnings on the write just made (an in-memory stand-in has none)."""
-    return kube.warnings() if hasattr(kube, "warnings") else []
-
-
 def _written(kube: Kube, live: dict[str, Any], desired: dict[str, Any]) -> tuple[dict, list]:
     """After a write: the server's warnings, and what it did not keep recorded on the child, so
     later passes neither patch for it again nor forget it until the spec changes."""
-    warned = _warnings(kube)
+    warned = kube.warnings()
     if missing := absent(live, desired):
         note = {"metadata": {"annotations": {DROPPED: json.dumps(missing)}}}
         live = kube.patch(live, note)
@@ -236,10 +231,6 @@ def _refusal(error: ApiException, spec: InferenceServiceSpec) -> tuple[str, str]
     return "InvalidSpec", f"the API server refused a child: {message}"
 
 
-def _server_version(kube: Kube) -> tuple[int, int] | None:
-    return kube.server_version() if hasattr(kube, "server_version") else None
-
-
 def _dropped_notice(paths: list[str], spec: InferenceServiceSpec,
                     version: tuple[int, int] | None) -> tuple[str, str] | None:
     """FieldsDropped, naming the spec's fields the API server did not keep."""
@@ -258,7 +249,7 @@ def reconcile(kube: Kube, body: dict[str, Any], image: str) -> Outcome:
     meta = body["metadata"]
     name, namespace, uid = meta["name"], meta["namespace"], meta.get("uid", "")
     previous = body.get("status") or {}
-    version = _server_version(kube)
+    version = kube.server_version()
     lost: list[str] = []  # paths of the children the API server did not keep
     warnings: list[tuple[str, str]] = []
 

@@ -218,6 +218,12 @@ class MemoryKube:
         self.objects: dict[tuple, dict] = {}
         self.writes = 0
 
+    def warnings(self) -> list[str]:
+        return []  # what a dict cannot do: an API server's warnings on the last write
+
+    def server_version(self) -> tuple[int, int] | None:
+        return None  # an unknown version: no field is refused for it
+
     def get(self, api_version, kind, namespace, name):
         return copy.deepcopy(self.objects.get((kind, namespace, name)))
 
