@@ -46,6 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Also run the workload with --enforce-eager and with decode CUDA "
                              "graphs (on CUDA with the Triton kernels), and report the "
                              "throughput ratio and decode step times.")
+    parser.add_argument("--compare-preemption", action="store_true",
+                        help="Also run the workload with preempted sequences resumed three "
+                             "ways at the same device pool (--kv-cache-memory, small enough to "
+                             "preempt): recomputed (no prefix cache), from the prefix cache, and "
+                             "from the prefix cache with its host tier (--kv-offloading-size; "
+                             "default 4 device pools); report throughput and where the "
+                             "preempted work came back from.")
     parser.add_argument("--structured-fraction", metavar="F", type=_fraction, default=None,
                         help="Also run the workload with a JSON schema on this fraction of its "
                              "requests (e.g. 0.5: every other one) side by side with the free "
@@ -124,6 +131,9 @@ COMPARISONS: dict[str, Comparison] = {
         "tensor_parallel", "tp_ab", lambda sizes: f"tensor-parallel sizes: {sizes}", "sizes"),
     "compare_cuda_graphs": Comparison(
         "cuda_graphs", "graphs_ab", lambda _: "decode CUDA graphs off (--enforce-eager) and on"),
+    "compare_preemption": Comparison(
+        "preemption", "preempt_ab",
+        lambda _: "preemptions resumed by recompute, the prefix cache, and its host tier"),
     "structured_fraction": Comparison(
         "structured_outputs", "structured_ab",
         lambda fraction: f"a JSON schema on {fraction:g} of the requests, side by side with "

@@ -11,8 +11,13 @@ with the longest cached prefix goes first (cheapest to start, and its blocks are
 meanwhile), unless the oldest has already been passed over MAX_BYPASSES times.
 
 When a running sequence needs a block and the pool is empty, the newest running sequence not
-yet scheduled in this step is preempted by recompute: its blocks are freed and it goes back
-to the front of the waiting queue, to be prefilled again (prompt plus what it generated).
+yet scheduled in this step is preempted: its blocks are freed and it goes back to the front of
+the waiting queue. With the prefix cache, its full blocks stay cached when freed, so this is a
+swap without an eager copy: at readmission its prefix match finds them on the device if no one
+took them, or in the host tier, which received each one as the device evicted it. Only what
+neither holds (at least its last, partial block; all of it without the cache) is computed again
+from its tokens (prompt plus what it generated). Offloading lazily, at eviction, copies no
+block that the pool does not reuse, and never more than an eager swap would.
 """
 
 from __future__ import annotations
@@ -26,6 +31,18 @@ from tokenmill.engine.core.request import Sequence, SequenceStatus
 
 MAX_BYPASSES = 8        # admissions that may overtake the oldest waiting sequence
 MAX_CANDIDATES = 64     # waiting sequences considered for cache-aware admission
+
+
+@dataclass
+class ResumedTokens:
+    """What preempted sequences had computed, at their readmission: found cached on the device,
+    copied back from the host tier, or computed again. (Prompt tokens a sequence had not
+    reached when it was preempted are not counted: they cost the same either way.)"""
+
+    readmissions: int = 0
+    device: int = 0
+    host: int = 0
+    recomputed: int = 0
 
 
 @dataclass
@@ -50,6 +67,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.resumed_tokens = ResumedTokens()
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -109,10 +127,20 @@ class Scheduler:
             if seq.timings.first_scheduled is None:
                 seq.timings.first_scheduled = time.monotonic()
             self.kv.admit(seq, cached)
+            if seq.num_preemptions:
+                self._account_resumed(seq, cached)
             out.block_copies += self.kv.grow(seq, num_new)
             out.scheduled.append((seq, num_new))
             self.running.append(seq)
             budget -= num_new
+
+    def _account_resumed(self, seq: Sequence, cached: PrefixMatch) -> None:
+        resumed = self.resumed_tokens
+        resumed.readmissions += 1
+        resumed.device += len(cached.device) * self.kv.block_size
+        resumed.host += len(cached.host) * self.kv.block_size
+        resumed.recomputed += max(0, seq.num_computed_when_preempted
+                                  - cached.num_blocks * self.kv.block_size)
 
     def _next_waiting(self) -> tuple[Sequence, PrefixMatch]:
         """The waiting sequence to admit next and its cached prefix blocks."""
@@ -133,9 +161,11 @@ class Scheduler:
         return best
 
     def preempt(self, seq: Sequence) -> None:
-        """Free seq's KV and requeue it first; it will be recomputed from its tokens."""
+        """Free seq's KV and requeue it first; at readmission it resumes from what the prefix
+        cache still holds of it and recomputes the rest from its tokens."""
         self.running.remove(seq)
         self.kv.free(seq)
+        seq.num_computed_when_preempted = seq.num_computed_tokens
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1

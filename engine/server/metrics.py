@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from tokenmill.engine.core import LLMEngine
     from tokenmill.engine.frontend.async_engine import AsyncEngine
 
+RESUME_SOURCES = ("device", "host", "recomputed")  # fields of scheduler.ResumedTokens
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                    7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
 
@@ -61,7 +62,13 @@ class EngineMetrics:
         self.generation_tokens = Counter("tokenmill_generation_tokens",
                                          "Generated tokens.", labels, registry=r)
         self.preemptions = Counter("tokenmill_num_preemptions",
-                                   "Sequences preempted by recompute.", labels, registry=r)
+                                   "Sequences preempted (KV freed, requeued).", labels,
+                                   registry=r)
+        self.preempted_tokens = Counter("tokenmill_preempted_tokens",
+                                        "Tokens preempted sequences had computed, by where "
+                                        "they came from at readmission: the device's prefix "
+                                        "cache, the host tier, or computed again.",
+                                        labels + ["source"], registry=r)
         self.prefix_queries = Counter("tokenmill_prefix_cache_queries",
                                       "Prompt tokens looked up in the prefix cache.", labels,
                                       registry=r)
@@ -100,6 +107,8 @@ class EngineMetrics:
             self.offload_hits.labels(model_name, tier)
         for direction in ("to_host", "to_device"):
             self.offload_bytes.labels(model_name, direction)
+        for source in RESUME_SOURCES:
+            self.preempted_tokens.labels(model_name, source)
         self._seen: dict[str, int] = {}
         self._last_token: dict[tuple[str, int], tuple[float, int]] = {}
         self._started: set[str] = set()
@@ -132,6 +141,10 @@ class EngineMetrics:
         self._advance(self.prefix_queries, "prefix_queries", engine.kv.prefix_queries)
         self._advance(self.prefix_hits, "prefix_hits", engine.kv.prefix_hits)
         self._observe_offload(engine)
+        resumed = engine.scheduler.resumed_tokens
+        for source in RESUME_SOURCES:
+            self._advance(self.preempted_tokens, f"preempted_{source}",
+                          getattr(resumed, source), source)
         for out in outputs:
             if out.request_id not in self._started:
                 self._started.add(out.request_id)

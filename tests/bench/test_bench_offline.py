@@ -136,6 +136,36 @@ def test_cuda_graphs_comparison_runs_eager_then_graphs(tiny_llama_dir):
     assert "no graphs here" in format_comparison(summary["cuda_graphs"])
 
 
+def test_preemption_comparison_resumes_from_the_cache_and_the_host_tier(tiny_llama_dir):
+    """A pool of 8 blocks for 6 sequences growing to ~80 tokens: every mode preempts; without
+    the prefix cache all preempted work is redone; with the host tier most comes back by copy."""
+    import torch
+    from transformers import AutoConfig
+
+    from tokenmill.engine.bench.preempt_ab import format_comparison
+    from tokenmill.engine.execution.kv_layout import KVCacheLayout
+
+    block = KVCacheLayout.for_model(AutoConfig.from_pretrained(tiny_llama_dir), 16,
+                                    torch.float32).bytes_per_block
+    args = build_parser().parse_args([
+        "bench", "offline", "--model", tiny_llama_dir, "--num-prompts", "6", "--input-len",
+        "30:40", "--output-len", "40", "--hf-batch-sizes", "none", "--no-progress",
+        "--max-num-batched-tokens", "32", "--max-num-seqs", "4",
+        "--kv-cache-memory", str(8 * block), "--compare-preemption",
+    ])
+    summary, _ = offline.benchmark(args)
+    modes = summary["preemption"]["modes"]
+    assert list(modes) == ["recompute", "prefix-cache", "host-tier"]
+    assert all(m["num_preemptions"] > 0 for m in modes.values())
+    recompute, tier = modes["recompute"]["resumed_tokens"], modes["host-tier"]["resumed_tokens"]
+    assert recompute["device"] == recompute["host"] == 0 and recompute["recomputed"] > 0
+    assert tier["host"] > 0 and tier["recomputed"] < recompute["recomputed"]
+    assert modes["host-tier"]["kv_offloading_size_gib"] == pytest.approx(
+        4 * 8 * block / (1 << 30))
+    assert modes["recompute"]["throughput_ratio"] == 1.0
+    assert format_comparison(summary["preemption"]).splitlines()[3].split()[0] == "host-tier"
+
+
 def test_every_comparison_in_the_table_has_its_flag_and_module():
     """Each entry names a flag of `bench offline` (off by default) and a module whose compare
     takes the flag's value under the entry's keyword."""

@@ -115,6 +115,30 @@ def test_batched_turns_with_preemption_keep_outputs_and_leak_nothing(tiny_llama_
     assert [o[:MAX_NEW] for o in outputs[True]] == hf_reference
 
 
+def test_preempted_sequences_resume_from_the_host_tier_instead_of_recomputing(tiny_llama_dir):
+    """A preempted sequence's full blocks stay cached; evicted from the device they are copied
+    to the host tier, and at readmission they come back by copy: only its last, partial block
+    is computed again. Without the tier the same preemptions recompute."""
+    rng = random.Random(7)
+    prompts = [[rng.randrange(100, 30000) for _ in range(40)] for _ in range(4)]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    resumed = {}
+    outputs = {}
+    for offload in (False, True):
+        llm = _engine(tiny_llama_dir, offload, max_num_batched_tokens=32)
+        outputs[offload] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        scheduler = llm.engine.scheduler
+        assert scheduler.num_preemptions > 0
+        resumed[offload] = scheduler.resumed_tokens
+        _check_no_leaks(llm)
+    assert outputs[True] == outputs[False]
+    with_tier, without = resumed[True], resumed[False]
+    assert with_tier.host > 0
+    # Each readmission computes at most one block again (its partial last block).
+    assert with_tier.recomputed <= with_tier.readmissions * 16
+    assert without.host == 0 and without.recomputed > with_tier.recomputed
+
+
 def test_n_samples_over_a_prefix_from_the_host_tier(tiny_llama_dir):
     prompts = _conversations()
     params = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=6, ignore_eos=True)

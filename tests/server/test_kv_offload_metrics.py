@@ -41,3 +41,31 @@ def test_offload_metrics_count_hits_by_tier_bytes_and_usage(tiny_llama_dir):
         host.blocks_loaded * block
     assert sample("tokenmill_kv_offload_host_usage_ratio") == host.num_used / 32
     assert sample("tokenmill_kv_offload_host_capacity_tokens") == 32 * 16
+
+
+def test_preempted_work_is_counted_by_where_it_came_back_from(tiny_llama_dir):
+    import torch
+    from transformers import AutoConfig
+
+    layout = KVCacheLayout.for_model(AutoConfig.from_pretrained(tiny_llama_dir), 16,
+                                     torch.float32)
+    block = layout.bytes_per_block
+    llm = LLM(tiny_llama_dir, show_progress=False, kv_cache_memory=8 * block,
+              max_num_seqs=4, max_num_batched_tokens=32,
+              kv_offloading_size=64 * block / (1 << 30))
+    metrics = EngineMetrics("tiny")
+    rng = random.Random(7)
+    prompts = [[rng.randrange(100, 30000) for _ in range(40)] for _ in range(4)]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    llm.generate(prompts, params)
+    metrics.observe_step(llm.engine, [])
+    resumed = llm.engine.scheduler.resumed_tokens
+    assert resumed.readmissions > 0 and resumed.host > 0
+
+    def sample(source: str) -> float:
+        return metrics.registry.get_sample_value("tokenmill_preempted_tokens_total",
+                                                 {"model_name": "tiny", "source": source})
+
+    assert sample("device") == resumed.device
+    assert sample("host") == resumed.host
+    assert sample("recomputed") == resumed.recomputed
