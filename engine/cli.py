@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
         s3_fetch,
     )
     from tokenmill.engine.bench import serve as bench_serve
+    from tokenmill.engine.bench.gpu_suite import suite as gpu_suite
 
     _add_bench(bench_commands, "offline", offline)
     _add_bench(bench_commands, "make-model", random_model, engine_flags=False)
@@ -113,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(bench_commands, "serve", bench_serve, engine_flags=False)
     _add_bench(bench_commands, "s3-fetch", s3_fetch, engine_flags=False)
     _add_bench(bench_commands, "load", load, engine_flags=False)
+    _add_bench(bench_commands, "gpu", gpu_suite, engine_flags=False)
     return parser
 
 

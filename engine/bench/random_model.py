@@ -1,9 +1,11 @@
 """`tokenmill bench make-model`: a random-weight checkpoint of a real model's shape.
 
 Speed depends on shapes, not weight values, so benchmarks of large shapes need no download:
-the config of the named shape, random weights, and the built-in SmolLM2 tokenizer (the
-vocabulary is the tokenizer's, 49,152 tokens, so every sampled id decodes). Greedy outputs of
-such a model are meaningless; its throughput is the real shape's.
+the config of the named shape, random weights, and a tokenizer: the built-in SmolLM2's (the
+vocabulary is then the tokenizer's, 49,152 tokens), or a word-level one of the shape's own
+vocabulary size (`--tokenizer word-level`: the real embedding and LM-head shapes, and no GGUF
+reader needed). Greedy outputs of such a model are meaningless; its throughput is the real
+shape's.
 """
 
 from __future__ import annotations
@@ -31,6 +33,12 @@ SHAPES = {
         num_key_value_heads=8, head_dim=128, rope_theta=1000000.0, max_position_embeddings=8192)),
 }
 
+# The vocabulary of each shape's own tokenizer (config.json's vocab_size).
+VOCAB_SIZES = {"llama-3.1-8b": 128256, "llama-3.2-1b": 128256, "qwen3-0.6b": 151936,
+               "qwen3-8b": 151936}
+TOKENIZERS = ("builtin", "word-level")
+BUILTIN_VOCAB_SIZE = 49152  # SmolLM2's
+
 # No real model's shape: tiny width so a decode step is nearly all host work (bench
 # host-overhead). Apart from SHAPES: its 4 heads do not shard at every CRD size.
 TINY_DEEP = ("LlamaConfig", dict(
@@ -47,12 +55,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Fewer decoder layers than the shape has (a smaller checkpoint).")
     parser.add_argument("--max-shard-size", default=None,
                         help="Split the weights into files of at most this size (\"300MB\").")
+    parser.add_argument("--tokenizer", choices=TOKENIZERS, default="builtin",
+                        help="builtin: SmolLM2's (49,152 tokens); word-level: one of the "
+                             "shape's own vocabulary size, built here (default builtin).")
+    parser.add_argument("--device", default="cpu",
+                        help="Where the random weights are made before they are saved (cuda "
+                             "makes an 8B model in seconds; default cpu).")
 
 
 def run(args: argparse.Namespace) -> int:
     overrides = {} if args.num_layers is None else {"num_hidden_layers": args.num_layers}
     make_model(args.shape, args.output, args.dtype, max_shard_size=args.max_shard_size,
-               **overrides)
+               tokenizer=args.tokenizer, device=args.device, **overrides)
     print(f"wrote a random-weight {args.shape} to {args.output}", file=sys.stderr)
     return 0
 
@@ -68,18 +82,32 @@ def shape_config(shape: str | tuple[str, dict], vocab_size: int, **overrides: ob
 
 
 def make_model(shape: str | tuple[str, dict], output: str, dtype: str = "bfloat16",
-               max_shard_size: str | None = None, **overrides: object) -> str:
+               max_shard_size: str | None = None, tokenizer: str = "builtin",
+               device: str = "cpu", **overrides: object) -> str:
     import torch
     import transformers
 
+    tokenizer_object = _tokenizer(shape, tokenizer)
+    config = shape_config(shape, len(tokenizer_object), **overrides)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config,
+                                                              dtype=getattr(torch, dtype))
+    model.save_pretrained(output, **({} if max_shard_size is None
+                                     else {"max_shard_size": max_shard_size}))
+    tokenizer_object.save_pretrained(output)
+    return output
+
+
+def _tokenizer(shape: str | tuple[str, dict], kind: str) -> object:
+    if kind not in TOKENIZERS:
+        raise ValueError(f"tokenizer {kind!r} is not one of {TOKENIZERS}")
+    if kind == "word-level":
+        from tokenmill.engine.bench.word_tokenizer import word_level_tokenizer
+
+        return word_level_tokenizer(VOCAB_SIZES[shape] if isinstance(shape, str)
+                                    else BUILTIN_VOCAB_SIZE)
     from tokenmill.engine.models.loader import load_tokenizer
     from tokenmill.engine.models.source import resolve_model
 
-    tokenizer = load_tokenizer(resolve_model("smollm2-135m-instruct"))
-    config = shape_config(shape, len(tokenizer), **overrides)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
-    model.save_pretrained(output, **({} if max_shard_size is None
-                                     else {"max_shard_size": max_shard_size}))
-    tokenizer.save_pretrained(output)
-    return output
+    return load_tokenizer(resolve_model("smollm2-135m-instruct"))
