@@ -143,6 +143,15 @@ def run_conversations(engine: Any, system: list[int], users: list[list[list[int]
 
 
 def run(args: argparse.Namespace) -> int:
+    summary, payload = benchmark(args)
+    print(format_summary(summary, [m for m in summary if isinstance(summary[m], dict)]))
+    if args.json:
+        write_json(args.json, payload)
+    return 0
+
+
+def benchmark(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Both modes over the same conversations; returns (summary, JSON payload)."""
     from tokenmill.engine.contract.config import engine_config_from_args
     from tokenmill.engine.frontend.llm import LLM
 
@@ -170,17 +179,14 @@ def run(args: argparse.Namespace) -> int:
     if on["later_turn_ttft_s"]:
         summary["later_turn_mean_ttft_speedup"] = (off["later_turn_ttft_s"]["mean"]
                                                    / on["later_turn_ttft_s"]["mean"])
-    print(format_summary(summary, list(modes)))
-    if args.json:
-        write_json(args.json, {
-            "command": command_line(), "machine": machine_info(str(config.device)),
-            "git": git_revision(), "workload": {k: getattr(args, k) for k in (
-                "conversations", "turns", "system_len", "user_len", "answer_len",
-                "think_time", "workload_seed")},
-            "engine_config": dataclasses.asdict(config), "summary": summary,
-            "requests": {mode: r["records"] for mode, r in results.items()},
-        })
-    return 0
+    return summary, {
+        "command": command_line(), "machine": machine_info(str(config.device)),
+        "git": git_revision(), "workload": {k: getattr(args, k) for k in (
+            "conversations", "turns", "system_len", "user_len", "answer_len",
+            "think_time", "workload_seed")},
+        "engine_config": dataclasses.asdict(config), "summary": summary,
+        "requests": {mode: r["records"] for mode, r in results.items()},
+    }
 
 
 def compared_modes(config: Any) -> dict[str, Any]:

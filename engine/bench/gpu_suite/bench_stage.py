@@ -1,0 +1,161 @@
+"""The `bench` stage: Llama-3.1-8B shapes on the GPU, each part one JSON file.
+
+Parts, each a workload and the engine modes run on it one after the other (ab.per_mode), the
+first mode the reference of the throughput ratios:
+  throughput        256 requests, input and output uniform in 100..1024: eager, CUDA graphs
+  hf                64 requests of the same: tokenmill, then HF generate at batch 64
+  batch1            one request, 128 in / 512 out: eager, CUDA graphs
+  throughput-fp8    the 256 requests: bf16, fp8 weights, fp8 KV cache (graphs on)
+  batch1-fp8        the batch-1 request: bf16, fp8 weights, fp8 KV cache (graphs on)
+  kv-offload        multi-turn chat beyond the device pool, the prefix cache without and
+                    with its host tier; the tier's block copies against plain pinned copies
+Every mode's decode steps are set against their bandwidth bound (bytes each step must read
+over the device bandwidth, measured once before any engine starts). A dry run cuts every
+workload down and runs on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from tokenmill.engine.bench.gpu_suite.context import SuiteContext, status
+from tokenmill.engine.bench.gpu_suite.suite import selected
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    num_prompts: int
+    input_len: tuple[int, int]
+    output_len: tuple[int, int]
+
+
+FULL = {"many": Workload(256, (100, 1024), (100, 1024)), "hf": Workload(64, (100, 1024),
+                                                                         (100, 1024)),
+        "one": Workload(1, (128, 128), (512, 512))}
+DRY = {"many": Workload(6, (8, 40), (8, 40)), "hf": Workload(4, (8, 40), (8, 40)),
+       "one": Workload(1, (16, 16), (24, 24))}
+HF_BATCH = {False: 64, True: 4}
+GRAPHS = {"eager": {"enforce_eager": True}, "cuda-graphs": {"enforce_eager": False}}
+PRECISIONS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "kv-fp8": {"kv_cache_dtype": "fp8"}}
+# Part -> (workload, modes, HF baseline).
+PARTS: dict[str, tuple[str, dict[str, dict[str, Any]], bool]] = {
+    "throughput": ("many", GRAPHS, False),
+    "hf": ("hf", {"cuda-graphs": {}}, True),
+    "batch1": ("one", GRAPHS, False),
+    "throughput-fp8": ("many", PRECISIONS, False),
+    "batch1-fp8": ("one", PRECISIONS, False),
+}
+ALL_PARTS = [*PARTS, "kv-offload"]
+
+
+def run(ctx: SuiteContext, args: argparse.Namespace) -> int:
+    from tokenmill.engine.bench.bandwidth import measure_bandwidth
+
+    parts = selected(ALL_PARTS, args.only)
+    model = ctx.model()
+    bandwidth = measure_bandwidth(ctx.device)
+    status(f"device bandwidth {bandwidth.gb_per_s:.0f} GB/s")
+    for part in parts:
+        status(f"bench part {part}")
+        if part == "kv-offload":
+            from tokenmill.engine.bench.gpu_suite import kv_offload_part
+
+            result = kv_offload_part.run(ctx, model)
+        else:
+            result = run_part(ctx, model, part, bandwidth)
+        ctx.write(f"bench-{part}", result)
+    return 0
+
+
+def base_config(ctx: SuiteContext, model: str) -> Any:
+    from tokenmill.engine.contract.config import EngineConfig
+
+    options: dict[str, Any] = {"model": model, "device": ctx.device, "dtype": ctx.dtype}
+    if ctx.dry_run:
+        options.update(kv_cache_memory=64 << 20, max_num_seqs=8, max_num_batched_tokens=64)
+    return EngineConfig(**options)
+
+
+def run_part(ctx: SuiteContext, model: str, part: str, bandwidth: Any) -> dict[str, Any]:
+    from tokenmill.engine.bench import ab
+    from tokenmill.engine.bench.offline import special_ids
+    from tokenmill.engine.bench.workload import make_workload
+    from tokenmill.engine.models.loader import load_tokenizer
+    from tokenmill.engine.models.source import resolve_model
+
+    workload_name, modes, with_hf = PARTS[part]
+    spec = (DRY if ctx.dry_run else FULL)[workload_name]
+    tokenizer = load_tokenizer(resolve_model(model))
+    workload = make_workload(spec.num_prompts, spec.input_len, spec.output_len, 0,
+                             len(tokenizer), special_ids(tokenizer))
+    config = base_config(ctx, model)
+    runs = ab.per_mode([config.replace(**options) for options in modes.values()], workload,
+                       ctx.show_progress, _measure(bandwidth))
+    result: dict[str, Any] = {
+        "workload": {**dataclasses.asdict(spec),
+                     "output_tokens": sum(r.output_len for r in workload),
+                     "input_tokens": sum(r.input_len for r in workload)},
+        "bandwidth": dataclasses.asdict(bandwidth),
+        "engine_config": dataclasses.asdict(config),
+        "modes": dict(zip(modes, runs, strict=True)),
+    }
+    if with_hf:
+        result["hf"] = _hf_run(ctx, model, workload, HF_BATCH[ctx.dry_run])
+        ours = runs[0]["output_tokens_per_s"]
+        result["ratio_vs_hf"] = ours / result["hf"]["output_tokens_per_s"]
+    return result
+
+
+def _measure(bandwidth: Any) -> Callable[[Any, Any, Callable[[], Any]], dict[str, Any]]:
+    def measure(config: Any, llm: Any, run_workload: Callable[[], Any]) -> dict[str, Any]:
+        from tokenmill.engine.bench import ab, decode_bound, engine_run, report
+
+        engine = llm.engine
+        graphs = engine.runner.graphs
+        replays = graphs.replays if graphs is not None else 0
+        memory = engine.memory_report()
+        result = run_workload()
+        decode = engine_run.decode_steps(result)
+        summary = report.summarize(result, [])["tokenmill"]
+        return {
+            "options": {"enforce_eager": config.enforce_eager,
+                        "quantization": config.quantization,
+                        "kv_cache_dtype": config.kv_cache_dtype},
+            **ab.throughput(result),
+            "ttft_s": summary["ttft_s"],
+            "num_steps": summary["num_steps"],
+            "num_preemptions": result.num_preemptions,
+            "kv_peak_usage": summary["kv_cache"]["peak_usage"],
+            "graphs_captured": graphs is not None,
+            "graph_replays": (graphs.replays - replays) if graphs is not None else 0,
+            "decode_steps": len(decode),
+            "decode_step_ms_p50": (1000 * statistics.median(s.step_s for s in decode)
+                                   if decode else None),
+            "decode_bound": decode_bound.summarize(decode, memory["weights_bytes"],
+                                                   memory["kv_bytes_per_token"] or 0,
+                                                   bandwidth),
+            "memory": memory,
+        }
+
+    return measure
+
+
+def _hf_run(ctx: SuiteContext, model: str, workload: list[Any], batch: int) -> dict[str, Any]:
+    import torch
+
+    from tokenmill.engine.bench import hf_baseline
+
+    status(f"HF generate at batch {batch}")
+    hf = hf_baseline.load_hf_model(model, getattr(torch, ctx.dtype)).to(ctx.device)
+    hf_baseline.warm_up(hf, workload[0].prompt_token_ids[0])
+    run = hf_baseline.run_hf(hf, workload, batch, ctx.show_progress)
+    del hf
+    if ctx.device == "cuda":
+        torch.cuda.empty_cache()
+    return {"batch_size": batch, "elapsed_s": run.elapsed_s,
+            "output_tokens": run.output_tokens,
+            "output_tokens_per_s": run.output_tokens_per_s}

@@ -1,0 +1,118 @@
+"""The `summary` stage: one markdown table from the JSON the other stages wrote, each figure
+beside the issue's target where it has one. Parts that have not run are listed as missing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tokenmill.engine.bench.gpu_suite.context import SuiteContext
+
+Row = tuple[str, str, str]  # what, measured, target (empty: none)
+
+# The issue's targets.
+THROUGHPUT_TARGET = 10_000   # output tok/s on 256 requests
+BATCH1_TARGET = 150          # output tok/s at batch 1, bf16
+GRAPHS_BATCH1_TARGET = 3.0   # graphs over eager at batch 1
+FP8_BATCH1_TARGET = 1.4      # fp8 weights over bf16 at batch 1
+RATIO_TARGETS = {("batch1", "cuda-graphs"): GRAPHS_BATCH1_TARGET,
+                 ("batch1-fp8", "fp8"): FP8_BATCH1_TARGET}
+
+
+def run(ctx: SuiteContext, args: argparse.Namespace) -> int:
+    print(format_table(load(ctx.out_dir, ctx.prefix)))
+    return 0
+
+
+def load(out_dir: Path, prefix: str) -> dict[str, dict[str, Any]]:
+    """Every file <prefix>-NAME.json under out_dir, by NAME."""
+    return {path.name[len(prefix) + 1:-len(".json")]: json.loads(path.read_text())
+            for path in sorted(out_dir.glob(f"{prefix}-*.json"))}
+
+
+def format_table(files: dict[str, dict[str, Any]]) -> str:
+    rows: list[Row] = []
+    missing = []
+    for name, rows_of in ROWS.items():
+        if name in files:
+            rows += rows_of(files[name]["result"])
+        else:
+            missing.append(name)
+    lines = ["| what | measured | target |", "| --- | ---: | --- |"]
+    lines += [f"| {what} | {measured} | {target} |" for what, measured, target in rows]
+    if missing:
+        lines.append(f"\nNot run: {', '.join(missing)}.")
+    return "\n".join(lines)
+
+
+def _verdict(value: float, target: float, unit: str = "") -> str:
+    return f">= {target:,g}{unit}: {'met' if value >= target else 'missed'}"
+
+
+def _tests(result: dict[str, Any]) -> list[Row]:
+    counts = result["counts"]
+    return [("tests: passed / failed / errors / skipped",
+             f"{counts['passed']} / {counts['failed']} / {counts['errors']} / "
+             f"{counts['skipped']}", "no failure: " + (
+                 "met" if counts["failed"] == counts["errors"] == 0 else "missed"))]
+
+
+def _modes(part: str, result: dict[str, Any], targets: dict[str, tuple[float, str]]) -> list[Row]:
+    rows = []
+    for mode, run in result["modes"].items():
+        rate = run["output_tokens_per_s"]
+        bound = run["decode_bound"]["all"]
+        step = (f"; decode step {bound['step_s_median'] * 1e3:.2f} ms = "
+                f"{bound['ratio_median']:.2f}x its bound" if bound["decode_steps"] else "")
+        target = targets.get(mode)
+        rows.append((f"{part}, {mode}: output tok/s", f"{rate:,.1f}{step}",
+                     _verdict(rate, *target) if target else ""))
+        if run is not next(iter(result["modes"].values())):
+            ratio = run["throughput_ratio"]
+            target = RATIO_TARGETS.get((part, mode))
+            rows.append((f"{part}, {mode} / {next(iter(result['modes']))}", f"{ratio:.2f}x",
+                         _verdict(ratio, target, "x") if target else ""))
+    return rows
+
+
+def _part(name: str, targets: dict[str, tuple[float, str]] | None = None
+          ) -> Callable[[dict[str, Any]], list[Row]]:
+    def rows(result: dict[str, Any]) -> list[Row]:
+        out = _modes(name, result, targets or {})
+        if "ratio_vs_hf" in result:
+            hf = result["hf"]
+            out.append((f"{name}: HF generate batch {hf['batch_size']} tok/s",
+                        f"{hf['output_tokens_per_s']:,.1f} (tokenmill "
+                        f"{result['ratio_vs_hf']:.2f}x)", ""))
+        return out
+
+    return rows
+
+
+def _kv_offload(result: dict[str, Any]) -> list[Row]:
+    summary = result["multiturn"]["summary"]
+    copies = result["copies"]
+    on = summary["offload-on"]
+    return [
+        ("kv-offload: later-turn TTFT, host tier off / on",
+         f"{summary.get('later_turn_mean_ttft_speedup', float('nan')):.2f}x (hit rate "
+         f"{on['device_hit_rate']:.0%} device + {on['host_hit_rate']:.0%} host)", ""),
+        ("kv-offload: tier copies to host / to device, GB/s",
+         f"{copies['tier_to_host_gb_per_s']:.1f} / {copies['tier_to_device_gb_per_s']:.1f} "
+         f"({copies['to_host_ratio']:.0%} / {copies['to_device_ratio']:.0%} of plain pinned "
+         "copies)", ""),
+    ]
+
+
+ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
+    "tests": _tests,
+    "bench-throughput": _part("throughput", {"cuda-graphs": (THROUGHPUT_TARGET, "")}),
+    "bench-hf": _part("hf"),
+    "bench-batch1": _part("batch1", {"cuda-graphs": (BATCH1_TARGET, "")}),
+    "bench-throughput-fp8": _part("throughput-fp8"),
+    "bench-batch1-fp8": _part("batch1-fp8"),
+    "bench-kv-offload": _kv_offload,
+}

@@ -1,0 +1,88 @@
+"""`tokenmill bench gpu`: the GPU acceptance suite's bench stage and summary, run dry on the CPU
+(a tiny random Llama, cut-down workloads): every part writes its JSON in the shape a GPU run
+writes, and the summary reads them back beside the issue's targets."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tokenmill.engine.bench.gpu_suite import bench_stage
+from tokenmill.engine.cli import main
+
+
+@pytest.fixture(scope="module")
+def bench_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu-suite")
+    assert main(["bench", "gpu", "bench", "--dry-run", "--out", str(out), "--model-dir",
+                 str(out / "model"), "--no-progress"]) == 0
+    return out
+
+
+def _result(out, name: str) -> dict:
+    payload = json.loads((out / f"gpu-dry-run-{name}.json").read_text())
+    assert payload["suite"] == "gpu-acceptance" and payload["dry_run"] is True
+    assert payload["machine"]["device"] == "cpu" and "commit" in payload["git"]
+    return payload["result"]
+
+
+def test_every_part_writes_each_modes_throughput_and_decode_bound(bench_dir):
+    for part, (workload, modes, with_hf) in bench_stage.PARTS.items():
+        result = _result(bench_dir, f"bench-{part}")
+        spec = bench_stage.DRY[workload]
+        assert result["workload"]["num_prompts"] == spec.num_prompts
+        assert list(result["modes"]) == list(modes)
+        first = next(iter(result["modes"].values()))
+        assert first["throughput_ratio"] == 1.0
+        for run in result["modes"].values():
+            assert run["output_tokens_per_s"] > 0 and run["num_preemptions"] >= 0
+            assert run["decode_steps"] > 0
+            bound = run["decode_bound"]["all"]
+            assert bound["decode_steps"] == run["decode_steps"] and bound["ratio_median"] > 0
+            assert not run["graphs_captured"]  # CPU: eager whatever the mode asks
+        assert ("hf" in result) is with_hf
+    options = _result(bench_dir, "bench-batch1-fp8")["modes"]
+    assert options["fp8"]["options"]["quantization"] == "fp8"
+    assert options["kv-fp8"]["options"]["kv_cache_dtype"] == "fp8"
+    assert options["kv-fp8"]["memory"]["kv_bytes_per_token"] < \
+        options["bf16"]["memory"]["kv_bytes_per_token"]
+    hf = _result(bench_dir, "bench-hf")
+    assert hf["hf"]["batch_size"] == bench_stage.HF_BATCH[True]
+    assert hf["hf"]["output_tokens"] == hf["workload"]["output_tokens"]
+
+
+def test_the_kv_offload_part_finds_prefixes_in_the_host_tier_and_times_copies(bench_dir):
+    result = _result(bench_dir, "bench-kv-offload")
+    summary = result["multiturn"]["summary"]
+    assert summary["offload-off"]["host_hit_rate"] == 0.0
+    assert summary["offload-on"]["host_hit_rate"] > 0.0
+    copies = result["copies"]
+    assert copies["bytes"] == copies["blocks"] * copies["block_bytes"]
+    assert all(copies[k] > 0 for k in ("tier_to_host_gb_per_s", "tier_to_device_gb_per_s",
+                                       "plain_to_host_gb_per_s", "plain_to_device_gb_per_s"))
+
+
+def test_the_summary_sets_every_part_against_its_target(bench_dir, capsys):
+    assert main(["bench", "gpu", "summary", "--dry-run", "--out", str(bench_dir)]) == 0
+    table = capsys.readouterr().out
+    for part in bench_stage.PARTS:
+        assert f"| {part}, " in table
+    assert "| batch1, cuda-graphs / eager |" in table and ">= 3x: " in table
+    assert "| throughput, cuda-graphs: output tok/s |" in table and ">= 10,000: " in table
+    assert "kv-offload: later-turn TTFT" in table
+    assert "Not run: tests" in table
+
+
+def test_only_runs_the_parts_named_and_refuses_unknown_ones(tmp_path):
+    with pytest.raises(SystemExit, match=r"unknown parts \['nope'\]"):
+        main(["bench", "gpu", "bench", "--dry-run", "--out", str(tmp_path), "--only", "nope"])
+    with pytest.raises(SystemExit, match="parts: throughput, hf, batch1"):
+        main(["bench", "gpu", "bench", "--dry-run", "--out", str(tmp_path), "--only", "help"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no GPU is")
+def test_a_real_run_without_a_gpu_says_so_and_points_at_dry_run(tmp_path):
+    with pytest.raises(SystemExit, match="no CUDA device here; --dry-run"):
+        main(["bench", "gpu", "bench", "--out", str(tmp_path)])
