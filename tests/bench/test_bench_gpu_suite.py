@@ -51,6 +51,7 @@ def test_every_part_writes_each_modes_throughput_and_decode_bound(bench_dir):
     hf = _result(bench_dir, "bench-hf")
     assert hf["hf"]["batch_size"] == bench_stage.HF_BATCH[True]
     assert hf["hf"]["output_tokens"] == hf["workload"]["output_tokens"]
+    assert set(hf["ratio_vs_hf"]) == {"eager", "cuda-graphs"}
 
 
 def test_the_kv_offload_part_finds_prefixes_in_the_host_tier_and_times_copies(bench_dir):
@@ -72,6 +73,7 @@ def test_the_summary_sets_every_part_against_its_target(bench_dir, capsys):
     assert "| batch1, cuda-graphs / eager |" in table and ">= 3x: " in table
     assert "| throughput, cuda-graphs: output tok/s |" in table and ">= 10,000: " in table
     assert "kv-offload: later-turn TTFT" in table
+    assert "(tokenmill: eager " in table
     assert "Not run: tests" in table
 
 
