@@ -15,7 +15,7 @@ import random
 import pytest
 import torch
 from model_support import hf_greedy, make_random_model
-from triton_support import DEVICE
+from triton_support import DEVICE, KV_CACHE_MEMORY
 
 from tokenmill.engine import LLM, SamplingParams
 from tokenmill.engine.bench.word_tokenizer import word_level_tokenizer
@@ -23,8 +23,8 @@ from tokenmill.engine.bench.word_tokenizer import word_level_tokenizer
 VOCAB = 301  # odd: at TP=2 the last rank's embedding and LM-head rows are padded
 MAX_NEW = 12
 CHUNK = 16  # a step's token budget in the chunked runs: the longest prompt takes 3 steps
-ENGINE = dict(dtype="float32", device=DEVICE.type, kv_cache_memory=32 << 20, max_num_seqs=8,
-              show_progress=False)
+ENGINE = dict(dtype="float32", device=DEVICE.type, kv_cache_memory=KV_CACHE_MEMORY,
+              max_num_seqs=8, show_progress=False)
 
 
 def _prompts() -> tuple[list[list[int]], list[list[int]]]:
