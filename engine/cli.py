@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="Serve the OpenAI API over HTTP.")
     add_engine_arguments(serve)
-    from tokenmill.engine.server.serve import add_server_arguments
+    from tokenmill.engine.server.arguments import add_server_arguments
 
     add_server_arguments(serve)
     serve.set_defaults(func=_serve)

@@ -17,16 +17,21 @@ HF's greedy reference), process_support (free_port, the serve command line, /pro
 store_support (moto's S3 server, hub caches in the hub's layout) and structured_support (the
 JSON schema of the structured-output tests). The names of these
 modules are unique across all directories, and so are test file names.
+
+What a group needs beyond torch, transformers and pytest is imported by the fixtures that use
+it (the S3 server's moto and boto3, the built-in model's GGUF reader), so the groups that need
+none of it (device_kernels/, on a GPU machine that has only those) collect and run without it.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from model_support import SMOLLM2, make_random_model
-from store_support import BUCKET, S3_ENV, TINY_PREFIX, moto_s3, s3_client, upload_directory
+from model_support import SMOLLM2, make_random_model, smollm2_installed
 
 from tokenmill.engine import LLM
+from tokenmill.engine.bench.random_model import BUILTIN_VOCAB_SIZE
+from tokenmill.engine.bench.word_tokenizer import word_level_tokenizer
 from tokenmill.engine.models.source import resolve_model
 
 
@@ -57,18 +62,27 @@ def smol_hf(smol_source):
 
 
 @pytest.fixture(scope="session")
-def tiny_llama_dir(tmp_path_factory, smol_tokenizer):
+def vocab_tokenizer(request):
+    """SmolLM2's tokenizer, for models that need only its vocabulary; where the built-in model
+    or its GGUF reader is not installed (a GPU machine), a word-level one of the same size."""
+    if smollm2_installed():
+        return request.getfixturevalue("smol_tokenizer")
+    return word_level_tokenizer(BUILTIN_VOCAB_SIZE)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, vocab_tokenizer):
     from transformers import LlamaConfig
 
     config = LlamaConfig(
-        vocab_size=len(smol_tokenizer), hidden_size=64, intermediate_size=128,
+        vocab_size=len(vocab_tokenizer), hidden_size=64, intermediate_size=128,
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         max_position_embeddings=1024, tie_word_embeddings=False,
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
         rope_theta=500000.0, bos_token_id=1, eos_token_id=2,
     )
-    return make_random_model(str(tmp_path_factory.mktemp("tiny-llama")), config, smol_tokenizer)
+    return make_random_model(str(tmp_path_factory.mktemp("tiny-llama")), config, vocab_tokenizer)
 
 
 @pytest.fixture(scope="session")
@@ -76,11 +90,12 @@ def tiny_llama(tiny_llama_dir):
     return LLM(tiny_llama_dir, show_progress=False)
 
 
-
 @pytest.fixture(scope="session")
 def s3_endpoint(tiny_llama_dir):
     """A real S3-compatible server (moto) on loopback holding the tiny Llama under
     s3://BUCKET/TINY_PREFIX: its endpoint URL."""
+    from store_support import BUCKET, TINY_PREFIX, moto_s3, s3_client, upload_directory
+
     with moto_s3() as endpoint:
         client = s3_client(endpoint)
         client.create_bucket(Bucket=BUCKET)
@@ -91,6 +106,8 @@ def s3_endpoint(tiny_llama_dir):
 @pytest.fixture
 def s3_env(s3_endpoint, monkeypatch):
     """The store's endpoint and test credentials in the environment, as a pod has them."""
+    from store_support import S3_ENV
+
     env = {**S3_ENV, "AWS_ENDPOINT_URL": s3_endpoint}
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -101,4 +118,6 @@ def s3_env(s3_endpoint, monkeypatch):
 @pytest.fixture
 def bucket(s3_endpoint):
     """A boto3 client of the store: how tests put objects there (tokenmill reads with its own)."""
+    from store_support import s3_client
+
     return s3_client(s3_endpoint)

