@@ -65,10 +65,13 @@ class LLMEngine:
         backend = resolve_backend(config.attention_backend, self.device)
         check_kv_cache_dtype(config.kv_cache_dtype, backend, self.device)
         source = resolve_model(config.model, config.download_dir)
+        config_start = time.perf_counter()
         self.model_config = load_config(source)
         tokenizer_start = time.perf_counter()
         self.tokenizer = load_tokenizer(source)
-        self._tokenizer_seconds = time.perf_counter() - tokenizer_start
+        # Start-up phases done here; the runner times its own (rank.py).
+        self._phase_seconds = {"config": tokenizer_start - config_start,
+                               "tokenizer": time.perf_counter() - tokenizer_start}
         self.max_model_len = _max_model_len(config, self.model_config)
         tp_size = config.tensor_parallel_size
         check_tensor_parallel(self.model_config, tp_size)
@@ -217,9 +220,10 @@ class LLMEngine:
 
     def startup_report(self) -> dict[str, float]:
         """Seconds of each start-up phase (rank 0's under tensor parallelism) and of the whole
-        start-up; the rest of the total is fetching the model, reading its config, starting
-        the tensor-parallel workers and building the scheduler."""
-        phases = {"tokenizer": self._tokenizer_seconds, **self.runner.startup_seconds}
+        start-up; the rest of the total is fetching the model, starting the tensor-parallel
+        workers and building the scheduler. The first engine of a process also pays for
+        importing transformers' config classes in config_seconds."""
+        phases = {**self._phase_seconds, **self.runner.startup_seconds}
         return {**{f"{name}_seconds": seconds for name, seconds in phases.items()},
                 "total_seconds": self._startup_seconds}
 

@@ -10,8 +10,8 @@ from tokenmill.engine import LLM
 from tokenmill.engine.execution import rank
 from tokenmill.engine.execution.runner import ModelRunner
 
-PHASES = ("tokenizer_seconds", "weights_seconds", "kv_profile_seconds", "kv_allocate_seconds",
-          "graph_capture_seconds")
+PHASES = ("config_seconds", "tokenizer_seconds", "weights_seconds", "kv_profile_seconds",
+          "kv_allocate_seconds", "graph_capture_seconds")
 
 
 def _engine(model_dir: str):
