@@ -3,7 +3,6 @@ checked on made-up CUDA events; the stage itself runs as a dry run on the CPU.""
 
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 
 import pytest
@@ -15,7 +14,6 @@ from tokenmill.engine.bench.gpu_suite.step_trace import (
     top_host_costs,
     trace_events,
 )
-from tokenmill.engine.cli import build_parser
 
 
 def _cuda_trace() -> list[TraceEvent]:
@@ -108,13 +106,8 @@ def test_profiler_events_are_sorted_by_kind_with_or_without_activity_types():
 
 
 @pytest.fixture(scope="module")
-def profile(tmp_path_factory):
-    out = tmp_path_factory.mktemp("gpu-profile")
-    args = build_parser().parse_args([
-        "bench", "gpu", "profile", "--dry-run", "--out", str(out),
-        "--model-dir", str(out / "model"), "--no-progress"])
-    assert args.func(args) == 0
-    return json.loads((out / "gpu-dry-run-profile.json").read_text())
+def profile(gpu_dry_run):
+    return gpu_dry_run("profile")
 
 
 def test_dry_run_profiles_both_batches_with_and_without_graphs(profile):
