@@ -123,7 +123,7 @@ def _step_until_decoding(engine: Any, batch_size: int, prompt_len: int) -> None:
     """Step through the prompts (chunked by the token budget, which the sequences already
     decoding share) until a step decodes them all."""
     prompt_budget = max(1, engine.config.max_num_batched_tokens - batch_size)
-    limit = 4 + -(-batch_size * prompt_len // prompt_budget)
+    limit = 8 + 2 * -(-batch_size * prompt_len // prompt_budget)
     for _ in range(limit):
         engine.step()
         plan = engine.last_plan
