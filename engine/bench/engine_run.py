@@ -69,7 +69,7 @@ def run_engine(llm: Any, workload: list[BenchRequest], show_progress: bool = Tru
     stats_time = 0.0
     total_tokens = sum(r.output_len for r in workload)
     bar = tqdm(total=total_tokens, desc="tokenmill", unit="tok", disable=not show_progress)
-    sync = _synchronizer(engine.device)
+    sync = synchronizer(engine.device)
     start = time.perf_counter()
     for request_id, request in zip(ids, workload, strict=True):
         engine.add_request(request_id, request.prompt_token_ids, params_for(request))
@@ -113,7 +113,21 @@ def _composition(plan: Any) -> tuple[int, int]:
     return (len(plan.scheduled) if decode else 0), context
 
 
-def _synchronizer(device: Any) -> Callable[[], None]:
+def decode_step(engine: Any, batch_size: int) -> None:
+    """One engine step, which must be a decode step of `batch_size` sequences."""
+    engine.step()
+    check_decode_step(engine, batch_size)
+
+
+def check_decode_step(engine: Any, batch_size: int) -> None:
+    """AssertionError unless the latest step fed one token to each of `batch_size` sequences."""
+    scheduled = engine.last_plan.scheduled
+    if len(scheduled) != batch_size or any(n != 1 for _, n in scheduled):
+        raise AssertionError(f"expected a decode step of {batch_size} sequences, got "
+                             f"{[n for _, n in scheduled]} new tokens")
+
+
+def synchronizer(device: Any) -> Callable[[], None]:
     """Wait for the device's queued work (CUDA); nothing to wait for on CPU."""
     if getattr(device, "type", "cpu") != "cuda":
         return lambda: None

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from tokenmill.engine.bench.engine_run import decode_step
 from tokenmill.engine.bench.offline import parse_batch_sizes
 
 # Ops are counted on steps of their own: the counting mode slows every op down.
@@ -130,7 +131,7 @@ def measure(engine: Any, batch_size: int, steps: int, warmup: int,
         engine.add_request(f"host-overhead-{batch_size}-{i}", prompt, params)
     engine.step()  # the prompts, and each request's first token
     for _ in range(warmup):
-        _decode_step(engine, batch_size)
+        decode_step(engine, batch_size)
 
     runner = engine.runner
     totals = {"execute": 0.0, "forward": 0.0}
@@ -139,7 +140,7 @@ def measure(engine: Any, batch_size: int, steps: int, warmup: int,
         for _ in range(steps):
             before = dict(totals)
             start = time.perf_counter()
-            _decode_step(engine, batch_size)
+            decode_step(engine, batch_size)
             samples["step_s"].append(time.perf_counter() - start)
             samples["execute_s"].append(totals["execute"] - before["execute"])
             samples["forward_s"].append(totals["forward"] - before["forward"])
@@ -148,7 +149,7 @@ def measure(engine: Any, batch_size: int, steps: int, warmup: int,
     counter = _OpCounter(len(layers))
     with _counting_layers(layers, counter), counter:
         for _ in range(COUNTED_STEPS):
-            _decode_step(engine, batch_size)
+            decode_step(engine, batch_size)
     if engine.has_unfinished_requests():
         raise AssertionError("requests left unfinished after the measured steps")
 
@@ -179,14 +180,6 @@ def _per_layer(result: dict[str, Any], num_layers: int) -> None:
     result["ops_per_layer"] = result["ops_in_layers_per_step"] / num_layers
     result["ops_outside_layers_per_step"] = (result["ops_per_step"]
                                              - result["ops_in_layers_per_step"])
-
-
-def _decode_step(engine: Any, batch_size: int) -> None:
-    engine.step()
-    scheduled = engine.last_plan.scheduled
-    if len(scheduled) != batch_size or any(n != 1 for _, n in scheduled):
-        raise AssertionError(f"expected a decode step of {batch_size} sequences, got "
-                             f"{[n for _, n in scheduled]} new tokens")
 
 
 @contextlib.contextmanager

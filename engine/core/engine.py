@@ -57,6 +57,7 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig, show_progress: bool = True,
                  on_worker_failure: Callable[[str], None] | None = None):
+        started = time.perf_counter()
         config.check_supported()
         self.config = config
         self.device = _device(config.device)
@@ -64,8 +65,13 @@ class LLMEngine:
         backend = resolve_backend(config.attention_backend, self.device)
         check_kv_cache_dtype(config.kv_cache_dtype, backend, self.device)
         source = resolve_model(config.model, config.download_dir)
+        config_start = time.perf_counter()
         self.model_config = load_config(source)
+        tokenizer_start = time.perf_counter()
         self.tokenizer = load_tokenizer(source)
+        # Start-up phases done here; the runner times its own (rank.py).
+        self._phase_seconds = {"config": tokenizer_start - config_start,
+                               "tokenizer": time.perf_counter() - tokenizer_start}
         self.max_model_len = _max_model_len(config, self.model_config)
         tp_size = config.tensor_parallel_size
         check_tensor_parallel(self.model_config, tp_size)
@@ -107,8 +113,11 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self._requests: dict[str, _Request] = {}
         self.last_plan: SchedulerOutput | None = None  # the latest step's composition
-        log.info("engine ready", extra={"kv_blocks": num_blocks, "block_size": config.block_size,
-                                        "max_model_len": self.max_model_len})
+        self._startup_seconds = time.perf_counter() - started
+        log.info("engine ready", extra={
+            "kv_blocks": num_blocks, "block_size": config.block_size,
+            "max_model_len": self.max_model_len,
+            **{name: round(seconds, 3) for name, seconds in self.startup_report().items()}})
         log.info("memory", extra=self.memory_report())
 
     def _start_workers(self, setup: RankSetup,
@@ -190,7 +199,8 @@ class LLMEngine:
         return self.kv.stats()
 
     def memory_report(self) -> dict[str, Any]:
-        """What the weights and the KV pool take: the figures quantization changes."""
+        """What the weights and the KV pool take (one rank's shard of each under tensor
+        parallelism): the figures quantization changes."""
         stats = self.kv.stats()
         return {"tensor_parallel_size": self.config.tensor_parallel_size,
                 "quantization": self.config.quantization or "none",
@@ -198,7 +208,8 @@ class LLMEngine:
                 "kv_cache_dtype": stats.dtype,
                 "kv_bytes_per_token": stats.bytes_per_token,
                 "kv_tokens_per_gib": stats.tokens_per_gib,
-                "kv_capacity_tokens": stats.num_blocks * self.config.block_size}
+                "kv_capacity_tokens": stats.num_blocks * self.config.block_size,
+                "kv_pool_bytes": stats.num_blocks * self.runner.layout.bytes_per_block}
 
     def load_report(self) -> dict[str, float]:
         """What fetching and loading the model took (rank 0's shard under tensor
@@ -206,6 +217,15 @@ class LLMEngine:
         report = self.runner.model.load_report
         return {"download_seconds": self._download_seconds, "load_seconds": report.seconds,
                 "load_bytes": report.bytes, "load_gb_per_s": report.gb_per_s}
+
+    def startup_report(self) -> dict[str, float]:
+        """Seconds of each start-up phase (rank 0's under tensor parallelism) and of the whole
+        start-up; the rest of the total is fetching the model, starting the tensor-parallel
+        workers and building the scheduler. The first engine of a process also pays for
+        importing transformers' config classes in config_seconds."""
+        phases = {**self._phase_seconds, **self.runner.startup_seconds}
+        return {**{f"{name}_seconds": seconds for name, seconds in phases.items()},
+                "total_seconds": self._startup_seconds}
 
     def _load_log_fields(self) -> dict[str, Any]:
         report = self.runner.model.load_report

@@ -17,6 +17,7 @@ from tokenmill.engine.execution.kv_layout import KVCacheLayout
 from tokenmill.engine.execution.kv_sizing import MemoryProfile, host_tier_blocks, kv_sizing
 from tokenmill.engine.execution.profile_run import CudaMemory, profile_memory
 from tokenmill.engine.execution.runner import ModelRunner
+from tokenmill.engine.execution.startup_phases import StartupPhases
 from tokenmill.engine.models.loader import build_model
 from tokenmill.engine.models.source import ModelSource
 
@@ -39,14 +40,17 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
                  show_progress: bool,
                  on_logits: Callable[[torch.Tensor], object] | None = None) -> ModelRunner:
     """Load this rank's shard and size its KV pool; every rank agrees on the block count
-    (the smallest any rank can hold), since rank 0 schedules blocks for all of them.
+    (the smallest any rank can hold), since rank 0 schedules blocks for all of them. The
+    runner's `startup_seconds` says what each phase took on this rank.
 
     On CUDA each rank profiles the worst-case step on its own shard (the ranks run it together:
     its collectives join them); rank 0 passes `on_logits`, its sampler's worst case over the
     step's logits, as it samples them when serving."""
     config = setup.config
-    model = build_model(model_config, setup.source, setup.max_model_len, setup.dtype, device,
-                        show_progress, quantization=config.quantization, tp=tp)
+    phases = StartupPhases(device)
+    with phases.phase("weights"):
+        model = build_model(model_config, setup.source, setup.max_model_len, setup.dtype,
+                            device, show_progress, quantization=config.quantization, tp=tp)
     layout = KVCacheLayout.for_model(model_config, config.block_size, setup.dtype,
                                      config.kv_cache_dtype, tp.size)
 
@@ -57,17 +61,24 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
                               max_model_len=setup.max_model_len,
                               on_logits=on_logits)
 
-    sizing = kv_sizing(config, layout.bytes_per_block, device.type, profile)
-    num_blocks = tp.min_int(sizing.blocks, device)
-    host_blocks = tp.min_int(host_tier_blocks(config, layout.bytes_per_block, tp.size), device)
+    with phases.phase("kv_profile"):
+        sizing = kv_sizing(config, layout.bytes_per_block, device.type, profile)
+        num_blocks = tp.min_int(sizing.blocks, device)
+        host_blocks = tp.min_int(host_tier_blocks(config, layout.bytes_per_block, tp.size),
+                                 device)
     log.info("kv cache sizing", extra={"rank": tp.rank, **sizing.log_fields(),
                                        "rank_blocks": sizing.blocks, "blocks": num_blocks,
                                        "host_blocks": host_blocks})
-    runner = ModelRunner(model, num_blocks, layout, device,
-                         attention_backend=setup.attention_backend, num_host_blocks=host_blocks)
+    with phases.phase("kv_allocate"):
+        runner = ModelRunner(model, num_blocks, layout, device,
+                             attention_backend=setup.attention_backend,
+                             num_host_blocks=host_blocks)
+    phases.seconds["graph_capture"] = 0.0
     if graphs_wanted(device.type, setup.attention_backend, config.enforce_eager):
-        runner.capture_decode_graphs(config.max_num_seqs, config.max_num_batched_tokens,
-                                     setup.max_model_len)
+        with phases.phase("graph_capture"):
+            runner.capture_decode_graphs(config.max_num_seqs, config.max_num_batched_tokens,
+                                         setup.max_model_len)
+    runner.startup_seconds = phases.seconds
     return runner
 
 

@@ -45,6 +45,8 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         # The latest step's prompt-token scores (prompt_scores.py), None without any.
         self.prompt_scores: torch.Tensor | None = None
+        # Seconds of each start-up phase on this rank, set by build_runner (rank.py).
+        self.startup_seconds: dict[str, float] = {}
 
     def _layer_view(self, layer: int) -> KVLayer:
         k, v = self.kv_pool[layer]
