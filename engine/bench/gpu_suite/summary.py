@@ -108,6 +108,42 @@ def _kv_offload(result: dict[str, Any]) -> list[Row]:
     ]
 
 
+def _profile(result: dict[str, Any]) -> list[Row]:
+    rows = []
+    for run in result["runs"]:
+        mean = run["mean"]
+        busy = mean["gpu_busy_fraction"]
+        top = run["top_host_costs"][0] if run["top_host_costs"] else None
+        rows.append((f"profile, {run['part']}, batch {run['batch_size']}: decode step",
+                     f"{run['step_us']['median'] / 1e3:.2f} ms; {mean['kernel_launches']:.0f} "
+                     f"kernel + {mean['graph_launches']:.0f} graph launches, "
+                     f"{mean['device_kernels']:.0f} kernels, GPU busy "
+                     + ("-" if busy is None else f"{busy:.0%}")
+                     + ("" if top is None else f"; top host cost {top['name']} "
+                        f"{top['self_us_per_step'] / 1e3:.2f} ms"), ""))
+    return rows
+
+
+def _startup(result: dict[str, Any]) -> list[Row]:
+    rows = []
+    for run in result["runs"]:
+        phases = run["phases"]
+        sizing = (f"utilization {run['gpu_memory_utilization']:g}"
+                  if run["gpu_memory_utilization"] is not None
+                  else f"KV {run['kv_cache_memory'] / 2**20:.0f} MiB")
+        memory = run["device_memory"]
+        used = "" if memory is None else (
+            f"; device {memory['used_fraction']:.1%} in use of "
+            f"{memory['asked_utilization']:.0%} asked")
+        rows.append((f"startup, {run['part']} ({sizing})",
+                     f"{phases['total_seconds']:.1f} s: weights {phases['weights_seconds']:.1f}"
+                     f" s ({run['load']['load_gb_per_s']:.2f} GB/s), KV profile "
+                     f"{phases['kv_profile_seconds']:.1f} s, graphs "
+                     f"{phases['graph_capture_seconds']:.1f} s; KV pool "
+                     f"{run['memory']['kv_pool_bytes'] / 2**30:.2f} GiB{used}", ""))
+    return rows
+
+
 ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "tests": _tests,
     "bench-throughput": _part("throughput", {"cuda-graphs": (THROUGHPUT_TARGET, "")}),
@@ -116,4 +152,6 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "bench-throughput-fp8": _part("throughput-fp8"),
     "bench-batch1-fp8": _part("batch1-fp8"),
     "bench-kv-offload": _kv_offload,
+    "profile": _profile,
+    "startup": _startup,
 }
