@@ -13,6 +13,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenmill.engine.contract.speculative import SpeculativeConfig, SpeculativeConfigError
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATIONS = (None, "int8", "fp8")
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
@@ -112,6 +114,14 @@ class EngineConfig:
                 "otherwise), torch, or triton (on CPU only in Triton's interpreter, "
                 "TRITON_INTERPRET=1).",
     )
+    speculative_config: str | None = _opt(
+        None, "Speculative decoding, as JSON in vLLM's shape: {\"method\": \"ngram\", "
+              "\"num_speculative_tokens\": K, \"prompt_lookup_max\": N, "
+              "\"prompt_lookup_min\": M} proposes the K tokens that followed the latest "
+              "earlier occurrence of the sequence's last N..M tokens (prompt lookup); every "
+              "step verifies each sequence's proposals in one forward pass, so greedy output "
+              "is unchanged and sampling keeps its distribution. "
+              "\"disable_by_batch_size\": B turns it off while B or more sequences run.")
     enforce_eager: bool = _opt(
         False, "Run every step eagerly. By default, on CUDA with the Triton attention kernels, "
                "the decode step is captured as a CUDA graph per batch-size bucket at start-up "
@@ -151,6 +161,8 @@ class EngineConfig:
         _check(not self.kv_offloading_size or self.enable_prefix_caching, "kv_offloading_size",
                "the host tier holds blocks the prefix cache evicts; it needs "
                "enable_prefix_caching")
+        if self.speculative_config is not None:
+            self.speculative()  # raises ConfigError naming the option
         _check(self.attention_backend in ATTENTION_BACKENDS, "attention_backend",
                f"{self.attention_backend!r} is not one of {ATTENTION_BACKENDS}")
 
@@ -161,6 +173,15 @@ class EngineConfig:
             _check(value in values, option,
                    f"{value} is not supported by this engine version yet (supported: "
                    f"{', '.join('none' if v is None else str(v) for v in values)})")
+
+    def speculative(self) -> SpeculativeConfig | None:
+        """The parsed --speculative-config (None: no speculation)."""
+        if self.speculative_config is None:
+            return None
+        try:
+            return SpeculativeConfig.parse(self.speculative_config)
+        except SpeculativeConfigError as e:
+            raise ConfigError("speculative_config", str(e)) from None
 
     @classmethod
     def option_names(cls) -> list[str]:

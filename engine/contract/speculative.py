@@ -1,0 +1,84 @@
+"""--speculative-config: vLLM's JSON shape, parsed and checked without torch (the operator
+checks `spec.engine.speculative` with the same rules).
+
+  {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+   "prompt_lookup_min": 2}
+  {"model": "PATH_OR_NAME", "num_speculative_tokens": 4}    (a draft model: method "draft")
+
+`disable_by_batch_size` (optional) turns speculation off while at least that many sequences
+run: a batch that large is no longer bound by reading the weights, so verifying proposals
+costs more than it saves.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+METHODS = ("ngram", "draft")
+MAX_SPECULATIVE_TOKENS = 16
+KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
+        "disable_by_batch_size"}
+DEFAULT_PROMPT_LOOKUP_MAX = 4
+DEFAULT_PROMPT_LOOKUP_MIN = 1
+
+
+class SpeculativeConfigError(ValueError):
+    """What is wrong with the speculative configuration, in its own keys' terms."""
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_max: int = DEFAULT_PROMPT_LOOKUP_MAX
+    prompt_lookup_min: int = DEFAULT_PROMPT_LOOKUP_MIN
+    model: str | None = None
+    disable_by_batch_size: int | None = None
+
+    @classmethod
+    def parse(cls, text: str | dict[str, Any]) -> SpeculativeConfig:
+        """From the JSON text (or its decoded object); SpeculativeConfigError if invalid."""
+        if isinstance(text, str):
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise SpeculativeConfigError(f"is not JSON ({e.msg} at character {e.pos})") \
+                    from None
+        else:
+            data = text
+        if not isinstance(data, dict):
+            raise SpeculativeConfigError("must be a JSON object")
+        unknown = sorted(set(data) - KEYS)
+        if unknown:
+            raise SpeculativeConfigError(f"unknown keys {unknown}; known: {sorted(KEYS)}")
+        method = data.get("method") or ("draft" if data.get("model") else None)
+        if method not in METHODS:
+            raise SpeculativeConfigError(
+                f"method {data.get('method')!r} is not one of {list(METHODS)} (or give "
+                "\"model\" for a draft model)")
+        if method == "draft" and not data.get("model"):
+            raise SpeculativeConfigError("method \"draft\" needs \"model\": the draft model")
+        if method == "ngram" and data.get("model"):
+            raise SpeculativeConfigError("method \"ngram\" takes no \"model\"")
+        k = _int(data, "num_speculative_tokens", None, 1, MAX_SPECULATIVE_TOKENS)
+        high = _int(data, "prompt_lookup_max", DEFAULT_PROMPT_LOOKUP_MAX, 1, 64)
+        low = _int(data, "prompt_lookup_min", min(DEFAULT_PROMPT_LOOKUP_MIN, high), 1, high)
+        off = data.get("disable_by_batch_size")
+        if off is not None:
+            off = _int(data, "disable_by_batch_size", None, 1, None)
+        return cls(method, k, high, low, data.get("model"), off)
+
+
+def _int(data: dict[str, Any], key: str, default: int | None, low: int,
+         high: int | None) -> int:
+    value = data.get(key, default)
+    if value is None:
+        raise SpeculativeConfigError(f"{key!r} is required")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpeculativeConfigError(f"{key!r} must be an integer, got {value!r}")
+    if value < low or (high is not None and value > high):
+        bounds = f"{low}..{high}" if high is not None else f">= {low}"
+        raise SpeculativeConfigError(f"{key!r} must be in {bounds}, got {value}")
+    return value

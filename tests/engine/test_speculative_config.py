@@ -1,0 +1,41 @@
+"""--speculative-config: vLLM's JSON shape, checked at construction with errors that name the
+option and the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenmill.engine.contract.config import ConfigError, EngineConfig
+from tokenmill.engine.contract.speculative import SpeculativeConfig
+
+
+def test_ngram_and_draft_shapes_parse_with_vllm_keys():
+    ngram = SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 3, '
+                                    '"prompt_lookup_max": 5, "prompt_lookup_min": 2}')
+    assert (ngram.method, ngram.num_speculative_tokens, ngram.prompt_lookup_max,
+            ngram.prompt_lookup_min) == ("ngram", 3, 5, 2)
+    draft = SpeculativeConfig.parse({"model": "/models/draft", "num_speculative_tokens": 4})
+    assert (draft.method, draft.model) == ("draft", "/models/draft")
+    off = SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 2,
+                                   "disable_by_batch_size": 8})
+    assert off.disable_by_batch_size == 8
+    assert EngineConfig().speculative() is None
+
+
+@pytest.mark.parametrize("text, message", [
+    ("not json", "is not JSON"),
+    ("[1]", "must be a JSON object"),
+    ('{"method": "medusa", "num_speculative_tokens": 2}', "method 'medusa' is not one of"),
+    ('{"method": "ngram"}', "'num_speculative_tokens' is required"),
+    ('{"method": "ngram", "num_speculative_tokens": 0}', r"must be in 1\.\.16, got 0"),
+    ('{"method": "ngram", "num_speculative_tokens": 17}', r"must be in 1\.\.16, got 17"),
+    ('{"method": "ngram", "num_speculative_tokens": "3"}', "must be an integer"),
+    ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2, '
+     '"prompt_lookup_min": 3}', r"'prompt_lookup_min' must be in 1\.\.2"),
+    ('{"method": "draft", "num_speculative_tokens": 2}', 'needs "model"'),
+    ('{"method": "ngram", "model": "x", "num_speculative_tokens": 2}', 'takes no "model"'),
+    ('{"method": "ngram", "num_speculative_tokens": 2, "k": 1}', r"unknown keys \['k'\]"),
+])
+def test_bad_configs_fail_naming_the_option_and_the_key(text, message):
+    with pytest.raises(ConfigError, match=f"^speculative_config: .*{message}"):
+        EngineConfig(speculative_config=text)
