@@ -26,6 +26,7 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 # values that fail at start-up (engine), and at `kubectl apply` (the CRD's rules are generated
 # from these), until the engine implements them.
 SUPPORTED = {"quantization": (None, "int8", "fp8"), "kv_cache_dtype": ("auto", "int8", "fp8")}
+SUPPORTED_SPECULATIVE_METHODS = ("ngram",)
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_CPU_KV_CACHE_MEMORY = 1 << 30
 
@@ -173,6 +174,11 @@ class EngineConfig:
             _check(value in values, option,
                    f"{value} is not supported by this engine version yet (supported: "
                    f"{', '.join('none' if v is None else str(v) for v in values)})")
+        speculative = self.speculative()
+        _check(speculative is None or speculative.method in SUPPORTED_SPECULATIVE_METHODS,
+               "speculative_config", f"method {speculative and speculative.method!r} is not "
+               "supported by this engine version yet (supported: "
+               f"{', '.join(SUPPORTED_SPECULATIVE_METHODS)})")
 
     def speculative(self) -> SpeculativeConfig | None:
         """The parsed --speculative-config (None: no speculation)."""

@@ -22,6 +22,8 @@ from tokenmill.engine.core.request import RequestTimings, Sequence
 from tokenmill.engine.core.sampler import sample, sample_worst_case
 from tokenmill.engine.core.sampling_params import SamplingParams
 from tokenmill.engine.core.scheduler import Scheduler, SchedulerOutput
+from tokenmill.engine.core.speculative.proposer import NgramProposer, SpeculationStats
+from tokenmill.engine.core.speculative.verify import Draw, verify
 from tokenmill.engine.core.step_builder import build_step_inputs
 from tokenmill.engine.core.structured.backend import GrammarError, StructuredOutputs
 from tokenmill.engine.distributed.group import TPGroup
@@ -103,7 +105,12 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                  layout=self.runner.layout,
                                  num_host_blocks=self.runner.num_host_blocks)
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
+        speculative = config.speculative()
+        proposer = (NgramProposer(speculative, self.max_model_len) if speculative is not None
+                    else None)
+        self.speculation_stats = proposer.stats if proposer else SpeculationStats()
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
+                                   proposer)
         self.eos_token_ids = _eos_ids(self.model_config, self.tokenizer, source.directory)
         # Grammars of constrained requests; xgrammar loads on the first one.
         self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size,
@@ -259,31 +266,29 @@ class LLMEngine:
                 self.workers.raise_if_failed(wait_s=5.0)
             raise
         record_prompt_logprobs(plan.scheduled, self.runner.prompt_scores)
-        rows: list[int] = []
-        to_sample: list[Sequence] = []
-        for row, (seq, num_new) in enumerate(plan.scheduled):
+        draws: list[Draw] = []  # (sequence, its first logit row, its proposals)
+        row = 0
+        for seq, num_new in plan.scheduled:
+            if seq.spec_tokens:  # its last token now computed; proposals once accepted
+                seq.num_computed_tokens += 1
+                draws.append(Draw(seq, row, seq.spec_tokens))
+                row += num_new
+                continue
             seq.num_computed_tokens += num_new
             self.kv.cache_computed_blocks(seq)
-            if seq.num_computed_tokens < seq.num_tokens:
-                continue  # a prompt chunk; the prompt continues next step
-            for member in self._fork_if_first_sample(seq):
-                rows.append(row)
-                to_sample.append(member)
+            if seq.num_computed_tokens == seq.num_tokens:  # else a prompt chunk: more next step
+                draws += [Draw(member, row) for member in self._fork_if_first_sample(seq)]
+            row += 1
         touched: dict[str, _Request] = {}
-        if to_sample:
-            if rows != list(range(len(logits))):  # some rows are prompt chunks, or forked
-                logits = logits[torch.tensor(rows, device=logits.device)]
-            result = sample(logits, to_sample, self._generator)
-            now = time.monotonic()
-            for seq, token, logprobs in zip(to_sample, result.token_ids, result.logprobs,
-                                            strict=True):
-                req = self._requests[seq.request_id]
-                if req.timings.first_token is None:
-                    req.timings.first_token = now
-                append_token(seq, token, logprobs, self.eos_token_ids, self.max_model_len)
-                if seq.finish_reason is not None:
-                    self.scheduler.finish(seq)
-                touched[req.request_id] = req
+        for draw in verify(draws, logits, self._sample_rows, self.speculation_stats):
+            seq = draw.seq
+            if seq.finish_reason is not None:
+                self.kv.cache_computed_blocks(seq)
+                self.scheduler.finish(seq)
+            elif draw.proposals:  # index what it accepted, release what it did not
+                self.kv.cache_computed_blocks(seq)
+                self.kv.trim(seq)
+            touched[seq.request_id] = self._requests[seq.request_id]
         outputs = []
         for req in touched.values():
             if all(s.is_finished for s in req.seqs) and len(req.seqs) == req.params.n:
@@ -294,6 +299,20 @@ class LLMEngine:
         return outputs
 
     # ---- helpers --------------------------------------------------------------------------
+
+    def _sample_rows(self, logits: torch.Tensor, rows: list[int],
+                     seqs: list[Sequence]) -> list[int]:
+        """Sample these logit rows, one per sequence, and append each token to its sequence."""
+        if rows != list(range(len(logits))):
+            logits = logits[torch.tensor(rows, device=logits.device)]
+        result = sample(logits, seqs, self._generator)
+        now = time.monotonic()
+        for seq, token, logprobs in zip(seqs, result.token_ids, result.logprobs, strict=True):
+            timings = self._requests[seq.request_id].timings
+            if timings.first_token is None:
+                timings.first_token = now
+            append_token(seq, token, logprobs, self.eos_token_ids, self.max_model_len)
+        return result.token_ids
 
     def _fork_if_first_sample(self, seq: Sequence) -> list[Sequence]:
         """At a request's first sample, n > 1 becomes n sequences sharing the prompt blocks."""

@@ -80,6 +80,7 @@ class Sequence:
         self.stop_reason: str | int | None = None
         self.num_preemptions = 0
         self.num_computed_when_preempted = 0  # the work a readmission may have to redo
+        self.spec_tokens: list[int] = []  # proposed next tokens this step verifies
         self.cache_salt = cache_salt
         self.num_cached_blocks = 0  # leading blocks already indexed by the prefix cache
         self.times_bypassed = 0     # admissions that went to a later arrival first

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from tokenmill.engine.core.kv_cache import KVCacheManager, PrefixMatch
 from tokenmill.engine.core.request import Sequence, SequenceStatus
+from tokenmill.engine.core.speculative.proposer import NgramProposer
 
 MAX_BYPASSES = 8        # admissions that may overtake the oldest waiting sequence
 MAX_CANDIDATES = 64     # waiting sequences considered for cache-aware admission
@@ -60,8 +61,10 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 proposer: NgramProposer | None = None):
         self.kv = kv
+        self.proposer = proposer  # speculative decoding's, None without
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -84,6 +87,8 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this step
             num_new = min(seq.num_uncomputed_tokens, budget)
+            if num_new == 1 and self.proposer is not None:
+                num_new += self._speculate(seq, budget - 1)
             if self._make_room(seq, num_new, chosen, out):
                 out.block_copies += self.kv.grow(seq, num_new)
                 out.scheduled.append((seq, num_new))
@@ -93,6 +98,15 @@ class Scheduler:
             self._admit(out, budget)
         out.kv_to_host, out.kv_to_device = self.kv.take_transfers()
         return out
+
+    def _speculate(self, seq: Sequence, budget: int) -> int:
+        """Give a decoding seq its proposals for this step, as many as the budget and the free
+        blocks allow (speculation never preempts); return how many."""
+        proposals = self.proposer.propose(seq, len(self.running))[:budget]
+        if proposals and not self.kv.can_grow(seq, 1 + len(proposals)):
+            proposals = []
+        seq.spec_tokens = proposals
+        return len(proposals)
 
     def _make_room(self, seq: Sequence, num_new: int, chosen: set[int],
                    out: SchedulerOutput) -> bool:
@@ -165,6 +179,7 @@ class Scheduler:
         cache still holds of it and recomputes the rest from its tokens."""
         self.running.remove(seq)
         self.kv.free(seq)
+        seq.spec_tokens = []
         seq.num_computed_when_preempted = seq.num_computed_tokens
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING

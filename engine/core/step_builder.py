@@ -20,6 +20,10 @@ def build_step_inputs(scheduled: list[tuple[Sequence, int]], block_size: int,
                         kv_to_host=list(transfers[0]), kv_to_device=list(transfers[1]))
     for seq, num_new in scheduled:
         start = seq.num_computed_tokens
+        if seq.spec_tokens:  # its last token, then its proposals: a logit row for each
+            inputs.add_sequence(seq.token_slice(start, start + 1) + seq.spec_tokens, start,
+                                seq.block_table, block_size, num_logits=num_new)
+            continue
         inputs.add_sequence(seq.token_slice(start, start + num_new), start, seq.block_table,
                             block_size)
     inputs.prompt_rows = rows_to_score(scheduled)

@@ -119,4 +119,7 @@ class ModelRunner:
             self.prompt_scores = score_rows(self.model, hidden, inputs.prompt_rows)
         if inputs.all_logits or decode_only:  # decode: every row is its sequence's last
             return self.model.logits(hidden)
+        rows = inputs.logit_rows()
+        if rows is not None:  # proposals to verify: a row for each
+            return self.model.logits(hidden[torch.tensor(rows, device=hidden.device)])
         return self.model.logits(hidden[views.query_start[1:] - 1])

@@ -36,12 +36,16 @@ class StepInputs:
     kv_to_host: list[tuple[int, int]] = field(default_factory=list)
     kv_to_device: list[tuple[int, int]] = field(default_factory=list)
     all_logits: bool = False
+    # Logit rows per sequence, its last new tokens' (1 unless its proposals are verified: one
+    # per proposal and one after them).
+    num_logits: list[int] = field(default_factory=list)
     prompt_rows: PromptRows = field(default_factory=PromptRows)  # rows scoring prompt tokens
 
     def add_sequence(self, token_ids: list[int], start: int, block_table: list[int],
-                     block_size: int) -> None:
+                     block_size: int, num_logits: int = 1) -> None:
         """A sequence whose new tokens `token_ids` sit at positions start.. (its context ends
-        with them)."""
+        with them), with logits for its last num_logits of them."""
+        self.num_logits.append(num_logits)
         end = start + len(token_ids)
         self.input_ids += token_ids
         self.positions += range(start, end)
@@ -49,3 +53,14 @@ class StepInputs:
         self.seq_lens.append(end)
         self.query_lens.append(len(token_ids))
         self.block_tables.append(list(block_table))
+
+    def logit_rows(self) -> list[int] | None:
+        """The flat token rows whose logits this step returns, when some sequence asks for more
+        than its last (None: each sequence's last row)."""
+        if all(count == 1 for count in self.num_logits):
+            return None
+        rows, end = [], 0
+        for query_len, count in zip(self.query_lens, self.num_logits, strict=True):
+            end += query_len
+            rows += range(end - count, end)
+        return rows

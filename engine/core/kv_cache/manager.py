@@ -163,6 +163,13 @@ class KVCacheManager:
         self._tables[seq.seq_id] = seq
         return copies
 
+    def trim(self, seq: Sequence) -> None:
+        """Release blocks past seq's tokens: those grown for proposals it did not accept (their
+        slots hold KV of rejected tokens, never read again)."""
+        keep = self.blocks_needed(seq.num_tokens)
+        while len(seq.block_table) > keep:
+            self.allocator.release(seq.block_table.pop())
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Child shares every block of parent (reference counts, no copy)."""
         for block in parent.block_table:

@@ -1,0 +1,63 @@
+"""Which decoding sequences speculate this step, and on how many tokens.
+
+A sequence gets at most num_speculative_tokens proposals, never more than it may still emit
+(its max_tokens and the model's context leave room for every proposal plus the token the
+verification adds), and none while disable_by_batch_size or more sequences run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tokenmill.engine.contract.speculative import SpeculativeConfig
+from tokenmill.engine.core.request import Sequence
+from tokenmill.engine.core.speculative.ngram import propose_ngram
+
+
+@dataclass
+class SpeculationStats:
+    """Running totals with vLLM's meanings: a draft is one sequence's proposals in one step."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def record(self, proposed: int, accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += proposed
+        self.num_accepted_tokens += accepted
+        while len(self.accepted_per_position) < proposed:
+            self.accepted_per_position.append(0)
+        for position in range(accepted):
+            self.accepted_per_position[position] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens each verified draft emits: its accepted proposals plus the token the target
+        adds after them."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+
+class NgramProposer:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int):
+        self.config = config
+        self.max_model_len = max_model_len
+        self.stats = SpeculationStats()
+
+    def propose(self, seq: Sequence, num_running: int) -> list[int]:
+        """seq's proposals for this step ([]: it decodes one token as usual)."""
+        config = self.config
+        if config.disable_by_batch_size and num_running >= config.disable_by_batch_size:
+            return []
+        room = min(config.num_speculative_tokens,
+                   seq.params.max_tokens - len(seq.output_token_ids) - 1,
+                   self.max_model_len - seq.num_tokens - 1)
+        if room < 1:
+            return []
+        return propose_ngram(seq.token_ids, room, config.prompt_lookup_max,
+                             config.prompt_lookup_min)

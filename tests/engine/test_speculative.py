@@ -1,0 +1,202 @@
+"""Speculative decoding (n-gram prompt lookup): proposals verified in one step never change an
+output. Greedy outputs equal plain decoding and HF token for token, batched and mixed with
+sequences that do not speculate, with the prefix cache, chunked prefill, penalties, logprobs,
+stop strings and n > 1; seeded sampling draws the same tokens; rejected proposals leave no
+block behind."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from model_support import hf_greedy
+
+from tokenmill.engine import LLM, SamplingParams
+from tokenmill.engine.contract.config import ConfigError
+
+MAX_NEW = 24
+
+
+def _spec(k: int = 4, **extra) -> str:
+    return json.dumps({"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3,
+                       "prompt_lookup_min": 1, **extra})
+
+
+def _repetitive_prompts() -> list[list[int]]:
+    """Prompts that repeat themselves, so lookups find proposals (random models copy poorly,
+    but greedy continuations of repeated text repeat often enough), and plain random ones."""
+    rng = random.Random(5)
+    motif = [rng.randrange(100, 3000) for _ in range(7)]
+    return [motif * 4, motif * 3 + motif[:3], [rng.randrange(100, 3000) for _ in range(20)],
+            [5, 6, 7, 5, 6, 7, 5, 6]]
+
+
+def _greedy(max_tokens: int = MAX_NEW, **extra) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **extra)
+
+
+def _engine(directory: str, speculative: str | None, **options) -> LLM:
+    options.setdefault("kv_cache_memory", 32 << 20)
+    return LLM(directory, show_progress=False, speculative_config=speculative, **options)
+
+
+def _outputs(llm: LLM, prompts, params) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+
+
+@pytest.fixture(scope="module")
+def hf_reference(tiny_llama_dir) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    return [hf_greedy(model, p, MAX_NEW) for p in _repetitive_prompts()]
+
+
+def _check_clean(llm: LLM) -> None:
+    llm.engine.kv.allocator.check_all_free()
+    assert all(not s.spec_tokens for s in llm.engine.scheduler.running)
+
+
+@pytest.mark.parametrize("budget", [2048, 16])
+def test_greedy_batched_equals_plain_decoding_and_hf(tiny_llama_dir, hf_reference, budget):
+    llm = _engine(tiny_llama_dir, _spec(), max_num_batched_tokens=budget, max_num_seqs=8)
+    outputs = _outputs(llm, _repetitive_prompts(), _greedy())
+    assert outputs == hf_reference
+    stats = llm.engine.speculation_stats
+    assert stats.num_drafts > 0 and stats.num_draft_tokens >= stats.num_drafts
+    assert 0 < stats.num_accepted_tokens <= stats.num_draft_tokens
+    _check_clean(llm)
+
+
+def _off_and_on(directory: str, run, speculative: str | None = None, **options) -> dict:
+    """run(llm) on an engine without speculation, then with it; both leak nothing."""
+    results = {}
+    for spec in (None, speculative or _spec()):
+        llm = _engine(directory, spec, **options)
+        results[spec is not None] = run(llm)
+        _check_clean(llm)
+        if spec is not None:
+            assert llm.engine.speculation_stats.num_drafts > 0
+    return results
+
+
+def test_penalties_logprobs_stop_strings_and_n_samples_are_unchanged(tiny_llama_dir):
+    prompts = _repetitive_prompts()
+    cases = [
+        _greedy(repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.2),
+        _greedy(logprobs=3),
+        SamplingParams(temperature=0.9, top_p=0.9, top_k=50, seed=11, max_tokens=MAX_NEW,
+                       ignore_eos=True, n=3),
+    ]
+
+    def run(llm: LLM) -> list:
+        got = []
+        for params in cases:
+            for out in llm.generate(prompts, params):
+                got.append([(c.token_ids, c.finish_reason,
+                             [sorted(lp.items()) for lp in (c.logprobs or [])])
+                            for c in out.outputs])
+        return got
+
+    results = _off_and_on(tiny_llama_dir, run, max_num_seqs=16)
+    # Tokens and finish reasons exactly; logprobs to float rounding (a verify step computes
+    # several rows of a sequence at once, plain decoding one).
+    strip = [[(tokens, reason, [[t for t, _ in row] for row in lps])
+              for tokens, reason, lps in out] for out in results[True]]
+    assert strip == [[(tokens, reason, [[t for t, _ in row] for row in lps])
+                      for tokens, reason, lps in out] for out in results[False]]
+    values = [v for out in results[True] for _, _, lps in out for row in lps for _, v in row]
+    plain = [v for out in results[False] for _, _, lps in out for row in lps for _, v in row]
+    assert values == pytest.approx(plain, abs=1e-4) and len(values) > 0
+
+
+def test_a_stop_string_inside_accepted_proposals_ends_the_output_there(tiny_llama_dir):
+    prompt = _repetitive_prompts()[0]
+    plain = _engine(tiny_llama_dir, None)
+    text = plain.generate([prompt], _greedy())[0].outputs[0].text
+    # The 3 characters that first appear latest: the output runs long before it stops.
+    stop = max((text[i:i + 3] for i in range(len(text) - 2)), key=text.find)
+    assert text.find(stop) > len(text) // 2
+
+    def run(llm: LLM):
+        c = llm.generate([prompt], _greedy(stop=[stop]))[0].outputs[0]
+        return c.text, c.token_ids, c.finish_reason, c.stop_reason
+
+    results = _off_and_on(tiny_llama_dir, run)
+    assert results[True] == results[False]
+    assert results[True][2] == "stop" and results[True][3] == stop
+
+
+def test_prefix_cache_preemption_and_mixed_batches_keep_outputs(tiny_llama_dir, hf_reference):
+    """The second round reuses the first's cached prefixes (full blocks that include accepted
+    proposals); one request per round asks for a single token (it cannot speculate) beside the
+    others, which do; prompts are prefilled in chunks of the token budget."""
+    prompts = _repetitive_prompts()
+
+    def run(llm: LLM):
+        rounds = []
+        for _ in range(2):
+            outs = llm.generate(prompts + [prompts[0]], [_greedy()] * 4 + [_greedy(1)])
+            rounds.append([o.outputs[0].token_ids for o in outs])
+        assert llm.engine.kv.prefix_hits > 0
+        return rounds
+
+    results = _off_and_on(tiny_llama_dir, run, max_num_seqs=8, max_num_batched_tokens=32)
+    assert results[True] == results[False]
+    assert results[True][0][:4] == hf_reference
+
+
+def test_preemption_under_a_small_pool_leaks_no_block(tiny_llama_dir, hf_reference):
+    from transformers import AutoConfig
+
+    from tokenmill.engine.execution.kv_layout import KVCacheLayout
+
+    block = KVCacheLayout.for_model(AutoConfig.from_pretrained(tiny_llama_dir), 16,
+                                    torch.float32).bytes_per_block
+
+    def run(llm: LLM):
+        outputs = _outputs(llm, _repetitive_prompts(), _greedy())
+        assert llm.engine.scheduler.num_preemptions > 0
+        return outputs
+
+    results = _off_and_on(tiny_llama_dir, run, kv_cache_memory=7 * block, max_num_seqs=4,
+                          max_num_batched_tokens=32)
+    assert results[True] == results[False] == hf_reference
+
+
+def test_aborting_mid_speculation_frees_everything(tiny_llama_dir):
+    llm = _engine(tiny_llama_dir, _spec())
+    engine = llm.engine
+    for i, prompt in enumerate(_repetitive_prompts()):
+        engine.add_request(f"r{i}", prompt, _greedy(200))
+    for _ in range(12):
+        engine.step()
+    assert engine.speculation_stats.num_drafts > 0
+    for i in range(4):
+        engine.abort_request(f"r{i}")
+    assert not engine.has_unfinished_requests()
+    _check_clean(llm)
+
+
+def test_speculation_turns_off_at_the_batch_size_asked(tiny_llama_dir):
+    llm = _engine(tiny_llama_dir, _spec(disable_by_batch_size=2), max_num_seqs=8)
+    _outputs(llm, _repetitive_prompts(), _greedy())  # four at once: never speculates
+    assert llm.engine.speculation_stats.num_drafts == 0
+    _outputs(llm, _repetitive_prompts()[:1], _greedy())  # alone: speculates
+    assert llm.engine.speculation_stats.num_drafts > 0
+
+
+def test_tensor_parallel_ranks_verify_the_same_rows(tiny_llama_dir, hf_reference):
+    with _engine(tiny_llama_dir, _spec(), tensor_parallel_size=2) as llm:
+        outputs = _outputs(llm, _repetitive_prompts(), _greedy())
+        assert llm.engine.speculation_stats.num_accepted_tokens > 0
+    assert outputs == hf_reference
+
+
+def test_a_draft_model_fails_at_start_up_naming_the_option(tiny_llama_dir):
+    with pytest.raises(ConfigError, match="speculative_config: method 'draft' is not "
+                                          "supported by this engine version yet"):
+        _engine(tiny_llama_dir, json.dumps({"model": tiny_llama_dir,
+                                            "num_speculative_tokens": 2}))
