@@ -88,6 +88,20 @@ class EngineMetrics:
         self.offload_capacity = Gauge("tokenmill_kv_offload_host_capacity_tokens",
                                       "Tokens the host tier holds (0: no host tier).", labels,
                                       registry=r)
+        # Speculative decoding (--speculative-config), with vLLM's meanings: a draft is one
+        # sequence's proposals in one step; acceptance rate = accepted / draft tokens, mean
+        # accepted length = 1 + accepted / drafts.
+        self.spec_drafts = Counter("tokenmill_spec_decode_num_drafts",
+                                   "Drafts verified: one sequence's proposals in one step.",
+                                   labels, registry=r)
+        self.spec_draft_tokens = Counter("tokenmill_spec_decode_num_draft_tokens",
+                                         "Proposed tokens verified.", labels, registry=r)
+        self.spec_accepted = Counter("tokenmill_spec_decode_num_accepted_tokens",
+                                     "Proposed tokens accepted.", labels, registry=r)
+        self.spec_accepted_per_pos = Counter(
+            "tokenmill_spec_decode_num_accepted_tokens_per_pos",
+            "Proposed tokens accepted, by their position in the draft (0: first).",
+            labels + ["position"], registry=r)
         self.success = Counter("tokenmill_request_success", "Finished requests.",
                                labels + ["finished_reason"], registry=r)
         self.ttft = self._histogram("tokenmill_time_to_first_token_seconds",
@@ -99,6 +113,8 @@ class EngineMetrics:
         self.queue_time = self._histogram("tokenmill_request_queue_time_seconds",
                                           "Arrival to first scheduling.")
         # Every series exists from the first scrape, at zero.
+        for metric in (self.spec_drafts, self.spec_draft_tokens, self.spec_accepted):
+            metric.labels(model_name)
         for metric in (self.prompt_tokens, self.generation_tokens, self.preemptions,
                        self.prefix_queries, self.prefix_hits, self.ttft, self.itl, self.e2e,
                        self.queue_time):
@@ -141,6 +157,7 @@ class EngineMetrics:
         self._advance(self.prefix_queries, "prefix_queries", engine.kv.prefix_queries)
         self._advance(self.prefix_hits, "prefix_hits", engine.kv.prefix_hits)
         self._observe_offload(engine)
+        self._observe_speculation(engine)
         resumed = engine.scheduler.resumed_tokens
         for source in RESUME_SOURCES:
             self._advance(self.preempted_tokens, f"preempted_{source}",
@@ -158,6 +175,16 @@ class EngineMetrics:
                                    now)
             if out.finished:
                 self._finish(out)
+
+    def _observe_speculation(self, engine: LLMEngine) -> None:
+        stats = engine.speculation_stats
+        self._advance(self.spec_drafts, "spec_drafts", stats.num_drafts)
+        self._advance(self.spec_draft_tokens, "spec_draft_tokens", stats.num_draft_tokens)
+        self._advance(self.spec_accepted, "spec_accepted", stats.num_accepted_tokens)
+        for position, count in enumerate(stats.accepted_per_position):
+            self.spec_accepted_per_pos.labels(self.model_name, str(position))  # from 0
+            self._advance(self.spec_accepted_per_pos, f"spec_accepted_{position}", count,
+                          str(position))
 
     def _observe_offload(self, engine: LLMEngine) -> None:
         kv = engine.kv

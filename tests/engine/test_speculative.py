@@ -200,3 +200,25 @@ def test_a_draft_model_fails_at_start_up_naming_the_option(tiny_llama_dir):
                                           "supported by this engine version yet"):
         _engine(tiny_llama_dir, json.dumps({"model": tiny_llama_dir,
                                             "num_speculative_tokens": 2}))
+
+
+def test_structured_outputs_keep_their_grammar_and_output(tiny_llama_dir):
+    """Proposals the grammar forbids are rejected like any mismatch (each row is sampled under
+    the grammar as it stands after the tokens accepted before it)."""
+    pytest.importorskip("xgrammar")
+    from structured_support import PERSON
+
+    from tokenmill.engine.core.structured import StructuredOutputsParams
+
+    params = [SamplingParams(temperature=0.0, max_tokens=80,
+                             structured_outputs=StructuredOutputsParams(json=PERSON)),
+              _greedy()]
+    prompts = _repetitive_prompts()[:2]
+
+    def run(llm: LLM):
+        outs = llm.generate(prompts, params)
+        return [(o.outputs[0].token_ids, o.outputs[0].text) for o in outs]
+
+    results = _off_and_on(tiny_llama_dir, run)
+    assert results[True] == results[False]
+    assert json.loads(results[True][0][1]).keys() == PERSON["properties"].keys()
