@@ -1,4 +1,5 @@
-"""`tokenmill bench offline`: the seeded workload, and a tiny end-to-end run on the real SmolLM2."""
+"""`tokenmill bench offline`: the seeded workload, and tiny end-to-end runs of the command and its
+comparisons."""
 
 from __future__ import annotations
 
@@ -44,10 +45,14 @@ def test_cli_defaults_are_the_issue_workload():
     assert args.workload_seed == 0 and args.seed == 0  # workload seed apart from engine seed
 
 
-def test_tiny_run_against_hf_writes_auditable_json(tmp_path, capsys, smol_tokenizer):
+def test_tiny_run_against_hf_writes_auditable_json(tmp_path, capsys, smol_tokenizer,
+                                                   tiny_llama_dir):
+    """The whole command on the tiny Llama (SmolLM2's tokenizer): engine run, HF baseline,
+    decode bound, table and JSON."""
     path = tmp_path / "offline.json"
     args = build_parser().parse_args([
-        "bench", "offline", "--num-prompts", "3", "--input-len", "4:12", "--output-len", "2:6",
+        "bench", "offline", "--model", tiny_llama_dir, "--num-prompts", "3", "--input-len",
+        "4:12", "--output-len", "2:6",
         "--hf-batch-sizes", "2", "--workload-seed", "3", "--json", str(path), "--no-progress",
         "--kv-cache-memory", str(64 << 20),
     ])
