@@ -7,8 +7,12 @@ here, so the operator cannot emit a flag or a value the engine would reject at s
 from __future__ import annotations
 
 import argparse
+import json
 import posixpath
+import re
 from typing import Any
+
+from pydantic.alias_generators import to_camel
 
 from tokenmill.engine.contract.config import (
     ConfigError,
@@ -18,12 +22,14 @@ from tokenmill.engine.contract.config import (
     engine_args,
     engine_config_from_args,
 )
+from tokenmill.engine.contract.speculative import KEYS as SPECULATIVE_KEYS
 
-from .spec import InferenceServiceSpec, SpecError
+from .spec import SPECULATIVE, InferenceServiceSpec, SpecError
 
 PORT = 8000
 PVC_MOUNT = "/mnt/models"
 CACHE_MOUNT = "/model-cache"  # where the init container downloads hf:// and s3:// models
+DRAFT_PVC_MOUNT = "/mnt/draft-model"  # a draft model's claim, where it is not the model's
 
 # Options the spec sets through its own fields; extraArgs may not set them again.
 _SPEC_OPTIONS = {
@@ -39,18 +45,19 @@ _SPEC_OPTIONS = {
     "max_num_batched_tokens": "spec.engine.maxNumBatchedTokens",
     "gpu_memory_utilization": "spec.engine.gpuMemoryUtilization",
     "kv_offloading_size": "spec.engine.kvOffloadingSize",
+    "speculative_config": SPECULATIVE,
 }
 _SERVER_FLAGS = ("host", "port", "served-model-name", "shutdown-timeout")
 
 
-def model_path(uri: str) -> str:
-    """Where the engine finds the model: pvc://claim/path is mounted under PVC_MOUNT; an
+def model_path(uri: str, pvc_mount: str = PVC_MOUNT) -> str:
+    """Where the engine finds the model: pvc://claim/path is mounted under `pvc_mount`; an
     s3:// model is the directory `tokenmill download` filled (DIR/s3/BUCKET/PREFIX), so the
     engine neither lists the store (network, credentials) nor takes the download's lock (a
     write); hf:// stays a URI the engine resolves in the cache, offline (see manifests)."""
     if uri.startswith("pvc://"):
         _, _, path = uri.removeprefix("pvc://").partition("/")
-        return f"{PVC_MOUNT}/{path}".rstrip("/")
+        return f"{pvc_mount}/{path}".rstrip("/")
     if uri.startswith("s3://"):
         bucket, _, prefix = uri.removeprefix("s3://").partition("/")
         return posixpath.join(CACHE_MOUNT, "s3", bucket,
@@ -61,6 +68,42 @@ def model_path(uri: str) -> str:
 def download_dir(uri: str) -> str | None:
     """The engine's --download-dir: the cache, for the models it resolves there (hf://)."""
     return CACHE_MOUNT if uri.startswith("hf://") else None
+
+
+def _claim(uri: str) -> str | None:
+    return uri.removeprefix("pvc://").partition("/")[0] if uri.startswith("pvc://") else None
+
+
+def draft_claim(spec: InferenceServiceSpec) -> str | None:
+    """The claim of a draft model that needs a volume of its own (one on the served model's
+    claim is read through that model's mount)."""
+    speculative = spec.engine.speculative
+    claim = _claim(speculative.model) if speculative and speculative.model else None
+    return claim if claim and claim != _claim(spec.model.uri) else None
+
+
+def speculative_config(spec: InferenceServiceSpec) -> str | None:
+    """--speculative-config: spec.engine.speculative as JSON with vLLM's keys (the fields'
+    own names), the draft model where the pod finds it; None when not set."""
+    speculative = spec.engine.speculative
+    if speculative is None:
+        return None
+    config = speculative.model_dump(exclude_none=True)
+    if speculative.model is not None:
+        mount = DRAFT_PVC_MOUNT if draft_claim(spec) else PVC_MOUNT
+        config["model"] = model_path(speculative.model, mount)
+    return json.dumps(config, separators=(",", ":"))
+
+
+def _speculative_problem(message: str) -> str:
+    """The contract's message about --speculative-config in the spec's terms: vLLM's keys
+    become the fields of spec.engine.speculative, and the one field it names leads."""
+    quoted = {key: re.compile(f"['\"]{key}['\"]") for key in SPECULATIVE_KEYS}
+    named = [key for key, pattern in quoted.items() if pattern.search(message)]
+    for key in named:
+        message = quoted[key].sub(to_camel(key), message)
+    field = f"{SPECULATIVE}.{to_camel(named[0])}" if len(named) == 1 else SPECULATIVE
+    return f"{field}: {message}"
 
 
 def engine_options(spec: InferenceServiceSpec) -> dict[str, Any]:
@@ -79,6 +122,7 @@ def engine_options(spec: InferenceServiceSpec) -> dict[str, Any]:
         "max_num_batched_tokens": engine.max_num_batched_tokens,
         "gpu_memory_utilization": engine.gpu_memory_utilization,
         "kv_offloading_size": float(engine.kv_offloading_size) or None,
+        "speculative_config": speculative_config(spec),
     }
 
 
@@ -112,8 +156,11 @@ def check_engine(spec: InferenceServiceSpec) -> None:
     try:
         engine_config_from_args(args).check_supported()
     except ConfigError as e:
+        message = str(e).partition(": ")[2]
+        if e.option == "speculative_config":
+            raise SpecError(_speculative_problem(message)) from None
         field = _SPEC_OPTIONS.get(e.option, f"spec.engine.extraArgs: {cli_flag(e.option)}")
-        raise SpecError(f"{field}: {str(e).partition(': ')[2]}") from None
+        raise SpecError(f"{field}: {message}") from None
 
 
 def download_command(spec: InferenceServiceSpec) -> list[str]:

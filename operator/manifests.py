@@ -10,7 +10,15 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
-from .args import CACHE_MOUNT, PORT, PVC_MOUNT, download_command, serve_command
+from .args import (
+    CACHE_MOUNT,
+    DRAFT_PVC_MOUNT,
+    PORT,
+    PVC_MOUNT,
+    download_command,
+    draft_claim,
+    serve_command,
+)
 from .spec import API_KEY_ENV, GROUP, KIND, VERSION, InferenceServiceSpec, api_key_ref
 
 GIB = 1 << 30
@@ -19,6 +27,7 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "tokenmill-operator"}
 CONTAINER = "engine"
 MODEL_DOWNLOAD = "model-download"  # the init container that fetches hf:// and s3:// models
 CACHE_VOLUME = "model-cache"
+DRAFT_VOLUME = "draft-model"  # a speculative draft model's claim, other than the model's
 # The download moves bytes and checks them; the pod's effective request is the larger of this
 # and the engine's, so it adds nothing to a replica that requests resources of its own.
 DOWNLOAD_RESOURCES = {"requests": {"cpu": "250m", "memory": "512Mi"}}
@@ -123,7 +132,7 @@ def _cache_volume(spec: InferenceServiceSpec) -> dict[str, Any]:
 def _volumes(spec: InferenceServiceSpec) -> tuple[list[dict], list[dict]]:
     """Volumes and the engine's mounts: writable scratch, shared memory for TP workers, the
     model's PVC, or the cache a remote model was downloaded into (read-only: the engine only
-    reads it)."""
+    reads it), and a speculative draft model's PVC where it is another claim."""
     volumes: list[dict] = [{"name": "scratch", "emptyDir": {}}]
     mounts: list[dict] = [{"name": "scratch", "mountPath": SCRATCH}]
     tp = spec.engine.tensor_parallel_size
@@ -136,6 +145,10 @@ def _volumes(spec: InferenceServiceSpec) -> tuple[list[dict], list[dict]]:
         volumes.append({"name": "model",
                         "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
         mounts.append({"name": "model", "mountPath": PVC_MOUNT, "readOnly": True})
+    if claim := draft_claim(spec):
+        volumes.append({"name": DRAFT_VOLUME,
+                        "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+        mounts.append({"name": DRAFT_VOLUME, "mountPath": DRAFT_PVC_MOUNT, "readOnly": True})
     if spec.model.remote:
         volumes.append(_cache_volume(spec))
         mounts.append({"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT, "readOnly": True})

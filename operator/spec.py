@@ -25,6 +25,13 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from tokenmill.engine.contract.config import DEFAULT_MODEL, SUPPORTED, TENSOR_PARALLEL_SIZES
+from tokenmill.engine.contract.speculative import (
+    DEFAULT_PROMPT_LOOKUP_MAX,
+    DEFAULT_PROMPT_LOOKUP_MIN,
+    MAX_PROMPT_LOOKUP,
+    MAX_SPECULATIVE_TOKENS,
+    METHODS,
+)
 
 from .model_shapes import KNOWN_MODELS, tp_problem, tp_rules
 
@@ -56,6 +63,10 @@ MODEL_URI_FORMS = {
         "s3://[^/]{3,63}(/.*)?"),
 }
 REMOTE_SCHEMES = ("hf://", "s3://")  # fetched by an init container into the model cache
+# The forms the pod reads without a download: what a draft model may be (the init container
+# fetches spec.model alone).
+LOCAL_URI_FORMS = {form: patterns for form, patterns in MODEL_URI_FORMS.items()
+                   if not form.startswith(REMOTE_SCHEMES)}
 BUILTIN_MODELS = tuple(KNOWN_MODELS)
 MODEL_URI_MESSAGE = (f"model.uri must be a built-in model name ({', '.join(BUILTIN_MODELS)}), "
                      f"{', '.join(list(MODEL_URI_FORMS)[:-1])} or {list(MODEL_URI_FORMS)[-1]}")
@@ -65,17 +76,17 @@ def _full(pattern: str) -> str:
     return f"^({pattern})$"
 
 
-def model_uri_ok(uri: str) -> bool:
+def model_uri_ok(uri: str, forms: dict[str, tuple[str, ...]] = MODEL_URI_FORMS) -> bool:
     """Whether a model URI has one of the accepted forms (the CEL rule, for the operator)."""
     return uri in BUILTIN_MODELS or any(
-        all(re.match(_full(p), uri) for p in patterns) for patterns in MODEL_URI_FORMS.values())
+        all(re.match(_full(p), uri) for p in patterns) for patterns in forms.values())
 
 
-def _model_uri_rule() -> str:
-    forms = [" && ".join(f"self.matches('{_full(p)}')" for p in patterns)
-             for patterns in MODEL_URI_FORMS.values()]
+def _model_uri_rule(forms: dict[str, tuple[str, ...]] = MODEL_URI_FORMS) -> str:
+    matches = [" && ".join(f"self.matches('{_full(p)}')" for p in patterns)
+               for patterns in forms.values()]
     return (f"self in [{', '.join(repr(n) for n in BUILTIN_MODELS)}] || "
-            + " || ".join(f"({form})" for form in forms))
+            + " || ".join(f"({match})" for match in matches))
 
 
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
@@ -253,6 +264,84 @@ class ModelSpec(_Spec):
         return self.uri.startswith(REMOTE_SCHEMES)
 
 
+SPECULATIVE = "spec.engine.speculative"
+DRAFT_MODEL_MESSAGE = (
+    f"{SPECULATIVE}.model must be a built-in model name ({', '.join(BUILTIN_MODELS)}), "
+    f"{', '.join(list(LOCAL_URI_FORMS)[:-1])} or {list(LOCAL_URI_FORMS)[-1]}: the operator "
+    "downloads spec.model.uri alone, so a hf:// or s3:// draft model goes into the image or "
+    "onto a claim")
+DRAFT_PARENT_MESSAGE = f"{SPECULATIVE}.model must not contain '..' path segments"
+LOOKUP_MESSAGE = (f"{SPECULATIVE}.promptLookupMin must not be greater than "
+                  f"{SPECULATIVE}.promptLookupMax ({DEFAULT_PROMPT_LOOKUP_MAX} when not set)")
+DRAFT_NEEDS_MODEL = f"{SPECULATIVE}.model is required with method draft: the draft model"
+NGRAM_TAKES_NO_MODEL = (f"{SPECULATIVE}.model is only for method draft; method ngram proposes "
+                        "from the sequence itself")
+
+
+class SpeculativeSpec(_Spec):
+    """Speculative decoding (the engine's --speculative-config): each step proposes up to
+    numSpeculativeTokens tokens per sequence, by prompt lookup (ngram) or with a small draft
+    model (draft), and verifies them in one forward pass, so greedy output is unchanged."""
+
+    model_config = _validations(
+        _cel(f"!has(self.promptLookupMin) || self.promptLookupMin <= "
+             f"(has(self.promptLookupMax) ? self.promptLookupMax : {DEFAULT_PROMPT_LOOKUP_MAX})",
+             LOOKUP_MESSAGE),
+        _cel("self.method != 'draft' || has(self.model)", DRAFT_NEEDS_MODEL),
+        # Written so that a method outside the set is its own rule's one message.
+        _cel("!has(self.model) || self.method != 'ngram'", NGRAM_TAKES_NO_MODEL),
+    )
+
+    method: one_of(  # type: ignore[valid-type]
+        METHODS, f"{SPECULATIVE}.method must be {_listed(METHODS)}") = Field(
+        description="ngram: propose the tokens that followed the latest earlier occurrence of "
+                    "the sequence's last tokens (prompt lookup, no second model); draft: "
+                    "propose with the draft model in model.")
+    model: str | None = Field(
+        None, max_length=MAX_URI_LENGTH,
+        description="method draft: the draft model, a path inside the image, pvc://CLAIM/PATH "
+                    "(mounted read-only) or a built-in model name; it must share the served "
+                    "model's tokenizer.",
+        json_schema_extra={"x-kubernetes-validations": [
+            _cel(_model_uri_rule(LOCAL_URI_FORMS), DRAFT_MODEL_MESSAGE),
+            _cel(f"!self.matches('{PARENT_SEGMENT}')", DRAFT_PARENT_MESSAGE)]})
+    num_speculative_tokens: StrictInt = Field(
+        ge=1, le=MAX_SPECULATIVE_TOKENS,
+        description="Tokens proposed per sequence and step.")
+    prompt_lookup_max: StrictInt | None = Field(
+        None, ge=1, le=MAX_PROMPT_LOOKUP,
+        description=f"method ngram: the longest suffix of the sequence looked up in it; "
+                    f"default {DEFAULT_PROMPT_LOOKUP_MAX}.")
+    prompt_lookup_min: StrictInt | None = Field(
+        None, ge=1, le=MAX_PROMPT_LOOKUP,
+        description=f"method ngram: the shortest suffix looked up, at most promptLookupMax; "
+                    f"default {DEFAULT_PROMPT_LOOKUP_MIN}.")
+    disable_by_batch_size: StrictInt | None = Field(
+        None, ge=1,
+        description="Speculation pauses while at least this many sequences run (a batch that "
+                    "large gains less than verifying costs); default: never.")
+
+    @field_validator("model")
+    @classmethod
+    def _local_model(cls, uri: str | None) -> str | None:
+        if uri is not None and not model_uri_ok(uri, LOCAL_URI_FORMS):
+            raise ValueError(DRAFT_MODEL_MESSAGE)
+        if uri is not None and re.search(PARENT_SEGMENT, uri):
+            raise ValueError(DRAFT_PARENT_MESSAGE)
+        return uri
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SpeculativeSpec:
+        high = self.prompt_lookup_max or DEFAULT_PROMPT_LOOKUP_MAX
+        if self.prompt_lookup_min is not None and self.prompt_lookup_min > high:
+            raise ValueError(LOOKUP_MESSAGE)
+        if self.method == "draft" and self.model is None:
+            raise ValueError(DRAFT_NEEDS_MODEL)
+        if self.method == "ngram" and self.model is not None:
+            raise ValueError(NGRAM_TAKES_NO_MODEL)
+        return self
+
+
 class EngineSpec(_Spec):
     """Engine options; each becomes the `tokenmill serve` flag of the same (vLLM) name."""
 
@@ -286,6 +375,7 @@ class EngineSpec(_Spec):
     kv_offloading_size: float = Field(
         0, ge=0, description="GiB of host memory for a second KV-cache tier under the prefix "
                              "cache (0: off); added to the pod's memory request (and limit).")
+    speculative: SpeculativeSpec | None = Field(None, description=SpeculativeSpec.__doc__)
     extra_args: list[Annotated[str, Field(max_length=MAX_URI_LENGTH)]] = Field(
         default_factory=list, max_length=MAX_LIST_ITEMS,
         description="More `tokenmill serve` flags, e.g. [\"--block-size\", \"32\"]; only engine "

@@ -18,6 +18,7 @@ from typing import Any
 
 METHODS = ("ngram", "draft")
 MAX_SPECULATIVE_TOKENS = 16
+MAX_PROMPT_LOOKUP = 64  # the longest suffix prompt lookup matches (prompt_lookup_max)
 KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
         "disable_by_batch_size"}
 DEFAULT_PROMPT_LOOKUP_MAX = 4
@@ -63,7 +64,7 @@ class SpeculativeConfig:
         if method == "ngram" and data.get("model"):
             raise SpeculativeConfigError("method \"ngram\" takes no \"model\"")
         k = _int(data, "num_speculative_tokens", None, 1, MAX_SPECULATIVE_TOKENS)
-        high = _int(data, "prompt_lookup_max", DEFAULT_PROMPT_LOOKUP_MAX, 1, 64)
+        high = _int(data, "prompt_lookup_max", DEFAULT_PROMPT_LOOKUP_MAX, 1, MAX_PROMPT_LOOKUP)
         low = _int(data, "prompt_lookup_min", min(DEFAULT_PROMPT_LOOKUP_MIN, high), 1, high)
         off = data.get("disable_by_batch_size")
         if off is not None:
