@@ -222,3 +222,41 @@ def test_structured_outputs_keep_their_grammar_and_output(tiny_llama_dir):
     results = _off_and_on(tiny_llama_dir, run)
     assert results[True] == results[False]
     assert json.loads(results[True][0][1]).keys() == PERSON["properties"].keys()
+
+
+def test_smollm2_copying_a_text_accepts_proposals_and_equals_hf(smol_hf, smol_tokenizer):
+    """The real model asked to repeat a passage: most proposals are accepted, and the answer is
+    HF's greedy answer token for token."""
+    from model_support import SMOLLM2
+
+    passage = ("The river rises in the hills, runs past the old mill and the stone bridge, "
+               "and reaches the sea at the harbour town.")
+    ids = smol_tokenizer.apply_chat_template(
+        [{"role": "user", "content": f"Repeat this sentence exactly: {passage}"}],
+        add_generation_prompt=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    llm = LLM(SMOLLM2, show_progress=False, kv_cache_memory=64 << 20,
+              speculative_config=_spec(k=4))
+    out = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=40))[0].outputs[0]
+    assert out.token_ids == hf_greedy(smol_hf, ids, 40)  # both stop at the end-of-turn token
+    assert out.text.startswith("The river rises in the hills")
+    stats = llm.engine.speculation_stats
+    assert stats.acceptance_rate > 0.5 and stats.mean_accepted_length > 2
+
+
+def test_a_random_qwen3_equals_hf_with_speculation(tmp_path, vocab_tokenizer):
+    import transformers
+    from model_support import make_random_model
+
+    config = transformers.Qwen3Config(
+        vocab_size=len(vocab_tokenizer), hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=512, bos_token_id=1, eos_token_id=2)
+    directory = make_random_model(str(tmp_path / "qwen3"), config, vocab_tokenizer)
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory,
+                                                              dtype=torch.float32).eval()
+    llm = _engine(directory, _spec(), max_num_batched_tokens=16, max_num_seqs=4)
+    prompts = _repetitive_prompts()
+    assert _outputs(llm, prompts, _greedy()) == [hf_greedy(model, p, MAX_NEW) for p in prompts]
+    assert llm.engine.speculation_stats.num_drafts > 0
+    _check_clean(llm)
