@@ -5,6 +5,7 @@ family can be downloaded (its proposals are worse than a trained small model's).
 
 from __future__ import annotations
 
+import copy
 import os
 
 import torch
@@ -20,14 +21,22 @@ def save_truncated(model: str, directory: str, num_layers: int) -> str:
     source = resolve_model(model)
     extra = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     hf = AutoModelForCausalLM.from_pretrained(source.directory, dtype=torch.float32, **extra)
-    layers = hf.model.layers
-    if not 1 <= num_layers <= len(layers):
-        raise ValueError(f"num_layers must be in 1..{len(layers)}, got {num_layers}")
-    hf.model.layers = torch.nn.ModuleList(list(layers)[:num_layers])
-    hf.config.num_hidden_layers = num_layers
-    if getattr(hf.config, "layer_types", None):
-        hf.config.layer_types = hf.config.layer_types[:num_layers]
+    total = hf.config.num_hidden_layers
+    if not 1 <= num_layers <= total:
+        raise ValueError(f"num_layers must be in 1..{total}, got {num_layers}")
+    # A fresh model of the smaller config takes the weights: one loaded from GGUF counts as
+    # quantized in transformers and will not save.
+    config = copy.deepcopy(hf.config)
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:num_layers]
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    small = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, _ = small.load_state_dict(hf.state_dict(), strict=False)
+    if missing:
+        raise ValueError(f"the truncated model lacks weights: {missing[:5]}")
     os.makedirs(directory, exist_ok=True)
-    hf.save_pretrained(directory)
+    small.save_pretrained(directory)
     AutoTokenizer.from_pretrained(source.directory, **extra).save_pretrained(directory)
     return directory
