@@ -26,7 +26,7 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 # values that fail at start-up (engine), and at `kubectl apply` (the CRD's rules are generated
 # from these), until the engine implements them.
 SUPPORTED = {"quantization": (None, "int8", "fp8"), "kv_cache_dtype": ("auto", "int8", "fp8")}
-SUPPORTED_SPECULATIVE_METHODS = ("ngram",)
+SUPPORTED_SPECULATIVE_METHODS = ("ngram", "draft")
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_CPU_KV_CACHE_MEMORY = 1 << 30
 
@@ -121,7 +121,10 @@ class EngineConfig:
               "\"prompt_lookup_min\": M} proposes the K tokens that followed the latest "
               "earlier occurrence of the sequence's last N..M tokens (prompt lookup); every "
               "step verifies each sequence's proposals in one forward pass, so greedy output "
-              "is unchanged and sampling keeps its distribution. "
+              "is unchanged and sampling keeps its distribution. {\"model\": DRAFT, "
+              "\"num_speculative_tokens\": K} proposes with a smaller model sharing the "
+              "target's tokenizer (anything --model accepts; run whole on rank 0's device, its "
+              "KV pool as many blocks as the target's, out of the same budget). "
               "\"disable_by_batch_size\": B turns it off while B or more sequences run.")
     enforce_eager: bool = _opt(
         False, "Run every step eagerly. By default, on CUDA with the Triton attention kernels, "

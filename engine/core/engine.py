@@ -22,7 +22,8 @@ from tokenmill.engine.core.request import RequestTimings, Sequence
 from tokenmill.engine.core.sampler import sample, sample_worst_case
 from tokenmill.engine.core.sampling_params import SamplingParams
 from tokenmill.engine.core.scheduler import Scheduler, SchedulerOutput
-from tokenmill.engine.core.speculative.proposer import NgramProposer, SpeculationStats
+from tokenmill.engine.core.speculative.proposer import SpeculationStats
+from tokenmill.engine.core.speculative.setup import make_proposer, open_draft
 from tokenmill.engine.core.speculative.verify import Draw, verify
 from tokenmill.engine.core.step_builder import build_step_inputs
 from tokenmill.engine.core.structured.backend import GrammarError, StructuredOutputs
@@ -86,11 +87,17 @@ class LLMEngine:
                                          "dtype": str(self.dtype), "tensor_parallel": tp_size})
         setup = RankSetup(config, source, self.device.type, self.dtype, backend,
                           self.max_model_len)
+        speculative = config.speculative()
         try:
             if tp_size > 1:
                 self._start_workers(setup, on_worker_failure)
-            self.runner = build_runner(setup, self.model_config, self.device, self.tp,
-                                       show_progress, on_logits=sample_worst_case)
+            # Before the target's pool is sized: on CUDA the profile then counts its weights.
+            draft = open_draft(speculative, config, self.model_config, self.tokenizer,
+                               self.max_model_len, self.dtype, self.device, backend)
+            self.runner = build_runner(
+                setup, self.model_config, self.device, self.tp, show_progress,
+                on_logits=sample_worst_case,
+                extra_bytes_per_block=draft.layout.bytes_per_block if draft else 0)
         except BaseException as exc:
             failure = self.workers.failure if self.workers is not None else None
             self.shutdown()
@@ -105,9 +112,8 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                  layout=self.runner.layout,
                                  num_host_blocks=self.runner.num_host_blocks)
-        speculative = config.speculative()
-        proposer = (NgramProposer(speculative, self.max_model_len) if speculative is not None
-                    else None)
+        proposer = make_proposer(speculative, draft, num_blocks, self.max_model_len,
+                                 config.max_num_batched_tokens)
         self.speculation_stats = proposer.stats if proposer else SpeculationStats()
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    proposer)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from tokenmill.engine.core.kv_cache import KVCacheManager, PrefixMatch
 from tokenmill.engine.core.request import Sequence, SequenceStatus
-from tokenmill.engine.core.speculative.proposer import NgramProposer
+from tokenmill.engine.core.speculative.proposer import Proposer
 
 MAX_BYPASSES = 8        # admissions that may overtake the oldest waiting sequence
 MAX_CANDIDATES = 64     # waiting sequences considered for cache-aware admission
@@ -62,7 +62,7 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 proposer: NgramProposer | None = None):
+                 proposer: Proposer | None = None):
         self.kv = kv
         self.proposer = proposer  # speculative decoding's, None without
         self.max_num_seqs = max_num_seqs
@@ -81,6 +81,8 @@ class Scheduler:
         chosen: set[int] = set()
         decodes = [s for s in self.running if s.num_uncomputed_tokens == 1]
         prefills = [s for s in self.running if s.num_uncomputed_tokens > 1]
+        proposals = (self.proposer.propose_batch(decodes, len(self.running))
+                     if self.proposer is not None and decodes else {})
         for seq in decodes + prefills:
             if budget == 0:
                 break
@@ -88,7 +90,7 @@ class Scheduler:
                 continue  # preempted earlier in this step
             num_new = min(seq.num_uncomputed_tokens, budget)
             if num_new == 1 and self.proposer is not None:
-                num_new += self._speculate(seq, budget - 1)
+                num_new += self._speculate(seq, proposals.get(seq.seq_id, []), budget - 1)
             if self._make_room(seq, num_new, chosen, out):
                 out.block_copies += self.kv.grow(seq, num_new)
                 out.scheduled.append((seq, num_new))
@@ -99,10 +101,10 @@ class Scheduler:
         out.kv_to_host, out.kv_to_device = self.kv.take_transfers()
         return out
 
-    def _speculate(self, seq: Sequence, budget: int) -> int:
+    def _speculate(self, seq: Sequence, proposals: list[int], budget: int) -> int:
         """Give a decoding seq its proposals for this step, as many as the budget and the free
         blocks allow (speculation never preempts); return how many."""
-        proposals = self.proposer.propose(seq, len(self.running))[:budget]
+        proposals = proposals[:budget]
         if proposals and not self.kv.can_grow(seq, 1 + len(proposals)):
             proposals = []
         seq.spec_tokens = proposals
@@ -179,6 +181,7 @@ class Scheduler:
         cache still holds of it and recomputes the rest from its tokens."""
         self.running.remove(seq)
         self.kv.free(seq)
+        self._release(seq)
         seq.spec_tokens = []
         seq.num_computed_when_preempted = seq.num_computed_tokens
         seq.num_computed_tokens = 0
@@ -199,5 +202,10 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.kv.free(seq)
+        self._release(seq)
         seq.status = SequenceStatus.FINISHED
+
+    def _release(self, seq: Sequence) -> None:
+        if self.proposer is not None:
+            self.proposer.release(seq)
 

@@ -38,14 +38,18 @@ class RankSetup:
 
 def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: TPGroup,
                  show_progress: bool,
-                 on_logits: Callable[[torch.Tensor], object] | None = None) -> ModelRunner:
+                 on_logits: Callable[[torch.Tensor], object] | None = None,
+                 extra_bytes_per_block: int = 0) -> ModelRunner:
     """Load this rank's shard and size its KV pool; every rank agrees on the block count
     (the smallest any rank can hold), since rank 0 schedules blocks for all of them. The
     runner's `startup_seconds` says what each phase took on this rank.
 
     On CUDA each rank profiles the worst-case step on its own shard (the ranks run it together:
     its collectives join them); rank 0 passes `on_logits`, its sampler's worst case over the
-    step's logits, as it samples them when serving."""
+    step's logits, as it samples them when serving.
+
+    `extra_bytes_per_block` is what another pool of as many blocks takes per block on this
+    rank (a speculative draft's, rank 0): the budget is shared so that both fit."""
     config = setup.config
     phases = StartupPhases(device)
     with phases.phase("weights"):
@@ -62,7 +66,8 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
                               on_logits=on_logits)
 
     with phases.phase("kv_profile"):
-        sizing = kv_sizing(config, layout.bytes_per_block, device.type, profile)
+        sizing = kv_sizing(config, layout.bytes_per_block + extra_bytes_per_block, device.type,
+                           profile)
         num_blocks = tp.min_int(sizing.blocks, device)
         host_blocks = tp.min_int(host_tier_blocks(config, layout.bytes_per_block, tp.size),
                                  device)

@@ -195,11 +195,20 @@ def test_tensor_parallel_ranks_verify_the_same_rows(tiny_llama_dir, hf_reference
     assert outputs == hf_reference
 
 
-def test_a_draft_model_fails_at_start_up_naming_the_option(tiny_llama_dir):
-    with pytest.raises(ConfigError, match="speculative_config: method 'draft' is not "
-                                          "supported by this engine version yet"):
-        _engine(tiny_llama_dir, json.dumps({"model": tiny_llama_dir,
-                                            "num_speculative_tokens": 2}))
+def test_a_draft_with_another_vocabulary_fails_at_start_up(tiny_llama_dir, tmp_path):
+    from model_support import make_random_model
+    from transformers import LlamaConfig
+
+    from tokenmill.engine.bench.word_tokenizer import word_level_tokenizer
+
+    tokenizer = word_level_tokenizer(1000)
+    config = LlamaConfig(vocab_size=1000, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         max_position_embeddings=1024)
+    draft = make_random_model(str(tmp_path / "other-vocab"), config, tokenizer)
+    with pytest.raises(ConfigError, match="^speculative_config: the draft model's vocabulary "
+                                          r"\(1000 tokens.* is not the target's"):
+        _engine(tiny_llama_dir, json.dumps({"model": draft, "num_speculative_tokens": 2}))
 
 
 def test_structured_outputs_keep_their_grammar_and_output(tiny_llama_dir):

@@ -8,6 +8,7 @@ verification adds), and none while disable_by_batch_size or more sequences run.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from tokenmill.engine.contract.speculative import SpeculativeConfig
 from tokenmill.engine.core.request import Sequence
@@ -43,6 +44,30 @@ class SpeculationStats:
         return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
 
 
+def proposal_room(config: SpeculativeConfig, seq: Sequence, max_model_len: int,
+                  num_running: int) -> int:
+    """How many proposals seq may get this step (0: none)."""
+    if config.disable_by_batch_size and num_running >= config.disable_by_batch_size:
+        return 0
+    return max(0, min(config.num_speculative_tokens,
+                      seq.params.max_tokens - len(seq.output_token_ids) - 1,
+                      max_model_len - seq.num_tokens - 1))
+
+
+class Proposer(Protocol):
+    """What the scheduler asks of a proposer, once per step for all decoding sequences (a
+    draft model proposes for all of them in one batched pass per token)."""
+
+    stats: SpeculationStats
+
+    def propose_batch(self, seqs: list[Sequence], num_running: int) -> dict[int, list[int]]:
+        """Each sequence's proposals for this step by seq_id (absent or []: none)."""
+
+    def release(self, seq: Sequence) -> None:
+        """seq left the running batch (finished, aborted, preempted): drop what is kept for
+        it."""
+
+
 class NgramProposer:
     def __init__(self, config: SpeculativeConfig, max_model_len: int):
         self.config = config
@@ -52,12 +77,14 @@ class NgramProposer:
     def propose(self, seq: Sequence, num_running: int) -> list[int]:
         """seq's proposals for this step ([]: it decodes one token as usual)."""
         config = self.config
-        if config.disable_by_batch_size and num_running >= config.disable_by_batch_size:
-            return []
-        room = min(config.num_speculative_tokens,
-                   seq.params.max_tokens - len(seq.output_token_ids) - 1,
-                   self.max_model_len - seq.num_tokens - 1)
+        room = proposal_room(config, seq, self.max_model_len, num_running)
         if room < 1:
             return []
         return propose_ngram(seq.token_ids, room, config.prompt_lookup_max,
                              config.prompt_lookup_min)
+
+    def propose_batch(self, seqs: list[Sequence], num_running: int) -> dict[int, list[int]]:
+        return {seq.seq_id: self.propose(seq, num_running) for seq in seqs}
+
+    def release(self, seq: Sequence) -> None:
+        """Nothing is kept per sequence."""
