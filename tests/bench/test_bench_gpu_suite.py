@@ -44,6 +44,11 @@ def test_every_part_writes_each_modes_throughput_and_decode_bound(bench_dir):
     assert options["kv-fp8"]["options"]["kv_cache_dtype"] == "fp8"
     assert options["kv-fp8"]["memory"]["kv_bytes_per_token"] < \
         options["bf16"]["memory"]["kv_bytes_per_token"]
+    ngram = _result(bench_dir, "bench-batch1-ngram")["modes"]
+    assert ngram["plain"]["speculation"]["draft_tokens"] == 0
+    assert ngram["ngram"]["options"]["speculative_config"] is not None
+    assert ngram["ngram"]["speculation"]["draft_tokens"] >= \
+        ngram["ngram"]["speculation"]["accepted_tokens"] >= 0
     hf = _result(bench_dir, "bench-hf")
     assert hf["hf"]["batch_size"] == bench_stage.HF_BATCH[True]
     assert hf["hf"]["output_tokens"] == hf["workload"]["output_tokens"]

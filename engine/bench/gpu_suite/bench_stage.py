@@ -7,6 +7,7 @@ first mode the reference of the throughput ratios:
   batch1            one request, 128 in / 512 out: eager, CUDA graphs
   throughput-fp8    the 256 requests: bf16, fp8 weights, fp8 KV cache (graphs on)
   batch1-fp8        the batch-1 request: bf16, fp8 weights, fp8 KV cache (graphs on)
+  batch1-ngram      the batch-1 request: plain decoding, n-gram speculation (4 tokens)
   kv-offload        multi-turn chat beyond the device pool, the prefix cache without and
                     with its host tier; the tier's block copies against plain pinned copies
 Every mode's decode steps are set against their bandwidth bound (bytes each step must read
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +43,9 @@ DRY = {"many": Workload(6, (8, 40), (8, 40)), "hf": Workload(4, (8, 40), (8, 40)
 HF_BATCH = {False: 64, True: 4}
 GRAPHS = {"eager": {"enforce_eager": True}, "cuda-graphs": {"enforce_eager": False}}
 PRECISIONS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "kv-fp8": {"kv_cache_dtype": "fp8"}}
+SPECULATION = {"plain": {}, "ngram": {"speculative_config": json.dumps(
+    {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+     "prompt_lookup_min": 1})}}
 # Part -> (workload, modes, HF baseline).
 PARTS: dict[str, tuple[str, dict[str, dict[str, Any]], bool]] = {
     "throughput": ("many", GRAPHS, False),
@@ -48,6 +53,7 @@ PARTS: dict[str, tuple[str, dict[str, dict[str, Any]], bool]] = {
     "batch1": ("one", GRAPHS, False),
     "throughput-fp8": ("many", PRECISIONS, False),
     "batch1-fp8": ("one", PRECISIONS, False),
+    "batch1-ngram": ("one", SPECULATION, False),
 }
 ALL_PARTS = [*PARTS, "kv-offload"]
 
@@ -119,13 +125,18 @@ def _measure(bandwidth: Any) -> Callable[[Any, Any, Callable[[], Any]], dict[str
         graphs = engine.runner.graphs
         replays = graphs.replays if graphs is not None else 0
         memory = engine.memory_report()
+        speculation = engine.speculation_stats
+        drafts, accepted = speculation.num_draft_tokens, speculation.num_accepted_tokens
         result = run_workload()
         decode = engine_run.decode_steps(result)
         summary = report.summarize(result, [])["tokenmill"]
         return {
             "options": {"enforce_eager": config.enforce_eager,
                         "quantization": config.quantization,
-                        "kv_cache_dtype": config.kv_cache_dtype},
+                        "kv_cache_dtype": config.kv_cache_dtype,
+                        "speculative_config": config.speculative_config},
+            "speculation": {"draft_tokens": speculation.num_draft_tokens - drafts,
+                            "accepted_tokens": speculation.num_accepted_tokens - accepted},
             **ab.throughput(result),
             "ttft_s": summary["ttft_s"],
             "num_steps": summary["num_steps"],

@@ -151,6 +151,7 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "bench-batch1": _part("batch1", {"cuda-graphs": (BATCH1_TARGET, "")}),
     "bench-throughput-fp8": _part("throughput-fp8"),
     "bench-batch1-fp8": _part("batch1-fp8"),
+    "bench-batch1-ngram": _part("batch1-ngram"),
     "bench-kv-offload": _kv_offload,
     "profile": _profile,
     "startup": _startup,
