@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         offline,
         random_model,
         s3_fetch,
+        speculative,
     )
     from tokenmill.engine.bench import serve as bench_serve
     from tokenmill.engine.bench.gpu_suite import suite as gpu_suite
@@ -111,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(bench_commands, "multiturn", multiturn)
     _add_bench(bench_commands, "host-overhead", host_overhead)
     _add_bench(bench_commands, "accuracy", accuracy)
+    _add_bench(bench_commands, "speculative", speculative)
     _add_bench(bench_commands, "serve", bench_serve, engine_flags=False)
     _add_bench(bench_commands, "s3-fetch", s3_fetch, engine_flags=False)
     _add_bench(bench_commands, "load", load, engine_flags=False)

@@ -7,7 +7,7 @@ checks `spec.engine.speculative` with the same rules).
 
 `disable_by_batch_size` (optional) turns speculation off while at least that many sequences
 run: a batch that large is no longer bound by reading the weights, so verifying proposals
-costs more than it saves.
+costs more than it saves. 0 never turns it off.
 """
 
 from __future__ import annotations
@@ -68,12 +68,12 @@ class SpeculativeConfig:
         low = _int(data, "prompt_lookup_min", min(DEFAULT_PROMPT_LOOKUP_MIN, high), 1, high)
         off = data.get("disable_by_batch_size")
         if off is not None:
-            off = _int(data, "disable_by_batch_size", None, 1, None)
+            off = _int(data, "disable_by_batch_size", None, 0, None, " (0: never)")
         return cls(method, k, high, low, data.get("model"), off)
 
 
 def _int(data: dict[str, Any], key: str, default: int | None, low: int,
-         high: int | None) -> int:
+         high: int | None, meaning: str = "") -> int:
     value = data.get(key, default)
     if value is None:
         raise SpeculativeConfigError(f"{key!r} is required")
@@ -81,5 +81,5 @@ def _int(data: dict[str, Any], key: str, default: int | None, low: int,
         raise SpeculativeConfigError(f"{key!r} must be an integer, got {value!r}")
     if value < low or (high is not None and value > high):
         bounds = f"{low}..{high}" if high is not None else f">= {low}"
-        raise SpeculativeConfigError(f"{key!r} must be in {bounds}, got {value}")
+        raise SpeculativeConfigError(f"{key!r} must be in {bounds}{meaning}, got {value}")
     return value

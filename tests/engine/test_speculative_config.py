@@ -22,6 +22,12 @@ def test_ngram_and_draft_shapes_parse_with_vllm_keys():
     assert EngineConfig().speculative() is None
 
 
+def test_disable_by_batch_size_zero_never_turns_speculation_off():
+    never = SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 2,
+                                     "disable_by_batch_size": 0})
+    assert never.disable_by_batch_size == 0
+
+
 @pytest.mark.parametrize("text, message", [
     ("not json", "is not JSON"),
     ("[1]", "must be a JSON object"),
@@ -35,6 +41,8 @@ def test_ngram_and_draft_shapes_parse_with_vllm_keys():
     ('{"method": "draft", "num_speculative_tokens": 2}', 'needs "model"'),
     ('{"method": "ngram", "model": "x", "num_speculative_tokens": 2}', 'takes no "model"'),
     ('{"method": "ngram", "num_speculative_tokens": 2, "k": 1}', r"unknown keys \['k'\]"),
+    ('{"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": -1}',
+     r"'disable_by_batch_size' must be in >= 0 \(0: never\), got -1"),
 ])
 def test_bad_configs_fail_naming_the_option_and_the_key(text, message):
     with pytest.raises(ConfigError, match=f"^speculative_config: .*{message}"):
