@@ -68,23 +68,57 @@ class Proposer(Protocol):
         it."""
 
 
+MAX_PAUSE = 32  # tokens a sequence whose drafts keep failing goes without proposals, at most
+
+
+@dataclass
+class Backoff:
+    """One sequence's record: where its pending draft was proposed, and how long it pauses
+    after drafts of which nothing was accepted."""
+
+    proposed_at: int | None = None  # seq.num_tokens when its latest draft was proposed
+    misses: int = 0                 # drafts in a row with no token accepted
+    resume_at: int = 0              # propose again once seq.num_tokens reaches this
+
+
 class NgramProposer:
+    """Prompt lookup, with a per-sequence back-off: a draft of which nothing is accepted
+    pauses that sequence's proposals for 2, 4, 8, ... tokens (up to MAX_PAUSE), and any
+    accepted token ends the pause. Text that does not repeat its context (free generation)
+    then stops paying for verification rows that fail, while text that does keeps speculating.
+    What was accepted is read off the sequence at its next proposal: it grew by the accepted
+    proposals plus one."""
+
     def __init__(self, config: SpeculativeConfig, max_model_len: int):
         self.config = config
         self.max_model_len = max_model_len
         self.stats = SpeculationStats()
+        self._backoff: dict[int, Backoff] = {}
 
     def propose(self, seq: Sequence, num_running: int) -> list[int]:
         """seq's proposals for this step ([]: it decodes one token as usual)."""
         config = self.config
+        backoff = self._backoff.setdefault(seq.seq_id, Backoff())
+        if backoff.proposed_at is not None and seq.num_tokens > backoff.proposed_at:
+            if seq.num_tokens - backoff.proposed_at - 1 == 0:  # nothing accepted
+                backoff.misses += 1
+                backoff.resume_at = seq.num_tokens + min(2 ** backoff.misses, MAX_PAUSE)
+            else:
+                backoff.misses = 0
+            backoff.proposed_at = None
+        if seq.num_tokens < backoff.resume_at:
+            return []
         room = proposal_room(config, seq, self.max_model_len, num_running)
         if room < 1:
             return []
-        return propose_ngram(seq.token_ids, room, config.prompt_lookup_max,
-                             config.prompt_lookup_min)
+        proposals = propose_ngram(seq.token_ids, room, config.prompt_lookup_max,
+                                  config.prompt_lookup_min)
+        if proposals:
+            backoff.proposed_at = seq.num_tokens
+        return proposals
 
     def propose_batch(self, seqs: list[Sequence], num_running: int) -> dict[int, list[int]]:
         return {seq.seq_id: self.propose(seq, num_running) for seq in seqs}
 
     def release(self, seq: Sequence) -> None:
-        """Nothing is kept per sequence."""
+        self._backoff.pop(seq.seq_id, None)
