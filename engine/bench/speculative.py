@@ -10,14 +10,16 @@ mean accepted length (tokens a verified draft emits), and whether every output i
 Speculation is --speculative-config (default: ngram, K=4, lookup 4..1; disable_by_batch_size as
 given, else the engine's default cut-off; 0 keeps it on at every batch size).
 
-Method: two engines in one process, plain and speculative, each request group run on one and
-then the other. Lockstep (ab.py) pairs the modes' steps one for one, which needs both to take
-the same steps; speculation takes fewer (a step emits up to K+1 tokens per sequence), so the
-steps cannot be paired. Instead the alternation is per group: a cell's requests go in groups of
-the batch size, each group submitted at once and run to completion on both engines, the order
-flipping from group to group (off,on then on,off), so drift in the machine's speed over tens
-of seconds falls on both modes alike. Only engine steps are timed. --repeats R runs every cell R
-times, the alternation going on, and reports each mode's median tokens/s.
+Method: two engines in one process, plain and speculative, stepped side by side. Lockstep
+(ab.py) pairs the modes' steps one for one, which needs both to take the same steps;
+speculation takes fewer (a step emits up to K+1 tokens per sequence), and running each mode
+alone in turn (ab.per_mode) leaves a burst of load from elsewhere on this shared machine to
+whichever mode it meets. So the pairing is by output position instead: a cell's requests go in
+groups of the batch size, each group submitted to both engines at once, and the engine that has
+emitted fewer tokens steps next. Both modes emit the same tokens (greedy), so at any moment
+they are at the same point of the same outputs, and a change in the machine's speed falls on
+the same stretch of work in both. Only engine steps are timed. --repeats R runs every cell R
+times and reports each mode's median tokens/s.
 """
 
 from __future__ import annotations
@@ -92,28 +94,64 @@ class GroupRun:
     speculation: Any        # SpeculationStats of this group alone
 
 
-def run_group(engine: Any, prompts: list[list[int]], params: Any, tag: str) -> GroupRun:
-    """Submit the prompts at once and step until all finish; time only the steps. Every KV
-    block must be free at the end (rejected proposals' blocks released)."""
-    stats = engine.speculation_stats
-    before = copy.deepcopy(stats)
-    ids = [f"{tag}-{i}" for i in range(len(prompts))]
-    for request_id, prompt in zip(ids, prompts, strict=True):
-        engine.add_request(request_id, prompt, params)
-    done: dict[str, Any] = {}
-    busy = 0.0
-    steps = speculative = 0
-    while engine.has_unfinished_requests():
-        drafts = stats.num_drafts
+class _Group:
+    """One group of requests on one engine, stepped from outside; only the steps are timed."""
+
+    def __init__(self, engine: Any, prompts: list[list[int]], params: Any, tag: str):
+        self.engine = engine
+        self.before = copy.deepcopy(engine.speculation_stats)
+        self.ids = [f"{tag}-{i}" for i in range(len(prompts))]
+        for request_id, prompt in zip(self.ids, prompts, strict=True):
+            engine.add_request(request_id, prompt, params)
+        self.emitted = dict.fromkeys(self.ids, 0)
+        self.done: dict[str, Any] = {}
+        self.busy = 0.0
+        self.steps = self.speculative = 0
+
+    @property
+    def going(self) -> bool:
+        return self.engine.has_unfinished_requests()
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.emitted.values())
+
+    def step(self) -> None:
+        drafts = self.engine.speculation_stats.num_drafts
         start = time.perf_counter()
-        outputs = engine.step()
-        busy += time.perf_counter() - start
-        steps += 1
-        speculative += stats.num_drafts > drafts
-        done.update({o.request_id: o for o in outputs if o.finished})
-    engine.kv.allocator.check_all_free()
-    return GroupRun(busy, steps, speculative, [done[i].outputs[0] for i in ids],
-                    combine([stats], minus=before))
+        outputs = self.engine.step()
+        self.busy += time.perf_counter() - start
+        self.steps += 1
+        self.speculative += self.engine.speculation_stats.num_drafts > drafts
+        for out in outputs:
+            self.emitted[out.request_id] = len(out.outputs[0].token_ids)
+            if out.finished:
+                self.done[out.request_id] = out
+
+    def result(self) -> GroupRun:
+        """What the group did; every KV block must be free (rejected proposals' released)."""
+        self.engine.kv.allocator.check_all_free()
+        return GroupRun(self.busy, self.steps, self.speculative,
+                        [self.done[i].outputs[0] for i in self.ids],
+                        combine([self.engine.speculation_stats], minus=self.before))
+
+
+def run_paired(engines: dict[str, Any], prompts: list[list[int]], params: Any,
+               tag: str) -> dict[str, GroupRun]:
+    """The same requests on every engine at once, submitted together and stepped until all
+    finish: always the engine that has emitted the fewest tokens steps next (on a tie, the
+    one that stepped least recently), so the engines go through the same outputs side by
+    side."""
+    groups = {mode: _Group(engine, prompts, params, tag) for mode, engine in engines.items()}
+    last_step = dict.fromkeys(groups, -1)
+    turn = 0
+    while going := [mode for mode, group in groups.items() if group.going]:
+        fewest = min(groups[mode].tokens for mode in going)
+        mode = min((m for m in going if groups[m].tokens == fewest), key=last_step.__getitem__)
+        groups[mode].step()
+        last_step[mode] = turn
+        turn += 1
+    return {mode: group.result() for mode, group in groups.items()}
 
 
 def combine(parts: list[Any], minus: Any = None) -> Any:
@@ -153,7 +191,7 @@ def ratio(modes: dict[str, dict[str, Any]]) -> float:
 
 
 class Bench:
-    """The two engines, the encoded workloads, and whose turn it is to go first."""
+    """The two engines and the encoded workloads."""
 
     def __init__(self, engines: dict[str, Any], workloads: dict[str, list[Prompt]],
                  encoded: dict[str, list[list[int]]], params: Any):
@@ -161,7 +199,6 @@ class Bench:
         self.workloads = workloads
         self.encoded = encoded
         self.params = params
-        self.groups_run = 0
 
     def cell(self, workload: str, batch_size: int, num_requests: int,
              round_index: int) -> tuple[dict[str, list[GroupRun]], list[dict[str, Any]]]:
@@ -172,12 +209,10 @@ class Bench:
         records = []
         for first in range(0, num_requests, batch_size):
             indices = [(first + j) % len(prompts) for j in range(batch_size)]
-            order = MODES if self.groups_run % 2 == 0 else MODES[::-1]
-            self.groups_run += 1
-            for mode in order:
-                runs[mode].append(run_group(
-                    self.engines[mode], [encoded[i] for i in indices], self.params,
-                    f"{workload}-{batch_size}-{round_index}-{first}"))
+            paired = run_paired(self.engines, [encoded[i] for i in indices], self.params,
+                                f"{workload}-{batch_size}-{round_index}-{first}")
+            for mode in MODES:
+                runs[mode].append(paired[mode])
             for j, i in enumerate(indices):
                 off, on = runs["off"][-1].outputs[j], runs["on"][-1].outputs[j]
                 records.append({
@@ -225,9 +260,9 @@ def run(args: argparse.Namespace) -> int:
     workloads = {name: WORKLOADS[name]() for name in args.workloads}
     encoded = {name: [_encode(llms["off"], p) for p in prompts]
                for name, prompts in workloads.items()}
-    for engine in engines.values():  # a real prompt, so the first verify step is not timed
-        run_group(engine, [encoded[args.workloads[0]][0]],
-                  SamplingParams(temperature=0.0, max_tokens=8), "warm-up")
+    # A real prompt first, so that no first call of a kernel (the first verify step's) is timed.
+    run_paired(engines, [encoded[args.workloads[0]][0]],
+               SamplingParams(temperature=0.0, max_tokens=8), "warm-up")
     bench = Bench(engines, workloads, encoded,
                   SamplingParams(temperature=0.0, max_tokens=args.max_tokens))
     sizes = {(w, b): -(-args.requests // b) * b for w in args.workloads for b in args.batch_sizes}

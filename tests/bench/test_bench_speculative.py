@@ -79,3 +79,47 @@ def test_batch_sizes_must_fit_the_engine(tiny_llama_dir, capsys):
         build_parser().parse_args(["bench", "speculative", "--batch-sizes", "1,0"])
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "speculative", "--workloads", "grounded,poems"])
+
+
+class _FakeEngine:
+    """Emits `per_step` tokens per request at each step until each has `length`; logs steps."""
+
+    def __init__(self, name: str, per_step: int, length: int, log: list[tuple[str, int]]):
+        from types import SimpleNamespace
+
+        from tokenmill.engine.core.speculative.proposer import SpeculationStats
+
+        self.name, self.per_step, self.length, self.log = name, per_step, length, log
+        self.speculation_stats = SpeculationStats()
+        self.kv = SimpleNamespace(allocator=SimpleNamespace(check_all_free=lambda: None))
+        self.requests: dict[str, list[int]] = {}
+
+    def add_request(self, request_id, prompt, params):
+        self.requests[request_id] = []
+
+    def has_unfinished_requests(self):
+        return any(len(t) < self.length for t in self.requests.values())
+
+    def step(self):
+        from types import SimpleNamespace
+
+        outputs = []
+        for request_id, tokens in self.requests.items():
+            tokens += [7] * min(self.per_step, self.length - len(tokens))
+            completion = SimpleNamespace(token_ids=list(tokens), text="", finish_reason=None)
+            outputs.append(SimpleNamespace(request_id=request_id, outputs=[completion],
+                                           finished=len(tokens) == self.length))
+        self.log.append((self.name, sum(len(t) for t in self.requests.values())))
+        return outputs
+
+
+def test_the_engine_behind_in_output_steps_next():
+    from tokenmill.engine.bench.speculative import run_paired
+
+    log: list[tuple[str, int]] = []
+    engines = {"off": _FakeEngine("off", 1, 6, log), "on": _FakeEngine("on", 3, 6, log)}
+    runs = run_paired(engines, [[1], [2]], None, "t")
+    assert log == [("off", 2), ("on", 6), ("off", 4), ("off", 6), ("on", 12), ("off", 8),
+                   ("off", 10), ("off", 12)]
+    assert (runs["off"].steps, runs["on"].steps) == (6, 2)
+    assert [len(o.token_ids) for o in runs["on"].outputs] == [6, 6]
