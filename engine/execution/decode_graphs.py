@@ -6,6 +6,12 @@ captured at start-up for batch sizes 1, 2, 4 and every multiple of 8 up to max_n
 of n sequences replays the smallest bucket that holds n, the rows past n being padding: slot -1
 (the KV write skips them), a one-token context, outputs dropped.
 
+A speculative verify step gives each sequence up to K+1 new tokens (its proposals and the
+token after them). Its graphs (`query_len` K+1) run the extend kernel, which reads every
+sequence's query length from the device, so one graph per bucket serves any mix of lengths up
+to K+1: the step's tokens are packed first, and the rows after them, which no sequence owns,
+are padding (slot -1, attention output zero, outputs dropped); padding sequences have no rows.
+
 Everything a graph reads lives at fixed addresses (step_buffers.py). Where CUDA graphs do not
 exist (CPU), `ReplayedEagerly` keeps their contract, so the bucketed, padded, fixed-buffer
 path runs and is tested on every machine.
@@ -27,7 +33,9 @@ log = logging.getLogger(__name__)
 MAX_GRAPH_BATCH = 512  # larger decode batches run eagerly: their launches are amortized
 GRAPH_SPLIT_TOKENS = 256  # context per decode-kernel split, fixed so one graph serves any length
 
-Forward = Callable[[int, list[int]], torch.Tensor]
+# forward(num_seqs, query_len): the model over the buffers' views for that many sequences of
+# query_len new tokens each.
+Forward = Callable[[int, int], torch.Tensor]
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -76,43 +84,54 @@ class CapturedGraph:
 
 
 class DecodeGraphs:
-    """One graph per bucket, all reading the same StepBuffers; `forward(num_seqs, seq_lens)`
-    runs the model on the buffers' views for that many one-token sequences."""
+    """One graph per bucket, all reading the same StepBuffers; each runs the model for `size`
+    sequences of up to `query_len` new tokens (1: decode)."""
 
     def __init__(self, buffers: StepBuffers, forward: Forward, sizes: list[int],
-                 device: torch.device):
+                 device: torch.device, query_len: int = 1):
         self.buffers = buffers
         self.sizes = sizes
+        self.query_len = query_len
         self.graphs: dict[int, CapturedGraph | ReplayedEagerly] = {}
-        self.replays = 0  # decode steps served by a graph
+        self.replays = 0  # steps served by a graph
         kind = CapturedGraph if device.type == "cuda" else ReplayedEagerly
         pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
         start = time.perf_counter()
         # Largest first: the smaller graphs reuse its memory pool.
         for size in reversed(sizes):
-            self._fill(size, [], [], [], [], [])
-            seq_lens = [1] * size
-            self.graphs[size] = kind(lambda size=size, lens=seq_lens: forward(size, lens), pool)
+            self._fill(size, [], [], [], [], [], [])
+            self.graphs[size] = kind(lambda size=size: forward(size, query_len), pool)
         buffers.frozen = True
-        log.info("captured decode graphs", extra={
-            "batch_sizes": len(sizes), "largest": sizes[-1],
+        log.info("captured step graphs", extra={
+            "query_len": query_len, "batch_sizes": len(sizes), "largest": sizes[-1],
             "seconds": round(time.perf_counter() - start, 2)})
 
     def _fill(self, size: int, input_ids: list[int], positions: list[int], slots: list[int],
-              seq_lens: list[int], block_tables: list[list[int]]) -> None:
-        pad = size - len(seq_lens)
-        self.buffers.fill(input_ids + [0] * pad, positions + [0] * pad,
-                          slots + [PAD_SLOT] * pad, seq_lens + [1] * pad, [1] * size,
-                          block_tables + [[0]] * pad)
+              seq_lens: list[int], query_lens: list[int],
+              block_tables: list[list[int]]) -> None:
+        pad_seqs = size - len(seq_lens)
+        pad_rows = size * self.query_len - len(input_ids)
+        # Decode: a padding sequence owns its one padding row. Verify: padding rows are owned
+        # by no sequence, and padding sequences have none.
+        pad_query = 1 if self.query_len == 1 else 0
+        self.buffers.fill(input_ids + [0] * pad_rows, positions + [0] * pad_rows,
+                          slots + [PAD_SLOT] * pad_rows, seq_lens + [1] * pad_seqs,
+                          query_lens + [pad_query] * pad_seqs, block_tables + [[0]] * pad_seqs)
+
+    def holds(self, query_lens: list[int]) -> bool:
+        """Whether a step of these query lengths fits a graph of this set."""
+        return (bool(query_lens) and bucket_for(len(query_lens), self.sizes) is not None
+                and max(query_lens) <= self.query_len)
 
     def run(self, input_ids: list[int], positions: list[int], slots: list[int],
-            seq_lens: list[int], block_tables: list[list[int]]) -> torch.Tensor | None:
-        """Hidden states of a decode step's sequences, or None when no bucket holds them."""
-        size = bucket_for(len(seq_lens), self.sizes)
-        if size is None:
+            seq_lens: list[int], query_lens: list[int],
+            block_tables: list[list[int]]) -> torch.Tensor | None:
+        """Hidden states of the step's tokens, or None when no graph holds the step."""
+        if not self.holds(query_lens):
             return None
-        self._fill(size, input_ids, positions, slots, seq_lens, block_tables)
+        size = bucket_for(len(seq_lens), self.sizes)
+        self._fill(size, input_ids, positions, slots, seq_lens, query_lens, block_tables)
         graph = self.graphs[size]
         graph.replay()
         self.replays += 1
-        return graph.output[:len(seq_lens)]
+        return graph.output[:len(input_ids)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import torch
@@ -43,6 +44,7 @@ class ModelRunner:
         self.on_step: Callable[[StepInputs], None] | None = None
         self.buffers = StepBuffers(device)
         self.graphs: DecodeGraphs | None = None
+        self.verify_graphs: DecodeGraphs | None = None  # speculative verify steps' graphs
         # The latest step's prompt-token scores (prompt_scores.py), None without any.
         self.prompt_scores: torch.Tensor | None = None
         # Seconds of each start-up phase on this rank, set by build_runner (rank.py).
@@ -79,23 +81,34 @@ class ModelRunner:
 
     @torch.inference_mode()
     def capture_decode_graphs(self, max_num_seqs: int, max_num_batched_tokens: int,
-                              max_model_len: int) -> None:
-        """Capture the decode step for every batch-size bucket (decode_graphs.py). The input
-        buffers are sized for the largest step first: graphs keep their addresses."""
+                              max_model_len: int, verify_query_len: int = 0,
+                              verify_max_seqs: int = 0) -> None:
+        """Capture the decode step for every batch-size bucket (decode_graphs.py), and with
+        verify_query_len (K+1 of speculative decoding) the verify step for buckets up to
+        verify_max_seqs sequences. The input buffers are sized for the largest step first:
+        graphs keep their addresses."""
         if self.attention_backend != "triton":
             raise ValueError("decode graphs need the Triton attention backend")
         max_blocks = -(-max_model_len // self.block_size) + 1
-        self.buffers.reserve(max_num_batched_tokens, max_num_seqs, max_blocks)
+        verify_sizes = graph_batch_sizes(verify_max_seqs) if verify_query_len > 1 else []
+        verify_tokens = verify_sizes[-1] * verify_query_len if verify_sizes else 0
+        self.buffers.reserve(max(max_num_batched_tokens, verify_tokens), max_num_seqs,
+                             max_blocks)
         splits = -(-max_model_len // GRAPH_SPLIT_TOKENS)
 
-        def forward(num_seqs: int, seq_lens: list[int]) -> torch.Tensor:
-            views = self.buffers.views(num_seqs, num_seqs)
-            meta = self.buffers.metadata(views, seq_lens, [1] * num_seqs, self.attention_backend,
-                                         max_seq_len=max_model_len, decode_splits=splits)
+        def forward(num_seqs: int, query_len: int) -> torch.Tensor:
+            views = self.buffers.views(num_seqs * query_len, num_seqs)
+            meta = self.buffers.metadata(views, [query_len] * num_seqs, [query_len] * num_seqs,
+                                         self.attention_backend, max_seq_len=max_model_len,
+                                         decode_splits=splits, unowned_rows=query_len > 1)
             return self.model(views.input_ids, views.positions, self.kv_caches, meta)
 
         self.graphs = DecodeGraphs(self.buffers, forward, graph_batch_sizes(max_num_seqs),
                                    self.device)
+        if verify_sizes:
+            self.buffers.frozen = False  # the verify graphs' views lie in the same buffers
+            self.verify_graphs = DecodeGraphs(self.buffers, forward, verify_sizes, self.device,
+                                              query_len=verify_query_len)
 
     @torch.inference_mode()
     def run(self, inputs: StepInputs) -> torch.Tensor:
@@ -104,22 +117,26 @@ class ModelRunner:
         self.copy_blocks(inputs.block_copies)
         self.prompt_scores = None
         decode_only = all(n == 1 for n in inputs.query_lens)
-        if (self.graphs is not None and decode_only and not inputs.all_logits
-                and not inputs.prompt_rows.rows):
-            hidden = self.graphs.run(inputs.input_ids, inputs.positions, inputs.slots,
-                                     inputs.seq_lens, inputs.block_tables)
-            if hidden is not None:
-                return self.model.logits(hidden)
-        views = self.buffers.fill(inputs.input_ids, inputs.positions, inputs.slots,
-                                  inputs.seq_lens, inputs.query_lens, inputs.block_tables)
-        meta = self.buffers.metadata(views, inputs.seq_lens, inputs.query_lens,
-                                     self.attention_backend)
-        hidden = self.model(views.input_ids, views.positions, self.kv_caches, meta)
+        hidden = last_rows = None
+        if not inputs.all_logits and not inputs.prompt_rows.rows:
+            graphs = self.graphs if decode_only else self.verify_graphs
+            if graphs is not None:
+                hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.slots,
+                                    inputs.seq_lens, inputs.query_lens, inputs.block_tables)
+        if hidden is None:
+            views = self.buffers.fill(inputs.input_ids, inputs.positions, inputs.slots,
+                                      inputs.seq_lens, inputs.query_lens, inputs.block_tables)
+            meta = self.buffers.metadata(views, inputs.seq_lens, inputs.query_lens,
+                                         self.attention_backend)
+            hidden = self.model(views.input_ids, views.positions, self.kv_caches, meta)
+            last_rows = views.query_start[1:] - 1
         if inputs.prompt_rows.rows:
             self.prompt_scores = score_rows(self.model, hidden, inputs.prompt_rows)
         if inputs.all_logits or decode_only:  # decode: every row is its sequence's last
             return self.model.logits(hidden)
         rows = inputs.logit_rows()
-        if rows is not None:  # proposals to verify: a row for each
-            return self.model.logits(hidden[torch.tensor(rows, device=hidden.device)])
-        return self.model.logits(hidden[views.query_start[1:] - 1])
+        if rows is None and last_rows is not None:
+            return self.model.logits(hidden[last_rows])
+        if rows is None:  # each sequence's last row
+            rows = list(itertools.accumulate(inputs.query_lens, initial=-1))[1:]
+        return self.model.logits(hidden[torch.tensor(rows, device=hidden.device)])

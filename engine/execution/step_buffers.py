@@ -99,11 +99,12 @@ class StepBuffers:
 
     def metadata(self, views: StepTensors, seq_lens: list[int], query_lens: list[int],
                  backend: str, max_seq_len: int | None = None,
-                 decode_splits: int | None = None) -> AttentionMetadata:
+                 decode_splits: int | None = None,
+                 unowned_rows: bool = False) -> AttentionMetadata:
         return AttentionMetadata(
             slot_mapping=views.slots, block_tables=views.block_tables, seq_lens=views.seq_lens,
             query_start_loc=views.query_start, seq_lens_list=seq_lens,
             query_lens_list=query_lens, backend=backend,
             max_seq_len=max_seq_len if max_seq_len is not None else max(seq_lens),
-            decode_splits=decode_splits,
+            decode_splits=decode_splits, unowned_rows=unowned_rows,
         )

@@ -75,17 +75,19 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       query_start_loc: torch.Tensor, max_query_len: int, scale: float,
                       block_m: int = 64, block_n: int = 64,
                       k_scale: torch.Tensor | None = None,
-                      v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                      v_scale: torch.Tensor | None = None,
+                      zero_unowned: bool = False) -> torch.Tensor:
     """q: [tokens, heads, dim] of every sequence's new tokens -> attention output, same shape.
 
     Caches are [blocks, block_size, kv_heads, dim]; the new tokens' K/V must already be in them.
     int8/fp8 caches come with their float32 scales [blocks, block_size, kv_heads].
-    max_query_len is a host int (no device sync) that sizes the grid.
+    max_query_len is a host int (no device sync) that sizes the grid. zero_unowned: rows
+    after the last sequence's are padding, left zero (the kernel writes only owned rows).
     """
     num_tokens, _, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     group = query_groups(q, k_cache, v_cache)
-    out = torch.empty_like(q)
+    out = torch.zeros_like(q) if zero_unowned else torch.empty_like(q)
     num_seqs = seq_lens.shape[0]
     if num_tokens == 0 or num_seqs == 0:
         return out

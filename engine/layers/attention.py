@@ -83,4 +83,5 @@ def attention(q: torch.Tensor, cache: KVLayer, meta: AttentionMetadata,
 
     return prefill_attention(q, cache.k, cache.v, meta.block_tables, meta.seq_lens,
                              meta.query_start_loc, max(meta.query_lens_list), scale,
-                             k_scale=cache.k_scale, v_scale=cache.v_scale)
+                             k_scale=cache.k_scale, v_scale=cache.v_scale,
+                             zero_unowned=meta.unowned_rows)

@@ -31,6 +31,9 @@ class AttentionMetadata:
     # Context splits of the Triton decode kernel; None lets the kernel choose per step (a
     # captured graph fixes it, so a split covers the same tokens at every replay).
     decode_splits: int | None = None
+    # Rows after the last sequence's are padding that no sequence owns (a captured verify
+    # graph's): attention leaves them zero, so no uninitialised value flows on.
+    unowned_rows: bool = False
     # Per-step work that every layer shares (e.g. the torch path's decode buckets), built by the
     # first layer that needs it; keyed by whoever builds it.
     step_cache: dict[str, Any] = field(default_factory=dict, repr=False)

@@ -3,8 +3,9 @@ kernels run on: CUDA on a GPU machine, the CPU elsewhere (where it stays a few s
 
 Random-weight Llama and Qwen3 go through what a GPU run turns on: decode CUDA graphs (on by
 default there; asserted captured and replayed), ragged prompts in one batch, prefill in
-chunks, a prefix-cache hit, and tensor parallelism over two GPUs where two are visible (on the
-CPU, tests/engine/test_tensor_parallel.py covers it). HF runs on the same device in float32;
+chunks, a prefix-cache hit, n-gram speculation (its verify steps graphed), and tensor
+parallelism over two GPUs where two are visible (on the CPU, tests/engine/test_tensor_parallel.py
+covers it). HF runs on the same device in float32;
 its reference is computed once per model.
 """
 
@@ -27,19 +28,20 @@ ENGINE = dict(dtype="float32", device=DEVICE.type, kv_cache_memory=KV_CACHE_MEMO
               max_num_seqs=8, show_progress=False)
 
 
-def _prompts() -> tuple[list[list[int]], list[list[int]]]:
-    """Ragged prompts (1 to 45 tokens), and two that share a 40-token prefix (two full
-    blocks of 16)."""
+def _prompts() -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
+    """Ragged prompts (1 to 45 tokens), two that share a 40-token prefix (two full blocks of
+    16), and three that repeat a motif (n-gram lookups propose from them)."""
     rng = random.Random(0)
 
     def ids(n: int) -> list[int]:
         return [rng.randrange(3, VOCAB) for _ in range(n)]
 
     shared = ids(40)
-    return [ids(n) for n in (1, 6, 19, 45)], [shared + ids(5), shared + ids(9)]
+    repeating = [ids(n) * times for n, times in ((3, 6), (5, 4), (8, 3))]
+    return [ids(n) for n in (1, 6, 19, 45)], [shared + ids(5), shared + ids(9)], repeating
 
 
-RAGGED, SHARING = _prompts()
+RAGGED, SHARING, REPEATING = _prompts()
 
 
 def _config(kind: str):
@@ -65,7 +67,7 @@ def model(request, tmp_path_factory) -> tuple[str, dict[tuple[int, ...], list[in
     directory = make_random_model(str(tmp_path_factory.mktemp(request.param)),
                                   _config(request.param), word_level_tokenizer(VOCAB))
     hf = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).to(DEVICE).eval()
-    expected = {tuple(p): hf_greedy(hf, p, MAX_NEW) for p in RAGGED + SHARING}
+    expected = {tuple(p): hf_greedy(hf, p, MAX_NEW) for p in RAGGED + SHARING + REPEATING}
     del hf
     return directory, expected
 
@@ -117,6 +119,19 @@ def test_prefix_cached_request_equals_hf(model):
         assert _greedy(llm, SHARING[1:]) == _expected(model, SHARING[1:])
         assert llm.engine.kv.prefix_hits - hits >= 32  # the prefix's two full blocks
         _check_graphs(llm, 0)
+
+
+def test_speculative_decoding_equals_hf_with_verify_graphs(model):
+    spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}'
+    with LLM(model[0], speculative_config=spec, **ENGINE) as llm:
+        prompts = REPEATING + RAGGED[1:3]
+        assert _greedy(llm, prompts) == _expected(model, prompts)
+        assert llm.engine.speculation_stats.num_drafts > 0
+        verify = llm.engine.runner.verify_graphs
+        if DEVICE.type == "cuda":
+            assert verify is not None and verify.replays > 0
+        else:
+            assert verify is None
 
 
 @pytest.mark.skipif(DEVICE.type != "cuda" or torch.cuda.device_count() < 2,

@@ -105,6 +105,64 @@ def test_decode_batches_larger_than_the_largest_graph_run_eagerly(tiny_llama_dir
     assert runner.graphs.replays == 0  # four decodes at every step: no bucket holds them
 
 
+def _repeating_prompts(count: int, seed: int) -> list[list[int]]:
+    """Prompts that repeat a motif, so n-gram lookups propose (and greedy continuations of a
+    random model repeat often enough to accept some), with one that does not repeat."""
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(count):
+        motif = [rng.randrange(100, 3000) for _ in range(rng.randrange(3, 8))]
+        prompts.append(motif * (2 + i % 3) if i % 4 != 3 else _prompts(1, seed + i)[0])
+    return prompts
+
+
+def test_speculative_verify_steps_replay_their_graphs(tiny_llama_dir, monkeypatch):
+    """Verify steps (up to K+1 tokens per sequence, fewer where a lookup found fewer
+    proposals) replay the verify graphs; padding rows that no sequence owns change nothing."""
+    options = {"show_progress": False, "dtype": "float32", "max_num_batched_tokens": 64,
+               "max_num_seqs": 8, "device": DEVICE.type, "kv_cache_memory": KV_CACHE_MEMORY}
+    eager = LLM(tiny_llama_dir, attention_backend="torch", **options)  # equals HF
+    spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}'
+    graphed = LLM(tiny_llama_dir, attention_backend="triton", speculative_config=spec,
+                  **options)
+    runner = graphed.engine.runner
+    runner.capture_decode_graphs(8, 64, graphed.engine.max_model_len, verify_query_len=4,
+                                 verify_max_seqs=8)
+    assert sorted(runner.verify_graphs.graphs) == [1, 2, 4, 8]
+    replayed: list[int] = []
+    for size, graph in runner.verify_graphs.graphs.items():
+        monkeypatch.setattr(graph, "replay", lambda r=graph.replay, size=size: (
+            replayed.append(size), r()))
+    for count, seed in ((1, 11), (3, 12), (6, 13)):
+        prompts = _repeating_prompts(count, seed)
+        params = [SamplingParams(temperature=0.0, max_tokens=10 + 3 * i, ignore_eos=True)
+                  for i in range(count)]
+        expected = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
+        got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params)]
+        assert got == expected
+    assert runner.verify_graphs.replays == len(replayed)
+    assert max(replayed) > 1  # batches padded with sequences that own no rows
+    stats = graphed.engine.speculation_stats
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    graphed.engine.kv.allocator.check_all_free()
+
+
+def test_verify_graphs_cover_the_batches_that_speculate():
+    from tokenmill.engine.contract.config import EngineConfig
+    from tokenmill.engine.execution.rank import verify_graph_shape
+
+    def shape(spec: str | None, max_num_seqs: int = 64) -> tuple[int, int]:
+        return verify_graph_shape(EngineConfig(model="m", speculative_config=spec,
+                                               max_num_seqs=max_num_seqs))
+
+    ngram = '{"method": "ngram", "num_speculative_tokens": 4'
+    assert shape(None) == (0, 0)
+    assert shape(ngram + ', "disable_by_batch_size": 0}') == (5, 64)
+    assert shape(ngram + ', "disable_by_batch_size": 9}') == (5, 8)
+    assert shape(ngram + ', "disable_by_batch_size": 1}') == (0, 0)
+    assert shape(ngram + ', "disable_by_batch_size": 100}', max_num_seqs=16) == (5, 16)
+
+
 @cuda_only
 def test_a_graphed_decode_step_waits_for_the_gpu_once(tiny_llama_dir):
     """The step's only synchronization is the sampled tokens' copy to the host."""
