@@ -13,6 +13,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenmill.engine.contract.lora import MAX_LORA_RANK, LoRAModule, LoRAModuleError, parse_modules
 from tokenmill.engine.contract.speculative import SpeculativeConfig, SpeculativeConfigError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -126,6 +127,25 @@ class EngineConfig:
               "target's tokenizer (anything --model accepts; run whole on rank 0's device, its "
               "KV pool as many blocks as the target's, out of the same budget). "
               "\"disable_by_batch_size\": B turns it off while B or more sequences run.")
+    enable_lora: bool = _opt(
+        False, "Serve LoRA adapters over the base model (PEFT format: adapter_config.json and "
+               "adapter_model.safetensors, on the attention and MLP projections). A request "
+               "selects one by its name in `model`; one batch mixes the base and up to "
+               "--max-loras adapters.")
+    lora_modules: tuple[str, ...] = _opt(
+        (), "Adapters loaded at start-up: NAME=PATH or {\"name\": NAME, \"path\": PATH}, "
+            "space-separated. PATH is an adapter directory, hf://ORG/NAME[@REVISION] or "
+            "s3://BUCKET/PREFIX (downloaded like --model). Needs --enable-lora.")
+    max_loras: int = _opt(1, "Most adapters in one batch (device slots for adapter weights).")
+    max_lora_rank: int = _opt(16, "Largest adapter rank served; a higher-rank adapter is "
+                                  "refused when it is loaded.")
+    max_cpu_loras: int | None = _opt(
+        None, "Most adapters kept in host memory (least recently used evicted, read again "
+              "from their path when next asked for); default: --max-loras. At least "
+              "--max-loras.")
+    allow_runtime_lora_updating: bool = _opt(
+        False, "Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's shapes, "
+               "behind the API key): adapters added and removed while serving.")
     enforce_eager: bool = _opt(
         False, "Run every step eagerly. By default, on CUDA with the Triton attention kernels, "
                "the decode step is captured as a CUDA graph per batch-size bucket at start-up "
@@ -169,6 +189,34 @@ class EngineConfig:
             self.speculative()  # raises ConfigError naming the option
         _check(self.attention_backend in ATTENTION_BACKENDS, "attention_backend",
                f"{self.attention_backend!r} is not one of {ATTENTION_BACKENDS}")
+        self._check_lora()
+
+    def _check_lora(self) -> None:
+        if isinstance(self.lora_modules, str):
+            self.lora_modules = (self.lora_modules,)
+        self.lora_modules = tuple(self.lora_modules)
+        self.lora_adapters()  # raises ConfigError naming the option
+        if not self.enable_lora:
+            for option in ("lora_modules", "allow_runtime_lora_updating"):
+                _check(not getattr(self, option), option, "needs enable_lora")
+        _check(self.max_loras >= 1, "max_loras", f"must be at least 1, got {self.max_loras}")
+        _check(1 <= self.max_lora_rank <= MAX_LORA_RANK, "max_lora_rank",
+               f"must be in 1..{MAX_LORA_RANK}, got {self.max_lora_rank}")
+        _check(self.max_cpu_loras is None or self.max_cpu_loras >= self.max_loras,
+               "max_cpu_loras", f"({self.max_cpu_loras}) must be at least max_loras "
+               f"({self.max_loras})")
+
+    def lora_adapters(self) -> list[LoRAModule]:
+        """The parsed --lora-modules, in order."""
+        try:
+            return parse_modules(self.lora_modules)
+        except LoRAModuleError as e:
+            raise ConfigError("lora_modules", str(e)) from None
+
+    @property
+    def cpu_lora_capacity(self) -> int:
+        """Adapters kept in host memory: --max-cpu-loras, else --max-loras."""
+        return self.max_cpu_loras if self.max_cpu_loras is not None else self.max_loras
 
     def check_supported(self) -> None:
         """ConfigError naming the first option whose value this engine build cannot run yet."""
@@ -225,6 +273,9 @@ def engine_args(**options: Any) -> list[str]:
             continue
         if isinstance(value, bool):
             args.append(cli_flag(name) if value else "--no-" + cli_flag(name)[2:])
+        elif isinstance(value, list | tuple):
+            if value:
+                args += [cli_flag(name), *map(str, value)]
         else:
             args += [cli_flag(name), str(value)]
     return args
@@ -239,6 +290,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         if kind is bool:
             parser.add_argument(cli_flag(f.name), dest=f.name, default=f.default,
                                 action=argparse.BooleanOptionalAction, help=help_text)
+        elif kind is tuple:  # tuple[str, ...]: one or more values after the flag
+            parser.add_argument(cli_flag(f.name), dest=f.name, nargs="+", default=f.default,
+                                help=help_text)
         else:
             parser.add_argument(cli_flag(f.name), dest=f.name, type=kind, default=f.default,
                                 help=f"{help_text} (default: {f.default})")
@@ -251,4 +305,4 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
 def _base_type(hint: Any) -> type:
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         return next(a for a in typing.get_args(hint) if a is not type(None))
-    return hint
+    return typing.get_origin(hint) or hint
