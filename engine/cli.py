@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from typing import Any
 
@@ -41,29 +42,45 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _download(argv: list[str]) -> int:
-    """`tokenmill download MODEL`: fetch into the cache and print the local path; no torch is
-    imported, so an init container needs only the light dependencies."""
+    """`tokenmill download SOURCE...`: fetch each into the cache and print its local path; no
+    torch is imported, so an init container needs only the light dependencies. One init
+    container fetches a pod's model and its LoRA adapters, in order, stopping at the first
+    failure."""
     from tokenmill.engine.contract.config import EngineConfig
     from tokenmill.engine.log import configure_logging
-    from tokenmill.engine.models.source import resolve_model
 
     options = {f.name: f.metadata["help"] for f in dataclasses.fields(EngineConfig)}
     parser = argparse.ArgumentParser(prog="tokenmill download", description=DOWNLOAD_HELP)
-    parser.add_argument("model", help=options["model"])
+    parser.add_argument("model", nargs="+", metavar="SOURCE", help=options["model"])
     parser.add_argument("--download-dir", default=None, help=options["download_dir"])
     args = parser.parse_args(argv)
     configure_logging()
-    try:
-        source = resolve_model(args.model, args.download_dir)
-    except OSError as exc:  # a fetch or a missing path: one line naming the model and cause
-        print(f"tokenmill download: error: {exc}", file=sys.stderr)
-        return 1
-    print(source.gguf_path or source.directory)
+    for source in args.model:
+        try:
+            path = _downloaded(source, args.download_dir)
+        except OSError as exc:  # a fetch or a missing path: one line naming the source and cause
+            print(f"tokenmill download: error: {exc}", file=sys.stderr)
+            return 1
+        print(path, flush=True)
     return 0
 
 
-DOWNLOAD_HELP = ("Download a hf:// or s3:// model into the cache (what `serve` would load) "
-                 "and print its local path.")
+def _downloaded(source: str, download_dir: str | None) -> str:
+    """The local path of one source, fetched first if it is in a store: a LoRA adapter's
+    directory (adapter_config.json, what --lora-modules reads), else what `serve` would load
+    as the model."""
+    from tokenmill.engine.models.fetch import fetch_model
+    from tokenmill.engine.models.source import resolve_model
+
+    path = fetch_model(source, download_dir) or source
+    if os.path.isfile(os.path.join(path, "adapter_config.json")):
+        return path
+    model = resolve_model(path)  # a local path now: checked, not fetched again
+    return model.gguf_path or model.directory
+
+
+DOWNLOAD_HELP = ("Download hf:// or s3:// models or LoRA adapters into the cache (what `serve` "
+                 "would load) and print their local paths, one a line.")
 
 
 def build_parser() -> argparse.ArgumentParser:

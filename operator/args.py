@@ -24,12 +24,13 @@ from tokenmill.engine.contract.config import (
 )
 from tokenmill.engine.contract.speculative import KEYS as SPECULATIVE_KEYS
 
-from .spec import SPECULATIVE, InferenceServiceSpec, SpecError
+from .spec import ADAPTERS, SPECULATIVE, InferenceServiceSpec, SpecError
 
 PORT = 8000
 PVC_MOUNT = "/mnt/models"
 CACHE_MOUNT = "/model-cache"  # where the init container downloads hf:// and s3:// models
 DRAFT_PVC_MOUNT = "/mnt/draft-model"  # a draft model's claim, where it is not the model's
+ADAPTER_PVC_MOUNT = "/mnt/adapters"  # /mnt/adapters/CLAIM: an adapter claim no model uses
 
 # Options the spec sets through its own fields; extraArgs may not set them again.
 _SPEC_OPTIONS = {
@@ -46,6 +47,11 @@ _SPEC_OPTIONS = {
     "gpu_memory_utilization": "spec.engine.gpuMemoryUtilization",
     "kv_offloading_size": "spec.engine.kvOffloadingSize",
     "speculative_config": SPECULATIVE,
+    "enable_lora": ADAPTERS,
+    "lora_modules": ADAPTERS,
+    "max_loras": "spec.engine.maxLoras",
+    "max_lora_rank": "spec.engine.maxLoraRank",
+    "max_cpu_loras": "spec.engine.maxCpuLoras",
 }
 _SERVER_FLAGS = ("host", "port", "served-model-name", "shutdown-timeout")
 
@@ -65,9 +71,15 @@ def model_path(uri: str, pvc_mount: str = PVC_MOUNT) -> str:
     return uri
 
 
-def download_dir(uri: str) -> str | None:
-    """The engine's --download-dir: the cache, for the models it resolves there (hf://)."""
-    return CACHE_MOUNT if uri.startswith("hf://") else None
+def hub_sources(spec: InferenceServiceSpec) -> bool:
+    """Whether the engine resolves a hf:// model or adapter in the cache (offline, see
+    manifests)."""
+    return any(uri.startswith("hf://") for uri in spec.downloads)
+
+
+def download_dir(spec: InferenceServiceSpec) -> str | None:
+    """The engine's --download-dir: the cache, for the sources it resolves there (hf://)."""
+    return CACHE_MOUNT if hub_sources(spec) else None
 
 
 def _claim(uri: str) -> str | None:
@@ -80,6 +92,35 @@ def draft_claim(spec: InferenceServiceSpec) -> str | None:
     speculative = spec.engine.speculative
     claim = _claim(speculative.model) if speculative and speculative.model else None
     return claim if claim and claim != _claim(spec.model.uri) else None
+
+
+def adapter_claims(spec: InferenceServiceSpec) -> list[str]:
+    """The claims of pvc:// adapters that need a volume of their own, each once, in the spec's
+    order (one the model or the draft model is on is read through their mount)."""
+    shared = {_claim(spec.model.uri), draft_claim(spec)}
+    claims = [_claim(a.uri) for a in spec.adapters]
+    return [c for c in dict.fromkeys(claims) if c and c not in shared]
+
+
+def _claim_mount(spec: InferenceServiceSpec, claim: str) -> str:
+    """Where the pod mounts a claim the spec reads from."""
+    if claim == _claim(spec.model.uri):
+        return PVC_MOUNT
+    if claim == draft_claim(spec):
+        return DRAFT_PVC_MOUNT
+    return f"{ADAPTER_PVC_MOUNT}/{claim}"
+
+
+def lora_modules(spec: InferenceServiceSpec) -> tuple[str, ...]:
+    """--lora-modules NAME=PATH, each adapter where the engine finds it, as the model is: a
+    pvc:// one under its claim's mount, an s3:// one in the directory the init container filled,
+    a hf:// one as its URI resolved offline in the cache, a path in the image as it is."""
+    modules = []
+    for adapter in spec.adapters:
+        claim = _claim(adapter.uri)
+        mount = _claim_mount(spec, claim) if claim else PVC_MOUNT
+        modules.append(f"{adapter.name}={model_path(adapter.uri, mount)}")
+    return tuple(modules)
 
 
 def speculative_config(spec: InferenceServiceSpec) -> str | None:
@@ -111,7 +152,7 @@ def engine_options(spec: InferenceServiceSpec) -> dict[str, Any]:
     engine = spec.engine
     return {
         "model": model_path(spec.model.uri),
-        "download_dir": download_dir(spec.model.uri),
+        "download_dir": download_dir(spec),
         "device": "cpu" if spec.gpus == 0 else None,
         "tensor_parallel_size": engine.tensor_parallel_size,
         "quantization": None if engine.quantization == "none" else engine.quantization,
@@ -123,6 +164,11 @@ def engine_options(spec: InferenceServiceSpec) -> dict[str, Any]:
         "gpu_memory_utilization": engine.gpu_memory_utilization,
         "kv_offloading_size": float(engine.kv_offloading_size) or None,
         "speculative_config": speculative_config(spec),
+        "enable_lora": bool(spec.adapters) or None,
+        "lora_modules": lora_modules(spec) or None,
+        "max_loras": spec.max_loras if spec.adapters else None,
+        "max_lora_rank": engine.max_lora_rank,
+        "max_cpu_loras": engine.max_cpu_loras,
     }
 
 
@@ -164,8 +210,9 @@ def check_engine(spec: InferenceServiceSpec) -> None:
 
 
 def download_command(spec: InferenceServiceSpec) -> list[str]:
-    """The init container's command: the model into the cache, where the engine finds it."""
-    return ["tokenmill", "download", spec.model.uri, "--download-dir", CACHE_MOUNT]
+    """The init container's command: the hf:// and s3:// model and adapters into the cache,
+    where the engine finds them, one after the other."""
+    return ["tokenmill", "download", *spec.downloads, "--download-dir", CACHE_MOUNT]
 
 
 def serve_command(spec: InferenceServiceSpec, served_name: str) -> list[str]:

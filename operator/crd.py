@@ -25,6 +25,7 @@ from .spec import (
     VERSION,
     InferenceServiceSpec,
     InferenceServiceStatus,
+    served_name_rule,
 )
 
 NAME = f"{PLURAL}.{GROUP}"
@@ -196,7 +197,7 @@ def crd() -> dict[str, Any]:
                         "message": "metadata.name must be a DNS label (lower-case letters, "
                                    "digits and '-', starting with a letter): it names the "
                                    "Service",
-                    }],
+                    }, served_name_rule()],
                 }},
                 "subresources": {
                     "status": {},

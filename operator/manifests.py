@@ -11,12 +11,15 @@ from typing import Any
 from kubernetes.utils import parse_quantity
 
 from .args import (
+    ADAPTER_PVC_MOUNT,
     CACHE_MOUNT,
     DRAFT_PVC_MOUNT,
     PORT,
     PVC_MOUNT,
+    adapter_claims,
     download_command,
     draft_claim,
+    hub_sources,
     serve_command,
 )
 from .spec import API_KEY_ENV, GROUP, KIND, VERSION, InferenceServiceSpec, api_key_ref
@@ -25,9 +28,10 @@ GIB = 1 << 30
 OWNER_LABEL = "tokenmill.io/inferenceservice"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "tokenmill-operator"}
 CONTAINER = "engine"
-MODEL_DOWNLOAD = "model-download"  # the init container that fetches hf:// and s3:// models
+MODEL_DOWNLOAD = "model-download"  # the init container: hf:// and s3:// models and adapters
 CACHE_VOLUME = "model-cache"
 DRAFT_VOLUME = "draft-model"  # a speculative draft model's claim, other than the model's
+ADAPTER_VOLUME = "adapters"  # adapters-0, adapters-1, ...: one per claim only adapters use
 # The download moves bytes and checks them; the pod's effective request is the larger of this
 # and the engine's, so it adds nothing to a replica that requests resources of its own.
 DOWNLOAD_RESOURCES = {"requests": {"cpu": "250m", "memory": "512Mi"}}
@@ -132,7 +136,8 @@ def _cache_volume(spec: InferenceServiceSpec) -> dict[str, Any]:
 def _volumes(spec: InferenceServiceSpec) -> tuple[list[dict], list[dict]]:
     """Volumes and the engine's mounts: writable scratch, shared memory for TP workers, the
     model's PVC, or the cache a remote model was downloaded into (read-only: the engine only
-    reads it), and a speculative draft model's PVC where it is another claim."""
+    reads it), a speculative draft model's PVC where it is another claim, and each claim of
+    pvc:// adapters that no model is on, once however many adapters it holds."""
     volumes: list[dict] = [{"name": "scratch", "emptyDir": {}}]
     mounts: list[dict] = [{"name": "scratch", "mountPath": SCRATCH}]
     tp = spec.engine.tensor_parallel_size
@@ -149,7 +154,13 @@ def _volumes(spec: InferenceServiceSpec) -> tuple[list[dict], list[dict]]:
         volumes.append({"name": DRAFT_VOLUME,
                         "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
         mounts.append({"name": DRAFT_VOLUME, "mountPath": DRAFT_PVC_MOUNT, "readOnly": True})
-    if spec.model.remote:
+    for i, claim in enumerate(adapter_claims(spec)):
+        volume = f"{ADAPTER_VOLUME}-{i}"
+        volumes.append({"name": volume,
+                        "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
+        mounts.append({"name": volume, "mountPath": f"{ADAPTER_PVC_MOUNT}/{claim}",
+                       "readOnly": True})
+    if spec.downloads:
         volumes.append(_cache_volume(spec))
         mounts.append({"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT, "readOnly": True})
     return volumes, mounts
@@ -174,11 +185,11 @@ def _with_spec_env(ours: list[dict[str, Any]], spec: InferenceServiceSpec,
 
 
 def _env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
-    """The scratch locations, with tensor parallelism NCCL's settings, for a hf:// model the
-    offline hub, and the API key, then the spec's variables (which may override all but the
-    API key; check() refuses that one)."""
+    """The scratch locations, with tensor parallelism NCCL's settings, for a hf:// model or
+    adapter the offline hub, and the API key, then the spec's variables (which may override
+    all but the API key; check() refuses that one)."""
     ours = (SCRATCH_ENV + (NCCL_ENV if spec.engine.tensor_parallel_size > 1 else [])
-            + (OFFLINE_HUB_ENV if spec.model.uri.startswith("hf://") else []))
+            + (OFFLINE_HUB_ENV if hub_sources(spec) else []))
     return _with_spec_env(ours, spec, _api_key_env(spec))
 
 
@@ -224,9 +235,10 @@ def _container(name: str, spec: InferenceServiceSpec, image: str) -> dict[str, A
 
 
 def _download_container(spec: InferenceServiceSpec, image: str) -> dict[str, Any]:
-    """`tokenmill download` into the cache before the engine starts: the engine's image and
-    security context, the spec's env (proxies, AWS_REGION, HF_ENDPOINT) and, for it alone, the
-    credentials Secret's keys as variables, which the kubelet reads."""
+    """`tokenmill download` of the remote model and adapters into the cache before the engine
+    starts: the engine's image and security context, the spec's env (proxies, AWS_REGION,
+    HF_ENDPOINT) and, for it alone, the credentials Secret's keys as variables, which the
+    kubelet reads."""
     ref = spec.model.credentials_secret_ref
     container: dict[str, Any] = {
         "name": MODEL_DOWNLOAD,
@@ -256,7 +268,7 @@ def deployment(name: str, namespace: str, uid: str, spec: InferenceServiceSpec,
         "securityContext": {**POD_SECURITY_CONTEXT, **(spec.pod_security_context or {})},
         # preStop, then the server's drain, then a margin for the process to exit.
         "terminationGracePeriodSeconds": PRE_STOP_SECONDS + spec.shutdown_timeout_seconds + 10,
-        "initContainers": [_download_container(spec, image)] if spec.model.remote else [],
+        "initContainers": [_download_container(spec, image)] if spec.downloads else [],
         "containers": [_container(name, spec, image)],
         "volumes": _volumes(spec)[0],
     }

@@ -9,6 +9,7 @@ every pod state is tested without a cluster.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -193,3 +194,35 @@ def pod_problem(pods: list[dict[str, Any]],
     if len(sharing) == 1:
         return reason, f"pod {sharing[0]}: {detail}"
     return reason, f"{len(sharing)}/{len(live)} pods, e.g. {sharing[0]}: {detail}"
+
+
+# An engine that cannot load an adapter stops at start-up with this as its last log line, which
+# the kubelet keeps as the container's termination message (FallbackToLogsOnError).
+ADAPTER_FAILED = re.compile(r"lora_modules: adapter '(?P<name>[^']+)': (?P<reason>.+)")
+
+
+def _engine_exit(pod: dict[str, Any]) -> str:
+    """The engine container's last termination message, if it is not running now."""
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        if container.get("name") != CONTAINER or (container.get("state") or {}).get("running"):
+            continue
+        state = container.get("state") or {}
+        terminated = state.get("terminated") or (container.get("lastState") or {}).get(
+            "terminated") or {}
+        return terminated.get("message") or ""
+    return ""
+
+
+def adapter_failures(pods: list[dict[str, Any]]) -> dict[str, str]:
+    """Adapter name -> why an engine could not load it, from the termination messages of engine
+    containers that stopped on it (the first pod by name that says so). A running or ready
+    pod's earlier exit is history: it does not count."""
+    failed: dict[str, str] = {}
+    for pod in sorted(pods, key=_name):
+        if _gone(pod) or _condition(pod, "Ready").get("status") == "True":
+            continue
+        lines = [line.strip() for line in _engine_exit(pod).splitlines() if line.strip()]
+        found = ADAPTER_FAILED.search(lines[-1]) if lines else None
+        if found and found["name"] not in failed:
+            failed[found["name"]] = _short(found["reason"])
+    return failed

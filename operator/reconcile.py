@@ -21,7 +21,7 @@ from . import status as status_
 from .args import check_engine
 from .bookkeeping import skeleton
 from .kube import Kube, api_message
-from .pods import pod_problem
+from .pods import adapter_failures, pod_problem
 from .server_versions import check_server
 from .spec import InferenceServiceSpec, SpecError, check, parse
 from .user_paths import user_message, user_path
@@ -50,7 +50,7 @@ def load(name: str, spec: dict[str, Any] | None) -> InferenceServiceSpec:
     if not DNS_LABEL.match(name):
         raise SpecError(f"metadata.name: {name!r} must be a DNS label (it names the Service)")
     parsed = parse(spec or {})
-    check(parsed)
+    check(parsed, name)
     check_engine(parsed)
     return parsed
 
@@ -208,11 +208,18 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def pods_problem(kube: Kube, namespace: str, name: str) -> tuple[str, str] | None:
-    """Why the service's pods are not ready, from the Pod objects and (for pods that run but
-    are not ready) the engines' own /health."""
+def observe_pods(kube: Kube, namespace: str, name: str, spec: InferenceServiceSpec | None
+                  ) -> tuple[tuple[str, str] | None, list[dict[str, str]]]:
+    """Why the service's pods are not ready, from the Pod objects and (for pods that run but are
+    not ready) the engines' own /health; and the states of the spec's adapters, from the Pod
+    objects (an engine that stopped on one) and the ready engines' /metrics (those they hold)."""
     pods = kube.list("v1", "Pod", namespace, manifests.selector(name))
-    return pod_problem(pods, asyncio.run(scraper.health_reasons(pods)))
+    problem = pod_problem(pods, asyncio.run(scraper.health_reasons(pods)))
+    if spec is None or not spec.adapters:
+        return problem, []
+    loaded, ready = asyncio.run(scraper.loaded_adapters(pods))
+    names = [a.name for a in spec.adapters]
+    return problem, status_.adapters(names, loaded, ready, adapter_failures(pods))
 
 
 def _too_large(error: ApiException) -> bool:
@@ -254,10 +261,14 @@ def reconcile(kube: Kube, body: dict[str, Any], image: str) -> Outcome:
     warnings: list[tuple[str, str]] = []
 
     def done(deployment: dict | None, actions: list, problem: tuple | None = None) -> Outcome:
-        pods = pods_problem(kube, namespace, name) if deployment and not problem else None
+        pods, adapters = None, None  # adapters: None leaves status.adapters as it is
+        if deployment and not problem:
+            pods, adapters = observe_pods(kube, namespace, name, spec)
+        elif spec and not problem:  # the Deployment is being created: nothing loaded yet
+            adapters = status_.adapters([a.name for a in spec.adapters], {}, 0, {})
         notice = _dropped_notice(lost, spec, version) if spec else None
         st = status_.status(name, namespace, meta.get("generation"), deployment, problem,
-                            previous, _now(), pods, notice)
+                            previous, _now(), pods, notice, adapters)
         return Outcome(st, actions, problem, warnings)
 
     spec = None

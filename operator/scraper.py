@@ -22,6 +22,9 @@ from .manifests import CONTAINER
 
 WAITING = "tokenmill_num_requests_waiting"
 RUNNING = "tokenmill_num_requests_running"
+# 1 per LoRA adapter the engine has loaded, labelled by its name: what a router reads to send
+# an adapter's requests to the pods holding it, and what status.adapters reports as Loaded.
+ADAPTER_INFO = "tokenmill_lora_adapter_info"
 TIMEOUT_SECONDS = 2.0
 
 
@@ -85,15 +88,48 @@ def parse_load(text: str) -> PodLoad:
     return PodLoad(waiting=values[WAITING], running=values[RUNNING])
 
 
-async def scrape(session: aiohttp.ClientSession, target: Target) -> PodLoad:
-    """One pod's load, or ScrapeError."""
+def parse_adapters(text: str) -> frozenset[str]:
+    """The adapters one engine's exposition reports loaded (ADAPTER_INFO at 1). Matched by
+    sample name, so an info-typed family (named without `_info`) reads the same as a gauge."""
+    return frozenset(
+        sample.labels["adapter"] for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == ADAPTER_INFO and sample.value > 0 and "adapter" in sample.labels)
+
+
+async def _fetch(session: aiohttp.ClientSession, target: Target, parse: Any) -> Any:
+    """`parse` of one pod's /metrics text, or ScrapeError."""
     try:
         async with session.get(target.url) as response:
             if response.status != 200:
                 raise ScrapeError(f"{target.url}: HTTP {response.status}")
-            return parse_load(await response.text())
+            return parse(await response.text())
     except (aiohttp.ClientError, TimeoutError, ValueError) as e:
         raise ScrapeError(f"{target.url}: {type(e).__name__} {e}".rstrip()) from None
+
+
+async def scrape(session: aiohttp.ClientSession, target: Target) -> PodLoad:
+    """One pod's load, or ScrapeError."""
+    return await _fetch(session, target, parse_load)
+
+
+async def loaded_adapters(pods: list[dict[str, Any]]) -> tuple[dict[str, frozenset[str]], int]:
+    """Ready pod name -> the adapters its engine reports loaded, for the pods that answered,
+    and how many pods are ready; all asked at once, like the autoscaler's scrape."""
+    ready, _ = targets(pods)
+    if not ready:
+        return {}, 0
+    timeout = aiohttp.ClientTimeout(total=TIMEOUT_SECONDS)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        results = await asyncio.gather(*(_fetch(session, t, parse_adapters) for t in ready),
+                                       return_exceptions=True)
+    loaded = {}
+    for target, result in zip(ready, results, strict=True):
+        if isinstance(result, BaseException) and not isinstance(result, ScrapeError):
+            raise result
+        if not isinstance(result, BaseException):
+            loaded[target.name] = result
+    return loaded, len(ready)
 
 
 async def observe(pods: list[dict[str, Any]]) -> tuple[Observation, dict[str, str]]:

@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from tokenmill.engine.contract.config import DEFAULT_MODEL, SUPPORTED, TENSOR_PARALLEL_SIZES
+from tokenmill.engine.contract.lora import MAX_LORA_RANK, NAME_PATTERN, LoRAModuleError, check_name
 from tokenmill.engine.contract.speculative import (
     DEFAULT_PROMPT_LOOKUP_MAX,
     DEFAULT_PROMPT_LOOKUP_MIN,
@@ -76,17 +77,19 @@ def _full(pattern: str) -> str:
     return f"^({pattern})$"
 
 
-def model_uri_ok(uri: str, forms: dict[str, tuple[str, ...]] = MODEL_URI_FORMS) -> bool:
+def model_uri_ok(uri: str, forms: dict[str, tuple[str, ...]] = MODEL_URI_FORMS,
+                 builtins: tuple[str, ...] = BUILTIN_MODELS) -> bool:
     """Whether a model URI has one of the accepted forms (the CEL rule, for the operator)."""
-    return uri in BUILTIN_MODELS or any(
+    return uri in builtins or any(
         all(re.match(_full(p), uri) for p in patterns) for patterns in forms.values())
 
 
-def _model_uri_rule(forms: dict[str, tuple[str, ...]] = MODEL_URI_FORMS) -> str:
+def _model_uri_rule(forms: dict[str, tuple[str, ...]] = MODEL_URI_FORMS,
+                    builtins: tuple[str, ...] = BUILTIN_MODELS) -> str:
     matches = [" && ".join(f"self.matches('{_full(p)}')" for p in patterns)
                for patterns in forms.values()]
-    return (f"self in [{', '.join(repr(n) for n in BUILTIN_MODELS)}] || "
-            + " || ".join(f"({match})" for match in matches))
+    named = [f"self in [{', '.join(repr(n) for n in builtins)}]"] if builtins else []
+    return " || ".join([*named, *(f"({match})" for match in matches)])
 
 
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
@@ -208,8 +211,13 @@ class SecretRef(_Spec):
                       description="The Secret's name.")
 
 
-_REMOTE_ONLY = ("model.cache and model.credentialsSecretRef apply only to a hf:// or s3:// "
-                "model.uri")
+_REMOTE_ONLY = ("model.cache and model.credentialsSecretRef apply only to downloads: a hf:// or "
+                "s3:// model.uri or adapter uri")
+
+
+def _remote(field: str) -> str:
+    """CEL: the string `field` names a store the init container downloads from."""
+    return "(" + " || ".join(f"{field}.startsWith('{s}')" for s in REMOTE_SCHEMES) + ")"
 
 
 class ModelSpec(_Spec):
@@ -217,10 +225,7 @@ class ModelSpec(_Spec):
 
     model_config = _validations(
         _cel(f"!has(self.uri) || !self.uri.matches('{PARENT_SEGMENT}')",
-             "model.uri must not contain '..' path segments"),
-        _cel("(!has(self.cache) && !has(self.credentialsSecretRef)) || (has(self.uri) && ("
-             + " || ".join(f"self.uri.startsWith('{s}')" for s in REMOTE_SCHEMES) + "))",
-             _REMOTE_ONLY))
+             "model.uri must not contain '..' path segments"))
 
     uri: str = Field(
         DEFAULT_MODEL, max_length=MAX_URI_LENGTH,
@@ -252,16 +257,79 @@ class ModelSpec(_Spec):
             raise ValueError("must not contain '..' path segments")
         return uri
 
-    @model_validator(mode="after")
-    def _remote_only(self) -> ModelSpec:
-        if (self.cache or self.credentials_secret_ref) and not self.remote:
-            raise ValueError(_REMOTE_ONLY)
-        return self
-
     @property
     def remote(self) -> bool:
         """Whether the model is downloaded (hf://, s3://) before the engine starts."""
         return self.uri.startswith(REMOTE_SCHEMES)
+
+
+# spec.adapters: LoRA adapters over the served model, from the same sources as the model (no
+# built-in names: none is an adapter).
+ADAPTERS = "spec.adapters"
+MAX_ADAPTERS = 32  # each is a download, a --lora-modules entry and host memory in every pod
+MAX_LORAS = MAX_ADAPTERS  # adapters in one batch: device slots, at most one per adapter
+ADAPTER_URI_MESSAGE = (
+    f"an adapter's uri must be {', '.join(list(MODEL_URI_FORMS)[:-1])} or "
+    f"{list(MODEL_URI_FORMS)[-1]} (no built-in names)")
+ADAPTER_PARENT_MESSAGE = "an adapter's uri must not contain '..' path segments"
+ADAPTER_NAME_RULE = ("letters, digits, '.', '_' or '-', 1 to 63, starting and ending with a "
+                     "letter or digit")
+SERVED_NAME_MESSAGE = (
+    f"{ADAPTERS}[].name must differ from the served model name (spec.model.servedName, else "
+    "metadata.name): a request's model field selects one of them")
+LORA_OPTIONS_MESSAGE = ("engine.maxLoras, engine.maxLoraRank and engine.maxCpuLoras apply only "
+                        "with spec.adapters")
+CPU_LORAS_MESSAGE = ("engine.maxCpuLoras must be at least engine.maxLoras (default: the number "
+                     "of adapters)")
+
+
+class AdapterSpec(_Spec):
+    """A LoRA adapter served over the model: requests select it by name in `model`."""
+
+    name: Annotated[str, WithJsonSchema(
+        {"type": "string", "pattern": NAME_PATTERN.pattern, "maxLength": 63})] = Field(
+        description=f"What a request's model field selects: {ADAPTER_NAME_RULE}; not the "
+                    "served model's name.")
+    uri: str = Field(
+        max_length=MAX_URI_LENGTH,
+        description="A path inside the image, pvc://CLAIM/PATH (mounted read-only), "
+                    "hf://ORG/NAME[@REVISION] or s3://BUCKET/PREFIX (downloaded by the init "
+                    "container with the model, into its cache, with its credentials).",
+        json_schema_extra={"x-kubernetes-validations": [
+            _cel(_model_uri_rule(MODEL_URI_FORMS, ()), ADAPTER_URI_MESSAGE),
+            _cel(f"!self.matches('{PARENT_SEGMENT}')", ADAPTER_PARENT_MESSAGE)]})
+
+    @field_validator("name")
+    @classmethod
+    def _lora_name(cls, name: str) -> str:
+        try:
+            check_name(name)  # the engine's own rule for --lora-modules names
+        except LoRAModuleError as e:
+            raise ValueError(str(e)) from None
+        return name
+
+    @field_validator("uri")
+    @classmethod
+    def _source(cls, uri: str) -> str:
+        if not model_uri_ok(uri, MODEL_URI_FORMS, ()):
+            raise ValueError(ADAPTER_URI_MESSAGE)
+        if re.search(PARENT_SEGMENT, uri):
+            raise ValueError(ADAPTER_PARENT_MESSAGE)
+        return uri
+
+    @property
+    def remote(self) -> bool:
+        """Whether the init container downloads it (hf://, s3://)."""
+        return self.uri.startswith(REMOTE_SCHEMES)
+
+
+def served_name_rule() -> dict[str, str]:
+    """CEL at the object's root, the one node that sees metadata.name (the served name unless
+    spec.model.servedName is set): no adapter may take the served model's name."""
+    served = ("(has(self.spec.model) && has(self.spec.model.servedName) ? "
+              "self.spec.model.servedName : self.metadata.name)")
+    return _cel(f"!has(self.spec) || !has(self.spec.adapters) || "
+                f"!self.spec.adapters.exists(a, a.name == {served})", SERVED_NAME_MESSAGE)
 
 
 SPECULATIVE = "spec.engine.speculative"
@@ -376,6 +444,17 @@ class EngineSpec(_Spec):
         0, ge=0, description="GiB of host memory for a second KV-cache tier under the prefix "
                              "cache (0: off); added to the pod's memory request (and limit).")
     speculative: SpeculativeSpec | None = Field(None, description=SpeculativeSpec.__doc__)
+    max_loras: StrictInt | None = Field(
+        None, ge=1, le=MAX_LORAS,
+        description="Adapters in one batch (device slots for their weights); default: the "
+                    "number of spec.adapters.")
+    max_lora_rank: StrictInt | None = Field(
+        None, ge=1, le=MAX_LORA_RANK,
+        description="Largest adapter rank served (the engine sizes its slots by it); default "
+                    "the engine's, 16. An adapter of a higher rank fails to load.")
+    max_cpu_loras: StrictInt | None = Field(
+        None, ge=1, le=MAX_LORAS,
+        description="Adapters kept in host memory, at least maxLoras; default: maxLoras.")
     extra_args: list[Annotated[str, Field(max_length=MAX_URI_LENGTH)]] = Field(
         default_factory=list, max_length=MAX_LIST_ITEMS,
         description="More `tokenmill serve` flags, e.g. [\"--block-size\", \"32\"]; only engine "
@@ -487,10 +566,27 @@ class InferenceServiceSpec(_Spec):
         _cel(f"!has(self.auth) || !has(self.auth.apiKeySecretRef) || !has(self.env) || "
              f"!self.env.exists(e, e.name == '{API_KEY_ENV}')",
              f"env: {API_KEY_ENV} is set by auth.apiKeySecretRef; set one of them"),
+        _cel("!has(self.model) || (!has(self.model.cache) && !has(self.model.credentialsSecretRef))"
+             f" || (has(self.model.uri) && {_remote('self.model.uri')}) || (has(self.adapters) "
+             f"&& self.adapters.exists(a, {_remote('a.uri')}))", _REMOTE_ONLY),
+        _cel("!has(self.engine) || (!has(self.engine.maxLoras) && !has(self.engine.maxLoraRank) "
+             "&& !has(self.engine.maxCpuLoras)) || (has(self.adapters) && size(self.adapters) > 0)",
+             LORA_OPTIONS_MESSAGE),
+        _cel("!has(self.engine) || !has(self.engine.maxCpuLoras) || self.engine.maxCpuLoras >= "
+             "(has(self.engine.maxLoras) ? self.engine.maxLoras : (has(self.adapters) && "
+             "size(self.adapters) > 0 ? size(self.adapters) : 1))", CPU_LORAS_MESSAGE),
     )
 
     model: ModelSpec = Field(default_factory=ModelSpec, json_schema_extra={"default": {}},
                              description=ModelSpec.__doc__)
+    adapters: list[AdapterSpec] = Field(
+        default_factory=list, max_length=MAX_ADAPTERS,
+        description="LoRA adapters served over the model (the engine's --lora-modules); a "
+                    "request selects one by its name in model. Names are unique.",
+        # A map keyed by name: the API server refuses a name given twice, naming the entry, and
+        # a server-side apply merges adapters by name.
+        json_schema_extra={"x-kubernetes-list-type": "map",
+                           "x-kubernetes-list-map-keys": ["name"]})
     engine: EngineSpec = Field(default_factory=EngineSpec, json_schema_extra={"default": {}},
                                description=EngineSpec.__doc__)
     replicas: int = Field(
@@ -549,6 +645,25 @@ class InferenceServiceSpec(_Spec):
         if bad:
             raise ValueError(f"{', '.join(bad)}: not a Kubernetes qualified name ([prefix/]name)")
         return value
+
+    @model_validator(mode="after")
+    def _remote_only(self) -> InferenceServiceSpec:
+        if (self.model.cache or self.model.credentials_secret_ref) and not self.downloads:
+            raise ValueError(_REMOTE_ONLY)
+        return self
+
+    @property
+    def downloads(self) -> list[str]:
+        """The URIs the init container fetches: the model's and the adapters' on hf:// or
+        s3://, in the spec's order, each once."""
+        uris = [self.model.uri] if self.model.remote else []
+        uris += [a.uri for a in self.adapters if a.remote]
+        return list(dict.fromkeys(uris))
+
+    @property
+    def max_loras(self) -> int:
+        """engine.maxLoras, else one slot per adapter (at least one)."""
+        return self.engine.max_loras or min(max(len(self.adapters), 1), MAX_LORAS)
 
     @property
     def gpus(self) -> int:
@@ -610,6 +725,16 @@ class AutoscalerStatus(_Spec):
     scraped_pods: int | None = Field(None, description="Ready pods whose metrics were read.")
 
 
+class AdapterStatus(_Spec):
+    """Whether the engines serve one adapter of spec.adapters."""
+
+    name: str = Field(description="The adapter's name.")
+    state: Literal["Loaded", "Failed", "Pending"] = Field(
+        description="Loaded: a ready engine pod reports it loaded; Failed: an engine stopped "
+                    "at start-up on it; Pending: neither yet.")
+    message: str = Field("", description="Why, for a person (the engine's reason when Failed).")
+
+
 class InferenceServiceStatus(_Spec):
     """What the operator observed; written only by the operator."""
 
@@ -623,6 +748,8 @@ class InferenceServiceStatus(_Spec):
         default_factory=list, description="Ready, Available, Progressing and Degraded.")
     autoscaler: AutoscalerStatus | None = Field(
         None, description="The built-in autoscaler's last decision.")
+    adapters: list[AdapterStatus] = Field(
+        default_factory=list, description="One entry per adapter of spec.adapters.")
 
 
 def api_key_ref(spec: InferenceServiceSpec) -> SecretKeyRef | None:
@@ -641,13 +768,38 @@ def parse(spec: dict[str, Any]) -> InferenceServiceSpec:
     except ValidationError as e:
         problems = []
         for error in e.errors():
-            where = ".".join(str(part) for part in ("spec", *error["loc"]))
+            where = "spec" + "".join(f"[{part}]" if isinstance(part, int) else f".{part}"
+                                     for part in error["loc"])
             problems.append(f"{where}: {error['msg']}")
         raise SpecError("; ".join(problems)) from None
 
 
-def check(spec: InferenceServiceSpec) -> None:
-    """SpecError for a spec the engine or the cluster would reject (the CEL rules and more)."""
+def _adapters_problem(spec: InferenceServiceSpec, served_name: str | None) -> str | None:
+    """The CEL rules on spec.adapters that the schema alone cannot hold, naming the entry."""
+    first: dict[str, int] = {}
+    for i, adapter in enumerate(spec.adapters):
+        where = f"{ADAPTERS}[{i}].name"
+        if adapter.name == served_name:
+            return f"{where}: {adapter.name!r} is the served model's name; {SERVED_NAME_MESSAGE}"
+        if adapter.name in first:
+            return (f"{where}: {adapter.name!r} is given twice (also "
+                    f"{ADAPTERS}[{first[adapter.name]}].name)")
+        first[adapter.name] = i
+    engine = spec.engine
+    if not spec.adapters and (engine.max_loras or engine.max_lora_rank or engine.max_cpu_loras):
+        return f"spec.{LORA_OPTIONS_MESSAGE}"
+    if engine.max_cpu_loras is not None and engine.max_cpu_loras < spec.max_loras:
+        return (f"spec.engine.maxCpuLoras: {engine.max_cpu_loras} is less than maxLoras "
+                f"{spec.max_loras}; spec.{CPU_LORAS_MESSAGE}")
+    return None
+
+
+def check(spec: InferenceServiceSpec, served_name: str | None = None) -> None:
+    """SpecError for a spec the engine or the cluster would reject (the CEL rules and more);
+    `served_name` is the model name clients send (the object's name unless the spec sets
+    one)."""
+    if problem := _adapters_problem(spec, spec.model.served_name or served_name):
+        raise SpecError(problem)
     tp = spec.engine.tensor_parallel_size
     if spec.gpus < tp and not (spec.gpus == 0 and tp == 1):
         raise SpecError(f"spec.resources.gpus: {spec.gpus} GPUs cannot hold tensorParallelSize "

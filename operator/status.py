@@ -116,11 +116,39 @@ def conditions(deployment: dict[str, Any] | None, problem: tuple[str, str] | Non
     return [ready, available, progressing, degraded]
 
 
+LOADED, FAILED, PENDING = "Loaded", "Failed", "Pending"
+
+
+def adapters(names: list[str], loaded: dict[str, frozenset[str]], ready: int,
+             failures: dict[str, str]) -> list[dict[str, str]]:
+    """One entry per adapter of the spec, in its order: Failed with the engine's reason when an
+    engine stopped on it (that wins: a pod that cannot start needs a person even while others
+    serve), Loaded when ready pods report it (`loaded`: pod -> its adapters; `ready`: how many
+    pods are ready), else Pending. Messages depend only on these, so an unchanged service gets
+    the same list and no write."""
+    entries = []
+    for name in names:
+        holding = sum(name in pod for pod in loaded.values())
+        if name in failures:
+            entry = (FAILED, failures[name])
+        elif holding:
+            entry = (LOADED, f"loaded on {holding}/{ready} ready pods")
+        elif ready:
+            entry = (PENDING, "no ready pod reports it loaded yet")
+        else:
+            entry = (PENDING, "waiting for a ready engine pod")
+        entries.append({"name": name, "state": entry[0], "message": entry[1]})
+    return entries
+
+
 def status(name: str, namespace: str, generation: int | None, deployment: dict | None,
            problem: tuple[str, str] | None, previous: dict[str, Any], now: str,
            pod_problem: tuple[str, str] | None = None,
-           notice: tuple[str, str] | None = None) -> dict[str, Any]:
-    """The whole status object; `previous` is the current status, for transition times."""
+           notice: tuple[str, str] | None = None,
+           adapter_states: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    """The whole status object; `previous` is the current status, for transition times.
+    `adapter_states` (adapters()) replaces status.adapters; None leaves it as it is (a spec
+    that cannot be read says nothing new about them), and an empty list removes it."""
     before = {c.get("type"): c for c in previous.get("conditions", [])}
     conds = []
     for cond in conditions(deployment, problem, pod_problem, notice):
@@ -137,8 +165,12 @@ def status(name: str, namespace: str, generation: int | None, deployment: dict |
         "url": url(name, namespace),
         "selector": f"{OWNER_LABEL}={name}",
         "conditions": conds,
+        "adapters": adapter_states or None,
     }
-    return {k: v for k, v in result.items() if v is not None}
+    result = {k: v for k, v in result.items() if v is not None}
+    if adapter_states == [] and previous.get("adapters"):
+        result["adapters"] = None  # a merge patch's way to remove the field
+    return result
 
 
 SPEC_PROBLEMS = ("InvalidSpec", "NameConflict", "ObjectTooLarge")  # posted by the pass itself
@@ -157,17 +189,33 @@ def already_reported(previous: dict[str, Any], problem: tuple[str, str]) -> bool
         "False", *problem)
 
 
+def _adapter_events(previous: dict[str, Any], current: dict[str, Any]
+                    ) -> list[tuple[str, str, str]]:
+    """A Warning AdapterFailed for each adapter that turned Failed or fails for a new reason;
+    the stored status remembers it, so resyncs and operator restarts post nothing again."""
+    before = {a.get("name"): a for a in previous.get("adapters") or []}
+    found = []
+    for adapter in current.get("adapters") or []:
+        old = before.get(adapter["name"], {})
+        if adapter["state"] == FAILED and (old.get("state"), old.get("message")) != (
+                FAILED, adapter["message"]):
+            found.append(("Warning", "AdapterFailed",
+                          f"adapter {adapter['name']}: {adapter['message']}"))
+    return found
+
+
 def events(previous: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(type, reason, message) Events worth posting for a status change: Degraded turning True
-    or changing its reason (a person must act), Ready turning True, and Ready turning False
-    from True (a Normal RollingOut when a spec change rolls out). The first Ready=False of a new
-    service is no news."""
+    or changing its reason (a person must act), an adapter failing (AdapterFailed), Ready
+    turning True, and Ready turning False from True (a Normal RollingOut when a spec change
+    rolls out). The first Ready=False of a new service is no news."""
     found = []
     old_degraded, degraded = _find(previous, "Degraded"), _find(current, "Degraded")
     degraded_news = degraded.get("status") == "True" and (
         old_degraded.get("status") != "True" or old_degraded.get("reason") != degraded["reason"])
     if degraded_news and degraded["reason"] not in SPEC_PROBLEMS:
         found.append(("Warning", degraded["reason"], degraded.get("message", "")))
+    found += _adapter_events(previous, current)
     old_ready, ready = _find(previous, "Ready"), _find(current, "Ready")
     if ready.get("status") == "True" and old_ready.get("status") != "True":
         found.append(("Normal", ready["reason"], ready.get("message", "")))

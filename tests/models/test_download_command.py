@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from process_support import download_command
-from store_support import BUCKET, TINY_PREFIX, same_files
+from store_support import BUCKET, TINY_PREFIX, same_files, upload_directory
 
 URI = f"s3://{BUCKET}/{TINY_PREFIX}"
 
@@ -51,3 +51,36 @@ def test_two_downloads_into_one_cache_move_the_bytes_once(s3_env, download_dir,
     moved = sorted(int(m.group(1)) - int(m.group(3)) for m in done)
     # One fetched everything; the other waited on the lock, then found it complete.
     assert moved == [0, total]
+
+
+def _adapter(directory) -> str:
+    """A PEFT adapter's files as a store holds them (the bytes need not be weights here)."""
+    directory.mkdir()
+    (directory / "adapter_config.json").write_text('{"r": 8, "peft_type": "LORA"}')
+    (directory / "adapter_model.safetensors").write_bytes(b"\0" * 64)
+    return str(directory)
+
+
+def test_downloads_a_model_and_its_adapters_in_order(s3_env, bucket, download_dir,
+                                                     tiny_llama_dir, tmp_path):
+    """What one init container runs for a model and its LoRA adapters: every source in turn,
+    an adapter's directory (adapter_config.json, no config.json) taken as it is."""
+    adapter = _adapter(tmp_path / "adapter")
+    upload_directory(bucket, BUCKET, "lora/sql", adapter)
+    result = subprocess.run(download_command(URI, f"s3://{BUCKET}/lora/sql", "--download-dir",
+                                             download_dir), cwd="/", capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    model, lora = result.stdout.split()
+    assert same_files(model, tiny_llama_dir)
+    assert lora == os.path.join(download_dir, "s3", BUCKET, "lora", "sql")
+    assert same_files(lora, adapter)
+
+
+def test_stops_at_the_first_source_it_cannot_fetch(s3_env, download_dir):
+    result = subprocess.run(download_command(f"s3://{BUCKET}/lora/missing", URI,
+                                             "--download-dir", download_dir), cwd="/",
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and result.stdout == ""
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("tokenmill download: error:") and "lora/missing" in last

@@ -4,9 +4,11 @@ HTTP servers standing in for engine pods."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import copy
+import json
 import os
 import sys
 import time
@@ -26,7 +28,14 @@ from apiserver_model.writes import TOO_LONG, canonicalize, merge_patch, omit_emp
 from process_support import free_port
 from prometheus_client import generate_latest
 
+from tokenmill.engine.contract.config import (
+    EngineConfig,
+    add_engine_arguments,
+    engine_config_from_args,
+)
 from tokenmill.engine.server.metrics import EngineMetrics
+from tokenmill.operator import manifests
+from tokenmill.operator.reconcile import load
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / "inferenceservices.tokenmill.io.yaml"
@@ -56,19 +65,55 @@ def with_defaults(schema: dict[str, Any], value: Any) -> Any:
 
 def cel_errors(schema: dict[str, Any], value: Any, env: celpy.Environment | None = None) -> list:
     """Messages of every x-kubernetes-validations rule that `value` breaks."""
+    return [message for _, message in cel_errors_at(schema, value, "", env)]
+
+
+def cel_errors_at(schema: dict[str, Any], value: Any, where: str,
+                  env: celpy.Environment | None = None) -> list[tuple[str, str]]:
+    """(path, message) of every rule that `value` breaks, the path as the API server prints
+    it (`spec.adapters[1].uri`)."""
     env = env or celpy.Environment()
     errors = []
     for rule in schema.get("x-kubernetes-validations", []):
         program = env.program(env.compile(rule["rule"]))
         if not program.evaluate({"self": celpy.json_to_cel(value)}):
-            errors.append(rule["message"])
+            errors.append((where, rule["message"]))
     if isinstance(value, dict):
         for name, sub in schema.get("properties", {}).items():
             if name in value:
-                errors += cel_errors(sub, value[name], env)
+                errors += cel_errors_at(sub, value[name], f"{where}.{name}".lstrip("."), env)
     elif isinstance(value, list) and "items" in schema:
-        for item in value:
-            errors += cel_errors(schema["items"], item, env)
+        for i, item in enumerate(value):
+            errors += cel_errors_at(schema["items"], item, f"{where}[{i}]", env)
+    return errors
+
+
+def api_path(parts: Any) -> str:
+    """A path as the API server prints it: `spec.adapters[1].name`."""
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts).lstrip(".")
+
+
+def duplicate_keys(schema: dict[str, Any], value: Any, where: str = "") -> list[str]:
+    """The API server's refusal of a map-typed list (x-kubernetes-list-type: map) with two
+    entries of the same keys: `spec.adapters[1]: Duplicate value: map[string]interface
+    {}{"name":"a"}` (apiextensions-apiserver structural listtype validation)."""
+    errors = []
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        keys = schema.get("x-kubernetes-list-map-keys") or []
+        seen = set()
+        for i, item in enumerate(value):
+            if schema.get("x-kubernetes-list-type") == "map" and isinstance(item, dict):
+                key = tuple((k, json.dumps(item.get(k))) for k in keys)
+                if key in seen:
+                    shown = ",".join(f'"{k}":{v}' for k, v in key)
+                    errors.append(f"{where}[{i}]: Duplicate value: map[string]interface "
+                                  f"{{}}{{{shown}}}")
+                seen.add(key)
+            errors += duplicate_keys(schema["items"], item, f"{where}[{i}]")
+    elif isinstance(value, dict):
+        for name, sub in schema.get("properties", {}).items():
+            if name in value:
+                errors += duplicate_keys(sub, value[name], f"{where}.{name}".lstrip("."))
     return errors
 
 
@@ -81,22 +126,29 @@ SKIPPED_RULES = ("some validation rules were not checked because the object was 
                  "correct the existing errors to complete validation")
 
 
-def admission_errors(obj: dict[str, Any], schema: dict[str, Any] | None = None) -> list[str]:
+def admission_errors(obj: dict[str, Any], schema: dict[str, Any] | None = None,
+                     paths: bool = False) -> list[str]:
     """What the API server would say to `kubectl apply` of this object (empty: accepted), for
-    the CRD's schema or `schema`.
+    the CRD's schema or `schema`; with `paths`, each message after the path the API server
+    puts before it (`spec.adapters[1].uri: Invalid value: ...: MESSAGE`).
 
     Unknown fields first: with strict field validation (kubectl's default) the decoder refuses
     them with a 400 before the object is validated (apiserver handlers/create.go). Then defaults,
-    the OpenAPI schema, and the CEL rules unless a schema error blocks them (BLOCKING)."""
+    the OpenAPI schema, map-typed lists' duplicate keys, and the CEL rules unless a schema error
+    blocks them (BLOCKING)."""
     schema = schema or crd_schema()
     unknown = _unknown_fields(schema, obj, "")
     if unknown:
         return unknown
     defaulted = with_defaults(schema, obj)
     found = list(jsonschema.Draft4Validator(_int_or_string_typed(schema)).iter_errors(defaulted))
-    errors = [f"{'.'.join(map(str, e.path))}: {e.message}" for e in found]
+    errors = [f"{api_path(e.path) if paths else '.'.join(map(str, e.path))}: {e.message}"
+              for e in found] + duplicate_keys(schema, defaulted)
     if any(e.validator in BLOCKING for e in found):
         return [*errors, SKIPPED_RULES]
+    if paths:
+        return errors + [f"{where}: Invalid value: {message}" if where else message
+                         for where, message in cel_errors_at(schema, defaulted, "")]
     return errors + cel_errors(schema, defaulted)
 
 
@@ -151,6 +203,23 @@ def granted(docs: list[dict], kind: str = "ClusterRole") -> set[tuple[str, str, 
     return {(group, resource, verb) for role in docs if role["kind"] == kind
             for rule in role["rules"] for group in rule["apiGroups"]
             for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+SERVER_ARGS = 10  # tokenmill serve --host H --port P --served-model-name N --shutdown-timeout S
+
+
+def pod_template(spec: dict[str, Any], name: str = "svc") -> dict[str, Any]:
+    """The pod spec of the Deployment the operator makes of `spec`."""
+    deployment = manifests.children(name, "team", "uid-9", load(name, spec), "tokenmill:1")[0]
+    return deployment["spec"]["template"]["spec"]
+
+
+def served_config(spec: dict[str, Any], name: str = "svc") -> EngineConfig:
+    """The engine container's flags as `tokenmill serve` parses them."""
+    command = pod_template(spec, name)["containers"][0]["command"]
+    parser = argparse.ArgumentParser(add_help=False)
+    add_engine_arguments(parser)
+    return engine_config_from_args(parser.parse_args(command[SERVER_ARGS:]))
 
 
 def inference_service(name: str, spec: dict[str, Any], ns: str = "default",

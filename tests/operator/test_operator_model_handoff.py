@@ -15,6 +15,7 @@ from store_support import (
     TINY_PREFIX,
     hub_that_finds_nothing,
     same_files,
+    upload_directory,
     write_hub_cache,
 )
 
@@ -128,3 +129,34 @@ def test_without_offline_the_engine_would_ask_the_hub_on_every_start(tmp_path, t
             env["HF_ENDPOINT"] = endpoint
             resolve(model_flags(container, cache), env)
         assert bool(asked) is expect_asked, asked
+
+
+def test_the_engine_finds_each_adapter_the_init_container_downloaded(s3_env, bucket, tmp_path,
+                                                                     tiny_llama_dir):
+    """One init container fetches the model and an s3:// adapter; the engine's --lora-modules
+    path is the adapter's directory in the cache, found with every store out of reach."""
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"r": 8, "peft_type": "LORA"}')
+    (adapter / "adapter_model.safetensors").write_bytes(b"\0" * 64)
+    upload_directory(bucket, BUCKET, "lora/sql", str(adapter))
+    spec = load("svc", {"model": {"uri": f"s3://{BUCKET}/{TINY_PREFIX}"},
+                        "adapters": [{"name": "sql", "uri": f"s3://{BUCKET}/lora/sql"}],
+                        "resources": {"gpus": 0}})
+    p = manifests.deployment("svc", "team", "uid-1", spec, "tokenmill:1")["spec"]["template"][
+        "spec"]
+    cache = str(tmp_path / "cache")
+    done = subprocess.run(download_command(*in_cache(p["initContainers"][0]["command"],
+                                                     cache)[2:]),
+                          cwd="/", capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    args = in_cache(p["containers"][0]["command"], cache)
+    (module,) = args[args.index("--lora-modules") + 1:args.index("--max-loras")]
+    name, _, path = module.partition("=")
+    (path,) = in_cache([path], cache)
+    assert name == "sql" and same_files(path, str(adapter))
+    before = tree(cache)
+    unreachable = f"http://127.0.0.1:{free_port()}"
+    assert same_files(resolve(model_flags(p["containers"][0], cache),
+                              engine_env(p["containers"][0], unreachable)), tiny_llama_dir)
+    assert tree(cache) == before

@@ -5,22 +5,19 @@ the spec asked."""
 
 from __future__ import annotations
 
-import argparse
 import re
 
 import kubernetes_validate
 import pytest
-from operator_support import admission_errors, crd_schema
+from operator_support import admission_errors, crd_schema, pod_template, served_config
 
 from tokenmill.engine.contract import speculative as contract
-from tokenmill.engine.contract.config import add_engine_arguments, engine_config_from_args
 from tokenmill.engine.contract.speculative import SpeculativeConfig
 from tokenmill.operator import manifests
 from tokenmill.operator.reconcile import load
 from tokenmill.operator.spec import SpecError, parse
 
 FIELD = "spec.engine.speculative"
-SERVER_ARGS = 10  # tokenmill serve --host H --port P --served-model-name N --shutdown-timeout S
 
 
 def _obj(spec: dict) -> dict:
@@ -34,16 +31,11 @@ def _spec(speculative: dict, **rest) -> dict:
 
 
 def _pod(spec: dict) -> dict:
-    deployment = manifests.children("svc", "team", "uid-9", load("svc", spec), "tokenmill:1")[0]
-    return deployment["spec"]["template"]["spec"]
+    return pod_template(spec, "svc")
 
 
 def _engine_config(spec: dict):
-    """The container's engine flags as `tokenmill serve` parses them."""
-    command = _pod(spec)["containers"][0]["command"]
-    parser = argparse.ArgumentParser(add_help=False)
-    add_engine_arguments(parser)
-    return engine_config_from_args(parser.parse_args(command[SERVER_ARGS:]))
+    return served_config(spec, "svc")
 
 
 # --- rendering --------------------------------------------------------------------------------
