@@ -12,6 +12,7 @@ from model_support import make_random_model
 from tokenmill.engine import LLM, SamplingParams
 from tokenmill.engine.bench import accuracy
 from tokenmill.engine.core.scoring import next_token_logprobs
+from tokenmill.engine.layers.lora import lora_apply
 
 MAX_NEW = 8
 ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=8, max_num_batched_tokens=64,
@@ -19,6 +20,21 @@ ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=8, max_num_batched
 # docs/quantization.md: a random-weight Llama with int8 weights (tests/engine/
 # test_quant_accuracy.py RANDOM_BOUNDS): top-1 agreement, mean KL, |perplexity change|.
 INT8_BOUNDS = (0.93, 0.0005, 0.005)
+
+
+def test_each_token_row_reads_the_adapter_in_its_own_slot():
+    """The reference delta (the Triton kernel's contract): y[t] += B[s] A[s] x[t] for slot
+    s = token_slots[t] >= 0, rows of slot -1 unchanged."""
+    torch.manual_seed(0)
+    x, y = torch.randn(7, 16), torch.randn(7, 24)
+    a_pool, b_pool = torch.randn(3, 8, 16), torch.randn(3, 24, 8)
+    slots = torch.tensor([2, -1, 0, 2, 1, -1, 0])
+    want = y.clone()
+    for t, slot in enumerate(slots.tolist()):
+        if slot >= 0:
+            want[t] += b_pool[slot] @ (a_pool[slot] @ x[t])
+    lora_apply(x, y, a_pool, b_pool, slots, "torch")
+    torch.testing.assert_close(y, want)
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
