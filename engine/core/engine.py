@@ -239,7 +239,8 @@ class LLMEngine:
         return self.lora.paths() if self.lora is not None else {}
 
     def lora_batch_info(self) -> tuple[list[str], list[str]]:
-        """Adapter names of the running and of the waiting sequences, each sorted, once each."""
+        """Adapter names of the running and of the waiting sequences, each sorted, once each.
+        Read it on the engine's thread (a step observer): the queues change during a step."""
         def names(seqs) -> list[str]:
             return sorted({s.lora.name for s in list(seqs) if s.lora is not None})
         return names(self.scheduler.running), names(self.scheduler.waiting)

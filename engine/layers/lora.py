@@ -34,20 +34,32 @@ def lora_apply_reference(x: torch.Tensor, y: torch.Tensor, a_pool: torch.Tensor,
         y.index_add_(0, rows, (x[rows] @ a_pool[slot].T) @ b_pool[slot].T)
 
 
+def lora_apply_masked(x: torch.Tensor, y: torch.Tensor, a_pool: torch.Tensor,
+                      b_pool: torch.Tensor, token_slots: torch.Tensor) -> None:
+    """The same delta with no host synchronization, so a CUDA graph can capture it: every
+    slot's update over all rows, kept where the row reads that slot (slots times the work)."""
+    for slot in range(a_pool.shape[0]):
+        keep = (token_slots == slot).unsqueeze(1).to(y.dtype)
+        y.add_(((x @ a_pool[slot].T) @ b_pool[slot].T) * keep)
+
+
 _kernel: Callable[..., None] | None = None
 
 
 def lora_apply(x: torch.Tensor, y: torch.Tensor, a_pool: torch.Tensor, b_pool: torch.Tensor,
                token_slots: torch.Tensor, backend: str) -> None:
-    """The batched LoRA delta added to y: the Triton kernel for backend "triton" where it is
-    installed, else the torch reference."""
+    """The batched LoRA delta added to y: for backend "triton" the Triton kernel where it is
+    installed, else its graph-safe stand-in (the decode graphs capture this path); the torch
+    reference for backend "torch"."""
     if backend == "triton":
         global _kernel
         if _kernel is None and importlib.util.find_spec(KERNEL_MODULE) is not None:
             _kernel = importlib.import_module(KERNEL_MODULE).lora_apply
         if _kernel is not None:
             _kernel(x, y, a_pool, b_pool, token_slots)
-            return
+        else:
+            lora_apply_masked(x, y, a_pool, b_pool, token_slots)
+        return
     lora_apply_reference(x, y, a_pool, b_pool, token_slots)
 
 
@@ -56,10 +68,11 @@ class LoRAContext:
     (a view of the step buffers, a CUDA graph input) and whether any row has an adapter (an
     eager step with none skips the delta; a captured graph always computes it)."""
 
-    def __init__(self, max_loras: int, max_rank: int, backend: str):
+    def __init__(self, max_loras: int, max_rank: int, backend: str, dtype: torch.dtype):
         self.max_loras = max_loras
         self.max_rank = max_rank
         self.backend = backend
+        self.dtype = dtype  # the activations': the pools are in it, whatever the base stores
         self.token_slots: torch.Tensor | None = None
         self.active = False
 
@@ -80,15 +93,12 @@ class LoRALinear(nn.Module):
         merged = getattr(base, "parts", None)
         self.parts: dict[str, int] = dict(merged) if merged else {"": base.out_features}
         self.merged = merged is not None
-        weight = base.weight
-        dtype = weight.dtype if weight.is_floating_point() else base.weight_scale.dtype
         width = len(self.parts) * context.max_rank
-        shape = (context.max_loras, width)
-        self.register_buffer("a_pool", torch.zeros(*shape, base.in_features, dtype=dtype,
-                                                   device=weight.device), persistent=False)
+        like = dict(dtype=context.dtype, device=base.weight.device)
+        self.register_buffer("a_pool", torch.zeros(context.max_loras, width, base.in_features,
+                                                   **like), persistent=False)
         self.register_buffer("b_pool", torch.zeros(context.max_loras, base.out_features, width,
-                                                   dtype=dtype, device=weight.device),
-                             persistent=False)
+                                                   **like), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         if not self.context.active:
