@@ -186,7 +186,7 @@ class LLMEngine:
         params = params or SamplingParams()
         if request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already in use")
-        lora = self._lora_ref(lora_name)
+        lora = self.lora_ref(lora_name)
         text, token_ids = self.check_request(prompt, params)
         if lora is not None:
             cache_salt = f"{cache_salt or ''}\x00{lora.cache_salt}"
@@ -199,7 +199,7 @@ class LLMEngine:
     def check_request(self, prompt: str | list[int], params: SamplingParams,
                       lora_name: str | None = None) -> tuple[str | None, list[int]]:
         """Tokenize and validate without queueing; raises RequestError for what can't run."""
-        self._lora_ref(lora_name)
+        self.lora_ref(lora_name)
         text, token_ids = self._tokenize(prompt)
         self._check_fits(token_ids, params)
         self._check_sampling(params)
@@ -245,7 +245,8 @@ class LLMEngine:
             return sorted({s.lora.name for s in list(seqs) if s.lora is not None})
         return names(self.scheduler.running), names(self.scheduler.waiting)
 
-    def _lora_ref(self, name: str | None) -> LoRARef | None:
+    def lora_ref(self, name: str | None) -> LoRARef | None:
+        """The loaded adapter `name` (None for None); UnknownAdapterError if none is."""
         if name is None:
             return None
         ref = self.lora.get(name) if self.lora is not None else None

@@ -31,9 +31,8 @@ def next_token_logprobs(engine: LLMEngine, token_ids: list[int],
     """
     if engine.has_unfinished_requests():
         raise RuntimeError("scoring needs an idle engine")
-    engine.check_request(token_ids, SamplingParams(max_tokens=1), lora_name)
     seq = Sequence(-1, "score", 0, list(token_ids), SamplingParams(max_tokens=1), None, None,
-                   RequestTimings(), lora=engine.lora.get(lora_name) if lora_name else None)
+                   RequestTimings(), lora=engine.lora_ref(lora_name))
     engine.kv.admit(seq, [])
     slots = engine.scheduler.lora
     if seq.lora is not None:
