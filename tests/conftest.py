@@ -14,8 +14,9 @@ Pytest puts this directory on sys.path (no __init__.py files: the repository roo
 operator/ would shadow Python's operator module, stays off it), so the modules here are
 imported by name from every group: model_support (SmolLM2's name, random-weight checkpoints,
 HF's greedy reference), process_support (free_port, the serve command line, /proc),
-store_support (moto's S3 server, hub caches in the hub's layout) and structured_support (the
-JSON schema of the structured-output tests). The names of these
+store_support (moto's S3 server, hub caches in the hub's layout), structured_support (the
+JSON schema of the structured-output tests) and lora_support (random PEFT adapters, HF + peft
+references). The names of these
 modules are unique across all directories, and so are test file names.
 
 What a group needs beyond torch, transformers and pytest is imported by the fixtures that use

@@ -13,8 +13,10 @@ import torch
 
 from tokenmill.engine.contract.config import ConfigError, EngineConfig
 from tokenmill.engine.core.detokenizer import IncrementalDetokenizer
-from tokenmill.engine.core.errors import RequestError
+from tokenmill.engine.core.errors import LoRAAdapterError, RequestError, UnknownAdapterError
 from tokenmill.engine.core.kv_cache import KVCacheManager, KVCacheStats
+from tokenmill.engine.core.lora_registry import LoRARegistry
+from tokenmill.engine.core.lora_slots import LoRARef
 from tokenmill.engine.core.output_processor import append_token, request_output
 from tokenmill.engine.core.outputs import RequestOutput
 from tokenmill.engine.core.prompt_logprobs import record as record_prompt_logprobs
@@ -50,8 +52,9 @@ class _Request:
     params: SamplingParams
     timings: RequestTimings
     seqs: list[Sequence]
-    cache_salt: str | None = None
+    cache_salt: str | None = None  # the caller's, with the adapter's folded in
     finished: bool = False
+    lora: LoRARef | None = None
 
 
 class LLMEngine:
@@ -115,8 +118,10 @@ class LLMEngine:
         proposer = make_proposer(speculative, draft, num_blocks, self.max_model_len,
                                  config.max_num_batched_tokens)
         self.speculation_stats = proposer.stats if proposer else SpeculationStats()
+        self.lora = LoRARegistry(config.max_loras, self.runner.lora.cache.get,
+                                 config.download_dir) if config.enable_lora else None
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
-                                   proposer)
+                                   proposer, self.lora.slots if self.lora else None)
         self.eos_token_ids = _eos_ids(self.model_config, self.tokenizer, source.directory)
         # Grammars of constrained requests; xgrammar loads on the first one.
         self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size,
@@ -126,6 +131,7 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self._requests: dict[str, _Request] = {}
         self.last_plan: SchedulerOutput | None = None  # the latest step's composition
+        self._add_startup_loras()
         self._startup_seconds = time.perf_counter() - started
         log.info("engine ready", extra={
             "kv_blocks": num_blocks, "block_size": config.block_size,
@@ -146,6 +152,14 @@ class LLMEngine:
         self.workers.wait_until_joined()
         self.tp = TPGroup.start(self.workers.store, size, self.device)
 
+    def _add_startup_loras(self) -> None:
+        for module in self.config.lora_adapters():
+            try:
+                self.add_lora(module.name, module.path)
+            except LoRAAdapterError as exc:
+                self.shutdown()
+                raise ConfigError("lora_modules", str(exc)) from None
+
     def shutdown(self) -> None:
         """End the tensor-parallel workers and leave their group; nothing to do on one device.
         Also runs at interpreter exit, so no worker outlives this process."""
@@ -161,24 +175,31 @@ class LLMEngine:
     # ---- requests -------------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt: str | list[int],
-                    params: SamplingParams | None = None, cache_salt: str | None = None) -> None:
-        """Queue a request. Raises RequestError (and changes nothing) if it can never be served.
+                    params: SamplingParams | None = None, cache_salt: str | None = None,
+                    lora_name: str | None = None) -> None:
+        """Queue a request. Raises RequestError (and changes nothing) if it can never be served,
+        UnknownAdapterError if `lora_name` names no loaded adapter.
 
-        Requests with different cache_salt never share prefix-cache blocks (tenant isolation).
+        Requests with different cache_salt never share prefix-cache blocks (tenant isolation),
+        nor do requests of different adapters (or of the base model and an adapter).
         """
         params = params or SamplingParams()
         if request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already in use")
+        lora = self.lora_ref(lora_name)
         text, token_ids = self.check_request(prompt, params)
+        if lora is not None:
+            cache_salt = f"{cache_salt or ''}\x00{lora.cache_salt}"
         timings = RequestTimings()
-        seq = self._new_sequence(request_id, 0, token_ids, params, timings, cache_salt)
+        seq = self._new_sequence(request_id, 0, token_ids, params, timings, cache_salt, lora)
         self._requests[request_id] = _Request(request_id, text, token_ids, params, timings, [seq],
-                                              cache_salt)
+                                              cache_salt, lora=lora)
         self.scheduler.add(seq)
 
-    def check_request(self, prompt: str | list[int],
-                      params: SamplingParams) -> tuple[str | None, list[int]]:
+    def check_request(self, prompt: str | list[int], params: SamplingParams,
+                      lora_name: str | None = None) -> tuple[str | None, list[int]]:
         """Tokenize and validate without queueing; raises RequestError for what can't run."""
+        self.lora_ref(lora_name)
         text, token_ids = self._tokenize(prompt)
         self._check_fits(token_ids, params)
         self._check_sampling(params)
@@ -196,6 +217,44 @@ class LLMEngine:
         req.timings.finished = time.monotonic()
         req.finished = True
         return request_output(req)
+
+    # ---- LoRA adapters --------------------------------------------------------------------
+
+    def add_lora(self, name: str, path: str) -> None:
+        """Serve the PEFT adapter at `path` (a directory, hf:// or s3://) as `name`.
+        LoRAAdapterError, naming the adapter and what is wrong, if it can't be served."""
+        if self.lora is None:
+            raise LoRAAdapterError(f"LoRA adapter {name!r}: LoRA is not enabled "
+                                   "(start the engine with --enable-lora)")
+        self.lora.add(name, path)
+
+    def remove_lora(self, name: str) -> None:
+        """Refuse new requests for `name` now; those already admitted finish on it."""
+        if self.lora is None:
+            raise LoRAAdapterError(f"LoRA adapter {name!r} is not loaded (LoRA is not enabled)")
+        self.lora.remove(name)
+
+    def lora_adapters(self) -> dict[str, str]:
+        """{name: path as given} of the served adapters; safe to read from another thread."""
+        return self.lora.paths() if self.lora is not None else {}
+
+    def lora_batch_info(self) -> tuple[list[str], list[str]]:
+        """Adapter names of the running and of the waiting sequences, each sorted, once each.
+        Read it on the engine's thread (a step observer): the queues change during a step."""
+        def names(seqs) -> list[str]:
+            return sorted({s.lora.name for s in list(seqs) if s.lora is not None})
+        return names(self.scheduler.running), names(self.scheduler.waiting)
+
+    def lora_ref(self, name: str | None) -> LoRARef | None:
+        """The loaded adapter `name` (None for None); UnknownAdapterError if none is."""
+        if name is None:
+            return None
+        ref = self.lora.get(name) if self.lora is not None else None
+        if ref is None:
+            served = ", ".join(sorted(self.lora_adapters())) or "none"
+            raise UnknownAdapterError(f"the LoRA adapter {name!r} does not exist (adapters "
+                                      f"served: {served})", param="model")
+        return ref
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
@@ -265,7 +324,8 @@ class LLMEngine:
         try:
             inputs = build_step_inputs(plan.scheduled, self.config.block_size,
                                        block_copies=plan.block_copies,
-                                       transfers=(plan.kv_to_host, plan.kv_to_device))
+                                       transfers=(plan.kv_to_host, plan.kv_to_device),
+                                       lora_loads=plan.lora_loads)
             logits = self.runner.execute(inputs)
         except RuntimeError:
             if self.workers is not None:  # a collective failed: name the worker that died
@@ -328,7 +388,7 @@ class LLMEngine:
         members = [seq]
         for index in range(1, req.params.n):
             child = self._new_sequence(req.request_id, index, req.prompt_token_ids, req.params,
-                                       req.timings, req.cache_salt)
+                                       req.timings, req.cache_salt, req.lora)
             child.num_computed_tokens = seq.num_computed_tokens
             child.prompt_logprobs = seq.prompt_logprobs  # scored once, by the first
             self.kv.fork(seq, child)
@@ -339,7 +399,7 @@ class LLMEngine:
 
     def _new_sequence(self, request_id: str, index: int, token_ids: list[int],
                       params: SamplingParams, timings: RequestTimings,
-                      cache_salt: str | None) -> Sequence:
+                      cache_salt: str | None, lora: LoRARef | None = None) -> Sequence:
         generator = None
         if not params.greedy and params.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(params.seed + index * 7919)
@@ -347,7 +407,7 @@ class LLMEngine:
         constraint = (self.structured.matcher(params.structured_outputs)
                       if params.structured_outputs is not None else None)
         return Sequence(next(self._seq_ids), request_id, index, token_ids, params, generator,
-                        detok, timings, cache_salt, constraint)
+                        detok, timings, cache_salt, constraint, lora)
 
     def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):

@@ -9,10 +9,12 @@ from tokenmill.engine.core.sampling_params import SamplingParamsError
 from tokenmill.engine.core.structured.backend import GrammarError
 from tokenmill.engine.core.structured.params import StructuredOutputsError
 from tokenmill.engine.execution.workers import WorkerFailed
+from tokenmill.engine.models.lora_adapter import LoRAAdapterError
 from tokenmill.engine.models.source import ModelLoadError
 
-__all__ = ["ConfigError", "EngineDeadError", "GrammarError", "ModelLoadError", "RequestError",
-           "SamplingParamsError", "StructuredOutputsError", "WorkerFailed"]
+__all__ = ["ConfigError", "EngineDeadError", "GrammarError", "LoRAAdapterError",
+           "ModelLoadError", "RequestError", "SamplingParamsError", "StructuredOutputsError",
+           "UnknownAdapterError", "WorkerFailed"]
 
 
 class RequestError(ValueError):
@@ -22,6 +24,10 @@ class RequestError(ValueError):
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
         self.param = param
+
+
+class UnknownAdapterError(RequestError):
+    """A request names a LoRA adapter (its `model`) that is not loaded: a 404 to the server."""
 
 
 class EngineDeadError(RuntimeError):

@@ -61,6 +61,7 @@ class Sequence:
         timings: RequestTimings,
         cache_salt: str | None = None,
         constraint: Any = None,
+        lora: Any = None,
     ):
         self.seq_id = seq_id
         self.request_id = request_id
@@ -86,6 +87,10 @@ class Sequence:
         self.times_bypassed = 0     # admissions that went to a later arrival first
         # This sequence's grammar matcher (structured/backend.py Matcher), None when free.
         self.constraint = constraint
+        # Its LoRA adapter (lora_slots.LoRARef, None: the base model) and, while it runs,
+        # the device slot holding it (-1 otherwise).
+        self.lora = lora
+        self.lora_slot = -1
 
     @property
     def token_ids(self) -> list[int]:

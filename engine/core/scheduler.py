@@ -18,6 +18,12 @@ took them, or in the host tier, which received each one as the device evicted it
 neither holds (at least its last, partial block; all of it without the cache) is computed again
 from its tokens (prompt plus what it generated). Offloading lazily, at eviction, copies no
 block that the pool does not reuse, and never more than an eager swap would.
+
+With LoRA adapters (`lora`, a LoRASlotTable of --max-loras device slots), a running sequence
+holds its adapter's slot, so no step runs more adapters than there are slots. A waiting
+sequence whose adapter is not resident and finds no free slot waits while others go ahead:
+the base model's and those of resident adapters; later sequences of other non-resident
+adapters wait behind it, so the first slot that frees is its.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from tokenmill.engine.core.kv_cache import KVCacheManager, PrefixMatch
+from tokenmill.engine.core.lora_slots import LoRASlotTable
 from tokenmill.engine.core.request import Sequence, SequenceStatus
 from tokenmill.engine.core.speculative.proposer import Proposer
 
@@ -54,6 +61,7 @@ class SchedulerOutput:
     # (device block, host block) copies of the host tier, run before the step's forward pass.
     kv_to_host: list[tuple[int, int]] = field(default_factory=list)
     kv_to_device: list[tuple[int, int]] = field(default_factory=list)
+    lora_loads: list[tuple[int, str]] = field(default_factory=list)  # (slot, adapter directory)
 
     @property
     def num_tokens(self) -> int:
@@ -62,8 +70,9 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 proposer: Proposer | None = None):
+                 proposer: Proposer | None = None, lora: LoRASlotTable | None = None):
         self.kv = kv
+        self.lora = lora
         self.proposer = proposer  # speculative decoding's, None without
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -99,6 +108,8 @@ class Scheduler:
         if not out.preempted:
             self._admit(out, budget)
         out.kv_to_host, out.kv_to_device = self.kv.take_transfers()
+        if self.lora is not None:
+            out.lora_loads = self.lora.take_loads()
         return out
 
     def _speculate(self, seq: Sequence, proposals: list[int], budget: int) -> int:
@@ -126,7 +137,10 @@ class Scheduler:
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0:
-            seq, cached = self._next_waiting()
+            candidates = self._admissible()
+            if not candidates:
+                break
+            seq, cached = self._next_waiting(candidates)
             seats = seq.params.n if not seq.output_token_ids and seq.index == 0 else 1
             if self.running and len(self.running) + seats > self.max_num_seqs:
                 break
@@ -143,6 +157,7 @@ class Scheduler:
             if seq.timings.first_scheduled is None:
                 seq.timings.first_scheduled = time.monotonic()
             self.kv.admit(seq, cached)
+            self._acquire_lora(seq)
             if seq.num_preemptions:
                 self._account_resumed(seq, cached)
             out.block_copies += self.kv.grow(seq, num_new)
@@ -158,15 +173,30 @@ class Scheduler:
         resumed.recomputed += max(0, seq.num_computed_when_preempted
                                   - cached.num_blocks * self.kv.block_size)
 
-    def _next_waiting(self) -> tuple[Sequence, PrefixMatch]:
-        """The waiting sequence to admit next and its cached prefix blocks."""
-        oldest = self.waiting[0]
+    def _admissible(self) -> list[Sequence]:
+        """The waiting sequences that could join now, oldest first: all of them without LoRA;
+        with it, those whose adapter is resident or can take a free slot, until one cannot
+        (after it, only the base model's and resident adapters' go ahead)."""
+        if self.lora is None:
+            return list(self.waiting)
+        ready, blocked = [], False
+        for seq in self.waiting:
+            resident = seq.lora is None or self.lora.slot_of(seq.lora) is not None
+            if resident or (not blocked and self.lora.has_free_slot()):
+                ready.append(seq)
+            else:
+                blocked = True
+        return ready
+
+    def _next_waiting(self, candidates: list[Sequence]) -> tuple[Sequence, PrefixMatch]:
+        """The candidate to admit next and its cached prefix blocks."""
+        oldest = candidates[0]
         first = (oldest, self.kv.match_prefix(oldest))
-        if (self.kv.prefix_cache is None or len(self.waiting) == 1 or oldest.num_preemptions
+        if (self.kv.prefix_cache is None or len(candidates) == 1 or oldest.num_preemptions
                 or oldest.times_bypassed >= MAX_BYPASSES):
             return first
         best = first
-        for i, seq in enumerate(self.waiting):
+        for i, seq in enumerate(candidates):
             if i == 0:
                 continue
             if i >= MAX_CANDIDATES:
@@ -193,6 +223,7 @@ class Scheduler:
     def add_running(self, seq: Sequence) -> None:
         """A sequence forked from a running one (n > 1) joins the batch directly."""
         seq.status = SequenceStatus.RUNNING
+        self._acquire_lora(seq)
         self.running.append(seq)
 
     def finish(self, seq: Sequence) -> None:
@@ -205,7 +236,14 @@ class Scheduler:
         self._release(seq)
         seq.status = SequenceStatus.FINISHED
 
+    def _acquire_lora(self, seq: Sequence) -> None:
+        if seq.lora is not None:
+            seq.lora_slot = self.lora.acquire(seq.lora)
+
     def _release(self, seq: Sequence) -> None:
         if self.proposer is not None:
             self.proposer.release(seq)
+        if seq.lora_slot >= 0:
+            self.lora.release(seq.lora_slot)
+            seq.lora_slot = -1
 

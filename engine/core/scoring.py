@@ -21,17 +21,22 @@ if TYPE_CHECKING:
     from tokenmill.engine.core.engine import LLMEngine
 
 
-def next_token_logprobs(engine: LLMEngine, token_ids: list[int]) -> Iterator[torch.Tensor]:
+def next_token_logprobs(engine: LLMEngine, token_ids: list[int],
+                        lora_name: str | None = None) -> Iterator[torch.Tensor]:
     """Chunks of float32 log-probabilities, [rows, vocab]: row i of the concatenation scores
-    token i+1 given tokens 0..i (len(token_ids) - 1 rows in all).
+    token i+1 given tokens 0..i (len(token_ids) - 1 rows in all), under the LoRA adapter
+    `lora_name` if given.
 
     Offline use: the engine must have nothing in flight. The text must fit the KV pool.
     """
     if engine.has_unfinished_requests():
         raise RuntimeError("scoring needs an idle engine")
     seq = Sequence(-1, "score", 0, list(token_ids), SamplingParams(max_tokens=1), None, None,
-                   RequestTimings())
+                   RequestTimings(), lora=engine.lora_ref(lora_name))
     engine.kv.admit(seq, [])
+    slots = engine.scheduler.lora
+    if seq.lora is not None:
+        seq.lora_slot = slots.acquire(seq.lora)
     try:
         budget = engine.config.max_num_batched_tokens
         total = len(token_ids)
@@ -39,7 +44,8 @@ def next_token_logprobs(engine: LLMEngine, token_ids: list[int]) -> Iterator[tor
             n = min(budget, total - seq.num_computed_tokens)
             engine.kv.grow(seq, n)
             step = build_step_inputs([(seq, n)], engine.config.block_size, all_logits=True,
-                                     transfers=engine.kv.take_transfers())
+                                     transfers=engine.kv.take_transfers(),
+                                     lora_loads=slots.take_loads() if slots else None)
             logits = engine.runner.execute(step)
             seq.num_computed_tokens += n
             if seq.num_computed_tokens == total:
@@ -47,3 +53,5 @@ def next_token_logprobs(engine: LLMEngine, token_ids: list[int]) -> Iterator[tor
             yield torch.log_softmax(logits.float(), dim=-1)
     finally:
         engine.kv.free(seq)
+        if seq.lora_slot >= 0:
+            slots.release(seq.lora_slot)

@@ -12,19 +12,22 @@ def build_step_inputs(scheduled: list[tuple[Sequence, int]], block_size: int,
                       all_logits: bool = False,
                       block_copies: list[tuple[int, int]] | None = None,
                       transfers: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], []),
-                      ) -> StepInputs:
+                      lora_loads: list[tuple[int, str]] | None = None) -> StepInputs:
     """Sequences with their number of new tokens, in the order the runner lays out rows.
     all_logits asks for every new token's logits (scoring a text), not only the last's;
-    transfers are the host tier's (to host, to device) copies (KVCacheManager.take_transfers)."""
+    transfers are the host tier's (to host, to device) copies (KVCacheManager.take_transfers);
+    lora_loads the adapters to put in device slots first (LoRASlotTable.take_loads)."""
     inputs = StepInputs(block_copies=list(block_copies or []), all_logits=all_logits,
-                        kv_to_host=list(transfers[0]), kv_to_device=list(transfers[1]))
+                        kv_to_host=list(transfers[0]), kv_to_device=list(transfers[1]),
+                        lora_loads=list(lora_loads or []))
     for seq, num_new in scheduled:
         start = seq.num_computed_tokens
         if seq.spec_tokens:  # its last token, then its proposals: a logit row for each
             inputs.add_sequence(seq.token_slice(start, start + 1) + seq.spec_tokens, start,
-                                seq.block_table, block_size, num_logits=num_new)
+                                seq.block_table, block_size, num_logits=num_new,
+                                lora_slot=seq.lora_slot)
             continue
         inputs.add_sequence(seq.token_slice(start, start + num_new), start, seq.block_table,
-                            block_size)
+                            block_size, lora_slot=seq.lora_slot)
     inputs.prompt_rows = rows_to_score(scheduled)
     return inputs

@@ -12,9 +12,10 @@ sequence's query length from the device, so one graph per bucket serves any mix 
 to K+1: the step's tokens are packed first, and the rows after them, which no sequence owns,
 are padding (slot -1, attention output zero, outputs dropped); padding sequences have no rows.
 
-Everything a graph reads lives at fixed addresses (step_buffers.py). Where CUDA graphs do not
-exist (CPU), `ReplayedEagerly` keeps their contract, so the bucketed, padded, fixed-buffer
-path runs and is tested on every machine.
+Everything a graph reads lives at fixed addresses (step_buffers.py), each token row's LoRA
+adapter slot too (padding rows -1: no adapter), so one graph serves any mix of adapters.
+Where CUDA graphs do not exist (CPU), `ReplayedEagerly` keeps their contract, so the
+bucketed, padded, fixed-buffer path runs and is tested on every machine.
 """
 
 from __future__ import annotations
@@ -107,8 +108,8 @@ class DecodeGraphs:
             "seconds": round(time.perf_counter() - start, 2)})
 
     def _fill(self, size: int, input_ids: list[int], positions: list[int], slots: list[int],
-              seq_lens: list[int], query_lens: list[int],
-              block_tables: list[list[int]]) -> None:
+              seq_lens: list[int], query_lens: list[int], block_tables: list[list[int]],
+              lora_slots: list[int] | None = None) -> None:
         pad_seqs = size - len(seq_lens)
         pad_rows = size * self.query_len - len(input_ids)
         # Decode: a padding sequence owns its one padding row. Verify: padding rows are owned
@@ -116,7 +117,8 @@ class DecodeGraphs:
         pad_query = 1 if self.query_len == 1 else 0
         self.buffers.fill(input_ids + [0] * pad_rows, positions + [0] * pad_rows,
                           slots + [PAD_SLOT] * pad_rows, seq_lens + [1] * pad_seqs,
-                          query_lens + [pad_query] * pad_seqs, block_tables + [[0]] * pad_seqs)
+                          query_lens + [pad_query] * pad_seqs, block_tables + [[0]] * pad_seqs,
+                          (lora_slots or [PAD_SLOT] * len(input_ids)) + [PAD_SLOT] * pad_rows)
 
     def holds(self, query_lens: list[int]) -> bool:
         """Whether a step of these query lengths fits a graph of this set."""
@@ -124,13 +126,15 @@ class DecodeGraphs:
                 and max(query_lens) <= self.query_len)
 
     def run(self, input_ids: list[int], positions: list[int], slots: list[int],
-            seq_lens: list[int], query_lens: list[int],
-            block_tables: list[list[int]]) -> torch.Tensor | None:
-        """Hidden states of the step's tokens, or None when no graph holds the step."""
+            seq_lens: list[int], query_lens: list[int], block_tables: list[list[int]],
+            lora_slots: list[int] | None = None) -> torch.Tensor | None:
+        """Hidden states of the step's tokens, or None when no graph holds the step.
+        lora_slots: each token row's adapter slot (None: none has one; padding rows none)."""
         if not self.holds(query_lens):
             return None
         size = bucket_for(len(seq_lens), self.sizes)
-        self._fill(size, input_ids, positions, slots, seq_lens, query_lens, block_tables)
+        self._fill(size, input_ids, positions, slots, seq_lens, query_lens, block_tables,
+                   lora_slots)
         graph = self.graphs[size]
         graph.replay()
         self.replays += 1

@@ -15,6 +15,7 @@ from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.execution.decode_graphs import graphs_wanted
 from tokenmill.engine.execution.kv_layout import KVCacheLayout
 from tokenmill.engine.execution.kv_sizing import MemoryProfile, host_tier_blocks, kv_sizing
+from tokenmill.engine.execution.lora_slots import LoRASlots
 from tokenmill.engine.execution.profile_run import CudaMemory, profile_memory
 from tokenmill.engine.execution.runner import ModelRunner
 from tokenmill.engine.execution.startup_phases import StartupPhases
@@ -55,6 +56,10 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
     with phases.phase("weights"):
         model = build_model(model_config, setup.source, setup.max_model_len, setup.dtype,
                             device, show_progress, quantization=config.quantization, tp=tp)
+        # Before the profiled step: on CUDA the slot pools count as weights.
+        lora = LoRASlots(model, config.max_loras, config.max_lora_rank,
+                         config.cpu_lora_capacity, setup.attention_backend) \
+            if config.enable_lora else None
     layout = KVCacheLayout.for_model(model_config, config.block_size, setup.dtype,
                                      config.kv_cache_dtype, tp.size)
 
@@ -77,7 +82,7 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
     with phases.phase("kv_allocate"):
         runner = ModelRunner(model, num_blocks, layout, device,
                              attention_backend=setup.attention_backend,
-                             num_host_blocks=host_blocks)
+                             num_host_blocks=host_blocks, lora=lora)
     phases.seconds["graph_capture"] = 0.0
     if graphs_wanted(device.type, setup.attention_backend, config.enforce_eager):
         with phases.phase("graph_capture"):

@@ -14,6 +14,7 @@ from tokenmill.engine.execution.decode_graphs import (
 )
 from tokenmill.engine.execution.kv_layout import SCALE_DTYPE, KVCacheLayout
 from tokenmill.engine.execution.kv_offload import KVOffload
+from tokenmill.engine.execution.lora_slots import LoRASlots
 from tokenmill.engine.execution.prompt_scores import score_rows
 from tokenmill.engine.execution.step_buffers import StepBuffers
 from tokenmill.engine.execution.step_inputs import StepInputs
@@ -24,7 +25,7 @@ from tokenmill.engine.models.decoder import CausalLM
 class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, layout: KVCacheLayout,
                  device: torch.device, attention_backend: str = "torch",
-                 num_host_blocks: int = 0):
+                 num_host_blocks: int = 0, lora: LoRASlots | None = None):
         self.model = model
         self.attention_backend = attention_backend  # "torch" or "triton", already resolved
         self.device = device
@@ -44,6 +45,8 @@ class ModelRunner:
         self.on_step: Callable[[StepInputs], None] | None = None
         self.buffers = StepBuffers(device)
         self.graphs: DecodeGraphs | None = None
+        # The LoRA adapters' device slots (--enable-lora), set before graphs are captured.
+        self.lora = lora
         self.verify_graphs: DecodeGraphs | None = None  # speculative verify steps' graphs
         # The latest step's prompt-token scores (prompt_scores.py), None without any.
         self.prompt_scores: torch.Tensor | None = None
@@ -98,6 +101,8 @@ class ModelRunner:
 
         def forward(num_seqs: int, query_len: int) -> torch.Tensor:
             views = self.buffers.views(num_seqs * query_len, num_seqs)
+            if self.lora is not None:  # a graph always computes the delta: the slots vary
+                self.lora.set_step(views.lora_slots, active=True)
             meta = self.buffers.metadata(views, [query_len] * num_seqs, [query_len] * num_seqs,
                                          self.attention_backend, max_seq_len=max_model_len,
                                          decode_splits=splits, unowned_rows=query_len > 1)
@@ -115,6 +120,9 @@ class ModelRunner:
         if self.offload is not None:
             self.offload.run(inputs.kv_to_host, inputs.kv_to_device)
         self.copy_blocks(inputs.block_copies)
+        if self.lora is not None:
+            self.lora.apply(inputs.lora_loads)
+        lora_slots = inputs.token_lora_slots()
         self.prompt_scores = None
         decode_only = all(n == 1 for n in inputs.query_lens)
         hidden = last_rows = None
@@ -122,10 +130,14 @@ class ModelRunner:
             graphs = self.graphs if decode_only else self.verify_graphs
             if graphs is not None:
                 hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.slots,
-                                    inputs.seq_lens, inputs.query_lens, inputs.block_tables)
+                                    inputs.seq_lens, inputs.query_lens, inputs.block_tables,
+                                    lora_slots)
         if hidden is None:
             views = self.buffers.fill(inputs.input_ids, inputs.positions, inputs.slots,
-                                      inputs.seq_lens, inputs.query_lens, inputs.block_tables)
+                                      inputs.seq_lens, inputs.query_lens, inputs.block_tables,
+                                      lora_slots)
+            if self.lora is not None:
+                self.lora.set_step(views.lora_slots, active=lora_slots is not None)
             meta = self.buffers.metadata(views, inputs.seq_lens, inputs.query_lens,
                                          self.attention_backend)
             hidden = self.model(views.input_ids, views.positions, self.kv_caches, meta)

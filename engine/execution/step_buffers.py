@@ -27,6 +27,7 @@ class StepTensors:
     seq_lens: torch.Tensor
     query_start: torch.Tensor
     block_tables: torch.Tensor
+    lora_slots: torch.Tensor  # each token row's LoRA adapter slot, PAD_SLOT for none
 
 
 class StepBuffers:
@@ -44,8 +45,9 @@ class StepBuffers:
             raise RuntimeError(f"a step of {max_tokens} tokens, {max_seqs} sequences, "
                                f"{max_blocks} blocks each exceeds the captured input buffers")
         self.max_tokens, self.max_seqs, self.max_blocks = max_tokens, max_seqs, max_blocks
-        # ids, positions and slots per token; context length and query start per sequence.
-        flat = 3 * max_tokens + 2 * max_seqs + 1
+        # ids, positions, KV slots and LoRA slots per token; context length and query start
+        # per sequence.
+        flat = 4 * max_tokens + 2 * max_seqs + 1
         self._flat = torch.zeros(flat, dtype=torch.long, device=self.device)
         self._flat_host = torch.zeros(flat, dtype=torch.long, pin_memory=self._pin)
         self._tables = torch.zeros(max_seqs, max_blocks, dtype=torch.long, device=self.device)
@@ -65,14 +67,15 @@ class StepBuffers:
         flat = self._flat
         return StepTensors(
             input_ids=flat[:t], positions=flat[t:2 * t], slots=flat[2 * t:3 * t],
-            seq_lens=flat[3 * t:3 * t + s], query_start=flat[3 * t + s:3 * t + 2 * s + 1],
-            block_tables=self._tables[:s],
+            lora_slots=flat[3 * t:4 * t], seq_lens=flat[4 * t:4 * t + s],
+            query_start=flat[4 * t + s:4 * t + 2 * s + 1], block_tables=self._tables[:s],
         )
 
     def fill(self, input_ids: list[int], positions: list[int], slots: list[int],
-             seq_lens: list[int], query_lens: list[int],
-             block_tables: list[list[int]]) -> StepTensors:
+             seq_lens: list[int], query_lens: list[int], block_tables: list[list[int]],
+             lora_slots: list[int] | None = None) -> StepTensors:
         """Copy one step's lists in (two host-to-device copies) and return its views.
+        lora_slots: each token row's adapter slot (None: no row has one).
 
         Rows of block_tables may be ragged; only the columns a row lists are written, which
         are all any kernel reads of it (its context length bounds them).
@@ -83,7 +86,8 @@ class StepBuffers:
         query_start = [0]
         for n in query_lens:
             query_start.append(query_start[-1] + n)
-        values = [*input_ids, *positions, *slots, *seq_lens, *query_start]
+        lora = lora_slots if lora_slots is not None else [PAD_SLOT] * t
+        values = [*input_ids, *positions, *slots, *lora, *seq_lens, *query_start]
         if self._copied is not None:
             self._copied.synchronize()
         host = self._flat_host[:len(values)]

@@ -40,12 +40,17 @@ class StepInputs:
     # per proposal and one after them).
     num_logits: list[int] = field(default_factory=list)
     prompt_rows: PromptRows = field(default_factory=PromptRows)  # rows scoring prompt tokens
+    # Each sequence's LoRA adapter slot (-1: the base model), and the adapters every rank
+    # loads into their slots before the forward pass: (slot, adapter directory on local disk).
+    lora_slots: list[int] = field(default_factory=list)
+    lora_loads: list[tuple[int, str]] = field(default_factory=list)
 
     def add_sequence(self, token_ids: list[int], start: int, block_table: list[int],
-                     block_size: int, num_logits: int = 1) -> None:
+                     block_size: int, num_logits: int = 1, lora_slot: int = -1) -> None:
         """A sequence whose new tokens `token_ids` sit at positions start.. (its context ends
         with them), with logits for its last num_logits of them."""
         self.num_logits.append(num_logits)
+        self.lora_slots.append(lora_slot)
         end = start + len(token_ids)
         self.input_ids += token_ids
         self.positions += range(start, end)
@@ -64,3 +69,10 @@ class StepInputs:
             end += query_len
             rows += range(end - count, end)
         return rows
+
+    def token_lora_slots(self) -> list[int] | None:
+        """Each token row's adapter slot, None when no sequence of the step has an adapter."""
+        if all(slot < 0 for slot in self.lora_slots):
+            return None
+        return [slot for slot, count in zip(self.lora_slots, self.query_lens, strict=True)
+                for _ in range(count)]

@@ -2,8 +2,9 @@
 
 The model step is heavy torch work, so it runs on a dedicated thread and the event loop stays
 free to accept connections and stream tokens. The loop thread owns the LLMEngine outright:
-callers send it commands (add, abort) through a queue it drains between steps, and it hands
-outputs back to each request's asyncio.Queue with call_soon_threadsafe.
+callers send it commands (add, abort, and calls such as adding a LoRA adapter) through a queue
+it drains between steps, and it hands outputs back to each request's asyncio.Queue with
+call_soon_threadsafe.
 """
 
 from __future__ import annotations
@@ -62,10 +63,12 @@ class AsyncEngine:
 
     async def add_request(self, request_id: str, prompt: str | list[int],
                           params: SamplingParams,
-                          cache_salt: str | None = None) -> RequestStream:
+                          cache_salt: str | None = None,
+                          lora_name: str | None = None) -> RequestStream:
         """Hand a request to the engine; return its output stream once it is admitted.
 
-        Raises what the engine raised for a request it can't serve (RequestError, ...).
+        Raises what the engine raised for a request it can't serve (RequestError,
+        UnknownAdapterError for a `lora_name` not loaded, ...).
         """
         if not self.alive:
             raise EngineDeadError("the engine loop is not running")
@@ -74,7 +77,7 @@ class AsyncEngine:
         self._streams[request_id] = stream
         with self._lock:
             self._pending_adds += 1
-        self._send(("add", request_id, prompt, params, cache_salt))
+        self._send(("add", request_id, prompt, params, cache_salt, lora_name))
         try:
             await stream.admitted
         except BaseException:
@@ -90,14 +93,37 @@ class AsyncEngine:
             await asyncio.to_thread(self.engine.check_constraint, params)
 
     async def generate(self, request_id: str, prompt: str | list[int],
-                       params: SamplingParams) -> AsyncIterator[RequestOutput]:
+                       params: SamplingParams,
+                       lora_name: str | None = None) -> AsyncIterator[RequestOutput]:
         """Admit a request and iterate its outputs (cumulative, one per engine step)."""
-        stream = await self.add_request(request_id, prompt, params)
+        stream = await self.add_request(request_id, prompt, params, lora_name=lora_name)
         try:
             async for out in stream:
                 yield out
         finally:
             await stream.aclose()
+
+    async def add_lora(self, name: str, path: str) -> None:
+        """Load a LoRA adapter on the engine loop's thread (between steps); raises what
+        LLMEngine.add_lora raised (LoRAAdapterError)."""
+        await self._call(self.engine.add_lora, name, path)
+
+    async def remove_lora(self, name: str) -> None:
+        """Stop serving an adapter to new requests (LLMEngine.remove_lora), between steps."""
+        await self._call(self.engine.remove_lora, name)
+
+    def lora_adapters(self) -> dict[str, str]:
+        """{name: path} of the served adapters; a snapshot, read from any thread."""
+        return self.engine.lora_adapters()
+
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run fn(*args) on the engine loop's thread; its result or its exception."""
+        if not self.alive:
+            raise EngineDeadError("the engine loop is not running")
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        self._send(("call", fn, args, loop, done))
+        return await done
 
     def abort(self, request_id: str) -> None:
         """Abort a request; its stream (if still open) receives the final "abort" output."""
@@ -152,12 +178,15 @@ class AsyncEngine:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if command[0] == "add":
-                _, request_id, prompt, params, cache_salt = command
+            if command[0] == "call":
+                self._run_call(*command[1:])
+            elif command[0] == "add":
+                _, request_id, prompt, params, cache_salt, lora_name = command
                 try:
                     with self._lock:
                         self._pending_adds -= 1
-                        self.engine.add_request(request_id, prompt, params, cache_salt)
+                        self.engine.add_request(request_id, prompt, params, cache_salt,
+                                                lora_name)
                 except Exception as exc:  # a bad request fails alone
                     self._deliver(request_id, exc, admission=True)
                 else:
@@ -168,6 +197,16 @@ class AsyncEngine:
                     if self._observer is not None:
                         self._observer(self.engine, [out])
                     self._deliver(out.request_id, out)
+
+    @staticmethod
+    def _run_call(fn: Callable[..., Any], args: tuple, loop: asyncio.AbstractEventLoop,
+                  done: asyncio.Future) -> None:
+        try:
+            result = fn(*args)
+        except Exception as exc:  # the caller's error, not the loop's
+            loop.call_soon_threadsafe(_settle, done, None, exc)
+        else:
+            loop.call_soon_threadsafe(_settle, done, result, None)
 
     def _admit(self, request_id: str) -> None:
         stream = self._streams.get(request_id)
@@ -217,10 +256,14 @@ class RequestStream:
             self._engine.abort(self.request_id)
 
 
-def _resolve(future: asyncio.Future, error: BaseException | None) -> None:
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
     if future.done():
         return
     if error is None:
-        future.set_result(None)
+        future.set_result(result)
     else:
         future.set_exception(error)
+
+
+def _resolve(future: asyncio.Future, error: BaseException | None) -> None:
+    _settle(future, None, error)

@@ -40,18 +40,22 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+                 use_tqdm: bool = False,
+                 lora: str | Sequence[str | None] | None = None) -> list[RequestOutput]:
         """Results come back in input order. A prompt is a string or a list of token ids.
+        `lora` names the LoRA adapter of every prompt, or gives one per prompt (None: the base
+        model).
 
         Every prompt is checked before any runs: one bad prompt raises and none is queued.
         """
         batch = _as_prompt_list(prompts)
         params_list = _as_params_list(params, len(batch))
-        for prompt, p in zip(batch, params_list, strict=True):
-            self.engine.check_request(prompt, p)
+        loras = _as_lora_list(lora, len(batch))
+        for prompt, p, name in zip(batch, params_list, loras, strict=True):
+            self.engine.check_request(prompt, p, name)
         ids = [f"offline-{next(self._ids)}" for _ in batch]
-        for request_id, prompt, p in zip(ids, batch, params_list, strict=True):
-            self.engine.add_request(request_id, prompt, p)
+        for request_id, prompt, p, name in zip(ids, batch, params_list, loras, strict=True):
+            self.engine.add_request(request_id, prompt, p, lora_name=name)
         done: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), desc="Generating", disable=not use_tqdm) as bar:
             try:
@@ -90,6 +94,15 @@ def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if prompts and all(isinstance(t, int) for t in prompts):
         return [prompts]
     return [p if isinstance(p, str) else list(p) for p in prompts]
+
+
+def _as_lora_list(lora: str | Sequence[str | None] | None, count: int) -> list[str | None]:
+    if lora is None or isinstance(lora, str):
+        return [lora] * count
+    names = list(lora)
+    if len(names) != count:
+        raise ValueError(f"got {len(names)} LoRA adapter names for {count} prompts")
+    return names
 
 
 def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None,

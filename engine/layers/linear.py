@@ -18,7 +18,11 @@ class MergedLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The parts' outputs, in the order they were declared."""
-        return super().forward(x).split(list(self.parts.values()), dim=-1)
+        return self.forward_merged(x).split(list(self.parts.values()), dim=-1)
+
+    def forward_merged(self, x: torch.Tensor) -> torch.Tensor:
+        """The parts' outputs side by side, one tensor (a LoRA delta is added to it whole)."""
+        return super().forward(x)
 
     def part_tensors(self) -> dict[str, torch.Tensor]:
         """{"q_proj.weight": view, ...}: each part's rows of the merged weight and bias."""

@@ -87,7 +87,10 @@ class QuantizedMergedLinear(QuantizedLinear):
         self.parts = dict(parts)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return super().forward(x).split(list(self.parts.values()), dim=-1)
+        return self.forward_merged(x).split(list(self.parts.values()), dim=-1)
+
+    def forward_merged(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x)
 
 
 def quantize_linear(linear: nn.Linear, method: str) -> QuantizedLinear:

@@ -1,0 +1,121 @@
+"""LoRA on a projection for a batch that mixes adapters (Punica-style): every token row reads
+the adapter in its own device slot.
+
+Each wrapped projection keeps a pool of `max_loras` slots, stacked over its parts (q, k, v or
+gate, up): a_pool [slots, P * max_rank, in], b_pool [slots, out, P * max_rank], part p's A in
+rows p*max_rank.. (zero-padded to max_rank) and its B in its own output rows and those rank
+columns, so B is block-diagonal and one pair of matmuls serves the merged layer. The adapter's
+scaling is folded into B. The delta of token row t is (x[t] @ a_pool[s].T) @ b_pool[s].T with
+s = token_slots[t]; slot -1 is the base model.
+
+`lora_apply_reference` is the torch reference (segments by slot, fine on CPU); the Triton
+kernel `kernels/lora.py` has the same signature and semantics and is used where it exists.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+KERNEL_MODULE = "tokenmill.engine.kernels.lora"
+NO_SLOT = -1  # a token row of the base model
+
+
+def lora_apply_reference(x: torch.Tensor, y: torch.Tensor, a_pool: torch.Tensor,
+                         b_pool: torch.Tensor, token_slots: torch.Tensor) -> None:
+    """y[t] += (x[t] @ a_pool[s_t].T) @ b_pool[s_t].T for rows with s_t >= 0, in place."""
+    for slot in token_slots.unique().tolist():
+        if slot < 0:
+            continue
+        rows = (token_slots == slot).nonzero().squeeze(1)
+        y.index_add_(0, rows, (x[rows] @ a_pool[slot].T) @ b_pool[slot].T)
+
+
+def lora_apply_masked(x: torch.Tensor, y: torch.Tensor, a_pool: torch.Tensor,
+                      b_pool: torch.Tensor, token_slots: torch.Tensor) -> None:
+    """The same delta with no host synchronization, so a CUDA graph can capture it: every
+    slot's update over all rows, kept where the row reads that slot (slots times the work)."""
+    for slot in range(a_pool.shape[0]):
+        keep = (token_slots == slot).unsqueeze(1).to(y.dtype)
+        y.add_(((x @ a_pool[slot].T) @ b_pool[slot].T) * keep)
+
+
+_kernel: Callable[..., None] | None = None
+
+
+def lora_apply(x: torch.Tensor, y: torch.Tensor, a_pool: torch.Tensor, b_pool: torch.Tensor,
+               token_slots: torch.Tensor, backend: str) -> None:
+    """The batched LoRA delta added to y: for backend "triton" the Triton kernel where it is
+    installed, else its graph-safe stand-in (the decode graphs capture this path); the torch
+    reference for backend "torch"."""
+    if backend == "triton":
+        global _kernel
+        if _kernel is None and importlib.util.find_spec(KERNEL_MODULE) is not None:
+            _kernel = importlib.import_module(KERNEL_MODULE).lora_apply
+        if _kernel is not None:
+            _kernel(x, y, a_pool, b_pool, token_slots)
+        else:
+            lora_apply_masked(x, y, a_pool, b_pool, token_slots)
+        return
+    lora_apply_reference(x, y, a_pool, b_pool, token_slots)
+
+
+class LoRAContext:
+    """What every LoRA layer of a model reads for the current step: each token row's slot
+    (a view of the step buffers, a CUDA graph input) and whether any row has an adapter (an
+    eager step with none skips the delta; a captured graph always computes it)."""
+
+    def __init__(self, max_loras: int, max_rank: int, backend: str, dtype: torch.dtype):
+        self.max_loras = max_loras
+        self.max_rank = max_rank
+        self.backend = backend
+        self.dtype = dtype  # the activations': the pools are in it, whatever the base stores
+        self.token_slots: torch.Tensor | None = None
+        self.active = False
+
+    def set_step(self, token_slots: torch.Tensor, active: bool) -> None:
+        self.token_slots = token_slots
+        self.active = active
+
+
+class LoRALinear(nn.Module):
+    """A projection (nn.Linear, MergedLinear or their quantized twins) plus the batched LoRA
+    delta. `parts` are the local output sizes of a merged layer's parts (one part otherwise);
+    the base layer is called as before and returns what it returned (split or whole)."""
+
+    def __init__(self, base: nn.Module, context: LoRAContext):
+        super().__init__()
+        self.base = base
+        self.context = context
+        merged = getattr(base, "parts", None)
+        self.parts: dict[str, int] = dict(merged) if merged else {"": base.out_features}
+        self.merged = merged is not None
+        width = len(self.parts) * context.max_rank
+        like = dict(dtype=context.dtype, device=base.weight.device)
+        self.register_buffer("a_pool", torch.zeros(context.max_loras, width, base.in_features,
+                                                   **like), persistent=False)
+        self.register_buffer("b_pool", torch.zeros(context.max_loras, base.out_features, width,
+                                                   **like), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        if not self.context.active:
+            return self.base(x)
+        y = self.base.forward_merged(x) if self.merged else self.base(x)
+        rows = y.reshape(-1, y.shape[-1])
+        lora_apply(x.reshape(-1, x.shape[-1]), rows, self.a_pool, self.b_pool,
+                   self.context.token_slots, self.context.backend)
+        return y.split(list(self.parts.values()), dim=-1) if self.merged else y
+
+    def clear_slot(self, slot: int) -> None:
+        self.a_pool[slot].zero_()
+        self.b_pool[slot].zero_()
+
+    def set_part(self, slot: int, part: int, a: torch.Tensor, b: torch.Tensor) -> None:
+        """Write part `part`'s A [r, in] and scaled B [out_part, r] (this rank's shards)."""
+        rank, start = a.shape[0], part * self.context.max_rank
+        first_row = sum(list(self.parts.values())[:part])
+        self.a_pool[slot, start:start + rank] = a
+        self.b_pool[slot, first_row:first_row + b.shape[0], start:start + rank] = b
