@@ -9,9 +9,10 @@ every pod state is tested without a cluster.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
+
+from tokenmill.engine.contract.lora import STARTUP_FAILURE
 
 from .manifests import CONTAINER, MODEL_DOWNLOAD
 
@@ -198,7 +199,7 @@ def pod_problem(pods: list[dict[str, Any]],
 
 # An engine that cannot load an adapter stops at start-up with this as its last log line, which
 # the kubelet keeps as the container's termination message (FallbackToLogsOnError).
-ADAPTER_FAILED = re.compile(r"lora_modules: adapter '(?P<name>[^']+)': (?P<reason>.+)")
+ADAPTER_FAILED = STARTUP_FAILURE
 
 
 def _engine_exit(pod: dict[str, Any]) -> str:

@@ -58,17 +58,20 @@ def start_engines(configs: dict[str, EngineConfig],
 
 
 def lockstep(engines: dict[str, Any], workloads: dict[str, list[BenchRequest]], desc: str,
-             show_progress: bool) -> Lockstep:
+             show_progress: bool,
+             lora_names: dict[str, list[str | None]] | None = None) -> Lockstep:
     """Each mode's workload on its engine, stepped in pairs whose order alternates; only the
     steps are timed. Every request must produce its output length (ignore_eos) and every KV
-    block must be free at the end, or the modes did not do the same work."""
+    block must be free at the end, or the modes did not do the same work. `lora_names` gives
+    each mode's requests their LoRA adapter (None: the base model)."""
     modes = tuple(engines)
     busy = {mode: 0.0 for mode in modes}
     steps = {mode: 0 for mode in modes}
     for mode in modes:
         for i, request in enumerate(workloads[mode]):
+            adapter = {"lora_name": lora_names[mode][i]} if lora_names else {}
             engines[mode].add_request(f"ab-{i}", request.prompt_token_ids,
-                                      engine_run.params_for(request))
+                                      engine_run.params_for(request), **adapter)
     done: dict[str, dict[str, Any]] = {mode: {} for mode in modes}
     bar = tqdm(desc=desc, unit="step", disable=not show_progress)
     pair = 0

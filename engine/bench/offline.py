@@ -53,6 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "from the prefix cache with its host tier (--kv-offloading-size; "
                              "default 4 device pools); report throughput and where the "
                              "preempted work came back from.")
+    parser.add_argument("--compare-lora", metavar="N", type=_positive, default=None,
+                        help="Also run the workload on the base model alone, with LoRA enabled "
+                             "and unused, and spread round robin over N random adapters of "
+                             "rank 16 on every projection (--max-loras N), side by side, and "
+                             "report the throughput ratios to the base.")
     parser.add_argument("--structured-fraction", metavar="F", type=_fraction, default=None,
                         help="Also run the workload with a JSON schema on this fraction of its "
                              "requests (e.g. 0.5: every other one) side by side with the free "
@@ -81,6 +86,16 @@ def _tp_sizes(text: str) -> list[int]:
     from tokenmill.engine.bench.tp_ab import parse_sizes
 
     return parse_sizes(text)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return value
 
 
 def _fraction(text: str) -> float:
@@ -134,6 +149,9 @@ COMPARISONS: dict[str, Comparison] = {
     "compare_preemption": Comparison(
         "preemption", "preempt_ab",
         lambda _: "preemptions resumed by recompute, the prefix cache, and its host tier"),
+    "compare_lora": Comparison(
+        "lora", "lora_ab", lambda n: f"the base model alone, LoRA idle, and {n} adapters mixed",
+        "adapters"),
     "structured_fraction": Comparison(
         "structured_outputs", "structured_ab",
         lambda fraction: f"a JSON schema on {fraction:g} of the requests, side by side with "

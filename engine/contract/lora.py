@@ -17,6 +17,11 @@ from dataclasses import dataclass
 # by adapter): letters, digits, '.', '_', '-', starting and ending alphanumeric.
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 MAX_LORA_RANK = 512  # the largest --max-lora-rank (vLLM's largest supported rank)
+# How an engine that cannot load a --lora-modules adapter ends its start-up (its last log
+# line, where the error is a quoted logfmt value): the operator finds the adapter and the
+# reason in the container's termination message.
+STARTUP_FAILURE = re.compile(
+    r"lora_modules: LoRA adapter '(?P<name>[^']+)': (?P<reason>.+?)\"?$")
 
 
 class LoRAModuleError(ValueError):

@@ -13,6 +13,7 @@ from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic_core import from_json
 
+from tokenmill.engine.server.adapters import add_runtime_routes, model_cards
 from tokenmill.engine.server.errors import install_error_handlers
 from tokenmill.engine.server.middleware import ApiKey, BodyLimit, RequestId
 from tokenmill.engine.server.openai_serving import create_chat_completion, create_completion
@@ -98,11 +99,10 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{
-            "id": state.options.served_model_name, "object": "model", "created": created,
-            "owned_by": "tokenmill", "root": state.config.model,
-            "max_model_len": state.max_model_len or None,
-        }]}
+        return {"object": "list", "data": model_cards(state, created)}
+
+    if state.config.enable_lora and state.config.allow_runtime_lora_updating:
+        add_runtime_routes(app, state)
 
     @app.get("/health")
     async def health():

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from tokenmill.engine.core import RequestOutput
+from tokenmill.engine.server.lora_metrics import LoRAMetrics
 
 if TYPE_CHECKING:
     from tokenmill.engine.core import LLMEngine
@@ -125,6 +126,7 @@ class EngineMetrics:
             self.offload_bytes.labels(model_name, direction)
         for source in RESUME_SOURCES:
             self.preempted_tokens.labels(model_name, source)
+        self.lora = LoRAMetrics(model_name, r)
         self._seen: dict[str, int] = {}
         self._last_token: dict[tuple[str, int], tuple[float, int]] = {}
         self._started: set[str] = set()
@@ -148,6 +150,7 @@ class EngineMetrics:
         self.load_seconds.labels(name).set(load["load_seconds"])
         self.load_bytes.labels(name).set(load["load_bytes"])
         self.load_rate.labels(name).set(load["load_gb_per_s"] * 1e9)
+        self.lora.bind(engine)
 
     def observe_step(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
         """Account a step's outputs (called on the engine thread after every step)."""
@@ -158,6 +161,7 @@ class EngineMetrics:
         self._advance(self.prefix_hits, "prefix_hits", engine.kv.prefix_hits)
         self._observe_offload(engine)
         self._observe_speculation(engine)
+        self.lora.observe_step(engine)
         resumed = engine.scheduler.resumed_tokens
         for source in RESUME_SOURCES:
             self._advance(self.preempted_tokens, f"preempted_{source}",

@@ -14,12 +14,18 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from tokenmill.engine.core import RequestOutput, SamplingParams
-from tokenmill.engine.core.errors import EngineDeadError, RequestError, SamplingParamsError
+from tokenmill.engine.core.errors import (
+    EngineDeadError,
+    RequestError,
+    SamplingParamsError,
+    UnknownAdapterError,
+)
 from tokenmill.engine.frontend.async_engine import RequestStream
+from tokenmill.engine.server.adapters import resolve_model
 from tokenmill.engine.server.errors import APIError, error_body
 from tokenmill.engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from tokenmill.engine.server.rendering import Call, chunk, delta_choice, full_response, sse, usage
-from tokenmill.engine.server.state import ServerState
+from tokenmill.engine.server.state import ServerState, check_ready
 from tokenmill.engine.server.tools import (
     ReplyToolCalls,
     ToolPlan,
@@ -33,22 +39,23 @@ log = logging.getLogger(__name__)
 
 async def create_completion(body: CompletionRequest, request: Request,
                             state: ServerState) -> Any:
-    _check_serving(state, body.model)
+    adapter = _check_serving(state, body.model)
     prompts = body.prompts()
     ids = [_tokenize(state, p) for p in prompts]
     max_tokens = body.max_tokens if body.max_tokens is not None else _room(state, ids)
     params = _params(body, max_tokens, body.logprobs)
     await _compile_constraint(state, params, body.constraint_field())
-    call = Call("completion", f"cmpl-{uuid.uuid4().hex}", state.options.served_model_name,
-                 body.n, [p if isinstance(p, str) else None for p in prompts], ids, params,
-                 cache_salt=body.cache_salt, echo=body.echo,
-                 prompt_logprobs=body.prompt_logprobs)
+    model = adapter or state.options.served_model_name
+    call = Call("completion", f"cmpl-{uuid.uuid4().hex}", model, body.n,
+                [p if isinstance(p, str) else None for p in prompts], ids, params,
+                cache_salt=body.cache_salt, echo=body.echo,
+                prompt_logprobs=body.prompt_logprobs, lora_name=adapter)
     return await _run(call, body.stream, body.include_usage, request, state)
 
 
 async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                                  state: ServerState) -> Any:
-    _check_serving(state, body.model)
+    adapter = _check_serving(state, body.model)
     plan = _tool_plan(body, state)
     try:
         ids = chat_ids(state, body.conversation(), plan.template_tools)
@@ -58,9 +65,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = _sampling_for_tools(_params(body, max_tokens, logprobs), plan)
     await _compile_constraint(state, params, body.constraint_field() or "tool_choice")
-    call = Call("chat", f"chatcmpl-{uuid.uuid4().hex}", state.options.served_model_name,
-                 body.n, [None], [ids], params, cache_salt=body.cache_salt,
-                 tools=ReplyToolCalls(plan) if plan.parser is not None else None)
+    model = adapter or state.options.served_model_name
+    call = Call("chat", f"chatcmpl-{uuid.uuid4().hex}", model, body.n, [None], [ids], params,
+                cache_salt=body.cache_salt, lora_name=adapter,
+                tools=ReplyToolCalls(plan) if plan.parser is not None else None)
     return await _run(call, body.stream, body.include_usage, request, state)
 
 
@@ -82,27 +90,20 @@ def _sampling_for_tools(params: SamplingParams, plan: ToolPlan) -> SamplingParam
 
 # ---- admission ----------------------------------------------------------------------------
 
-def _check_serving(state: ServerState, model: str | None) -> None:
-    check_model(state, model)
+def _check_serving(state: ServerState, model: str | None) -> str | None:
+    """check_model, then 503 while too many requests wait; returns the adapter (or None)."""
+    adapter = check_model(state, model)
     if state.engine.num_waiting >= state.options.max_waiting_requests:
         raise APIError(503, f"too many requests waiting ({state.engine.num_waiting}); "
                             "retry later", headers={"Retry-After": "1"})
+    return adapter
 
 
-def check_model(state: ServerState, model: str | None) -> None:
-    """503 unless the model is loaded and serving; 404 for another model's name."""
-    if state.draining:
-        raise APIError(503, "the server is shutting down", headers={"Retry-After": "1"})
-    if state.engine is None:
-        message = ("the model failed to load" if state.load_error is not None
-                   else "the model is still loading")
-        raise APIError(503, message, headers={"Retry-After": "5"})
-    if not state.engine.alive:
-        raise APIError(503, "the engine stopped; the server must restart")
-    if model is not None and model != state.options.served_model_name:
-        raise APIError(404, f"the model {model!r} does not exist; this server serves "
-                            f"{state.options.served_model_name!r}", param="model",
-                       code="model_not_found")
+def check_model(state: ServerState, model: str | None) -> str | None:
+    """503 unless the model is loaded and serving; 404 for a name this server does not serve.
+    Returns the LoRA adapter `model` names, None for the base model."""
+    check_ready(state)
+    return resolve_model(state, model)
 
 
 def _tokenize(state: ServerState, prompt: str | list[int]) -> list[int]:
@@ -157,11 +158,13 @@ async def _admit(call: Call, state: ServerState) -> list[RequestStream]:
     streams: list[RequestStream] = []
     try:
         for i, ids in enumerate(call.prompts_ids):
-            streams.append(await state.engine.add_request(f"{call.id}-{i}", ids, call.params,
-                                                          call.cache_salt))
+            streams.append(await state.engine.add_request(
+                f"{call.id}-{i}", ids, call.params, call.cache_salt, lora_name=call.lora_name))
     except BaseException as exc:
         for stream in streams:
             await stream.aclose()
+        if isinstance(exc, UnknownAdapterError):  # removed since the request was checked
+            raise APIError(404, str(exc), param="model", code="model_not_found") from exc
         if isinstance(exc, RequestError):
             raise APIError(400, str(exc), param=exc.param or (
                 "prompt" if call.kind == "completion" else "messages")) from exc

@@ -29,6 +29,7 @@ class Call:
     echo: bool = False
     prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: per choice, top-k
     tools: ReplyToolCalls | None = None  # parses chat replies into tool calls
+    lora_name: str | None = None  # the adapter the request runs on (None: the base model)
     created: int = field(default_factory=lambda: int(time.time()))
     sent_text: dict[int, int] = field(default_factory=dict)
     sent_tokens: dict[int, int] = field(default_factory=dict)

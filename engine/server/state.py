@@ -14,6 +14,7 @@ from tokenmill.engine.contract.config import EngineConfig
 from tokenmill.engine.core import LLMEngine
 from tokenmill.engine.core.errors import ConfigError, ModelLoadError, WorkerFailed
 from tokenmill.engine.frontend.async_engine import AsyncEngine
+from tokenmill.engine.server.errors import APIError
 from tokenmill.engine.server.metrics import EngineMetrics
 
 log = logging.getLogger(__name__)
@@ -105,3 +106,15 @@ def start_loading(state: ServerState, show_progress: bool = True) -> threading.T
 def _load_quietly(state: ServerState, show_progress: bool) -> None:
     with contextlib.suppress(BaseException):  # kept in state.load_error; the server exits on it
         state.load(show_progress)
+
+
+def check_ready(state: ServerState) -> None:
+    """503 unless the model is loaded and the engine serving."""
+    if state.draining:
+        raise APIError(503, "the server is shutting down", headers={"Retry-After": "1"})
+    if state.engine is None:
+        message = ("the model failed to load" if state.load_error is not None
+                   else "the model is still loading")
+        raise APIError(503, message, headers={"Retry-After": "5"})
+    if not state.engine.alive:
+        raise APIError(503, "the engine stopped; the server must restart")

@@ -171,6 +171,28 @@ def test_preemption_comparison_resumes_from_the_cache_and_the_host_tier(tiny_lla
     assert format_comparison(summary["preemption"]).splitlines()[3].split()[0] == "host-tier"
 
 
+def test_lora_comparison_runs_base_idle_and_mixed_adapters_side_by_side(tiny_llama_dir):
+    """Three engines in lockstep take the same steps (no request waits for an adapter slot);
+    the mixed mode really runs its requests on the adapters."""
+    from tokenmill.engine.bench import lora_ab
+
+    args = build_parser().parse_args([
+        "bench", "offline", "--model", tiny_llama_dir, "--num-prompts", "6", "--input-len",
+        "8:16", "--output-len", "6:10", "--hf-batch-sizes", "none", "--no-progress",
+        "--compare-lora", "3",
+    ])
+    summary, _ = offline.benchmark(args)
+    result = summary["lora"]
+    assert result["adapters"] == 3 and result["rank"] == lora_ab.DEFAULT_RANK
+    assert list(result["output_tokens_per_s"]) == list(lora_ab.MODES)
+    assert len(set(result["steps"].values())) == 1  # paired step for step
+    assert result["ratio_to_base"]["base"] == 1.0
+    assert all(r > 0 for r in result["ratio_to_base"].values())
+    assert result["adapter_slot_loads"] == {"base": 0, "lora-idle": 0, "lora-mix": 3}
+    lines = lora_ab.format_comparison(result).splitlines()
+    assert len(lines) == 3 and "3 adapters (rank 16) mixed" in lines[2]
+
+
 def test_every_comparison_in_the_table_has_its_flag_and_module():
     """Each entry names a flag of `bench offline` (off by default) and a module whose compare
     takes the flag's value under the entry's keyword."""

@@ -275,7 +275,7 @@ def _crashing(name: str, message: str, ready: bool = False) -> dict:
 
 
 RANK = "rank 64 is above --max-lora-rank 16"
-LOG = f"INFO loading adapters\ntokenmill serve: error: lora_modules: adapter 'sql': {RANK}\n"
+LOG = f"INFO loading adapters\ntokenmill serve: error: lora_modules: LoRA adapter 'sql': {RANK}\n"
 
 
 def test_an_engine_that_stopped_on_an_adapter_names_it():
