@@ -126,7 +126,8 @@ class EngineConfig:
               "\"num_speculative_tokens\": K} proposes with a smaller model sharing the "
               "target's tokenizer (anything --model accepts; run whole on rank 0's device, its "
               "KV pool as many blocks as the target's, out of the same budget). "
-              "\"disable_by_batch_size\": B turns it off while B or more sequences run.")
+              "\"disable_by_batch_size\": B turns it off while B or more sequences run "
+              "(default on a CPU: 8, measured; on CUDA: never; 0: never).")
     enable_lora: bool = _opt(
         False, "Serve LoRA adapters over the base model (PEFT format: adapter_config.json and "
                "adapter_model.safetensors, on the attention and MLP projections). A request "

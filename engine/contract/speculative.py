@@ -7,11 +7,13 @@ checks `spec.engine.speculative` with the same rules).
 
 `disable_by_batch_size` (optional) turns speculation off while at least that many sequences
 run: a batch that large is no longer bound by reading the weights, so verifying proposals
-costs more than it saves. 0 never turns it off.
+costs more than it saves. 0 never turns it off. Not given, it is the measured default of the
+device type (DEFAULT_DISABLE_BY_BATCH_SIZE).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +25,11 @@ KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "promp
         "disable_by_batch_size"}
 DEFAULT_PROMPT_LOOKUP_MAX = 4
 DEFAULT_PROMPT_LOOKUP_MIN = 1
+# Where speculation stops paying, by device type, when disable_by_batch_size is not given,
+# from `tokenmill bench speculative` (docs/benchmarks.md): on a CPU, text that does not repeat
+# its prompt ran slower with n-gram speculation from 8 sequences on. No entry: not measured
+# yet (CUDA), so speculation stays on at every batch size, as in vLLM.
+DEFAULT_DISABLE_BY_BATCH_SIZE = {"cpu": 8}
 
 
 class SpeculativeConfigError(ValueError):
@@ -70,6 +77,13 @@ class SpeculativeConfig:
         if off is not None:
             off = _int(data, "disable_by_batch_size", None, 0, None, " (0: never)")
         return cls(method, k, high, low, data.get("model"), off)
+
+    def on_device(self, device_type: str) -> SpeculativeConfig:
+        """This configuration with disable_by_batch_size resolved for the device type."""
+        if self.disable_by_batch_size is not None:
+            return self
+        default = DEFAULT_DISABLE_BY_BATCH_SIZE.get(device_type, 0)
+        return dataclasses.replace(self, disable_by_batch_size=default)
 
 
 def _int(data: dict[str, Any], key: str, default: int | None, low: int,

@@ -91,6 +91,8 @@ class LLMEngine:
         setup = RankSetup(config, source, self.device.type, self.dtype, backend,
                           self.max_model_len)
         speculative = config.speculative()
+        if speculative is not None:
+            speculative = speculative.on_device(self.device.type)
         try:
             if tp_size > 1:
                 self._start_workers(setup, on_worker_failure)

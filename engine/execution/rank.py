@@ -87,18 +87,20 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
     if graphs_wanted(device.type, setup.attention_backend, config.enforce_eager):
         with phases.phase("graph_capture"):
             runner.capture_decode_graphs(config.max_num_seqs, config.max_num_batched_tokens,
-                                         setup.max_model_len, *verify_graph_shape(config))
+                                         setup.max_model_len,
+                                         *verify_graph_shape(config, device.type))
     runner.startup_seconds = phases.seconds
     return runner
 
 
-def verify_graph_shape(config: EngineConfig) -> tuple[int, int]:
+def verify_graph_shape(config: EngineConfig, device_type: str = "cuda") -> tuple[int, int]:
     """(query length, most sequences) of the speculative verify steps to capture graphs for:
     K+1 tokens, while fewer sequences run than turn speculation off; (0, 0) without
     speculation."""
     speculative = config.speculative()
     if speculative is None:
         return 0, 0
+    speculative = speculative.on_device(device_type)
     most = config.max_num_seqs
     if speculative.disable_by_batch_size:
         most = min(most, speculative.disable_by_batch_size - 1)

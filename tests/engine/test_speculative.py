@@ -188,6 +188,27 @@ def test_speculation_turns_off_at_the_batch_size_asked(tiny_llama_dir):
     assert llm.engine.speculation_stats.num_drafts > 0
 
 
+def test_on_a_cpu_speculation_turns_off_at_the_measured_default(tiny_llama_dir):
+    from tokenmill.engine.contract.speculative import DEFAULT_DISABLE_BY_BATCH_SIZE
+
+    cut = DEFAULT_DISABLE_BY_BATCH_SIZE["cpu"]
+    llm = _engine(tiny_llama_dir, _spec(), max_num_seqs=2 * cut)
+    engine = llm.engine
+    prompts = (_repetitive_prompts() * cut)[:cut]
+    for i, prompt in enumerate(prompts):  # as many as the cut-off, all running at once
+        engine.add_request(f"r{i}", prompt, _greedy())
+    for _ in range(6):
+        engine.step()
+    assert engine.num_running == cut
+    assert engine.speculation_stats.num_drafts == 0
+    for i in range(cut - 1):  # one left: below the cut-off, it speculates
+        engine.abort_request(f"r{i}")
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.speculation_stats.num_drafts > 0
+    _check_clean(llm)
+
+
 def test_tensor_parallel_ranks_verify_the_same_rows(tiny_llama_dir, hf_reference):
     with _engine(tiny_llama_dir, _spec(), tensor_parallel_size=2) as llm:
         outputs = _outputs(llm, _repetitive_prompts(), _greedy())

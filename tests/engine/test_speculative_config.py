@@ -22,6 +22,18 @@ def test_ngram_and_draft_shapes_parse_with_vllm_keys():
     assert EngineConfig().speculative() is None
 
 
+def test_without_a_cut_off_the_device_types_measured_default_applies():
+    from tokenmill.engine.contract.speculative import DEFAULT_DISABLE_BY_BATCH_SIZE
+
+    plain = SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 2})
+    assert plain.disable_by_batch_size is None
+    assert plain.on_device("cpu").disable_by_batch_size == DEFAULT_DISABLE_BY_BATCH_SIZE["cpu"]
+    assert plain.on_device("cuda").disable_by_batch_size == 0  # not measured: never off
+    given = SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 2,
+                                     "disable_by_batch_size": 32})
+    assert given.on_device("cpu") is given
+
+
 def test_disable_by_batch_size_zero_never_turns_speculation_off():
     never = SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 2,
                                      "disable_by_batch_size": 0})
