@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -24,14 +25,53 @@ KERNEL_MODULE = "tokenmill.engine.kernels.lora"
 NO_SLOT = -1  # a token row of the base model
 
 
+@dataclass
+class SlotPlan:
+    """How one step's rows group by adapter slot, found once for every layer (one host
+    synchronization, torch path only). Every slot present gets the same number of rows, the
+    shorter groups padded with row 0 (its delta masked to zero), so each layer's delta is two
+    batched matmuls over all adapters instead of a pair of small ones per adapter."""
+
+    slots: torch.Tensor | None  # [S'] the slots present, ascending (None: all of them)
+    rows: torch.Tensor          # [S' * M] each group's token rows, padded
+    keep: torch.Tensor | None   # [S' * M, 1] 1 for a real row, 0 for padding (None: none)
+    group: int                  # M: rows per group
+
+    @classmethod
+    def of(cls, token_slots: torch.Tensor, dtype: torch.dtype,
+           num_slots: int) -> SlotPlan | None:
+        """None when no row has an adapter."""
+        present = [s for s in token_slots.unique().tolist() if s >= 0]
+        if not present:
+            return None
+        groups = [(token_slots == s).nonzero().squeeze(1) for s in present]
+        width = max(len(g) for g in groups)
+        rows = torch.zeros(len(groups), width, dtype=torch.long, device=token_slots.device)
+        keep = torch.zeros(len(groups), width, 1, dtype=dtype, device=token_slots.device)
+        for i, g in enumerate(groups):
+            rows[i, :len(g)] = g
+            keep[i, :len(g)] = 1
+        # Slicing the pools by slot copies them: skip it when every slot is present.
+        slots = None if present == list(range(num_slots)) else torch.tensor(
+            present, device=token_slots.device)
+        padded = any(len(g) < width for g in groups)
+        return cls(slots, rows.view(-1), keep.view(-1, 1) if padded else None, width)
+
+
 def lora_apply_reference(x: torch.Tensor, y: torch.Tensor, a_pool: torch.Tensor,
-                         b_pool: torch.Tensor, token_slots: torch.Tensor) -> None:
-    """y[t] += (x[t] @ a_pool[s_t].T) @ b_pool[s_t].T for rows with s_t >= 0, in place."""
-    for slot in token_slots.unique().tolist():
-        if slot < 0:
-            continue
-        rows = (token_slots == slot).nonzero().squeeze(1)
-        y.index_add_(0, rows, (x[rows] @ a_pool[slot].T) @ b_pool[slot].T)
+                         b_pool: torch.Tensor, token_slots: torch.Tensor,
+                         plan: SlotPlan | None = None) -> None:
+    """y[t] += (x[t] @ a_pool[s_t].T) @ b_pool[s_t].T for rows with s_t >= 0, in place.
+    `plan` (SlotPlan.of token_slots) saves grouping the rows again in every layer."""
+    plan = plan if plan is not None else SlotPlan.of(token_slots, x.dtype, a_pool.shape[0])
+    if plan is None:
+        return
+    if plan.slots is not None:
+        a_pool, b_pool = a_pool[plan.slots], b_pool[plan.slots]
+    xs = x[plan.rows].view(a_pool.shape[0], plan.group, x.shape[-1])
+    delta = torch.bmm(torch.bmm(xs, a_pool.transpose(1, 2)), b_pool.transpose(1, 2))
+    delta = delta.view(-1, y.shape[-1])
+    y.index_add_(0, plan.rows, delta if plan.keep is None else delta * plan.keep)
 
 
 def lora_apply_masked(x: torch.Tensor, y: torch.Tensor, a_pool: torch.Tensor,
@@ -47,7 +87,7 @@ _kernel: Callable[..., None] | None = None
 
 
 def lora_apply(x: torch.Tensor, y: torch.Tensor, a_pool: torch.Tensor, b_pool: torch.Tensor,
-               token_slots: torch.Tensor, backend: str) -> None:
+               token_slots: torch.Tensor, backend: str, plan: SlotPlan | None = None) -> None:
     """The batched LoRA delta added to y: for backend "triton" the Triton kernel where it is
     installed, else its graph-safe stand-in (the decode graphs capture this path); the torch
     reference for backend "torch"."""
@@ -60,7 +100,7 @@ def lora_apply(x: torch.Tensor, y: torch.Tensor, a_pool: torch.Tensor, b_pool: t
         else:
             lora_apply_masked(x, y, a_pool, b_pool, token_slots)
         return
-    lora_apply_reference(x, y, a_pool, b_pool, token_slots)
+    lora_apply_reference(x, y, a_pool, b_pool, token_slots, plan)
 
 
 class LoRAContext:
@@ -75,10 +115,23 @@ class LoRAContext:
         self.dtype = dtype  # the activations': the pools are in it, whatever the base stores
         self.token_slots: torch.Tensor | None = None
         self.active = False
+        self._plan: SlotPlan | None = None
+        self._planned = False
 
     def set_step(self, token_slots: torch.Tensor, active: bool) -> None:
         self.token_slots = token_slots
         self.active = active
+        self._plan, self._planned = None, False
+
+    def plan(self) -> SlotPlan | None:
+        """The step's rows grouped by slot, found once for every layer (torch path only: the
+        Triton path must not synchronize)."""
+        if self.backend != "torch":
+            return None
+        if not self._planned:
+            self._plan = SlotPlan.of(self.token_slots, self.dtype, self.max_loras)
+            self._planned = True
+        return self._plan
 
 
 class LoRALinear(nn.Module):
@@ -106,7 +159,7 @@ class LoRALinear(nn.Module):
         y = self.base.forward_merged(x) if self.merged else self.base(x)
         rows = y.reshape(-1, y.shape[-1])
         lora_apply(x.reshape(-1, x.shape[-1]), rows, self.a_pool, self.b_pool,
-                   self.context.token_slots, self.context.backend)
+                   self.context.token_slots, self.context.backend, self.context.plan())
         return y.split(list(self.parts.values()), dim=-1) if self.merged else y
 
     def clear_slot(self, slot: int) -> None:
