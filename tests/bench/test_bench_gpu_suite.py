@@ -66,6 +66,14 @@ def test_the_kv_offload_part_finds_prefixes_in_the_host_tier_and_times_copies(be
                                        "plain_to_host_gb_per_s", "plain_to_device_gb_per_s"))
 
 
+def test_the_lora_part_runs_base_idle_and_mixed_adapters_in_lockstep(bench_dir):
+    result = _result(bench_dir, "bench-lora")
+    assert result["adapters"] == bench_stage.LORA_ADAPTERS
+    assert result["workload"]["num_prompts"] == bench_stage.DRY["hf"].num_prompts
+    assert len(set(result["steps"].values())) == 1
+    assert result["adapter_slot_loads"]["lora-mix"] == bench_stage.LORA_ADAPTERS
+
+
 def test_the_summary_sets_every_part_against_its_target(bench_dir, capsys):
     bench_dir("profile")
     bench_dir("startup")
@@ -77,6 +85,7 @@ def test_the_summary_sets_every_part_against_its_target(bench_dir, capsys):
     assert "| batch1, cuda-graphs / eager |" in table and ">= 3x: " in table
     assert "| throughput, cuda-graphs: output tok/s |" in table and ">= 10,000: " in table
     assert "kv-offload: later-turn TTFT" in table
+    assert "| lora: 4 adapters mixed / base model, output tok/s |" in table
     assert "(tokenmill: eager " in table
     assert "| profile, graphs, batch 1: decode step |" in table
     assert "| profile, eager, batch 8: decode step |" in table

@@ -10,6 +10,9 @@ first mode the reference of the throughput ratios:
   batch1-ngram      the batch-1 request: plain decoding, n-gram speculation (4 tokens)
   kv-offload        multi-turn chat beyond the device pool, the prefix cache without and
                     with its host tier; the tier's block copies against plain pinned copies
+  lora              the 64 requests on the base model alone, with LoRA on and unused, and
+                    spread over 4 random rank-16 adapters: three engines in lockstep
+                    (bench/lora_ab.py), each with a 4 GB KV pool so that all three fit
 Every mode's decode steps are set against their bandwidth bound (bytes each step must read
 over the device bandwidth, measured once before any engine starts). A dry run cuts every
 workload down and runs on the CPU.
@@ -55,7 +58,9 @@ PARTS: dict[str, tuple[str, dict[str, dict[str, Any]], bool]] = {
     "batch1-fp8": ("one", PRECISIONS, False),
     "batch1-ngram": ("one", SPECULATION, False),
 }
-ALL_PARTS = [*PARTS, "kv-offload"]
+ALL_PARTS = [*PARTS, "kv-offload", "lora"]
+LORA_ADAPTERS = 4
+LORA_KV_BYTES = 4_000_000_000  # per engine: three 8B engines side by side on one GPU
 
 
 def run(ctx: SuiteContext, args: argparse.Namespace) -> int:
@@ -71,6 +76,8 @@ def run(ctx: SuiteContext, args: argparse.Namespace) -> int:
             from tokenmill.engine.bench.gpu_suite import kv_offload_part
 
             result = kv_offload_part.run(ctx, model)
+        elif part == "lora":
+            result = lora_part(ctx, model)
         else:
             result = run_part(ctx, model, part, bandwidth)
         ctx.write(f"bench-{part}", result)
@@ -88,16 +95,9 @@ def base_config(ctx: SuiteContext, model: str) -> Any:
 
 def run_part(ctx: SuiteContext, model: str, part: str, bandwidth: Any) -> dict[str, Any]:
     from tokenmill.engine.bench import ab
-    from tokenmill.engine.bench.offline import special_ids
-    from tokenmill.engine.bench.workload import make_workload
-    from tokenmill.engine.models.loader import load_tokenizer
-    from tokenmill.engine.models.source import resolve_model
 
     workload_name, modes, with_hf = PARTS[part]
-    spec = (DRY if ctx.dry_run else FULL)[workload_name]
-    tokenizer = load_tokenizer(resolve_model(model))
-    workload = make_workload(spec.num_prompts, spec.input_len, spec.output_len, 0,
-                             len(tokenizer), special_ids(tokenizer))
+    spec, workload = _workload(ctx, model, workload_name)
     config = base_config(ctx, model)
     runs = ab.per_mode([config.replace(**options) for options in modes.values()], workload,
                        ctx.show_progress, _measure(bandwidth))
@@ -115,6 +115,32 @@ def run_part(ctx: SuiteContext, model: str, part: str, bandwidth: Any) -> dict[s
         result["ratio_vs_hf"] = {mode: run["output_tokens_per_s"] / theirs
                                  for mode, run in result["modes"].items()}
     return result
+
+
+def _workload(ctx: SuiteContext, model: str, name: str) -> tuple[Workload, list[Any]]:
+    from tokenmill.engine.bench.offline import special_ids
+    from tokenmill.engine.bench.workload import make_workload
+    from tokenmill.engine.models.loader import load_tokenizer
+    from tokenmill.engine.models.source import resolve_model
+
+    spec = (DRY if ctx.dry_run else FULL)[name]
+    tokenizer = load_tokenizer(resolve_model(model))
+    return spec, make_workload(spec.num_prompts, spec.input_len, spec.output_len, 0,
+                               len(tokenizer), special_ids(tokenizer))
+
+
+def lora_part(ctx: SuiteContext, model: str) -> dict[str, Any]:
+    """What serving LoRA adapters costs at the hf part's load (issue target: the mix within
+    20% of the base)."""
+    from tokenmill.engine.bench import lora_ab
+
+    spec, workload = _workload(ctx, model, "hf")
+    config = base_config(ctx, model)
+    if not ctx.dry_run:
+        config = config.replace(kv_cache_memory=LORA_KV_BYTES)
+    result = lora_ab.compare(config, workload, ctx.show_progress, adapters=LORA_ADAPTERS)
+    return {"workload": dataclasses.asdict(spec), "engine_config": dataclasses.asdict(config),
+            **result}
 
 
 def _measure(bandwidth: Any) -> Callable[[Any, Any, Callable[[], Any]], dict[str, Any]]:

@@ -18,6 +18,7 @@ THROUGHPUT_TARGET = 10_000   # output tok/s on 256 requests
 BATCH1_TARGET = 150          # output tok/s at batch 1, bf16
 GRAPHS_BATCH1_TARGET = 3.0   # graphs over eager at batch 1
 FP8_BATCH1_TARGET = 1.4      # fp8 weights over bf16 at batch 1
+LORA_TARGET = 0.8           # 4 adapters mixed over the base model alone (within 20%)
 RATIO_TARGETS = {("batch1", "cuda-graphs"): GRAPHS_BATCH1_TARGET,
                  ("batch1-fp8", "fp8"): FP8_BATCH1_TARGET}
 
@@ -108,6 +109,13 @@ def _kv_offload(result: dict[str, Any]) -> list[Row]:
     ]
 
 
+def _lora(result: dict[str, Any]) -> list[Row]:
+    ratios = result["ratio_to_base"]
+    return [(f"lora: {result['adapters']} adapters mixed / base model, output tok/s",
+             f"{ratios['lora-mix']:.2f}x (LoRA on and unused: {ratios['lora-idle']:.2f}x)",
+             _verdict(ratios["lora-mix"], LORA_TARGET, "x"))]
+
+
 def _profile(result: dict[str, Any]) -> list[Row]:
     rows = []
     for run in result["runs"]:
@@ -153,6 +161,7 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "bench-batch1-fp8": _part("batch1-fp8"),
     "bench-batch1-ngram": _part("batch1-ngram"),
     "bench-kv-offload": _kv_offload,
+    "bench-lora": _lora,
     "profile": _profile,
     "startup": _startup,
 }
