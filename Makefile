@@ -26,4 +26,4 @@ lint: setup
 	$(BIN)/lint-imports
 
 test: lint
-	$(BIN)/pytest
+	$(BIN)/pytest --durations=25

@@ -133,9 +133,9 @@ def test_speculative_verify_steps_replay_their_graphs(tiny_llama_dir, monkeypatc
     for size, graph in runner.verify_graphs.graphs.items():
         monkeypatch.setattr(graph, "replay", lambda r=graph.replay, size=size: (
             replayed.append(size), r()))
-    for count, seed in ((1, 11), (3, 12), (6, 13)):
+    for count, seed in ((1, 11), (5, 13)):  # 5: a bucket of 8, padded
         prompts = _repeating_prompts(count, seed)
-        params = [SamplingParams(temperature=0.0, max_tokens=10 + 3 * i, ignore_eos=True)
+        params = [SamplingParams(temperature=0.0, max_tokens=8 + 2 * i, ignore_eos=True)
                   for i in range(count)]
         expected = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
         got = [o.outputs[0].token_ids for o in graphed.generate(prompts, params)]
