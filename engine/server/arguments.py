@@ -27,6 +27,11 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-request-body-bytes", type=_positive_int, default=10 << 20,
                         help="Answer 413 to a larger request body, before reading it "
                              "(default 10 MiB).")
+    parser.add_argument("--vllm-metrics", action=argparse.BooleanOptionalAction, default=True,
+                        help="Also export the load gauges, the LoRA batch info and the "
+                             "KV-cache configuration under vLLM's names (vllm:...), which the "
+                             "Gateway API inference extension's endpoint picker reads "
+                             "unconfigured (docs/gateway-api.md). Default: on.")
     add_tool_arguments(parser)
 
 

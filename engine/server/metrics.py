@@ -1,8 +1,10 @@
 """Prometheus metrics of a serving engine, named like vLLM's so dashboards carry over.
 
-Gauges are read from the engine at scrape time (set_function), so the waiting-queue gauge the
-operator autoscales on is exact at every scrape. Counters and histograms are fed after each
-engine step from the outputs of that step.
+The load gauges (waiting, running, KV-cache usage) are read from the engine at scrape time, so
+the waiting-queue gauge the operator autoscales on is exact at every scrape. With `vllm_names`
+they, the LoRA batch info and the cache configuration are also exported under the vLLM names
+that the Gateway API inference extension's endpoint picker reads (load_gauges.py). Counters
+and histograms are fed after each engine step from the outputs of that step.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from tokenmill.engine.core import RequestOutput
+from tokenmill.engine.server.load_gauges import LoadGauges
 from tokenmill.engine.server.lora_metrics import LoRAMetrics
 
 if TYPE_CHECKING:
@@ -25,17 +28,16 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.
 
 
 class EngineMetrics:
-    def __init__(self, model_name: str, registry: CollectorRegistry | None = None):
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None,
+                 vllm_names: bool = True):
         self.registry = registry or CollectorRegistry()
         self.model_name = model_name
         labels = ["model_name"]
         r = self.registry
-        self.waiting = Gauge("tokenmill_num_requests_waiting",
-                             "Requests waiting to be scheduled.", labels, registry=r)
-        self.running = Gauge("tokenmill_num_requests_running",
-                             "Sequences in the running batch.", labels, registry=r)
-        self.kv_usage = Gauge("tokenmill_kv_cache_usage_ratio",
-                              "Fraction of KV-cache blocks in use.", labels, registry=r)
+        # The gauges routers and the autoscaler read, with vLLM's names beside (load_gauges.py).
+        self.load = LoadGauges(model_name, r, vllm_names)
+        self.waiting, self.running, self.kv_usage = (self.load.waiting, self.load.running,
+                                                     self.load.kv_usage)
         # What quantization buys: set once the model is loaded.
         self.weights_bytes = Gauge("tokenmill_model_weights_bytes",
                                    "Bytes of the model's weights in device memory.", labels,
@@ -126,7 +128,7 @@ class EngineMetrics:
             self.offload_bytes.labels(model_name, direction)
         for source in RESUME_SOURCES:
             self.preempted_tokens.labels(model_name, source)
-        self.lora = LoRAMetrics(model_name, r)
+        self.lora = LoRAMetrics(model_name, r, vllm_names)
         self._seen: dict[str, int] = {}
         self._last_token: dict[tuple[str, int], tuple[float, int]] = {}
         self._started: set[str] = set()
@@ -138,9 +140,7 @@ class EngineMetrics:
     def bind(self, engine: AsyncEngine) -> None:
         """Read the gauges from this engine at every scrape."""
         name = self.model_name
-        self.waiting.labels(name).set_function(lambda: engine.num_waiting)
-        self.running.labels(name).set_function(lambda: engine.engine.num_running)
-        self.kv_usage.labels(name).set_function(lambda: engine.engine.kv_cache_usage)
+        self.load.bind(engine)
         memory = engine.engine.memory_report()
         self.weights_bytes.labels(name).set(memory["weights_bytes"])
         self.kv_capacity.labels(name).set(memory["kv_capacity_tokens"])

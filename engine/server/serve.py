@@ -82,7 +82,7 @@ def serve(config, args: argparse.Namespace) -> int:
                               max_request_body_bytes=args.max_request_body_bytes,
                               enable_auto_tool_choice=args.enable_auto_tool_choice,
                               tool_call_parser=args.tool_call_parser),
-        config=config, metrics=EngineMetrics(name),
+        config=config, metrics=EngineMetrics(name, vllm_names=args.vllm_metrics),
     )
     app = create_app(state)
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
