@@ -12,8 +12,10 @@ import asyncio
 import kubernetes_validate
 import pytest
 import upstream_schemas
+import yaml
 from operator_support import (
     IS_PATH,
+    REPO,
     admission_errors,
     granted,
     inference_service,
@@ -33,6 +35,7 @@ from tokenmill.operator.spec import (
 )
 
 PROM = "http://prometheus-operated.monitoring.svc:9090"
+EXAMPLE = REPO / "examples" / "gateway" / "two-models.yaml"
 POOL = {"routing": {"inferencePool": {}}}
 GATEWAY = {"routing": {"inferencePool": {"gateway": {"name": "inference-gw",
                                                      "namespace": "gateways"}}}}
@@ -456,3 +459,20 @@ async def test_a_pool_without_the_gateway_api_names_the_gateway_api(tmp_path):
         assert "gateway.networking.k8s.io/v1 httproutes" in condition(
             isvc, "RoutingReady")["message"]
         assert not condition(isvc, "AutoscalingReady")
+
+
+def test_the_gateway_example_is_admitted_and_routes_each_model_by_name():
+    gateway, *services = yaml.safe_load_all(EXAMPLE.read_text())
+    assert gateway["kind"] == "Gateway" and gateway["apiVersion"] == "gateway.networking.k8s.io/v1"
+    assert len(services) == 2
+    for isvc in services:
+        name = isvc["metadata"]["name"]
+        assert admission_errors(isvc) == []
+        route = _one(_children(isvc["spec"], name), "HTTPRoute")
+        assert route["spec"]["parentRefs"][0]["name"] == gateway["metadata"]["name"]
+        (match,) = route["spec"]["rules"][0]["matches"]
+        assert match["headers"][0]["value"] == name
+        assert upstream_schemas.errors(route) == []
+    scaled = _one(_children(services[1]["spec"], "qwen3-8b"), "ScaledObject")
+    assert scaled["spec"]["minReplicaCount"] == 0
+    assert "flow_control" in scaled["spec"]["triggers"][0]["metadata"]["query"]
