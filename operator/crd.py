@@ -25,6 +25,7 @@ from .spec import (
     VERSION,
     InferenceServiceSpec,
     InferenceServiceStatus,
+    routed_name_rule,
     served_name_rule,
 )
 
@@ -197,7 +198,7 @@ def crd() -> dict[str, Any]:
                         "message": "metadata.name must be a DNS label (lower-case letters, "
                                    "digits and '-', starting with a letter): it names the "
                                    "Service",
-                    }, served_name_rule()],
+                    }, served_name_rule(), routed_name_rule()],
                 }},
                 "subresources": {
                     "status": {},

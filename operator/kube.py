@@ -11,6 +11,7 @@ import importlib.metadata
 import json
 import re
 import threading
+import time
 import urllib.parse
 from typing import Any
 
@@ -24,7 +25,17 @@ PLURALS = {
     "PodDisruptionBudget": "poddisruptionbudgets",
     "InferenceService": "inferenceservices",
     "Pod": "pods",
+    # routing.inferencePool and autoscaling mode keda
+    "ServiceAccount": "serviceaccounts",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
+    "InferencePool": "inferencepools",
+    "HTTPRoute": "httproutes",
+    "ScaledObject": "scaledobjects",
 }
+# How long an answer of API discovery is trusted: a CRD installed later (the inference
+# extension's, KEDA's) is seen within this long, without asking on every pass.
+DISCOVERY_SECONDS = 60
 TIMEOUT_SECONDS = 30
 # The name the API server records as the field manager of the operator's writes (it takes the
 # User-Agent up to its first "/" when a request names no fieldManager) and that Events show in
@@ -99,6 +110,7 @@ class Kube:
         self.api.user_agent = self.user_agent()
         self._local = threading.local()  # the warnings of this thread's last call
         self._version: tuple[int, int] | None = None
+        self._served: dict[str, tuple[float, frozenset[str]]] = {}  # discovery, by apiVersion
 
     @staticmethod
     def user_agent() -> str:
@@ -129,6 +141,24 @@ class Kube:
             except (ApiException, OSError, ValueError):
                 return None
         return self._version
+
+    def serves(self, api_version: str, kind: str) -> bool:
+        """Whether the API server serves `kind` in `api_version` (API discovery: GET
+        /apis/GROUP/VERSION lists the resources of a group version it serves, 404 when none),
+        asked again after DISCOVERY_SECONDS."""
+        now = time.monotonic()
+        cached = self._served.get(api_version)
+        if cached is None or now - cached[0] > DISCOVERY_SECONDS:
+            prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+            try:
+                found = self._call("GET", prefix).get("resources") or []
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                found = []
+            cached = (now, frozenset(r.get("name", "") for r in found))
+            self._served[api_version] = cached
+        return PLURALS[kind] in cached[1]
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
         try:

@@ -89,13 +89,22 @@ def url(name: str, namespace: str) -> str:
     return f"http://{name}.{namespace}.svc.cluster.local:{PORT}/v1"
 
 
-def _metadata(name: str, namespace: str, uid: str) -> dict[str, Any]:
-    owner = {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": name, "uid": uid,
+def owned_metadata(owner: str, namespace: str, uid: str, name: str | None = None,
+                   component: str = "inference") -> dict[str, Any]:
+    """Metadata of a child of the InferenceService `owner`: its labels (which name the owner,
+    so a child's event finds it) and the controller owner reference the garbage collector
+    follows."""
+    ref = {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": owner, "uid": uid,
         "controller": True, "blockOwnerDeletion": True,
     }
-    return {"name": name, "namespace": namespace, "labels": labels(name),
-            "ownerReferences": [owner]}
+    return {"name": name or owner, "namespace": namespace,
+            "labels": {**labels(owner), "app.kubernetes.io/component": component},
+            "ownerReferences": [ref]}
+
+
+def _metadata(name: str, namespace: str, uid: str) -> dict[str, Any]:
+    return owned_metadata(name, namespace, uid)
 
 
 def _probe(period: int, failures: int, timeout: int) -> dict[str, Any]:
@@ -293,18 +302,18 @@ def deployment(name: str, namespace: str, uid: str, spec: InferenceServiceSpec,
     }
 
 
+def cluster_ip_service(metadata: dict[str, Any], pods: dict[str, str],
+                       ports: list[dict[str, Any]]) -> dict[str, Any]:
+    """A ClusterIP Service in front of the pods with the labels `pods`."""
+    return {"apiVersion": "v1", "kind": "Service", "metadata": metadata,
+            "spec": {"type": "ClusterIP", "selector": pods, "ports": ports}}
+
+
 def service(name: str, namespace: str, uid: str) -> dict[str, Any]:
     """The ClusterIP Service behind the status URL."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _metadata(name, namespace, uid),
-        "spec": {
-            "type": "ClusterIP",
-            "selector": selector(name),
-            "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}],
-        },
-    }
+    return cluster_ip_service(
+        _metadata(name, namespace, uid), selector(name),
+        [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}])
 
 
 def pod_disruption_budget(name: str, namespace: str, uid: str) -> dict[str, Any]:
@@ -319,7 +328,8 @@ def pod_disruption_budget(name: str, namespace: str, uid: str) -> dict[str, Any]
 
 def children(name: str, namespace: str, uid: str, spec: InferenceServiceSpec,
              image: str) -> list[dict[str, Any]]:
-    """Every object the InferenceService should own; a PDB only with more than one replica."""
+    """The objects every InferenceService owns; a PDB only with more than one replica (the
+    optional ones of routing and mode keda are in routing.py and keda.py)."""
     objects = [deployment(name, namespace, uid, spec, image), service(name, namespace, uid)]
     if spec.desired_replicas > 1:
         objects.append(pod_disruption_budget(name, namespace, uid))

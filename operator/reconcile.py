@@ -16,11 +16,11 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils import parse_quantity
 
-from . import manifests, scraper
+from . import keda, manifests, routing, scraper
 from . import status as status_
 from .args import check_engine
 from .bookkeeping import skeleton
-from .kube import Kube, api_message
+from .kube import PLURALS, Kube, api_message
 from .pods import adapter_failures, pod_problem
 from .server_versions import check_server
 from .spec import InferenceServiceSpec, SpecError, check, parse
@@ -251,6 +251,117 @@ def _dropped_notice(paths: list[str], spec: InferenceServiceSpec,
             "changes")
 
 
+@dataclass(frozen=True)
+class Api:
+    """An API an optional feature writes to, and what the cluster lacks without it."""
+
+    api_version: str
+    kind: str
+    missing: str  # the condition's reason when the cluster does not serve it
+    install: str  # what to install
+
+
+POOL = Api(routing.POOL_API, "InferencePool", "InferencePoolAPIMissing",
+           "the Gateway API inference extension's CRDs (v1.0 or later)")
+ROUTE = Api(routing.ROUTE_API, "HTTPRoute", "GatewayAPIMissing", "the Gateway API's CRDs")
+SCALED_OBJECT = Api(keda.API, "ScaledObject", "KEDAMissing", "KEDA (2.x)")
+MISSING = tuple(api.missing for api in (POOL, ROUTE, SCALED_OBJECT))
+
+
+def missing_api(api: Api) -> tuple[str, str]:
+    """(reason, message) of a condition saying which API the cluster lacks."""
+    return (api.missing, f"the cluster does not serve {api.api_version} "
+                         f"{PLURALS[api.kind]} ({api.kind}): install {api.install}; the engines "
+                         "serve through their Service meanwhile")
+
+
+@dataclass(frozen=True)
+class Feature:
+    """An optional part of the spec with children of its own and a condition saying how they
+    are: routing.inferencePool (RoutingReady) and autoscaling mode keda (AutoscalingReady)."""
+
+    condition: str
+    apis: tuple[Api, ...]  # the first is the one it cannot do without
+    kinds: tuple[tuple[str, str, str], ...]  # (apiVersion, kind, name suffix) it may own
+    module: Any  # routing or keda: children(name, namespace, uid, spec)
+
+    def wanted(self, spec: InferenceServiceSpec) -> bool:
+        return bool(spec.inference_pool if self.module is routing else spec.keda)
+
+    def needed(self, spec: InferenceServiceSpec) -> tuple[Api, ...]:
+        pool = spec.inference_pool
+        return tuple(api for api in self.apis if api is not ROUTE or (pool and pool.gateway))
+
+
+FEATURES = (Feature("RoutingReady", (POOL, ROUTE), routing.KINDS, routing),
+            Feature("AutoscalingReady", (SCALED_OBJECT,), keda.KINDS, keda))
+
+
+def _feature_condition(feature: Feature, name: str, lives: dict[str, dict],
+                       missing: list[Api]) -> dict[str, str]:
+    """The feature's condition from what the cluster lacks and what it reports of the live
+    children: the picker's Deployment has an available replica; KEDA's Ready condition."""
+    if missing and missing[0] is feature.apis[0]:
+        return status_.condition(feature.condition, False, *missing_api(missing[0]))
+    if feature.module is routing:
+        picker = lives.get("Deployment", {}).get("status") or {}
+        if missing:  # the pool serves; the Gateway's route cannot be written
+            return status_.condition(feature.condition, False, *missing_api(missing[0]))
+        if not picker.get("availableReplicas"):
+            return status_.condition(feature.condition, False, "EndpointPickerNotReady",
+                                     f"InferencePool {name} is written; its endpoint picker "
+                                     f"{routing.picker_name(name)} has no available replica yet")
+        route = " and its HTTPRoute" if "HTTPRoute" in lives else ""
+        return status_.condition(feature.condition, True, "InferencePoolReady",
+                                 f"InferencePool {name}{route} with endpoint picker "
+                                 f"{routing.picker_name(name)}")
+    ready = next((c for c in (lives.get("ScaledObject", {}).get("status") or {}).get(
+        "conditions") or [] if c.get("type") == "Ready"), None)
+    if ready is None:
+        return {**status_.condition(feature.condition, False, "ScaledObjectPending",
+                                    f"KEDA has not reported on ScaledObject {name} yet"),
+                "status": "Unknown"}
+    ok = ready.get("status") == "True"
+    return status_.condition(feature.condition, ok,
+                             "ScaledObjectReady" if ok else "ScaledObjectNotReady",
+                             f"KEDA: {ready.get('message') or ready.get('reason') or ''}".strip())
+
+
+def _optional(kube: Kube, feature: Feature, name: str, namespace: str, uid: str,
+              spec: InferenceServiceSpec, had: bool
+              ) -> tuple[list[tuple[str, str]], dict[str, str] | None, list[dict]]:
+    """Write a feature's children where the cluster serves their APIs and delete those the spec
+    no longer asks for (only when the feature was on before, `had`, or is on: a service that
+    never used it costs no request). Returns the actions, the condition (None: the feature is
+    off) and the live children."""
+    wanted = feature.wanted(spec)
+    if not wanted and not had:
+        return [], None, []
+    missing = [api for api in feature.needed(spec) if not kube.serves(api.api_version, api.kind)]
+    desired = []
+    if wanted and not (missing and missing[0] is feature.apis[0]):
+        desired = [child for child in feature.module.children(name, namespace, uid, spec)
+                   if not any(child["kind"] == api.kind for api in missing)]
+    actions, lives = [], []
+    for child in desired:
+        live, action, _ = apply(kube, child, uid)
+        actions += [action] if action else []
+        lives.append(live)
+    keep = {(child["kind"], child["metadata"]["name"]) for child in desired}
+    for api_version, kind, suffix in feature.kinds:
+        if (kind, name + suffix) in keep or not kube.serves(api_version, kind):
+            continue
+        live = kube.get(api_version, kind, namespace, name + suffix)
+        if live and _owned_by(live, uid):
+            kube.delete(live)
+            actions.append(("Deleted", f"Deleted {kind} {name + suffix}: no longer in the spec"))
+    if not wanted:
+        return actions, None, lives
+    # A feature writes one object of each kind.
+    by_kind = {child["kind"]: live for child, live in zip(desired, lives, strict=True)}
+    return actions, _feature_condition(feature, name, by_kind, missing), lives
+
+
 def reconcile(kube: Kube, body: dict[str, Any], image: str) -> Outcome:
     """Bring the children of one InferenceService in line with its spec; compute its status."""
     meta = body["metadata"]
@@ -260,6 +371,8 @@ def reconcile(kube: Kube, body: dict[str, Any], image: str) -> Outcome:
     lost: list[str] = []  # paths of the children the API server did not keep
     warnings: list[tuple[str, str]] = []
 
+    extra: list[dict[str, str]] | None = None  # the features' conditions; None: as they were
+
     def done(deployment: dict | None, actions: list, problem: tuple | None = None) -> Outcome:
         pods, adapters = None, None  # adapters: None leaves status.adapters as it is
         if deployment and not problem:
@@ -267,8 +380,10 @@ def reconcile(kube: Kube, body: dict[str, Any], image: str) -> Outcome:
         elif spec and not problem:  # the Deployment is being created: nothing loaded yet
             adapters = status_.adapters([a.name for a in spec.adapters], {}, 0, {})
         notice = _dropped_notice(lost, spec, version) if spec else None
+        lacking = [(c["reason"], c["message"]) for c in extra or [] if c["reason"] in MISSING]
+        notice = notice or (lacking[0] if lacking else None)  # a person must install it
         st = status_.status(name, namespace, meta.get("generation"), deployment, problem,
-                            previous, _now(), pods, notice, adapters)
+                            previous, _now(), pods, notice, adapters, extra)
         return Outcome(st, actions, problem, warnings)
 
     spec = None
@@ -295,6 +410,14 @@ def reconcile(kube: Kube, body: dict[str, Any], image: str) -> Outcome:
             if pdb and _owned_by(pdb, uid):
                 kube.delete(pdb)
                 actions.append(("Deleted", f"Deleted PodDisruptionBudget {name}: one replica"))
+        before = {c.get("type") for c in previous.get("conditions") or []}
+        extra = []
+        for feature in FEATURES:
+            done_, condition, lives = _optional(kube, feature, name, namespace, uid, spec,
+                                                feature.condition in before)
+            actions += done_
+            extra += [condition] if condition else []
+            lost += [path_text(p) for live in lives for p in dropped(live)]
     except ConflictError as e:
         return done(deployment, actions, ("NameConflict", str(e)))
     except ApiException as e:

@@ -462,34 +462,165 @@ class EngineSpec(_Spec):
     )
 
 
+AUTOSCALING = "spec.autoscaling"
+AUTOSCALING_MODES = ("builtin", "external", "keda")
+SCALE_TO_ZERO_MODES = ("external", "keda")  # whoever scales sees demand before a pod does
+MIN_REPLICAS_MESSAGE = (
+    f"{AUTOSCALING}.minReplicas must be at least 1 in mode builtin (a replica's queue is what it "
+    "scales on); scale to zero needs mode keda or external")
+KEDA_NEEDS_SETTINGS = (f"{AUTOSCALING}.keda is required with mode keda: KEDA's Prometheus "
+                       "server (serverAddress)")
+KEDA_SETTINGS_ONLY = (f"{AUTOSCALING}.keda applies only to mode keda; mode builtin and external "
+                      "leave spec.replicas to the built-in autoscaler or to yours, and a "
+                      "ScaledObject beside either would fight it over spec.replicas")
+# A URL KEDA's Prometheus scaler can query: http(s)://host[:port][/path], no whitespace.
+SERVER_ADDRESS_PATTERN = r"^https?://[^\s/]+(/\S*)?$"
+
+
+class KedaSpec(_Spec):
+    """How KEDA reads the engines' queue depth (mode keda): the Prometheus server that scrapes
+    the engine pods, and how often KEDA asks it."""
+
+    server_address: str = Field(
+        pattern=SERVER_ADDRESS_PATTERN, max_length=MAX_URI_LENGTH,
+        description="The Prometheus server KEDA queries, e.g. "
+                    "http://prometheus-operated.monitoring.svc:9090; it must scrape the engine "
+                    "pods (they carry prometheus.io/* annotations).")
+    query: str | None = Field(
+        None, min_length=1, max_length=MAX_URI_LENGTH,
+        description="The PromQL query of the demand KEDA divides by targetQueueDepth; default: "
+                    "the waiting requests of this service's engines (by namespace and "
+                    "model_name), plus the endpoint picker's flow-control queue when "
+                    "routing.inferencePool is on.")
+    polling_interval_seconds: StrictInt = Field(
+        15, ge=1, le=3600, description="How often KEDA runs the query (pollingInterval).")
+
+
 class AutoscalingSpec(_Spec):
-    """Replica bounds and the queue-depth target; in mode external another autoscaler (KEDA,
-    HPA) owns spec.replicas through the scale subresource and the operator never changes it."""
+    """Replica bounds and the queue-depth target. Mode builtin: the operator scales on the
+    engines' queues. Mode keda: the operator writes a KEDA ScaledObject that scales the
+    InferenceService through its scale subresource. Mode external: another autoscaler owns
+    spec.replicas and the operator never changes it. Exactly one of them scales."""
 
     model_config = _validations(
         _cel("!has(self.minReplicas) || !has(self.maxReplicas) || "
              "self.minReplicas <= self.maxReplicas",
              "autoscaling.minReplicas must not be greater than autoscaling.maxReplicas"),
-        _cel("(has(self.mode) && self.mode == 'external') || !has(self.minReplicas) || "
-             "self.minReplicas >= 1",
-             "autoscaling.minReplicas must be at least 1 in mode builtin (a replica's queue is "
-             "what it scales on; scale to zero needs mode external)"),
+        _cel(f"(has(self.mode) && self.mode in {list(SCALE_TO_ZERO_MODES)}) || "
+             "!has(self.minReplicas) || self.minReplicas >= 1", MIN_REPLICAS_MESSAGE),
+        _cel("!has(self.mode) || self.mode != 'keda' || has(self.keda)", KEDA_NEEDS_SETTINGS),
+        _cel("!has(self.keda) || (has(self.mode) && self.mode == 'keda')", KEDA_SETTINGS_ONLY),
     )
 
     mode: one_of(  # type: ignore[valid-type]
-        ("builtin", "external"), "autoscaling.mode must be builtin or external") = Field(
+        AUTOSCALING_MODES, f"autoscaling.mode must be {_listed(AUTOSCALING_MODES)}") = Field(
         "builtin", description="Who scales replicas: builtin, the operator on the engines' "
-                               "queues; external, KEDA or an HPA through the scale subresource.")
-    min_replicas: int = Field(1, ge=0, description="Fewest replicas.")
+                               "queues; keda, a KEDA ScaledObject the operator writes; external, "
+                               "your KEDA or HPA through the scale subresource.")
+    min_replicas: int = Field(1, ge=0, description="Fewest replicas; 0 only in mode keda or "
+                                                   "external.")
     max_replicas: int = Field(4, ge=1, description="Most replicas.")
     target_queue_depth: int = Field(
         4, ge=1, description="Waiting requests per replica (beyond a full running batch) the "
-                             "built-in autoscaler aims for.",
+                             "built-in autoscaler aims for; in mode keda, KEDA's threshold.",
     )
     scale_down_delay_seconds: int = Field(
-        300, ge=0, description="How long the load must call for fewer replicas before the "
-                               "built-in autoscaler removes them.",
+        300, ge=0, description="How long the load must call for fewer replicas before they are "
+                               "removed (mode keda: the HPA's scale-down stabilization window "
+                               "and KEDA's cooldownPeriod).",
     )
+    keda: KedaSpec | None = Field(None, description=KedaSpec.__doc__)
+
+    @model_validator(mode="after")
+    def _one_scaler(self) -> AutoscalingSpec:
+        if self.mode == "keda" and self.keda is None:
+            raise ValueError(KEDA_NEEDS_SETTINGS)
+        if self.mode != "keda" and self.keda is not None:
+            raise ValueError(KEDA_SETTINGS_ONLY)
+        return self
+
+
+ROUTING = "spec.routing.inferencePool"
+# The endpoint picker of the Gateway API inference extension's v1.0.0 release (the one that
+# made InferencePool inference.networking.k8s.io/v1).
+DEFAULT_EPP_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.0.0"
+MAX_EPP_REPLICAS = 8
+GATEWAY_NAME_PATTERN = DNS_SUBDOMAIN_PATTERN
+NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class EndpointPickerSpec(_Spec):
+    """The endpoint picker (EPP) the InferencePool points at: it picks the engine pod of each
+    request by prefix-cache affinity, queue depth and KV-cache use, read from the engines'
+    /metrics under vLLM's names."""
+
+    image: str = Field(DEFAULT_EPP_IMAGE, pattern=IMAGE_PATTERN, max_length=1024,
+                       description="The endpoint picker's image.")
+    replicas: StrictInt = Field(
+        1, ge=1, le=MAX_EPP_REPLICAS,
+        description="Endpoint picker replicas; each keeps its own prefix-cache index.")
+    failure_mode: one_of(  # type: ignore[valid-type]
+        ("FailClose", "FailOpen"),
+        f"{ROUTING}.endpointPicker.failureMode must be FailClose or FailOpen") = Field(
+        "FailClose", description="What the gateway does while the picker does not answer: "
+                                 "FailClose refuses the request, FailOpen sends it to a pod of "
+                                 "its own choosing.")
+    flow_control: bool = Field(
+        False, description="Turn on the picker's flow control (feature gate flowControl): it "
+                           "holds requests while the pool is saturated or has no pod, which is "
+                           "what lets mode keda scale from zero through the gateway.")
+
+
+class GatewayRef(_Spec):
+    """A Gateway (gateway.networking.k8s.io/v1) an HTTPRoute attaches the pool to."""
+
+    name: str = Field(pattern=GATEWAY_NAME_PATTERN, min_length=1, max_length=253,
+                      description="The Gateway's name.")
+    namespace: str | None = Field(
+        None, pattern=NAMESPACE_PATTERN, min_length=1, max_length=63,
+        description="The Gateway's namespace; default: the InferenceService's. Another "
+                    "namespace's Gateway must allow routes from this one (allowedRoutes).")
+    match_model_name: bool = Field(
+        False, description="Route only the requests whose model (the served name or an "
+                           "adapter's) the inference extension's body-based router wrote into "
+                           "the X-Gateway-Model-Name header, so several InferenceServices share "
+                           "one Gateway; false routes every request (path /) to this pool.")
+
+
+class InferencePoolSpec(_Spec):
+    """An InferencePool (inference.networking.k8s.io/v1) over the engine pods, its endpoint
+    picker, and optionally an HTTPRoute from a Gateway to the pool."""
+
+    enabled: bool = Field(True, description="false removes the pool, the picker and the route.")
+    endpoint_picker: EndpointPickerSpec = Field(
+        default_factory=EndpointPickerSpec, json_schema_extra={"default": {}},
+        description=EndpointPickerSpec.__doc__)
+    gateway: GatewayRef | None = Field(
+        None, description="Route the Gateway's traffic to the pool (an HTTPRoute, path /); "
+                          "without it, reference the pool from your own routes.")
+
+
+EPP_SUFFIX = "-epp"  # the endpoint picker's objects: NAME-epp
+MAX_ROUTED_NAME = 63 - len(EPP_SUFFIX)  # NAME-epp names a Service: a DNS label
+ROUTED_NAME_MESSAGE = (f"metadata.name must be at most {MAX_ROUTED_NAME} characters with "
+                       f"{ROUTING}: the endpoint picker's Service is NAME{EPP_SUFFIX}")
+
+
+def routed_name_rule() -> dict[str, str]:
+    """CEL at the object's root (the node that sees metadata.name): with an InferencePool the
+    picker's Service is NAME-epp, which must still be a DNS label."""
+    return _cel("!has(self.spec) || !has(self.spec.routing) || "
+                "!has(self.spec.routing.inferencePool) || "
+                "(has(self.spec.routing.inferencePool.enabled) && "
+                "!self.spec.routing.inferencePool.enabled) || "
+                f"size(self.metadata.name) <= {MAX_ROUTED_NAME}", ROUTED_NAME_MESSAGE)
+
+
+class RoutingSpec(_Spec):
+    """How traffic reaches the engines besides the ClusterIP Service."""
+
+    inference_pool: InferencePoolSpec | None = Field(
+        None, description=InferencePoolSpec.__doc__)
 
 
 class ResourcesSpec(_Spec):
@@ -595,6 +726,7 @@ class InferenceServiceSpec(_Spec):
     autoscaling: AutoscalingSpec | None = Field(
         None, description="Replica bounds and the queue-depth target; without it spec.replicas "
                           "is used as written.")
+    routing: RoutingSpec | None = Field(None, description=RoutingSpec.__doc__)
     resources: ResourcesSpec = Field(
         default_factory=ResourcesSpec, json_schema_extra={"default": {}},
         description=ResourcesSpec.__doc__)
@@ -666,6 +798,18 @@ class InferenceServiceSpec(_Spec):
         return self.engine.max_loras or min(max(len(self.adapters), 1), MAX_LORAS)
 
     @property
+    def inference_pool(self) -> InferencePoolSpec | None:
+        """routing.inferencePool when it is on."""
+        pool = self.routing.inference_pool if self.routing else None
+        return pool if pool is not None and pool.enabled else None
+
+    @property
+    def keda(self) -> KedaSpec | None:
+        """autoscaling.keda in mode keda."""
+        scaling = self.autoscaling
+        return scaling.keda if scaling is not None and scaling.mode == "keda" else None
+
+    @property
     def gpus(self) -> int:
         """GPUs per replica: resources.gpus, else one per tensor-parallel rank."""
         gpus = self.resources.gpus
@@ -675,9 +819,10 @@ class InferenceServiceSpec(_Spec):
     def desired_replicas(self) -> int:
         """spec.replicas, kept within the autoscaling bounds when the built-in autoscaler owns it.
 
-        In external mode the scale subresource's writer owns spec.replicas: it is used as is."""
+        In modes keda and external the scale subresource's writer owns spec.replicas: it is used
+        as is."""
         scaling = self.autoscaling
-        if scaling is None or scaling.mode == "external":
+        if scaling is None or scaling.mode != "builtin":
             return self.replicas
         return min(max(self.replicas, scaling.min_replicas), scaling.max_replicas)
 
@@ -685,9 +830,13 @@ class InferenceServiceSpec(_Spec):
 class Condition(_Spec):
     """A status condition, Kubernetes style."""
 
-    type: Literal["Ready", "Available", "Progressing", "Degraded"] = Field(
+    type: Literal["Ready", "Available", "Progressing", "Degraded", "RoutingReady",
+                  "AutoscalingReady"] = Field(
         description="Ready: serving with every replica; Available: at least one replica "
-                    "serves; Progressing: a rollout moves; Degraded: a person must act.")
+                    "serves; Progressing: a rollout moves; Degraded: a person must act; "
+                    "RoutingReady: routing.inferencePool's objects are written (or which API "
+                    "the cluster lacks); AutoscalingReady: mode keda's ScaledObject is written "
+                    "(or KEDA is missing).")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="Why, in one CamelCase word.")
     message: str = Field("", description="Why, for a person.")
@@ -800,6 +949,8 @@ def check(spec: InferenceServiceSpec, served_name: str | None = None) -> None:
     one)."""
     if problem := _adapters_problem(spec, spec.model.served_name or served_name):
         raise SpecError(problem)
+    if spec.inference_pool and served_name and len(served_name) > MAX_ROUTED_NAME:
+        raise SpecError(f"{ROUTED_NAME_MESSAGE} ({served_name!r} has {len(served_name)})")
     tp = spec.engine.tensor_parallel_size
     if spec.gpus < tp and not (spec.gpus == 0 and tp == 1):
         raise SpecError(f"spec.resources.gpus: {spec.gpus} GPUs cannot hold tensorParallelSize "
@@ -813,6 +964,6 @@ def check(spec: InferenceServiceSpec, served_name: str | None = None) -> None:
     if scaling and scaling.min_replicas > scaling.max_replicas:
         raise SpecError(f"spec.autoscaling: minReplicas {scaling.min_replicas} is greater than "
                         f"maxReplicas {scaling.max_replicas}")
-    if scaling and scaling.mode == "builtin" and scaling.min_replicas < 1:
-        raise SpecError("spec.autoscaling.minReplicas: 0 needs mode external; the built-in "
-                        "autoscaler scales on the replicas' own queues")
+    if scaling and scaling.mode not in SCALE_TO_ZERO_MODES and scaling.min_replicas < 1:
+        raise SpecError("spec.autoscaling.minReplicas: 0 needs mode keda or external; the "
+                        "built-in autoscaler scales on the replicas' own queues")

@@ -13,9 +13,15 @@ from .manifests import OWNER_LABEL, url
 from .pods import needs_action
 
 
-def _condition(type_: str, ok: bool, reason: str, message: str) -> dict[str, str]:
+def condition(type_: str, ok: bool, reason: str, message: str) -> dict[str, str]:
     return {"type": type_, "status": "True" if ok else "False", "reason": reason,
             "message": message}
+
+
+_condition = condition
+# The conditions of the optional features (routing.inferencePool, autoscaling mode keda): present
+# only while the feature is on.
+FEATURE_CONDITIONS = ("RoutingReady", "AutoscalingReady")
 
 
 def _deployment_condition(deployment: dict, type_: str) -> dict[str, Any]:
@@ -145,13 +151,19 @@ def status(name: str, namespace: str, generation: int | None, deployment: dict |
            problem: tuple[str, str] | None, previous: dict[str, Any], now: str,
            pod_problem: tuple[str, str] | None = None,
            notice: tuple[str, str] | None = None,
-           adapter_states: list[dict[str, str]] | None = None) -> dict[str, Any]:
+           adapter_states: list[dict[str, str]] | None = None,
+           features: list[dict[str, str]] | None = None) -> dict[str, Any]:
     """The whole status object; `previous` is the current status, for transition times.
     `adapter_states` (adapters()) replaces status.adapters; None leaves it as it is (a spec
-    that cannot be read says nothing new about them), and an empty list removes it."""
+    that cannot be read says nothing new about them), and an empty list removes it.
+    `features` are the optional features' conditions (RoutingReady, AutoscalingReady), after
+    the four; None keeps the previous ones as they are."""
     before = {c.get("type"): c for c in previous.get("conditions", [])}
+    if features is None:
+        features = [{k: v for k, v in c.items() if k in ("type", "status", "reason", "message")}
+                    for c in previous.get("conditions", []) if c.get("type") in FEATURE_CONDITIONS]
     conds = []
-    for cond in conditions(deployment, problem, pod_problem, notice):
+    for cond in [*conditions(deployment, problem, pod_problem, notice), *features]:
         old = before.get(cond["type"], {})
         same = old.get("status") == cond["status"]
         cond["lastTransitionTime"] = old.get("lastTransitionTime", now) if same else now

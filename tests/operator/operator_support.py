@@ -465,20 +465,22 @@ async def _stop_operator(proc: asyncio.subprocess.Process) -> None:
 async def running_operator(tmp_path: Path, env: dict[str, str] | None = None,
                            verbose: bool = True,
                            refuse: Refusals | None = None, minor: int = 31,
+                           resources: dict[str, tuple[str, list[str]]] | None = None,
                            ) -> AsyncIterator[Cluster]:
     """The emulator serving every resource the operator touches, and `tokenmill operator`
     running against it as a real process (standalone, no peering); `env` adds variables,
     `refuse` makes the API server answer some of the operator's requests with an error,
-    `minor` is the API server's version (1.minor). `Cluster.restart()` replaces the process
-    with a new one against the same emulator, as an upgrade or a rescheduled operator pod
-    would."""
+    `minor` is the API server's version (1.minor), `resources` serves more resources (as
+    RESOURCES: "group/version/plural" -> (kind, subresources)). `Cluster.restart()` replaces
+    the process with a new one against the same emulator, as an upgrade or a rescheduled
+    operator pod would."""
     async with Emulator() as emu, kmock.Server(emu):
         emu.calls = []
         emu.managers = []
         emu.selectors = {}
         emu.refuse = refuse or {}
         emu.minor = minor
-        for key, (kind, subresources) in RESOURCES.items():
+        for key, (kind, subresources) in {**RESOURCES, **(resources or {})}.items():
             emu.resources[key] = kmock.ResourceInfo(
                 kind=kind, namespaced=kind not in CLUSTER_SCOPED, verbs=VERBS,
                 subresources=subresources)

@@ -112,7 +112,7 @@ BAD = [
     ({"replicas": -1}, "replicas"),
     ({"model": {"uri": "gs://bucket/model"}}, "model.uri"),
     ({"resources": {"memory": "lots"}}, "resources.memory"),
-    ({"autoscaling": {"mode": "keda"}}, "autoscaling.mode"),
+    ({"autoscaling": {"mode": "keda2"}}, "autoscaling.mode"),
     ({"autoscaling": {"minReplicas": 0}}, "autoscaling.minReplicas must be at least 1 in mode"),
     ({"enginee": {}}, "enginee: unknown field"),
     # Pod fields the Deployment API would refuse (422) are refused here, at apply.
@@ -369,7 +369,7 @@ CLOSED_SETS = [
     ({"engine": {"quantization": "int4"}}, ["none", "int8", "fp8"]),
     ({"engine": {"kvCacheDtype": "fp4"}}, ["auto", "int8", "fp8"]),
     ({"engine": {"tensorParallelSize": 3}}, ["1", "2", "4", "8"]),
-    ({"autoscaling": {"mode": "keda"}}, ["builtin", "external"]),
+    ({"autoscaling": {"mode": "keda2"}}, ["builtin", "external", "keda"]),
     ({"imagePullPolicy": "Sometimes"}, ["Always", "IfNotPresent", "Never"]),
 ]
 

@@ -41,12 +41,37 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [tokenmill.io]
   resources: [inferenceservices/finalizers]
   verbs: [update]
+# delete: only the endpoint picker's Deployment and Service, when spec.routing goes (an
+# InferenceService's own go with it, by garbage collection).
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [services]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, list, watch, create, patch, delete]
+# spec.routing.inferencePool: the pool, the Gateway's route, and the endpoint picker's identity
+# and namespaced permissions. The API server lets the operator grant the picker only what it
+# holds itself: hence list and watch on inferencepools and read on inferenceobjectives, which
+# the operator never calls.
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  verbs: [get, create, patch, delete]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [get, create, patch, delete]
+- apiGroups: [inference.networking.k8s.io]
+  resources: [inferencepools]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [inference.networking.x-k8s.io]
+  resources: [inferenceobjectives]
+  verbs: [get, list, watch]
+- apiGroups: [gateway.networking.k8s.io]
+  resources: [httproutes]
+  verbs: [get, create, patch, delete]
+# autoscaling.mode keda: the ScaledObject on the InferenceService's scale subresource.
+- apiGroups: [keda.sh]
+  resources: [scaledobjects]
+  verbs: [get, create, patch, delete]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, list, watch, create, patch, delete]
