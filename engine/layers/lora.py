@@ -8,20 +8,19 @@ columns, so B is block-diagonal and one pair of matmuls serves the merged layer.
 scaling is folded into B. The delta of token row t is (x[t] @ a_pool[s].T) @ b_pool[s].T with
 s = token_slots[t]; slot -1 is the base model.
 
-`lora_apply_reference` is the torch reference (segments by slot, fine on CPU); the Triton
-kernel `kernels/lora.py` has the same signature and semantics and is used where it exists.
+`lora_apply_reference` is the torch reference (rows grouped by slot, fine on CPU); the Triton
+kernel `kernels/lora.py` has the same signature and semantics.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-KERNEL_MODULE = "tokenmill.engine.kernels.lora"
 NO_SLOT = -1  # a token row of the base model
 
 
@@ -74,31 +73,19 @@ def lora_apply_reference(x: torch.Tensor, y: torch.Tensor, a_pool: torch.Tensor,
     y.index_add_(0, plan.rows, delta if plan.keep is None else delta * plan.keep)
 
 
-def lora_apply_masked(x: torch.Tensor, y: torch.Tensor, a_pool: torch.Tensor,
-                      b_pool: torch.Tensor, token_slots: torch.Tensor) -> None:
-    """The same delta with no host synchronization, so a CUDA graph can capture it: every
-    slot's update over all rows, kept where the row reads that slot (slots times the work)."""
-    for slot in range(a_pool.shape[0]):
-        keep = (token_slots == slot).unsqueeze(1).to(y.dtype)
-        y.add_(((x @ a_pool[slot].T) @ b_pool[slot].T) * keep)
+@functools.cache
+def _kernel() -> Callable[..., None]:
+    from tokenmill.engine.kernels.lora import lora_apply as kernel
 
-
-_kernel: Callable[..., None] | None = None
+    return kernel
 
 
 def lora_apply(x: torch.Tensor, y: torch.Tensor, a_pool: torch.Tensor, b_pool: torch.Tensor,
                token_slots: torch.Tensor, backend: str, plan: SlotPlan | None = None) -> None:
-    """The batched LoRA delta added to y: for backend "triton" the Triton kernel where it is
-    installed, else its graph-safe stand-in (the decode graphs capture this path); the torch
-    reference for backend "torch"."""
+    """The batched LoRA delta added to y: the Triton kernel for backend "triton" (no host
+    synchronization, so the decode graphs capture it), the torch reference for "torch"."""
     if backend == "triton":
-        global _kernel
-        if _kernel is None and importlib.util.find_spec(KERNEL_MODULE) is not None:
-            _kernel = importlib.import_module(KERNEL_MODULE).lora_apply
-        if _kernel is not None:
-            _kernel(x, y, a_pool, b_pool, token_slots)
-        else:
-            lora_apply_masked(x, y, a_pool, b_pool, token_slots)
+        _kernel()(x, y, a_pool, b_pool, token_slots)
         return
     lora_apply_reference(x, y, a_pool, b_pool, token_slots, plan)
 
