@@ -1,5 +1,5 @@
-"""Fixtures every group of tests shares: the real SmolLM2 model, its HF reference, a tiny
-random-weight Llama, and an S3 server holding it.
+"""Fixtures every group of tests shares: the real SmolLM2 model, its HF reference, its weights as
+safetensors, a tiny random-weight Llama, and an S3 server holding it.
 
 The tests are grouped by part: engine/ (the engine in this process), device_kernels/ (Triton
 kernels, decode graphs and their torch references), server/ (the HTTP server, in process or
@@ -13,11 +13,11 @@ Security checker and autoscaling harness.
 Pytest puts this directory on sys.path (no __init__.py files: the repository root, whose
 operator/ would shadow Python's operator module, stays off it), so the modules here are
 imported by name from every group: model_support (SmolLM2's name, random-weight checkpoints,
-HF's greedy reference), process_support (free_port, the serve command line, /proc),
-store_support (moto's S3 server, hub caches in the hub's layout), structured_support (the
-JSON schema of the structured-output tests) and lora_support (random PEFT adapters, HF + peft
-references). The names of these
-modules are unique across all directories, and so are test file names.
+SmolLM2 as safetensors, HF's greedy reference), process_support (free_port, the serve command
+line, /proc), store_support (moto's S3 server, hub caches in the hub's layout),
+structured_support (the JSON schema of the structured-output tests) and lora_support (random
+PEFT adapters, HF + peft references). The names of these modules are unique across all
+directories, and so are test file names.
 
 What a group needs beyond torch, transformers and pytest is imported by the fixtures that use
 it (the S3 server's moto and boto3, the built-in model's GGUF reader), so the groups that need
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_support import SMOLLM2, make_random_model, smollm2_installed
+from model_support import SMOLLM2, make_random_model, smollm2_checkpoint, smollm2_installed
 
 from tokenmill.engine import LLM
 from tokenmill.engine.bench.random_model import BUILTIN_VOCAB_SIZE
@@ -60,6 +60,12 @@ def smol_hf(smol_source):
     return AutoModelForCausalLM.from_pretrained(
         smol_source.directory, gguf_file=smol_source.gguf_file, dtype=torch.float32
     ).eval()
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory, smol_hf, smol_tokenizer):
+    """SmolLM2's weights as a float32 safetensors checkpoint, which loads in about a second."""
+    return smollm2_checkpoint(tmp_path_factory.mktemp("smollm2"), smol_hf, smol_tokenizer)
 
 
 @pytest.fixture(scope="session")

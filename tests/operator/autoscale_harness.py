@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import itertools
 import os
 import time
@@ -22,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from model_support import SMOLLM2
 from operator_support import Cluster
 from process_support import free_port, serve_command
 
@@ -32,37 +30,6 @@ from tokenmill.operator.scraper import parse_load
 
 POLL_SECONDS = 0.25
 FIRST_ADDRESS = 2  # 127.0.0.1 is everyone's; replicas get 127.0.0.2 and up
-
-
-def smollm2_checkpoint(directory: Path, model: Any = None, tokenizer: Any = None) -> Path:
-    """SmolLM2 written as a float32 safetensors checkpoint (config, tokenizer, weights), from the
-    built-in GGUF through transformers (or from the given, already loaded model and tokenizer).
-
-    The same weights the engine dequantizes from the GGUF, but an engine loads them in seconds
-    instead of re-parsing the GGUF: replicas start fast enough for a short scenario."""
-    import torch
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from tokenmill.engine.models.source import resolve_model
-
-    source = resolve_model(SMOLLM2)
-    if model is None:
-        model = AutoModelForCausalLM.from_pretrained(
-            source.directory, gguf_file=source.gguf_file, dtype=torch.float32)
-    if tokenizer is None:
-        tokenizer = AutoTokenizer.from_pretrained(source.directory, gguf_file=source.gguf_file)
-    config = copy.deepcopy(model.config)
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config  # the weights below are plain float32
-    directory.mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    tied = getattr(config, "tie_word_embeddings", False)
-    tensors = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()
-               if not (tied and k == "lm_head.weight")}
-    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    return directory
 
 
 @dataclass

@@ -28,7 +28,8 @@ from typing import Any
 # shares are one level up (under pytest, tests/conftest.py puts that directory on sys.path).
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
-from autoscale_harness import Kubelet, Load, queue, smollm2_checkpoint  # noqa: E402
+from autoscale_harness import Kubelet, Load, queue  # noqa: E402
+from model_support import smollm2_checkpoint  # noqa: E402
 from operator_support import IS_PATH, REPO, inference_service, running_operator  # noqa: E402
 
 NAME = "chat"

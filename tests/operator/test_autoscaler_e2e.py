@@ -13,7 +13,7 @@ import time
 
 import aiohttp
 import pytest
-from autoscale_harness import Kubelet, Load, smollm2_checkpoint
+from autoscale_harness import Kubelet, Load
 from operator_support import IS_PATH, inference_service, running_operator
 
 pytestmark = pytest.mark.asyncio
@@ -24,11 +24,6 @@ INTERVAL = 1.0
 DELAY = 6
 STREAMS = 12  # 2 running + 10 waiting on one replica: 12 / (2 + 2) = 3 replicas at once
 ENGINE_START = 120  # seconds for engines to load the model on a busy 2-core machine
-
-
-@pytest.fixture(scope="session")
-def smollm2_dir(tmp_path_factory, smol_hf, smol_tokenizer):
-    return smollm2_checkpoint(tmp_path_factory.mktemp("smollm2"), smol_hf, smol_tokenizer)
 
 
 async def until(kubelet_task: asyncio.Task, check, timeout: float, what: str):
