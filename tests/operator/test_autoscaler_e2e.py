@@ -2,7 +2,7 @@
 real `tokenmill serve` engines (SmolLM2 on CPU) as the pods, and a load generator.
 
 The engines run with --max-num-seqs 2 so a queue forms with a dozen streams. Settings are short
-(1 s interval, 6 s scale-down delay) so the whole story fits in a couple of minutes; most of it
+(0.5 s interval, 3 s scale-down delay) so the whole story fits in a couple of minutes; most of it
 is the engines loading the model (from a safetensors copy of SmolLM2, which loads in seconds).
 """
 
@@ -20,8 +20,8 @@ pytestmark = pytest.mark.asyncio
 
 NS = "default"
 NAME = "chat"
-INTERVAL = 1.0
-DELAY = 6
+INTERVAL = 0.5
+DELAY = 3
 STREAMS = 12  # 2 running + 10 waiting on one replica: 12 / (2 + 2) = 3 replicas at once
 ENGINE_START = 120  # seconds for engines to load the model on a busy 2-core machine
 
