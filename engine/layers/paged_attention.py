@@ -51,7 +51,10 @@ class DecodeBucket:
     rows: torch.Tensor      # [batch] query rows of these sequences
     blocks: torch.Tensor    # [batch * num_blocks] block ids, row-major by sequence
     num_blocks: int
-    mask: torch.Tensor      # [batch, 1, 1, num_blocks * block_size] True where context exists
+    # [batch, 1, 1, num_blocks * block_size] True where context exists; None for a bucket of
+    # one sequence, which attends to exactly its `length` tokens with no mask to apply.
+    mask: torch.Tensor | None
+    length: int
 
 
 def paged_attention(
@@ -94,11 +97,15 @@ def _build_decode_buckets(meta: AttentionMetadata, block_size: int) -> list[Deco
         index = torch.tensor(seqs, dtype=torch.long, device=device)
         num_blocks = -(-max(meta.seq_lens_list[i] for i in seqs) // block_size)
         blocks = meta.block_tables.index_select(0, index)[:, :num_blocks].reshape(-1)
-        positions = torch.arange(num_blocks * block_size, device=device)
-        mask = positions.unsqueeze(0) < meta.seq_lens.index_select(0, index).unsqueeze(1)
+        mask = None
+        if len(seqs) > 1:
+            positions = torch.arange(num_blocks * block_size, device=device)
+            mask = positions.unsqueeze(0) < meta.seq_lens.index_select(0, index).unsqueeze(1)
+            mask = mask[:, None, None, :]
         buckets.append(DecodeBucket(
             rows=meta.query_start_loc.index_select(0, index),
-            blocks=blocks.contiguous(), num_blocks=num_blocks, mask=mask[:, None, None, :],
+            blocks=blocks.contiguous(), num_blocks=num_blocks, mask=mask,
+            length=max(meta.seq_lens_list[i] for i in seqs),
         ))
     return buckets
 
@@ -149,6 +156,8 @@ def _decode_bucket(q, cache: KVLayer, bucket: DecodeBucket, scale):
     k = _read(cache.k, cache.k_scale, bucket.blocks, q.dtype)
     v = _read(cache.v, cache.v_scale, bucket.blocks, q.dtype)
     k, v = (x.view(batch, length, num_kv_heads, head_dim) for x in (k, v))
+    if bucket.mask is None:
+        k, v = k[:, :bucket.length], v[:, :bucket.length]
     grouped = q.index_select(0, bucket.rows).view(
         batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     o = F.scaled_dot_product_attention(
