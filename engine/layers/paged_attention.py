@@ -68,8 +68,11 @@ def paged_attention(
     batches of similar context length; prefill and chunked-prefill rows run one at a time.
     """
     cache = KVLayer(k_cache, v_cache, k_scale, v_scale)
+    buckets = decode_buckets(meta, k_cache.shape[1])
+    if q.shape[0] == 1 and buckets:  # one decoding sequence: its bucket's output is the output
+        return _decode_bucket(q, cache, buckets[0], scale)
     out = torch.empty_like(q)
-    for bucket in decode_buckets(meta, k_cache.shape[1]):
+    for bucket in buckets:
         out.index_copy_(0, bucket.rows, _decode_bucket(q, cache, bucket, scale))
     for i, q_len in enumerate(meta.query_lens_list):
         if q_len > 1:
@@ -114,7 +117,8 @@ def _read(cache: torch.Tensor, scales: torch.Tensor | None, blocks: torch.Tensor
           dtype: torch.dtype) -> torch.Tensor:
     """The given blocks of one cache in dtype, dequantized when it has scales."""
     if scales is None:
-        return cache.index_select(0, blocks).to(dtype)
+        values = cache.index_select(0, blocks)
+        return values if values.dtype == dtype else values.to(dtype)
     # Gathered as bytes: index kernels do not cover float8 on every device.
     values = cache.view(torch.uint8).index_select(0, blocks).view(cache.dtype)
     return dequantize(values, scales.index_select(0, blocks), dtype)
@@ -158,8 +162,8 @@ def _decode_bucket(q, cache: KVLayer, bucket: DecodeBucket, scale):
     k, v = (x.view(batch, length, num_kv_heads, head_dim) for x in (k, v))
     if bucket.mask is None:
         k, v = k[:, :bucket.length], v[:, :bucket.length]
-    grouped = q.index_select(0, bucket.rows).view(
-        batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    rows = q if q.shape[0] == batch == 1 else q.index_select(0, bucket.rows)
+    grouped = rows.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     o = F.scaled_dot_product_attention(
         grouped, k.transpose(1, 2), v.transpose(1, 2), attn_mask=bucket.mask, scale=scale,
     )
