@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,14 +43,28 @@ def hf_name(gguf_name: str) -> str:
     raise ModelLoadError(f"GGUF tensor {gguf_name!r} is not part of a supported architecture")
 
 
+def open_gguf(path: str) -> Any:
+    """The file's reader, parsed once per load: parsing the metadata (a tokenizer's whole
+    vocabulary) takes seconds, and a load reads the tensor table up to three times."""
+    stat = os.stat(path)
+    return _reader(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=1)
+def _reader(path: str, mtime_ns: int, size: int) -> Any:
+    import gguf
+
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as exc:  # a truncated or corrupt file
+        raise ModelLoadError.reading(f"the weights in {path}", exc) from exc
+
+
 def gguf_tensors(path: str) -> Iterator[tuple[str, torch.Tensor, int]]:
     """(HF name, float32 tensor, number of tensors) for every tensor in the file."""
     import gguf
 
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as exc:  # a truncated or corrupt file
-        raise ModelLoadError.reading(f"the weights in {path}", exc) from exc
+    reader = open_gguf(path)
     total = len(reader.tensors)
     for t in reader.tensors:
         data = gguf.quants.dequantize(t.data, t.tensor_type)
@@ -63,21 +80,12 @@ INT4_TYPES = {"Q4_0": 2, "Q4_1": 4}
 
 def gguf_tensor_types(path: str) -> dict[str, str]:
     """{HF name: GGUF storage type name (F32, Q4_1, Q8_0, ...)} for every tensor in the file."""
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as exc:
-        raise ModelLoadError.reading(f"the weights in {path}", exc) from exc
-    return {hf_name(t.name): t.tensor_type.name for t in reader.tensors}
+    return {hf_name(t.name): t.tensor_type.name for t in open_gguf(path).tensors}
 
 
 def gguf_int4_tensors(path: str) -> Iterator[tuple[str, Int4Weight]]:
     """(HF name, codes) for every Q4_0 and Q4_1 tensor: the stored blocks, not dequantized."""
-    import gguf
-
-    reader = gguf.GGUFReader(path)
-    for t in reader.tensors:
+    for t in open_gguf(path).tensors:
         if t.tensor_type.name in INT4_TYPES:
             shape = tuple(int(d) for d in reversed(t.shape))
             yield hf_name(t.name), int4_blocks(np.asarray(t.data), t.tensor_type.name, shape)

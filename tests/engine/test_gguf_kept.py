@@ -18,24 +18,26 @@ pytestmark = pytest.mark.skipif(not int4_supported(CPU), reason="this torch has 
 
 
 def test_kept_codes_are_the_dequantized_weights_in_hugging_face_row_order(smol_source):
-    """Every Q4_1 tensor's codes dequantize to exactly the tensor the reference path loads,
-    q_proj and k_proj included (llama.cpp's rotary row order undone on both)."""
+    """Layer 0's Q4_1 tensors: the codes dequantize to exactly the tensors the reference path
+    loads, q_proj and k_proj included (llama.cpp's rotary row order undone on both)."""
     config = load_config(smol_source)
-    codes = dict(_gguf_int4_named(smol_source, config))
-    assert len(codes) == 7 * config.num_hidden_layers
+    codes = {name: c for name, c in _gguf_int4_named(smol_source, config)
+             if name.startswith("model.layers.0.")}
+    assert len(codes) == 7
     checked = set()
     for name, tensor, _ in _gguf_named(smol_source, config):
         if name in codes:
             assert torch.equal(codes[name].dequantize(), tensor), name
             checked.add(name.split(".")[-2])
+        if len(checked) == len(codes):
+            break
     assert {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
             "down_proj"} == checked
 
 
-def test_the_builtin_model_keeps_its_file_quantization_by_default():
+def test_the_builtin_model_keeps_its_file_quantization_by_default(smol_llm):
     llm = LLM(show_progress=False, max_model_len=256, kv_cache_memory=16 << 20)
-    reference = LLM(show_progress=False, max_model_len=256, kv_cache_memory=16 << 20,
-                    quantization="none", dtype="float32")
+    reference = smol_llm  # float32, nothing quantized
     model = llm.engine.runner.model
     assert llm.engine.quantization == "gguf" and reference.engine.quantization == "none"
     layer = model.model.layers[0]
