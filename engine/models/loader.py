@@ -95,7 +95,8 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     what the load took."""
     check_quantization(quantization)
     tp = tp or TPGroup()
-    gguf_types = gguf_tensor_types(source.gguf_path) if source.gguf_file else {}
+    keeps = source.gguf_file and quantization in (None, "gguf")
+    gguf_types = gguf_tensor_types(source.gguf_path) if keeps else {}
     if quantization is None:
         quantization = auto_quantization(gguf_types, device, tp.size)
     if quantization == "gguf":
