@@ -114,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     from tokenmill.engine.bench import (
         accuracy,
         host_overhead,
+        llama_cpp_ab,
         load,
         multiturn,
         offline,
@@ -129,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(bench_commands, "multiturn", multiturn)
     _add_bench(bench_commands, "host-overhead", host_overhead)
     _add_bench(bench_commands, "accuracy", accuracy)
+    _add_bench(bench_commands, "llama-cpp", llama_cpp_ab)
     _add_bench(bench_commands, "speculative", speculative)
     _add_bench(bench_commands, "serve", bench_serve, engine_flags=False)
     _add_bench(bench_commands, "s3-fetch", s3_fetch, engine_flags=False)

@@ -155,7 +155,7 @@ def engine_options(spec: InferenceServiceSpec) -> dict[str, Any]:
         "download_dir": download_dir(spec),
         "device": "cpu" if spec.gpus == 0 else None,
         "tensor_parallel_size": engine.tensor_parallel_size,
-        "quantization": None if engine.quantization == "none" else engine.quantization,
+        "quantization": None if engine.quantization == "auto" else engine.quantization,
         "kv_cache_dtype": engine.kv_cache_dtype,
         "enable_prefix_caching": engine.prefix_caching,
         "max_model_len": engine.max_model_len,

@@ -161,8 +161,9 @@ def _listed(values: tuple[Any, ...]) -> str:
 
 
 def _supported(option: str) -> Any:
-    """The values of an engine option this engine build runs (engine config SUPPORTED)."""
-    values = tuple("none" if v is None else v for v in SUPPORTED[option])
+    """The values of an engine option this engine build runs (engine config SUPPORTED); an
+    unset engine option is spelled auto."""
+    values = tuple("auto" if v is None else v for v in SUPPORTED[option])
     field = to_camel(option)
     return one_of(values, f"engine.{field} must be {_listed(values)}: this tokenmill version "
                           "supports only these; the engine does not implement other values yet")
@@ -427,7 +428,9 @@ class EngineSpec(_Spec):
                        "the model's attention heads and intermediate size, and its KV heads "
                        "or be a multiple of them.")
     quantization: _supported("quantization") = Field(  # type: ignore[valid-type]
-        "none", description="Weight quantization.")
+        "auto", description="Weight quantization: auto (the checkpoint's own where the engine "
+                            "runs it: a GGUF file's 4- and 8-bit tensors on CPU pods; else "
+                            "none), none, int8, fp8, or gguf (CPU pods, one rank).")
     kv_cache_dtype: _supported("kv_cache_dtype") = Field(  # type: ignore[valid-type]
         "auto", description="KV-cache dtype; auto is the model's dtype."
     )

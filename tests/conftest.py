@@ -28,7 +28,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_support import SMOLLM2, make_random_model, smollm2_checkpoint, smollm2_installed
+from model_support import (
+    REFERENCE,
+    SMOLLM2,
+    make_random_model,
+    smollm2_checkpoint,
+    smollm2_installed,
+)
 
 from tokenmill.engine import LLM
 from tokenmill.engine.bench.random_model import BUILTIN_VOCAB_SIZE
@@ -50,7 +56,7 @@ def smol_tokenizer(smol_source):
 
 @pytest.fixture(scope="session")
 def smol_llm():
-    return LLM(SMOLLM2, show_progress=False)
+    return LLM(SMOLLM2, show_progress=False, **REFERENCE)
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,9 @@ from typing import Any
 import torch
 
 SMOLLM2 = "smollm2-135m-instruct"
+# How an engine runs the reference: float32 weights and activations, nothing quantized (the
+# defaults keep a GGUF file's quantization, and pick bfloat16 on CPUs that compute it natively).
+REFERENCE = {"quantization": "none", "dtype": "float32"}
 
 
 def smollm2_installed() -> bool:

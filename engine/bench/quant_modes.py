@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-# Each mode's engine options on top of the command's flags; the reference has neither.
+# Each mode's engine options on top of the command's flags and the reference's. The reference
+# is float32 with nothing quantized (a GGUF file dequantized), whatever the defaults pick.
 MODES: dict[str, dict[str, Any]] = {
+    "bf16": {"dtype": "bfloat16"},
+    "gguf": {"quantization": "gguf"},
     "int8": {"quantization": "int8"},
     "fp8": {"quantization": "fp8"},
     "kv-int8": {"kv_cache_dtype": "int8"},
@@ -14,7 +17,8 @@ MODES: dict[str, dict[str, Any]] = {
     "fp8+kv-fp8": {"quantization": "fp8", "kv_cache_dtype": "fp8"},
 }
 REFERENCE_NAME = "unquantized"
-REFERENCE: dict[str, Any] = {"quantization": None, "kv_cache_dtype": "auto"}
+REFERENCE: dict[str, Any] = {"quantization": "none", "kv_cache_dtype": "auto",
+                             "dtype": "float32"}
 
 
 def parse_modes(text: str) -> list[str]:

@@ -17,7 +17,7 @@ from tokenmill.engine.contract.lora import MAX_LORA_RANK, LoRAModule, LoRAModule
 from tokenmill.engine.contract.speculative import SpeculativeConfig, SpeculativeConfigError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-QUANTIZATIONS = (None, "int8", "fp8")
+QUANTIZATIONS = (None, "none", "int8", "fp8", "gguf")
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 # The GPUs per replica the CRD offers; the engine itself runs any size that divides the model.
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
@@ -26,7 +26,8 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 # What this engine build runs today, a subset of the values above: the rest are valid option
 # values that fail at start-up (engine), and at `kubectl apply` (the CRD's rules are generated
 # from these), until the engine implements them.
-SUPPORTED = {"quantization": (None, "int8", "fp8"), "kv_cache_dtype": ("auto", "int8", "fp8")}
+SUPPORTED = {"quantization": (None, "none", "int8", "fp8", "gguf"),
+             "kv_cache_dtype": ("auto", "int8", "fp8")}
 SUPPORTED_SPECULATIVE_METHODS = ("ngram", "draft")
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_CPU_KV_CACHE_MEMORY = 1 << 30
@@ -62,8 +63,9 @@ class EngineConfig:
               "($HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub) and "
               "$XDG_CACHE_HOME/tokenmill (~/.cache/tokenmill) for s3://.",
     )
-    dtype: str = _opt("auto", "Weight and activation dtype: auto (float32 on CPU, bfloat16 "
-                              "on CUDA), float32, bfloat16, float16.")
+    dtype: str = _opt("auto", "Weight and activation dtype: auto (bfloat16 on CUDA and on "
+                              "CPUs with native bfloat16: AVX512-BF16, AMX or Arm BF16; "
+                              "float32 on other CPUs), float32, bfloat16, float16.")
     device: str = _opt("auto", "auto, cpu, cuda or cuda:N.")
     max_model_len: int | None = _opt(
         None, "Longest sequence (prompt + output) in tokens; default: the model's context length."
@@ -90,10 +92,13 @@ class EngineConfig:
            "CUDA; CPU processes otherwise). N must divide the attention heads and MLP width, "
            "and divide or be a multiple of the KV heads. On CPU, --kv-cache-memory is per rank.")
     quantization: str | None = _opt(
-        None, "Weight quantization of the decoder's linear layers, one scale per output "
-              "channel: int8 (weights only) or fp8 (e4m3; fp8 matmuls on CUDA with compute "
-              "capability 8.9 or newer, dequantized weights elsewhere). Embeddings and the "
-              "LM head stay unquantized.")
+        None, "Weight quantization of the decoder's linear layers. Unset: the checkpoint's "
+              "own where this device runs it (gguf for a GGUF file on the CPU), else none. "
+              "none: full precision (GGUF dequantized at load); int8 (weights only) or fp8 "
+              "(e4m3; fp8 matmuls on CUDA with compute capability 8.9 or newer, dequantized "
+              "weights elsewhere), one scale per output channel, embeddings and LM head "
+              "unquantized; gguf: keep a GGUF file's Q4_0/Q4_1 (int4) and Q8_0 (int8) "
+              "tensors, LM head included, for the CPU's int4/int8 kernels (CPU, one rank).")
     kv_cache_dtype: str = _opt(
         "auto",
         "KV-cache dtype: auto (the model dtype), int8 or fp8 (e4m3), each with a float32 scale "
@@ -178,7 +183,7 @@ class EngineConfig:
         _check(self.tensor_parallel_size >= 1, "tensor_parallel_size",
                f"must be at least 1, got {self.tensor_parallel_size}")
         _check(self.quantization in QUANTIZATIONS, "quantization",
-               f"{self.quantization!r} is not one of int8, fp8 (or unset)")
+               f"{self.quantization!r} is not one of none, int8, fp8, gguf (or unset)")
         _check(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype",
                f"{self.kv_cache_dtype!r} is not one of {KV_CACHE_DTYPES}")
         _check(self.kv_offloading_size >= 0, "kv_offloading_size",

@@ -31,6 +31,7 @@ from tokenmill.engine.core.step_builder import build_step_inputs
 from tokenmill.engine.core.structured.backend import GrammarError, StructuredOutputs
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.distributed.sharding import check_tensor_parallel
+from tokenmill.engine.execution.cpu_dtype import default_cpu_dtype
 from tokenmill.engine.execution.kv_sizing import check_host_memory
 from tokenmill.engine.execution.rank import RankSetup, build_runner, rank_device
 from tokenmill.engine.execution.workers import WorkerFailed, Workers
@@ -269,6 +270,12 @@ class LLMEngine:
     def num_running(self) -> int:
         return len(self.scheduler.running)
 
+    @property
+    def quantization(self) -> str:
+        """The weight quantization that runs: --quantization, or what an unset one resolved
+        to for this checkpoint and device ("none" where nothing is quantized)."""
+        return getattr(self.runner.model, "quantization", None) or "none"
+
     def kv_cache_stats(self) -> KVCacheStats:
         return self.kv.stats()
 
@@ -277,7 +284,7 @@ class LLMEngine:
         parallelism): the figures quantization changes."""
         stats = self.kv.stats()
         return {"tensor_parallel_size": self.config.tensor_parallel_size,
-                "quantization": self.config.quantization or "none",
+                "quantization": self.quantization,
                 "weights_bytes": weight_bytes(self.runner.model),
                 "kv_cache_dtype": stats.dtype,
                 "kv_bytes_per_token": stats.bytes_per_token,
@@ -475,7 +482,7 @@ def _device(name: str) -> torch.device:
 
 def _dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16 if device.type == "cuda" else default_cpu_dtype()
     return DTYPES[name]
 
 

@@ -38,6 +38,6 @@ def load_draft_model(source: ModelSource, model_config: Any, max_model_len: int,
     """Load the draft's weights (one rank, no quantization) and its KV layout (the model's
     dtype: the draft's KV precision changes only how often its proposals are accepted)."""
     model = build_model(model_config, source, max_model_len, dtype, device,
-                        show_progress=False)
+                        show_progress=False, quantization="none")
     layout = KVCacheLayout.for_model(model_config, block_size, dtype)
     return DraftModel(model, layout, device, attention_backend)

@@ -87,8 +87,9 @@ class LoRASlots:
 
     def __init__(self, model: CausalLM, max_loras: int, max_rank: int, cpu_capacity: int,
                  backend: str):
-        # The LM head stays in the model dtype whatever --quantization does to the projections.
-        self.context = LoRAContext(max_loras, max_rank, backend, model.lm_head.weight.dtype)
+        # The embeddings stay in the model dtype whatever quantization does to the linears.
+        self.context = LoRAContext(max_loras, max_rank, backend,
+                                   model.model.embed_tokens.weight.dtype)
         self.layers = wrap_model(model, self.context)
         self.plan = model.plan
         self.cache = LoRAHostCache(cpu_capacity, model.config, max_rank)

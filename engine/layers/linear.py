@@ -11,6 +11,29 @@ import torch
 from torch import nn
 
 
+def linear_output(y: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """A weight-only quantized layer's [rows, out] result in x's dtype and leading shape, with
+    the (unquantized) bias added."""
+    if y.dtype != x.dtype:
+        y = y.to(x.dtype)
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+class SplitParts:
+    """For a merged layer's quantized twins: `forward` returns the declared parts' outputs,
+    `forward_merged` the whole output of the class it is mixed into (listed after it)."""
+
+    parts: dict[str, int]
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.forward_merged(x).split(list(self.parts.values()), dim=-1)
+
+    def forward_merged(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x)  # type: ignore[misc]
+
+
 class MergedLinear(nn.Linear):
     def __init__(self, in_features: int, parts: dict[str, int], bias: bool):
         super().__init__(in_features, sum(parts.values()), bias=bias)

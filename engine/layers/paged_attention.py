@@ -51,7 +51,10 @@ class DecodeBucket:
     rows: torch.Tensor      # [batch] query rows of these sequences
     blocks: torch.Tensor    # [batch * num_blocks] block ids, row-major by sequence
     num_blocks: int
-    mask: torch.Tensor      # [batch, 1, 1, num_blocks * block_size] True where context exists
+    # [batch, 1, 1, num_blocks * block_size] True where context exists; None for a bucket of
+    # one sequence, which attends to exactly its `length` tokens with no mask to apply.
+    mask: torch.Tensor | None
+    length: int
 
 
 def paged_attention(
@@ -65,8 +68,11 @@ def paged_attention(
     batches of similar context length; prefill and chunked-prefill rows run one at a time.
     """
     cache = KVLayer(k_cache, v_cache, k_scale, v_scale)
+    buckets = decode_buckets(meta, k_cache.shape[1])
+    if q.shape[0] == 1 and buckets:  # one decoding sequence: its bucket's output is the output
+        return _decode_bucket(q, cache, buckets[0], scale)
     out = torch.empty_like(q)
-    for bucket in decode_buckets(meta, k_cache.shape[1]):
+    for bucket in buckets:
         out.index_copy_(0, bucket.rows, _decode_bucket(q, cache, bucket, scale))
     for i, q_len in enumerate(meta.query_lens_list):
         if q_len > 1:
@@ -94,11 +100,15 @@ def _build_decode_buckets(meta: AttentionMetadata, block_size: int) -> list[Deco
         index = torch.tensor(seqs, dtype=torch.long, device=device)
         num_blocks = -(-max(meta.seq_lens_list[i] for i in seqs) // block_size)
         blocks = meta.block_tables.index_select(0, index)[:, :num_blocks].reshape(-1)
-        positions = torch.arange(num_blocks * block_size, device=device)
-        mask = positions.unsqueeze(0) < meta.seq_lens.index_select(0, index).unsqueeze(1)
+        mask = None
+        if len(seqs) > 1:
+            positions = torch.arange(num_blocks * block_size, device=device)
+            mask = positions.unsqueeze(0) < meta.seq_lens.index_select(0, index).unsqueeze(1)
+            mask = mask[:, None, None, :]
         buckets.append(DecodeBucket(
             rows=meta.query_start_loc.index_select(0, index),
-            blocks=blocks.contiguous(), num_blocks=num_blocks, mask=mask[:, None, None, :],
+            blocks=blocks.contiguous(), num_blocks=num_blocks, mask=mask,
+            length=max(meta.seq_lens_list[i] for i in seqs),
         ))
     return buckets
 
@@ -107,7 +117,8 @@ def _read(cache: torch.Tensor, scales: torch.Tensor | None, blocks: torch.Tensor
           dtype: torch.dtype) -> torch.Tensor:
     """The given blocks of one cache in dtype, dequantized when it has scales."""
     if scales is None:
-        return cache.index_select(0, blocks).to(dtype)
+        values = cache.index_select(0, blocks)
+        return values if values.dtype == dtype else values.to(dtype)
     # Gathered as bytes: index kernels do not cover float8 on every device.
     values = cache.view(torch.uint8).index_select(0, blocks).view(cache.dtype)
     return dequantize(values, scales.index_select(0, blocks), dtype)
@@ -149,8 +160,10 @@ def _decode_bucket(q, cache: KVLayer, bucket: DecodeBucket, scale):
     k = _read(cache.k, cache.k_scale, bucket.blocks, q.dtype)
     v = _read(cache.v, cache.v_scale, bucket.blocks, q.dtype)
     k, v = (x.view(batch, length, num_kv_heads, head_dim) for x in (k, v))
-    grouped = q.index_select(0, bucket.rows).view(
-        batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    if bucket.mask is None:
+        k, v = k[:, :bucket.length], v[:, :bucket.length]
+    rows = q if q.shape[0] == batch == 1 else q.index_select(0, bucket.rows)
+    grouped = rows.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     o = F.scaled_dot_product_attention(
         grouped, k.transpose(1, 2), v.transpose(1, 2), attn_mask=bucket.mask, scale=scale,
     )

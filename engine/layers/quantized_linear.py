@@ -8,7 +8,9 @@ others their precision and the matmul can apply the scale to its output columns.
 The kernel is picked per call, from what measured fastest on CPU and what the GPU offers:
 - int8, CPU, bfloat16 activations, at most PACK_MAX_ROWS rows (decode): aten's
   `_weight_int8pack_mm` reads the int8 weight directly. Its float32 and float16 paths, and
-  larger batches in bfloat16, are slower than the fallback below.
+  larger batches in bfloat16, are slower than the fallback below on the machine that set
+  PACK_MAX_ROWS; a layer given a bfloat16 `compute_dtype` (GGUF's Q8_0 kept, a float32
+  model) takes it at every row count, since its fallback converts the whole weight per call.
 - fp8 on CUDA with compute capability 8.9 or higher: fp8_matmul.fp8_linear (`_scaled_mm`).
 - otherwise: the weight converted to the activation dtype, F.linear, then the output scaled
   per channel (cheaper than scaling the weight: N multiplies per row instead of N * K).
@@ -24,7 +26,7 @@ from torch import nn
 
 from tokenmill.engine.layers.fp8_matmul import FP8_DTYPE, fp8_linear, scaled_mm_supported
 from tokenmill.engine.layers.kv_quant import quantize
-from tokenmill.engine.layers.linear import MergedLinear
+from tokenmill.engine.layers.linear import MergedLinear, SplitParts, linear_output
 
 WEIGHT_DTYPES = {"int8": torch.int8, "fp8": FP8_DTYPE}
 PACK_MAX_ROWS = 12
@@ -41,18 +43,22 @@ def dequantized_linear(x: torch.Tensor, weight: torch.Tensor,
     return F.linear(x, weight.to(x.dtype)) * scale
 
 
-def _packs(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def _packs(x: torch.Tensor, weight: torch.Tensor, max_rows: float) -> bool:
     return (weight.dtype == torch.int8 and x.device.type == "cpu"
-            and x.dtype == torch.bfloat16 and x.shape[0] <= PACK_MAX_ROWS)
+            and x.dtype == torch.bfloat16 and x.shape[0] <= max_rows)
 
 
 class QuantizedLinear(nn.Module):
     """y = x W^T + b with W = weight * weight_scale[:, None]; the bias stays unquantized."""
 
     def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
-                 dtype: torch.dtype):
+                 dtype: torch.dtype, compute_dtype: torch.dtype | None = None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
+        # The matmul's activation dtype; outputs return to the input's (see quantize_linear).
+        self.compute_dtype = compute_dtype or dtype
+        self.pack_max_rows = PACK_MAX_ROWS if compute_dtype is None else float("inf")
+        dtype = self.compute_dtype
         # _scaled_mm takes float32 scales; the other kernels want them in the activation dtype.
         self.scaled_mm = weight.dtype == FP8_DTYPE and scaled_mm_supported(
             weight.device, dtype, self.in_features, self.out_features)
@@ -62,43 +68,41 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
+        if rows.dtype != self.compute_dtype:
+            rows = rows.to(self.compute_dtype)
         if self.scaled_mm:
             y = fp8_linear(rows, self.weight, self.weight_scale)
-        elif _packs(rows, self.weight):
+        elif _packs(rows, self.weight, self.pack_max_rows):
             y = torch.ops.aten._weight_int8pack_mm(rows.contiguous(), self.weight,
                                                    self.weight_scale.to(rows.dtype))
         else:
             y = dequantized_linear(rows, self.weight, self.weight_scale)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return linear_output(y, x, self.bias)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"weight={self.weight.dtype}, scaled_mm={self.scaled_mm}")
 
 
-class QuantizedMergedLinear(QuantizedLinear):
+class QuantizedMergedLinear(SplitParts, QuantizedLinear):
     """MergedLinear quantized: one matmul, its output split into the declared parts."""
 
     def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
-                 dtype: torch.dtype, parts: dict[str, int]):
-        super().__init__(weight, scale, bias, dtype)
+                 dtype: torch.dtype, parts: dict[str, int],
+                 compute_dtype: torch.dtype | None = None):
+        super().__init__(weight, scale, bias, dtype, compute_dtype)
         self.parts = dict(parts)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return self.forward_merged(x).split(list(self.parts.values()), dim=-1)
 
-    def forward_merged(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x)
-
-
-def quantize_linear(linear: nn.Linear, method: str) -> QuantizedLinear:
-    """The quantized twin of `linear` (a MergedLinear keeps its parts) on the same device."""
+def quantize_linear(linear: nn.Linear, method: str,
+                    compute_dtype: torch.dtype | None = None) -> QuantizedLinear:
+    """The quantized twin of `linear` (a MergedLinear keeps its parts) on the same device.
+    `compute_dtype`, where given, is the activations' dtype inside the matmul: bfloat16 lets
+    float32 models use the CPU's int8 kernel, which is fast only in bfloat16."""
     with torch.no_grad():
         weight, scale = quantize(linear.weight, WEIGHT_DTYPES[method])
         bias = None if linear.bias is None else linear.bias.detach()
     dtype = linear.weight.dtype
     if isinstance(linear, MergedLinear):
-        return QuantizedMergedLinear(weight, scale, bias, dtype, linear.parts)
-    return QuantizedLinear(weight, scale, bias, dtype)
+        return QuantizedMergedLinear(weight, scale, bias, dtype, linear.parts, compute_dtype)
+    return QuantizedLinear(weight, scale, bias, dtype, compute_dtype)

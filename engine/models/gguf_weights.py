@@ -1,12 +1,17 @@
-"""Read GGUF tensors, dequantized to float32, under Hugging Face parameter names."""
+"""Read GGUF tensors under Hugging Face parameter names: dequantized to float32, or, for the
+4-bit block types (Q4_0, Q4_1), as the int4 codes, scales and offsets they are stored as."""
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
+from tokenmill.engine.layers.int4_linear import GROUP_SIZE, Int4Weight
 from tokenmill.engine.models.source import ModelLoadError
 
 LAYER_NAMES = {
@@ -38,17 +43,67 @@ def hf_name(gguf_name: str) -> str:
     raise ModelLoadError(f"GGUF tensor {gguf_name!r} is not part of a supported architecture")
 
 
+def open_gguf(path: str) -> Any:
+    """The file's reader, parsed once per load: parsing the metadata (a tokenizer's whole
+    vocabulary) takes seconds, and a load reads the tensor table up to three times."""
+    stat = os.stat(path)
+    return _reader(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=1)
+def _reader(path: str, mtime_ns: int, size: int) -> Any:
+    import gguf
+
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as exc:  # a truncated or corrupt file
+        raise ModelLoadError.reading(f"the weights in {path}", exc) from exc
+
+
 def gguf_tensors(path: str) -> Iterator[tuple[str, torch.Tensor, int]]:
     """(HF name, float32 tensor, number of tensors) for every tensor in the file."""
     import gguf
 
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as exc:  # a truncated or corrupt file
-        raise ModelLoadError.reading(f"the weights in {path}", exc) from exc
+    reader = open_gguf(path)
     total = len(reader.tensors)
     for t in reader.tensors:
         data = gguf.quants.dequantize(t.data, t.tensor_type)
         shape = tuple(int(d) for d in reversed(t.shape))
         array = np.array(data, dtype=np.float32, copy=True).reshape(shape)
         yield hf_name(t.name), torch.from_numpy(array), total
+
+
+# Bytes per block of 32 weights before the 16 bytes of nibbles: a float16 scale d (Q4_0:
+# w = (q - 8) d), or d and an offset m (Q4_1: w = q d + m).
+INT4_TYPES = {"Q4_0": 2, "Q4_1": 4}
+
+
+def gguf_tensor_types(path: str) -> dict[str, str]:
+    """{HF name: GGUF storage type name (F32, Q4_1, Q8_0, ...)} for every tensor in the file."""
+    return {hf_name(t.name): t.tensor_type.name for t in open_gguf(path).tensors}
+
+
+def gguf_int4_tensors(path: str) -> Iterator[tuple[str, Int4Weight]]:
+    """(HF name, codes) for every Q4_0 and Q4_1 tensor: the stored blocks, not dequantized."""
+    for t in open_gguf(path).tensors:
+        if t.tensor_type.name in INT4_TYPES:
+            shape = tuple(int(d) for d in reversed(t.shape))
+            yield hf_name(t.name), int4_blocks(np.asarray(t.data), t.tensor_type.name, shape)
+
+
+def int4_blocks(data: np.ndarray, type_name: str, shape: tuple[int, int]) -> Int4Weight:
+    """The codes, scales and offsets of a Q4_0 or Q4_1 tensor's raw blocks ([rows, bytes])."""
+    rows, columns = shape
+    head = INT4_TYPES[type_name]
+    blocks = torch.from_numpy(np.array(data, dtype=np.uint8, copy=True).reshape(
+        rows, columns // GROUP_SIZE, head + GROUP_SIZE // 2))
+    d = blocks[..., :2].contiguous().view(torch.float16)[..., 0].float()
+    nibbles = blocks[..., head:]
+    # Byte j holds weight j in its low nibble and weight j + 16 in its high one.
+    codes = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).reshape(rows, columns)
+    if type_name == "Q4_0":
+        zero = torch.zeros_like(d)
+    else:
+        m = blocks[..., 2:4].contiguous().view(torch.float16)[..., 0].float()
+        zero = m + 8 * d
+    return Int4Weight(codes, d, zero)

@@ -1,5 +1,5 @@
 """Build a model and fill it with weights from safetensors or GGUF (dequantized on load),
-then optionally quantize its projections (int8 or fp8)."""
+then optionally quantize its projections (int8 or fp8) or keep a GGUF file's quantization."""
 
 from __future__ import annotations
 
@@ -16,11 +16,18 @@ from tqdm import tqdm
 
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.distributed.sharding import ShardPlan
+from tokenmill.engine.layers.int4_linear import Int4Weight
 from tokenmill.engine.layers.linear import MergedLinear
 from tokenmill.engine.layers.rotary import RotaryEmbedding, rope_parameters
 from tokenmill.engine.models.decoder import CausalLM, head_dim_of, num_kv_heads_of
-from tokenmill.engine.models.gguf_weights import gguf_tensors
-from tokenmill.engine.models.quantize import check_quantization, quantize_model
+from tokenmill.engine.models.gguf_weights import gguf_int4_tensors, gguf_tensor_types, gguf_tensors
+from tokenmill.engine.models.quantize import (
+    auto_quantization,
+    check_gguf_kept,
+    check_quantization,
+    keep_gguf_quantization,
+    quantize_model,
+)
 from tokenmill.engine.models.safetensors_files import Checkpoint, StoredTensor
 from tokenmill.engine.models.source import ModelLoadError, ModelSource
 
@@ -79,6 +86,8 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
                 workers: int = LOAD_WORKERS) -> CausalLM:
     """Allocate the model directly on `device` (no random init), load its weights, then
     quantize them if asked (after loading: checkpoints hold full-precision weights).
+    `quantization` None means the checkpoint's own where this device runs it (a GGUF file's
+    4- and 8-bit blocks on the CPU), else none; the model's `quantization` says which ran.
 
     Under tensor parallelism only this rank's shard is allocated and read from the checkpoint
     (safetensors reads just those bytes; GGUF tensors are dequantized one at a time).
@@ -86,6 +95,12 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     what the load took."""
     check_quantization(quantization)
     tp = tp or TPGroup()
+    keeps = source.gguf_file and quantization in (None, "gguf")
+    gguf_types = gguf_tensor_types(source.gguf_path) if keeps else {}
+    if quantization is None:
+        quantization = auto_quantization(gguf_types, device, tp.size)
+    if quantization == "gguf":
+        check_gguf_kept(device, tp.size, source.gguf_file)
     start = time.perf_counter()
     plan = ShardPlan.for_model(config, tp.rank, tp.size)
     with torch.device("meta"):
@@ -108,7 +123,10 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # the last copies to the device are asynchronous
     model.load_report = LoadReport(time.perf_counter() - start, nbytes, files, workers)
-    if quantization is not None:
+    model.quantization = quantization if quantization != "none" else None
+    if quantization == "gguf":
+        keep_gguf_quantization(model, gguf_types, dict(_gguf_int4_named(source, config)))
+    elif model.quantization is not None:
         quantize_model(model, quantization)
         if device.type == "cuda":
             # Hand the released full-precision weights back to the driver: the KV-cache budget
@@ -184,6 +202,18 @@ def _gguf_named(source: ModelSource, config: Any) -> Iterator[tuple[str, torch.T
         if unpermute and kind in heads:
             tensor = _undo_rope_permute(tensor, heads[kind])
         yield name, tensor, total
+
+
+def _gguf_int4_named(source: ModelSource, config: Any) -> Iterator[tuple[str, Int4Weight]]:
+    """The file's 4-bit tensors as stored, rows in the Hugging Face order (as _gguf_named)."""
+    unpermute = getattr(config, "model_type", "") == "llama"
+    heads = {"q_proj": config.num_attention_heads, "k_proj": num_kv_heads_of(config)}
+    for name, codes in gguf_int4_tensors(source.gguf_path):
+        kind = name.split(".")[-2]
+        if unpermute and kind in heads:
+            codes = Int4Weight(*(_undo_rope_permute(t, heads[kind])
+                                 for t in (codes.codes, codes.scale, codes.zero)))
+        yield name, codes
 
 
 def _undo_rope_permute(w: torch.Tensor, num_heads: int) -> torch.Tensor:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from model_support import make_random_model
+from model_support import REFERENCE, make_random_model
 from process_support import alive, children
 
 from tokenmill.engine import LLM, SamplingParams
@@ -92,7 +92,8 @@ def test_smollm2_tp3_equals_tp1(smol_llm, smol_tokenizer):
                ["The capital of France is", "def fibonacci(n):", "Once upon a time"]]
     params = SamplingParams(temperature=0.0, max_tokens=12)
     expected = [o.outputs[0].token_ids for o in smol_llm.generate(prompts, params)]
-    with LLM("smollm2-135m-instruct", tensor_parallel_size=3, show_progress=False) as llm:
+    with LLM("smollm2-135m-instruct", tensor_parallel_size=3, show_progress=False,
+             **REFERENCE) as llm:
         got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert got == expected
 

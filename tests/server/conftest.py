@@ -9,7 +9,7 @@ the tiny random model for the whole run, shared by the tests that need no real m
 from __future__ import annotations
 
 import pytest
-from model_support import SMOLLM2
+from model_support import REFERENCE, SMOLLM2
 from server_support import in_process_server
 
 
@@ -23,7 +23,7 @@ def tiny_server(tiny_llama_dir):
 
 @pytest.fixture(scope="module")
 def server():
-    with in_process_server(SMOLLM2) as server:
+    with in_process_server(SMOLLM2, **REFERENCE) as server:
         yield server
 
 

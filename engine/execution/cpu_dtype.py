@@ -1,0 +1,35 @@
+"""The CPU's default model dtype: bfloat16 where the cores compute it natively, else float32.
+
+With native bfloat16 (x86 AVX512-BF16 or AMX, Arm BF16) the matmuls read half the bytes of
+float32 at full speed. Elsewhere torch emulates bfloat16 arithmetic, and float32 keeps the
+reference's precision; the quantized CPU kernels convert activations to bfloat16 themselves
+where that is what makes them fast.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The feature flags the kernel reports for the first core (x86 `flags`, Arm
+    `Features`); empty where there is no /proc/cpuinfo."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def native_bf16(flags: frozenset[str] | None = None) -> bool:
+    return bool(NATIVE_BF16_FLAGS & (cpu_flags() if flags is None else flags))
+
+
+def default_cpu_dtype(flags: frozenset[str] | None = None) -> torch.dtype:
+    return torch.bfloat16 if native_bf16(flags) else torch.float32

@@ -1,0 +1,103 @@
+"""Linear layers whose weights are 4-bit integers in groups of 32 along the input, each group
+with its own scale and offset: w = (q - 8) * scale + zero, q in 0..15.
+
+That is GGUF's Q4_0 (zero = 0) and Q4_1 (w = q * d + m, so zero = m + 8 d) exactly, so a
+GGUF file's 4-bit tensors are kept as they are stored instead of being dequantized at load.
+The matmul is aten's CPU weight-only int4 kernel, `_weight_int4pack_mm_for_cpu`, which reads
+the packed nibbles directly: a decode step reads about a seventh of the float32 weights' bytes.
+The kernel is fast with bfloat16 activations only (its float32 path is several times slower
+than float32 F.linear), so activations are converted to bfloat16 for the matmul and its output
+back to the model dtype; scales and offsets are kept in bfloat16, as the kernel takes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from tokenmill.engine.layers.linear import SplitParts, linear_output
+
+GROUP_SIZE = 32
+COMPUTE_DTYPE = torch.bfloat16
+INNER_K_TILES = 4  # the CPU packing's tile width (2, 4 or 8); 4 measured fastest at 1 and 8 rows
+
+
+def int4_supported(device: torch.device) -> bool:
+    """Whether this torch build runs the int4 weight-only matmul on `device` (CPU only)."""
+    return device.type == "cpu" and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+
+
+@dataclass
+class Int4Weight:
+    """A weight [N, K] as 4-bit codes with one scale and offset per group of 32 inputs."""
+
+    codes: torch.Tensor  # [N, K] uint8, values 0..15
+    scale: torch.Tensor  # [N, K / 32] float32
+    zero: torch.Tensor   # [N, K / 32] float32
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.codes.shape)
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weight these codes stand for."""
+        groups = self.codes.float().unflatten(1, (-1, GROUP_SIZE)) - 8
+        return (groups * self.scale.unsqueeze(2) + self.zero.unsqueeze(2)).flatten(1)
+
+    def rows(self, index: torch.Tensor | slice) -> Int4Weight:
+        return Int4Weight(self.codes[index], self.scale[index], self.zero[index])
+
+    @staticmethod
+    def cat(parts: list[Int4Weight]) -> Int4Weight:
+        """The parts stacked along the output rows (a merged projection)."""
+        return Int4Weight(torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]),
+                          torch.cat([p.zero for p in parts]))
+
+
+def quantize_int4(weight: torch.Tensor) -> Int4Weight:
+    """Asymmetric 4-bit codes of a float weight [N, K] (K a multiple of 32): each group spans
+    its own minimum to maximum in 15 steps (GGUF's Q4_1 rule)."""
+    groups = weight.detach().float().unflatten(1, (-1, GROUP_SIZE))
+    low, high = groups.amin(2), groups.amax(2)
+    scale = (high - low) / 15
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    codes = ((groups - low.unsqueeze(2)) / safe.unsqueeze(2)).round().clamp(0, 15)
+    return Int4Weight(codes.to(torch.uint8).flatten(1), scale, low + 8 * scale)
+
+
+class Int4Linear(nn.Module):
+    """y = x W^T + b with W held as packed int4 codes (see the module docstring)."""
+
+    def __init__(self, weight: Int4Weight, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        if self.in_features % GROUP_SIZE:
+            raise ValueError(f"int4 weights need inputs in groups of {GROUP_SIZE}, "
+                             f"not {self.in_features}")
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            weight.codes.to(torch.int32).contiguous(), INNER_K_TILES)
+        self.register_buffer("weight", packed)
+        # [K / 32, N, 2]: the kernel's layout of each group's scale and offset.
+        self.register_buffer("scales_and_zeros", torch.stack(
+            [weight.scale.t(), weight.zero.t()], dim=-1).to(COMPUTE_DTYPE).contiguous())
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            rows.to(COMPUTE_DTYPE).contiguous(), self.weight, GROUP_SIZE, self.scales_and_zeros)
+        return linear_output(y, x, self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"weight=int4, group_size={GROUP_SIZE}")
+
+
+class Int4MergedLinear(SplitParts, Int4Linear):
+    """MergedLinear with int4 weights: one matmul, its output split into the declared parts."""
+
+    def __init__(self, weight: Int4Weight, bias: torch.Tensor | None, parts: dict[str, int]):
+        super().__init__(weight, bias)
+        self.parts = dict(parts)

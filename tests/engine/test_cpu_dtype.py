@@ -1,0 +1,35 @@
+"""The CPU's default dtype: bfloat16 only where the cores compute it natively."""
+
+from __future__ import annotations
+
+import torch
+
+from tokenmill.engine import LLM
+from tokenmill.engine.execution.cpu_dtype import cpu_flags, default_cpu_dtype
+
+
+def test_flags_are_read_from_cpuinfo(tmp_path):
+    x86 = tmp_path / "x86"
+    x86.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n\n"
+                   "processor\t: 1\nflags\t\t: fpu\n")
+    assert cpu_flags(str(x86)) == {"fpu", "sse2", "avx2", "avx512f", "avx512_bf16"}
+    arm = tmp_path / "arm"
+    arm.write_text("processor\t: 0\nFeatures\t: fp asimd bf16 i8mm\n")
+    assert "bf16" in cpu_flags(str(arm))
+    assert cpu_flags(str(tmp_path / "missing")) == frozenset()
+
+
+def test_bfloat16_only_with_native_support():
+    assert default_cpu_dtype(frozenset({"avx2", "avx512f", "avx512_bf16"})) == torch.bfloat16
+    assert default_cpu_dtype(frozenset({"amx_tile", "amx_bf16"})) == torch.bfloat16
+    assert default_cpu_dtype(frozenset({"fp", "asimd", "bf16"})) == torch.bfloat16
+    assert default_cpu_dtype(frozenset({"avx2", "fma", "avx512f"})) == torch.float32
+    assert default_cpu_dtype(frozenset()) == torch.float32
+
+
+def test_the_engine_picks_this_machines_default_and_says_so(tiny_llama_dir, caplog):
+    with caplog.at_level("INFO", logger="tokenmill.engine.core.engine"):
+        llm = LLM(tiny_llama_dir, show_progress=False, max_model_len=64)
+    assert llm.engine.dtype == default_cpu_dtype()
+    [record] = [r for r in caplog.records if r.getMessage() == "loading model"]
+    assert record.dtype == str(default_cpu_dtype())
