@@ -5,8 +5,8 @@ this rank holds and the KV of every token each sequence attends to. At batch siz
 compute is cheap, memory traffic is the floor, so the bound is those bytes over the device's
 bandwidth, and step / bound says how far the step is from what the memory allows.
 
-Weights are `memory_report()["weights_bytes"]`: all of them, so an untied input embedding
-table (read only at the batch's rows) is counted whole and the bound is slightly high there.
+Weights are `memory_report()["step_weights_bytes"]`: all of them but an input embedding table
+the LM head does not share, of which a step reads only its batch's rows.
 KV per token is the pool's `bytes_per_token`: K and V of every layer, scales included.
 """
 

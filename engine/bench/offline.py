@@ -232,7 +232,7 @@ def benchmark(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
 
     summary = report.summarize(ours, hf_runs)
     summary["decode_bound"] = decode_bound.summarize(
-        engine_run.decode_steps(ours), memory["weights_bytes"],
+        engine_run.decode_steps(ours), memory["step_weights_bytes"],
         memory["kv_bytes_per_token"] or 0, bandwidth)
     for dest, comparison in COMPARISONS.items():
         value = getattr(args, dest)

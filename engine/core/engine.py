@@ -37,7 +37,7 @@ from tokenmill.engine.execution.rank import RankSetup, build_runner, rank_device
 from tokenmill.engine.execution.workers import WorkerFailed, Workers
 from tokenmill.engine.layers.attention import check_kv_cache_dtype, resolve_backend
 from tokenmill.engine.models.loader import load_config, load_tokenizer
-from tokenmill.engine.models.quantize import weight_bytes
+from tokenmill.engine.models.quantize import step_weight_bytes, weight_bytes
 from tokenmill.engine.models.source import resolve_model
 
 log = logging.getLogger(__name__)
@@ -286,6 +286,7 @@ class LLMEngine:
         return {"tensor_parallel_size": self.config.tensor_parallel_size,
                 "quantization": self.quantization,
                 "weights_bytes": weight_bytes(self.runner.model),
+                "step_weights_bytes": step_weight_bytes(self.runner.model),
                 "kv_cache_dtype": stats.dtype,
                 "kv_bytes_per_token": stats.bytes_per_token,
                 "kv_tokens_per_gib": stats.tokens_per_gib,

@@ -114,6 +114,16 @@ def _kept_linear(module: nn.Linear, kind: str, codes: list[Int4Weight | None]) -
     return Int4Linear(weight, bias)
 
 
+def step_weight_bytes(model: CausalLM) -> int:
+    """The weight bytes a decode step reads: all of them but an input embedding table the LM
+    head does not share (a step reads only its batch's rows of it)."""
+    embeddings = model.model.embed_tokens.weight
+    head = getattr(model.lm_head, "weight", None)
+    unread = 0 if head is not None and head.data_ptr() == embeddings.data_ptr() \
+        else embeddings.nbytes
+    return weight_bytes(model) - unread
+
+
 def weight_bytes(module: nn.Module) -> int:
     """Bytes of the weights in memory: parameters and persistent buffers at their stored
     size (quantized weights and their scales included), a tied tensor counted once. Tables

@@ -63,15 +63,19 @@ def test_bandwidth_flag_parses_gb_per_s():
             offline._bandwidth(bad)
 
 
-def _checkpoint_bytes(directory: str) -> int:
+def _step_read_bytes(directory: str) -> int:
+    """The checkpoint's bytes but its input embedding table (untied here: a step reads only
+    its rows)."""
     with safe_open(f"{directory}/model.safetensors", "pt") as f:
-        return sum(f.get_tensor(name).nbytes for name in f.keys())  # noqa: SIM118
+        return sum(f.get_tensor(name).nbytes for name in f.keys()  # noqa: SIM118
+                   if name != "model.embed_tokens.weight")
 
 
 def test_one_request_decodes_with_its_context_growing_by_one(tiny_llama_dir, tmp_path, capsys):
     """One request of 10 prompt tokens and 5 outputs: a prefill step makes the first token,
-    then 4 decode steps attend to 11..14 tokens. The bound uses the float32 weights as held
-    (the checkpoint's bytes) and K and V of 2 layers x 2 KV heads x 16 dims x 4 bytes."""
+    then 4 decode steps attend to 11..14 tokens. The bound uses the float32 weights a step
+    reads (the checkpoint's bytes but the untied embedding table) and K and V of 2 layers x 2
+    KV heads x 16 dims x 4 bytes."""
     path = tmp_path / "one.json"
     args = build_parser().parse_args([
         "bench", "offline", "--model", tiny_llama_dir, "--num-prompts", "1", "--input-len",
@@ -86,7 +90,7 @@ def test_one_request_decodes_with_its_context_growing_by_one(tiny_llama_dir, tmp
     assert [s["context_tokens"] for s in steps] == [10, 11, 12, 13, 14]
 
     bound = data["summary"]["decode_bound"]
-    weights = _checkpoint_bytes(tiny_llama_dir)
+    weights = _step_read_bytes(tiny_llama_dir)
     kv_per_token = 2 * 2 * 2 * 16 * 4
     assert (bound["weights_bytes"], bound["kv_bytes_per_token"]) == (weights, kv_per_token)
     assert bound["bandwidth"] == {"gb_per_s": 2.5, "source": "given", "device": None,

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tokenmill.engine.bench import accuracy
+from tokenmill.engine.bench.quant_modes import MODES, REFERENCE
 from tokenmill.engine.contract.config import EngineConfig
 from tokenmill.engine.core.engine import LLMEngine
 from tokenmill.engine.core.scoring import next_token_logprobs
@@ -19,6 +20,8 @@ SMOLLM2_BOUNDS = {
     "fp8": (0.89, 0.040, 0.030),
     "kv-int8": (0.97, 0.003, 0.005),
     "kv-fp8": (0.94, 0.015, 0.010),
+    "bf16": (0.94, 0.010, 0.010),
+    "gguf": (0.94, 0.010, 0.010),
 }
 # A random Llama's distributions are near uniform (perplexity near the vocabulary size), so its
 # KL figures are tiny and its top-1 is decided by small margins.
@@ -77,11 +80,35 @@ def test_random_llama_modes_stay_close(tiny_llama_dir, smol_tokenizer):
     _within(accuracy.measure(config, ids, list(RANDOM_BOUNDS)), RANDOM_BOUNDS)
 
 
-def test_smollm2_modes_within_the_stated_bounds(smollm2_dir, smol_tokenizer):
-    """SmolLM2 from its safetensors copy: the same weights as the built-in GGUF bit for bit (so
-    the same scores), quantized after loading as from any checkpoint, and five engines load in
-    seconds instead of dequantizing the GGUF five times."""
+@pytest.fixture(scope="module")
+def smollm2_text(smol_tokenizer):
     ids = _text(smol_tokenizer, accuracy.DEFAULT_TOKENS)
     assert len(ids) >= 2000
-    config = EngineConfig(model=str(smollm2_dir))
-    _within(accuracy.measure(config, ids, list(SMOLLM2_BOUNDS)), SMOLLM2_BOUNDS)
+    return ids
+
+
+@pytest.fixture(scope="module")
+def smollm2_reference(smollm2_dir, smollm2_text):
+    """The float32 reference's scores, from SmolLM2's safetensors copy: the same weights as the
+    built-in GGUF dequantized, bit for bit, so the same scores; it loads in seconds."""
+    return accuracy.score(EngineConfig(model=str(smollm2_dir), **REFERENCE), smollm2_text)
+
+
+def test_smollm2_modes_within_the_stated_bounds(smollm2_dir, smollm2_text, smollm2_reference):
+    """Each mode quantizes after loading, as from any checkpoint, so the safetensors copy
+    serves them all (one engine each)."""
+    config = EngineConfig(model=str(smollm2_dir), dtype="float32")
+    modes = [m for m in SMOLLM2_BOUNDS if m != "gguf"]
+    results = {m: accuracy.compare(smollm2_reference,
+                                   accuracy.score(config.replace(**MODES[m]), smollm2_text),
+                                   smollm2_text) for m in modes}
+    _within(results, {m: SMOLLM2_BOUNDS[m] for m in modes})
+
+
+def test_the_builtin_files_kept_quantization_within_the_stated_bounds(smollm2_text,
+                                                                      smollm2_reference):
+    """`gguf` needs the GGUF file itself: its Q4_1 and Q8_0 blocks kept, against the same
+    weights dequantized to float32."""
+    kept = accuracy.score(EngineConfig(quantization="gguf", dtype="float32"), smollm2_text)
+    results = {"gguf": accuracy.compare(smollm2_reference, kept, smollm2_text)}
+    _within(results, {"gguf": SMOLLM2_BOUNDS["gguf"]})

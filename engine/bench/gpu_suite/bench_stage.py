@@ -173,7 +173,7 @@ def _measure(bandwidth: Any) -> Callable[[Any, Any, Callable[[], Any]], dict[str
             "decode_steps": len(decode),
             "decode_step_ms_p50": (1000 * statistics.median(s.step_s for s in decode)
                                    if decode else None),
-            "decode_bound": decode_bound.summarize(decode, memory["weights_bytes"],
+            "decode_bound": decode_bound.summarize(decode, memory["step_weights_bytes"],
                                                    memory["kv_bytes_per_token"] or 0,
                                                    bandwidth),
             "memory": memory,
