@@ -3,6 +3,8 @@ then optionally quantize its projections (int8 or fp8) or keep a GGUF file's qua
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -59,21 +61,53 @@ class LoadReport:
 
 
 def load_config(source: ModelSource) -> Any:
-    from transformers import AutoConfig
-
     try:
-        return AutoConfig.from_pretrained(source.directory, gguf_file=source.gguf_file)
+        if source.gguf_file:
+            return copy.deepcopy(_gguf_config(source.directory, source.gguf_file,
+                                              *_file_stamp(source.gguf_path)))
+        return _config(source.directory, None)
     except Exception as exc:  # whatever transformers raises for the file
         raise ModelLoadError.reading(f"the model config from {_where(source)}", exc) from exc
 
 
 def load_tokenizer(source: ModelSource) -> Any:
-    from transformers import AutoTokenizer
-
     try:
-        return AutoTokenizer.from_pretrained(source.directory, gguf_file=source.gguf_file)
+        if source.gguf_file:
+            return copy.deepcopy(_gguf_tokenizer(source.directory, source.gguf_file,
+                                                 *_file_stamp(source.gguf_path)))
+        return _tokenizer(source.directory, None)
     except Exception as exc:
         raise ModelLoadError.reading(f"the tokenizer from {_where(source)}", exc) from exc
+
+
+def _config(directory: str, gguf_file: str | None) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(directory, gguf_file=gguf_file)
+
+
+def _tokenizer(directory: str, gguf_file: str | None) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
+
+
+# transformers rebuilds a GGUF file's config and tokenizer by parsing all its metadata (the
+# whole vocabulary, seconds each time); an engine started again in the same process on the
+# same unchanged file gets copies of the first parse.
+@functools.lru_cache(maxsize=2)
+def _gguf_config(directory: str, gguf_file: str, mtime_ns: int, size: int) -> Any:
+    return _config(directory, gguf_file)
+
+
+@functools.lru_cache(maxsize=2)
+def _gguf_tokenizer(directory: str, gguf_file: str, mtime_ns: int, size: int) -> Any:
+    return _tokenizer(directory, gguf_file)
+
+
+def _file_stamp(path: str) -> tuple[int, int]:
+    stat = os.stat(path)
+    return stat.st_mtime_ns, stat.st_size
 
 
 def _where(source: ModelSource) -> str:

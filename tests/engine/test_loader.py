@@ -183,3 +183,20 @@ def test_start_up_logs_download_and_load(tiny_llama_dir, caplog):
     assert record.model == tiny_llama_dir
     assert (record.download_seconds, record.load_seconds, record.load_bytes) == (
         0, round(load["load_seconds"], 3), load["load_bytes"])
+
+
+def test_a_gguf_files_config_and_tokenizer_are_parsed_once_per_process(smol_source):
+    """Engines started again on the same file get copies of the first parse: changing one
+    engine's copy changes no other's."""
+    from tokenmill.engine.models import loader
+
+    first_config, first = loader.load_config(smol_source), loader.load_tokenizer(smol_source)
+    hits = loader._gguf_tokenizer.cache_info().hits, loader._gguf_config.cache_info().hits
+    config, tokenizer = loader.load_config(smol_source), loader.load_tokenizer(smol_source)
+    assert (loader._gguf_tokenizer.cache_info().hits, loader._gguf_config.cache_info().hits) \
+        == (hits[0] + 1, hits[1] + 1)
+    assert tokenizer is not first and config is not first_config
+    assert tokenizer("The capital of France")["input_ids"] == first("The capital of France")[
+        "input_ids"]
+    tokenizer.model_max_length, config.num_hidden_layers = 7, 1
+    assert first.model_max_length != 7 and first_config.num_hidden_layers == 30
