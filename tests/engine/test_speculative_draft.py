@@ -161,3 +161,99 @@ def test_bad_draft_options_fail_at_start_up_naming_the_option(tiny_llama_dir, co
 
     with pytest.raises(ConfigError, match=f"^speculative_config: .*{message}"):
         LLM(tiny_llama_dir, show_progress=False, speculative_config=json.dumps(config))
+
+
+def _off_and_on(target: str, draft: str, run, **options) -> dict:
+    """run(llm) on an engine without speculation, then with the draft; both leak nothing."""
+    results = {}
+    for spec in (None, draft):
+        llm = _engine(target, spec, **options)
+        results[spec is not None] = run(llm)
+        _check_clean(llm)
+        if spec is not None:
+            stats = llm.engine.speculation_stats
+            assert stats.num_drafts > 0 and stats.num_accepted_tokens > 0
+    return results
+
+
+@pytest.fixture
+def draft(tiny_llama_dir) -> str:
+    """The target as its own draft: nearly every greedy proposal is accepted, so accepted runs
+    cross stop strings and grammar states, and penalties turn proposals away (a draft that
+    is mostly rejected is the one-layer copy of the tests above)."""
+    return tiny_llama_dir
+
+
+def test_penalties_and_logprobs_are_unchanged_by_a_draft(tiny_llama_dir, draft):
+    """The draft proposes greedily without penalties; verification samples each row with them,
+    so proposals the penalties turn away are rejected and the output is plain decoding's."""
+    cases = [SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True,
+                            repetition_penalty=1.3, frequency_penalty=0.4,
+                            presence_penalty=0.2),
+             SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=3)]
+
+    def run(llm: LLM) -> list:
+        return [[(c.token_ids, [sorted(lp.items()) for lp in (c.logprobs or [])])
+                 for o in llm.generate(_prompts(), params) for c in o.outputs]
+                for params in cases]
+
+    results = _off_and_on(tiny_llama_dir, draft, run, max_num_seqs=8)
+    tokens = [[(ids, [[t for t, _ in row] for row in lps]) for ids, lps in case]
+              for case in results[True]]
+    assert tokens == [[(ids, [[t for t, _ in row] for row in lps]) for ids, lps in case]
+                      for case in results[False]]
+    values = [v for case in results[True] for _, lps in case for row in lps for _, v in row]
+    plain = [v for case in results[False] for _, lps in case for row in lps for _, v in row]
+    assert len(values) == 4 * MAX_NEW * 3 and values == pytest.approx(plain, abs=1e-4)
+
+
+def test_a_stop_string_ends_a_drafted_output_where_plain_decoding_ends_it(tiny_llama_dir,
+                                                                          draft):
+    prompt = _prompts()[1]
+    text = _engine(tiny_llama_dir, None).generate([prompt], _greedy())[0].outputs[0].text
+    stop = max((text[i:i + 3] for i in range(len(text) - 2)), key=text.find)
+    assert text.find(stop) > len(text) // 2
+
+    def run(llm: LLM):
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True,
+                                stop=[stop])
+        c = llm.generate([prompt], params)[0].outputs[0]
+        return c.text, c.token_ids, c.finish_reason, c.stop_reason
+
+    results = _off_and_on(tiny_llama_dir, draft, run)
+    assert results[True] == results[False]
+    assert results[True][2] == "stop" and results[True][3] == stop
+
+
+def test_structured_outputs_under_a_draft_keep_their_grammar(tiny_llama_dir, draft):
+    pytest.importorskip("xgrammar")
+    from structured_support import PERSON
+
+    from tokenmill.engine.core.structured import StructuredOutputsParams
+
+    params = [SamplingParams(temperature=0.0, max_tokens=80,
+                             structured_outputs=StructuredOutputsParams(json=PERSON)),
+              _greedy()]
+
+    def run(llm: LLM):
+        return [(o.outputs[0].token_ids, o.outputs[0].text)
+                for o in llm.generate(_prompts()[:2], params)]
+
+    results = _off_and_on(tiny_llama_dir, draft, run)
+    assert results[True] == results[False]
+    assert json.loads(results[True][0][1]).keys() == PERSON["properties"].keys()
+
+
+def test_prefix_cache_hits_under_a_draft_keep_outputs(tiny_llama_dir, draft, hf_reference):
+    """The second round's prompts hit the target's prefix cache; the draft, which keeps no
+    prefix cache of its own, catches up on the prompt in one pass and proposes as before."""
+
+    def run(llm: LLM):
+        rounds = [_outputs(llm, _prompts(), _greedy()) for _ in range(2)]
+        assert llm.engine.kv.prefix_hits > 0
+        return rounds
+
+    results = _off_and_on(tiny_llama_dir, draft, run, max_num_seqs=8,
+                          max_num_batched_tokens=32)
+    assert results[True] == results[False]
+    assert results[True][0] == results[True][1] == hf_reference

@@ -93,3 +93,34 @@ def test_a_dead_engine_loop_stops_the_server(tiny_llama_dir):
         assert not served.thread.is_alive(), "the server kept running with a dead engine"
         failure = served.server.failure
         assert isinstance(failure, RuntimeError) and "device lost" in str(failure)
+
+
+@pytest.mark.parametrize("config, reason", [
+    ('{"method": "medusa", "num_speculative_tokens": 2}', "method 'medusa' is not one of"),
+    ('{"method": "ngram", "num_speculative_tokens": 40}',
+     "'num_speculative_tokens' must be in 1..16, got 40"),
+    ("{not json", "is not JSON"),
+])
+def test_a_speculative_config_that_cannot_run_exits_2_naming_it(config, reason):
+    code, stderr = ServeProcess("/nonexistent", "--speculative-config", config).finish()
+    assert code == 2
+    assert stderr.startswith("tokenmill serve: error: speculative_config: ")
+    assert reason in stderr and len(stderr.strip().splitlines()) == 1, stderr
+
+
+def test_a_draft_with_another_vocabulary_exits_1_naming_the_option(tmp_path, tiny_llama_dir):
+    from model_support import make_random_model
+    from transformers import LlamaConfig
+
+    from tokenmill.engine.bench.word_tokenizer import word_level_tokenizer
+
+    config = LlamaConfig(vocab_size=1000, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         max_position_embeddings=1024)
+    draft = make_random_model(str(tmp_path / "other-vocab"), config, word_level_tokenizer(1000))
+    spec = f'{{"model": "{draft}", "num_speculative_tokens": 2}}'
+    code, stderr = ServeProcess(tiny_llama_dir, "--speculative-config", spec).finish()
+    assert code == 1, stderr
+    line = next(line for line in stderr.splitlines() if "level=error" in line)
+    assert "speculative_config: the draft model's vocabulary (1000 tokens" in line
+    assert "Traceback" not in stderr
