@@ -194,15 +194,18 @@ def http_route(name: str, namespace: str, uid: str, spec: InferenceServiceSpec) 
     parent = {"group": GATEWAY_GROUP, "kind": "Gateway", "name": pool.gateway.name}
     if pool.gateway.namespace:
         parent["namespace"] = pool.gateway.namespace
+    rule: dict[str, Any] = {"matches": _matches(spec, name),
+                            "backendRefs": [{"group": POOL_GROUP, "kind": "InferencePool",
+                                             "name": name}]}
+    if pool.gateway.request_timeout:
+        rule["timeouts"] = {"request": pool.gateway.request_timeout}
     return {
         "apiVersion": ROUTE_API,
         "kind": "HTTPRoute",
         "metadata": owned_metadata(name, namespace, uid, component=COMPONENT),
         "spec": {
             "parentRefs": [parent],
-            "rules": [{"matches": _matches(spec, name),
-                       "backendRefs": [{"group": POOL_GROUP, "kind": "InferencePool",
-                                        "name": name}]}],
+            "rules": [rule],
         },
     }
 

@@ -550,6 +550,8 @@ DEFAULT_EPP_IMAGE = "registry.k8s.io/gateway-api-inference-extension/epp:v1.0.0"
 MAX_EPP_REPLICAS = 8
 GATEWAY_NAME_PATTERN = DNS_SUBDOMAIN_PATTERN
 NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# Gateway API's Duration (GEP-2257): 1 to 4 parts of up to 5 digits and a unit.
+GATEWAY_DURATION_PATTERN = r"^([0-9]{1,5}(h|m|s|ms)){1,4}$"
 
 
 class EndpointPickerSpec(_Spec):
@@ -588,6 +590,13 @@ class GatewayRef(_Spec):
                            "adapter's) the inference extension's body-based router wrote into "
                            "the X-Gateway-Model-Name header, so several InferenceServices share "
                            "one Gateway; false routes every request (path /) to this pool.")
+    request_timeout: str | None = Field(
+        None, pattern=GATEWAY_DURATION_PATTERN, max_length=32,
+        description="How long the gateway waits for a response (the route's timeouts.request, "
+                    "a Gateway API duration such as 10m or 1h30m; 0s: no limit, where the "
+                    "gateway supports it); default: the gateway's. With scale from zero keep "
+                    "it above the model's load time, or requests held while the first pod "
+                    "starts time out.")
 
 
 class InferencePoolSpec(_Spec):

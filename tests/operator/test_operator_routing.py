@@ -67,8 +67,11 @@ def _matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
 
 # --- manifests ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("spec", [POOL, GATEWAY, KEDA, {**GATEWAY, **KEDA}],
-                         ids=["pool", "gateway", "keda", "all"])
+TIMED = {"routing": {"inferencePool": {"gateway": {"name": "gw", "requestTimeout": "1h30m"}}}}
+
+
+@pytest.mark.parametrize("spec", [POOL, GATEWAY, KEDA, {**GATEWAY, **KEDA}, TIMED],
+                         ids=["pool", "gateway", "keda", "all", "timeout"])
 def test_every_object_passes_its_apis_schema(spec):
     for obj in _children(spec):
         if (obj["apiVersion"], obj["kind"]) in upstream_schemas.SCHEMAS:
@@ -164,6 +167,15 @@ def test_the_route_sends_the_gateways_traffic_to_the_pool():
     assert rule["backendRefs"] == [{"group": "inference.networking.k8s.io",
                                     "kind": "InferencePool", "name": "chat"}]
     assert rule["matches"] == [{"path": {"type": "PathPrefix", "value": "/"}}]
+    assert "timeouts" not in rule  # the gateway's own default
+
+
+def test_the_route_waits_as_long_as_the_spec_asks():
+    """Scale from zero holds requests while the first pod loads: the route's request timeout
+    is the user's, written as the Gateway API's duration."""
+    spec = {"routing": {"inferencePool": {"gateway": {"name": "gw", "requestTimeout": "15m"}}}}
+    (rule,) = _one(_children(spec), "HTTPRoute")["spec"]["rules"]
+    assert rule["timeouts"] == {"request": "15m"}
 
 
 def test_by_model_name_the_route_takes_the_served_name_and_every_adapter():
@@ -273,6 +285,10 @@ REFUSED = [
      "spec.routing.inferencePool.gateway.namespace"),
     ({"routing": {"inferencePool": {"selector": {"app": "x"}}}},
      "spec.routing.inferencePool.selector"),
+    ({"routing": {"inferencePool": {"gateway": {"name": "gw", "requestTimeout": "15 min"}}}},
+     "spec.routing.inferencePool.gateway.requestTimeout"),
+    ({"routing": {"inferencePool": {"gateway": {"name": "gw", "requestTimeout": "1.5h"}}}},
+     "spec.routing.inferencePool.gateway.requestTimeout"),
 ]
 
 
