@@ -189,3 +189,27 @@ def test_an_adapter_that_cannot_load_ends_start_up_with_the_line_the_operator_re
     found = STARTUP_FAILURE.search(last)
     assert found and found["name"] == "broken", last
     assert "adapter_config.json" in found["reason"] and not found["reason"].endswith('"')
+
+
+def test_an_adapter_from_the_hub_serves_as_the_same_adapter_from_a_directory(
+        tiny_llama_dir, adapters, expected, tmp_path):
+    """`--lora-modules chat=hf://ORG/NAME` is fetched as models are (here from an offline hub
+    cache in --download-dir, with no hub reachable) and answers as the local copy does."""
+    from server_support import ServeProcess
+    from store_support import write_hub_cache
+
+    cache = str(tmp_path / "hub")
+    write_hub_cache(cache, "tokenmill-test/chat-adapter", adapters["chat"])
+    env = {"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing answers there
+    proc = ServeProcess(tiny_llama_dir, "--served-model-name", "tiny", "--enable-lora",
+                        "--lora-modules", "chat=hf://tokenmill-test/chat-adapter",
+                        "--download-dir", cache, "--kv-cache-memory", str(16 << 20), env=env)
+    try:
+        proc.wait_healthy(180)
+        client = openai_client(f"{proc.url}/v1")
+        assert {(m.id, getattr(m, "parent", None)) for m in client.models.list()} == {
+            ("tiny", None), ("chat", "tiny")}
+        assert _tokens(client, "chat") == expected["chat"]
+    finally:
+        proc.kill()
+        proc.wait()
