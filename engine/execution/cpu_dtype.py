@@ -4,12 +4,22 @@ With native bfloat16 (x86 AVX512-BF16 or AMX, Arm BF16) the matmuls read half th
 float32 at full speed. Elsewhere torch emulates bfloat16 arithmetic, and float32 keeps the
 reference's precision; the quantized CPU kernels convert activations to bfloat16 themselves
 where that is what makes them fast.
+
+TOKENMILL_CPU_DTYPE (float32, bfloat16 or float16) overrides the choice for every engine a
+process and its children start: one setting for a fleet of mixed CPUs, or float32 everywhere
+where outputs must match a float32 reference.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 
+from tokenmill.engine.contract.config import ConfigError
+
+ENV = "TOKENMILL_CPU_DTYPE"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 
 
@@ -32,4 +42,10 @@ def native_bf16(flags: frozenset[str] | None = None) -> bool:
 
 
 def default_cpu_dtype(flags: frozenset[str] | None = None) -> torch.dtype:
+    """TOKENMILL_CPU_DTYPE where set (and no flags are given), else by the cores' flags."""
+    chosen = os.environ.get(ENV) if flags is None else None
+    if chosen:
+        if chosen not in DTYPES:
+            raise ConfigError("dtype", f"{ENV}={chosen!r} is not one of {', '.join(DTYPES)}")
+        return DTYPES[chosen]
     return torch.bfloat16 if native_bf16(flags) else torch.float32

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tokenmill.engine import LLM
+from tokenmill.engine.contract.config import ConfigError
 from tokenmill.engine.execution.cpu_dtype import cpu_flags, default_cpu_dtype
 
 
@@ -33,3 +35,16 @@ def test_the_engine_picks_this_machines_default_and_says_so(tiny_llama_dir, capl
     assert llm.engine.dtype == default_cpu_dtype()
     [record] = [r for r in caplog.records if r.getMessage() == "loading model"]
     assert record.dtype == str(default_cpu_dtype())
+
+
+def test_the_environment_sets_the_default_for_every_engine(tiny_llama_dir, monkeypatch):
+    monkeypatch.setenv("TOKENMILL_CPU_DTYPE", "bfloat16")
+    assert default_cpu_dtype() == torch.bfloat16
+    assert LLM(tiny_llama_dir, show_progress=False, max_model_len=64).engine.dtype == (
+        torch.bfloat16)
+    # Flags given explicitly are the machine being asked about, not this process's setting.
+    assert default_cpu_dtype(frozenset({"avx2"})) == torch.float32
+    monkeypatch.setenv("TOKENMILL_CPU_DTYPE", "fp8")
+    with pytest.raises(ConfigError, match="^dtype: TOKENMILL_CPU_DTYPE='fp8' is not one of "
+                                          "float32, bfloat16, float16$"):
+        LLM(tiny_llama_dir, show_progress=False, max_model_len=64)
