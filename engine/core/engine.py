@@ -31,7 +31,7 @@ from tokenmill.engine.core.step_builder import build_step_inputs
 from tokenmill.engine.core.structured.backend import GrammarError, StructuredOutputs
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.distributed.sharding import check_tensor_parallel
-from tokenmill.engine.execution.cpu_dtype import default_cpu_dtype
+from tokenmill.engine.execution.cpu_dtype import DTYPES, default_cpu_dtype
 from tokenmill.engine.execution.kv_sizing import check_host_memory
 from tokenmill.engine.execution.rank import RankSetup, build_runner, rank_device
 from tokenmill.engine.execution.workers import WorkerFailed, Workers
@@ -41,8 +41,6 @@ from tokenmill.engine.models.quantize import step_weight_bytes, weight_bytes
 from tokenmill.engine.models.source import resolve_model
 
 log = logging.getLogger(__name__)
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass

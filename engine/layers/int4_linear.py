@@ -46,9 +46,6 @@ class Int4Weight:
         groups = self.codes.float().unflatten(1, (-1, GROUP_SIZE)) - 8
         return (groups * self.scale.unsqueeze(2) + self.zero.unsqueeze(2)).flatten(1)
 
-    def rows(self, index: torch.Tensor | slice) -> Int4Weight:
-        return Int4Weight(self.codes[index], self.scale[index], self.zero[index])
-
     @staticmethod
     def cat(parts: list[Int4Weight]) -> Int4Weight:
         """The parts stacked along the output rows (a merged projection)."""

@@ -105,9 +105,9 @@ def _stored_names(model: CausalLM, path: str, module: nn.Linear) -> list[str]:
 
 
 def _kept_linear(module: nn.Linear, kind: str, codes: list[Int4Weight | None]) -> nn.Module:
-    bias = None if module.bias is None else module.bias.detach()
     if kind == "Q8_0":
         return quantize_linear(module, "int8", compute_dtype=COMPUTE_DTYPE)
+    bias = None if module.bias is None else module.bias.detach()
     weight = Int4Weight.cat(codes)
     if isinstance(module, MergedLinear):
         return Int4MergedLinear(weight, bias, module.parts)
