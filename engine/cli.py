@@ -164,12 +164,17 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging()
     from tokenmill.engine.contract.config import ConfigError
+    from tokenmill.engine.models.source import ModelLoadError
 
+    prog = " ".join(filter(None, ["tokenmill", args.command, getattr(args, "bench_command", None)]))
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:  # an invalid option: one line naming it, as argparse does
-        print(f"tokenmill {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+    except (ModelLoadError, OSError) as exc:  # a model that is missing or cannot load
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,35 @@
+"""A model that is missing or cannot load ends every `tokenmill` command with one line naming
+the command and the reason, exit 1, and no traceback; a bad option stays exit 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenmill.engine.cli import main
+
+
+@pytest.mark.parametrize("argv", [["generate"], ["bench", "offline"], ["bench", "host-overhead"],
+                                  ["bench", "llama-cpp"]])
+def test_a_missing_model_is_one_line_and_exit_1(argv, tmp_path, capsys):
+    missing = str(tmp_path / "no-such-model")
+    assert main([*argv, "--model", missing]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"tokenmill {' '.join(argv)}: error: model '{missing}' not found")
+    assert "Traceback" not in err
+
+
+def test_a_file_that_is_not_a_model_is_one_line_and_exit_1(tmp_path, capsys):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"not a gguf file")
+    assert main(["generate", "--model", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("tokenmill generate: error: ")
+    assert "not a GGUF file" in err
+
+
+def test_a_bad_option_stays_exit_2_naming_the_subcommand(capsys):
+    assert main(["bench", "offline", "--max-num-seqs", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err == "tokenmill bench offline: error: max_num_seqs: must be at least 1, got 0\n"
