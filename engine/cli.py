@@ -16,9 +16,9 @@ def _generate(args: argparse.Namespace) -> int:
     from tokenmill.engine.core.sampling_params import SamplingParams
     from tokenmill.engine.frontend.llm import LLM
 
-    llm = LLM(**dataclasses.asdict(engine_config_from_args(args)))
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                            seed=args.sampling_seed)
+                            seed=args.sampling_seed)  # checked before the model loads
+    llm = LLM(**dataclasses.asdict(engine_config_from_args(args)))
     prompts = args.prompt or ["What is the capital of France?"]
     if args.raw:
         outputs = llm.generate(prompts, params)
@@ -163,16 +163,20 @@ def main(argv: list[str] | None = None) -> int:
         return _download(argv[1:])
     args = build_parser().parse_args(argv)
     configure_logging()
-    from tokenmill.engine.contract.config import ConfigError
-    from tokenmill.engine.models.source import ModelLoadError
+    from tokenmill.engine.core.errors import (
+        ConfigError,
+        ModelLoadError,
+        RequestError,
+        SamplingParamsError,
+    )
 
     prog = " ".join(filter(None, ["tokenmill", args.command, getattr(args, "bench_command", None)]))
     try:
         return int(args.func(args) or 0)
-    except ConfigError as exc:  # an invalid option: one line naming it, as argparse does
+    except (ConfigError, SamplingParamsError) as exc:  # an invalid option: one line, as argparse
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    except (ModelLoadError, OSError) as exc:  # a model that is missing or cannot load
+    except (ModelLoadError, OSError, RequestError) as exc:  # a model or prompt that cannot work
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
 

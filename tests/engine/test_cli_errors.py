@@ -33,3 +33,17 @@ def test_a_bad_option_stays_exit_2_naming_the_subcommand(capsys):
     assert main(["bench", "offline", "--max-num-seqs", "0"]) == 2
     err = capsys.readouterr().err
     assert err == "tokenmill bench offline: error: max_num_seqs: must be at least 1, got 0\n"
+
+
+def test_a_bad_sampling_option_is_refused_before_the_model_loads(tmp_path, capsys):
+    # The model does not exist: reaching it would be exit 1, not the option's exit 2.
+    argv = ["generate", "--model", str(tmp_path / "absent"), "--temperature", "-1"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == ("tokenmill generate: error: temperature: must be "
+                                       "non-negative, got -1.0\n")
+
+
+def test_a_prompt_longer_than_the_context_is_one_line_and_exit_1(capsys):
+    assert main(["generate", "--max-model-len", "16", "--max-tokens", "4"]) == 1
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith("tokenmill generate: error: this model's maximum context length is 16")
