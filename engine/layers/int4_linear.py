@@ -8,13 +8,20 @@ the packed nibbles directly: a decode step reads about a seventh of the float32 
 The kernel is fast with bfloat16 activations only (its float32 path is several times slower
 than float32 F.linear), so activations are converted to bfloat16 for the matmul and its output
 back to the model dtype; scales and offsets are kept in bfloat16, as the kernel takes them.
+
+The kernel's cost grows with the rows like a plain matmul's, at about twice its time per row,
+so from DEQUANTIZE_FROM_ROWS rows (a prefill) the layer unpacks its codes into a float weight
+for that call and runs F.linear in the model dtype: unpacking costs about as much as the
+kernel on a few dozen rows, and a long prompt's first token comes sooner (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tokenmill.engine.layers.linear import SplitParts, linear_output
@@ -22,6 +29,8 @@ from tokenmill.engine.layers.linear import SplitParts, linear_output
 GROUP_SIZE = 32
 COMPUTE_DTYPE = torch.bfloat16
 INNER_K_TILES = 4  # the CPU packing's tile width (2, 4 or 8); 4 measured fastest at 1 and 8 rows
+DEQUANTIZE_FROM_ROWS = 64  # rows from which unpacking to a float weight beats the kernel
+PACK_ROWS = 32  # the CPU packing's block of output rows (see unpack_codes)
 
 
 def int4_supported(device: torch.device) -> bool:
@@ -53,6 +62,34 @@ class Int4Weight:
                           torch.cat([p.zero for p in parts]))
 
 
+def unpack_codes(packed: torch.Tensor, out_features: int, in_features: int,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """The [N, K] codes of `_convert_weight_to_int4pack_for_cpu`'s output, as `out`'s dtype
+    (float32 by default). The packing stores blocks of 32 output rows; in a block, input k
+    takes 16 bytes whose low nibbles are rows 0..15 and high nibbles rows 16..31 (checked
+    against this torch by `unpacking_matches_the_kernel`)."""
+    blocks = packed.view(out_features // PACK_ROWS, in_features, PACK_ROWS // 2).transpose(1, 2)
+    if out is None:
+        out = torch.empty(out_features, in_features)
+    grouped = out.view(out_features // PACK_ROWS, PACK_ROWS, in_features)
+    torch.bitwise_and(blocks, 15, out=grouped[:, :PACK_ROWS // 2])
+    torch.bitwise_right_shift(blocks, 4, out=grouped[:, PACK_ROWS // 2:])
+    return out
+
+
+@functools.cache
+def unpacking_matches_the_kernel() -> bool:
+    """Whether unpack_codes reads this torch's packing: the layout is the kernel's own, so it
+    is checked once per process on random codes, and the float path is off if it differs."""
+    codes = torch.randint(0, 16, (2 * PACK_ROWS, 4 * GROUP_SIZE), dtype=torch.int32,
+                          generator=torch.Generator().manual_seed(0))
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, INNER_K_TILES)
+    try:
+        return torch.equal(unpack_codes(packed, *codes.shape).to(torch.int32), codes)
+    except RuntimeError:  # another packed shape
+        return False
+
+
 def quantize_int4(weight: torch.Tensor) -> Int4Weight:
     """Asymmetric 4-bit codes of a float weight [N, K] (K a multiple of 32): each group spans
     its own minimum to maximum in 15 steps (GGUF's Q4_1 rule)."""
@@ -80,12 +117,25 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales_and_zeros", torch.stack(
             [weight.scale.t(), weight.zero.t()], dim=-1).to(COMPUTE_DTYPE).contiguous())
         self.register_buffer("bias", bias)
+        self.unpacks = self.out_features % PACK_ROWS == 0 and unpacking_matches_the_kernel()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
+        if self.unpacks and rows.shape[0] >= DEQUANTIZE_FROM_ROWS:
+            return linear_output(F.linear(rows, self.dequantized(rows.dtype)), x, self.bias)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(
             rows.to(COMPUTE_DTYPE).contiguous(), self.weight, GROUP_SIZE, self.scales_and_zeros)
         return linear_output(y, x, self.bias)
+
+    def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The [N, K] weight the kernel multiplies by, (q - 8) * scale + zero with its
+        bfloat16 scales and offsets, computed in float32 as q * scale + (zero - 8 * scale)
+        (one pass fewer) and returned in `dtype`."""
+        weight = unpack_codes(self.weight, self.out_features, self.in_features)
+        scale, zero = self.scales_and_zeros.float().permute(2, 1, 0)  # each [N, K / 32]
+        groups = weight.view(self.out_features, -1, GROUP_SIZE)
+        groups.mul_(scale.unsqueeze(2)).add_((zero - 8 * scale).unsqueeze(2))
+        return weight if dtype == torch.float32 else weight.to(dtype)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -9,8 +9,10 @@ The kernel is picked per call, from what measured fastest on CPU and what the GP
 - int8, CPU, bfloat16 activations, at most PACK_MAX_ROWS rows (decode): aten's
   `_weight_int8pack_mm` reads the int8 weight directly. Its float32 and float16 paths, and
   larger batches in bfloat16, are slower than the fallback below on the machine that set
-  PACK_MAX_ROWS; a layer given a bfloat16 `compute_dtype` (GGUF's Q8_0 kept, a float32
-  model) takes it at every row count, since its fallback converts the whole weight per call.
+  PACK_MAX_ROWS. A layer given a bfloat16 `compute_dtype` (GGUF's Q8_0 kept in a float32
+  model) converts its activations to bfloat16 for this kernel only; its fallback runs in the
+  model dtype, where converting the whole weight per call still beats the kernel's cost per
+  row from a few dozen rows (a prefill).
 - fp8 on CUDA with compute capability 8.9 or higher: fp8_matmul.fp8_linear (`_scaled_mm`).
 - otherwise: the weight converted to the activation dtype, F.linear, then the output scaled
   per channel (cheaper than scaling the weight: N multiplies per row instead of N * K).
@@ -43,9 +45,10 @@ def dequantized_linear(x: torch.Tensor, weight: torch.Tensor,
     return F.linear(x, weight.to(x.dtype)) * scale
 
 
-def _packs(x: torch.Tensor, weight: torch.Tensor, max_rows: float) -> bool:
-    return (weight.dtype == torch.int8 and x.device.type == "cpu"
-            and x.dtype == torch.bfloat16 and x.shape[0] <= max_rows)
+def _packs(rows: int, weight: torch.Tensor, device: torch.device,
+           compute_dtype: torch.dtype) -> bool:
+    return (weight.dtype == torch.int8 and device.type == "cpu"
+            and compute_dtype == torch.bfloat16 and rows <= PACK_MAX_ROWS)
 
 
 class QuantizedLinear(nn.Module):
@@ -57,7 +60,6 @@ class QuantizedLinear(nn.Module):
         self.out_features, self.in_features = weight.shape
         # The matmul's activation dtype; outputs return to the input's (see quantize_linear).
         self.compute_dtype = compute_dtype or dtype
-        self.pack_max_rows = PACK_MAX_ROWS if compute_dtype is None else float("inf")
         dtype = self.compute_dtype
         # _scaled_mm takes float32 scales; the other kernels want them in the activation dtype.
         self.scaled_mm = weight.dtype == FP8_DTYPE and scaled_mm_supported(
@@ -68,13 +70,11 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if rows.dtype != self.compute_dtype:
-            rows = rows.to(self.compute_dtype)
         if self.scaled_mm:
-            y = fp8_linear(rows, self.weight, self.weight_scale)
-        elif _packs(rows, self.weight, self.pack_max_rows):
-            y = torch.ops.aten._weight_int8pack_mm(rows.contiguous(), self.weight,
-                                                   self.weight_scale.to(rows.dtype))
+            y = fp8_linear(rows.to(self.compute_dtype), self.weight, self.weight_scale)
+        elif _packs(rows.shape[0], self.weight, rows.device, self.compute_dtype):
+            y = torch.ops.aten._weight_int8pack_mm(rows.to(self.compute_dtype).contiguous(),
+                                                   self.weight, self.weight_scale)
         else:
             y = dequantized_linear(rows, self.weight, self.weight_scale)
         return linear_output(y, x, self.bias)

@@ -9,12 +9,16 @@ import torch
 import torch.nn.functional as F
 
 from tokenmill.engine.layers.int4_linear import (
+    DEQUANTIZE_FROM_ROWS,
     GROUP_SIZE,
+    INNER_K_TILES,
     Int4Linear,
     Int4MergedLinear,
     Int4Weight,
     int4_supported,
     quantize_int4,
+    unpack_codes,
+    unpacking_matches_the_kernel,
 )
 from tokenmill.engine.models.gguf_weights import int4_blocks
 
@@ -60,11 +64,12 @@ def test_quantize_int4_is_within_half_a_step_of_every_weight():
     assert torch.equal(codes.dequantize()[5, :GROUP_SIZE], w[5, :GROUP_SIZE])
 
 
-@pytest.mark.parametrize("rows", [1, 7, 33])
+@pytest.mark.parametrize("rows", [1, 7, 33, DEQUANTIZE_FROM_ROWS, 130])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_int4_linear_equals_a_float_matmul_over_the_dequantized_weight(rows, dtype):
     """The kernel computes in bfloat16 (activations, scales and offsets rounded to it), so it
-    matches the float32 matmul over the same codes to bfloat16's precision."""
+    matches the float32 matmul over the same codes to bfloat16's precision; from
+    DEQUANTIZE_FROM_ROWS rows the layer's own float matmul does too."""
     torch.manual_seed(rows)
     codes = quantize_int4(torch.randn(96, 192))
     bias = torch.randn(96, dtype=dtype)
@@ -91,3 +96,34 @@ def test_inputs_not_in_groups_of_32_are_refused():
     codes = Int4Weight(torch.zeros(8, 48, dtype=torch.uint8), torch.ones(8, 1), torch.zeros(8, 1))
     with pytest.raises(ValueError, match="groups of 32"):
         Int4Linear(codes, None)
+
+
+@pytest.mark.parametrize("shape", [(32, 32), (96, 192), (960, 576), (576, 1536)])
+def test_unpacking_reads_the_kernels_packing_exactly(shape):
+    assert unpacking_matches_the_kernel()
+    seeded = torch.Generator().manual_seed(1)
+    codes = torch.randint(0, 16, shape, dtype=torch.int32, generator=seeded)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, INNER_K_TILES)
+    assert torch.equal(unpack_codes(packed, *shape).to(torch.int32), codes)
+
+
+def test_many_rows_multiply_by_the_weight_the_kernel_multiplies_by():
+    """The float path's weight is the kernel's: with a one-hot input row the kernel returns a
+    column of its own weight (in bfloat16), and the float path's weight equals it to that
+    rounding; a prompt's rows through both paths agree as closely as the kernel allows."""
+    torch.manual_seed(3)
+    codes = quantize_int4(torch.randn(64, 128) * 3 + 1)
+    layer = Int4Linear(codes, None)
+    assert layer.unpacks
+    eye = torch.eye(128, dtype=torch.bfloat16)
+    kernel_weight = torch.ops.aten._weight_int4pack_mm_for_cpu(
+        eye, layer.weight, GROUP_SIZE, layer.scales_and_zeros).t().float()
+    torch.testing.assert_close(layer.dequantized(), kernel_weight, rtol=2 ** -8, atol=1e-6)
+    # The stored bfloat16 scales are those of the codes' float32 ones, rounded.
+    assert (layer.dequantized() - codes.dequantize()).abs().max() <= 0.02 * codes.dequantize(
+        ).abs().max()
+    x = torch.randn(DEQUANTIZE_FROM_ROWS, 128)
+    float_path = layer(x)
+    kernel_path = torch.cat([layer(row) for row in x.split(DEQUANTIZE_FROM_ROWS - 1)])
+    assert (float_path - kernel_path).abs().max() <= 0.02 * float_path.abs().max()
+    torch.testing.assert_close(float_path, F.linear(x, layer.dequantized()))

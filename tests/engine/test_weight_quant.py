@@ -66,25 +66,31 @@ def test_int8_bfloat16_matches_dequantized_matmul(rows):
     q = quantize_linear(_linear(bias=False).to(torch.bfloat16), "int8")
     assert q.weight_scale.dtype == torch.bfloat16
     x = torch.randn(rows, 96, dtype=torch.bfloat16)
-    assert quantized_linear._packs(x, q.weight, q.pack_max_rows) == (rows <= PACK_MAX_ROWS)
+    assert quantized_linear._packs(rows, q.weight, x.device, q.compute_dtype) == (
+        rows <= PACK_MAX_ROWS)
     want = F.linear(x.float(), _dequantized(q))
     got = q(x)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want, rtol=2 ** -6, atol=2 ** -6 * want.abs().max())
 
 
-@pytest.mark.parametrize("rows", [1, PACK_MAX_ROWS + 1, 64])
-def test_a_bfloat16_compute_dtype_serves_float32_inputs_through_the_int8_kernel(rows):
-    """A float32 layer with compute dtype bfloat16 (GGUF's Q8_0 kept): the int8 kernel at every
-    row count, float32 out, equal to the dequantized matmul to bfloat16 rounding."""
+@pytest.mark.parametrize("rows", [1, PACK_MAX_ROWS, PACK_MAX_ROWS + 1, 64])
+def test_a_bfloat16_compute_dtype_serves_float32_inputs(rows):
+    """A float32 layer with compute dtype bfloat16 (GGUF's Q8_0 kept): up to PACK_MAX_ROWS rows
+    through the int8 kernel in bfloat16, more (a prefill) through the dequantized weight in
+    float32; float32 out either way, each equal to the dequantized matmul to its rounding."""
     q = quantize_linear(_linear(bias=True), "int8", compute_dtype=torch.bfloat16)
     assert q.weight_scale.dtype == torch.bfloat16
     x = torch.randn(rows, 96)
-    assert quantized_linear._packs(x.bfloat16(), q.weight, q.pack_max_rows)
+    packs = rows <= PACK_MAX_ROWS
+    assert quantized_linear._packs(rows, q.weight, x.device, q.compute_dtype) == packs
     got = q(x)
     assert got.dtype == torch.float32
-    want = F.linear(x.bfloat16().float(), _dequantized(q), q.bias)
-    torch.testing.assert_close(got, want, rtol=2 ** -6, atol=2 ** -6 * want.abs().max())
+    if packs:
+        want = F.linear(x.bfloat16().float(), _dequantized(q), q.bias)
+        torch.testing.assert_close(got, want, rtol=2 ** -6, atol=2 ** -6 * want.abs().max())
+    else:
+        torch.testing.assert_close(got, F.linear(x, _dequantized(q), q.bias))
 
 
 def test_fp8_fallback_within_e4m3_rounding():
