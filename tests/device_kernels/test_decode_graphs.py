@@ -74,11 +74,11 @@ def test_greedy_output_is_unchanged_with_decode_graphs(tiny_llama_dir, monkeypat
     runner.capture_decode_graphs(8, 64, graphed.engine.max_model_len)
     assert sorted(runner.graphs.graphs) == [1, 2, 4, 8]
     ids = runner.buffers.views(8, 8).input_ids.data_ptr()
-    # Batches of 1, 3 (padded to 4) and 6 (to 8); ragged lengths finish at different steps,
-    # so the batch shrinks through the buckets.
+    # Batches of 1, 3 (padded to 4) and 6 (to 8); each sequence stops one step after the one
+    # before it, so the batch shrinks through every bucket (6 and 5 padded to 8, 3 to 4).
     for count, seed in ((1, 1), (3, 2), (6, 3)):
         prompts = _prompts(count, seed)
-        params = [SamplingParams(temperature=0.0, max_tokens=3 + 2 * i, ignore_eos=True)
+        params = [SamplingParams(temperature=0.0, max_tokens=2 + i, ignore_eos=True)
                   for i in range(count)]
         expected = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
         before = runner.graphs.replays
