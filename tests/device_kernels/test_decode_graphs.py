@@ -60,6 +60,12 @@ def test_step_buffers_keep_their_addresses_and_hold_ragged_tables():
         buffers.fill([1] * 13, [0] * 13, [0] * 13, [13], [13], [[0]])
 
 
+# Every context below stays under GRAPH_SPLIT_TOKENS, so at twice that model length a graph's
+# decode kernel has one split holding the context and one left empty: the cases a longer model
+# length (more empty splits, each interpreted on the CPU) only repeats.
+MAX_MODEL_LEN = 2 * decode_graphs.GRAPH_SPLIT_TOKENS
+
+
 def _prompts(count: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(100, 40000) for _ in range(rng.randrange(3, 40))] for _ in range(count)]
@@ -67,18 +73,19 @@ def _prompts(count: int, seed: int) -> list[list[int]]:
 
 def test_greedy_output_is_unchanged_with_decode_graphs(tiny_llama_dir, monkeypatch):
     options = {"show_progress": False, "dtype": "float32", "max_num_batched_tokens": 64,
-               "max_num_seqs": 8, "device": DEVICE.type, "kv_cache_memory": KV_CACHE_MEMORY}
+               "max_num_seqs": 8, "device": DEVICE.type, "kv_cache_memory": KV_CACHE_MEMORY,
+               "max_model_len": MAX_MODEL_LEN}
     eager = LLM(tiny_llama_dir, attention_backend="torch", **options)  # equals HF
     graphed = LLM(tiny_llama_dir, attention_backend="triton", **options)
     runner = graphed.engine.runner
     runner.capture_decode_graphs(8, 64, graphed.engine.max_model_len)
     assert sorted(runner.graphs.graphs) == [1, 2, 4, 8]
     ids = runner.buffers.views(8, 8).input_ids.data_ptr()
-    # Batches of 1, 3 (padded to 4) and 6 (to 8); ragged lengths finish at different steps,
-    # so the batch shrinks through the buckets.
+    # Batches of 1, 3 (padded to 4) and 6 (to 8); each sequence stops one step after the one
+    # before it, so the batch shrinks through every bucket (6 and 5 padded to 8, 3 to 4).
     for count, seed in ((1, 1), (3, 2), (6, 3)):
         prompts = _prompts(count, seed)
-        params = [SamplingParams(temperature=0.0, max_tokens=3 + 2 * i, ignore_eos=True)
+        params = [SamplingParams(temperature=0.0, max_tokens=2 + i, ignore_eos=True)
                   for i in range(count)]
         expected = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
         before = runner.graphs.replays
@@ -92,7 +99,8 @@ def test_greedy_output_is_unchanged_with_decode_graphs(tiny_llama_dir, monkeypat
 def test_decode_batches_larger_than_the_largest_graph_run_eagerly(tiny_llama_dir, monkeypatch):
     monkeypatch.setattr(decode_graphs, "MAX_GRAPH_BATCH", 2)
     options = {"show_progress": False, "dtype": "float32", "max_num_seqs": 4,
-               "device": DEVICE.type, "kv_cache_memory": KV_CACHE_MEMORY}
+               "device": DEVICE.type, "kv_cache_memory": KV_CACHE_MEMORY,
+               "max_model_len": MAX_MODEL_LEN}
     eager = LLM(tiny_llama_dir, attention_backend="torch", **options)
     graphed = LLM(tiny_llama_dir, attention_backend="triton", **options)
     runner = graphed.engine.runner
@@ -120,7 +128,8 @@ def test_speculative_verify_steps_replay_their_graphs(tiny_llama_dir, monkeypatc
     """Verify steps (up to K+1 tokens per sequence, fewer where a lookup found fewer
     proposals) replay the verify graphs; padding rows that no sequence owns change nothing."""
     options = {"show_progress": False, "dtype": "float32", "max_num_batched_tokens": 64,
-               "max_num_seqs": 8, "device": DEVICE.type, "kv_cache_memory": KV_CACHE_MEMORY}
+               "max_num_seqs": 8, "device": DEVICE.type, "kv_cache_memory": KV_CACHE_MEMORY,
+               "max_model_len": MAX_MODEL_LEN}
     eager = LLM(tiny_llama_dir, attention_backend="torch", **options)  # equals HF
     spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}'
     graphed = LLM(tiny_llama_dir, attention_backend="triton", speculative_config=spec,
@@ -219,7 +228,8 @@ def test_decode_graphs_serve_a_mix_of_lora_adapters(tiny_llama_dir, tmp_path):
                     for a in ADAPTERS[:2])
     options = {"show_progress": False, "dtype": "float32", "max_num_batched_tokens": 64,
                "max_num_seqs": 8, "device": DEVICE.type, "kv_cache_memory": KV_CACHE_MEMORY,
-               "enable_lora": True, "max_loras": 2, "max_lora_rank": 8, "lora_modules": modules}
+               "max_model_len": MAX_MODEL_LEN, "enable_lora": True, "max_loras": 2,
+               "max_lora_rank": 8, "lora_modules": modules}
     eager = LLM(tiny_llama_dir, attention_backend="torch", **options)
     graphed = LLM(tiny_llama_dir, attention_backend="triton", **options)
     runner = graphed.engine.runner

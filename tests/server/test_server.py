@@ -125,14 +125,16 @@ def test_echo_returns_prompt_and_completion(client):
 
 def test_32_concurrent_streams_equal_their_solo_runs(base_url, client, server_state):
     prompts = [f"Fact number {i}: the" for i in range(32)]
+    max_tokens = 5  # several chunks per stream, decoded while all 32 share the batch
 
     async def stream_all():
         aclient = async_openai_client(f"{base_url}/v1")
 
         async def one(prompt):
             parts = []
-            stream = await aclient.completions.create(model=MODEL, prompt=prompt, max_tokens=10,
-                                                      temperature=0, stream=True)
+            stream = await aclient.completions.create(model=MODEL, prompt=prompt,
+                                                      max_tokens=max_tokens, temperature=0,
+                                                      stream=True)
             async for chunk in stream:
                 parts.append(chunk.choices[0].text)
             return "".join(parts)
@@ -140,7 +142,7 @@ def test_32_concurrent_streams_equal_their_solo_runs(base_url, client, server_st
         return await asyncio.gather(*(one(p) for p in prompts))
 
     together = asyncio.run(stream_all())
-    alone = [client.completions.create(model=MODEL, prompt=p, max_tokens=10,
+    alone = [client.completions.create(model=MODEL, prompt=p, max_tokens=max_tokens,
                                        temperature=0).choices[0].text for p in prompts]
     assert together == alone
     _wait_idle(server_state)
