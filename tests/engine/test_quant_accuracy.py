@@ -11,6 +11,7 @@ from tokenmill.engine.bench.quant_modes import MODES, REFERENCE
 from tokenmill.engine.contract.config import EngineConfig
 from tokenmill.engine.core.engine import LLMEngine
 from tokenmill.engine.core.scoring import next_token_logprobs
+from tokenmill.engine.layers import int4_linear, quantized_linear
 
 # (min top-1 agreement, max mean KL in nats, max |perplexity delta|) on the fixed text's first
 # 2,048 tokens with SmolLM2, float32 on CPU. docs/quantization.md has the measured figures and
@@ -105,10 +106,17 @@ def test_smollm2_modes_within_the_stated_bounds(smollm2_dir, smollm2_text, smoll
     _within(results, {m: SMOLLM2_BOUNDS[m] for m in modes})
 
 
-def test_the_builtin_files_kept_quantization_within_the_stated_bounds(smollm2_text,
-                                                                      smollm2_reference):
+@pytest.mark.parametrize("path", ["prefill", "kernels"])
+def test_the_builtin_files_kept_quantization_within_the_stated_bounds(path, smollm2_text,
+                                                                      smollm2_reference,
+                                                                      monkeypatch):
     """`gguf` needs the GGUF file itself: its Q4_1 and Q8_0 blocks kept, against the same
-    weights dequantized to float32."""
+    weights dequantized to float32. Scoring a text is a prefill, whose long chunks multiply by
+    the unpacked float weights; with `kernels` every row goes through the int4/int8 kernels
+    (bfloat16 activations), as a decode step's do."""
+    if path == "kernels":
+        monkeypatch.setattr(int4_linear, "DEQUANTIZE_FROM_ROWS", 1 << 30)
+        monkeypatch.setattr(quantized_linear, "PACK_MAX_ROWS", 1 << 30)
     kept = accuracy.score(EngineConfig(quantization="gguf", dtype="float32"), smollm2_text)
     results = {"gguf": accuracy.compare(smollm2_reference, kept, smollm2_text)}
     _within(results, {"gguf": SMOLLM2_BOUNDS["gguf"]})
