@@ -10,9 +10,10 @@ The kernel is picked per call, from what measured fastest on CPU and what the GP
   `_weight_int8pack_mm` reads the int8 weight directly. Its float32 and float16 paths, and
   larger batches in bfloat16, are slower than the fallback below on the machine that set
   PACK_MAX_ROWS. A layer given a bfloat16 `compute_dtype` (GGUF's Q8_0 kept in a float32
-  model) converts its activations to bfloat16 for this kernel only; its fallback runs in the
-  model dtype, where converting the whole weight per call still beats the kernel's cost per
-  row from a few dozen rows (a prefill).
+  model) converts its activations to bfloat16 for this kernel only, up to
+  CONVERTED_PACK_MAX_ROWS rows; its fallback runs in the model dtype (float32), where
+  converting the whole weight per call beats the kernel's cost per row from a few dozen rows
+  (larger decode batches, a prefill).
 - fp8 on CUDA with compute capability 8.9 or higher: fp8_matmul.fp8_linear (`_scaled_mm`).
 - otherwise: the weight converted to the activation dtype, F.linear, then the output scaled
   per channel (cheaper than scaling the weight: N multiplies per row instead of N * K).
@@ -32,6 +33,7 @@ from tokenmill.engine.layers.linear import MergedLinear, SplitParts, linear_outp
 
 WEIGHT_DTYPES = {"int8": torch.int8, "fp8": FP8_DTYPE}
 PACK_MAX_ROWS = 12
+CONVERTED_PACK_MAX_ROWS = 32
 
 
 def dequantized_linear(x: torch.Tensor, weight: torch.Tensor,
@@ -45,10 +47,12 @@ def dequantized_linear(x: torch.Tensor, weight: torch.Tensor,
     return F.linear(x, weight.to(x.dtype)) * scale
 
 
-def _packs(rows: int, weight: torch.Tensor, device: torch.device,
-           compute_dtype: torch.dtype) -> bool:
-    return (weight.dtype == torch.int8 and device.type == "cpu"
-            and compute_dtype == torch.bfloat16 and rows <= PACK_MAX_ROWS)
+def _packs(rows: torch.Tensor, weight: torch.Tensor, compute_dtype: torch.dtype) -> bool:
+    """Whether these rows (in the model dtype) go through `_weight_int8pack_mm`."""
+    if weight.dtype != torch.int8 or rows.device.type != "cpu" or compute_dtype != torch.bfloat16:
+        return False
+    limit = PACK_MAX_ROWS if rows.dtype == compute_dtype else CONVERTED_PACK_MAX_ROWS
+    return rows.shape[0] <= limit
 
 
 class QuantizedLinear(nn.Module):
@@ -72,7 +76,7 @@ class QuantizedLinear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         if self.scaled_mm:
             y = fp8_linear(rows.to(self.compute_dtype), self.weight, self.weight_scale)
-        elif _packs(rows.shape[0], self.weight, rows.device, self.compute_dtype):
+        elif _packs(rows, self.weight, self.compute_dtype):
             y = torch.ops.aten._weight_int8pack_mm(rows.to(self.compute_dtype).contiguous(),
                                                    self.weight, self.weight_scale)
         else:

@@ -116,7 +116,7 @@ def test_the_builtin_files_kept_quantization_within_the_stated_bounds(path, smol
     (bfloat16 activations), as a decode step's do."""
     if path == "kernels":
         monkeypatch.setattr(int4_linear, "DEQUANTIZE_FROM_ROWS", 1 << 30)
-        monkeypatch.setattr(quantized_linear, "PACK_MAX_ROWS", 1 << 30)
+        monkeypatch.setattr(quantized_linear, "CONVERTED_PACK_MAX_ROWS", 1 << 30)
     kept = accuracy.score(EngineConfig(quantization="gguf", dtype="float32"), smollm2_text)
     results = {"gguf": accuracy.compare(smollm2_reference, kept, smollm2_text)}
     _within(results, {"gguf": SMOLLM2_BOUNDS["gguf"]})

@@ -15,6 +15,7 @@ from tokenmill.engine.layers import fp8_matmul, quantized_linear
 from tokenmill.engine.layers.fp8_matmul import quantize_rows, scaled_mm_supported
 from tokenmill.engine.layers.linear import MergedLinear
 from tokenmill.engine.layers.quantized_linear import (
+    CONVERTED_PACK_MAX_ROWS,
     PACK_MAX_ROWS,
     QuantizedLinear,
     QuantizedMergedLinear,
@@ -66,24 +67,25 @@ def test_int8_bfloat16_matches_dequantized_matmul(rows):
     q = quantize_linear(_linear(bias=False).to(torch.bfloat16), "int8")
     assert q.weight_scale.dtype == torch.bfloat16
     x = torch.randn(rows, 96, dtype=torch.bfloat16)
-    assert quantized_linear._packs(rows, q.weight, x.device, q.compute_dtype) == (
-        rows <= PACK_MAX_ROWS)
+    assert quantized_linear._packs(x, q.weight, q.compute_dtype) == (rows <= PACK_MAX_ROWS)
     want = F.linear(x.float(), _dequantized(q))
     got = q(x)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want, rtol=2 ** -6, atol=2 ** -6 * want.abs().max())
 
 
-@pytest.mark.parametrize("rows", [1, PACK_MAX_ROWS, PACK_MAX_ROWS + 1, 64])
+@pytest.mark.parametrize("rows", [1, PACK_MAX_ROWS + 1, CONVERTED_PACK_MAX_ROWS,
+                                  CONVERTED_PACK_MAX_ROWS + 1, 64])
 def test_a_bfloat16_compute_dtype_serves_float32_inputs(rows):
-    """A float32 layer with compute dtype bfloat16 (GGUF's Q8_0 kept): up to PACK_MAX_ROWS rows
-    through the int8 kernel in bfloat16, more (a prefill) through the dequantized weight in
-    float32; float32 out either way, each equal to the dequantized matmul to its rounding."""
+    """A float32 layer with compute dtype bfloat16 (GGUF's Q8_0 kept): up to
+    CONVERTED_PACK_MAX_ROWS rows through the int8 kernel in bfloat16, more (large batches, a
+    prefill) through the dequantized weight in float32; float32 out either way, each equal to
+    the dequantized matmul to its rounding."""
     q = quantize_linear(_linear(bias=True), "int8", compute_dtype=torch.bfloat16)
     assert q.weight_scale.dtype == torch.bfloat16
     x = torch.randn(rows, 96)
-    packs = rows <= PACK_MAX_ROWS
-    assert quantized_linear._packs(rows, q.weight, x.device, q.compute_dtype) == packs
+    packs = rows <= CONVERTED_PACK_MAX_ROWS
+    assert quantized_linear._packs(x, q.weight, q.compute_dtype) == packs
     got = q(x)
     assert got.dtype == torch.float32
     if packs:
