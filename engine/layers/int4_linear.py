@@ -62,15 +62,13 @@ class Int4Weight:
                           torch.cat([p.zero for p in parts]))
 
 
-def unpack_codes(packed: torch.Tensor, out_features: int, in_features: int,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
-    """The [N, K] codes of `_convert_weight_to_int4pack_for_cpu`'s output, as `out`'s dtype
-    (float32 by default). The packing stores blocks of 32 output rows; in a block, input k
-    takes 16 bytes whose low nibbles are rows 0..15 and high nibbles rows 16..31 (checked
-    against this torch by `unpacking_matches_the_kernel`)."""
+def unpack_codes(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """The [N, K] codes of `_convert_weight_to_int4pack_for_cpu`'s output, in float32. The
+    packing stores blocks of 32 output rows; in a block, input k takes 16 bytes whose low
+    nibbles are rows 0..15 and high nibbles rows 16..31 (checked against this torch by
+    `unpacking_matches_the_kernel`)."""
     blocks = packed.view(out_features // PACK_ROWS, in_features, PACK_ROWS // 2).transpose(1, 2)
-    if out is None:
-        out = torch.empty(out_features, in_features)
+    out = torch.empty(out_features, in_features)
     grouped = out.view(out_features // PACK_ROWS, PACK_ROWS, in_features)
     torch.bitwise_and(blocks, 15, out=grouped[:, :PACK_ROWS // 2])
     torch.bitwise_right_shift(blocks, 4, out=grouped[:, PACK_ROWS // 2:])
