@@ -14,11 +14,13 @@ from tokenmill.engine.contract.config import add_engine_arguments, engine_config
 
 def _generate(args: argparse.Namespace) -> int:
     from tokenmill.engine.core.sampling_params import SamplingParams
-    from tokenmill.engine.frontend.llm import LLM
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                             seed=args.sampling_seed)  # checked before the model loads
-    llm = LLM(**dataclasses.asdict(engine_config_from_args(args)))
+    config = engine_config_from_args(args)
+    from tokenmill.engine.frontend.llm import LLM
+
+    llm = LLM(**dataclasses.asdict(config))
     prompts = args.prompt or ["What is the capital of France?"]
     if args.raw:
         outputs = llm.generate(prompts, params)
@@ -36,9 +38,10 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    config = engine_config_from_args(args)  # a bad option fails before the server imports
     from tokenmill.engine.server.serve import serve
 
-    return serve(engine_config_from_args(args), args)
+    return serve(config, args)
 
 
 def _download(argv: list[str]) -> int:
@@ -163,22 +166,31 @@ def main(argv: list[str] | None = None) -> int:
         return _download(argv[1:])
     args = build_parser().parse_args(argv)
     configure_logging()
-    from tokenmill.engine.core.errors import (
-        ConfigError,
-        ModelLoadError,
-        RequestError,
-        SamplingParamsError,
-    )
-
     prog = " ".join(filter(None, ["tokenmill", args.command, getattr(args, "bench_command", None)]))
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, SamplingParamsError) as exc:  # an invalid option: one line, as argparse
+    except Exception as exc:
+        code = _exit_code(exc)
+        if code is None:
+            raise
         print(f"{prog}: error: {exc}", file=sys.stderr)
+        return code
+
+
+def _exit_code(exc: Exception) -> int | None:
+    """2 for an invalid option (as argparse), 1 for a model or prompt that cannot work, None
+    for anything else (a bug: its traceback is shown). Imported here, where they are needed:
+    the engine's errors module imports torch, so the option errors are told apart first."""
+    from tokenmill.engine.contract.config import ConfigError
+    from tokenmill.engine.core.sampling_params import SamplingParamsError
+
+    if isinstance(exc, ConfigError | SamplingParamsError):
         return 2
-    except (ModelLoadError, OSError, RequestError) as exc:  # a model or prompt that cannot work
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+    from tokenmill.engine.core.errors import ModelLoadError, RequestError
+
+    if isinstance(exc, ModelLoadError | OSError | RequestError):
         return 1
+    return None
 
 
 if __name__ == "__main__":

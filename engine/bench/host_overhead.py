@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from tokenmill.engine.bench.engine_run import decode_step
 from tokenmill.engine.bench.offline import parse_batch_sizes
 
 # Ops are counted on steps of their own: the counting mode slows every op down.
@@ -120,6 +119,7 @@ def measure(engine: Any, batch_size: int, steps: int, warmup: int,
             prompt_len: int) -> dict[str, Any]:
     """One prefill step for `batch_size` distinct prompts, then `warmup` untimed decode steps,
     `steps` timed ones and COUNTED_STEPS with the ops counted; every request then finishes."""
+    from tokenmill.engine.bench.engine_run import decode_step
     from tokenmill.engine.core.sampling_params import SamplingParams
 
     rng = random.Random(batch_size)

@@ -12,12 +12,13 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tokenmill.engine.bench.engine_run import EngineRun
-from tokenmill.engine.bench.hf_baseline import HFRun
+if TYPE_CHECKING:  # both import torch: only when a benchmark runs
+    from tokenmill.engine.bench.engine_run import EngineRun
+    from tokenmill.engine.bench.hf_baseline import HFRun
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STEADY_FRACTION = 0.5

@@ -8,11 +8,13 @@ import math
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tokenmill.engine.bench.serve_client import RequestResult
 from tokenmill.engine.bench.serve_dataset import ServePrompt
 from tokenmill.engine.bench.workload import parse_range
+
+if TYPE_CHECKING:  # the client imports aiohttp: only when a benchmark runs
+    from tokenmill.engine.bench.serve_client import RequestResult
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -47,3 +47,25 @@ def test_a_prompt_longer_than_the_context_is_one_line_and_exit_1(capsys):
     assert main(["generate", "--max-model-len", "16", "--max-tokens", "4"]) == 1
     err = capsys.readouterr().err.splitlines()[-1]
     assert err.startswith("tokenmill generate: error: this model's maximum context length is 16")
+
+
+def test_help_and_option_errors_import_no_torch(tmp_path):
+    """`tokenmill --help` and a refused option answer at once: the parser and the option
+    checks import neither torch nor the server's libraries (each costs seconds)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from tokenmill.engine.cli import build_parser, main\n"
+        "build_parser()\n"
+        "assert main(['serve', '--block-size', '7']) == 2\n"
+        "assert main(['generate', '--temperature', '-1']) == 2\n"
+        "heavy = {'torch', 'fastapi', 'aiohttp', 'transformers'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    # Away from the repository root, whose `operator` package would shadow the standard one.
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "block_size: 7 is not one of" in done.stderr
