@@ -118,7 +118,7 @@ class Int4Linear(nn.Module):
         self.unpacks = self.out_features % PACK_ROWS == 0 and unpacking_matches_the_kernel()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
+        rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         if self.unpacks and rows.shape[0] >= DEQUANTIZE_FROM_ROWS:
             return linear_output(F.linear(rows, self.dequantized(rows.dtype)), x, self.bias)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(

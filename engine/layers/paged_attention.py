@@ -29,8 +29,10 @@ def write_kv(
     scales when the caches are."""
     num_kv_heads, head_dim = k.shape[-2:]
     if k_scale is None:
-        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+        if k.dtype != k_cache.dtype:  # .to() dispatches an op even when the dtype matches
+            k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
+        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
+        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
         return
     for x, cache, scales in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
         values, row_scales = quantize(x, cache.dtype)

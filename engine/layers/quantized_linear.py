@@ -73,7 +73,7 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("bias", bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
+        rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         if self.scaled_mm:
             y = fp8_linear(rows.to(self.compute_dtype), self.weight, self.weight_scale)
         elif _packs(rows, self.weight, self.compute_dtype):
