@@ -10,9 +10,9 @@ than float32 F.linear), so activations are converted to bfloat16 for the matmul 
 back to the model dtype; scales and offsets are kept in bfloat16, as the kernel takes them.
 
 The kernel's cost grows with the rows like a plain matmul's, at about twice its time per row,
-so from DEQUANTIZE_FROM_ROWS rows (a prefill) the layer unpacks its codes into a float weight
-for that call and runs F.linear in the model dtype: unpacking costs about as much as the
-kernel on a few dozen rows, and a long prompt's first token comes sooner (docs/benchmarks.md).
+so from DEQUANTIZE_FROM_ROWS rows (a prefill) the layer unpacks its codes into a float32
+weight for that call and runs F.linear in float32: unpacking costs about as much as the kernel
+on a few dozen rows, and a long prompt's first token comes sooner (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -120,20 +120,22 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         if self.unpacks and rows.shape[0] >= DEQUANTIZE_FROM_ROWS:
-            return linear_output(F.linear(rows, self.dequantized(rows.dtype)), x, self.bias)
+            # float32 whatever the model dtype: a bfloat16 matmul is several times slower than
+            # the kernel on CPUs without native bfloat16.
+            return linear_output(F.linear(rows.float(), self.dequantized()), x, self.bias)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(
             rows.to(COMPUTE_DTYPE).contiguous(), self.weight, GROUP_SIZE, self.scales_and_zeros)
         return linear_output(y, x, self.bias)
 
-    def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The [N, K] weight the kernel multiplies by, (q - 8) * scale + zero with its
-        bfloat16 scales and offsets, computed in float32 as q * scale + (zero - 8 * scale)
-        (one pass fewer) and returned in `dtype`."""
+    def dequantized(self) -> torch.Tensor:
+        """The [N, K] float32 weight the kernel multiplies by, (q - 8) * scale + zero with its
+        bfloat16 scales and offsets, computed as q * scale + (zero - 8 * scale) (one pass
+        fewer)."""
         weight = unpack_codes(self.weight, self.out_features, self.in_features)
         scale, zero = self.scales_and_zeros.float().permute(2, 1, 0)  # each [N, K / 32]
         groups = weight.view(self.out_features, -1, GROUP_SIZE)
         groups.mul_(scale.unsqueeze(2)).add_((zero - 8 * scale).unsqueeze(2))
-        return weight if dtype == torch.float32 else weight.to(dtype)
+        return weight
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

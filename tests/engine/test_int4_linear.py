@@ -127,3 +127,7 @@ def test_many_rows_multiply_by_the_weight_the_kernel_multiplies_by():
     kernel_path = torch.cat([layer(row) for row in x.split(DEQUANTIZE_FROM_ROWS - 1)])
     assert (float_path - kernel_path).abs().max() <= 0.02 * float_path.abs().max()
     torch.testing.assert_close(float_path, F.linear(x, layer.dequantized()))
+    # bfloat16 rows are multiplied in float32 too (a bfloat16 matmul is slow on CPUs without
+    # native bfloat16), then rounded once.
+    half = x.bfloat16()
+    assert torch.equal(layer(half), F.linear(half.float(), layer.dequantized()).bfloat16())
