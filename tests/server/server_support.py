@@ -3,20 +3,17 @@
 In this process: `server_state` builds a ServerState (loaded unless asked not to),
 `running_server` serves one with a real uvicorn server on a loopback port in a background
 thread, and `in_process_server` does both and shuts the engine down afterwards. As a
-subprocess: `ServeProcess` runs `tokenmill serve`, and `serve_exits` runs several argument
-cases that end it before any model is read through its entry point in one process.
+subprocess: `ServeProcess` runs `tokenmill serve`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -154,51 +151,3 @@ class ServeProcess(subprocess.Popen):
             if self.poll() is None:
                 os.kill(self.pid, signal.SIGKILL)
         return self.returncode, stderr
-
-
-# Each case through `python -m tokenmill.engine.cli`'s own `sys.exit(main())`, as a process of
-# its own would end: the exit status (an uncaught exception prints its traceback, status 1)
-# and everything written to file descriptor 2 while it ran; stdout is dropped.
-_EXITS = r"""
-import contextlib, io, json, os, sys, tempfile, traceback
-from tokenmill.engine.cli import main
-
-results = []
-for argv, env in json.loads(sys.stdin.read()):
-    saved = dict(os.environ)
-    os.environ.update(env)
-    with tempfile.TemporaryFile("w+") as err:
-        fd2 = os.dup(2)
-        os.dup2(err.fileno(), 2)
-        try:
-            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-                try:
-                    code = main(argv)
-                except SystemExit as exc:
-                    code = exc.code
-                except BaseException:
-                    traceback.print_exc()
-                    code = 1
-            code = 0 if code is None else code if isinstance(code, int) else 1
-        finally:
-            err.flush()
-            os.dup2(fd2, 2)
-            os.close(fd2)
-        err.seek(0)
-        results.append([code, err.read()])
-    os.environ.clear()
-    os.environ.update(saved)
-print(json.dumps(results))
-"""
-
-
-def serve_exits(cases: list[tuple[str, list[str], dict[str, str]]]) -> list[tuple[int, str]]:
-    """(exit status, stderr) of `tokenmill serve --model MODEL FLAGS` with `env` added, for each
-    (model, flags, env) case, as ServeProcess(...).finish() gives them; all in one process, for
-    cases that end at the arguments (each case's stderr is its own)."""
-    runs = [(["serve", "--model", model, "--host", "127.0.0.1", "--port", str(free_port()),
-              *flags], env) for model, flags, env in cases]
-    done = subprocess.run([sys.executable, "-P", "-c", _EXITS], input=json.dumps(runs),
-                          capture_output=True, text=True, cwd="/", timeout=120)
-    assert done.returncode == 0, done.stderr
-    return [(code, stderr) for code, stderr in json.loads(done.stdout.splitlines()[-1])]

@@ -8,7 +8,7 @@ import signal
 import httpx
 import openai
 import pytest
-from server_support import ServeProcess, openai_client, serve_exits
+from server_support import ServeProcess, openai_client
 
 KEY = "tm-test-key-0123456789"
 
@@ -80,24 +80,14 @@ def test_a_key_for_tokenize_through_the_official_client(keyed):
             "/tokenize", body={"prompt": "Hi"}, cast_to=object)
 
 
-UNUSABLE_KEYS = [
+@pytest.mark.parametrize("flags,env,reason", [
     (["--api-key", ""], {}, "is empty"),
     ([], {"TOKENMILL_API_KEY": ""}, "is empty"),
     ([], {"TOKENMILL_API_KEY": "s3cret\n"}, "trailing newline"),
     (["--api-key", "s3cret key"], {}, "visible ASCII"),
-]
-
-
-@pytest.fixture(scope="module")
-def unusable_key_exits():
-    """`tokenmill serve`'s exit status and stderr for each case of UNUSABLE_KEYS, in its order:
-    one process runs them all (each ends at its arguments)."""
-    return serve_exits([("/nonexistent", flags, env) for flags, env, _ in UNUSABLE_KEYS])
-
-
-@pytest.mark.parametrize("flags,env,reason", UNUSABLE_KEYS)
-def test_an_unusable_key_exits_2_without_echoing_it(unusable_key_exits, flags, env, reason):
-    code, stderr = unusable_key_exits[UNUSABLE_KEYS.index((flags, env, reason))]
+])
+def test_an_unusable_key_exits_2_without_echoing_it(flags, env, reason):
+    code, stderr = ServeProcess("/nonexistent", *flags, env=env).finish()
     assert code == 2, stderr
     assert reason in stderr and "s3cret" not in stderr
     assert "--api-key" in stderr

@@ -10,7 +10,7 @@ import time
 
 import httpx
 import pytest
-from server_support import ServeProcess, running_server, serve_exits, server_state
+from server_support import ServeProcess, running_server, server_state
 
 
 @pytest.mark.parametrize("model,flags,reason", [
@@ -42,25 +42,8 @@ def test_a_model_that_cannot_load_exits_1_with_the_reason(tmp_path, tiny_llama_d
     assert "Traceback" not in stderr  # the option or path says it all
 
 
-SPECULATIVE_CONFIGS = [
-    ('{"method": "medusa", "num_speculative_tokens": 2}', "method 'medusa' is not one of"),
-    ('{"method": "ngram", "num_speculative_tokens": 40}',
-     "'num_speculative_tokens' must be in 1..16, got 40"),
-    ("{not json", "is not JSON"),
-]
-
-
-@pytest.fixture(scope="module")
-def argument_exits():
-    """`tokenmill serve`'s exit status and stderr for each argument case below, by its flags:
-    one process runs them all (each ends at its arguments)."""
-    cases = [("--block-size", "7")] + [("--speculative-config", c) for c, _ in SPECULATIVE_CONFIGS]
-    return dict(zip(cases, serve_exits([("/nonexistent", list(c), {}) for c in cases]),
-                    strict=True))
-
-
-def test_an_invalid_option_value_exits_2_naming_it(argument_exits):
-    code, stderr = argument_exits["--block-size", "7"]
+def test_an_invalid_option_value_exits_2_naming_it():
+    code, stderr = ServeProcess("/nonexistent", "--block-size", "7").finish()
     assert code == 2
     assert stderr.startswith("tokenmill serve: error: block_size: 7 ")
     assert len(stderr.strip().splitlines()) == 1, stderr
@@ -112,9 +95,14 @@ def test_a_dead_engine_loop_stops_the_server(tiny_llama_dir):
         assert isinstance(failure, RuntimeError) and "device lost" in str(failure)
 
 
-@pytest.mark.parametrize("config, reason", SPECULATIVE_CONFIGS)
-def test_a_speculative_config_that_cannot_run_exits_2_naming_it(argument_exits, config, reason):
-    code, stderr = argument_exits["--speculative-config", config]
+@pytest.mark.parametrize("config, reason", [
+    ('{"method": "medusa", "num_speculative_tokens": 2}', "method 'medusa' is not one of"),
+    ('{"method": "ngram", "num_speculative_tokens": 40}',
+     "'num_speculative_tokens' must be in 1..16, got 40"),
+    ("{not json", "is not JSON"),
+])
+def test_a_speculative_config_that_cannot_run_exits_2_naming_it(config, reason):
+    code, stderr = ServeProcess("/nonexistent", "--speculative-config", config).finish()
     assert code == 2
     assert stderr.startswith("tokenmill serve: error: speculative_config: ")
     assert reason in stderr and len(stderr.strip().splitlines()) == 1, stderr
