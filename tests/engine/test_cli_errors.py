@@ -3,6 +3,9 @@ the command and the reason, exit 1, and no traceback; a bad option stays exit 2.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from tokenmill.engine.cli import main
@@ -52,9 +55,6 @@ def test_a_prompt_longer_than_the_context_is_one_line_and_exit_1(capsys):
 def test_help_and_option_errors_import_no_torch(tmp_path):
     """`tokenmill --help` and a refused option answer at once: the parser and the option
     checks import neither torch nor the server's libraries (each costs seconds)."""
-    import subprocess
-    import sys
-
     script = (
         "import sys\n"
         "from tokenmill.engine.cli import build_parser, main\n"
