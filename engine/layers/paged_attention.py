@@ -57,6 +57,10 @@ class DecodeBucket:
     # one sequence, which attends to exactly its `length` tokens with no mask to apply.
     mask: torch.Tensor | None
     length: int
+    # A lone sequence on CPU whose blocks are consecutive in the pool (the allocator hands out
+    # fresh blocks in order): the first of them, so its context is read as a view of the cache
+    # instead of gathered into a copy at every layer. None otherwise.
+    first_block: int | None = None
 
 
 def paged_attention(
@@ -111,8 +115,18 @@ def _build_decode_buckets(meta: AttentionMetadata, block_size: int) -> list[Deco
             rows=meta.query_start_loc.index_select(0, index),
             blocks=blocks.contiguous(), num_blocks=num_blocks, mask=mask,
             length=max(meta.seq_lens_list[i] for i in seqs),
+            first_block=_first_of_consecutive(blocks) if len(seqs) == 1 else None,
         ))
     return buckets
+
+
+def _first_of_consecutive(blocks: torch.Tensor) -> int | None:
+    """blocks[0] where the blocks are blocks[0], blocks[0] + 1, ...; None otherwise. Read on
+    the host, so only for CPU tensors: on a GPU it would wait for the device every step."""
+    if blocks.device.type != "cpu":
+        return None
+    ids = blocks.tolist()
+    return ids[0] if ids == list(range(ids[0], ids[0] + len(ids))) else None
 
 
 def _read(cache: torch.Tensor, scales: torch.Tensor | None, blocks: torch.Tensor,
@@ -124,6 +138,19 @@ def _read(cache: torch.Tensor, scales: torch.Tensor | None, blocks: torch.Tensor
     # Gathered as bytes: index kernels do not cover float8 on every device.
     values = cache.view(torch.uint8).index_select(0, blocks).view(cache.dtype)
     return dequantize(values, scales.index_select(0, blocks), dtype)
+
+
+def _read_bucket(cache: torch.Tensor, scales: torch.Tensor | None, bucket: DecodeBucket,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """The bucket's blocks of one cache in dtype: sliced, not gathered, where they are
+    consecutive (a view when no conversion is needed)."""
+    first = bucket.first_block
+    if first is None:
+        return _read(cache, scales, bucket.blocks, dtype)
+    values = cache.narrow(0, first, bucket.num_blocks)
+    if scales is not None:
+        return dequantize(values, scales.narrow(0, first, bucket.num_blocks), dtype)
+    return values if values.dtype == dtype else values.to(dtype)
 
 
 def _gather(cache: torch.Tensor, scales: torch.Tensor | None, block_table: torch.Tensor,
@@ -159,8 +186,8 @@ def _decode_bucket(q, cache: KVLayer, bucket: DecodeBucket, scale):
     _, block_size, num_kv_heads, head_dim = cache.k.shape
     num_heads = q.shape[1]
     length = bucket.num_blocks * block_size
-    k = _read(cache.k, cache.k_scale, bucket.blocks, q.dtype)
-    v = _read(cache.v, cache.v_scale, bucket.blocks, q.dtype)
+    k = _read_bucket(cache.k, cache.k_scale, bucket, q.dtype)
+    v = _read_bucket(cache.v, cache.v_scale, bucket, q.dtype)
     k, v = (x.view(batch, length, num_kv_heads, head_dim) for x in (k, v))
     if bucket.mask is None:
         k, v = k[:, :bucket.length], v[:, :bucket.length]

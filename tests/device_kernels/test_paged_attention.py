@@ -65,3 +65,38 @@ def test_mixed_batch_of_prefill_chunks_and_decodes(block_size, heads, kv_heads):
     for i, q in enumerate(qs):
         expected = _dense(q, full_k[i], full_v[i], scale)
         torch.testing.assert_close(out[starts[i]:starts[i + 1]], expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kv_dtype", [None, torch.int8])
+@pytest.mark.parametrize("consecutive", [True, False])
+def test_a_lone_decoding_sequence_reads_its_blocks_in_place_or_gathered(kv_dtype, consecutive):
+    """One decoding sequence whose blocks follow each other in the pool is read as a slice of
+    the cache instead of a gathered copy: same output as dense attention, either way."""
+    from tokenmill.engine.layers.kv_quant import dequantize, quantize
+    from tokenmill.engine.layers.paged_attention import decode_buckets
+
+    torch.manual_seed(0)
+    block_size, kv_heads, heads, dim, num_blocks, length = 4, 2, 6, 8, 16, 14
+    table = [5, 6, 7, 8] if consecutive else [9, 2, 3, 12]
+    k = torch.randn(length, kv_heads, dim)
+    v = torch.randn(length, kv_heads, dim)
+    shape = (num_blocks, block_size, kv_heads, dim)
+    k_cache = torch.zeros(shape, dtype=kv_dtype or torch.float32)
+    v_cache = torch.zeros_like(k_cache)
+    k_scale = v_scale = None
+    if kv_dtype is not None:
+        k_scale, v_scale = torch.ones(shape[:3]), torch.ones(shape[:3])
+        # The reference attends to what the cache can hold: the values after a round trip.
+        k, v = (dequantize(*quantize(x, kv_dtype), torch.float32) for x in (k, v))
+    slots = torch.tensor([table[p // block_size] * block_size + p % block_size
+                          for p in range(length)])
+    write_kv(k, v, k_cache, v_cache, slots, k_scale, v_scale)
+    meta = AttentionMetadata(
+        slot_mapping=slots[-1:], block_tables=torch.tensor([table]),
+        seq_lens=torch.tensor([length]), query_start_loc=torch.tensor([0, 1]),
+        seq_lens_list=[length], query_lens_list=[1],
+    )
+    q = torch.randn(1, heads, dim)
+    out = paged_attention(q, k_cache, v_cache, meta, dim ** -0.5, k_scale, v_scale)
+    assert decode_buckets(meta, block_size)[0].first_block == (5 if consecutive else None)
+    torch.testing.assert_close(out, _dense(q, k, v, dim ** -0.5), atol=1e-5, rtol=1e-5)
