@@ -13,7 +13,7 @@ from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic_core import from_json
 
-from tokenmill.engine.server.adapters import add_runtime_routes, model_cards
+from tokenmill.engine.server.adapters import add_runtime_routes, model_cards, resolve_model
 from tokenmill.engine.server.errors import install_error_handlers
 from tokenmill.engine.server.middleware import ApiKey, BodyLimit, RequestId
 from tokenmill.engine.server.openai_serving import create_chat_completion, create_completion
@@ -100,6 +100,13 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": model_cards(state, created)}
+
+    @app.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str):
+        """One model's card (the openai client's `models.retrieve`); 404 for any other name.
+        `:path`, since served names may hold slashes (`Qwen/Qwen3-0.6B`)."""
+        resolve_model(state, model)
+        return next(card for card in model_cards(state, created) if card["id"] == model)
 
     if state.config.enable_lora and state.config.allow_runtime_lora_updating:
         add_runtime_routes(app, state)

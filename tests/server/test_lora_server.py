@@ -83,6 +83,8 @@ def test_models_lists_the_adapters_with_their_parent(server, adapters):
     assert set(cards) >= {"tiny", "sql", "chat"}
     assert cards["sql"].parent == "tiny" and cards["sql"].root == adapters["sql"]
     assert cards["tiny"].parent is None
+    retrieved = _client(server).models.retrieve("sql")
+    assert retrieved.model_dump() == cards["sql"].model_dump()
 
 
 def test_an_unknown_model_is_a_404_in_openai_shape(server):

@@ -7,6 +7,7 @@ import json
 import time
 
 import httpx
+import openai
 import pytest
 from model_support import SMOLLM2
 from prometheus_client.parser import text_string_to_metric_families
@@ -288,6 +289,17 @@ def test_health_models_and_version(base_url):
         assert http.get(base_url + "/version").json()["version"]
         assert http.get(base_url + "/v1/nothing").json()["error"]["type"]
     assert json.loads(json.dumps(models))
+
+
+def test_a_model_is_retrieved_by_name_and_an_unknown_one_is_a_404(client):
+    """The openai client's models.retrieve: the same card /v1/models lists; another name is
+    an OpenAI-style 404 naming what is served."""
+    card = client.models.retrieve(MODEL)
+    assert card.id == MODEL and card.owned_by == "tokenmill"
+    assert card.model_dump() == client.models.list().data[0].model_dump()
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.models.retrieve("some-org/another-model")
+    assert caught.value.body["code"] == "model_not_found" and MODEL in caught.value.message
 
 
 def test_prefix_cache_hits_are_counted_and_salts_keep_tenants_apart(base_url, client,
