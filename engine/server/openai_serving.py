@@ -58,7 +58,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     adapter = _check_serving(state, body.model)
     plan = _tool_plan(body, state)
     try:
-        ids = chat_ids(state, body.conversation(), plan.template_tools)
+        ids = chat_ids(state, body.conversation(), plan.template_tools,
+                       add_generation_prompt=body.add_generation_prompt,
+                       continue_final_message=body.continue_final_message,
+                       template_kwargs=body.chat_template_kwargs)
     except ValueError as exc:
         raise APIError(400, f"messages: {exc}", param="messages") from exc
     max_tokens = body.max_completion_tokens or body.max_tokens or _room(state, [ids])
@@ -116,13 +119,16 @@ def _tokenize(state: ServerState, prompt: str | list[int]) -> list[int]:
 
 def chat_ids(state: ServerState, conversation: list[dict[str, Any]],
              tools: list[dict] | None = None, add_generation_prompt: bool = True,
-             continue_final_message: bool = False, add_special_tokens: bool = False) -> list[int]:
+             continue_final_message: bool = False, add_special_tokens: bool = False,
+             template_kwargs: dict[str, Any] | None = None) -> list[int]:
     """The conversation through the chat template, tokenized (as transformers does with
-    tokenize=True: the template writes the special tokens, so none are added by default)."""
+    tokenize=True: the template writes the special tokens, so none are added by default).
+    `template_kwargs` are extra variables of the template (checked by ChatTemplateFields)."""
     try:
         text = state.tokenizer.apply_chat_template(
             conversation, tools=tools, add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message, tokenize=False)
+            continue_final_message=continue_final_message, tokenize=False,
+            **(template_kwargs or {}))
     except Exception as exc:  # template errors (e.g. role order) are the caller's to fix
         raise ValueError(f"the chat template rejected the messages: {exc}") from exc
     return state.tokenizer.encode(text, add_special_tokens=add_special_tokens)

@@ -179,7 +179,43 @@ class ChatMessage(RequestModel):
         return self.content or ""
 
 
-class ChatCompletionRequest(SamplingFields):
+# apply_chat_template's own parameters, and the template's `messages`: set by the server or by
+# the request's own fields, never through chat_template_kwargs (the template's variables).
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "sanitize_control_tokens", "padding", "truncation",
+    "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+    "tokenizer_kwargs",
+})
+
+
+class ChatTemplateFields(RequestModel):
+    """vLLM's chat-template fields of a request with `messages`: whether the template opens
+    the assistant's turn, or continues the last (assistant) message instead; and extra
+    variables for the template (Qwen3's `enable_thinking`, say)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        reserved = sorted(set(value or {}) & RESERVED_TEMPLATE_KWARGS)
+        if reserved:
+            raise ValueError(f"{reserved[0]!r} is not a template variable the request may set "
+                             "(use the request field of that name where there is one)")
+        return value
+
+    @model_validator(mode="after")
+    def _one_ending(self) -> ChatTemplateFields:
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt can't both be "
+                             "true")
+        return self
+
+
+class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -199,7 +235,7 @@ class ChatCompletionRequest(SamplingFields):
         return [m.template_message() for m in self.messages]
 
 
-class TokenizeRequest(RequestModel):
+class TokenizeRequest(ChatTemplateFields):
     """vLLM's /tokenize: a `prompt`, or chat `messages` rendered by the chat template."""
 
     model_config = ConfigDict(extra="ignore")
@@ -207,8 +243,6 @@ class TokenizeRequest(RequestModel):
     model: str | None = None
     prompt: str | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
     # None: vLLM's defaults, true for a prompt (BOS and the like), false for messages (the
     # chat template writes its own).
     add_special_tokens: bool | None = None
@@ -218,9 +252,6 @@ class TokenizeRequest(RequestModel):
     def _one_input(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give either prompt or messages")
-        if self.continue_final_message and self.add_generation_prompt:
-            raise ValueError("continue_final_message and add_generation_prompt can't both be "
-                             "true")
         return self
 
     def conversation(self) -> list[dict[str, Any]]:

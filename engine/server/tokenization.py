@@ -15,6 +15,7 @@ def tokenize(body: TokenizeRequest, state: ServerState) -> dict:
             ids = chat_ids(state, body.conversation(),
                            add_generation_prompt=body.add_generation_prompt,
                            continue_final_message=body.continue_final_message,
+                           template_kwargs=body.chat_template_kwargs,
                            add_special_tokens=bool(body.add_special_tokens))
         except ValueError as exc:
             raise APIError(400, f"messages: {exc}", param="messages") from exc

@@ -50,6 +50,69 @@ def test_tokenize_messages_counts_what_chat_completions_counts(root, tiny_server
     assert tokenizer.decode(cont["tokens"]).endswith("Hi! I am")
 
 
+THINKING_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:"
+    "{% if enable_thinking is defined and not enable_thinking %} no thinking{% endif %}"
+    "{% endif %}")
+
+
+@pytest.fixture
+def thinking_template(tiny_server, tokenizer):
+    """The tiny server's tokenizer with a template that reads `enable_thinking` (as Qwen3's
+    does), for one test."""
+    saved = tokenizer.chat_template
+    tokenizer.chat_template = THINKING_TEMPLATE
+    try:
+        yield tokenizer
+    finally:
+        tokenizer.chat_template = saved
+
+
+def test_chat_template_kwargs_reach_the_template(root, tiny_server, thinking_template):
+    """vLLM's chat_template_kwargs: variables of the template, on /tokenize and on chat
+    completions alike (the prompt a chat request runs is the one /tokenize shows)."""
+    off = {"enable_thinking": False}
+    plain = _post(root, "/tokenize", messages=HELLO)
+    quiet = _post(root, "/tokenize", messages=HELLO, chat_template_kwargs=off)
+    assert quiet["tokens"] == thinking_template.apply_chat_template(
+        HELLO, add_generation_prompt=True, tokenize=True, return_dict=False, enable_thinking=False)
+    assert thinking_template.decode(quiet["tokens"]).endswith("no thinking")
+    assert quiet["count"] > plain["count"]
+    chat = tiny_server.client.chat.completions
+    for kwargs, expected in ((None, plain), (off, quiet)):
+        reply = chat.create(model="tiny", messages=HELLO, max_tokens=1,
+                            extra_body={"chat_template_kwargs": kwargs})
+        assert reply.usage.prompt_tokens == expected["count"]
+
+
+def test_a_chat_completion_continues_the_final_message(root, tiny_server, tokenizer):
+    """continue_final_message: the prompt ends inside the assistant's partial message (no end
+    of turn, no new turn), as /tokenize renders it."""
+    prefill = HELLO + [{"role": "assistant", "content": "Hi! I am"}]
+    fields = {"add_generation_prompt": False, "continue_final_message": True}
+    rendered = _post(root, "/tokenize", messages=prefill, **fields)
+    assert tokenizer.decode(rendered["tokens"]).endswith("Hi! I am")
+    reply = tiny_server.client.chat.completions.create(
+        model="tiny", messages=prefill, max_tokens=1, extra_body=fields)
+    assert reply.usage.prompt_tokens == rendered["count"]
+    opened = _post(root, "/tokenize", messages=prefill)
+    assert opened["count"] > rendered["count"]
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"continue_final_message": True}, None),
+    ({"chat_template_kwargs": {"tokenize": False}}, "chat_template_kwargs"),
+    ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
+    ({"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs"),
+])
+def test_bad_chat_template_fields_are_400(tiny_server, fields, param):
+    with pytest.raises(openai.BadRequestError) as info:
+        tiny_server.client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=1,
+                                                   extra_body=fields)
+    assert info.value.body["param"] == param
+
+
 def test_detokenize_round_trips(root, tokenizer):
     ids = _post(root, "/tokenize", prompt="Paris is the capital of France.")["tokens"]
     assert _post(root, "/detokenize", model="tiny", tokens=ids) == {
