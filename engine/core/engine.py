@@ -379,7 +379,7 @@ class LLMEngine:
         """Sample these logit rows, one per sequence, and append each token to its sequence."""
         if rows != list(range(len(logits))):
             logits = logits[torch.tensor(rows, device=logits.device)]
-        result = sample(logits, seqs, self._generator)
+        result = sample(logits, seqs, self._generator, self.eos_token_ids)
         now = time.monotonic()
         for seq, token, logprobs in zip(seqs, result.token_ids, result.logprobs, strict=True):
             timings = self._requests[seq.request_id].timings

@@ -25,14 +25,17 @@ def append_token(seq: Sequence, token: int, logprobs: dict[int, float] | None,
                                                       "token": token})
         seq.finish_reason = "abort"
         return
-    if not params.ignore_eos and token in eos_token_ids:
+    # vLLM's min_tokens: nothing but the length ends a sequence until it has more tokens
+    # (the sampler masks its stop tokens until then).
+    stops = len(seq.output_token_ids) > params.min_tokens
+    if stops and not params.ignore_eos and token in eos_token_ids:
         seq.finish_reason = "stop"
         return
-    if token in params.stop_token_ids:
+    if stops and token in params.stop_token_ids:
         seq.finish_reason, seq.stop_reason = "stop", token
         return
     before = len(seq.detokenizer.text)
-    if seq.detokenizer.append(token) and params.stop:
+    if seq.detokenizer.append(token) and params.stop and stops:
         _apply_stop_strings(seq, before)
         if seq.finish_reason:
             return
@@ -49,7 +52,8 @@ def _apply_stop_strings(seq: Sequence, before: int) -> None:
     hits = [(at, stop) for at, stop in hits if at >= 0]
     if hits:
         at, stop = min(hits)
-        seq.detokenizer.text = text[:at]
+        seq.detokenizer.text = text[:at + len(stop) if seq.params.include_stop_str_in_output
+                                    else at]
         seq.finish_reason, seq.stop_reason = "stop", stop
 
 

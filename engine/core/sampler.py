@@ -9,14 +9,16 @@ seeded request draws from its own generator: every step consumes the same number
 it whatever else is in the batch, so it reproduces exactly. Unseeded requests share the engine's
 generator and draw their noise in one call.
 
-Before sampling, rows that ask for it get their logit_bias added, their penalties applied and,
-when constrained, the grammar's token mask (-inf outside the allowed set; structured/): on a
-copy of the logits, touching only those rows, so constrained and free requests share one step.
-Logprobs are those of the model's raw logits.
+Before sampling, rows that ask for it get their logit_bias added, their penalties applied,
+their stop tokens masked while short of min_tokens and, when constrained, the grammar's token
+mask (-inf outside the allowed set; structured/): on a copy of the logits, touching only those
+rows, so constrained and free requests share one step. Logprobs are those of the model's raw
+logits.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -33,13 +35,15 @@ class SampleResult:
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence],
-           generator: torch.Generator | None = None) -> SampleResult:
+           generator: torch.Generator | None = None,
+           eos_token_ids: Collection[int] = ()) -> SampleResult:
     """logits: [len(seqs), vocab] float32, one row per sequence; `generator` draws the noise of
-    sequences without their own (None: torch's default generator)."""
+    sequences without their own (None: torch's default generator); `eos_token_ids` are masked
+    for sequences still short of their min_tokens."""
     raw_logprobs = None
     if any(s.params.logprobs is not None for s in seqs):
         raw_logprobs = torch.log_softmax(logits, dim=-1)
-    logits = _processed(logits, seqs)
+    logits = _processed(logits, seqs, eos_token_ids)
     tokens = logits.argmax(dim=-1)
     randoms = [i for i, s in enumerate(seqs) if not s.params.greedy]
     if randoms:
@@ -52,14 +56,18 @@ def sample(logits: torch.Tensor, seqs: list[Sequence],
     return _to_host(tokens, raw_logprobs, seqs)
 
 
-def _processed(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-    """logit_bias, penalties, then grammar masks, on a copy; the logits as they are when no
-    row asks for any of them."""
+def _processed(logits: torch.Tensor, seqs: list[Sequence],
+               eos_token_ids: Collection[int] = ()) -> torch.Tensor:
+    """logit_bias, penalties, min_tokens' stop masks, then grammar masks, on a copy; the
+    logits as they are when no row asks for any of them."""
     biased = [row for row, s in enumerate(seqs) if s.params.logit_bias]
     penalized = [row for row, s in enumerate(seqs) if s.params.has_penalties]
+    held = [(row, stops) for row, s in enumerate(seqs)
+            if len(s.output_token_ids) < s.params.min_tokens
+            and (stops := _stop_tokens(s.params, eos_token_ids))]
     constrained = [row for row, s in enumerate(seqs)
                    if s.constraint is not None and s.constraint.active]
-    if not (biased or penalized or constrained):
+    if not (biased or penalized or held or constrained):
         return logits
     masks = None
     if constrained:  # host work first: on a GPU it overlaps the forward still queued
@@ -70,6 +78,8 @@ def _processed(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         apply_logit_bias(logits, [(row, seqs[row].params.logit_bias) for row in biased])
     for row in penalized:
         apply_penalties(logits[row], seqs[row])
+    if held:
+        mask_tokens(logits, held)
     if masks is not None:
         bitmask.apply(logits, masks, constrained)
     return logits
@@ -87,6 +97,20 @@ def apply_logit_bias(logits: torch.Tensor, biases: list[tuple[int, dict[int, flo
     index = bitmask.to_device(torch.tensor([rows, cols], dtype=torch.long), logits.device)
     bias = bitmask.to_device(torch.tensor(values, dtype=logits.dtype), logits.device)
     logits.index_put_((index[0], index[1]), bias, accumulate=True)
+
+
+def _stop_tokens(params: SamplingParams, eos_token_ids: Collection[int]) -> list[int]:
+    """The tokens that would end a sequence: its stop_token_ids, and EOS unless ignored."""
+    eos = [] if params.ignore_eos else [t for t in eos_token_ids if t not in params.stop_token_ids]
+    return [*params.stop_token_ids, *eos]
+
+
+def mask_tokens(logits: torch.Tensor, tokens: list[tuple[int, list[int]]]) -> None:
+    """In place: each row's listed tokens set to -inf, all rows in one index_put_."""
+    rows = [row for row, ids in tokens for _ in ids]
+    cols = [t for _, ids in tokens for t in ids]
+    index = bitmask.to_device(torch.tensor([rows, cols], dtype=torch.long), logits.device)
+    logits.index_put_((index[0], index[1]), torch.tensor(float("-inf"), device=logits.device))
 
 
 def _exponential_noise(probs: torch.Tensor, seqs: list[Sequence],

@@ -40,6 +40,10 @@ class SamplingParams:
 
     A schema feature the grammar can't enforce raises SamplingParamsError naming it; a
     constraint that does not compile raises RequestError when the request is added.
+
+    vLLM's `min_tokens`: until that many tokens are out, EOS and `stop_token_ids` are masked
+    and stop strings are not looked for. `include_stop_str_in_output` keeps the stop string
+    that ended the text at its end.
     """
 
     n: int = 1
@@ -60,6 +64,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    min_tokens: int = 0
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -68,6 +74,8 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         _require(self.n >= 1, "n", f"must be at least 1, got {self.n}")
         _require(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")
+        _require(0 <= self.min_tokens <= self.max_tokens, "min_tokens",
+                 f"must be in [0, max_tokens] ([0, {self.max_tokens}]), got {self.min_tokens}")
         _require(self.temperature >= 0.0, "temperature",
                  f"must be non-negative, got {self.temperature}")
         _require(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")

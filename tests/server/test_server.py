@@ -100,6 +100,26 @@ def test_stop_string_cuts_the_text(client):
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "The capital"
 
 
+def test_min_tokens_and_include_stop_str_in_output(client):
+    """vLLM's sampling extensions, through the openai client's extra_body: the answer that
+    ends by itself after 8 tokens runs to min_tokens, and a kept stop string ends the text."""
+    natural = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=30,
+                                             temperature=0)
+    assert natural.usage.completion_tokens < 12
+    longer = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=30,
+                                            temperature=0, extra_body={"min_tokens": 12})
+    assert longer.usage.completion_tokens >= 12
+    assert longer.choices[0].message.content.startswith(natural.choices[0].message.content)
+    kept = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=30,
+                                          temperature=0, stop=["Paris"],
+                                          extra_body={"include_stop_str_in_output": True})
+    assert kept.choices[0].message.content == "The capital of France is Paris"
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=4,
+                                  extra_body={"min_tokens": 5})
+    assert caught.value.body["param"] == "min_tokens"
+
+
 def test_logprobs_for_completions_and_chat(client):
     r = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4,
                                   temperature=0, logprobs=3)
