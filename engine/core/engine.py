@@ -414,8 +414,18 @@ class LLMEngine:
         detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens)
         constraint = (self.structured.matcher(params.structured_outputs)
                       if params.structured_outputs is not None else None)
-        return Sequence(next(self._seq_ids), request_id, index, token_ids, params, generator,
-                        detok, timings, cache_salt, constraint, lora)
+        seq = Sequence(next(self._seq_ids), request_id, index, token_ids, params, generator,
+                       detok, timings, cache_salt, constraint, lora)
+        seq.bad_word_ids = self._bad_word_ids(params.bad_words or [])
+        return seq
+
+    def _bad_word_ids(self, words: list[str]) -> list[list[int]]:
+        """Each bad word's tokens, spelled at the start of a text and after a space (most
+        tokenizers fold the space into the word's first token)."""
+        spellings = {spelling for word in words
+                     for spelling in (word.lstrip(), " " + word.lstrip())}
+        ids = {tuple(self.tokenizer.encode(s, add_special_tokens=False)) for s in spellings}
+        return [list(t) for t in sorted(ids) if t]
 
     def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -432,6 +442,11 @@ class LLMEngine:
     def _check_sampling(self, params: SamplingParams) -> None:
         """Token ids in logit_bias exist; a constraint compiles."""
         vocab = self.model_config.vocab_size
+        if params.allowed_token_ids:
+            bad = sorted(t for t in params.allowed_token_ids if t >= vocab)
+            if bad:
+                raise RequestError(f"allowed_token_ids: token ids must be in [0, {vocab}), "
+                                   f"got {bad[:5]}", param="allowed_token_ids")
         if params.logit_bias:
             bad = sorted(t for t in params.logit_bias if t >= vocab)
             if bad:

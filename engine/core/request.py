@@ -91,6 +91,8 @@ class Sequence:
         # the device slot holding it (-1 otherwise).
         self.lora = lora
         self.lora_slot = -1
+        # Token ids of params.bad_words (each spelling), set by the engine when it tokenizes.
+        self.bad_word_ids: list[list[int]] = []
 
     @property
     def token_ids(self) -> list[int]:

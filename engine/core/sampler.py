@@ -10,7 +10,8 @@ it whatever else is in the batch, so it reproduces exactly. Unseeded requests sh
 generator and draw their noise in one call.
 
 Before sampling, rows that ask for it get their logit_bias added, their penalties applied,
-their stop tokens masked while short of min_tokens and, when constrained, the grammar's token
+their banned tokens masked (stop tokens while short of min_tokens, the next token of a bad
+word), everything outside allowed_token_ids masked and, when constrained, the grammar's token
 mask (-inf outside the allowed set; structured/): on a copy of the logits, touching only those
 rows, so constrained and free requests share one step. Logprobs are those of the model's raw
 logits.
@@ -62,12 +63,12 @@ def _processed(logits: torch.Tensor, seqs: list[Sequence],
     logits as they are when no row asks for any of them."""
     biased = [row for row, s in enumerate(seqs) if s.params.logit_bias]
     penalized = [row for row, s in enumerate(seqs) if s.params.has_penalties]
-    held = [(row, stops) for row, s in enumerate(seqs)
-            if len(s.output_token_ids) < s.params.min_tokens
-            and (stops := _stop_tokens(s.params, eos_token_ids))]
+    banned = [(row, ids) for row, s in enumerate(seqs)
+              if (ids := banned_tokens(s, eos_token_ids))]
+    allowed = [row for row, s in enumerate(seqs) if s.params.allowed_token_ids]
     constrained = [row for row, s in enumerate(seqs)
                    if s.constraint is not None and s.constraint.active]
-    if not (biased or penalized or held or constrained):
+    if not (biased or penalized or banned or allowed or constrained):
         return logits
     masks = None
     if constrained:  # host work first: on a GPU it overlaps the forward still queued
@@ -78,8 +79,12 @@ def _processed(logits: torch.Tensor, seqs: list[Sequence],
         apply_logit_bias(logits, [(row, seqs[row].params.logit_bias) for row in biased])
     for row in penalized:
         apply_penalties(logits[row], seqs[row])
-    if held:
-        mask_tokens(logits, held)
+    if banned:
+        mask_tokens(logits, banned)
+    for row in allowed:
+        keep = torch.tensor(seqs[row].params.allowed_token_ids, device=logits.device)
+        logits[row] = torch.full_like(logits[row], float("-inf")).index_copy_(
+            0, keep, logits[row].index_select(0, keep))
     if masks is not None:
         bitmask.apply(logits, masks, constrained)
     return logits
@@ -99,10 +104,21 @@ def apply_logit_bias(logits: torch.Tensor, biases: list[tuple[int, dict[int, flo
     logits.index_put_((index[0], index[1]), bias, accumulate=True)
 
 
-def _stop_tokens(params: SamplingParams, eos_token_ids: Collection[int]) -> list[int]:
-    """The tokens that would end a sequence: its stop_token_ids, and EOS unless ignored."""
-    eos = [] if params.ignore_eos else [t for t in eos_token_ids if t not in params.stop_token_ids]
-    return [*params.stop_token_ids, *eos]
+def banned_tokens(seq: Sequence, eos_token_ids: Collection[int]) -> list[int]:
+    """The tokens this sequence may not sample next: while short of min_tokens, those that
+    would end it (stop_token_ids, EOS unless ignored); and the last token of each bad word
+    whose other tokens the output ends with."""
+    params = seq.params
+    banned: set[int] = set()
+    if len(seq.output_token_ids) < params.min_tokens:
+        banned.update(params.stop_token_ids)
+        if not params.ignore_eos:
+            banned.update(eos_token_ids)
+    for word in seq.bad_word_ids:
+        before = len(word) - 1
+        if before == 0 or seq.output_token_ids[-before:] == word[:-1]:
+            banned.add(word[-1])
+    return sorted(banned)
 
 
 def mask_tokens(logits: torch.Tensor, tokens: list[tuple[int, list[int]]]) -> None:

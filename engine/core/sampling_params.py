@@ -43,7 +43,10 @@ class SamplingParams:
 
     vLLM's `min_tokens`: until that many tokens are out, EOS and `stop_token_ids` are masked
     and stop strings are not looked for. `include_stop_str_in_output` keeps the stop string
-    that ended the text at its end.
+    that ended the text at its end. `allowed_token_ids` restricts every sampled token to those
+    ids; `bad_words` are never generated: each word, with and without a leading space, is
+    tokenized, and the last token of one is masked wherever the output ends with the ones
+    before it (always, for a one-token word).
     """
 
     n: int = 1
@@ -66,6 +69,8 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None
     min_tokens: int = 0
     include_stop_str_in_output: bool = False
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -76,6 +81,13 @@ class SamplingParams:
         _require(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")
         _require(0 <= self.min_tokens <= self.max_tokens, "min_tokens",
                  f"must be in [0, max_tokens] ([0, {self.max_tokens}]), got {self.min_tokens}")
+        _require(self.allowed_token_ids is None
+                 or (len(self.allowed_token_ids) > 0
+                     and all(isinstance(t, int) and t >= 0 for t in self.allowed_token_ids)),
+                 "allowed_token_ids", "must be a non-empty list of token ids")
+        _require(self.bad_words is None
+                 or all(isinstance(w, str) and w.strip() for w in self.bad_words),
+                 "bad_words", "must be a list of non-blank strings")
         _require(self.temperature >= 0.0, "temperature",
                  f"must be non-negative, got {self.temperature}")
         _require(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")

@@ -55,6 +55,8 @@ class SamplingFields(RequestModel, StructuredFields):
     ignore_eos: bool = False
     min_tokens: Annotated[int, Field(ge=0)] = 0
     include_stop_str_in_output: bool = False
+    allowed_token_ids: Annotated[list[int], Field(min_length=1)] | None = None
+    bad_words: list[str] | None = None
     skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -88,6 +90,8 @@ class SamplingFields(RequestModel, StructuredFields):
             ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            allowed_token_ids=self.allowed_token_ids,
+            bad_words=self.bad_words,
             logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens,
             logit_bias=self.logit_bias,

@@ -178,3 +178,31 @@ def test_min_tokens_above_max_tokens_is_refused():
         SamplingParams(max_tokens=4, min_tokens=5)
     with pytest.raises(SamplingParamsError, match="min_tokens"):
         SamplingParams(min_tokens=-1)
+
+
+def test_allowed_token_ids_restrict_every_token(tiny_llama):
+    full = _tokens(tiny_llama, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))[0]
+    # Allowing what greedy picks anyway (and more) changes nothing.
+    wider = sorted(set(full) | {5, 6, 7})
+    assert _tokens(tiny_llama, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True,
+                                              allowed_token_ids=wider))[0] == full
+    pair = [t for t in range(100, 1000) if t not in full][:2]
+    for params in (SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True,
+                                  allowed_token_ids=pair),
+                   SamplingParams(temperature=1.0, seed=3, max_tokens=10, ignore_eos=True,
+                                  allowed_token_ids=pair)):
+        assert set(_tokens(tiny_llama, params)[0]) <= set(pair)
+
+
+def test_bad_words_are_never_generated(smol_llm, paris_text):
+    """A one-token word is masked everywhere; a longer one only where the output already ends
+    with its other tokens, so its first token may still appear."""
+    def answer(words):
+        return smol_llm.chat(PARIS, SamplingParams(temperature=0.0, max_tokens=30,
+                                                   bad_words=words))[0].outputs[0].text
+
+    assert paris_text.startswith("The capital of France is Paris")
+    no_paris = answer(["Paris"])
+    assert "Paris" not in no_paris and no_paris.startswith("The capital of France is")
+    no_phrase = answer(["capital of"])
+    assert "capital of" not in no_phrase and no_phrase.startswith("The capital")

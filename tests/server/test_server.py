@@ -120,6 +120,22 @@ def test_min_tokens_and_include_stop_str_in_output(client):
     assert caught.value.body["param"] == "min_tokens"
 
 
+def test_bad_words_and_allowed_token_ids(client):
+    no_paris = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=30,
+                                              temperature=0, extra_body={"bad_words": ["Paris"]})
+    text = no_paris.choices[0].message.content
+    assert text.startswith("The capital of France is") and "Paris" not in text
+    only = client.completions.create(model=MODEL, prompt="Count: 1, 2,", max_tokens=6,
+                                     temperature=1.0, seed=0, logprobs=1,
+                                     extra_body={"allowed_token_ids": [28, 30]})
+    assert set(only.choices[0].text) <= {",", "."}
+    for ids in ([], [10**9]):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.completions.create(model=MODEL, prompt="x", max_tokens=2,
+                                      extra_body={"allowed_token_ids": ids})
+        assert caught.value.body["param"] == "allowed_token_ids"
+
+
 def test_logprobs_for_completions_and_chat(client):
     r = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4,
                                   temperature=0, logprobs=3)
