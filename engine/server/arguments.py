@@ -32,6 +32,10 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                              "KV-cache configuration under vLLM's names (vllm:...), which the "
                              "Gateway API inference extension's endpoint picker reads "
                              "unconfigured (docs/gateway-api.md). Default: on.")
+    parser.add_argument("--chat-template", default=None,
+                        help="The chat template to use instead of the tokenizer's: a file, or "
+                             "the Jinja template itself (vLLM's flag). Read at start-up; one "
+                             "that does not parse stops the server with exit status 2.")
     add_tool_arguments(parser)
 
 

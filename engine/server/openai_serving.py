@@ -128,7 +128,7 @@ def chat_ids(state: ServerState, conversation: list[dict[str, Any]],
         text = state.tokenizer.apply_chat_template(
             conversation, tools=tools, add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message, tokenize=False,
-            **(template_kwargs or {}))
+            chat_template=state.options.chat_template, **(template_kwargs or {}))
     except Exception as exc:  # template errors (e.g. role order) are the caller's to fix
         raise ValueError(f"the chat template rejected the messages: {exc}") from exc
     return state.tokenizer.encode(text, add_special_tokens=add_special_tokens)

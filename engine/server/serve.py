@@ -16,7 +16,9 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 
+import jinja2
 import uvicorn
 
 from tokenmill.engine.core.errors import ConfigError
@@ -69,6 +71,32 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+def read_chat_template(value: str | None) -> str | None:
+    """--chat-template's text: the file it names, or the value itself when it is a Jinja
+    template; ConfigError (exit 2) for neither, or for a template that does not parse.
+    Read here, not when flags are parsed: the operator checks a pod's flags where the pod's
+    files are not."""
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        try:
+            with open(value, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError("--chat-template", f"can't read {value}: {exc}") from None
+    elif "{{" in value or "{%" in value:
+        text = value
+    else:
+        raise ConfigError("--chat-template", f"{value!r} is neither a file nor a Jinja "
+                                             "template")
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ConfigError("--chat-template", f"the template does not parse: line {exc.lineno}: "
+                                             f"{exc.message}") from None
+    return text
+
+
 def serve(config, args: argparse.Namespace) -> int:
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ConfigError("--enable-auto-tool-choice", "needs --tool-call-parser "
@@ -81,7 +109,8 @@ def serve(config, args: argparse.Namespace) -> int:
                               api_key=args.api_key,
                               max_request_body_bytes=args.max_request_body_bytes,
                               enable_auto_tool_choice=args.enable_auto_tool_choice,
-                              tool_call_parser=args.tool_call_parser),
+                              tool_call_parser=args.tool_call_parser,
+                              chat_template=read_chat_template(args.chat_template)),
         config=config, metrics=EngineMetrics(name, vllm_names=args.vllm_metrics),
     )
     app = create_app(state)

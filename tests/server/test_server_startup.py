@@ -124,3 +124,41 @@ def test_a_draft_with_another_vocabulary_exits_1_naming_the_option(tmp_path, tin
     line = next(line for line in stderr.splitlines() if "level=error" in line)
     assert "speculative_config: the draft model's vocabulary (1000 tokens" in line
     assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("template, reason", [
+    ("chatml", "'chatml' is neither a file nor a Jinja template"),
+    ("{% for m in messages %}{{ m['content'] }}", "the template does not parse: line 1"),
+    ("bad-file", "the template does not parse: line 2"),
+])
+def test_a_chat_template_that_cannot_be_used_exits_2_naming_it(tmp_path, template, reason):
+    if template == "bad-file":
+        template = str(tmp_path / "chat.jinja")
+        (tmp_path / "chat.jinja").write_text("{{ messages[0]['content'] }}\n{% endif %}\n")
+    code, stderr = ServeProcess("/nonexistent", "--chat-template", template).finish()
+    assert code == 2
+    assert stderr.startswith("tokenmill serve: error: --chat-template: ")
+    assert reason in stderr and len(stderr.strip().splitlines()) == 1, stderr
+
+
+def test_a_chat_template_file_replaces_the_tokenizers(tmp_path, tiny_llama_dir):
+    """vLLM's --chat-template: chat requests and /tokenize render with the file's template."""
+    path = tmp_path / "chat.jinja"
+    path.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+                    "{% if add_generation_prompt %}[assistant]{% endif %}")
+    proc = ServeProcess(tiny_llama_dir, "--chat-template", str(path))
+    try:
+        proc.wait_healthy(60)
+        messages = [{"role": "user", "content": "Hello there"}]
+        with httpx.Client(base_url=proc.url, timeout=30) as http:
+            rendered = http.post("/tokenize", json={"messages": messages}).json()
+            text = http.post("/detokenize", json={"tokens": rendered["tokens"]}).json()["prompt"]
+            reply = http.post("/v1/chat/completions", json={
+                "model": tiny_llama_dir, "messages": messages, "max_tokens": 1}).json()
+        assert text.endswith("Hello there\n[assistant]") and "user" in text
+        assert reply["usage"]["prompt_tokens"] == rendered["count"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.finish()[0] == 0
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
