@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from tokenmill.engine.contract.config import add_engine_arguments, engine_config_from_args
+from tokenmill.engine.contract.server_flags import add_server_arguments
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -92,8 +93,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="Serve the OpenAI API over HTTP.")
     add_engine_arguments(serve)
-    from tokenmill.engine.server.arguments import add_server_arguments
-
     add_server_arguments(serve)
     serve.set_defaults(func=_serve)
 

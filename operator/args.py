@@ -22,6 +22,7 @@ from tokenmill.engine.contract.config import (
     engine_args,
     engine_config_from_args,
 )
+from tokenmill.engine.contract.server_flags import add_server_arguments, check_server_flags
 from tokenmill.engine.contract.speculative import KEYS as SPECULATIVE_KEYS
 
 from .spec import ADAPTERS, SPECULATIVE, InferenceServiceSpec, SpecError
@@ -54,6 +55,18 @@ _SPEC_OPTIONS = {
     "max_cpu_loras": "spec.engine.maxCpuLoras",
 }
 _SERVER_FLAGS = ("host", "port", "served-model-name", "shutdown-timeout")
+
+
+def _server_option_names() -> frozenset[str]:
+    """The server's own options (--enable-auto-tool-choice, --chat-template, ...), which
+    extraArgs may set too, apart from those the operator sets or keeps out of the spec."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_server_arguments(parser, environ={})
+    operator_set = {flag.replace("-", "_") for flag in _SERVER_FLAGS}
+    return frozenset(vars(parser.parse_args([]))) - operator_set - {"api_key"}
+
+
+_USER_SERVER_OPTIONS = _server_option_names()
 
 
 def model_path(uri: str, pvc_mount: str = PVC_MOUNT) -> str:
@@ -194,11 +207,16 @@ def check_engine(spec: InferenceServiceSpec) -> None:
             raise SpecError(f"spec.engine.extraArgs: --{flag} is set by the operator")
         if option in _SPEC_OPTIONS:
             raise SpecError(f"spec.engine.extraArgs: --{flag} is set by {_SPEC_OPTIONS[option]}")
-        if option not in EngineConfig.option_names():
+        if option not in EngineConfig.option_names() and option not in _USER_SERVER_OPTIONS:
             raise SpecError(f"spec.engine.extraArgs: --{flag} is not a tokenmill engine flag")
     parser = _ExtraArgsParser(prog="tokenmill serve", add_help=False)
     add_engine_arguments(parser)
+    add_server_arguments(parser, environ={})
     args = parser.parse_args([*engine_args(**engine_options(spec)), *spec.engine.extra_args])
+    try:
+        check_server_flags(args)
+    except ConfigError as e:
+        raise SpecError(f"spec.engine.extraArgs: {e}") from None
     try:
         engine_config_from_args(args).check_supported()
     except ConfigError as e:

@@ -21,11 +21,11 @@ import os
 import jinja2
 import uvicorn
 
+from tokenmill.engine.contract.server_flags import check_server_flags
 from tokenmill.engine.core.errors import ConfigError
 from tokenmill.engine.server.app import create_app
 from tokenmill.engine.server.metrics import EngineMetrics
 from tokenmill.engine.server.state import ServerOptions, ServerState
-from tokenmill.engine.server.tool_parsers import TOOL_CALL_PARSERS
 
 log = logging.getLogger(__name__)
 
@@ -98,9 +98,7 @@ def read_chat_template(value: str | None) -> str | None:
 
 
 def serve(config, args: argparse.Namespace) -> int:
-    if args.enable_auto_tool_choice and args.tool_call_parser is None:
-        raise ConfigError("--enable-auto-tool-choice", "needs --tool-call-parser "
-                          f"({' or '.join(sorted(TOOL_CALL_PARSERS))})")
+    check_server_flags(args)
     name = args.served_model_name or config.model
     state = ServerState(
         options=ServerOptions(served_model_name=name,

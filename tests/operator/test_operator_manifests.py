@@ -434,6 +434,27 @@ def test_engine_values_this_version_cannot_run_are_refused(engine, where):
         load("svc", {"model": {"uri": "/models/llama"}, "engine": engine})
 
 
+def test_extra_args_may_set_the_servers_own_flags():
+    """vLLM's serving flags beyond the engine's (tool calling, a chat template, the waiting
+    queue) reach the container; those that cannot work together are refused at apply."""
+    flags = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--chat-template",
+             "{{ messages[0]['content'] }}", "--max-waiting-requests", "64", "--no-vllm-metrics"]
+    spec = load("svc", {"model": {"uri": "/models/llama"}, "engine": {"extraArgs": flags}})
+    assert serve_command(spec, "llama")[-len(flags):] == flags
+
+
+@pytest.mark.parametrize(("flags", "where"), [
+    (["--enable-auto-tool-choice"],
+     "spec.engine.extraArgs: --enable-auto-tool-choice: needs --tool-call-parser"),
+    (["--tool-call-parser", "mistral"], "argument --tool-call-parser: invalid choice: 'mistral'"),
+    (["--max-waiting-requests", "many"], "argument --max-waiting-requests: invalid int"),
+    (["--served-model-name", "x"], "--served-model-name is set by the operator"),
+])
+def test_server_flags_that_cannot_work_are_refused(flags, where):
+    with pytest.raises(SpecError, match=re.escape(where)):
+        load("svc", {"model": {"uri": "/models/llama"}, "engine": {"extraArgs": flags}})
+
+
 def test_flags_come_from_the_engine_option_table():
     """serve_command emits exactly what engine_args emits; the engine owns the flag names."""
     spec = parse(FULL)

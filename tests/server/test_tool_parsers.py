@@ -182,3 +182,12 @@ def test_streamed_arguments_only_grow(parser):
     _, calls, deltas = streamed(parser, list(text))
     assert len(deltas) > 10  # arguments stream as they are generated, not at the end
     assert calls[0]["arguments"] == '{"a": "' + "x" * 50 + '"}'
+
+
+def test_the_flag_offers_exactly_the_parsers_there_are():
+    """--tool-call-parser's choices live in the torch-free contract (the operator checks
+    extraArgs with them); they must name the server's parsers, no more, no fewer."""
+    from tokenmill.engine.contract.server_flags import TOOL_CALL_PARSER_NAMES
+    from tokenmill.engine.server.tool_parsers import TOOL_CALL_PARSERS
+
+    assert sorted(TOOL_CALL_PARSER_NAMES) == sorted(TOOL_CALL_PARSERS)

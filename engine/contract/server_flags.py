@@ -1,16 +1,29 @@
-"""The flags of `tokenmill serve` beyond the engine's, apart from the server itself: the command
-line is parsed (for every command, `tokenmill bench` too) where FastAPI and uvicorn are not
-installed, as on a GPU machine."""
+"""The flags of `tokenmill serve` beyond the engine's: parsed for every command (`tokenmill
+bench` too) where FastAPI and uvicorn are not installed, as on a GPU machine, and by the
+operator, which checks a spec's `engine.extraArgs` with them; so nothing here imports the
+server.
+
+The server flags a user may set; the operator sets --host, --port, --served-model-name and
+--shutdown-timeout itself and takes the API key from a Secret.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping
 
-from tokenmill.engine.server.tool_parsers import TOOL_CALL_PARSERS
+from tokenmill.engine.contract.config import ConfigError
+
+# The tool-call formats the server parses (server/tool_parsers.py, whose table a test holds to
+# these names).
+TOOL_CALL_PARSER_NAMES = ("hermes", "llama3_json")
 
 
-def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+def add_server_arguments(parser: argparse.ArgumentParser,
+                         environ: Mapping[str, str] = os.environ) -> None:
+    """The server's flags on `parser`; `environ` holds TOKENMILL_API_KEY, --api-key's default
+    (the operator passes none: the key of a pod comes from its Secret)."""
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", default=None,
@@ -19,7 +32,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Answer 503 with Retry-After once this many requests wait.")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="Seconds running requests may take to finish after SIGTERM.")
-    parser.add_argument("--api-key", type=_api_key, default=os.environ.get("TOKENMILL_API_KEY"),
+    parser.add_argument("--api-key", type=_api_key, default=environ.get("TOKENMILL_API_KEY"),
                         help="Require `Authorization: Bearer KEY` on every path but /health, "
                              "/metrics, /version and the OpenAPI docs (default: "
                              "$TOKENMILL_API_KEY; none: no key needed). The variable keeps the "
@@ -44,9 +57,16 @@ def add_tool_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-auto-tool-choice", action="store_true",
                         help='Let the model decide to call tools (tool_choice "auto"); '
                              "needs --tool-call-parser.")
-    parser.add_argument("--tool-call-parser", choices=sorted(TOOL_CALL_PARSERS), default=None,
+    parser.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSER_NAMES, default=None,
                         help="The model's tool-call format: hermes (Hermes, Qwen: "
                              "<tool_call>...</tool_call>) or llama3_json (Llama 3.x JSON).")
+
+
+def check_server_flags(args: argparse.Namespace) -> None:
+    """ConfigError for server flags that cannot work together."""
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise ConfigError("--enable-auto-tool-choice", "needs --tool-call-parser "
+                          f"({' or '.join(TOOL_CALL_PARSER_NAMES)})")
 
 
 def _api_key(value: str) -> str:
