@@ -18,6 +18,8 @@ from tokenmill.engine.contract.config import ConfigError
 # The tool-call formats the server parses (server/tool_parsers.py, whose table a test holds to
 # these names).
 TOOL_CALL_PARSER_NAMES = ("hermes", "llama3_json")
+# The reasoning formats the server splits (server/reasoning.py, held to these names likewise).
+REASONING_PARSER_NAMES = ("deepseek_r1", "qwen3")
 
 
 def add_server_arguments(parser: argparse.ArgumentParser,
@@ -49,6 +51,11 @@ def add_server_arguments(parser: argparse.ArgumentParser,
                         help="The chat template to use instead of the tokenizer's: a file, or "
                              "the Jinja template itself (vLLM's flag). Read at start-up; one "
                              "that does not parse stops the server with exit status 2.")
+    parser.add_argument("--reasoning-parser", choices=REASONING_PARSER_NAMES, default=None,
+                        help="Return a reasoning model's thinking (<think>...</think>) apart "
+                             "from its answer, in the chat message's `reasoning` (and "
+                             "`reasoning_content`): deepseek_r1 (the template opens the "
+                             "thinking) or qwen3 (the model does).")
     add_tool_arguments(parser)
 
 

@@ -24,6 +24,7 @@ from tokenmill.engine.frontend.async_engine import RequestStream
 from tokenmill.engine.server.adapters import resolve_model
 from tokenmill.engine.server.errors import APIError, error_body
 from tokenmill.engine.server.protocol import ChatCompletionRequest, CompletionRequest
+from tokenmill.engine.server.reasoning import REASONING_PARSERS, ReplyReasoning
 from tokenmill.engine.server.rendering import Call, chunk, delta_choice, full_response, sse, usage
 from tokenmill.engine.server.state import ServerState, check_ready
 from tokenmill.engine.server.tools import (
@@ -71,8 +72,19 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     model = adapter or state.options.served_model_name
     call = Call("chat", f"chatcmpl-{uuid.uuid4().hex}", model, body.n, [None], [ids], params,
                 cache_salt=body.cache_salt, lora_name=adapter,
-                tools=ReplyToolCalls(plan) if plan.parser is not None else None)
+                tools=ReplyToolCalls(plan) if plan.parser is not None else None,
+                reasoning=_reasoning(state, params))
     return await _run(call, body.stream, body.include_usage, request, state)
+
+
+def _reasoning(state: ServerState, params: SamplingParams) -> ReplyReasoning | None:
+    """The reply's thinking splitter under --reasoning-parser; none for a constrained reply
+    (a schema, a forced tool call), whose grammar holds from its first token, so it can't
+    think first."""
+    parser = state.options.reasoning_parser
+    if parser is None or params.structured_outputs is not None:
+        return None
+    return ReplyReasoning(REASONING_PARSERS[parser])
 
 
 def _tool_plan(body: ChatCompletionRequest, state: ServerState) -> ToolPlan:

@@ -168,7 +168,17 @@ class ChatMessage(RequestModel):
             message["tool_call_id"] = self.tool_call_id
         if self.name is not None:
             message["name"] = self.name
+        thought = self.reasoning()
+        if self.role == "assistant" and thought is not None:
+            message["reasoning_content"] = thought  # Qwen3's template shows earlier thinking
         return message
+
+    def reasoning(self) -> str | None:
+        """An earlier assistant turn's thinking, sent back as vLLM returned it (`reasoning`,
+        or the older `reasoning_content`)."""
+        extra = self.model_extra or {}
+        thought = extra.get("reasoning", extra.get("reasoning_content"))
+        return thought if isinstance(thought, str) else None
 
     @field_validator("content")
     @classmethod

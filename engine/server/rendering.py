@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from tokenmill.engine.core import CompletionOutput, RequestOutput, SamplingParams
+from tokenmill.engine.server.reasoning import ReplyReasoning
 from tokenmill.engine.server.state import ServerState
 from tokenmill.engine.server.tools import ReplyToolCalls
 
@@ -29,9 +30,11 @@ class Call:
     echo: bool = False
     prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: per choice, top-k
     tools: ReplyToolCalls | None = None  # parses chat replies into tool calls
+    reasoning: ReplyReasoning | None = None  # splits chat replies' thinking from the answer
     lora_name: str | None = None  # the adapter the request runs on (None: the base model)
     created: int = field(default_factory=lambda: int(time.time()))
     sent_text: dict[int, int] = field(default_factory=dict)
+    sent_answer: dict[int, int] = field(default_factory=dict)  # under a reasoning parser
     sent_tokens: dict[int, int] = field(default_factory=dict)
 
 
@@ -59,8 +62,8 @@ def delta_choice(call: Call, prompt_index: int, c: CompletionOutput,
     finish = c.finish_reason
     if call.kind == "chat":
         delta = {"content": text} if text else {}
-        if call.tools is not None:
-            delta, finish = call.tools.delta(key, c.text, finish)
+        if call.reasoning is not None or call.tools is not None:
+            delta, finish = _chat_delta(call, key, c.text, sent_text, finish)
             if not delta and finish is None and logprobs is None:
                 return None
         return {"index": key, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
@@ -68,6 +71,38 @@ def delta_choice(call: Call, prompt_index: int, c: CompletionOutput,
     if first and call.prompt_logprobs is not None:
         choice["prompt_logprobs"] = _vllm_prompt_logprobs(state, out, call.prompt_logprobs)
     return choice
+
+
+def _chat_delta(call: Call, key: int, text: str, sent_text: int,
+                finish: str | None) -> tuple[dict, str | None]:
+    """A streamed chat choice's next delta where its reply is parsed: the thinking's new text
+    first, then the answer's, through the tool-call parser when there is one."""
+    delta: dict = {}
+    answer = text
+    if call.reasoning is not None:
+        thought, answer = call.reasoning.delta(key, text, final=finish is not None)
+        if thought:
+            delta["reasoning"] = delta["reasoning_content"] = thought
+        sent_text = call.sent_answer.get(key, 0)
+        call.sent_answer[key] = len(answer)
+    if call.tools is not None:
+        parsed, finish = call.tools.delta(key, answer, finish)
+        return {**delta, **parsed}, finish
+    if answer[sent_text:]:
+        delta["content"] = answer[sent_text:]
+    return delta, finish
+
+
+def _chat_message(call: Call, text: str, finish: str | None) -> tuple[dict, str | None]:
+    """A finished chat choice's message: the answer (with its tool calls, where parsed) and,
+    under a reasoning parser, the thinking beside it."""
+    thought, answer = (None, text) if call.reasoning is None else call.reasoning.split(text)
+    message: dict = {"role": "assistant", "content": answer}
+    if call.tools is not None:
+        message, finish = call.tools.message(answer, finish)
+    if call.reasoning is not None:
+        message["reasoning"] = message["reasoning_content"] = thought
+    return message, finish
 
 
 def full_response(call: Call, finals: list[RequestOutput], state: ServerState) -> dict:
@@ -80,9 +115,7 @@ def full_response(call: Call, finals: list[RequestOutput], state: ServerState) -
                 call, state, c.token_ids, c.logprobs, len(echoed)))
                 if c.logprobs is not None else None)
             if call.kind == "chat":
-                message, finish = ({"role": "assistant", "content": c.text}, c.finish_reason)
-                if call.tools is not None:
-                    message, finish = call.tools.message(c.text, c.finish_reason)
+                message, finish = _chat_message(call, c.text, c.finish_reason)
                 choices.append({"index": key, "message": message, "logprobs": logprobs,
                                 "finish_reason": finish})
             else:

@@ -108,7 +108,8 @@ def serve(config, args: argparse.Namespace) -> int:
                               max_request_body_bytes=args.max_request_body_bytes,
                               enable_auto_tool_choice=args.enable_auto_tool_choice,
                               tool_call_parser=args.tool_call_parser,
-                              chat_template=read_chat_template(args.chat_template)),
+                              chat_template=read_chat_template(args.chat_template),
+                              reasoning_parser=args.reasoning_parser),
         config=config, metrics=EngineMetrics(name, vllm_names=args.vllm_metrics),
     )
     app = create_app(state)

@@ -30,6 +30,7 @@ class ServerOptions:
     enable_auto_tool_choice: bool = False  # parse tool calls when tool_choice is "auto"
     tool_call_parser: str | None = None  # the model's tool-call format (tool_parsers.py)
     chat_template: str | None = None  # --chat-template's text; None: the tokenizer's own
+    reasoning_parser: str | None = None  # the model's thinking format (reasoning.py)
 
 
 @dataclass

@@ -1,0 +1,106 @@
+"""--reasoning-parser: a reasoning model's thinking apart from its answer, whole and streamed,
+over real HTTP with the official client. The models are scripted (tool_support.py): greedy
+decoding writes a known reply, in pieces that split the tags mid-way."""
+
+from __future__ import annotations
+
+import random
+
+import httpx
+import pytest
+from server_support import in_process_server
+from tool_support import make_scripted_model
+
+from tokenmill.engine.server.reasoning import REASONING_PARSERS, split_reasoning
+
+TEMPLATE = """
+{%- for message in messages %}<|im_start|>{{ message.role }}
+{% if message.reasoning_content %}<think>{{ message.reasoning_content }}</think>{% endif %}\
+{{ message.content }}<|im_end|>
+{% endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+THOUGHT = "Paris is the capital."
+ANSWER = "It is Paris."
+# Qwen3 writes <think> itself; DeepSeek-R1's template has opened it already.
+REPLIES = {
+    "qwen3": ["<thi", "nk>Paris is", " the capital.</", "think>\n\n", "It is Paris."],
+    "deepseek_r1": ["Paris is", " the capital.</", "think>\n\n", "It is Paris."],
+}
+ASK = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.mark.parametrize("parser", sorted(REASONING_PARSERS))
+def test_a_streamed_split_joins_to_the_whole_replys(parser):
+    """Cut anywhere, the streamed reasoning pieces join to the whole reply's reasoning and the
+    answer so far only ever grows: nothing sent is taken back."""
+    text = "".join(REPLIES[parser])
+    inside = REASONING_PARSERS[parser]
+    assert split_reasoning(text, inside) == (THOUGHT, ANSWER)
+    rng = random.Random(0)
+    for _ in range(200):
+        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(1, 8))) + [len(text)]
+        sent, answer = "", ""
+        for cut in cuts:
+            thought, now = split_reasoning(text[:cut], inside, final=cut == len(text))
+            thought = thought or ""
+            assert thought.startswith(sent[:len(thought)]) and len(thought) >= len(sent)
+            assert now.startswith(answer)
+            sent, answer = thought, now
+        assert (sent, answer) == (THOUGHT, ANSWER)
+
+
+def test_replies_that_do_not_think():
+    assert split_reasoning("Just an answer.", starts_inside=False) == (None, "Just an answer.")
+    assert split_reasoning("<th", starts_inside=False, final=False) == (None, "")
+    assert split_reasoning("<th", starts_inside=False) == (None, "<th")
+    # Cut off while thinking: all reasoning, no answer.
+    assert split_reasoning("<think>Hmm, let", starts_inside=False) == ("Hmm, let", "")
+    assert split_reasoning("Hmm, let me</thi", starts_inside=True, final=False) == (
+        "Hmm, let me", "")
+
+
+@pytest.fixture(scope="module", params=sorted(REASONING_PARSERS))
+def thinker(request, tmp_path_factory, smol_tokenizer):
+    parser = request.param
+    directory = make_scripted_model(str(tmp_path_factory.mktemp(parser)), smol_tokenizer,
+                                    TEMPLATE, REPLIES[parser])
+    with in_process_server(directory, "thinker", options={"reasoning_parser": parser},
+                           max_num_seqs=4) as server:
+        yield server
+
+
+def test_the_message_holds_the_thinking_apart(thinker):
+    reply = thinker.client.chat.completions.create(model="thinker", messages=ASK,
+                                                   max_tokens=20, temperature=0)
+    message = reply.choices[0].message
+    assert message.content == ANSWER
+    assert message.model_extra["reasoning"] == THOUGHT == message.model_extra["reasoning_content"]
+    assert reply.choices[0].finish_reason == "stop"
+
+
+def test_streamed_deltas_join_to_the_message(thinker):
+    thought, answer = "", ""
+    for piece in thinker.client.chat.completions.create(
+            model="thinker", messages=ASK, max_tokens=20, temperature=0, stream=True):
+        delta = piece.choices[0].delta
+        thought += (delta.model_extra or {}).get("reasoning") or ""
+        answer += delta.content or ""
+    assert (thought, answer) == (THOUGHT, ANSWER)
+
+
+def test_earlier_thinking_sent_back_reaches_the_template(thinker):
+    """vLLM's `reasoning` (or the older `reasoning_content`) on an earlier assistant turn is
+    the template's `reasoning_content`, as Qwen3's template reads it."""
+    for key in ("reasoning", "reasoning_content"):
+        turns = ASK + [{"role": "assistant", "content": ANSWER, key: THOUGHT},
+                       {"role": "user", "content": "Sure?"}]
+        ids = httpx.post(f"{thinker.url}/tokenize", json={"messages": turns}).json()
+        text = thinker.state.tokenizer.decode(ids["tokens"])
+        assert f"<think>{THOUGHT}</think>{ANSWER}" in text
+
+
+def test_the_flag_offers_exactly_the_parsers_there_are():
+    from tokenmill.engine.contract.server_flags import REASONING_PARSER_NAMES
+
+    assert sorted(REASONING_PARSER_NAMES) == sorted(REASONING_PARSERS)
