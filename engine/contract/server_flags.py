@@ -51,6 +51,12 @@ def add_server_arguments(parser: argparse.ArgumentParser,
                         help="The chat template to use instead of the tokenizer's: a file, or "
                              "the Jinja template itself (vLLM's flag). Read at start-up; one "
                              "that does not parse stops the server with exit status 2.")
+    parser.add_argument("--generation-config", choices=("auto", "vllm"), default="auto",
+                        help="auto (the default, as in vLLM): a request that leaves out "
+                             "temperature, top_p, top_k, min_p or repetition_penalty gets the "
+                             "value the model's generation_config.json recommends; vllm: "
+                             "the API's own defaults (temperature 1, ...) whatever the model "
+                             "says.")
     parser.add_argument("--reasoning-parser", choices=REASONING_PARSER_NAMES, default=None,
                         help="Return a reasoning model's thinking (<think>...</think>) apart "
                              "from its answer, in the chat message's `reasoning` (and "

@@ -124,6 +124,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    proposer, self.lora.slots if self.lora else None)
         self.eos_token_ids = _eos_ids(self.model_config, self.tokenizer, source.directory)
+        self.generation_defaults = generation_defaults(source.directory)
         # Grammars of constrained requests; xgrammar loads on the first one.
         self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size,
                                             self.eos_token_ids)
@@ -521,6 +522,23 @@ def _check_devices(option: str, device: torch.device, tp_size: int) -> None:
     if count < tp_size:
         raise ConfigError("tensor_parallel_size", f"{tp_size} needs {tp_size} GPUs, but "
                                                   f"{count} are visible")
+
+
+# The sampling settings a model's generation_config.json may recommend (vLLM's list, less
+# max_new_tokens): the server's defaults for requests that leave them out.
+GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def generation_defaults(directory: str) -> dict[str, float]:
+    """The sampling settings the model's generation_config.json sets (what transformers'
+    to_diff_dict reports, as vLLM reads it); {} without a file."""
+    try:
+        from transformers import GenerationConfig
+
+        diff = GenerationConfig.from_pretrained(directory).to_diff_dict()
+    except (OSError, ValueError):
+        return {}
+    return {key: diff[key] for key in GENERATION_DEFAULT_KEYS if diff.get(key) is not None}
 
 
 def _eos_ids(model_config: Any, tokenizer: Any, directory: str) -> set[int]:

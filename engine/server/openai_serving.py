@@ -44,7 +44,7 @@ async def create_completion(body: CompletionRequest, request: Request,
     prompts = body.prompts()
     ids = [_tokenize(state, p) for p in prompts]
     max_tokens = body.max_tokens if body.max_tokens is not None else _room(state, ids)
-    params = _params(body, max_tokens, body.logprobs)
+    params = _params(body, max_tokens, body.logprobs, state)
     await _compile_constraint(state, params, body.constraint_field())
     model = adapter or state.options.served_model_name
     call = Call("completion", f"cmpl-{uuid.uuid4().hex}", model, body.n,
@@ -67,7 +67,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
         raise APIError(400, f"messages: {exc}", param="messages") from exc
     max_tokens = body.max_completion_tokens or body.max_tokens or _room(state, [ids])
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    params = _sampling_for_tools(_params(body, max_tokens, logprobs), plan)
+    params = _sampling_for_tools(_params(body, max_tokens, logprobs, state), plan)
     await _compile_constraint(state, params, body.constraint_field() or "tool_choice")
     model = adapter or state.options.served_model_name
     call = Call("chat", f"chatcmpl-{uuid.uuid4().hex}", model, body.n, [None], [ids], params,
@@ -155,9 +155,10 @@ def _room(state: ServerState, prompts: list[list[int]]) -> int:
     return state.max_model_len - longest
 
 
-def _params(body: Any, max_tokens: int, logprobs: int | None) -> SamplingParams:
+def _params(body: Any, max_tokens: int, logprobs: int | None,
+            state: ServerState) -> SamplingParams:
     try:
-        return body.sampling_params(max_tokens, logprobs)
+        return body.sampling_params(max_tokens, logprobs, state.sampling_defaults)
     except SamplingParamsError as exc:
         raise APIError(400, str(exc), param=str(exc).split(":")[0]) from exc
 

@@ -51,7 +51,7 @@ class SamplingFields(RequestModel, StructuredFields):
     stop_token_ids: list[int] | None = None
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
-    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] = 1.0
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None
     ignore_eos: bool = False
     min_tokens: Annotated[int, Field(ge=0)] = 0
     include_stop_str_in_output: bool = False
@@ -73,18 +73,27 @@ class SamplingFields(RequestModel, StructuredFields):
             raise ValueError("stream_options is only allowed when stream is true")
         return self
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, max_tokens: int, logprobs: int | None,
+                        defaults: dict[str, float] | None = None) -> SamplingParams:
+        """The engine's parameters; a sampling setting the request leaves out takes its value
+        from `defaults` (the model's generation config), else the API's default."""
+        defaults = defaults or {}
+
+        def pick(name: str, api_default: float) -> Any:
+            value = getattr(self, name)
+            return value if value is not None else defaults.get(name, api_default)
+
         return SamplingParams(
             n=self.n,
             max_tokens=max_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=-1 if self.top_k is None else self.top_k,
-            min_p=self.min_p or 0.0,
+            temperature=pick("temperature", 1.0),
+            top_p=pick("top_p", 1.0),
+            top_k=pick("top_k", -1),
+            min_p=pick("min_p", 0.0),
             seed=self.seed,
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
-            repetition_penalty=self.repetition_penalty,
+            repetition_penalty=pick("repetition_penalty", 1.0),
             stop=[self.stop] if isinstance(self.stop, str) else list(self.stop or []),
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos,
@@ -122,10 +131,11 @@ class CompletionRequest(SamplingFields):
             raise ValueError("prompt must not be empty")
         return self
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, max_tokens: int, logprobs: int | None,
+                        defaults: dict[str, float] | None = None) -> SamplingParams:
         """With echo and logprobs the echoed prompt's tokens get logprobs too (as OpenAI's
         legacy completions and vLLM give them): the engine scores the prompt."""
-        params = super().sampling_params(max_tokens, logprobs)
+        params = super().sampling_params(max_tokens, logprobs, defaults)
         asked = [k for k in (self.prompt_logprobs, logprobs if self.echo else None)
                  if k is not None]
         return replace(params, prompt_logprobs=max(asked)) if asked else params

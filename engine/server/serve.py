@@ -109,7 +109,8 @@ def serve(config, args: argparse.Namespace) -> int:
                               enable_auto_tool_choice=args.enable_auto_tool_choice,
                               tool_call_parser=args.tool_call_parser,
                               chat_template=read_chat_template(args.chat_template),
-                              reasoning_parser=args.reasoning_parser),
+                              reasoning_parser=args.reasoning_parser,
+                              generation_config=args.generation_config),
         config=config, metrics=EngineMetrics(name, vllm_names=args.vllm_metrics),
     )
     app = create_app(state)

@@ -31,6 +31,7 @@ class ServerOptions:
     tool_call_parser: str | None = None  # the model's tool-call format (tool_parsers.py)
     chat_template: str | None = None  # --chat-template's text; None: the tokenizer's own
     reasoning_parser: str | None = None  # the model's thinking format (reasoning.py)
+    generation_config: str = "auto"  # auto: the model's sampling defaults; vllm: the API's
 
 
 @dataclass
@@ -41,6 +42,8 @@ class ServerState:
     engine: AsyncEngine | None = None
     tokenizer: Any = None
     max_model_len: int = 0
+    # What a request's unset sampling fields default to (the model's generation config).
+    sampling_defaults: dict[str, float] = field(default_factory=dict)
     load_error: BaseException | None = None
     worker_error: str | None = None  # a tensor-parallel worker died (from its watcher thread)
     draining: bool = False
@@ -70,6 +73,10 @@ class ServerState:
             # Separate tokenizer objects keep the two threads from sharing one.
             self.tokenizer = copy.deepcopy(core.tokenizer)
             self.max_model_len = core.max_model_len
+            if self.options.generation_config == "auto" and core.generation_defaults:
+                self.sampling_defaults = dict(core.generation_defaults)
+                log.info("default sampling parameters from the model's generation config",
+                         extra=self.sampling_defaults)
             engine = AsyncEngine(core, observer=self.metrics.observe_step)
             self.metrics.bind(engine)
             self.engine = engine
