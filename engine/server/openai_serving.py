@@ -50,7 +50,8 @@ async def create_completion(body: CompletionRequest, request: Request,
     call = Call("completion", f"cmpl-{uuid.uuid4().hex}", model, body.n,
                 [p if isinstance(p, str) else None for p in prompts], ids, params,
                 cache_salt=body.cache_salt, echo=body.echo,
-                prompt_logprobs=body.prompt_logprobs, lora_name=adapter)
+                prompt_logprobs=body.prompt_logprobs, lora_name=adapter,
+                continuous_usage=body.continuous_usage)
     return await _run(call, body.stream, body.include_usage, request, state)
 
 
@@ -73,7 +74,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     call = Call("chat", f"chatcmpl-{uuid.uuid4().hex}", model, body.n, [None], [ids], params,
                 cache_salt=body.cache_salt, lora_name=adapter,
                 tools=ReplyToolCalls(plan) if plan.parser is not None else None,
-                reasoning=_reasoning(state, params))
+                reasoning=_reasoning(state, params), continuous_usage=body.continuous_usage)
     return await _run(call, body.stream, body.include_usage, request, state)
 
 
@@ -276,17 +277,24 @@ async def _collect(streams: list[RequestStream],
 async def _stream(call: Call, streams: list[RequestStream], include_usage: bool,
                   state: ServerState) -> AsyncIterator[str]:
     finals: dict[int, RequestOutput] = {}
+    latest: dict[int, RequestOutput] = {}  # each prompt's newest output, for usage so far
+
+    def running_usage() -> dict | None:
+        return usage(call, list(latest.values())) if call.continuous_usage else None
+
     try:
         if call.kind == "chat":
             for c in range(call.n):
                 yield sse(chunk(call, [{"index": c, "delta": {"role": "assistant",
                                                                  "content": ""},
-                                          "logprobs": None, "finish_reason": None}]))
+                                          "logprobs": None, "finish_reason": None}],
+                                usage=running_usage()))
         async for i, out in _merged(streams):
+            latest[i] = out
             choices = [delta_choice(call, i, c, state, out) for c in out.outputs]
             choices = [c for c in choices if c is not None]
             if choices:
-                yield sse(chunk(call, choices))
+                yield sse(chunk(call, choices, usage=running_usage()))
             if out.finished:
                 finals[i] = out
         if include_usage:

@@ -32,6 +32,8 @@ class RequestModel(BaseModel):
 
 class StreamOptions(RequestModel):
     include_usage: bool = False
+    # vLLM's: with include_usage, every chunk also carries the usage so far.
+    continuous_usage_stats: bool = False
 
 
 class SamplingFields(RequestModel, StructuredFields):
@@ -110,6 +112,10 @@ class SamplingFields(RequestModel, StructuredFields):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
 
 class CompletionRequest(SamplingFields):

@@ -32,6 +32,7 @@ class Call:
     tools: ReplyToolCalls | None = None  # parses chat replies into tool calls
     reasoning: ReplyReasoning | None = None  # splits chat replies' thinking from the answer
     lora_name: str | None = None  # the adapter the request runs on (None: the base model)
+    continuous_usage: bool = False  # every streamed chunk carries the usage so far
     created: int = field(default_factory=lambda: int(time.time()))
     sent_text: dict[int, int] = field(default_factory=dict)
     sent_answer: dict[int, int] = field(default_factory=dict)  # under a reasoning parser

@@ -120,6 +120,22 @@ def test_min_tokens_and_include_stop_str_in_output(client):
     assert caught.value.body["param"] == "min_tokens"
 
 
+def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(client):
+    """vLLM's stream_options.continuous_usage_stats: each chunk's usage counts the tokens sent
+    so far; the closing usage chunk is the whole request's, as without it."""
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=6, temperature=0, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    counts = [c.usage.completion_tokens for c in chunks]
+    assert all(c.usage is not None for c in chunks)
+    assert counts == sorted(counts) and counts[0] == 0 and counts[-1] == 6
+    assert {c.usage.prompt_tokens for c in chunks} == {chunks[-1].usage.prompt_tokens}
+    plain = list(client.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=6, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    assert [c.usage is not None for c in plain] == [False] * (len(plain) - 1) + [True]
+
+
 def test_bad_words_and_allowed_token_ids(client):
     no_paris = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=30,
                                               temperature=0, extra_body={"bad_words": ["Paris"]})
