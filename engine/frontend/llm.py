@@ -1,4 +1,5 @@
-"""Offline API: `LLM(model=...).generate(prompts, params)` and `LLM.chat(messages)`."""
+"""Offline API: `LLM(model=...).generate(prompts, sampling_params)` and `LLM.chat(messages)`,
+with vLLM's argument names."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ class LLM:
         self.shutdown()
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = False,
                  lora: str | Sequence[str | None] | None = None) -> list[RequestOutput]:
         """Results come back in input order. A prompt is a string or a list of token ids.
@@ -49,7 +50,7 @@ class LLM:
         Every prompt is checked before any runs: one bad prompt raises and none is queued.
         """
         batch = _as_prompt_list(prompts)
-        params_list = _as_params_list(params, len(batch))
+        params_list = _as_params_list(sampling_params, len(batch))
         loras = _as_lora_list(lora, len(batch))
         for prompt, p, name in zip(batch, params_list, loras, strict=True):
             self.engine.check_request(prompt, p, name)
@@ -72,16 +73,30 @@ class LLM:
         return [done[i] for i in ids]
 
     def chat(self, messages: list[Message] | list[list[Message]],
-             params: SamplingParams | Sequence[SamplingParams] | None = None,
-             use_tqdm: bool = False) -> list[RequestOutput]:
-        """Apply the model's chat template (with the assistant turn opened), then generate."""
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = False, *, chat_template: str | None = None,
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             tools: list[dict] | None = None,
+             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+        """Apply the chat template (the model's, or `chat_template`), then generate; the
+        keywords are vLLM's LLM.chat's (chat_template_kwargs: the template's own variables,
+        e.g. Qwen3's enable_thinking)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [self.apply_chat_template(c) for c in conversations]
-        return self.generate(prompts, params, use_tqdm)
+        prompts = [self.apply_chat_template(
+            c, chat_template=chat_template, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, tools=tools,
+            chat_template_kwargs=chat_template_kwargs) for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
 
-    def apply_chat_template(self, messages: list[Message]) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                 tokenize=True)
+    def apply_chat_template(self, messages: list[Message], *, chat_template: str | None = None,
+                            add_generation_prompt: bool = True,
+                            continue_final_message: bool = False,
+                            tools: list[dict] | None = None,
+                            chat_template_kwargs: dict[str, Any] | None = None) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(
+            messages, chat_template=chat_template, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, tools=tools, tokenize=True,
+            **(chat_template_kwargs or {}))
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return list(ids)

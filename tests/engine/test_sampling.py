@@ -206,3 +206,25 @@ def test_bad_words_are_never_generated(smol_llm, paris_text):
     assert "Paris" not in no_paris and no_paris.startswith("The capital of France is")
     no_phrase = answer(["capital of"])
     assert "capital of" not in no_phrase and no_phrase.startswith("The capital")
+
+
+def test_offline_chat_takes_vllms_keywords(tiny_llama):
+    """LLM.chat's vLLM keywords: sampling_params, chat_template, add_generation_prompt,
+    continue_final_message and chat_template_kwargs reach the template."""
+    template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                "{% if add_generation_prompt %}assistant:{% if terse %} briefly{% endif %}"
+                "{% endif %}")
+    turns = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi, I"}]
+    opened = tiny_llama.apply_chat_template(turns[:1], chat_template=template,
+                                            chat_template_kwargs={"terse": True})
+    assert tiny_llama.tokenizer.decode(opened).endswith("assistant: briefly")
+    continued = tiny_llama.apply_chat_template(turns, chat_template=template,
+                                               add_generation_prompt=False,
+                                               continue_final_message=True)
+    assert tiny_llama.tokenizer.decode(continued).endswith("Hi, I")
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    out = tiny_llama.chat(turns, sampling_params=params, chat_template=template,
+                          add_generation_prompt=False, continue_final_message=True)[0]
+    assert out.prompt_token_ids == continued
+    assert out.outputs[0].token_ids == tiny_llama.generate(continued, sampling_params=params)[
+        0].outputs[0].token_ids
