@@ -139,26 +139,3 @@ def test_a_chat_template_that_cannot_be_used_exits_2_naming_it(tmp_path, templat
     assert code == 2
     assert stderr.startswith("tokenmill serve: error: --chat-template: ")
     assert reason in stderr and len(stderr.strip().splitlines()) == 1, stderr
-
-
-def test_a_chat_template_file_replaces_the_tokenizers(tmp_path, tiny_llama_dir):
-    """vLLM's --chat-template: chat requests and /tokenize render with the file's template."""
-    path = tmp_path / "chat.jinja"
-    path.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
-                    "{% if add_generation_prompt %}[assistant]{% endif %}")
-    proc = ServeProcess(tiny_llama_dir, "--chat-template", str(path))
-    try:
-        proc.wait_healthy(60)
-        messages = [{"role": "user", "content": "Hello there"}]
-        with httpx.Client(base_url=proc.url, timeout=30) as http:
-            rendered = http.post("/tokenize", json={"messages": messages}).json()
-            text = http.post("/detokenize", json={"tokens": rendered["tokens"]}).json()["prompt"]
-            reply = http.post("/v1/chat/completions", json={
-                "model": tiny_llama_dir, "messages": messages, "max_tokens": 1}).json()
-        assert text.endswith("Hello there\n[assistant]") and "user" in text
-        assert reply["usage"]["prompt_tokens"] == rendered["count"]
-        proc.send_signal(signal.SIGTERM)
-        assert proc.finish()[0] == 0
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)

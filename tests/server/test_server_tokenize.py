@@ -113,6 +113,26 @@ def test_bad_chat_template_fields_are_400(tiny_server, fields, param):
     assert info.value.body["param"] == param
 
 
+def test_a_chat_template_file_replaces_the_tokenizers(root, tiny_server, tokenizer, tmp_path):
+    """--chat-template: the file's template, read at start-up, renders chats and /tokenize."""
+    from tokenmill.engine.server.serve import read_chat_template
+
+    path = tmp_path / "chat.jinja"
+    path.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+                    "{% if add_generation_prompt %}[assistant]{% endif %}")
+    options = tiny_server.state.options
+    options.chat_template = read_chat_template(str(path))
+    try:
+        rendered = _post(root, "/tokenize", messages=HELLO)
+        reply = tiny_server.client.chat.completions.create(model="tiny", messages=HELLO,
+                                                           max_tokens=1)
+    finally:
+        options.chat_template = None
+    assert tokenizer.decode(rendered["tokens"]).endswith("[user] Hello there\n[assistant]")
+    assert reply.usage.prompt_tokens == rendered["count"]
+    assert _post(root, "/tokenize", messages=HELLO) != rendered  # the tokenizer's own again
+
+
 def test_detokenize_round_trips(root, tokenizer):
     ids = _post(root, "/tokenize", prompt="Paris is the capital of France.")["tokens"]
     assert _post(root, "/detokenize", model="tiny", tokens=ids) == {
