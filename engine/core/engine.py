@@ -123,8 +123,9 @@ class LLMEngine:
                                  config.download_dir) if config.enable_lora else None
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    proposer, self.lora.slots if self.lora else None)
-        self.eos_token_ids = _eos_ids(self.model_config, self.tokenizer, source.directory)
-        self.generation_defaults = generation_defaults(source.directory)
+        generation_config = load_generation_config(source.directory)  # read once, for both
+        self.eos_token_ids = _eos_ids(self.model_config, self.tokenizer, generation_config)
+        self.generation_defaults = generation_defaults(generation_config)
         # Grammars of constrained requests; xgrammar loads on the first one.
         self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size,
                                             self.eos_token_ids)
@@ -529,26 +530,28 @@ def _check_devices(option: str, device: torch.device, tp_size: int) -> None:
 GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
-def generation_defaults(directory: str) -> dict[str, float]:
-    """The sampling settings the model's generation_config.json sets (what transformers'
-    to_diff_dict reports, as vLLM reads it); {} without a file."""
+def load_generation_config(directory: str) -> Any:
+    """The model's generation_config.json as transformers reads it; None without one."""
     try:
         from transformers import GenerationConfig
 
-        diff = GenerationConfig.from_pretrained(directory).to_diff_dict()
+        return GenerationConfig.from_pretrained(directory)
     except (OSError, ValueError):
+        return None
+
+
+def generation_defaults(generation_config: Any) -> dict[str, float]:
+    """The sampling settings a generation config sets (what transformers' to_diff_dict
+    reports, as vLLM reads it); {} without one."""
+    if generation_config is None:
         return {}
+    diff = generation_config.to_diff_dict()
     return {key: diff[key] for key in GENERATION_DEFAULT_KEYS if diff.get(key) is not None}
 
 
-def _eos_ids(model_config: Any, tokenizer: Any, directory: str) -> set[int]:
-    values = [getattr(model_config, "eos_token_id", None), tokenizer.eos_token_id]
-    try:
-        from transformers import GenerationConfig
-
-        values.append(GenerationConfig.from_pretrained(directory).eos_token_id)
-    except (OSError, ValueError):
-        pass
+def _eos_ids(model_config: Any, tokenizer: Any, generation_config: Any) -> set[int]:
+    values = [getattr(model_config, "eos_token_id", None), tokenizer.eos_token_id,
+              getattr(generation_config, "eos_token_id", None)]
     ids: set[int] = set()
     for value in values:  # each is None, one id, or a list of ids
         ids.update(value if isinstance(value, list) else [] if value is None else [value])

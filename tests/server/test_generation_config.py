@@ -9,7 +9,7 @@ import shutil
 import pytest
 from server_support import in_process_server
 
-from tokenmill.engine.core.engine import generation_defaults
+from tokenmill.engine.core.engine import generation_defaults, load_generation_config
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +24,10 @@ def greedy_by_default(tmp_path_factory, tiny_llama_dir):
 
 
 def test_the_files_sampling_settings_are_read(greedy_by_default, tmp_path):
-    assert generation_defaults(greedy_by_default) == {"temperature": 1.0, "top_p": 0.9,
-                                                      "top_k": 1}
-    assert generation_defaults(str(tmp_path)) == {}
+    assert generation_defaults(load_generation_config(greedy_by_default)) == {
+        "temperature": 1.0, "top_p": 0.9, "top_k": 1}
+    assert load_generation_config(str(tmp_path)) is None
+    assert generation_defaults(None) == {}
 
 
 @pytest.mark.parametrize("mode", ["auto", "vllm"])
