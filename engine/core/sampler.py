@@ -79,8 +79,8 @@ def _processed(logits: torch.Tensor, seqs: list[Sequence],
         apply_logit_bias(logits, [(row, seqs[row].params.logit_bias) for row in biased])
     for row in penalized:
         apply_penalties(logits[row], seqs[row])
-    if banned:
-        mask_tokens(logits, banned)
+    if banned:  # a bias of -inf: the token can't be drawn
+        apply_logit_bias(logits, [(row, dict.fromkeys(ids, float("-inf"))) for row, ids in banned])
     for row in allowed:
         keep = torch.tensor(seqs[row].params.allowed_token_ids, device=logits.device)
         logits[row] = torch.full_like(logits[row], float("-inf")).index_copy_(
@@ -119,14 +119,6 @@ def banned_tokens(seq: Sequence, eos_token_ids: Collection[int]) -> list[int]:
         if before == 0 or seq.output_token_ids[-before:] == word[:-1]:
             banned.add(word[-1])
     return sorted(banned)
-
-
-def mask_tokens(logits: torch.Tensor, tokens: list[tuple[int, list[int]]]) -> None:
-    """In place: each row's listed tokens set to -inf, all rows in one index_put_."""
-    rows = [row for row, ids in tokens for _ in ids]
-    cols = [t for _, ids in tokens for t in ids]
-    index = bitmask.to_device(torch.tensor([rows, cols], dtype=torch.long), logits.device)
-    logits.index_put_((index[0], index[1]), torch.tensor(float("-inf"), device=logits.device))
 
 
 def _exponential_noise(probs: torch.Tensor, seqs: list[Sequence],
