@@ -133,11 +133,18 @@ def _read(cache: torch.Tensor, scales: torch.Tensor | None, blocks: torch.Tensor
           dtype: torch.dtype) -> torch.Tensor:
     """The given blocks of one cache in dtype, dequantized when it has scales."""
     if scales is None:
-        values = cache.index_select(0, blocks)
-        return values if values.dtype == dtype else values.to(dtype)
+        return _in_dtype(cache.index_select(0, blocks), None, dtype)
     # Gathered as bytes: index kernels do not cover float8 on every device.
     values = cache.view(torch.uint8).index_select(0, blocks).view(cache.dtype)
-    return dequantize(values, scales.index_select(0, blocks), dtype)
+    return _in_dtype(values, scales.index_select(0, blocks), dtype)
+
+
+def _in_dtype(values: torch.Tensor, scales: torch.Tensor | None,
+              dtype: torch.dtype) -> torch.Tensor:
+    """Cache values (and their scales, for a quantized cache) as dtype; no op when they are."""
+    if scales is not None:
+        return dequantize(values, scales, dtype)
+    return values if values.dtype == dtype else values.to(dtype)
 
 
 def _read_bucket(cache: torch.Tensor, scales: torch.Tensor | None, bucket: DecodeBucket,
@@ -147,10 +154,9 @@ def _read_bucket(cache: torch.Tensor, scales: torch.Tensor | None, bucket: Decod
     first = bucket.first_block
     if first is None:
         return _read(cache, scales, bucket.blocks, dtype)
-    values = cache.narrow(0, first, bucket.num_blocks)
-    if scales is not None:
-        return dequantize(values, scales.narrow(0, first, bucket.num_blocks), dtype)
-    return values if values.dtype == dtype else values.to(dtype)
+    return _in_dtype(cache.narrow(0, first, bucket.num_blocks),
+                     None if scales is None else scales.narrow(0, first, bucket.num_blocks),
+                     dtype)
 
 
 def _gather(cache: torch.Tensor, scales: torch.Tensor | None, block_table: torch.Tensor,
