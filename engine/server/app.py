@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic_core import from_json
 
 from tokenmill.engine.server.adapters import add_runtime_routes, model_cards, resolve_model
-from tokenmill.engine.server.errors import install_error_handlers
+from tokenmill.engine.server.errors import APIError, install_error_handlers
 from tokenmill.engine.server.middleware import ApiKey, BodyLimit, RequestId
 from tokenmill.engine.server.openai_serving import create_chat_completion, create_completion
 from tokenmill.engine.server.protocol import (
@@ -23,6 +23,8 @@ from tokenmill.engine.server.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from tokenmill.engine.server.responses import create_response
+from tokenmill.engine.server.responses_protocol import ResponsesRequest
 from tokenmill.engine.server.state import ServerState, start_loading
 from tokenmill.engine.server.tokenization import detokenize, tokenize
 
@@ -88,6 +90,16 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await create_chat_completion(body, request, state)
+
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesRequest, request: Request):
+        return await create_response(body, request, state)
+
+    @app.get("/v1/responses/{response_id}")
+    async def retrieve_response(response_id: str):
+        raise APIError(404, f"no response {response_id!r}: this server does not store "
+                            "responses (they are answered with store false)",
+                       param="response_id", code="not_found")
 
     @app.post("/tokenize")
     async def tokenize_route(body: TokenizeRequest):

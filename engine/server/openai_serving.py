@@ -57,6 +57,14 @@ async def create_completion(body: CompletionRequest, request: Request,
 
 async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                                  state: ServerState) -> Any:
+    call = await chat_call(body, state)
+    return await _run(call, body.stream, body.include_usage, request, state)
+
+
+async def chat_call(body: ChatCompletionRequest, state: ServerState,
+                    id_prefix: str = "chatcmpl-") -> Call:
+    """A checked chat request as a Call, its prompt rendered and its grammar compiled (the
+    Responses API runs its requests through here too)."""
     adapter = _check_serving(state, body.model)
     plan = _tool_plan(body, state)
     try:
@@ -71,11 +79,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     params = _sampling_for_tools(_params(body, max_tokens, logprobs, state), plan)
     await _compile_constraint(state, params, body.constraint_field() or "tool_choice")
     model = adapter or state.options.served_model_name
-    call = Call("chat", f"chatcmpl-{uuid.uuid4().hex}", model, body.n, [None], [ids], params,
+    return Call("chat", f"{id_prefix}{uuid.uuid4().hex}", model, body.n, [None], [ids], params,
                 cache_salt=body.cache_salt, lora_name=adapter,
                 tools=ReplyToolCalls(plan) if plan.parser is not None else None,
                 reasoning=_reasoning(state, params), continuous_usage=body.continuous_usage)
-    return await _run(call, body.stream, body.include_usage, request, state)
 
 
 def _reasoning(state: ServerState, params: SamplingParams) -> ReplyReasoning | None:
@@ -198,6 +205,19 @@ async def _admit(call: Call, state: ServerState) -> list[RequestStream]:
 
 async def _run(call: Call, stream: bool, include_usage: bool, request: Request,
                state: ServerState) -> Any:
+    streams = await start(call, stream, state)
+    if stream:
+        return StreamingResponse(_stream(call, streams, include_usage, state),
+                                 media_type="text/event-stream")
+    finals = await collect(streams, request, state)
+    if finals is None:
+        return JSONResponse(error_body(499, "client closed the request"), status_code=499)
+    return JSONResponse(full_response(call, finals, state))
+
+
+async def start(call: Call, stream: bool, state: ServerState) -> list[RequestStream]:
+    """Admit the call's requests: one request in flight until collect() or chat_chunks()
+    ends it."""
     state.request_started()
     try:
         streams = await _admit(call, state)
@@ -207,18 +227,18 @@ async def _run(call: Call, stream: bool, include_usage: bool, request: Request,
     log.info("request admitted", extra={"id": call.id, "prompts": len(call.prompts_ids),
                                         "n": call.n, "max_tokens": call.params.max_tokens,
                                         "stream": stream})
-    if stream:
-        return StreamingResponse(_stream(call, streams, include_usage, state),
-                                 media_type="text/event-stream")
+    return streams
+
+
+async def collect(streams: list[RequestStream], request: Request,
+                  state: ServerState) -> list[RequestOutput] | None:
+    """The final outputs of started requests, or None if the client went away."""
     try:
-        finals = await _collect(streams, request)
+        return await _collect(streams, request)
     except EngineDeadError as exc:  # the loop died under this request; the server exits
         raise APIError(503, str(exc)) from exc
     finally:
         state.request_ended()
-    if finals is None:
-        return JSONResponse(error_body(499, "client closed the request"), status_code=499)
-    return JSONResponse(full_response(call, finals, state))
 
 
 async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
@@ -274,8 +294,10 @@ async def _collect(streams: list[RequestStream],
     return [finals[i] for i in range(len(streams))]
 
 
-async def _stream(call: Call, streams: list[RequestStream], include_usage: bool,
-                  state: ServerState) -> AsyncIterator[str]:
+async def chat_chunks(call: Call, streams: list[RequestStream], include_usage: bool,
+                      state: ServerState) -> AsyncIterator[dict]:
+    """The bodies of a started call's streamed chunks, as they come (a chat call's first
+    chunk of each choice carries the role; with include_usage the last carries the usage)."""
     finals: dict[int, RequestOutput] = {}
     latest: dict[int, RequestOutput] = {}  # each prompt's newest output, for usage so far
 
@@ -285,22 +307,30 @@ async def _stream(call: Call, streams: list[RequestStream], include_usage: bool,
     try:
         if call.kind == "chat":
             for c in range(call.n):
-                yield sse(chunk(call, [{"index": c, "delta": {"role": "assistant",
-                                                                 "content": ""},
-                                          "logprobs": None, "finish_reason": None}],
-                                usage=running_usage()))
+                yield chunk(call, [{"index": c, "delta": {"role": "assistant", "content": ""},
+                                    "logprobs": None, "finish_reason": None}],
+                            usage=running_usage())
         async for i, out in _merged(streams):
             latest[i] = out
             choices = [delta_choice(call, i, c, state, out) for c in out.outputs]
             choices = [c for c in choices if c is not None]
             if choices:
-                yield sse(chunk(call, choices, usage=running_usage()))
+                yield chunk(call, choices, usage=running_usage())
             if out.finished:
                 finals[i] = out
         if include_usage:
-            yield sse(chunk(call, [], usage=usage(call, list(finals.values()))))
+            yield chunk(call, [], usage=usage(call, list(finals.values())))
+    finally:
+        state.request_ended()
+
+
+async def _stream(call: Call, streams: list[RequestStream], include_usage: bool,
+                  state: ServerState) -> AsyncIterator[str]:
+    try:
+        async with contextlib.aclosing(chat_chunks(call, streams, include_usage,
+                                                   state)) as bodies:
+            async for body in bodies:
+                yield sse(body)
         yield "data: [DONE]\n\n"
     except (APIError, RequestError, EngineDeadError) as exc:
         yield sse(error_body(500, str(exc)))
-    finally:
-        state.request_ended()

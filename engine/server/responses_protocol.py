@@ -1,0 +1,253 @@
+"""The request body of OpenAI's Responses API (POST /v1/responses), and its translation into a
+chat completion request: `input` items become chat messages (a function call joins the
+assistant turn before it, a function call's output becomes a tool message), `instructions` a
+system message first, `text.format` the response_format, Responses-style function tools the
+chat shape. The vLLM sampling extensions of chat completions (top_k, min_p, seed, stop, ...)
+are taken as they are.
+
+Responses are not stored (`store` is answered false), so `previous_response_id` and item
+references are refused: the client sends the whole conversation in `input`, as it does with
+chat completions.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tokenmill.engine.server.protocol import (
+    ChatCompletionRequest,
+    ChatTemplateFields,
+    RequestModel,
+    SamplingFields,
+)
+
+# Content part types that carry text; the others (images, files, audio) are refused.
+_TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text",
+               "refusal": "refusal", "reasoning_text": "text", "summary_text": "text"}
+
+
+class RequestFormatError(ValueError):
+    """A field of the Responses request that can't be served; `param` names it."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
+class TextFormat(RequestModel):
+    """`text.format`: plain text, any JSON object, or JSON following a schema."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> TextFormat:
+        if self.type == "json_schema" and (self.schema_ is None or self.name is None):
+            raise ValueError("text.format of type 'json_schema' needs name and schema")
+        return self
+
+    def response_format(self) -> dict[str, Any]:
+        if self.type != "json_schema":
+            return {"type": self.type}
+        schema = {"name": self.name, "schema": self.schema_}
+        if self.strict is not None:
+            schema["strict"] = self.strict
+        return {"type": "json_schema", "json_schema": schema}
+
+
+class TextConfig(RequestModel):
+    model_config = ConfigDict(extra="ignore")  # verbosity: a hint this server doesn't take
+
+    format: TextFormat | None = None
+
+
+class ResponsesRequest(SamplingFields, ChatTemplateFields):
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    text: TextConfig | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    reasoning: dict[str, Any] | None = None  # effort and summary: echoed, not acted on
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    previous_response_id: str | None = None
+    background: bool | None = None
+    truncation: Literal["disabled", "auto"] | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _not_empty(cls, value: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+        if not value:
+            raise ValueError("input must not be empty")
+        return value
+
+    def to_chat(self) -> ChatCompletionRequest:
+        """The same request as a chat completion. RequestFormatError names the field of
+        this request that can't be served."""
+        self._check_servable()
+        fields = set(SamplingFields.model_fields) | set(ChatTemplateFields.model_fields)
+        chat: dict[str, Any] = self.model_dump(by_alias=True, exclude_unset=True,
+                                               include=fields)
+        chat["messages"] = input_messages(self.input, self.instructions)
+        if self.max_output_tokens is not None:
+            chat["max_completion_tokens"] = self.max_output_tokens
+        if self.tools:
+            chat["tools"] = [_chat_tool(i, tool) for i, tool in enumerate(self.tools)]
+        if self.tool_choice is not None:
+            chat["tool_choice"] = _chat_tool_choice(self.tool_choice)
+        chat["parallel_tool_calls"] = self.parallel_tool_calls
+        if self.text is not None and self.text.format is not None:
+            chat["response_format"] = self.text.format.response_format()
+        if self.top_logprobs is not None:
+            chat.update(logprobs=True, top_logprobs=self.top_logprobs)
+        try:
+            return ChatCompletionRequest.model_validate(chat)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            # A chat field's name: the route words it as the Responses field it came from.
+            where = ".".join(str(p) for p in first["loc"]) or "input"
+            raise RequestFormatError(where, first["msg"]) from None
+
+    def _check_servable(self) -> None:
+        if self.previous_response_id is not None:
+            raise RequestFormatError("previous_response_id", "this server does not store "
+                                     "responses; send the conversation so far in input")
+        if self.background:
+            raise RequestFormatError("background", "background responses are not supported")
+        if self.truncation == "auto":
+            raise RequestFormatError("truncation", "'auto' is not supported; an input longer "
+                                     "than the context is refused")
+        if self.n != 1:
+            raise RequestFormatError("n", "a response has one output; use "
+                                     "/v1/chat/completions for several")
+
+    def text_format(self) -> dict[str, Any]:
+        """`text` as the response echoes it."""
+        if self.text is None or self.text.format is None:
+            return {"format": {"type": "text"}}
+        return {"format": self.text.format.model_dump(by_alias=True, exclude_none=True)}
+
+
+def input_messages(items: str | list[dict[str, Any]],
+                   instructions: str | None = None) -> list[dict[str, Any]]:
+    """`input` (and `instructions`) as chat messages."""
+    messages: list[dict[str, Any]] = []
+    if instructions:
+        messages.append({"role": "system", "content": instructions})
+    if isinstance(items, str):
+        return [*messages, {"role": "user", "content": items}]
+    names: dict[str, str] = {}  # call_id -> function name, for the tool messages
+    thought: str | None = None  # a reasoning item's text, for the assistant turn after it
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        kind = item.get("type", "message")
+        if kind == "message":
+            message = _message(where, item)
+            if message["role"] == "assistant" and thought is not None:
+                message["reasoning"], thought = thought, None
+            messages.append(message)
+        elif kind == "function_call":
+            call = _function_call(where, item)
+            names[call["id"]] = call["function"]["name"]
+            last = messages[-1] if messages else None
+            if last is None or last["role"] != "assistant":
+                last = {"role": "assistant", "content": None}
+                messages.append(last)
+            if thought is not None:
+                last["reasoning"], thought = thought, None
+            last.setdefault("tool_calls", []).append(call)
+        elif kind == "function_call_output":
+            call_id = _text_field(where, item, "call_id")
+            messages.append({"role": "tool", "tool_call_id": call_id,
+                             "content": _content_text(f"{where}.output", item.get("output")),
+                             **({"name": names[call_id]} if call_id in names else {})})
+        elif kind == "reasoning":
+            thought = _reasoning_text(where, item)
+        elif kind == "item_reference":
+            raise RequestFormatError(f"{where}.type", "item references need stored responses, "
+                                     "which this server does not keep; send the item itself")
+        else:
+            raise RequestFormatError(f"{where}.type", f"input items of type {kind!r} are not "
+                                     "supported (message, function_call, "
+                                     "function_call_output and reasoning are)")
+    if not any(m["role"] != "system" for m in messages):
+        raise RequestFormatError("input", "needs at least one message besides instructions")
+    return messages
+
+
+def _message(where: str, item: dict[str, Any]) -> dict[str, Any]:
+    role = item.get("role")
+    if role not in ("user", "assistant", "system", "developer"):
+        raise RequestFormatError(f"{where}.role", "must be 'user', 'assistant', 'system' or "
+                                 f"'developer', got {role!r}")
+    return {"role": role, "content": _content_text(f"{where}.content", item.get("content"))}
+
+
+def _content_text(where: str, content: Any) -> str:
+    """A message's content (a string or a list of text parts) as one string."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise RequestFormatError(where, "must be a string or a list of content parts")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in _TEXT_PARTS:
+            raise RequestFormatError(f"{where}[{j}].type", f"content of type {kind!r} is not "
+                                     "supported: this server's model reads text only")
+        texts.append(_text_field(f"{where}[{j}]", part, _TEXT_PARTS[kind]))
+    return "".join(texts)
+
+
+def _function_call(where: str, item: dict[str, Any]) -> dict[str, Any]:
+    return {"id": _text_field(where, item, "call_id"), "type": "function",
+            "function": {"name": _text_field(where, item, "name"),
+                         "arguments": _text_field(where, item, "arguments")}}
+
+
+def _reasoning_text(where: str, item: dict[str, Any]) -> str | None:
+    """An earlier reply's thinking: its reasoning text, else its summary (None if neither)."""
+    for key in ("content", "summary"):
+        if item.get(key):
+            return _content_text(f"{where}.{key}", item[key])
+    return None
+
+
+def _text_field(where: str, item: dict[str, Any], key: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise RequestFormatError(f"{where}.{key}", "is required and must be a string")
+    return value
+
+
+def _chat_tool(i: int, tool: Any) -> Any:
+    """A Responses function tool ({"type": "function", "name", "parameters", ...}) in the chat
+    shape ({"type": "function", "function": {...}})."""
+    if not isinstance(tool, dict):
+        return tool  # plan_tools names it
+    if tool.get("type") != "function":
+        raise RequestFormatError(f"tools[{i}].type", f"tools of type {tool.get('type')!r} are "
+                                 "not supported: this server calls functions only")
+    function = {k: v for k, v in tool.items() if k != "type"}
+    return {"type": "function", "function": function}
+
+
+def _chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+    if isinstance(choice, str):
+        return choice
+    if choice.get("type") != "function":
+        raise RequestFormatError("tool_choice.type", "must be 'function' (or tool_choice one "
+                                 "of 'none', 'auto', 'required')")
+    if not isinstance(choice.get("name"), str):
+        raise RequestFormatError("tool_choice.name", "is required")
+    return {"type": "function", "function": {"name": choice["name"]}}
