@@ -36,6 +36,7 @@ from tokenmill.engine.execution.kv_sizing import check_host_memory
 from tokenmill.engine.execution.rank import RankSetup, build_runner, rank_device
 from tokenmill.engine.execution.workers import WorkerFailed, Workers
 from tokenmill.engine.layers.attention import check_kv_cache_dtype, resolve_backend
+from tokenmill.engine.models.architecture import sliding_window_of
 from tokenmill.engine.models.loader import load_config, load_tokenizer
 from tokenmill.engine.models.quantize import step_weight_bytes, weight_bytes
 from tokenmill.engine.models.source import resolve_model
@@ -503,7 +504,22 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def _max_model_len(config: EngineConfig, model_config: Any) -> int:
+    """The context length: the model's (or --max-model-len, within it). A model that slides
+    its attention over a window gives exactly the full attention's output only on sequences
+    no longer than that window, and the engine attends to the whole context: so the context
+    stops at the window."""
     limit = getattr(model_config, "max_position_embeddings", None) or 2048
+    window = sliding_window_of(model_config)
+    if window is not None and window < limit:
+        if config.max_model_len is not None and config.max_model_len > window:
+            raise ConfigError("max_model_len", f"{config.max_model_len} exceeds the model's "
+                              f"sliding attention window ({window} tokens): tokenmill attends "
+                              "to the whole context, which equals the model's attention only "
+                              f"up to the window; use at most {window}")
+        if config.max_model_len is None:
+            log.info("context capped at the model's sliding attention window",
+                     extra={"window": window, "max_position_embeddings": limit})
+        limit = window
     if config.max_model_len is None:
         return limit
     if config.max_model_len > limit:

@@ -40,3 +40,20 @@ def architecture_of(config: Any) -> str:
 
 def flags_of(config: Any) -> ArchitectureFlags:
     return SUPPORTED[architecture_of(config)]
+
+
+def sliding_window_of(config: Any) -> int | None:
+    """The attention window of the model's sliding-window layers, in tokens (None if every
+    layer attends to the whole context). Mistral 7B v0.1 slides over 4096 tokens; Qwen2/3
+    configs slide only with use_sliding_window (transformers lists each layer's kind in
+    layer_types where they differ)."""
+    window = getattr(config, "sliding_window", None)
+    if not window:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return window if "sliding_attention" in layer_types else None
+    if getattr(config, "use_sliding_window", True) is False:
+        return None
+    return int(window)
+
