@@ -1,4 +1,5 @@
-"""Rotary position embedding (half-rotation layout), with Llama-3 and linear frequency scaling."""
+"""Rotary position embedding (half-rotation layout), with linear, Llama-3 and YaRN frequency
+scaling."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ def rope_parameters(config: Any) -> dict:
         params = dict(scaling)
         params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
     params.setdefault("rope_type", params.get("type", "default"))
+    if params["rope_type"] in ("llama3", "yarn"):
+        params.setdefault("original_max_position_embeddings",
+                          getattr(config, "max_position_embeddings", None))
     return params
 
 
@@ -32,7 +36,61 @@ def inverse_frequencies(head_dim: int, params: dict) -> torch.Tensor:
         return inv_freq / float(params["factor"])
     if kind == "llama3":
         return _llama3_scaled(inv_freq, params)
-    raise ValueError(f"rope scaling type {kind!r} is not supported (default, linear, llama3)")
+    if kind == "yarn":
+        return _yarn_scaled(head_dim, params)
+    raise ValueError(f"rope scaling type {kind!r} is not supported (default, linear, llama3, "
+                     "yarn)")
+
+
+def attention_scaling(params: dict) -> float:
+    """The factor on cos and sin (YaRN's "attention factor": it sharpens attention as the
+    context stretches); 1 for the other kinds."""
+    if params["rope_type"] != "yarn":
+        return 1.0
+    if params.get("attention_factor") is not None:
+        return float(params["attention_factor"])
+    factor = _yarn_factor(params)
+    mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+    if mscale and mscale_all_dim:
+        return _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+    return _yarn_mscale(factor)
+
+
+def _yarn_mscale(factor: float, weight: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * weight * math.log(factor) + 1.0
+
+
+def _yarn_factor(params: dict) -> float:
+    if params.get("factor") is None:
+        raise ValueError("yarn rope scaling needs a factor")
+    return float(params["factor"])
+
+
+def _yarn_scaled(head_dim: int, params: dict) -> torch.Tensor:
+    """YaRN (arXiv 2309.00071): a rotary dimension that turns fewer than `beta_slow` times
+    over the original context is interpolated (its frequency divided by `factor`), one that
+    turns more than `beta_fast` times is kept, and the dimensions between blend linearly."""
+    base = float(params["rope_theta"])
+    factor = _yarn_factor(params)
+    context = float(params["original_max_position_embeddings"])
+
+    def dimension_turning(turns: float) -> float:
+        """The (fractional) dimension index whose rotary turns `turns` times over the context."""
+        return head_dim * math.log(context / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low = dimension_turning(float(params.get("beta_fast") or 32))
+    high = dimension_turning(float(params.get("beta_slow") or 1))
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # each dimension's weight of its own frequency (1: high, 0: low)
+    wavelength_base = base ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    kept = 1.0 / wavelength_base
+    interpolated = 1.0 / (factor * wavelength_base)
+    return interpolated * (1 - keep) + kept * keep
 
 
 def _llama3_scaled(inv_freq: torch.Tensor, params: dict) -> torch.Tensor:
@@ -59,10 +117,11 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         inv_freq = inverse_frequencies(head_dim, params)
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        self.register_buffer("cos", torch.cat([angles.cos(), angles.cos()], dim=-1),
-                             persistent=False)
+        scaling = attention_scaling(params)
+        cos = angles.cos() * scaling
+        self.register_buffer("cos", torch.cat([cos, cos], dim=-1), persistent=False)
         # sin with rotate_half's sign folded in: rotate_half(x) * sin == roll(x) * signed_sin.
-        sin = angles.sin()
+        sin = angles.sin() * scaling
         self.register_buffer("signed_sin", torch.cat([-sin, sin], dim=-1), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype,

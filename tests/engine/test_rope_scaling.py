@@ -1,0 +1,78 @@
+"""Rotary frequency scaling against transformers' own: the inverse frequencies and the factor
+on cos/sin of each supported kind, and greedy output of a YaRN-scaled model past its original
+context."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from model_support import hf_greedy, make_random_model
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from tokenmill.engine import LLM, SamplingParams
+from tokenmill.engine.layers.rotary import attention_scaling, inverse_frequencies, rope_parameters
+
+HEAD_DIM = 64
+SCALINGS = [
+    {"rope_type": "linear", "factor": 4.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 256},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256},
+    {"rope_type": "yarn", "factor": 4.0},  # the original context defaults to the model's
+    {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 512,
+     "beta_fast": 16, "beta_slow": 2, "truncate": False},
+    {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+     "mscale": 1.0, "mscale_all_dim": 0.707},
+    {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 128,
+     "attention_factor": 1.25},
+]
+
+
+def _config(scaling: dict) -> transformers.Qwen3Config:
+    return transformers.Qwen3Config(
+        vocab_size=256, hidden_size=128, head_dim=HEAD_DIM, num_attention_heads=2,
+        num_key_value_heads=1, num_hidden_layers=1, intermediate_size=64,
+        max_position_embeddings=1024, rope_parameters={"rope_theta": 1e6, **scaling})
+
+
+@pytest.mark.parametrize("scaling", SCALINGS, ids=lambda s: "-".join(map(str, s.values())))
+def test_frequencies_and_attention_factor_equal_transformers(scaling):
+    config = _config(scaling)
+    want_freq, want_factor = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](config, "cpu")
+    params = rope_parameters(config)
+    assert torch.equal(inverse_frequencies(HEAD_DIM, params), want_freq)
+    assert attention_scaling(params) == pytest.approx(want_factor, rel=1e-12)
+
+
+def test_an_unsupported_kind_is_refused_by_name():
+    params = rope_parameters(_config({"rope_type": "dynamic", "factor": 2.0}))
+    with pytest.raises(ValueError, match="'dynamic' is not supported"):
+        inverse_frequencies(HEAD_DIM, params)
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+def test_a_yarn_scaled_model_matches_hf_past_its_original_context(kind, tmp_path,
+                                                                   smol_tokenizer):
+    """The original context is 32 tokens, stretched four times: prompts and replies run past
+    it, where the interpolated frequencies and the attention factor matter."""
+    common = dict(vocab_size=len(smol_tokenizer), hidden_size=64, intermediate_size=128,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+                  tie_word_embeddings=False,
+                  rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                   "original_max_position_embeddings": 32})
+    config = (transformers.Qwen3Config(head_dim=32, **common) if kind == "qwen3"
+              else transformers.LlamaConfig(**common))
+    directory = make_random_model(str(tmp_path / kind), config, smol_tokenizer)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
+    llm = LLM(directory, show_progress=False, block_size=8)
+    try:
+        prompts = [smol_tokenizer.encode("one two three four five six seven eight nine " * k)
+                   for k in (1, 6)]
+        assert len(prompts[1]) > 32
+        got = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=40))
+        for prompt, out in zip(prompts, got, strict=True):
+            assert out.outputs[0].token_ids == hf_greedy(reference, prompt, 40)
+    finally:
+        llm.shutdown()
