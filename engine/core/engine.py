@@ -36,7 +36,7 @@ from tokenmill.engine.execution.kv_sizing import check_host_memory
 from tokenmill.engine.execution.rank import RankSetup, build_runner, rank_device
 from tokenmill.engine.execution.workers import WorkerFailed, Workers
 from tokenmill.engine.layers.attention import check_kv_cache_dtype, resolve_backend
-from tokenmill.engine.models.architecture import sliding_window_of
+from tokenmill.engine.models.architecture import context_length_of, sliding_window_of
 from tokenmill.engine.models.loader import load_config, load_tokenizer
 from tokenmill.engine.models.quantize import step_weight_bytes, weight_bytes
 from tokenmill.engine.models.source import resolve_model
@@ -508,7 +508,7 @@ def _max_model_len(config: EngineConfig, model_config: Any) -> int:
     its attention over a window gives exactly the full attention's output only on sequences
     no longer than that window, and the engine attends to the whole context: so the context
     stops at the window."""
-    limit = getattr(model_config, "max_position_embeddings", None) or 2048
+    limit = context_length_of(model_config)
     window = sliding_window_of(model_config)
     if window is not None and window < limit:
         if config.max_model_len is not None and config.max_model_len > window:

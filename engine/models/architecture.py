@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tokenmill.engine.layers.rotary import rope_parameters
 from tokenmill.engine.models.source import ModelLoadError
 
 
@@ -56,4 +57,17 @@ def sliding_window_of(config: Any) -> int | None:
     if getattr(config, "use_sliding_window", True) is False:
         return None
     return int(window)
+
+
+def context_length_of(config: Any) -> int:
+    """The longest sequence the model takes: max_position_embeddings, or for a YaRN-stretched
+    model its original context times the factor, where that is longer (Qwen's model cards
+    stretch 32K to 128K this way and leave max_position_embeddings as it was; vLLM derives
+    the same length)."""
+    limit = getattr(config, "max_position_embeddings", None) or 2048
+    params = rope_parameters(config)
+    original, factor = params.get("original_max_position_embeddings"), params.get("factor")
+    if params["rope_type"] == "yarn" and original and factor:
+        limit = max(limit, int(original * factor))
+    return limit
 

@@ -54,11 +54,12 @@ def test_an_unsupported_kind_is_refused_by_name():
 @pytest.mark.parametrize("kind", ["qwen3", "llama"])
 def test_a_yarn_scaled_model_matches_hf_past_its_original_context(kind, tmp_path,
                                                                    smol_tokenizer):
-    """The original context is 32 tokens, stretched four times: prompts and replies run past
-    it, where the interpolated frequencies and the attention factor matter."""
+    """The original context is 32 tokens, stretched four times to 128 (beyond the config's
+    max_position_embeddings, as Qwen's model cards leave it): prompts and replies run past
+    both, where the interpolated frequencies and the attention factor matter."""
     common = dict(vocab_size=len(smol_tokenizer), hidden_size=64, intermediate_size=128,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+                  max_position_embeddings=64, bos_token_id=1, eos_token_id=2,
                   tie_word_embeddings=False,
                   rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
                                    "original_max_position_embeddings": 32})
@@ -68,9 +69,10 @@ def test_a_yarn_scaled_model_matches_hf_past_its_original_context(kind, tmp_path
     reference = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
     llm = LLM(directory, show_progress=False, block_size=8)
     try:
+        assert llm.engine.max_model_len == 4 * 32
         prompts = [smol_tokenizer.encode("one two three four five six seven eight nine " * k)
                    for k in (1, 6)]
-        assert len(prompts[1]) > 32
+        assert 32 < len(prompts[1]) < 64 < len(prompts[1]) + 40
         got = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=40))
         for prompt, out in zip(prompts, got, strict=True):
             assert out.outputs[0].token_ids == hf_greedy(reference, prompt, 40)
