@@ -86,6 +86,7 @@ def request_output(req: Any) -> RequestOutput:
         finished=req.finished,
         timings=req.timings,
         num_preemptions=sum(seq.num_preemptions for seq in req.seqs),
+        num_cached_tokens=req.seqs[0].num_cached_prompt_tokens,
         **_prompt_logprobs(req.seqs[0]),
     )
 

@@ -32,6 +32,8 @@ class RequestOutput:
     finished: bool
     timings: RequestTimings = field(default_factory=RequestTimings)
     num_preemptions: int = 0
+    # Prompt tokens found in the prefix cache at admission (device or host tier): not computed.
+    num_cached_tokens: int = 0
     # With SamplingParams.prompt_logprobs: per prompt token (None for the first) its logprob
     # and the top-k, most likely first, and the token's rank (1: the most likely).
     prompt_logprobs: list[dict[int, float] | None] | None = None

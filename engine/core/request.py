@@ -84,6 +84,7 @@ class Sequence:
         self.spec_tokens: list[int] = []  # proposed next tokens this step verifies
         self.cache_salt = cache_salt
         self.num_cached_blocks = 0  # leading blocks already indexed by the prefix cache
+        self.num_cached_prompt_tokens = 0  # prompt tokens the prefix cache had at admission
         self.times_bypassed = 0     # admissions that went to a later arrival first
         # This sequence's grammar matcher (structured/backend.py Matcher), None when free.
         self.constraint = constraint

@@ -160,6 +160,8 @@ class Scheduler:
             self._acquire_lora(seq)
             if seq.num_preemptions:
                 self._account_resumed(seq, cached)
+            else:
+                seq.num_cached_prompt_tokens = min(start, len(seq.prompt_token_ids))
             out.block_copies += self.kv.grow(seq, num_new)
             out.scheduled.append((seq, num_new))
             self.running.append(seq)

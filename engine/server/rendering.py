@@ -141,10 +141,14 @@ def chunk(call: Call, choices: list[dict], usage: dict | None = None) -> dict:
 
 
 def usage(call: Call, finals: list[RequestOutput]) -> dict:
+    """Token counts, with OpenAI's prompt_tokens_details.cached_tokens: the prompt tokens the
+    prefix cache already held (vLLM's --enable-prompt-tokens-details, always on here)."""
     prompt = sum(len(ids) for ids in call.prompts_ids)
     completion = sum(len(c.token_ids) for out in finals for c in out.outputs)
+    cached = sum(out.num_cached_tokens for out in finals)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _logprobs(call: Call, state: ServerState, token_ids: list[int],

@@ -39,7 +39,8 @@ def finish(shell: dict[str, Any], output: list[dict], chat_usage: dict, incomple
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
             "output": output,
             "usage": {"input_tokens": chat_usage["prompt_tokens"],
-                      "input_tokens_details": {"cached_tokens": 0},
+                      "input_tokens_details": {
+                          "cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"]},
                       "output_tokens": chat_usage["completion_tokens"],
                       "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
                       "total_tokens": chat_usage["total_tokens"]}}

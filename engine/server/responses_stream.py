@@ -74,7 +74,8 @@ class ResponseEvents:
             yield from self._open("message")
             yield from self._close()
         incomplete = self.finish_reason == "length"
-        usage = self.usage or {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        usage = self.usage or {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0,
+                               "prompt_tokens_details": {"cached_tokens": 0}}
         final = shapes.finish(self.shell, self.output, usage, incomplete,
                               self.count_tokens(self.thought) if self.thought else 0)
         yield self._event("response.completed", response=final)

@@ -114,3 +114,23 @@ def test_long_prompt_does_not_stall_running_decodes(tiny_llama_dir):
         steps_with_prefill += chunk > 0
     assert steps_with_prefill >= 800 // budget
     engine.kv.allocator.check_all_free()
+
+
+def test_outputs_count_the_prompt_tokens_found_cached(tiny_llama_dir):
+    """num_cached_tokens: the prompt's leading full blocks the cache held at admission (never
+    the whole prompt: its last token is computed for the first logits); 0 with the cache off."""
+    prompt = list(range(5, 45))
+    shares_two_blocks = prompt[:16] + list(range(300, 320))
+    on = LLM(tiny_llama_dir, show_progress=False, block_size=8)
+    off = LLM(tiny_llama_dir, show_progress=False, block_size=8, enable_prefix_caching=False)
+    try:
+        first, again, partial = (on.generate([p], _greedy(2))[0]
+                                 for p in (prompt, prompt, shares_two_blocks))
+        assert (first.num_cached_tokens, again.num_cached_tokens) == (0, 32)
+        assert partial.num_cached_tokens == 16
+        assert again.outputs[0].token_ids == first.outputs[0].token_ids
+        assert [off.generate([prompt], _greedy(2))[0].num_cached_tokens for _ in range(2)] == [
+            0, 0]
+    finally:
+        on.shutdown()
+        off.shutdown()

@@ -219,3 +219,24 @@ def test_responses_are_not_stored(tiny_server):
         tiny_server.client.responses.retrieve(response.id)
     with pytest.raises(openai.NotFoundError):
         tiny_server.client.responses.create(model="nope", input="Hi")
+
+
+def test_usage_counts_the_prompt_tokens_found_cached(tiny_server):
+    """OpenAI's prompt_tokens_details.cached_tokens (input_tokens_details in a response): the
+    leading full blocks of the prompt the prefix cache held (at first, only the chat
+    template's system turn, which every request shares)."""
+    client = tiny_server.client
+    ask = [{"role": "user", "content": "cached " * 50}]
+    first = client.chat.completions.create(model="tiny", messages=ask, max_tokens=2)
+    again = client.chat.completions.create(model="tiny", messages=ask, max_tokens=2)
+    block = tiny_server.state.config.block_size
+    before = first.usage.prompt_tokens_details.cached_tokens
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert before % block == 0 and cached % block == 0
+    assert before < 50 < cached < again.usage.prompt_tokens
+    response = client.responses.create(model="tiny", input=ask, max_output_tokens=2)
+    assert response.usage.input_tokens_details.cached_tokens == cached
+    streamed = list(client.chat.completions.create(
+        model="tiny", messages=ask, max_tokens=2, stream=True,
+        stream_options={"include_usage": True}))
+    assert streamed[-1].usage.prompt_tokens_details.cached_tokens == cached

@@ -149,7 +149,8 @@ def run(chunks: list[dict], usage: dict | None = None) -> list[dict]:
     return parse(stream)
 
 
-USAGE = {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}
+USAGE = {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14,
+         "prompt_tokens_details": {"cached_tokens": 4}}
 
 
 def test_thinking_text_and_calls_stream_as_items_in_order():
@@ -197,6 +198,7 @@ def test_thinking_text_and_calls_stream_as_items_in_order():
     assert final["status"] == "completed" and final["incomplete_details"] is None
     assert final["usage"]["output_tokens_details"] == {"reasoning_tokens": 3}
     assert (final["usage"]["input_tokens"], final["usage"]["output_tokens"]) == (5, 9)
+    assert final["usage"]["input_tokens_details"] == {"cached_tokens": 4}
 
 
 def test_a_reply_cut_short_ends_incomplete():
