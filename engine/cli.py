@@ -9,7 +9,12 @@ import os
 import sys
 from typing import Any
 
-from tokenmill.engine.contract.config import add_engine_arguments, engine_config_from_args
+from tokenmill.engine.contract.config import (
+    DEFAULT_MODEL,
+    ConfigError,
+    add_engine_arguments,
+    engine_config_from_args,
+)
 from tokenmill.engine.contract.server_flags import add_server_arguments
 
 
@@ -39,6 +44,11 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    if args.model_tag is not None:  # `tokenmill serve MODEL`, as `vllm serve MODEL`
+        if args.model not in (DEFAULT_MODEL, args.model_tag):
+            raise ConfigError("model", f"given twice, as {args.model_tag!r} and as --model "
+                                       f"{args.model!r}; give one")
+        args.model = args.model_tag
     config = engine_config_from_args(args)  # a bad option fails before the server imports
     from tokenmill.engine.server.serve import serve
 
@@ -92,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="Serve the OpenAI API over HTTP.")
+    serve.add_argument("model_tag", nargs="?", metavar="MODEL",
+                       help="the model to serve, as --model gives it (`tokenmill serve "
+                            "Qwen/Qwen3-0.6B`, as with `vllm serve`)")
     add_engine_arguments(serve)
     add_server_arguments(serve)
     serve.set_defaults(func=_serve)

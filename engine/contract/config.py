@@ -52,7 +52,8 @@ class EngineConfig:
     model: str = _opt(
         DEFAULT_MODEL,
         "Hugging Face model directory, a .gguf file, a built-in name "
-        f"({DEFAULT_MODEL}), hf://ORG/NAME[@REVISION] (the hub's client: HF_TOKEN, "
+        f"({DEFAULT_MODEL}), hf://ORG/NAME[@REVISION] (or a bare ORG/NAME that is no local "
+        "path, as vLLM takes it; the hub's client: HF_TOKEN, "
         "HF_ENDPOINT, HF_HUB_OFFLINE) or s3://BUCKET/PREFIX (AWS_ACCESS_KEY_ID, "
         "AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL for S3-compatible stores). A hf:// or s3:// "
         "model is downloaded into --download-dir first, once.",

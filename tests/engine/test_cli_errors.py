@@ -69,3 +69,12 @@ def test_help_and_option_errors_import_no_torch(tmp_path):
                           timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "block_size: 7 is not one of" in done.stderr
+
+
+def test_serve_takes_the_model_once_positional_or_flag(capsys):
+    """`tokenmill serve MODEL` as vLLM's; the same model also given as --model is fine, a
+    different one is refused before anything loads."""
+    assert main(["serve", "a/model", "--model", "another/model"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "tokenmill serve: error: model: given twice, as 'a/model' and as --model "
+        "'another/model'; give one")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -84,3 +85,23 @@ def test_stops_at_the_first_source_it_cannot_fetch(s3_env, download_dir):
     assert result.returncode == 1 and result.stdout == ""
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("tokenmill download: error:") and "lora/missing" in last
+
+
+def test_a_bare_hub_id_is_the_hubs_as_in_vllm(tmp_path, tiny_llama_dir):
+    """ORG/NAME with no local path of that name is hf://ORG/NAME (here from an offline cache);
+    a local directory of that relative name is still the local one."""
+    from store_support import write_hub_cache
+
+    cache = str(tmp_path / "hub")
+    snapshot = write_hub_cache(cache, "tokenmill-test/tiny-llama", tiny_llama_dir)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
+    found = [subprocess.run(download_command(name, "--download-dir", cache), cwd=str(tmp_path),
+                            capture_output=True, text=True, env=env)
+             for name in ("tokenmill-test/tiny-llama", "hf://tokenmill-test/tiny-llama")]
+    assert [r.returncode for r in found] == [0, 0], [r.stderr for r in found]
+    assert {r.stdout.strip() for r in found} == {snapshot}
+    local = tmp_path / "tokenmill-test" / "tiny-llama"
+    shutil.copytree(tiny_llama_dir, local)
+    result = subprocess.run(download_command("tokenmill-test/tiny-llama"), cwd=str(tmp_path),
+                            capture_output=True, text=True, env=env)
+    assert (result.returncode, result.stdout.strip()) == (0, str(local)), result.stderr

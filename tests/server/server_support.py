@@ -118,15 +118,20 @@ class ServeProcess(subprocess.Popen):
     (text) for the test to read."""
 
     def __init__(self, model: str, *flags: str, port: int | None = None,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, model_flag: str | None = "--model"):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         super().__init__(
-            serve_command("--model", model, "--host", "127.0.0.1", "--port", str(self.port),
-                          *flags),
+            serve_command(*filter(None, [model_flag, model]), "--host", "127.0.0.1", "--port",
+                          str(self.port), *flags),
             cwd="/", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
             env={**os.environ, **(env or {})},
         )
+
+    @classmethod
+    def positional(cls, model: str, *flags: str, **kwargs) -> ServeProcess:
+        """`tokenmill serve MODEL FLAGS`, the model as vLLM's `vllm serve MODEL` takes it."""
+        return cls(model, *flags, model_flag=None, **kwargs)
 
     def wait_healthy(self, timeout: float) -> None:
         """Return once /health answers 200; fail with the server's stderr if it exits first."""

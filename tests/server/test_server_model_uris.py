@@ -24,10 +24,13 @@ def reference(tiny_llama_dir, smol_tokenizer):
 
 
 def _served_text(model: str, env: dict[str, str], download_dir: str, prompt: list[int],
-                 metrics: dict[str, float] | None = None) -> str:
-    """The server's greedy continuation of `prompt`; its model load metrics go to `metrics`."""
-    proc = ServeProcess(model, "--served-model-name", "tiny", "--download-dir", download_dir,
-                        "--max-num-seqs", "4", "--block-size", "8", env=env)
+                 metrics: dict[str, float] | None = None, positional: bool = False) -> str:
+    """The server's greedy continuation of `prompt`; its model load metrics go to `metrics`.
+    `positional`: `tokenmill serve MODEL`, as vLLM takes it, instead of --model."""
+    flags = ("--served-model-name", "tiny", "--download-dir", download_dir, "--max-num-seqs",
+             "4", "--block-size", "8")
+    proc = (ServeProcess.positional(model, *flags, env=env) if positional
+            else ServeProcess(model, *flags, env=env))
     try:
         proc.wait_healthy(180)
         out = openai_client(proc.url + "/v1").completions.create(
@@ -58,6 +61,9 @@ def test_serves_a_model_from_an_offline_hub_cache_with_hf_greedy_output(tmp_path
     write_hub_cache(cache, "tokenmill-test/tiny-llama", tiny_llama_dir)
     env = {"HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}  # nothing answers there
     assert _served_text("hf://tokenmill-test/tiny-llama", env, cache, prompt) == expected
+    # vLLM's form: `serve ORG/NAME`, the bare id of a hub repository.
+    assert _served_text("tokenmill-test/tiny-llama", env, cache, prompt,
+                        positional=True) == expected
 
 
 def test_a_model_that_cannot_be_fetched_ends_the_server_with_one_line(s3_env, tmp_path):

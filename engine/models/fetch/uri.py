@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
 from tokenmill.engine.models.fetch.errors import ModelFetchError
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+# A hub repository id as vLLM takes it, bare: ORG/NAME (letters, digits, '.', '_', '-').
+_BARE_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 FORMS = ("hf://ORG/NAME[@REVISION], s3://BUCKET/PREFIX, a local model directory or .gguf "
          "file, or a built-in name")
 
@@ -27,12 +30,14 @@ class S3Model:
 
 
 def parse_model_uri(model: str) -> HubModel | S3Model | None:
-    """The store a model name points at, or None for a local path or a built-in name.
+    """The store a model name points at, or None for a local path or a built-in name. A bare
+    ORG/NAME that is no local path is a hub repository, as in vLLM (`Qwen/Qwen3-0.6B` is
+    `hf://Qwen/Qwen3-0.6B`).
 
     An unknown scheme fails here, before anything is downloaded or loaded."""
     match = _SCHEME.match(model)
     if match is None:
-        return None
+        return _bare_hub_id(model)
     scheme, rest = match.group(1).lower(), model[match.end():]
     if scheme == "hf":
         repo_id, _, revision = rest.partition("@")
@@ -46,3 +51,10 @@ def parse_model_uri(model: str) -> HubModel | S3Model | None:
             raise ModelFetchError(model, "expected s3://BUCKET/PREFIX")
         return S3Model(model, bucket, prefix.strip("/"))
     raise ModelFetchError(model, f"unknown scheme {scheme}://; use {FORMS}")
+
+
+def _bare_hub_id(model: str) -> HubModel | None:
+    if not _BARE_HUB_ID.fullmatch(model) or os.path.exists(model):
+        return None
+    return HubModel(f"hf://{model}", model, None)
+
