@@ -81,6 +81,8 @@ class ResponsesRequest(SamplingFields, ChatTemplateFields):
     metadata: dict[str, str] | None = None
     store: bool | None = None
     previous_response_id: str | None = None
+    conversation: Any = None  # OpenAI's stored conversations: refused, as stored responses
+    prompt: Any = None  # a stored prompt template: refused
     background: bool | None = None
     truncation: Literal["disabled", "auto"] | None = None
 
@@ -122,6 +124,10 @@ class ResponsesRequest(SamplingFields, ChatTemplateFields):
         if self.previous_response_id is not None:
             raise RequestFormatError("previous_response_id", "this server does not store "
                                      "responses; send the conversation so far in input")
+        for name in ("conversation", "prompt"):
+            if getattr(self, name) is not None:
+                raise RequestFormatError(name, "stored conversations and prompts are not "
+                                         "kept by this server; send the messages in input")
         if self.background:
             raise RequestFormatError("background", "background responses are not supported")
         if self.truncation == "auto":

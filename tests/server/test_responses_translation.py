@@ -106,6 +106,8 @@ def test_the_request_as_a_chat_request():
 @pytest.mark.parametrize(("fields", "param"), [
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"background": True}, "background"),
+    ({"conversation": "conv_1"}, "conversation"),
+    ({"prompt": {"id": "pmpt_1"}}, "prompt"),
     ({"truncation": "auto"}, "truncation"),
     ({"n": 2}, "n"),
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
