@@ -118,19 +118,15 @@ def test_long_prompt_does_not_stall_running_decodes(tiny_llama_dir):
 
 def test_outputs_count_the_prompt_tokens_found_cached(tiny_llama_dir):
     """num_cached_tokens: the prompt's leading full blocks the cache held at admission (never
-    the whole prompt: its last token is computed for the first logits); 0 with the cache off."""
+    the whole prompt: its last token is computed for the first logits)."""
     prompt = list(range(5, 45))
     shares_two_blocks = prompt[:16] + list(range(300, 320))
-    on = LLM(tiny_llama_dir, show_progress=False, block_size=8)
-    off = LLM(tiny_llama_dir, show_progress=False, block_size=8, enable_prefix_caching=False)
+    llm = LLM(tiny_llama_dir, show_progress=False, block_size=8)
     try:
-        first, again, partial = (on.generate([p], _greedy(2))[0]
+        first, again, partial = (llm.generate([p], _greedy(2))[0]
                                  for p in (prompt, prompt, shares_two_blocks))
         assert (first.num_cached_tokens, again.num_cached_tokens) == (0, 32)
         assert partial.num_cached_tokens == 16
         assert again.outputs[0].token_ids == first.outputs[0].token_ids
-        assert [off.generate([prompt], _greedy(2))[0].num_cached_tokens for _ in range(2)] == [
-            0, 0]
     finally:
-        on.shutdown()
-        off.shutdown()
+        llm.shutdown()
