@@ -7,6 +7,7 @@ decoding thinks, says a sentence and calls two tools, in pieces that split every
 from __future__ import annotations
 
 import json
+import time
 from typing import Literal
 
 import httpx
@@ -240,3 +241,23 @@ def test_usage_counts_the_prompt_tokens_found_cached(tiny_server):
         model="tiny", messages=ask, max_tokens=2, stream=True,
         stream_options={"include_usage": True}))
     assert streamed[-1].usage.prompt_tokens_details.cached_tokens == cached
+
+
+def test_a_client_that_goes_away_mid_stream_aborts_its_request(tiny_server):
+    """Closing a streamed response aborts the engine request and frees its blocks; the
+    server's count of requests in flight returns to zero."""
+    state = tiny_server.state
+    body = {"model": "tiny", "input": "Tell a long story.", "max_output_tokens": 90,
+            "stream": True, "ignore_eos": True}
+    with httpx.Client(timeout=60) as http, http.stream("POST", f"{tiny_server.url}/v1/responses",
+                                                       json=body) as response:
+        lines = response.iter_lines()
+        received = [line for _, line in zip(range(24), lines, strict=False)
+                    if line.startswith("event: ")]
+        assert "event: response.output_text.delta" in received
+        assert state.engine.engine.num_running == 1
+    deadline = time.monotonic() + 30
+    while (state.in_flight or state.engine.engine.num_running) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (state.in_flight, state.engine.engine.num_running) == (0, 0)
+    state.engine.engine.kv.allocator.check_all_free()
