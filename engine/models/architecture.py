@@ -70,4 +70,3 @@ def context_length_of(config: Any) -> int:
     if params["rope_type"] == "yarn" and original and factor:
         limit = max(limit, int(original * factor))
     return limit
-

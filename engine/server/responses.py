@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -65,7 +64,7 @@ async def create_response(body: ResponsesRequest, request: Request,
 def response_shell(body: ResponsesRequest, call: Call) -> dict[str, Any]:
     """The response object before any output: the request's settings as they were applied."""
     return {
-        "id": call.id, "object": "response", "created_at": int(time.time()),
+        "id": call.id, "object": "response", "created_at": call.created,
         "status": "in_progress", "error": None, "incomplete_details": None,
         "model": call.model, "instructions": body.instructions, "output": [],
         "max_output_tokens": body.max_output_tokens,

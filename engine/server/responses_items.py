@@ -16,8 +16,9 @@ def finished_response(shell: dict[str, Any], chat: dict[str, Any],
     incomplete = choice["finish_reason"] == "length"
     status = "incomplete" if incomplete else "completed"
     output = []
-    if message.get("reasoning"):
-        output.append(reasoning_item(new_item_id("rs"), message["reasoning"], "completed"))
+    thought = message.get("reasoning")
+    if thought:
+        output.append(reasoning_item(new_item_id("rs"), thought, "completed"))
     if message.get("content") or not message.get("tool_calls"):
         logprobs = (choice.get("logprobs") or {}).get("content") or []
         output.append(message_item(new_item_id("msg"), message.get("content") or "", status,
@@ -26,7 +27,6 @@ def finished_response(shell: dict[str, Any], chat: dict[str, Any],
         output.append(function_call_item(new_item_id("fc"), call["id"],
                                          call["function"]["name"],
                                          call["function"]["arguments"], "completed"))
-    thought = message.get("reasoning")
     return finish(shell, output, chat["usage"], incomplete,
                   count_tokens(thought) if thought else 0)
 
@@ -50,7 +50,7 @@ def new_item_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def message_item(item_id: str, text: str, status: str,
+def message_item(item_id: str, text: str | None, status: str,
                  logprobs: list[dict] | None = None) -> dict[str, Any]:
     return {"type": "message", "id": item_id, "status": status, "role": "assistant",
             "content": [] if text is None else [output_text(text, logprobs or [])]}

@@ -44,7 +44,6 @@ class ResponseEvents:
         self.current: _Item | None = None
         self.calls: dict[int, _Item] = {}  # the chat tool call's index -> its item
         self.pending_logprobs: list[dict] = []  # for the text delta they belong to
-        self.thought = ""
         self.finish_reason: str | None = None
         self.usage: dict | None = None
 
@@ -59,7 +58,6 @@ class ResponseEvents:
             delta = choice["delta"]
             self.pending_logprobs += (choice.get("logprobs") or {}).get("content") or []
             if delta.get("reasoning"):
-                self.thought += delta["reasoning"]
                 yield from self._text("reasoning", delta["reasoning"])
             if delta.get("content"):
                 yield from self._text("message", delta["content"])
@@ -76,8 +74,10 @@ class ResponseEvents:
         incomplete = self.finish_reason == "length"
         usage = self.usage or {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0,
                                "prompt_tokens_details": {"cached_tokens": 0}}
+        thought = "".join(part["text"] for item in self.output if item["type"] == "reasoning"
+                          for part in item["content"])
         final = shapes.finish(self.shell, self.output, usage, incomplete,
-                              self.count_tokens(self.thought) if self.thought else 0)
+                              self.count_tokens(thought) if thought else 0)
         yield self._event("response.completed", response=final)
 
     def error(self, message: str) -> str:

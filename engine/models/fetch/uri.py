@@ -57,4 +57,3 @@ def _bare_hub_id(model: str) -> HubModel | None:
     if not _BARE_HUB_ID.fullmatch(model) or os.path.exists(model):
         return None
     return HubModel(f"hf://{model}", model, None)
-
