@@ -30,7 +30,10 @@ GROUP_SIZE = 32
 COMPUTE_DTYPE = torch.bfloat16
 INNER_K_TILES = 4  # the CPU packing's tile width (2, 4 or 8); 4 measured fastest at 1 and 8 rows
 DEQUANTIZE_FROM_ROWS = 64  # rows from which unpacking to a float weight beats the kernel
-PACK_ROWS = 32  # the CPU packing's block of output rows (see unpack_codes)
+# The CPU packing by the kernel build torch picked for this CPU, as (output rows per block,
+# halves): blocks of 64 (AVX512) or 32 (AVX2) rows whose first and second halves share bytes,
+# or blocks of 32 whose consecutive rows pair up (the portable build). See unpack_codes.
+PACKINGS = ((64, True), (32, True), (32, False))
 
 
 def int4_supported(device: torch.device) -> bool:
@@ -62,30 +65,55 @@ class Int4Weight:
                           torch.cat([p.zero for p in parts]))
 
 
-def unpack_codes(packed: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
-    """The [N, K] codes of `_convert_weight_to_int4pack_for_cpu`'s output, in float32. The
-    packing stores blocks of 32 output rows; in a block, input k takes 16 bytes whose low
-    nibbles are rows 0..15 and high nibbles rows 16..31 (checked against this torch by
-    `unpacking_matches_the_kernel`)."""
-    blocks = packed.view(out_features // PACK_ROWS, in_features, PACK_ROWS // 2).transpose(1, 2)
+def unpack_codes(packed: torch.Tensor, out_features: int, in_features: int,
+                 packing: tuple[int, bool] | None = None) -> torch.Tensor:
+    """The [N, K] codes of `_convert_weight_to_int4pack_for_cpu`'s output, in float32, read
+    with `packing` (default: this CPU's, `kernel_packing()`). The packing stores blocks of
+    output rows; in a block, input k takes a byte per two rows: with halves, row j of the first
+    half in the low nibble and row j of the second half in the high one; without, rows 2j and
+    2j + 1. The rows after the last whole block form a last block, always paired. (The layout
+    is the kernel's own: `kernel_packing` checks it against this torch.)"""
+    block, halves = packing or kernel_packing()
+    flat = packed.flatten()
     out = torch.empty(out_features, in_features)
-    grouped = out.view(out_features // PACK_ROWS, PACK_ROWS, in_features)
-    torch.bitwise_and(blocks, 15, out=grouped[:, :PACK_ROWS // 2])
-    torch.bitwise_right_shift(blocks, 4, out=grouped[:, PACK_ROWS // 2:])
+    whole = out_features - out_features % block
+    if whole:
+        codes = flat[:whole * in_features // 2].view(-1, in_features, block // 2).transpose(1, 2)
+        _split_nibbles(codes, out[:whole].view(-1, block, in_features), halves)
+    if whole < out_features:
+        rest = out_features - whole
+        codes = flat[whole * in_features // 2:].view(1, in_features, rest // 2).transpose(1, 2)
+        _split_nibbles(codes, out[whole:].view(1, rest, in_features), halves=False)
     return out
 
 
+def _split_nibbles(codes: torch.Tensor, rows: torch.Tensor, halves: bool) -> None:
+    """Bytes [blocks, B / 2, K] into the rows [blocks, B, K] their nibbles hold."""
+    if halves:
+        low, high = rows.chunk(2, dim=1)
+    else:
+        pairs = rows.unflatten(1, (-1, 2))
+        low, high = pairs[:, :, 0], pairs[:, :, 1]
+    torch.bitwise_and(codes, 15, out=low)
+    torch.bitwise_right_shift(codes, 4, out=high)
+
+
 @functools.cache
-def unpacking_matches_the_kernel() -> bool:
-    """Whether unpack_codes reads this torch's packing: the layout is the kernel's own, so it
-    is checked once per process on random codes, and the float path is off if it differs."""
-    codes = torch.randint(0, 16, (2 * PACK_ROWS, 4 * GROUP_SIZE), dtype=torch.int32,
-                          generator=torch.Generator().manual_seed(0))
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, INNER_K_TILES)
-    try:
-        return torch.equal(unpack_codes(packed, *codes.shape).to(torch.int32), codes)
-    except RuntimeError:  # another packed shape
-        return False
+def kernel_packing() -> tuple[int, bool] | None:
+    """The entry of PACKINGS that reads this torch's packing back exactly, found once per
+    process on random codes of whole blocks and a partial one; None when none does (the float
+    path is then off)."""
+    seeded = torch.Generator().manual_seed(0)
+    for packing in PACKINGS:
+        codes = torch.randint(0, 16, (2 * packing[0] + 16, 4 * GROUP_SIZE), dtype=torch.int32,
+                              generator=seeded)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, INNER_K_TILES)
+        try:
+            if torch.equal(unpack_codes(packed, *codes.shape, packing).to(torch.int32), codes):
+                return packing
+        except RuntimeError:  # another packed shape
+            continue
+    return None
 
 
 def quantize_int4(weight: torch.Tensor) -> Int4Weight:
@@ -115,7 +143,7 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales_and_zeros", torch.stack(
             [weight.scale.t(), weight.zero.t()], dim=-1).to(COMPUTE_DTYPE).contiguous())
         self.register_buffer("bias", bias)
-        self.unpacks = self.out_features % PACK_ROWS == 0 and unpacking_matches_the_kernel()
+        self.unpacks = kernel_packing() is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)

@@ -3,6 +3,10 @@ kernel's output against a float matmul over the same (dequantized) weight."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -11,14 +15,11 @@ import torch.nn.functional as F
 from tokenmill.engine.layers.int4_linear import (
     DEQUANTIZE_FROM_ROWS,
     GROUP_SIZE,
-    INNER_K_TILES,
     Int4Linear,
     Int4MergedLinear,
     Int4Weight,
     int4_supported,
     quantize_int4,
-    unpack_codes,
-    unpacking_matches_the_kernel,
 )
 from tokenmill.engine.models.gguf_weights import int4_blocks
 
@@ -98,13 +99,33 @@ def test_inputs_not_in_groups_of_32_are_refused():
         Int4Linear(codes, None)
 
 
-@pytest.mark.parametrize("shape", [(32, 32), (96, 192), (960, 576), (576, 1536)])
-def test_unpacking_reads_the_kernels_packing_exactly(shape):
-    assert unpacking_matches_the_kernel()
-    seeded = torch.Generator().manual_seed(1)
+UNPACK_CHECK = """
+import torch
+from tokenmill.engine.layers.int4_linear import INNER_K_TILES, kernel_packing, unpack_codes
+seeded = torch.Generator().manual_seed(1)
+for shape in [(16, 32), (32, 32), (48, 64), (96, 192), (112, 64), (960, 576), (576, 1536)]:
     codes = torch.randint(0, 16, shape, dtype=torch.int32, generator=seeded)
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, INNER_K_TILES)
-    assert torch.equal(unpack_codes(packed, *shape).to(torch.int32), codes)
+    assert torch.equal(unpack_codes(packed, *shape).to(torch.int32), codes), shape
+print(torch.backends.cpu.get_cpu_capability(), *kernel_packing())
+"""
+
+
+@pytest.mark.parametrize("capability", [None, "avx2", "default"])
+def test_unpacking_reads_the_kernels_packing_exactly(capability):
+    """Whole blocks and a partial one, with the kernel build torch picks for this CPU and, in
+    processes that force them (ATEN_CPU_CAPABILITY), the AVX2 and the portable builds: each
+    packs its own way, so each layout is checked on any x86 machine with AVX2."""
+    native = torch.backends.cpu.get_cpu_capability()
+    if native not in ("AVX2", "AVX512"):
+        pytest.skip(f"the int4 packing layouts are known for x86 CPUs with AVX2 (this: {native})")
+    forced = {} if capability is None else {"ATEN_CPU_CAPABILITY": capability}
+    result = subprocess.run([sys.executable, "-c", UNPACK_CHECK], capture_output=True,
+                            text=True, check=True, env={**os.environ, **forced})
+    built, block, halves = result.stdout.split()
+    assert built == (capability or native).upper()
+    assert (int(block), halves) == {"AVX512": (64, "True"), "AVX2": (32, "True"),
+                                    "DEFAULT": (32, "False")}[built]
 
 
 def test_many_rows_multiply_by_the_weight_the_kernel_multiplies_by():
