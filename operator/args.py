@@ -55,6 +55,8 @@ _SPEC_OPTIONS = {
     "max_cpu_loras": "spec.engine.maxCpuLoras",
 }
 _SERVER_FLAGS = ("host", "port", "served-model-name", "shutdown-timeout")
+# The kubelet's probes, the Service's clients and the autoscaler's scrapes speak plain HTTP.
+_TLS_FLAGS = ("ssl-keyfile", "ssl-certfile", "ssl-ca-certs", "ssl-cert-reqs")
 
 
 def _server_option_names() -> frozenset[str]:
@@ -62,7 +64,7 @@ def _server_option_names() -> frozenset[str]:
     extraArgs may set too, apart from those the operator sets or keeps out of the spec."""
     parser = argparse.ArgumentParser(add_help=False)
     add_server_arguments(parser, environ={})
-    operator_set = {flag.replace("-", "_") for flag in _SERVER_FLAGS}
+    operator_set = {flag.replace("-", "_") for flag in _SERVER_FLAGS + _TLS_FLAGS}
     return frozenset(vars(parser.parse_args([]))) - operator_set - {"api_key"}
 
 
@@ -205,6 +207,10 @@ def check_engine(spec: InferenceServiceSpec) -> None:
                             "can read the Deployment; use spec.auth.apiKeySecretRef")
         if flag in _SERVER_FLAGS:
             raise SpecError(f"spec.engine.extraArgs: --{flag} is set by the operator")
+        if flag in _TLS_FLAGS:
+            raise SpecError(f"spec.engine.extraArgs: --{flag}: the pod's probes, its Service "
+                            "and the autoscaler speak plain HTTP to the engine; terminate TLS "
+                            "at a Gateway or a service mesh")
         if option in _SPEC_OPTIONS:
             raise SpecError(f"spec.engine.extraArgs: --{flag} is set by {_SPEC_OPTIONS[option]}")
         if option not in EngineConfig.option_names() and option not in _USER_SERVER_OPTIONS:

@@ -75,6 +75,11 @@ class EngineConfig:
     max_num_batched_tokens: int = _opt(
         2048, "Token budget of one engine step (prompt chunks plus decodes)."
     )
+    enable_chunked_prefill: bool = _opt(
+        True, "Split a prompt longer than what is left of a step's --max-num-batched-tokens "
+              "over several steps, next to running decodes (vLLM's default). "
+              "--no-enable-chunked-prefill: every prompt is prefilled in one step, so "
+              "--max-num-batched-tokens must be at least the context length.")
     block_size: int = _opt(16, "Tokens per KV-cache block.")
     kv_cache_memory: int | None = _opt(
         None,
@@ -153,6 +158,10 @@ class EngineConfig:
     allow_runtime_lora_updating: bool = _opt(
         False, "Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's shapes, "
                "behind the API key): adapters added and removed while serving.")
+    trust_remote_code: bool = _opt(
+        False, "Accepted for vLLM's command lines and LLM(...) calls, with no effect: "
+               "tokenmill runs its own implementation of each architecture it supports and "
+               "never code from a model's repository.")
     enforce_eager: bool = _opt(
         False, "Run every step eagerly. By default, on CUDA with the Triton attention kernels, "
                "the decode step is captured as a CUDA graph per batch-size bucket at start-up "
@@ -175,6 +184,11 @@ class EngineConfig:
             f"({self.max_num_batched_tokens}) must be at least max_num_seqs "
             f"({self.max_num_seqs}): every running sequence needs one token per step",
         )
+        _check(self.enable_chunked_prefill or self.max_model_len is None
+               or self.max_num_batched_tokens >= self.max_model_len, "max_num_batched_tokens",
+               f"({self.max_num_batched_tokens}) must be at least max_model_len "
+               f"({self.max_model_len}) without chunked prefill, where a prompt is prefilled "
+               "in one step")
         _check(self.block_size in BLOCK_SIZES, "block_size",
                f"{self.block_size} is not one of {BLOCK_SIZES}")
         _check(self.kv_cache_memory is None or self.kv_cache_memory > 0,

@@ -10,6 +10,7 @@ The server flags a user may set; the operator sets --host, --port, --served-mode
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from collections.abc import Mapping
 
@@ -28,8 +29,10 @@ def add_server_arguments(parser: argparse.ArgumentParser,
     (the operator passes none: the key of a pod comes from its Secret)."""
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--served-model-name", default=None,
-                        help="Model name in the API (default: the --model value).")
+    parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                        help="The model's name in the API (default: the --model value). "
+                             "Given several, a request's `model` may be any of them; replies "
+                             "and metrics use the first (as vLLM).")
     parser.add_argument("--max-waiting-requests", type=int, default=1024,
                         help="Answer 503 with Retry-After once this many requests wait.")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
@@ -63,6 +66,60 @@ def add_server_arguments(parser: argparse.ArgumentParser,
                              "`reasoning_content`): deepseek_r1 (the template opens the "
                              "thinking) or qwen3 (the model does).")
     add_tool_arguments(parser)
+    add_http_arguments(parser)
+    add_request_log_arguments(parser)
+
+
+def add_http_arguments(parser: argparse.ArgumentParser) -> None:
+    """CORS, TLS, uvicorn's logging and the API docs, under vLLM's flag names and defaults."""
+    parser.add_argument("--allowed-origins", type=_json_strings, default=["*"],
+                        help='CORS: origins a browser may call from, a JSON list (default: '
+                             '["*"], as vLLM).')
+    parser.add_argument("--allowed-methods", type=_json_strings, default=["*"],
+                        help='CORS: methods allowed, a JSON list (default: ["*"]).')
+    parser.add_argument("--allowed-headers", type=_json_strings, default=["*"],
+                        help='CORS: request headers allowed, a JSON list (default: ["*"]).')
+    parser.add_argument("--allow-credentials", action="store_true",
+                        help="CORS: allow cookies and HTTP authentication from other origins.")
+    parser.add_argument("--ssl-keyfile", default=None,
+                        help="Serve HTTPS with this private key (PEM); needs --ssl-certfile.")
+    parser.add_argument("--ssl-certfile", default=None,
+                        help="Serve HTTPS with this certificate chain (PEM); needs "
+                             "--ssl-keyfile.")
+    parser.add_argument("--ssl-ca-certs", default=None,
+                        help="CA certificates (PEM) that client certificates are checked "
+                             "against (with --ssl-cert-reqs 2).")
+    parser.add_argument("--ssl-cert-reqs", type=int, choices=(0, 1, 2), default=0,
+                        help="Client certificates: 0 not asked for, 1 optional, 2 required "
+                             "(Python's ssl.CERT_NONE, CERT_OPTIONAL, CERT_REQUIRED).")
+    parser.add_argument("--uvicorn-log-level", default="warning",
+                        choices=("critical", "error", "warning", "info", "debug", "trace"),
+                        help="uvicorn's own log level (default: warning; at info it logs a "
+                             "line per request unless --disable-uvicorn-access-log). "
+                             "tokenmill's logs take TOKENMILL_LOG_LEVEL.")
+    parser.add_argument("--disable-uvicorn-access-log", action="store_true",
+                        help="No uvicorn access log lines, whatever its log level.")
+    parser.add_argument("--disable-fastapi-docs", action="store_true",
+                        help="Serve no /docs, /redoc or /openapi.json.")
+
+
+def add_request_log_arguments(parser: argparse.ArgumentParser) -> None:
+    """vLLM's request-log flags: one line per generation request when asked for."""
+    parser.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction,
+                        default=False,
+                        help="Log each generation request at admission (INFO, logger "
+                             "tokenmill.requests, whatever TOKENMILL_LOG_LEVEL): its id, "
+                             "model, prompt length, sampling parameters and prompt (cut to "
+                             "--max-log-len).")
+    parser.add_argument("--max-log-len", type=_positive_int, default=None,
+                        help="Most characters of a prompt, or prompt token ids, that a "
+                             "request's log line shows (default: all).")
+    parser.add_argument("--disable-log-requests", action="store_true",
+                        help="Accepted for vLLM's command lines: requests are not logged "
+                             "unless --enable-log-requests.")
+    parser.add_argument("--disable-log-stats", action="store_true",
+                        help="Accepted for vLLM's command lines: tokenmill logs no periodic "
+                             "statistics (they are on /metrics).")
 
 
 def add_tool_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,6 +137,13 @@ def check_server_flags(args: argparse.Namespace) -> None:
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ConfigError("--enable-auto-tool-choice", "needs --tool-call-parser "
                           f"({' or '.join(TOOL_CALL_PARSER_NAMES)})")
+    if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
+        given, missing = (("--ssl-keyfile", "--ssl-certfile") if args.ssl_certfile is None
+                          else ("--ssl-certfile", "--ssl-keyfile"))
+        raise ConfigError(given, f"needs {missing}: HTTPS takes a key and its certificate")
+    if args.ssl_cert_reqs and args.ssl_keyfile is None:
+        raise ConfigError("--ssl-cert-reqs", "client certificates need HTTPS (--ssl-keyfile "
+                                             "and --ssl-certfile)")
 
 
 def _api_key(value: str) -> str:
@@ -92,6 +156,17 @@ def _api_key(value: str) -> str:
             "the API key (--api-key or TOKENMILL_API_KEY) has a character other than visible "
             "ASCII (a trailing newline from the Secret?), which no client can send in a header")
     return value
+
+
+def _json_strings(value: str) -> list[str]:
+    try:
+        items = json.loads(value)
+    except ValueError:
+        items = None
+    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+        raise argparse.ArgumentTypeError(f'must be a JSON list of strings (["*"] or '
+                                         f'["https://example.com"]), got {value!r}')
+    return items
 
 
 def _positive_int(value: str) -> int:

@@ -123,7 +123,8 @@ class LLMEngine:
         self.lora = LoRARegistry(config.max_loras, self.runner.lora.cache.get,
                                  config.download_dir) if config.enable_lora else None
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
-                                   proposer, self.lora.slots if self.lora else None)
+                                   proposer, self.lora.slots if self.lora else None,
+                                   chunked_prefill=config.enable_chunked_prefill)
         generation_config = load_generation_config(source.directory)  # read once, for both
         self.eos_token_ids = _eos_ids(self.model_config, self.tokenizer, generation_config)
         self.generation_defaults = generation_defaults(generation_config)
@@ -520,12 +521,16 @@ def _max_model_len(config: EngineConfig, model_config: Any) -> int:
             log.info("context capped at the model's sliding attention window",
                      extra={"window": window, "max_position_embeddings": limit})
         limit = window
-    if config.max_model_len is None:
-        return limit
-    if config.max_model_len > limit:
+    if config.max_model_len is not None and config.max_model_len > limit:
         raise ConfigError("max_model_len", f"{config.max_model_len} exceeds the model's context "
                                            f"length ({limit})")
-    return config.max_model_len
+    length = limit if config.max_model_len is None else config.max_model_len
+    if not config.enable_chunked_prefill and config.max_num_batched_tokens < length:
+        raise ConfigError("max_num_batched_tokens", f"({config.max_num_batched_tokens}) must "
+                          f"be at least the context length ({length}) without chunked "
+                          "prefill, where a prompt is prefilled in one step; raise it, lower "
+                          "--max-model-len, or turn chunked prefill back on")
+    return length
 
 
 def _check_devices(option: str, device: torch.device, tp_size: int) -> None:

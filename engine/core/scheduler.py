@@ -3,12 +3,13 @@
 Each step has a token budget (max_num_batched_tokens). Running decodes go first (one token
 each), so streams already producing tokens never stall; running prompts that are still being
 prefilled take chunks of what budget is left; then waiting sequences are admitted while there
-is budget, a free batch seat and KV blocks. A waiting sequence starts from the longest prefix
-of its tokens found in the prefix cache and only prefills the rest; the part of that prefix
-found in the host tier takes device blocks, into which it is copied before the step runs
-(copies cost no token budget: no token goes through the model). When several wait, the one
-with the longest cached prefix goes first (cheapest to start, and its blocks are not evicted
-meanwhile), unless the oldest has already been passed over MAX_BYPASSES times.
+is budget, a free batch seat and KV blocks (without chunked prefill, a prompt is never split:
+it waits until the rest of it fits in one step's budget). A waiting sequence starts from the
+longest prefix of its tokens found in the prefix cache and only prefills the rest; the part of
+that prefix found in the host tier takes device blocks, into which it is copied before the step
+runs (copies cost no token budget: no token goes through the model). When several wait, the
+one with the longest cached prefix goes first (cheapest to start, and its blocks are not
+evicted meanwhile), unless the oldest has already been passed over MAX_BYPASSES times.
 
 When a running sequence needs a block and the pool is empty, the newest running sequence not
 yet scheduled in this step is preempted: its blocks are freed and it goes back to the front of
@@ -70,8 +71,10 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 proposer: Proposer | None = None, lora: LoRASlotTable | None = None):
+                 proposer: Proposer | None = None, lora: LoRASlotTable | None = None,
+                 chunked_prefill: bool = True):
         self.kv = kv
+        self.chunked_prefill = chunked_prefill  # False: a prompt waits until it fits whole
         self.lora = lora
         self.proposer = proposer  # speculative decoding's, None without
         self.max_num_seqs = max_num_seqs
@@ -97,6 +100,8 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this step
+            if not self.chunked_prefill and seq.num_uncomputed_tokens > budget:
+                continue
             num_new = min(seq.num_uncomputed_tokens, budget)
             if num_new == 1 and self.proposer is not None:
                 num_new += self._speculate(seq, proposals.get(seq.seq_id, []), budget - 1)
@@ -146,6 +151,8 @@ class Scheduler:
                 break
             start = cached.num_blocks * self.kv.block_size
             num_new = min(seq.num_tokens - start, budget)
+            if not self.chunked_prefill and num_new < seq.num_tokens - start:
+                break  # the rest of the prompt does not fit this step's budget
             if not self.kv.can_admit(seq, cached, num_new):
                 break
             for other in self.waiting:

@@ -36,23 +36,25 @@ def adapters_of(state: ServerState) -> dict[str, str]:
 
 def resolve_model(state: ServerState, model: str | None) -> str | None:
     """The adapter a request's `model` names (None: the base model); 404 for any other name."""
-    if model is None or model == state.options.served_model_name:
+    if model is None or model in state.options.served_model_names:
         return None
     adapters = adapters_of(state)
     if model in adapters:
         return model
-    served = [state.options.served_model_name, *adapters]
+    served = [*state.options.served_model_names, *adapters]
     raise APIError(404, f"the model {model!r} does not exist; this server serves "
                         f"{', '.join(repr(m) for m in served)}", param="model",
                    code="model_not_found")
 
 
 def model_cards(state: ServerState, created: int) -> list[dict[str, Any]]:
-    """/v1/models' entries: the base model, then each adapter with the base as its parent."""
+    """/v1/models' entries: the base model under each of its names, then each adapter with the
+    base as its parent."""
     base = state.options.served_model_name
     common = {"object": "model", "created": created, "owned_by": "tokenmill",
               "max_model_len": state.max_model_len or None}
-    cards = [{"id": base, "root": state.config.model, "parent": None, **common}]
+    cards = [{"id": name, "root": state.config.model, "parent": None, **common}
+             for name in state.options.served_model_names]
     cards += [{"id": name, "root": source, "parent": base, **common}
               for name, source in adapters_of(state).items()]
     return cards
@@ -65,8 +67,8 @@ def add_runtime_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(body: LoadLoRAAdapterRequest):
         engine = _serving_engine(state)
-        if body.lora_name == state.options.served_model_name:
-            raise APIError(400, f"lora_name: {body.lora_name!r} is the base model's name",
+        if body.lora_name in state.options.served_model_names:
+            raise APIError(400, f"lora_name: {body.lora_name!r} is a name of the base model",
                            param="lora_name")
         try:
             await engine.add_lora(body.lora_name, body.lora_path)

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -73,13 +74,22 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
         if state.engine is not None:
             state.engine.shutdown()
 
-    app = FastAPI(title="tokenmill", version=tokenmill_version(), lifespan=lifespan)
+    options = state.options
+    docs = {} if options.fastapi_docs else {"openapi_url": None, "docs_url": None,
+                                             "redoc_url": None}
+    app = FastAPI(title="tokenmill", version=tokenmill_version(), lifespan=lifespan, **docs)
     app.router.route_class = StrictJSONRoute
     app.state.tokenmill = state
     install_error_handlers(app)
-    # Added innermost first: a request meets RequestId, then ApiKey, then BodyLimit.
-    app.add_middleware(BodyLimit, options=state.options)
-    app.add_middleware(ApiKey, options=state.options)
+    # Added innermost first: a request meets RequestId, then CORS, then ApiKey, then BodyLimit.
+    # CORS sits outside the key check: a browser's preflight carries no key, and a 401 must
+    # carry the CORS headers for the page to read it.
+    app.add_middleware(BodyLimit, options=options)
+    app.add_middleware(ApiKey, options=options)
+    app.add_middleware(CORSMiddleware, allow_origins=list(options.allowed_origins),
+                       allow_methods=list(options.allowed_methods),
+                       allow_headers=list(options.allowed_headers),
+                       allow_credentials=options.allow_credentials)
     app.add_middleware(RequestId)
     created = int(time.time())
 

@@ -1,8 +1,8 @@
 """What every HTTP request passes before a route: its request id, the API key, the body limit.
 
-Plain ASGI wrappers, outermost first: RequestId, ApiKey, BodyLimit. None of them buffers a
-response, so streams pass through as they are sent; the request id stays set (a context
-variable, see log.log_fields) for every line logged while its request runs.
+Plain ASGI wrappers, outermost first: RequestId, (Starlette's CORS,) ApiKey, BodyLimit. None
+of them buffers a response, so streams pass through as they are sent; the request id stays set
+(a context variable, see log.log_fields) for every line logged while its request runs.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from tokenmill.engine.server.errors import APIError, error_body
 from tokenmill.engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from tokenmill.engine.server.reasoning import REASONING_PARSERS, ReplyReasoning
 from tokenmill.engine.server.rendering import Call, chunk, delta_choice, full_response, sse, usage
+from tokenmill.engine.server.request_log import log_request
 from tokenmill.engine.server.state import ServerState, check_ready
 from tokenmill.engine.server.tools import (
     ReplyToolCalls,
@@ -224,6 +225,7 @@ async def start(call: Call, stream: bool, state: ServerState) -> list[RequestStr
     except BaseException:
         state.request_ended()
         raise
+    log_request(call, state.options, state.tokenizer)
     log.info("request admitted", extra={"id": call.id, "prompts": len(call.prompts_ids),
                                         "n": call.n, "max_tokens": call.params.max_tokens,
                                         "stream": stream})

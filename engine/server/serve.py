@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import ssl
 
 import jinja2
 import uvicorn
@@ -25,6 +26,7 @@ from tokenmill.engine.contract.server_flags import check_server_flags
 from tokenmill.engine.core.errors import ConfigError
 from tokenmill.engine.server.app import create_app
 from tokenmill.engine.server.metrics import EngineMetrics
+from tokenmill.engine.server.request_log import enable_request_log
 from tokenmill.engine.server.state import ServerOptions, ServerState
 
 log = logging.getLogger(__name__)
@@ -97,11 +99,32 @@ def read_chat_template(value: str | None) -> str | None:
     return text
 
 
+def check_tls_files(args: argparse.Namespace) -> None:
+    """ConfigError (exit 2) naming the flag when the key, certificate or CA file can't be used;
+    uvicorn would only fail with a traceback once the model had loaded."""
+    if args.ssl_keyfile is None:
+        return
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError("--ssl-certfile", f"can't load {args.ssl_certfile} with the key "
+                                            f"{args.ssl_keyfile}: {exc}") from None
+    if args.ssl_ca_certs is not None:
+        try:
+            context.load_verify_locations(args.ssl_ca_certs)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError("--ssl-ca-certs", f"can't load {args.ssl_ca_certs}: {exc}") from None
+
+
 def serve(config, args: argparse.Namespace) -> int:
     check_server_flags(args)
-    name = args.served_model_name or config.model
+    check_tls_files(args)
+    if args.enable_log_requests:
+        enable_request_log()
+    name, *aliases = args.served_model_name or [config.model]
     state = ServerState(
-        options=ServerOptions(served_model_name=name,
+        options=ServerOptions(served_model_name=name, model_aliases=tuple(aliases),
                               max_waiting_requests=args.max_waiting_requests,
                               shutdown_timeout=args.shutdown_timeout,
                               api_key=args.api_key,
@@ -110,11 +133,22 @@ def serve(config, args: argparse.Namespace) -> int:
                               tool_call_parser=args.tool_call_parser,
                               chat_template=read_chat_template(args.chat_template),
                               reasoning_parser=args.reasoning_parser,
-                              generation_config=args.generation_config),
+                              generation_config=args.generation_config,
+                              allowed_origins=tuple(args.allowed_origins),
+                              allowed_methods=tuple(args.allowed_methods),
+                              allowed_headers=tuple(args.allowed_headers),
+                              allow_credentials=args.allow_credentials,
+                              fastapi_docs=not args.disable_fastapi_docs,
+                              log_requests=args.enable_log_requests,
+                              max_log_len=args.max_log_len),
         config=config, metrics=EngineMetrics(name, vllm_names=args.vllm_metrics),
     )
     app = create_app(state)
-    uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+    uv_config = uvicorn.Config(app, host=args.host, port=args.port,
+                               log_level=args.uvicorn_log_level,
+                               access_log=not args.disable_uvicorn_access_log,
+                               ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
+                               ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,
                                timeout_graceful_shutdown=5)
     server = DrainingServer(uv_config, state)
     try:

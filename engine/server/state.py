@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ServerOptions:
-    served_model_name: str
+    served_model_name: str  # the model's name in replies and metrics (the first given)
+    model_aliases: tuple[str, ...] = ()  # more names a request's `model` may use (vLLM's)
     max_waiting_requests: int = 1024
     shutdown_timeout: float = 30.0
     api_key: str | None = None  # when set, required as a Bearer token (middleware.ApiKey)
@@ -32,6 +33,19 @@ class ServerOptions:
     chat_template: str | None = None  # --chat-template's text; None: the tokenizer's own
     reasoning_parser: str | None = None  # the model's thinking format (reasoning.py)
     generation_config: str = "auto"  # auto: the model's sampling defaults; vllm: the API's
+    # CORS (vLLM's defaults: any origin, method and header; no credentials).
+    allowed_origins: tuple[str, ...] = ("*",)
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    fastapi_docs: bool = True  # /docs, /redoc and /openapi.json
+    log_requests: bool = False  # a line per generation request (--enable-log-requests)
+    max_log_len: int | None = None  # characters or token ids of a prompt in that line
+
+
+    @property
+    def served_model_names(self) -> tuple[str, ...]:
+        return (self.served_model_name, *self.model_aliases)
 
 
 @dataclass

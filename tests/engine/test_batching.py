@@ -8,6 +8,7 @@ import pytest
 from engine_support import tiny_llama_block_bytes
 
 from tokenmill.engine import LLM, SamplingParams
+from tokenmill.engine.contract.config import ConfigError
 from tokenmill.engine.core.engine import LLMEngine
 
 
@@ -100,6 +101,41 @@ def test_long_prompt_is_prefilled_in_chunks_within_the_token_budget(tiny_llama_d
         steps += 1
     assert steps > len(prompt) // 16
     assert result["long"] == expected[0]
+
+
+def test_without_chunked_prefill_every_prompt_is_prefilled_in_one_step(tiny_llama_dir,
+                                                                       tiny_llama):
+    """vLLM's --no-enable-chunked-prefill: a prompt waits until it fits a step's budget
+    whole; greedy output is unchanged."""
+    prompts = [p * 3 for p in _prompts(4, seed=5)]
+    lengths = [6, 9, 4, 7]
+    expected = _alone(tiny_llama, prompts, lengths)
+    budget = max(len(p) for p in prompts) + 8
+    llm = LLM(tiny_llama_dir, show_progress=False, enable_chunked_prefill=False,
+              max_model_len=budget, max_num_batched_tokens=budget, max_num_seqs=4)
+    engine = llm.engine
+    for i, (prompt, n) in enumerate(zip(prompts, lengths, strict=True)):
+        engine.add_request(f"r{i}", prompt, _greedy(n))
+    result, waited = {}, False
+    while engine.has_unfinished_requests():
+        before = {s.request_id: s.num_computed_tokens for s in engine.scheduler.running}
+        waited |= bool(engine.scheduler.waiting) and bool(engine.scheduler.running)
+        for out in engine.step():
+            if out.finished:
+                result[out.request_id] = out.outputs[0].token_ids
+        for seq in engine.scheduler.running:
+            if seq.request_id not in before:  # admitted this step: its whole prompt ran
+                assert seq.num_computed_tokens >= len(seq.prompt_token_ids)
+    assert waited  # the budget held back a prompt that chunking would have started
+    assert [result[f"r{i}"] for i in range(4)] == expected
+    engine.kv.allocator.check_all_free()
+
+
+def test_without_chunked_prefill_the_budget_must_hold_the_context(tiny_llama_dir):
+    with pytest.raises(ConfigError, match=r"max_num_batched_tokens: \(512\) must be at least "
+                                          r"the context length \(1024\) without chunked"):
+        LLM(tiny_llama_dir, show_progress=False, enable_chunked_prefill=False,
+            max_num_batched_tokens=512)
 
 
 def test_abort_frees_blocks_at_once_and_others_continue(tiny_llama):

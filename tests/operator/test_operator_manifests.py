@@ -373,6 +373,10 @@ def test_examples_render_valid_children(path):
      "spec.engine.tensorParallelSize: 8 does not divide"),
     ({"engine": {"quantization": "int4"}}, "spec.engine.quantization"),
     ({"engine": {"maxNumSeqs": 4096}}, "spec.engine.maxNumBatchedTokens"),
+    ({"engine": {"maxModelLen": 8192, "maxNumBatchedTokens": 4096,
+                 "extraArgs": ["--no-enable-chunked-prefill"]}},
+     "spec.engine.maxNumBatchedTokens: (4096) must be at least max_model_len (8192) without "
+     "chunked prefill"),
     ({"engine": {"extraArgs": ["--port", "9000"]}}, "--port is set by the operator"),
     ({"engine": {"extraArgs": ["--max-num-seqs=8"]}}, "set by spec.engine.maxNumSeqs"),
     ({"engine": {"extraArgs": ["--turbo"]}}, "--turbo is not a tokenmill engine flag"),
@@ -443,12 +447,27 @@ def test_extra_args_may_set_the_servers_own_flags():
     assert serve_command(spec, "llama")[-len(flags):] == flags
 
 
+def test_extra_args_take_a_vllm_command_lines_flags():
+    """What a vLLM deployment's args carry moves over unchanged (the operator's own flags
+    aside)."""
+    flags = ["--trust-remote-code", "--enable-chunked-prefill", "--disable-log-requests",
+             "--disable-log-stats", "--enable-log-requests", "--max-log-len", "100",
+             "--uvicorn-log-level", "info", "--disable-uvicorn-access-log",
+             "--disable-fastapi-docs", "--allowed-origins", '["https://ui.example"]']
+    spec = load("svc", {"model": {"uri": "/models/llama"}, "engine": {"extraArgs": flags}})
+    assert serve_command(spec, "llama")[-len(flags):] == flags
+
+
 @pytest.mark.parametrize(("flags", "where"), [
     (["--enable-auto-tool-choice"],
      "spec.engine.extraArgs: --enable-auto-tool-choice: needs --tool-call-parser"),
     (["--tool-call-parser", "mistral"], "argument --tool-call-parser: invalid choice: 'mistral'"),
     (["--max-waiting-requests", "many"], "argument --max-waiting-requests: invalid int"),
     (["--served-model-name", "x"], "--served-model-name is set by the operator"),
+    (["--ssl-keyfile", "/k.pem", "--ssl-certfile", "/c.pem"],
+     "spec.engine.extraArgs: --ssl-keyfile: the pod's probes, its Service and the autoscaler "
+     "speak plain HTTP"),
+    (["--allowed-origins", "*"], "argument --allowed-origins: must be a JSON list of strings"),
 ])
 def test_server_flags_that_cannot_work_are_refused(flags, where):
     with pytest.raises(SpecError, match=re.escape(where)):

@@ -23,6 +23,18 @@ def test_every_option_is_a_cli_flag_with_vllm_names():
     assert defaults == EngineConfig()
 
 
+def test_vllms_model_flags_parse_and_a_budget_that_cannot_hold_a_prompt_is_refused():
+    args = build_parser().parse_args([
+        "generate", "--trust-remote-code", "--no-enable-chunked-prefill", "--max-model-len",
+        "1024", "--max-num-batched-tokens", "1024"])
+    config = engine_config_from_args(args)
+    assert config.trust_remote_code is True and config.enable_chunked_prefill is False
+    with pytest.raises(ConfigError, match=r"max_num_batched_tokens: \(2048\) must be at least "
+                                          r"max_model_len \(4096\) without chunked prefill"):
+        EngineConfig(enable_chunked_prefill=False, max_model_len=4096)
+    EngineConfig(max_model_len=4096)  # chunks fit any budget
+
+
 def test_engine_args_round_trip_through_the_cli_parser():
     argv = engine_args(max_num_seqs=12, gpu_memory_utilization=0.8, enable_prefix_caching=True,
                        quantization=None, model="/models/x")

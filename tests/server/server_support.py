@@ -13,6 +13,7 @@ import functools
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -115,7 +116,10 @@ def in_process_server(model: str, name: str | None = None, *, options: dict | No
 class ServeProcess(subprocess.Popen):
     """`tokenmill serve --model MODEL FLAGS` on 127.0.0.1:`port` (a free one by default), run
     from / with `env` added to this process's environment. stdout is dropped; stderr is kept
-    (text) for the test to read."""
+    (text) for the test to read. A test serving HTTPS sets `url` to https:// and `verify` to
+    an SSL context that trusts its certificate."""
+
+    verify: ssl.SSLContext | bool = True
 
     def __init__(self, model: str, *flags: str, port: int | None = None,
                  env: dict[str, str] | None = None, model_flag: str | None = "--model"):
@@ -140,7 +144,8 @@ class ServeProcess(subprocess.Popen):
             if self.poll() is not None:
                 pytest.fail(f"server exited {self.returncode}: {self.stderr.read()}")
             try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                if httpx.get(self.url + "/health", timeout=2,
+                             verify=self.verify).status_code == 200:
                     return
             except httpx.TransportError:
                 pass

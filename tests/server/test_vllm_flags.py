@@ -1,0 +1,162 @@
+"""A `vllm serve` command line runs as `tokenmill serve`: one real server started with vLLM's
+server flags (several served names, HTTPS, CORS, request logs, uvicorn's log level, no API
+docs) and the engine flags that only exist for vLLM's command lines, driven with the official
+openai client; flags that can't work together exit 2 naming one of them."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import signal
+import ssl
+
+import httpx
+import openai
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from server_support import ServeProcess, openai_client
+
+from tokenmill.engine.cli import main
+
+KEY = "sk-flags"
+ORIGIN = "https://ui.example"
+
+
+def _self_signed(directory) -> tuple[str, str]:
+    """A key and a certificate for 127.0.0.1, which the client trusts as its own CA."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    key_path, cert_path = directory / "key.pem", directory / "cert.pem"
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return str(key_path), str(cert_path)
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory) -> tuple[str, str]:
+    return _self_signed(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tiny_llama_dir, tls):
+    key, cert = tls
+    proc = ServeProcess(
+        tiny_llama_dir, "--served-model-name", "tiny", "tiny-alias", "--trust-remote-code",
+        "--enable-chunked-prefill", "--disable-log-requests", "--disable-log-stats",
+        "--enable-log-requests", "--max-log-len", "12", "--uvicorn-log-level", "info",
+        "--disable-uvicorn-access-log", "--disable-fastapi-docs",
+        "--allowed-origins", f'["{ORIGIN}"]', "--ssl-keyfile", key, "--ssl-certfile", cert,
+        env={"TOKENMILL_API_KEY": KEY})
+    proc.url = proc.url.replace("http://", "https://")
+    proc.verify = ssl.create_default_context(cafile=cert)
+    try:
+        proc.wait_healthy(timeout=60)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def https_client(vllm_server) -> openai.OpenAI:
+    return openai_client(f"{vllm_server.url}/v1", api_key=KEY,
+                         http_client=httpx.Client(verify=vllm_server.verify))
+
+
+def test_a_request_may_use_any_served_name_and_replies_use_the_first(https_client):
+    reply = https_client.chat.completions.create(
+        model="tiny-alias", messages=[{"role": "user", "content": "hello"}], max_tokens=3,
+        temperature=0)
+    assert reply.model == "tiny"
+    assert reply.usage.completion_tokens == 3
+    assert [m.id for m in https_client.models.list().data] == ["tiny", "tiny-alias"]
+    assert https_client.models.retrieve("tiny-alias").id == "tiny-alias"
+    with pytest.raises(openai.NotFoundError, match="'tiny', 'tiny-alias'"):
+        https_client.completions.create(model="other", prompt="hello", max_tokens=1)
+
+
+def test_plain_http_gets_no_answer(vllm_server):
+    with pytest.raises(httpx.TransportError):
+        httpx.get(vllm_server.url.replace("https://", "http://") + "/health", timeout=5)
+
+
+def test_a_browser_preflight_passes_for_the_allowed_origin_only(vllm_server):
+    url = vllm_server.url + "/v1/chat/completions"
+    asks = {"Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type"}
+    with httpx.Client(verify=vllm_server.verify, timeout=10) as http:
+        allowed = http.options(url, headers={"Origin": ORIGIN, **asks})  # carries no key
+        other = http.options(url, headers={"Origin": "https://elsewhere.example", **asks})
+        unauthorized = http.post(url, headers={"Origin": ORIGIN}, json={})
+    assert allowed.status_code == 200
+    assert allowed.headers["access-control-allow-origin"] == ORIGIN
+    assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+    # The page can read why it was refused.
+    assert unauthorized.status_code == 401
+    assert unauthorized.headers["access-control-allow-origin"] == ORIGIN
+
+
+def test_the_api_docs_are_off(vllm_server):
+    with httpx.Client(verify=vllm_server.verify, timeout=10) as http:
+        for path in ("/docs", "/redoc", "/openapi.json"):
+            assert http.get(vllm_server.url + path).status_code == 404, path
+
+
+def test_each_request_is_logged_cut_to_max_log_len_and_the_access_log_is_off(vllm_server,
+                                                                               https_client):
+    """Last in this module: it stops the server to read its log."""
+    https_client.completions.create(model="tiny", prompt="the quick brown fox jumps",
+                                    max_tokens=2, temperature=0, seed=7)
+    vllm_server.send_signal(signal.SIGTERM)
+    code, stderr = vllm_server.finish()
+    assert code == 0, stderr
+    logged = [line for line in stderr.splitlines() if "logger=tokenmill.requests" in line]
+    assert len(logged) == 2, stderr  # the chat of the first test and this completion
+    line = logged[-1]
+    assert 'msg="request received"' in line and "model=tiny" in line
+    assert "prompt_tokens=" in line and 'prompt="the quick br"' in line
+    assert "'max_tokens': 2" in line and "'seed': 7" in line and "'temperature': 0.0" in line
+    assert "Uvicorn running on https://127.0.0.1" in stderr  # uvicorn's INFO lines are on
+    assert "HTTP/1.1" not in stderr  # but not its access log
+
+
+@pytest.mark.parametrize("flags, error", [
+    (["--ssl-keyfile", "KEY"], "--ssl-keyfile: needs --ssl-certfile"),
+    (["--ssl-certfile", "CERT"], "--ssl-certfile: needs --ssl-keyfile"),
+    (["--ssl-keyfile", "/no/key.pem", "--ssl-certfile", "/no/cert.pem"],
+     "--ssl-certfile: can't load /no/cert.pem with the key /no/key.pem"),
+    (["--ssl-keyfile", "KEY", "--ssl-certfile", "KEY"], "--ssl-certfile: can't load"),
+    (["--ssl-keyfile", "KEY", "--ssl-certfile", "CERT", "--ssl-ca-certs", "/no/ca.pem"],
+     "--ssl-ca-certs: can't load /no/ca.pem"),
+    (["--ssl-cert-reqs", "2"], "--ssl-cert-reqs: client certificates need HTTPS"),
+    (["--allowed-origins", "*"], "argument --allowed-origins: must be a JSON list of strings"),
+    (["--allowed-methods", '["GET", 1]'], "argument --allowed-methods: must be a JSON list"),
+    (["--uvicorn-log-level", "loud"], "argument --uvicorn-log-level: invalid choice: 'loud'"),
+    (["--max-log-len", "0"], "argument --max-log-len: must be a positive integer"),
+])
+def test_server_flags_that_cannot_work_exit_2_naming_one(flags, error, tls, capsys):
+    """Before the model loads: the model named does not exist."""
+    key, cert = tls
+    flags = [{"KEY": key, "CERT": cert}.get(f, f) for f in flags]
+    try:
+        code = main(["serve", "--model", "/nonexistent", *flags])
+    except SystemExit as exit_:  # argparse's own refusals
+        code = exit_.code
+    assert code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after argparse's usage, if any
+    assert last.startswith("tokenmill serve: error: ") and error in last, last
