@@ -50,6 +50,10 @@ def _serve(args: argparse.Namespace) -> int:
                                        f"{args.model!r}; give one")
         args.model = args.model_tag
     config = engine_config_from_args(args)  # a bad option fails before the server imports
+    if config.revision is not None:  # exit 2 now, not once the server loads the model
+        from tokenmill.engine.models.fetch.uri import pinned
+
+        pinned(config.model, config.revision)
     from tokenmill.engine.server.serve import serve
 
     return serve(config, args)

@@ -36,6 +36,7 @@ ADAPTER_PVC_MOUNT = "/mnt/adapters"  # /mnt/adapters/CLAIM: an adapter claim no 
 # Options the spec sets through its own fields; extraArgs may not set them again.
 _SPEC_OPTIONS = {
     "model": "spec.model.uri",
+    "revision": "spec.model.uri (hf://ORG/NAME@REVISION)",
     "download_dir": "spec.model (the operator's model cache)",
     "device": "spec.resources.gpus",
     "tensor_parallel_size": "spec.engine.tensorParallelSize",
@@ -219,6 +220,10 @@ def check_engine(spec: InferenceServiceSpec) -> None:
     add_engine_arguments(parser)
     add_server_arguments(parser, environ={})
     args = parser.parse_args([*engine_args(**engine_options(spec)), *spec.engine.extra_args])
+    if args.tokenizer is not None and not args.tokenizer.startswith("/"):
+        raise SpecError(f"spec.engine.extraArgs: --tokenizer {args.tokenizer}: the pod has only "
+                        f"the files the operator mounts or downloads; give an absolute path "
+                        f"in the pod (the model's claim is at {PVC_MOUNT})")
     try:
         check_server_flags(args)
     except ConfigError as e:

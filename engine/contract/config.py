@@ -58,6 +58,13 @@ class EngineConfig:
         "AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL for S3-compatible stores). A hf:// or s3:// "
         "model is downloaded into --download-dir first, once.",
     )
+    revision: str | None = _opt(
+        None, "The revision (branch, tag or commit) of a hub model (hf://ORG/NAME or a bare "
+              "ORG/NAME), as hf://ORG/NAME@REVISION gives it (vLLM's flag).")
+    tokenizer: str | None = _opt(
+        None, "Take the tokenizer (and chat template) from here instead of from the model: a "
+              "directory with tokenizer files, or anything --model takes (vLLM's flag, e.g. "
+              "for a GGUF model). Its vocabulary must fit the model's.")
     download_dir: str | None = _opt(
         None, "Cache that hf:// and s3:// models are downloaded into and loaded from; "
               "`tokenmill download` fills the same one. Default: the hub's cache for hf:// "

@@ -37,9 +37,9 @@ from tokenmill.engine.execution.rank import RankSetup, build_runner, rank_device
 from tokenmill.engine.execution.workers import WorkerFailed, Workers
 from tokenmill.engine.layers.attention import check_kv_cache_dtype, resolve_backend
 from tokenmill.engine.models.architecture import context_length_of, sliding_window_of
-from tokenmill.engine.models.loader import load_config, load_tokenizer
+from tokenmill.engine.models.loader import check_tokenizer_fits, load_config, load_tokenizer
 from tokenmill.engine.models.quantize import step_weight_bytes, weight_bytes
-from tokenmill.engine.models.source import resolve_model
+from tokenmill.engine.models.source import resolve_model, resolve_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +70,14 @@ class LLMEngine:
         self.dtype = _dtype(config.dtype, self.device)
         backend = resolve_backend(config.attention_backend, self.device)
         check_kv_cache_dtype(config.kv_cache_dtype, backend, self.device)
-        source = resolve_model(config.model, config.download_dir)
+        source = resolve_model(config.model, config.download_dir, config.revision)
         config_start = time.perf_counter()
         self.model_config = load_config(source)
         tokenizer_start = time.perf_counter()
-        self.tokenizer = load_tokenizer(source)
+        self.tokenizer = load_tokenizer(resolve_tokenizer(config.tokenizer, config.download_dir)
+                                        if config.tokenizer else source)
+        if config.tokenizer:
+            check_tokenizer_fits(self.tokenizer, self.model_config, config.tokenizer)
         # Start-up phases done here; the runner times its own (rank.py).
         self._phase_seconds = {"config": tokenizer_start - config_start,
                                "tokenizer": time.perf_counter() - tokenizer_start}

@@ -80,6 +80,15 @@ def load_tokenizer(source: ModelSource) -> Any:
         raise ModelLoadError.reading(f"the tokenizer from {_where(source)}", exc) from exc
 
 
+def check_tokenizer_fits(tokenizer: Any, model_config: Any, where: str) -> None:
+    """ModelLoadError for a tokenizer from elsewhere (--tokenizer) with ids beyond the model's
+    embeddings."""
+    size, vocab = len(tokenizer), model_config.vocab_size
+    if size > vocab:
+        raise ModelLoadError(f"the tokenizer {where!r} has {size} tokens, more than the "
+                             f"model's vocabulary ({vocab}): they are not the model's tokens")
+
+
 def _config(directory: str, gguf_file: str | None) -> Any:
     from transformers import AutoConfig
 

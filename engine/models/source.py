@@ -15,6 +15,9 @@ BUILTIN_MODELS = {
 }
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
 class ModelNotFound(FileNotFoundError):
     """The model can't be found; the message says how to install it or where to put it."""
 
@@ -44,16 +47,37 @@ class ModelSource:
         return None if self.gguf_file is None else os.path.join(self.directory, self.gguf_file)
 
 
-def resolve_model(model: str, download_dir: str | None = None) -> ModelSource:
+def resolve_model(model: str, download_dir: str | None = None,
+                  revision: str | None = None) -> ModelSource:
     """The local files of `model`; a hf:// or s3:// model is downloaded into `download_dir`
-    (or found complete there) first."""
+    (or found complete there) first, a hub model at `revision` when given."""
     from tokenmill.engine.models.fetch import fetch_model
+    from tokenmill.engine.models.fetch.uri import pinned
 
+    if revision is not None:
+        model = pinned(model, revision)
     start = time.perf_counter()
     local = fetch_model(model, download_dir)
     if local is not None:
         return dataclasses.replace(_local(local), download_seconds=time.perf_counter() - start)
     return _local(model)
+
+
+def resolve_tokenizer(tokenizer: str, download_dir: str | None = None) -> ModelSource:
+    """Where --tokenizer's files are: anything resolve_model takes, or a directory holding only
+    a tokenizer (no config.json)."""
+    from tokenmill.engine.models.fetch import fetch_model
+
+    path = os.path.expanduser(fetch_model(tokenizer, download_dir) or tokenizer)
+    if os.path.isdir(path) and any(os.path.isfile(os.path.join(path, name))
+                                   for name in TOKENIZER_FILES):
+        return ModelSource(os.path.abspath(path))
+    if tokenizer not in BUILTIN_MODELS and not os.path.exists(path):
+        raise ModelNotFound(f"tokenizer {tokenizer!r} not found: pass a directory with "
+                            f"tokenizer files ({', '.join(TOKENIZER_FILES)}), a model directory, "
+                            "a .gguf file, a built-in name, hf://ORG/NAME[@REVISION] or "
+                            "s3://BUCKET/PREFIX")
+    return _local(path)
 
 
 def _local(model: str) -> ModelSource:

@@ -453,7 +453,8 @@ def test_extra_args_take_a_vllm_command_lines_flags():
     flags = ["--trust-remote-code", "--enable-chunked-prefill", "--disable-log-requests",
              "--disable-log-stats", "--enable-log-requests", "--max-log-len", "100",
              "--uvicorn-log-level", "info", "--disable-uvicorn-access-log",
-             "--disable-fastapi-docs", "--allowed-origins", '["https://ui.example"]']
+             "--disable-fastapi-docs", "--allowed-origins", '["https://ui.example"]',
+             "--tokenizer", "/mnt/models/tokenizer"]
     spec = load("svc", {"model": {"uri": "/models/llama"}, "engine": {"extraArgs": flags}})
     assert serve_command(spec, "llama")[-len(flags):] == flags
 
@@ -468,6 +469,9 @@ def test_extra_args_take_a_vllm_command_lines_flags():
      "spec.engine.extraArgs: --ssl-keyfile: the pod's probes, its Service and the autoscaler "
      "speak plain HTTP"),
     (["--allowed-origins", "*"], "argument --allowed-origins: must be a JSON list of strings"),
+    (["--revision", "v2"], "--revision is set by spec.model.uri (hf://ORG/NAME@REVISION)"),
+    (["--tokenizer", "Org/tokenizer"], "--tokenizer Org/tokenizer: the pod has only the files "
+     "the operator mounts or downloads; give an absolute path in the pod"),
 ])
 def test_server_flags_that_cannot_work_are_refused(flags, where):
     with pytest.raises(SpecError, match=re.escape(where)):

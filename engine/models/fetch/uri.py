@@ -6,6 +6,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from tokenmill.engine.contract.config import ConfigError
 from tokenmill.engine.models.fetch.errors import ModelFetchError
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -57,3 +58,16 @@ def _bare_hub_id(model: str) -> HubModel | None:
     if not _BARE_HUB_ID.fullmatch(model) or os.path.exists(model):
         return None
     return HubModel(f"hf://{model}", model, None)
+
+
+def pinned(model: str, revision: str) -> str:
+    """`model` at `revision` (vLLM's --revision): a hub model as hf://ORG/NAME@REVISION;
+    ConfigError for any other model, or for one that names another revision already."""
+    remote = parse_model_uri(model)
+    if not isinstance(remote, HubModel):
+        raise ConfigError("revision", f"only a hub model (hf://ORG/NAME or ORG/NAME) has "
+                                      f"revisions; the model is {model!r}")
+    if remote.revision not in (None, revision):
+        raise ConfigError("revision", f"{revision!r}, but the model {model!r} names revision "
+                                      f"{remote.revision!r}; give one")
+    return f"hf://{remote.repo_id}@{revision}"
