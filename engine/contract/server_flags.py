@@ -21,6 +21,11 @@ from tokenmill.engine.contract.config import ConfigError
 TOOL_CALL_PARSER_NAMES = ("hermes", "llama3_json")
 # The reasoning formats the server splits (server/reasoning.py, held to these names likewise).
 REASONING_PARSER_NAMES = ("deepseek_r1", "qwen3")
+# The generation-config fields that set a request's defaults, as vLLM reads them: sampling
+# settings the request leaves out, and max_new_tokens, the most tokens a request without
+# max_tokens gets.
+GENERATION_CONFIG_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                          "max_new_tokens")
 
 
 def add_server_arguments(parser: argparse.ArgumentParser,
@@ -60,6 +65,12 @@ def add_server_arguments(parser: argparse.ArgumentParser,
                              "value the model's generation_config.json recommends; vllm: "
                              "the API's own defaults (temperature 1, ...) whatever the model "
                              "says.")
+    parser.add_argument("--override-generation-config", type=_generation_overrides, default={},
+                        metavar="JSON",
+                        help="Request defaults that win over the model's generation config "
+                             "(with --generation-config vllm: the only ones), as JSON: "
+                             '{"temperature": 0.6, "max_new_tokens": 1024}; keys: '
+                             f"{', '.join(GENERATION_CONFIG_KEYS)}.")
     parser.add_argument("--reasoning-parser", choices=REASONING_PARSER_NAMES, default=None,
                         help="Return a reasoning model's thinking (<think>...</think>) apart "
                              "from its answer, in the chat message's `reasoning` (and "
@@ -68,6 +79,7 @@ def add_server_arguments(parser: argparse.ArgumentParser,
     add_tool_arguments(parser)
     add_http_arguments(parser)
     add_request_log_arguments(parser)
+    add_vllm_compat_arguments(parser)
 
 
 def add_http_arguments(parser: argparse.ArgumentParser) -> None:
@@ -114,12 +126,33 @@ def add_request_log_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-log-len", type=_positive_int, default=None,
                         help="Most characters of a prompt, or prompt token ids, that a "
                              "request's log line shows (default: all).")
+
+
+def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
+    """vLLM flags a deployment's command line often carries that have nothing to change here,
+    accepted so the line runs unchanged; a value tokenmill cannot honour is refused by
+    check_server_flags."""
     parser.add_argument("--disable-log-requests", action="store_true",
                         help="Accepted for vLLM's command lines: requests are not logged "
                              "unless --enable-log-requests.")
     parser.add_argument("--disable-log-stats", action="store_true",
                         help="Accepted for vLLM's command lines: tokenmill logs no periodic "
                              "statistics (they are on /metrics).")
+    parser.add_argument("--disable-frontend-multiprocessing", action="store_true",
+                        help="Accepted for vLLM's command lines: the HTTP server and the "
+                             "engine share one process here.")
+    parser.add_argument("--distributed-executor-backend", choices=("mp",), default="mp",
+                        help="Accepted for vLLM's command lines: tensor-parallel ranks are "
+                             "local processes (mp).")
+    parser.add_argument("--pipeline-parallel-size", type=_positive_int, default=1,
+                        help="Accepted for vLLM's command lines with 1 only: a replica shards "
+                             "its model with --tensor-parallel-size.")
+    parser.add_argument("--data-parallel-size", type=_positive_int, default=1,
+                        help="Accepted for vLLM's command lines with 1 only: more replicas "
+                             "(the operator's replicas and autoscaling) serve in parallel.")
+    parser.add_argument("--guided-decoding-backend", choices=("auto", "xgrammar"),
+                        default="auto", help="Accepted for vLLM's command lines: structured "
+                                             "outputs always run on xgrammar.")
 
 
 def add_tool_arguments(parser: argparse.ArgumentParser) -> None:
@@ -141,6 +174,13 @@ def check_server_flags(args: argparse.Namespace) -> None:
         given, missing = (("--ssl-keyfile", "--ssl-certfile") if args.ssl_certfile is None
                           else ("--ssl-certfile", "--ssl-keyfile"))
         raise ConfigError(given, f"needs {missing}: HTTPS takes a key and its certificate")
+    for flag, size, how in (
+            ("--pipeline-parallel-size", args.pipeline_parallel_size,
+             "a replica shards its model with --tensor-parallel-size"),
+            ("--data-parallel-size", args.data_parallel_size,
+             "run more replicas (the operator's replicas and autoscaling)")):
+        if size != 1:
+            raise ConfigError(flag, f"{size} is not supported; {how}")
     if args.ssl_cert_reqs and args.ssl_keyfile is None:
         raise ConfigError("--ssl-cert-reqs", "client certificates need HTTPS (--ssl-keyfile "
                                              "and --ssl-certfile)")
@@ -167,6 +207,25 @@ def _json_strings(value: str) -> list[str]:
         raise argparse.ArgumentTypeError(f'must be a JSON list of strings (["*"] or '
                                          f'["https://example.com"]), got {value!r}')
     return items
+
+
+def _generation_overrides(value: str) -> dict[str, float]:
+    try:
+        overrides = json.loads(value)
+    except ValueError:
+        overrides = None
+    if not isinstance(overrides, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object such as "
+                                         f'{{"temperature": 0.6}}, got {value!r}')
+    for key, number in overrides.items():
+        if key not in GENERATION_CONFIG_KEYS:
+            raise argparse.ArgumentTypeError(
+                f"{key!r} is not one of {', '.join(GENERATION_CONFIG_KEYS)}")
+        if isinstance(number, bool) or not isinstance(number, int | float):
+            raise argparse.ArgumentTypeError(f"{key} must be a number, got {number!r}")
+    if overrides.get("max_new_tokens", 1) < 1:
+        raise argparse.ArgumentTypeError("max_new_tokens must be at least 1")
+    return overrides
 
 
 def _positive_int(value: str) -> int:

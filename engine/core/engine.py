@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from tokenmill.engine.contract.config import ConfigError, EngineConfig
+from tokenmill.engine.contract.server_flags import GENERATION_CONFIG_KEYS
 from tokenmill.engine.core.detokenizer import IncrementalDetokenizer
 from tokenmill.engine.core.errors import LoRAAdapterError, RequestError, UnknownAdapterError
 from tokenmill.engine.core.kv_cache import KVCacheManager, KVCacheStats
@@ -551,7 +552,6 @@ def _check_devices(option: str, device: torch.device, tp_size: int) -> None:
 
 # The sampling settings a model's generation_config.json may recommend (vLLM's list, less
 # max_new_tokens): the server's defaults for requests that leave them out.
-GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
 def load_generation_config(directory: str) -> Any:
@@ -570,7 +570,7 @@ def generation_defaults(generation_config: Any) -> dict[str, float]:
     if generation_config is None:
         return {}
     diff = generation_config.to_diff_dict()
-    return {key: diff[key] for key in GENERATION_DEFAULT_KEYS if diff.get(key) is not None}
+    return {key: diff[key] for key in GENERATION_CONFIG_KEYS if diff.get(key) is not None}
 
 
 def _eos_ids(model_config: Any, tokenizer: Any, generation_config: Any) -> set[int]:

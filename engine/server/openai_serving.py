@@ -156,12 +156,14 @@ def chat_ids(state: ServerState, conversation: list[dict[str, Any]],
 
 
 def _room(state: ServerState, prompts: list[list[int]]) -> int:
-    """Default max_tokens when none is given: what the context leaves after the prompt."""
+    """Default max_tokens when none is given: what the context leaves after the prompt, at
+    most the max_new_tokens of the generation config or its override."""
     longest = max(len(p) for p in prompts)
     if longest >= state.max_model_len:
         raise APIError(400, f"this model's maximum context length is {state.max_model_len} "
                             f"tokens, but the prompt has {longest} tokens", param="messages")
-    return state.max_model_len - longest
+    room = state.max_model_len - longest
+    return min(room, int(state.sampling_defaults.get("max_new_tokens", room)))
 
 
 def _params(body: Any, max_tokens: int, logprobs: int | None,

@@ -134,6 +134,7 @@ def serve(config, args: argparse.Namespace) -> int:
                               chat_template=read_chat_template(args.chat_template),
                               reasoning_parser=args.reasoning_parser,
                               generation_config=args.generation_config,
+                              generation_overrides=args.override_generation_config,
                               allowed_origins=tuple(args.allowed_origins),
                               allowed_methods=tuple(args.allowed_methods),
                               allowed_headers=tuple(args.allowed_headers),

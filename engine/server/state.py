@@ -33,6 +33,7 @@ class ServerOptions:
     chat_template: str | None = None  # --chat-template's text; None: the tokenizer's own
     reasoning_parser: str | None = None  # the model's thinking format (reasoning.py)
     generation_config: str = "auto"  # auto: the model's sampling defaults; vllm: the API's
+    generation_overrides: dict[str, float] = field(default_factory=dict)  # win over both
     # CORS (vLLM's defaults: any origin, method and header; no credentials).
     allowed_origins: tuple[str, ...] = ("*",)
     allowed_methods: tuple[str, ...] = ("*",)
@@ -87,10 +88,12 @@ class ServerState:
             # Separate tokenizer objects keep the two threads from sharing one.
             self.tokenizer = copy.deepcopy(core.tokenizer)
             self.max_model_len = core.max_model_len
-            if self.options.generation_config == "auto" and core.generation_defaults:
-                self.sampling_defaults = dict(core.generation_defaults)
-                log.info("default sampling parameters from the model's generation config",
-                         extra=self.sampling_defaults)
+            model_defaults = (core.generation_defaults
+                              if self.options.generation_config == "auto" else {})
+            self.sampling_defaults = {**model_defaults, **self.options.generation_overrides}
+            if self.sampling_defaults:
+                log.info("default sampling parameters (the model's generation config, then "
+                         "--override-generation-config)", extra=self.sampling_defaults)
             engine = AsyncEngine(core, observer=self.metrics.observe_step)
             self.metrics.bind(engine)
             self.engine = engine

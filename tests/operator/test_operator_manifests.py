@@ -454,7 +454,8 @@ def test_extra_args_take_a_vllm_command_lines_flags():
              "--disable-log-stats", "--enable-log-requests", "--max-log-len", "100",
              "--uvicorn-log-level", "info", "--disable-uvicorn-access-log",
              "--disable-fastapi-docs", "--allowed-origins", '["https://ui.example"]',
-             "--tokenizer", "/mnt/models/tokenizer"]
+             "--tokenizer", "/mnt/models/tokenizer", "--pipeline-parallel-size", "1",
+             "--override-generation-config", '{"temperature": 0.6}']
     spec = load("svc", {"model": {"uri": "/models/llama"}, "engine": {"extraArgs": flags}})
     assert serve_command(spec, "llama")[-len(flags):] == flags
 
@@ -470,6 +471,8 @@ def test_extra_args_take_a_vllm_command_lines_flags():
      "speak plain HTTP"),
     (["--allowed-origins", "*"], "argument --allowed-origins: must be a JSON list of strings"),
     (["--revision", "v2"], "--revision is set by spec.model.uri (hf://ORG/NAME@REVISION)"),
+    (["--pipeline-parallel-size", "2"],
+     "spec.engine.extraArgs: --pipeline-parallel-size: 2 is not supported"),
     (["--tokenizer", "Org/tokenizer"], "--tokenizer Org/tokenizer: the pod has only the files "
      "the operator mounts or downloads; give an absolute path in the pod"),
 ])

@@ -54,3 +54,33 @@ def test_unset_sampling_fields_take_the_models_values(greedy_by_default, mode):
     else:
         assert greedy not in unset and server.state.sampling_defaults == {}
     assert explicit != greedy  # a field the request sets wins over the model's value
+
+
+@pytest.mark.parametrize("mode, overrides, expected", [
+    ("auto", {"top_k": -1, "max_new_tokens": 5},
+     {"temperature": 1.0, "top_p": 0.9, "top_k": -1, "max_new_tokens": 5}),
+    ("vllm", {"top_k": 1}, {"top_k": 1}),
+])
+def test_overrides_win_over_the_models_values(greedy_by_default, mode, overrides, expected):
+    """vLLM's --override-generation-config: merged over the model's values under auto, alone
+    under vllm; max_new_tokens caps a request that sets no max_tokens."""
+    prompt = [312, 1040, 2203, 77, 4511]
+    with in_process_server(greedy_by_default, "m", max_model_len=128,
+                           options={"generation_config": mode,
+                                    "generation_overrides": overrides}) as server:
+        client = server.client
+        greedy = client.completions.create(model="m", prompt=prompt, max_tokens=5,
+                                           temperature=0).choices[0].text
+        unset = [client.completions.create(model="m", prompt=prompt, max_tokens=5,
+                                           seed=seed).choices[0].text for seed in range(3)]
+        uncapped = client.chat.completions.create(  # a chat sets no max_tokens by default
+            model="m", messages=[{"role": "user", "content": "hi"}], temperature=0,
+            extra_body={"ignore_eos": True})
+    assert server.state.sampling_defaults == expected
+    if mode == "auto":  # top_k -1 undoes the model's top_k 1: sampled, not greedy
+        assert unset != [greedy] * 3
+        assert uncapped.usage.completion_tokens == 5
+        assert uncapped.choices[0].finish_reason == "length"
+    else:  # the override alone makes it greedy; no cap: the context is the limit
+        assert unset == [greedy] * 3
+        assert uncapped.usage.completion_tokens > 5

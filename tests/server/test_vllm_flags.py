@@ -59,6 +59,9 @@ def vllm_server(tiny_llama_dir, tls):
         "--enable-chunked-prefill", "--disable-log-requests", "--disable-log-stats",
         "--enable-log-requests", "--max-log-len", "12", "--uvicorn-log-level", "info",
         "--disable-uvicorn-access-log", "--disable-fastapi-docs",
+        "--disable-frontend-multiprocessing", "--distributed-executor-backend", "mp",
+        "--pipeline-parallel-size", "1", "--data-parallel-size", "1",
+        "--guided-decoding-backend", "xgrammar",
         "--allowed-origins", f'["{ORIGIN}"]', "--ssl-keyfile", key, "--ssl-certfile", cert,
         env={"TOKENMILL_API_KEY": KEY})
     proc.url = proc.url.replace("http://", "https://")
@@ -148,6 +151,19 @@ def test_each_request_is_logged_cut_to_max_log_len_and_the_access_log_is_off(vll
     (["--allowed-methods", '["GET", 1]'], "argument --allowed-methods: must be a JSON list"),
     (["--uvicorn-log-level", "loud"], "argument --uvicorn-log-level: invalid choice: 'loud'"),
     (["--max-log-len", "0"], "argument --max-log-len: must be a positive integer"),
+    (["--override-generation-config", '{"seed": 1}'],
+     "argument --override-generation-config: 'seed' is not one of temperature, top_p"),
+    (["--override-generation-config", "[1]"],
+     "argument --override-generation-config: must be a JSON object"),
+    (["--override-generation-config", '{"top_p": "high"}'], "top_p must be a number"),
+    (["--override-generation-config", '{"max_new_tokens": 0}'],
+     "max_new_tokens must be at least 1"),
+    (["--pipeline-parallel-size", "2"], "--pipeline-parallel-size: 2 is not supported; a "
+     "replica shards its model with --tensor-parallel-size"),
+    (["--data-parallel-size", "4"], "--data-parallel-size: 4 is not supported; run more "
+     "replicas"),
+    (["--distributed-executor-backend", "ray"],
+     "argument --distributed-executor-backend: invalid choice: 'ray'"),
 ])
 def test_server_flags_that_cannot_work_exit_2_naming_one(flags, error, tls, capsys):
     """Before the model loads: the model named does not exist."""
