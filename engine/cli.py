@@ -109,9 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("model_tag", nargs="?", metavar="MODEL",
                        help="the model to serve, as --model gives it (`tokenmill serve "
                             "Qwen/Qwen3-0.6B`, as with `vllm serve`)")
+    serve.add_argument("--config", metavar="FILE",
+                       help="A YAML file of flags by their long names (`max-num-seqs: 64`), "
+                            "as vLLM's; the command line wins over it.")
     add_engine_arguments(serve)
     add_server_arguments(serve)
     serve.set_defaults(func=_serve)
+    parser.serve_parser = serve  # --config reads its flags from it
 
     gen = commands.add_parser("generate", help="Generate with a model (chat template by default).")
     add_engine_arguments(gen)
@@ -158,6 +162,55 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line, with `serve --config FILE`'s flags under it."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve" and args.config is not None:
+        model_given = args.model_tag is not None or any(
+            a == "--model" or a.startswith("--model=") for a in argv)
+        flags = _config_file_flags(parser.serve_parser, args.config, keep_model=not model_given)
+        args = parser.parse_args([argv[0], *flags, *argv[1:]])
+    return args
+
+
+def _config_file_flags(serve: argparse.ArgumentParser, path: str,
+                       keep_model: bool) -> list[str]:
+    """`serve --config FILE` (vLLM's): the YAML file's `long-flag-name: value` pairs as flags,
+    to go before the command line's own, which win. A model given on the command line wins
+    over the file's `model`. A file that can't be used ends the command with exit 2."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            options = yaml.safe_load(f)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        serve.error(f"--config: can't read {path}: " + " ".join(str(exc).split()))
+    if options is None:
+        return []
+    if not isinstance(options, dict):
+        serve.error(f"--config: {path} must map flag names to values (`max-num-seqs: 64`)")
+    actions = {a.option_strings[0]: a for a in serve._actions if a.option_strings}
+    flags: list[str] = []
+    for key, value in options.items():
+        flag = "--" + str(key).replace("_", "-")
+        action = actions.get(flag)
+        if action is None or flag in ("--config", "--help"):
+            serve.error(f"--config: {key!r} in {path} is not a flag of tokenmill serve")
+        if flag == "--model" and not keep_model:
+            continue
+        if isinstance(value, bool):
+            negative = "--no-" + flag[2:]
+            flags += [flag] if value else [negative] if negative in action.option_strings else []
+        elif isinstance(value, list) and action.nargs in ("+", "*"):
+            flags += [flag, *(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)]
+        elif isinstance(value, list | dict):
+            flags += [flag, json.dumps(value)]
+        elif value is not None:
+            flags += [flag, str(value)]
+    return flags
+
+
 def _add_bench(commands: argparse._SubParsersAction, name: str, module: Any,
                engine_flags: bool = True) -> None:
     """One `tokenmill bench NAME`: the module's docstring, flags (after the engine's) and run."""
@@ -180,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[:1] == ["download"]:  # no torch either: what an init container runs
         return _download(argv[1:])
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     configure_logging()
     prog = " ".join(filter(None, ["tokenmill", args.command, getattr(args, "bench_command", None)]))
     try:

@@ -208,6 +208,9 @@ def check_engine(spec: InferenceServiceSpec) -> None:
                             "can read the Deployment; use spec.auth.apiKeySecretRef")
         if flag in _SERVER_FLAGS:
             raise SpecError(f"spec.engine.extraArgs: --{flag} is set by the operator")
+        if flag == "config":
+            raise SpecError("spec.engine.extraArgs: --config: the pod has no such file; put "
+                            "its flags in extraArgs")
         if flag in _TLS_FLAGS:
             raise SpecError(f"spec.engine.extraArgs: --{flag}: the pod's probes, its Service "
                             "and the autoscaler speak plain HTTP to the engine; terminate TLS "

@@ -473,6 +473,8 @@ def test_extra_args_take_a_vllm_command_lines_flags():
     (["--revision", "v2"], "--revision is set by spec.model.uri (hf://ORG/NAME@REVISION)"),
     (["--pipeline-parallel-size", "2"],
      "spec.engine.extraArgs: --pipeline-parallel-size: 2 is not supported"),
+    (["--config", "/etc/vllm.yaml"], "spec.engine.extraArgs: --config: the pod has no such "
+     "file; put its flags in extraArgs"),
     (["--tokenizer", "Org/tokenizer"], "--tokenizer Org/tokenizer: the pod has only the files "
      "the operator mounts or downloads; give an absolute path in the pod"),
 ])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import json
 import signal
 import ssl
 
@@ -19,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from server_support import ServeProcess, openai_client
 
-from tokenmill.engine.cli import main
+from tokenmill.engine.cli import main, parse_args
 
 KEY = "sk-flags"
 ORIGIN = "https://ui.example"
@@ -52,12 +53,17 @@ def tls(tmp_path_factory) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def vllm_server(tiny_llama_dir, tls):
+def vllm_server(tiny_llama_dir, tls, tmp_path_factory):
+    """Some flags from a --config file (vLLM's YAML), one of them given again on the command
+    line, which wins."""
     key, cert = tls
+    config = tmp_path_factory.mktemp("config") / "serve.yaml"
+    config.write_text("served-model-name: [tiny, tiny-alias]\nmax_log_len: 12\n"
+                      "enable-log-requests: true\nuvicorn-log-level: error\n")
     proc = ServeProcess(
-        tiny_llama_dir, "--served-model-name", "tiny", "tiny-alias", "--trust-remote-code",
+        tiny_llama_dir, "--config", str(config), "--trust-remote-code",
         "--enable-chunked-prefill", "--disable-log-requests", "--disable-log-stats",
-        "--enable-log-requests", "--max-log-len", "12", "--uvicorn-log-level", "info",
+        "--uvicorn-log-level", "info",
         "--disable-uvicorn-access-log", "--disable-fastapi-docs",
         "--disable-frontend-multiprocessing", "--distributed-executor-backend", "mp",
         "--pipeline-parallel-size", "1", "--data-parallel-size", "1",
@@ -175,4 +181,45 @@ def test_server_flags_that_cannot_work_exit_2_naming_one(flags, error, tls, caps
         code = exit_.code
     assert code == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after argparse's usage, if any
+    assert last.startswith("tokenmill serve: error: ") and error in last, last
+
+
+def test_a_config_file_gives_flags_the_command_line_overrides(tmp_path):
+    config = tmp_path / "serve.yaml"
+    config.write_text("model: Org/from-file\nmax-num-seqs: 8\nenable_prefix_caching: false\n"
+                      "served-model-name: [a, b]\nallowed-origins: ['https://x.example']\n"
+                      'speculative-config: {method: ngram, num_speculative_tokens: 2}\n'
+                      "lora-modules: [{name: sql, path: /adapters/sql}]\nenable-lora: true\n"
+                      "disable-fastapi-docs: false\n")
+    args = parse_args(["serve", "--config", str(config), "--max-num-seqs", "4"])
+    assert (args.model, args.max_num_seqs, args.enable_prefix_caching) == ("Org/from-file", 4,
+                                                                           False)
+    assert args.served_model_name == ["a", "b"]
+    assert args.allowed_origins == ["https://x.example"]
+    assert json.loads(args.speculative_config) == {"method": "ngram",
+                                                   "num_speculative_tokens": 2}
+    assert [json.loads(m) for m in args.lora_modules] == [{"name": "sql",
+                                                           "path": "/adapters/sql"}]
+    assert args.disable_fastapi_docs is False
+    # A model on the command line wins over the file's, as in vLLM.
+    assert parse_args(["serve", "Org/given", "--config", str(config)]).model_tag == "Org/given"
+    assert parse_args(["serve", "Org/given", "--config", str(config)]).model != "Org/from-file"
+    assert parse_args(["serve", "--config", str(config), "--model", "m"]).model == "m"
+
+
+@pytest.mark.parametrize("text, error", [
+    (None, "--config: can't read"),
+    ("- max-num-seqs: 8\n", "must map flag names to values"),
+    ("max-num-seqs: [8\n", "--config: can't read"),
+    ("turbo: true\n", "--config: 'turbo' in"),
+    ("max-num-seqs: many\n", "argument --max-num-seqs: invalid int value: 'many'"),
+])
+def test_a_config_file_that_cannot_be_used_exits_2(tmp_path, text, error, capsys):
+    config = tmp_path / "serve.yaml"
+    if text is not None:
+        config.write_text(text)
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(["serve", "--config", str(config)])
+    assert exit_.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("tokenmill serve: error: ") and error in last, last
