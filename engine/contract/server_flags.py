@@ -18,7 +18,7 @@ from tokenmill.engine.contract.config import ConfigError
 
 # The tool-call formats the server parses (server/tool_parsers.py, whose table a test holds to
 # these names).
-TOOL_CALL_PARSER_NAMES = ("hermes", "llama3_json")
+TOOL_CALL_PARSER_NAMES = ("hermes", "llama3_json", "mistral", "pythonic")
 # The reasoning formats the server splits (server/reasoning.py, held to these names likewise).
 REASONING_PARSER_NAMES = ("deepseek_r1", "qwen3")
 # The generation-config fields that set a request's defaults, as vLLM reads them: sampling
@@ -162,7 +162,9 @@ def add_tool_arguments(parser: argparse.ArgumentParser) -> None:
                              "needs --tool-call-parser.")
     parser.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSER_NAMES, default=None,
                         help="The model's tool-call format: hermes (Hermes, Qwen: "
-                             "<tool_call>...</tool_call>) or llama3_json (Llama 3.x JSON).")
+                             "<tool_call>...</tool_call>), llama3_json (Llama 3.x JSON), "
+                             "mistral ([TOOL_CALLS]...) or pythonic (Llama 3.2 and 4: "
+                             "[f(x=1), g()]).")
 
 
 def check_server_flags(args: argparse.Namespace) -> None:

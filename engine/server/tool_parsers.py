@@ -7,14 +7,19 @@ last chunk, so the streamed deltas always join to the non-streamed message. Text
 the start of a tool call is held back until it is clear.
 
 Formats: `hermes` (Hermes, Qwen: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`,
-several per message) and `llama3_json` (Llama 3.x: the whole reply is
-`{"name": ..., "parameters": {...}}`, optionally after `<|python_tag|>`, several joined by `;`).
+several per message), `llama3_json` (Llama 3.x: the whole reply is
+`{"name": ..., "parameters": {...}}`, optionally after `<|python_tag|>`, several joined by `;`),
+`mistral` (`[TOOL_CALLS]` then a JSON array of call objects, or, from Mistral's v11
+tokenizers, `NAME[ARGS]{...}` after each `[TOOL_CALLS]`) and `pythonic` (Llama 3.2 and 4: the
+whole reply is a Python list of calls, `[get_weather(city="Paris"), get_time()]`; a call's
+arguments are sent once its closing parenthesis is generated).
 Forced tool choices produce JSON under a schema: the arguments object alone when one function
 is named, `[{"name": ..., "arguments": {...}}, ...]` when any call is required.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import uuid
@@ -98,6 +103,85 @@ class Llama3JsonToolParser:
         return Parse("" if i == len(text) and not final else text)
 
 
+class MistralToolParser:
+    """Content, then `[TOOL_CALLS]` and the calls: a JSON array of call objects, or
+    `NAME[ARGS]{...}` repeated after each `[TOOL_CALLS]` (v11 tokenizers on)."""
+
+    START, ARGS = "[TOOL_CALLS]", "[ARGS]"
+
+    def parse(self, text: str, final: bool) -> Parse:
+        first = text.find(self.START)
+        if first < 0:
+            keep = len(text) if final else len(text) - _held_back(text, self.START)
+            return Parse(text[:keep])
+        i = _skip_ws(text, first + len(self.START))
+        if text.startswith("[", i):
+            result = _scan_calls(text, i + 1, _separated_by(","))
+        elif text.startswith("{", i):
+            result = _scan_calls(text, i, _separated_by(","))
+        else:
+            result = self._named_calls(text, i)
+        result.content = text[:first]
+        return result
+
+    def _named_calls(self, text: str, i: int) -> Parse:
+        result = Parse("")
+        while (args := text.find(self.ARGS, i)) >= 0:
+            name = text[i:args].strip()
+            if not name or any(c in name for c in _WS + '{}[]"'):
+                break
+            call = ToolCallText(name)
+            result.calls.append(call)
+            j = _skip_ws(text, args + len(self.ARGS))
+            if not text.startswith("{", j):
+                break
+            end = _value_end(text, j)
+            call.arguments = text[j:] if end is None else text[j:end]
+            if end is None:
+                break
+            k = _skip_ws(text, end)
+            if not text.startswith(self.START, k):
+                break
+            i = _skip_ws(text, k + len(self.START))
+        return result
+
+
+class PythonicToolParser:
+    """A reply that is a Python list of calls with keyword arguments of literal values; each
+    call's arguments become a JSON object once its closing parenthesis is there (until then,
+    and for arguments that are not literals, they are empty)."""
+
+    def parse(self, text: str, final: bool) -> Parse:
+        i = _skip_ws(text, 0)
+        if i == len(text):
+            return Parse(text if final else "")
+        if text[i] != "[":
+            return Parse(text)
+        result = Parse("")
+        i += 1
+        while True:
+            i = _skip_ws(text, i)
+            name_end = _identifier_end(text, i)
+            if name_end == len(text):
+                break  # the name may go on
+            if name_end == i or text[name_end] != "(":
+                return result if result.calls else Parse(text)  # a list, but not of calls
+            call = ToolCallText(text[i:name_end])
+            result.calls.append(call)
+            end = _closing_end(text, name_end, "'\"")
+            if end is None:
+                break
+            arguments = _python_keywords(text[i:end])
+            if arguments is None:
+                break
+            call.arguments = arguments
+            i = _skip_ws(text, end)
+            if not text.startswith(",", i):
+                break
+            i += 1
+        return result
+
+
 class RequiredToolParser:
     """`tool_choice: "required"`: a JSON array of `{"name", "arguments"}` objects."""
 
@@ -118,9 +202,11 @@ class NamedToolParser:
         return Parse("", [ToolCallText(self.name, text.lstrip(_WS))])
 
 
-TOOL_CALL_PARSERS: dict[str, type[HermesToolParser] | type[Llama3JsonToolParser]] = {
+TOOL_CALL_PARSERS: dict[str, type[ToolParser]] = {
     "hermes": HermesToolParser,
     "llama3_json": Llama3JsonToolParser,
+    "mistral": MistralToolParser,
+    "pythonic": PythonicToolParser,
 }
 
 
@@ -266,27 +352,55 @@ def _value_end(text: str, i: int) -> int | None:
                 j += 1
         return None
     if first in "{[":
-        depth, j = 0, i
-        while j < len(text):
-            ch = text[j]
-            if ch == '"':
-                end = _value_end(text, j)
-                if end is None:
-                    return None
-                j = end
-                continue
-            if ch in "{[":
-                depth += 1
-            elif ch in "}]":
-                depth -= 1
-                if depth == 0:
-                    return j + 1
-            j += 1
-        return None
+        return _closing_end(text, i, '"')
     j = i
     while j < len(text) and text[j] not in ",}]" + _WS:
         j += 1
     return j if j < len(text) else None  # a number or literal is whole once something follows
+
+
+def _identifier_end(text: str, i: int) -> int:
+    """Index just past the Python identifier at text[i] (i itself: none there)."""
+    j = i
+    while j < len(text) and (text[j] == "_" or text[j].isalnum()):
+        j += 1
+    return i if j > i and text[i].isdigit() else j
+
+
+def _closing_end(text: str, i: int, quotes: str) -> int | None:
+    """Index just past the bracket that closes the one at text[i], nested brackets and
+    strings (in any of `quotes`, with backslash escapes) skipped; None while it is open."""
+    depth, j, quote = 0, i, None
+    while j < len(text):
+        ch = text[j]
+        if quote:
+            if ch == "\\":
+                j += 1
+            elif ch == quote:
+                quote = None
+        elif ch in quotes:
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth == 0:
+                return j + 1
+        j += 1
+    return None
+
+
+def _python_keywords(call: str) -> str | None:
+    """The keyword arguments of one complete Python call of literals, as a JSON object; None
+    if it is no such call."""
+    try:
+        node = ast.parse(call, mode="eval").body
+        if not isinstance(node, ast.Call) or node.args:
+            return None
+        return json.dumps({k.arg: ast.literal_eval(k.value) for k in node.keywords},
+                          ensure_ascii=False)
+    except (SyntaxError, ValueError, TypeError):
+        return None
 
 
 def _loads(text: str) -> object:

@@ -463,7 +463,7 @@ def test_extra_args_take_a_vllm_command_lines_flags():
 @pytest.mark.parametrize(("flags", "where"), [
     (["--enable-auto-tool-choice"],
      "spec.engine.extraArgs: --enable-auto-tool-choice: needs --tool-call-parser"),
-    (["--tool-call-parser", "mistral"], "argument --tool-call-parser: invalid choice: 'mistral'"),
+    (["--tool-call-parser", "granite"], "argument --tool-call-parser: invalid choice: 'granite'"),
     (["--max-waiting-requests", "many"], "argument --max-waiting-requests: invalid int"),
     (["--served-model-name", "x"], "--served-model-name is set by the operator"),
     (["--ssl-keyfile", "/k.pem", "--ssl-certfile", "/c.pem"],

@@ -17,6 +17,11 @@ from tool_support import (
     HERMES_TEMPLATE,
     LLAMA3_REPLY,
     LLAMA3_TEMPLATE,
+    MISTRAL_REPLY,
+    MISTRAL_SPECIAL,
+    MISTRAL_TEMPLATE,
+    PYTHONIC_REPLY,
+    PYTHONIC_TEMPLATE,
     make_scripted_model,
 )
 
@@ -137,6 +142,30 @@ def test_llama3_json_calls(llama3):
         r.choices[0].message)
 
 
+@pytest.mark.parametrize("parser, template, reply, special, content, calls", [
+    ("mistral", MISTRAL_TEMPLATE, MISTRAL_REPLY, MISTRAL_SPECIAL, "Sure, checking.",
+     [("get_weather", {"city": "Paris", "days": 3})]),
+    ("pythonic", PYTHONIC_TEMPLATE, PYTHONIC_REPLY, (), None,
+     [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {"zone": "CET"})]),
+])
+def test_mistral_and_pythonic_calls(tmp_path_factory, smol_tokenizer, parser, template, reply,
+                                    special, content, calls):
+    """Mistral's markers are special tokens: the parser sees them only because a request
+    with tools keeps special tokens in the text."""
+    with scripted_server(tmp_path_factory, smol_tokenizer, template, reply, parser,
+                         special) as (_, client):
+        r = client.chat.completions.create(model=parser, messages=ASK, tools=TOOLS,
+                                           temperature=0)
+        chunks = list(client.chat.completions.create(model=parser, messages=ASK, tools=TOOLS,
+                                                     temperature=0, stream=True))
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert r.choices[0].message.content == content
+    assert calls_of(r.choices[0].message) == calls
+    got = reassemble(chunks)[0]
+    assert got["content"] == (content or "") and got["finish"] == "tool_calls"
+    assert [(c["name"], json.loads(c["arguments"])) for c in got["calls"]] == calls
+
+
 def test_tool_choice_none_renders_and_parses_no_tools(hermes):
     state, client = hermes
     r = client.chat.completions.create(model="hermes", messages=ASK, tools=TOOLS,
@@ -243,7 +272,7 @@ def test_serve_flags(capsys):
     assert cli_main(["serve", "--model", "unused", "--enable-auto-tool-choice"]) == 2
     assert "--tool-call-parser" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
-        cli_main(["serve", "--tool-call-parser", "mistral"])
+        cli_main(["serve", "--tool-call-parser", "granite"])
     assert exit_.value.code == 2
 
 

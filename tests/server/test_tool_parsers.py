@@ -10,7 +10,9 @@ import pytest
 from tokenmill.engine.server.tool_parsers import (
     HermesToolParser,
     Llama3JsonToolParser,
+    MistralToolParser,
     NamedToolParser,
+    PythonicToolParser,
     RequiredToolParser,
     ToolCallStream,
     ToolParser,
@@ -152,6 +154,54 @@ def test_llama3_json_holds_back_a_reply_until_it_is_clear():
     assert plain.update("Hi", final=False) == ("Hi", [])
 
 
+MISTRAL_ARRAY = ('Checking. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": '
+                 '"Paris"}}, {"name": "get_time", "arguments": {}}]')
+MISTRAL_V11 = ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "note": "a [b] {c}"}'
+               '[TOOL_CALLS]get_time[ARGS]{}')
+
+
+@pytest.mark.parametrize("text", [MISTRAL_ARRAY, MISTRAL_V11])
+def test_mistral_calls_in_both_formats(text):
+    content, calls = assert_stream_matches(MistralToolParser(), text)
+    assert content == ("Checking. " if text is MISTRAL_ARRAY else None)
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Paris"} if text is MISTRAL_ARRAY
+         else {"city": "Paris", "note": "a [b] {c}"}), ("get_time", {})]
+
+
+def test_mistral_plain_text_and_a_cut_call():
+    assert assert_stream_matches(MistralToolParser(), "No tools [needed] here.") == (
+        "No tools [needed] here.", [])
+    _, streamed_deltas = ToolCallStream(MistralToolParser()).update("[TOOL_CA", final=False)
+    assert streamed_deltas == []
+    content, calls = tool_call_message(MistralToolParser(), '[TOOL_CALLS]f[ARGS]{"a": ')
+    assert content is None and calls[0]["function"] == {"name": "f", "arguments": '{"a": '}
+
+
+PYTHONIC_TWO_CALLS = ("[get_weather(city='San Francisco', days=3, units=\"metric\"), "
+                      "get_time(), search(query='a (b), [c]', tags=['x', 'y'], exact=True)]")
+
+
+def test_pythonic_calls_become_json_arguments():
+    content, calls = assert_stream_matches(PythonicToolParser(), PYTHONIC_TWO_CALLS)
+    assert content is None
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "San Francisco", "days": 3, "units": "metric"}),
+        ("get_time", {}),
+        ("search", {"query": "a (b), [c]", "tags": ["x", "y"], "exact": True})]
+
+
+@pytest.mark.parametrize("text", ["The answer is 4.", "[1, 2, 3]", "[a, b]", "[]",
+                                  "[see note](http://x)"])
+def test_pythonic_other_replies_are_content(text):
+    assert assert_stream_matches(PythonicToolParser(), text) == (text, [])
+
+
+def test_pythonic_arguments_that_are_not_literals_leave_the_call_empty():
+    content, calls = tool_call_message(PythonicToolParser(), "[f(x=os.getcwd())]")
+    assert content is None and calls[0]["function"] == {"name": "f", "arguments": ""}
+
+
 def test_required_choice_array():
     text = '[{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]'
     content, calls = assert_stream_matches(RequiredToolParser(), text)
@@ -174,11 +224,13 @@ def test_max_calls_keeps_the_first_call():
     assert [d["function"]["name"] for d in deltas] == ["get_weather"]
 
 
-@pytest.mark.parametrize("parser", [HermesToolParser(), Llama3JsonToolParser()])
+@pytest.mark.parametrize("parser", [HermesToolParser(), Llama3JsonToolParser(),
+                                    MistralToolParser()])
 def test_streamed_arguments_only_grow(parser):
-    text = ('<tool_call>{"name": "f", "arguments": {"a": "' + "x" * 50 + '"}}</tool_call>'
-            if isinstance(parser, HermesToolParser)
-            else '{"name": "f", "parameters": {"a": "' + "x" * 50 + '"}}')
+    text = {HermesToolParser: '<tool_call>{"name": "f", "arguments": {"a": "' + "x" * 50
+                              + '"}}</tool_call>',
+            Llama3JsonToolParser: '{"name": "f", "parameters": {"a": "' + "x" * 50 + '"}}',
+            MistralToolParser: '[TOOL_CALLS]f[ARGS]{"a": "' + "x" * 50 + '"}'}[type(parser)]
     _, calls, deltas = streamed(parser, list(text))
     assert len(deltas) > 10  # arguments stream as they are generated, not at the end
     assert calls[0]["arguments"] == '{"a": "' + "x" * 50 + '"}'

@@ -87,6 +87,32 @@ Answer a function call as JSON {"name": function name, "parameters": arguments o
 
 {% endif %}"""
 
+# Mistral style: tools before the last user turn; calls after [TOOL_CALLS].
+MISTRAL_TEMPLATE = """
+{%- for message in messages %}
+{%- if message.role == 'user' %}
+{%- if tools and loop.last %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}\
+[INST]{{ message.content }}[/INST]
+{%- elif message.role == 'assistant' %}{{ message.content or '' }}</s>
+{%- endif %}
+{%- endfor %}"""
+
+# Llama 3.2 style for the pythonic format: calls as a Python list.
+PYTHONIC_TEMPLATE = """
+{%- if tools %}<|start_header_id|>system<|end_header_id|>
+
+Call functions as [func(param=value), ...]. Functions:
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}<|eot_id|>
+{%- endif %}
+{%- for message in messages %}<|start_header_id|>{{ message.role }}<|end_header_id|>
+
+{{ message.content }}<|eot_id|>
+{%- endfor %}
+{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>
+
+{% endif %}"""
+
 # What the scripted models answer, in the pieces they generate. Pieces split the tags and
 # the JSON mid-way, so streaming must hold text back and send arguments in fragments.
 # The second call's tags are special tokens, as in Hermes 2 Pro's tokenizer.
@@ -141,3 +167,9 @@ def make_scripted_model(directory: str, base_tokenizer, chat_template: str,
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+# Mistral's v11 form; [TOOL_CALLS] and [ARGS] are special tokens, as in its tokenizers.
+MISTRAL_REPLY = ["Sure, checking.", "[TOOL_CALLS]", "get_weather", "[ARGS]",
+                 "{\"city\": \"Pa", "ris\", \"days\": 3}"]
+MISTRAL_SPECIAL = ("[TOOL_CALLS]", "[ARGS]")
+PYTHONIC_REPLY = ["[get_weat", "her(city='Pa", "ris', days=3), get_ti", "me(zone=\"CET\")]"]
