@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tokenmill.engine.core.errors import LoRAAdapterError
 from tokenmill.engine.server.errors import APIError
-from tokenmill.engine.server.state import ServerState, check_ready
+from tokenmill.engine.server.state import ServerState, State, check_ready
 
 
 class LoadLoRAAdapterRequest(BaseModel):
@@ -60,12 +60,12 @@ def model_cards(state: ServerState, created: int) -> list[dict[str, Any]]:
     return cards
 
 
-def add_runtime_routes(app: FastAPI, state: ServerState) -> None:
+def add_runtime_routes(app: FastAPI) -> None:
     """The load/unload routes, only when runtime updating is allowed (elsewhere they do not
     exist: 404, as in vLLM). They sit under /v1, so the API key guards them."""
 
     @app.post("/v1/load_lora_adapter")
-    async def load_lora_adapter(body: LoadLoRAAdapterRequest):
+    async def load_lora_adapter(body: LoadLoRAAdapterRequest, state: State):
         engine = _serving_engine(state)
         if body.lora_name in state.options.served_model_names:
             raise APIError(400, f"lora_name: {body.lora_name!r} is a name of the base model",
@@ -77,7 +77,7 @@ def add_runtime_routes(app: FastAPI, state: ServerState) -> None:
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
     @app.post("/v1/unload_lora_adapter")
-    async def unload_lora_adapter(body: UnloadLoRAAdapterRequest):
+    async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, state: State):
         engine = _serving_engine(state)
         if body.lora_name not in engine.lora_adapters():
             raise APIError(404, f"the LoRA adapter {body.lora_name!r} is not loaded",

@@ -26,7 +26,7 @@ from tokenmill.engine.server.protocol import (
 )
 from tokenmill.engine.server.responses import create_response
 from tokenmill.engine.server.responses_protocol import ResponsesRequest
-from tokenmill.engine.server.state import ServerState, start_loading
+from tokenmill.engine.server.state import ServerState, State, start_loading
 from tokenmill.engine.server.tokenization import detokenize, tokenize
 
 
@@ -66,7 +66,8 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
     /health answers (503) while it loads."""
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI):
+    async def lifespan(app: FastAPI):
+        state = app.state.tokenmill
         state.idle.set()
         if load_model and state.engine is None:
             start_loading(state)
@@ -94,15 +95,15 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
     created = int(time.time())
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
+    async def completions(body: CompletionRequest, request: Request, state: State):
         return await create_completion(body, request, state)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
+    async def chat_completions(body: ChatCompletionRequest, request: Request, state: State):
         return await create_chat_completion(body, request, state)
 
     @app.post("/v1/responses")
-    async def responses(body: ResponsesRequest, request: Request):
+    async def responses(body: ResponsesRequest, request: Request, state: State):
         return await create_response(body, request, state)
 
     @app.get("/v1/responses/{response_id}")
@@ -112,29 +113,29 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
                        param="response_id", code="not_found")
 
     @app.post("/tokenize")
-    async def tokenize_route(body: TokenizeRequest):
+    async def tokenize_route(body: TokenizeRequest, state: State):
         return tokenize(body, state)
 
     @app.post("/detokenize")
-    async def detokenize_route(body: DetokenizeRequest):
+    async def detokenize_route(body: DetokenizeRequest, state: State):
         return detokenize(body, state)
 
     @app.get("/v1/models")
-    async def models():
+    async def models(state: State):
         return {"object": "list", "data": model_cards(state, created)}
 
     @app.get("/v1/models/{model:path}")
-    async def retrieve_model(model: str):
+    async def retrieve_model(model: str, state: State):
         """One model's card (the openai client's `models.retrieve`); 404 for any other name.
         `:path`, since served names may hold slashes (`Qwen/Qwen3-0.6B`)."""
         resolve_model(state, model)
         return next(card for card in model_cards(state, created) if card["id"] == model)
 
     if state.config.enable_lora and state.config.allow_runtime_lora_updating:
-        add_runtime_routes(app, state)
+        add_runtime_routes(app)
 
     @app.get("/health")
-    async def health():
+    async def health(state: State):
         if state.ready:
             return {"status": "ok"}
         if state.draining:
@@ -148,7 +149,7 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
         return JSONResponse({"status": reason}, status_code=503)
 
     @app.get("/metrics")
-    async def metrics():
+    async def metrics(state: State):
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/version")

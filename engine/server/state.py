@@ -8,7 +8,9 @@ import copy
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
 
 from tokenmill.engine.contract.config import EngineConfig
 from tokenmill.engine.core import LLMEngine
@@ -144,3 +146,13 @@ def check_ready(state: ServerState) -> None:
         raise APIError(503, message, headers={"Retry-After": "5"})
     if not state.engine.alive:
         raise APIError(503, "the engine stopped; the server must restart")
+
+
+def state_of(request: Request) -> ServerState:
+    """The app's ServerState. Routes take it per request (`state: State`) rather than close
+    over it: FastAPI keeps route functions in process-wide caches, which would keep a stopped
+    server's engine, its weights and KV pool, alive for as long as the process lives."""
+    return request.app.state.tokenmill
+
+
+State = Annotated[ServerState, Depends(state_of)]
