@@ -76,6 +76,10 @@ def add_server_arguments(parser: argparse.ArgumentParser,
                              "from its answer, in the chat message's `reasoning` (and "
                              "`reasoning_content`): deepseek_r1 (the template opens the "
                              "thinking) or qwen3 (the model does).")
+    parser.add_argument("--return-tokens-as-token-ids", action="store_true",
+                        help='Logprobs name each token "token_id:ID" instead of its text, so '
+                             "tokens with the same text are told apart (vLLM's flag; a "
+                             "request's return_tokens_as_token_ids overrides it).")
     add_tool_arguments(parser)
     add_http_arguments(parser)
     add_request_log_arguments(parser)

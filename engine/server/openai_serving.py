@@ -52,7 +52,8 @@ async def create_completion(body: CompletionRequest, request: Request,
                 [p if isinstance(p, str) else None for p in prompts], ids, params,
                 cache_salt=body.cache_salt, echo=body.echo,
                 prompt_logprobs=body.prompt_logprobs, lora_name=adapter,
-                continuous_usage=body.continuous_usage)
+                continuous_usage=body.continuous_usage,
+                tokens_as_ids=_tokens_as_ids(body, state))
     return await _run(call, body.stream, body.include_usage, request, state)
 
 
@@ -83,7 +84,14 @@ async def chat_call(body: ChatCompletionRequest, state: ServerState,
     return Call("chat", f"{id_prefix}{uuid.uuid4().hex}", model, body.n, [None], [ids], params,
                 cache_salt=body.cache_salt, lora_name=adapter,
                 tools=ReplyToolCalls(plan) if plan.parser is not None else None,
-                reasoning=_reasoning(state, params), continuous_usage=body.continuous_usage)
+                reasoning=_reasoning(state, params), continuous_usage=body.continuous_usage,
+                tokens_as_ids=_tokens_as_ids(body, state))
+
+
+def _tokens_as_ids(body: Any, state: ServerState) -> bool:
+    """The request's return_tokens_as_token_ids, else the server's flag."""
+    asked = body.return_tokens_as_token_ids
+    return state.options.return_tokens_as_token_ids if asked is None else asked
 
 
 def _reasoning(state: ServerState, params: SamplingParams) -> ReplyReasoning | None:

@@ -60,6 +60,8 @@ class SamplingFields(RequestModel, StructuredFields):
     allowed_token_ids: Annotated[list[int], Field(min_length=1)] | None = None
     bad_words: list[str] | None = None
     skip_special_tokens: bool = True
+    # vLLM's: logprobs name tokens "token_id:ID" (default: the server's flag).
+    return_tokens_as_token_ids: bool | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None

@@ -33,6 +33,7 @@ class Call:
     reasoning: ReplyReasoning | None = None  # splits chat replies' thinking from the answer
     lora_name: str | None = None  # the adapter the request runs on (None: the base model)
     continuous_usage: bool = False  # every streamed chunk carries the usage so far
+    tokens_as_ids: bool = False  # logprobs name tokens "token_id:ID" (vLLM's option)
     created: int = field(default_factory=lambda: int(time.time()))
     sent_text: dict[int, int] = field(default_factory=dict)
     sent_answer: dict[int, int] = field(default_factory=dict)  # under a reasoning parser
@@ -158,20 +159,19 @@ def _logprobs(call: Call, state: ServerState, token_ids: list[int],
         content = []
         for token, entry in zip(token_ids, entries, strict=False):
             top = list(entry.items())[:k]
-            content.append({**_token_info(state, token, entry[token]),
-                            "top_logprobs": [_token_info(state, t, lp) for t, lp in top]})
+            content.append({**_token_info(call, state, token, entry[token]),
+                            "top_logprobs": [_token_info(call, state, t, lp) for t, lp in top]})
         return {"content": content}
     tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
     offset = text_offset
     for token, entry in zip(token_ids, entries, strict=False):
-        piece = _decode(state, [token])
-        tokens.append(piece)
+        tokens.append(_token_name(call, state, token))
         # None: the first prompt token of an echo, which nothing precedes to score it.
         token_logprobs.append(None if entry is None else entry[token])
-        top_logprobs.append(None if entry is None else
-                            {_decode(state, [t]): lp for t, lp in list(entry.items())[:k]})
+        top_logprobs.append(None if entry is None else {
+            _token_name(call, state, t): lp for t, lp in list(entry.items())[:k]})
         offsets.append(offset)
-        offset += len(piece)
+        offset += len(_decode(state, [token]))  # offsets are in the text either way
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
             "text_offset": offsets}
 
@@ -207,9 +207,15 @@ def _vllm_prompt_logprobs(state: ServerState, out: RequestOutput, k: int) -> lis
     return result
 
 
-def _token_info(state: ServerState, token: int, logprob: float) -> dict:
-    piece = _decode(state, [token])
-    return {"token": piece, "logprob": logprob, "bytes": list(piece.encode("utf-8"))}
+def _token_info(call: Call, state: ServerState, token: int, logprob: float) -> dict:
+    name = _token_name(call, state, token)
+    return {"token": name, "logprob": logprob, "bytes": list(name.encode("utf-8"))}
+
+
+def _token_name(call: Call, state: ServerState, token: int) -> str:
+    """A token as logprobs name it: its text, or "token_id:ID" (vLLM's
+    return_tokens_as_token_ids, which tells apart tokens whose text is the same)."""
+    return f"token_id:{token}" if call.tokens_as_ids else _decode(state, [token])
 
 
 def _decode(state: ServerState, ids: list[int]) -> str:

@@ -141,7 +141,8 @@ def serve(config, args: argparse.Namespace) -> int:
                               allow_credentials=args.allow_credentials,
                               fastapi_docs=not args.disable_fastapi_docs,
                               log_requests=args.enable_log_requests,
-                              max_log_len=args.max_log_len),
+                              max_log_len=args.max_log_len,
+                              return_tokens_as_token_ids=args.return_tokens_as_token_ids),
         config=config, metrics=EngineMetrics(name, vllm_names=args.vllm_metrics),
     )
     app = create_app(state)

@@ -44,6 +44,7 @@ class ServerOptions:
     fastapi_docs: bool = True  # /docs, /redoc and /openapi.json
     log_requests: bool = False  # a line per generation request (--enable-log-requests)
     max_log_len: int | None = None  # characters or token ids of a prompt in that line
+    return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:ID"
 
 
     @property

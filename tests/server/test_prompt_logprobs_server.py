@@ -149,3 +149,34 @@ def test_bad_prompt_logprobs_are_400(client, body):
                    json={"model": MODEL, "prompt": "x", "max_tokens": 1, **body})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_logprobs_name_tokens_by_id_when_asked(server, server_state):
+    """vLLM's return_tokens_as_token_ids, per request or by the server's flag: each token
+    "token_id:ID", the same ids greedy decoding picks, and text offsets into the text as
+    before."""
+    client = server.client
+    ask = {"model": MODEL, "prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 3}
+    plain = client.completions.create(**ask).choices[0]
+    by_id = client.completions.create(
+        **ask, extra_body={"return_tokens_as_token_ids": True}).choices[0]
+    ids = [int(t.removeprefix("token_id:")) for t in by_id.logprobs.tokens]
+    assert all(t.startswith("token_id:") for t in by_id.logprobs.tokens)
+    assert [_piece(server_state, i) for i in ids] == plain.logprobs.tokens
+    assert by_id.text == plain.text and by_id.logprobs.text_offset == plain.logprobs.text_offset
+    assert by_id.logprobs.token_logprobs == plain.logprobs.token_logprobs
+    for token, top in zip(by_id.logprobs.tokens, by_id.logprobs.top_logprobs, strict=True):
+        assert max(top, key=top.get) == token  # greedy: the chosen token is the likeliest
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4,
+            "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    server_state.options.return_tokens_as_token_ids = True
+    try:
+        flagged = client.chat.completions.create(**chat).choices[0].logprobs.content
+        overridden = client.chat.completions.create(
+            **chat, extra_body={"return_tokens_as_token_ids": False}).choices[0].logprobs.content
+    finally:
+        server_state.options.return_tokens_as_token_ids = False
+    assert [_piece(server_state, int(c.token.removeprefix("token_id:"))) for c in flagged] == [
+        c.token for c in overridden]
+    assert all(c.bytes == list(c.token.encode()) for c in flagged)
+    assert all(t.token.startswith("token_id:") for c in flagged for t in c.top_logprobs)

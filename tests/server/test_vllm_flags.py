@@ -67,7 +67,7 @@ def vllm_server(tiny_llama_dir, tls, tmp_path_factory):
         "--disable-uvicorn-access-log", "--disable-fastapi-docs",
         "--disable-frontend-multiprocessing", "--distributed-executor-backend", "mp",
         "--pipeline-parallel-size", "1", "--data-parallel-size", "1",
-        "--guided-decoding-backend", "xgrammar",
+        "--guided-decoding-backend", "xgrammar", "--return-tokens-as-token-ids",
         "--allowed-origins", f'["{ORIGIN}"]', "--ssl-keyfile", key, "--ssl-certfile", cert,
         env={"TOKENMILL_API_KEY": KEY})
     proc.url = proc.url.replace("http://", "https://")
@@ -90,9 +90,10 @@ def https_client(vllm_server) -> openai.OpenAI:
 def test_a_request_may_use_any_served_name_and_replies_use_the_first(https_client):
     reply = https_client.chat.completions.create(
         model="tiny-alias", messages=[{"role": "user", "content": "hello"}], max_tokens=3,
-        temperature=0)
+        temperature=0, logprobs=True)
     assert reply.model == "tiny"
     assert reply.usage.completion_tokens == 3
+    assert all(t.token.startswith("token_id:") for t in reply.choices[0].logprobs.content)
     assert [m.id for m in https_client.models.list().data] == ["tiny", "tiny-alias"]
     assert https_client.models.retrieve("tiny-alias").id == "tiny-alias"
     with pytest.raises(openai.NotFoundError, match="'tiny', 'tiny-alias'"):
