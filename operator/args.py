@@ -56,8 +56,10 @@ _SPEC_OPTIONS = {
     "max_cpu_loras": "spec.engine.maxCpuLoras",
 }
 _SERVER_FLAGS = ("host", "port", "served-model-name", "shutdown-timeout")
-# The kubelet's probes, the Service's clients and the autoscaler's scrapes speak plain HTTP.
+# The kubelet's probes, the Service's clients and the autoscaler's scrapes speak plain HTTP
+# to the pod's port.
 _TLS_FLAGS = ("ssl-keyfile", "ssl-certfile", "ssl-ca-certs", "ssl-cert-reqs")
+_LISTEN_FLAGS = ("uds",)
 
 
 def _server_option_names() -> frozenset[str]:
@@ -65,7 +67,8 @@ def _server_option_names() -> frozenset[str]:
     extraArgs may set too, apart from those the operator sets or keeps out of the spec."""
     parser = argparse.ArgumentParser(add_help=False)
     add_server_arguments(parser, environ={})
-    operator_set = {flag.replace("-", "_") for flag in _SERVER_FLAGS + _TLS_FLAGS}
+    operator_set = {flag.replace("-", "_")
+                    for flag in _SERVER_FLAGS + _TLS_FLAGS + _LISTEN_FLAGS}
     return frozenset(vars(parser.parse_args([]))) - operator_set - {"api_key"}
 
 
@@ -211,6 +214,9 @@ def check_engine(spec: InferenceServiceSpec) -> None:
         if flag == "config":
             raise SpecError("spec.engine.extraArgs: --config: the pod has no such file; put "
                             "its flags in extraArgs")
+        if flag in _LISTEN_FLAGS:
+            raise SpecError(f"spec.engine.extraArgs: --{flag}: the pod's probes, its Service "
+                            f"and the autoscaler reach the engine on port {PORT}")
         if flag in _TLS_FLAGS:
             raise SpecError(f"spec.engine.extraArgs: --{flag}: the pod's probes, its Service "
                             "and the autoscaler speak plain HTTP to the engine; terminate TLS "

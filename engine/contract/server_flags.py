@@ -34,6 +34,9 @@ def add_server_arguments(parser: argparse.ArgumentParser,
     (the operator passes none: the key of a pod comes from its Secret)."""
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--uds", default=None, metavar="PATH",
+                        help="Listen on this Unix domain socket instead of --host and --port "
+                             "(vLLM's flag).")
     parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                         help="The model's name in the API (default: the --model value). "
                              "Given several, a request's `model` may be any of them; replies "

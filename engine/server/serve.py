@@ -146,7 +146,7 @@ def serve(config, args: argparse.Namespace) -> int:
         config=config, metrics=EngineMetrics(name, vllm_names=args.vllm_metrics),
     )
     app = create_app(state)
-    uv_config = uvicorn.Config(app, host=args.host, port=args.port,
+    uv_config = uvicorn.Config(app, host=args.host, port=args.port, uds=args.uds,
                                log_level=args.uvicorn_log_level,
                                access_log=not args.disable_uvicorn_access_log,
                                ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,

@@ -473,6 +473,8 @@ def test_extra_args_take_a_vllm_command_lines_flags():
     (["--revision", "v2"], "--revision is set by spec.model.uri (hf://ORG/NAME@REVISION)"),
     (["--pipeline-parallel-size", "2"],
      "spec.engine.extraArgs: --pipeline-parallel-size: 2 is not supported"),
+    (["--uds", "/tmp/engine.sock"], "spec.engine.extraArgs: --uds: the pod's probes, its "
+     "Service and the autoscaler reach the engine on port 8000"),
     (["--config", "/etc/vllm.yaml"], "spec.engine.extraArgs: --config: the pod has no such "
      "file; put its flags in extraArgs"),
     (["--tokenizer", "Org/tokenizer"], "--tokenizer Org/tokenizer: the pod has only the files "

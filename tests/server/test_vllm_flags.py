@@ -10,6 +10,7 @@ import ipaddress
 import json
 import signal
 import ssl
+import time
 
 import httpx
 import openai
@@ -224,3 +225,33 @@ def test_a_config_file_that_cannot_be_used_exits_2(tmp_path, text, error, capsys
     assert exit_.value.code == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("tokenmill serve: error: ") and error in last, last
+
+
+def test_a_unix_socket_serves_in_place_of_a_port(tiny_llama_dir, tmp_path):
+    socket_path = str(tmp_path / "engine.sock")
+    proc = ServeProcess(tiny_llama_dir, "--uds", socket_path, "--served-model-name", "tiny")
+    try:
+        transport = httpx.HTTPTransport(uds=socket_path)
+        with httpx.Client(transport=transport, base_url="http://engine", timeout=10) as http:
+            deadline = time.monotonic() + 60
+            while True:
+                assert proc.poll() is None, proc.stderr.read()
+                try:
+                    if http.get("/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, "server did not become healthy"
+                time.sleep(0.2)
+            reply = http.post("/v1/completions", json={"model": "tiny", "prompt": "hi",
+                                                       "max_tokens": 2})
+            assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 2
+        with pytest.raises(httpx.TransportError):  # nothing listens on the port
+            httpx.get(proc.url + "/health", timeout=2)
+        proc.send_signal(signal.SIGTERM)
+        code, stderr = proc.finish()
+        assert code == 0, stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
