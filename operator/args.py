@@ -56,10 +56,17 @@ _SPEC_OPTIONS = {
     "max_cpu_loras": "spec.engine.maxCpuLoras",
 }
 _SERVER_FLAGS = ("host", "port", "served-model-name", "shutdown-timeout")
-# The kubelet's probes, the Service's clients and the autoscaler's scrapes speak plain HTTP
-# to the pod's port.
-_TLS_FLAGS = ("ssl-keyfile", "ssl-certfile", "ssl-ca-certs", "ssl-cert-reqs")
-_LISTEN_FLAGS = ("uds",)
+# Server flags that cannot work in a pod, and why: the kubelet's probes, the Service's clients
+# and the autoscaler's scrapes speak plain HTTP to the pod's port, and the pod has only the
+# files the operator mounts.
+_PLAIN_HTTP = ("the pod's probes, its Service and the autoscaler speak plain HTTP to the "
+               "engine; terminate TLS at a Gateway or a service mesh")
+_REFUSED_FLAGS = {
+    "config": "the pod has no such file; put its flags in extraArgs",
+    "uds": f"the pod's probes, its Service and the autoscaler reach the engine on port {PORT}",
+    **dict.fromkeys(("ssl-keyfile", "ssl-certfile", "ssl-ca-certs", "ssl-cert-reqs"),
+                    _PLAIN_HTTP),
+}
 
 
 def _server_option_names() -> frozenset[str]:
@@ -67,8 +74,7 @@ def _server_option_names() -> frozenset[str]:
     extraArgs may set too, apart from those the operator sets or keeps out of the spec."""
     parser = argparse.ArgumentParser(add_help=False)
     add_server_arguments(parser, environ={})
-    operator_set = {flag.replace("-", "_")
-                    for flag in _SERVER_FLAGS + _TLS_FLAGS + _LISTEN_FLAGS}
+    operator_set = {flag.replace("-", "_") for flag in (*_SERVER_FLAGS, *_REFUSED_FLAGS)}
     return frozenset(vars(parser.parse_args([]))) - operator_set - {"api_key"}
 
 
@@ -211,16 +217,8 @@ def check_engine(spec: InferenceServiceSpec) -> None:
                             "can read the Deployment; use spec.auth.apiKeySecretRef")
         if flag in _SERVER_FLAGS:
             raise SpecError(f"spec.engine.extraArgs: --{flag} is set by the operator")
-        if flag == "config":
-            raise SpecError("spec.engine.extraArgs: --config: the pod has no such file; put "
-                            "its flags in extraArgs")
-        if flag in _LISTEN_FLAGS:
-            raise SpecError(f"spec.engine.extraArgs: --{flag}: the pod's probes, its Service "
-                            f"and the autoscaler reach the engine on port {PORT}")
-        if flag in _TLS_FLAGS:
-            raise SpecError(f"spec.engine.extraArgs: --{flag}: the pod's probes, its Service "
-                            "and the autoscaler speak plain HTTP to the engine; terminate TLS "
-                            "at a Gateway or a service mesh")
+        if flag in _REFUSED_FLAGS:
+            raise SpecError(f"spec.engine.extraArgs: --{flag}: {_REFUSED_FLAGS[flag]}")
         if option in _SPEC_OPTIONS:
             raise SpecError(f"spec.engine.extraArgs: --{flag} is set by {_SPEC_OPTIONS[option]}")
         if option not in EngineConfig.option_names() and option not in _USER_SERVER_OPTIONS:

@@ -131,8 +131,8 @@ def add_request_log_arguments(parser: argparse.ArgumentParser) -> None:
                              "model, prompt length, sampling parameters and prompt (cut to "
                              "--max-log-len).")
     parser.add_argument("--max-log-len", type=_positive_int, default=None,
-                        help="Most characters of a prompt, or prompt token ids, that a "
-                             "request's log line shows (default: all).")
+                        help="Most characters of a prompt that a request's log line shows "
+                             "(default: all).")
 
 
 def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
@@ -207,11 +207,15 @@ def _api_key(value: str) -> str:
     return value
 
 
-def _json_strings(value: str) -> list[str]:
+def _json_or_none(value: str) -> object:
     try:
-        items = json.loads(value)
+        return json.loads(value)
     except ValueError:
-        items = None
+        return None
+
+
+def _json_strings(value: str) -> list[str]:
+    items = _json_or_none(value)
     if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
         raise argparse.ArgumentTypeError(f'must be a JSON list of strings (["*"] or '
                                          f'["https://example.com"]), got {value!r}')
@@ -219,10 +223,7 @@ def _json_strings(value: str) -> list[str]:
 
 
 def _generation_overrides(value: str) -> dict[str, float]:
-    try:
-        overrides = json.loads(value)
-    except ValueError:
-        overrides = None
+    overrides = _json_or_none(value)
     if not isinstance(overrides, dict):
         raise argparse.ArgumentTypeError(f"must be a JSON object such as "
                                          f'{{"temperature": 0.6}}, got {value!r}')

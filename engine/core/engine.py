@@ -550,10 +550,6 @@ def _check_devices(option: str, device: torch.device, tp_size: int) -> None:
                                                   f"{count} are visible")
 
 
-# The sampling settings a model's generation_config.json may recommend (vLLM's list, less
-# max_new_tokens): the server's defaults for requests that leave them out.
-
-
 def load_generation_config(directory: str) -> Any:
     """The model's generation_config.json as transformers reads it; None without one."""
     try:

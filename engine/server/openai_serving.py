@@ -235,7 +235,7 @@ async def start(call: Call, stream: bool, state: ServerState) -> list[RequestStr
     except BaseException:
         state.request_ended()
         raise
-    log_request(call, state.options, state.tokenizer)
+    log_request(call, state)
     log.info("request admitted", extra={"id": call.id, "prompts": len(call.prompts_ids),
                                         "n": call.n, "max_tokens": call.params.max_tokens,
                                         "stream": stream})

@@ -47,7 +47,7 @@ def delta_choice(call: Call, prompt_index: int, c: CompletionOutput,
     sent_text = call.sent_text.get(key, 0)
     sent_tokens = call.sent_tokens.get(key, 0)
     text = c.text[sent_text:]
-    echoed = _echo_text(call, state, prompt_index) if call.echo else ""
+    echoed = prompt_text(call, state, prompt_index) if call.echo else ""
     if first:
         text = echoed + text
     new_tokens = c.token_ids[sent_tokens:]
@@ -112,7 +112,7 @@ def full_response(call: Call, finals: list[RequestOutput], state: ServerState) -
     for i, out in enumerate(finals):
         for c in out.outputs:
             key = i * call.n + c.index
-            echoed = _echo_text(call, state, i) if call.echo else ""
+            echoed = prompt_text(call, state, i) if call.echo else ""
             logprobs = (_with_echo(call, state, out, _logprobs(
                 call, state, c.token_ids, c.logprobs, len(echoed)))
                 if c.logprobs is not None else None)
@@ -176,7 +176,9 @@ def _logprobs(call: Call, state: ServerState, token_ids: list[int],
             "text_offset": offsets}
 
 
-def _echo_text(call: Call, state: ServerState, prompt_index: int) -> str:
+def prompt_text(call: Call, state: ServerState, prompt_index: int) -> str:
+    """A prompt's text: as the request gave it, or its token ids (a chat's rendered prompt)
+    decoded."""
     return call.prompts_text[prompt_index] or _decode(state, call.prompts_ids[prompt_index])
 
 

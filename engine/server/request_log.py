@@ -1,6 +1,6 @@
 """--enable-log-requests: one INFO line per engine request at admission, as vLLM's request log:
-its id, model, prompt length, the sampling parameters a request changed and its prompt (the
-text, a chat's rendered prompt included, or the token ids), cut to --max-log-len.
+its id, model, prompt length, the sampling parameters a request changed and its prompt text (a
+chat's as its template rendered it), cut to --max-log-len.
 
 The lines go to the `tokenmill.requests` logger, which the flag sets to INFO whatever
 TOKENMILL_LOG_LEVEL says: turning request logs on should not turn on every other INFO line.
@@ -13,8 +13,8 @@ import logging
 from typing import Any
 
 from tokenmill.engine.core import SamplingParams
-from tokenmill.engine.server.rendering import Call
-from tokenmill.engine.server.state import ServerOptions
+from tokenmill.engine.server.rendering import Call, prompt_text
+from tokenmill.engine.server.state import ServerState
 
 log = logging.getLogger("tokenmill.requests")
 _DEFAULTS = SamplingParams()
@@ -24,14 +24,12 @@ def enable_request_log() -> None:
     log.setLevel(logging.INFO)
 
 
-def log_request(call: Call, options: ServerOptions, tokenizer: Any) -> None:
+def log_request(call: Call, state: ServerState) -> None:
+    options = state.options
     if not options.log_requests:
         return
     for i, ids in enumerate(call.prompts_ids):
-        text = call.prompts_text[i] if i < len(call.prompts_text) else None
-        if text is None and tokenizer is not None:  # a chat: its prompt as the template made it
-            text = tokenizer.decode(ids)
-        prompt: Any = text if text is not None else ids
+        prompt = prompt_text(call, state, i)
         log.info("request received", extra={
             "id": f"{call.id}-{i}", "model": call.model, "prompt_tokens": len(ids),
             "params": changed_params(call.params),

@@ -46,7 +46,6 @@ class ServerOptions:
     max_log_len: int | None = None  # characters or token ids of a prompt in that line
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:ID"
 
-
     @property
     def served_model_names(self) -> tuple[str, ...]:
         return (self.served_model_name, *self.model_aliases)
