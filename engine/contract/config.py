@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenmill.engine.contract.lora import MAX_LORA_RANK, LoRAModule, LoRAModuleError, parse_modules
+from tokenmill.engine.contract.pooling import RUNNERS, PoolerConfigError, parse_overrides
 from tokenmill.engine.contract.speculative import SpeculativeConfig, SpeculativeConfigError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -65,6 +66,18 @@ class EngineConfig:
         None, "Take the tokenizer (and chat template) from here instead of from the model: a "
               "directory with tokenizer files, or anything --model takes (vLLM's flag, e.g. "
               "for a GGUF model). Its vocabulary must fit the model's.")
+    runner: str = _opt(
+        "auto", "What the model is served for: generate (completions, chat, responses) or "
+                "pooling (embeddings: POST /v1/embeddings, and LLM.embed). auto: pooling for an "
+                "embedding checkpoint (a bare decoder such as Qwen3Model or MistralModel, or "
+                "one that ships sentence-transformers' modules.json), generate otherwise "
+                "(vLLM's flag; vLLM's --convert embed and --task embed also select pooling).")
+    pooler_config: str | None = _opt(
+        None, "How an embedding is made from the prompt, as JSON in vLLM's shape: "
+              "{\"pooling_type\": \"LAST\" | \"MEAN\" | \"CLS\", \"normalize\": true | "
+              "false}. Keys left out keep the model's sentence-transformers settings, else "
+              "LAST and normalized. MEAN and CLS read every prompt token's hidden state, so "
+              "they turn the prefix cache off.")
     download_dir: str | None = _opt(
         None, "Cache that hf:// and s3:// models are downloaded into and loaded from; "
               "`tokenmill download` fills the same one. Default: the hub's cache for hf:// "
@@ -218,6 +231,28 @@ class EngineConfig:
         _check(self.attention_backend in ATTENTION_BACKENDS, "attention_backend",
                f"{self.attention_backend!r} is not one of {ATTENTION_BACKENDS}")
         self._check_lora()
+        self._check_pooling()
+
+    def _check_pooling(self) -> None:
+        _check(self.runner in RUNNERS, "runner", f"{self.runner!r} is not one of {RUNNERS}")
+        self.pooler_overrides()  # raises ConfigError naming the option
+        if self.runner == "pooling":
+            self.check_pooling_options()
+
+    def check_pooling_options(self) -> None:
+        """ConfigError for an option an embedding model cannot run with (the engine calls it
+        again once runner auto has resolved to pooling)."""
+        for option, what in (("speculative_config", "speculative decoding"),
+                             ("enable_lora", "LoRA adapters")):
+            _check(not getattr(self, option), option,
+                   f"{what} serve generation; the pooling runner (embeddings) has none")
+
+    def pooler_overrides(self) -> dict[str, Any]:
+        """The keys --pooler-config sets."""
+        try:
+            return parse_overrides(self.pooler_config)
+        except PoolerConfigError as e:
+            raise ConfigError("pooler_config", str(e)) from None
 
     def _check_lora(self) -> None:
         if isinstance(self.lora_modules, str):

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from tokenmill.engine.contract.config import ConfigError
 
@@ -160,6 +161,24 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--guided-decoding-backend", choices=("auto", "xgrammar"),
                         default="auto", help="Accepted for vLLM's command lines: structured "
                                              "outputs always run on xgrammar.")
+    parser.add_argument("--convert", choices=("auto", "none", "embed"), default=None,
+                        action=_RunnerAlias, help="vLLM's: embed is --runner pooling (serve a "
+                                                  "generative checkpoint for embeddings).")
+    parser.add_argument("--task", choices=("auto", "generate", "embed"), default=None,
+                        action=_RunnerAlias, help="Older vLLM's: generate and embed are "
+                                                  "--runner generate and --runner pooling.")
+
+
+class _RunnerAlias(argparse.Action):
+    """vLLM's --convert and --task, which pick the runner: stored, and copied to --runner."""
+
+    RUNNERS = {"embed": "pooling", "generate": "generate"}
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        if values in self.RUNNERS:
+            namespace.runner = self.RUNNERS[values]
 
 
 def add_tool_arguments(parser: argparse.ArgumentParser) -> None:

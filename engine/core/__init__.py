@@ -13,20 +13,27 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tokenmill.engine.core.engine import LLMEngine
-    from tokenmill.engine.core.outputs import CompletionOutput, RequestOutput
+    from tokenmill.engine.core.outputs import (
+        CompletionOutput,
+        EmbeddingRequestOutput,
+        RequestOutput,
+    )
+    from tokenmill.engine.core.pooling_params import PoolingParams
     from tokenmill.engine.core.sampling_params import SamplingParams
     from tokenmill.engine.core.structured.params import StructuredOutputsParams
 
 _EXPORTS = {
     "LLMEngine": "tokenmill.engine.core.engine",
     "CompletionOutput": "tokenmill.engine.core.outputs",
+    "EmbeddingRequestOutput": "tokenmill.engine.core.outputs",
     "RequestOutput": "tokenmill.engine.core.outputs",
+    "PoolingParams": "tokenmill.engine.core.pooling_params",
     "SamplingParams": "tokenmill.engine.core.sampling_params",
     "StructuredOutputsParams": "tokenmill.engine.core.structured.params",
 }
 
-__all__ = ["CompletionOutput", "LLMEngine", "RequestOutput", "SamplingParams",
-           "StructuredOutputsParams"]
+__all__ = ["CompletionOutput", "EmbeddingRequestOutput", "LLMEngine", "PoolingParams",
+           "RequestOutput", "SamplingParams", "StructuredOutputsParams"]
 
 
 def __getattr__(name: str) -> Any:

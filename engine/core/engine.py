@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from tokenmill.engine.contract.config import ConfigError, EngineConfig
+from tokenmill.engine.contract.pooling import Pooler
 from tokenmill.engine.contract.server_flags import GENERATION_CONFIG_KEYS
 from tokenmill.engine.core.detokenizer import IncrementalDetokenizer
 from tokenmill.engine.core.errors import LoRAAdapterError, RequestError, UnknownAdapterError
@@ -20,6 +21,9 @@ from tokenmill.engine.core.lora_registry import LoRARegistry
 from tokenmill.engine.core.lora_slots import LoRARef
 from tokenmill.engine.core.output_processor import append_token, request_output
 from tokenmill.engine.core.outputs import RequestOutput
+from tokenmill.engine.core.pooling import SequencePooling, embedding
+from tokenmill.engine.core.pooling import record as record_pooled
+from tokenmill.engine.core.pooling_params import PoolingParams
 from tokenmill.engine.core.prompt_logprobs import record as record_prompt_logprobs
 from tokenmill.engine.core.request import RequestTimings, Sequence
 from tokenmill.engine.core.sampler import sample, sample_worst_case
@@ -37,8 +41,14 @@ from tokenmill.engine.execution.kv_sizing import check_host_memory
 from tokenmill.engine.execution.rank import RankSetup, build_runner, rank_device
 from tokenmill.engine.execution.workers import WorkerFailed, Workers
 from tokenmill.engine.layers.attention import check_kv_cache_dtype, resolve_backend
-from tokenmill.engine.models.architecture import context_length_of, sliding_window_of
+from tokenmill.engine.models.architecture import (
+    architecture_of,
+    context_length_of,
+    is_bare_decoder,
+    sliding_window_of,
+)
 from tokenmill.engine.models.loader import check_tokenizer_fits, load_config, load_tokenizer
+from tokenmill.engine.models.pooler_files import embedding_checkpoint, model_pooler
 from tokenmill.engine.models.quantize import step_weight_bytes, weight_bytes
 from tokenmill.engine.models.source import resolve_model, resolve_tokenizer
 
@@ -83,6 +93,8 @@ class LLMEngine:
         self._phase_seconds = {"config": tokenizer_start - config_start,
                                "tokenizer": time.perf_counter() - tokenizer_start}
         self.max_model_len = _max_model_len(config, self.model_config)
+        # How embeddings are pooled under the pooling runner; None: this engine generates.
+        self.pooler = _pooler(config, self.model_config, source.directory)
         tp_size = config.tensor_parallel_size
         check_tensor_parallel(self.model_config, tp_size)
         _check_devices(config.device, self.device, tp_size)
@@ -91,9 +103,10 @@ class LLMEngine:
         self.workers: Workers | None = None
         self._threads = torch.get_num_threads()
         log.info("loading model", extra={"model": config.model, "device": str(self.device),
-                                         "dtype": str(self.dtype), "tensor_parallel": tp_size})
+                                         "dtype": str(self.dtype), "tensor_parallel": tp_size,
+                                         "runner": self.runner_kind})
         setup = RankSetup(config, source, self.device.type, self.dtype, backend,
-                          self.max_model_len)
+                          self.max_model_len, pooling=self.pooler is not None)
         speculative = config.speculative()
         if speculative is not None:
             speculative = speculative.on_device(self.device.type)
@@ -118,7 +131,10 @@ class LLMEngine:
         self._download_seconds = source.download_seconds
         log.info("model loaded", extra={"model": config.model, **self._load_log_fields()})
         num_blocks = self.runner.num_blocks
-        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
+        # MEAN and CLS pooling read every prompt token's hidden state: nothing can be skipped.
+        prefix_caching = config.enable_prefix_caching and (
+            self.pooler is None or self.pooler.pooling_type == "LAST")
+        self.kv = KVCacheManager(num_blocks, config.block_size, prefix_caching,
                                  layout=self.runner.layout,
                                  num_host_blocks=self.runner.num_host_blocks)
         proposer = make_proposer(speculative, draft, num_blocks, self.max_model_len,
@@ -185,34 +201,59 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt: str | list[int],
                     params: SamplingParams | None = None, cache_salt: str | None = None,
-                    lora_name: str | None = None) -> None:
+                    lora_name: str | None = None, pooling: PoolingParams | None = None) -> None:
         """Queue a request. Raises RequestError (and changes nothing) if it can never be served,
         UnknownAdapterError if `lora_name` names no loaded adapter.
+
+        Under the pooling runner every request is an embedding, asked for with `pooling`
+        (its output's `embedding`); `params` are then ignored.
 
         Requests with different cache_salt never share prefix-cache blocks (tenant isolation),
         nor do requests of different adapters (or of the base model and an adapter).
         """
-        params = params or SamplingParams()
+        params = SamplingParams(max_tokens=1) if pooling is not None else \
+            params or SamplingParams()
         if request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already in use")
         lora = self.lora_ref(lora_name)
-        text, token_ids = self.check_request(prompt, params)
+        text, token_ids = self.check_request(prompt, params, pooling=pooling)
         if lora is not None:
             cache_salt = f"{cache_salt or ''}\x00{lora.cache_salt}"
         timings = RequestTimings()
         seq = self._new_sequence(request_id, 0, token_ids, params, timings, cache_salt, lora)
+        if pooling is not None:
+            seq.pooling = SequencePooling(self.pooler, pooling)
         self._requests[request_id] = _Request(request_id, text, token_ids, params, timings, [seq],
                                               cache_salt, lora=lora)
         self.scheduler.add(seq)
 
     def check_request(self, prompt: str | list[int], params: SamplingParams,
-                      lora_name: str | None = None) -> tuple[str | None, list[int]]:
+                      lora_name: str | None = None,
+                      pooling: PoolingParams | None = None) -> tuple[str | None, list[int]]:
         """Tokenize and validate without queueing; raises RequestError for what can't run."""
         self.lora_ref(lora_name)
+        self._check_runner(pooling)
         text, token_ids = self._tokenize(prompt)
+        if pooling is not None:
+            pooling.check(self.model_config.hidden_size)
+            self._check_fits(token_ids, params, new_tokens=0)
+            return text, token_ids
         self._check_fits(token_ids, params)
         self._check_sampling(params)
         return text, token_ids
+
+    @property
+    def runner_kind(self) -> str:
+        """generate, or pooling (embeddings)."""
+        return "generate" if self.pooler is None else "pooling"
+
+    def _check_runner(self, pooling: PoolingParams | None) -> None:
+        if pooling is not None and self.pooler is None:
+            raise RequestError("this model is served for generation (--runner generate): it "
+                               "makes no embeddings")
+        if pooling is None and self.pooler is not None:
+            raise RequestError("this model is served for embeddings (--runner pooling): it "
+                               "generates no text")
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop a request now; its blocks return to the pool at once."""
@@ -348,7 +389,9 @@ class LLMEngine:
                 self.workers.raise_if_failed(wait_s=5.0)
             raise
         record_prompt_logprobs(plan.scheduled, self.runner.prompt_scores)
+        record_pooled(plan.scheduled, self.runner.pooled)
         draws: list[Draw] = []  # (sequence, its first logit row, its proposals)
+        embedded: list[Sequence] = []  # embeddings whose whole prompt is now computed
         row = 0
         for seq, num_new in plan.scheduled:
             if seq.spec_tokens:  # its last token now computed; proposals once accepted
@@ -358,6 +401,10 @@ class LLMEngine:
                 continue
             seq.num_computed_tokens += num_new
             self.kv.cache_computed_blocks(seq)
+            if seq.pooling is not None:  # no logit row
+                if seq.num_computed_tokens == seq.num_tokens:
+                    embedded.append(seq)
+                continue
             if seq.num_computed_tokens == seq.num_tokens:  # else a prompt chunk: more next step
                 draws += [Draw(member, row) for member in self._fork_if_first_sample(seq)]
             row += 1
@@ -371,6 +418,9 @@ class LLMEngine:
                 self.kv.cache_computed_blocks(seq)
                 self.kv.trim(seq)
             touched[seq.request_id] = self._requests[seq.request_id]
+        for seq in embedded:
+            self._finish_embedding(seq)
+            touched[seq.request_id] = self._requests[seq.request_id]
         outputs = []
         for req in touched.values():
             if all(s.is_finished for s in req.seqs) and len(req.seqs) == req.params.n:
@@ -381,6 +431,14 @@ class LLMEngine:
         return outputs
 
     # ---- helpers --------------------------------------------------------------------------
+
+    def _finish_embedding(self, seq: Sequence) -> None:
+        seq.embedding = embedding(seq.pooling, seq.num_tokens)
+        seq.pooling.sums = None
+        seq.finish_reason = "stop"
+        timings = self._requests[seq.request_id].timings
+        timings.first_token = timings.first_token or time.monotonic()
+        self.scheduler.finish(seq)
 
     def _sample_rows(self, logits: torch.Tensor, rows: list[int],
                      seqs: list[Sequence]) -> list[int]:
@@ -473,18 +531,21 @@ class LLMEngine:
         except GrammarError as exc:
             raise RequestError(str(exc), param="structured_outputs") from None
 
-    def _check_fits(self, token_ids: list[int], params: SamplingParams) -> None:
+    def _check_fits(self, token_ids: list[int], params: SamplingParams,
+                    new_tokens: int | None = None) -> None:
+        """The prompt and new_tokens more (default: max_tokens) fit the context and the pool."""
         if not token_ids:
             raise RequestError("the prompt is empty")
         if params.n > self.config.max_num_seqs:
             raise RequestError(f"n={params.n} exceeds max_num_seqs={self.config.max_num_seqs}")
-        total = len(token_ids) + params.max_tokens
+        new_tokens = params.max_tokens if new_tokens is None else new_tokens
+        total = len(token_ids) + new_tokens
         if total > self.max_model_len:
-            raise RequestError(
-                f"this model's maximum context length is {self.max_model_len} tokens, but the "
-                f"request asks for {total} ({len(token_ids)} in the prompt plus "
-                f"{params.max_tokens} max_tokens); shorten the prompt or lower max_tokens"
-            )
+            asked = (f"{total} ({len(token_ids)} in the prompt plus {new_tokens} max_tokens); "
+                     "shorten the prompt or lower max_tokens") if new_tokens else \
+                f"{total} in the prompt; shorten it"
+            raise RequestError(f"this model's maximum context length is {self.max_model_len} "
+                               f"tokens, but the request asks for {asked}")
         needed = self.kv.blocks_needed(total)
         if needed > self.kv.allocator.num_blocks:
             raise RequestError(
@@ -492,6 +553,23 @@ class LLMEngine:
                 f"holds only {self.kv.allocator.num_blocks}; raise kv_cache_memory or lower "
                 "max_tokens"
             )
+
+
+def _pooler(config: EngineConfig, model_config: Any, directory: str) -> Pooler | None:
+    """The pooling runner's pooler (the model's, under --pooler-config), None for generate;
+    ConfigError for a checkpoint or option the chosen runner cannot serve."""
+    runner = config.runner
+    if runner == "auto":
+        runner = "pooling" if embedding_checkpoint(model_config, directory) else "generate"
+    if runner == "generate":
+        if is_bare_decoder(model_config):
+            raise ConfigError("runner", f"the checkpoint is a bare decoder "
+                              f"({', '.join(model_config.architectures)}) without an LM head: "
+                              "an embedding model; serve it with --runner pooling")
+        return None
+    architecture_of(model_config)  # a supported one
+    config.check_pooling_options()
+    return model_pooler(directory).updated(config.pooler_overrides())
 
 
 def _device(name: str) -> torch.device:

@@ -87,6 +87,7 @@ def request_output(req: Any) -> RequestOutput:
         timings=req.timings,
         num_preemptions=sum(seq.num_preemptions for seq in req.seqs),
         num_cached_tokens=req.seqs[0].num_cached_prompt_tokens,
+        embedding=req.seqs[0].embedding,
         **_prompt_logprobs(req.seqs[0]),
     )
 

@@ -38,3 +38,25 @@ class RequestOutput:
     # and the top-k, most likely first, and the token's rank (1: the most likely).
     prompt_logprobs: list[dict[int, float] | None] | None = None
     prompt_logprob_ranks: list[int | None] | None = None
+    # An embedding request's vector (the pooling runner), once finished.
+    embedding: list[float] | None = None
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """An embedding request's result in vLLM's shape (LLM.embed): `outputs.embedding`."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True
+
+    @classmethod
+    def of(cls, out: RequestOutput) -> EmbeddingRequestOutput:
+        return cls(out.request_id, out.prompt_token_ids, EmbeddingOutput(out.embedding or []),
+                   out.finished)

@@ -1,8 +1,10 @@
 """The scheduler's step as plain data for the execution layer: each scheduled sequence's new
-tokens, positions, KV slots and block table, and the rows that score prompt tokens."""
+tokens, positions, KV slots and block table, the rows that score prompt tokens, and the rows
+embeddings pool (an embedding's rows sample nothing: no logits)."""
 
 from __future__ import annotations
 
+from tokenmill.engine.core.pooling import pooled_rows
 from tokenmill.engine.core.prompt_logprobs import rows_to_score
 from tokenmill.engine.core.request import Sequence
 from tokenmill.engine.execution.step_inputs import StepInputs
@@ -27,7 +29,12 @@ def build_step_inputs(scheduled: list[tuple[Sequence, int]], block_size: int,
                                 seq.block_table, block_size, num_logits=num_new,
                                 lora_slot=seq.lora_slot)
             continue
+        first_row = len(inputs.input_ids)
         inputs.add_sequence(seq.token_slice(start, start + num_new), start, seq.block_table,
-                            block_size, lora_slot=seq.lora_slot)
+                            block_size, num_logits=0 if seq.pooling is not None else 1,
+                            lora_slot=seq.lora_slot)
+        rows = pooled_rows(seq, num_new)
+        if rows is not None:
+            inputs.pool_spans.append((first_row + rows[0], first_row + rows[1]))
     inputs.prompt_rows = rows_to_score(scheduled)
     return inputs

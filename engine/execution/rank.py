@@ -35,6 +35,7 @@ class RankSetup:
     dtype: torch.dtype
     attention_backend: str
     max_model_len: int
+    pooling: bool = False  # the embedding runner: no LM head of its own, no decode steps
 
 
 def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: TPGroup,
@@ -55,7 +56,8 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
     phases = StartupPhases(device)
     with phases.phase("weights"):
         model = build_model(model_config, setup.source, setup.max_model_len, setup.dtype,
-                            device, show_progress, quantization=config.quantization, tp=tp)
+                            device, show_progress, quantization=config.quantization, tp=tp,
+                            pooling=setup.pooling)
         # Before the profiled step: on CUDA the slot pools count as weights.
         lora = LoRASlots(model, config.max_loras, config.max_lora_rank,
                          config.cpu_lora_capacity, setup.attention_backend) \
@@ -84,7 +86,8 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
                              attention_backend=setup.attention_backend,
                              num_host_blocks=host_blocks, lora=lora)
     phases.seconds["graph_capture"] = 0.0
-    if graphs_wanted(device.type, setup.attention_backend, config.enforce_eager):
+    if graphs_wanted(device.type, setup.attention_backend, config.enforce_eager) \
+            and not setup.pooling:
         with phases.phase("graph_capture"):
             runner.capture_decode_graphs(config.max_num_seqs, config.max_num_batched_tokens,
                                          setup.max_model_len,

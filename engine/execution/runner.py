@@ -15,6 +15,7 @@ from tokenmill.engine.execution.decode_graphs import (
 from tokenmill.engine.execution.kv_layout import SCALE_DTYPE, KVCacheLayout
 from tokenmill.engine.execution.kv_offload import KVOffload
 from tokenmill.engine.execution.lora_slots import LoRASlots
+from tokenmill.engine.execution.pooled_rows import sum_spans
 from tokenmill.engine.execution.prompt_scores import score_rows
 from tokenmill.engine.execution.step_buffers import StepBuffers
 from tokenmill.engine.execution.step_inputs import StepInputs
@@ -50,6 +51,9 @@ class ModelRunner:
         self.verify_graphs: DecodeGraphs | None = None  # speculative verify steps' graphs
         # The latest step's prompt-token scores (prompt_scores.py), None without any.
         self.prompt_scores: torch.Tensor | None = None
+        # The latest step's pooled hidden states, [len(pool_spans), hidden] float32 on the host
+        # (pool_spans of StepInputs); None without any.
+        self.pooled: torch.Tensor | None = None
         # Seconds of each start-up phase on this rank, set by build_runner (rank.py).
         self.startup_seconds: dict[str, float] = {}
 
@@ -123,10 +127,12 @@ class ModelRunner:
         if self.lora is not None:
             self.lora.apply(inputs.lora_loads)
         lora_slots = inputs.token_lora_slots()
-        self.prompt_scores = None
-        decode_only = all(n == 1 for n in inputs.query_lens)
+        self.prompt_scores = self.pooled = None
+        # Every row is its sequence's last and samples (an embedding's row samples nothing).
+        decode_only = all(n == 1 for n in inputs.query_lens) and \
+            all(n == 1 for n in inputs.num_logits)
         hidden = last_rows = None
-        if not inputs.all_logits and not inputs.prompt_rows.rows:
+        if not inputs.all_logits and not inputs.prompt_rows.rows and not inputs.pool_spans:
             graphs = self.graphs if decode_only else self.verify_graphs
             if graphs is not None:
                 hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.slots,
@@ -144,6 +150,8 @@ class ModelRunner:
             last_rows = views.query_start[1:] - 1
         if inputs.prompt_rows.rows:
             self.prompt_scores = score_rows(self.model, hidden, inputs.prompt_rows)
+        if inputs.pool_spans:
+            self.pooled = sum_spans(hidden, inputs.pool_spans)
         if inputs.all_logits or decode_only:  # decode: every row is its sequence's last
             return self.model.logits(hidden)
         rows = inputs.logit_rows()
@@ -151,4 +159,5 @@ class ModelRunner:
             return self.model.logits(hidden[last_rows])
         if rows is None:  # each sequence's last row
             rows = list(itertools.accumulate(inputs.query_lens, initial=-1))[1:]
-        return self.model.logits(hidden[torch.tensor(rows, device=hidden.device)])
+        return self.model.logits(hidden[torch.tensor(rows, dtype=torch.long,
+                                                      device=hidden.device)])

@@ -40,6 +40,9 @@ class StepInputs:
     # per proposal and one after them).
     num_logits: list[int] = field(default_factory=list)
     prompt_rows: PromptRows = field(default_factory=PromptRows)  # rows scoring prompt tokens
+    # Flat row ranges [start, end) whose hidden states the step sums for embeddings (the
+    # pooling runner), in the order the core asked for them.
+    pool_spans: list[tuple[int, int]] = field(default_factory=list)
     # Each sequence's LoRA adapter slot (-1: the base model), and the adapters every rank
     # loads into their slots before the forward pass: (slot, adapter directory on local disk).
     lora_slots: list[int] = field(default_factory=list)

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tokenmill.engine.core import LLMEngine, RequestOutput, SamplingParams
+from tokenmill.engine.core import LLMEngine, PoolingParams, RequestOutput, SamplingParams
 from tokenmill.engine.core.errors import EngineDeadError
 
 log = logging.getLogger(__name__)
@@ -62,10 +62,12 @@ class AsyncEngine:
             return self.engine.num_waiting + self._pending_adds
 
     async def add_request(self, request_id: str, prompt: str | list[int],
-                          params: SamplingParams,
+                          params: SamplingParams | None,
                           cache_salt: str | None = None,
-                          lora_name: str | None = None) -> RequestStream:
+                          lora_name: str | None = None,
+                          pooling: PoolingParams | None = None) -> RequestStream:
         """Hand a request to the engine; return its output stream once it is admitted.
+        An embedding request (the pooling runner) gives `pooling` and no `params`.
 
         Raises what the engine raised for a request it can't serve (RequestError,
         UnknownAdapterError for a `lora_name` not loaded, ...).
@@ -77,7 +79,7 @@ class AsyncEngine:
         self._streams[request_id] = stream
         with self._lock:
             self._pending_adds += 1
-        self._send(("add", request_id, prompt, params, cache_salt, lora_name))
+        self._send(("add", request_id, prompt, params, cache_salt, lora_name, pooling))
         try:
             await stream.admitted
         except BaseException:
@@ -181,12 +183,12 @@ class AsyncEngine:
             if command[0] == "call":
                 self._run_call(*command[1:])
             elif command[0] == "add":
-                _, request_id, prompt, params, cache_salt, lora_name = command
+                _, request_id, prompt, params, cache_salt, lora_name, pooling = command
                 try:
                     with self._lock:
                         self._pending_adds -= 1
                         self.engine.add_request(request_id, prompt, params, cache_salt,
-                                                lora_name)
+                                                lora_name, pooling)
                 except Exception as exc:  # a bad request fails alone
                     self._deliver(request_id, exc, admission=True)
                 else:

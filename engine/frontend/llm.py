@@ -1,5 +1,5 @@
-"""Offline API: `LLM(model=...).generate(prompts, sampling_params)` and `LLM.chat(messages)`,
-with vLLM's argument names."""
+"""Offline API: `LLM(model=...).generate(prompts, sampling_params)`, `LLM.chat(messages)` and
+`LLM.embed(prompts)` (the pooling runner), with vLLM's argument names."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ from typing import Any
 from tqdm import tqdm
 
 from tokenmill.engine.contract.config import EngineConfig
-from tokenmill.engine.core import LLMEngine, RequestOutput, SamplingParams
+from tokenmill.engine.core import (
+    EmbeddingRequestOutput,
+    LLMEngine,
+    PoolingParams,
+    RequestOutput,
+    SamplingParams,
+)
 
 Prompt = str | list[int]
 Message = dict[str, Any]
@@ -57,8 +63,28 @@ class LLM:
         ids = [f"offline-{next(self._ids)}" for _ in batch]
         for request_id, prompt, p, name in zip(ids, batch, params_list, loras, strict=True):
             self.engine.add_request(request_id, prompt, p, lora_name=name)
+        return self._run(ids, "Generating", use_tqdm)
+
+    def embed(self, prompts: Prompt | Sequence[Prompt],
+              pooling_params: PoolingParams | None = None,
+              use_tqdm: bool = False) -> list[EmbeddingRequestOutput]:
+        """Embed each prompt (the pooling runner), in input order; each result's
+        `outputs.embedding` is its vector, as vLLM's LLM.embed returns. Every prompt is
+        checked before any runs."""
+        batch = _as_prompt_list(prompts)
+        params = pooling_params or PoolingParams()
+        for prompt in batch:
+            self.engine.check_request(prompt, SamplingParams(max_tokens=1), pooling=params)
+        ids = [f"offline-{next(self._ids)}" for _ in batch]
+        for request_id, prompt in zip(ids, batch, strict=True):
+            self.engine.add_request(request_id, prompt, pooling=params)
+        return [EmbeddingRequestOutput.of(out) for out in self._run(ids, "Embedding", use_tqdm)]
+
+    def _run(self, ids: list[str], what: str, use_tqdm: bool) -> list[RequestOutput]:
+        """Step the engine until every request of `ids` has finished; their outputs in that
+        order. On an error, what is left of them is aborted."""
         done: dict[str, RequestOutput] = {}
-        with tqdm(total=len(ids), desc="Generating", disable=not use_tqdm) as bar:
+        with tqdm(total=len(ids), desc=what, disable=not use_tqdm) as bar:
             try:
                 while len(done) < len(ids):
                     for out in self.engine.step():

@@ -21,6 +21,10 @@ SUPPORTED = {
     "Qwen2ForCausalLM": ArchitectureFlags(qkv_bias=True),
     "Qwen3ForCausalLM": ArchitectureFlags(qk_norm=True),
 }
+# Bare decoders (no LM head), as embedding checkpoints are saved (e5-mistral, Qwen3-Embedding
+# exported by sentence-transformers): served by the pooling runner only.
+BARE_DECODERS = {"LlamaModel": "LlamaForCausalLM", "MistralModel": "MistralForCausalLM",
+                 "Qwen2Model": "Qwen2ForCausalLM", "Qwen3Model": "Qwen3ForCausalLM"}
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
@@ -30,13 +34,23 @@ def architecture_of(config: Any) -> str:
     for name in names:
         if name in SUPPORTED:
             return name
+        if name in BARE_DECODERS:
+            return BARE_DECODERS[name]
     by_type = MODEL_TYPES.get(getattr(config, "model_type", ""))
     if by_type and not names:
         return by_type
     raise ModelLoadError(
         f"architecture {names or config.model_type!r} is not supported; tokenmill runs "
-        f"{', '.join(SUPPORTED)}"
+        f"{', '.join(SUPPORTED)} (and their bare decoders for embeddings: "
+        f"{', '.join(BARE_DECODERS)})"
     )
+
+
+def is_bare_decoder(config: Any) -> bool:
+    """Whether the checkpoint holds a decoder without its LM head (an embedding model)."""
+    names = list(getattr(config, "architectures", None) or [])
+    return any(name in BARE_DECODERS for name in names) and \
+        not any(name in SUPPORTED for name in names)
 
 
 def flags_of(config: Any) -> ArchitectureFlags:

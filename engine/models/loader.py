@@ -126,7 +126,7 @@ def _where(source: ModelSource) -> str:
 def build_model(config: Any, source: ModelSource, max_positions: int, dtype: torch.dtype,
                 device: torch.device, show_progress: bool = True,
                 quantization: str | None = None, tp: TPGroup | None = None,
-                workers: int = LOAD_WORKERS) -> CausalLM:
+                workers: int = LOAD_WORKERS, pooling: bool = False) -> CausalLM:
     """Allocate the model directly on `device` (no random init), load its weights, then
     quantize them if asked (after loading: checkpoints hold full-precision weights).
     `quantization` None means the checkpoint's own where this device runs it (a GGUF file's
@@ -135,7 +135,10 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     Under tensor parallelism only this rank's shard is allocated and read from the checkpoint
     (safetensors reads just those bytes; GGUF tensors are dequantized one at a time).
     `workers` safetensors tensors are read at once. The returned model's `load_report` says
-    what the load took."""
+    what the load took.
+
+    `pooling` (the embedding runner) never projects to the vocabulary: the LM head is the
+    embeddings' weight, and a checkpoint's own head, if it has one, is not read."""
     check_quantization(quantization)
     tp = tp or TPGroup()
     keeps = source.gguf_file and quantization in (None, "gguf")
@@ -153,7 +156,7 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     model.model.rotary = RotaryEmbedding(
         head_dim_of(config), max_positions, rope_parameters(config)
     ).to(device)
-    if getattr(config, "tie_word_embeddings", False):
+    if getattr(config, "tie_word_embeddings", False) or pooling:
         model.lm_head.weight = model.model.embed_tokens.weight
     if source.gguf_file:
         _load(model, _gguf_named(source, config), plan, show_progress)
@@ -190,6 +193,8 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
     def place(name: str, stored: Any) -> str | None:
         if name.endswith(IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
             return None
+        if name not in params and f"model.{name}" in params:  # a bare decoder's names
+            name = f"model.{name}"
         if name not in params:
             raise ModelLoadError(f"checkpoint tensor {name!r} has no place in the model")
         target = params[name]

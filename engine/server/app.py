@@ -1,4 +1,5 @@
-"""The FastAPI application: OpenAI routes, tokenize, health, metrics, models and version."""
+"""The FastAPI application: OpenAI routes (embeddings too), tokenize, health, metrics, models
+and version."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic_core import from_json
 
 from tokenmill.engine.server.adapters import add_runtime_routes, model_cards, resolve_model
+from tokenmill.engine.server.embeddings import create_embedding
+from tokenmill.engine.server.embeddings_protocol import EmbeddingRequest
 from tokenmill.engine.server.errors import APIError, install_error_handlers
 from tokenmill.engine.server.middleware import ApiKey, BodyLimit, RequestId
 from tokenmill.engine.server.openai_serving import create_chat_completion, create_completion
@@ -105,6 +108,10 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
     @app.post("/v1/responses")
     async def responses(body: ResponsesRequest, request: Request, state: State):
         return await create_response(body, request, state)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest, request: Request, state: State):
+        return await create_embedding(body, request, state)
 
     @app.get("/v1/responses/{response_id}")
     async def retrieve_response(response_id: str):

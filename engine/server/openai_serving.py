@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 
 async def create_completion(body: CompletionRequest, request: Request,
                             state: ServerState) -> Any:
-    adapter = _check_serving(state, body.model)
+    adapter = check_serving(state, body.model)
     prompts = body.prompts()
     ids = [_tokenize(state, p) for p in prompts]
     max_tokens = body.max_tokens if body.max_tokens is not None else _room(state, ids)
@@ -67,7 +67,7 @@ async def chat_call(body: ChatCompletionRequest, state: ServerState,
                     id_prefix: str = "chatcmpl-") -> Call:
     """A checked chat request as a Call, its prompt rendered and its grammar compiled (the
     Responses API runs its requests through here too)."""
-    adapter = _check_serving(state, body.model)
+    adapter = check_serving(state, body.model)
     plan = _tool_plan(body, state)
     try:
         ids = chat_ids(state, body.conversation(), plan.template_tools,
@@ -122,9 +122,17 @@ def _sampling_for_tools(params: SamplingParams, plan: ToolPlan) -> SamplingParam
 
 # ---- admission ----------------------------------------------------------------------------
 
-def _check_serving(state: ServerState, model: str | None) -> str | None:
-    """check_model, then 503 while too many requests wait; returns the adapter (or None)."""
+def check_serving(state: ServerState, model: str | None, runner: str = "generate") -> str | None:
+    """check_model, then 400 if the model is served for the other runner (generation or
+    embeddings), 503 while too many requests wait; returns the adapter (or None)."""
     adapter = check_model(state, model)
+    if state.runner != runner:
+        name = model or state.options.served_model_name
+        raise APIError(400, f"the model {name!r} is served for embeddings (--runner pooling): "
+                            "it generates no text; use /v1/embeddings" if runner == "generate"
+                       else f"the model {name!r} is served for generation (--runner "
+                            "generate): it makes no embeddings; serve an embedding model, or "
+                            "this one with --runner pooling", param="model")
     if state.engine.num_waiting >= state.options.max_waiting_requests:
         raise APIError(503, f"too many requests waiting ({state.engine.num_waiting}); "
                             "retry later", headers={"Retry-After": "1"})

@@ -59,6 +59,7 @@ class ServerState:
     engine: AsyncEngine | None = None
     tokenizer: Any = None
     max_model_len: int = 0
+    runner: str = "generate"  # or "pooling": the model serves embeddings only
     # What a request's unset sampling fields default to (the model's generation config).
     sampling_defaults: dict[str, float] = field(default_factory=dict)
     load_error: BaseException | None = None
@@ -90,6 +91,7 @@ class ServerState:
             # Separate tokenizer objects keep the two threads from sharing one.
             self.tokenizer = copy.deepcopy(core.tokenizer)
             self.max_model_len = core.max_model_len
+            self.runner = core.runner_kind
             model_defaults = (core.generation_defaults
                               if self.options.generation_config == "auto" else {})
             self.sampling_defaults = {**model_defaults, **self.options.generation_overrides}

@@ -460,6 +460,15 @@ def test_extra_args_take_a_vllm_command_lines_flags():
     assert serve_command(spec, "llama")[-len(flags):] == flags
 
 
+def test_extra_args_serve_an_embedding_model():
+    """vLLM's ways of serving embeddings reach the container; a pooler that cannot work is
+    refused at apply."""
+    for flags in (["--runner", "pooling", "--pooler-config", '{"pooling_type": "MEAN"}'],
+                  ["--convert", "embed"], ["--task", "embed"]):
+        spec = load("svc", {"model": {"uri": "/models/e5"}, "engine": {"extraArgs": flags}})
+        assert serve_command(spec, "e5")[-len(flags):] == flags
+
+
 @pytest.mark.parametrize(("flags", "where"), [
     (["--enable-auto-tool-choice"],
      "spec.engine.extraArgs: --enable-auto-tool-choice: needs --tool-call-parser"),
@@ -479,6 +488,10 @@ def test_extra_args_take_a_vllm_command_lines_flags():
      "file; put its flags in extraArgs"),
     (["--tokenizer", "Org/tokenizer"], "--tokenizer Org/tokenizer: the pod has only the files "
      "the operator mounts or downloads; give an absolute path in the pod"),
+    (["--pooler-config", '{"pooling_type": "MAX"}'], "spec.engine.extraArgs: --pooler-config: "
+     "pooling_type 'MAX' is not one of LAST, MEAN, CLS"),
+    (["--runner", "embed"], "spec.engine.extraArgs: --runner: 'embed' is not one of"),
+    (["--convert", "classify"], "argument --convert: invalid choice: 'classify'"),
 ])
 def test_server_flags_that_cannot_work_are_refused(flags, where):
     with pytest.raises(SpecError, match=re.escape(where)):

@@ -1,0 +1,65 @@
+"""--runner and --pooler-config: which API a model is served for, and how an embedding model
+turns a prompt's hidden states into one vector. vLLM's names and JSON shape, checked without
+torch (the operator refuses a bad value at `kubectl apply` with the same rules).
+
+  {"pooling_type": "LAST" | "MEAN" | "CLS", "normalize": true | false}
+
+Keys left out keep the model's own setting (its sentence-transformers files), else LAST and
+normalized, as vLLM embeds a decoder.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+RUNNERS = ("auto", "generate", "pooling")
+POOLING_TYPES = ("LAST", "MEAN", "CLS")
+KEYS = {"pooling_type", "normalize"}
+
+
+class PoolerConfigError(ValueError):
+    """What is wrong with --pooler-config, in its own keys' terms."""
+
+
+@dataclass(frozen=True)
+class Pooler:
+    """How a prompt becomes its embedding: which hidden states (the last token's, the mean of
+    all, or the first token's), and whether the vector is scaled to unit length."""
+
+    pooling_type: str = "LAST"
+    normalize: bool = True
+
+    def updated(self, overrides: dict[str, Any]) -> Pooler:
+        return Pooler(overrides.get("pooling_type", self.pooling_type),
+                      overrides.get("normalize", self.normalize))
+
+
+def parse_overrides(text: str | dict[str, Any] | None) -> dict[str, Any]:
+    """The keys --pooler-config sets (JSON text or its decoded object); PoolerConfigError if
+    invalid."""
+    if text is None:
+        return {}
+    data = text
+    if isinstance(text, str):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PoolerConfigError(f"is not JSON ({e.msg} at character {e.pos})") from None
+    if not isinstance(data, dict):
+        raise PoolerConfigError("must be a JSON object")
+    unknown = sorted(set(data) - KEYS)
+    if unknown:
+        raise PoolerConfigError(f"unknown keys {unknown} (known: {sorted(KEYS)})")
+    kind = data.get("pooling_type")
+    if kind is not None:
+        if not isinstance(kind, str) or kind.upper() not in POOLING_TYPES:
+            raise PoolerConfigError(f"pooling_type {kind!r} is not one of "
+                                    f"{', '.join(POOLING_TYPES)}")
+        data = {**data, "pooling_type": kind.upper()}
+    else:
+        data = {k: v for k, v in data.items() if k != "pooling_type"}
+    if "normalize" in data and not isinstance(data["normalize"], bool):
+        raise PoolerConfigError(f"normalize must be true or false, got {data['normalize']!r}")
+    return data

@@ -1,0 +1,21 @@
+"""An embedding request's options; light (no torch), like SamplingParams."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenmill.engine.core.errors import RequestError
+
+
+@dataclass(frozen=True)
+class PoolingParams:
+    """A request's embedding options (vLLM's names). `dimensions` keeps the first N values
+    (Matryoshka embeddings), before normalizing; `normalize` None is the model's setting."""
+
+    dimensions: int | None = None
+    normalize: bool | None = None
+
+    def check(self, hidden_size: int) -> None:
+        if self.dimensions is not None and not 1 <= self.dimensions <= hidden_size:
+            raise RequestError(f"dimensions must be in [1, {hidden_size}] (the model's "
+                               f"embedding size), got {self.dimensions}", param="dimensions")

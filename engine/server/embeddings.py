@@ -1,0 +1,98 @@
+"""/v1/embeddings (the pooling runner): every input is an engine request, batched with the
+others; the reply lists their vectors in input order, as floats or base64 (little-endian
+float32, which the openai client asks for and decodes by default)."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from tokenmill.engine.core import PoolingParams
+from tokenmill.engine.core.errors import EngineDeadError, RequestError
+from tokenmill.engine.frontend.async_engine import RequestStream
+from tokenmill.engine.server.embeddings_protocol import EmbeddingRequest
+from tokenmill.engine.server.errors import APIError, error_body
+from tokenmill.engine.server.openai_serving import chat_ids, check_serving, collect
+from tokenmill.engine.server.state import ServerState
+
+log = logging.getLogger(__name__)
+
+
+async def create_embedding(body: EmbeddingRequest, request: Request,
+                           state: ServerState) -> Any:
+    check_serving(state, body.model, runner="pooling")
+    prompts = [_truncated(ids, body, state) for ids in _prompt_ids(body, state)]
+    pooling = PoolingParams(dimensions=body.dimensions, normalize=body.normalize)
+    call_id = f"embd-{uuid.uuid4().hex}"
+    state.request_started()
+    try:
+        streams = await _admit(call_id, prompts, pooling, state)
+    except BaseException:
+        state.request_ended()
+        raise
+    log.info("request admitted", extra={"id": call_id, "prompts": len(prompts)})
+    finals = await collect(streams, request, state)
+    if finals is None:
+        return JSONResponse(error_body(499, "client closed the request"), status_code=499)
+    data = [{"object": "embedding", "index": i,
+             "embedding": _encoded(out.embedding or [], body.encoding_format)}
+            for i, out in enumerate(finals)]
+    tokens = sum(len(out.prompt_token_ids) for out in finals)
+    return JSONResponse({"id": call_id, "object": "list", "created": int(time.time()),
+                         "model": state.options.served_model_name, "data": data,
+                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+
+def _prompt_ids(body: EmbeddingRequest, state: ServerState) -> list[list[int]]:
+    if body.messages is not None:
+        try:
+            return [chat_ids(state, body.conversation(),
+                             add_generation_prompt=body.add_generation_prompt,
+                             continue_final_message=body.continue_final_message,
+                             template_kwargs=body.chat_template_kwargs,
+                             add_special_tokens=bool(body.add_special_tokens))]
+        except ValueError as exc:
+            raise APIError(400, f"messages: {exc}", param="messages") from exc
+    special = body.add_special_tokens is not False
+    return [state.tokenizer.encode(item, add_special_tokens=special)
+            if isinstance(item, str) else item for item in body.inputs()]
+
+
+def _truncated(ids: list[int], body: EmbeddingRequest, state: ServerState) -> list[int]:
+    keep = body.truncate_prompt_tokens
+    if keep is None:
+        return ids
+    keep = state.max_model_len if keep == -1 else keep
+    return ids[-keep:]
+
+
+async def _admit(call_id: str, prompts: list[list[int]], pooling: PoolingParams,
+                 state: ServerState) -> list[RequestStream]:
+    streams: list[RequestStream] = []
+    field = "input"
+    try:
+        for i, ids in enumerate(prompts):
+            streams.append(await state.engine.add_request(f"{call_id}-{i}", ids, None,
+                                                          pooling=pooling))
+    except BaseException as exc:
+        for stream in streams:
+            await stream.aclose()
+        if isinstance(exc, RequestError):
+            raise APIError(400, str(exc), param=exc.param or field) from exc
+        if isinstance(exc, EngineDeadError):
+            raise APIError(503, str(exc)) from exc
+        raise
+    return streams
+
+
+def _encoded(vector: list[float], encoding_format: str) -> list[float] | str:
+    if encoding_format == "float":
+        return vector
+    return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")

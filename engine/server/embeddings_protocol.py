@@ -1,0 +1,61 @@
+"""The /v1/embeddings body: OpenAI's (`input`: a text, texts, token ids or lists of them),
+or vLLM's chat form (`messages`, rendered by the chat template), plus vLLM's extras."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from tokenmill.engine.server.protocol import ChatMessage, ChatTemplateFields
+
+# OpenAI's limit on the inputs of one request.
+MAX_INPUTS = 2048
+
+
+class EmbeddingRequest(ChatTemplateFields):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]] | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+    user: str | None = None
+    # vLLM's: keep a prompt's last K tokens (-1: the model's context length); whether the
+    # embedding is scaled to unit length (None: the model's setting); special tokens (None:
+    # added to `input`, not to `messages`, whose template writes its own).
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None
+    normalize: bool | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = False  # vLLM's default for embedding a conversation
+
+    @model_validator(mode="after")
+    def _one_input(self) -> EmbeddingRequest:
+        if (self.input is None) == (self.messages is None):
+            raise ValueError("give either input or messages")
+        if isinstance(self.input, list):
+            if not self.input:
+                raise ValueError("input must not be empty")
+            if len(self.input) > MAX_INPUTS and not isinstance(self.input[0], int):
+                raise ValueError(f"input holds {len(self.input)} items; at most {MAX_INPUTS}")
+            if any(item in ("", []) for item in self.input):
+                raise ValueError("input must not hold an empty text or token list")
+        elif self.input == "":
+            raise ValueError("input must not be empty")
+        if self.truncate_prompt_tokens == 0:
+            raise ValueError("truncate_prompt_tokens must be at least 1 (or -1: the context "
+                             "length)")
+        return self
+
+    def inputs(self) -> list[str | list[int]]:
+        """Each text or token list to embed, in order (not for `messages`)."""
+        items: Any = self.input
+        if isinstance(items, str):
+            return [items]
+        if all(isinstance(t, int) for t in items):
+            return [list(items)]
+        return list(items)
+
+    def conversation(self) -> list[dict[str, Any]]:
+        return [m.template_message() for m in self.messages or []]
