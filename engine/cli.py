@@ -136,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_commands = bench.add_subparsers(dest="bench_command", required=True)
     from tokenmill.engine.bench import (
         accuracy,
+        embed,
         host_overhead,
         llama_cpp_ab,
         load,
@@ -151,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(bench_commands, "offline", offline)
     _add_bench(bench_commands, "make-model", random_model, engine_flags=False)
     _add_bench(bench_commands, "multiturn", multiturn)
+    _add_bench(bench_commands, "embed", embed)
     _add_bench(bench_commands, "host-overhead", host_overhead)
     _add_bench(bench_commands, "accuracy", accuracy)
     _add_bench(bench_commands, "llama-cpp", llama_cpp_ab)

@@ -87,7 +87,7 @@ def make_model(shape: str | tuple[str, dict], output: str, dtype: str = "bfloat1
     import torch
     import transformers
 
-    tokenizer_object = _tokenizer(shape, tokenizer)
+    tokenizer_object = shape_tokenizer(shape, tokenizer)
     config = shape_config(shape, len(tokenizer_object), **overrides)
     torch.manual_seed(0)
     with torch.device(device):
@@ -99,7 +99,8 @@ def make_model(shape: str | tuple[str, dict], output: str, dtype: str = "bfloat1
     return output
 
 
-def _tokenizer(shape: str | tuple[str, dict], kind: str) -> object:
+def shape_tokenizer(shape: str | tuple[str, dict], kind: str) -> object:
+    """The tokenizer a random-weight model of `shape` gets (TOKENIZERS: builtin or word-level)."""
     if kind not in TOKENIZERS:
         raise ValueError(f"tokenizer {kind!r} is not one of {TOKENIZERS}")
     if kind == "word-level":

@@ -42,7 +42,6 @@ from tokenmill.engine.execution.rank import RankSetup, build_runner, rank_device
 from tokenmill.engine.execution.workers import WorkerFailed, Workers
 from tokenmill.engine.layers.attention import check_kv_cache_dtype, resolve_backend
 from tokenmill.engine.models.architecture import (
-    architecture_of,
     context_length_of,
     is_bare_decoder,
     sliding_window_of,
@@ -567,7 +566,6 @@ def _pooler(config: EngineConfig, model_config: Any, directory: str) -> Pooler |
                               f"({', '.join(model_config.architectures)}) without an LM head: "
                               "an embedding model; serve it with --runner pooling")
         return None
-    architecture_of(model_config)  # a supported one
     config.check_pooling_options()
     return model_pooler(directory).updated(config.pooler_overrides())
 

@@ -10,12 +10,12 @@ preemption) starts its sums again.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from tokenmill.engine.contract.pooling import Pooler
 from tokenmill.engine.core.pooling_params import PoolingParams
+from tokenmill.engine.core.request import Sequence
 
 
 @dataclass
@@ -27,7 +27,7 @@ class SequencePooling:
     sums: torch.Tensor | None = None
 
 
-def pooled_rows(seq: Any, num_new: int) -> tuple[int, int] | None:
+def pooled_rows(seq: Sequence, num_new: int) -> tuple[int, int] | None:
     """The rows [start, end) of the sequence's next chunk of num_new tokens (0: the chunk's
     first) that its pooling reads; None for a generation or a chunk it reads nothing of."""
     if seq.pooling is None:
@@ -42,7 +42,7 @@ def pooled_rows(seq: Any, num_new: int) -> tuple[int, int] | None:
     return None
 
 
-def record(scheduled: list[tuple[Any, int]], pooled: torch.Tensor | None) -> None:
+def record(scheduled: list[tuple[Sequence, int]], pooled: torch.Tensor | None) -> None:
     """Fold the step's pooled rows (one per span, in the order pooled_rows gave them) into
     their sequences, before the step's tokens count as computed."""
     row = 0

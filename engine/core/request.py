@@ -94,8 +94,8 @@ class Sequence:
         self.lora_slot = -1
         # Token ids of params.bad_words (each spelling), set by the engine when it tokenizes.
         self.bad_word_ids: list[list[int]] = []
-        # An embedding request's pooling and sums (pooling.py); None for generation. Its
-        # embedding, once the prompt is computed.
+        # An embedding request's pooling.SequencePooling (how it pools, its sums so far); None
+        # for generation. Its embedding, once the whole prompt is computed.
         self.pooling: Any = None
         self.embedding: list[float] | None = None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from tokenmill.engine.server.protocol import ChatMessage, ChatTemplateFields
 
@@ -30,22 +30,29 @@ class EmbeddingRequest(ChatTemplateFields):
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = False  # vLLM's default for embedding a conversation
 
+    @field_validator("input")
+    @classmethod
+    def _some_input(cls, value: Any) -> Any:
+        if value in ("", []):
+            raise ValueError("must not be empty")
+        if isinstance(value, list) and not isinstance(value[0], int):
+            if len(value) > MAX_INPUTS:
+                raise ValueError(f"holds {len(value)} items; at most {MAX_INPUTS}")
+            if any(item in ("", []) for item in value):
+                raise ValueError("must not hold an empty text or token list")
+        return value
+
+    @field_validator("truncate_prompt_tokens")
+    @classmethod
+    def _keeps_a_token(cls, value: int | None) -> int | None:
+        if value == 0:
+            raise ValueError("must be at least 1 (or -1: the context length)")
+        return value
+
     @model_validator(mode="after")
     def _one_input(self) -> EmbeddingRequest:
         if (self.input is None) == (self.messages is None):
             raise ValueError("give either input or messages")
-        if isinstance(self.input, list):
-            if not self.input:
-                raise ValueError("input must not be empty")
-            if len(self.input) > MAX_INPUTS and not isinstance(self.input[0], int):
-                raise ValueError(f"input holds {len(self.input)} items; at most {MAX_INPUTS}")
-            if any(item in ("", []) for item in self.input):
-                raise ValueError("input must not hold an empty text or token list")
-        elif self.input == "":
-            raise ValueError("input must not be empty")
-        if self.truncate_prompt_tokens == 0:
-            raise ValueError("truncate_prompt_tokens must be at least 1 (or -1: the context "
-                             "length)")
         return self
 
     def inputs(self) -> list[str | list[int]]:

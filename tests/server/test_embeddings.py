@@ -119,9 +119,10 @@ def test_concurrent_requests_batch_and_each_gets_its_own(base_url, reference):
 
 
 @pytest.mark.parametrize(("body", "message", "param"), [
-    ({"input": ""}, "input must not be empty", None),
-    ({"input": []}, "input must not be empty", None),
-    ({"input": ["a", ""]}, "input must not hold an empty text", None),
+    ({"input": ""}, "input: must not be empty", "input"),
+    ({"input": []}, "input: must not be empty", "input"),
+    ({"input": ["a", ""]}, "input: must not hold an empty text", "input"),
+    ({"input": ["a"] * 2049}, "input: holds 2049 items; at most 2048", "input"),
     ({"input": "a", "messages": [{"role": "user", "content": "a"}]},
      "give either input or messages", None),
     ({}, "give either input or messages", None),
@@ -133,8 +134,8 @@ def test_concurrent_requests_batch_and_each_gets_its_own(base_url, reference):
     ({"input": [10**9]}, "prompt token ids must be integers in [0, ", "input"),
     ({"input": [5] * 65}, "maximum context length is 64 tokens, but the request asks for 65",
      "input"),
-    ({"input": "a", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens must be at least 1",
-     None),
+    ({"input": "a", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens: must be at least 1",
+     "truncate_prompt_tokens"),
     ({"messages": [{"role": "user", "content": "a"}]}, "messages: the chat template", "messages"),
     ({"input": "a", "model": "other"}, "the model 'other' does not exist", "model"),
 ])
