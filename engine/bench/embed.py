@@ -5,7 +5,8 @@ The model is a sentence-transformers directory (--model), or with --shape a rand
 embedding checkpoint of a real model's shape, written by sentence-transformers itself (the
 bare decoder, last-token pooling, normalized). Both sides run in this process on the engine's
 device and dtype; the rounds alternate (sentence-transformers first, then tokenmill, again),
-so drift falls on both. Reported: texts/s and prompt tokens/s of each, their ratio, and the
+so drift falls on both; every round embeds fresh texts (a repeated text would come from
+tokenmill's prefix cache). Reported: texts/s and prompt tokens/s of each, their ratio, and the
 largest difference between the two sides' vectors (they must agree).
 """
 
@@ -30,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Text length range in tokens LOW:HIGH, uniform (default 16:256).")
     parser.add_argument("--batch-size", type=int, default=32,
                         help="sentence-transformers' encode batch size (default 32).")
-    parser.add_argument("--rounds", type=int, default=2, help="Timed rounds of each side.")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="Timed rounds of each side, each on fresh texts.")
     parser.add_argument("--shape", choices=sorted(SHAPES), default=None,
                         help="Embed with a random-weight checkpoint of this shape instead of "
                              "--model (written to a temporary directory).")
@@ -105,28 +107,35 @@ def compare(config: Any, args: argparse.Namespace) -> dict[str, Any]:
     engine = llm.engine
     st = SentenceTransformer(config.model, device=str(engine.device),
                              model_kwargs={"dtype": engine.dtype})
-    texts = make_texts(llm.tokenizer, args.num_texts, args.input_len, args.workload_seed)
-    tokens = sum(len(llm.tokenizer.encode(t)) for t in texts)
+    # Fresh texts every round (the same for both sides): a text embedded before would come
+    # from tokenmill's prefix cache, all but its last token.
+    rounds = [make_texts(llm.tokenizer, args.num_texts, args.input_len,
+                         args.workload_seed * 1000 + r) for r in range(args.rounds + 1)]
+    tokens = sum(len(llm.tokenizer.encode(t)) for texts in rounds[1:] for t in texts)
 
-    def tokenmill_side() -> torch.Tensor:
+    def tokenmill_side(texts: list[str]) -> torch.Tensor:
         return torch.tensor([o.outputs.embedding for o in llm.embed(texts)])
 
-    def st_side() -> torch.Tensor:
+    def st_side(texts: list[str]) -> torch.Tensor:
         return st.encode(texts, batch_size=args.batch_size, convert_to_tensor=True).float().cpu()
 
     sides = {"sentence-transformers": st_side, "tokenmill": tokenmill_side}
     for side in sides.values():  # warm-up: first-call costs out of the timings
-        side()
+        side(rounds[0][:8])
     seconds: dict[str, list[float]] = {name: [] for name in sides}
-    vectors: dict[str, torch.Tensor] = {}
-    for round_index in range(args.rounds):
+    difference = 0.0
+    for round_index, texts in enumerate(rounds[1:]):
+        vectors = {}
         for name, side in sides.items():
             start = time.perf_counter()
-            vectors[name] = side()
+            vectors[name] = side(texts)
             seconds[name].append(time.perf_counter() - start)
             print(f"round {round_index + 1}: {name} {seconds[name][-1]:.2f} s", file=sys.stderr)
+        difference = max(difference, float((vectors["tokenmill"]
+                                            - vectors["sentence-transformers"]).abs().max()))
     llm.shutdown()
     texts_per_s = {name: args.num_texts * len(s) / sum(s) for name, s in seconds.items()}
+    tokens_per_s = {name: tokens / sum(s) for name, s in seconds.items()}
     return {
         "device": str(engine.device), "dtype": str(engine.dtype).removeprefix("torch."),
         "model": args.shape or config.model, "num_texts": args.num_texts,
@@ -134,11 +143,9 @@ def compare(config: Any, args: argparse.Namespace) -> dict[str, Any]:
         "st_batch_size": args.batch_size, "rounds": args.rounds,
         "pooler": engine.pooler.__dict__, "seconds": seconds,
         "texts_per_s": texts_per_s,
-        "tokens_per_s": {name: rate * tokens / args.num_texts
-                         for name, rate in texts_per_s.items()},
+        "tokens_per_s": tokens_per_s,
         "ratio_tokenmill_st": texts_per_s["tokenmill"] / texts_per_s["sentence-transformers"],
-        "max_abs_difference": float((vectors["tokenmill"]
-                                     - vectors["sentence-transformers"]).abs().max()),
+        "max_abs_difference": difference,
     }
 
 
@@ -146,8 +153,8 @@ def format_result(result: dict[str, Any]) -> str:
     rates = result["texts_per_s"]
     tokens = result["tokens_per_s"]
     return "\n".join([
-        f"{result['num_texts']} texts, {result['prompt_tokens']} tokens, {result['device']} "
-        f"{result['dtype']}",
+        f"{result['rounds']} rounds of {result['num_texts']} texts, {result['prompt_tokens']} "
+        f"tokens in all, {result['device']} {result['dtype']}",
         f"sentence-transformers  {rates['sentence-transformers']:.1f} texts/s "
         f"({tokens['sentence-transformers']:.0f} tok/s, batch {result['st_batch_size']})",
         f"tokenmill              {rates['tokenmill']:.1f} texts/s "

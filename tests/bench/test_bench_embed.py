@@ -24,7 +24,7 @@ def test_bench_embed_compares_with_sentence_transformers(tmp_path, vocab_tokeniz
     rates = result["texts_per_s"]
     assert result["ratio_tokenmill_st"] == pytest.approx(
         rates["tokenmill"] / rates["sentence-transformers"])
-    assert result["prompt_tokens"] >= 6 * 4
+    assert result["prompt_tokens"] >= 2 * 6 * 4  # two rounds of fresh texts
     assert "tokenmill / st" in capsys.readouterr().out
 
 
