@@ -4,11 +4,11 @@ pooling runner must equal."""
 
 from __future__ import annotations
 
-import copy
-import os
 from typing import Any
 
 import torch
+
+from tokenmill.engine.bench.embed import save_sentence_transformer
 
 # The sentence-transformers pooling modes, by the engine's pooling type.
 ST_MODES = {"LAST": "lasttoken", "MEAN": "mean", "CLS": "cls"}
@@ -17,30 +17,16 @@ HIDDEN_SIZE = 64
 
 def make_embedding_model(directory: str, tokenizer: Any, pooling_type: str = "LAST",
                          normalize: bool = True) -> str:
-    """A random-weight Qwen3 embedding model, saved by sentence-transformers. The tokenizer is
-    saved without a chat template: sentence-transformers renders text through one where the
-    tokenizer has it, while `input` of /v1/embeddings is embedded as given."""
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+    """A random-weight Qwen3 embedding model, saved by sentence-transformers (its tokenizer
+    without a chat template: bench/embed.py's save_sentence_transformer)."""
     from transformers import Qwen3Config, Qwen3Model
 
     config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=HIDDEN_SIZE,
                          intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
     torch.manual_seed(0)
-    decoder = Qwen3Model(config)
-    raw = os.path.join(directory, "decoder")
-    decoder.save_pretrained(raw)
-    plain = copy.deepcopy(tokenizer)
-    plain.chat_template = None
-    plain.save_pretrained(raw)
-    transformer = Transformer(raw)
-    steps = [transformer, Pooling(HIDDEN_SIZE, pooling_mode=ST_MODES[pooling_type])]
-    if normalize:
-        steps.append(Normalize())
-    path = os.path.join(directory, "model")
-    SentenceTransformer(modules=steps, device="cpu").save(path)
-    return path
+    return save_sentence_transformer(Qwen3Model(config), tokenizer, directory,
+                                     ST_MODES[pooling_type], normalize)
 
 
 def st_embeddings(path: str, texts: list[str]) -> torch.Tensor:

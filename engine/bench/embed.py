@@ -13,6 +13,7 @@ largest difference between the two sides' vectors (they must agree).
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import random
 import sys
@@ -68,22 +69,35 @@ def make_embedding_checkpoint(shape: str, directory: str, num_layers: int | None
     sentence-transformers with last-token pooling and normalization."""
     import torch
     import transformers
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 
     from tokenmill.engine.bench.random_model import shape_config, shape_tokenizer
 
     tokenizer = shape_tokenizer(shape, "builtin")
-    tokenizer.chat_template = None  # `input` is embedded as given
     overrides = {} if num_layers is None else {"num_hidden_layers": num_layers}
     config = shape_config(shape, len(tokenizer), **overrides)
     torch.manual_seed(0)
     decoder = getattr(transformers, type(config).__name__.replace("Config", "Model"))(config)
+    return save_sentence_transformer(decoder, tokenizer, directory)
+
+
+def save_sentence_transformer(decoder: Any, tokenizer: Any, directory: str,
+                              pooling_mode: str = "lasttoken", normalize: bool = True) -> str:
+    """Save a bare decoder (a transformers *Model) as sentence-transformers writes an embedding
+    model: the decoder, its Pooling step (`pooling_mode`, sentence-transformers' name) and
+    Normalize. Returns the model's directory. The tokenizer is saved without a chat template:
+    sentence-transformers renders text through one where the tokenizer has it, while `input`
+    of /v1/embeddings is embedded as given."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    plain = copy.deepcopy(tokenizer)
+    plain.chat_template = None
     raw = os.path.join(directory, "decoder")
     decoder.save_pretrained(raw)
-    tokenizer.save_pretrained(raw)
-    transformer = Transformer(raw)
-    steps = [transformer, Pooling(config.hidden_size, pooling_mode="lasttoken"), Normalize()]
+    plain.save_pretrained(raw)
+    steps = [Transformer(raw), Pooling(decoder.config.hidden_size, pooling_mode=pooling_mode)]
+    if normalize:
+        steps.append(Normalize())
     path = os.path.join(directory, "model")
     SentenceTransformer(modules=steps, device="cpu").save(path)
     return path

@@ -210,12 +210,15 @@ class LLMEngine:
         Requests with different cache_salt never share prefix-cache blocks (tenant isolation),
         nor do requests of different adapters (or of the base model and an adapter).
         """
+        # An embedding's sequence samples nothing; one token of room keeps the scheduler's
+        # bookkeeping that of any prompt.
         params = SamplingParams(max_tokens=1) if pooling is not None else \
             params or SamplingParams()
         if request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already in use")
         lora = self.lora_ref(lora_name)
-        text, token_ids = self.check_request(prompt, params, pooling=pooling)
+        text, token_ids = self.check_request(prompt, params if pooling is None else None,
+                                             pooling=pooling)
         if lora is not None:
             cache_salt = f"{cache_salt or ''}\x00{lora.cache_salt}"
         timings = RequestTimings()
@@ -226,18 +229,19 @@ class LLMEngine:
                                               cache_salt, lora=lora)
         self.scheduler.add(seq)
 
-    def check_request(self, prompt: str | list[int], params: SamplingParams,
+    def check_request(self, prompt: str | list[int], params: SamplingParams | None,
                       lora_name: str | None = None,
                       pooling: PoolingParams | None = None) -> tuple[str | None, list[int]]:
-        """Tokenize and validate without queueing; raises RequestError for what can't run."""
+        """Tokenize and validate without queueing; raises RequestError for what can't run.
+        An embedding (`pooling`) has no `params`: its prompt alone must fit."""
         self.lora_ref(lora_name)
         self._check_runner(pooling)
         text, token_ids = self._tokenize(prompt)
         if pooling is not None:
             pooling.check(self.model_config.hidden_size)
-            self._check_fits(token_ids, params, new_tokens=0)
+            self._check_fits(token_ids)
             return text, token_ids
-        self._check_fits(token_ids, params)
+        self._check_fits(token_ids, params.n, params.max_tokens)
         self._check_sampling(params)
         return text, token_ids
 
@@ -530,14 +534,13 @@ class LLMEngine:
         except GrammarError as exc:
             raise RequestError(str(exc), param="structured_outputs") from None
 
-    def _check_fits(self, token_ids: list[int], params: SamplingParams,
-                    new_tokens: int | None = None) -> None:
-        """The prompt and new_tokens more (default: max_tokens) fit the context and the pool."""
+    def _check_fits(self, token_ids: list[int], n: int = 1, new_tokens: int = 0) -> None:
+        """n sequences of the prompt and new_tokens (max_tokens) more fit the batch, the context
+        and the pool."""
         if not token_ids:
             raise RequestError("the prompt is empty")
-        if params.n > self.config.max_num_seqs:
-            raise RequestError(f"n={params.n} exceeds max_num_seqs={self.config.max_num_seqs}")
-        new_tokens = params.max_tokens if new_tokens is None else new_tokens
+        if n > self.config.max_num_seqs:
+            raise RequestError(f"n={n} exceeds max_num_seqs={self.config.max_num_seqs}")
         total = len(token_ids) + new_tokens
         if total > self.max_model_len:
             asked = (f"{total} ({len(token_ids)} in the prompt plus {new_tokens} max_tokens); "

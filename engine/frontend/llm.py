@@ -74,7 +74,7 @@ class LLM:
         batch = _as_prompt_list(prompts)
         params = pooling_params or PoolingParams()
         for prompt in batch:
-            self.engine.check_request(prompt, SamplingParams(max_tokens=1), pooling=params)
+            self.engine.check_request(prompt, None, pooling=params)
         ids = [f"offline-{next(self._ids)}" for _ in batch]
         for request_id, prompt in zip(ids, batch, strict=True):
             self.engine.add_request(request_id, prompt, pooling=params)

@@ -22,15 +22,19 @@ MODES = {"pooling_mode_lasttoken": "LAST", "pooling_mode_mean_tokens": "MEAN",
          "pooling_mode_cls_token": "CLS", "lasttoken": "LAST", "mean": "MEAN", "cls": "CLS"}
 
 
+def _read_json(path: str) -> Any:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError.reading(path, exc) from exc
+
+
 def _modules(directory: str) -> list[dict[str, Any]] | None:
     path = os.path.join(directory, "modules.json")
     if not os.path.isfile(path):
         return None
-    try:
-        with open(path) as f:
-            modules = json.load(f)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelLoadError.reading(path, exc) from exc
+    modules = _read_json(path)
     if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
         raise ModelLoadError(f"{path} is not a list of sentence-transformers modules")
     return modules
@@ -71,11 +75,7 @@ def _kind(module: dict[str, Any]) -> str:
 
 def _pooling_type(directory: str, module: dict[str, Any]) -> str:
     path = os.path.join(directory, str(module.get("path", "")), "config.json")
-    try:
-        with open(path) as f:
-            config = json.load(f)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelLoadError.reading(path, exc) from exc
+    config = _read_json(path)
     named = config.get("pooling_mode")
     chosen = [named] if isinstance(named, str) else \
         [mode for mode, on in config.items() if mode.startswith("pooling_mode_") and on]

@@ -15,11 +15,14 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from tokenmill.engine.core import PoolingParams
-from tokenmill.engine.core.errors import EngineDeadError, RequestError
-from tokenmill.engine.frontend.async_engine import RequestStream
 from tokenmill.engine.server.embeddings_protocol import EmbeddingRequest
 from tokenmill.engine.server.errors import APIError, error_body
-from tokenmill.engine.server.openai_serving import chat_ids, check_serving, collect
+from tokenmill.engine.server.openai_serving import (
+    chat_ids,
+    check_serving,
+    collect,
+    start_requests,
+)
 from tokenmill.engine.server.state import ServerState
 
 log = logging.getLogger(__name__)
@@ -31,12 +34,9 @@ async def create_embedding(body: EmbeddingRequest, request: Request,
     prompts = [_truncated(ids, body, state) for ids in _prompt_ids(body, state)]
     pooling = PoolingParams(dimensions=body.dimensions, normalize=body.normalize)
     call_id = f"embd-{uuid.uuid4().hex}"
-    state.request_started()
-    try:
-        streams = await _admit(call_id, prompts, pooling, state)
-    except BaseException:
-        state.request_ended()
-        raise
+    streams = await start_requests(
+        state, [(f"{call_id}-{i}", ids, {"params": None, "pooling": pooling})
+                for i, ids in enumerate(prompts)], "input")
     log.info("request admitted", extra={"id": call_id, "prompts": len(prompts)})
     finals = await collect(streams, request, state)
     if finals is None:
@@ -71,25 +71,6 @@ def _truncated(ids: list[int], body: EmbeddingRequest, state: ServerState) -> li
         return ids
     keep = state.max_model_len if keep == -1 else keep
     return ids[-keep:]
-
-
-async def _admit(call_id: str, prompts: list[list[int]], pooling: PoolingParams,
-                 state: ServerState) -> list[RequestStream]:
-    streams: list[RequestStream] = []
-    field = "input"
-    try:
-        for i, ids in enumerate(prompts):
-            streams.append(await state.engine.add_request(f"{call_id}-{i}", ids, None,
-                                                          pooling=pooling))
-    except BaseException as exc:
-        for stream in streams:
-            await stream.aclose()
-        if isinstance(exc, RequestError):
-            raise APIError(400, str(exc), param=exc.param or field) from exc
-        if isinstance(exc, EngineDeadError):
-            raise APIError(503, str(exc)) from exc
-        raise
-    return streams
 
 
 def _encoded(vector: list[float], encoding_format: str) -> list[float] | str:

@@ -200,20 +200,25 @@ async def _compile_constraint(state: ServerState, params: SamplingParams,
         raise APIError(400, f"{field}: {exc}", param=field) from exc
 
 
-async def _admit(call: Call, state: ServerState) -> list[RequestStream]:
+async def start_requests(state: ServerState, requests: list[tuple[str, list[int], dict]],
+                         field: str) -> list[RequestStream]:
+    """Admit one call's engine requests, (id, prompt ids, add_request keywords) each, as one
+    request in flight until collect() or the stream ends it. A request the engine refuses
+    closes the others and is an HTTP error; a RequestError names `field` unless it names its
+    own."""
+    state.request_started()
     streams: list[RequestStream] = []
     try:
-        for i, ids in enumerate(call.prompts_ids):
-            streams.append(await state.engine.add_request(
-                f"{call.id}-{i}", ids, call.params, call.cache_salt, lora_name=call.lora_name))
+        for request_id, ids, options in requests:
+            streams.append(await state.engine.add_request(request_id, ids, **options))
     except BaseException as exc:
         for stream in streams:
             await stream.aclose()
+        state.request_ended()
         if isinstance(exc, UnknownAdapterError):  # removed since the request was checked
             raise APIError(404, str(exc), param="model", code="model_not_found") from exc
         if isinstance(exc, RequestError):
-            raise APIError(400, str(exc), param=exc.param or (
-                "prompt" if call.kind == "completion" else "messages")) from exc
+            raise APIError(400, str(exc), param=exc.param or field) from exc
         if isinstance(exc, EngineDeadError):
             raise APIError(503, str(exc)) from exc
         raise
@@ -237,12 +242,11 @@ async def _run(call: Call, stream: bool, include_usage: bool, request: Request,
 async def start(call: Call, stream: bool, state: ServerState) -> list[RequestStream]:
     """Admit the call's requests: one request in flight until collect() or chat_chunks()
     ends it."""
-    state.request_started()
-    try:
-        streams = await _admit(call, state)
-    except BaseException:
-        state.request_ended()
-        raise
+    options = {"params": call.params, "cache_salt": call.cache_salt,
+               "lora_name": call.lora_name}
+    streams = await start_requests(
+        state, [(f"{call.id}-{i}", ids, options) for i, ids in enumerate(call.prompts_ids)],
+        "prompt" if call.kind == "completion" else "messages")
     log_request(call, state)
     log.info("request admitted", extra={"id": call.id, "prompts": len(call.prompts_ids),
                                         "n": call.n, "max_tokens": call.params.max_tokens,
