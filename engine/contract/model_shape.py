@@ -14,13 +14,22 @@ class ModelShape:
     heads: int
     kv_heads: int
     intermediate_size: int
+    expert_intermediate_size: int = 0         # a mixture of experts' routed expert width
+    shared_expert_intermediate_size: int = 0  # and its shared expert's (Qwen2-MoE)
 
     @classmethod
     def of(cls, config: Any) -> ModelShape:
         """The shape of a transformers config."""
         heads = config.num_attention_heads
+        experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts",
+                                                                        None)
+        expert_width = 0
+        if experts:  # Mixtral's experts are intermediate_size wide, Qwen's moe_intermediate_size
+            expert_width = getattr(config, "moe_intermediate_size", None) or \
+                getattr(config, "intermediate_size", 0)
         return cls(heads, getattr(config, "num_key_value_heads", None) or heads,
-                   getattr(config, "intermediate_size", 0))
+                   getattr(config, "intermediate_size", 0), expert_width,
+                   getattr(config, "shared_expert_intermediate_size", None) or 0)
 
     def problems(self, tp: int) -> list[str]:
         """What `tp` ranks cannot split: every rank needs whole attention heads and an equal
@@ -33,11 +42,18 @@ class ModelShape:
                          "of them)")
         if self.intermediate_size % tp:
             found.append(f"an MLP width of {self.intermediate_size}")
+        if self.expert_intermediate_size % tp:
+            found.append(f"an expert MLP width of {self.expert_intermediate_size}")
+        if self.shared_expert_intermediate_size % tp:
+            found.append(f"a shared expert MLP width of {self.shared_expert_intermediate_size}")
         return found
 
     def allows(self, tp: int) -> bool:
         return not self.problems(tp)
 
     def describe(self) -> str:
-        return (f"{self.heads} attention heads, {self.kv_heads} KV heads, intermediate size "
+        text = (f"{self.heads} attention heads, {self.kv_heads} KV heads, intermediate size "
                 f"{self.intermediate_size}")
+        if self.expert_intermediate_size:
+            text += f", expert intermediate size {self.expert_intermediate_size}"
+        return text

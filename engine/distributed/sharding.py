@@ -3,6 +3,8 @@
 Column-parallel (rows of the weight split across ranks): q/k/v, gate/up, the embedding and the
 LM head (split over the vocabulary). Row-parallel (input columns split, outputs summed by an
 all-reduce): o_proj and down_proj; their bias is held by rank 0 only, so the sum adds it once.
+A mixture-of-experts layer splits every expert's width the same way (Mixtral's w1/w3 are
+gate/up, w2 is down); its router is replicated.
 KV heads are split like the query heads; with fewer KV heads than ranks each KV head is
 replicated on the ranks whose query heads read it. Norms and rotary tables are replicated.
 """
@@ -17,8 +19,8 @@ import torch
 from tokenmill.engine.contract.config import ConfigError
 from tokenmill.engine.contract.model_shape import ModelShape
 
-COLUMN_PARALLEL = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}
-ROW_PARALLEL = {"o_proj", "down_proj"}
+COLUMN_PARALLEL = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1", "w3"}
+ROW_PARALLEL = {"o_proj", "down_proj", "w2"}
 VOCAB_PARALLEL = {"embed_tokens", "lm_head"}
 
 
@@ -53,6 +55,8 @@ class ShardPlan:
     intermediate_size: int   # MLP width on this rank
     vocab_size: int          # the model's vocabulary
     vocab_per_rank: int      # rows of the embedding and LM head on this rank (padded)
+    expert_size: int = 0         # each routed expert's MLP width on this rank
+    shared_expert_size: int = 0  # the shared expert's (Qwen2-MoE) on this rank
 
     @classmethod
     def for_model(cls, config: Any, rank: int = 0, size: int = 1) -> ShardPlan:
@@ -62,8 +66,11 @@ class ShardPlan:
         # With fewer KV heads than ranks, size // kv_heads consecutive ranks share one.
         first_kv = rank * kv_heads // size if kv_heads >= size else rank // (size // kv_heads)
         vocab = getattr(config, "vocab_size", 0)
+        shape = ModelShape.of(config)
         return cls(rank, size, heads // size, local_kv, first_kv, head_dim,
-                   getattr(config, "intermediate_size", 0) // size, vocab, -(-vocab // size))
+                   shape.intermediate_size // size, vocab, -(-vocab // size),
+                   shape.expert_intermediate_size // size,
+                   shape.shared_expert_intermediate_size // size)
 
     @property
     def vocab_start(self) -> int:
@@ -82,29 +89,34 @@ class ShardPlan:
         if kind in VOCAB_PARALLEL:
             return self._vocab_rows(tensor)
         if kind in COLUMN_PARALLEL:
-            start, stop = self._output_rows(kind)
+            start, stop = self._output_rows(kind, parts)
             return tensor[start:stop]
         if kind in ROW_PARALLEL:
             if attr == "bias":
                 full = _read(tensor)
                 return full if self.rank == 0 else torch.zeros_like(full)
-            start, stop = self._input_columns(kind)
-            return tensor[:, start:stop]
+            per = self.num_heads * self.head_dim if kind == "o_proj" else self._width(parts)
+            return tensor[:, self.rank * per:(self.rank + 1) * per]
         return _read(tensor)
 
-    def _output_rows(self, kind: str) -> tuple[int, int]:
+    def _output_rows(self, kind: str, parts: list[str]) -> tuple[int, int]:
         if kind == "q_proj":
             per = self.num_heads * self.head_dim
             return self.rank * per, (self.rank + 1) * per
         if kind in ("k_proj", "v_proj"):
             per = self.num_kv_heads * self.head_dim
             return self.first_kv_head * self.head_dim, self.first_kv_head * self.head_dim + per
-        per = self.intermediate_size  # gate_proj, up_proj
+        per = self._width(parts)  # gate_proj, up_proj (w1, w3)
         return self.rank * per, (self.rank + 1) * per
 
-    def _input_columns(self, kind: str) -> tuple[int, int]:
-        per = self.num_heads * self.head_dim if kind == "o_proj" else self.intermediate_size
-        return self.rank * per, (self.rank + 1) * per
+    def _width(self, parts: list[str]) -> int:
+        """The local width of the MLP a tensor belongs to: a routed expert's, the shared
+        expert's, or the dense MLP's."""
+        if "experts" in parts:
+            return self.expert_size
+        if "shared_expert" in parts:
+            return self.shared_expert_size
+        return self.intermediate_size
 
     def _vocab_rows(self, tensor: Any) -> torch.Tensor:
         start = self.vocab_start

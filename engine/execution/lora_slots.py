@@ -31,13 +31,14 @@ ROW_PARALLEL = {"o_proj", "down_proj"}
 
 
 def wrap_model(model: CausalLM, context: LoRAContext) -> list[dict[str, LoRALinear]]:
-    """Wrap every decoder layer's projections; returns each layer's wrappers by name."""
+    """Wrap every decoder layer's projections; returns each layer's wrappers by name. A
+    mixture-of-experts layer has no dense MLP: only its attention is wrapped."""
     layers = []
     for layer in model.model.layers:
         wrapped = {}
         for block_name, attr, _ in TARGETS.values():
-            block = getattr(layer, block_name)
-            if attr not in wrapped:
+            block = getattr(layer, block_name, None)
+            if hasattr(block, attr) and attr not in wrapped:
                 wrapped[attr] = LoRALinear(getattr(block, attr), context)
                 setattr(block, attr, wrapped[attr])
         layers.append(wrapped)

@@ -19,6 +19,7 @@ from tokenmill.engine.execution.lora_slots import LoRASlots
 from tokenmill.engine.execution.profile_run import CudaMemory, profile_memory
 from tokenmill.engine.execution.runner import ModelRunner
 from tokenmill.engine.execution.startup_phases import StartupPhases
+from tokenmill.engine.models.architecture import moe_shape_of
 from tokenmill.engine.models.loader import build_model
 from tokenmill.engine.models.source import ModelSource
 
@@ -86,8 +87,8 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
                              attention_backend=setup.attention_backend,
                              num_host_blocks=host_blocks, lora=lora)
     phases.seconds["graph_capture"] = 0.0
-    if graphs_wanted(device.type, setup.attention_backend, config.enforce_eager) \
-            and not setup.pooling:
+    if graphs_wanted(device.type, setup.attention_backend, config.enforce_eager,
+                     moe_shape_of(model_config) is not None) and not setup.pooling:
         with phases.phase("graph_capture"):
             runner.capture_decode_graphs(config.max_num_seqs, config.max_num_batched_tokens,
                                          setup.max_model_len,

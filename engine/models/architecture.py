@@ -13,6 +13,7 @@ from tokenmill.engine.models.source import ModelLoadError
 class ArchitectureFlags:
     qkv_bias: bool = False       # Qwen2: bias on q/k/v projections only
     qk_norm: bool = False        # Qwen3: RMSNorm over each head of q and k before rotary
+    moe: str | None = None       # mixture-of-experts naming: "qwen" or "mixtral" (MOE_NAMES)
 
 
 SUPPORTED = {
@@ -20,13 +21,54 @@ SUPPORTED = {
     "MistralForCausalLM": ArchitectureFlags(),
     "Qwen2ForCausalLM": ArchitectureFlags(qkv_bias=True),
     "Qwen3ForCausalLM": ArchitectureFlags(qk_norm=True),
+    "MixtralForCausalLM": ArchitectureFlags(moe="mixtral"),
+    "Qwen2MoeForCausalLM": ArchitectureFlags(qkv_bias=True, moe="qwen"),
+    "Qwen3MoeForCausalLM": ArchitectureFlags(qk_norm=True, moe="qwen"),
 }
 # Bare decoders (no LM head), as embedding checkpoints are saved (e5-mistral, Qwen3-Embedding
 # exported by sentence-transformers): served by the pooling runner only.
 BARE_DECODERS = {"LlamaModel": "LlamaForCausalLM", "MistralModel": "MistralForCausalLM",
                  "Qwen2Model": "Qwen2ForCausalLM", "Qwen3Model": "Qwen3ForCausalLM"}
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-               "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+               "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+               "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+               "qwen3_moe": "Qwen3MoeForCausalLM"}
+
+
+@dataclass(frozen=True)
+class MoeNames:
+    """Where a mixture-of-experts checkpoint keeps its parts, under each decoder layer."""
+
+    block: str   # the sparse block: {block}.gate (router), {block}.experts.{e}.{part}
+    gate: str    # each expert's projections
+    up: str
+    down: str
+
+
+MOE_NAMES = {"qwen": MoeNames("mlp", "gate_proj", "up_proj", "down_proj"),
+             "mixtral": MoeNames("block_sparse_moe", "w1", "w3", "w2")}
+
+
+@dataclass(frozen=True)
+class MoeShape:
+    """A mixture-of-experts model's sparse blocks: each token row runs `top_k` of
+    `num_experts` experts of MLP width `width`, weighted by the router's softmax (divided by
+    the chosen ones' sum where `renormalize`), plus, in Qwen2-MoE, a shared expert of width
+    `shared_width` gated by a sigmoid."""
+
+    names: MoeNames
+    num_experts: int
+    top_k: int
+    width: int
+    shared_width: int
+    renormalize: bool
+    sparse_step: int
+    dense_layers: frozenset[int]
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether decoder layer `layer` has the sparse block (else a dense MLP of the
+        config's intermediate_size): Qwen's decoder_sparse_step and mlp_only_layers."""
+        return layer not in self.dense_layers and (layer + 1) % self.sparse_step == 0
 
 
 def architecture_of(config: Any) -> str:
@@ -55,6 +97,25 @@ def is_bare_decoder(config: Any) -> bool:
 
 def flags_of(config: Any) -> ArchitectureFlags:
     return SUPPORTED[architecture_of(config)]
+
+
+def moe_shape_of(config: Any) -> MoeShape | None:
+    """The model's sparse blocks, or None for a dense model (or a MoE config with no
+    experts)."""
+    style = flags_of(config).moe
+    experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
+    if style is None or not experts:
+        return None
+    if getattr(config, "hidden_act", "silu") != "silu":
+        raise ModelLoadError(f"activation {config.hidden_act!r} is not supported (silu)")
+    width = config.intermediate_size if style == "mixtral" else config.moe_intermediate_size
+    return MoeShape(
+        names=MOE_NAMES[style], num_experts=int(experts), top_k=int(config.num_experts_per_tok),
+        width=int(width),
+        shared_width=int(getattr(config, "shared_expert_intermediate_size", 0) or 0),
+        renormalize=style == "mixtral" or bool(getattr(config, "norm_topk_prob", False)),
+        sparse_step=int(getattr(config, "decoder_sparse_step", 1) or 1),
+        dense_layers=frozenset(getattr(config, "mlp_only_layers", None) or ()))
 
 
 def sliding_window_of(config: Any) -> int | None:

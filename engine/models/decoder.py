@@ -1,4 +1,5 @@
-"""Decoder-only transformer (Llama, Mistral, Qwen2, Qwen3) over the paged KV cache.
+"""Decoder-only transformer (Llama, Mistral, Qwen2, Qwen3, and the mixture-of-experts
+Mixtral, Qwen2-MoE, Qwen3-MoE) over the paged KV cache.
 
 Parameter names equal Hugging Face's, so checkpoints load without renaming.
 """
@@ -20,7 +21,8 @@ from tokenmill.engine.layers.linear import MergedLinear
 from tokenmill.engine.layers.norm import RMSNorm
 from tokenmill.engine.layers.rotary import RopeKernel, RopeRows, RotaryEmbedding, rope_parameters
 from tokenmill.engine.layers.vocab_parallel import VocabParallelEmbedding
-from tokenmill.engine.models.architecture import flags_of
+from tokenmill.engine.models.architecture import flags_of, moe_shape_of
+from tokenmill.engine.models.moe import SparseMoeBlock
 
 
 def head_dim_of(config: Any) -> int:
@@ -95,12 +97,19 @@ class DecoderLayer(nn.Module):
     norm adds the branch output before it to the stream, so the add costs no op of its own
     on the Triton path (one fused kernel) and the final norm takes the last layer's add."""
 
-    def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup):
+    def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup, index: int):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, plan, tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config, plan, tp)
+        moe = moe_shape_of(config)
+        # The feed-forward block, under the checkpoint's name (Mixtral: block_sparse_moe).
+        self.feed_forward = "mlp"
+        if moe is not None and moe.is_sparse(index):
+            self.feed_forward = moe.names.block
+            setattr(self, moe.names.block, SparseMoeBlock(config.hidden_size, moe, tp))
+        else:
+            self.mlp = MLP(config, plan, tp)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
                 rope: RopeRows | RopeKernel, kv_cache: KVLayer,
@@ -110,15 +119,15 @@ class DecoderLayer(nn.Module):
         x, residual = self.input_layernorm(x, residual, meta.backend)
         x = self.self_attn(x, rope, kv_cache, meta)
         x, residual = self.post_attention_layernorm(x, residual, meta.backend)
-        return self.mlp(x, meta.backend), residual
+        return getattr(self, self.feed_forward)(x, meta.backend), residual
 
 
 class DecoderModel(nn.Module):
     def __init__(self, config: Any, max_positions: int, plan: ShardPlan, tp: TPGroup):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(plan, config.hidden_size, tp)
-        self.layers = nn.ModuleList(DecoderLayer(config, plan, tp)
-                                    for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, plan, tp, i)
+                                    for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(head_dim_of(config), max_positions, rope_parameters(config))
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from tokenmill.engine.models.architecture import moe_shape_of
+
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -79,8 +81,12 @@ def load_adapter(name: str, directory: str, config: Any, max_rank: int) -> LoRAW
         fail(f"cannot read {path}: {exc}")
     pairs = _pairs(tensors, config.num_hidden_layers, fail)
     shapes = module_shapes(config)
+    moe = moe_shape_of(config)
     modules: dict[tuple[int, str], ModuleLoRA] = {}
     for (layer, kind), (a, b) in sorted(pairs.items()):
+        if kind in MLP_MODULES and moe is not None and moe.is_sparse(layer):
+            fail(f"layer {layer} {kind}: that layer's MLP is a mixture of experts, and "
+                 "adapters on experts are not served (target the attention projections)")
         rank = a.shape[0]
         if rank > max_rank:
             fail(f"rank {rank} ({kind}) exceeds --max-lora-rank {max_rank}; raise "

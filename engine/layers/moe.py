@@ -1,0 +1,49 @@
+"""Mixture-of-experts math: the router's choice and the experts' weighted sum.
+
+Each token row goes to `top_k` of the layer's experts (the router's softmax, as Hugging Face
+computes it, renormalized over the chosen ones where the model asks). The rows are grouped by
+expert, so every expert runs once per step on the rows that chose it, whatever kind of
+linear layers it holds (plain, int8, fp8, int4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+def route(logits: torch.Tensor, top_k: int,
+          renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [rows, top_k] float32, expert ids [rows, top_k]) from the router's logits:
+    the softmax over all experts, its top_k, and those divided by their sum if `renormalize`."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+def experts_sum(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                num_experts: int,
+                run: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """For every row of x: the sum over its chosen experts of weight * expert(row), in x's
+    dtype; `run(e, rows)` is expert e's output for those rows. The rows are sorted by expert
+    once and the per-expert counts read on the host (one copy per call), so an expert no row
+    chose costs nothing."""
+    tokens, top_k = ids.shape
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=num_experts).tolist()
+    rows = order // top_k
+    chosen_weights = weights.reshape(-1)[order]
+    out = torch.zeros(tokens, x.shape[-1], dtype=torch.float32, device=x.device)
+    start = 0
+    for expert, count in enumerate(counts):
+        if count:
+            stop = start + count
+            picked = rows[start:stop]
+            y = run(expert, x.index_select(0, picked)).float() * chosen_weights[start:stop, None]
+            out.index_add_(0, picked, y)
+            start = stop
+    return out.to(x.dtype)

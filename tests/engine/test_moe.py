@@ -1,0 +1,214 @@
+"""Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE): greedy output equals Hugging Face
+token for token (batched, chunked, from the prefix cache, under tensor parallelism), the router
+math equals a dense reference, and what a sparse layer cannot take is refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lora_support import Adapter, make_adapter, peft_greedy
+from model_support import hf_greedy, make_random_model
+from safetensors.torch import load_file, save_file
+
+from tokenmill.engine import LLM, SamplingParams
+from tokenmill.engine.contract.config import ConfigError
+from tokenmill.engine.core.errors import LoRAAdapterError
+from tokenmill.engine.execution.decode_graphs import graphs_wanted
+from tokenmill.engine.layers.moe import experts_sum, route
+from tokenmill.engine.layers.quantized_linear import QuantizedLinear, QuantizedMergedLinear
+from tokenmill.engine.models.moe import Router, SparseMoeBlock
+
+MAX_NEW = 12
+# Small steps: long prompts are prefilled in chunks of 32 tokens over 8-token blocks.
+ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=8, max_num_batched_tokens=32)
+
+
+def _config(kind: str, vocab: int, **changes):
+    import transformers
+
+    common = dict(vocab_size=vocab, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1,
+                  eos_token_id=2, tie_word_embeddings=False)
+    common.update(changes)
+    if kind == "qwen3_moe":
+        # Layer 1 is dense (mlp_only_layers); the chosen weights are renormalized.
+        return transformers.Qwen3MoeConfig(
+            intermediate_size=128, moe_intermediate_size=32, num_experts=8,
+            num_experts_per_tok=2, head_dim=16, norm_topk_prob=True, mlp_only_layers=[1],
+            **common)
+    if kind == "qwen2_moe":
+        # A shared expert beside four routed ones; the chosen weights are not renormalized.
+        return transformers.Qwen2MoeConfig(
+            intermediate_size=128, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+            num_experts=4, num_experts_per_tok=2, **common)
+    return transformers.MixtralConfig(intermediate_size=32, num_local_experts=4,
+                                      num_experts_per_tok=2, **common)
+
+
+@pytest.fixture(scope="module", params=["qwen3_moe", "mixtral", "qwen2_moe"])
+def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
+    directory = str(tmp_path_factory.mktemp(request.param))
+    return make_random_model(directory, _config(request.param, len(vocab_tokenizer)),
+                             vocab_tokenizer)
+
+
+def _prompts(tokenizer) -> list[list[int]]:
+    shared = " ".join(f"step {i} of the plan," for i in range(12))
+    texts = ["a", "The quick brown fox", shared + " then rest.", shared + " then run.",
+             "one two three four five six seven eight nine ten " * 6]
+    return [tokenizer.encode(t) for t in texts]
+
+
+def _greedy(llm: LLM, prompts: list[list[int]], **kwargs) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, **kwargs)]
+
+
+@pytest.fixture(scope="module")
+def expected(moe_dir, vocab_tokenizer) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).eval()
+    reference.generation_config.eos_token_id = None  # as ignore_eos
+    return [hf_greedy(reference, p, MAX_NEW) for p in _prompts(vocab_tokenizer)]
+
+
+def test_greedy_equals_hf_batched_chunked_and_prefix_cached(moe_dir, expected,
+                                                            vocab_tokenizer):
+    prompts = _prompts(vocab_tokenizer)
+    with LLM(moe_dir, **ENGINE) as llm:
+        blocks = [m for m in llm.engine.runner.model.modules() if isinstance(m, SparseMoeBlock)]
+        assert blocks, "the model was built without its sparse blocks"
+        batched = _greedy(llm, prompts)
+        hits = llm.engine.kv.prefix_hits
+        again = _greedy(llm, prompts)
+        assert llm.engine.kv.prefix_hits > hits
+        alone = [_greedy(llm, [p])[0] for p in prompts[:2]]
+        llm.engine.kv.allocator.check_all_free()
+    assert batched == expected
+    assert again == expected
+    assert alone == expected[:2]
+
+
+@pytest.mark.parametrize("size", [2])
+def test_tensor_parallel_equals_hf(moe_dir, expected, vocab_tokenizer, size):
+    """Every rank holds a slice of every expert's width (and of the shared expert's)."""
+    with LLM(moe_dir, tensor_parallel_size=size, **ENGINE) as llm:
+        model = llm.engine.runner.model
+        block = next(m for m in model.modules() if isinstance(m, SparseMoeBlock))
+        assert block.experts[0].gate_up_proj.weight.shape[0] == 2 * block.shape.width // size
+        assert _greedy(llm, _prompts(vocab_tokenizer)) == expected
+
+
+def test_router_weights_renormalize_only_when_asked():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [0.0, 3.0, 3.5, 0.0]])
+    probs = torch.softmax(logits, dim=-1)
+    weights, ids = route(logits, 2, renormalize=False)
+    assert ids.tolist() == [[0, 1], [2, 1]]
+    torch.testing.assert_close(weights, probs.gather(1, ids))
+    weights, _ = route(logits, 2, renormalize=True)
+    torch.testing.assert_close(weights.sum(dim=-1), torch.ones(2))
+    torch.testing.assert_close(weights, probs.gather(1, ids) / probs.gather(1, ids).sum(1, True))
+
+
+def test_experts_sum_equals_the_dense_weighted_sum():
+    """Rows grouped by expert equal every expert run on every row, weighted by a routing
+    matrix that is zero where a row did not choose the expert (expert 4 is chosen by none)."""
+    torch.manual_seed(0)
+    x = torch.randn(9, 16)
+    mats = torch.randn(6, 16, 16)
+    choices = torch.tensor([0, 1, 2, 3, 5])
+    ids = torch.stack([choices[torch.randperm(5)[:2]] for _ in range(9)])
+    weights = torch.rand(9, 2)
+    calls = []
+
+    def run(e, rows):
+        calls.append(e)
+        return torch.tanh(rows @ mats[e])
+
+    got = experts_sum(x, weights, ids, 6, run)
+    dense = torch.zeros(9, 6).scatter_add_(1, ids, weights)
+    want = sum(dense[:, e:e + 1] * torch.tanh(x @ mats[e]) for e in range(6))
+    torch.testing.assert_close(got, want)
+    assert sorted(calls) == sorted(set(ids.flatten().tolist()))  # unchosen experts never run
+
+
+def test_int8_quantizes_every_expert_and_keeps_the_router(tmp_path, vocab_tokenizer):
+    directory = make_random_model(str(tmp_path / "m"), _config("qwen2_moe", len(vocab_tokenizer)),
+                                  vocab_tokenizer)
+    prompts = _prompts(vocab_tokenizer)[:3]
+    with LLM(directory, **ENGINE) as llm:
+        full = _greedy(llm, prompts)
+    with LLM(directory, quantization="int8", **ENGINE) as llm:
+        block = next(m for m in llm.engine.runner.model.modules()
+                     if isinstance(m, SparseMoeBlock))
+        for expert in [*block.experts, block.shared_expert]:
+            assert isinstance(expert.gate_up_proj, QuantizedMergedLinear)
+            assert isinstance(expert.down_proj, QuantizedLinear)
+        assert isinstance(block.gate, Router) and block.gate.weight.dtype == torch.float32
+        quantized = _greedy(llm, prompts)
+    # int8 moves the logits a little, not the first greedy choice of these prompts.
+    assert [q[0] for q in quantized] == [f[0] for f in full]
+
+
+def test_an_expert_width_tensor_parallelism_cannot_split_is_refused(tmp_path, vocab_tokenizer):
+    config = _config("qwen3_moe", len(vocab_tokenizer), num_attention_heads=4)
+    config.moe_intermediate_size = 30  # 4 ranks cannot split it; 2 can
+    directory = make_random_model(str(tmp_path / "m"), config, vocab_tokenizer)
+    with pytest.raises(ConfigError, match="tensor_parallel_size.*expert MLP width of 30"):
+        LLM(directory, tensor_parallel_size=4, **ENGINE)
+
+
+def test_a_checkpoint_missing_an_expert_fails_naming_it(tmp_path, vocab_tokenizer):
+    directory = make_random_model(str(tmp_path / "m"), _config("mixtral", len(vocab_tokenizer)),
+                                  vocab_tokenizer)
+    path = f"{directory}/model.safetensors"
+    tensors = load_file(path)
+    del tensors["model.layers.2.block_sparse_moe.experts.3.w2.weight"]
+    save_file(tensors, path, metadata={"format": "pt"})
+    with pytest.raises(Exception, match=r"lacks 1 tensors.*experts\.3\.w2"):
+        LLM(directory, **ENGINE)
+
+
+def test_cuda_graphs_stay_off_for_a_mixture_of_experts():
+    """Its layers read expert row counts on the host, which a graph capture cannot."""
+    assert graphs_wanted("cuda", "triton", enforce_eager=False)
+    assert not graphs_wanted("cuda", "triton", enforce_eager=False, mixture_of_experts=True)
+
+
+@pytest.fixture(scope="module")
+def qwen3_moe_dir(tmp_path_factory, vocab_tokenizer) -> str:
+    directory = str(tmp_path_factory.mktemp("lora-qwen3-moe"))
+    return make_random_model(directory, _config("qwen3_moe", len(vocab_tokenizer)),
+                             vocab_tokenizer)
+
+
+def test_lora_on_the_attention_equals_peft(qwen3_moe_dir, tmp_path, vocab_tokenizer):
+    adapter = make_adapter(qwen3_moe_dir, str(tmp_path / "a"),
+                           Adapter("a", 4, 8, ["q_proj", "v_proj", "o_proj"]))
+    prompts = _prompts(vocab_tokenizer)[:3]
+    want = peft_greedy(qwen3_moe_dir, adapter, prompts, MAX_NEW)
+    assert want != peft_greedy(qwen3_moe_dir, None, prompts, MAX_NEW)
+    with LLM(qwen3_moe_dir, enable_lora=True, max_lora_rank=8, lora_modules=(f"a={adapter}",),
+             **ENGINE) as llm:
+        assert _greedy(llm, prompts, lora="a") == want
+
+
+def test_a_lora_on_the_experts_is_refused(qwen3_moe_dir, tmp_path):
+    """PEFT adapts the experts through target_parameters; and an adapter file naming a
+    sparse layer's dense projections fits no module. Both are refused, by name."""
+    peft_experts = make_adapter(qwen3_moe_dir, str(tmp_path / "experts"),
+                                Adapter("e", 4, 8, ["q_proj", "gate_proj", "up_proj"]))
+    dense = make_adapter(qwen3_moe_dir, str(tmp_path / "dense"), Adapter("d", 4, 8, ["q_proj"]))
+    path = f"{dense}/adapter_model.safetensors"
+    tensors = load_file(path)
+    a, b = torch.zeros(4, 64), torch.zeros(32, 4)
+    tensors.update({"base_model.model.model.layers.0.mlp.gate_proj.lora_A.weight": a,
+                    "base_model.model.model.layers.0.mlp.gate_proj.lora_B.weight": b})
+    save_file(tensors, path)
+    with LLM(qwen3_moe_dir, enable_lora=True, max_lora_rank=8, **ENGINE) as llm:
+        with pytest.raises(LoRAAdapterError, match="target_parameters"):
+            llm.engine.add_lora("e", peft_experts)
+        with pytest.raises(LoRAAdapterError, match="layer 0 gate_proj.*mixture of experts"):
+            llm.engine.add_lora("d", dense)
+        assert len(_greedy(llm, [[5, 6, 7]])[0]) == MAX_NEW  # the engine goes on serving
