@@ -27,6 +27,11 @@ LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Mixture-of-experts GGUF files stack each layer's experts in one tensor (and transformers
+# reads only part of their shape from the metadata): not read here.
+MOE_GGUF_REFUSAL = ("a mixture of experts, which tokenmill serves from safetensors checkpoints "
+                    "only; serve the model's Hugging Face checkpoint (hf://ORG/NAME) instead "
+                    "of its GGUF file")
 GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -40,6 +45,9 @@ def hf_name(gguf_name: str) -> str:
     parts = gguf_name.split(".")
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in LAYER_NAMES:
         return f"model.layers.{parts[1]}.{LAYER_NAMES[parts[2]]}.{parts[3]}"
+    if len(parts) == 4 and parts[2].startswith(("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps",
+                                                "ffn_down_exps")):
+        raise ModelLoadError(f"GGUF tensor {gguf_name!r} belongs to {MOE_GGUF_REFUSAL}")
     raise ModelLoadError(f"GGUF tensor {gguf_name!r} is not part of a supported architecture")
 
 

@@ -21,8 +21,14 @@ from tokenmill.engine.distributed.sharding import ShardPlan
 from tokenmill.engine.layers.int4_linear import Int4Weight
 from tokenmill.engine.layers.linear import MergedLinear
 from tokenmill.engine.layers.rotary import RotaryEmbedding, rope_parameters
+from tokenmill.engine.models.architecture import moe_shape_of
 from tokenmill.engine.models.decoder import CausalLM, head_dim_of, num_kv_heads_of
-from tokenmill.engine.models.gguf_weights import gguf_int4_tensors, gguf_tensor_types, gguf_tensors
+from tokenmill.engine.models.gguf_weights import (
+    MOE_GGUF_REFUSAL,
+    gguf_int4_tensors,
+    gguf_tensor_types,
+    gguf_tensors,
+)
 from tokenmill.engine.models.quantize import (
     auto_quantization,
     check_gguf_kept,
@@ -140,6 +146,8 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     `pooling` (the embedding runner) never projects to the vocabulary: the LM head is the
     embeddings' weight, and a checkpoint's own head, if it has one, is not read."""
     check_quantization(quantization)
+    if source.gguf_file and moe_shape_of(config) is not None:
+        raise ModelLoadError(f"{source.gguf_file} holds {MOE_GGUF_REFUSAL}")
     tp = tp or TPGroup()
     keeps = source.gguf_file and quantization in (None, "gguf")
     gguf_types = gguf_tensor_types(source.gguf_path) if keeps else {}

@@ -16,7 +16,10 @@ from tokenmill.engine.core.errors import LoRAAdapterError
 from tokenmill.engine.execution.decode_graphs import graphs_wanted
 from tokenmill.engine.layers.moe import experts_sum, route
 from tokenmill.engine.layers.quantized_linear import QuantizedLinear, QuantizedMergedLinear
+from tokenmill.engine.models.gguf_weights import hf_name
+from tokenmill.engine.models.loader import build_model
 from tokenmill.engine.models.moe import Router, SparseMoeBlock
+from tokenmill.engine.models.source import ModelLoadError, ModelSource
 
 MAX_NEW = 12
 # Small steps: long prompts are prefilled in chunks of 32 tokens over 8-token blocks.
@@ -90,6 +93,15 @@ def test_greedy_equals_hf_batched_chunked_and_prefix_cached(moe_dir, expected,
     assert alone == expected[:2]
 
 
+def test_speculative_decoding_keeps_the_greedy_output(moe_dir, expected, vocab_tokenizer):
+    """Prompt-lookup proposals verified by the MoE target: the verify steps' rows go through
+    the experts like any other rows."""
+    spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}'
+    with LLM(moe_dir, speculative_config=spec, **ENGINE) as llm:
+        assert _greedy(llm, _prompts(vocab_tokenizer)) == expected
+        assert llm.engine.speculation_stats.num_accepted_tokens > 0
+
+
 @pytest.mark.parametrize("size", [2])
 def test_tensor_parallel_equals_hf(moe_dir, expected, vocab_tokenizer, size):
     """Every rank holds a slice of every expert's width (and of the shared expert's)."""
@@ -133,13 +145,15 @@ def test_experts_sum_equals_the_dense_weighted_sum():
     assert sorted(calls) == sorted(set(ids.flatten().tolist()))  # unchosen experts never run
 
 
-def test_int8_quantizes_every_expert_and_keeps_the_router(tmp_path, vocab_tokenizer):
+@pytest.mark.parametrize("method", ["int8", "fp8"])
+def test_quantization_covers_every_expert_and_keeps_the_router(tmp_path, vocab_tokenizer,
+                                                               method):
     directory = make_random_model(str(tmp_path / "m"), _config("qwen2_moe", len(vocab_tokenizer)),
                                   vocab_tokenizer)
     prompts = _prompts(vocab_tokenizer)[:3]
     with LLM(directory, **ENGINE) as llm:
         full = _greedy(llm, prompts)
-    with LLM(directory, quantization="int8", **ENGINE) as llm:
+    with LLM(directory, quantization=method, **ENGINE) as llm:
         block = next(m for m in llm.engine.runner.model.modules()
                      if isinstance(m, SparseMoeBlock))
         for expert in [*block.experts, block.shared_expert]:
@@ -147,7 +161,7 @@ def test_int8_quantizes_every_expert_and_keeps_the_router(tmp_path, vocab_tokeni
             assert isinstance(expert.down_proj, QuantizedLinear)
         assert isinstance(block.gate, Router) and block.gate.weight.dtype == torch.float32
         quantized = _greedy(llm, prompts)
-    # int8 moves the logits a little, not the first greedy choice of these prompts.
+    # Quantization moves the logits a little, not the first greedy choice of these prompts.
     assert [q[0] for q in quantized] == [f[0] for f in full]
 
 
@@ -212,3 +226,16 @@ def test_a_lora_on_the_experts_is_refused(qwen3_moe_dir, tmp_path):
         with pytest.raises(LoRAAdapterError, match="layer 0 gate_proj.*mixture of experts"):
             llm.engine.add_lora("d", dense)
         assert len(_greedy(llm, [[5, 6, 7]])[0]) == MAX_NEW  # the engine goes on serving
+
+
+def test_a_mixture_of_experts_gguf_file_is_refused_naming_the_way_out(tmp_path,
+                                                                     vocab_tokenizer):
+    """Its stacked expert tensors are not read: the config and the first expert tensor both
+    say so, and point to the safetensors checkpoint."""
+    with pytest.raises(ModelLoadError, match="blk.3.ffn_gate_exps.weight.*mixture of experts"):
+        hf_name("blk.3.ffn_gate_exps.weight")
+    config = _config("qwen3_moe", len(vocab_tokenizer))
+    source = ModelSource(directory=str(tmp_path), gguf_file="Qwen3-30B-A3B-Q4_0.gguf")
+    with pytest.raises(ModelLoadError, match="Qwen3-30B-A3B-Q4_0.gguf holds a mixture of "
+                                             "experts.*hf://ORG/NAME"):
+        build_model(config, source, 64, torch.float32, torch.device("cpu"))
