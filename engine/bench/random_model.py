@@ -31,11 +31,21 @@ SHAPES = {
     "qwen3-8b": ("Qwen3Config", dict(
         hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
         num_key_value_heads=8, head_dim=128, rope_theta=1000000.0, max_position_embeddings=8192)),
+    # Mixtures of experts: 128 experts of which 8 run per token; 8 of which 2 run.
+    "qwen3-30b-a3b": ("Qwen3MoeConfig", dict(
+        hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+        num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, rope_theta=1000000.0,
+        max_position_embeddings=8192)),
+    "mixtral-8x7b": ("MixtralConfig", dict(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
+        rope_theta=1000000.0, max_position_embeddings=8192)),
 }
 
 # The vocabulary of each shape's own tokenizer (config.json's vocab_size).
 VOCAB_SIZES = {"llama-3.1-8b": 128256, "llama-3.2-1b": 128256, "qwen3-0.6b": 151936,
-               "qwen3-8b": 151936}
+               "qwen3-8b": 151936, "qwen3-30b-a3b": 151936, "mixtral-8x7b": 32000}
 TOKENIZERS = ("builtin", "word-level")
 BUILTIN_VOCAB_SIZE = 49152  # SmolLM2's
 

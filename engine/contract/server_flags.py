@@ -158,6 +158,10 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-parallel-size", type=_positive_int, default=1,
                         help="Accepted for vLLM's command lines with 1 only: more replicas "
                              "(the operator's replicas and autoscaling) serve in parallel.")
+    parser.add_argument("--enable-expert-parallel", action="store_true",
+                        help="Accepted for vLLM's command lines: a mixture of experts is split "
+                             "over the --tensor-parallel-size ranks by expert width (every "
+                             "rank holds a slice of every expert; the output is the same).")
     parser.add_argument("--guided-decoding-backend", choices=("auto", "xgrammar"),
                         default="auto", help="Accepted for vLLM's command lines: structured "
                                              "outputs always run on xgrammar.")

@@ -29,6 +29,7 @@ from tokenmill.engine.layers.int4_linear import (
 from tokenmill.engine.layers.linear import MergedLinear
 from tokenmill.engine.layers.quantized_linear import WEIGHT_DTYPES, quantize_linear
 from tokenmill.engine.models.decoder import CausalLM
+from tokenmill.engine.models.moe import SparseMoeBlock
 
 KEPT_GGUF_TYPES = ("Q4_0", "Q4_1", "Q8_0")
 METHODS = (*WEIGHT_DTYPES, "gguf", "none")
@@ -115,12 +116,18 @@ def _kept_linear(module: nn.Linear, kind: str, codes: list[Int4Weight | None]) -
 
 
 def step_weight_bytes(model: CausalLM) -> int:
-    """The weight bytes a decode step reads: all of them but an input embedding table the LM
-    head does not share (a step reads only its batch's rows of it)."""
+    """The weight bytes a decode step reads at least: all of them but an input embedding table
+    the LM head does not share (a step reads only its batch's rows of it) and, in a mixture
+    of experts, the experts a single token does not choose (top_k of each layer's experts are
+    read; a larger batch reads more of them)."""
     embeddings = model.model.embed_tokens.weight
     head = getattr(model.lm_head, "weight", None)
     unread = 0 if head is not None and head.data_ptr() == embeddings.data_ptr() \
         else embeddings.nbytes
+    for block in model.modules():
+        if isinstance(block, SparseMoeBlock):
+            experts = weight_bytes(block.experts)
+            unread += experts - experts * block.shape.top_k // block.shape.num_experts
     return weight_bytes(model) - unread
 
 

@@ -19,6 +19,7 @@ from tokenmill.engine.layers.quantized_linear import QuantizedLinear, QuantizedM
 from tokenmill.engine.models.gguf_weights import hf_name
 from tokenmill.engine.models.loader import build_model
 from tokenmill.engine.models.moe import Router, SparseMoeBlock
+from tokenmill.engine.models.quantize import weight_bytes
 from tokenmill.engine.models.source import ModelLoadError, ModelSource
 
 MAX_NEW = 12
@@ -239,3 +240,16 @@ def test_a_mixture_of_experts_gguf_file_is_refused_naming_the_way_out(tmp_path,
     with pytest.raises(ModelLoadError, match="Qwen3-30B-A3B-Q4_0.gguf holds a mixture of "
                                              "experts.*hf://ORG/NAME"):
         build_model(config, source, 64, torch.float32, torch.device("cpu"))
+
+
+def test_a_decode_steps_weight_floor_counts_the_chosen_experts_only(moe_dir):
+    """The decode bandwidth bound's weights: top_k of each sparse layer's experts."""
+    with LLM(moe_dir, **ENGINE) as llm:
+        model = llm.engine.runner.model
+        report = llm.engine.memory_report()
+    blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
+    unchosen = sum(weight_bytes(b.experts) * (b.shape.num_experts - b.shape.top_k)
+                   // b.shape.num_experts for b in blocks)
+    embeddings = model.model.embed_tokens.weight.nbytes  # not tied: a step reads a few rows
+    assert report["step_weights_bytes"] == weight_bytes(model) - embeddings - unchosen
+    assert unchosen > 0

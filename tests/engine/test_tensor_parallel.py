@@ -15,6 +15,7 @@ from process_support import alive, children
 from tokenmill.engine import LLM, SamplingParams
 from tokenmill.engine.bench import random_model
 from tokenmill.engine.contract.config import ConfigError
+from tokenmill.engine.contract.model_shape import ModelShape
 from tokenmill.engine.distributed.sharding import ShardPlan
 from tokenmill.engine.execution.workers import WorkerFailed
 
@@ -164,6 +165,7 @@ def test_benchmark_shapes_shard_at_every_crd_size(shape):
     for size in (1, 2, 4, 8):
         plan = ShardPlan.for_model(config, size - 1, size)
         assert plan.num_heads * size == config.num_attention_heads
+        assert plan.expert_size * size == ModelShape.of(config).expert_intermediate_size
 
 
 def test_make_model_writes_a_checkpoint_the_engine_serves_at_tp2(tmp_path, monkeypatch):

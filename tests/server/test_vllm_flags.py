@@ -67,6 +67,7 @@ def vllm_server(tiny_llama_dir, tls, tmp_path_factory):
         "--uvicorn-log-level", "info",
         "--disable-uvicorn-access-log", "--disable-fastapi-docs",
         "--disable-frontend-multiprocessing", "--distributed-executor-backend", "mp",
+        "--enable-expert-parallel",
         "--pipeline-parallel-size", "1", "--data-parallel-size", "1",
         "--guided-decoding-backend", "xgrammar", "--return-tokens-as-token-ids",
         "--allowed-origins", f'["{ORIGIN}"]', "--ssl-keyfile", key, "--ssl-certfile", cert,
