@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tokenmill.engine.contract.model_shape import ModelShape
 from tokenmill.engine.layers.rotary import rope_parameters
 from tokenmill.engine.models.source import ModelLoadError
 
@@ -108,11 +109,11 @@ def moe_shape_of(config: Any) -> MoeShape | None:
         return None
     if getattr(config, "hidden_act", "silu") != "silu":
         raise ModelLoadError(f"activation {config.hidden_act!r} is not supported (silu)")
-    width = config.intermediate_size if style == "mixtral" else config.moe_intermediate_size
+    widths = ModelShape.of(config)
     return MoeShape(
         names=MOE_NAMES[style], num_experts=int(experts), top_k=int(config.num_experts_per_tok),
-        width=int(width),
-        shared_width=int(getattr(config, "shared_expert_intermediate_size", 0) or 0),
+        width=widths.expert_intermediate_size,
+        shared_width=widths.shared_expert_intermediate_size,
         renormalize=style == "mixtral" or bool(getattr(config, "norm_topk_prob", False)),
         sparse_step=int(getattr(config, "decoder_sparse_step", 1) or 1),
         dense_layers=frozenset(getattr(config, "mlp_only_layers", None) or ()))
