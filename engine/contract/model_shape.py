@@ -9,6 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 
+def num_experts_of(config: Any) -> int:
+    """The routed experts of a mixture-of-experts config (transformers calls them
+    num_local_experts or num_experts); 0 for a dense model."""
+    return int(getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
+               or 0)
+
+
 @dataclass(frozen=True)
 class ModelShape:
     heads: int
@@ -21,10 +28,8 @@ class ModelShape:
     def of(cls, config: Any) -> ModelShape:
         """The shape of a transformers config."""
         heads = config.num_attention_heads
-        experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts",
-                                                                        None)
         expert_width = 0
-        if experts:  # Mixtral's experts are intermediate_size wide, Qwen's moe_intermediate_size
+        if num_experts_of(config):  # Qwen's experts are moe_intermediate_size wide, Mixtral's
             expert_width = getattr(config, "moe_intermediate_size", None) or \
                 getattr(config, "intermediate_size", 0)
         return cls(heads, getattr(config, "num_key_value_heads", None) or heads,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tokenmill.engine.contract.model_shape import ModelShape
+from tokenmill.engine.contract.model_shape import ModelShape, num_experts_of
 from tokenmill.engine.layers.rotary import rope_parameters
 from tokenmill.engine.models.source import ModelLoadError
 
@@ -104,14 +104,14 @@ def moe_shape_of(config: Any) -> MoeShape | None:
     """The model's sparse blocks, or None for a dense model (or a MoE config with no
     experts)."""
     style = flags_of(config).moe
-    experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
+    experts = num_experts_of(config)
     if style is None or not experts:
         return None
     if getattr(config, "hidden_act", "silu") != "silu":
         raise ModelLoadError(f"activation {config.hidden_act!r} is not supported (silu)")
     widths = ModelShape.of(config)
     return MoeShape(
-        names=MOE_NAMES[style], num_experts=int(experts), top_k=int(config.num_experts_per_tok),
+        names=MOE_NAMES[style], num_experts=experts, top_k=int(config.num_experts_per_tok),
         width=widths.expert_intermediate_size,
         shared_width=widths.shared_expert_intermediate_size,
         renormalize=style == "mixtral" or bool(getattr(config, "norm_topk_prob", False)),

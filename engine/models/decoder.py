@@ -21,7 +21,7 @@ from tokenmill.engine.layers.linear import MergedLinear
 from tokenmill.engine.layers.norm import RMSNorm
 from tokenmill.engine.layers.rotary import RopeKernel, RopeRows, RotaryEmbedding, rope_parameters
 from tokenmill.engine.layers.vocab_parallel import VocabParallelEmbedding
-from tokenmill.engine.models.architecture import flags_of, moe_shape_of
+from tokenmill.engine.models.architecture import MoeShape, flags_of, moe_shape_of
 from tokenmill.engine.models.moe import SparseMoeBlock
 
 
@@ -97,17 +97,18 @@ class DecoderLayer(nn.Module):
     norm adds the branch output before it to the stream, so the add costs no op of its own
     on the Triton path (one fused kernel) and the final norm takes the last layer's add."""
 
-    def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup, index: int):
+    def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup, sparse: MoeShape | None):
+        """`sparse`: the mixture of experts this layer's feed-forward block is, None: a dense
+        MLP."""
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, plan, tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        moe = moe_shape_of(config)
         # The feed-forward block, under the checkpoint's name (Mixtral: block_sparse_moe).
         self.feed_forward = "mlp"
-        if moe is not None and moe.is_sparse(index):
-            self.feed_forward = moe.names.block
-            setattr(self, moe.names.block, SparseMoeBlock(config.hidden_size, moe, tp))
+        if sparse is not None:
+            self.feed_forward = sparse.names.block
+            setattr(self, sparse.names.block, SparseMoeBlock(config.hidden_size, sparse, tp))
         else:
             self.mlp = MLP(config, plan, tp)
 
@@ -126,8 +127,10 @@ class DecoderModel(nn.Module):
     def __init__(self, config: Any, max_positions: int, plan: ShardPlan, tp: TPGroup):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(plan, config.hidden_size, tp)
-        self.layers = nn.ModuleList(DecoderLayer(config, plan, tp, i)
-                                    for i in range(config.num_hidden_layers))
+        moe = moe_shape_of(config)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, plan, tp, moe if moe is not None and moe.is_sparse(i) else None)
+            for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(head_dim_of(config), max_positions, rope_parameters(config))
 
