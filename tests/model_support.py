@@ -35,6 +35,15 @@ def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     return out[0, len(prompt_ids):].tolist()
 
 
+def mixed_prompts(tokenizer, shared_steps: int = 12, repeats: int = 6) -> list[list[int]]:
+    """Short and long prompts: two share a long prefix (a prefix-cache hit for the second),
+    and the last is long enough to be prefilled in several chunks."""
+    shared = " ".join(f"step {i} of the plan," for i in range(shared_steps))
+    texts = ["a", "The quick brown fox", shared + " then rest.", shared + " then run.",
+             "one two three four five six seven eight nine ten " * repeats]
+    return [tokenizer.encode(t) for t in texts]
+
+
 def make_random_model(directory: str, config, tokenizer) -> str:
     """A random-weight model saved as a real HF checkpoint (config, tokenizer, safetensors)."""
     from transformers import AutoModelForCausalLM

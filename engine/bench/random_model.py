@@ -41,11 +41,18 @@ SHAPES = {
         hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
         num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
         rope_theta=1000000.0, max_position_embeddings=8192)),
+    # Gemma 2: sliding (4096) and full layers alternate; scores and logits are soft-capped.
+    "gemma-2-9b": ("Gemma2Config", dict(
+        hidden_size=3584, intermediate_size=14336, num_hidden_layers=42, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=256, query_pre_attn_scalar=256, sliding_window=4096,
+        attn_logit_softcapping=50.0, final_logit_softcapping=30.0, rope_theta=10000.0,
+        max_position_embeddings=8192)),
 }
 
 # The vocabulary of each shape's own tokenizer (config.json's vocab_size).
 VOCAB_SIZES = {"llama-3.1-8b": 128256, "llama-3.2-1b": 128256, "qwen3-0.6b": 151936,
-               "qwen3-8b": 151936, "qwen3-30b-a3b": 151936, "mixtral-8x7b": 32000}
+               "qwen3-8b": 151936, "qwen3-30b-a3b": 151936, "mixtral-8x7b": 32000,
+               "gemma-2-9b": 256000}
 TOKENIZERS = ("builtin", "word-level")
 BUILTIN_VOCAB_SIZE = 49152  # SmolLM2's
 

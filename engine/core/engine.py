@@ -44,7 +44,6 @@ from tokenmill.engine.layers.attention import check_kv_cache_dtype, resolve_back
 from tokenmill.engine.models.architecture import (
     context_length_of,
     is_bare_decoder,
-    sliding_window_of,
 )
 from tokenmill.engine.models.loader import check_tokenizer_fits, load_config, load_tokenizer
 from tokenmill.engine.models.pooler_files import embedding_checkpoint, model_pooler
@@ -588,22 +587,9 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def _max_model_len(config: EngineConfig, model_config: Any) -> int:
-    """The context length: the model's (or --max-model-len, within it). A model that slides
-    its attention over a window gives exactly the full attention's output only on sequences
-    no longer than that window, and the engine attends to the whole context: so the context
-    stops at the window."""
+    """The context length: the model's (or --max-model-len, within it). Sliding-window layers
+    attend over their window at any length, so the window does not bound it."""
     limit = context_length_of(model_config)
-    window = sliding_window_of(model_config)
-    if window is not None and window < limit:
-        if config.max_model_len is not None and config.max_model_len > window:
-            raise ConfigError("max_model_len", f"{config.max_model_len} exceeds the model's "
-                              f"sliding attention window ({window} tokens): tokenmill attends "
-                              "to the whole context, which equals the model's attention only "
-                              f"up to the window; use at most {window}")
-        if config.max_model_len is None:
-            log.info("context capped at the model's sliding attention window",
-                     extra={"window": window, "max_position_embeddings": limit})
-        limit = window
     if config.max_model_len is not None and config.max_model_len > limit:
         raise ConfigError("max_model_len", f"{config.max_model_len} exceeds the model's context "
                                            f"length ({limit})")

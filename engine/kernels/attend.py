@@ -49,14 +49,19 @@ def dim_block(head_dim: int) -> int:
 @triton.jit
 def attend_context(
     q, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr, kv_head, start,
-    end, qk_scale, block_size, stride_cb, stride_ct, stride_ch, stride_sb, stride_st, head_dim,
+    end, qk_scale, window, softcap, block_size, stride_cb, stride_ct, stride_ch, stride_sb,
+    stride_st, head_dim,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, QUANTIZED: tl.constexpr, WINDOWED: tl.constexpr,
+    SOFTCAPPED: tl.constexpr,
 ):
     """Rows q [BLOCK_M, BLOCK_D] at positions q_pos attend causally to keys start..end-1.
 
-    Returns (acc, denom, m). Every row must see a key in the first tile (m stays finite after
-    it); the callers' ranges guarantee that. An empty range returns denom 0 and m -inf.
+    WINDOWED: a row sees only its last `window` positions (sliding-window layers), so a tile
+    may hold no key some row sees. SOFTCAPPED: scores become softcap * tanh(score / softcap)
+    before the softmax (Gemma 2). Returns (acc, denom, m). Without a window every row must see
+    a key in the first tile (m stays finite after it); the callers' ranges guarantee that. An
+    empty range returns denom 0 and m -inf.
     """
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < head_dim
@@ -81,11 +86,21 @@ def attend_context(
         k = k.to(q.dtype)
         v = v.to(q.dtype)
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        if SOFTCAPPED:
+            # softcap arrives in base 2 (times log2(e)), as the scores do; tanh(x) is
+            # 2 sigmoid(2x) - 1.
+            scores = softcap * (2.0 * tl.sigmoid(2.0 * scores / softcap) - 1.0)
         visible = pos_ok[None, :] & (pos[None, :] <= q_pos[:, None])
+        if WINDOWED:
+            visible = visible & (pos[None, :] > q_pos[:, None] - window)
         scores = tl.where(visible, scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, 1))
-        p = tl.exp2(scores - m_new[:, None])
-        alpha = tl.exp2(m - m_new)
+        m_use = m_new
+        if WINDOWED:
+            # A row that has seen no key yet keeps m = -inf: offset by 0 so exp2 gives 0s.
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(scores - m_use[:, None])
+        alpha = tl.exp2(m - m_use)
         denom = denom * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m = m_new

@@ -29,14 +29,15 @@ MIN_SPLIT_TOKENS = 256  # shorter splits would cost more to merge than they save
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, seq_lens_ptr,
     part_out_ptr, part_lse_ptr,
-    qk_scale,
+    qk_scale, window, softcap,
     stride_qs, stride_qh,
     stride_cb, stride_ct, stride_ch, stride_sb, stride_st,
     stride_bt,
     stride_ps, stride_ph, stride_pk, stride_ls, stride_lh,
     block_size, group, head_dim, split_tokens,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, QUANTIZED: tl.constexpr, WINDOWED: tl.constexpr,
+    SOFTCAPPED: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -44,6 +45,8 @@ def _decode_split_kernel(
     seq_len = tl.load(seq_lens_ptr + seq)
     start = split * split_tokens
     end = tl.minimum(start + split_tokens, seq_len)
+    if WINDOWED:  # the query sees its last `window` positions: earlier splits end up empty
+        start = tl.maximum(start, seq_len - window)
 
     rows = tl.arange(0, BLOCK_G)  # query heads of this K/V head's group
     dims = tl.arange(0, BLOCK_D)
@@ -56,9 +59,9 @@ def _decode_split_kernel(
     seq_end = tl.zeros([BLOCK_G], tl.int64) + (seq_len - 1)  # the query's own position
     acc, denom, m = attend_context(
         q, seq_end, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
-        block_tables_ptr + seq * stride_bt, kv_head, start, end, qk_scale, block_size,
-        stride_cb, stride_ct, stride_ch, stride_sb, stride_st, head_dim,
-        BLOCK_G, BLOCK_N, BLOCK_D, DOT_PRECISION, QUANTIZED,
+        block_tables_ptr + seq * stride_bt, kv_head, start, end, qk_scale, window, softcap,
+        block_size, stride_cb, stride_ct, stride_ch, stride_sb, stride_st, head_dim,
+        BLOCK_G, BLOCK_N, BLOCK_D, DOT_PRECISION, QUANTIZED, WINDOWED, SOFTCAPPED,
     )
 
     # An empty split (its sequence is shorter) leaves lse = -inf and weighs nothing in the merge.
@@ -98,13 +101,16 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int,
                      scale: float, num_splits: int | None = None, block_n: int = 64,
                      k_scale: torch.Tensor | None = None,
-                     v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                     v_scale: torch.Tensor | None = None, window: int | None = None,
+                     softcap: float | None = None) -> torch.Tensor:
     """q: [seqs, heads, dim], one query per sequence, at position seq_lens[i] - 1 -> same shape.
 
     Caches are [blocks, block_size, kv_heads, dim]; block_tables[i] lists sequence i's blocks.
     int8/fp8 caches come with their float32 scales [blocks, block_size, kv_heads].
     max_seq_len (a host int, so no device sync) sizes the splits; num_splits defaults to enough
     programs to fill a large GPU, with splits of at least MIN_SPLIT_TOKENS tokens.
+    window: the query sees only its last `window` positions; softcap: scores pass through
+    softcap * tanh(score / softcap).
     """
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -125,7 +131,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     k_scales, v_scales, scale_sb, scale_st = scale_args(k_cache, k_scale, v_scale)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, k_scales, v_scales, block_tables, seq_lens, part_out, part_lse,
-        scale * LOG2E,
+        scale * LOG2E, window or 0, (softcap or 0.0) * LOG2E,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale_sb, scale_st,
         block_tables.stride(0),
@@ -134,6 +140,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         k_cache.shape[1], group, head_dim, split_tokens,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
         DOT_PRECISION=dot_precision(q.dtype), QUANTIZED=k_scale is not None,
+        WINDOWED=bool(window), SOFTCAPPED=bool(softcap),
     )
     _merge_splits_kernel[(num_seqs, num_heads)](
         part_out, part_lse, out,

@@ -27,13 +27,14 @@ from tokenmill.engine.kernels.attend import (
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, block_tables_ptr,
     seq_lens_ptr, query_start_ptr,
-    qk_scale,
+    qk_scale, window, softcap,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_ct, stride_ch, stride_sb, stride_st,
     stride_bt,
     block_size, group, head_dim,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, QUANTIZED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, QUANTIZED: tl.constexpr, WINDOWED: tl.constexpr,
+    SOFTCAPPED: tl.constexpr,
 ):
     tile_m = tl.program_id(0)
     seq = tl.program_id(1)
@@ -58,14 +59,18 @@ def _prefill_kernel(
 
     # Keys after the tile's last query are masked for every row: stop there.
     end = prefix + (tl.minimum((tile_m + 1) * BLOCK_M, num_rows) - 1) // group + 1
+    start = 0
+    if WINDOWED:  # keys before the tile's first query's window are masked for every row
+        start = tl.maximum(prefix + (tile_m * BLOCK_M) // group - window + 1, 0)
     acc, denom, m = attend_context(
         q, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
-        block_tables_ptr + seq * stride_bt, kv_head, 0, end, qk_scale, block_size,
-        stride_cb, stride_ct, stride_ch, stride_sb, stride_st, head_dim,
-        BLOCK_M, BLOCK_N, BLOCK_D, DOT_PRECISION, QUANTIZED,
+        block_tables_ptr + seq * stride_bt, kv_head, start, end, qk_scale, window, softcap,
+        block_size, stride_cb, stride_ct, stride_ch, stride_sb, stride_st, head_dim,
+        BLOCK_M, BLOCK_N, BLOCK_D, DOT_PRECISION, QUANTIZED, WINDOWED, SOFTCAPPED,
     )
-    # Every row sees at least key 0, so denom > 0.
-    out = acc / denom[:, None]
+    # Every owned row sees at least its own key, so denom > 0 there; a padding row of the tile
+    # may see none under a window, and is not stored.
+    out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
     tl.store(out_ptr + (q_start + token)[:, None] * stride_ot + heads[:, None] * stride_oh
              + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=io_mask)
 
@@ -76,13 +81,16 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       block_m: int = 64, block_n: int = 64,
                       k_scale: torch.Tensor | None = None,
                       v_scale: torch.Tensor | None = None,
-                      zero_unowned: bool = False) -> torch.Tensor:
+                      zero_unowned: bool = False, window: int | None = None,
+                      softcap: float | None = None) -> torch.Tensor:
     """q: [tokens, heads, dim] of every sequence's new tokens -> attention output, same shape.
 
     Caches are [blocks, block_size, kv_heads, dim]; the new tokens' K/V must already be in them.
     int8/fp8 caches come with their float32 scales [blocks, block_size, kv_heads].
     max_query_len is a host int (no device sync) that sizes the grid. zero_unowned: rows
     after the last sequence's are padding, left zero (the kernel writes only owned rows).
+    window: each query sees only its last `window` positions; softcap: scores pass through
+    softcap * tanh(score / softcap).
     """
     num_tokens, _, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -95,12 +103,13 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     k_scales, v_scales, scale_sb, scale_st = scale_args(k_cache, k_scale, v_scale)
     _prefill_kernel[grid](
         q, k_cache, v_cache, k_scales, v_scales, out, block_tables, seq_lens, query_start_loc,
-        scale * LOG2E,
+        scale * LOG2E, window or 0, (softcap or 0.0) * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale_sb, scale_st,
         block_tables.stride(0),
         k_cache.shape[1], group, head_dim,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=dim_block(head_dim),
         DOT_PRECISION=dot_precision(q.dtype), QUANTIZED=k_scale is not None,
+        WINDOWED=bool(window), SOFTCAPPED=bool(softcap),
     )
     return out

@@ -2,7 +2,8 @@
 
 The torch reference is `layers/norm.rms_norm` (Hugging Face's LlamaRMSNorm order): the sum
 x + residual is rounded to the input dtype (it is the residual stream), normalized in float32,
-cast to the input dtype, then multiplied by the weight.
+cast to the input dtype, then multiplied by the weight; with a unit offset (Gemma's norm) it is
+multiplied by 1 + weight in float32 and then cast.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr,
     stride_x0, stride_x1, stride_r0, stride_r1, stride_o0, stride_o1,
     inner_rows, size, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, UNIT_OFFSET: tl.constexpr, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
     r0 = row // inner_rows
@@ -34,13 +35,17 @@ def _rms_norm_kernel(
     h = x.to(tl.float32)
     h = h * tl.math.rsqrt(tl.sum(h * h, 0) / size + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0)
-    out = h.to(dtype).to(tl.float32) * w.to(tl.float32)
+    if UNIT_OFFSET:
+        out = h * (1.0 + w.to(tl.float32))
+    else:
+        out = h.to(dtype).to(tl.float32) * w.to(tl.float32)
     tl.store(out_ptr + r0 * stride_o0 + r1 * stride_o1 + cols,
              out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             residual: torch.Tensor | None = None,
+             unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """x: [rows, size] or [rows, heads, size] (any row strides, contiguous last dim).
 
     Returns (normalized, residual stream). With a residual, the sum x + residual is written
@@ -58,7 +63,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     _rms_norm_kernel[(x.shape[0] * inner,)](
         x, res, weight, out, *_row_strides(x), *_row_strides(res), *_row_strides(out),
         inner, size, eps,
-        HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(size),
+        HAS_RESIDUAL=residual is not None, UNIT_OFFSET=unit_offset,
+        BLOCK=triton.next_power_of_2(size),
     )
     return out, res
 

@@ -1,8 +1,9 @@
-"""The gated MLP's activation, silu(gate) * up, as Hugging Face's act_fn(gate) * up rounds it.
+"""The gated MLP's activation, act(gate) * up, as Hugging Face's act_fn(gate) * up rounds it:
+silu (Llama, Qwen, Mistral) or GeLU with the tanh approximation (Gemma).
 
 The torch ops are the reference and the CPU path; on the Triton backend one kernel
-(`kernels/activation.py`) does both. The kernel module imports triton, so it is imported on
-first use only.
+(`kernels/activation.py`) does silu and the product. The kernel module imports triton, so it
+is imported on first use only.
 """
 
 from __future__ import annotations
@@ -21,6 +22,20 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor, backend: str = "torch") -
     if backend == "triton":
         return _kernel()(gate, up)
     return F.silu(gate).mul_(up)
+
+
+# transformers' names for the activations, as configs spell them (hidden_act, or Gemma's
+# hidden_activation).
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+
+
+def act_and_mul(gate: torch.Tensor, up: torch.Tensor, activation: str,
+                backend: str = "torch") -> torch.Tensor:
+    """act(gate) * up for one of ACTIVATIONS; the GeLU is rounded to the dtype before the
+    product, as the reference models do."""
+    if activation == "silu":
+        return silu_and_mul(gate, up, backend)
+    return F.gelu(gate, approximate="tanh").mul_(up)
 
 
 @functools.cache

@@ -15,6 +15,7 @@ from tokenmill.engine.kernels import triton_available
 from tokenmill.engine.layers import paged_attention as reference
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.kv_layer import KVLayer
+from tokenmill.engine.layers.paged_attention import Scores
 
 
 def resolve_backend(name: str, device: torch.device) -> str:
@@ -64,24 +65,29 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, cache: KVLayer, meta: AttentionMe
 
 
 def attention(q: torch.Tensor, cache: KVLayer, meta: AttentionMetadata,
-              scale: float) -> torch.Tensor:
-    """Causal attention of every sequence's new queries ([tokens, heads, dim]) over its context.
+              scale: float | Scores) -> torch.Tensor:
+    """Causal attention of every sequence's new queries ([tokens, heads, dim]) over its context
+    (or its sliding window), scored as `scale` says.
 
     On Triton, an all-decode step takes the split-K decode kernel; any step with a longer chunk
     takes one launch of the prefill/extend kernel, which serves its decodes too.
     """
+    scores = scale if isinstance(scale, Scores) else Scores(scale)
     if meta.backend != "triton":
-        return reference.paged_attention(q, cache.k, cache.v, meta, scale, cache.k_scale,
+        return reference.paged_attention(q, cache.k, cache.v, meta, scores, cache.k_scale,
                                          cache.v_scale)
     if max(meta.query_lens_list) == 1:
         from tokenmill.engine.kernels.decode_attention import decode_attention
 
         return decode_attention(q, cache.k, cache.v, meta.block_tables, meta.seq_lens,
-                                meta.max_seq_len, scale, num_splits=meta.decode_splits,
-                                k_scale=cache.k_scale, v_scale=cache.v_scale)
+                                meta.max_seq_len, scores.scale,
+                                num_splits=meta.decode_splits, k_scale=cache.k_scale,
+                                v_scale=cache.v_scale, window=scores.window,
+                                softcap=scores.softcap)
     from tokenmill.engine.kernels.prefill_attention import prefill_attention
 
     return prefill_attention(q, cache.k, cache.v, meta.block_tables, meta.seq_lens,
-                             meta.query_start_loc, max(meta.query_lens_list), scale,
+                             meta.query_start_loc, max(meta.query_lens_list), scores.scale,
                              k_scale=cache.k_scale, v_scale=cache.v_scale,
-                             zero_unowned=meta.unowned_rows)
+                             zero_unowned=meta.unowned_rows, window=scores.window,
+                             softcap=scores.softcap)

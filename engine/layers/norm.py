@@ -1,4 +1,5 @@
-"""RMSNorm with the decoder's residual add fused in, in Hugging Face's op order.
+"""RMSNorm with the decoder's residual add fused in, in Hugging Face's op order (Llama's, or
+Gemma's, which scales by 1 + weight in float32 before rounding).
 
 `rms_norm` is the torch reference and the CPU path; on the Triton backend one kernel
 (`kernels/rms_norm.py`) does the add and the norm. The kernel module imports triton, so it is
@@ -16,18 +17,25 @@ from torch import nn
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None,
-             backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+             residual: torch.Tensor | None = None, backend: str = "torch",
+             unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(normalized, residual stream) of x, or of x + residual when a residual is given.
 
     The sum is rounded to x's dtype (it is the residual stream, as the reference models'
     `x = x + attn_out`); the norm runs in float32, is cast to the input dtype, then multiplied
-    by the weight (LlamaRMSNorm). The Triton kernel overwrites `residual` with the sum.
+    by the weight (LlamaRMSNorm). With `unit_offset` (GemmaRMSNorm) it is multiplied by
+    1 + weight in float32 and then cast. The Triton kernel overwrites `residual` with the sum.
     """
     if backend == "triton":
-        return _kernel()(x, weight, eps, residual)
+        return _kernel()(x, weight, eps, residual, unit_offset)
     if residual is not None:
         x = x + residual
+    if unit_offset:
+        scale = 1.0 + weight.float()
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), scale, eps), x
+        h = x.float()
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True).add_(eps)) * scale).to(x.dtype), x
     if x.dtype == torch.float32 and weight.dtype == torch.float32:
         # One fused op, bit for bit the same float32 arithmetic as the steps below (tested).
         return F.rms_norm(x, (x.shape[-1],), weight, eps), x
@@ -47,11 +55,13 @@ def _kernel() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
+    def __init__(self, size: int, eps: float, unit_offset: bool = False):
+        """unit_offset: Gemma's norm, which scales by 1 + weight."""
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.unit_offset = unit_offset
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
                 backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
-        return rms_norm(x, self.weight, self.eps, residual, backend)
+        return rms_norm(x, self.weight, self.eps, residual, backend, self.unit_offset)

@@ -51,6 +51,7 @@ class DecodeBucket:
     """
 
     rows: torch.Tensor      # [batch] query rows of these sequences
+    lengths: torch.Tensor   # [batch] their context lengths
     blocks: torch.Tensor    # [batch * num_blocks] block ids, row-major by sequence
     num_blocks: int
     # [batch, 1, 1, num_blocks * block_size] True where context exists; None for a bucket of
@@ -63,27 +64,41 @@ class DecodeBucket:
     first_block: int | None = None
 
 
+@dataclass(frozen=True)
+class Scores:
+    """How a layer turns q.k into attention weights: the scale, the sliding window (each query
+    sees its last `window` positions; None: the whole context) and Gemma 2's soft cap
+    (softcap * tanh(score / softcap) before the softmax; None: none)."""
+
+    scale: float
+    window: int | None = None
+    softcap: float | None = None
+
+
 def paged_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    meta: AttentionMetadata, scale: float, k_scale: torch.Tensor | None = None,
+    meta: AttentionMetadata, scale: float | Scores, k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal attention of each sequence's new queries over its whole cached context.
+    """Causal attention of each sequence's new queries over its cached context (the whole of
+    it, or a sliding window of it).
 
     q: [tokens, heads, dim] -> [tokens, heads, dim]. Decode rows (one query each) run in padded
     batches of similar context length; prefill and chunked-prefill rows run one at a time.
     """
+    scores = scale if isinstance(scale, Scores) else Scores(scale)
     cache = KVLayer(k_cache, v_cache, k_scale, v_scale)
     buckets = decode_buckets(meta, k_cache.shape[1])
     if q.shape[0] == 1 and buckets:  # one decoding sequence: its bucket's output is the output
-        return _decode_bucket(q, cache, buckets[0], scale)
+        return _decode_bucket(q, cache, buckets[0], scores)
     out = torch.empty_like(q)
     for bucket in buckets:
-        out.index_copy_(0, bucket.rows, _decode_bucket(q, cache, bucket, scale))
+        out.index_copy_(0, bucket.rows, _decode_bucket(q, cache, bucket, scores))
     for i, q_len in enumerate(meta.query_lens_list):
         if q_len > 1:
             start = int(meta.query_start_loc[i])
-            out[start:start + q_len] = _prefill_one(q[start:start + q_len], cache, meta, i, scale)
+            out[start:start + q_len] = _prefill_one(q[start:start + q_len], cache, meta, i,
+                                                    scores)
     return out
 
 
@@ -113,6 +128,7 @@ def _build_decode_buckets(meta: AttentionMetadata, block_size: int) -> list[Deco
             mask = mask[:, None, None, :]
         buckets.append(DecodeBucket(
             rows=meta.query_start_loc.index_select(0, index),
+            lengths=meta.seq_lens.index_select(0, index),
             blocks=blocks.contiguous(), num_blocks=num_blocks, mask=mask,
             length=max(meta.seq_lens_list[i] for i in seqs),
             first_block=_first_of_consecutive(blocks) if len(seqs) == 1 else None,
@@ -167,25 +183,46 @@ def _gather(cache: torch.Tensor, scales: torch.Tensor | None, block_table: torch
     return blocks.reshape(-1, *cache.shape[2:])[:length]
 
 
-def _prefill_one(q, cache: KVLayer, meta, i, scale):
+def _prefill_one(q, cache: KVLayer, meta, i, scores: Scores):
     ctx = meta.seq_lens_list[i]
     q_len = q.shape[0]
     k = _gather(cache.k, cache.k_scale, meta.block_tables[i], ctx, q.dtype)
     v = _gather(cache.v, cache.v_scale, meta.block_tables[i], ctx, q.dtype)
     # 4-D inputs: with 3-D ones CPU SDPA falls back to its unfused math path (about 3x slower).
     qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-    if ctx == q_len:
-        o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale,
+    if ctx == q_len and scores.window is None and scores.softcap is None:
+        o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scores.scale,
                                            enable_gqa=True)
     else:
         query_pos = torch.arange(ctx - q_len, ctx, device=q.device).unsqueeze(1)
         key_pos = torch.arange(ctx, device=q.device).unsqueeze(0)
-        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=key_pos <= query_pos,
-                                           scale=scale, enable_gqa=True)
+        visible = key_pos <= query_pos
+        if scores.window is not None:
+            visible &= key_pos > query_pos - scores.window
+        o = _attend(qh, kh, vh, visible, scores)
     return o[0].transpose(0, 1)
 
 
-def _decode_bucket(q, cache: KVLayer, bucket: DecodeBucket, scale):
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None,
+            scores: Scores) -> torch.Tensor:
+    """SDPA over [..., heads, len, dim], or, with a soft cap (which SDPA cannot apply), the
+    same steps as the reference models' eager attention: weights in the input dtype, the
+    softmax in float32."""
+    if scores.softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scores.scale,
+                                              enable_gqa=True)
+    group = q.shape[-3] // k.shape[-3]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    weights = torch.matmul(q, k.transpose(-1, -2)) * scores.scale
+    weights = torch.tanh(weights / scores.softcap) * scores.softcap
+    if visible is not None:
+        weights = weights.masked_fill(~visible, float("-inf"))
+    weights = torch.softmax(weights, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, v)
+
+
+def _decode_bucket(q, cache: KVLayer, bucket: DecodeBucket, scores: Scores):
     """One query per sequence over its padded context; the query heads that share a K/V head
     ride along its query axis, so K/V are gathered once and never repeated."""
     batch = bucket.rows.shape[0]
@@ -195,11 +232,14 @@ def _decode_bucket(q, cache: KVLayer, bucket: DecodeBucket, scale):
     k = _read_bucket(cache.k, cache.k_scale, bucket, q.dtype)
     v = _read_bucket(cache.v, cache.v_scale, bucket, q.dtype)
     k, v = (x.view(batch, length, num_kv_heads, head_dim) for x in (k, v))
-    if bucket.mask is None:
-        k, v = k[:, :bucket.length], v[:, :bucket.length]
+    mask = bucket.mask
+    if mask is None:
+        start = 0 if scores.window is None else max(bucket.length - scores.window, 0)
+        k, v = k[:, start:bucket.length], v[:, start:bucket.length]
+    elif scores.window is not None:
+        positions = torch.arange(length, device=k.device)
+        mask = mask & (positions >= bucket.lengths.unsqueeze(1) - scores.window)[:, None, None]
     rows = q if q.shape[0] == batch == 1 else q.index_select(0, bucket.rows)
     grouped = rows.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    o = F.scaled_dot_product_attention(
-        grouped, k.transpose(1, 2), v.transpose(1, 2), attn_mask=bucket.mask, scale=scale,
-    )
+    o = _attend(grouped, k.transpose(1, 2), v.transpose(1, 2), mask, scores)
     return o.reshape(batch, num_heads, head_dim)

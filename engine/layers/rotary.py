@@ -11,10 +11,17 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
-def rope_parameters(config: Any) -> dict:
-    """The rope settings of a transformers config, old (rope_theta/rope_scaling) or new style."""
+
+def rope_parameters(config: Any, layer_type: str = "full_attention") -> dict:
+    """The rope settings of a transformers config, old (rope_theta/rope_scaling) or new style.
+
+    Gemma 3 keeps one set per kind of layer ({"full_attention": ..., "sliding_attention":
+    ...}): `layer_type` picks one; a config with one set gives it for every kind."""
     params = dict(getattr(config, "rope_parameters", None) or {})
+    if any(kind in params for kind in LAYER_TYPES):
+        params = dict(params.get(layer_type) or params["full_attention"])
     scaling = getattr(config, "rope_scaling", None) or {}
     if not params:
         params = dict(scaling)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenmill.engine.contract.model_shape import ModelShape, num_experts_of
+from tokenmill.engine.layers.activation import ACTIVATIONS
 from tokenmill.engine.layers.rotary import rope_parameters
 from tokenmill.engine.models.source import ModelLoadError
 
@@ -15,6 +16,11 @@ class ArchitectureFlags:
     qkv_bias: bool = False       # Qwen2: bias on q/k/v projections only
     qk_norm: bool = False        # Qwen3: RMSNorm over each head of q and k before rotary
     moe: str | None = None       # mixture-of-experts naming: "qwen" or "mixtral" (MOE_NAMES)
+    # Gemma: norms scale by 1 + weight, embeddings are multiplied by sqrt(hidden_size), the
+    # MLP's activation is GeLU (tanh), and the attention scale may come from
+    # query_pre_attn_scalar; soft caps and sliding layers are read from the config.
+    gemma: bool = False
+    sandwich_norms: bool = False  # Gemma 2/3: a norm after attention and after the MLP too
 
 
 SUPPORTED = {
@@ -25,6 +31,9 @@ SUPPORTED = {
     "MixtralForCausalLM": ArchitectureFlags(moe="mixtral"),
     "Qwen2MoeForCausalLM": ArchitectureFlags(qkv_bias=True, moe="qwen"),
     "Qwen3MoeForCausalLM": ArchitectureFlags(qk_norm=True, moe="qwen"),
+    "GemmaForCausalLM": ArchitectureFlags(gemma=True),
+    "Gemma2ForCausalLM": ArchitectureFlags(gemma=True, sandwich_norms=True),
+    "Gemma3ForCausalLM": ArchitectureFlags(gemma=True, sandwich_norms=True, qk_norm=True),
 }
 # Bare decoders (no LM head), as embedding checkpoints are saved (e5-mistral, Qwen3-Embedding
 # exported by sentence-transformers): served by the pooling runner only.
@@ -33,7 +42,8 @@ BARE_DECODERS = {"LlamaModel": "LlamaForCausalLM", "MistralModel": "MistralForCa
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
-               "qwen3_moe": "Qwen3MoeForCausalLM"}
+               "qwen3_moe": "Qwen3MoeForCausalLM", "gemma": "GemmaForCausalLM",
+               "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,9 @@ class MoeShape:
 
 
 def architecture_of(config: Any) -> str:
+    if getattr(config, "use_bidirectional_attention", False):
+        raise ModelLoadError("the model attends in both directions (an encoder, such as "
+                             "EmbeddingGemma); tokenmill runs causal decoders only")
     names = list(getattr(config, "architectures", None) or [])
     for name in names:
         if name in SUPPORTED:
@@ -82,6 +95,9 @@ def architecture_of(config: Any) -> str:
     by_type = MODEL_TYPES.get(getattr(config, "model_type", ""))
     if by_type and not names:
         return by_type
+    if any(name.endswith("ForConditionalGeneration") for name in names):
+        raise ModelLoadError(f"architecture {names} is a multimodal model (text with images or "
+                             "audio); tokenmill serves text-only models")
     raise ModelLoadError(
         f"architecture {names or config.model_type!r} is not supported; tokenmill runs "
         f"{', '.join(SUPPORTED)} (and their bare decoders for embeddings: "
@@ -107,8 +123,9 @@ def moe_shape_of(config: Any) -> MoeShape | None:
     experts = num_experts_of(config)
     if style is None or not experts:
         return None
-    if getattr(config, "hidden_act", "silu") != "silu":
-        raise ModelLoadError(f"activation {config.hidden_act!r} is not supported (silu)")
+    if activation_of(config) != "silu":
+        raise ModelLoadError(f"activation {activation_of(config)!r} is not supported in "
+                             "experts (silu)")
     widths = ModelShape.of(config)
     return MoeShape(
         names=MOE_NAMES[style], num_experts=experts, top_k=int(config.num_experts_per_tok),
@@ -117,6 +134,26 @@ def moe_shape_of(config: Any) -> MoeShape | None:
         renormalize=style == "mixtral" or bool(getattr(config, "norm_topk_prob", False)),
         sparse_step=int(getattr(config, "decoder_sparse_step", 1) or 1),
         dense_layers=frozenset(getattr(config, "mlp_only_layers", None) or ()))
+
+
+def activation_of(config: Any) -> str:
+    """The MLP's activation, as transformers names it (Gemma 2/3 call it hidden_activation)."""
+    name = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
+    if name not in ACTIVATIONS:
+        raise ModelLoadError(f"activation {name!r} is not supported ({', '.join(ACTIVATIONS)})")
+    return name
+
+
+def layer_window_of(config: Any, layer: int) -> int | None:
+    """The sliding window decoder layer `layer` attends over, in tokens (None: the whole
+    context). Gemma 2 alternates sliding and full layers, Gemma 3 has five sliding layers to a
+    full one, Mistral 7B v0.1 slides in every layer; transformers lists each layer's kind in
+    layer_types."""
+    window = sliding_window_of(config)
+    layer_types = getattr(config, "layer_types", None)
+    if window is None or (layer_types is not None and layer_types[layer] != "sliding_attention"):
+        return None
+    return window
 
 
 def sliding_window_of(config: Any) -> int | None:

@@ -1,5 +1,5 @@
-"""Decoder-only transformer (Llama, Mistral, Qwen2, Qwen3, and the mixture-of-experts
-Mixtral, Qwen2-MoE, Qwen3-MoE) over the paged KV cache.
+"""Decoder-only transformer (Llama, Mistral, Qwen2, Qwen3, Gemma 1/2/3, and the
+mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE) over the paged KV cache.
 
 Parameter names equal Hugging Face's, so checkpoints load without renaming.
 """
@@ -13,15 +13,21 @@ from torch import nn
 
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.distributed.sharding import ShardPlan
-from tokenmill.engine.layers.activation import silu_and_mul
-from tokenmill.engine.layers.attention import attention, store_kv
+from tokenmill.engine.layers.activation import act_and_mul
+from tokenmill.engine.layers.attention import Scores, attention, store_kv
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.kv_layer import KVLayer
 from tokenmill.engine.layers.linear import MergedLinear
 from tokenmill.engine.layers.norm import RMSNorm
 from tokenmill.engine.layers.rotary import RopeKernel, RopeRows, RotaryEmbedding, rope_parameters
 from tokenmill.engine.layers.vocab_parallel import VocabParallelEmbedding
-from tokenmill.engine.models.architecture import MoeShape, flags_of, moe_shape_of
+from tokenmill.engine.models.architecture import (
+    MoeShape,
+    activation_of,
+    flags_of,
+    layer_window_of,
+    moe_shape_of,
+)
 from tokenmill.engine.models.moe import SparseMoeBlock
 
 
@@ -34,9 +40,10 @@ def num_kv_heads_of(config: Any) -> int:
 
 
 class Attention(nn.Module):
-    """This rank's heads; o_proj's partial sums are added across ranks."""
+    """This rank's heads; o_proj's partial sums are added across ranks. `window`: the sliding
+    window this layer attends over (None: the whole context)."""
 
-    def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup):
+    def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup, window: int | None = None):
         super().__init__()
         flags = flags_of(config)
         self.tp = tp
@@ -52,10 +59,13 @@ class Attention(nn.Module):
                      "v_proj": kv_size}, bias=qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
         if flags.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, flags.gemma)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, flags.gemma)
         self.qk_norm = flags.qk_norm
-        self.scale = self.head_dim ** -0.5
+        # Gemma 2/3 scale scores by query_pre_attn_scalar ** -0.5 (not always the head size).
+        scaled_by = getattr(config, "query_pre_attn_scalar", None) or self.head_dim
+        self.scores = Scores(scaled_by ** -0.5, window,
+                             getattr(config, "attn_logit_softcapping", None))
 
     def forward(self, x: torch.Tensor, rope: RopeRows | RopeKernel,
                 kv_cache: KVLayer, meta: AttentionMetadata) -> torch.Tensor:
@@ -69,7 +79,7 @@ class Attention(nn.Module):
             k, _ = self.k_norm(k, backend=meta.backend)
         q, k = rope.rotate(q, k)
         store_kv(k, v, kv_cache, meta)
-        o = attention(q, kv_cache, meta, self.scale)
+        o = attention(q, kv_cache, meta, self.scores)
         return self.tp.all_reduce(self.o_proj(o.reshape(tokens, -1)))
 
 
@@ -78,8 +88,7 @@ class MLP(nn.Module):
 
     def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup):
         super().__init__()
-        if getattr(config, "hidden_act", "silu") != "silu":
-            raise ValueError(f"activation {config.hidden_act!r} is not supported (silu)")
+        self.activation = activation_of(config)
         self.tp = tp
         bias = bool(getattr(config, "mlp_bias", False))
         width = plan.intermediate_size
@@ -89,21 +98,36 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor, backend: str) -> torch.Tensor:
         gate, up = self.gate_up_proj(x)
-        return self.tp.all_reduce(self.down_proj(silu_and_mul(gate, up, backend)))
+        return self.tp.all_reduce(self.down_proj(act_and_mul(gate, up, self.activation,
+                                                             backend)))
 
 
 class DecoderLayer(nn.Module):
     """One block. The residual stream is carried beside the hidden states (as in vLLM): each
     norm adds the branch output before it to the stream, so the add costs no op of its own
-    on the Triton path (one fused kernel) and the final norm takes the last layer's add."""
+    on the Triton path (one fused kernel) and the final norm takes the last layer's add.
 
-    def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup, sparse: MoeShape | None):
+    Gemma 2/3 ("sandwich" norms) also normalize each branch's output before it joins the
+    stream: post_attention_layernorm does that to attention's, pre_feedforward_layernorm
+    then takes the add, and post_feedforward_layernorm normalizes the MLP's."""
+
+    def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup, sparse: MoeShape | None,
+                 window: int | None = None):
         """`sparse`: the mixture of experts this layer's feed-forward block is, None: a dense
-        MLP."""
+        MLP. `window`: the sliding window its attention covers, None: the whole context."""
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, plan, tp)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        flags = flags_of(config)
+
+        def norm() -> RMSNorm:
+            return RMSNorm(config.hidden_size, config.rms_norm_eps, flags.gemma)
+
+        self.input_layernorm = norm()
+        self.self_attn = Attention(config, plan, tp, window)
+        self.post_attention_layernorm = norm()
+        self.sandwich = flags.sandwich_norms
+        if self.sandwich:
+            self.pre_feedforward_layernorm = norm()
+            self.post_feedforward_layernorm = norm()
         # The feed-forward block, under the checkpoint's name (Mixtral: block_sparse_moe).
         self.feed_forward = "mlp"
         if sparse is not None:
@@ -119,27 +143,54 @@ class DecoderLayer(nn.Module):
         and no residual yet). Returns this layer's MLP output and the stream before it."""
         x, residual = self.input_layernorm(x, residual, meta.backend)
         x = self.self_attn(x, rope, kv_cache, meta)
-        x, residual = self.post_attention_layernorm(x, residual, meta.backend)
-        return getattr(self, self.feed_forward)(x, meta.backend), residual
+        if not self.sandwich:
+            x, residual = self.post_attention_layernorm(x, residual, meta.backend)
+            return getattr(self, self.feed_forward)(x, meta.backend), residual
+        x, _ = self.post_attention_layernorm(x, None, meta.backend)
+        x, residual = self.pre_feedforward_layernorm(x, residual, meta.backend)
+        x = getattr(self, self.feed_forward)(x, meta.backend)
+        return self.post_feedforward_layernorm(x, None, meta.backend)[0], residual
 
 
 class DecoderModel(nn.Module):
     def __init__(self, config: Any, max_positions: int, plan: ShardPlan, tp: TPGroup):
         super().__init__()
+        flags = flags_of(config)
         self.embed_tokens = VocabParallelEmbedding(plan, config.hidden_size, tp)
+        # Gemma multiplies the embeddings by sqrt(hidden_size), rounded to the model dtype.
+        self.embed_scale = config.hidden_size ** 0.5 if flags.gemma else None
         moe = moe_shape_of(config)
+        windows = [layer_window_of(config, i) for i in range(config.num_hidden_layers)]
         self.layers = nn.ModuleList(
-            DecoderLayer(config, plan, tp, moe if moe is not None and moe.is_sparse(i) else None)
+            DecoderLayer(config, plan, tp, moe if moe is not None and moe.is_sparse(i) else None,
+                         windows[i])
             for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = RotaryEmbedding(head_dim_of(config), max_positions, rope_parameters(config))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, flags.gemma)
+        self.config, self.max_positions = config, max_positions
+        self.rotary, self.rotary_local = self.rotary_tables()
+        # Sliding layers rotate with their own base where the config gives one (Gemma 3).
+        self.local_rope = [window is not None and self.rotary_local is not None
+                           for window in windows]
+
+    def rotary_tables(self) -> tuple[RotaryEmbedding, RotaryEmbedding | None]:
+        """The rotary tables of full-attention layers, and of sliding ones where they differ
+        (else None)."""
+        head_dim = head_dim_of(self.config)
+        full = rope_parameters(self.config)
+        local = rope_parameters(self.config, "sliding_attention")
+        return (RotaryEmbedding(head_dim, self.max_positions, full),
+                None if local == full else RotaryEmbedding(head_dim, self.max_positions, local))
 
     def forward(self, input_ids, positions, kv_caches, meta):
         x = self.embed_tokens(input_ids)
+        if self.embed_scale is not None:
+            x = x * torch.tensor(self.embed_scale, dtype=x.dtype).item()
         rope = self.rotary(positions, x.dtype, meta.backend)
+        rope_local = (None if self.rotary_local is None
+                      else self.rotary_local(positions, x.dtype, meta.backend))
         residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x, residual = layer(x, residual, rope, kv_cache, meta)
+        for layer, local, kv_cache in zip(self.layers, self.local_rope, kv_caches, strict=True):
+            x, residual = layer(x, residual, rope_local if local else rope, kv_cache, meta)
         return self.norm(x, residual, meta.backend)[0]
 
 
@@ -161,13 +212,17 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, self.plan.vocab_per_rank, bias=False)
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
+        # Gemma 2: logits pass through softcap * tanh(logits / softcap).
+        self.final_softcap = getattr(config, "final_logit_softcapping", None)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[KVLayer], meta: AttentionMetadata) -> torch.Tensor:
         return self.model(input_ids, positions, kv_caches, meta)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        local = self.lm_head(hidden).float()
-        if self.tp.size == 1:
-            return local
-        return self.tp.all_gather_last(local)[:, :self.plan.vocab_size]
+        logits = self.lm_head(hidden).float()
+        if self.tp.size > 1:
+            logits = self.tp.all_gather_last(logits)[:, :self.plan.vocab_size]
+        if self.final_softcap:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits

@@ -20,9 +20,8 @@ from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.distributed.sharding import ShardPlan
 from tokenmill.engine.layers.int4_linear import Int4Weight
 from tokenmill.engine.layers.linear import MergedLinear
-from tokenmill.engine.layers.rotary import RotaryEmbedding, rope_parameters
-from tokenmill.engine.models.architecture import moe_shape_of
-from tokenmill.engine.models.decoder import CausalLM, head_dim_of, num_kv_heads_of
+from tokenmill.engine.models.architecture import flags_of, moe_shape_of
+from tokenmill.engine.models.decoder import CausalLM, num_kv_heads_of
 from tokenmill.engine.models.gguf_weights import (
     MOE_GGUF_REFUSAL,
     gguf_int4_tensors,
@@ -148,6 +147,10 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     check_quantization(quantization)
     if source.gguf_file and moe_shape_of(config) is not None:
         raise ModelLoadError(f"{source.gguf_file} holds {MOE_GGUF_REFUSAL}")
+    if source.gguf_file and flags_of(config).gemma:
+        raise ModelLoadError(f"{source.gguf_file} holds a Gemma model, which tokenmill serves "
+                             "from its safetensors checkpoint (the Hugging Face repository), "
+                             "not from GGUF")
     tp = tp or TPGroup()
     keeps = source.gguf_file and quantization in (None, "gguf")
     gguf_types = gguf_tensor_types(source.gguf_path) if keeps else {}
@@ -161,9 +164,8 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
         model = CausalLM(config, max_positions, plan, tp)
     model = model.to(dtype=dtype).to_empty(device=device)
     # Rotary tables are computed, not loaded: rebuild them on the device in float32.
-    model.model.rotary = RotaryEmbedding(
-        head_dim_of(config), max_positions, rope_parameters(config)
-    ).to(device)
+    full, local = model.model.rotary_tables()
+    model.model.rotary, model.model.rotary_local = full.to(device), local and local.to(device)
     if getattr(config, "tie_word_embeddings", False) or pooling:
         model.lm_head.weight = model.model.embed_tokens.weight
     if source.gguf_file:

@@ -66,6 +66,20 @@ def test_rms_norm_kernel_equals_torch(dtype, size):
 
 
 @pytest.mark.parametrize("dtype", INTERPRETED)
+def test_rms_norm_kernel_with_a_unit_offset_equals_torch(dtype):
+    """Gemma's norm: 1 + weight, applied in float32 before the rounding."""
+    x = _rows_view(5, 40, dtype, seed=1)
+    weight = _randn(40, dtype=dtype, seed=2)
+    residual = _rows_view(5, 40, dtype, seed=3, scale=4.0)
+    expected, expected_stream = rms_norm(x, weight, 1e-6, residual.clone(), unit_offset=True)
+    plain, _ = rms_norm(x, weight, 1e-6, residual.clone())  # Llama's norm, for contrast
+    out, stream = rms_norm_kernel(x, weight, 1e-6, residual, unit_offset=True)
+    assert torch.equal(stream, expected_stream)
+    torch.testing.assert_close(out, expected, **TOLERANCE[dtype])
+    assert not torch.allclose(out, plain, **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", INTERPRETED)
 def test_rms_norm_kernel_normalizes_each_head_of_a_strided_q(dtype):
     _, q, k, _ = _qkv(3, 4, 2, 24, dtype)  # Qwen3's q_norm/k_norm over each head
     weight = _randn(24, dtype=dtype, seed=4)

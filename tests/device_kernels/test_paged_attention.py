@@ -6,23 +6,33 @@ import pytest
 import torch
 
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
-from tokenmill.engine.layers.paged_attention import paged_attention, write_kv
+from tokenmill.engine.layers.paged_attention import Scores, paged_attention, write_kv
 
 
-def _dense(q, k, v, scale):
-    """Causal attention of the last len(q) positions over all of k/v (GQA by repetition)."""
+def _dense(q, k, v, scale, window=None, softcap=None):
+    """Causal attention of the last len(q) positions over all of k/v (GQA by repetition); with
+    a window, each position sees its last `window` positions; with a soft cap, scores pass
+    through softcap * tanh(score / softcap)."""
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     q_pos = torch.arange(k.shape[0] - q.shape[0], k.shape[0]).unsqueeze(1)
-    scores = scores.masked_fill(torch.arange(k.shape[0]).unsqueeze(0) > q_pos, float("-inf"))
+    k_pos = torch.arange(k.shape[0]).unsqueeze(0)
+    hidden = k_pos > q_pos
+    if window is not None:
+        hidden |= k_pos <= q_pos - window
+    scores = scores.masked_fill(hidden, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
 @pytest.mark.parametrize("block_size", [4, 16])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (8, 1)])
-def test_mixed_batch_of_prefill_chunks_and_decodes(block_size, heads, kv_heads):
+@pytest.mark.parametrize("window,softcap", [(None, None), (5, None), (None, 2.0), (16, 2.0)])
+def test_mixed_batch_of_prefill_chunks_and_decodes(block_size, heads, kv_heads, window,
+                                                   softcap):
     torch.manual_seed(0)
     dim, num_blocks = 8, 64
     # (cached tokens, new tokens): fresh prefill, chunk after a prefix, decodes, partial blocks.
@@ -61,9 +71,9 @@ def test_mixed_batch_of_prefill_chunks_and_decodes(block_size, heads, kv_heads):
     new_v = torch.cat([v[c:] for v, (c, _) in zip(full_v, shapes, strict=True)])
     write_kv(new_k, new_v, k_cache, v_cache, meta.slot_mapping)
     scale = dim ** -0.5
-    out = paged_attention(torch.cat(qs), k_cache, v_cache, meta, scale)
+    out = paged_attention(torch.cat(qs), k_cache, v_cache, meta, Scores(scale, window, softcap))
     for i, q in enumerate(qs):
-        expected = _dense(q, full_k[i], full_v[i], scale)
+        expected = _dense(q, full_k[i], full_v[i], scale, window, softcap)
         torch.testing.assert_close(out[starts[i]:starts[i + 1]], expected, atol=1e-5, rtol=1e-5)
 
 

@@ -39,6 +39,29 @@ def test_greedy_output_is_unchanged_through_the_triton_kernels(tiny_llama_dir):
     kernels.engine.kv.allocator.check_all_free()
 
 
+def test_sliding_windows_and_soft_caps_run_through_the_kernels(tmp_path, vocab_tokenizer):
+    """Gemma 2's layers: every other one slides over 8 positions, every score is soft-capped;
+    prompts run past the window in chunks, and their decodes slide too."""
+    import transformers
+    from model_support import make_random_model
+
+    config = transformers.Gemma2Config(
+        vocab_size=len(vocab_tokenizer), hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        sliding_window=8, attn_logit_softcapping=2.0, max_position_embeddings=256)
+    directory = make_random_model(str(tmp_path / "gemma2"), config, vocab_tokenizer)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(100, 40000) for _ in range(n)] for n in (5, 30)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    options = {"show_progress": False, "dtype": "float32", "max_num_batched_tokens": 16,
+               "max_num_seqs": 2,
+               "block_size": 8, "device": DEVICE.type, "kv_cache_memory": KV_CACHE_MEMORY}
+    with LLM(directory, attention_backend="torch", **options) as reference:
+        expected = _outputs(reference, prompts, params)
+    with LLM(directory, attention_backend="triton", **options) as kernels:
+        assert _outputs(kernels, prompts, params) == expected
+
+
 def test_auto_picks_triton_only_on_cuda():
     assert resolve_backend("auto", torch.device("cpu")) == "torch"
     assert resolve_backend("auto", torch.device("cuda")) == "triton"

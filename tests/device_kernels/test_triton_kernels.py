@@ -16,7 +16,7 @@ from tokenmill.engine.kernels.decode_attention import decode_attention
 from tokenmill.engine.kernels.kv_write import kv_write
 from tokenmill.engine.kernels.prefill_attention import prefill_attention
 from tokenmill.engine.layers.attention import attention, store_kv
-from tokenmill.engine.layers.paged_attention import paged_attention, write_kv
+from tokenmill.engine.layers.paged_attention import Scores, paged_attention, write_kv
 
 GQA = [(2, 2), (6, 2), (8, 1)]  # (query heads, K/V heads): group sizes 1, 3 and 8
 FP32 = {"atol": 2e-5, "rtol": 2e-5}
@@ -28,6 +28,40 @@ def _reference(batch, scale):
     k_cache, v_cache = batch.k_cache.float(), batch.v_cache.float()
     write_kv(batch.new_k.float(), batch.new_v.float(), k_cache, v_cache, batch.meta.slot_mapping)
     return paged_attention(batch.q.float(), k_cache, v_cache, batch.meta, scale)
+
+
+# (window, softcap): a window shorter than a tile and one spanning tiles, Gemma 2's soft cap
+# (scores scaled up so it bites), and both.
+WINDOWS = [(5, None), (37, None), (None, 1.5), (20, 1.5)]
+
+
+@pytest.mark.parametrize("window,softcap", WINDOWS)
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_with_a_window_or_soft_cap_equals_torch(window, softcap, num_splits):
+    batch = paged_batch([(0, 1), (16, 1), (40, 1), (70, 1)], 6, 2, 16, 16)
+    scores = Scores(0.7, window, softcap)
+    expected = _reference(batch, scores)
+    _fill(batch)
+    meta = batch.meta
+    out = decode_attention(batch.q, batch.k_cache, batch.v_cache, meta.block_tables,
+                           meta.seq_lens, max(meta.seq_lens_list), scores.scale,
+                           num_splits=num_splits, block_n=16, window=window, softcap=softcap)
+    torch.testing.assert_close(out, expected, **FP32)
+
+
+@pytest.mark.parametrize("window,softcap", WINDOWS)
+def test_prefill_with_a_window_or_soft_cap_equals_torch(window, softcap):
+    # Chunks longer than a window, so some rows of a tile see no key of its first tiles.
+    batch = paged_batch([(0, 45), (19, 30), (32, 5), (45, 1)], 6, 2, 16, 16)
+    scores = Scores(0.7, window, softcap)
+    expected = _reference(batch, scores)
+    _fill(batch)
+    meta = batch.meta
+    out = prefill_attention(batch.q, batch.k_cache, batch.v_cache, meta.block_tables,
+                            meta.seq_lens, meta.query_start_loc, max(meta.query_lens_list),
+                            scores.scale, block_m=16, block_n=16, window=window,
+                            softcap=softcap)
+    torch.testing.assert_close(out, expected, **FP32)
 
 
 def _fill(batch):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from lora_support import Adapter, make_adapter, peft_greedy
-from model_support import hf_greedy, make_random_model
+from model_support import hf_greedy, make_random_model, mixed_prompts
 from safetensors.torch import load_file, save_file
 
 from tokenmill.engine import LLM, SamplingParams
@@ -57,10 +57,7 @@ def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
 
 
 def _prompts(tokenizer) -> list[list[int]]:
-    shared = " ".join(f"step {i} of the plan," for i in range(12))
-    texts = ["a", "The quick brown fox", shared + " then rest.", shared + " then run.",
-             "one two three four five six seven eight nine ten " * 6]
-    return [tokenizer.encode(t) for t in texts]
+    return mixed_prompts(tokenizer)
 
 
 def _greedy(llm: LLM, prompts: list[list[int]], **kwargs) -> list[list[int]]:

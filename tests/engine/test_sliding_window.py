@@ -1,6 +1,6 @@
 """Models that slide their attention over a window (Mistral 7B v0.1, Qwen2 with
-use_sliding_window): the engine attends to the whole context, which equals the model's
-attention only on sequences no longer than the window, so the context stops there."""
+use_sliding_window): each sliding layer attends over its window, so output past it equals the
+model's and the context runs to the model's length."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import transformers
 from model_support import hf_greedy, make_random_model
 
 from tokenmill.engine import LLM, SamplingParams
-from tokenmill.engine.contract.config import ConfigError
 from tokenmill.engine.models.architecture import sliding_window_of
 
 WINDOW = 40
@@ -40,8 +39,8 @@ def mistral_dir(tmp_path_factory, smol_tokenizer):
 
 
 def test_the_window_changes_the_models_output_past_it(mistral_dir):
-    """Why the context stops at the window: past it, the model's own attention (HF's, with
-    the window) gives other logits than attention over the whole context."""
+    """Why the window must be honoured: past it, the model's own attention (HF's, with the
+    window) gives other logits than attention over the whole context."""
     windowed = transformers.AutoModelForCausalLM.from_pretrained(mistral_dir).eval()
     full = transformers.AutoModelForCausalLM.from_pretrained(mistral_dir,
                                                             sliding_window=None).eval()
@@ -52,30 +51,16 @@ def test_the_window_changes_the_models_output_past_it(mistral_dir):
     assert not torch.allclose(a[WINDOW:], b[WINDOW:], atol=1e-3)
 
 
-def test_the_context_stops_at_the_window_and_matches_the_model_there(mistral_dir,
-                                                                     smol_tokenizer):
-    llm = LLM(mistral_dir, show_progress=False, block_size=8)
-    try:
-        assert llm.engine.max_model_len == WINDOW
+def test_past_the_window_the_output_equals_the_models_own(mistral_dir, smol_tokenizer):
+    """Every layer attends over its last WINDOW positions, in prefill chunks and in decodes,
+    so generation runs to the model's whole context and stays the model's."""
+    with LLM(mistral_dir, show_progress=False, block_size=8, max_num_seqs=4,
+             max_num_batched_tokens=32) as llm:
+        assert llm.engine.max_model_len == 512
         reference = transformers.AutoModelForCausalLM.from_pretrained(mistral_dir).eval()
-        prompt = smol_tokenizer.encode("one two three four five six seven eight nine ten")
-        room = WINDOW - len(prompt)
-        out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=room,
-                                                    ignore_eos=True))[0].outputs[0]
-        assert len(out.token_ids) == room
-        assert out.token_ids == hf_greedy(reference, prompt, room)[:len(out.token_ids)]
-        with pytest.raises(ValueError, match="maximum context length"):
-            llm.generate([prompt], SamplingParams(max_tokens=room + 1))
-    finally:
-        llm.shutdown()
-
-
-def test_a_longer_max_model_len_is_refused_naming_the_window(mistral_dir):
-    with pytest.raises(ConfigError, match=f"max_model_len.*sliding attention window "
-                                          f"\\({WINDOW} tokens\\)"):
-        LLM(mistral_dir, show_progress=False, max_model_len=WINDOW + 1)
-    llm = LLM(mistral_dir, show_progress=False, max_model_len=WINDOW - 8)
-    try:
-        assert llm.engine.max_model_len == WINDOW - 8
-    finally:
-        llm.shutdown()
+        prompts = [smol_tokenizer.encode("one two three four five six seven eight nine ten "
+                                         * n) for n in (1, 9)]
+        assert len(prompts[1]) > 2 * WINDOW
+        params = SamplingParams(temperature=0.0, max_tokens=2 * WINDOW, ignore_eos=True)
+        outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert outs == [hf_greedy(reference, p, 2 * WINDOW) for p in prompts]

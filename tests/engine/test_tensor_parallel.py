@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from model_support import REFERENCE, make_random_model
+from model_support import REFERENCE, make_random_model, mixed_prompts
 from process_support import alive, children
 
 from tokenmill.engine import LLM, SamplingParams
@@ -48,10 +48,7 @@ def checkpoint(request, tmp_path_factory, smol_tokenizer):
 
 def _prompts(tokenizer) -> list[list[int]]:
     """Short and long prompts (chunked at 48 tokens a step), two sharing a long prefix."""
-    shared = " ".join(f"step {i} of the plan," for i in range(20))
-    texts = ["a", "The quick brown fox", shared + " then rest.", shared + " then run.",
-             "one two three four five six seven eight nine ten " * 8]
-    return [tokenizer.encode(t) for t in texts]
+    return mixed_prompts(tokenizer, shared_steps=20, repeats=8)
 
 
 def _greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
