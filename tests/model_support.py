@@ -44,17 +44,22 @@ def mixed_prompts(tokenizer, shared_steps: int = 12, repeats: int = 6) -> list[l
     return [tokenizer.encode(t) for t in texts]
 
 
-def make_random_model(directory: str, config, tokenizer) -> str:
-    """A random-weight model saved as a real HF checkpoint (config, tokenizer, safetensors)."""
-    from transformers import AutoModelForCausalLM
+def make_random_model(directory: str, config, tokenizer, draw_norms: bool = False,
+                      auto_class: str = "AutoModelForCausalLM") -> str:
+    """A random-weight model saved as a real HF checkpoint (config, tokenizer, safetensors).
+    `draw_norms` draws the norms' weights too (Gemma initialises them to zero, which would
+    hide how the norm applies its weight)."""
+    import transformers
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = getattr(transformers, auto_class).from_config(config, dtype=torch.float32)
     with torch.no_grad():
         # Larger weights than the default init so logits have clear winners (no near-ties).
         for p in model.parameters():
             if p.dim() > 1:
                 p.normal_(0.0, 0.08)
+            elif draw_norms:
+                p.normal_(0.0, 0.3)
     os.makedirs(directory, exist_ok=True)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)

@@ -44,6 +44,11 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                "qwen3_moe": "Qwen3MoeForCausalLM", "gemma": "GemmaForCausalLM",
                "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+# Multimodal architectures whose language model attends causally over text alone, so that on
+# text it is exactly its causal decoder: served text-only (models/multimodal.py). PaliGemma's
+# prompt attends both ways: not here.
+MULTIMODAL_TEXT_MODELS = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
+                          "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration")
 
 
 @dataclass(frozen=True)
@@ -97,7 +102,8 @@ def architecture_of(config: Any) -> str:
         return by_type
     if any(name.endswith("ForConditionalGeneration") for name in names):
         raise ModelLoadError(f"architecture {names} is a multimodal model (text with images or "
-                             "audio); tokenmill serves text-only models")
+                             "audio); tokenmill serves text-only models, and the language model "
+                             f"of {', '.join(MULTIMODAL_TEXT_MODELS)} (text only)")
     raise ModelLoadError(
         f"architecture {names or config.model_type!r} is not supported; tokenmill runs "
         f"{', '.join(SUPPORTED)} (and their bare decoders for embeddings: "

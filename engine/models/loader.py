@@ -28,6 +28,7 @@ from tokenmill.engine.models.gguf_weights import (
     gguf_tensor_types,
     gguf_tensors,
 )
+from tokenmill.engine.models.multimodal import language_model_config, language_model_weight
 from tokenmill.engine.models.quantize import (
     auto_quantization,
     check_gguf_kept,
@@ -35,7 +36,12 @@ from tokenmill.engine.models.quantize import (
     keep_gguf_quantization,
     quantize_model,
 )
-from tokenmill.engine.models.safetensors_files import Checkpoint, StoredTensor
+from tokenmill.engine.models.safetensors_files import (
+    Checkpoint,
+    StoredTensor,
+    checkpoint_files,
+    read_header,
+)
 from tokenmill.engine.models.source import ModelLoadError, ModelSource
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -66,13 +72,16 @@ class LoadReport:
 
 
 def load_config(source: ModelSource) -> Any:
+    """The config of the model the engine runs: a multimodal checkpoint's language model's
+    (models/multimodal.py), any other as the checkpoint gives it."""
     try:
         if source.gguf_file:
             return copy.deepcopy(_gguf_config(source.directory, source.gguf_file,
                                               *_file_stamp(source.gguf_path)))
-        return _config(source.directory, None)
+        config = _config(source.directory, None)
     except Exception as exc:  # whatever transformers raises for the file
         raise ModelLoadError.reading(f"the model config from {_where(source)}", exc) from exc
+    return language_model_config(config)
 
 
 def load_tokenizer(source: ModelSource) -> Any:
@@ -166,7 +175,7 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     # Rotary tables are computed, not loaded: rebuild them on the device in float32.
     full, local = model.model.rotary_tables()
     model.model.rotary, model.model.rotary_local = full.to(device), local and local.to(device)
-    if getattr(config, "tie_word_embeddings", False) or pooling:
+    if pooling or _ties_head(config, source):
         model.lm_head.weight = model.model.embed_tokens.weight
     if source.gguf_file:
         _load(model, _gguf_named(source, config), plan, show_progress)
@@ -191,6 +200,19 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     return model.eval()
 
 
+def _ties_head(config: Any, source: ModelSource) -> bool:
+    """Whether the LM head is the embeddings' weight, as the config says; but a multimodal
+    checkpoint carrying a head of its own keeps it (transformers 5 reads the tie from the
+    outer config, whose default ties Mistral 3's, and unties a head the checkpoint holds)."""
+    if not getattr(config, "tie_word_embeddings", False):
+        return False
+    if getattr(config, "multimodal", None) is None or source.gguf_file:
+        return True
+    names = (language_model_weight(tensor.name) for path in checkpoint_files(source.directory)
+             for tensor in read_header(path))
+    return "lm_head.weight" not in names
+
+
 def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardPlan,
           show_progress: bool, checkpoint: Checkpoint | None = None, workers: int = 1) -> None:
     """Put every checkpoint tensor in its place. A `StoredTensor` of `checkpoint` is read
@@ -198,9 +220,14 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
     dequantized) arrive as torch tensors, one at a time."""
     params = checkpoint_tensors(model)
     tied = model.lm_head.weight is model.model.embed_tokens.weight
+    multimodal = getattr(model.config, "multimodal", None) is not None
     loaded: set[str] = set()
 
     def place(name: str, stored: Any) -> str | None:
+        if multimodal:  # the language model's tensors under its causal names; no other tower
+            name = language_model_weight(name)
+            if name is None:
+                return None
         if name.endswith(IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
             return None
         if name not in params and f"model.{name}" in params:  # a bare decoder's names

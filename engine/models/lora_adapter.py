@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from tokenmill.engine.models.architecture import moe_shape_of
+from tokenmill.engine.models.multimodal import language_model_weight
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -79,7 +80,8 @@ def load_adapter(name: str, directory: str, config: Any, max_rank: int) -> LoRAW
         tensors = load_file(path)
     except (SafetensorError, OSError) as exc:
         fail(f"cannot read {path}: {exc}")
-    pairs = _pairs(tensors, config.num_hidden_layers, fail)
+    pairs = _pairs(tensors, config.num_hidden_layers, fail,
+                   multimodal=getattr(config, "multimodal", None) is not None)
     shapes = module_shapes(config)
     moe = moe_shape_of(config)
     modules: dict[tuple[int, str], ModuleLoRA] = {}
@@ -161,19 +163,27 @@ def _check_regex(pattern: str, fail) -> None:
             fail(f"target_modules {pattern!r} matches {other}, which is not served")
 
 
-def _pairs(tensors: dict[str, torch.Tensor], num_layers: int,
-           fail) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
-    """{(layer, kind): (A, B)} from the file's tensor names; refuses anything else."""
+def _pairs(tensors: dict[str, torch.Tensor], num_layers: int, fail, multimodal: bool = False,
+           ) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
+    """{(layer, kind): (A, B)} from the file's tensor names; refuses anything else. Over a
+    multimodal checkpoint's language model, the language model's modules are read under
+    their causal names, and another tower's (which never runs on text) are passed over."""
     found: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         match = _KEY.match(key)
         if match is None:
             fail(f"tensor {key!r} is not a LoRA A/B weight of a served projection")
-        module = _MODULE.match(match["module"])
-        kind = module["kind"] if module else match["module"].rpartition(".")[2]
+        name = match["module"]
+        if multimodal:
+            causal = language_model_weight(f"{name}.weight")
+            if causal is None:
+                continue
+            name = causal.removesuffix(".weight")
+        module = _MODULE.match(name)
+        kind = module["kind"] if module else name.rpartition(".")[2]
         block = module["block"] if module else None
         if kind not in TARGET_MODULES or block != ("mlp" if kind in MLP_MODULES else "self_attn"):
-            fail(f"target module {match['module']!r} is not one of {', '.join(TARGET_MODULES)} "
+            fail(f"target module {name!r} is not one of {', '.join(TARGET_MODULES)} "
                  "in the decoder layers")
         layer = int(module["layer"])
         if layer >= num_layers:
