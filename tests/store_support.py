@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.server
+import json
 import logging
 import os
 import shutil
@@ -89,7 +90,7 @@ def hub_that_finds_nothing(asked: list[str] | None = None) -> Iterator[str]:
     does not exist (404, X-Error-Code: RepoNotFound), or, under a `gated-*` name, for a gated
     one without access (403, GatedRepo): its URL, for HF_ENDPOINT. `asked` collects the paths
     requested."""
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(_QuietHandler):
         def do_GET(self) -> None:
             if asked is not None:
                 asked.append(self.path)
@@ -99,12 +100,75 @@ def hub_that_finds_nothing(asked: list[str] | None = None) -> Iterator[str]:
             self.send_header("Content-Length", "0")
             self.end_headers()
 
-        do_HEAD = do_GET
+    with _loopback(Handler) as url:
+        yield url
 
-        def log_message(self, *args) -> None:
-            pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+@contextlib.contextmanager
+def hub_serving(repo_id: str, directory: str, asked: list[str] | None = None,
+                commit: str = COMMIT) -> Iterator[str]:
+    """A loopback server answering the hub client's calls for `repo_id` at `commit` with the
+    files of `directory`, as the hub answers them (the repository's revision and file tree,
+    then each file by HEAD for its metadata and GET for its bytes): its URL, for HF_ENDPOINT.
+    `asked` collects the files whose bytes were sent."""
+    files = {}
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name), "rb") as f:
+            files[name] = f.read()
+    api = f"/api/models/{repo_id}/"
+
+    class Handler(_QuietHandler):
+        def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+            self.send_response(status)
+            for key, value in {**headers, "Content-Length": str(len(body))}.items():
+                self.send_header(key, value)
+            self.end_headers()
+            if self.command == "GET":
+                self.wfile.write(body)
+
+        def _json(self, value) -> None:
+            self._send(200, json.dumps(value).encode(), {"Content-Type": "application/json"})
+
+        def do_GET(self) -> None:
+            path = self.path.split("?")[0]
+            if path.startswith(api + "revision/"):
+                self._json({"id": repo_id, "sha": commit,
+                            "siblings": [{"rfilename": name} for name in files]})
+            elif path.startswith(api + "tree/"):
+                self._json([{"type": "file", "path": name, "size": len(data),
+                             "oid": hashlib.sha1(data).hexdigest()}
+                            for name, data in files.items()])
+            elif path.startswith(f"/{repo_id}/resolve/"):
+                name = path.rpartition("/")[2]
+                if name not in files:
+                    self._send(404, b"", {"X-Error-Code": "EntryNotFound"})
+                    return
+                data = files[name]
+                if self.command == "GET" and asked is not None:
+                    asked.append(name)
+                self._send(200, data, {"X-Repo-Commit": commit,
+                                       "ETag": f'"{hashlib.sha256(data).hexdigest()}"'})
+            else:
+                self._send(404, b"", {"X-Error-Code": "RepoNotFound"})
+
+    with _loopback(Handler) as url:
+        yield url
+
+
+class _QuietHandler(http.server.BaseHTTPRequestHandler):
+    """Answers HEAD as GET (the handler's do_GET sends no body to a HEAD) and logs nothing."""
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _loopback(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """`handler` serving on a free loopback port, on its own thread: its URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

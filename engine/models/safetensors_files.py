@@ -14,7 +14,6 @@ dtype, shape and [start, end) byte offsets in the data that follows the header.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import threading
@@ -24,6 +23,7 @@ from typing import Any
 import torch
 
 from tokenmill.engine.models.source import ModelLoadError
+from tokenmill.engine.models.weight_files import weight_files
 
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
           "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
@@ -89,7 +89,7 @@ def _header(path: str) -> list[StoredTensor]:
 
 
 def checkpoint_files(directory: str) -> list[str]:
-    files = sorted(glob.glob(os.path.join(directory, "*.safetensors")))
+    files = weight_files(directory)
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {directory}")
     return files

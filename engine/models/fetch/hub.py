@@ -12,6 +12,7 @@ from tokenmill.engine.models.fetch.cache import check_free_space
 from tokenmill.engine.models.fetch.errors import ModelFetchError
 from tokenmill.engine.models.fetch.progress import hub_progress_class
 from tokenmill.engine.models.fetch.uri import HubModel
+from tokenmill.engine.models.weight_files import skipped_weight_files
 
 # What the engine loads: config, tokenizer, chat template and safetensors weights.
 ALLOW_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt",
@@ -32,7 +33,11 @@ def fetch_hub(model: HubModel, download_dir: str | None) -> str:
         except DryRunError:
             pass  # offline or unreachable: the real call finds the cache or says why
         else:
-            needed = sum(f.file_size or 0 for f in plan if f.will_download)
+            skipped = skipped_weight_files(f.filename for f in plan)
+            if skipped:  # Mistral's second copy of the weights
+                options["ignore_patterns"] = skipped
+            needed = sum(f.file_size or 0 for f in plan
+                         if f.will_download and f.filename not in skipped)
             check_free_space(cache, needed, model.uri)
         return snapshot_download(**options)
     except ModelFetchError:

@@ -16,6 +16,7 @@ from tokenmill.engine.models.fetch.errors import ModelFetchError
 from tokenmill.engine.models.fetch.partial import CHUNK_BYTES, PartialFile, RemoteFile
 from tokenmill.engine.models.fetch.progress import Progress
 from tokenmill.engine.models.fetch.uri import S3Model
+from tokenmill.engine.models.weight_files import skipped_weight_files
 
 WORKERS = 8
 
@@ -77,6 +78,8 @@ def _list(store: Any, model: S3Model) -> list[RemoteFile]:
         raise _error(model, exc) from exc
     files = [RemoteFile(m["path"][len(prefix):], m["size"], m["e_tag"]) for m in metas
              if not m["path"].endswith("/")]
+    skipped = set(skipped_weight_files(f.name for f in files))  # Mistral's second copy
+    files = [f for f in files if f.name not in skipped]
     if not files:
         raise ModelFetchError(model.uri, f"no objects under the prefix {prefix or '/'!r} in "
                                          f"bucket {model.bucket!r}")
