@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -84,14 +85,38 @@ def load_config(source: ModelSource) -> Any:
     return language_model_config(config)
 
 
+# Where a multimodal checkpoint's processor keeps its chat template (transformers' legacy file).
+PROCESSOR_CHAT_TEMPLATE = "chat_template.json"
+
+
 def load_tokenizer(source: ModelSource) -> Any:
     try:
         if source.gguf_file:
             return copy.deepcopy(_gguf_tokenizer(source.directory, source.gguf_file,
                                                  *_file_stamp(source.gguf_path)))
-        return _tokenizer(source.directory, None)
+        tokenizer = _tokenizer(source.directory, None)
     except Exception as exc:
         raise ModelLoadError.reading(f"the tokenizer from {_where(source)}", exc) from exc
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = _processor_chat_template(source.directory)
+    return tokenizer
+
+
+def _processor_chat_template(directory: str) -> str | None:
+    """The chat template a multimodal checkpoint keeps for its processor in
+    chat_template.json (LLaVA's, Mistral 3's), which AutoTokenizer does not read; None where
+    there is none."""
+    path = os.path.join(directory, PROCESSOR_CHAT_TEMPLATE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            template = json.load(f)["chat_template"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadError.reading(path, exc) from exc
+    if not isinstance(template, str):
+        raise ModelLoadError(f"{path}: chat_template is not a string")
+    return template
 
 
 def check_tokenizer_fits(tokenizer: Any, model_config: Any, where: str) -> None:

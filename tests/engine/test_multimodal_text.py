@@ -225,3 +225,26 @@ def test_a_lora_adapter_of_the_multimodal_model_equals_peft(tmp_path, vocab_toke
         params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
         got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, lora="a")]
     assert got == want
+
+
+def test_the_processors_chat_template_is_the_chat_template(tmp_path, vocab_tokenizer):
+    """LLaVA's and Mistral 3's repositories keep the template in chat_template.json, for the
+    processor: AutoTokenizer alone would leave the model without one."""
+    directory = _make(str(tmp_path / "m"), _config("llava", len(vocab_tokenizer)),
+                      vocab_tokenizer)
+    template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+                "{% if add_generation_prompt %}<assistant>{% endif %}")
+    for name in os.listdir(directory):
+        if name.startswith("chat_template"):
+            os.remove(os.path.join(directory, name))
+    with open(os.path.join(directory, "tokenizer_config.json")) as f:
+        settings = json.load(f)
+    settings.pop("chat_template", None)
+    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+        json.dump(settings, f)
+    with open(os.path.join(directory, "chat_template.json"), "w") as f:
+        json.dump({"chat_template": template}, f)
+    messages = [{"role": "user", "content": "hi"}]
+    with LLM(directory, **ENGINE) as llm:
+        ids = llm.apply_chat_template(messages)
+    assert ids == vocab_tokenizer.encode("<user>hi<assistant>", add_special_tokens=False)
