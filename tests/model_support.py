@@ -96,3 +96,22 @@ def smollm2_checkpoint(directory: Path, model: Any = None, tokenizer: Any = None
                if not (tied and k == "lm_head.weight")}
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     return directory
+
+
+def greedy_three_ways(llm, prompts: list[list[int]], max_new: int) -> dict[str, list[list[int]]]:
+    """Greedy continuations (ignore_eos) of `prompts` batched, then again (the prefix cache
+    must hit), then the last two alone; every KV block is free afterwards."""
+    from tokenmill.engine import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_new, ignore_eos=True)
+
+    def run(batch: list[list[int]]) -> list[list[int]]:
+        return [o.outputs[0].token_ids for o in llm.generate(batch, params)]
+
+    batched = run(prompts)
+    hits = llm.engine.kv.prefix_hits
+    again = run(prompts)
+    assert llm.engine.kv.prefix_hits > hits
+    alone = [run([p])[0] for p in prompts[-2:]]
+    llm.engine.kv.allocator.check_all_free()
+    return {"batched": batched, "again": again, "alone": alone}

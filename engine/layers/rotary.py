@@ -33,7 +33,21 @@ def rope_parameters(config: Any, layer_type: str = "full_attention") -> dict:
     return params
 
 
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def check_rope(params: dict) -> None:
+    """ValueError naming what these rotary settings ask that is not computed here."""
+    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ValueError(f"partial_rotary_factor {params['partial_rotary_factor']} (rotary "
+                         "embeddings on part of each head) is not supported")
+    if params["rope_type"] not in ROPE_TYPES:
+        raise ValueError(f"rope scaling type {params['rope_type']!r} is not supported "
+                         f"({', '.join(ROPE_TYPES)})")
+
+
 def inverse_frequencies(head_dim: int, params: dict) -> torch.Tensor:
+    check_rope(params)
     base = float(params["rope_theta"])
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     kind = params["rope_type"]
@@ -43,10 +57,7 @@ def inverse_frequencies(head_dim: int, params: dict) -> torch.Tensor:
         return inv_freq / float(params["factor"])
     if kind == "llama3":
         return _llama3_scaled(inv_freq, params)
-    if kind == "yarn":
-        return _yarn_scaled(head_dim, params)
-    raise ValueError(f"rope scaling type {kind!r} is not supported (default, linear, llama3, "
-                     "yarn)")
+    return _yarn_scaled(head_dim, params)
 
 
 def attention_scaling(params: dict) -> float:

@@ -34,6 +34,8 @@ SUPPORTED = {
     "GemmaForCausalLM": ArchitectureFlags(gemma=True),
     "Gemma2ForCausalLM": ArchitectureFlags(gemma=True, sandwich_norms=True),
     "Gemma3ForCausalLM": ArchitectureFlags(gemma=True, sandwich_norms=True, qk_norm=True),
+    # Phi-3 and Phi-4: Llama's layers, stored fused (models/fused_weights.py).
+    "Phi3ForCausalLM": ArchitectureFlags(),
 }
 # Bare decoders (no LM head), as embedding checkpoints are saved (e5-mistral, Qwen3-Embedding
 # exported by sentence-transformers): served by the pooling runner only.
@@ -43,7 +45,8 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                "qwen3_moe": "Qwen3MoeForCausalLM", "gemma": "GemmaForCausalLM",
-               "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+               "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+               "phi3": "Phi3ForCausalLM"}
 # Multimodal architectures whose language model attends causally over text alone, so that on
 # text it is exactly its causal decoder: served text-only (models/multimodal.py). PaliGemma's
 # prompt attends both ways: not here.

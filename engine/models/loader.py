@@ -21,8 +21,10 @@ from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.distributed.sharding import ShardPlan
 from tokenmill.engine.layers.int4_linear import Int4Weight
 from tokenmill.engine.layers.linear import MergedLinear
+from tokenmill.engine.layers.rotary import LAYER_TYPES, check_rope, rope_parameters
 from tokenmill.engine.models.architecture import flags_of, moe_shape_of
 from tokenmill.engine.models.decoder import CausalLM, num_kv_heads_of
+from tokenmill.engine.models.fused_weights import RowWindow, fused_parts
 from tokenmill.engine.models.gguf_weights import (
     MOE_GGUF_REFUSAL,
     gguf_int4_tensors,
@@ -77,12 +79,20 @@ def load_config(source: ModelSource) -> Any:
     (models/multimodal.py), any other as the checkpoint gives it."""
     try:
         if source.gguf_file:
-            return copy.deepcopy(_gguf_config(source.directory, source.gguf_file,
-                                              *_file_stamp(source.gguf_path)))
-        config = _config(source.directory, None)
+            config = copy.deepcopy(_gguf_config(source.directory, source.gguf_file,
+                                                *_file_stamp(source.gguf_path)))
+        else:
+            config = language_model_config(_config(source.directory, None))
+    except ModelLoadError:
+        raise
     except Exception as exc:  # whatever transformers raises for the file
         raise ModelLoadError.reading(f"the model config from {_where(source)}", exc) from exc
-    return language_model_config(config)
+    for kind in LAYER_TYPES:  # refused now, in one line, rather than half-way through building
+        try:
+            check_rope(rope_parameters(config, kind))
+        except ValueError as exc:
+            raise ModelLoadError(f"{_where(source)}: {exc}") from exc
+    return config
 
 
 # Where a multimodal checkpoint's processor keeps its chat template (transformers' legacy file).
@@ -248,20 +258,36 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
     multimodal = getattr(model.config, "multimodal", None) is not None
     loaded: set[str] = set()
 
-    def place(name: str, stored: Any) -> str | None:
+    def place(name: str, stored: Any) -> list[str]:
+        """The names of the parameters checkpoint tensor `name` filled (none: not read)."""
         if multimodal:  # the language model's tensors under its causal names; no other tower
             name = language_model_weight(name)
             if name is None:
-                return None
+                return []
         if name.endswith(IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
-            return None
+            return []
         if name not in params and f"model.{name}" in params:  # a bare decoder's names
             name = f"model.{name}"
+        parts = None if name in params else fused_parts(model.config, name)
+        if parts and all(part in params for part, _, _ in parts):
+            if tuple(stored.shape)[0] != parts[-1][2]:
+                raise ModelLoadError(f"{name}: checkpoint shape {tuple(stored.shape)} does not "
+                                     f"hold its {len(parts)} parts' {parts[-1][2]} rows")
+            return [put(part, RowWindow(stored_for(stored, params[part]), start, stop))
+                    for part, start, stop in parts]
         if name not in params:
             raise ModelLoadError(f"checkpoint tensor {name!r} has no place in the model")
-        target = params[name]
+        return [put(name, stored_for(stored, params[name]))]
+
+    def stored_for(stored: Any, target: torch.Tensor) -> Any:
+        """A checkpoint tensor as ShardPlan.shard reads it: bytes read straight into `target`
+        where they can land there."""
         if isinstance(stored, StoredTensor) and checkpoint is not None:
-            stored = checkpoint.slice(stored, into=target)
+            return checkpoint.slice(stored, into=target)
+        return stored
+
+    def put(name: str, stored: Any) -> str:
+        target = params[name]
         tensor = plan.shard(name, stored)
         if tuple(target.shape) != tuple(tensor.shape):
             raise ModelLoadError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model shape "
@@ -284,11 +310,10 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
                                 disable=not show_progress)
             yield name, stored
 
-    def placed(names: Iterable[str | None]) -> None:
-        for name in names:
+    def placed(filled: Iterable[list[str]]) -> None:
+        for names in filled:
             progress.update(1)
-            if name is not None:
-                loaded.add(name)
+            loaded.update(names)
 
     if workers > 1:
         with ThreadPoolExecutor(workers, thread_name_prefix="load") as pool:

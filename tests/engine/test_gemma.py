@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_support import hf_greedy, make_random_model, mixed_prompts
+from model_support import greedy_three_ways, hf_greedy, make_random_model, mixed_prompts
 
 from tokenmill.engine import LLM, SamplingParams
 from tokenmill.engine.models.architecture import activation_of, layer_window_of
@@ -85,15 +85,8 @@ def test_greedy_equals_hf_batched_chunked_and_prefix_cached(gemma_dir, expected,
     assert max(len(p) for p in prompts) > 3 * WINDOW
     with LLM(gemma_dir, **ENGINE) as llm:
         assert llm.engine.max_model_len == 512  # the window does not bound the context
-        batched = _greedy(llm, prompts)
-        hits = llm.engine.kv.prefix_hits
-        again = _greedy(llm, prompts)
-        assert llm.engine.kv.prefix_hits > hits
-        alone = [_greedy(llm, [p])[0] for p in prompts[-2:]]
-        llm.engine.kv.allocator.check_all_free()
-    assert batched == expected
-    assert again == expected
-    assert alone == expected[-2:]
+        runs = greedy_three_ways(llm, prompts, MAX_NEW)
+    assert runs == {"batched": expected, "again": expected, "alone": expected[-2:]}
 
 
 def test_tensor_parallel_equals_hf(gemma_dir, expected, vocab_tokenizer):

@@ -1,0 +1,50 @@
+"""Checkpoints that store a layer's projections fused (Phi-3: `self_attn.qkv_proj` holds q, k
+and v one after the other, `mlp.gate_up_proj` holds gate and up): each part is a range of the
+fused tensor's rows, placed under its own name, so sharding, quantization and the merged
+projections treat it as any checkpoint's q_proj or gate_proj."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tokenmill.engine.models.decoder import head_dim_of, num_kv_heads_of
+
+
+def fused_parts(config: Any, name: str) -> list[tuple[str, int, int]] | None:
+    """(part name, first row, end row) of each part of fused checkpoint tensor `name`, or
+    None for a tensor that is not a fused projection."""
+    module, _, attr = name.rpartition(".")
+    parent, _, kind = module.rpartition(".")
+    if kind == "qkv_proj":
+        q = config.num_attention_heads * head_dim_of(config)
+        kv = num_kv_heads_of(config) * head_dim_of(config)
+        sizes = [("q_proj", q), ("k_proj", kv), ("v_proj", kv)]
+    elif kind == "gate_up_proj":
+        sizes = [("gate_proj", config.intermediate_size), ("up_proj", config.intermediate_size)]
+    else:
+        return None
+    parts, start = [], 0
+    for part, rows in sizes:
+        parts.append((f"{parent}.{part}.{attr}", start, start + rows))
+        start += rows
+    return parts
+
+
+class RowWindow:
+    """Rows [start, stop) of a fused tensor (a torch tensor, or a safetensors slice that reads
+    only what is indexed), indexed as ShardPlan.shard indexes a checkpoint tensor. The parts
+    are column-parallel, so row ranges are all a shard reads."""
+
+    def __init__(self, rows: Any, start: int, stop: int):
+        self.rows, self.start, self.stop = rows, start, stop
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.stop - self.start, *tuple(self.rows.shape)[1:])
+
+    def __getitem__(self, key: Any) -> Any:
+        rows, columns = key if isinstance(key, tuple) else (key, slice(None))
+        first, end, step = rows.indices(self.stop - self.start)
+        if step != 1 or columns != slice(None):
+            raise IndexError("a fused projection's part is read by row ranges only")
+        return self.rows[self.start + first:self.start + max(first, end)]
