@@ -21,6 +21,10 @@ class ArchitectureFlags:
     # query_pre_attn_scalar; soft caps and sliding layers are read from the config.
     gemma: bool = False
     sandwich_norms: bool = False  # Gemma 2/3: a norm after attention and after the MLP too
+    # Granite: embeddings times embedding_multiplier, attention scaled by attention_multiplier,
+    # each branch's output times residual_multiplier as it joins the stream, logits divided
+    # by logits_scaling.
+    granite: bool = False
 
 
 SUPPORTED = {
@@ -36,6 +40,7 @@ SUPPORTED = {
     "Gemma3ForCausalLM": ArchitectureFlags(gemma=True, sandwich_norms=True, qk_norm=True),
     # Phi-3 and Phi-4: Llama's layers, stored fused (models/fused_weights.py).
     "Phi3ForCausalLM": ArchitectureFlags(),
+    "GraniteForCausalLM": ArchitectureFlags(granite=True),
 }
 # Bare decoders (no LM head), as embedding checkpoints are saved (e5-mistral, Qwen3-Embedding
 # exported by sentence-transformers): served by the pooling runner only.
@@ -46,7 +51,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                "qwen3_moe": "Qwen3MoeForCausalLM", "gemma": "GemmaForCausalLM",
                "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
-               "phi3": "Phi3ForCausalLM"}
+               "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM"}
 # Multimodal architectures whose language model attends causally over text alone, so that on
 # text it is exactly its causal decoder: served text-only (models/multimodal.py). PaliGemma's
 # prompt attends both ways: not here.

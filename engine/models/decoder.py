@@ -62,10 +62,11 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, flags.gemma)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, flags.gemma)
         self.qk_norm = flags.qk_norm
-        # Gemma 2/3 scale scores by query_pre_attn_scalar ** -0.5 (not always the head size).
+        # Gemma 2/3 scale scores by query_pre_attn_scalar ** -0.5 (not always the head size),
+        # Granite by its attention_multiplier.
         scaled_by = getattr(config, "query_pre_attn_scalar", None) or self.head_dim
-        self.scores = Scores(scaled_by ** -0.5, window,
-                             getattr(config, "attn_logit_softcapping", None))
+        scale = float(config.attention_multiplier) if flags.granite else scaled_by ** -0.5
+        self.scores = Scores(scale, window, getattr(config, "attn_logit_softcapping", None))
 
     def forward(self, x: torch.Tensor, rope: RopeRows | RopeKernel,
                 kv_cache: KVLayer, meta: AttentionMetadata) -> torch.Tensor:
@@ -135,6 +136,8 @@ class DecoderLayer(nn.Module):
             setattr(self, sparse.names.block, SparseMoeBlock(config.hidden_size, sparse, tp))
         else:
             self.mlp = MLP(config, plan, tp)
+        # Granite scales each branch's output as it joins the residual stream.
+        self.branch_scale = float(config.residual_multiplier) if flags.granite else None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
                 rope: RopeRows | RopeKernel, kv_cache: KVLayer,
@@ -143,6 +146,11 @@ class DecoderLayer(nn.Module):
         and no residual yet). Returns this layer's MLP output and the stream before it."""
         x, residual = self.input_layernorm(x, residual, meta.backend)
         x = self.self_attn(x, rope, kv_cache, meta)
+        if self.branch_scale is not None:
+            x, residual = self.post_attention_layernorm(x * self.branch_scale, residual,
+                                                        meta.backend)
+            x = getattr(self, self.feed_forward)(x, meta.backend)
+            return x * self.branch_scale, residual
         if not self.sandwich:
             x, residual = self.post_attention_layernorm(x, residual, meta.backend)
             return getattr(self, self.feed_forward)(x, meta.backend), residual
@@ -157,8 +165,10 @@ class DecoderModel(nn.Module):
         super().__init__()
         flags = flags_of(config)
         self.embed_tokens = VocabParallelEmbedding(plan, config.hidden_size, tp)
-        # Gemma multiplies the embeddings by sqrt(hidden_size), rounded to the model dtype.
+        # Gemma multiplies the embeddings by sqrt(hidden_size), rounded to the model dtype;
+        # Granite by its embedding_multiplier, as it is.
         self.embed_scale = config.hidden_size ** 0.5 if flags.gemma else None
+        self.embed_multiplier = float(config.embedding_multiplier) if flags.granite else None
         moe = moe_shape_of(config)
         windows = [layer_window_of(config, i) for i in range(config.num_hidden_layers)]
         self.layers = nn.ModuleList(
@@ -185,6 +195,8 @@ class DecoderModel(nn.Module):
         x = self.embed_tokens(input_ids)
         if self.embed_scale is not None:
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype).item()
+        if self.embed_multiplier is not None:
+            x = x * self.embed_multiplier
         rope = self.rotary(positions, x.dtype, meta.backend)
         rope_local = (None if self.rotary_local is None
                       else self.rotary_local(positions, x.dtype, meta.backend))
@@ -214,6 +226,9 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         # Gemma 2: logits pass through softcap * tanh(logits / softcap).
         self.final_softcap = getattr(config, "final_logit_softcapping", None)
+        # Granite divides its logits by logits_scaling.
+        self.logits_divisor = (float(config.logits_scaling) if flags_of(config).granite
+                               else None)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[KVLayer], meta: AttentionMetadata) -> torch.Tensor:
@@ -225,4 +240,6 @@ class CausalLM(nn.Module):
             logits = self.tp.all_gather_last(logits)[:, :self.plan.vocab_size]
         if self.final_softcap:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        if self.logits_divisor is not None:
+            logits = logits / self.logits_divisor
         return logits

@@ -22,7 +22,7 @@ from tokenmill.engine.distributed.sharding import ShardPlan
 from tokenmill.engine.layers.int4_linear import Int4Weight
 from tokenmill.engine.layers.linear import MergedLinear
 from tokenmill.engine.layers.rotary import LAYER_TYPES, check_rope, rope_parameters
-from tokenmill.engine.models.architecture import flags_of, moe_shape_of
+from tokenmill.engine.models.architecture import architecture_of, flags_of, moe_shape_of
 from tokenmill.engine.models.decoder import CausalLM, num_kv_heads_of
 from tokenmill.engine.models.fused_weights import RowWindow, fused_parts
 from tokenmill.engine.models.gguf_weights import (
@@ -191,10 +191,11 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     check_quantization(quantization)
     if source.gguf_file and moe_shape_of(config) is not None:
         raise ModelLoadError(f"{source.gguf_file} holds {MOE_GGUF_REFUSAL}")
-    if source.gguf_file and flags_of(config).gemma:
-        raise ModelLoadError(f"{source.gguf_file} holds a Gemma model, which tokenmill serves "
-                             "from its safetensors checkpoint (the Hugging Face repository), "
-                             "not from GGUF")
+    family = _safetensors_only_family(config)
+    if source.gguf_file and family:
+        raise ModelLoadError(f"{source.gguf_file} holds a {family} model, which tokenmill "
+                             "serves from its safetensors checkpoint (the Hugging Face "
+                             "repository), not from GGUF")
     tp = tp or TPGroup()
     keeps = source.gguf_file and quantization in (None, "gguf")
     gguf_types = gguf_tensor_types(source.gguf_path) if keeps else {}
@@ -233,6 +234,17 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
             # is read from the free device memory.
             torch.cuda.empty_cache()
     return model.eval()
+
+
+def _safetensors_only_family(config: Any) -> str | None:
+    """The family of a model whose GGUF files the engine does not read (their norms, fused
+    tensors or multipliers are stored in ways the GGUF reader does not map), or None."""
+    flags = flags_of(config)
+    if flags.gemma:
+        return "Gemma"
+    if flags.granite:
+        return "Granite"
+    return "Phi-3" if architecture_of(config) == "Phi3ForCausalLM" else None
 
 
 def _ties_head(config: Any, source: ModelSource) -> bool:

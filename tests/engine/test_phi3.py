@@ -98,3 +98,15 @@ def test_partial_rotary_embeddings_are_refused_by_name(tmp_path, vocab_tokenizer
     directory = make_random_model(str(tmp_path / "m"), config, vocab_tokenizer)
     with pytest.raises(ModelLoadError, match="partial_rotary_factor 0.75"):
         LLM(directory, **ENGINE)
+
+
+def test_a_phi3_gguf_is_refused_by_name(phi3_dir):
+    from transformers import AutoConfig
+
+    from tokenmill.engine.models.loader import build_model
+    from tokenmill.engine.models.source import ModelSource
+
+    source = ModelSource(directory=phi3_dir, gguf_file="Phi-3-mini-4k-instruct-q4.gguf")
+    with pytest.raises(ModelLoadError, match="q4.gguf holds a Phi-3 model"):
+        build_model(AutoConfig.from_pretrained(phi3_dir), source, 64, torch.float32,
+                    torch.device("cpu"))
