@@ -162,6 +162,11 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Accepted for vLLM's command lines: a mixture of experts is split "
                              "over the --tensor-parallel-size ranks by expert width (every "
                              "rank holds a slice of every expert; the output is the same).")
+    parser.add_argument("--limit-mm-per-prompt", type=_mm_limits, default=None,
+                        metavar="JSON",
+                        help="Accepted for vLLM's command lines with every modality at 0 "
+                             "('{\"image\": 0}' or image=0): a multimodal checkpoint's "
+                             "language model is served text only.")
     parser.add_argument("--guided-decoding-backend", choices=("auto", "xgrammar"),
                         default="auto", help="Accepted for vLLM's command lines: structured "
                                              "outputs always run on xgrammar.")
@@ -213,6 +218,12 @@ def check_server_flags(args: argparse.Namespace) -> None:
              "run more replicas (the operator's replicas and autoscaling)")):
         if size != 1:
             raise ConfigError(flag, f"{size} is not supported; {how}")
+    opened = {kind: n for kind, n in (args.limit_mm_per_prompt or {}).items() if n != 0}
+    if opened:
+        kind, n = next(iter(opened.items()))
+        raise ConfigError("--limit-mm-per-prompt", f"{kind}: {n} is not supported; tokenmill "
+                                                   "serves a multimodal checkpoint's language "
+                                                   "model, text only (set every modality to 0)")
     if args.ssl_cert_reqs and args.ssl_keyfile is None:
         raise ConfigError("--ssl-cert-reqs", "client certificates need HTTPS (--ssl-keyfile "
                                              "and --ssl-certfile)")
@@ -259,6 +270,34 @@ def _generation_overrides(value: str) -> dict[str, float]:
     if overrides.get("max_new_tokens", 1) < 1:
         raise argparse.ArgumentTypeError("max_new_tokens must be at least 1")
     return overrides
+
+
+def _mm_limits(value: str) -> dict[str, int]:
+    """vLLM's --limit-mm-per-prompt: items of each modality a prompt may carry, as JSON
+    ({"image": 0}, or {"image": {"count": 0}}) or as the older image=0,video=0."""
+    form = 'a JSON object such as {"image": 0}, or image=0,video=0'
+    text = value.strip()
+    if text.startswith("{"):
+        try:
+            given = json.loads(text)
+        except ValueError:
+            given = None
+        if not isinstance(given, dict):
+            raise argparse.ArgumentTypeError(f"must be {form}")
+    else:
+        pairs = [item.partition("=") for item in text.split(",")]
+        if not all(key.strip() and sep for key, sep, _ in pairs):
+            raise argparse.ArgumentTypeError(f"must be {form}")
+        given = {key.strip(): count.strip() for key, _, count in pairs}
+    limits = {}
+    for kind, limit in given.items():
+        count = limit.get("count") if isinstance(limit, dict) else limit
+        if isinstance(count, str) and count.isdigit():
+            count = int(count)
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise argparse.ArgumentTypeError(f"{kind}: {limit!r} is not a count of items")
+        limits[kind] = count
+    return limits
 
 
 def _positive_int(value: str) -> int:

@@ -455,7 +455,8 @@ def test_extra_args_take_a_vllm_command_lines_flags():
              "--uvicorn-log-level", "info", "--disable-uvicorn-access-log",
              "--disable-fastapi-docs", "--allowed-origins", '["https://ui.example"]',
              "--tokenizer", "/mnt/models/tokenizer", "--pipeline-parallel-size", "1",
-             "--override-generation-config", '{"temperature": 0.6}']
+             "--override-generation-config", '{"temperature": 0.6}',
+             "--limit-mm-per-prompt", '{"image": 0}']
     spec = load("svc", {"model": {"uri": "/models/llama"}, "engine": {"extraArgs": flags}})
     assert serve_command(spec, "llama")[-len(flags):] == flags
 
@@ -492,6 +493,8 @@ def test_extra_args_serve_an_embedding_model():
      "pooling_type 'MAX' is not one of LAST, MEAN, CLS"),
     (["--runner", "embed"], "spec.engine.extraArgs: --runner: 'embed' is not one of"),
     (["--convert", "classify"], "argument --convert: invalid choice: 'classify'"),
+    (["--limit-mm-per-prompt", "image=1"], "spec.engine.extraArgs: --limit-mm-per-prompt: "
+     "image: 1 is not supported"),
 ])
 def test_server_flags_that_cannot_work_are_refused(flags, where):
     with pytest.raises(SpecError, match=re.escape(where)):

@@ -70,6 +70,7 @@ def vllm_server(tiny_llama_dir, tls, tmp_path_factory):
         "--enable-expert-parallel",
         "--pipeline-parallel-size", "1", "--data-parallel-size", "1",
         "--guided-decoding-backend", "xgrammar", "--return-tokens-as-token-ids",
+        "--limit-mm-per-prompt", '{"image": 0, "video": {"count": 0}}',
         "--allowed-origins", f'["{ORIGIN}"]', "--ssl-keyfile", key, "--ssl-certfile", cert,
         env={"TOKENMILL_API_KEY": KEY})
     proc.url = proc.url.replace("http://", "https://")
@@ -171,6 +172,13 @@ def test_each_request_is_logged_cut_to_max_log_len_and_the_access_log_is_off(vll
      "replica shards its model with --tensor-parallel-size"),
     (["--data-parallel-size", "4"], "--data-parallel-size: 4 is not supported; run more "
      "replicas"),
+    (["--limit-mm-per-prompt", '{"image": 1}'], "--limit-mm-per-prompt: image: 1 is not "
+     "supported; tokenmill serves a multimodal checkpoint's language model, text only"),
+    (["--limit-mm-per-prompt", "image=0,video=2"], "--limit-mm-per-prompt: video: 2 is not"),
+    (["--limit-mm-per-prompt", "images"], "argument --limit-mm-per-prompt: must be a JSON "
+     'object such as {"image": 0}, or image=0,video=0'),
+    (["--limit-mm-per-prompt", '{"image": -1}'],
+     "argument --limit-mm-per-prompt: image: -1 is not a count of items"),
     (["--distributed-executor-backend", "ray"],
      "argument --distributed-executor-backend: invalid choice: 'ray'"),
 ])
@@ -193,7 +201,7 @@ def test_a_config_file_gives_flags_the_command_line_overrides(tmp_path):
                       "served-model-name: [a, b]\nallowed-origins: ['https://x.example']\n"
                       'speculative-config: {method: ngram, num_speculative_tokens: 2}\n'
                       "lora-modules: [{name: sql, path: /adapters/sql}]\nenable-lora: true\n"
-                      "disable-fastapi-docs: false\n")
+                      "disable-fastapi-docs: false\nlimit-mm-per-prompt: {image: 0}\n")
     args = parse_args(["serve", "--config", str(config), "--max-num-seqs", "4"])
     assert (args.model, args.max_num_seqs, args.enable_prefix_caching) == ("Org/from-file", 4,
                                                                            False)
@@ -204,6 +212,7 @@ def test_a_config_file_gives_flags_the_command_line_overrides(tmp_path):
     assert [json.loads(m) for m in args.lora_modules] == [{"name": "sql",
                                                            "path": "/adapters/sql"}]
     assert args.disable_fastapi_docs is False
+    assert args.limit_mm_per_prompt == {"image": 0}
     # A model on the command line wins over the file's, as in vLLM.
     assert parse_args(["serve", "Org/given", "--config", str(config)]).model_tag == "Org/given"
     assert parse_args(["serve", "Org/given", "--config", str(config)]).model != "Org/from-file"
