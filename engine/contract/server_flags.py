@@ -63,6 +63,12 @@ def add_server_arguments(parser: argparse.ArgumentParser,
                         help="The chat template to use instead of the tokenizer's: a file, or "
                              "the Jinja template itself (vLLM's flag). Read at start-up; one "
                              "that does not parse stops the server with exit status 2.")
+    parser.add_argument("--chat-template-content-format", choices=("auto", "string", "openai"),
+                        default="auto",
+                        help="How the chat template reads a message's content: string, or "
+                             "openai (a list of {type: text, text} parts, as LLaVA's templates "
+                             "loop over). auto (the default, as in vLLM): the form in which "
+                             "the template shows a probe message's text.")
     parser.add_argument("--generation-config", choices=("auto", "vllm"), default="auto",
                         help="auto (the default, as in vLLM): a request that leaves out "
                              "temperature, top_p, top_k, min_p or repetition_penalty gets the "

@@ -22,6 +22,7 @@ from tokenmill.engine.core.errors import (
 )
 from tokenmill.engine.frontend.async_engine import RequestStream
 from tokenmill.engine.server.adapters import resolve_model
+from tokenmill.engine.server.content_format import in_content_format
 from tokenmill.engine.server.errors import APIError, error_body
 from tokenmill.engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from tokenmill.engine.server.reasoning import REASONING_PARSERS, ReplyReasoning
@@ -163,7 +164,8 @@ def chat_ids(state: ServerState, conversation: list[dict[str, Any]],
     `template_kwargs` are extra variables of the template (checked by ChatTemplateFields)."""
     try:
         text = state.tokenizer.apply_chat_template(
-            conversation, tools=tools, add_generation_prompt=add_generation_prompt,
+            in_content_format(conversation, state.content_format()), tools=tools,
+            add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message, tokenize=False,
             chat_template=state.options.chat_template, **(template_kwargs or {}))
     except Exception as exc:  # template errors (e.g. role order) are the caller's to fix

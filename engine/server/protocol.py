@@ -178,8 +178,12 @@ class ChatMessage(RequestModel):
 
     def template_message(self) -> dict[str, Any]:
         """This message as the chat template sees it (tool calls and results included)."""
+        # Text parts stay parts: content_format.py gives the template the form it reads.
+        content: str | list[dict[str, str]] = (
+            [{"type": "text", "text": part.text or ""} for part in self.content]
+            if isinstance(self.content, list) else self.text())
         message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
-                                   "content": self.text()}
+                                   "content": content}
         if self.tool_calls:
             message["tool_calls"] = template_tool_calls(self.tool_calls)
         if self.tool_call_id is not None:

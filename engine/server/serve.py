@@ -132,6 +132,8 @@ def serve(config, args: argparse.Namespace) -> int:
                               enable_auto_tool_choice=args.enable_auto_tool_choice,
                               tool_call_parser=args.tool_call_parser,
                               chat_template=read_chat_template(args.chat_template),
+                              chat_template_content_format=(
+                                  args.chat_template_content_format),
                               reasoning_parser=args.reasoning_parser,
                               generation_config=args.generation_config,
                               generation_overrides=args.override_generation_config,

@@ -16,6 +16,7 @@ from tokenmill.engine.contract.config import EngineConfig
 from tokenmill.engine.core import LLMEngine
 from tokenmill.engine.core.errors import ConfigError, ModelLoadError, WorkerFailed
 from tokenmill.engine.frontend.async_engine import AsyncEngine
+from tokenmill.engine.server.content_format import detect_content_format
 from tokenmill.engine.server.errors import APIError
 from tokenmill.engine.server.metrics import EngineMetrics
 
@@ -33,6 +34,7 @@ class ServerOptions:
     enable_auto_tool_choice: bool = False  # parse tool calls when tool_choice is "auto"
     tool_call_parser: str | None = None  # the model's tool-call format (tool_parsers.py)
     chat_template: str | None = None  # --chat-template's text; None: the tokenizer's own
+    chat_template_content_format: str = "auto"  # string, openai, or auto: the template's
     reasoning_parser: str | None = None  # the model's thinking format (reasoning.py)
     generation_config: str = "auto"  # auto: the model's sampling defaults; vllm: the API's
     generation_overrides: dict[str, float] = field(default_factory=dict)  # win over both
@@ -67,6 +69,8 @@ class ServerState:
     draining: bool = False
     in_flight: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    # How each chat template seen reads message content (auto), by the template's text.
+    content_formats: dict[str, str] = field(default_factory=dict)
 
     @property
     def ready(self) -> bool:
@@ -81,6 +85,18 @@ class ServerState:
         if self.engine is not None and self.engine.error is not None:
             return "engine loop failed", self.engine.error
         return None
+
+    def content_format(self) -> str:
+        """How the chat template in use reads a message's content: "string" or "openai"."""
+        chosen = self.options.chat_template_content_format
+        if chosen != "auto":
+            return chosen
+        template = self.options.chat_template or getattr(self.tokenizer, "chat_template", None)
+        key = repr(template)
+        if key not in self.content_formats:
+            self.content_formats[key] = detect_content_format(self.tokenizer,
+                                                              self.options.chat_template)
+        return self.content_formats[key]
 
     def load(self, show_progress: bool = True) -> None:
         """Load the model (on a worker thread at start-up) and start the engine loop."""
