@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from tokenmill.engine.models.architecture import moe_shape_of
+from tokenmill.engine.models.fused_weights import fused_parts
 from tokenmill.engine.models.multimodal import language_model_weight
 
 CONFIG_FILE = "adapter_config.json"
@@ -26,6 +27,9 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 TARGET_MODULES = ATTENTION_MODULES + MLP_MODULES
+# Phi-3's fused projections: an adapter on one is an adapter on each of its parts, with the
+# same A and the part's rows of B.
+FUSED_MODULES = {"qkv_proj": "self_attn", "gate_up_proj": "mlp"}
 _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<ab>[AB])"
                   r"(?:\.[A-Za-z0-9_-]+)?\.weight$")
 _MODULE = re.compile(r"^model\.layers\.(?P<layer>\d+)\.(?P<block>self_attn|mlp)\."
@@ -80,8 +84,7 @@ def load_adapter(name: str, directory: str, config: Any, max_rank: int) -> LoRAW
         tensors = load_file(path)
     except (SafetensorError, OSError) as exc:
         fail(f"cannot read {path}: {exc}")
-    pairs = _pairs(tensors, config.num_hidden_layers, fail,
-                   multimodal=getattr(config, "multimodal", None) is not None)
+    pairs = _pairs(tensors, config, fail)
     shapes = module_shapes(config)
     moe = moe_shape_of(config)
     modules: dict[tuple[int, str], ModuleLoRA] = {}
@@ -149,7 +152,7 @@ def _check_settings(settings: dict[str, Any], fail) -> None:
             _check_regex(targets, fail)
         return
     for target in targets or []:
-        if target.rpartition(".")[2] not in TARGET_MODULES:
+        if target.rpartition(".")[2] not in (*TARGET_MODULES, *FUSED_MODULES):
             fail(f"target module {target!r} is not one of {', '.join(TARGET_MODULES)}")
 
 
@@ -163,11 +166,14 @@ def _check_regex(pattern: str, fail) -> None:
             fail(f"target_modules {pattern!r} matches {other}, which is not served")
 
 
-def _pairs(tensors: dict[str, torch.Tensor], num_layers: int, fail, multimodal: bool = False,
-           ) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
+def _pairs(tensors: dict[str, torch.Tensor], config: Any,
+           fail) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
     """{(layer, kind): (A, B)} from the file's tensor names; refuses anything else. Over a
     multimodal checkpoint's language model, the language model's modules are read under
-    their causal names, and another tower's (which never runs on text) are passed over."""
+    their causal names, and another tower's (which never runs on text) are passed over. A
+    fused projection's pair becomes its parts' pairs."""
+    num_layers = config.num_hidden_layers
+    multimodal = getattr(config, "multimodal", None) is not None
     found: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         match = _KEY.match(key)
@@ -182,6 +188,12 @@ def _pairs(tensors: dict[str, torch.Tensor], num_layers: int, fail, multimodal: 
         module = _MODULE.match(name)
         kind = module["kind"] if module else name.rpartition(".")[2]
         block = module["block"] if module else None
+        if module and FUSED_MODULES.get(kind) == block and int(module["layer"]) < num_layers:
+            for part, start, stop in fused_parts(config, f"{name}.weight"):
+                part_kind = part.split(".")[-2]
+                found.setdefault((int(module["layer"]), part_kind), {})[match["ab"]] = (
+                    tensor if match["ab"] == "A" else tensor[start:stop])
+            continue
         if kind not in TARGET_MODULES or block != ("mlp" if kind in MLP_MODULES else "self_attn"):
             fail(f"target module {name!r} is not one of {', '.join(TARGET_MODULES)} "
                  "in the decoder layers")

@@ -110,3 +110,22 @@ def test_a_phi3_gguf_is_refused_by_name(phi3_dir):
     with pytest.raises(ModelLoadError, match="q4.gguf holds a Phi-3 model"):
         build_model(AutoConfig.from_pretrained(phi3_dir), source, 64, torch.float32,
                     torch.device("cpu"))
+
+
+def test_a_lora_adapter_on_the_fused_projections_equals_peft(phi3_dir, tmp_path,
+                                                             vocab_tokenizer):
+    """PEFT adapts qkv_proj and gate_up_proj whole: each part gets the same A and its rows
+    of B."""
+    from lora_support import Adapter, make_adapter, peft_greedy
+
+    adapter = make_adapter(phi3_dir, str(tmp_path / "a"),
+                           Adapter("a", 4, 8, ["qkv_proj", "o_proj", "gate_up_proj",
+                                               "down_proj"]))
+    prompts = mixed_prompts(vocab_tokenizer)[:3]
+    want = peft_greedy(phi3_dir, adapter, prompts, MAX_NEW)
+    assert want != peft_greedy(phi3_dir, None, prompts, MAX_NEW)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    with LLM(phi3_dir, enable_lora=True, max_lora_rank=4, lora_modules=(f"a={adapter}",),
+             **ENGINE) as llm:
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, lora="a")]
+    assert got == want
