@@ -51,12 +51,20 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                "qwen3_moe": "Qwen3MoeForCausalLM", "gemma": "GemmaForCausalLM",
                "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
-               "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM"}
+               "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
+               # The text models of Qwen's vision-language models: on text alone their
+               # multimodal rotary embedding turns every section by the same position, which
+               # is the ordinary one.
+               "qwen2_vl_text": "Qwen2ForCausalLM", "qwen2_5_vl_text": "Qwen2ForCausalLM",
+               "qwen3_vl_text": "Qwen3ForCausalLM"}
 # Multimodal architectures whose language model attends causally over text alone, so that on
 # text it is exactly its causal decoder: served text-only (models/multimodal.py). PaliGemma's
 # prompt attends both ways: not here.
 MULTIMODAL_TEXT_MODELS = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
-                          "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration")
+                          "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
+                          "Qwen2VLForConditionalGeneration",
+                          "Qwen2_5_VLForConditionalGeneration",
+                          "Qwen3VLForConditionalGeneration")
 
 
 @dataclass(frozen=True)

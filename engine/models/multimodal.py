@@ -1,6 +1,6 @@
 """The language model inside a multimodal checkpoint (Gemma 3 4B-27B, Mistral Small 3.1,
-LLaVA), served on its own: text in, text out. The vision tower and projector are not read;
-a request with an image part is refused by the server."""
+LLaVA, Qwen2.5-VL, Qwen3-VL), served on its own: text in, text out. The vision tower and
+projector are not read; a request with an image part is refused by the server."""
 
 from __future__ import annotations
 
@@ -11,12 +11,16 @@ from tokenmill.engine.models.architecture import MODEL_TYPES, MULTIMODAL_TEXT_MO
 from tokenmill.engine.models.source import ModelLoadError
 
 # Where checkpoints keep the language model: as first published (`language_model.model.*`,
-# `language_model.lm_head.*`) and as transformers has saved them since 4.52
-# (`model.language_model.*`, `lm_head.*`). Every other tensor belongs to another tower.
+# `language_model.lm_head.*`; Qwen2-VL's and Qwen2.5-VL's as a causal model's, beside
+# `visual.*`) and as transformers has saved them since 4.52 (`model.language_model.*`,
+# `lm_head.*`). Every other tensor belongs to another tower.
 _LANGUAGE_MODEL_PREFIXES = (("language_model.model.", "model."),
                             ("language_model.lm_head.", "lm_head."),
                             ("model.language_model.", "model."),
-                            ("lm_head.", "lm_head."))
+                            ("lm_head.", "lm_head."),
+                            ("model.embed_tokens.", "model.embed_tokens."),
+                            ("model.layers.", "model.layers."),
+                            ("model.norm.", "model.norm."))
 
 
 def multimodal_architecture(config: Any) -> str | None:

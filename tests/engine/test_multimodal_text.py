@@ -1,7 +1,8 @@
 """The language model of a multimodal checkpoint (Gemma 3 4B-27B, Mistral Small 3.1, LLaVA,
-LLaVA-NeXT) served text-only: greedy output equals transformers' multimodal model on the same
-text token for token, from either weight layout, with the head tied or not as transformers
-decides; the other towers are not read; what cannot be served is refused by name."""
+LLaVA-NeXT, Qwen2.5-VL, Qwen3-VL) served text-only: greedy output equals transformers'
+multimodal model on the same text token for token, from either weight layout, with the head
+tied or not as transformers decides; the other towers are not read; what cannot be served is
+refused by name."""
 
 from __future__ import annotations
 
@@ -45,6 +46,21 @@ def _config(kind: str, vocab: int):
         return transformers.Mistral3Config(
             text_config=dict(text, model_type="mistral"),
             vision_config=dict(VISION, head_dim=16), image_token_index=image)
+    qwen_vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                       out_hidden_size=TEXT["hidden_size"])
+    qwen_tokens = dict(image_token_id=image, video_token_id=image - 1,
+                       vision_start_token_id=image - 2)
+    if kind == "qwen2_5_vl":  # q/k/v biases; saved as a causal model's names beside visual.*
+        return transformers.Qwen2_5_VLConfig(
+            text_config=dict(text, rope_theta=1e6,
+                             rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}),
+            vision_config=dict(qwen_vision, fullatt_block_indexes=[0]), **qwen_tokens)
+    if kind == "qwen3_vl":  # QK-norm, interleaved sections, deep-stacked vision features
+        return transformers.Qwen3VLConfig(
+            text_config=dict(text, rope_theta=5e5,
+                             rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3],
+                                           "mrope_interleaved": True}),
+            vision_config=dict(qwen_vision, deepstack_visual_indexes=[0]), **qwen_tokens)
     vision = dict(VISION, model_type="clip_vision_model", projection_dim=32)
     if kind == "llava":
         return transformers.LlavaConfig(text_config=dict(text, model_type="llama"),
@@ -78,7 +94,8 @@ def _weights(directory: str) -> dict[str, torch.Tensor]:
     return load_file(os.path.join(directory, "model.safetensors"))
 
 
-@pytest.fixture(scope="module", params=["gemma3", "mistral3", "llava", "llava_next"])
+@pytest.fixture(scope="module", params=["gemma3", "mistral3", "llava", "llava_next",
+                                        "qwen2_5_vl", "qwen3_vl"])
 def multimodal_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
     return _make(directory, _config(request.param, len(vocab_tokenizer)), vocab_tokenizer)
@@ -188,9 +205,12 @@ def test_weight_names_of_either_layout():
     assert language_model_weight("model.language_model.norm.weight") == "model.norm.weight"
     assert language_model_weight("language_model.lm_head.weight") == "lm_head.weight"
     assert language_model_weight("lm_head.weight") == "lm_head.weight"
+    assert language_model_weight("model.layers.1.mlp.up_proj.weight") == (
+        "model.layers.1.mlp.up_proj.weight")  # Qwen2.5-VL's
     for other in ("vision_tower.encoder.layers.0.mlp.fc1.weight",
                   "model.vision_tower.patch_conv.weight",
-                  "multi_modal_projector.linear_1.weight", "image_newline"):
+                  "multi_modal_projector.linear_1.weight", "image_newline",
+                  "visual.blocks.0.attn.qkv.weight", "model.visual.merger.norm.weight"):
         assert language_model_weight(other) is None
 
 
