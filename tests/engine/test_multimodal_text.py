@@ -50,6 +50,12 @@ def _config(kind: str, vocab: int):
                        out_hidden_size=TEXT["hidden_size"])
     qwen_tokens = dict(image_token_id=image, video_token_id=image - 1,
                        vision_start_token_id=image - 2)
+    if kind == "qwen2_vl":
+        return transformers.Qwen2VLConfig(
+            text_config=dict(text, rope_theta=1e6,
+                             rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}),
+            vision_config=dict(depth=1, embed_dim=32, num_heads=2, mlp_ratio=2,
+                               hidden_size=TEXT["hidden_size"]), **qwen_tokens)
     if kind == "qwen2_5_vl":  # q/k/v biases; saved as a causal model's names beside visual.*
         return transformers.Qwen2_5_VLConfig(
             text_config=dict(text, rope_theta=1e6,
@@ -95,7 +101,7 @@ def _weights(directory: str) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module", params=["gemma3", "mistral3", "llava", "llava_next",
-                                        "qwen2_5_vl", "qwen3_vl"])
+                                        "qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def multimodal_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
     return _make(directory, _config(request.param, len(vocab_tokenizer)), vocab_tokenizer)
