@@ -41,6 +41,8 @@ SUPPORTED = {
     # Phi-3 and Phi-4: Llama's layers, stored fused (models/fused_weights.py).
     "Phi3ForCausalLM": ArchitectureFlags(),
     "GraniteForCausalLM": ArchitectureFlags(granite=True),
+    # SmolLM3: Llama's layers, every fourth without rotary embeddings (rotates_at).
+    "SmolLM3ForCausalLM": ArchitectureFlags(),
 }
 # Bare decoders (no LM head), as embedding checkpoints are saved (e5-mistral, Qwen3-Embedding
 # exported by sentence-transformers): served by the pooling runner only.
@@ -52,6 +54,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "qwen3_moe": "Qwen3MoeForCausalLM", "gemma": "GemmaForCausalLM",
                "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
                "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
+               "smollm3": "SmolLM3ForCausalLM",
                # The text models of Qwen's vision-language models: on text alone their
                # multimodal rotary embedding turns every section by the same position, which
                # is the ordinary one.
@@ -176,6 +179,13 @@ def layer_window_of(config: Any, layer: int) -> int | None:
     if window is None or (layer_types is not None and layer_types[layer] != "sliding_attention"):
         return None
     return window
+
+
+def rotates_at(config: Any, layer: int) -> bool:
+    """Whether decoder layer `layer` turns q and k by their positions: SmolLM3's no_rope_layers
+    marks the layers that do (1) and those with no positional encoding at all (0)."""
+    marks = getattr(config, "no_rope_layers", None)
+    return True if marks is None else bool(marks[layer])
 
 
 def sliding_window_of(config: Any) -> int | None:

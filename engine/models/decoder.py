@@ -27,6 +27,7 @@ from tokenmill.engine.models.architecture import (
     flags_of,
     layer_window_of,
     moe_shape_of,
+    rotates_at,
 )
 from tokenmill.engine.models.moe import SparseMoeBlock
 
@@ -68,7 +69,7 @@ class Attention(nn.Module):
         scale = float(config.attention_multiplier) if flags.granite else scaled_by ** -0.5
         self.scores = Scores(scale, window, getattr(config, "attn_logit_softcapping", None))
 
-    def forward(self, x: torch.Tensor, rope: RopeRows | RopeKernel,
+    def forward(self, x: torch.Tensor, rope: RopeRows | RopeKernel | None,
                 kv_cache: KVLayer, meta: AttentionMetadata) -> torch.Tensor:
         tokens = x.shape[0]
         q, k, v = self.qkv_proj(x)
@@ -78,7 +79,8 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, _ = self.q_norm(q, backend=meta.backend)
             k, _ = self.k_norm(k, backend=meta.backend)
-        q, k = rope.rotate(q, k)
+        if rope is not None:  # None: a layer without positional encoding (SmolLM3's NoPE)
+            q, k = rope.rotate(q, k)
         store_kv(k, v, kv_cache, meta)
         o = attention(q, kv_cache, meta, self.scores)
         return self.tp.all_reduce(self.o_proj(o.reshape(tokens, -1)))
@@ -140,7 +142,7 @@ class DecoderLayer(nn.Module):
         self.branch_scale = float(config.residual_multiplier) if flags.granite else None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
-                rope: RopeRows | RopeKernel, kv_cache: KVLayer,
+                rope: RopeRows | RopeKernel | None, kv_cache: KVLayer,
                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """x: the previous layer's MLP output, not yet in `residual` (layer 0: the embeddings,
         and no residual yet). Returns this layer's MLP output and the stream before it."""
@@ -181,6 +183,7 @@ class DecoderModel(nn.Module):
         # Sliding layers rotate with their own base where the config gives one (Gemma 3).
         self.local_rope = [window is not None and self.rotary_local is not None
                            for window in windows]
+        self.rotates = [rotates_at(config, i) for i in range(config.num_hidden_layers)]
 
     def rotary_tables(self) -> tuple[RotaryEmbedding, RotaryEmbedding | None]:
         """The rotary tables of full-attention layers, and of sliding ones where they differ
@@ -201,8 +204,10 @@ class DecoderModel(nn.Module):
         rope_local = (None if self.rotary_local is None
                       else self.rotary_local(positions, x.dtype, meta.backend))
         residual = None
-        for layer, local, kv_cache in zip(self.layers, self.local_rope, kv_caches, strict=True):
-            x, residual = layer(x, residual, rope_local if local else rope, kv_cache, meta)
+        for layer, local, rotates, kv_cache in zip(self.layers, self.local_rope, self.rotates,
+                                                   kv_caches, strict=True):
+            turn = (rope_local if local else rope) if rotates else None
+            x, residual = layer(x, residual, turn, kv_cache, meta)
         return self.norm(x, residual, meta.backend)[0]
 
 

@@ -1,0 +1,104 @@
+"""Llama's layers with a family's twist, read from the config. Greedy output equals
+transformers token for token (batched, chunked, from the prefix cache, under tensor
+parallelism) for:
+- Granite (`GraniteForCausalLM`, IBM's Granite 3.x): four multipliers (embeddings, attention
+  scale, each branch's output as it joins the residual stream, a divisor of the logits); its
+  log-probabilities are transformers' too (the divisor changes them, not the greedy choice);
+- SmolLM3 (`SmolLM3ForCausalLM`): every fourth layer with no positional encoding (NoPE)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from model_support import greedy_three_ways, hf_greedy, make_random_model, mixed_prompts
+
+from tokenmill.engine import LLM, SamplingParams
+from tokenmill.engine.models.architecture import rotates_at
+from tokenmill.engine.models.loader import build_model
+from tokenmill.engine.models.source import ModelLoadError, ModelSource
+
+MAX_NEW = 8
+ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=8, max_num_batched_tokens=32)
+SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1,
+             eos_token_id=2, pad_token_id=0)
+
+
+def _config(kind: str, vocab: int):
+    import transformers
+
+    if kind == "granite":
+        # Multipliers far from Llama's implicit ones, so that a missing one shows.
+        return transformers.GraniteConfig(
+            vocab_size=vocab, tie_word_embeddings=True, embedding_multiplier=6.0,
+            attention_multiplier=0.5, residual_multiplier=0.3, logits_scaling=4.0, **SHAPE)
+    return transformers.SmolLM3Config(vocab_size=vocab, rope_theta=5e6, **SHAPE)
+
+
+@pytest.fixture(scope="module", params=["granite", "smollm3"])
+def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
+    return make_random_model(str(tmp_path_factory.mktemp(request.param)),
+                             _config(request.param, len(vocab_tokenizer)), vocab_tokenizer)
+
+
+def _reference(directory: str):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None  # as ignore_eos
+    return model
+
+
+@pytest.fixture(scope="module")
+def expected(variant_dir, vocab_tokenizer) -> list[list[int]]:
+    reference = _reference(variant_dir)
+    return [hf_greedy(reference, p, MAX_NEW) for p in mixed_prompts(vocab_tokenizer)]
+
+
+def test_greedy_equals_hf_batched_chunked_and_prefix_cached(variant_dir, expected,
+                                                            vocab_tokenizer):
+    with LLM(variant_dir, **ENGINE) as llm:
+        runs = greedy_three_ways(llm, mixed_prompts(vocab_tokenizer), MAX_NEW)
+    assert runs == {"batched": expected, "again": expected, "alone": expected[-2:]}
+
+
+def test_tensor_parallel_equals_hf(variant_dir, expected, vocab_tokenizer):
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    with LLM(variant_dir, tensor_parallel_size=2, **ENGINE) as llm:
+        got = [o.outputs[0].token_ids for o in llm.generate(mixed_prompts(vocab_tokenizer),
+                                                              params)]
+    assert got == expected
+
+
+@pytest.fixture(scope="module")
+def granite_dir(tmp_path_factory, vocab_tokenizer) -> str:
+    return make_random_model(str(tmp_path_factory.mktemp("granite-logprobs")),
+                             _config("granite", len(vocab_tokenizer)), vocab_tokenizer)
+
+
+def test_granites_logprobs_are_those_of_its_scaled_logits(granite_dir, vocab_tokenizer):
+    prompt = mixed_prompts(vocab_tokenizer)[-1]
+    with LLM(granite_dir, **ENGINE) as llm:
+        out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1,
+                                                    logprobs=3))[0].outputs[0]
+    with torch.no_grad():
+        logits = _reference(granite_dir)(torch.tensor([prompt])).logits[0, -1].float()
+    want = torch.log_softmax(logits, -1)
+    got = out.logprobs[0]
+    assert set(got) == set(want.topk(3).indices.tolist())
+    for token, logprob in got.items():
+        assert abs(logprob - want[token].item()) < 1e-4
+
+
+def test_a_granite_gguf_is_refused_by_name(granite_dir):
+    from transformers import AutoConfig
+
+    source = ModelSource(directory=granite_dir, gguf_file="granite-3.3-8b-instruct-Q4_K_M.gguf")
+    with pytest.raises(ModelLoadError, match="Q4_K_M.gguf holds a Granite model"):
+        build_model(AutoConfig.from_pretrained(granite_dir), source, 64, torch.float32,
+                    torch.device("cpu"))
+
+
+def test_smollm3s_every_fourth_layer_has_no_positional_encoding():
+    assert [rotates_at(_config("smollm3", 100), i) for i in range(4)] == [True, True, True,
+                                                                           False]
