@@ -456,7 +456,8 @@ def test_extra_args_take_a_vllm_command_lines_flags():
              "--disable-fastapi-docs", "--allowed-origins", '["https://ui.example"]',
              "--tokenizer", "/mnt/models/tokenizer", "--pipeline-parallel-size", "1",
              "--override-generation-config", '{"temperature": 0.6}',
-             "--limit-mm-per-prompt", '{"image": 0}']
+             "--limit-mm-per-prompt", '{"image": 0}', "--tokenizer-mode", "mistral",
+             "--load-format", "safetensors", "--swap-space", "4", "--disable-custom-all-reduce"]
     spec = load("svc", {"model": {"uri": "/models/llama"}, "engine": {"extraArgs": flags}})
     assert serve_command(spec, "llama")[-len(flags):] == flags
 

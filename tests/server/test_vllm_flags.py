@@ -71,6 +71,8 @@ def vllm_server(tiny_llama_dir, tls, tmp_path_factory):
         "--pipeline-parallel-size", "1", "--data-parallel-size", "1",
         "--guided-decoding-backend", "xgrammar", "--return-tokens-as-token-ids",
         "--limit-mm-per-prompt", '{"image": 0, "video": {"count": 0}}',
+        "--tokenizer-mode", "mistral", "--config-format", "mistral", "--load-format", "mistral",
+        "--swap-space", "16", "--disable-custom-all-reduce", "--max-seq-len-to-capture", "8192",
         "--allowed-origins", f'["{ORIGIN}"]', "--ssl-keyfile", key, "--ssl-certfile", cert,
         env={"TOKENMILL_API_KEY": KEY})
     proc.url = proc.url.replace("http://", "https://")
@@ -179,6 +181,8 @@ def test_each_request_is_logged_cut_to_max_log_len_and_the_access_log_is_off(vll
      'object such as {"image": 0}, or image=0,video=0'),
     (["--limit-mm-per-prompt", '{"image": -1}'],
      "argument --limit-mm-per-prompt: image: -1 is not a count of items"),
+    (["--load-format", "dummy"], "argument --load-format: invalid choice: 'dummy'"),
+    (["--tokenizer-mode", "custom"], "argument --tokenizer-mode: invalid choice: 'custom'"),
     (["--distributed-executor-backend", "ray"],
      "argument --distributed-executor-backend: invalid choice: 'ray'"),
 ])
