@@ -168,20 +168,19 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Accepted for vLLM's command lines: a mixture of experts is split "
                              "over the --tensor-parallel-size ranks by expert width (every "
                              "rank holds a slice of every expert; the output is the same).")
-    parser.add_argument("--tokenizer-mode", choices=("auto", "hf", "slow", "mistral"),
-                        default="auto",
-                        help="Accepted for vLLM's command lines: the tokenizer is read from the "
-                             "model's Hugging Face files (tokenizer.json, which Mistral's "
-                             "repositories carry beside tekken.json).")
-    parser.add_argument("--config-format", choices=("auto", "hf", "mistral"), default="auto",
-                        help="Accepted for vLLM's command lines: the config is read from "
-                             "config.json (which Mistral's repositories carry beside "
-                             "params.json).")
-    parser.add_argument("--load-format", choices=("auto", "safetensors", "mistral", "gguf"),
-                        default="auto",
-                        help="Accepted for vLLM's command lines: the weights are read from the "
-                             "safetensors files in Hugging Face's layout (Mistral's "
-                             "consolidated copy is passed over), or from the GGUF file given.")
+    # Mistral's recipes ask for its own formats; its repositories carry Hugging Face's too.
+    for flag, choices, what in (
+            ("--tokenizer-mode", ("auto", "hf", "slow", "mistral"),
+             "the tokenizer is read from the model's Hugging Face files (tokenizer.json, which "
+             "Mistral's repositories carry beside tekken.json)"),
+            ("--config-format", ("auto", "hf", "mistral"),
+             "the config is read from config.json (which Mistral's repositories carry beside "
+             "params.json)"),
+            ("--load-format", ("auto", "safetensors", "mistral", "gguf"),
+             "the weights are read from the safetensors files in Hugging Face's layout "
+             "(Mistral's consolidated copy is passed over), or from the GGUF file given")):
+        parser.add_argument(flag, choices=choices, default="auto",
+                            help=f"Accepted for vLLM's command lines: {what}.")
     parser.add_argument("--swap-space", type=float, default=None, metavar="GIB",
                         help="Accepted for vLLM's command lines: a preempted request's KV cache "
                              "is recomputed, not swapped (--kv-offloading-size keeps a CPU "
