@@ -424,8 +424,9 @@ async def test_status_per_adapter_from_the_pods_and_their_metrics(tmp_path):
             (event,) = await k.eventually(failed_events)
             assert event["type"] == "Warning" and event["message"] == f"adapter legal: {RANK}"
 
-            # Passes that find nothing new write no status and post nothing again.
-            writes = k.calls.count(("tokenmill.io", "inferenceservices/status", "patch"))
+            # Passes that find nothing new write no status and post nothing again (counted
+            # once the passes the pods' changes started have written theirs).
+            writes = await _settled_status_writes(k)
             before = await _reconciles(k)
             await k.request("PATCH", f"/api/v1/namespaces/{NS}/pods/chat-a",
                             {"metadata": {"annotations": {"touched": "1"}}})
@@ -440,3 +441,15 @@ async def test_status_per_adapter_from_the_pods_and_their_metrics(tmp_path):
 
 async def _more(k, before: float) -> bool:
     return await _reconciles(k) > before
+
+
+async def _settled_status_writes(k, quiet: float = 1.0, limit: float = 15.0) -> int:
+    """The operator's status writes so far, once none has come for `quiet` seconds."""
+    count = k.calls.count(("tokenmill.io", "inferenceservices/status", "patch"))
+    for _ in range(int(limit / quiet)):
+        await asyncio.sleep(quiet)
+        now = k.calls.count(("tokenmill.io", "inferenceservices/status", "patch"))
+        if now == count:
+            return now
+        count = now
+    raise AssertionError(f"the operator kept writing status for {limit} s")
