@@ -148,18 +148,17 @@ class DecoderLayer(nn.Module):
         and no residual yet). Returns this layer's MLP output and the stream before it."""
         x, residual = self.input_layernorm(x, residual, meta.backend)
         x = self.self_attn(x, rope, kv_cache, meta)
-        if self.branch_scale is not None:
-            x, residual = self.post_attention_layernorm(x * self.branch_scale, residual,
-                                                        meta.backend)
-            x = getattr(self, self.feed_forward)(x, meta.backend)
-            return x * self.branch_scale, residual
         if not self.sandwich:
-            x, residual = self.post_attention_layernorm(x, residual, meta.backend)
-            return getattr(self, self.feed_forward)(x, meta.backend), residual
+            x, residual = self.post_attention_layernorm(self._joining(x), residual, meta.backend)
+            return self._joining(getattr(self, self.feed_forward)(x, meta.backend)), residual
         x, _ = self.post_attention_layernorm(x, None, meta.backend)
         x, residual = self.pre_feedforward_layernorm(x, residual, meta.backend)
         x = getattr(self, self.feed_forward)(x, meta.backend)
         return self.post_feedforward_layernorm(x, None, meta.backend)[0], residual
+
+    def _joining(self, branch: torch.Tensor) -> torch.Tensor:
+        """A branch's output as it joins the residual stream (Granite scales it)."""
+        return branch if self.branch_scale is None else branch * self.branch_scale
 
 
 class DecoderModel(nn.Module):

@@ -3,6 +3,7 @@ then optionally quantize its projections (int8 or fp8) or keep a GGUF file's qua
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import json
@@ -31,7 +32,11 @@ from tokenmill.engine.models.gguf_weights import (
     gguf_tensor_types,
     gguf_tensors,
 )
-from tokenmill.engine.models.multimodal import language_model_config, language_model_weight
+from tokenmill.engine.models.multimodal import (
+    is_language_model_of_multimodal,
+    language_model_config,
+    language_model_weight,
+)
 from tokenmill.engine.models.quantize import (
     auto_quantization,
     check_gguf_kept,
@@ -39,12 +44,7 @@ from tokenmill.engine.models.quantize import (
     keep_gguf_quantization,
     quantize_model,
 )
-from tokenmill.engine.models.safetensors_files import (
-    Checkpoint,
-    StoredTensor,
-    checkpoint_files,
-    read_header,
-)
+from tokenmill.engine.models.safetensors_files import Checkpoint, StoredTensor
 from tokenmill.engine.models.source import ModelLoadError, ModelSource
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -211,16 +211,18 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     # Rotary tables are computed, not loaded: rebuild them on the device in float32.
     full, local = model.model.rotary_tables()
     model.model.rotary, model.model.rotary_local = full.to(device), local and local.to(device)
-    if pooling or _ties_head(config, source):
-        model.lm_head.weight = model.model.embed_tokens.weight
-    if source.gguf_file:
-        _load(model, _gguf_named(source, config), plan, show_progress)
-        files, nbytes, workers = 1, os.path.getsize(source.gguf_path), 1
-    else:
-        with Checkpoint(source.directory) as checkpoint:
+    checkpoint = None if source.gguf_file else Checkpoint(source.directory)
+    with checkpoint or contextlib.nullcontext():
+        stored = None if checkpoint is None else [t.name for t in checkpoint.tensors]
+        if pooling or _ties_head(config, stored):
+            model.lm_head.weight = model.model.embed_tokens.weight
+        if checkpoint is None:
+            _load(model, _gguf_named(source, config), plan, show_progress)
+            files, nbytes, workers = 1, os.path.getsize(source.gguf_path), 1
+        else:
             _load(model, ((t.name, t, len(checkpoint.tensors)) for t in checkpoint.tensors),
                   plan, show_progress, checkpoint, workers)
-        files, nbytes = len(checkpoint.files), checkpoint.bytes_read
+            files, nbytes = len(checkpoint.files), checkpoint.bytes_read
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # the last copies to the device are asynchronous
     model.load_report = LoadReport(time.perf_counter() - start, nbytes, files, workers)
@@ -247,17 +249,16 @@ def _safetensors_only_family(config: Any) -> str | None:
     return "Phi-3" if architecture_of(config) == "Phi3ForCausalLM" else None
 
 
-def _ties_head(config: Any, source: ModelSource) -> bool:
+def _ties_head(config: Any, stored: list[str] | None) -> bool:
     """Whether the LM head is the embeddings' weight, as the config says; but a multimodal
     checkpoint carrying a head of its own keeps it (transformers 5 reads the tie from the
-    outer config, whose default ties Mistral 3's, and unties a head the checkpoint holds)."""
+    outer config, whose default ties Mistral 3's, and unties a head the checkpoint holds).
+    `stored`: the safetensors checkpoint's tensor names (None: a GGUF file)."""
     if not getattr(config, "tie_word_embeddings", False):
         return False
-    if getattr(config, "multimodal", None) is None or source.gguf_file:
+    if stored is None or not is_language_model_of_multimodal(config):
         return True
-    names = (language_model_weight(tensor.name) for path in checkpoint_files(source.directory)
-             for tensor in read_header(path))
-    return "lm_head.weight" not in names
+    return "lm_head.weight" not in (language_model_weight(name) for name in stored)
 
 
 def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardPlan,
@@ -267,7 +268,7 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
     dequantized) arrive as torch tensors, one at a time."""
     params = checkpoint_tensors(model)
     tied = model.lm_head.weight is model.model.embed_tokens.weight
-    multimodal = getattr(model.config, "multimodal", None) is not None
+    multimodal = is_language_model_of_multimodal(model.config)
     loaded: set[str] = set()
 
     def place(name: str, stored: Any) -> list[str]:

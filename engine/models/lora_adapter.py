@@ -20,7 +20,10 @@ import torch
 
 from tokenmill.engine.models.architecture import moe_shape_of
 from tokenmill.engine.models.fused_weights import fused_parts
-from tokenmill.engine.models.multimodal import language_model_weight
+from tokenmill.engine.models.multimodal import (
+    is_language_model_of_multimodal,
+    language_model_weight,
+)
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -173,7 +176,7 @@ def _pairs(tensors: dict[str, torch.Tensor], config: Any,
     their causal names, and another tower's (which never runs on text) are passed over. A
     fused projection's pair becomes its parts' pairs."""
     num_layers = config.num_hidden_layers
-    multimodal = getattr(config, "multimodal", None) is not None
+    multimodal = is_language_model_of_multimodal(config)
     found: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         match = _KEY.match(key)
@@ -188,19 +191,20 @@ def _pairs(tensors: dict[str, torch.Tensor], config: Any,
         module = _MODULE.match(name)
         kind = module["kind"] if module else name.rpartition(".")[2]
         block = module["block"] if module else None
-        if module and FUSED_MODULES.get(kind) == block and int(module["layer"]) < num_layers:
-            for part, start, stop in fused_parts(config, f"{name}.weight"):
-                part_kind = part.split(".")[-2]
-                found.setdefault((int(module["layer"]), part_kind), {})[match["ab"]] = (
-                    tensor if match["ab"] == "A" else tensor[start:stop])
-            continue
-        if kind not in TARGET_MODULES or block != ("mlp" if kind in MLP_MODULES else "self_attn"):
+        fused = module is not None and FUSED_MODULES.get(kind) == block
+        if not fused and (kind not in TARGET_MODULES
+                          or block != ("mlp" if kind in MLP_MODULES else "self_attn")):
             fail(f"target module {name!r} is not one of {', '.join(TARGET_MODULES)} "
                  "in the decoder layers")
         layer = int(module["layer"])
         if layer >= num_layers:
             fail(f"{key!r} is for layer {layer}, but the base model has {num_layers} layers")
-        found.setdefault((layer, kind), {})[match["ab"]] = tensor
+        if not fused:
+            found.setdefault((layer, kind), {})[match["ab"]] = tensor
+            continue
+        for part, start, stop in fused_parts(config, f"{name}.weight"):
+            found.setdefault((layer, part.split(".")[-2]), {})[match["ab"]] = (
+                tensor if match["ab"] == "A" else tensor[start:stop])
     pairs = {}
     for (layer, kind), parts in found.items():
         if set(parts) != {"A", "B"}:

@@ -50,6 +50,12 @@ def language_model_config(config: Any) -> Any:
     return text
 
 
+def is_language_model_of_multimodal(config: Any) -> bool:
+    """Whether `config` is a multimodal checkpoint's language model (language_model_config
+    made it), whose weights are named as the multimodal model names them."""
+    return getattr(config, "multimodal", None) is not None
+
+
 def language_model_weight(name: str) -> str | None:
     """A multimodal checkpoint tensor's name in the causal model, or None for another tower's
     tensor (vision tower, projector), which is not read."""

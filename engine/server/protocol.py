@@ -181,7 +181,7 @@ class ChatMessage(RequestModel):
         # Text parts stay parts: content_format.py gives the template the form it reads.
         content: str | list[dict[str, str]] = (
             [{"type": "text", "text": part.text or ""} for part in self.content]
-            if isinstance(self.content, list) else self.text())
+            if isinstance(self.content, list) else self.content or "")
         message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
                                    "content": content}
         if self.tool_calls:
@@ -212,11 +212,6 @@ class ChatMessage(RequestModel):
             if part.text is None:
                 raise ValueError("a content part of type 'text' needs a text field")
         return content
-
-    def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(part.text or "" for part in self.content)
-        return self.content or ""
 
 
 # apply_chat_template's own parameters, and the template's `messages`: set by the server or by
