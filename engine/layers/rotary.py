@@ -1,5 +1,5 @@
-"""Rotary position embedding (half-rotation layout), with linear, Llama-3 and YaRN frequency
-scaling."""
+"""Rotary position embedding (half-rotation layout) on the whole head or its first part
+(partial_rotary_factor), with linear, Llama-3, YaRN and LongRoPE frequency scaling."""
 
 from __future__ import annotations
 
@@ -27,29 +27,58 @@ def rope_parameters(config: Any, layer_type: str = "full_attention") -> dict:
         params = dict(scaling)
         params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
     params.setdefault("rope_type", params.get("type", "default"))
-    if params["rope_type"] in ("llama3", "yarn"):
+    if getattr(config, "partial_rotary_factor", None) is not None:
+        params.setdefault("partial_rotary_factor", config.partial_rotary_factor)
+    if params["rope_type"] in ("llama3", "yarn", "longrope"):
+        # Phi-3 keeps its pretraining context beside the rope settings; it wins, as in
+        # transformers.
+        original = getattr(config, "original_max_position_embeddings", None)
+        if params["rope_type"] == "longrope" and original:
+            params["original_max_position_embeddings"] = original
         params.setdefault("original_max_position_embeddings",
                           getattr(config, "max_position_embeddings", None))
+    if params["rope_type"] == "longrope" and params.get("factor") is None:
+        params["factor"] = (config.max_position_embeddings
+                            / params["original_max_position_embeddings"])
     return params
 
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 
-def check_rope(params: dict) -> None:
+def rotary_dim(head_dim: int, params: dict) -> int:
+    """How many of a head's leading dimensions rotate: all, or partial_rotary_factor of them
+    (Phi-4-mini three quarters), rounded down as transformers does."""
+    return int(head_dim * float(params.get("partial_rotary_factor", 1.0)))
+
+
+def check_rope(params: dict, head_dim: int) -> None:
     """ValueError naming what these rotary settings ask that is not computed here."""
-    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise ValueError(f"partial_rotary_factor {params['partial_rotary_factor']} (rotary "
-                         "embeddings on part of each head) is not supported")
     if params["rope_type"] not in ROPE_TYPES:
         raise ValueError(f"rope scaling type {params['rope_type']!r} is not supported "
                          f"({', '.join(ROPE_TYPES)})")
+    dim = rotary_dim(head_dim, params)
+    if dim <= 0 or dim % 2 or dim > head_dim:
+        factor = params.get("partial_rotary_factor", 1.0)
+        raise ValueError(f"partial_rotary_factor {factor} rotates {dim} of {head_dim} head "
+                         "dimensions; it must be a positive even "
+                         "number no larger than the head")
+    if params["rope_type"] == "longrope":
+        for name in ("short_factor", "long_factor"):
+            if len(params.get(name) or ()) != dim // 2:
+                raise ValueError(f"longrope {name} needs {dim // 2} numbers (one per rotary "
+                                 f"frequency), got {len(params.get(name) or ())}")
 
 
-def inverse_frequencies(head_dim: int, params: dict) -> torch.Tensor:
-    check_rope(params)
+def inverse_frequencies(head_dim: int, params: dict,
+                        max_positions: int | None = None) -> torch.Tensor:
+    """One frequency per pair of rotated dimensions. LongRoPE picks its factors by the
+    longest sequence served (`max_positions`): the long ones past the original context, as
+    transformers does for such a sequence and vLLM for such a --max-model-len."""
+    check_rope(params, head_dim)
+    dim = rotary_dim(head_dim, params)
     base = float(params["rope_theta"])
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     kind = params["rope_type"]
     if kind == "default":
         return inv_freq
@@ -57,16 +86,26 @@ def inverse_frequencies(head_dim: int, params: dict) -> torch.Tensor:
         return inv_freq / float(params["factor"])
     if kind == "llama3":
         return _llama3_scaled(inv_freq, params)
-    return _yarn_scaled(head_dim, params)
+    if kind == "longrope":
+        long = max_positions is not None and max_positions > params[
+            "original_max_position_embeddings"]
+        factors = params["long_factor" if long else "short_factor"]
+        exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+        return 1.0 / (torch.tensor(factors, dtype=torch.float32) * base ** exponents)
+    return _yarn_scaled(dim, params)
 
 
 def attention_scaling(params: dict) -> float:
-    """The factor on cos and sin (YaRN's "attention factor": it sharpens attention as the
-    context stretches); 1 for the other kinds."""
-    if params["rope_type"] != "yarn":
+    """The factor on cos and sin (YaRN's and LongRoPE's "attention factor": it sharpens
+    attention as the context stretches); 1 for the other kinds."""
+    if params["rope_type"] not in ("yarn", "longrope"):
         return 1.0
     if params.get("attention_factor") is not None:
         return float(params["attention_factor"])
+    if params["rope_type"] == "longrope":
+        factor = float(params["factor"])
+        original = float(params["original_max_position_embeddings"])
+        return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
     factor = _yarn_factor(params)
     mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
     if mscale and mscale_all_dim:
@@ -133,7 +172,7 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, max_positions: int, params: dict):
         super().__init__()
-        inv_freq = inverse_frequencies(head_dim, params)
+        inv_freq = inverse_frequencies(head_dim, params, max_positions)
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         scaling = attention_scaling(params)
         cos = angles.cos() * scaling
@@ -161,9 +200,16 @@ class RopeRows(NamedTuple):
     signed_sin: torch.Tensor
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, heads, dim], k: [T, kv_heads, dim]; new tensors in the input dtype."""
-        return apply_rotary(q, self.cos, self.signed_sin), apply_rotary(k, self.cos,
-                                                                       self.signed_sin)
+        """q: [T, heads, dim], k: [T, kv_heads, dim]; new tensors in the input dtype. Where
+        the tables are narrower than a head, its leading dimensions rotate and the rest pass."""
+        return self._rotate(q), self._rotate(k)
+
+    def _rotate(self, x: torch.Tensor) -> torch.Tensor:
+        dim = self.cos.shape[-1]
+        if dim == x.shape[-1]:
+            return apply_rotary(x, self.cos, self.signed_sin)
+        return torch.cat([apply_rotary(x[..., :dim], self.cos, self.signed_sin), x[..., dim:]],
+                         dim=-1)
 
 
 class RopeKernel(NamedTuple):
@@ -175,7 +221,11 @@ class RopeKernel(NamedTuple):
     sin: torch.Tensor
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return _kernel()(q, k, self.positions, self.cos, self.sin)
+        dim = 2 * self.cos.shape[-1]
+        if dim == q.shape[-1]:
+            return _kernel()(q, k, self.positions, self.cos, self.sin)
+        _kernel()(q[..., :dim], k[..., :dim], self.positions, self.cos, self.sin)
+        return q, k
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

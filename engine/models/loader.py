@@ -24,7 +24,7 @@ from tokenmill.engine.layers.int4_linear import Int4Weight
 from tokenmill.engine.layers.linear import MergedLinear
 from tokenmill.engine.layers.rotary import LAYER_TYPES, check_rope, rope_parameters
 from tokenmill.engine.models.architecture import architecture_of, flags_of, moe_shape_of
-from tokenmill.engine.models.decoder import CausalLM, num_kv_heads_of
+from tokenmill.engine.models.decoder import CausalLM, head_dim_of, num_kv_heads_of
 from tokenmill.engine.models.fused_weights import RowWindow, fused_parts
 from tokenmill.engine.models.gguf_weights import (
     MOE_GGUF_REFUSAL,
@@ -89,7 +89,7 @@ def load_config(source: ModelSource) -> Any:
         raise ModelLoadError.reading(f"the model config from {_where(source)}", exc) from exc
     for kind in LAYER_TYPES:  # refused now, in one line, rather than half-way through building
         try:
-            check_rope(rope_parameters(config, kind))
+            check_rope(rope_parameters(config, kind), head_dim_of(config))
         except ValueError as exc:
             raise ModelLoadError(f"{_where(source)}: {exc}") from exc
     return config

@@ -89,18 +89,24 @@ def test_rms_norm_kernel_normalizes_each_head_of_a_strided_q(dtype):
 
 
 @pytest.mark.parametrize("dtype", INTERPRETED)
-@pytest.mark.parametrize("heads,kv_heads,dim", [(4, 2, 16), (6, 2, 24), (3, 3, 8)])
-def test_rotary_kernel_equals_torch_in_place(dtype, heads, kv_heads, dim):
+@pytest.mark.parametrize("heads,kv_heads,dim,partial", [(4, 2, 16, 1.0), (6, 2, 24, 1.0),
+                                                        (3, 3, 8, 1.0), (4, 2, 16, 0.75)])
+def test_rotary_kernel_equals_torch_in_place(dtype, heads, kv_heads, dim, partial):
+    """Partial: the first three quarters of each head rotate, the rest stay as they were."""
     qkv, q, k, v = _qkv(7, heads, kv_heads, dim, dtype)
-    rope = RotaryEmbedding(dim, 300, {"rope_theta": 10000.0, "rope_type": "default"}).to(DEVICE)
+    rope = RotaryEmbedding(dim, 300, {"rope_theta": 10000.0, "rope_type": "default",
+                                      "partial_rotary_factor": partial}).to(DEVICE)
     positions = torch.tensor([0, 1, 5, 17, 100, 299, 3], device=DEVICE)
     rows = rope(positions, dtype)
     expected_q, expected_k = rows.rotate(q, k)
-    v_before = v.clone()
+    v_before, q_before = v.clone(), q.clone()
     out_q, out_k = rope(positions, dtype, backend="triton").rotate(q, k)
     assert out_q.data_ptr() == q.data_ptr() and out_k.data_ptr() == k.data_ptr()
     assert torch.equal(q, expected_q) and torch.equal(k, expected_k)
     assert torch.equal(v, v_before)
+    rotated = int(dim * partial)
+    assert torch.equal(q[..., rotated:], q_before[..., rotated:])
+    assert not torch.equal(q[..., :rotated], q_before[..., :rotated])
 
 
 @pytest.mark.parametrize("dtype", INTERPRETED)

@@ -1,9 +1,15 @@
 """Phi-3 and Phi-4 (`Phi3ForCausalLM`): their checkpoints store q/k/v as one `qkv_proj` and
-gate/up as one `gate_up_proj`. Greedy output equals transformers token for token (batched,
-chunked, from the prefix cache, past a sliding window, under tensor parallelism); what the
-engine does not compute is refused by name."""
+gate/up as one `gate_up_proj`; Phi-3.5 and Phi-4-mini stretch their context with LongRoPE, and
+Phi-4-mini rotates three quarters of each head. Greedy output equals transformers token for
+token (batched, chunked, from the prefix cache, past a sliding window, under tensor
+parallelism, within and past the original context); what the engine does not compute is
+refused by name."""
 
 from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,10 +28,11 @@ ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=8, max_num_batched
 def _config(vocab: int, **changes):
     import transformers
 
-    return transformers.Phi3Config(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False, **changes)
+    settings = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128,
+                    num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                    max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+                    pad_token_id=0, tie_word_embeddings=False)
+    return transformers.Phi3Config(**(settings | changes))
 
 
 @pytest.fixture(scope="module", params=["full", "sliding"])
@@ -92,12 +99,81 @@ def test_parts_are_row_ranges_of_the_fused_tensor():
         window[:, 0:2]
 
 
-def test_partial_rotary_embeddings_are_refused_by_name(tmp_path, vocab_tokenizer):
-    """Phi-4-mini turns only three quarters of each head: not computed here."""
-    config = _config(len(vocab_tokenizer), partial_rotary_factor=0.75)
-    directory = make_random_model(str(tmp_path / "m"), config, vocab_tokenizer)
-    with pytest.raises(ModelLoadError, match="partial_rotary_factor 0.75"):
+ORIGINAL_CONTEXT = 32
+
+
+@pytest.fixture(scope="module")
+def phi4_mini_dir(tmp_path_factory, vocab_tokenizer) -> str:
+    """Phi-4-mini's layout: tied embeddings, LongRoPE from a 32-token original context to 256,
+    over 12 of each 16-wide head (6 frequencies, each with its own short and long factor)."""
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0,
+            "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+            "long_factor": [1.0, 1.5, 3.0, 6.0, 12.0, 24.0]}
+    config = _config(len(vocab_tokenizer), tie_word_embeddings=True, partial_rotary_factor=0.75,
+                     max_position_embeddings=256, rope_scaling=rope,
+                     original_max_position_embeddings=ORIGINAL_CONTEXT)
+    directory = make_random_model(str(tmp_path_factory.mktemp("phi4-mini")), config,
+                                  vocab_tokenizer)
+    _write_rope_as_the_hub_does(directory, dict(rope, type=rope.pop("rope_type")))
+    return directory
+
+
+def _write_rope_as_the_hub_does(directory: str, rope_scaling: dict) -> None:
+    """Phi's config.json on the hub keeps the older layout: rope_scaling with "type",
+    rope_theta and partial_rotary_factor at the top level."""
+    path = Path(directory, "config.json")
+    config = json.loads(path.read_text())
+    parameters = config.pop("rope_parameters", None)
+    if parameters:
+        config.update(rope_theta=parameters["rope_theta"],
+                      partial_rotary_factor=parameters["partial_rotary_factor"])
+    config["rope_scaling"] = rope_scaling
+    path.write_text(json.dumps(config))
+
+
+def _hf_greedy_of(directory: str, prompts: list[list[int]]) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32,
+                                                 attn_implementation="eager").eval()
+    model.generation_config.eos_token_id = None
+    return [hf_greedy(model, p, MAX_NEW) for p in prompts]
+
+
+def test_longrope_within_the_original_context_equals_hf(phi4_mini_dir, vocab_tokenizer):
+    """--max-model-len within the original context: the short factors, as transformers uses
+    for such sequences; under tensor parallelism too."""
+    prompts = [vocab_tokenizer.encode(t) for t in ("a", "The quick brown fox",
+                                                   "one two three four five six seven")]
+    assert max(len(p) for p in prompts) + MAX_NEW <= ORIGINAL_CONTEXT
+    expected = _hf_greedy_of(phi4_mini_dir, prompts)
+    for tp in (1, 2):
+        with LLM(phi4_mini_dir, max_model_len=ORIGINAL_CONTEXT, tensor_parallel_size=tp,
+                 **ENGINE) as llm:
+            assert _greedy(llm, prompts) == expected, f"tensor_parallel_size={tp}"
+
+
+def test_longrope_past_the_original_context_equals_hf(phi4_mini_dir, vocab_tokenizer):
+    """The default --max-model-len (256) runs past the original context: the long factors,
+    as transformers uses for a sequence that long; batched, chunked and prefix-cached."""
+    prompts = [p for p in mixed_prompts(vocab_tokenizer) if len(p) > ORIGINAL_CONTEXT]
+    assert len(prompts) == 3
+    expected = _hf_greedy_of(phi4_mini_dir, prompts)
+    with LLM(phi4_mini_dir, **ENGINE) as llm:
+        assert llm.engine.max_model_len == 256
+        runs = greedy_three_ways(llm, prompts, MAX_NEW)
+    assert runs == {"batched": expected, "again": expected, "alone": expected[-2:]}
+
+
+def test_rope_that_cannot_work_is_refused_by_name(phi4_mini_dir, tmp_path):
+    """A LongRoPE factor list that does not match the rotated width (6 frequencies, 5
+    factors) is refused at load, in one line naming the field."""
+    directory = str(shutil.copytree(phi4_mini_dir, tmp_path / "m"))
+    _write_rope_as_the_hub_does(directory, {"type": "longrope", "short_factor": [1.0] * 5,
+                                            "long_factor": [1.0] * 6})
+    with pytest.raises(ModelLoadError, match="short_factor") as refused:
         LLM(directory, **ENGINE)
+    assert "\n" not in str(refused.value)
 
 
 def test_a_phi3_gguf_is_refused_by_name(phi3_dir):

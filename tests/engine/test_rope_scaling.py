@@ -1,6 +1,6 @@
 """Rotary frequency scaling against transformers' own: the inverse frequencies and the factor
-on cos/sin of each supported kind, and greedy output of a YaRN-scaled model past its original
-context."""
+on cos/sin of each supported kind (LongRoPE's short and long factors, rotation of part of each
+head), and greedy output of a YaRN-scaled model past its original context."""
 
 from __future__ import annotations
 
@@ -11,7 +11,12 @@ from model_support import hf_greedy, make_random_model
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from tokenmill.engine import LLM, SamplingParams
-from tokenmill.engine.layers.rotary import attention_scaling, inverse_frequencies, rope_parameters
+from tokenmill.engine.layers.rotary import (
+    attention_scaling,
+    check_rope,
+    inverse_frequencies,
+    rope_parameters,
+)
 
 HEAD_DIM = 64
 SCALINGS = [
@@ -43,6 +48,57 @@ def test_frequencies_and_attention_factor_equal_transformers(scaling):
     params = rope_parameters(config)
     assert torch.equal(inverse_frequencies(HEAD_DIM, params), want_freq)
     assert attention_scaling(params) == pytest.approx(want_factor, rel=1e-12)
+
+
+def _phi3_config(partial: float, **scaling) -> transformers.Phi3Config:
+    """Phi-4-mini's rope layout at a small size: LongRoPE stretching a 256-token original
+    context to 1024, over `partial` of each 64-wide head."""
+    pairs = int(HEAD_DIM * partial) // 2
+    rope = {"rope_type": "longrope", "rope_theta": 1e4,
+            "short_factor": [1.0 + i / pairs for i in range(pairs)],
+            "long_factor": [1.0 + 10 * i / pairs for i in range(pairs)], **scaling}
+    return transformers.Phi3Config(
+        vocab_size=256, hidden_size=2 * HEAD_DIM, num_attention_heads=2, num_key_value_heads=1,
+        num_hidden_layers=1, intermediate_size=64, max_position_embeddings=1024,
+        original_max_position_embeddings=256, partial_rotary_factor=partial, rope_scaling=rope)
+
+
+@pytest.mark.parametrize("partial", [1.0, 0.75])
+@pytest.mark.parametrize("scaling", [{}, {"attention_factor": 1.1}, {"factor": 2.0}])
+def test_longrope_frequencies_and_attention_factor_equal_transformers(partial, scaling):
+    """Up to the original context the short factors, past it the long ones."""
+    config = _phi3_config(partial, **scaling)
+    params = rope_parameters(config)
+    longrope = ROPE_INIT_FUNCTIONS["longrope"]
+    short, want_factor = longrope(config, "cpu")
+    long, _ = longrope(config, "cpu", seq_len=257)
+    assert not torch.equal(short, long)
+    assert torch.equal(inverse_frequencies(HEAD_DIM, params, 256), short)
+    assert torch.equal(inverse_frequencies(HEAD_DIM, params, 257), long)
+    assert attention_scaling(params) == pytest.approx(want_factor, rel=1e-12)
+
+
+@pytest.mark.parametrize("partial", [0.5, 0.75])
+def test_partial_rotary_frequencies_equal_transformers(partial):
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+
+    config = transformers.Phi3Config(hidden_size=2 * HEAD_DIM, num_attention_heads=2,
+                                     partial_rotary_factor=partial)
+    want, _ = Phi3RotaryEmbedding.compute_default_rope_parameters(config, "cpu")
+    assert want.shape == (int(HEAD_DIM * partial) // 2,)
+    assert torch.equal(inverse_frequencies(HEAD_DIM, rope_parameters(config)), want)
+
+
+@pytest.mark.parametrize("partial,short_pairs,match", [
+    (0.71, 22, "rotates 45 of 64 head dimensions"),  # an odd count cannot rotate in halves
+    (1.5, 32, "rotates 96 of 64"),
+    (0.75, 5, "short_factor needs 24 numbers"),
+])
+def test_rope_settings_that_cannot_work_are_refused_by_name(partial, short_pairs, match):
+    params = dict(rope_parameters(_phi3_config(0.75)), partial_rotary_factor=partial,
+                  short_factor=[1.0] * short_pairs)
+    with pytest.raises(ValueError, match=match):
+        check_rope(params, HEAD_DIM)
 
 
 def test_an_unsupported_kind_is_refused_by_name():
