@@ -23,6 +23,7 @@ KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 # The GPUs per replica the CRD offers; the engine itself runs any size that divides the model.
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 BLOCK_SIZES = (8, 16, 32, 64, 128)
+SCHEDULING_POLICIES = ("fcfs", "priority")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 # What this engine build runs today, a subset of the values above: the rest are valid option
 # values that fail at start-up (engine), and at `kubectl apply` (the CRD's rules are generated
@@ -100,6 +101,11 @@ class EngineConfig:
               "over several steps, next to running decodes (vLLM's default). "
               "--no-enable-chunked-prefill: every prompt is prefilled in one step, so "
               "--max-num-batched-tokens must be at least the context length.")
+    scheduling_policy: str = _opt(
+        "fcfs", "Which request runs first: fcfs (first come, first served) or priority (each "
+                "request's `priority`, lower first, then arrival; a waiting request preempts "
+                "running ones of lower priority when it finds no room). Under fcfs a request "
+                "with a priority other than 0 is refused (vLLM's flag and field).")
     block_size: int = _opt(16, "Tokens per KV-cache block.")
     kv_cache_memory: int | None = _opt(
         None,
@@ -209,6 +215,8 @@ class EngineConfig:
                f"({self.max_num_batched_tokens}) must be at least max_model_len "
                f"({self.max_model_len}) without chunked prefill, where a prompt is prefilled "
                "in one step")
+        _check(self.scheduling_policy in SCHEDULING_POLICIES, "scheduling_policy",
+               f"{self.scheduling_policy!r} is not one of {SCHEDULING_POLICIES}")
         _check(self.block_size in BLOCK_SIZES, "block_size",
                f"{self.block_size} is not one of {BLOCK_SIZES}")
         _check(self.kv_cache_memory is None or self.kv_cache_memory > 0,

@@ -142,7 +142,8 @@ class LLMEngine:
                                  config.download_dir) if config.enable_lora else None
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    proposer, self.lora.slots if self.lora else None,
-                                   chunked_prefill=config.enable_chunked_prefill)
+                                   chunked_prefill=config.enable_chunked_prefill,
+                                   policy=config.scheduling_policy)
         generation_config = load_generation_config(source.directory)  # read once, for both
         self.eos_token_ids = _eos_ids(self.model_config, self.tokenizer, generation_config)
         self.generation_defaults = generation_defaults(generation_config)
@@ -199,9 +200,13 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt: str | list[int],
                     params: SamplingParams | None = None, cache_salt: str | None = None,
-                    lora_name: str | None = None, pooling: PoolingParams | None = None) -> None:
+                    lora_name: str | None = None, pooling: PoolingParams | None = None,
+                    priority: int = 0) -> None:
         """Queue a request. Raises RequestError (and changes nothing) if it can never be served,
         UnknownAdapterError if `lora_name` names no loaded adapter.
+
+        `priority` orders the queue under --scheduling-policy priority (lower first, vLLM's
+        convention); under fcfs any value but 0 is refused.
 
         Under the pooling runner every request is an embedding, asked for with `pooling`
         (its output's `embedding`); `params` are then ignored.
@@ -215,6 +220,7 @@ class LLMEngine:
             params or SamplingParams()
         if request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already in use")
+        self.check_priority(priority)
         lora = self.lora_ref(lora_name)
         text, token_ids = self.check_request(prompt, params if pooling is None else None,
                                              pooling=pooling)
@@ -222,6 +228,7 @@ class LLMEngine:
             cache_salt = f"{cache_salt or ''}\x00{lora.cache_salt}"
         timings = RequestTimings()
         seq = self._new_sequence(request_id, 0, token_ids, params, timings, cache_salt, lora)
+        seq.priority = priority
         if pooling is not None:
             seq.pooling = SequencePooling(self.pooler, pooling)
         self._requests[request_id] = _Request(request_id, text, token_ids, params, timings, [seq],
@@ -243,6 +250,13 @@ class LLMEngine:
         self._check_fits(token_ids, params.n, params.max_tokens)
         self._check_sampling(params)
         return text, token_ids
+
+    def check_priority(self, priority: int) -> None:
+        """RequestError for a priority this server's scheduling policy does not take."""
+        if priority and self.config.scheduling_policy != "priority":
+            raise RequestError(f"priority {priority} needs --scheduling-policy priority; this "
+                               "server schedules first come, first served (fcfs), where "
+                               "every request's priority is 0", param="priority")
 
     @property
     def runner_kind(self) -> str:
@@ -466,6 +480,7 @@ class LLMEngine:
             child = self._new_sequence(req.request_id, index, req.prompt_token_ids, req.params,
                                        req.timings, req.cache_salt, req.lora)
             child.num_computed_tokens = seq.num_computed_tokens
+            child.priority = seq.priority
             child.prompt_logprobs = seq.prompt_logprobs  # scored once, by the first
             self.kv.fork(seq, child)
             self.scheduler.add_running(child)

@@ -86,6 +86,7 @@ class Sequence:
         self.num_cached_blocks = 0  # leading blocks already indexed by the prefix cache
         self.num_cached_prompt_tokens = 0  # prompt tokens the prefix cache had at admission
         self.times_bypassed = 0     # admissions that went to a later arrival first
+        self.priority = 0           # --scheduling-policy priority: lower runs first
         # This sequence's grammar matcher (structured/backend.py Matcher), None when free.
         self.constraint = constraint
         # Its LoRA adapter (lora_slots.LoRARef, None: the base model) and, while it runs,

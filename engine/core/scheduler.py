@@ -20,6 +20,14 @@ neither holds (at least its last, partial block; all of it without the cache) is
 from its tokens (prompt plus what it generated). Offloading lazily, at eviction, copies no
 block that the pool does not reuse, and never more than an eager swap would.
 
+Under --scheduling-policy priority, each request carries a priority (lower runs first, ties
+by arrival), as in vLLM. The waiting queue is kept in that order, so admission (and the
+cache-aware choice, made only among the sequences of the first one's priority) follows it;
+running sequences take the step's budget in that order; the sequence preempted for blocks is
+the lowest-priority one; and a waiting sequence that finds no seat or blocks preempts running
+sequences of strictly lower priority until it fits (strictly: equals never preempt each other,
+so nothing thrashes). Under fcfs (the default) every priority is 0 and the order is arrival.
+
 With LoRA adapters (`lora`, a LoRASlotTable of --max-loras device slots), a running sequence
 holds its adapter's slot, so no step runs more adapters than there are slots. A waiting
 sequence whose adapter is not resident and finds no free slot waits while others go ahead:
@@ -33,6 +41,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from tokenmill.engine.contract.config import SCHEDULING_POLICIES
 from tokenmill.engine.core.kv_cache import KVCacheManager, PrefixMatch
 from tokenmill.engine.core.lora_slots import LoRASlotTable
 from tokenmill.engine.core.request import Sequence, SequenceStatus
@@ -40,6 +49,11 @@ from tokenmill.engine.core.speculative.proposer import Proposer
 
 MAX_BYPASSES = 8        # admissions that may overtake the oldest waiting sequence
 MAX_CANDIDATES = 64     # waiting sequences considered for cache-aware admission
+
+
+def priority_key(seq: Sequence) -> tuple[int, float, int]:
+    """The order of --scheduling-policy priority: lower priority value first, then arrival."""
+    return seq.priority, seq.timings.arrival, seq.seq_id
 
 
 @dataclass
@@ -72,7 +86,10 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  proposer: Proposer | None = None, lora: LoRASlotTable | None = None,
-                 chunked_prefill: bool = True):
+                 chunked_prefill: bool = True, policy: str = "fcfs"):
+        if policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling policy {policy!r} is not one of {SCHEDULING_POLICIES}")
+        self.by_priority = policy == "priority"
         self.kv = kv
         self.chunked_prefill = chunked_prefill  # False: a prompt waits until it fits whole
         self.lora = lora
@@ -85,12 +102,27 @@ class Scheduler:
         self.resumed_tokens = ResumedTokens()
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        if self.by_priority:
+            self._enqueue_by_priority(seq)
+        else:
+            self.waiting.append(seq)
+
+    def _enqueue_by_priority(self, seq: Sequence) -> None:
+        """Insert seq after every waiting sequence that goes before it."""
+        key = priority_key(seq)
+        position = len(self.waiting)
+        while position and priority_key(self.waiting[position - 1]) > key:
+            position -= 1
+        self.waiting.insert(position, seq)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         chosen: set[int] = set()
+        if self.by_priority:
+            self._preempt_for_waiting(out)
+            self.running.sort(key=priority_key)
+        preempted_for_waiting = len(out.preempted)
         decodes = [s for s in self.running if s.num_uncomputed_tokens == 1]
         prefills = [s for s in self.running if s.num_uncomputed_tokens > 1]
         proposals = (self.proposer.propose_batch(decodes, len(self.running))
@@ -110,7 +142,7 @@ class Scheduler:
                 out.scheduled.append((seq, num_new))
                 chosen.add(seq.seq_id)
                 budget -= num_new
-        if not out.preempted:
+        if len(out.preempted) == preempted_for_waiting:  # no running sequence short of blocks
             self._admit(out, budget)
         out.kv_to_host, out.kv_to_device = self.kv.take_transfers()
         if self.lora is not None:
@@ -128,7 +160,8 @@ class Scheduler:
 
     def _make_room(self, seq: Sequence, num_new: int, chosen: set[int],
                    out: SchedulerOutput) -> bool:
-        """Preempt the newest unscheduled running sequences until seq can grow."""
+        """Preempt the last unscheduled running sequences until seq can grow: the newest, or
+        under the priority policy (which keeps `running` in its order) the lowest-priority."""
         while not self.kv.can_grow(seq, num_new):
             victims = [s for s in self.running if s.seq_id not in chosen]
             if not victims:
@@ -208,7 +241,7 @@ class Scheduler:
         for i, seq in enumerate(candidates):
             if i == 0:
                 continue
-            if i >= MAX_CANDIDATES:
+            if i >= MAX_CANDIDATES or seq.priority != oldest.priority:
                 break
             cached = self.kv.match_prefix(seq)
             if cached.num_blocks > best[1].num_blocks:
@@ -227,7 +260,32 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        if self.by_priority:
+            self._enqueue_by_priority(seq)
+        else:
+            self.waiting.appendleft(seq)
+
+    def _preempt_for_waiting(self, out: SchedulerOutput) -> None:
+        """Priority policy: while the first waiting sequence finds no seat or no blocks for
+        its first step, preempt the lowest-priority running sequence, if that is of strictly
+        lower priority than it."""
+        while self.waiting and self.running:
+            head = self.waiting[0]
+            victim = max(self.running, key=priority_key)
+            if victim.priority <= head.priority or self._fits(head):
+                return
+            self.preempt(victim)
+            out.preempted.append(victim)
+
+    def _fits(self, seq: Sequence) -> bool:
+        """Whether waiting seq has a seat and the blocks for a full step's chunk of it."""
+        seats = seq.params.n if not seq.output_token_ids and seq.index == 0 else 1
+        if len(self.running) + seats > self.max_num_seqs:
+            return False
+        cached = self.kv.match_prefix(seq)
+        start = cached.num_blocks * self.kv.block_size
+        return self.kv.can_admit(seq, cached, min(seq.num_tokens - start,
+                                                   self.max_num_batched_tokens))
 
     def add_running(self, seq: Sequence) -> None:
         """A sequence forked from a running one (n > 1) joins the batch directly."""

@@ -65,7 +65,8 @@ class AsyncEngine:
                           params: SamplingParams | None,
                           cache_salt: str | None = None,
                           lora_name: str | None = None,
-                          pooling: PoolingParams | None = None) -> RequestStream:
+                          pooling: PoolingParams | None = None,
+                          priority: int = 0) -> RequestStream:
         """Hand a request to the engine; return its output stream once it is admitted.
         An embedding request (the pooling runner) gives `pooling` and no `params`.
 
@@ -79,7 +80,8 @@ class AsyncEngine:
         self._streams[request_id] = stream
         with self._lock:
             self._pending_adds += 1
-        self._send(("add", request_id, prompt, params, cache_salt, lora_name, pooling))
+        self._send(("add", request_id, prompt, params, cache_salt, lora_name, pooling,
+                    priority))
         try:
             await stream.admitted
         except BaseException:
@@ -96,9 +98,11 @@ class AsyncEngine:
 
     async def generate(self, request_id: str, prompt: str | list[int],
                        params: SamplingParams,
-                       lora_name: str | None = None) -> AsyncIterator[RequestOutput]:
+                       lora_name: str | None = None,
+                       priority: int = 0) -> AsyncIterator[RequestOutput]:
         """Admit a request and iterate its outputs (cumulative, one per engine step)."""
-        stream = await self.add_request(request_id, prompt, params, lora_name=lora_name)
+        stream = await self.add_request(request_id, prompt, params, lora_name=lora_name,
+                                        priority=priority)
         try:
             async for out in stream:
                 yield out
@@ -183,12 +187,12 @@ class AsyncEngine:
             if command[0] == "call":
                 self._run_call(*command[1:])
             elif command[0] == "add":
-                _, request_id, prompt, params, cache_salt, lora_name, pooling = command
+                _, request_id, prompt, params, cache_salt, lora_name, pooling, priority = command
                 try:
                     with self._lock:
                         self._pending_adds -= 1
                         self.engine.add_request(request_id, prompt, params, cache_salt,
-                                                lora_name, pooling)
+                                                lora_name, pooling, priority)
                 except Exception as exc:  # a bad request fails alone
                     self._deliver(request_id, exc, admission=True)
                 else:

@@ -48,21 +48,28 @@ class LLM:
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = False,
-                 lora: str | Sequence[str | None] | None = None) -> list[RequestOutput]:
+                 lora: str | Sequence[str | None] | None = None,
+                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """Results come back in input order. A prompt is a string or a list of token ids.
         `lora` names the LoRA adapter of every prompt, or gives one per prompt (None: the base
-        model).
+        model). `priority` gives one per prompt (lower first; needs
+        scheduling_policy="priority"), as vLLM's LLM.generate takes it.
 
         Every prompt is checked before any runs: one bad prompt raises and none is queued.
         """
         batch = _as_prompt_list(prompts)
         params_list = _as_params_list(sampling_params, len(batch))
         loras = _as_lora_list(lora, len(batch))
-        for prompt, p, name in zip(batch, params_list, loras, strict=True):
+        priorities = [0] * len(batch) if priority is None else list(priority)
+        if len(priorities) != len(batch):
+            raise ValueError(f"{len(priorities)} priorities for {len(batch)} prompts")
+        for prompt, p, name, rank in zip(batch, params_list, loras, priorities, strict=True):
+            self.engine.check_priority(rank)
             self.engine.check_request(prompt, p, name)
         ids = [f"offline-{next(self._ids)}" for _ in batch]
-        for request_id, prompt, p, name in zip(ids, batch, params_list, loras, strict=True):
-            self.engine.add_request(request_id, prompt, p, lora_name=name)
+        for request_id, prompt, p, name, rank in zip(ids, batch, params_list, loras, priorities,
+                                                     strict=True):
+            self.engine.add_request(request_id, prompt, p, lora_name=name, priority=rank)
         return self._run(ids, "Generating", use_tqdm)
 
     def embed(self, prompts: Prompt | Sequence[Prompt],

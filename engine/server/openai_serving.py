@@ -54,7 +54,7 @@ async def create_completion(body: CompletionRequest, request: Request,
                 cache_salt=body.cache_salt, echo=body.echo,
                 prompt_logprobs=body.prompt_logprobs, lora_name=adapter,
                 continuous_usage=body.continuous_usage,
-                tokens_as_ids=_tokens_as_ids(body, state))
+                tokens_as_ids=_tokens_as_ids(body, state), priority=body.priority)
     return await _run(call, body.stream, body.include_usage, request, state)
 
 
@@ -86,7 +86,7 @@ async def chat_call(body: ChatCompletionRequest, state: ServerState,
                 cache_salt=body.cache_salt, lora_name=adapter,
                 tools=ReplyToolCalls(plan) if plan.parser is not None else None,
                 reasoning=_reasoning(state, params), continuous_usage=body.continuous_usage,
-                tokens_as_ids=_tokens_as_ids(body, state))
+                tokens_as_ids=_tokens_as_ids(body, state), priority=body.priority)
 
 
 def _tokens_as_ids(body: Any, state: ServerState) -> bool:
@@ -245,7 +245,7 @@ async def start(call: Call, stream: bool, state: ServerState) -> list[RequestStr
     """Admit the call's requests: one request in flight until collect() or chat_chunks()
     ends it."""
     options = {"params": call.params, "cache_salt": call.cache_salt,
-               "lora_name": call.lora_name}
+               "lora_name": call.lora_name, "priority": call.priority}
     streams = await start_requests(
         state, [(f"{call.id}-{i}", ids, options) for i, ids in enumerate(call.prompts_ids)],
         "prompt" if call.kind == "completion" else "messages")

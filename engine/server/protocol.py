@@ -66,6 +66,8 @@ class SamplingFields(RequestModel, StructuredFields):
     stream_options: StreamOptions | None = None
     user: str | None = None
     cache_salt: Annotated[str, Field(min_length=1)] | None = None
+    # vLLM's: the request's rank under --scheduling-policy priority (lower runs first).
+    priority: Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] = 0
 
     @model_validator(mode="after")
     def _check_top_k(self) -> SamplingFields:

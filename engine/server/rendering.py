@@ -34,6 +34,7 @@ class Call:
     lora_name: str | None = None  # the adapter the request runs on (None: the base model)
     continuous_usage: bool = False  # every streamed chunk carries the usage so far
     tokens_as_ids: bool = False  # logprobs name tokens "token_id:ID" (vLLM's option)
+    priority: int = 0  # under --scheduling-policy priority, lower runs first
     created: int = field(default_factory=lambda: int(time.time()))
     sent_text: dict[int, int] = field(default_factory=dict)
     sent_answer: dict[int, int] = field(default_factory=dict)  # under a reasoning parser

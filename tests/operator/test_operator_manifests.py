@@ -457,7 +457,8 @@ def test_extra_args_take_a_vllm_command_lines_flags():
              "--tokenizer", "/mnt/models/tokenizer", "--pipeline-parallel-size", "1",
              "--override-generation-config", '{"temperature": 0.6}',
              "--limit-mm-per-prompt", '{"image": 0}', "--tokenizer-mode", "mistral",
-             "--load-format", "safetensors", "--swap-space", "4", "--disable-custom-all-reduce"]
+             "--load-format", "safetensors", "--swap-space", "4", "--disable-custom-all-reduce",
+             "--scheduling-policy", "priority"]
     spec = load("svc", {"model": {"uri": "/models/llama"}, "engine": {"extraArgs": flags}})
     assert serve_command(spec, "llama")[-len(flags):] == flags
 
@@ -496,6 +497,8 @@ def test_extra_args_serve_an_embedding_model():
     (["--convert", "classify"], "argument --convert: invalid choice: 'classify'"),
     (["--limit-mm-per-prompt", "image=1"], "spec.engine.extraArgs: --limit-mm-per-prompt: "
      "image: 1 is not supported"),
+    (["--scheduling-policy", "lifo"], "spec.engine.extraArgs: --scheduling-policy: 'lifo' is "
+     "not one of"),
 ])
 def test_server_flags_that_cannot_work_are_refused(flags, where):
     with pytest.raises(SpecError, match=re.escape(where)):
