@@ -13,6 +13,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenmill.engine.contract.hf_overrides import HFOverridesError, hf_overrides
 from tokenmill.engine.contract.lora import MAX_LORA_RANK, LoRAModule, LoRAModuleError, parse_modules
 from tokenmill.engine.contract.pooling import RUNNERS, PoolerConfigError, parse_overrides
 from tokenmill.engine.contract.speculative import SpeculativeConfig, SpeculativeConfigError
@@ -184,6 +185,17 @@ class EngineConfig:
     allow_runtime_lora_updating: bool = _opt(
         False, "Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's shapes, "
                "behind the API key): adapters added and removed while serving.")
+    hf_overrides: str | None = _opt(
+        None, "Changes to the model's Hugging Face config, as a JSON object of its keys "
+              "(vLLM's flag), e.g. '{\"max_position_embeddings\": 65536}'. They apply to the "
+              "config the engine runs (a multimodal checkpoint's text_config; a \"text_config\" "
+              "key is read as that too), before the context length is derived from it.")
+    rope_scaling: str | None = _opt(
+        None, "Replace the model's rotary scaling, as a JSON object in the config's shape "
+              "(vLLM's older flag), e.g. Qwen's '{\"rope_type\": \"yarn\", \"factor\": 4.0, "
+              "\"original_max_position_embeddings\": 32768}' for 128K tokens; the rotary "
+              "base stays the model's unless --rope-theta is given.")
+    rope_theta: float | None = _opt(None, "Replace the model's rotary base (vLLM's older flag).")
     trust_remote_code: bool = _opt(
         False, "Accepted for vLLM's command lines and LLM(...) calls, with no effect: "
                "tokenmill runs its own implementation of each architecture it supports and "
@@ -240,6 +252,7 @@ class EngineConfig:
                f"{self.attention_backend!r} is not one of {ATTENTION_BACKENDS}")
         self._check_lora()
         self._check_pooling()
+        self.config_overrides()  # raises ConfigError naming the option
 
     def _check_pooling(self) -> None:
         _check(self.runner in RUNNERS, "runner", f"{self.runner!r} is not one of {RUNNERS}")
@@ -310,6 +323,13 @@ class EngineConfig:
             return SpeculativeConfig.parse(self.speculative_config)
         except SpeculativeConfigError as e:
             raise ConfigError("speculative_config", str(e)) from None
+
+    def config_overrides(self) -> dict[str, Any]:
+        """The model config changes --hf-overrides, --rope-scaling and --rope-theta ask for."""
+        try:
+            return hf_overrides(self.hf_overrides, self.rope_scaling, self.rope_theta)
+        except HFOverridesError as e:
+            raise ConfigError(e.option, str(e)) from None
 
     @classmethod
     def option_names(cls) -> list[str]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -80,6 +82,8 @@ class LLMEngine:
         backend = resolve_backend(config.attention_backend, self.device)
         check_kv_cache_dtype(config.kv_cache_dtype, backend, self.device)
         source = resolve_model(config.model, config.download_dir, config.revision)
+        if overrides := config.config_overrides():
+            source = dataclasses.replace(source, config_overrides=json.dumps(overrides))
         config_start = time.perf_counter()
         self.model_config = load_config(source)
         tokenizer_start = time.perf_counter()

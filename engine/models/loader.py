@@ -24,6 +24,7 @@ from tokenmill.engine.layers.int4_linear import Int4Weight
 from tokenmill.engine.layers.linear import MergedLinear
 from tokenmill.engine.layers.rotary import LAYER_TYPES, check_rope, rope_parameters
 from tokenmill.engine.models.architecture import architecture_of, flags_of, moe_shape_of
+from tokenmill.engine.models.config_overrides import ConfigOverrideError, apply_config_overrides
 from tokenmill.engine.models.decoder import CausalLM, head_dim_of, num_kv_heads_of
 from tokenmill.engine.models.fused_weights import RowWindow, fused_parts
 from tokenmill.engine.models.gguf_weights import (
@@ -87,6 +88,11 @@ def load_config(source: ModelSource) -> Any:
         raise
     except Exception as exc:  # whatever transformers raises for the file
         raise ModelLoadError.reading(f"the model config from {_where(source)}", exc) from exc
+    if source.config_overrides:
+        try:
+            config = apply_config_overrides(config, json.loads(source.config_overrides))
+        except ConfigOverrideError as exc:
+            raise ModelLoadError(f"--hf-overrides: {exc}") from exc
     for kind in LAYER_TYPES:  # refused now, in one line, rather than half-way through building
         try:
             check_rope(rope_parameters(config, kind), head_dim_of(config))

@@ -41,6 +41,9 @@ class ModelSource:
     directory: str
     gguf_file: str | None = None
     download_seconds: float = 0.0
+    # --hf-overrides (with --rope-scaling, --rope-theta) as canonical JSON: every rank's
+    # load_config applies them.
+    config_overrides: str | None = None
 
     @property
     def gguf_path(self) -> str | None:

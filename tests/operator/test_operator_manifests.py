@@ -458,7 +458,9 @@ def test_extra_args_take_a_vllm_command_lines_flags():
              "--override-generation-config", '{"temperature": 0.6}',
              "--limit-mm-per-prompt", '{"image": 0}', "--tokenizer-mode", "mistral",
              "--load-format", "safetensors", "--swap-space", "4", "--disable-custom-all-reduce",
-             "--scheduling-policy", "priority"]
+             "--scheduling-policy", "priority", "--hf-overrides",
+             '{"max_position_embeddings": 65536}', "--rope-scaling",
+             '{"rope_type": "yarn", "factor": 4.0}', "--rope-theta", "1000000"]
     spec = load("svc", {"model": {"uri": "/models/llama"}, "engine": {"extraArgs": flags}})
     assert serve_command(spec, "llama")[-len(flags):] == flags
 
@@ -499,6 +501,8 @@ def test_extra_args_serve_an_embedding_model():
      "image: 1 is not supported"),
     (["--scheduling-policy", "lifo"], "spec.engine.extraArgs: --scheduling-policy: 'lifo' is "
      "not one of"),
+    (["--hf-overrides", "max_position_embeddings=8"], "spec.engine.extraArgs: --hf-overrides: "
+     "not valid JSON"),
 ])
 def test_server_flags_that_cannot_work_are_refused(flags, where):
     with pytest.raises(SpecError, match=re.escape(where)):
