@@ -102,6 +102,10 @@ class EngineConfig:
               "over several steps, next to running decodes (vLLM's default). "
               "--no-enable-chunked-prefill: every prompt is prefilled in one step, so "
               "--max-num-batched-tokens must be at least the context length.")
+    max_logprobs: int = _opt(
+        20, "Most log-probabilities a request may ask for per token (completions' logprobs "
+            "and prompt_logprobs, chat's top_logprobs); -1: the whole vocabulary (vLLM's "
+            "flag and default).")
     scheduling_policy: str = _opt(
         "fcfs", "Which request runs first: fcfs (first come, first served) or priority (each "
                 "request's `priority`, lower first, then arrival; a waiting request preempts "
@@ -227,6 +231,8 @@ class EngineConfig:
                f"({self.max_num_batched_tokens}) must be at least max_model_len "
                f"({self.max_model_len}) without chunked prefill, where a prompt is prefilled "
                "in one step")
+        _check(self.max_logprobs >= -1, "max_logprobs",
+               f"must be -1 (the whole vocabulary) or at least 0, got {self.max_logprobs}")
         _check(self.scheduling_policy in SCHEDULING_POLICIES, "scheduling_policy",
                f"{self.scheduling_policy!r} is not one of {SCHEDULING_POLICIES}")
         _check(self.block_size in BLOCK_SIZES, "block_size",

@@ -90,6 +90,10 @@ def add_server_arguments(parser: argparse.ArgumentParser,
                         help='Logprobs name each token "token_id:ID" instead of its text, so '
                              "tokens with the same text are told apart (vLLM's flag; a "
                              "request's return_tokens_as_token_ids overrides it).")
+    parser.add_argument("--enable-force-include-usage", action="store_true",
+                        help="Every streamed completion, chat and response ends with a usage "
+                             "chunk, as if its stream_options.include_usage were true "
+                             "(vLLM's flag).")
     add_tool_arguments(parser)
     add_http_arguments(parser)
     add_request_log_arguments(parser)
@@ -127,6 +131,10 @@ def add_http_arguments(parser: argparse.ArgumentParser) -> None:
                         help="No uvicorn access log lines, whatever its log level.")
     parser.add_argument("--disable-fastapi-docs", action="store_true",
                         help="Serve no /docs, /redoc or /openapi.json.")
+    parser.add_argument("--root-path", default="", metavar="PATH",
+                        help="The path prefix a path-based proxy serves this server under "
+                             "(vLLM's flag, FastAPI's root_path): requests may come with or "
+                             "without it, and the API docs name it.")
 
 
 def add_request_log_arguments(parser: argparse.ArgumentParser) -> None:
@@ -152,6 +160,9 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--disable-log-stats", action="store_true",
                         help="Accepted for vLLM's command lines: tokenmill logs no periodic "
                              "statistics (they are on /metrics).")
+    parser.add_argument("--enable-prompt-tokens-details", action="store_true",
+                        help="Accepted for vLLM's command lines: usage always carries "
+                             "prompt_tokens_details.cached_tokens here.")
     parser.add_argument("--disable-frontend-multiprocessing", action="store_true",
                         help="Accepted for vLLM's command lines: the HTTP server and the "
                              "engine share one process here.")

@@ -527,8 +527,11 @@ class LLMEngine:
         return None, ids
 
     def _check_sampling(self, params: SamplingParams) -> None:
-        """Token ids in logit_bias exist; a constraint compiles."""
+        """Logprobs within --max-logprobs; token ids in logit_bias exist; a constraint
+        compiles."""
         vocab = self.model_config.vocab_size
+        self.check_logprobs(params.logprobs, "logprobs")
+        self.check_logprobs(params.prompt_logprobs, "prompt_logprobs")
         if params.allowed_token_ids:
             bad = sorted(t for t in params.allowed_token_ids if t >= vocab)
             if bad:
@@ -540,6 +543,16 @@ class LLMEngine:
                 raise RequestError(f"logit_bias: token ids must be in [0, {vocab}), got "
                                    f"{bad[:5]}", param="logit_bias")
         self.check_constraint(params)
+
+    def check_logprobs(self, asked: int | None, field: str) -> None:
+        """RequestError naming `field` where more log-probabilities per token are asked for
+        than --max-logprobs allows (-1: the vocabulary)."""
+        limit = self.config.max_logprobs
+        if limit == -1:
+            limit = self.model_config.vocab_size
+        if asked is not None and asked > limit:
+            raise RequestError(f"{field}: {asked} log-probabilities per token asked for, more "
+                               f"than the {limit} --max-logprobs allows", param=field)
 
     def check_constraint(self, params: SamplingParams) -> None:
         """Compile the request's constraint, if any; RequestError if it does not compile.

@@ -101,10 +101,11 @@ class SamplingParams:
         _require(self.repetition_penalty > 0.0, "repetition_penalty",
                  f"must be positive, got {self.repetition_penalty}")
         _require(all(s for s in self.stop), "stop", "stop strings must not be empty")
-        _require(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs",
-                 f"must be in [0, 20], got {self.logprobs}")
-        _require(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
-                 "prompt_logprobs", f"must be in [0, 20], got {self.prompt_logprobs}")
+        # The most a request may ask for is the engine's (--max-logprobs).
+        _require(self.logprobs is None or self.logprobs >= 0, "logprobs",
+                 f"must be at least 0, got {self.logprobs}")
+        _require(self.prompt_logprobs is None or self.prompt_logprobs >= 0,
+                 "prompt_logprobs", f"must be at least 0, got {self.prompt_logprobs}")
         # A 64-bit signed integer (vLLM's bound): sequence i is seeded with seed + 7919 * i,
         # which must stay within what a torch generator takes (-2**63 .. 2**64 - 1).
         _require(self.seed is None or -(2**63) <= self.seed < 2**63, "seed",

@@ -90,6 +90,10 @@ class AsyncEngine:
             raise
         return RequestStream(self, request_id, stream.outputs)
 
+    def check_logprobs(self, asked: int | None, field: str) -> None:
+        """LLMEngine.check_logprobs: reads only the options, so any thread may ask."""
+        self.engine.check_logprobs(asked, field)
+
     async def check_constraint(self, params: SamplingParams) -> None:
         """Compile a request's constraint on a worker thread, off the event loop and off the
         engine loop, before the request is added; RequestError if it does not compile."""

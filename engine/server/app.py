@@ -82,6 +82,8 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
     docs = {} if options.fastapi_docs else {"openapi_url": None, "docs_url": None,
                                              "redoc_url": None}
     app = FastAPI(title="tokenmill", version=tokenmill_version(), lifespan=lifespan, **docs)
+    # --root-path as vLLM sets it: the router matches paths with or without the prefix.
+    app.root_path = options.root_path
     app.router.route_class = StrictJSONRoute
     app.state.tokenmill = state
     install_error_handlers(app)

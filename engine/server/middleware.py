@@ -68,6 +68,13 @@ class RequestId:
                                            "duration_s": round(time.perf_counter() - start, 4)})
 
 
+def route_path(scope: Scope) -> str:
+    """The request's path below --root-path, which a proxy may or may not have stripped (the
+    router matches either way)."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root):] if root and path.startswith(root + "/") else path
+
+
 class ApiKey:
     """With options.api_key set, `Authorization: Bearer <key>` on every path but OPEN_PATHS;
     401 in OpenAI's shape."""
@@ -78,7 +85,7 @@ class ApiKey:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         key = self.options.api_key
-        if key is None or scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if key is None or scope["type"] != "http" or route_path(scope) in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         header = Headers(scope=scope).get("authorization") or ""

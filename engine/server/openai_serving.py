@@ -79,6 +79,10 @@ async def chat_call(body: ChatCompletionRequest, state: ServerState,
         raise APIError(400, f"messages: {exc}", param="messages") from exc
     max_tokens = body.max_completion_tokens or body.max_tokens or _room(state, [ids])
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    try:
+        state.engine.check_logprobs(logprobs, "top_logprobs")
+    except RequestError as exc:
+        raise APIError(400, str(exc), param=exc.param) from exc
     params = _sampling_for_tools(_params(body, max_tokens, logprobs, state), plan)
     await _compile_constraint(state, params, body.constraint_field() or "tool_choice")
     model = adapter or state.options.served_model_name
@@ -233,6 +237,7 @@ async def _run(call: Call, stream: bool, include_usage: bool, request: Request,
                state: ServerState) -> Any:
     streams = await start(call, stream, state)
     if stream:
+        include_usage = include_usage or state.options.force_include_usage
         return StreamingResponse(_stream(call, streams, include_usage, state),
                                  media_type="text/event-stream")
     finals = await collect(streams, request, state)

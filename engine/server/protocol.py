@@ -125,9 +125,10 @@ class SamplingFields(RequestModel, StructuredFields):
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: Annotated[int, Field(ge=1)] | None = 16
-    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    logprobs: Annotated[int, Field(ge=0)] | None = None
     echo: bool = False
-    prompt_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None  # vLLM's extension
+    # vLLM's extension. Counts up to --max-logprobs (checked by the engine).
+    prompt_logprobs: Annotated[int, Field(ge=0)] | None = None
     best_of: int | None = None
     suffix: str | None = None
 
@@ -257,7 +258,7 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    top_logprobs: Annotated[int, Field(ge=0)] | None = None
     tools: list[Any] | None = None  # checked by tools.plan_tools, which names the bad field
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None

@@ -76,7 +76,7 @@ class ResponsesRequest(SamplingFields, ChatTemplateFields):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
     text: TextConfig | None = None
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    top_logprobs: Annotated[int, Field(ge=0)] | None = None
     reasoning: dict[str, Any] | None = None  # effort and summary: echoed, not acted on
     metadata: dict[str, str] | None = None
     store: bool | None = None

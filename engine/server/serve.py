@@ -144,7 +144,9 @@ def serve(config, args: argparse.Namespace) -> int:
                               fastapi_docs=not args.disable_fastapi_docs,
                               log_requests=args.enable_log_requests,
                               max_log_len=args.max_log_len,
-                              return_tokens_as_token_ids=args.return_tokens_as_token_ids),
+                              return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+                              force_include_usage=args.enable_force_include_usage,
+                              root_path=args.root_path),
         config=config, metrics=EngineMetrics(name, vllm_names=args.vllm_metrics),
     )
     app = create_app(state)

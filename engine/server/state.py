@@ -47,6 +47,8 @@ class ServerOptions:
     log_requests: bool = False  # a line per generation request (--enable-log-requests)
     max_log_len: int | None = None  # characters or token ids of a prompt in that line
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:ID"
+    force_include_usage: bool = False  # every stream ends with a usage chunk
+    root_path: str = ""  # the prefix a path-based proxy serves this server under
 
     @property
     def served_model_names(self) -> tuple[str, ...]:

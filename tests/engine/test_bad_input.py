@@ -18,7 +18,7 @@ from tokenmill.engine.models.source import ModelNotFound
     ({"top_p": 1.5}, "top_p"),
     ({"top_k": 0}, "top_k"),
     ({"n": 0}, "n"),
-    ({"logprobs": 50}, "logprobs"),
+    ({"logprobs": -1}, "logprobs"),
 ])
 def test_invalid_sampling_params_name_the_option(options, named):
     with pytest.raises(SamplingParamsError, match=named):

@@ -147,10 +147,11 @@ def test_long_prompts_are_projected_a_slice_at_a_time(tiny_llama_dir, hf_tiny, m
 
 
 def test_prompt_logprobs_are_checked():
-    with pytest.raises(ValueError, match="prompt_logprobs"):
-        SamplingParams(prompt_logprobs=21)
+    """Negative counts are no request; the most one may ask is the engine's --max-logprobs
+    (tests/server/test_vllm_serving_options.py)."""
     with pytest.raises(ValueError, match="prompt_logprobs"):
         SamplingParams(prompt_logprobs=-1)
+    assert SamplingParams(prompt_logprobs=21).prompt_logprobs == 21
 
 
 def test_tensor_parallel_ranks_score_the_same_rows(tmp_path, smol_tokenizer):

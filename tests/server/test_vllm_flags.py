@@ -73,6 +73,8 @@ def vllm_server(tiny_llama_dir, tls, tmp_path_factory):
         "--limit-mm-per-prompt", '{"image": 0, "video": {"count": 0}}',
         "--tokenizer-mode", "mistral", "--config-format", "mistral", "--load-format", "mistral",
         "--swap-space", "16", "--disable-custom-all-reduce", "--max-seq-len-to-capture", "8192",
+        "--root-path", "/llm", "--max-logprobs", "30", "--enable-force-include-usage",
+        "--enable-prompt-tokens-details", "--scheduling-policy", "priority",
         "--allowed-origins", f'["{ORIGIN}"]', "--ssl-keyfile", key, "--ssl-certfile", cert,
         env={"TOKENMILL_API_KEY": KEY})
     proc.url = proc.url.replace("http://", "https://")
@@ -90,6 +92,21 @@ def vllm_server(tiny_llama_dir, tls, tmp_path_factory):
 def https_client(vllm_server) -> openai.OpenAI:
     return openai_client(f"{vllm_server.url}/v1", api_key=KEY,
                          http_client=httpx.Client(verify=vllm_server.verify))
+
+
+def test_serving_options_reach_the_server_under_its_root_path(vllm_server):
+    """--root-path, --max-logprobs, --enable-force-include-usage and --scheduling-policy
+    priority, through the official client on the prefixed path."""
+    client = openai_client(f"{vllm_server.url}/llm/v1", api_key=KEY,
+                           http_client=httpx.Client(verify=vllm_server.verify))
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2, stream=True,
+        logprobs=True, top_logprobs=30, extra_body={"priority": -3, "ignore_eos": True}))
+    assert chunks[-1].usage.completion_tokens == 2
+    assert all(len(t.top_logprobs) == 30 for c in chunks if c.choices and c.choices[0].logprobs
+               for t in c.choices[0].logprobs.content)
+    with pytest.raises(openai.BadRequestError, match="--max-logprobs"):
+        client.completions.create(model="tiny", prompt="x", max_tokens=1, logprobs=31)
 
 
 def test_a_request_may_use_any_served_name_and_replies_use_the_first(https_client):
@@ -141,7 +158,8 @@ def test_each_request_is_logged_cut_to_max_log_len_and_the_access_log_is_off(vll
     code, stderr = vllm_server.finish()
     assert code == 0, stderr
     logged = [line for line in stderr.splitlines() if "logger=tokenmill.requests" in line]
-    assert len(logged) == 2, stderr  # the chat of the first test and this completion
+    # The chats of the first test and of the root-path test, and this completion.
+    assert len(logged) == 3, stderr
     line = logged[-1]
     assert 'msg="request received"' in line and "model=tiny" in line
     assert "prompt_tokens=" in line and 'prompt="the quick br"' in line
