@@ -1,5 +1,5 @@
-"""The FastAPI application: OpenAI routes (embeddings too), tokenize, health, metrics, models
-and version."""
+"""The FastAPI application: OpenAI routes (embeddings too), vLLM's score and rerank, tokenize,
+health, metrics, models and version."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ from tokenmill.engine.server.protocol import (
 )
 from tokenmill.engine.server.responses import create_response
 from tokenmill.engine.server.responses_protocol import ResponsesRequest
+from tokenmill.engine.server.scores import create_rerank, create_score
+from tokenmill.engine.server.scores_protocol import RerankRequest, ScoreRequest
 from tokenmill.engine.server.state import ServerState, State, start_loading
 from tokenmill.engine.server.tokenization import detokenize, tokenize
 
@@ -114,6 +116,17 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest, request: Request, state: State):
         return await create_embedding(body, request, state)
+
+    async def score(body: ScoreRequest, request: Request, state: State):
+        return await create_score(body, request, state)
+
+    async def rerank(body: RerankRequest, request: Request, state: State):
+        return await create_rerank(body, request, state)
+
+    for path in ("/score", "/v1/score"):  # vLLM's paths
+        app.post(path)(score)
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        app.post(path)(rerank)
 
     @app.get("/v1/responses/{response_id}")
     async def retrieve_response(response_id: str):

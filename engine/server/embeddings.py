@@ -14,7 +14,7 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from tokenmill.engine.core import PoolingParams
+from tokenmill.engine.core import EmbeddingRequestOutput, PoolingParams
 from tokenmill.engine.server.embeddings_protocol import EmbeddingRequest
 from tokenmill.engine.server.errors import APIError, error_body
 from tokenmill.engine.server.openai_serving import (
@@ -31,14 +31,11 @@ log = logging.getLogger(__name__)
 async def create_embedding(body: EmbeddingRequest, request: Request,
                            state: ServerState) -> Any:
     check_serving(state, body.model, runner="pooling")
-    prompts = [_truncated(ids, body, state) for ids in _prompt_ids(body, state)]
+    prompts = [truncated(ids, body.truncate_prompt_tokens, state)
+               for ids in _prompt_ids(body, state)]
     pooling = PoolingParams(dimensions=body.dimensions, normalize=body.normalize)
     call_id = f"embd-{uuid.uuid4().hex}"
-    streams = await start_requests(
-        state, [(f"{call_id}-{i}", ids, {"params": None, "pooling": pooling})
-                for i, ids in enumerate(prompts)], "input")
-    log.info("request admitted", extra={"id": call_id, "prompts": len(prompts)})
-    finals = await collect(streams, request, state)
+    finals = await embed(state, request, call_id, prompts, pooling, "input")
     if finals is None:
         return JSONResponse(error_body(499, "client closed the request"), status_code=499)
     data = [{"object": "embedding", "index": i,
@@ -48,6 +45,17 @@ async def create_embedding(body: EmbeddingRequest, request: Request,
     return JSONResponse({"id": call_id, "object": "list", "created": int(time.time()),
                          "model": state.options.served_model_name, "data": data,
                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+
+async def embed(state: ServerState, request: Request, call_id: str, prompts: list[list[int]],
+                pooling: PoolingParams, field: str) -> list[EmbeddingRequestOutput] | None:
+    """Every prompt embedded, batched as one call's engine requests; None if the client went
+    away first."""
+    streams = await start_requests(
+        state, [(f"{call_id}-{i}", ids, {"params": None, "pooling": pooling})
+                for i, ids in enumerate(prompts)], field)
+    log.info("request admitted", extra={"id": call_id, "prompts": len(prompts)})
+    return await collect(streams, request, state)
 
 
 def _prompt_ids(body: EmbeddingRequest, state: ServerState) -> list[list[int]]:
@@ -65,8 +73,8 @@ def _prompt_ids(body: EmbeddingRequest, state: ServerState) -> list[list[int]]:
             if isinstance(item, str) else item for item in body.inputs()]
 
 
-def _truncated(ids: list[int], body: EmbeddingRequest, state: ServerState) -> list[int]:
-    keep = body.truncate_prompt_tokens
+def truncated(ids: list[int], keep: int | None, state: ServerState) -> list[int]:
+    """vLLM's truncate_prompt_tokens: the last `keep` tokens (-1: the context length)."""
     if keep is None:
         return ids
     keep = state.max_model_len if keep == -1 else keep

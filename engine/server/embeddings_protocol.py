@@ -5,12 +5,22 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
 
 from tokenmill.engine.server.protocol import ChatMessage, ChatTemplateFields
 
 # OpenAI's limit on the inputs of one request.
 MAX_INPUTS = 2048
+
+
+def _keeps_a_token(value: int) -> int:
+    if value == 0:
+        raise ValueError("must be at least 1 (or -1: the context length)")
+    return value
+
+
+# vLLM's truncate_prompt_tokens: keep a prompt's last K tokens (-1: the context length).
+TruncatePromptTokens = Annotated[int, Field(ge=-1), AfterValidator(_keeps_a_token)]
 
 
 class EmbeddingRequest(ChatTemplateFields):
@@ -25,7 +35,7 @@ class EmbeddingRequest(ChatTemplateFields):
     # vLLM's: keep a prompt's last K tokens (-1: the model's context length); whether the
     # embedding is scaled to unit length (None: the model's setting); special tokens (None:
     # added to `input`, not to `messages`, whose template writes its own).
-    truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None
+    truncate_prompt_tokens: TruncatePromptTokens | None = None
     normalize: bool | None = None
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = False  # vLLM's default for embedding a conversation
@@ -40,13 +50,6 @@ class EmbeddingRequest(ChatTemplateFields):
                 raise ValueError(f"holds {len(value)} items; at most {MAX_INPUTS}")
             if any(item in ("", []) for item in value):
                 raise ValueError("must not hold an empty text or token list")
-        return value
-
-    @field_validator("truncate_prompt_tokens")
-    @classmethod
-    def _keeps_a_token(cls, value: int | None) -> int | None:
-        if value == 0:
-            raise ValueError("must be at least 1 (or -1: the context length)")
         return value
 
     @model_validator(mode="after")

@@ -1,0 +1,64 @@
+"""vLLM's /score and the rerank API for an embedding model (the pooling runner): each text is
+embedded once, and a pair's score is the cosine similarity of its two embeddings, as vLLM
+scores with an embedding model. Rerank returns the documents best first."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import torch
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from tokenmill.engine.core import PoolingParams
+from tokenmill.engine.server.embeddings import embed, truncated
+from tokenmill.engine.server.errors import error_body
+from tokenmill.engine.server.openai_serving import check_serving
+from tokenmill.engine.server.scores_protocol import RerankRequest, ScoreRequest, ScoringFields
+from tokenmill.engine.server.state import ServerState
+
+
+async def create_score(body: ScoreRequest, request: Request, state: ServerState) -> Any:
+    pairs = body.pairs()
+    scored = await _similarities(body, request, state, pairs, "score", "text_1")
+    if scored is None:
+        return JSONResponse(error_body(499, "client closed the request"), status_code=499)
+    call_id, scores, tokens = scored
+    data = [{"index": i, "object": "score", "score": score} for i, score in enumerate(scores)]
+    return JSONResponse({"id": call_id, "object": "list", "created": int(time.time()),
+                         "model": state.options.served_model_name, "data": data,
+                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+
+async def create_rerank(body: RerankRequest, request: Request, state: ServerState) -> Any:
+    pairs = [(body.query, text) for text in body.texts()]
+    scored = await _similarities(body, request, state, pairs, "rerank", "documents")
+    if scored is None:
+        return JSONResponse(error_body(499, "client closed the request"), status_code=499)
+    call_id, scores, tokens = scored
+    best = sorted(range(len(scores)), key=lambda i: -scores[i])[:body.count]
+    results = [{"index": i, "document": body.shown(i), "relevance_score": scores[i]}
+               for i in best]
+    return JSONResponse({"id": call_id, "model": state.options.served_model_name,
+                         "usage": {"total_tokens": tokens}, "results": results})
+
+
+async def _similarities(body: ScoringFields, request: Request, state: ServerState,
+                        pairs: list[tuple[str, str]], kind: str,
+                        field: str) -> tuple[str, list[float], int] | None:
+    """The call's id, each pair's cosine similarity and the tokens embedded; None if the
+    client went away."""
+    check_serving(state, body.model, runner="pooling")
+    texts = list(dict.fromkeys(text for pair in pairs for text in pair))
+    prompts = [truncated(state.tokenizer.encode(text), body.truncate_prompt_tokens, state)
+               for text in texts]
+    call_id = f"{kind}-{uuid.uuid4().hex}"
+    finals = await embed(state, request, call_id, prompts, PoolingParams(), field)
+    if finals is None:
+        return None
+    vectors = dict(zip(texts, (torch.tensor(out.embedding) for out in finals), strict=True))
+    scores = [torch.nn.functional.cosine_similarity(vectors[a], vectors[b], dim=0).item()
+              for a, b in pairs]
+    return call_id, scores, sum(len(ids) for ids in prompts)
