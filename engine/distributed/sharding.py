@@ -97,6 +97,10 @@ class ShardPlan:
                 return full if self.rank == 0 else torch.zeros_like(full)
             per = self.num_heads * self.head_dim if kind == "o_proj" else self._width(parts)
             return tensor[:, self.rank * per:(self.rank + 1) * per]
+        if kind in ("q_norm", "k_norm") and _length(tensor) > self.head_dim:
+            # OLMo's norms over the whole projection: the rows of q_proj's or k_proj's output.
+            start, stop = self._output_rows(kind.replace("norm", "proj"), parts)
+            return tensor[start:stop]
         return _read(tensor)
 
     def _output_rows(self, kind: str, parts: list[str]) -> tuple[int, int]:
@@ -126,6 +130,12 @@ class ShardPlan:
         if missing:  # the last rank's padding rows: zero, never sampled (logits are cut)
             rows = torch.cat([rows, rows.new_zeros(missing, *rows.shape[1:])])
         return rows
+
+
+def _length(tensor: Any) -> int:
+    """The first dimension of a tensor or of a safetensors slice (which has no .shape)."""
+    shape = tensor.shape if hasattr(tensor, "shape") else tensor.get_shape()
+    return shape[0]
 
 
 def _read(tensor: Any) -> torch.Tensor:

@@ -25,6 +25,9 @@ class ArchitectureFlags:
     # each branch's output times residual_multiplier as it joins the stream, logits divided
     # by logits_scaling.
     granite: bool = False
+    # OLMo 2/3: no norm before attention or the MLP, one after each (on the branch's output,
+    # before it joins the stream), and q/k normalized over the whole projection, not per head.
+    olmo: bool = False
 
 
 SUPPORTED = {
@@ -43,6 +46,9 @@ SUPPORTED = {
     "GraniteForCausalLM": ArchitectureFlags(granite=True),
     # SmolLM3: Llama's layers, every fourth without rotary embeddings (rotates_at).
     "SmolLM3ForCausalLM": ArchitectureFlags(),
+    "Olmo2ForCausalLM": ArchitectureFlags(olmo=True),
+    # OLMo 3: OLMo 2's layers, three in four sliding (layer_types), each kind with its rope.
+    "Olmo3ForCausalLM": ArchitectureFlags(olmo=True),
 }
 # Bare decoders (no LM head), as embedding checkpoints are saved (e5-mistral, Qwen3-Embedding
 # exported by sentence-transformers): served by the pooling runner only.
@@ -54,7 +60,8 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "qwen3_moe": "Qwen3MoeForCausalLM", "gemma": "GemmaForCausalLM",
                "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
                "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
-               "smollm3": "SmolLM3ForCausalLM",
+               "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
+               "olmo3": "Olmo3ForCausalLM",
                # The text models of Qwen's vision-language models: on text alone their
                # multimodal rotary embedding turns every section by the same position, which
                # is the ordinary one.

@@ -63,6 +63,14 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, flags.gemma)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, flags.gemma)
         self.qk_norm = flags.qk_norm
+        self.projection_norm = flags.olmo
+        if flags.olmo:  # this rank's part of the weights over the whole q and k projections
+            self.q_norm = RMSNorm(self.num_heads * self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(kv_size, config.rms_norm_eps)
+            heads, kv_heads = config.num_attention_heads, num_kv_heads_of(config)
+            self.q_width, self.k_width = heads * self.head_dim, kv_heads * self.head_dim
+            # With fewer KV heads than ranks, each KV head's squares arrive from this many.
+            self.k_copies = max(tp.size // kv_heads, 1)
         # Gemma 2/3 scale scores by query_pre_attn_scalar ** -0.5 (not always the head size),
         # Granite by its attention_multiplier.
         scaled_by = getattr(config, "query_pre_attn_scalar", None) or self.head_dim
@@ -73,6 +81,9 @@ class Attention(nn.Module):
                 kv_cache: KVLayer, meta: AttentionMetadata) -> torch.Tensor:
         tokens = x.shape[0]
         q, k, v = self.qkv_proj(x)
+        if self.projection_norm:
+            q = self._norm_projection(q, self.q_norm, self.q_width, 1)
+            k = self._norm_projection(k, self.k_norm, self.k_width, self.k_copies)
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
@@ -84,6 +95,19 @@ class Attention(nn.Module):
         store_kv(k, v, kv_cache, meta)
         o = attention(q, kv_cache, meta, self.scores)
         return self.tp.all_reduce(self.o_proj(o.reshape(tokens, -1)))
+
+
+    def _norm_projection(self, x: torch.Tensor, norm: RMSNorm, width: int,
+                         copies: int) -> torch.Tensor:
+        """OLMo's RMSNorm over a whole projection ([T, width], of which this rank holds a
+        slice): the mean of squares is summed across ranks, and computed as transformers'
+        Olmo2RMSNorm does (float32, weight applied before the cast back)."""
+        h = x.float()
+        if self.tp.size == 1:
+            variance = h.pow(2).mean(-1, keepdim=True)
+        else:
+            variance = self.tp.all_reduce(h.pow(2).sum(-1, keepdim=True)) / (copies * width)
+        return (norm.weight * (h * torch.rsqrt(variance + norm.eps))).to(x.dtype)
 
 
 class MLP(nn.Module):
@@ -124,10 +148,14 @@ class DecoderLayer(nn.Module):
         def norm() -> RMSNorm:
             return RMSNorm(config.hidden_size, config.rms_norm_eps, flags.gemma)
 
-        self.input_layernorm = norm()
+        self.post_norms_only = flags.olmo
+        if not flags.olmo:
+            self.input_layernorm = norm()
         self.self_attn = Attention(config, plan, tp, window)
         self.post_attention_layernorm = norm()
         self.sandwich = flags.sandwich_norms
+        if flags.olmo:
+            self.post_feedforward_layernorm = norm()
         if self.sandwich:
             self.pre_feedforward_layernorm = norm()
             self.post_feedforward_layernorm = norm()
@@ -146,6 +174,8 @@ class DecoderLayer(nn.Module):
                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """x: the previous layer's MLP output, not yet in `residual` (layer 0: the embeddings,
         and no residual yet). Returns this layer's MLP output and the stream before it."""
+        if self.post_norms_only:
+            return self._post_norms_forward(x, residual, rope, kv_cache, meta)
         x, residual = self.input_layernorm(x, residual, meta.backend)
         x = self.self_attn(x, rope, kv_cache, meta)
         if not self.sandwich:
@@ -154,6 +184,16 @@ class DecoderLayer(nn.Module):
         x, _ = self.post_attention_layernorm(x, None, meta.backend)
         x, residual = self.pre_feedforward_layernorm(x, residual, meta.backend)
         x = getattr(self, self.feed_forward)(x, meta.backend)
+        return self.post_feedforward_layernorm(x, None, meta.backend)[0], residual
+
+    def _post_norms_forward(self, x: torch.Tensor, residual: torch.Tensor | None,
+                            rope: RopeRows | RopeKernel | None, kv_cache: KVLayer,
+                            meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """OLMo: each branch reads the stream as it is; its output is normalized and added."""
+        residual = x if residual is None else residual + x
+        x = self.self_attn(residual, rope, kv_cache, meta)
+        residual = residual + self.post_attention_layernorm(x, None, meta.backend)[0]
+        x = getattr(self, self.feed_forward)(residual, meta.backend)
         return self.post_feedforward_layernorm(x, None, meta.backend)[0], residual
 
     def _joining(self, branch: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,81 @@
+"""OLMo 2 and OLMo 3 (`Olmo2ForCausalLM`, `Olmo3ForCausalLM`): no norm before attention or the
+MLP, one after each, and q/k normalized over the whole projection, which tensor parallelism
+splits across ranks (the mean of squares is summed over them, KV heads shared by several
+ranks counted once). OLMo 3 slides three layers in four, each kind with its own rotary base.
+Greedy output equals transformers token for token, batched, chunked, from the prefix cache
+and under tensor parallelism."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from model_support import greedy_three_ways, hf_greedy, make_random_model, mixed_prompts
+
+from tokenmill.engine import LLM, SamplingParams
+
+MAX_NEW = 8
+WINDOW = 16
+ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=8, max_num_batched_tokens=32)
+
+
+def _config(kind: str, vocab: int):
+    import transformers
+
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    if kind == "olmo2":
+        return transformers.Olmo2Config(**common)
+    return transformers.Olmo3Config(sliding_window=WINDOW, rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}, **common)
+
+
+@pytest.fixture(scope="module", params=["olmo2", "olmo3"])
+def olmo(request, tmp_path_factory, vocab_tokenizer) -> tuple[str, list[list[int]], Any]:
+    """The checkpoint (its norms drawn, so each one's weight matters), transformers' greedy
+    continuations of the mixed prompts, and its model."""
+    from transformers import AutoModelForCausalLM
+
+    directory = make_random_model(str(tmp_path_factory.mktemp(request.param)),
+                                  _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
+                                  draw_norms=True)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32,
+                                                 attn_implementation="eager").eval()
+    model.generation_config.eos_token_id = None
+    return (directory, [hf_greedy(model, p, MAX_NEW) for p in mixed_prompts(vocab_tokenizer)],
+            model)
+
+
+def _hf_logprobs(model: Any, prompt: list[int], tokens: list[int]) -> list[float]:
+    """transformers' log-probability of each generated token, in one forward pass."""
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        logprobs = model(ids).logits[0].log_softmax(-1)
+    return [logprobs[len(prompt) - 1 + i, t].item() for i, t in enumerate(tokens)]
+
+
+def test_greedy_equals_hf_batched_chunked_and_prefix_cached(olmo, vocab_tokenizer):
+    directory, expected, _ = olmo
+    prompts = mixed_prompts(vocab_tokenizer)
+    assert max(len(p) for p in prompts) > 3 * WINDOW
+    with LLM(directory, **ENGINE) as llm:
+        runs = greedy_three_ways(llm, prompts, MAX_NEW)
+    assert runs == {"batched": expected, "again": expected, "alone": expected[-2:]}
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_tensor_parallel_equals_hf(olmo, vocab_tokenizer, tp):
+    """2 ranks: one KV head each; 4: each KV head on two ranks. The tokens' log-probabilities
+    too, which a norm off by a constant factor moves even where the argmax holds."""
+    directory, expected, model = olmo
+    prompts = mixed_prompts(vocab_tokenizer)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
+    with LLM(directory, tensor_parallel_size=tp, **ENGINE) as llm:
+        outputs = [o.outputs[0] for o in llm.generate(prompts, params)]
+    assert [o.token_ids for o in outputs] == expected
+    for prompt, out in zip(prompts, outputs, strict=True):
+        got = [step[t] for step, t in zip(out.logprobs, out.token_ids, strict=True)]
+        assert got == pytest.approx(_hf_logprobs(model, prompt, out.token_ids), abs=1e-4)
