@@ -25,5 +25,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
+# Two workers, a test file each at a time (module fixtures stay in one process): the suite is
+# half waiting (servers, subprocesses, the operator's timers), so the second core fills in.
 test: lint
-	$(BIN)/pytest --durations=25
+	$(BIN)/pytest -n 2 --dist loadfile --durations=25
