@@ -1,12 +1,13 @@
 """Reasoning models' thinking, split from their answer (vLLM's --reasoning-parser).
 
-Both formats think between `<think>` and `</think>`, then answer:
+Every format thinks between a start and an end tag, then answers:
 - `qwen3`: the model writes `<think>` itself; a reply that does not start with it (thinking
   turned off by `chat_template_kwargs: {"enable_thinking": false}`) is all answer.
 - `deepseek_r1`: the chat template opens `<think>` in the prompt, so the reply starts inside
   the thinking; everything up to `</think>` is reasoning.
+- `mistral`: Magistral writes `[THINK]` ... `[/THINK]` itself, as Qwen3 writes its tags.
 
-The answer after `</think>` loses its leading blank lines. A reply cut off while thinking is
+The answer after the end tag loses its leading blank lines. A reply cut off while thinking is
 all reasoning, with no answer. While a reply streams, a tail that may be the start of a tag
 is held back until the next text shows what it is, so what is sent never has to be taken
 back and the streamed pieces join to the whole reply's split.
@@ -16,28 +17,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-THINK_START = "<think>"
-THINK_END = "</think>"
-# parser name -> whether a reply starts inside the thinking
-REASONING_PARSERS = {"deepseek_r1": True, "qwen3": False}
+
+@dataclass(frozen=True)
+class ThinkingFormat:
+    starts_inside: bool  # the chat template has opened the thinking already
+    start: str = "<think>"
+    end: str = "</think>"
 
 
-def split_reasoning(text: str, starts_inside: bool,
+REASONING_PARSERS = {"deepseek_r1": ThinkingFormat(starts_inside=True),
+                     "qwen3": ThinkingFormat(starts_inside=False),
+                     "mistral": ThinkingFormat(False, "[THINK]", "[/THINK]")}
+
+
+def split_reasoning(text: str, thinking: ThinkingFormat,
                     final: bool = True) -> tuple[str | None, str]:
     """(reasoning, answer) of a reply; reasoning None when the reply does not think. With
     final False (a reply still streaming), a possible partial tag at the end is left out."""
     body = text
-    if not starts_inside:
+    if not thinking.starts_inside:
         stripped = text.lstrip()
-        if not stripped.startswith(THINK_START):
-            if not final and THINK_START.startswith(stripped):
-                return None, ""  # blank so far, or the start of <think>: may yet think
+        if not stripped.startswith(thinking.start):
+            if not final and thinking.start.startswith(stripped):
+                return None, ""  # blank so far, or the start of the tag: may yet think
             return None, text
-        body = stripped[len(THINK_START):]
-    end = body.find(THINK_END)
+        body = stripped[len(thinking.start):]
+    end = body.find(thinking.end)
     if end < 0:
-        return body if final else body[:len(body) - _partial_tag(body, THINK_END)], ""
-    return body[:end], body[end + len(THINK_END):].lstrip()
+        return body if final else body[:len(body) - _partial_tag(body, thinking.end)], ""
+    return body[:end], body[end + len(thinking.end):].lstrip()
 
 
 def _partial_tag(text: str, tag: str) -> int:
@@ -52,15 +60,15 @@ def _partial_tag(text: str, tag: str) -> int:
 class ReplyReasoning:
     """The reasoning of one request's replies: split whole, or streamed as deltas."""
 
-    starts_inside: bool
+    thinking: ThinkingFormat
     sent: dict[int, int] = field(default_factory=dict)  # choice -> reasoning chars sent
 
     def split(self, text: str) -> tuple[str | None, str]:
-        return split_reasoning(text, self.starts_inside)
+        return split_reasoning(text, self.thinking)
 
     def delta(self, choice: int, text: str, final: bool) -> tuple[str, str]:
         """(new reasoning since the last call, the answer so far) of a streaming choice."""
-        reasoning, answer = split_reasoning(text, self.starts_inside, final)
+        reasoning, answer = split_reasoning(text, self.thinking, final)
         reasoning = reasoning or ""
         sent = self.sent.get(choice, 0)
         self.sent[choice] = len(reasoning)

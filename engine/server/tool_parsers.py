@@ -12,7 +12,9 @@ several per message), `llama3_json` (Llama 3.x: the whole reply is
 `mistral` (`[TOOL_CALLS]` then a JSON array of call objects, or, from Mistral's v11
 tokenizers, `NAME[ARGS]{...}` after each `[TOOL_CALLS]`) and `pythonic` (Llama 3.2 and 4: the
 whole reply is a Python list of calls, `[get_weather(city="Paris"), get_time()]`; a call's
-arguments are sent once its closing parenthesis is generated).
+arguments are sent once its closing parenthesis is generated), `granite` (Granite 3.x: the
+reply is `<|tool_call|>` then a JSON array of call objects) and `phi4_mini_json` (Phi-4-mini:
+`functools[...]`, a JSON array of call objects after any content).
 Forced tool choices produce JSON under a schema: the arguments object alone when one function
 is named, `[{"name": ..., "arguments": {...}}, ...]` when any call is required.
 """
@@ -182,6 +184,39 @@ class PythonicToolParser:
         return result
 
 
+class GraniteToolParser:
+    """Granite 3.x: the reply is `<|tool_call|>` (or `<tool_call>`) then a JSON array of call
+    objects; a reply that does not start so is content."""
+
+    STARTS = ("<|tool_call|>", "<tool_call>")
+
+    def parse(self, text: str, final: bool) -> Parse:
+        i = _skip_ws(text, 0)
+        start = next((tag for tag in self.STARTS if text.startswith(tag, i)), None)
+        if start is None:
+            waiting = not final and any(tag.startswith(text[i:]) for tag in self.STARTS)
+            return Parse("" if waiting else text)
+        i = _skip_ws(text, i + len(start))
+        if i == len(text) or text[i] != "[":
+            return Parse("" if i == len(text) and not final else text)
+        return _scan_calls(text, i + 1, _separated_by(","))
+
+
+class Phi4MiniJsonToolParser:
+    """Phi-4-mini: content, then `functools` and a JSON array of call objects."""
+
+    START = "functools["
+
+    def parse(self, text: str, final: bool) -> Parse:
+        first = text.find(self.START)
+        if first < 0:
+            keep = len(text) if final else len(text) - _held_back(text, self.START)
+            return Parse(text[:keep])
+        result = _scan_calls(text, first + len(self.START), _separated_by(","))
+        result.content = text[:first]
+        return result
+
+
 class RequiredToolParser:
     """`tool_choice: "required"`: a JSON array of `{"name", "arguments"}` objects."""
 
@@ -207,6 +242,8 @@ TOOL_CALL_PARSERS: dict[str, type[ToolParser]] = {
     "llama3_json": Llama3JsonToolParser,
     "mistral": MistralToolParser,
     "pythonic": PythonicToolParser,
+    "granite": GraniteToolParser,
+    "phi4_mini_json": Phi4MiniJsonToolParser,
 }
 
 

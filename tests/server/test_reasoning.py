@@ -26,7 +26,9 @@ ANSWER = "It is Paris."
 REPLIES = {
     "qwen3": ["<thi", "nk>Paris is", " the capital.</", "think>\n\n", "It is Paris."],
     "deepseek_r1": ["Paris is", " the capital.</", "think>\n\n", "It is Paris."],
+    "mistral": ["[TH", "INK]Paris is", " the capital.[/", "THINK]\n\n", "It is Paris."],
 }
+QWEN3, DEEPSEEK = REASONING_PARSERS["qwen3"], REASONING_PARSERS["deepseek_r1"]
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
 
 
@@ -51,12 +53,14 @@ def test_a_streamed_split_joins_to_the_whole_replys(parser):
 
 
 def test_replies_that_do_not_think():
-    assert split_reasoning("Just an answer.", starts_inside=False) == (None, "Just an answer.")
-    assert split_reasoning("<th", starts_inside=False, final=False) == (None, "")
-    assert split_reasoning("<th", starts_inside=False) == (None, "<th")
+    assert split_reasoning("Just an answer.", QWEN3) == (None, "Just an answer.")
+    assert split_reasoning("<th", QWEN3, final=False) == (None, "")
+    assert split_reasoning("<th", QWEN3) == (None, "<th")
+    assert split_reasoning("<think>not Magistral's", REASONING_PARSERS["mistral"]) == (
+        None, "<think>not Magistral's")
     # Cut off while thinking: all reasoning, no answer.
-    assert split_reasoning("<think>Hmm, let", starts_inside=False) == ("Hmm, let", "")
-    assert split_reasoning("Hmm, let me</thi", starts_inside=True, final=False) == (
+    assert split_reasoning("<think>Hmm, let", QWEN3) == ("Hmm, let", "")
+    assert split_reasoning("Hmm, let me</thi", DEEPSEEK, final=False) == (
         "Hmm, let me", "")
 
 

@@ -8,10 +8,12 @@ import random
 import pytest
 
 from tokenmill.engine.server.tool_parsers import (
+    GraniteToolParser,
     HermesToolParser,
     Llama3JsonToolParser,
     MistralToolParser,
     NamedToolParser,
+    Phi4MiniJsonToolParser,
     PythonicToolParser,
     RequiredToolParser,
     ToolCallStream,
@@ -202,6 +204,48 @@ def test_pythonic_arguments_that_are_not_literals_leave_the_call_empty():
     assert content is None and calls[0]["function"] == {"name": "f", "arguments": ""}
 
 
+GRANITE_TWO_CALLS = ('<|tool_call|>[{"arguments": {"city": "Paris"}, "name": "get_weather"}, '
+                     '{"name": "get_time", "arguments": {}}]')
+
+
+@pytest.mark.parametrize("text", [GRANITE_TWO_CALLS, GRANITE_TWO_CALLS.replace(
+    "<|tool_call|>", " <tool_call>\n")])
+def test_granite_calls_after_either_tag(text):
+    content, calls = assert_stream_matches(GraniteToolParser(), text)
+    assert content is None
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Paris"}), ("get_time", {})]
+
+
+@pytest.mark.parametrize("text", ["It is sunny.", "<b>bold</b>", "<|tool_call|> no list",
+                                  "<tool", "Call <|tool_call|>[] later"])
+def test_granite_other_replies_are_content(text):
+    assert assert_stream_matches(GraniteToolParser(), text) == (text, [])
+
+
+def test_granite_holds_back_what_may_become_the_tag():
+    stream = ToolCallStream(GraniteToolParser())
+    assert stream.update("<|tool", final=False) == ("", [])
+    assert stream.update("<|tool_call|>[", final=False) == ("", [])
+
+
+PHI4_MINI = ('Let me look that up. functools[{"name": "get_weather", "arguments": '
+             '{"city": "Paris"}}, {"name": "get_time", "arguments": {"zone": "CET"}}]')
+
+
+def test_phi4_mini_content_then_calls():
+    content, calls = assert_stream_matches(Phi4MiniJsonToolParser(), PHI4_MINI)
+    assert content == "Let me look that up. "
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Paris"}), ("get_time", {"zone": "CET"})]
+
+
+@pytest.mark.parametrize("text", ["No tools needed.", "functools are in the stdlib",
+                                  "functools[not json]"])
+def test_phi4_mini_other_replies_are_content(text):
+    assert assert_stream_matches(Phi4MiniJsonToolParser(), text) == (text, [])
+
+
 def test_required_choice_array():
     text = '[{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]'
     content, calls = assert_stream_matches(RequiredToolParser(), text)
@@ -225,12 +269,17 @@ def test_max_calls_keeps_the_first_call():
 
 
 @pytest.mark.parametrize("parser", [HermesToolParser(), Llama3JsonToolParser(),
-                                    MistralToolParser()])
+                                    MistralToolParser(), GraniteToolParser(),
+                                    Phi4MiniJsonToolParser()])
 def test_streamed_arguments_only_grow(parser):
     text = {HermesToolParser: '<tool_call>{"name": "f", "arguments": {"a": "' + "x" * 50
                               + '"}}</tool_call>',
             Llama3JsonToolParser: '{"name": "f", "parameters": {"a": "' + "x" * 50 + '"}}',
-            MistralToolParser: '[TOOL_CALLS]f[ARGS]{"a": "' + "x" * 50 + '"}'}[type(parser)]
+            MistralToolParser: '[TOOL_CALLS]f[ARGS]{"a": "' + "x" * 50 + '"}',
+            GraniteToolParser: '<|tool_call|>[{"name": "f", "arguments": {"a": "' + "x" * 50
+                               + '"}}]',
+            Phi4MiniJsonToolParser: 'functools[{"name": "f", "arguments": {"a": "' + "x" * 50
+                                    + '"}}]'}[type(parser)]
     _, calls, deltas = streamed(parser, list(text))
     assert len(deltas) > 10  # arguments stream as they are generated, not at the end
     assert calls[0]["arguments"] == '{"a": "' + "x" * 50 + '"}'
