@@ -59,6 +59,13 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(config, args)
 
 
+def _run_batch(args: argparse.Namespace) -> int:
+    config = engine_config_from_args(args)  # a bad option fails before the server imports
+    from tokenmill.engine.server.run_batch import run_batch
+
+    return run_batch(config, args)
+
+
 def _download(argv: list[str]) -> int:
     """`tokenmill download SOURCE...`: fetch each into the cache and print its local path; no
     torch is imported, so an init container needs only the light dependencies. One init
@@ -126,6 +133,22 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="Plain completion, no chat template.")
     gen.add_argument("--json", action="store_true", help="One JSON object per prompt.")
     gen.set_defaults(func=_generate)
+
+    batch = commands.add_parser(
+        "run-batch", help="Answer a file of OpenAI batch requests offline (vLLM's run-batch).",
+        description="Each line of the input is an OpenAI batch request, {\"custom_id\", "
+                    "\"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\"} "
+                    "(also /v1/completions, /v1/embeddings, /v1/responses, /v1/score, "
+                    "/v1/rerank); each line of the output, in the same order, its answer: "
+                    "{\"id\", \"custom_id\", \"response\": {\"status_code\", "
+                    "\"request_id\", \"body\"}, \"error\"}. The server's flags apply.")
+    batch.add_argument("-i", "--input-file", required=True, metavar="FILE",
+                       help="The batch file (JSON lines).")
+    batch.add_argument("-o", "--output-file", required=True, metavar="FILE",
+                       help="Where the answers go (JSON lines), written once all are done.")
+    add_engine_arguments(batch)
+    add_server_arguments(batch)
+    batch.set_defaults(func=_run_batch)
 
     commands.add_parser("download", help=DOWNLOAD_HELP + " See `tokenmill download --help`.",
                         add_help=False)

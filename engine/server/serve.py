@@ -117,13 +117,13 @@ def check_tls_files(args: argparse.Namespace) -> None:
             raise ConfigError("--ssl-ca-certs", f"can't load {args.ssl_ca_certs}: {exc}") from None
 
 
-def serve(config, args: argparse.Namespace) -> int:
-    check_server_flags(args)
-    check_tls_files(args)
+def server_state(config, args: argparse.Namespace) -> ServerState:
+    """The server's state from `tokenmill serve`'s flags (`tokenmill run-batch` takes them
+    too), once check_server_flags has passed them; the model is not loaded yet."""
     if args.enable_log_requests:
         enable_request_log()
     name, *aliases = args.served_model_name or [config.model]
-    state = ServerState(
+    return ServerState(
         options=ServerOptions(served_model_name=name, model_aliases=tuple(aliases),
                               max_waiting_requests=args.max_waiting_requests,
                               shutdown_timeout=args.shutdown_timeout,
@@ -149,6 +149,12 @@ def serve(config, args: argparse.Namespace) -> int:
                               root_path=args.root_path),
         config=config, metrics=EngineMetrics(name, vllm_names=args.vllm_metrics),
     )
+
+
+def serve(config, args: argparse.Namespace) -> int:
+    check_server_flags(args)
+    check_tls_files(args)
+    state = server_state(config, args)
     app = create_app(state)
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, uds=args.uds,
                                log_level=args.uvicorn_log_level,

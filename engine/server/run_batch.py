@@ -1,0 +1,130 @@
+"""`tokenmill run-batch`: OpenAI's batch file format, run offline (vLLM's `vllm run-batch`).
+
+Each input line is `{"custom_id", "method": "POST", "url", "body"}`; each output line, in the
+input's order, is `{"id", "custom_id", "response": {"status_code", "request_id", "body"},
+"error"}`. Every request goes through the server's own routes, in process (no socket), so a
+batch line is validated, templated, parsed and answered exactly as over HTTP; all lines run
+concurrently and the engine batches them. A file that is not a batch file is refused before
+the model loads, naming its line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import uuid
+from typing import Any
+
+import httpx
+from tqdm import tqdm
+
+from tokenmill.engine.contract.config import ConfigError
+
+# The routes a batch line may name (vLLM's, and the completions vLLM's API also serves).
+BATCH_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
+              "/v1/score", "/v1/rerank")
+
+
+def read_batch(path: str) -> list[dict[str, Any]]:
+    """The batch file's requests; ConfigError naming the line where one is not a request."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("--input-file", f"can't read {path}: {exc}") from None
+    requests = []
+    for number, line in lines:
+        where = f"{path}:{number}"
+        try:
+            item = json.loads(line)
+        except ValueError as exc:
+            raise ConfigError("--input-file", f"{where}: not JSON ({exc})") from None
+        if not isinstance(item, dict) or not isinstance(item.get("custom_id"), str):
+            raise ConfigError("--input-file", f"{where}: needs a custom_id string")
+        if item.get("method", "POST") != "POST":
+            raise ConfigError("--input-file", f"{where}: method must be POST")
+        if item.get("url") not in BATCH_URLS:
+            raise ConfigError("--input-file", f"{where}: url {item.get('url')!r} is not one "
+                                              f"of {', '.join(BATCH_URLS)}")
+        if not isinstance(item.get("body"), dict):
+            raise ConfigError("--input-file", f"{where}: body must be a JSON object")
+        if item["body"].get("stream"):
+            raise ConfigError("--input-file", f"{where}: a batch line cannot stream")
+        requests.append(item)
+    if not requests:
+        raise ConfigError("--input-file", f"{path} holds no requests")
+    return requests
+
+
+async def run_requests(app: Any, requests: list[dict[str, Any]], concurrency: int,
+                       show_progress: bool = True) -> list[dict[str, Any]]:
+    """Each request answered by `app` (an ASGI app), as output lines in input order."""
+    gate = asyncio.Semaphore(concurrency)
+    transport = httpx.ASGITransport(app=app)
+    progress = tqdm(total=len(requests), desc="Running batch", unit="req",
+                    disable=not show_progress)
+    async with httpx.AsyncClient(transport=transport, base_url="http://batch",
+                                 timeout=None) as client:
+
+        async def answer(item: dict[str, Any]) -> dict[str, Any]:
+            async with gate:
+                reply = await client.post(item["url"], json=item["body"])
+            progress.update(1)
+            return _output_line(item["custom_id"], reply)
+
+        try:
+            return list(await asyncio.gather(*(answer(item) for item in requests)))
+        finally:
+            progress.close()
+
+
+def _output_line(custom_id: str, reply: httpx.Response) -> dict[str, Any]:
+    try:
+        body = reply.json()
+    except ValueError:
+        body = {"error": {"message": reply.text}}
+    error = None
+    if reply.status_code >= 400:
+        error = (body.get("error") or {}).get("message") if isinstance(body, dict) else None
+        error = error or reply.text
+    return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id,
+            "response": {"status_code": reply.status_code,
+                         "request_id": reply.headers.get("x-request-id") or uuid.uuid4().hex,
+                         "body": body},
+            "error": error}
+
+
+def run_batch(config: Any, args: argparse.Namespace) -> int:
+    """Load the model, answer every line of --input-file, write --output-file."""
+    from tokenmill.engine.contract.server_flags import check_server_flags
+    from tokenmill.engine.server.app import create_app
+    from tokenmill.engine.server.serve import server_state
+
+    check_server_flags(args)
+    requests = read_batch(args.input_file)
+    folder = os.path.dirname(os.path.abspath(args.output_file))
+    if not os.path.isdir(folder):
+        raise ConfigError("--output-file", f"{folder} is not a directory")
+    state = server_state(config, args)
+    state.options.api_key = None  # in process: no client to authenticate
+    # As many in flight as the batch holds seats for, twice over, within the waiting limit.
+    concurrency = max(1, min(2 * config.max_num_seqs, args.max_waiting_requests))
+    try:
+        state.load(show_progress=True)
+        app = create_app(state, load_model=False)
+
+        async def run() -> list[dict[str, Any]]:
+            async with app.router.lifespan_context(app):
+                return await run_requests(app, requests, concurrency)
+
+        lines = asyncio.run(run())
+    finally:
+        state.close()
+    with open(args.output_file, "w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(json.dumps(line) + "\n")
+    failed = sum(line["error"] is not None for line in lines)
+    print(f"{len(lines)} requests, {failed} failed: {args.output_file}", flush=True)
+    return 0
