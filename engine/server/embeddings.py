@@ -35,7 +35,7 @@ async def create_embedding(body: EmbeddingRequest, request: Request,
                for ids in _prompt_ids(body, state)]
     pooling = PoolingParams(dimensions=body.dimensions, normalize=body.normalize)
     call_id = f"embd-{uuid.uuid4().hex}"
-    finals = await embed(state, request, call_id, prompts, pooling, "input")
+    finals = await embed(state, request, call_id, prompts, pooling, "input", body.priority)
     if finals is None:
         return JSONResponse(error_body(499, "client closed the request"), status_code=499)
     data = [{"object": "embedding", "index": i,
@@ -48,12 +48,13 @@ async def create_embedding(body: EmbeddingRequest, request: Request,
 
 
 async def embed(state: ServerState, request: Request, call_id: str, prompts: list[list[int]],
-                pooling: PoolingParams, field: str) -> list[EmbeddingRequestOutput] | None:
+                pooling: PoolingParams, field: str,
+                priority: int = 0) -> list[EmbeddingRequestOutput] | None:
     """Every prompt embedded, batched as one call's engine requests; None if the client went
     away first."""
+    options = {"params": None, "pooling": pooling, "priority": priority}
     streams = await start_requests(
-        state, [(f"{call_id}-{i}", ids, {"params": None, "pooling": pooling})
-                for i, ids in enumerate(prompts)], field)
+        state, [(f"{call_id}-{i}", ids, options) for i, ids in enumerate(prompts)], field)
     log.info("request admitted", extra={"id": call_id, "prompts": len(prompts)})
     return await collect(streams, request, state)
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
 
-from tokenmill.engine.server.protocol import ChatMessage, ChatTemplateFields
+from tokenmill.engine.server.protocol import ChatMessage, ChatTemplateFields, Priority
 
 # OpenAI's limit on the inputs of one request.
 MAX_INPUTS = 2048
@@ -36,6 +36,7 @@ class EmbeddingRequest(ChatTemplateFields):
     # embedding is scaled to unit length (None: the model's setting); special tokens (None:
     # added to `input`, not to `messages`, whose template writes its own).
     truncate_prompt_tokens: TruncatePromptTokens | None = None
+    priority: Priority = 0
     normalize: bool | None = None
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = False  # vLLM's default for embedding a conversation

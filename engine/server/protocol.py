@@ -22,6 +22,8 @@ Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 # vLLM's bound: a 64-bit signed integer. The engine seeds sequence i of a request with
 # seed + 7919 * i, which stays within what torch's generators take.
 Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+# vLLM's: a request's rank under --scheduling-policy priority (lower runs first).
+Priority = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 
 
 class RequestModel(BaseModel):
@@ -66,8 +68,7 @@ class SamplingFields(RequestModel, StructuredFields):
     stream_options: StreamOptions | None = None
     user: str | None = None
     cache_salt: Annotated[str, Field(min_length=1)] | None = None
-    # vLLM's: the request's rank under --scheduling-policy priority (lower runs first).
-    priority: Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] = 0
+    priority: Priority = 0
 
     @model_validator(mode="after")
     def _check_top_k(self) -> SamplingFields:

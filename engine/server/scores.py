@@ -55,7 +55,8 @@ async def _similarities(body: ScoringFields, request: Request, state: ServerStat
     prompts = [truncated(state.tokenizer.encode(text), body.truncate_prompt_tokens, state)
                for text in texts]
     call_id = f"{kind}-{uuid.uuid4().hex}"
-    finals = await embed(state, request, call_id, prompts, PoolingParams(), field)
+    finals = await embed(state, request, call_id, prompts, PoolingParams(), field,
+                         body.priority)
     if finals is None:
         return None
     vectors = dict(zip(texts, (torch.tensor(out.embedding) for out in finals), strict=True))

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field, model_validator
 
 from tokenmill.engine.server.embeddings_protocol import MAX_INPUTS, TruncatePromptTokens
-from tokenmill.engine.server.protocol import RequestModel
+from tokenmill.engine.server.protocol import Priority, RequestModel
 
 Texts = Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1,
                                                                    max_length=MAX_INPUTS)]
@@ -19,6 +19,7 @@ class ScoringFields(RequestModel):
 
     model: str | None = None
     truncate_prompt_tokens: TruncatePromptTokens | None = None
+    priority: Priority = 0
     user: str | None = None
 
 

@@ -108,6 +108,16 @@ def test_bad_bodies_are_400s_naming_the_field(server, path, body, param):
     assert _post(server, "/score", {"text_1": "a", "text_2": "b"}).status_code == 200
 
 
+@pytest.mark.parametrize(("path", "body"), [
+    ("/score", {"text_1": "a", "text_2": "b"}), ("/v1/rerank", {"query": "a", "documents": ["b"]}),
+    ("/v1/embeddings", {"input": "a"})])
+def test_under_fcfs_a_priority_is_a_400_naming_it(server, path, body):
+    reply = _post(server, path, {**body, "priority": 2})
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == "priority"
+    assert _post(server, path, {**body, "priority": 0}).status_code == 200
+
+
 def test_a_generative_model_refuses_scores(tiny_server):
     for path, body in (("/score", {"text_1": "a", "text_2": "b"}),
                        ("/v1/rerank", {"query": "a", "documents": ["b"]})):
