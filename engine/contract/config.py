@@ -19,6 +19,9 @@ from tokenmill.engine.contract.pooling import RUNNERS, PoolerConfigError, parse_
 from tokenmill.engine.contract.speculative import SpeculativeConfig, SpeculativeConfigError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# vLLM's other spellings of the same values, read as those.
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}
+KV_CACHE_DTYPE_ALIASES = {"fp8_e4m3": "fp8"}
 QUANTIZATIONS = (None, "none", "int8", "fp8", "gguf")
 KV_CACHE_DTYPES = ("auto", "int8", "fp8")
 # The GPUs per replica the CRD offers; the engine itself runs any size that divides the model.
@@ -88,7 +91,8 @@ class EngineConfig:
     )
     dtype: str = _opt("auto", "Weight and activation dtype: auto (bfloat16 on CUDA and on "
                               "CPUs with native bfloat16: AVX512-BF16, AMX or Arm BF16; "
-                              "float32 on other CPUs), float32, bfloat16, float16.")
+                              "float32 on other CPUs), float32, bfloat16, float16 (vLLM's "
+                              "half and float are read as float16 and float32).")
     device: str = _opt("auto", "auto, cpu, cuda or cuda:N.")
     max_model_len: int | None = _opt(
         None, "Longest sequence (prompt + output) in tokens; default: the model's context length."
@@ -138,7 +142,8 @@ class EngineConfig:
               "tensors, LM head included, for the CPU's int4/int8 kernels (CPU, one rank).")
     kv_cache_dtype: str = _opt(
         "auto",
-        "KV-cache dtype: auto (the model dtype), int8 or fp8 (e4m3), each with a float32 scale "
+        "KV-cache dtype: auto (the model dtype), int8 or fp8 (e4m3; vLLM's fp8_e4m3 is the "
+        "same; fp8_e5m2 is refused), each with a float32 scale "
         "per token and KV head: about 2x the tokens of bfloat16 in the same memory. fp8 with the "
         "Triton backend needs a GPU of compute capability 8.9 or newer.",
     )
@@ -211,6 +216,9 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         _check(bool(self.model), "model", "must name a model")
+        self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
+        self.kv_cache_dtype = KV_CACHE_DTYPE_ALIASES.get(self.kv_cache_dtype,
+                                                         self.kv_cache_dtype)
         _check(self.dtype in DTYPES, "dtype", f"{self.dtype!r} is not one of {DTYPES}")
         _check(
             self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
@@ -245,6 +253,9 @@ class EngineConfig:
                f"must be at least 1, got {self.tensor_parallel_size}")
         _check(self.quantization in QUANTIZATIONS, "quantization",
                f"{self.quantization!r} is not one of none, int8, fp8, gguf (or unset)")
+        _check(self.kv_cache_dtype != "fp8_e5m2", "kv_cache_dtype",
+               "fp8_e5m2 is not supported: fp8 (fp8_e4m3, with a scale per token and KV head) "
+               "keeps more precision in the same memory")
         _check(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype",
                f"{self.kv_cache_dtype!r} is not one of {KV_CACHE_DTYPES}")
         _check(self.kv_offloading_size >= 0, "kv_offloading_size",

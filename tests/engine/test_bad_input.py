@@ -34,10 +34,17 @@ def test_invalid_sampling_params_name_the_option(options, named):
     ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
     ({"quantization": "awq"}, "quantization"),
     ({"kv_cache_memory": 0}, "kv_cache_memory"),
+    ({"kv_cache_dtype": "fp8_e5m2"}, "kv_cache_dtype: fp8_e5m2 is not supported"),
 ])
 def test_invalid_engine_options_fail_at_construction(options, named):
     with pytest.raises(ConfigError, match=named):
         EngineConfig(**options)
+
+
+def test_vllms_other_spellings_of_dtypes_are_read_as_ours():
+    config = EngineConfig(dtype="half", kv_cache_dtype="fp8_e4m3")
+    assert (config.dtype, config.kv_cache_dtype) == ("float16", "fp8")
+    assert EngineConfig(dtype="float").dtype == "float32"
 
 
 def test_unknown_model_path_says_what_to_do(tmp_path):

@@ -477,7 +477,7 @@ def test_extra_args_serve_an_embedding_model():
 @pytest.mark.parametrize(("flags", "where"), [
     (["--enable-auto-tool-choice"],
      "spec.engine.extraArgs: --enable-auto-tool-choice: needs --tool-call-parser"),
-    (["--tool-call-parser", "granite"], "argument --tool-call-parser: invalid choice: 'granite'"),
+    (["--tool-call-parser", "jamba"], "argument --tool-call-parser: invalid choice: 'jamba'"),
     (["--max-waiting-requests", "many"], "argument --max-waiting-requests: invalid int"),
     (["--served-model-name", "x"], "--served-model-name is set by the operator"),
     (["--ssl-keyfile", "/k.pem", "--ssl-certfile", "/c.pem"],

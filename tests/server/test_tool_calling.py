@@ -272,7 +272,7 @@ def test_serve_flags(capsys):
     assert cli_main(["serve", "--model", "unused", "--enable-auto-tool-choice"]) == 2
     assert "--tool-call-parser" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
-        cli_main(["serve", "--tool-call-parser", "granite"])
+        cli_main(["serve", "--tool-call-parser", "jamba"])
     assert exit_.value.code == 2
 
 
