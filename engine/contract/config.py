@@ -115,6 +115,10 @@ class EngineConfig:
                 "request's `priority`, lower first, then arrival; a waiting request preempts "
                 "running ones of lower priority when it finds no room). Under fcfs a request "
                 "with a priority other than 0 is refused (vLLM's flag and field).")
+    long_prefill_token_threshold: int = _opt(
+        0, "The most prompt tokens one request computes in a step (vLLM's flag; 0: as many as "
+           "the budget leaves). A long prompt then takes several steps, and other prompts "
+           "start beside it instead of waiting for it. Needs chunked prefill.")
     block_size: int = _opt(16, "Tokens per KV-cache block.")
     kv_cache_memory: int | None = _opt(
         None,
@@ -243,6 +247,11 @@ class EngineConfig:
                f"must be -1 (the whole vocabulary) or at least 0, got {self.max_logprobs}")
         _check(self.scheduling_policy in SCHEDULING_POLICIES, "scheduling_policy",
                f"{self.scheduling_policy!r} is not one of {SCHEDULING_POLICIES}")
+        _check(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold",
+               f"must be at least 0, got {self.long_prefill_token_threshold}")
+        _check(not self.long_prefill_token_threshold or self.enable_chunked_prefill,
+               "long_prefill_token_threshold", "splits prompts over steps; it needs "
+               "enable_chunked_prefill")
         _check(self.block_size in BLOCK_SIZES, "block_size",
                f"{self.block_size} is not one of {BLOCK_SIZES}")
         _check(self.kv_cache_memory is None or self.kv_cache_memory > 0,

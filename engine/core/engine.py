@@ -147,7 +147,9 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    proposer, self.lora.slots if self.lora else None,
                                    chunked_prefill=config.enable_chunked_prefill,
-                                   policy=config.scheduling_policy)
+                                   policy=config.scheduling_policy,
+                                   long_prefill_token_threshold=(
+                                       config.long_prefill_token_threshold))
         generation_config = load_generation_config(source.directory)  # read once, for both
         self.eos_token_ids = _eos_ids(self.model_config, self.tokenizer, generation_config)
         self.generation_defaults = generation_defaults(generation_config)

@@ -2,7 +2,8 @@
 
 Each step has a token budget (max_num_batched_tokens). Running decodes go first (one token
 each), so streams already producing tokens never stall; running prompts that are still being
-prefilled take chunks of what budget is left; then waiting sequences are admitted while there
+prefilled take chunks of what budget is left (at most --long-prefill-token-threshold each,
+when set, so several prompts advance together); then waiting sequences are admitted while there
 is budget, a free batch seat and KV blocks (without chunked prefill, a prompt is never split:
 it waits until the rest of it fits in one step's budget). A waiting sequence starts from the
 longest prefix of its tokens found in the prefix cache and only prefills the rest; the part of
@@ -86,12 +87,15 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  proposer: Proposer | None = None, lora: LoRASlotTable | None = None,
-                 chunked_prefill: bool = True, policy: str = "fcfs"):
+                 chunked_prefill: bool = True, policy: str = "fcfs",
+                 long_prefill_token_threshold: int = 0):
         if policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling policy {policy!r} is not one of {SCHEDULING_POLICIES}")
         self.by_priority = policy == "priority"
         self.kv = kv
         self.chunked_prefill = chunked_prefill  # False: a prompt waits until it fits whole
+        # The most prompt tokens a sequence computes in one step (0: what the budget leaves).
+        self.prefill_cap = long_prefill_token_threshold or max_num_batched_tokens
         self.lora = lora
         self.proposer = proposer  # speculative decoding's, None without
         self.max_num_seqs = max_num_seqs
@@ -134,7 +138,7 @@ class Scheduler:
                 continue  # preempted earlier in this step
             if not self.chunked_prefill and seq.num_uncomputed_tokens > budget:
                 continue
-            num_new = min(seq.num_uncomputed_tokens, budget)
+            num_new = min(seq.num_uncomputed_tokens, budget, self.prefill_cap)
             if num_new == 1 and self.proposer is not None:
                 num_new += self._speculate(seq, proposals.get(seq.seq_id, []), budget - 1)
             if self._make_room(seq, num_new, chosen, out):
@@ -183,7 +187,7 @@ class Scheduler:
             if self.running and len(self.running) + seats > self.max_num_seqs:
                 break
             start = cached.num_blocks * self.kv.block_size
-            num_new = min(seq.num_tokens - start, budget)
+            num_new = min(seq.num_tokens - start, budget, self.prefill_cap)
             if not self.chunked_prefill and num_new < seq.num_tokens - start:
                 break  # the rest of the prompt does not fit this step's budget
             if not self.kv.can_admit(seq, cached, num_new):
@@ -284,8 +288,7 @@ class Scheduler:
             return False
         cached = self.kv.match_prefix(seq)
         start = cached.num_blocks * self.kv.block_size
-        return self.kv.can_admit(seq, cached, min(seq.num_tokens - start,
-                                                   self.max_num_batched_tokens))
+        return self.kv.can_admit(seq, cached, min(seq.num_tokens - start, self.prefill_cap))
 
     def add_running(self, seq: Sequence) -> None:
         """A sequence forked from a running one (n > 1) joins the batch directly."""

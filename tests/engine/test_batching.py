@@ -8,7 +8,7 @@ import pytest
 from engine_support import tiny_llama_block_bytes
 
 from tokenmill.engine import LLM, SamplingParams
-from tokenmill.engine.contract.config import ConfigError
+from tokenmill.engine.contract.config import ConfigError, EngineConfig
 from tokenmill.engine.core.engine import LLMEngine
 
 
@@ -101,6 +101,35 @@ def test_long_prompt_is_prefilled_in_chunks_within_the_token_budget(tiny_llama_d
         steps += 1
     assert steps > len(prompt) // 16
     assert result["long"] == expected[0]
+
+
+def test_a_long_prompt_is_capped_per_step_so_a_short_one_starts_beside_it(tiny_llama_dir,
+                                                                          tiny_llama):
+    """vLLM's --long-prefill-token-threshold: the long prompt computes at most 8 tokens a
+    step, so the short prompt queued after it is prefilled, and samples, in the first step;
+    without the cap the long one takes the whole budget. Output is unchanged."""
+    long, short = _prompts(1, seed=3)[0] * 4, [5, 6, 7]
+    expected = _alone(tiny_llama, [long, short], [4, 4])
+    for threshold, short_first in ((8, True), (0, False)):
+        llm = LLM(tiny_llama_dir, show_progress=False, max_num_batched_tokens=32,
+                  max_num_seqs=4, long_prefill_token_threshold=threshold)
+        engine = llm.engine
+        engine.add_request("long", long, _greedy(4))
+        engine.add_request("short", short, _greedy(4))
+        assert len(long) > 32
+        first = {out.request_id: len(out.outputs[0].token_ids) for out in engine.step()}
+        assert (first.get("short") == 1) is short_first, threshold
+        if threshold:
+            assert engine.scheduler.running[0].num_computed_tokens == 8
+        result = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                result[out.request_id] = out.outputs[0].token_ids
+        assert [result["long"], result["short"]] == expected
+        llm.shutdown()
+    with pytest.raises(ConfigError, match="long_prefill_token_threshold: splits prompts"):
+        EngineConfig(long_prefill_token_threshold=8, enable_chunked_prefill=False,
+                     max_num_batched_tokens=4096)
 
 
 def test_without_chunked_prefill_every_prompt_is_prefilled_in_one_step(tiny_llama_dir,

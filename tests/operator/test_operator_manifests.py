@@ -460,7 +460,8 @@ def test_extra_args_take_a_vllm_command_lines_flags():
              "--load-format", "safetensors", "--swap-space", "4", "--disable-custom-all-reduce",
              "--scheduling-policy", "priority", "--hf-overrides",
              '{"max_position_embeddings": 65536}', "--rope-scaling",
-             '{"rope_type": "yarn", "factor": 4.0}', "--rope-theta", "1000000"]
+             '{"rope_type": "yarn", "factor": 4.0}', "--rope-theta", "1000000",
+             "--long-prefill-token-threshold", "512", "--dtype", "half"]
     spec = load("svc", {"model": {"uri": "/models/llama"}, "engine": {"extraArgs": flags}})
     assert serve_command(spec, "llama")[-len(flags):] == flags
 
