@@ -157,6 +157,8 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
         add_runtime_routes(app)
 
     @app.get("/health")
+    @app.get("/ping")  # vLLM's (SageMaker's probe path), answered as /health
+    @app.post("/ping")
     async def health(state: State):
         if state.ready:
             return {"status": "ok"}

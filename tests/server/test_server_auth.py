@@ -67,9 +67,16 @@ def test_every_api_path_needs_the_key(keyed, method, path):
     assert r.status_code == 401, (path, r.text)
 
 
-@pytest.mark.parametrize("path", ["/health", "/metrics", "/version", "/openapi.json"])
+@pytest.mark.parametrize("path", ["/health", "/ping", "/metrics", "/version", "/openapi.json"])
 def test_probes_metrics_and_version_stay_open(keyed, path):
     assert httpx.get(keyed + path).status_code == 200
+
+
+def test_ping_answers_as_health(keyed):
+    """vLLM's /ping (SageMaker's probe), by GET or POST."""
+    health = httpx.get(keyed + "/health").json()
+    assert httpx.get(keyed + "/ping").json() == health == {"status": "ok"}
+    assert httpx.post(keyed + "/ping").json() == health
 
 
 def test_a_key_for_tokenize_through_the_official_client(keyed):
