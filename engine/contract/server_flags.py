@@ -49,7 +49,7 @@ def add_server_arguments(parser: argparse.ArgumentParser,
                         help="Seconds running requests may take to finish after SIGTERM.")
     parser.add_argument("--api-key", type=_api_key, default=environ.get("TOKENMILL_API_KEY"),
                         help="Require `Authorization: Bearer KEY` on every path but /health, "
-                             "/metrics, /version and the OpenAPI docs (default: "
+                             "/ping, /metrics, /load, /version and the OpenAPI docs (default: "
                              "$TOKENMILL_API_KEY; none: no key needed). The variable keeps the "
                              "key out of the process list.")
     parser.add_argument("--max-request-body-bytes", type=_positive_int, default=10 << 20,
@@ -161,6 +161,9 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--disable-log-stats", action="store_true",
                         help="Accepted for vLLM's command lines: tokenmill logs no periodic "
                              "statistics (they are on /metrics).")
+    parser.add_argument("--enable-server-load-tracking", action="store_true",
+                        help="Accepted for vLLM's command lines: GET /load always answers "
+                             "{\"server_load\": the API calls in flight} here.")
     parser.add_argument("--enable-prompt-tokens-details", action="store_true",
                         help="Accepted for vLLM's command lines: usage always carries "
                              "prompt_tokens_details.cached_tokens here.")

@@ -172,6 +172,11 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
             reason = "engine loop stopped"
         return JSONResponse({"status": reason}, status_code=503)
 
+    @app.get("/load")
+    async def load(state: State):
+        """vLLM's server load: the API calls in flight (each until its reply has ended)."""
+        return {"server_load": state.in_flight}
+
     @app.get("/metrics")
     async def metrics(state: State):
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -22,9 +22,10 @@ from tokenmill.engine.server.state import ServerOptions
 
 log = logging.getLogger(__name__)
 
-# Open without a key: probes, Prometheus and the API's own description. Every other path,
-# /v1/* and /tokenize among them, needs the key (unknown paths too: they answer 401, not 404).
-OPEN_PATHS = frozenset({"/health", "/ping", "/metrics", "/version",
+# Open without a key: probes, Prometheus, the load and the API's own description. Every
+# other path, /v1/* and /tokenize among them, needs the key (unknown paths too: they answer
+# 401, not 404).
+OPEN_PATHS = frozenset({"/health", "/ping", "/metrics", "/load", "/version",
                         "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}  # RFC 6750: a 401 names the scheme it wants
 

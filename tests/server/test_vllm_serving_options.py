@@ -4,6 +4,8 @@ and --root-path (served under a proxy's path prefix, which requests may carry or
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import openai
 import pytest
@@ -62,6 +64,21 @@ def test_every_stream_ends_with_its_usage(wide_logprobs):
         stream=True, extra_body={"ignore_eos": True}))
     assert chunks[-1].usage.completion_tokens == 3
     assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_load_counts_the_calls_in_flight(wide_logprobs):
+    """vLLM's GET /load: 1 while a stream is open, 0 once it has ended; open, as /metrics."""
+    assert httpx.get(wide_logprobs.url + "/load", timeout=10).json() == {"server_load": 0}
+    stream = _client(wide_logprobs).completions.create(
+        model="tiny", prompt="hi", max_tokens=50, stream=True, extra_body={"ignore_eos": True})
+    next(iter(stream))
+    assert httpx.get(wide_logprobs.url + "/load", timeout=10).json() == {"server_load": 1}
+    for _ in stream:
+        pass
+    deadline = time.monotonic() + 10
+    while httpx.get(wide_logprobs.url + "/load", timeout=10).json()["server_load"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
 
 
 def test_under_the_root_path_probes_stay_open_and_the_docs_name_it(wide_logprobs):
