@@ -151,25 +151,31 @@ def add_request_log_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: all).")
 
 
+# vLLM's on/off flags that change nothing here, and why.
+_NO_EFFECT_SWITCHES = (
+    ("--disable-log-requests", "requests are not logged unless --enable-log-requests"),
+    ("--disable-log-stats", "tokenmill logs no periodic statistics (they are on /metrics)"),
+    ("--enable-server-load-tracking",
+     "GET /load always answers {\"server_load\": the API calls in flight} here"),
+    ("--enable-prompt-tokens-details",
+     "usage always carries prompt_tokens_details.cached_tokens here"),
+    ("--disable-frontend-multiprocessing",
+     "the HTTP server and the engine share one process here"),
+    ("--enable-expert-parallel",
+     "a mixture of experts is split over the --tensor-parallel-size ranks by expert width "
+     "(every rank holds a slice of every expert; the output is the same)"),
+    ("--disable-custom-all-reduce",
+     "tensor-parallel ranks all-reduce through torch.distributed only"),
+)
+
+
 def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
     """vLLM flags a deployment's command line often carries that have nothing to change here,
     accepted so the line runs unchanged; a value tokenmill cannot honour is refused by
     check_server_flags."""
-    parser.add_argument("--disable-log-requests", action="store_true",
-                        help="Accepted for vLLM's command lines: requests are not logged "
-                             "unless --enable-log-requests.")
-    parser.add_argument("--disable-log-stats", action="store_true",
-                        help="Accepted for vLLM's command lines: tokenmill logs no periodic "
-                             "statistics (they are on /metrics).")
-    parser.add_argument("--enable-server-load-tracking", action="store_true",
-                        help="Accepted for vLLM's command lines: GET /load always answers "
-                             "{\"server_load\": the API calls in flight} here.")
-    parser.add_argument("--enable-prompt-tokens-details", action="store_true",
-                        help="Accepted for vLLM's command lines: usage always carries "
-                             "prompt_tokens_details.cached_tokens here.")
-    parser.add_argument("--disable-frontend-multiprocessing", action="store_true",
-                        help="Accepted for vLLM's command lines: the HTTP server and the "
-                             "engine share one process here.")
+    for flag, why in _NO_EFFECT_SWITCHES:
+        parser.add_argument(flag, action="store_true",
+                            help=f"Accepted for vLLM's command lines: {why}.")
     parser.add_argument("--distributed-executor-backend", choices=("mp",), default="mp",
                         help="Accepted for vLLM's command lines: tensor-parallel ranks are "
                              "local processes (mp).")
@@ -179,10 +185,6 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-parallel-size", type=_positive_int, default=1,
                         help="Accepted for vLLM's command lines with 1 only: more replicas "
                              "(the operator's replicas and autoscaling) serve in parallel.")
-    parser.add_argument("--enable-expert-parallel", action="store_true",
-                        help="Accepted for vLLM's command lines: a mixture of experts is split "
-                             "over the --tensor-parallel-size ranks by expert width (every "
-                             "rank holds a slice of every expert; the output is the same).")
     # Mistral's recipes ask for its own formats; its repositories carry Hugging Face's too.
     for flag, choices, what in (
             ("--tokenizer-mode", ("auto", "hf", "slow", "mistral"),
@@ -200,9 +202,6 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Accepted for vLLM's command lines: a preempted request's KV cache "
                              "is recomputed, not swapped (--kv-offloading-size keeps a CPU "
                              "tier of evicted prefix blocks).")
-    parser.add_argument("--disable-custom-all-reduce", action="store_true",
-                        help="Accepted for vLLM's command lines: tensor-parallel ranks "
-                             "all-reduce through torch.distributed only.")
     parser.add_argument("--max-seq-len-to-capture", type=_positive_int, default=None,
                         help="Accepted for vLLM's command lines: CUDA graphs capture decode "
                              "steps, whatever the context length.")

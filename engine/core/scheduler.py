@@ -57,6 +57,12 @@ def priority_key(seq: Sequence) -> tuple[int, float, int]:
     return seq.priority, seq.timings.arrival, seq.seq_id
 
 
+def _seats(seq: Sequence) -> int:
+    """The batch seats a waiting sequence takes: n for a request not yet sampled (it forks at
+    its first token), else 1."""
+    return seq.params.n if not seq.output_token_ids and seq.index == 0 else 1
+
+
 @dataclass
 class ResumedTokens:
     """What preempted sequences had computed, at their readmission: found cached on the device,
@@ -124,8 +130,8 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         chosen: set[int] = set()
         if self.by_priority:
-            self._preempt_for_waiting(out)
             self.running.sort(key=priority_key)
+            self._preempt_for_waiting(out)
         preempted_for_waiting = len(out.preempted)
         decodes = [s for s in self.running if s.num_uncomputed_tokens == 1]
         prefills = [s for s in self.running if s.num_uncomputed_tokens > 1]
@@ -183,8 +189,7 @@ class Scheduler:
             if not candidates:
                 break
             seq, cached = self._next_waiting(candidates)
-            seats = seq.params.n if not seq.output_token_ids and seq.index == 0 else 1
-            if self.running and len(self.running) + seats > self.max_num_seqs:
+            if self.running and len(self.running) + _seats(seq) > self.max_num_seqs:
                 break
             start = cached.num_blocks * self.kv.block_size
             num_new = min(seq.num_tokens - start, budget, self.prefill_cap)
@@ -272,10 +277,9 @@ class Scheduler:
     def _preempt_for_waiting(self, out: SchedulerOutput) -> None:
         """Priority policy: while the first waiting sequence finds no seat or no blocks for
         its first step, preempt the lowest-priority running sequence, if that is of strictly
-        lower priority than it."""
+        lower priority than it. `running` is in priority order: the last is the lowest."""
         while self.waiting and self.running:
-            head = self.waiting[0]
-            victim = max(self.running, key=priority_key)
+            head, victim = self.waiting[0], self.running[-1]
             if victim.priority <= head.priority or self._fits(head):
                 return
             self.preempt(victim)
@@ -283,8 +287,7 @@ class Scheduler:
 
     def _fits(self, seq: Sequence) -> bool:
         """Whether waiting seq has a seat and the blocks for a full step's chunk of it."""
-        seats = seq.params.n if not seq.output_token_ids and seq.index == 0 else 1
-        if len(self.running) + seats > self.max_num_seqs:
+        if len(self.running) + _seats(seq) > self.max_num_seqs:
             return False
         cached = self.kv.match_prefix(seq)
         start = cached.num_blocks * self.kv.block_size

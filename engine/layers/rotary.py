@@ -78,7 +78,8 @@ def inverse_frequencies(head_dim: int, params: dict,
     check_rope(params, head_dim)
     dim = rotary_dim(head_dim, params)
     base = float(params["rope_theta"])
-    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    inv_freq = 1.0 / (base ** exponents)
     kind = params["rope_type"]
     if kind == "default":
         return inv_freq
@@ -90,7 +91,6 @@ def inverse_frequencies(head_dim: int, params: dict,
         long = max_positions is not None and max_positions > params[
             "original_max_position_embeddings"]
         factors = params["long_factor" if long else "short_factor"]
-        exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
         return 1.0 / (torch.tensor(factors, dtype=torch.float32) * base ** exponents)
     return _yarn_scaled(dim, params)
 

@@ -96,7 +96,6 @@ class Attention(nn.Module):
         o = attention(q, kv_cache, meta, self.scores)
         return self.tp.all_reduce(self.o_proj(o.reshape(tokens, -1)))
 
-
     def _norm_projection(self, x: torch.Tensor, norm: RMSNorm, width: int,
                          copies: int) -> torch.Tensor:
         """OLMo's RMSNorm over a whole projection ([T, width], of which this rank holds a
@@ -154,10 +153,9 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(config, plan, tp, window)
         self.post_attention_layernorm = norm()
         self.sandwich = flags.sandwich_norms
-        if flags.olmo:
-            self.post_feedforward_layernorm = norm()
         if self.sandwich:
             self.pre_feedforward_layernorm = norm()
+        if self.sandwich or flags.olmo:
             self.post_feedforward_layernorm = norm()
         # The feed-forward block, under the checkpoint's name (Mixtral: block_sparse_moe).
         self.feed_forward = "mlp"

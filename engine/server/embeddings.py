@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 
 from tokenmill.engine.core import EmbeddingRequestOutput, PoolingParams
 from tokenmill.engine.server.embeddings_protocol import EmbeddingRequest
-from tokenmill.engine.server.errors import APIError, error_body
+from tokenmill.engine.server.errors import APIError, client_closed
 from tokenmill.engine.server.openai_serving import (
     chat_ids,
     check_serving,
@@ -37,7 +37,7 @@ async def create_embedding(body: EmbeddingRequest, request: Request,
     call_id = f"embd-{uuid.uuid4().hex}"
     finals = await embed(state, request, call_id, prompts, pooling, "input", body.priority)
     if finals is None:
-        return JSONResponse(error_body(499, "client closed the request"), status_code=499)
+        return client_closed()
     data = [{"object": "embedding", "index": i,
              "embedding": _encoded(out.embedding or [], body.encoding_format)}
             for i, out in enumerate(finals)]

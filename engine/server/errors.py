@@ -32,6 +32,11 @@ def error_response(err: APIError) -> JSONResponse:
                         status_code=err.status, headers=err.headers)
 
 
+def client_closed() -> JSONResponse:
+    """The answer to a call whose client went away before it finished (nginx's 499)."""
+    return JSONResponse(error_body(499, "client closed the request"), status_code=499)
+
+
 async def _api_error(_: Request, exc: APIError) -> JSONResponse:
     return error_response(exc)
 

@@ -23,7 +23,7 @@ from tokenmill.engine.core.errors import (
 from tokenmill.engine.frontend.async_engine import RequestStream
 from tokenmill.engine.server.adapters import resolve_model
 from tokenmill.engine.server.content_format import in_content_format
-from tokenmill.engine.server.errors import APIError, error_body
+from tokenmill.engine.server.errors import APIError, client_closed, error_body
 from tokenmill.engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from tokenmill.engine.server.reasoning import REASONING_PARSERS, ReplyReasoning
 from tokenmill.engine.server.rendering import Call, chunk, delta_choice, full_response, sse, usage
@@ -242,7 +242,7 @@ async def _run(call: Call, stream: bool, include_usage: bool, request: Request,
                                  media_type="text/event-stream")
     finals = await collect(streams, request, state)
     if finals is None:
-        return JSONResponse(error_body(499, "client closed the request"), status_code=499)
+        return client_closed()
     return JSONResponse(full_response(call, finals, state))
 
 

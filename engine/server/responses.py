@@ -17,7 +17,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from tokenmill.engine.core.errors import EngineDeadError, RequestError
-from tokenmill.engine.server.errors import APIError, error_body
+from tokenmill.engine.server.errors import APIError, client_closed
 from tokenmill.engine.server.openai_serving import chat_call, chat_chunks, collect, start
 from tokenmill.engine.server.rendering import Call, full_response
 from tokenmill.engine.server.responses_items import finished_response
@@ -56,7 +56,7 @@ async def create_response(body: ResponsesRequest, request: Request,
                                  media_type="text/event-stream")
     finals = await collect(streams, request, state)
     if finals is None:
-        return JSONResponse(error_body(499, "client closed the request"), status_code=499)
+        return client_closed()
     return JSONResponse(finished_response(shell, full_response(call, finals, state),
                                           count_tokens))
 

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 
 from tokenmill.engine.core import PoolingParams
 from tokenmill.engine.server.embeddings import embed, truncated
-from tokenmill.engine.server.errors import error_body
+from tokenmill.engine.server.errors import client_closed
 from tokenmill.engine.server.openai_serving import check_serving
 from tokenmill.engine.server.scores_protocol import RerankRequest, ScoreRequest, ScoringFields
 from tokenmill.engine.server.state import ServerState
@@ -24,7 +24,7 @@ async def create_score(body: ScoreRequest, request: Request, state: ServerState)
     pairs = body.pairs()
     scored = await _similarities(body, request, state, pairs, "score", "text_1")
     if scored is None:
-        return JSONResponse(error_body(499, "client closed the request"), status_code=499)
+        return client_closed()
     call_id, scores, tokens = scored
     data = [{"index": i, "object": "score", "score": score} for i, score in enumerate(scores)]
     return JSONResponse({"id": call_id, "object": "list", "created": int(time.time()),
@@ -36,7 +36,7 @@ async def create_rerank(body: RerankRequest, request: Request, state: ServerStat
     pairs = [(body.query, text) for text in body.texts()]
     scored = await _similarities(body, request, state, pairs, "rerank", "documents")
     if scored is None:
-        return JSONResponse(error_body(499, "client closed the request"), status_code=499)
+        return client_closed()
     call_id, scores, tokens = scored
     best = sorted(range(len(scores)), key=lambda i: -scores[i])[:body.count]
     results = [{"index": i, "document": body.shown(i), "relevance_score": scores[i]}
