@@ -73,10 +73,13 @@ class EngineConfig:
               "for a GGUF model). Its vocabulary must fit the model's.")
     runner: str = _opt(
         "auto", "What the model is served for: generate (completions, chat, responses) or "
-                "pooling (embeddings: POST /v1/embeddings, and LLM.embed). auto: pooling for an "
-                "embedding checkpoint (a bare decoder such as Qwen3Model or MistralModel, or "
-                "one that ships sentence-transformers' modules.json), generate otherwise "
-                "(vLLM's flag; vLLM's --convert embed and --task embed also select pooling).")
+                "pooling (embeddings: POST /v1/embeddings and LLM.embed; a sequence "
+                "classifier's probabilities: POST /classify and LLM.classify; both score and "
+                "rerank). auto: pooling for an embedding checkpoint (a bare decoder such as "
+                "Qwen3Model or MistralModel, or one that ships sentence-transformers' "
+                "modules.json) or a classifier (such as Qwen3ForSequenceClassification), "
+                "generate otherwise (vLLM's flag; vLLM's --convert embed and --task embed "
+                "also select pooling).")
     pooler_config: str | None = _opt(
         None, "How an embedding is made from the prompt, as JSON in vLLM's shape: "
               "{\"pooling_type\": \"LAST\" | \"MEAN\" | \"CLS\", \"normalize\": true | "
@@ -198,11 +201,12 @@ class EngineConfig:
     allow_runtime_lora_updating: bool = _opt(
         False, "Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's shapes, "
                "behind the API key): adapters added and removed while serving.")
-    hf_overrides: str | None = _opt(
+    hf_overrides: str | dict[str, Any] | None = _opt(
         None, "Changes to the model's Hugging Face config, as a JSON object of its keys "
               "(vLLM's flag), e.g. '{\"max_position_embeddings\": 65536}'. They apply to the "
               "config the engine runs (a multimodal checkpoint's text_config; a \"text_config\" "
-              "key is read as that too), before the context length is derived from it.")
+              "key is read as that too), before the context length is derived from it. The "
+              "offline LLM also takes a dict, as vLLM's does.")
     rope_scaling: str | None = _opt(
         None, "Replace the model's rotary scaling, as a JSON object in the config's shape "
               "(vLLM's older flag), e.g. Qwen's '{\"rope_type\": \"yarn\", \"factor\": 4.0, "

@@ -18,7 +18,11 @@ class HFOverridesError(ValueError):
         self.option = option
 
 
-def _json_object(text: str, option: str) -> dict[str, Any]:
+def _json_object(text: str | dict[str, Any], option: str) -> dict[str, Any]:
+    """JSON text's object, or the object itself (the offline API takes a dict, as vLLM's
+    LLM does)."""
+    if isinstance(text, dict):
+        return dict(text)
     try:
         value = json.loads(text)
     except ValueError as exc:
@@ -28,7 +32,7 @@ def _json_object(text: str, option: str) -> dict[str, Any]:
     return value
 
 
-def hf_overrides(overrides: str | None, rope_scaling: str | None,
+def hf_overrides(overrides: str | dict[str, Any] | None, rope_scaling: str | None,
                  rope_theta: float | None) -> dict[str, Any]:
     """The config changes the three flags ask for (--rope-scaling and --rope-theta win over
     the same keys in --hf-overrides)."""

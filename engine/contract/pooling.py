@@ -1,6 +1,7 @@
 """--runner and --pooler-config: which API a model is served for, and how an embedding model
-turns a prompt's hidden states into one vector. vLLM's names and JSON shape, checked without
-torch (the operator refuses a bad value at `kubectl apply` with the same rules).
+turns a prompt's hidden states into one vector (a classifier's: into its labels' scores).
+vLLM's names and JSON shape, checked without torch (the operator refuses a bad value at
+`kubectl apply` with the same rules).
 
   {"pooling_type": "LAST" | "MEAN" | "CLS", "normalize": true | false}
 
@@ -24,16 +25,41 @@ class PoolerConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class Classifier:
+    """A sequence classifier's head (reward models, cross-encoder rerankers, text
+    classifiers): one score per label, from the pooled hidden state. Probabilities are the
+    softmax over the labels, or each label's sigmoid where there is one label or the labels
+    are independent (transformers' multi_label_classification)."""
+
+    labels: tuple[str, ...]
+    multi_label: bool = False
+    # A cross-encoder's pair is read as the two texts joined into one (a causal LM made a
+    # reranker: vLLM's use_pad_token false), not through the tokenizer's pair encoding.
+    joins_pairs: bool = False
+
+    @property
+    def sigmoid(self) -> bool:
+        return self.multi_label or len(self.labels) == 1
+
+
+@dataclass(frozen=True)
 class Pooler:
     """How a prompt becomes its embedding: which hidden states (the last token's, the mean of
-    all, or the first token's), and whether the vector is scaled to unit length."""
+    all, or the first token's), and whether the vector is scaled to unit length. A
+    classifier's pooled state goes through its head instead (`classifier`)."""
 
     pooling_type: str = "LAST"
     normalize: bool = True
+    classifier: Classifier | None = None
+
+    @property
+    def task(self) -> str:
+        """vLLM's name of what the model serves: embed, or classify."""
+        return "embed" if self.classifier is None else "classify"
 
     def updated(self, overrides: dict[str, Any]) -> Pooler:
         return Pooler(overrides.get("pooling_type", self.pooling_type),
-                      overrides.get("normalize", self.normalize))
+                      overrides.get("normalize", self.normalize), self.classifier)
 
 
 def parse_overrides(text: str | dict[str, Any] | None) -> dict[str, Any]:

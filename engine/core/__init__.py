@@ -12,11 +12,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from tokenmill.engine.core.cross_encoding import pair_token_ids
     from tokenmill.engine.core.engine import LLMEngine
     from tokenmill.engine.core.outputs import (
+        ClassificationRequestOutput,
         CompletionOutput,
         EmbeddingRequestOutput,
         RequestOutput,
+        ScoringOutput,
+        ScoringRequestOutput,
     )
     from tokenmill.engine.core.pooling_params import PoolingParams
     from tokenmill.engine.core.sampling_params import SamplingParams
@@ -24,16 +28,21 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "LLMEngine": "tokenmill.engine.core.engine",
+    "ClassificationRequestOutput": "tokenmill.engine.core.outputs",
     "CompletionOutput": "tokenmill.engine.core.outputs",
     "EmbeddingRequestOutput": "tokenmill.engine.core.outputs",
+    "ScoringOutput": "tokenmill.engine.core.outputs",
+    "ScoringRequestOutput": "tokenmill.engine.core.outputs",
+    "pair_token_ids": "tokenmill.engine.core.cross_encoding",
     "RequestOutput": "tokenmill.engine.core.outputs",
     "PoolingParams": "tokenmill.engine.core.pooling_params",
     "SamplingParams": "tokenmill.engine.core.sampling_params",
     "StructuredOutputsParams": "tokenmill.engine.core.structured.params",
 }
 
-__all__ = ["CompletionOutput", "EmbeddingRequestOutput", "LLMEngine", "PoolingParams",
-           "RequestOutput", "SamplingParams", "StructuredOutputsParams"]
+__all__ = ["ClassificationRequestOutput", "CompletionOutput", "EmbeddingRequestOutput",
+           "LLMEngine", "PoolingParams", "RequestOutput", "SamplingParams",
+           "ScoringOutput", "ScoringRequestOutput", "StructuredOutputsParams", "pair_token_ids"]
 
 
 def __getattr__(name: str) -> Any:

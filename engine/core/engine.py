@@ -44,6 +44,7 @@ from tokenmill.engine.execution.rank import RankSetup, build_runner, rank_device
 from tokenmill.engine.execution.workers import WorkerFailed, Workers
 from tokenmill.engine.layers.attention import check_kv_cache_dtype, resolve_backend
 from tokenmill.engine.models.architecture import (
+    classifier_of,
     context_length_of,
     is_bare_decoder,
 )
@@ -266,16 +267,27 @@ class LLMEngine:
 
     @property
     def runner_kind(self) -> str:
-        """generate, or pooling (embeddings)."""
+        """generate, or pooling (embeddings, or a classifier's probabilities)."""
         return "generate" if self.pooler is None else "pooling"
 
+    @property
+    def task(self) -> str:
+        """What the model serves, by vLLM's names: generate, embed or classify."""
+        return "generate" if self.pooler is None else self.pooler.task
+
     def _check_runner(self, pooling: PoolingParams | None) -> None:
-        if pooling is not None and self.pooler is None:
-            raise RequestError("this model is served for generation (--runner generate): it "
-                               "makes no embeddings")
-        if pooling is None and self.pooler is not None:
-            raise RequestError("this model is served for embeddings (--runner pooling): it "
-                               "generates no text")
+        asked = "generate" if pooling is None else pooling.task
+        if asked == self.task:
+            if asked == "classify" and pooling.dimensions is not None:
+                raise RequestError("dimensions: a classifier's output is one value per label, "
+                                   "not an embedding", param="dimensions")
+            return
+        served = {"generate": "generation (--runner generate)",
+                  "embed": "embeddings (--runner pooling)",
+                  "classify": "classification (--runner pooling, a sequence classifier)"}
+        lacks = {"generate": "generates no text", "embed": "makes no embeddings",
+                 "classify": "has no classification head"}
+        raise RequestError(f"this model is served for {served[self.task]}: it {lacks[asked]}")
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop a request now; its blocks return to the pool at once."""
@@ -594,15 +606,22 @@ def _pooler(config: EngineConfig, model_config: Any, directory: str) -> Pooler |
     """The pooling runner's pooler (the model's, under --pooler-config), None for generate;
     ConfigError for a checkpoint or option the chosen runner cannot serve."""
     runner = config.runner
+    classifier = classifier_of(model_config)
     if runner == "auto":
-        runner = "pooling" if embedding_checkpoint(model_config, directory) else "generate"
+        pools = classifier is not None or embedding_checkpoint(model_config, directory)
+        runner = "pooling" if pools else "generate"
     if runner == "generate":
-        if is_bare_decoder(model_config):
-            raise ConfigError("runner", f"the checkpoint is a bare decoder "
+        if is_bare_decoder(model_config) or classifier is not None:
+            kind, what = (("a sequence classifier", "a classification model") if classifier
+                          else ("a bare decoder", "an embedding model"))
+            raise ConfigError("runner", f"the checkpoint is {kind} "
                               f"({', '.join(model_config.architectures)}) without an LM head: "
-                              "an embedding model; serve it with --runner pooling")
+                              f"{what}; serve it with --runner pooling")
         return None
     config.check_pooling_options()
+    if classifier is not None:  # the last token's state, through the head
+        return Pooler("LAST", normalize=False, classifier=classifier).updated(
+            config.pooler_overrides())
     return model_pooler(directory).updated(config.pooler_overrides())
 
 

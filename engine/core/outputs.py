@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, ClassVar, Self
 
 from tokenmill.engine.core.request import RequestTimings
 
@@ -38,7 +40,8 @@ class RequestOutput:
     # and the top-k, most likely first, and the token's rank (1: the most likely).
     prompt_logprobs: list[dict[int, float] | None] | None = None
     prompt_logprob_ranks: list[int | None] | None = None
-    # An embedding request's vector (the pooling runner), once finished.
+    # An embedding request's vector (the pooling runner), once finished; a classifier's
+    # probabilities, one per label.
     embedding: list[float] | None = None
 
 
@@ -48,15 +51,50 @@ class EmbeddingOutput:
 
 
 @dataclass
-class EmbeddingRequestOutput:
-    """An embedding request's result in vLLM's shape (LLM.embed): `outputs.embedding`."""
+class ClassificationOutput:
+    probs: list[float]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@dataclass
+class ScoringOutput:
+    score: float
+
+
+@dataclass
+class PoolingRequestOutput:
+    """A pooling request's result in vLLM's shape: `outputs` holds what it asked for."""
 
     request_id: str
     prompt_token_ids: list[int]
-    outputs: EmbeddingOutput
+    outputs: Any
     finished: bool = True
+    # How a finished request's values become `outputs`.
+    _outputs_of: ClassVar[Callable[[list[float]], Any]]
 
     @classmethod
-    def of(cls, out: RequestOutput) -> EmbeddingRequestOutput:
-        return cls(out.request_id, out.prompt_token_ids, EmbeddingOutput(out.embedding or []),
+    def of(cls, out: RequestOutput) -> Self:
+        return cls(out.request_id, out.prompt_token_ids, cls._outputs_of(out.embedding or []),
                    out.finished)
+
+
+class EmbeddingRequestOutput(PoolingRequestOutput):
+    """LLM.embed's: `outputs.embedding`."""
+
+    _outputs_of = EmbeddingOutput
+
+
+class ClassificationRequestOutput(PoolingRequestOutput):
+    """LLM.classify's: `outputs.probs`, one per label."""
+
+    _outputs_of = ClassificationOutput
+
+
+class ScoringRequestOutput(PoolingRequestOutput):
+    """LLM.score's, one per pair: `outputs.score`; `prompt_token_ids` are the pair's (a
+    cross-encoder's) or both texts' (an embedding model's)."""
+
+    _outputs_of = ScoringOutput

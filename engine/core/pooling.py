@@ -5,6 +5,9 @@ once the whole prompt is computed those sums become the embedding. Nothing is sa
 LAST reads the prompt's last token, CLS its first, MEAN all of them (summed per chunk here,
 divided by the prompt length at the end). A prompt recomputed from its start (after a
 preemption) starts its sums again.
+
+A sequence classifier's sums come back through its head (one value per label); once pooled
+they become the labels' probabilities.
 """
 
 from __future__ import annotations
@@ -62,10 +65,14 @@ def add_sums(pooling: SequencePooling, start: int, sums: torch.Tensor) -> None:
 
 def embedding(pooling: SequencePooling, prompt_len: int) -> list[float]:
     """The finished embedding: the mean for MEAN, the first `dimensions` values, scaled to
-    unit length when normalizing."""
+    unit length when normalizing. A classifier's: its labels' probabilities."""
     vector = pooling.sums.double()
     if pooling.pooler.pooling_type == "MEAN":
         vector = vector / prompt_len
+    classifier = pooling.pooler.classifier
+    if classifier is not None:
+        probs = torch.sigmoid(vector) if classifier.sigmoid else torch.softmax(vector, dim=0)
+        return probs.float().tolist()
     if pooling.params.dimensions is not None:
         vector = vector[:pooling.params.dimensions]
     normalize = pooling.params.normalize

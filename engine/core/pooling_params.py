@@ -9,11 +9,14 @@ from tokenmill.engine.core.errors import RequestError
 
 @dataclass(frozen=True)
 class PoolingParams:
-    """A request's embedding options (vLLM's names). `dimensions` keeps the first N values
+    """A pooling request's options (vLLM's names). `dimensions` keeps the first N values
     (Matryoshka embeddings), before normalizing; `normalize` None is the model's setting."""
 
     dimensions: int | None = None
     normalize: bool | None = None
+    # What the request asks of the model, by vLLM's names: embed (a vector), or classify (a
+    # sequence classifier's probabilities, one per label).
+    task: str = "embed"
 
     def check(self, hidden_size: int) -> None:
         if self.dimensions is not None and not 1 <= self.dimensions <= hidden_size:

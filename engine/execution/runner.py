@@ -151,7 +151,7 @@ class ModelRunner:
         if inputs.prompt_rows.rows:
             self.prompt_scores = score_rows(self.model, hidden, inputs.prompt_rows)
         if inputs.pool_spans:
-            self.pooled = sum_spans(hidden, inputs.pool_spans)
+            self.pooled = sum_spans(hidden, inputs.pool_spans, self.model.score)
         if inputs.all_logits or decode_only:  # decode: every row is its sequence's last
             return self.model.logits(hidden)
         rows = inputs.logit_rows()

@@ -1,5 +1,6 @@
-"""Offline API: `LLM(model=...).generate(prompts, sampling_params)`, `LLM.chat(messages)` and
-`LLM.embed(prompts)` (the pooling runner), with vLLM's argument names."""
+"""Offline API: `LLM(model=...).generate(prompts, sampling_params)`, `LLM.chat(messages)`, and
+under the pooling runner `LLM.embed(prompts)`, `LLM.classify(prompts)` and
+`LLM.score(data_1, data_2)`, with vLLM's argument names."""
 
 from __future__ import annotations
 
@@ -7,15 +8,20 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from tqdm import tqdm
 
 from tokenmill.engine.contract.config import EngineConfig
 from tokenmill.engine.core import (
+    ClassificationRequestOutput,
     EmbeddingRequestOutput,
     LLMEngine,
     PoolingParams,
     RequestOutput,
     SamplingParams,
+    ScoringOutput,
+    ScoringRequestOutput,
+    pair_token_ids,
 )
 
 Prompt = str | list[int]
@@ -80,12 +86,57 @@ class LLM:
         checked before any runs."""
         batch = _as_prompt_list(prompts)
         params = pooling_params or PoolingParams()
+        return [EmbeddingRequestOutput.of(out) for out in self._pool(batch, params, use_tqdm)]
+
+    def classify(self, prompts: Prompt | Sequence[Prompt],
+                 use_tqdm: bool = False) -> list[ClassificationRequestOutput]:
+        """Classify each prompt (a sequence classifier, the pooling runner), in input order;
+        each result's `outputs.probs` holds one probability per label, as vLLM's
+        LLM.classify returns."""
+        return [ClassificationRequestOutput.of(out) for out in
+                self._pool(_as_prompt_list(prompts), PoolingParams(task="classify"), use_tqdm)]
+
+    def score(self, data_1: str | Sequence[str], data_2: str | Sequence[str],
+              use_tqdm: bool = False) -> list[ScoringRequestOutput]:
+        """Score text pairs, as vLLM's LLM.score: one text against each of a list, or two
+        lists pair by pair. A cross-encoder (a one-label classifier) reads each pair as one
+        prompt and scores its probability; an embedding model embeds each text once and
+        scores the cosine similarity of the two vectors."""
+        first = [data_1] if isinstance(data_1, str) else list(data_1)
+        second = [data_2] if isinstance(data_2, str) else list(data_2)
+        if len(first) == 1:
+            first = first * len(second)
+        if len(first) != len(second) or not first:
+            raise ValueError(f"data_1 holds {len(first)} texts and data_2 {len(second)}: give "
+                             "one text and a list, or two lists of the same length")
+        if self.engine.task == "classify":
+            classifier = self.engine.pooler.classifier
+            if len(classifier.labels) != 1:
+                raise ValueError(f"scoring needs a classifier with one label; this one has "
+                                 f"{len(classifier.labels)}: use LLM.classify")
+            prompts = [pair_token_ids(self.tokenizer, a, b, classifier.joins_pairs)
+                       for a, b in zip(first, second, strict=True)]
+            outs = self._pool(prompts, PoolingParams(task="classify"), use_tqdm)
+            return [ScoringRequestOutput(out.request_id, out.prompt_token_ids,
+                                         ScoringOutput(out.embedding[0])) for out in outs]
+        texts = list(dict.fromkeys(first + second))
+        vectors = dict(zip(texts, self._pool(texts, PoolingParams(), use_tqdm), strict=True))
+        return [ScoringRequestOutput(
+            f"score-{i}", vectors[a].prompt_token_ids + vectors[b].prompt_token_ids,
+            ScoringOutput(torch.nn.functional.cosine_similarity(
+                torch.tensor(vectors[a].embedding), torch.tensor(vectors[b].embedding),
+                dim=0).item()))
+            for i, (a, b) in enumerate(zip(first, second, strict=True))]
+
+    def _pool(self, batch: list[Prompt], params: PoolingParams,
+              use_tqdm: bool) -> list[RequestOutput]:
+        """Every prompt through the pooling runner, checked before any runs."""
         for prompt in batch:
             self.engine.check_request(prompt, None, pooling=params)
         ids = [f"offline-{next(self._ids)}" for _ in batch]
         for request_id, prompt in zip(ids, batch, strict=True):
             self.engine.add_request(request_id, prompt, pooling=params)
-        return [EmbeddingRequestOutput.of(out) for out in self._run(ids, "Embedding", use_tqdm)]
+        return self._run(ids, "Pooling", use_tqdm)
 
     def _run(self, ids: list[str], what: str, use_tqdm: bool) -> list[RequestOutput]:
         """Step the engine until every request of `ids` has finished; their outputs in that

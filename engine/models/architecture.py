@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenmill.engine.contract.model_shape import ModelShape, num_experts_of
+from tokenmill.engine.contract.pooling import Classifier
 from tokenmill.engine.layers.activation import ACTIVATIONS
 from tokenmill.engine.layers.rotary import rope_parameters
 from tokenmill.engine.models.source import ModelLoadError
@@ -50,6 +51,9 @@ SUPPORTED = {
     # OLMo 3: OLMo 2's layers, three in four sliding (layer_types), each kind with its rope.
     "Olmo3ForCausalLM": ArchitectureFlags(olmo=True),
 }
+# A supported decoder with a classification head instead of its LM head, as transformers names
+# it: LlamaForSequenceClassification, Qwen3ForSequenceClassification, ... (the pooling runner).
+CLASSIFIER_SUFFIX = "ForSequenceClassification"
 # Bare decoders (no LM head), as embedding checkpoints are saved (e5-mistral, Qwen3-Embedding
 # exported by sentence-transformers): served by the pooling runner only.
 BARE_DECODERS = {"LlamaModel": "LlamaForCausalLM", "MistralModel": "MistralForCausalLM",
@@ -123,6 +127,8 @@ def architecture_of(config: Any) -> str:
             return name
         if name in BARE_DECODERS:
             return BARE_DECODERS[name]
+        if _classified_decoder(name):
+            return _classified_decoder(name)
     by_type = MODEL_TYPES.get(getattr(config, "model_type", ""))
     if by_type and not names:
         return by_type
@@ -132,9 +138,42 @@ def architecture_of(config: Any) -> str:
                              f"of {', '.join(MULTIMODAL_TEXT_MODELS)} (text only)")
     raise ModelLoadError(
         f"architecture {names or config.model_type!r} is not supported; tokenmill runs "
-        f"{', '.join(SUPPORTED)} (and their bare decoders for embeddings: "
-        f"{', '.join(BARE_DECODERS)})"
+        f"{', '.join(SUPPORTED)} (their bare decoders for embeddings: "
+        f"{', '.join(BARE_DECODERS)}; and their *{CLASSIFIER_SUFFIX} classifiers)"
     )
+
+
+def _classified_decoder(name: str) -> str | None:
+    """The causal architecture under sequence classifier `name` (LlamaForSequenceClassification:
+    LlamaForCausalLM), None if `name` is no classifier of a supported one."""
+    if not name.endswith(CLASSIFIER_SUFFIX):
+        return None
+    causal = name[:-len(CLASSIFIER_SUFFIX)] + "ForCausalLM"
+    return causal if causal in SUPPORTED else None
+
+
+def is_sequence_classifier(config: Any) -> bool:
+    """Whether the checkpoint is a decoder with a classification head (`score`, one row per
+    label, over the last token's hidden state) instead of its LM head."""
+    names = list(getattr(config, "architectures", None) or [])
+    return any(_classified_decoder(name) for name in names) and \
+        not any(name in SUPPORTED for name in names)
+
+
+def classifier_of(config: Any) -> Classifier | None:
+    """A sequence classifier's head as the config describes it (its labels in order, and
+    whether they are independent); None for any other checkpoint."""
+    if not is_sequence_classifier(config):
+        return None
+    names = getattr(config, "id2label", None) or {}
+    count = int(getattr(config, "num_labels", len(names)) or len(names))
+    if count < 1:
+        raise ModelLoadError("the classifier's config has no labels (num_labels, id2label)")
+    by_index = {int(k): str(v) for k, v in names.items()}
+    labels = tuple(by_index.get(i, f"LABEL_{i}") for i in range(count))
+    multi = getattr(config, "problem_type", None) == "multi_label_classification"
+    return Classifier(labels, multi_label=multi,
+                      joins_pairs=getattr(config, "use_pad_token", True) is False)
 
 
 def is_bare_decoder(config: Any) -> bool:

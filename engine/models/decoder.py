@@ -24,6 +24,7 @@ from tokenmill.engine.layers.vocab_parallel import VocabParallelEmbedding
 from tokenmill.engine.models.architecture import (
     MoeShape,
     activation_of,
+    classifier_of,
     flags_of,
     layer_window_of,
     moe_shape_of,
@@ -266,6 +267,10 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, self.plan.vocab_per_rank, bias=False)
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
+        # A sequence classifier's head: one row per label, whole on every rank.
+        classifier = classifier_of(config)
+        self.score = None if classifier is None else \
+            nn.Linear(config.hidden_size, len(classifier.labels), bias=False)
         # Gemma 2: logits pass through softcap * tanh(logits / softcap).
         self.final_softcap = getattr(config, "final_logit_softcapping", None)
         # Granite divides its logits by logits_scaling.

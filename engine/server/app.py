@@ -1,5 +1,5 @@
-"""The FastAPI application: OpenAI routes (embeddings too), vLLM's score and rerank, tokenize,
-health, metrics, models and version."""
+"""The FastAPI application: OpenAI routes (embeddings too), vLLM's classify, score and rerank,
+tokenize, health, metrics, models and version."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic_core import from_json
 
 from tokenmill.engine.server.adapters import add_runtime_routes, model_cards, resolve_model
+from tokenmill.engine.server.classify import create_classification
 from tokenmill.engine.server.embeddings import create_embedding
-from tokenmill.engine.server.embeddings_protocol import EmbeddingRequest
+from tokenmill.engine.server.embeddings_protocol import ClassificationRequest, EmbeddingRequest
 from tokenmill.engine.server.errors import APIError, install_error_handlers
 from tokenmill.engine.server.middleware import ApiKey, BodyLimit, RequestId
 from tokenmill.engine.server.openai_serving import create_chat_completion, create_completion
@@ -117,13 +118,18 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
     async def embeddings(body: EmbeddingRequest, request: Request, state: State):
         return await create_embedding(body, request, state)
 
+    async def classify(body: ClassificationRequest, request: Request, state: State):
+        return await create_classification(body, request, state)
+
     async def score(body: ScoreRequest, request: Request, state: State):
         return await create_score(body, request, state)
 
     async def rerank(body: RerankRequest, request: Request, state: State):
         return await create_rerank(body, request, state)
 
-    for path in ("/score", "/v1/score"):  # vLLM's paths
+    for path in ("/classify", "/v1/classify"):  # vLLM's paths
+        app.post(path)(classify)
+    for path in ("/score", "/v1/score"):
         app.post(path)(score)
     for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
         app.post(path)(rerank)

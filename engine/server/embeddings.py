@@ -15,7 +15,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from tokenmill.engine.core import EmbeddingRequestOutput, PoolingParams
-from tokenmill.engine.server.embeddings_protocol import EmbeddingRequest
+from tokenmill.engine.server.embeddings_protocol import EmbeddingRequest, PoolingInputs
 from tokenmill.engine.server.errors import APIError, client_closed
 from tokenmill.engine.server.openai_serving import (
     chat_ids,
@@ -30,9 +30,9 @@ log = logging.getLogger(__name__)
 
 async def create_embedding(body: EmbeddingRequest, request: Request,
                            state: ServerState) -> Any:
-    check_serving(state, body.model, runner="pooling")
+    check_serving(state, body.model, task="embed")
     prompts = [truncated(ids, body.truncate_prompt_tokens, state)
-               for ids in _prompt_ids(body, state)]
+               for ids in prompt_ids(body, state)]
     pooling = PoolingParams(dimensions=body.dimensions, normalize=body.normalize)
     call_id = f"embd-{uuid.uuid4().hex}"
     finals = await embed(state, request, call_id, prompts, pooling, "input", body.priority)
@@ -50,8 +50,8 @@ async def create_embedding(body: EmbeddingRequest, request: Request,
 async def embed(state: ServerState, request: Request, call_id: str, prompts: list[list[int]],
                 pooling: PoolingParams, field: str,
                 priority: int = 0) -> list[EmbeddingRequestOutput] | None:
-    """Every prompt embedded, batched as one call's engine requests; None if the client went
-    away first."""
+    """Every prompt pooled (embedded, or classified under PoolingParams' task classify),
+    batched as one call's engine requests; None if the client went away first."""
     options = {"params": None, "pooling": pooling, "priority": priority}
     streams = await start_requests(
         state, [(f"{call_id}-{i}", ids, options) for i, ids in enumerate(prompts)], field)
@@ -59,7 +59,8 @@ async def embed(state: ServerState, request: Request, call_id: str, prompts: lis
     return await collect(streams, request, state)
 
 
-def _prompt_ids(body: EmbeddingRequest, state: ServerState) -> list[list[int]]:
+def prompt_ids(body: PoolingInputs, state: ServerState) -> list[list[int]]:
+    """Each input's token ids, or the conversation's (rendered by the chat template)."""
     if body.messages is not None:
         try:
             return [chat_ids(state, body.conversation(),

@@ -1,5 +1,6 @@
 """The /v1/embeddings body: OpenAI's (`input`: a text, texts, token ids or lists of them),
-or vLLM's chat form (`messages`, rendered by the chat template), plus vLLM's extras."""
+or vLLM's chat form (`messages`, rendered by the chat template), plus vLLM's extras; and
+vLLM's /classify body, which takes the same inputs."""
 
 from __future__ import annotations
 
@@ -23,23 +24,22 @@ def _keeps_a_token(value: int) -> int:
 TruncatePromptTokens = Annotated[int, Field(ge=-1), AfterValidator(_keeps_a_token)]
 
 
-class EmbeddingRequest(ChatTemplateFields):
+class PoolingInputs(ChatTemplateFields):
+    """What the pooling routes (embeddings, classify) take in: `input` (a text, texts, token
+    ids or lists of them) or a conversation (`messages`)."""
+
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
     input: str | list[str] | list[int] | list[list[int]] | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Annotated[int, Field(ge=1)] | None = None
     user: str | None = None
-    # vLLM's: keep a prompt's last K tokens (-1: the model's context length); whether the
-    # embedding is scaled to unit length (None: the model's setting); special tokens (None:
-    # added to `input`, not to `messages`, whose template writes its own).
+    # vLLM's: keep a prompt's last K tokens (-1: the model's context length); special tokens
+    # (None: added to `input`, not to `messages`, whose template writes its own).
     truncate_prompt_tokens: TruncatePromptTokens | None = None
     priority: Priority = 0
-    normalize: bool | None = None
     add_special_tokens: bool | None = None
-    add_generation_prompt: bool = False  # vLLM's default for embedding a conversation
+    add_generation_prompt: bool = False  # vLLM's default for pooling a conversation
 
     @field_validator("input")
     @classmethod
@@ -54,7 +54,7 @@ class EmbeddingRequest(ChatTemplateFields):
         return value
 
     @model_validator(mode="after")
-    def _one_input(self) -> EmbeddingRequest:
+    def _one_input(self) -> PoolingInputs:
         if (self.input is None) == (self.messages is None):
             raise ValueError("give either input or messages")
         return self
@@ -70,3 +70,16 @@ class EmbeddingRequest(ChatTemplateFields):
 
     def conversation(self) -> list[dict[str, Any]]:
         return [m.template_message() for m in self.messages or []]
+
+
+class EmbeddingRequest(PoolingInputs):
+    """`dimensions` keeps the first N values; `normalize` (vLLM's) scales the vector to unit
+    length (None: the model's setting)."""
+
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+    normalize: bool | None = None
+
+
+class ClassificationRequest(PoolingInputs):
+    """vLLM's /classify body: each input's probabilities over the classifier's labels."""

@@ -127,17 +127,29 @@ def _sampling_for_tools(params: SamplingParams, plan: ToolPlan) -> SamplingParam
 
 # ---- admission ----------------------------------------------------------------------------
 
-def check_serving(state: ServerState, model: str | None, runner: str = "generate") -> str | None:
-    """check_model, then 400 if the model is served for the other runner (generation or
-    embeddings), 503 while too many requests wait; returns the adapter (or None)."""
+# What a model served for each task answers, and which routes serve it.
+SERVED_FOR = {"generate": ("generation (--runner generate)", "generates text",
+                           "/v1/completions, /v1/chat/completions or /v1/responses"),
+              "embed": ("embeddings (--runner pooling)", "makes embeddings",
+                        "/v1/embeddings, /score or /rerank"),
+              "classify": ("classification (--runner pooling, a sequence classifier)",
+                           "classifies", "/classify, or /score and /rerank")}
+ASKED = {"generate": "it generates no text", "embed": "it makes no embeddings",
+         "classify": "it has no classification head"}
+
+
+def check_serving(state: ServerState, model: str | None, task: str = "generate") -> str | None:
+    """check_model, then 400 if the model is served for another task (generation,
+    embeddings, classification), 503 while too many requests wait; returns the adapter (or
+    None)."""
     adapter = check_model(state, model)
-    if state.runner != runner:
+    if state.task != task:
         name = model or state.options.served_model_name
-        raise APIError(400, f"the model {name!r} is served for embeddings (--runner pooling): "
-                            "it generates no text; use /v1/embeddings" if runner == "generate"
-                       else f"the model {name!r} is served for generation (--runner "
-                            "generate): it makes no embeddings; serve an embedding model, or "
-                            "this one with --runner pooling", param="model")
+        served, _, routes = SERVED_FOR[state.task]
+        hint = ("; serve an embedding model, or this one with --runner pooling"
+                if state.task == "generate" and task == "embed" else f"; use {routes}")
+        raise APIError(400, f"the model {name!r} is served for {served}: {ASKED[task]}{hint}",
+                       param="model")
     if state.engine.num_waiting >= state.options.max_waiting_requests:
         raise APIError(503, f"too many requests waiting ({state.engine.num_waiting}); "
                             "retry later", headers={"Retry-After": "1"})

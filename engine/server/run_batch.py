@@ -24,7 +24,7 @@ from tokenmill.engine.contract.config import ConfigError
 
 # The routes a batch line may name (vLLM's, and the completions vLLM's API also serves).
 BATCH_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
-              "/v1/score", "/v1/rerank")
+              "/v1/score", "/v1/rerank", "/v1/classify")
 
 
 def read_batch(path: str) -> list[dict[str, Any]]:

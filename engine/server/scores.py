@@ -1,6 +1,7 @@
-"""vLLM's /score and the rerank API for an embedding model (the pooling runner): each text is
-embedded once, and a pair's score is the cosine similarity of its two embeddings, as vLLM
-scores with an embedding model. Rerank returns the documents best first."""
+"""vLLM's /score and the rerank API under the pooling runner. An embedding model embeds each
+text once, and a pair's score is the cosine similarity of its two embeddings; a cross-encoder
+(a sequence classifier with one label) reads each pair as one prompt, and its score is the
+label's probability; as vLLM scores with either. Rerank returns the documents best first."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import torch
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from tokenmill.engine.core import PoolingParams
+from tokenmill.engine.core import PoolingParams, pair_token_ids
 from tokenmill.engine.server.embeddings import embed, truncated
-from tokenmill.engine.server.errors import client_closed
+from tokenmill.engine.server.errors import APIError, client_closed
 from tokenmill.engine.server.openai_serving import check_serving
 from tokenmill.engine.server.scores_protocol import RerankRequest, ScoreRequest, ScoringFields
 from tokenmill.engine.server.state import ServerState
@@ -22,7 +23,7 @@ from tokenmill.engine.server.state import ServerState
 
 async def create_score(body: ScoreRequest, request: Request, state: ServerState) -> Any:
     pairs = body.pairs()
-    scored = await _similarities(body, request, state, pairs, "score", "text_1")
+    scored = await _scores(body, request, state, pairs, "score", "text_1")
     if scored is None:
         return client_closed()
     call_id, scores, tokens = scored
@@ -34,7 +35,7 @@ async def create_score(body: ScoreRequest, request: Request, state: ServerState)
 
 async def create_rerank(body: RerankRequest, request: Request, state: ServerState) -> Any:
     pairs = [(body.query, text) for text in body.texts()]
-    scored = await _similarities(body, request, state, pairs, "rerank", "documents")
+    scored = await _scores(body, request, state, pairs, "rerank", "documents")
     if scored is None:
         return client_closed()
     call_id, scores, tokens = scored
@@ -45,12 +46,14 @@ async def create_rerank(body: RerankRequest, request: Request, state: ServerStat
                          "usage": {"total_tokens": tokens}, "results": results})
 
 
-async def _similarities(body: ScoringFields, request: Request, state: ServerState,
+async def _scores(body: ScoringFields, request: Request, state: ServerState,
                         pairs: list[tuple[str, str]], kind: str,
                         field: str) -> tuple[str, list[float], int] | None:
-    """The call's id, each pair's cosine similarity and the tokens embedded; None if the
-    client went away."""
-    check_serving(state, body.model, runner="pooling")
+    """The call's id, each pair's score and the tokens read; None if the client went
+    away."""
+    if state.task == "classify":
+        return await _cross_encoded(body, request, state, pairs, kind, field)
+    check_serving(state, body.model, task="embed")
     texts = list(dict.fromkeys(text for pair in pairs for text in pair))
     prompts = [truncated(state.tokenizer.encode(text), body.truncate_prompt_tokens, state)
                for text in texts]
@@ -63,3 +66,25 @@ async def _similarities(body: ScoringFields, request: Request, state: ServerStat
     scores = [torch.nn.functional.cosine_similarity(vectors[a], vectors[b], dim=0).item()
               for a, b in pairs]
     return call_id, scores, sum(len(ids) for ids in prompts)
+
+
+async def _cross_encoded(body: ScoringFields, request: Request, state: ServerState,
+                         pairs: list[tuple[str, str]], kind: str,
+                         field: str) -> tuple[str, list[float], int] | None:
+    """A cross-encoder's scores: each pair one prompt, its score the one label's
+    probability."""
+    check_serving(state, body.model, task="classify")
+    labels = state.classifier.labels
+    if len(labels) != 1:
+        raise APIError(400, f"the model {state.options.served_model_name!r} is a classifier "
+                            f"with {len(labels)} labels: scoring needs one (a cross-encoder); "
+                            "use /classify", param="model")
+    joined = state.classifier.joins_pairs
+    prompts = [truncated(pair_token_ids(state.tokenizer, a, b, joined),
+                         body.truncate_prompt_tokens, state) for a, b in pairs]
+    call_id = f"{kind}-{uuid.uuid4().hex}"
+    finals = await embed(state, request, call_id, prompts, PoolingParams(task="classify"),
+                         field, body.priority)
+    if finals is None:
+        return None
+    return call_id, [out.embedding[0] for out in finals], sum(len(ids) for ids in prompts)

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 
 from tokenmill.engine.contract.config import EngineConfig
+from tokenmill.engine.contract.pooling import Classifier
 from tokenmill.engine.core import LLMEngine
 from tokenmill.engine.core.errors import ConfigError, ModelLoadError, WorkerFailed
 from tokenmill.engine.frontend.async_engine import AsyncEngine
@@ -63,7 +64,10 @@ class ServerState:
     engine: AsyncEngine | None = None
     tokenizer: Any = None
     max_model_len: int = 0
-    runner: str = "generate"  # or "pooling": the model serves embeddings only
+    # What the model serves (vLLM's task names): generate, embed or classify; a classifier's
+    # head (its labels) under classify.
+    task: str = "generate"
+    classifier: Classifier | None = None
     # What a request's unset sampling fields default to (the model's generation config).
     sampling_defaults: dict[str, float] = field(default_factory=dict)
     load_error: BaseException | None = None
@@ -109,7 +113,8 @@ class ServerState:
             # Separate tokenizer objects keep the two threads from sharing one.
             self.tokenizer = copy.deepcopy(core.tokenizer)
             self.max_model_len = core.max_model_len
-            self.runner = core.runner_kind
+            self.task = core.task
+            self.classifier = core.pooler.classifier if core.pooler is not None else None
             model_defaults = (core.generation_defaults
                               if self.options.generation_config == "auto" else {})
             self.sampling_defaults = {**model_defaults, **self.options.generation_overrides}

@@ -124,3 +124,10 @@ def test_a_generative_model_refuses_scores(tiny_server):
         reply = httpx.post(tiny_server.url + path, json={"model": "tiny", **body}, timeout=60)
         assert reply.status_code == 400, reply.text
         assert "--runner pooling" in reply.json()["error"]["message"]
+
+
+def test_an_embedding_model_classifies_nothing(server):
+    reply = _post(server, "/classify", {"input": "a"})
+    assert reply.status_code == 400, reply.text
+    assert "served for embeddings (--runner pooling): it has no classification head; use " \
+        "/v1/embeddings" in reply.json()["error"]["message"]
