@@ -45,3 +45,23 @@ def hf_logits(path: str, token_ids: list[list[int]]) -> torch.Tensor:
     model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
         return torch.cat([model(torch.tensor([ids])).logits for ids in token_ids])
+
+
+def make_qwen3_causal(directory: str, tokenizer: Any, tie: bool) -> str:
+    """A causal Qwen3 (its LM head untied, or the embeddings'), as Qwen3-Reranker ships:
+    served as a classifier of chosen tokens' logits."""
+    from transformers import Qwen3Config
+
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=16, max_position_embeddings=512, tie_word_embeddings=tie)
+    return make_random_model(directory, config, tokenizer)
+
+
+def hf_last_logits(path: str, token_ids: list[list[int]]) -> torch.Tensor:
+    """transformers' next-token logits after each prompt, [prompts, vocab]."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        return torch.cat([model(torch.tensor([ids])).logits[:, -1] for ids in token_ids])

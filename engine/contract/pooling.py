@@ -36,6 +36,11 @@ class Classifier:
     # A cross-encoder's pair is read as the two texts joined into one (a causal LM made a
     # reranker: vLLM's use_pad_token false), not through the tokenizer's pair encoding.
     joins_pairs: bool = False
+    # vLLM's classifier_from_token: the head is the LM head's rows of these tokens (each a
+    # label), or with `two_way` the second's row less the first's (one label: the second
+    # token's share of the two's softmax, as Qwen3-Reranker answers yes against no).
+    from_tokens: tuple[str, ...] = ()
+    two_way: bool = False
 
     @property
     def sigmoid(self) -> bool:

@@ -109,7 +109,8 @@ class LLMEngine:
                                          "dtype": str(self.dtype), "tensor_parallel": tp_size,
                                          "runner": self.runner_kind})
         setup = RankSetup(config, source, self.device.type, self.dtype, backend,
-                          self.max_model_len, pooling=self.pooler is not None)
+                          self.max_model_len, pooling=self.pooler is not None,
+                          head_token_ids=_head_token_ids(self.pooler, self.tokenizer))
         speculative = config.speculative()
         if speculative is not None:
             speculative = speculative.on_device(self.device.type)
@@ -623,6 +624,21 @@ def _pooler(config: EngineConfig, model_config: Any, directory: str) -> Pooler |
         return Pooler("LAST", normalize=False, classifier=classifier).updated(
             config.pooler_overrides())
     return model_pooler(directory).updated(config.pooler_overrides())
+
+
+def _head_token_ids(pooler: Pooler | None, tokenizer: Any) -> tuple[int, ...]:
+    """The vocabulary ids of a classifier's classifier_from_token; ConfigError for a token
+    the tokenizer does not hold whole."""
+    tokens = pooler.classifier.from_tokens if pooler and pooler.classifier else ()
+    ids = []
+    for token in tokens:
+        found = tokenizer.convert_tokens_to_ids(token)
+        if not isinstance(found, int) or (found == tokenizer.unk_token_id
+                                          and token != tokenizer.unk_token):
+            raise ConfigError("hf_overrides", f"classifier_from_token {token!r} is not one "
+                                              "token of the tokenizer's vocabulary")
+        ids.append(found)
+    return tuple(ids)
 
 
 def _device(name: str) -> torch.device:

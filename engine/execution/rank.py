@@ -37,6 +37,8 @@ class RankSetup:
     attention_backend: str
     max_model_len: int
     pooling: bool = False  # the embedding runner: no LM head of its own, no decode steps
+    # A classifier's head made of these tokens' LM-head rows (vLLM's classifier_from_token).
+    head_token_ids: tuple[int, ...] = ()
 
 
 def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: TPGroup,
@@ -58,7 +60,7 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
     with phases.phase("weights"):
         model = build_model(model_config, setup.source, setup.max_model_len, setup.dtype,
                             device, show_progress, quantization=config.quantization, tp=tp,
-                            pooling=setup.pooling)
+                            pooling=setup.pooling, head_token_ids=setup.head_token_ids)
         # Before the profiled step: on CUDA the slot pools count as weights.
         lora = LoRASlots(model, config.max_loras, config.max_lora_rank,
                          config.cpu_lora_capacity, setup.attention_backend) \

@@ -152,6 +152,27 @@ def _classified_decoder(name: str) -> str | None:
     return causal if causal in SUPPORTED else None
 
 
+def _token_classifier(config: Any, tokens: Any) -> Classifier:
+    """vLLM's classifier_from_token, for a causal LM served as a classifier (with
+    architectures overridden to its *ForSequenceClassification): the head is made of the LM
+    head's rows for those tokens; with is_original_qwen3_reranker (or method
+    from_2_way_softmax) of two tokens' rows, the second's less the first's. A causal LM read
+    as a reranker reads a pair as one text unless use_pad_token says otherwise."""
+    if not isinstance(tokens, list) or not tokens or \
+            not all(isinstance(t, str) and t for t in tokens):
+        raise ModelLoadError(f"classifier_from_token must be a list of tokens such as "
+                             f'["no", "yes"], got {tokens!r}')
+    two_way = bool(getattr(config, "is_original_qwen3_reranker", False)) or \
+        getattr(config, "method", None) == "from_2_way_softmax"
+    if two_way and len(tokens) != 2:
+        raise ModelLoadError(f"a two-way classifier (is_original_qwen3_reranker, "
+                             f"from_2_way_softmax) reads two tokens in classifier_from_token, "
+                             f"got {len(tokens)}")
+    return Classifier((tokens[1],) if two_way else tuple(tokens),
+                      joins_pairs=getattr(config, "use_pad_token", False) is False,
+                      from_tokens=tuple(tokens), two_way=two_way)
+
+
 def is_sequence_classifier(config: Any) -> bool:
     """Whether the checkpoint is a decoder with a classification head (`score`, one row per
     label, over the last token's hidden state) instead of its LM head."""
@@ -165,6 +186,9 @@ def classifier_of(config: Any) -> Classifier | None:
     whether they are independent); None for any other checkpoint."""
     if not is_sequence_classifier(config):
         return None
+    tokens = getattr(config, "classifier_from_token", None)
+    if tokens is not None:
+        return _token_classifier(config, tokens)
     names = getattr(config, "id2label", None) or {}
     count = int(getattr(config, "num_labels", len(names)) or len(names))
     if count < 1:

@@ -23,7 +23,13 @@ from tokenmill.engine.distributed.sharding import ShardPlan
 from tokenmill.engine.layers.int4_linear import Int4Weight
 from tokenmill.engine.layers.linear import MergedLinear
 from tokenmill.engine.layers.rotary import LAYER_TYPES, check_rope, rope_parameters
-from tokenmill.engine.models.architecture import architecture_of, flags_of, moe_shape_of
+from tokenmill.engine.models.architecture import (
+    architecture_of,
+    classifier_of,
+    flags_of,
+    moe_shape_of,
+)
+from tokenmill.engine.models.classifier_head import token_head
 from tokenmill.engine.models.config_overrides import ConfigOverrideError, apply_config_overrides
 from tokenmill.engine.models.decoder import CausalLM, head_dim_of, num_kv_heads_of
 from tokenmill.engine.models.fused_weights import RowWindow, fused_parts
@@ -181,7 +187,8 @@ def _where(source: ModelSource) -> str:
 def build_model(config: Any, source: ModelSource, max_positions: int, dtype: torch.dtype,
                 device: torch.device, show_progress: bool = True,
                 quantization: str | None = None, tp: TPGroup | None = None,
-                workers: int = LOAD_WORKERS, pooling: bool = False) -> CausalLM:
+                workers: int = LOAD_WORKERS, pooling: bool = False,
+                head_token_ids: tuple[int, ...] = ()) -> CausalLM:
     """Allocate the model directly on `device` (no random init), load its weights, then
     quantize them if asked (after loading: checkpoints hold full-precision weights).
     `quantization` None means the checkpoint's own where this device runs it (a GGUF file's
@@ -193,7 +200,9 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     what the load took.
 
     `pooling` (the embedding runner) never projects to the vocabulary: the LM head is the
-    embeddings' weight, and a checkpoint's own head, if it has one, is not read."""
+    embeddings' weight, and a checkpoint's own head, if it has one, is not read; but a
+    classifier made of its head's rows (`head_token_ids`: the tokens of vLLM's
+    classifier_from_token) reads it, takes those rows, then lets it go."""
     check_quantization(quantization)
     if source.gguf_file and moe_shape_of(config) is not None:
         raise ModelLoadError(f"{source.gguf_file} holds {MOE_GGUF_REFUSAL}")
@@ -220,15 +229,21 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     checkpoint = None if source.gguf_file else Checkpoint(source.directory)
     with checkpoint or contextlib.nullcontext():
         stored = None if checkpoint is None else [t.name for t in checkpoint.tensors]
-        if pooling or _ties_head(config, stored):
+        if (pooling and not head_token_ids) or _ties_head(config, stored):
             model.lm_head.weight = model.model.embed_tokens.weight
+        built = {"score.weight"} if head_token_ids else set()
         if checkpoint is None:
-            _load(model, _gguf_named(source, config), plan, show_progress)
+            _load(model, _gguf_named(source, config), plan, show_progress, built=built)
             files, nbytes, workers = 1, os.path.getsize(source.gguf_path), 1
         else:
             _load(model, ((t.name, t, len(checkpoint.tensors)) for t in checkpoint.tensors),
-                  plan, show_progress, checkpoint, workers)
+                  plan, show_progress, checkpoint, workers, built=built)
             files, nbytes = len(checkpoint.files), checkpoint.bytes_read
+    if head_token_ids:
+        with torch.no_grad():
+            model.score.weight.copy_(token_head(model, head_token_ids,
+                                                classifier_of(config).two_way, plan, tp))
+        model.lm_head.weight = model.model.embed_tokens.weight  # the read head let go
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # the last copies to the device are asynchronous
     model.load_report = LoadReport(time.perf_counter() - start, nbytes, files, workers)
@@ -270,10 +285,12 @@ def _ties_head(config: Any, stored: list[str] | None) -> bool:
 
 
 def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardPlan,
-          show_progress: bool, checkpoint: Checkpoint | None = None, workers: int = 1) -> None:
+          show_progress: bool, checkpoint: Checkpoint | None = None, workers: int = 1,
+          built: set[str] | None = None) -> None:
     """Put every checkpoint tensor in its place. A `StoredTensor` of `checkpoint` is read
     straight into its parameter where it can (`workers` at once); other tensors (GGUF's,
-    dequantized) arrive as torch tensors, one at a time."""
+    dequantized) arrive as torch tensors, one at a time. `built`: parameters made after
+    loading, from others, which the checkpoint need not hold."""
     params = checkpoint_tensors(model)
     tied = model.lm_head.weight is model.model.embed_tokens.weight
     multimodal = is_language_model_of_multimodal(model.config)
@@ -345,7 +362,7 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
         progress.close()
     if tied:
         loaded.add("lm_head.weight")
-    missing = sorted(set(params) - loaded)
+    missing = sorted(set(params) - loaded - (built or set()))
     if missing:
         raise ModelLoadError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")
 

@@ -10,8 +10,10 @@ import pytest
 import torch
 from classifier_support import (
     LABELS,
+    hf_last_logits,
     hf_logits,
     make_llama_cross_encoder,
+    make_qwen3_causal,
     make_qwen3_classifier,
 )
 from model_support import REFERENCE
@@ -20,6 +22,7 @@ from tokenmill.engine import LLM
 from tokenmill.engine.contract.config import ConfigError
 from tokenmill.engine.core import PoolingParams, SamplingParams
 from tokenmill.engine.core.errors import RequestError
+from tokenmill.engine.models.source import ModelLoadError
 
 TEXTS = ["hello world", "a",
          "The capital of France is Paris, and this sentence runs longer than the others.",
@@ -93,6 +96,48 @@ def test_a_cross_encoder_scores_each_pair_as_one_prompt(cross_encoder, vocab_tok
     assert one_text[0].prompt_token_ids == joined
     expected = torch.sigmoid(hf_logits(cross_encoder, [joined]))[0, 0].item()
     assert one_text[0].outputs.score == pytest.approx(expected, abs=1e-5)
+
+
+@pytest.mark.parametrize(("tie", "options"), [(False, {}), (True, {"tensor_parallel_size": 2})],
+                         ids=["own-head", "tied-tp2"])
+def test_a_causal_lm_reranks_by_two_tokens_logits(tmp_path, vocab_tokenizer, tie, options):
+    """Qwen3-Reranker's way, served as vLLM serves it: a pair's score is the softmax of the
+    last position's logits over ("no", "yes"), taken at "yes"."""
+    path = make_qwen3_causal(str(tmp_path), vocab_tokenizer, tie)
+    no, yes = 100, 40000  # any two tokens; under two ranks, one on each
+    tokens = vocab_tokenizer.convert_ids_to_tokens([no, yes])
+    overrides = {"architectures": ["Qwen3ForSequenceClassification"],
+                 "classifier_from_token": tokens, "is_original_qwen3_reranker": True}
+    joined = [vocab_tokenizer(QUERY + doc)["input_ids"] for doc in DOCUMENTS]
+    reference = torch.softmax(hf_last_logits(path, joined)[:, [no, yes]], dim=-1)[:, 1]
+    with LLM(path, show_progress=False, hf_overrides=overrides, **SMALL, **options) as llm:
+        assert llm.engine.pooler.classifier.labels == (tokens[1],)
+        scores = llm.score(QUERY, DOCUMENTS)
+    assert [out.prompt_token_ids for out in scores] == joined
+    torch.testing.assert_close(torch.tensor([out.outputs.score for out in scores]), reference,
+                               atol=1e-5, rtol=0)
+
+
+def test_chosen_tokens_logits_are_a_classifiers_labels(tmp_path, vocab_tokenizer):
+    path = make_qwen3_causal(str(tmp_path), vocab_tokenizer, tie=False)
+    ids = [7, 300, 4000]
+    tokens = vocab_tokenizer.convert_ids_to_tokens(ids)
+    overrides = {"architectures": ["Qwen3ForSequenceClassification"],
+                 "classifier_from_token": tokens}
+    prompts = [vocab_tokenizer.encode(text) for text in TEXTS]
+    reference = torch.softmax(hf_last_logits(path, prompts)[:, ids], dim=-1)
+    with LLM(path, show_progress=False, hf_overrides=overrides, **SMALL) as llm:
+        assert llm.engine.pooler.classifier.labels == tuple(tokens)
+        got = _probs(llm.classify(TEXTS))
+    torch.testing.assert_close(got, reference, atol=1e-5, rtol=0)
+    bad = {**overrides, "classifier_from_token": ["no such token here"]}
+    with pytest.raises(ConfigError, match="hf_overrides: classifier_from_token 'no such token "
+                                          "here' is not one token of the tokenizer's"):
+        LLM(path, show_progress=False, hf_overrides=bad, **SMALL)
+    three = {**overrides, "is_original_qwen3_reranker": True}
+    with pytest.raises(ModelLoadError, match="reads two tokens in classifier_from_token, got "
+                                             "3"):
+        LLM(path, show_progress=False, hf_overrides=three, **SMALL)
 
 
 def test_what_a_classifier_cannot_do_is_refused(classifier, cross_encoder):
