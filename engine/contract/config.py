@@ -78,8 +78,8 @@ class EngineConfig:
                 "rerank). auto: pooling for an embedding checkpoint (a bare decoder such as "
                 "Qwen3Model or MistralModel, or one that ships sentence-transformers' "
                 "modules.json) or a classifier (such as Qwen3ForSequenceClassification), "
-                "generate otherwise (vLLM's flag; vLLM's --convert embed and --task embed "
-                "also select pooling).")
+                "generate otherwise (vLLM's flag; vLLM's --convert embed|classify and "
+                "--task embed|classify|score also select pooling).")
     pooler_config: str | None = _opt(
         None, "How an embedding is made from the prompt, as JSON in vLLM's shape: "
               "{\"pooling_type\": \"LAST\" | \"MEAN\" | \"CLS\", \"normalize\": true | "

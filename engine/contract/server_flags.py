@@ -213,18 +213,23 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--guided-decoding-backend", choices=("auto", "xgrammar"),
                         default="auto", help="Accepted for vLLM's command lines: structured "
                                              "outputs always run on xgrammar.")
-    parser.add_argument("--convert", choices=("auto", "none", "embed"), default=None,
-                        action=_RunnerAlias, help="vLLM's: embed is --runner pooling (serve a "
-                                                  "generative checkpoint for embeddings).")
-    parser.add_argument("--task", choices=("auto", "generate", "embed"), default=None,
-                        action=_RunnerAlias, help="Older vLLM's: generate and embed are "
-                                                  "--runner generate and --runner pooling.")
+    parser.add_argument("--convert", choices=("auto", "none", "embed", "classify"),
+                        default=None, action=_RunnerAlias,
+                        help="vLLM's: embed and classify are --runner pooling (a generative "
+                             "checkpoint served for embeddings; a classifier's head is read "
+                             "from the checkpoint, or made with --hf-overrides' "
+                             "classifier_from_token).")
+    parser.add_argument("--task", choices=("auto", "generate", "embed", "classify", "score"),
+                        default=None, action=_RunnerAlias,
+                        help="Older vLLM's: generate is --runner generate; embed, classify "
+                             "and score are --runner pooling.")
 
 
 class _RunnerAlias(argparse.Action):
     """vLLM's --convert and --task, which pick the runner: stored, and copied to --runner."""
 
-    RUNNERS = {"embed": "pooling", "generate": "generate"}
+    RUNNERS = {"embed": "pooling", "classify": "pooling", "score": "pooling",
+               "generate": "generate"}
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: str | None = None) -> None:

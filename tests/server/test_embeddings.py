@@ -171,7 +171,8 @@ def test_a_generative_model_makes_no_embeddings(tiny_server):
 @pytest.mark.parametrize(("flags", "runner"), [
     ([], "auto"), (["--runner", "pooling"], "pooling"), (["--convert", "embed"], "pooling"),
     (["--task", "embed"], "pooling"), (["--task", "generate"], "generate"),
-    (["--convert", "none"], "auto"),
+    (["--convert", "none"], "auto"), (["--convert", "classify"], "pooling"),
+    (["--task", "score"], "pooling"), (["--task", "classify"], "pooling"),
 ])
 def test_vllm_runner_flags_pick_the_runner(flags, runner):
     assert parse_args(["serve", *flags]).runner == runner
