@@ -27,5 +27,7 @@ lint: setup
 
 # Two workers, a test file each at a time (module fixtures stay in one process): the suite is
 # half waiting (servers, subprocesses, the operator's timers), so the second core fills in.
+# One torch thread per process: two workers each running a thread per core would share the
+# cores by preemption, which costs more than it gains.
 test: lint
-	$(BIN)/pytest -n 2 --dist loadfile --durations=25
+	OMP_NUM_THREADS=1 $(BIN)/pytest -n 2 --dist loadfile --durations=25
