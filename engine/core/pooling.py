@@ -7,7 +7,7 @@ divided by the prompt length at the end). A prompt recomputed from its start (af
 preemption) starts its sums again.
 
 A sequence classifier's sums come back through its head (one value per label); once pooled
-they become the labels' probabilities.
+they become the labels' probabilities (or stay logits, asked with use_activation false).
 """
 
 from __future__ import annotations
@@ -71,6 +71,8 @@ def embedding(pooling: SequencePooling, prompt_len: int) -> list[float]:
         vector = vector / prompt_len
     classifier = pooling.pooler.classifier
     if classifier is not None:
+        if pooling.params.use_activation is False:
+            return vector.float().tolist()
         probs = torch.sigmoid(vector) if classifier.sigmoid else torch.softmax(vector, dim=0)
         return probs.float().tolist()
     if pooling.params.dimensions is not None:

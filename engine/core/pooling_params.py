@@ -17,6 +17,8 @@ class PoolingParams:
     # What the request asks of the model, by vLLM's names: embed (a vector), or classify (a
     # sequence classifier's probabilities, one per label).
     task: str = "embed"
+    # A classifier's probabilities (None: yes), or its raw logits: a reward model's scores.
+    use_activation: bool | None = None
 
     def check(self, hidden_size: int) -> None:
         if self.dimensions is not None and not 1 <= self.dimensions <= hidden_size:

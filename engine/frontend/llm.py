@@ -4,6 +4,7 @@ under the pooling runner `LLM.embed(prompts)`, `LLM.classify(prompts)` and
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from typing import Any
@@ -88,16 +89,18 @@ class LLM:
         params = pooling_params or PoolingParams()
         return [EmbeddingRequestOutput.of(out) for out in self._pool(batch, params, use_tqdm)]
 
-    def classify(self, prompts: Prompt | Sequence[Prompt],
-                 use_tqdm: bool = False) -> list[ClassificationRequestOutput]:
+    def classify(self, prompts: Prompt | Sequence[Prompt], use_tqdm: bool = False,
+                 pooling_params: PoolingParams | None = None) -> list[ClassificationRequestOutput]:
         """Classify each prompt (a sequence classifier, the pooling runner), in input order;
         each result's `outputs.probs` holds one probability per label, as vLLM's
-        LLM.classify returns."""
-        return [ClassificationRequestOutput.of(out) for out in
-                self._pool(_as_prompt_list(prompts), PoolingParams(task="classify"), use_tqdm)]
+        LLM.classify returns (the logits with PoolingParams(use_activation=False))."""
+        params = dataclasses.replace(pooling_params or PoolingParams(), task="classify")
+        return [ClassificationRequestOutput.of(out)
+                for out in self._pool(_as_prompt_list(prompts), params, use_tqdm)]
 
     def score(self, data_1: str | Sequence[str], data_2: str | Sequence[str],
-              use_tqdm: bool = False) -> list[ScoringRequestOutput]:
+              use_tqdm: bool = False,
+              pooling_params: PoolingParams | None = None) -> list[ScoringRequestOutput]:
         """Score text pairs, as vLLM's LLM.score: one text against each of a list, or two
         lists pair by pair. A cross-encoder (a one-label classifier) reads each pair as one
         prompt and scores its probability; an embedding model embeds each text once and
@@ -116,7 +119,8 @@ class LLM:
                                  f"{len(classifier.labels)}: use LLM.classify")
             prompts = [pair_token_ids(self.tokenizer, a, b, classifier.joins_pairs)
                        for a, b in zip(first, second, strict=True)]
-            outs = self._pool(prompts, PoolingParams(task="classify"), use_tqdm)
+            params = dataclasses.replace(pooling_params or PoolingParams(), task="classify")
+            outs = self._pool(prompts, params, use_tqdm)
             return [ScoringRequestOutput(out.request_id, out.prompt_token_ids,
                                          ScoringOutput(out.embedding[0])) for out in outs]
         texts = list(dict.fromkeys(first + second))

@@ -1,6 +1,6 @@
 """vLLM's /classify (a sequence classifier, the pooling runner): every input is an engine
 request, batched with the others; each comes back as its labels' probabilities and the most
-likely label's name."""
+likely label's name (with use_activation false, its logits in place of the probabilities)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ async def create_classification(body: ClassificationRequest, request: Request,
     prompts = [truncated(ids, body.truncate_prompt_tokens, state)
                for ids in prompt_ids(body, state)]
     call_id = f"classify-{uuid.uuid4().hex}"
-    finals = await embed(state, request, call_id, prompts, PoolingParams(task="classify"),
-                         "input", body.priority)
+    pooling = PoolingParams(task="classify", use_activation=body.use_activation)
+    finals = await embed(state, request, call_id, prompts, pooling, "input", body.priority)
     if finals is None:
         return client_closed()
     labels = state.classifier.labels

@@ -6,9 +6,21 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
-from tokenmill.engine.server.protocol import ChatMessage, ChatTemplateFields, Priority
+from tokenmill.engine.server.protocol import (
+    ChatMessage,
+    ChatTemplateFields,
+    Priority,
+    RequestModel,
+)
 
 # OpenAI's limit on the inputs of one request.
 MAX_INPUTS = 2048
@@ -81,5 +93,15 @@ class EmbeddingRequest(PoolingInputs):
     normalize: bool | None = None
 
 
-class ClassificationRequest(PoolingInputs):
+class ActivationField(RequestModel):
+    """vLLM's use_activation (formerly activation): false returns a classifier's logits
+    instead of its probabilities (a reward model's raw scores)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    use_activation: bool | None = Field(None, validation_alias=AliasChoices("use_activation",
+                                                                            "activation"))
+
+
+class ClassificationRequest(PoolingInputs, ActivationField):
     """vLLM's /classify body: each input's probabilities over the classifier's labels."""

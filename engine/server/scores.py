@@ -83,8 +83,8 @@ async def _cross_encoded(body: ScoringFields, request: Request, state: ServerSta
     prompts = [truncated(pair_token_ids(state.tokenizer, a, b, joined),
                          body.truncate_prompt_tokens, state) for a, b in pairs]
     call_id = f"{kind}-{uuid.uuid4().hex}"
-    finals = await embed(state, request, call_id, prompts, PoolingParams(task="classify"),
-                         field, body.priority)
+    pooling = PoolingParams(task="classify", use_activation=body.use_activation)
+    finals = await embed(state, request, call_id, prompts, pooling, field, body.priority)
     if finals is None:
         return None
     return call_id, [out.embedding[0] for out in finals], sum(len(ids) for ids in prompts)

@@ -7,14 +7,20 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, model_validator
 
-from tokenmill.engine.server.embeddings_protocol import MAX_INPUTS, TruncatePromptTokens
+from tokenmill.engine.server.embeddings_protocol import (
+    MAX_INPUTS,
+    ActivationField,
+    TruncatePromptTokens,
+)
 from tokenmill.engine.server.protocol import Priority, RequestModel
 
 Texts = Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1,
                                                                    max_length=MAX_INPUTS)]
 
 
-class ScoringFields(RequestModel):
+class ScoringFields(ActivationField):
+    """What /score and rerank share; use_activation applies to a cross-encoder's scores."""
+
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None

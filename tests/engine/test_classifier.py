@@ -65,6 +65,18 @@ def test_probabilities_equal_transformers(classifier, vocab_tokenizer, options):
     torch.testing.assert_close(_probs(again), reference, atol=1e-5, rtol=0)
 
 
+def test_without_activation_the_logits_come_back(classifier, cross_encoder, vocab_tokenizer):
+    ids = [vocab_tokenizer.encode(text) for text in TEXTS[:2]]
+    raw = PoolingParams(use_activation=False)
+    with LLM(classifier, show_progress=False, **SMALL) as llm:
+        got = _probs(llm.classify(TEXTS[:2], pooling_params=raw))
+    torch.testing.assert_close(got, hf_logits(classifier, ids), atol=1e-5, rtol=0)
+    pair = vocab_tokenizer(QUERY, DOCUMENTS[0])["input_ids"]
+    with LLM(cross_encoder, show_progress=False, **SMALL) as llm:
+        score = llm.score(QUERY, DOCUMENTS[0], pooling_params=raw)[0].outputs.score
+    assert score == pytest.approx(hf_logits(cross_encoder, [pair])[0, 0].item(), abs=1e-5)
+
+
 def test_independent_labels_each_take_a_sigmoid(classifier, vocab_tokenizer):
     ids = [vocab_tokenizer.encode(text) for text in TEXTS[:2]]
     reference = torch.sigmoid(hf_logits(classifier, ids))

@@ -72,6 +72,17 @@ def test_token_ids_and_truncation_classify_those_tokens(server, classifier, voca
     assert cut["usage"]["prompt_tokens"] == 3
 
 
+@pytest.mark.parametrize("field", ["use_activation", "activation"])
+def test_without_activation_the_logits_come_back(server, classifier, vocab_tokenizer, field):
+    ids = [vocab_tokenizer.encode(text) for text in TEXTS]
+    reply = _post(server, "/classify", {"input": TEXTS, field: False})
+    assert reply.status_code == 200, reply.text
+    got = torch.tensor([d["probs"] for d in reply.json()["data"]])
+    torch.testing.assert_close(got, hf_logits(classifier, ids), atol=1e-5, rtol=0)
+    bad = _post(server, "/classify", {"input": "a", field: "no"})
+    assert bad.status_code == 400 and field in bad.text
+
+
 def test_what_the_classifier_does_not_serve_is_a_400(server):
     for path, body, says in (
             ("/v1/embeddings", {"input": "a"}, "it makes no embeddings; use /classify"),
@@ -107,6 +118,9 @@ def test_a_cross_encoder_scores_and_reranks_each_pair_as_one_prompt(cross_server
     assert [r["relevance_score"] for r in reranked["results"]] == \
         pytest.approx([reference[i] for i in best], abs=1e-5)
     assert reranked["results"][0]["document"] == {"text": DOCUMENTS[best[0]]}
+    raw = _post(server, "/score", {"text_1": QUERY, "text_2": DOCUMENTS[0],
+                                   "use_activation": False}).json()["data"][0]["score"]
+    assert raw == pytest.approx(hf_logits(path, pairs[:1])[0, 0].item(), abs=1e-5)
     one = _post(server, "/classify", {"input": pairs[0]}).json()["data"][0]
     assert one["num_classes"] == 1 and one["label"] == "LABEL_0"
     assert one["probs"][0] == pytest.approx(reference[0], abs=1e-5)
