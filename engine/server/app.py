@@ -20,6 +20,7 @@ from tokenmill.engine.server.classify import create_classification
 from tokenmill.engine.server.embeddings import create_embedding
 from tokenmill.engine.server.embeddings_protocol import ClassificationRequest, EmbeddingRequest
 from tokenmill.engine.server.errors import APIError, install_error_handlers
+from tokenmill.engine.server.invocations import invoke
 from tokenmill.engine.server.middleware import ApiKey, BodyLimit, RequestId
 from tokenmill.engine.server.openai_serving import create_chat_completion, create_completion
 from tokenmill.engine.server.protocol import (
@@ -126,6 +127,10 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
 
     async def rerank(body: RerankRequest, request: Request, state: State):
         return await create_rerank(body, request, state)
+
+    @app.post("/invocations")  # SageMaker's, as vLLM serves it
+    async def invocations(request: Request, state: State):
+        return await invoke(request, state)
 
     for path in ("/classify", "/v1/classify"):  # vLLM's paths
         app.post(path)(classify)

@@ -132,3 +132,20 @@ def test_a_generative_model_classifies_nothing(tiny_server):
     assert reply.status_code == 400, reply.text
     assert "served for generation (--runner generate): it has no classification head" in \
         reply.json()["error"]["message"]
+
+
+def test_invocations_classify_and_rerank_with_a_classifier(server, cross_server):
+    """SageMaker's /invocations (vLLM's): the body's fields pick the route."""
+    body = {"input": TEXTS}
+    invoked = _post(server, "/invocations", body).json()["data"]
+    direct = _post(server, "/classify", body).json()["data"]
+    assert [d["label"] for d in invoked] == [d["label"] for d in direct]
+    torch.testing.assert_close(torch.tensor([d["probs"] for d in invoked]),
+                               torch.tensor([d["probs"] for d in direct]), atol=1e-5, rtol=0)
+    rerank = {"query": QUERY, "documents": DOCUMENTS}
+    cross, _ = cross_server
+    invoked = _post(cross, "/invocations", rerank).json()["results"]
+    direct = _post(cross, "/rerank", rerank).json()["results"]
+    assert [r["index"] for r in invoked] == [r["index"] for r in direct]
+    assert [r["relevance_score"] for r in invoked] == \
+        pytest.approx([r["relevance_score"] for r in direct], abs=1e-5)

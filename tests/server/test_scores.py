@@ -131,3 +131,16 @@ def test_an_embedding_model_classifies_nothing(server):
     assert reply.status_code == 400, reply.text
     assert "served for embeddings (--runner pooling): it has no classification head; use " \
         "/v1/embeddings" in reply.json()["error"]["message"]
+
+
+def test_invocations_answer_as_embeddings_score_and_rerank(server, cosine):
+    """SageMaker's /invocations (vLLM's): the body's fields pick the route."""
+    scored = _post(server, "/invocations", {"text_1": QUERY, "text_2": DOCUMENTS[0]}).json()
+    assert scored["data"][0]["score"] == pytest.approx(cosine(QUERY, DOCUMENTS[0]), abs=1e-5)
+    reranked = _post(server, "/invocations", {"query": QUERY, "documents": DOCUMENTS}).json()
+    assert [r["relevance_score"] for r in reranked["results"]] == \
+        pytest.approx(sorted((cosine(QUERY, d) for d in DOCUMENTS), reverse=True), abs=1e-5)
+    embedded = _post(server, "/invocations", {"input": [QUERY]}).json()["data"]
+    direct = _post(server, "/v1/embeddings", {"input": [QUERY]}).json()["data"]
+    assert embedded[0]["object"] == "embedding"
+    assert embedded[0]["embedding"] == pytest.approx(direct[0]["embedding"], abs=1e-5)
