@@ -27,8 +27,10 @@ class ArchitectureFlags:
     # by logits_scaling.
     granite: bool = False
     # OLMo 2/3: no norm before attention or the MLP, one after each (on the branch's output,
-    # before it joins the stream), and q/k normalized over the whole projection, not per head.
+    # before it joins the stream).
     olmo: bool = False
+    # OLMo 2/3 and OLMoE: q and k normalized over the whole projection, not per head.
+    projection_qk_norm: bool = False
 
 
 SUPPORTED = {
@@ -47,9 +49,12 @@ SUPPORTED = {
     "GraniteForCausalLM": ArchitectureFlags(granite=True),
     # SmolLM3: Llama's layers, every fourth without rotary embeddings (rotates_at).
     "SmolLM3ForCausalLM": ArchitectureFlags(),
-    "Olmo2ForCausalLM": ArchitectureFlags(olmo=True),
+    "Olmo2ForCausalLM": ArchitectureFlags(olmo=True, projection_qk_norm=True),
     # OLMo 3: OLMo 2's layers, three in four sliding (layer_types), each kind with its rope.
-    "Olmo3ForCausalLM": ArchitectureFlags(olmo=True),
+    "Olmo3ForCausalLM": ArchitectureFlags(olmo=True, projection_qk_norm=True),
+    # OLMoE: Llama's norms, OLMo's q/k norms (q, k and v clamped where clip_qkv is set), and
+    # Qwen-style experts, not renormalized.
+    "OlmoeForCausalLM": ArchitectureFlags(projection_qk_norm=True, moe="qwen"),
 }
 # A supported decoder with a classification head instead of its LM head, as transformers names
 # it: LlamaForSequenceClassification, Qwen3ForSequenceClassification, ... (the pooling runner).
@@ -65,7 +70,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
                "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
                "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
-               "olmo3": "Olmo3ForCausalLM",
+               "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM",
                # The text models of Qwen's vision-language models: on text alone their
                # multimodal rotary embedding turns every section by the same position, which
                # is the ordinary one.

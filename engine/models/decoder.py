@@ -64,8 +64,12 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, flags.gemma)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, flags.gemma)
         self.qk_norm = flags.qk_norm
-        self.projection_norm = flags.olmo
-        if flags.olmo:  # this rank's part of the weights over the whole q and k projections
+        self.projection_norm = flags.projection_qk_norm
+        # OLMo 2/3 apply the norm's weight in float32, OLMoE after the cast back.
+        self.weight_in_float32 = flags.olmo
+        # OLMoE's clip_qkv: q, k and v clamped to [-clip, clip] after the norms.
+        self.clip = getattr(config, "clip_qkv", None)
+        if flags.projection_qk_norm:  # this rank's part of the weights over the whole q and k
             self.q_norm = RMSNorm(self.num_heads * self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(kv_size, config.rms_norm_eps)
             heads, kv_heads = config.num_attention_heads, num_kv_heads_of(config)
@@ -85,6 +89,8 @@ class Attention(nn.Module):
         if self.projection_norm:
             q = self._norm_projection(q, self.q_norm, self.q_width, 1)
             k = self._norm_projection(k, self.k_norm, self.k_width, self.k_copies)
+        if self.clip is not None:
+            q, k, v = (t.clamp(-self.clip, self.clip) for t in (q, k, v))
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
@@ -101,13 +107,17 @@ class Attention(nn.Module):
                          copies: int) -> torch.Tensor:
         """OLMo's RMSNorm over a whole projection ([T, width], of which this rank holds a
         slice): the mean of squares is summed across ranks, and computed as transformers'
-        Olmo2RMSNorm does (float32, weight applied before the cast back)."""
+        Olmo2RMSNorm does (float32, weight applied before the cast back) or OlmoeRMSNorm
+        (the weight after)."""
         h = x.float()
         if self.tp.size == 1:
             variance = h.pow(2).mean(-1, keepdim=True)
         else:
             variance = self.tp.all_reduce(h.pow(2).sum(-1, keepdim=True)) / (copies * width)
-        return (norm.weight * (h * torch.rsqrt(variance + norm.eps))).to(x.dtype)
+        normed = h * torch.rsqrt(variance + norm.eps)
+        if self.weight_in_float32:
+            return (norm.weight * normed).to(x.dtype)
+        return norm.weight * normed.to(x.dtype)
 
 
 class MLP(nn.Module):

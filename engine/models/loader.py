@@ -267,7 +267,7 @@ def _safetensors_only_family(config: Any) -> str | None:
         return "Gemma"
     if flags.granite:
         return "Granite"
-    if flags.olmo:
+    if flags.projection_qk_norm:
         return "OLMo"
     return "Phi-3" if architecture_of(config) == "Phi3ForCausalLM" else None
 
