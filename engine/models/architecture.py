@@ -47,6 +47,8 @@ SUPPORTED = {
     # Phi-3 and Phi-4: Llama's layers, stored fused (models/fused_weights.py).
     "Phi3ForCausalLM": ArchitectureFlags(),
     "GraniteForCausalLM": ArchitectureFlags(granite=True),
+    # Granite's multipliers over a mixture of experts (stored fused, models/fused_weights.py).
+    "GraniteMoeForCausalLM": ArchitectureFlags(granite=True, moe="granite"),
     # SmolLM3: Llama's layers, every fourth without rotary embeddings (rotates_at).
     "SmolLM3ForCausalLM": ArchitectureFlags(),
     "Olmo2ForCausalLM": ArchitectureFlags(olmo=True, projection_qk_norm=True),
@@ -69,6 +71,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "qwen3_moe": "Qwen3MoeForCausalLM", "gemma": "GemmaForCausalLM",
                "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
                "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
+               "granitemoe": "GraniteMoeForCausalLM",
                "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
                "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM",
                # The text models of Qwen's vision-language models: on text alone their
@@ -97,7 +100,8 @@ class MoeNames:
 
 
 MOE_NAMES = {"qwen": MoeNames("mlp", "gate_proj", "up_proj", "down_proj"),
-             "mixtral": MoeNames("block_sparse_moe", "w1", "w3", "w2")}
+             "mixtral": MoeNames("block_sparse_moe", "w1", "w3", "w2"),
+             "granite": MoeNames("block_sparse_moe", "gate_proj", "up_proj", "down_proj")}
 
 
 @dataclass(frozen=True)
@@ -231,7 +235,9 @@ def moe_shape_of(config: Any) -> MoeShape | None:
         names=MOE_NAMES[style], num_experts=experts, top_k=int(config.num_experts_per_tok),
         width=widths.expert_intermediate_size,
         shared_width=widths.shared_expert_intermediate_size,
-        renormalize=style == "mixtral" or bool(getattr(config, "norm_topk_prob", False)),
+        # Mixtral's and Granite's routers softmax the chosen logits alone.
+        renormalize=style in ("mixtral", "granite") or
+        bool(getattr(config, "norm_topk_prob", False)),
         sparse_step=int(getattr(config, "decoder_sparse_step", 1) or 1),
         dense_layers=frozenset(getattr(config, "mlp_only_layers", None) or ()))
 

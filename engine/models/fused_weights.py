@@ -1,7 +1,12 @@
 """Checkpoints that store a layer's projections fused (Phi-3: `self_attn.qkv_proj` holds q, k
 and v one after the other, `mlp.gate_up_proj` holds gate and up): each part is a range of the
 fused tensor's rows, placed under its own name, so sharding, quantization and the merged
-projections treat it as any checkpoint's q_proj or gate_proj."""
+projections treat it as any checkpoint's q_proj or gate_proj.
+
+GraniteMoE stores every expert of a layer in one tensor (`block_sparse_moe.input_linear`:
+[experts, 2 * width, hidden], gate rows then up rows; `output_linear`: [experts, hidden,
+width]) and its router as `block_sparse_moe.router.layer`: each expert's parts are placed under
+the names of an ordinary expert's projections."""
 
 from __future__ import annotations
 
@@ -48,3 +53,32 @@ class RowWindow:
         if step != 1 or columns != slice(None):
             raise IndexError("a fused projection's part is read by row ranges only")
         return self.rows[self.start + first:self.start + max(first, end)]
+
+
+# GraniteMoE's tensors, by the last two parts of their module name.
+GRANITE_EXPERTS_IN, GRANITE_EXPERTS_OUT = "block_sparse_moe.input_linear", \
+    "block_sparse_moe.output_linear"
+GRANITE_ROUTER = "block_sparse_moe.router.layer.weight"
+
+
+def renamed(name: str) -> str:
+    """A checkpoint name under the model's own, where they differ (GraniteMoE's router)."""
+    if name.endswith(GRANITE_ROUTER):
+        return name[:-len(GRANITE_ROUTER)] + "block_sparse_moe.gate.weight"
+    return name
+
+
+def expert_parts(config: Any, name: str) -> list[tuple[str, tuple[int, slice]]] | None:
+    """(part name, index into the stored tensor) of each expert's part of GraniteMoE's
+    experts tensor `name`, or None for any other tensor."""
+    module, _, attr = name.rpartition(".")
+    width, experts = config.intermediate_size, config.num_local_experts
+    if module.endswith(GRANITE_EXPERTS_IN):
+        parent = module[:-len(GRANITE_EXPERTS_IN)] + "block_sparse_moe.experts"
+        return [part for e in range(experts) for part in (
+            (f"{parent}.{e}.gate_proj.{attr}", (e, slice(0, width))),
+            (f"{parent}.{e}.up_proj.{attr}", (e, slice(width, 2 * width))))]
+    if module.endswith(GRANITE_EXPERTS_OUT):
+        parent = module[:-len(GRANITE_EXPERTS_OUT)] + "block_sparse_moe.experts"
+        return [(f"{parent}.{e}.down_proj.{attr}", (e, slice(None))) for e in range(experts)]
+    return None

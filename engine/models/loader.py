@@ -32,7 +32,12 @@ from tokenmill.engine.models.architecture import (
 from tokenmill.engine.models.classifier_head import token_head
 from tokenmill.engine.models.config_overrides import ConfigOverrideError, apply_config_overrides
 from tokenmill.engine.models.decoder import CausalLM, head_dim_of, num_kv_heads_of
-from tokenmill.engine.models.fused_weights import RowWindow, fused_parts
+from tokenmill.engine.models.fused_weights import (
+    RowWindow,
+    expert_parts,
+    fused_parts,
+    renamed,
+)
 from tokenmill.engine.models.gguf_weights import (
     MOE_GGUF_REFUSAL,
     gguf_int4_tensors,
@@ -306,6 +311,11 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
             return []
         if name not in params and f"model.{name}" in params:  # a bare decoder's names
             name = f"model.{name}"
+        name = renamed(name)
+        experts = None if name in params else expert_parts(model.config, name)
+        if experts:  # one tensor holding a layer's experts: read once, placed part by part
+            whole = stored_for(stored, None)[:]
+            return [put(part, whole[index]) for part, index in experts]
         parts = None if name in params else fused_parts(model.config, name)
         if parts and all(part in params for part, _, _ in parts):
             if tuple(stored.shape)[0] != parts[-1][2]:

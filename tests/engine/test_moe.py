@@ -1,6 +1,7 @@
-"""Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE): greedy output equals Hugging Face
-token for token (batched, chunked, from the prefix cache, under tensor parallelism), the router
-math equals a dense reference, and what a sparse layer cannot take is refused by name."""
+"""Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE): greedy output equals
+Hugging Face token for token (batched, chunked, from the prefix cache, under tensor
+parallelism), the router math equals a dense reference, and what a sparse layer cannot take is
+refused by name."""
 
 from __future__ import annotations
 
@@ -45,11 +46,17 @@ def _config(kind: str, vocab: int, **changes):
         return transformers.Qwen2MoeConfig(
             intermediate_size=128, moe_intermediate_size=32, shared_expert_intermediate_size=64,
             num_experts=4, num_experts_per_tok=2, **common)
+    if kind == "granitemoe":
+        # Granite's multipliers; the experts stored as one tensor per layer.
+        return transformers.GraniteMoeConfig(
+            intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+            embedding_multiplier=2.0, attention_multiplier=0.25, residual_multiplier=0.8,
+            logits_scaling=2.0, **common)
     return transformers.MixtralConfig(intermediate_size=32, num_local_experts=4,
                                       num_experts_per_tok=2, **common)
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "mixtral", "qwen2_moe"])
+@pytest.fixture(scope="module", params=["qwen3_moe", "mixtral", "qwen2_moe", "granitemoe"])
 def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
     return make_random_model(directory, _config(request.param, len(vocab_tokenizer)),
