@@ -12,10 +12,10 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from tokenmill.engine.core import PoolingParams
-from tokenmill.engine.server.embeddings import embed, prompt_ids, truncated
+from tokenmill.engine.server.embeddings import embed, prompt_ids
 from tokenmill.engine.server.embeddings_protocol import ClassificationRequest
 from tokenmill.engine.server.errors import client_closed
-from tokenmill.engine.server.openai_serving import check_serving
+from tokenmill.engine.server.openai_serving import check_serving, truncated
 from tokenmill.engine.server.state import ServerState
 
 

@@ -22,6 +22,7 @@ from tokenmill.engine.server.openai_serving import (
     check_serving,
     collect,
     start_requests,
+    truncated,
 )
 from tokenmill.engine.server.state import ServerState
 
@@ -73,14 +74,6 @@ def prompt_ids(body: PoolingInputs, state: ServerState) -> list[list[int]]:
     special = body.add_special_tokens is not False
     return [state.tokenizer.encode(item, add_special_tokens=special)
             if isinstance(item, str) else item for item in body.inputs()]
-
-
-def truncated(ids: list[int], keep: int | None, state: ServerState) -> list[int]:
-    """vLLM's truncate_prompt_tokens: the last `keep` tokens (-1: the context length)."""
-    if keep is None:
-        return ids
-    keep = state.max_model_len if keep == -1 else keep
-    return ids[-keep:]
 
 
 def _encoded(vector: list[float], encoding_format: str) -> list[float] | str:

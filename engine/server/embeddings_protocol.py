@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator,
     AliasChoices,
     ConfigDict,
     Field,
@@ -20,20 +19,11 @@ from tokenmill.engine.server.protocol import (
     ChatTemplateFields,
     Priority,
     RequestModel,
+    TruncatePromptTokens,
 )
 
 # OpenAI's limit on the inputs of one request.
 MAX_INPUTS = 2048
-
-
-def _keeps_a_token(value: int) -> int:
-    if value == 0:
-        raise ValueError("must be at least 1 (or -1: the context length)")
-    return value
-
-
-# vLLM's truncate_prompt_tokens: keep a prompt's last K tokens (-1: the context length).
-TruncatePromptTokens = Annotated[int, Field(ge=-1), AfterValidator(_keeps_a_token)]
 
 
 class PoolingInputs(ChatTemplateFields):

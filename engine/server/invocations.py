@@ -6,6 +6,7 @@ route."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -45,7 +46,10 @@ def _route(body: dict[str, Any], task: str) -> tuple[type[BaseModel], Handler]:
 
 
 async def invoke(request: Request, state: ServerState) -> Any:
-    body = await request.json()
+    try:
+        body = await request.json()
+    except json.JSONDecodeError as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
     kind, handler = _route(body, state.task)

@@ -44,7 +44,9 @@ async def create_completion(body: CompletionRequest, request: Request,
                             state: ServerState) -> Any:
     adapter = check_serving(state, body.model)
     prompts = body.prompts()
-    ids = [_tokenize(state, p) for p in prompts]
+    ids = [truncated(_tokenize(state, p), body.truncate_prompt_tokens, state) for p in prompts]
+    if body.truncate_prompt_tokens is not None:  # echo shows the prompt that ran
+        prompts = [list(p) for p in ids]
     max_tokens = body.max_tokens if body.max_tokens is not None else _room(state, ids)
     params = _params(body, max_tokens, body.logprobs, state)
     await _compile_constraint(state, params, body.constraint_field())
@@ -54,7 +56,8 @@ async def create_completion(body: CompletionRequest, request: Request,
                 cache_salt=body.cache_salt, echo=body.echo,
                 prompt_logprobs=body.prompt_logprobs, lora_name=adapter,
                 continuous_usage=body.continuous_usage,
-                tokens_as_ids=_tokens_as_ids(body, state), priority=body.priority)
+                tokens_as_ids=_tokens_as_ids(body, state), priority=body.priority,
+                return_token_ids=bool(body.return_token_ids))
     return await _run(call, body.stream, body.include_usage, request, state)
 
 
@@ -77,6 +80,7 @@ async def chat_call(body: ChatCompletionRequest, state: ServerState,
                        template_kwargs=body.chat_template_kwargs)
     except ValueError as exc:
         raise APIError(400, f"messages: {exc}", param="messages") from exc
+    ids = truncated(ids, body.truncate_prompt_tokens, state)
     max_tokens = body.max_completion_tokens or body.max_tokens or _room(state, [ids])
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     try:
@@ -90,7 +94,8 @@ async def chat_call(body: ChatCompletionRequest, state: ServerState,
                 cache_salt=body.cache_salt, lora_name=adapter,
                 tools=ReplyToolCalls(plan) if plan.parser is not None else None,
                 reasoning=_reasoning(state, params), continuous_usage=body.continuous_usage,
-                tokens_as_ids=_tokens_as_ids(body, state), priority=body.priority)
+                tokens_as_ids=_tokens_as_ids(body, state), priority=body.priority,
+                return_token_ids=bool(body.return_token_ids))
 
 
 def _tokens_as_ids(body: Any, state: ServerState) -> bool:
@@ -161,6 +166,14 @@ def check_model(state: ServerState, model: str | None) -> str | None:
     Returns the LoRA adapter `model` names, None for the base model."""
     check_ready(state)
     return resolve_model(state, model)
+
+
+def truncated(ids: list[int], keep: int | None, state: ServerState) -> list[int]:
+    """vLLM's truncate_prompt_tokens: the last `keep` tokens (-1: the context length)."""
+    if keep is None:
+        return ids
+    keep = state.max_model_len if keep == -1 else keep
+    return ids[-keep:]
 
 
 def _tokenize(state: ServerState, prompt: str | list[int]) -> list[int]:
@@ -350,9 +363,12 @@ async def chat_chunks(call: Call, streams: list[RequestStream], include_usage: b
     try:
         if call.kind == "chat":
             for c in range(call.n):
-                yield chunk(call, [{"index": c, "delta": {"role": "assistant", "content": ""},
-                                    "logprobs": None, "finish_reason": None}],
-                            usage=running_usage())
+                first = chunk(call, [{"index": c, "delta": {"role": "assistant", "content": ""},
+                                      "logprobs": None, "finish_reason": None}],
+                              usage=running_usage())
+                if call.return_token_ids and c == 0:  # vLLM's: on the first chunk
+                    first["prompt_token_ids"] = call.prompts_ids[0]
+                yield first
         async for i, out in _merged(streams):
             latest[i] = out
             choices = [delta_choice(call, i, c, state, out) for c in out.outputs]

@@ -12,7 +12,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from tokenmill.engine.core import SamplingParams
 from tokenmill.engine.server.structured_fields import StructuredFields
@@ -24,6 +31,16 @@ Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 # vLLM's: a request's rank under --scheduling-policy priority (lower runs first).
 Priority = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+
+
+def _keeps_a_token(value: int) -> int:
+    if value == 0:
+        raise ValueError("must be at least 1 (or -1: the context length)")
+    return value
+
+
+# vLLM's truncate_prompt_tokens: keep a prompt's last K tokens (-1: the context length).
+TruncatePromptTokens = Annotated[int, Field(ge=-1), AfterValidator(_keeps_a_token)]
 
 
 class RequestModel(BaseModel):
@@ -64,6 +81,11 @@ class SamplingFields(RequestModel, StructuredFields):
     skip_special_tokens: bool = True
     # vLLM's: logprobs name tokens "token_id:ID" (default: the server's flag).
     return_tokens_as_token_ids: bool | None = None
+    # vLLM's: the prompt's and each choice's token ids in the reply (RL frameworks train on
+    # exactly the ids sampled, not a re-tokenized text).
+    return_token_ids: bool | None = None
+    # vLLM's: keep the prompt's last K tokens (-1: the context length).
+    truncate_prompt_tokens: TruncatePromptTokens | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None

@@ -34,11 +34,13 @@ class Call:
     lora_name: str | None = None  # the adapter the request runs on (None: the base model)
     continuous_usage: bool = False  # every streamed chunk carries the usage so far
     tokens_as_ids: bool = False  # logprobs name tokens "token_id:ID" (vLLM's option)
+    return_token_ids: bool = False  # vLLM's: prompt and choice token ids in the reply
     priority: int = 0  # under --scheduling-policy priority, lower runs first
     created: int = field(default_factory=lambda: int(time.time()))
     sent_text: dict[int, int] = field(default_factory=dict)
     sent_answer: dict[int, int] = field(default_factory=dict)  # under a reasoning parser
     sent_tokens: dict[int, int] = field(default_factory=dict)
+    sent_ids: dict[int, int] = field(default_factory=dict)  # with return_token_ids
 
 
 def delta_choice(call: Call, prompt_index: int, c: CompletionOutput,
@@ -69,10 +71,22 @@ def delta_choice(call: Call, prompt_index: int, c: CompletionOutput,
             delta, finish = _chat_delta(call, key, c.text, sent_text, finish)
             if not delta and finish is None and logprobs is None:
                 return None
-        return {"index": key, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        choice = {"index": key, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return _with_ids(call, key, c, choice)
     choice = {"index": key, "text": text, "logprobs": logprobs, "finish_reason": finish}
     if first and call.prompt_logprobs is not None:
         choice["prompt_logprobs"] = _vllm_prompt_logprobs(state, out, call.prompt_logprobs)
+    if first and call.return_token_ids:
+        choice["prompt_token_ids"] = call.prompts_ids[prompt_index]
+    return _with_ids(call, key, c, choice)
+
+
+def _with_ids(call: Call, key: int, c: CompletionOutput, choice: dict) -> dict:
+    """With return_token_ids, a streamed choice carries the token ids it has not sent yet
+    (a chunk held back, its text incomplete, passes them to the next)."""
+    if call.return_token_ids:
+        choice["token_ids"] = c.token_ids[call.sent_ids.get(key, 0):]
+        call.sent_ids[key] = len(c.token_ids)
     return choice
 
 
@@ -119,17 +133,23 @@ def full_response(call: Call, finals: list[RequestOutput], state: ServerState) -
                 if c.logprobs is not None else None)
             if call.kind == "chat":
                 message, finish = _chat_message(call, c.text, c.finish_reason)
-                choices.append({"index": key, "message": message, "logprobs": logprobs,
-                                "finish_reason": finish})
+                choice = {"index": key, "message": message, "logprobs": logprobs,
+                          "finish_reason": finish}
             else:
                 choice = {"index": key, "text": echoed + c.text, "logprobs": logprobs,
                           "finish_reason": c.finish_reason}
                 if call.prompt_logprobs is not None:
                     choice["prompt_logprobs"] = _vllm_prompt_logprobs(state, out,
                                                                       call.prompt_logprobs)
-                choices.append(choice)
+                if call.return_token_ids:
+                    choice["prompt_token_ids"] = call.prompts_ids[i]
+            if call.return_token_ids:
+                choice["token_ids"] = c.token_ids
+            choices.append(choice)
     body = chunk(call, choices, usage=usage(call, finals))
     body["object"] = "chat.completion" if call.kind == "chat" else "text_completion"
+    if call.kind == "chat" and call.return_token_ids:
+        body["prompt_token_ids"] = call.prompts_ids[0]
     return body
 
 

@@ -14,9 +14,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from tokenmill.engine.core import PoolingParams, pair_token_ids
-from tokenmill.engine.server.embeddings import embed, truncated
+from tokenmill.engine.server.embeddings import embed
 from tokenmill.engine.server.errors import APIError, client_closed
-from tokenmill.engine.server.openai_serving import check_serving
+from tokenmill.engine.server.openai_serving import check_serving, truncated
 from tokenmill.engine.server.scores_protocol import RerankRequest, ScoreRequest, ScoringFields
 from tokenmill.engine.server.state import ServerState
 

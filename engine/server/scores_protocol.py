@@ -7,12 +7,8 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, model_validator
 
-from tokenmill.engine.server.embeddings_protocol import (
-    MAX_INPUTS,
-    ActivationField,
-    TruncatePromptTokens,
-)
-from tokenmill.engine.server.protocol import Priority, RequestModel
+from tokenmill.engine.server.embeddings_protocol import MAX_INPUTS, ActivationField
+from tokenmill.engine.server.protocol import Priority, RequestModel, TruncatePromptTokens
 
 Texts = Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1,
                                                                    max_length=MAX_INPUTS)]

@@ -36,6 +36,14 @@ def test_a_streamed_invocation_streams(tiny_server):
     assert lines[-1] == "data: [DONE]" and len(lines) > 2
 
 
+def test_a_body_that_is_not_json_is_a_400(tiny_server):
+    for content in (b"", b"{", b'{"prompt": NaN}'):
+        reply = httpx.post(tiny_server.url + "/invocations", content=content, timeout=60,
+                           headers={"Content-Type": "application/json"})
+        assert reply.status_code == 400, reply.text
+        assert "not valid JSON" in reply.json()["error"]["message"]
+
+
 @pytest.mark.parametrize(("body", "says", "param"), [
     ({"input": "a"}, "takes a chat completion's body (messages) or a completion's (prompt)",
      None),

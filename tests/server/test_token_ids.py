@@ -1,0 +1,93 @@
+"""vLLM's return_token_ids (the prompt's and each choice's token ids in the reply, whole or
+streamed chunk by chunk) and truncate_prompt_tokens (a prompt's last K tokens run) on the
+completion and chat routes."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+PROMPT = "The capital of France is Paris, and the capital of Germany is"
+MESSAGES = [{"role": "user", "content": "Name three rivers of Europe."}]
+GREEDY = {"max_tokens": 8, "temperature": 0, "ignore_eos": True}
+
+
+def _post(server, path: str, body: dict) -> dict:
+    reply = httpx.post(server.url + path, json={"model": "tiny", **body}, timeout=60)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def _chunks(server, path: str, body: dict) -> list[dict]:
+    with httpx.stream("POST", server.url + path, json={"model": "tiny", **body, "stream": True},
+                      timeout=60) as reply:
+        assert reply.status_code == 200
+        return [json.loads(line[6:]) for line in reply.iter_lines()
+                if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def _encoded(server, text: str) -> list[int]:
+    return _post(server, "/tokenize", {"prompt": text})["tokens"]
+
+
+def test_completions_return_the_prompts_and_choices_token_ids(tiny_server):
+    body = {"prompt": [PROMPT, "Hello"], "n": 2, "return_token_ids": True, **GREEDY}
+    reply = _post(tiny_server, "/v1/completions", body)
+    prompts = [_encoded(tiny_server, PROMPT), _encoded(tiny_server, "Hello")]
+    assert [c["prompt_token_ids"] for c in reply["choices"]] == \
+        [prompts[0], prompts[0], prompts[1], prompts[1]]
+    assert all(len(c["token_ids"]) == 8 for c in reply["choices"])
+    assert reply["usage"]["completion_tokens"] == 4 * 8
+    plain = _post(tiny_server, "/v1/completions", {"prompt": PROMPT, **GREEDY})
+    assert "token_ids" not in plain["choices"][0] and "prompt_token_ids" not in plain["choices"][0]
+    detokenized = _post(tiny_server, "/detokenize", {"tokens": reply["choices"][0]["token_ids"]})
+    assert detokenized["prompt"] == reply["choices"][0]["text"] == plain["choices"][0]["text"]
+
+
+def test_streamed_completions_send_each_token_id_once(tiny_server):
+    body = {"prompt": PROMPT, "return_token_ids": True, **GREEDY}
+    whole = _post(tiny_server, "/v1/completions", body)["choices"][0]
+    chunks = [c["choices"][0] for c in _chunks(tiny_server, "/v1/completions", body)
+              if c["choices"]]
+    assert chunks[0]["prompt_token_ids"] == whole["prompt_token_ids"]
+    assert all("prompt_token_ids" not in c for c in chunks[1:])
+    assert [t for c in chunks for t in c["token_ids"]] == whole["token_ids"]
+
+
+def test_chat_returns_the_rendered_prompts_ids_and_the_replys(tiny_server):
+    body = {"messages": MESSAGES, "return_token_ids": True, **GREEDY}
+    whole = _post(tiny_server, "/v1/chat/completions", body)
+    rendered = _post(tiny_server, "/tokenize", {"messages": MESSAGES})["tokens"]
+    assert whole["prompt_token_ids"] == rendered
+    assert len(whole["choices"][0]["token_ids"]) == whole["usage"]["completion_tokens"] == 8
+    chunks = _chunks(tiny_server, "/v1/chat/completions", body)
+    assert chunks[0]["prompt_token_ids"] == rendered
+    assert all("prompt_token_ids" not in c for c in chunks[1:])
+    streamed = [t for c in chunks[1:] for choice in c["choices"] for t in choice["token_ids"]]
+    assert streamed == whole["choices"][0]["token_ids"]
+
+
+def test_truncate_prompt_tokens_runs_the_prompts_last_tokens(tiny_server):
+    ids = _encoded(tiny_server, PROMPT)
+    cut = _post(tiny_server, "/v1/completions", {"prompt": PROMPT, "truncate_prompt_tokens": 4,
+                                                 "echo": True, "return_token_ids": True,
+                                                 **GREEDY})
+    tail = _post(tiny_server, "/v1/completions", {"prompt": ids[-4:], **GREEDY})
+    choice = cut["choices"][0]
+    assert cut["usage"]["prompt_tokens"] == 4 and choice["prompt_token_ids"] == ids[-4:]
+    echoed = _post(tiny_server, "/detokenize", {"tokens": ids[-4:]})["prompt"]
+    assert choice["text"] == echoed + tail["choices"][0]["text"]
+    chat = _post(tiny_server, "/v1/chat/completions", {
+        "messages": MESSAGES, "truncate_prompt_tokens": 5, "return_token_ids": True, **GREEDY})
+    rendered = _post(tiny_server, "/tokenize", {"messages": MESSAGES})["tokens"]
+    assert chat["prompt_token_ids"] == rendered[-5:] and chat["usage"]["prompt_tokens"] == 5
+
+
+@pytest.mark.parametrize("value", [0, -2, "4"])
+def test_a_bad_truncation_is_a_400_naming_it(tiny_server, value):
+    reply = httpx.post(tiny_server.url + "/v1/completions",
+                       json={"prompt": PROMPT, "truncate_prompt_tokens": value}, timeout=60)
+    assert reply.status_code == 400
+    assert reply.json()["error"]["param"] == "truncate_prompt_tokens"
