@@ -44,7 +44,8 @@ async def create_completion(body: CompletionRequest, request: Request,
                             state: ServerState) -> Any:
     adapter = check_serving(state, body.model)
     prompts = body.prompts()
-    ids = [truncated(_tokenize(state, p), body.truncate_prompt_tokens, state) for p in prompts]
+    ids = [truncated(_tokenize(state, p, body.add_special_tokens), body.truncate_prompt_tokens,
+                     state) for p in prompts]
     if body.truncate_prompt_tokens is not None:  # echo shows the prompt that ran
         prompts = [list(p) for p in ids]
     max_tokens = body.max_tokens if body.max_tokens is not None else _room(state, ids)
@@ -77,6 +78,7 @@ async def chat_call(body: ChatCompletionRequest, state: ServerState,
         ids = chat_ids(state, body.conversation(), plan.template_tools,
                        add_generation_prompt=body.add_generation_prompt,
                        continue_final_message=body.continue_final_message,
+                       add_special_tokens=body.add_special_tokens,
                        template_kwargs=body.chat_template_kwargs)
     except ValueError as exc:
         raise APIError(400, f"messages: {exc}", param="messages") from exc
@@ -176,11 +178,12 @@ def truncated(ids: list[int], keep: int | None, state: ServerState) -> list[int]
     return ids[-keep:]
 
 
-def _tokenize(state: ServerState, prompt: str | list[int]) -> list[int]:
+def _tokenize(state: ServerState, prompt: str | list[int],
+              add_special_tokens: bool = True) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise APIError(400, "prompt must not be empty", param="prompt")
-        return state.tokenizer.encode(prompt)
+        return state.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
     return list(prompt)
 
 

@@ -150,6 +150,8 @@ class CompletionRequest(SamplingFields):
     max_tokens: Annotated[int, Field(ge=1)] | None = 16
     logprobs: Annotated[int, Field(ge=0)] | None = None
     echo: bool = False
+    # vLLM's: the tokenizer's special tokens (a BOS) added to a text prompt.
+    add_special_tokens: bool = True
     # vLLM's extension. Counts up to --max-logprobs (checked by the engine).
     prompt_logprobs: Annotated[int, Field(ge=0)] | None = None
     best_of: int | None = None
@@ -285,6 +287,8 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     tools: list[Any] | None = None  # checked by tools.plan_tools, which names the bad field
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    # vLLM's: special tokens added on top of the rendered template (which writes its own).
+    add_special_tokens: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:

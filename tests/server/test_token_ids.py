@@ -1,13 +1,16 @@
 """vLLM's return_token_ids (the prompt's and each choice's token ids in the reply, whole or
-streamed chunk by chunk) and truncate_prompt_tokens (a prompt's last K tokens run) on the
-completion and chat routes."""
+streamed chunk by chunk), truncate_prompt_tokens (a prompt's last K tokens run) and
+add_special_tokens (a tokenizer's BOS: added to a completion's text by default, not to a chat's
+rendered template) on the completion and chat routes."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import httpx
 import pytest
+from server_support import in_process_server
 
 PROMPT = "The capital of France is Paris, and the capital of Germany is"
 MESSAGES = [{"role": "user", "content": "Name three rivers of Europe."}]
@@ -91,3 +94,35 @@ def test_a_bad_truncation_is_a_400_naming_it(tiny_server, value):
                        json={"prompt": PROMPT, "truncate_prompt_tokens": value}, timeout=60)
     assert reply.status_code == 400
     assert reply.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
+@pytest.fixture(scope="module")
+def bos_server(tiny_llama_dir, vocab_tokenizer, tmp_path_factory):
+    """The tiny model with a tokenizer that puts token 0 before every text it encodes."""
+    from tokenizers.processors import TemplateProcessing
+
+    directory = tmp_path_factory.mktemp("bos") / "model"
+    shutil.copytree(tiny_llama_dir, directory)
+    bos = vocab_tokenizer.convert_ids_to_tokens(0)
+    tokenizer = vocab_tokenizer.__class__.from_pretrained(tiny_llama_dir)
+    tokenizer._tokenizer.post_processor = TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, 0)])
+    tokenizer.save_pretrained(directory)
+    with in_process_server(str(directory), "tiny", max_model_len=128) as server:
+        yield server
+
+
+def test_special_tokens_are_added_to_text_prompts_but_not_to_a_rendered_chat(bos_server):
+    plain = _encoded(bos_server, PROMPT)
+    assert plain[0] == 0
+    default = _post(bos_server, "/v1/completions", {"prompt": PROMPT, "return_token_ids": True,
+                                                    **GREEDY})["choices"][0]
+    bare = _post(bos_server, "/v1/completions", {"prompt": PROMPT, "return_token_ids": True,
+                                                 "add_special_tokens": False,
+                                                 **GREEDY})["choices"][0]
+    assert default["prompt_token_ids"] == plain and bare["prompt_token_ids"] == plain[1:]
+    chat = {"messages": MESSAGES, "return_token_ids": True, **GREEDY}
+    rendered = _post(bos_server, "/v1/chat/completions", chat)["prompt_token_ids"]
+    added = _post(bos_server, "/v1/chat/completions",
+                  {**chat, "add_special_tokens": True})["prompt_token_ids"]
+    assert rendered[0] != 0 and added == [0, *rendered]
