@@ -497,7 +497,7 @@ def test_extra_args_serve_an_embedding_model():
     (["--pooler-config", '{"pooling_type": "MAX"}'], "spec.engine.extraArgs: --pooler-config: "
      "pooling_type 'MAX' is not one of LAST, MEAN, CLS"),
     (["--runner", "embed"], "spec.engine.extraArgs: --runner: 'embed' is not one of"),
-    (["--convert", "classify"], "argument --convert: invalid choice: 'classify'"),
+    (["--convert", "reward"], "argument --convert: invalid choice: 'reward'"),
     (["--limit-mm-per-prompt", "image=1"], "spec.engine.extraArgs: --limit-mm-per-prompt: "
      "image: 1 is not supported"),
     (["--scheduling-policy", "lifo"], "spec.engine.extraArgs: --scheduling-policy: 'lifo' is "
