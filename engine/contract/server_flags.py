@@ -22,7 +22,7 @@ from tokenmill.engine.contract.config import ConfigError
 TOOL_CALL_PARSER_NAMES = ("hermes", "llama3_json", "mistral", "pythonic", "granite",
                           "phi4_mini_json")
 # The reasoning formats the server splits (server/reasoning.py, held to these names likewise).
-REASONING_PARSER_NAMES = ("deepseek_r1", "qwen3", "mistral")
+REASONING_PARSER_NAMES = ("deepseek_r1", "qwen3", "mistral", "granite")
 # The generation-config fields that set a request's defaults, as vLLM reads them: sampling
 # settings the request leaves out, and max_new_tokens, the most tokens a request without
 # max_tokens gets.

@@ -6,6 +6,8 @@ Every format thinks between a start and an end tag, then answers:
 - `deepseek_r1`: the chat template opens `<think>` in the prompt, so the reply starts inside
   the thinking; everything up to `</think>` is reasoning.
 - `mistral`: Magistral writes `[THINK]` ... `[/THINK]` itself, as Qwen3 writes its tags.
+- `granite`: Granite 3.2+ (with `chat_template_kwargs: {"thinking": true}`) writes "Here is
+  my thought process:" ... "Here is my response:" (or "Here's"), in words rather than tags.
 
 The answer after the end tag loses its leading blank lines. A reply cut off while thinking is
 all reasoning, with no answer. While a reply streams, a tail that may be the start of a tag
@@ -21,13 +23,20 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class ThinkingFormat:
     starts_inside: bool  # the chat template has opened the thinking already
-    start: str = "<think>"
-    end: str = "</think>"
+    # Each tag's spellings, any of which opens (closes) the thinking.
+    starts: tuple[str, ...] = ("<think>",)
+    ends: tuple[str, ...] = ("</think>",)
+
+
+def _granite(tag: str) -> tuple[str, ...]:
+    return (f"Here is my {tag}:", f"Here's my {tag}:")
 
 
 REASONING_PARSERS = {"deepseek_r1": ThinkingFormat(starts_inside=True),
                      "qwen3": ThinkingFormat(starts_inside=False),
-                     "mistral": ThinkingFormat(False, "[THINK]", "[/THINK]")}
+                     "mistral": ThinkingFormat(False, ("[THINK]",), ("[/THINK]",)),
+                     "granite": ThinkingFormat(False, _granite("thought process"),
+                                               _granite("response"))}
 
 
 def split_reasoning(text: str, thinking: ThinkingFormat,
@@ -37,15 +46,18 @@ def split_reasoning(text: str, thinking: ThinkingFormat,
     body = text
     if not thinking.starts_inside:
         stripped = text.lstrip()
-        if not stripped.startswith(thinking.start):
-            if not final and thinking.start.startswith(stripped):
-                return None, ""  # blank so far, or the start of the tag: may yet think
+        start = next((tag for tag in thinking.starts if stripped.startswith(tag)), None)
+        if start is None:
+            if not final and any(tag.startswith(stripped) for tag in thinking.starts):
+                return None, ""  # blank so far, or the start of a tag: may yet think
             return None, text
-        body = stripped[len(thinking.start):]
-    end = body.find(thinking.end)
-    if end < 0:
-        return body if final else body[:len(body) - _partial_tag(body, thinking.end)], ""
-    return body[:end], body[end + len(thinking.end):].lstrip()
+        body = stripped[len(start):]
+    found = [(at, tag) for tag in thinking.ends if (at := body.find(tag)) >= 0]
+    if not found:
+        held = max(_partial_tag(body, tag) for tag in thinking.ends)
+        return body if final else body[:len(body) - held], ""
+    end, tag = min(found)
+    return body[:end], body[end + len(tag):].lstrip()
 
 
 def _partial_tag(text: str, tag: str) -> int:

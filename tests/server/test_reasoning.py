@@ -27,6 +27,9 @@ REPLIES = {
     "qwen3": ["<thi", "nk>Paris is", " the capital.</", "think>\n\n", "It is Paris."],
     "deepseek_r1": ["Paris is", " the capital.</", "think>\n\n", "It is Paris."],
     "mistral": ["[TH", "INK]Paris is", " the capital.[/", "THINK]\n\n", "It is Paris."],
+    # Granite says it in words, "Here is" or "Here's".
+    "granite": ["Here is my thou", "ght process:Paris is", " the capital.Here's my resp",
+                "onse:\n\n", "It is Paris."],
 }
 QWEN3, DEEPSEEK = REASONING_PARSERS["qwen3"], REASONING_PARSERS["deepseek_r1"]
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
@@ -58,6 +61,11 @@ def test_replies_that_do_not_think():
     assert split_reasoning("<th", QWEN3) == (None, "<th")
     assert split_reasoning("<think>not Magistral's", REASONING_PARSERS["mistral"]) == (
         None, "<think>not Magistral's")
+    granite = REASONING_PARSERS["granite"]
+    assert split_reasoning("Here is the answer.", granite) == (None, "Here is the answer.")
+    assert split_reasoning("Here", granite, final=False) == (None, "")
+    assert split_reasoning("Here's my thought process: hm. Here", granite, final=False) == (
+        " hm. ", "")
     # Cut off while thinking: all reasoning, no answer.
     assert split_reasoning("<think>Hmm, let", QWEN3) == ("Hmm, let", "")
     assert split_reasoning("Hmm, let me</thi", DEEPSEEK, final=False) == (
