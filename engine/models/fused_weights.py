@@ -72,13 +72,14 @@ def expert_parts(config: Any, name: str) -> list[tuple[str, tuple[int, slice]]] 
     """(part name, index into the stored tensor) of each expert's part of GraniteMoE's
     experts tensor `name`, or None for any other tensor."""
     module, _, attr = name.rpartition(".")
-    width, experts = config.intermediate_size, config.num_local_experts
     if module.endswith(GRANITE_EXPERTS_IN):
         parent = module[:-len(GRANITE_EXPERTS_IN)] + "block_sparse_moe.experts"
-        return [part for e in range(experts) for part in (
+        width = config.intermediate_size
+        return [part for e in range(config.num_local_experts) for part in (
             (f"{parent}.{e}.gate_proj.{attr}", (e, slice(0, width))),
             (f"{parent}.{e}.up_proj.{attr}", (e, slice(width, 2 * width))))]
     if module.endswith(GRANITE_EXPERTS_OUT):
         parent = module[:-len(GRANITE_EXPERTS_OUT)] + "block_sparse_moe.experts"
-        return [(f"{parent}.{e}.down_proj.{attr}", (e, slice(None))) for e in range(experts)]
+        return [(f"{parent}.{e}.down_proj.{attr}", (e, slice(None)))
+                for e in range(config.num_local_experts)]
     return None
