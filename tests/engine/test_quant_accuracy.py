@@ -14,8 +14,9 @@ from tokenmill.engine.core.scoring import next_token_logprobs
 from tokenmill.engine.layers import int4_linear, quantized_linear
 
 # (min top-1 agreement, max mean KL in nats, max |perplexity delta|) on the fixed text's first
-# 2,048 tokens with SmolLM2, float32 on CPU. docs/quantization.md has the measured figures and
-# why the bounds sit where they do.
+# 1,024 tokens with SmolLM2, float32 on CPU (the benchmark scores 2,048). docs/quantization.md
+# has the measured figures at both lengths and why the bounds sit where they do.
+TEXT_TOKENS = 1024
 SMOLLM2_BOUNDS = {
     "int8": (0.94, 0.010, 0.010),
     "fp8": (0.89, 0.040, 0.030),
@@ -83,8 +84,8 @@ def test_random_llama_modes_stay_close(tiny_llama_dir, smol_tokenizer):
 
 @pytest.fixture(scope="module")
 def smollm2_text(smol_tokenizer):
-    ids = _text(smol_tokenizer, accuracy.DEFAULT_TOKENS)
-    assert len(ids) >= 2000
+    ids = _text(smol_tokenizer, TEXT_TOKENS)
+    assert len(ids) == TEXT_TOKENS
     return ids
 
 
