@@ -23,6 +23,15 @@ TOOL_CALL_PARSER_NAMES = ("hermes", "llama3_json", "mistral", "pythonic", "grani
                           "phi4_mini_json")
 # The reasoning formats the server splits (server/reasoning.py, held to these names likewise).
 REASONING_PARSER_NAMES = ("deepseek_r1", "qwen3", "mistral", "granite")
+# apply_chat_template's own parameters, and the template's `messages`: set by the server or by
+# the request's own fields, never through chat_template_kwargs (the template's variables).
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "sanitize_control_tokens", "padding", "truncation",
+    "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+    "tokenizer_kwargs",
+})
+
 # The generation-config fields that set a request's defaults, as vLLM reads them: sampling
 # settings the request leaves out, and max_new_tokens, the most tokens a request without
 # max_tokens gets.
@@ -64,6 +73,11 @@ def add_server_arguments(parser: argparse.ArgumentParser,
                         help="The chat template to use instead of the tokenizer's: a file, or "
                              "the Jinja template itself (vLLM's flag). Read at start-up; one "
                              "that does not parse stops the server with exit status 2.")
+    parser.add_argument("--default-chat-template-kwargs", type=_template_kwargs, default={},
+                        metavar="JSON",
+                        help="Variables every chat request's template gets unless the request "
+                             "sets them in chat_template_kwargs (vLLM's flag), as JSON: "
+                             "'{\"enable_thinking\": false}' serves Qwen3 without thinking.")
     parser.add_argument("--chat-template-content-format", choices=("auto", "string", "openai"),
                         default="auto",
                         help="How the chat template reads a message's content: string, or "
@@ -302,6 +316,18 @@ def _json_strings(value: str) -> list[str]:
         raise argparse.ArgumentTypeError(f'must be a JSON list of strings (["*"] or '
                                          f'["https://example.com"]), got {value!r}')
     return items
+
+
+def _template_kwargs(value: str) -> dict[str, Any]:
+    variables = _json_or_none(value)
+    if not isinstance(variables, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object such as "
+                                         f'{{"enable_thinking": false}}, got {value!r}')
+    reserved = sorted(set(variables) & RESERVED_TEMPLATE_KWARGS)
+    if reserved:
+        raise argparse.ArgumentTypeError(f"{reserved[0]!r} is not a template variable a "
+                                         "server may set")
+    return variables
 
 
 def _generation_overrides(value: str) -> dict[str, float]:

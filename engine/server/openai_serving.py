@@ -193,13 +193,15 @@ def chat_ids(state: ServerState, conversation: list[dict[str, Any]],
              template_kwargs: dict[str, Any] | None = None) -> list[int]:
     """The conversation through the chat template, tokenized (as transformers does with
     tokenize=True: the template writes the special tokens, so none are added by default).
-    `template_kwargs` are extra variables of the template (checked by ChatTemplateFields)."""
+    `template_kwargs` are extra variables of the template (checked by ChatTemplateFields),
+    over the server's --default-chat-template-kwargs."""
     try:
         text = state.tokenizer.apply_chat_template(
             in_content_format(conversation, state.content_format()), tools=tools,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message, tokenize=False,
-            chat_template=state.options.chat_template, **(template_kwargs or {}))
+            chat_template=state.options.chat_template,
+            **{**state.options.default_chat_template_kwargs, **(template_kwargs or {})})
     except Exception as exc:  # template errors (e.g. role order) are the caller's to fix
         raise ValueError(f"the chat template rejected the messages: {exc}") from exc
     return state.tokenizer.encode(text, add_special_tokens=add_special_tokens)

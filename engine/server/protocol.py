@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from tokenmill.engine.contract.server_flags import RESERVED_TEMPLATE_KWARGS
 from tokenmill.engine.core import SamplingParams
 from tokenmill.engine.server.structured_fields import StructuredFields
 from tokenmill.engine.server.tools import ToolCallMessage, template_tool_calls
@@ -240,16 +241,6 @@ class ChatMessage(RequestModel):
             if part.text is None:
                 raise ValueError("a content part of type 'text' needs a text field")
         return content
-
-
-# apply_chat_template's own parameters, and the template's `messages`: set by the server or by
-# the request's own fields, never through chat_template_kwargs (the template's variables).
-RESERVED_TEMPLATE_KWARGS = frozenset({
-    "messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "sanitize_control_tokens", "padding", "truncation",
-    "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
-    "tokenizer_kwargs",
-})
 
 
 class ChatTemplateFields(RequestModel):

@@ -199,6 +199,10 @@ def test_each_request_is_logged_cut_to_max_log_len_and_the_access_log_is_off(vll
      'object such as {"image": 0}, or image=0,video=0'),
     (["--limit-mm-per-prompt", '{"image": -1}'],
      "argument --limit-mm-per-prompt: image: -1 is not a count of items"),
+    (["--default-chat-template-kwargs", "[1]"], "argument --default-chat-template-kwargs: "
+     'must be a JSON object such as {"enable_thinking": false}'),
+    (["--default-chat-template-kwargs", '{"tools": []}'], "argument "
+     "--default-chat-template-kwargs: 'tools' is not a template variable a server may set"),
     (["--load-format", "dummy"], "argument --load-format: invalid choice: 'dummy'"),
     (["--tokenizer-mode", "custom"], "argument --tokenizer-mode: invalid choice: 'custom'"),
     (["--distributed-executor-backend", "ray"],
