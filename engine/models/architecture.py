@@ -51,6 +51,9 @@ SUPPORTED = {
     "GraniteMoeForCausalLM": ArchitectureFlags(granite=True, moe="granite"),
     # SmolLM3: Llama's layers, every fourth without rotary embeddings (rotates_at).
     "SmolLM3ForCausalLM": ArchitectureFlags(),
+    # Seed-OSS: Llama's layers with biases on q, k and v (attention_bias), not on the output
+    # projection (attention_out_bias).
+    "SeedOssForCausalLM": ArchitectureFlags(),
     "Olmo2ForCausalLM": ArchitectureFlags(olmo=True, projection_qk_norm=True),
     # OLMo 3: OLMo 2's layers, three in four sliding (layer_types), each kind with its rope.
     "Olmo3ForCausalLM": ArchitectureFlags(olmo=True, projection_qk_norm=True),
@@ -73,6 +76,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
                "granitemoe": "GraniteMoeForCausalLM",
                "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
+               "seed_oss": "SeedOssForCausalLM",
                "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM",
                # The text models of Qwen's vision-language models: on text alone their
                # multimodal rotary embedding turns every section by the same position, which

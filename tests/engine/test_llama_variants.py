@@ -4,7 +4,8 @@ parallelism) for:
 - Granite (`GraniteForCausalLM`, IBM's Granite 3.x): four multipliers (embeddings, attention
   scale, each branch's output as it joins the residual stream, a divisor of the logits); its
   log-probabilities are transformers' too (the divisor changes them, not the greedy choice);
-- SmolLM3 (`SmolLM3ForCausalLM`): every fourth layer with no positional encoding (NoPE)."""
+- SmolLM3 (`SmolLM3ForCausalLM`): every fourth layer with no positional encoding (NoPE);
+- Seed-OSS (`SeedOssForCausalLM`): biases on q, k and v but not on the output projection."""
 
 from __future__ import annotations
 
@@ -32,13 +33,18 @@ def _config(kind: str, vocab: int):
         return transformers.GraniteConfig(
             vocab_size=vocab, tie_word_embeddings=True, embedding_multiplier=6.0,
             attention_multiplier=0.5, residual_multiplier=0.3, logits_scaling=4.0, **SHAPE)
+    if kind == "seed_oss":
+        return transformers.SeedOssConfig(vocab_size=vocab, head_dim=16, attention_bias=True,
+                                          attention_out_bias=False, **SHAPE)
     return transformers.SmolLM3Config(vocab_size=vocab, rope_theta=5e6, **SHAPE)
 
 
-@pytest.fixture(scope="module", params=["granite", "smollm3"])
+@pytest.fixture(scope="module", params=["granite", "smollm3", "seed_oss"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
+    # Seed-OSS's q, k and v biases drawn, so that a missing one shows.
     return make_random_model(str(tmp_path_factory.mktemp(request.param)),
-                             _config(request.param, len(vocab_tokenizer)), vocab_tokenizer)
+                             _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
+                             draw_norms=request.param == "seed_oss")
 
 
 def _reference(directory: str):
