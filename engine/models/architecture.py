@@ -31,6 +31,8 @@ class ArchitectureFlags:
     olmo: bool = False
     # OLMo 2/3 and OLMoE: q and k normalized over the whole projection, not per head.
     projection_qk_norm: bool = False
+    # EXAONE 4: where the model slides, its full-attention layers have no positional encoding.
+    full_layers_nope: bool = False
 
 
 SUPPORTED = {
@@ -57,6 +59,9 @@ SUPPORTED = {
     "Olmo2ForCausalLM": ArchitectureFlags(olmo=True, projection_qk_norm=True),
     # OLMo 3: OLMo 2's layers, three in four sliding (layer_types), each kind with its rope.
     "Olmo3ForCausalLM": ArchitectureFlags(olmo=True, projection_qk_norm=True),
+    # EXAONE 4: OLMo's post-norms, Qwen3's per-head q/k norms, three sliding layers in four
+    # (layer_types) turning q and k, the full ones not.
+    "Exaone4ForCausalLM": ArchitectureFlags(olmo=True, qk_norm=True, full_layers_nope=True),
     # OLMoE: Llama's norms, OLMo's q/k norms (q, k and v clamped where clip_qkv is set), and
     # Qwen-style experts, not renormalized.
     "OlmoeForCausalLM": ArchitectureFlags(projection_qk_norm=True, moe="qwen"),
@@ -76,7 +81,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
                "granitemoe": "GraniteMoeForCausalLM",
                "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
-               "seed_oss": "SeedOssForCausalLM",
+               "seed_oss": "SeedOssForCausalLM", "exaone4": "Exaone4ForCausalLM",
                "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM",
                # The text models of Qwen's vision-language models: on text alone their
                # multimodal rotary embedding turns every section by the same position, which
@@ -268,7 +273,10 @@ def layer_window_of(config: Any, layer: int) -> int | None:
 
 def rotates_at(config: Any, layer: int) -> bool:
     """Whether decoder layer `layer` turns q and k by their positions: SmolLM3's no_rope_layers
-    marks the layers that do (1) and those with no positional encoding at all (0)."""
+    marks the layers that do (1) and those with no positional encoding at all (0); EXAONE 4's
+    full-attention layers do not where it has sliding ones."""
+    if flags_of(config).full_layers_nope and getattr(config, "sliding_window", None):
+        return layer_window_of(config, layer) is not None
     marks = getattr(config, "no_rope_layers", None)
     return True if marks is None else bool(marks[layer])
 

@@ -272,6 +272,8 @@ def _safetensors_only_family(config: Any) -> str | None:
         return "Gemma"
     if flags.granite:
         return "Granite"
+    if architecture_of(config) == "Exaone4ForCausalLM":
+        return "EXAONE 4"
     if flags.projection_qk_norm:
         return "OLMo"
     return "Phi-3" if architecture_of(config) == "Phi3ForCausalLM" else None

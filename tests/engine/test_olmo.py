@@ -3,7 +3,8 @@ MLP, one after each, and q/k normalized over the whole projection, which tensor 
 splits across ranks (the mean of squares is summed over them, KV heads shared by several
 ranks counted once). OLMo 3 slides three layers in four, each kind with its own rotary base.
 OLMoE (`OlmoeForCausalLM`): Llama's norms with OLMo's q/k norms, q, k and v clamped, and a
-mixture of experts.
+mixture of experts. EXAONE 4 (`Exaone4ForCausalLM`): OLMo's post-norms with per-head q/k
+norms, three sliding layers in four, the full one with no positional encoding.
 Greedy output equals transformers token for token, batched, chunked, from the prefix cache
 and under tensor parallelism."""
 
@@ -30,6 +31,9 @@ def _config(kind: str, vocab: int):
                   bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
     if kind == "olmo2":
         return transformers.Olmo2Config(**common)
+    if kind == "exaone4":  # three sliding layers in four; the full one without rotary
+        return transformers.Exaone4Config(sliding_window=WINDOW, sliding_window_pattern=4,
+                                          **common)
     if kind == "olmoe":  # four experts, two chosen, not renormalized; q, k, v clamped
         return transformers.OlmoeConfig(**{**common, "intermediate_size": 32}, num_experts=4,
                                         num_experts_per_tok=2, norm_topk_prob=False,
@@ -39,7 +43,7 @@ def _config(kind: str, vocab: int):
         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}, **common)
 
 
-@pytest.fixture(scope="module", params=["olmo2", "olmo3", "olmoe"])
+@pytest.fixture(scope="module", params=["olmo2", "olmo3", "olmoe", "exaone4"])
 def olmo(request, tmp_path_factory, vocab_tokenizer) -> tuple[str, list[list[int]], Any]:
     """The checkpoint (its norms drawn, so each one's weight matters), transformers' greedy
     continuations of the mixed prompts, and its model."""
