@@ -33,6 +33,9 @@ class ArchitectureFlags:
     projection_qk_norm: bool = False
     # EXAONE 4: where the model slides, its full-attention layers have no positional encoding.
     full_layers_nope: bool = False
+    # ERNIE 4.5: rotary pairs are adjacent dimensions (2i, 2i+1), not the two halves of a head;
+    # q and k rows are reordered to halves at load, which turns the same (loader.py).
+    interleaved_rope: bool = False
 
 
 SUPPORTED = {
@@ -53,6 +56,9 @@ SUPPORTED = {
     "GraniteMoeForCausalLM": ArchitectureFlags(granite=True, moe="granite"),
     # SmolLM3: Llama's layers, every fourth without rotary embeddings (rotates_at).
     "SmolLM3ForCausalLM": ArchitectureFlags(),
+    # ERNIE 4.5 (dense): Llama's layers, rotary over interleaved pairs, use_bias on every
+    # projection where set.
+    "Ernie4_5ForCausalLM": ArchitectureFlags(interleaved_rope=True),
     # Seed-OSS: Llama's layers with biases on q, k and v (attention_bias), not on the output
     # projection (attention_out_bias).
     "SeedOssForCausalLM": ArchitectureFlags(),
@@ -82,6 +88,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "granitemoe": "GraniteMoeForCausalLM",
                "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
                "seed_oss": "SeedOssForCausalLM", "exaone4": "Exaone4ForCausalLM",
+               "ernie4_5": "Ernie4_5ForCausalLM",
                "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM",
                # The text models of Qwen's vision-language models: on text alone their
                # multimodal rotary embedding turns every section by the same position, which

@@ -52,7 +52,8 @@ class Attention(nn.Module):
         self.num_heads = plan.num_heads
         self.num_kv_heads = plan.num_kv_heads
         self.head_dim = plan.head_dim
-        bias = bool(getattr(config, "attention_bias", False))
+        # ERNIE 4.5's use_bias puts a bias on every projection, attention's and the MLP's.
+        bias = bool(getattr(config, "attention_bias", False) or getattr(config, "use_bias", False))
         qkv_bias = bias or flags.qkv_bias
         hidden = config.hidden_size
         kv_size = self.num_kv_heads * self.head_dim
@@ -129,7 +130,7 @@ class MLP(nn.Module):
         super().__init__()
         self.activation = activation_of(config)
         self.tp = tp
-        bias = bool(getattr(config, "mlp_bias", False))
+        bias = bool(getattr(config, "mlp_bias", False) or getattr(config, "use_bias", False))
         width = plan.intermediate_size
         self.gate_up_proj = MergedLinear(
             config.hidden_size, {"gate_proj": width, "up_proj": width}, bias=bias)

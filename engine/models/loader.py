@@ -274,6 +274,8 @@ def _safetensors_only_family(config: Any) -> str | None:
         return "Granite"
     if architecture_of(config) == "Exaone4ForCausalLM":
         return "EXAONE 4"
+    if flags.interleaved_rope:
+        return "ERNIE 4.5"
     if flags.projection_qk_norm:
         return "OLMo"
     return "Phi-3" if architecture_of(config) == "Phi3ForCausalLM" else None
@@ -301,6 +303,7 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
     params = checkpoint_tensors(model)
     tied = model.lm_head.weight is model.model.embed_tokens.weight
     multimodal = is_language_model_of_multimodal(model.config)
+    interleaved = flags_of(model.config).interleaved_rope
     loaded: set[str] = set()
 
     def place(name: str, stored: Any) -> list[str]:
@@ -314,6 +317,10 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
         if name not in params and f"model.{name}" in params:  # a bare decoder's names
             name = f"model.{name}"
         name = renamed(name)
+        if interleaved and name.endswith(ROTATED):  # pairs (2i, 2i+1) to halves, per head
+            heads = (model.config.num_attention_heads if ".q_proj." in name
+                     else num_kv_heads_of(model.config))
+            stored = _undo_rope_permute(stored_for(stored, None)[:], heads)
         experts = None if name in params else expert_parts(model.config, name)
         if experts:  # one tensor holding a layer's experts: read once, placed part by part
             whole = stored_for(stored, None)[:]
@@ -401,8 +408,14 @@ def _gguf_int4_named(source: ModelSource, config: Any) -> Iterator[tuple[str, In
         yield name, codes
 
 
+# The tensors whose rows a rotary embedding over interleaved pairs reorders.
+ROTATED = ("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")
+
+
 def _undo_rope_permute(w: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """llama.cpp interleaves each head's rotary halves in Q/K rows; restore the HF layout."""
+    """Each head's rows from interleaved rotary pairs (2i, 2i+1) to the two halves (i,
+    i + head_dim / 2) that the engine's rotary turns: llama.cpp stores Q/K rows interleaved,
+    and ERNIE 4.5 rotates interleaved pairs. q and k reordered alike keep their dot product."""
     rows = w.shape[0]
     return (w.reshape(num_heads, rows // num_heads // 2, 2, *w.shape[1:])
             .transpose(1, 2).reshape(w.shape))

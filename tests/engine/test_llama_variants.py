@@ -5,7 +5,9 @@ parallelism) for:
   scale, each branch's output as it joins the residual stream, a divisor of the logits); its
   log-probabilities are transformers' too (the divisor changes them, not the greedy choice);
 - SmolLM3 (`SmolLM3ForCausalLM`): every fourth layer with no positional encoding (NoPE);
-- Seed-OSS (`SeedOssForCausalLM`): biases on q, k and v but not on the output projection."""
+- Seed-OSS (`SeedOssForCausalLM`): biases on q, k and v but not on the output projection;
+- ERNIE 4.5 (`Ernie4_5ForCausalLM`): rotary over interleaved pairs of dimensions, and with
+  use_bias a bias on every projection."""
 
 from __future__ import annotations
 
@@ -33,18 +35,21 @@ def _config(kind: str, vocab: int):
         return transformers.GraniteConfig(
             vocab_size=vocab, tie_word_embeddings=True, embedding_multiplier=6.0,
             attention_multiplier=0.5, residual_multiplier=0.3, logits_scaling=4.0, **SHAPE)
+    if kind == "ernie4_5":  # biases on every projection, q's and k's reordered with rows
+        return transformers.Ernie4_5Config(vocab_size=vocab, head_dim=16, use_bias=True,
+                                           tie_word_embeddings=False, **SHAPE)
     if kind == "seed_oss":
         return transformers.SeedOssConfig(vocab_size=vocab, head_dim=16, attention_bias=True,
                                           attention_out_bias=False, **SHAPE)
     return transformers.SmolLM3Config(vocab_size=vocab, rope_theta=5e6, **SHAPE)
 
 
-@pytest.fixture(scope="module", params=["granite", "smollm3", "seed_oss"])
+@pytest.fixture(scope="module", params=["granite", "smollm3", "seed_oss", "ernie4_5"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
-    # Seed-OSS's q, k and v biases drawn, so that a missing one shows.
+    # Seed-OSS's and ERNIE's biases drawn, so that a missing (or misplaced) one shows.
     return make_random_model(str(tmp_path_factory.mktemp(request.param)),
                              _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
-                             draw_norms=request.param == "seed_oss")
+                             draw_norms=request.param in ("seed_oss", "ernie4_5"))
 
 
 def _reference(directory: str):
@@ -82,13 +87,16 @@ def granite_dir(tmp_path_factory, vocab_tokenizer) -> str:
                              _config("granite", len(vocab_tokenizer)), vocab_tokenizer)
 
 
-def test_granites_logprobs_are_those_of_its_scaled_logits(granite_dir, vocab_tokenizer):
+def test_logprobs_are_transformers(variant_dir, vocab_tokenizer):
+    """Closer than greedy equality: a random model's argmax barely depends on its positions,
+    so a rotary turned the wrong way (ERNIE's pairs) or a missing multiplier (Granite's logits
+    divisor) shows here first."""
     prompt = mixed_prompts(vocab_tokenizer)[-1]
-    with LLM(granite_dir, **ENGINE) as llm:
+    with LLM(variant_dir, **ENGINE) as llm:
         out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1,
                                                     logprobs=3))[0].outputs[0]
     with torch.no_grad():
-        logits = _reference(granite_dir)(torch.tensor([prompt])).logits[0, -1].float()
+        logits = _reference(variant_dir)(torch.tensor([prompt])).logits[0, -1].float()
     want = torch.log_softmax(logits, -1)
     got = out.logprobs[0]
     assert set(got) == set(want.topk(3).indices.tolist())
