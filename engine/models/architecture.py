@@ -36,6 +36,8 @@ class ArchitectureFlags:
     # ERNIE 4.5: rotary pairs are adjacent dimensions (2i, 2i+1), not the two halves of a head;
     # q and k rows are reordered to halves at load, which turns the same (loader.py).
     interleaved_rope: bool = False
+    # GLM-4: attention_bias covers q, k and v only, never the output projection.
+    bias_on_qkv_only: bool = False
 
 
 SUPPORTED = {
@@ -56,6 +58,10 @@ SUPPORTED = {
     "GraniteMoeForCausalLM": ArchitectureFlags(granite=True, moe="granite"),
     # SmolLM3: Llama's layers, every fourth without rotary embeddings (rotates_at).
     "SmolLM3ForCausalLM": ArchitectureFlags(),
+    # GLM-4 (0414, Z1): Gemma 2's four norms per layer under GLM's names (fused_weights.py),
+    # plain RMSNorm, rotary over interleaved pairs of a part of each head, fused gate_up_proj.
+    "Glm4ForCausalLM": ArchitectureFlags(sandwich_norms=True, interleaved_rope=True,
+                                         bias_on_qkv_only=True),
     # ERNIE 4.5 (dense): Llama's layers, rotary over interleaved pairs, use_bias on every
     # projection where set.
     "Ernie4_5ForCausalLM": ArchitectureFlags(interleaved_rope=True),
@@ -88,7 +94,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "granitemoe": "GraniteMoeForCausalLM",
                "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
                "seed_oss": "SeedOssForCausalLM", "exaone4": "Exaone4ForCausalLM",
-               "ernie4_5": "Ernie4_5ForCausalLM",
+               "ernie4_5": "Ernie4_5ForCausalLM", "glm4": "Glm4ForCausalLM",
                "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM",
                # The text models of Qwen's vision-language models: on text alone their
                # multimodal rotary embedding turns every section by the same position, which

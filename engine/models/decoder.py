@@ -60,8 +60,9 @@ class Attention(nn.Module):
         self.qkv_proj = MergedLinear(
             hidden, {"q_proj": self.num_heads * self.head_dim, "k_proj": kv_size,
                      "v_proj": kv_size}, bias=qkv_bias)
-        # Seed-OSS sets the output projection's bias apart (attention_out_bias).
-        out_bias = bool(getattr(config, "attention_out_bias", bias))
+        # Seed-OSS sets the output projection's bias apart (attention_out_bias); GLM-4 has none.
+        out_bias = bool(getattr(config, "attention_out_bias", bias)) and \
+            not flags.bias_on_qkv_only
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=out_bias)
         if flags.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, flags.gemma)

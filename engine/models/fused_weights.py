@@ -6,7 +6,7 @@ projections treat it as any checkpoint's q_proj or gate_proj.
 GraniteMoE stores every expert of a layer in one tensor (`block_sparse_moe.input_linear`:
 [experts, 2 * width, hidden], gate rows then up rows; `output_linear`: [experts, hidden,
 width]) and its router as `block_sparse_moe.router.layer`: each expert's parts are placed under
-the names of an ordinary expert's projections."""
+the names of an ordinary expert's projections. GLM-4's norms are renamed to Gemma 2's."""
 
 from __future__ import annotations
 
@@ -61,10 +61,22 @@ GRANITE_EXPERTS_IN, GRANITE_EXPERTS_OUT = "block_sparse_moe.input_linear", \
 GRANITE_ROUTER = "block_sparse_moe.router.layer.weight"
 
 
-def renamed(name: str) -> str:
-    """A checkpoint name under the model's own, where they differ (GraniteMoE's router)."""
+# GLM-4's four norms per layer, under the names of Gemma 2's, which they are in order.
+GLM4_NORMS = {"post_self_attn_layernorm": "post_attention_layernorm",
+              "post_attention_layernorm": "pre_feedforward_layernorm",
+              "post_mlp_layernorm": "post_feedforward_layernorm"}
+
+
+def renamed(config: Any, name: str) -> str:
+    """A checkpoint name under the model's own, where they differ (GraniteMoE's router,
+    GLM-4's norms)."""
     if name.endswith(GRANITE_ROUTER):
         return name[:-len(GRANITE_ROUTER)] + "block_sparse_moe.gate.weight"
+    if getattr(config, "model_type", None) == "glm4":
+        module, _, attr = name.rpartition(".")
+        parent, _, kind = module.rpartition(".")
+        if kind in GLM4_NORMS:
+            return f"{parent}.{GLM4_NORMS[kind]}.{attr}"
     return name
 
 

@@ -22,7 +22,12 @@ from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.distributed.sharding import ShardPlan
 from tokenmill.engine.layers.int4_linear import Int4Weight
 from tokenmill.engine.layers.linear import MergedLinear
-from tokenmill.engine.layers.rotary import LAYER_TYPES, check_rope, rope_parameters
+from tokenmill.engine.layers.rotary import (
+    LAYER_TYPES,
+    check_rope,
+    rope_parameters,
+    rotary_dim,
+)
 from tokenmill.engine.models.architecture import (
     architecture_of,
     classifier_of,
@@ -275,7 +280,7 @@ def _safetensors_only_family(config: Any) -> str | None:
     if architecture_of(config) == "Exaone4ForCausalLM":
         return "EXAONE 4"
     if flags.interleaved_rope:
-        return "ERNIE 4.5"
+        return "GLM-4" if flags.bias_on_qkv_only else "ERNIE 4.5"
     if flags.projection_qk_norm:
         return "OLMo"
     return "Phi-3" if architecture_of(config) == "Phi3ForCausalLM" else None
@@ -304,6 +309,7 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
     tied = model.lm_head.weight is model.model.embed_tokens.weight
     multimodal = is_language_model_of_multimodal(model.config)
     interleaved = flags_of(model.config).interleaved_rope
+    rotated = rotary_dim(head_dim_of(model.config), rope_parameters(model.config))
     loaded: set[str] = set()
 
     def place(name: str, stored: Any) -> list[str]:
@@ -316,11 +322,11 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
             return []
         if name not in params and f"model.{name}" in params:  # a bare decoder's names
             name = f"model.{name}"
-        name = renamed(name)
+        name = renamed(model.config, name)
         if interleaved and name.endswith(ROTATED):  # pairs (2i, 2i+1) to halves, per head
             heads = (model.config.num_attention_heads if ".q_proj." in name
                      else num_kv_heads_of(model.config))
-            stored = _undo_rope_permute(stored_for(stored, None)[:], heads)
+            stored = _undo_rope_permute(stored_for(stored, None)[:], heads, rotated)
         experts = None if name in params else expert_parts(model.config, name)
         if experts:  # one tensor holding a layer's experts: read once, placed part by part
             whole = stored_for(stored, None)[:]
@@ -412,13 +418,18 @@ def _gguf_int4_named(source: ModelSource, config: Any) -> Iterator[tuple[str, In
 ROTATED = ("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")
 
 
-def _undo_rope_permute(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+def _undo_rope_permute(w: torch.Tensor, num_heads: int,
+                       rotated: int | None = None) -> torch.Tensor:
     """Each head's rows from interleaved rotary pairs (2i, 2i+1) to the two halves (i,
-    i + head_dim / 2) that the engine's rotary turns: llama.cpp stores Q/K rows interleaved,
-    and ERNIE 4.5 rotates interleaved pairs. q and k reordered alike keep their dot product."""
-    rows = w.shape[0]
-    return (w.reshape(num_heads, rows // num_heads // 2, 2, *w.shape[1:])
-            .transpose(1, 2).reshape(w.shape))
+    i + rotated / 2) that the engine's rotary turns: llama.cpp stores Q/K rows interleaved, and
+    ERNIE 4.5 and GLM-4 rotate interleaved pairs (GLM-4 over the first `rotated` rows of a head
+    only; None: all). q and k reordered alike keep their dot product."""
+    rest = w.shape[1:]
+    heads = w.reshape(num_heads, w.shape[0] // num_heads, *rest)
+    rotated = rotated or heads.shape[1]
+    turned = (heads[:, :rotated].reshape(num_heads, rotated // 2, 2, *rest).transpose(1, 2)
+              .reshape(num_heads, rotated, *rest))
+    return torch.cat([turned, heads[:, rotated:]], dim=1).reshape(w.shape)
 
 
 def checkpoint_tensors(model: nn.Module) -> dict[str, torch.Tensor]:

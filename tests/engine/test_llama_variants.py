@@ -7,7 +7,9 @@ parallelism) for:
 - SmolLM3 (`SmolLM3ForCausalLM`): every fourth layer with no positional encoding (NoPE);
 - Seed-OSS (`SeedOssForCausalLM`): biases on q, k and v but not on the output projection;
 - ERNIE 4.5 (`Ernie4_5ForCausalLM`): rotary over interleaved pairs of dimensions, and with
-  use_bias a bias on every projection."""
+  use_bias a bias on every projection;
+- GLM-4 (`Glm4ForCausalLM`): four norms per layer, half of each head turned over interleaved
+  pairs, biases on q, k and v only, gate and up stored fused."""
 
 from __future__ import annotations
 
@@ -38,18 +40,22 @@ def _config(kind: str, vocab: int):
     if kind == "ernie4_5":  # biases on every projection, q's and k's reordered with rows
         return transformers.Ernie4_5Config(vocab_size=vocab, head_dim=16, use_bias=True,
                                            tie_word_embeddings=False, **SHAPE)
+    if kind == "glm4":  # half of each head rotates, over interleaved pairs; four norms
+        return transformers.Glm4Config(vocab_size=vocab, head_dim=16, attention_bias=True,
+                                       tie_word_embeddings=False, **SHAPE)
     if kind == "seed_oss":
         return transformers.SeedOssConfig(vocab_size=vocab, head_dim=16, attention_bias=True,
                                           attention_out_bias=False, **SHAPE)
     return transformers.SmolLM3Config(vocab_size=vocab, rope_theta=5e6, **SHAPE)
 
 
-@pytest.fixture(scope="module", params=["granite", "smollm3", "seed_oss", "ernie4_5"])
+@pytest.fixture(scope="module", params=["granite", "smollm3", "seed_oss", "ernie4_5", "glm4"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
-    # Seed-OSS's and ERNIE's biases drawn, so that a missing (or misplaced) one shows.
+    # Seed-OSS's, ERNIE's and GLM's biases and norms drawn, so that a missing (or misplaced)
+    # one shows.
     return make_random_model(str(tmp_path_factory.mktemp(request.param)),
                              _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
-                             draw_norms=request.param in ("seed_oss", "ernie4_5"))
+                             draw_norms=request.param in ("seed_oss", "ernie4_5", "glm4"))
 
 
 def _reference(directory: str):
