@@ -7,7 +7,7 @@ from typing import Any
 
 from tokenmill.engine.contract.model_shape import ModelShape, num_experts_of
 from tokenmill.engine.contract.pooling import Classifier
-from tokenmill.engine.layers.activation import ACTIVATIONS
+from tokenmill.engine.layers.activation import ACTIVATIONS, UNGATED_ACTIVATIONS
 from tokenmill.engine.layers.rotary import rope_parameters
 from tokenmill.engine.models.source import ModelLoadError
 
@@ -38,6 +38,8 @@ class ArchitectureFlags:
     interleaved_rope: bool = False
     # GLM-4: attention_bias covers q, k and v only, never the output projection.
     bias_on_qkv_only: bool = False
+    # Arcee: an MLP without a gate (up_proj, the activation, down_proj).
+    ungated_mlp: bool = False
 
 
 SUPPORTED = {
@@ -62,6 +64,8 @@ SUPPORTED = {
     # plain RMSNorm, rotary over interleaved pairs of a part of each head, fused gate_up_proj.
     "Glm4ForCausalLM": ArchitectureFlags(sandwich_norms=True, interleaved_rope=True,
                                          bias_on_qkv_only=True),
+    # Arcee (AFM): Llama's layers with an ungated MLP of squared ReLU.
+    "ArceeForCausalLM": ArchitectureFlags(ungated_mlp=True),
     # ERNIE 4.5 (dense): Llama's layers, rotary over interleaved pairs, use_bias on every
     # projection where set.
     "Ernie4_5ForCausalLM": ArchitectureFlags(interleaved_rope=True),
@@ -95,6 +99,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
                "seed_oss": "SeedOssForCausalLM", "exaone4": "Exaone4ForCausalLM",
                "ernie4_5": "Ernie4_5ForCausalLM", "glm4": "Glm4ForCausalLM",
+               "arcee": "ArceeForCausalLM",
                "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM",
                # The text models of Qwen's vision-language models: on text alone their
                # multimodal rotary embedding turns every section by the same position, which
@@ -267,8 +272,9 @@ def moe_shape_of(config: Any) -> MoeShape | None:
 def activation_of(config: Any) -> str:
     """The MLP's activation, as transformers names it (Gemma 2/3 call it hidden_activation)."""
     name = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
-    if name not in ACTIVATIONS:
-        raise ModelLoadError(f"activation {name!r} is not supported ({', '.join(ACTIVATIONS)})")
+    known = UNGATED_ACTIVATIONS if flags_of(config).ungated_mlp else ACTIVATIONS
+    if name not in known:
+        raise ModelLoadError(f"activation {name!r} is not supported ({', '.join(known)})")
     return name
 
 

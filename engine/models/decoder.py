@@ -13,7 +13,7 @@ from torch import nn
 
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.distributed.sharding import ShardPlan
-from tokenmill.engine.layers.activation import act_and_mul
+from tokenmill.engine.layers.activation import act_and_mul, ungated_act
 from tokenmill.engine.layers.attention import Scores, attention, store_kv
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.kv_layer import KVLayer
@@ -133,11 +133,18 @@ class MLP(nn.Module):
         self.tp = tp
         bias = bool(getattr(config, "mlp_bias", False) or getattr(config, "use_bias", False))
         width = plan.intermediate_size
-        self.gate_up_proj = MergedLinear(
-            config.hidden_size, {"gate_proj": width, "up_proj": width}, bias=bias)
+        self.gated = not flags_of(config).ungated_mlp
+        if self.gated:
+            self.gate_up_proj = MergedLinear(
+                config.hidden_size, {"gate_proj": width, "up_proj": width}, bias=bias)
+        else:
+            self.up_proj = nn.Linear(config.hidden_size, width, bias=bias)
         self.down_proj = nn.Linear(width, config.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor, backend: str) -> torch.Tensor:
+        if not self.gated:
+            return self.tp.all_reduce(self.down_proj(ungated_act(self.up_proj(x),
+                                                                 self.activation)))
         gate, up = self.gate_up_proj(x)
         return self.tp.all_reduce(self.down_proj(act_and_mul(gate, up, self.activation,
                                                              backend)))

@@ -9,7 +9,8 @@ parallelism) for:
 - ERNIE 4.5 (`Ernie4_5ForCausalLM`): rotary over interleaved pairs of dimensions, and with
   use_bias a bias on every projection;
 - GLM-4 (`Glm4ForCausalLM`): four norms per layer, half of each head turned over interleaved
-  pairs, biases on q, k and v only, gate and up stored fused."""
+  pairs, biases on q, k and v only, gate and up stored fused;
+- Arcee (`ArceeForCausalLM`): an MLP without a gate, of squared ReLU."""
 
 from __future__ import annotations
 
@@ -43,13 +44,16 @@ def _config(kind: str, vocab: int):
     if kind == "glm4":  # half of each head rotates, over interleaved pairs; four norms
         return transformers.Glm4Config(vocab_size=vocab, head_dim=16, attention_bias=True,
                                        tie_word_embeddings=False, **SHAPE)
+    if kind == "arcee":  # an MLP without a gate, of squared ReLU
+        return transformers.ArceeConfig(vocab_size=vocab, tie_word_embeddings=False, **SHAPE)
     if kind == "seed_oss":
         return transformers.SeedOssConfig(vocab_size=vocab, head_dim=16, attention_bias=True,
                                           attention_out_bias=False, **SHAPE)
     return transformers.SmolLM3Config(vocab_size=vocab, rope_theta=5e6, **SHAPE)
 
 
-@pytest.fixture(scope="module", params=["granite", "smollm3", "seed_oss", "ernie4_5", "glm4"])
+@pytest.fixture(scope="module",
+                params=["granite", "smollm3", "seed_oss", "ernie4_5", "glm4", "arcee"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     # Seed-OSS's, ERNIE's and GLM's biases and norms drawn, so that a missing (or misplaced)
     # one shows.
