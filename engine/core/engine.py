@@ -44,8 +44,10 @@ from tokenmill.engine.execution.rank import RankSetup, build_runner, rank_device
 from tokenmill.engine.execution.workers import WorkerFailed, Workers
 from tokenmill.engine.layers.attention import check_kv_cache_dtype, resolve_backend
 from tokenmill.engine.models.architecture import (
+    architecture_of,
     classifier_of,
     context_length_of,
+    flags_of,
     is_bare_decoder,
 )
 from tokenmill.engine.models.loader import check_tokenizer_fits, load_config, load_tokenizer
@@ -98,6 +100,9 @@ class LLMEngine:
         self.max_model_len = _max_model_len(config, self.model_config)
         # How embeddings are pooled under the pooling runner; None: this engine generates.
         self.pooler = _pooler(config, self.model_config, source.directory)
+        if config.enable_lora and flags_of(self.model_config).ungated_mlp:
+            raise ConfigError("enable_lora", f"LoRA adapters are not served on "
+                              f"{architecture_of(self.model_config)}'s MLP without a gate")
         tp_size = config.tensor_parallel_size
         check_tensor_parallel(self.model_config, tp_size)
         _check_devices(config.device, self.device, tp_size)

@@ -19,6 +19,7 @@ import torch
 from model_support import greedy_three_ways, hf_greedy, make_random_model, mixed_prompts
 
 from tokenmill.engine import LLM, SamplingParams
+from tokenmill.engine.contract.config import ConfigError
 from tokenmill.engine.models.architecture import rotates_at
 from tokenmill.engine.models.loader import build_model
 from tokenmill.engine.models.source import ModelLoadError, ModelSource
@@ -126,3 +127,11 @@ def test_a_granite_gguf_is_refused_by_name(granite_dir):
 def test_smollm3s_every_fourth_layer_has_no_positional_encoding():
     assert [rotates_at(_config("smollm3", 100), i) for i in range(4)] == [True, True, True,
                                                                            False]
+
+
+def test_lora_on_an_mlp_without_a_gate_is_refused_by_name(tmp_path, vocab_tokenizer):
+    path = make_random_model(str(tmp_path), _config("arcee", len(vocab_tokenizer)),
+                             vocab_tokenizer)
+    with pytest.raises(ConfigError, match="enable_lora: LoRA adapters are not served on "
+                                          "ArceeForCausalLM's MLP without a gate"):
+        LLM(path, enable_lora=True, **ENGINE)
