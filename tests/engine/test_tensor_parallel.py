@@ -67,6 +67,9 @@ def tp1(checkpoint, smol_tokenizer):
 @pytest.mark.parametrize("size", [2, 4])
 def test_tp_greedy_equals_tp1_batched_chunked_prefix_cached(checkpoint, tp1, size,
                                                             smol_tokenizer):
+    if size == 4 and "qwen3" in checkpoint:
+        pytest.skip("four ranks matter where they replicate KV heads (Llama's two); Qwen3's "
+                    "four split as at two ranks")
     prompts = _prompts(smol_tokenizer)
     expected, whole = tp1
     with LLM(checkpoint, tensor_parallel_size=size, **ENGINE) as llm:
