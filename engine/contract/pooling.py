@@ -16,6 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 RUNNERS = ("auto", "generate", "pooling")
+# What a model serves (vLLM's task names), in the words a refusal uses: what it is served
+# for, and what it lacks for a request of another task.
+TASK_SERVED = {"generate": "generation (--runner generate)",
+               "embed": "embeddings (--runner pooling)",
+               "classify": "classification (--runner pooling, a sequence classifier)"}
+TASK_LACKS = {"generate": "generates no text", "embed": "makes no embeddings",
+              "classify": "has no classification head"}
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
 KEYS = {"pooling_type", "normalize"}
 

@@ -12,7 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tokenmill.engine.core.cross_encoding import pair_token_ids
+    from tokenmill.engine.core.cross_encoding import pair_token_ids, score_pairs
     from tokenmill.engine.core.engine import LLMEngine
     from tokenmill.engine.core.outputs import (
         ClassificationRequestOutput,
@@ -34,6 +34,7 @@ _EXPORTS = {
     "ScoringOutput": "tokenmill.engine.core.outputs",
     "ScoringRequestOutput": "tokenmill.engine.core.outputs",
     "pair_token_ids": "tokenmill.engine.core.cross_encoding",
+    "score_pairs": "tokenmill.engine.core.cross_encoding",
     "RequestOutput": "tokenmill.engine.core.outputs",
     "PoolingParams": "tokenmill.engine.core.pooling_params",
     "SamplingParams": "tokenmill.engine.core.sampling_params",
@@ -42,7 +43,8 @@ _EXPORTS = {
 
 __all__ = ["ClassificationRequestOutput", "CompletionOutput", "EmbeddingRequestOutput",
            "LLMEngine", "PoolingParams", "RequestOutput", "SamplingParams",
-           "ScoringOutput", "ScoringRequestOutput", "StructuredOutputsParams", "pair_token_ids"]
+           "ScoringOutput", "ScoringRequestOutput", "StructuredOutputsParams", "pair_token_ids",
+           "score_pairs"]
 
 
 def __getattr__(name: str) -> Any:

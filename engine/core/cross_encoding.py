@@ -1,5 +1,6 @@
-"""A cross-encoder's prompt for a pair of texts (a query and a document): both texts in one
-prompt, which the classifier scores together."""
+"""Scoring text pairs (vLLM's score API): which texts pair up, and a cross-encoder's prompt
+for a pair of texts (a query and a document): both texts in one prompt, which the classifier
+scores together."""
 
 from __future__ import annotations
 
@@ -13,3 +14,16 @@ def pair_token_ids(tokenizer: Any, first: str, second: str, joined: bool = False
     if joined:
         return list(tokenizer(first + second)["input_ids"])
     return list(tokenizer(first, second)["input_ids"])
+
+
+def score_pairs(first: str | list[str], second: str | list[str]) -> list[tuple[str, str]]:
+    """The pairs to score: one text (or a one-text list) against each of the other list, or
+    two lists pair by pair; ValueError for lists of different lengths, or none."""
+    first = [first] if isinstance(first, str) else list(first)
+    second = [second] if isinstance(second, str) else list(second)
+    if len(first) == 1:
+        first = first * len(second)
+    if len(first) != len(second) or not first:
+        raise ValueError(f"data_1 holds {len(first)} texts and data_2 {len(second)}: give "
+                         "one text and a list, or two lists of the same length")
+    return list(zip(first, second, strict=True))

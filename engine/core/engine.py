@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from tokenmill.engine.contract.config import ConfigError, EngineConfig
-from tokenmill.engine.contract.pooling import Pooler
+from tokenmill.engine.contract.pooling import TASK_LACKS, TASK_SERVED, Pooler
 from tokenmill.engine.contract.server_flags import GENERATION_CONFIG_KEYS
 from tokenmill.engine.core.detokenizer import IncrementalDetokenizer
 from tokenmill.engine.core.errors import LoRAAdapterError, RequestError, UnknownAdapterError
@@ -288,12 +288,8 @@ class LLMEngine:
                 raise RequestError("dimensions: a classifier's output is one value per label, "
                                    "not an embedding", param="dimensions")
             return
-        served = {"generate": "generation (--runner generate)",
-                  "embed": "embeddings (--runner pooling)",
-                  "classify": "classification (--runner pooling, a sequence classifier)"}
-        lacks = {"generate": "generates no text", "embed": "makes no embeddings",
-                 "classify": "has no classification head"}
-        raise RequestError(f"this model is served for {served[self.task]}: it {lacks[asked]}")
+        raise RequestError(f"this model is served for {TASK_SERVED[self.task]}: it "
+                           f"{TASK_LACKS[asked]}")
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop a request now; its blocks return to the pool at once."""

@@ -23,6 +23,7 @@ from tokenmill.engine.core import (
     ScoringOutput,
     ScoringRequestOutput,
     pair_token_ids,
+    score_pairs,
 )
 
 Prompt = str | list[int]
@@ -105,32 +106,26 @@ class LLM:
         lists pair by pair. A cross-encoder (a one-label classifier) reads each pair as one
         prompt and scores its probability; an embedding model embeds each text once and
         scores the cosine similarity of the two vectors."""
-        first = [data_1] if isinstance(data_1, str) else list(data_1)
-        second = [data_2] if isinstance(data_2, str) else list(data_2)
-        if len(first) == 1:
-            first = first * len(second)
-        if len(first) != len(second) or not first:
-            raise ValueError(f"data_1 holds {len(first)} texts and data_2 {len(second)}: give "
-                             "one text and a list, or two lists of the same length")
+        pairs = score_pairs(data_1, data_2)
         if self.engine.task == "classify":
             classifier = self.engine.pooler.classifier
             if len(classifier.labels) != 1:
                 raise ValueError(f"scoring needs a classifier with one label; this one has "
                                  f"{len(classifier.labels)}: use LLM.classify")
             prompts = [pair_token_ids(self.tokenizer, a, b, classifier.joins_pairs)
-                       for a, b in zip(first, second, strict=True)]
+                       for a, b in pairs]
             params = dataclasses.replace(pooling_params or PoolingParams(), task="classify")
             outs = self._pool(prompts, params, use_tqdm)
             return [ScoringRequestOutput(out.request_id, out.prompt_token_ids,
                                          ScoringOutput(out.embedding[0])) for out in outs]
-        texts = list(dict.fromkeys(first + second))
+        texts = list(dict.fromkeys(text for pair in pairs for text in pair))
         vectors = dict(zip(texts, self._pool(texts, PoolingParams(), use_tqdm), strict=True))
         return [ScoringRequestOutput(
             f"score-{i}", vectors[a].prompt_token_ids + vectors[b].prompt_token_ids,
             ScoringOutput(torch.nn.functional.cosine_similarity(
                 torch.tensor(vectors[a].embedding), torch.tensor(vectors[b].embedding),
                 dim=0).item()))
-            for i, (a, b) in enumerate(zip(first, second, strict=True))]
+            for i, (a, b) in enumerate(pairs)]
 
     def _pool(self, batch: list[Prompt], params: PoolingParams,
               use_tqdm: bool) -> list[RequestOutput]:

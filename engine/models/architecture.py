@@ -163,8 +163,8 @@ def architecture_of(config: Any) -> str:
             return name
         if name in BARE_DECODERS:
             return BARE_DECODERS[name]
-        if _classified_decoder(name):
-            return _classified_decoder(name)
+        if causal := _classified_decoder(name):
+            return causal
     by_type = MODEL_TYPES.get(getattr(config, "model_type", ""))
     if by_type and not names:
         return by_type

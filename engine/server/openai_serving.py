@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from tokenmill.engine.contract.pooling import TASK_LACKS, TASK_SERVED
 from tokenmill.engine.core import RequestOutput, SamplingParams
 from tokenmill.engine.core.errors import (
     EngineDeadError,
@@ -134,15 +135,10 @@ def _sampling_for_tools(params: SamplingParams, plan: ToolPlan) -> SamplingParam
 
 # ---- admission ----------------------------------------------------------------------------
 
-# What a model served for each task answers, and which routes serve it.
-SERVED_FOR = {"generate": ("generation (--runner generate)", "generates text",
-                           "/v1/completions, /v1/chat/completions or /v1/responses"),
-              "embed": ("embeddings (--runner pooling)", "makes embeddings",
-                        "/v1/embeddings, /score or /rerank"),
-              "classify": ("classification (--runner pooling, a sequence classifier)",
-                           "classifies", "/classify, or /score and /rerank")}
-ASKED = {"generate": "it generates no text", "embed": "it makes no embeddings",
-         "classify": "it has no classification head"}
+# The routes that serve a model of each task.
+TASK_ROUTES = {"generate": "/v1/completions, /v1/chat/completions or /v1/responses",
+               "embed": "/v1/embeddings, /score or /rerank",
+               "classify": "/classify, or /score and /rerank"}
 
 
 def check_serving(state: ServerState, model: str | None, task: str = "generate") -> str | None:
@@ -152,11 +148,11 @@ def check_serving(state: ServerState, model: str | None, task: str = "generate")
     adapter = check_model(state, model)
     if state.task != task:
         name = model or state.options.served_model_name
-        served, _, routes = SERVED_FOR[state.task]
         hint = ("; serve an embedding model, or this one with --runner pooling"
-                if state.task == "generate" and task == "embed" else f"; use {routes}")
-        raise APIError(400, f"the model {name!r} is served for {served}: {ASKED[task]}{hint}",
-                       param="model")
+                if state.task == "generate" and task == "embed"
+                else f"; use {TASK_ROUTES[state.task]}")
+        raise APIError(400, f"the model {name!r} is served for {TASK_SERVED[state.task]}: it "
+                            f"{TASK_LACKS[task]}{hint}", param="model")
     if state.engine.num_waiting >= state.options.max_waiting_requests:
         raise APIError(503, f"too many requests waiting ({state.engine.num_waiting}); "
                             "retry later", headers={"Retry-After": "1"})

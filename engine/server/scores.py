@@ -47,8 +47,8 @@ async def create_rerank(body: RerankRequest, request: Request, state: ServerStat
 
 
 async def _scores(body: ScoringFields, request: Request, state: ServerState,
-                        pairs: list[tuple[str, str]], kind: str,
-                        field: str) -> tuple[str, list[float], int] | None:
+                  pairs: list[tuple[str, str]], kind: str,
+                  field: str) -> tuple[str, list[float], int] | None:
     """The call's id, each pair's score and the tokens read; None if the client went
     away."""
     if state.task == "classify":

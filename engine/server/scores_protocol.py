@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, model_validator
 
+from tokenmill.engine.core import score_pairs
 from tokenmill.engine.server.embeddings_protocol import MAX_INPUTS, ActivationField
 from tokenmill.engine.server.protocol import Priority, RequestModel, TruncatePromptTokens
 
@@ -42,11 +43,7 @@ class ScoreRequest(ScoringFields):
         return self
 
     def pairs(self) -> list[tuple[str, str]]:
-        first = [self.text_1] if isinstance(self.text_1, str) else self.text_1
-        second = [self.text_2] if isinstance(self.text_2, str) else self.text_2
-        if len(first) == 1:
-            return [(first[0], text) for text in second]
-        return list(zip(first, second, strict=True))
+        return score_pairs(self.text_1, self.text_2)
 
 
 class RerankDocument(RequestModel):
