@@ -48,6 +48,9 @@ class Classifier:
     # token's share of the two's softmax, as Qwen3-Reranker answers yes against no).
     from_tokens: tuple[str, ...] = ()
     two_way: bool = False
+    # BERT's cross-encoders read a pair's second text as token type 1 (segment embeddings),
+    # as the tokenizer's pair encoding marks it.
+    token_types: bool = False
 
     @property
     def sigmoid(self) -> bool:

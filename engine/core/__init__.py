@@ -12,7 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tokenmill.engine.core.cross_encoding import pair_token_ids, score_pairs
+    from tokenmill.engine.core.cross_encoding import pair_prompt, score_pairs
     from tokenmill.engine.core.engine import LLMEngine
     from tokenmill.engine.core.outputs import (
         ClassificationRequestOutput,
@@ -33,7 +33,7 @@ _EXPORTS = {
     "EmbeddingRequestOutput": "tokenmill.engine.core.outputs",
     "ScoringOutput": "tokenmill.engine.core.outputs",
     "ScoringRequestOutput": "tokenmill.engine.core.outputs",
-    "pair_token_ids": "tokenmill.engine.core.cross_encoding",
+    "pair_prompt": "tokenmill.engine.core.cross_encoding",
     "score_pairs": "tokenmill.engine.core.cross_encoding",
     "RequestOutput": "tokenmill.engine.core.outputs",
     "PoolingParams": "tokenmill.engine.core.pooling_params",
@@ -43,7 +43,7 @@ _EXPORTS = {
 
 __all__ = ["ClassificationRequestOutput", "CompletionOutput", "EmbeddingRequestOutput",
            "LLMEngine", "PoolingParams", "RequestOutput", "SamplingParams",
-           "ScoringOutput", "ScoringRequestOutput", "StructuredOutputsParams", "pair_token_ids",
+           "ScoringOutput", "ScoringRequestOutput", "StructuredOutputsParams", "pair_prompt",
            "score_pairs"]
 
 

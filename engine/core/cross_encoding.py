@@ -6,14 +6,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from tokenmill.engine.contract.pooling import Classifier
 
-def pair_token_ids(tokenizer: Any, first: str, second: str, joined: bool = False) -> list[int]:
-    """The tokenizer's own encoding of the pair (its special tokens and separators), as
-    transformers encodes `tokenizer(first, second)`; with `joined`, the two texts one after
-    the other as one text (a causal LM made a reranker, vLLM's use_pad_token false)."""
-    if joined:
-        return list(tokenizer(first + second)["input_ids"])
-    return list(tokenizer(first, second)["input_ids"])
+
+def pair_prompt(tokenizer: Any, first: str, second: str,
+                classifier: Classifier) -> tuple[list[int], tuple[int, ...] | None]:
+    """The pair's token ids as the tokenizer encodes `tokenizer(first, second)` (its special
+    tokens and separators), and each token's type where the classifier reads types (BERT's
+    segments; else None); a classifier that joins pairs reads the two texts one after the
+    other as one text (a causal LM made a reranker, vLLM's use_pad_token false)."""
+    if classifier.joins_pairs:
+        return list(tokenizer(first + second)["input_ids"]), None
+    encoded = tokenizer(first, second, return_token_type_ids=classifier.token_types)
+    ids = list(encoded["input_ids"])
+    if not classifier.token_types:
+        return ids, None
+    return ids, tuple(encoded["token_type_ids"])
 
 
 def score_pairs(first: str | list[str], second: str | list[str]) -> list[tuple[str, str]]:

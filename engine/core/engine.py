@@ -47,6 +47,7 @@ from tokenmill.engine.models.architecture import (
     architecture_of,
     classifier_of,
     context_length_of,
+    encoder_of,
     flags_of,
     is_bare_decoder,
 )
@@ -100,11 +101,16 @@ class LLMEngine:
         self.max_model_len = _max_model_len(config, self.model_config)
         # How embeddings are pooled under the pooling runner; None: this engine generates.
         self.pooler = _pooler(config, self.model_config, source.directory)
+        # An encoder's prompts run whole, each in one step, and keep no KV cache.
+        self.encoder = encoder_of(self.model_config) is not None
+        if self.encoder:
+            _check_encoder_options(config, self.max_model_len)
         if config.enable_lora and flags_of(self.model_config).ungated_mlp:
             raise ConfigError("enable_lora", f"LoRA adapters are not served on "
                               f"{architecture_of(self.model_config)}'s MLP without a gate")
         tp_size = config.tensor_parallel_size
-        check_tensor_parallel(self.model_config, tp_size)
+        if not self.encoder:
+            check_tensor_parallel(self.model_config, tp_size)
         _check_devices(config.device, self.device, tp_size)
         check_host_memory(config)
         self.tp = TPGroup()
@@ -141,7 +147,7 @@ class LLMEngine:
         log.info("model loaded", extra={"model": config.model, **self._load_log_fields()})
         num_blocks = self.runner.num_blocks
         # MEAN and CLS pooling read every prompt token's hidden state: nothing can be skipped.
-        prefix_caching = config.enable_prefix_caching and (
+        prefix_caching = config.enable_prefix_caching and not self.encoder and (
             self.pooler is None or self.pooler.pooling_type == "LAST")
         self.kv = KVCacheManager(num_blocks, config.block_size, prefix_caching,
                                  layout=self.runner.layout,
@@ -153,7 +159,8 @@ class LLMEngine:
                                  config.download_dir) if config.enable_lora else None
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    proposer, self.lora.slots if self.lora else None,
-                                   chunked_prefill=config.enable_chunked_prefill,
+                                   chunked_prefill=(config.enable_chunked_prefill
+                                                    and not self.encoder),
                                    policy=config.scheduling_policy,
                                    long_prefill_token_threshold=(
                                        config.long_prefill_token_threshold))
@@ -258,11 +265,26 @@ class LLMEngine:
         text, token_ids = self._tokenize(prompt)
         if pooling is not None:
             pooling.check(self.model_config.hidden_size)
+            self._check_token_types(pooling.token_type_ids, len(token_ids))
             self._check_fits(token_ids)
             return text, token_ids
         self._check_fits(token_ids, params.n, params.max_tokens)
         self._check_sampling(params)
         return text, token_ids
+
+    def _check_token_types(self, types: tuple[int, ...] | None, length: int) -> None:
+        """RequestError for token types the model does not read, or that do not match the
+        prompt token for token."""
+        if types is None:
+            return
+        classifier = self.pooler.classifier if self.pooler is not None else None
+        if classifier is None or not classifier.token_types:
+            raise RequestError("token types are read only by a BERT cross-encoder's pairs; "
+                               "this model reads none", param="token_type_ids")
+        count = int(self.model_config.type_vocab_size)
+        if len(types) != length or any(not 0 <= t < count for t in types):
+            raise RequestError(f"token_type_ids must give one type in [0, {count}) for each "
+                               f"of the prompt's {length} tokens", param="token_type_ids")
 
     def check_priority(self, priority: int) -> None:
         """RequestError for a priority this server's scheduling policy does not take."""
@@ -613,18 +635,46 @@ def _pooler(config: EngineConfig, model_config: Any, directory: str) -> Pooler |
         pools = classifier is not None or embedding_checkpoint(model_config, directory)
         runner = "pooling" if pools else "generate"
     if runner == "generate":
-        if is_bare_decoder(model_config) or classifier is not None:
+        encoder = encoder_of(model_config) is not None
+        if is_bare_decoder(model_config) or encoder or classifier is not None:
             kind, what = (("a sequence classifier", "a classification model") if classifier
-                          else ("a bare decoder", "an embedding model"))
+                          else ("an encoder" if encoder else "a bare decoder",
+                                "an embedding model"))
             raise ConfigError("runner", f"the checkpoint is {kind} "
                               f"({', '.join(model_config.architectures)}) without an LM head: "
                               f"{what}; serve it with --runner pooling")
         return None
     config.check_pooling_options()
+    overrides = config.pooler_overrides()
+    encoder = encoder_of(model_config) is not None
+    if classifier is not None and encoder:  # the first token's state, through the head
+        if overrides.get("pooling_type", "CLS") != "CLS":
+            raise ConfigError("pooler_config", f"an encoder's classification head reads the "
+                              f"first token's hidden state (CLS), not "
+                              f"{overrides['pooling_type']}")
+        return Pooler("CLS", normalize=False, classifier=classifier).updated(overrides)
     if classifier is not None:  # the last token's state, through the head
-        return Pooler("LAST", normalize=False, classifier=classifier).updated(
-            config.pooler_overrides())
-    return model_pooler(directory).updated(config.pooler_overrides())
+        return Pooler("LAST", normalize=False, classifier=classifier).updated(overrides)
+    # Without sentence-transformers files an encoder embeds its first token, as vLLM does.
+    default = Pooler("CLS") if encoder else Pooler()
+    return model_pooler(directory, default).updated(overrides)
+
+
+def _check_encoder_options(config: EngineConfig, max_model_len: int) -> None:
+    """ConfigError for an option an encoder does not run with. Chunked prefill and the prefix
+    cache are off for it whatever they say: no prompt can be split (each token sees every
+    other), and there is no KV cache to share."""
+    if config.tensor_parallel_size > 1:
+        raise ConfigError("tensor_parallel_size", "encoders (BERT's family) run on one device; "
+                                                  "use tensor_parallel_size 1")
+    if config.quantization not in (None, "none"):
+        raise ConfigError("quantization", f"{config.quantization} is not served for encoders "
+                                          "(BERT's family); they run unquantized")
+    if config.max_num_batched_tokens < max_model_len:
+        raise ConfigError("max_num_batched_tokens", f"({config.max_num_batched_tokens}) must "
+                          f"be at least the context length ({max_model_len}) for an encoder, "
+                          "whose prompts run whole in one step; raise it, or lower "
+                          "--max-model-len")
 
 
 def _head_token_ids(pooler: Pooler | None, tokenizer: Any) -> tuple[int, ...]:

@@ -19,6 +19,9 @@ class PoolingParams:
     task: str = "embed"
     # A classifier's probabilities (None: yes), or its raw logits: a reward model's scores.
     use_activation: bool | None = None
+    # Each prompt token's type (a pair's encoding by a BERT tokenizer: 0 for the first text,
+    # 1 for the second), set by the score API for a cross-encoder that reads them; None: all 0.
+    token_type_ids: tuple[int, ...] | None = None
 
     def check(self, hidden_size: int) -> None:
         if self.dimensions is not None and not 1 <= self.dimensions <= hidden_size:

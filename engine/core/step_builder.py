@@ -37,4 +37,18 @@ def build_step_inputs(scheduled: list[tuple[Sequence, int]], block_size: int,
         if rows is not None:
             inputs.pool_spans.append((first_row + rows[0], first_row + rows[1]))
     inputs.prompt_rows = rows_to_score(scheduled)
+    inputs.token_types = _token_types(scheduled)
     return inputs
+
+
+def _token_types(scheduled: list[tuple[Sequence, int]]) -> list[int]:
+    """Each new token's type (a cross-encoder's pair), [] where no sequence has types."""
+    typed = [None if seq.pooling is None else seq.pooling.params.token_type_ids
+             for seq, _ in scheduled]
+    if not any(typed):
+        return []
+    rows = []
+    for (seq, num_new), types in zip(scheduled, typed, strict=True):
+        start = seq.num_computed_tokens
+        rows += types[start:start + num_new] if types else [0] * num_new
+    return rows

@@ -19,7 +19,7 @@ from tokenmill.engine.execution.lora_slots import LoRASlots
 from tokenmill.engine.execution.profile_run import CudaMemory, profile_memory
 from tokenmill.engine.execution.runner import ModelRunner
 from tokenmill.engine.execution.startup_phases import StartupPhases
-from tokenmill.engine.models.architecture import moe_shape_of
+from tokenmill.engine.models.architecture import encoder_of, moe_shape_of
 from tokenmill.engine.models.loader import build_model
 from tokenmill.engine.models.source import ModelSource
 
@@ -65,6 +65,8 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
         lora = LoRASlots(model, config.max_loras, config.max_lora_rank,
                          config.cpu_lora_capacity, setup.attention_backend) \
             if config.enable_lora else None
+    if encoder_of(model_config) is not None:
+        return _encoder_runner(setup, model, device, phases)
     layout = KVCacheLayout.for_model(model_config, config.block_size, setup.dtype,
                                      config.kv_cache_dtype, tp.size)
 
@@ -95,6 +97,20 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
             runner.capture_decode_graphs(config.max_num_seqs, config.max_num_batched_tokens,
                                          setup.max_model_len,
                                          *verify_graph_shape(config, device.type))
+    runner.startup_seconds = phases.seconds
+    return runner
+
+
+def _encoder_runner(setup: RankSetup, model: Any, device: torch.device,
+                    phases: StartupPhases) -> ModelRunner:
+    """An encoder keeps no KV cache: its pool has no layers and takes no memory, and its
+    blocks only count what the scheduler admits (every running prompt whole)."""
+    config = setup.config
+    layout = KVCacheLayout(0, 1, 1, config.block_size, setup.dtype)
+    num_blocks = config.max_num_seqs * -(-setup.max_model_len // config.block_size)
+    runner = ModelRunner(model, num_blocks, layout, device,
+                         attention_backend=setup.attention_backend)
+    phases.seconds.update(kv_profile=0.0, kv_allocate=0.0, graph_capture=0.0)
     runner.startup_seconds = phases.seconds
     return runner
 

@@ -146,7 +146,10 @@ class ModelRunner:
                 self.lora.set_step(views.lora_slots, active=lora_slots is not None)
             meta = self.buffers.metadata(views, inputs.seq_lens, inputs.query_lens,
                                          self.attention_backend)
-            hidden = self.model(views.input_ids, views.positions, self.kv_caches, meta)
+            typed = {} if not inputs.token_types else {"token_types": torch.tensor(
+                inputs.token_types, dtype=torch.long, device=self.device)}
+            hidden = self.model(views.input_ids, views.positions, self.kv_caches, meta,
+                                **typed)
             last_rows = views.query_start[1:] - 1
         if inputs.prompt_rows.rows:
             self.prompt_scores = score_rows(self.model, hidden, inputs.prompt_rows)

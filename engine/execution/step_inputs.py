@@ -47,6 +47,9 @@ class StepInputs:
     # loads into their slots before the forward pass: (slot, adapter directory on local disk).
     lora_slots: list[int] = field(default_factory=list)
     lora_loads: list[tuple[int, str]] = field(default_factory=list)
+    # Each token row's type (BERT's segments of a scored pair); empty where no sequence of
+    # the step has types (all 0).
+    token_types: list[int] = field(default_factory=list)
 
     def add_sequence(self, token_ids: list[int], start: int, block_table: list[int],
                      block_size: int, num_logits: int = 1, lora_slot: int = -1) -> None:

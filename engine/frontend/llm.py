@@ -22,7 +22,7 @@ from tokenmill.engine.core import (
     SamplingParams,
     ScoringOutput,
     ScoringRequestOutput,
-    pair_token_ids,
+    pair_prompt,
     score_pairs,
 )
 
@@ -112,10 +112,11 @@ class LLM:
             if len(classifier.labels) != 1:
                 raise ValueError(f"scoring needs a classifier with one label; this one has "
                                  f"{len(classifier.labels)}: use LLM.classify")
-            prompts = [pair_token_ids(self.tokenizer, a, b, classifier.joins_pairs)
-                       for a, b in pairs]
             params = dataclasses.replace(pooling_params or PoolingParams(), task="classify")
-            outs = self._pool(prompts, params, use_tqdm)
+            encoded = [pair_prompt(self.tokenizer, a, b, classifier) for a, b in pairs]
+            outs = self._pool([ids for ids, _ in encoded], [
+                dataclasses.replace(params, token_type_ids=types) for _, types in encoded],
+                use_tqdm)
             return [ScoringRequestOutput(out.request_id, out.prompt_token_ids,
                                          ScoringOutput(out.embedding[0])) for out in outs]
         texts = list(dict.fromkeys(text for pair in pairs for text in pair))
@@ -127,14 +128,16 @@ class LLM:
                 dim=0).item()))
             for i, (a, b) in enumerate(pairs)]
 
-    def _pool(self, batch: list[Prompt], params: PoolingParams,
+    def _pool(self, batch: list[Prompt], params: PoolingParams | list[PoolingParams],
               use_tqdm: bool) -> list[RequestOutput]:
-        """Every prompt through the pooling runner, checked before any runs."""
-        for prompt in batch:
-            self.engine.check_request(prompt, None, pooling=params)
+        """Every prompt through the pooling runner (with its own params where a list gives
+        them), checked before any runs."""
+        each = params if isinstance(params, list) else [params] * len(batch)
+        for prompt, p in zip(batch, each, strict=True):
+            self.engine.check_request(prompt, None, pooling=p)
         ids = [f"offline-{next(self._ids)}" for _ in batch]
-        for request_id, prompt in zip(ids, batch, strict=True):
-            self.engine.add_request(request_id, prompt, pooling=params)
+        for request_id, prompt, p in zip(ids, batch, each, strict=True):
+            self.engine.add_request(request_id, prompt, pooling=p)
         return self._run(ids, "Pooling", use_tqdm)
 
     def _run(self, ids: list[str], what: str, use_tqdm: bool) -> list[RequestOutput]:

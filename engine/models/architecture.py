@@ -89,6 +89,17 @@ CLASSIFIER_SUFFIX = "ForSequenceClassification"
 # exported by sentence-transformers): served by the pooling runner only.
 BARE_DECODERS = {"LlamaModel": "LlamaForCausalLM", "MistralModel": "MistralForCausalLM",
                  "Qwen2Model": "Qwen2ForCausalLM", "Qwen3Model": "Qwen3ForCausalLM"}
+# Encoders (every token attends to every other): BERT and RoBERTa's families, as embedding
+# models (BGE, E5, MiniLM) and cross-encoder rerankers (ms-marco MiniLM, BGE rerankers),
+# served by the pooling runner only (models/encoder.py). By architecture: the family, and
+# whether a classification head follows the encoder.
+ENCODERS = {"BertModel": ("bert", False), "BertForSequenceClassification": ("bert", True),
+            "RobertaModel": ("roberta", False),
+            "RobertaForSequenceClassification": ("roberta", True),
+            "XLMRobertaModel": ("roberta", False),
+            "XLMRobertaForSequenceClassification": ("roberta", True)}
+ENCODER_MODEL_TYPES = {"bert": "BertModel", "roberta": "RobertaModel",
+                       "xlm-roberta": "XLMRobertaModel"}
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
@@ -153,7 +164,35 @@ class MoeShape:
         return layer not in self.dense_layers and (layer + 1) % self.sparse_step == 0
 
 
+def encoder_of(config: Any) -> str | None:
+    """The encoder architecture (of ENCODERS) the checkpoint is, None for any other."""
+    names = list(getattr(config, "architectures", None) or [])
+    for name in names:
+        if name in ENCODERS:
+            return name
+    return None if names else ENCODER_MODEL_TYPES.get(getattr(config, "model_type", ""))
+
+
+def is_bare_encoder(config: Any) -> bool:
+    """Whether the checkpoint is an encoder without a classification head (an embedding
+    model)."""
+    name = encoder_of(config)
+    return name is not None and not ENCODERS[name][1]
+
+
+def position_offset(config: Any) -> int:
+    """Where an encoder's positions start in its position embeddings: RoBERTa's family counts
+    from its padding id plus one (transformers' create_position_ids_from_input_ids on an
+    unpadded prompt), BERT from 0, as does every decoder (which has none)."""
+    encoder = encoder_of(config)
+    if encoder is None or ENCODERS[encoder][0] != "roberta":
+        return 0
+    return int(config.pad_token_id) + 1
+
+
 def architecture_of(config: Any) -> str:
+    if encoder := encoder_of(config):
+        return encoder
     if getattr(config, "use_bidirectional_attention", False):
         raise ModelLoadError("the model attends in both directions (an encoder, such as "
                              "EmbeddingGemma); tokenmill runs causal decoders only")
@@ -175,7 +214,8 @@ def architecture_of(config: Any) -> str:
     raise ModelLoadError(
         f"architecture {names or config.model_type!r} is not supported; tokenmill runs "
         f"{', '.join(SUPPORTED)} (their bare decoders for embeddings: "
-        f"{', '.join(BARE_DECODERS)}; and their *{CLASSIFIER_SUFFIX} classifiers)"
+        f"{', '.join(BARE_DECODERS)}; and their *{CLASSIFIER_SUFFIX} classifiers), and the "
+        f"encoders {', '.join(ENCODERS)}"
     )
 
 
@@ -211,8 +251,11 @@ def _token_classifier(config: Any, tokens: Any) -> Classifier:
 
 def is_sequence_classifier(config: Any) -> bool:
     """Whether the checkpoint is a decoder with a classification head (`score`, one row per
-    label, over the last token's hidden state) instead of its LM head."""
+    label, over the last token's hidden state) instead of its LM head, or an encoder with
+    one (over its first token's)."""
     names = list(getattr(config, "architectures", None) or [])
+    if encoder := encoder_of(config):
+        return ENCODERS[encoder][1]
     return any(_classified_decoder(name) for name in names) and \
         not any(name in SUPPORTED for name in names)
 
@@ -232,8 +275,11 @@ def classifier_of(config: Any) -> Classifier | None:
     by_index = {int(k): str(v) for k, v in names.items()}
     labels = tuple(by_index.get(i, f"LABEL_{i}") for i in range(count))
     multi = getattr(config, "problem_type", None) == "multi_label_classification"
+    token_types = encoder_of(config) is not None and \
+        int(getattr(config, "type_vocab_size", 1) or 1) > 1
     return Classifier(labels, multi_label=multi,
-                      joins_pairs=getattr(config, "use_pad_token", True) is False)
+                      joins_pairs=getattr(config, "use_pad_token", True) is False,
+                      token_types=token_types)
 
 
 def is_bare_decoder(config: Any) -> bool:
@@ -317,11 +363,12 @@ def sliding_window_of(config: Any) -> int | None:
 
 
 def context_length_of(config: Any) -> int:
-    """The longest sequence the model takes: max_position_embeddings, or for a YaRN-stretched
+    """The longest sequence the model takes: max_position_embeddings (an encoder's less the
+    positions its count skips), or for a YaRN-stretched
     model its original context times the factor, where that is longer (Qwen's model cards
     stretch 32K to 128K this way and leave max_position_embeddings as it was; vLLM derives
     the same length)."""
-    limit = getattr(config, "max_position_embeddings", None) or 2048
+    limit = (getattr(config, "max_position_embeddings", None) or 2048) - position_offset(config)
     params = rope_parameters(config)
     original, factor = params.get("original_max_position_embeddings"), params.get("factor")
     if params["rope_type"] == "yarn" and original and factor:

@@ -31,12 +31,15 @@ from tokenmill.engine.layers.rotary import (
 from tokenmill.engine.models.architecture import (
     architecture_of,
     classifier_of,
+    encoder_of,
     flags_of,
     moe_shape_of,
 )
 from tokenmill.engine.models.classifier_head import token_head
 from tokenmill.engine.models.config_overrides import ConfigOverrideError, apply_config_overrides
 from tokenmill.engine.models.decoder import CausalLM, head_dim_of, num_kv_heads_of
+from tokenmill.engine.models.encoder import EncoderModel
+from tokenmill.engine.models.encoder_weights import build_encoder
 from tokenmill.engine.models.fused_weights import (
     RowWindow,
     expert_parts,
@@ -198,7 +201,7 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
                 device: torch.device, show_progress: bool = True,
                 quantization: str | None = None, tp: TPGroup | None = None,
                 workers: int = LOAD_WORKERS, pooling: bool = False,
-                head_token_ids: tuple[int, ...] = ()) -> CausalLM:
+                head_token_ids: tuple[int, ...] = ()) -> CausalLM | EncoderModel:
     """Allocate the model directly on `device` (no random init), load its weights, then
     quantize them if asked (after loading: checkpoints hold full-precision weights).
     `quantization` None means the checkpoint's own where this device runs it (a GGUF file's
@@ -212,7 +215,16 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     `pooling` (the embedding runner) never projects to the vocabulary: the LM head is the
     embeddings' weight, and a checkpoint's own head, if it has one, is not read; but a
     classifier made of its head's rows (`head_token_ids`: the tokens of vLLM's
-    classifier_from_token) reads it, takes those rows, then lets it go."""
+    classifier_from_token) reads it, takes those rows, then lets it go.
+
+    An encoder (BERT's family) is built whole and unquantized (the engine refuses the options
+    it does not take)."""
+    if encoder_of(config) is not None:
+        model, seconds, nbytes, files = build_encoder(config, source, dtype, device,
+                                                      show_progress)
+        model.load_report = LoadReport(seconds, nbytes, files, 1)
+        model.quantization = None
+        return model
     check_quantization(quantization)
     if source.gguf_file and moe_shape_of(config) is not None:
         raise ModelLoadError(f"{source.gguf_file} holds {MOE_GGUF_REFUSAL}")

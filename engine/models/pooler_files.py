@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from tokenmill.engine.contract.pooling import Pooler
-from tokenmill.engine.models.architecture import is_bare_decoder
+from tokenmill.engine.models.architecture import is_bare_decoder, is_bare_encoder
 from tokenmill.engine.models.source import ModelLoadError
 
 # Module classes, by the last part of their type: sentence_transformers.models.Pooling before
@@ -41,21 +41,22 @@ def _modules(directory: str) -> list[dict[str, Any]] | None:
 
 
 def embedding_checkpoint(model_config: Any, directory: str) -> bool:
-    """Whether runner auto serves this checkpoint for embeddings: a bare decoder, or a model
-    packaged for sentence-transformers (a Pooling module)."""
-    if is_bare_decoder(model_config):
+    """Whether runner auto serves this checkpoint for embeddings: a bare decoder or encoder,
+    or a model packaged for sentence-transformers (a Pooling module)."""
+    if is_bare_decoder(model_config) or is_bare_encoder(model_config):
         return True
     modules = _modules(directory) or []
     return any(_kind(m) == POOLING_MODULE for m in modules)
 
 
-def model_pooler(directory: str) -> Pooler:
-    """The checkpoint's own pooling (sentence-transformers files), else LAST and normalized.
+def model_pooler(directory: str, default: Pooler | None = None) -> Pooler:
+    """The checkpoint's own pooling (sentence-transformers files), else `default` (None: LAST
+    and normalized, as vLLM embeds a decoder).
     ModelLoadError for a step the engine does not compute (a Dense projection, max pooling):
     serving without it would return a different embedding than the model's."""
     modules = _modules(directory)
     if modules is None:
-        return Pooler()
+        return default or Pooler()
     pooler = Pooler(normalize=False)
     for module in modules:
         kind = _kind(module)

@@ -119,7 +119,10 @@ def step_weight_bytes(model: CausalLM) -> int:
     """The weight bytes a decode step reads at least: all of them but an input embedding table
     the LM head does not share (a step reads only its batch's rows of it) and, in a mixture
     of experts, the experts a single token does not choose (top_k of each layer's experts are
-    read; a larger batch reads more of them)."""
+    read; a larger batch reads more of them). An encoder (no LM head) reads its layers and
+    its batch's rows of its embedding tables."""
+    if not hasattr(model, "lm_head"):
+        return weight_bytes(model) - weight_bytes(model.embeddings)
     embeddings = model.model.embed_tokens.weight
     head = getattr(model.lm_head, "weight", None)
     unread = 0 if head is not None and head.data_ptr() == embeddings.data_ptr() \

@@ -49,13 +49,15 @@ async def create_embedding(body: EmbeddingRequest, request: Request,
 
 
 async def embed(state: ServerState, request: Request, call_id: str, prompts: list[list[int]],
-                pooling: PoolingParams, field: str,
+                pooling: PoolingParams | list[PoolingParams], field: str,
                 priority: int = 0) -> list[EmbeddingRequestOutput] | None:
-    """Every prompt pooled (embedded, or classified under PoolingParams' task classify),
-    batched as one call's engine requests; None if the client went away first."""
-    options = {"params": None, "pooling": pooling, "priority": priority}
+    """Every prompt pooled (embedded, or classified under PoolingParams' task classify; with
+    a list, each prompt under its own params), batched as one call's engine requests; None if
+    the client went away first."""
+    each = pooling if isinstance(pooling, list) else [pooling] * len(prompts)
     streams = await start_requests(
-        state, [(f"{call_id}-{i}", ids, options) for i, ids in enumerate(prompts)], field)
+        state, [(f"{call_id}-{i}", ids, {"params": None, "pooling": p, "priority": priority})
+                for i, (ids, p) in enumerate(zip(prompts, each, strict=True))], field)
     log.info("request admitted", extra={"id": call_id, "prompts": len(prompts)})
     return await collect(streams, request, state)
 

@@ -5,6 +5,7 @@ label's probability; as vLLM scores with either. Rerank returns the documents be
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from typing import Any
@@ -13,7 +14,7 @@ import torch
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from tokenmill.engine.core import PoolingParams, pair_token_ids
+from tokenmill.engine.core import PoolingParams, pair_prompt
 from tokenmill.engine.server.embeddings import embed
 from tokenmill.engine.server.errors import APIError, client_closed
 from tokenmill.engine.server.openai_serving import check_serving, truncated
@@ -79,12 +80,16 @@ async def _cross_encoded(body: ScoringFields, request: Request, state: ServerSta
         raise APIError(400, f"the model {state.options.served_model_name!r} is a classifier "
                             f"with {len(labels)} labels: scoring needs one (a cross-encoder); "
                             "use /classify", param="model")
-    joined = state.classifier.joins_pairs
-    prompts = [truncated(pair_token_ids(state.tokenizer, a, b, joined),
-                         body.truncate_prompt_tokens, state) for a, b in pairs]
-    call_id = f"{kind}-{uuid.uuid4().hex}"
     pooling = PoolingParams(task="classify", use_activation=body.use_activation)
-    finals = await embed(state, request, call_id, prompts, pooling, field, body.priority)
+    prompts, each = [], []
+    for a, b in pairs:
+        ids, types = pair_prompt(state.tokenizer, a, b, state.classifier)
+        kept = len(truncated(ids, body.truncate_prompt_tokens, state))
+        prompts.append(ids[len(ids) - kept:])
+        each.append(dataclasses.replace(
+            pooling, token_type_ids=None if types is None else types[len(types) - kept:]))
+    call_id = f"{kind}-{uuid.uuid4().hex}"
+    finals = await embed(state, request, call_id, prompts, each, field, body.priority)
     if finals is None:
         return None
     return call_id, [out.embedding[0] for out in finals], sum(len(ids) for ids in prompts)

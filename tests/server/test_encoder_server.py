@@ -1,0 +1,85 @@
+"""Encoders served over HTTP, as TEI and vLLM serve them: a BERT embedding model answers the
+official openai client's embeddings call with sentence-transformers' vectors, and a BERT
+cross-encoder answers /score and /rerank with transformers' scores of each pair (its two texts
+two segments); generation routes are 400s that say what the model serves."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+import torch
+from embedding_support import st_embeddings
+from encoder_support import (
+    hf_pair_logits,
+    make_cross_encoder,
+    make_encoder_embedding,
+    make_wordpiece_tokenizer,
+)
+from model_support import REFERENCE
+from server_support import in_process_server
+
+TEXTS = ["hello world", "where is berlin? in germany, a big city"]
+QUERY = "where is paris?"
+DOCUMENTS = ["berlin is in germany.", "the capital of france is paris.", "b"]
+
+
+@pytest.fixture(scope="module")
+def wordpiece(tmp_path_factory):
+    return make_wordpiece_tokenizer(str(tmp_path_factory.mktemp("wordpiece")))
+
+
+@pytest.fixture(scope="module")
+def embedder(tmp_path_factory, wordpiece):
+    path = make_encoder_embedding(str(tmp_path_factory.mktemp("bge")), wordpiece, "bert",
+                                  "cls")
+    with in_process_server(path, "bge", **REFERENCE) as server:
+        yield server, path
+
+
+@pytest.fixture(scope="module")
+def reranker(tmp_path_factory, wordpiece):
+    path = make_cross_encoder(str(tmp_path_factory.mktemp("minilm")), wordpiece, "bert")
+    with in_process_server(path, "minilm", **REFERENCE) as server:
+        yield server, path
+
+
+def test_the_openai_client_gets_sentence_transformers_embeddings(embedder, wordpiece):
+    server, path = embedder
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+    reply = client.embeddings.create(model="bge", input=TEXTS)
+    got = torch.tensor([d.embedding for d in reply.data])
+    torch.testing.assert_close(got, st_embeddings(path, TEXTS), atol=1e-5, rtol=0)
+    assert reply.usage.prompt_tokens == sum(len(wordpiece(t)["input_ids"]) for t in TEXTS)
+    chat = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "model": "bge", "messages": [{"role": "user", "content": "hi"}]})
+    assert chat.status_code == 400
+    assert "it generates no text" in chat.json()["error"]["message"]
+
+
+def test_a_cross_encoder_scores_and_reranks_pairs_as_two_segments(reranker, wordpiece):
+    server, path = reranker
+    reference = torch.sigmoid(hf_pair_logits(path, [(QUERY, d) for d in DOCUMENTS])[:, 0])
+    scored = httpx.post(server.url + "/v1/score", timeout=60, json={
+        "model": "minilm", "text_1": QUERY, "text_2": DOCUMENTS}).json()
+    assert [d["score"] for d in scored["data"]] == pytest.approx(reference.tolist(), abs=1e-5)
+    reranked = httpx.post(server.url + "/v1/rerank", timeout=60, json={
+        "model": "minilm", "query": QUERY, "documents": DOCUMENTS, "top_n": 2}).json()
+    best = reference.argsort(descending=True)[:2].tolist()
+    assert [r["index"] for r in reranked["results"]] == best
+    assert [r["relevance_score"] for r in reranked["results"]] == \
+        pytest.approx(reference[best].tolist(), abs=1e-5)
+    # Truncated from the left as vLLM truncates, the tokens kept keep their types.
+    pair = wordpiece(QUERY, DOCUMENTS[1])
+    keep = len(pair["input_ids"]) - 2
+    cut = httpx.post(server.url + "/score", timeout=60, json={
+        "model": "minilm", "text_1": QUERY, "text_2": DOCUMENTS[1],
+        "truncate_prompt_tokens": keep, "use_activation": False}).json()
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        expected = model(input_ids=torch.tensor([pair["input_ids"][-keep:]]),
+                         token_type_ids=torch.tensor([pair["token_type_ids"][-keep:]])).logits
+    assert cut["data"][0]["score"] == pytest.approx(expected[0, 0].item(), abs=1e-5)
+    assert cut["usage"]["prompt_tokens"] == keep
