@@ -104,7 +104,7 @@ class LLMEngine:
         # An encoder's prompts run whole, each in one step, and keep no KV cache.
         self.encoder = encoder_of(self.model_config) is not None
         if self.encoder:
-            _check_encoder_options(config, self.max_model_len)
+            _check_encoder_options(config)
         if config.enable_lora and flags_of(self.model_config).ungated_mlp:
             raise ConfigError("enable_lora", f"LoRA adapters are not served on "
                               f"{architecture_of(self.model_config)}'s MLP without a gate")
@@ -157,13 +157,14 @@ class LLMEngine:
         self.speculation_stats = proposer.stats if proposer else SpeculationStats()
         self.lora = LoRARegistry(config.max_loras, self.runner.lora.cache.get,
                                  config.download_dir) if config.enable_lora else None
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, self._step_budget(),
                                    proposer, self.lora.slots if self.lora else None,
                                    chunked_prefill=(config.enable_chunked_prefill
                                                     and not self.encoder),
                                    policy=config.scheduling_policy,
                                    long_prefill_token_threshold=(
-                                       config.long_prefill_token_threshold))
+                                       0 if self.encoder
+                                       else config.long_prefill_token_threshold))
         generation_config = load_generation_config(source.directory)  # read once, for both
         self.eos_token_ids = _eos_ids(self.model_config, self.tokenizer, generation_config)
         self.generation_defaults = generation_defaults(generation_config)
@@ -182,6 +183,17 @@ class LLMEngine:
             "max_model_len": self.max_model_len,
             **{name: round(seconds, 3) for name, seconds in self.startup_report().items()}})
         log.info("memory", extra=self.memory_report())
+
+    def _step_budget(self) -> int:
+        """The scheduler's tokens per step: --max-num-batched-tokens, raised to the context
+        length for an encoder, whose prompts cannot be split (as vLLM sizes the budget without
+        chunked prefill)."""
+        budget = self.config.max_num_batched_tokens
+        if self.encoder and budget < self.max_model_len:
+            log.info("step budget raised to the context length", extra={
+                "max_num_batched_tokens": budget, "max_model_len": self.max_model_len})
+            return self.max_model_len
+        return budget
 
     def _start_workers(self, setup: RankSetup,
                        on_failure: Callable[[str], None] | None) -> None:
@@ -660,7 +672,7 @@ def _pooler(config: EngineConfig, model_config: Any, directory: str) -> Pooler |
     return model_pooler(directory, default).updated(overrides)
 
 
-def _check_encoder_options(config: EngineConfig, max_model_len: int) -> None:
+def _check_encoder_options(config: EngineConfig) -> None:
     """ConfigError for an option an encoder does not run with. Chunked prefill and the prefix
     cache are off for it whatever they say: no prompt can be split (each token sees every
     other), and there is no KV cache to share."""
@@ -670,11 +682,6 @@ def _check_encoder_options(config: EngineConfig, max_model_len: int) -> None:
     if config.quantization not in (None, "none"):
         raise ConfigError("quantization", f"{config.quantization} is not served for encoders "
                                           "(BERT's family); they run unquantized")
-    if config.max_num_batched_tokens < max_model_len:
-        raise ConfigError("max_num_batched_tokens", f"({config.max_num_batched_tokens}) must "
-                          f"be at least the context length ({max_model_len}) for an encoder, "
-                          "whose prompts run whole in one step; raise it, or lower "
-                          "--max-model-len")
 
 
 def _head_token_ids(pooler: Pooler | None, tokenizer: Any) -> tuple[int, ...]:

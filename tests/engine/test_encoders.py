@@ -110,16 +110,19 @@ def test_what_an_encoder_cannot_run_with_is_refused(tmp_path, wordpiece):
     scorer = make_cross_encoder(str(tmp_path / "cross"), wordpiece, "bert")
     for options, option in (({"runner": "generate"}, "runner"),
                             ({"tensor_parallel_size": 2}, "tensor_parallel_size"),
-                            ({"quantization": "int8"}, "quantization"),
-                            ({"max_num_batched_tokens": 64}, "max_num_batched_tokens")):
+                            ({"quantization": "int8"}, "quantization")):
         with pytest.raises(ConfigError) as caught:
             LLM(embedder, show_progress=False, **{**REFERENCE, **options})
         assert caught.value.option == option, options
     with pytest.raises(ConfigError, match="first token") as caught:
         LLM(scorer, show_progress=False, pooler_config='{"pooling_type": "MEAN"}', **REFERENCE)
     assert caught.value.option == "pooler_config"
-    with LLM(embedder, show_progress=False, **REFERENCE) as llm:
+    with LLM(embedder, show_progress=False, max_num_batched_tokens=64, max_num_seqs=4,
+             **REFERENCE) as llm:
         assert llm.engine.max_model_len == 128
+        # A step's budget grows to the context length: no prompt can be split.
+        assert llm.engine.scheduler.max_num_batched_tokens == 128
+        assert len(llm.embed([" ".join(["a"] * 126)])[0].outputs.embedding) == 64
         with pytest.raises(RequestError, match="128"):
             llm.embed([" ".join(["a"] * 200)])
         with pytest.raises(RequestError) as caught:
