@@ -73,6 +73,11 @@ def add_server_arguments(parser: argparse.ArgumentParser,
                         help="The chat template to use instead of the tokenizer's: a file, or "
                              "the Jinja template itself (vLLM's flag). Read at start-up; one "
                              "that does not parse stops the server with exit status 2.")
+    parser.add_argument("--response-role", default="assistant", metavar="ROLE",
+                        help="The role of a chat reply's message (vLLM's flag; default: "
+                             "assistant). A request with add_generation_prompt false (one that "
+                             "continues its last message) is answered in that message's "
+                             "role.")
     parser.add_argument("--default-chat-template-kwargs", type=_template_kwargs, default={},
                         metavar="JSON",
                         help="Variables every chat request's template gets unless the request "

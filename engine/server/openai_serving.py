@@ -98,7 +98,15 @@ async def chat_call(body: ChatCompletionRequest, state: ServerState,
                 tools=ReplyToolCalls(plan) if plan.parser is not None else None,
                 reasoning=_reasoning(state, params), continuous_usage=body.continuous_usage,
                 tokens_as_ids=_tokens_as_ids(body, state), priority=body.priority,
-                return_token_ids=bool(body.return_token_ids))
+                return_token_ids=bool(body.return_token_ids), role=_reply_role(body, state))
+
+
+def _reply_role(body: ChatCompletionRequest, state: ServerState) -> str:
+    """--response-role where the prompt asks for a reply (vLLM's rule); else the role of the
+    last message, which the reply continues."""
+    if body.add_generation_prompt:
+        return state.options.response_role
+    return body.messages[-1].role
 
 
 def _tokens_as_ids(body: Any, state: ServerState) -> bool:
@@ -364,7 +372,7 @@ async def chat_chunks(call: Call, streams: list[RequestStream], include_usage: b
     try:
         if call.kind == "chat":
             for c in range(call.n):
-                first = chunk(call, [{"index": c, "delta": {"role": "assistant", "content": ""},
+                first = chunk(call, [{"index": c, "delta": {"role": call.role, "content": ""},
                                       "logprobs": None, "finish_reason": None}],
                               usage=running_usage())
                 if call.return_token_ids and c == 0:  # vLLM's: on the first chunk

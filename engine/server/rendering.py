@@ -35,6 +35,7 @@ class Call:
     continuous_usage: bool = False  # every streamed chunk carries the usage so far
     tokens_as_ids: bool = False  # logprobs name tokens "token_id:ID" (vLLM's option)
     return_token_ids: bool = False  # vLLM's: prompt and choice token ids in the reply
+    role: str = "assistant"  # a chat reply's message role
     priority: int = 0  # under --scheduling-policy priority, lower runs first
     created: int = field(default_factory=lambda: int(time.time()))
     sent_text: dict[int, int] = field(default_factory=dict)
@@ -114,9 +115,10 @@ def _chat_message(call: Call, text: str, finish: str | None) -> tuple[dict, str 
     """A finished chat choice's message: the answer (with its tool calls, where parsed) and,
     under a reasoning parser, the thinking beside it."""
     thought, answer = (None, text) if call.reasoning is None else call.reasoning.split(text)
-    message: dict = {"role": "assistant", "content": answer}
+    message: dict = {"role": call.role, "content": answer}
     if call.tools is not None:
         message, finish = call.tools.message(answer, finish)
+        message["role"] = call.role
     if call.reasoning is not None:
         message["reasoning"] = message["reasoning_content"] = thought
     return message, finish

@@ -135,6 +135,7 @@ def server_state(config, args: argparse.Namespace) -> ServerState:
                               chat_template_content_format=(
                                   args.chat_template_content_format),
                               default_chat_template_kwargs=args.default_chat_template_kwargs,
+                              response_role=args.response_role,
                               reasoning_parser=args.reasoning_parser,
                               generation_config=args.generation_config,
                               generation_overrides=args.override_generation_config,

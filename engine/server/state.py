@@ -38,6 +38,7 @@ class ServerOptions:
     chat_template_content_format: str = "auto"  # string, openai, or auto: the template's
     # Template variables a request's chat_template_kwargs may override.
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    response_role: str = "assistant"  # a chat reply's role when the prompt asks for a reply
     reasoning_parser: str | None = None  # the model's thinking format (reasoning.py)
     generation_config: str = "auto"  # auto: the model's sampling defaults; vllm: the API's
     generation_overrides: dict[str, float] = field(default_factory=dict)  # win over both
