@@ -2,8 +2,9 @@
 same texts and checkpoint, in one run.
 
 The model is a sentence-transformers directory (--model), or with --shape a random-weight
-embedding checkpoint of a real model's shape, written by sentence-transformers itself (the
-bare decoder, last-token pooling, normalized). Both sides run in this process on the engine's
+embedding checkpoint of a real model's shape, written by sentence-transformers itself (a bare
+decoder with last-token pooling, or an encoder of ENCODER_SHAPES with first-token pooling;
+normalized). Both sides run in this process on the engine's
 device and dtype; the rounds alternate (sentence-transformers first, then tokenmill, again),
 so drift falls on both; every round embeds fresh texts (a repeated text would come from
 tokenmill's prefix cache). Reported: texts/s and prompt tokens/s of each, their ratio, and the
@@ -25,6 +26,17 @@ from tokenmill.engine.bench.random_model import SHAPES
 from tokenmill.engine.bench.report import command_line, git_revision, machine_info, write_json
 from tokenmill.engine.bench.workload import parse_range
 
+# Encoders' shapes, as the embedding models most served have them: BERT-base (bge-base,
+# e5-base, all-mpnet's size) and XLM-RoBERTa-large (bge-m3, multilingual-e5-large).
+ENCODER_SHAPES = {
+    "bert-base": ("BertConfig", dict(hidden_size=768, intermediate_size=3072,
+                                     num_hidden_layers=12, num_attention_heads=12,
+                                     max_position_embeddings=512)),
+    "xlm-roberta-large": ("XLMRobertaConfig", dict(
+        hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
+        max_position_embeddings=514, type_vocab_size=1, pad_token_id=1)),
+}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-texts", type=int, default=128, help="Texts to embed per round.")
@@ -34,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sentence-transformers' encode batch size (default 32).")
     parser.add_argument("--rounds", type=int, default=2,
                         help="Timed rounds of each side, each on fresh texts.")
-    parser.add_argument("--shape", choices=sorted(SHAPES), default=None,
+    parser.add_argument("--shape", choices=sorted({*SHAPES, *ENCODER_SHAPES}), default=None,
                         help="Embed with a random-weight checkpoint of this shape instead of "
                              "--model (written to a temporary directory).")
     parser.add_argument("--num-layers", type=int, default=None,
@@ -65,19 +77,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def make_embedding_checkpoint(shape: str, directory: str, num_layers: int | None) -> str:
-    """A random-weight bare decoder of `shape` with the built-in tokenizer, saved by
-    sentence-transformers with last-token pooling and normalization."""
+    """A random-weight bare decoder (or encoder) of `shape` with the built-in tokenizer, saved
+    by sentence-transformers with last-token (an encoder's: first-token) pooling and
+    normalization."""
     import torch
     import transformers
 
     from tokenmill.engine.bench.random_model import shape_config, shape_tokenizer
 
-    tokenizer = shape_tokenizer(shape, "builtin")
+    tokenizer = shape_tokenizer(shape if shape in SHAPES else ENCODER_SHAPES[shape], "builtin")
     overrides = {} if num_layers is None else {"num_hidden_layers": num_layers}
-    config = shape_config(shape, len(tokenizer), **overrides)
+    config = shape_config(ENCODER_SHAPES.get(shape, shape), len(tokenizer), **overrides)
     torch.manual_seed(0)
-    decoder = getattr(transformers, type(config).__name__.replace("Config", "Model"))(config)
-    return save_sentence_transformer(decoder, tokenizer, directory)
+    model = getattr(transformers, type(config).__name__.replace("Config", "Model"))(config)
+    pooling = "cls" if shape in ENCODER_SHAPES else "lasttoken"
+    return save_sentence_transformer(model, tokenizer, directory, pooling)
 
 
 def save_sentence_transformer(decoder: Any, tokenizer: Any, directory: str,

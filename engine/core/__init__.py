@@ -12,7 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tokenmill.engine.core.cross_encoding import pair_prompt, score_pairs
+    from tokenmill.engine.core.cross_encoding import cosine_similarity, pair_prompt, score_pairs
     from tokenmill.engine.core.engine import LLMEngine
     from tokenmill.engine.core.outputs import (
         ClassificationRequestOutput,
@@ -33,6 +33,7 @@ _EXPORTS = {
     "EmbeddingRequestOutput": "tokenmill.engine.core.outputs",
     "ScoringOutput": "tokenmill.engine.core.outputs",
     "ScoringRequestOutput": "tokenmill.engine.core.outputs",
+    "cosine_similarity": "tokenmill.engine.core.cross_encoding",
     "pair_prompt": "tokenmill.engine.core.cross_encoding",
     "score_pairs": "tokenmill.engine.core.cross_encoding",
     "RequestOutput": "tokenmill.engine.core.outputs",
@@ -43,8 +44,8 @@ _EXPORTS = {
 
 __all__ = ["ClassificationRequestOutput", "CompletionOutput", "EmbeddingRequestOutput",
            "LLMEngine", "PoolingParams", "RequestOutput", "SamplingParams",
-           "ScoringOutput", "ScoringRequestOutput", "StructuredOutputsParams", "pair_prompt",
-           "score_pairs"]
+           "ScoringOutput", "ScoringRequestOutput", "StructuredOutputsParams", "cosine_similarity",
+           "pair_prompt", "score_pairs"]
 
 
 def __getattr__(name: str) -> Any:

@@ -24,6 +24,15 @@ def pair_prompt(tokenizer: Any, first: str, second: str,
     return ids, tuple(encoded["token_type_ids"])
 
 
+def cosine_similarity(first: list[float], second: list[float]) -> float:
+    """An embedding model's score of a pair: the cosine similarity of the two texts'
+    embeddings, in float32 as sentence-transformers computes it."""
+    import torch
+
+    return torch.nn.functional.cosine_similarity(torch.tensor(first), torch.tensor(second),
+                                                 dim=0).item()
+
+
 def score_pairs(first: str | list[str], second: str | list[str]) -> list[tuple[str, str]]:
     """The pairs to score: one text (or a one-text list) against each of the other list, or
     two lists pair by pair; ValueError for lists of different lengths, or none."""

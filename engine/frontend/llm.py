@@ -9,7 +9,6 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from tqdm import tqdm
 
 from tokenmill.engine.contract.config import EngineConfig
@@ -22,6 +21,7 @@ from tokenmill.engine.core import (
     SamplingParams,
     ScoringOutput,
     ScoringRequestOutput,
+    cosine_similarity,
     pair_prompt,
     score_pairs,
 )
@@ -123,9 +123,7 @@ class LLM:
         vectors = dict(zip(texts, self._pool(texts, PoolingParams(), use_tqdm), strict=True))
         return [ScoringRequestOutput(
             f"score-{i}", vectors[a].prompt_token_ids + vectors[b].prompt_token_ids,
-            ScoringOutput(torch.nn.functional.cosine_similarity(
-                torch.tensor(vectors[a].embedding), torch.tensor(vectors[b].embedding),
-                dim=0).item()))
+            ScoringOutput(cosine_similarity(vectors[a].embedding, vectors[b].embedding)))
             for i, (a, b) in enumerate(pairs)]
 
     def _pool(self, batch: list[Prompt], params: PoolingParams | list[PoolingParams],

@@ -10,11 +10,10 @@ import time
 import uuid
 from typing import Any
 
-import torch
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from tokenmill.engine.core import PoolingParams, pair_prompt
+from tokenmill.engine.core import PoolingParams, cosine_similarity, pair_prompt
 from tokenmill.engine.server.embeddings import embed
 from tokenmill.engine.server.errors import APIError, client_closed
 from tokenmill.engine.server.openai_serving import check_serving, truncated
@@ -63,9 +62,8 @@ async def _scores(body: ScoringFields, request: Request, state: ServerState,
                          body.priority)
     if finals is None:
         return None
-    vectors = dict(zip(texts, (torch.tensor(out.embedding) for out in finals), strict=True))
-    scores = [torch.nn.functional.cosine_similarity(vectors[a], vectors[b], dim=0).item()
-              for a, b in pairs]
+    vectors = dict(zip(texts, (out.embedding for out in finals), strict=True))
+    scores = [cosine_similarity(vectors[a], vectors[b]) for a, b in pairs]
     return call_id, scores, sum(len(ids) for ids in prompts)
 
 

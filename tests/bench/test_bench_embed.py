@@ -31,3 +31,14 @@ def test_bench_embed_compares_with_sentence_transformers(tmp_path, vocab_tokeniz
 def test_bench_embed_needs_a_sentence_transformers_model(tiny_llama_dir, capsys):
     assert main(["bench", "embed", "--model", tiny_llama_dir]) == 2
     assert "is no sentence-transformers directory (modules.json)" in capsys.readouterr().err
+
+
+def test_bench_embed_builds_an_encoder_of_a_named_shape(tmp_path):
+    out = tmp_path / "embed.json"
+    assert main(["bench", "embed", "--shape", "bert-base", "--num-layers", "1", "--dtype",
+                 "float32", "--num-texts", "4", "--input-len", "4:16", "--rounds", "1",
+                 "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["model"] == "bert-base"
+    assert result["pooler"] == {"pooling_type": "CLS", "normalize": True}
+    assert result["max_abs_difference"] < 1e-4
