@@ -91,6 +91,8 @@ class ShardPlan:
         if kind in COLUMN_PARALLEL:
             start, stop = self._output_rows(kind, parts)
             return tensor[start:stop]
+        if attr == "sinks":  # one per query head: this rank's heads'
+            return tensor[self.rank * self.num_heads:(self.rank + 1) * self.num_heads]
         if kind in ROW_PARALLEL:
             if attr == "bias":
                 full = _read(tensor)

@@ -41,6 +41,12 @@ def scale_args(k_cache: torch.Tensor, k_scale: torch.Tensor | None,
     return k_scale, v_scale, k_scale.stride(0), k_scale.stride(1)
 
 
+def base2_sinks(sinks: torch.Tensor | None, placeholder: torch.Tensor) -> torch.Tensor:
+    """Attention sinks as the kernels read them: float32 logits in base 2, as the scores are;
+    without sinks, `placeholder`, never read."""
+    return placeholder if sinks is None else sinks.float() * LOG2E
+
+
 def dim_block(head_dim: int) -> int:
     """Tile width over head_dim: a power of two, and at least the 16 that tl.dot needs."""
     return max(16, triton.next_power_of_2(head_dim))

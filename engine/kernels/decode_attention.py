@@ -15,6 +15,7 @@ import triton.language as tl
 from tokenmill.engine.kernels.attend import (
     LOG2E,
     attend_context,
+    base2_sinks,
     dim_block,
     dot_precision,
     query_groups,
@@ -75,10 +76,10 @@ def _decode_split_kernel(
 
 @triton.jit
 def _merge_splits_kernel(
-    part_out_ptr, part_lse_ptr, out_ptr,
+    part_out_ptr, part_lse_ptr, out_ptr, sinks_ptr,
     stride_ps, stride_ph, stride_pk, stride_ls, stride_lh, stride_os, stride_oh,
     num_splits, head_dim,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, SINKS: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -88,11 +89,18 @@ def _merge_splits_kernel(
     dim_ok = dims < head_dim
     lse = tl.load(part_lse_ptr + seq * stride_ls + head * stride_lh + splits, mask=split_ok,
                   other=float("-inf"))
-    weight = tl.exp2(lse - tl.max(lse, 0))
+    if SINKS:  # the head's sink logit (base 2) joins the denominator once, adding no value
+        sink = tl.load(sinks_ptr + head)
+        top = tl.maximum(tl.max(lse, 0), sink)
+        weight = tl.exp2(lse - top)
+        total = tl.sum(weight, 0) + tl.exp2(sink - top)
+    else:
+        weight = tl.exp2(lse - tl.max(lse, 0))
+        total = tl.sum(weight, 0)
     base = seq * stride_ps + head * stride_ph + splits * stride_pk
     parts = tl.load(part_out_ptr + base[:, None] + dims[None, :],
                     mask=split_ok[:, None] & dim_ok[None, :], other=0.0)
-    out = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)
+    out = tl.sum(parts * weight[:, None], 0) / total
     tl.store(out_ptr + seq * stride_os + head * stride_oh + dims,
              out.to(out_ptr.dtype.element_ty), mask=dim_ok)
 
@@ -102,7 +110,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      scale: float, num_splits: int | None = None, block_n: int = 64,
                      k_scale: torch.Tensor | None = None,
                      v_scale: torch.Tensor | None = None, window: int | None = None,
-                     softcap: float | None = None) -> torch.Tensor:
+                     softcap: float | None = None,
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q: [seqs, heads, dim], one query per sequence, at position seq_lens[i] - 1 -> same shape.
 
     Caches are [blocks, block_size, kv_heads, dim]; block_tables[i] lists sequence i's blocks.
@@ -110,7 +119,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     max_seq_len (a host int, so no device sync) sizes the splits; num_splits defaults to enough
     programs to fill a large GPU, with splits of at least MIN_SPLIT_TOKENS tokens.
     window: the query sees only its last `window` positions; softcap: scores pass through
-    softcap * tanh(score / softcap).
+    softcap * tanh(score / softcap); sinks: [heads], a logit per head in the softmax's
+    denominator (attention sinks), added when the splits merge.
     """
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -143,10 +153,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         WINDOWED=bool(window), SOFTCAPPED=bool(softcap),
     )
     _merge_splits_kernel[(num_seqs, num_heads)](
-        part_out, part_lse, out,
+        part_out, part_lse, out, base2_sinks(sinks, out),
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
         num_splits, head_dim,
-        BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+        BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, SINKS=sinks is not None,
     )
     return out

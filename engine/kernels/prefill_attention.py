@@ -16,6 +16,7 @@ import triton.language as tl
 from tokenmill.engine.kernels.attend import (
     LOG2E,
     attend_context,
+    base2_sinks,
     dim_block,
     dot_precision,
     query_groups,
@@ -26,7 +27,7 @@ from tokenmill.engine.kernels.attend import (
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, block_tables_ptr,
-    seq_lens_ptr, query_start_ptr,
+    seq_lens_ptr, query_start_ptr, sinks_ptr,
     qk_scale, window, softcap,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_ct, stride_ch, stride_sb, stride_st,
@@ -34,7 +35,7 @@ def _prefill_kernel(
     block_size, group, head_dim,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, QUANTIZED: tl.constexpr, WINDOWED: tl.constexpr,
-    SOFTCAPPED: tl.constexpr,
+    SOFTCAPPED: tl.constexpr, SINKS: tl.constexpr,
 ):
     tile_m = tl.program_id(0)
     seq = tl.program_id(1)
@@ -68,6 +69,12 @@ def _prefill_kernel(
         block_size, stride_cb, stride_ct, stride_ch, stride_sb, stride_st, head_dim,
         BLOCK_M, BLOCK_N, BLOCK_D, DOT_PRECISION, QUANTIZED, WINDOWED, SOFTCAPPED,
     )
+    if SINKS:  # each head's sink logit (base 2) joins the denominator, adding no value
+        sink = tl.load(sinks_ptr + heads, mask=row_ok, other=0.0)
+        m_all = tl.maximum(m, sink)
+        alpha = tl.exp2(m - m_all)
+        denom = denom * alpha + tl.exp2(sink - m_all)
+        acc = acc * alpha[:, None]
     # Every owned row sees at least its own key, so denom > 0 there; a padding row of the tile
     # may see none under a window, and is not stored.
     out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
@@ -82,7 +89,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       k_scale: torch.Tensor | None = None,
                       v_scale: torch.Tensor | None = None,
                       zero_unowned: bool = False, window: int | None = None,
-                      softcap: float | None = None) -> torch.Tensor:
+                      softcap: float | None = None,
+                      sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q: [tokens, heads, dim] of every sequence's new tokens -> attention output, same shape.
 
     Caches are [blocks, block_size, kv_heads, dim]; the new tokens' K/V must already be in them.
@@ -90,7 +98,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     max_query_len is a host int (no device sync) that sizes the grid. zero_unowned: rows
     after the last sequence's are padding, left zero (the kernel writes only owned rows).
     window: each query sees only its last `window` positions; softcap: scores pass through
-    softcap * tanh(score / softcap).
+    softcap * tanh(score / softcap); sinks: [heads], a logit per head in every softmax's
+    denominator (attention sinks).
     """
     num_tokens, _, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -103,13 +112,13 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     k_scales, v_scales, scale_sb, scale_st = scale_args(k_cache, k_scale, v_scale)
     _prefill_kernel[grid](
         q, k_cache, v_cache, k_scales, v_scales, out, block_tables, seq_lens, query_start_loc,
-        scale * LOG2E, window or 0, (softcap or 0.0) * LOG2E,
+        base2_sinks(sinks, q), scale * LOG2E, window or 0, (softcap or 0.0) * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale_sb, scale_st,
         block_tables.stride(0),
         k_cache.shape[1], group, head_dim,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=dim_block(head_dim),
         DOT_PRECISION=dot_precision(q.dtype), QUANTIZED=k_scale is not None,
-        WINDOWED=bool(window), SOFTCAPPED=bool(softcap),
+        WINDOWED=bool(window), SOFTCAPPED=bool(softcap), SINKS=sinks is not None,
     )
     return out

@@ -38,6 +38,15 @@ def ungated_act(x: torch.Tensor, activation: str) -> torch.Tensor:
     return torch.square(F.relu(x))
 
 
+def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, alpha: float,
+                   limit: float) -> torch.Tensor:
+    """GPT-OSS's experts' activation: gate clamped from above and up on both sides at `limit`,
+    then (up + 1) * gate * sigmoid(alpha * gate)."""
+    gate = gate.clamp(max=limit)
+    up = up.clamp(-limit, limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
 def act_and_mul(gate: torch.Tensor, up: torch.Tensor, activation: str,
                 backend: str = "torch") -> torch.Tensor:
     """act(gate) * up for one of ACTIVATIONS; the GeLU is rounded to the dtype before the

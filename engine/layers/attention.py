@@ -65,9 +65,10 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, cache: KVLayer, meta: AttentionMe
 
 
 def attention(q: torch.Tensor, cache: KVLayer, meta: AttentionMetadata,
-              scale: float | Scores) -> torch.Tensor:
+              scale: float | Scores, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of every sequence's new queries ([tokens, heads, dim]) over its context
-    (or its sliding window), scored as `scale` says.
+    (or its sliding window), scored as `scale` says; `sinks` ([heads]) join every softmax's
+    denominator (GPT-OSS).
 
     On Triton, an all-decode step takes the split-K decode kernel; any step with a longer chunk
     takes one launch of the prefill/extend kernel, which serves its decodes too.
@@ -75,7 +76,7 @@ def attention(q: torch.Tensor, cache: KVLayer, meta: AttentionMetadata,
     scores = scale if isinstance(scale, Scores) else Scores(scale)
     if meta.backend != "triton":
         return reference.paged_attention(q, cache.k, cache.v, meta, scores, cache.k_scale,
-                                         cache.v_scale)
+                                         cache.v_scale, sinks)
     if max(meta.query_lens_list) == 1:
         from tokenmill.engine.kernels.decode_attention import decode_attention
 
@@ -83,11 +84,11 @@ def attention(q: torch.Tensor, cache: KVLayer, meta: AttentionMetadata,
                                 meta.max_seq_len, scores.scale,
                                 num_splits=meta.decode_splits, k_scale=cache.k_scale,
                                 v_scale=cache.v_scale, window=scores.window,
-                                softcap=scores.softcap)
+                                softcap=scores.softcap, sinks=sinks)
     from tokenmill.engine.kernels.prefill_attention import prefill_attention
 
     return prefill_attention(q, cache.k, cache.v, meta.block_tables, meta.seq_lens,
                              meta.query_start_loc, max(meta.query_lens_list), scores.scale,
                              k_scale=cache.k_scale, v_scale=cache.v_scale,
                              zero_unowned=meta.unowned_rows, window=scores.window,
-                             softcap=scores.softcap)
+                             softcap=scores.softcap, sinks=sinks)

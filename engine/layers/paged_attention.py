@@ -78,27 +78,29 @@ class Scores:
 def paged_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     meta: AttentionMetadata, scale: float | Scores, k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its cached context (the whole of
     it, or a sliding window of it).
 
     q: [tokens, heads, dim] -> [tokens, heads, dim]. Decode rows (one query each) run in padded
     batches of similar context length; prefill and chunked-prefill rows run one at a time.
+    sinks: [heads], a logit per head that joins every softmax's denominator and adds nothing
+    to the output (GPT-OSS's attention sinks).
     """
     scores = scale if isinstance(scale, Scores) else Scores(scale)
     cache = KVLayer(k_cache, v_cache, k_scale, v_scale)
     buckets = decode_buckets(meta, k_cache.shape[1])
     if q.shape[0] == 1 and buckets:  # one decoding sequence: its bucket's output is the output
-        return _decode_bucket(q, cache, buckets[0], scores)
+        return _decode_bucket(q, cache, buckets[0], scores, sinks)
     out = torch.empty_like(q)
     for bucket in buckets:
-        out.index_copy_(0, bucket.rows, _decode_bucket(q, cache, bucket, scores))
+        out.index_copy_(0, bucket.rows, _decode_bucket(q, cache, bucket, scores, sinks))
     for i, q_len in enumerate(meta.query_lens_list):
         if q_len > 1:
             start = int(meta.query_start_loc[i])
             out[start:start + q_len] = _prefill_one(q[start:start + q_len], cache, meta, i,
-                                                    scores)
+                                                    scores, sinks)
     return out
 
 
@@ -183,14 +185,14 @@ def _gather(cache: torch.Tensor, scales: torch.Tensor | None, block_table: torch
     return blocks.reshape(-1, *cache.shape[2:])[:length]
 
 
-def _prefill_one(q, cache: KVLayer, meta, i, scores: Scores):
+def _prefill_one(q, cache: KVLayer, meta, i, scores: Scores, sinks: torch.Tensor | None):
     ctx = meta.seq_lens_list[i]
     q_len = q.shape[0]
     k = _gather(cache.k, cache.k_scale, meta.block_tables[i], ctx, q.dtype)
     v = _gather(cache.v, cache.v_scale, meta.block_tables[i], ctx, q.dtype)
     # 4-D inputs: with 3-D ones CPU SDPA falls back to its unfused math path (about 3x slower).
     qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-    if ctx == q_len and scores.window is None and scores.softcap is None:
+    if ctx == q_len and scores.window is None and scores.softcap is None and sinks is None:
         o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scores.scale,
                                            enable_gqa=True)
     else:
@@ -199,30 +201,38 @@ def _prefill_one(q, cache: KVLayer, meta, i, scores: Scores):
         visible = key_pos <= query_pos
         if scores.window is not None:
             visible &= key_pos > query_pos - scores.window
-        o = _attend(qh, kh, vh, visible, scores)
+        o = _attend(qh, kh, vh, visible, scores, None if sinks is None else sinks.view(-1, 1, 1))
     return o[0].transpose(0, 1)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None,
-            scores: Scores) -> torch.Tensor:
-    """SDPA over [..., heads, len, dim], or, with a soft cap (which SDPA cannot apply), the
-    same steps as the reference models' eager attention: weights in the input dtype, the
-    softmax in float32."""
-    if scores.softcap is None:
+            scores: Scores, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """SDPA over [..., heads, len, dim], or, with a soft cap or sinks (which SDPA cannot
+    apply), the same steps as the reference models' eager attention: weights in the input
+    dtype, the softmax in float32. `sinks` broadcasts to the weights' shape but the last
+    dimension (one logit per query row): a column each softmax takes and drops."""
+    if scores.softcap is None and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scores.scale,
                                               enable_gqa=True)
     group = q.shape[-3] // k.shape[-3]
     if group > 1:
         k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
     weights = torch.matmul(q, k.transpose(-1, -2)) * scores.scale
-    weights = torch.tanh(weights / scores.softcap) * scores.softcap
+    if scores.softcap is not None:
+        weights = torch.tanh(weights / scores.softcap) * scores.softcap
     if visible is not None:
         weights = weights.masked_fill(~visible, float("-inf"))
-    weights = torch.softmax(weights, dim=-1, dtype=torch.float32).to(q.dtype)
+    if sinks is None:
+        weights = torch.softmax(weights, dim=-1, dtype=torch.float32).to(q.dtype)
+    else:
+        column = sinks.to(weights.dtype).expand(*weights.shape[:-1], 1)
+        weights = torch.softmax(torch.cat([weights, column], dim=-1), dim=-1,
+                                dtype=torch.float32)[..., :-1].to(q.dtype)
     return torch.matmul(weights, v)
 
 
-def _decode_bucket(q, cache: KVLayer, bucket: DecodeBucket, scores: Scores):
+def _decode_bucket(q, cache: KVLayer, bucket: DecodeBucket, scores: Scores,
+                   sinks: torch.Tensor | None = None):
     """One query per sequence over its padded context; the query heads that share a K/V head
     ride along its query axis, so K/V are gathered once and never repeated."""
     batch = bucket.rows.shape[0]
@@ -241,5 +251,6 @@ def _decode_bucket(q, cache: KVLayer, bucket: DecodeBucket, scores: Scores):
         mask = mask & (positions >= bucket.lengths.unsqueeze(1) - scores.window)[:, None, None]
     rows = q if q.shape[0] == batch == 1 else q.index_select(0, bucket.rows)
     grouped = rows.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    o = _attend(grouped, k.transpose(1, 2), v.transpose(1, 2), mask, scores)
+    o = _attend(grouped, k.transpose(1, 2), v.transpose(1, 2), mask, scores,
+                None if sinks is None else sinks.view(num_kv_heads, -1, 1))
     return o.reshape(batch, num_heads, head_dim)

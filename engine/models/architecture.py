@@ -40,6 +40,8 @@ class ArchitectureFlags:
     bias_on_qkv_only: bool = False
     # Arcee: an MLP without a gate (up_proj, the activation, down_proj).
     ungated_mlp: bool = False
+    # GPT-OSS: a learned logit per attention head joins every softmax (attention sinks).
+    attention_sinks: bool = False
 
 
 SUPPORTED = {
@@ -81,6 +83,11 @@ SUPPORTED = {
     # OLMoE: Llama's norms, OLMo's q/k norms (q, k and v clamped where clip_qkv is set), and
     # Qwen-style experts, not renormalized.
     "OlmoeForCausalLM": ArchitectureFlags(projection_qk_norm=True, moe="qwen"),
+    # GPT-OSS: attention sinks, biases on every projection (attention_bias), sliding and full
+    # layers alternating (layer_types), experts of a clamped SwiGLU with biases behind a
+    # router with a bias, stored as one tensor per layer (models/fused_weights.py), in MXFP4
+    # as OpenAI publishes them (models/mxfp4.py).
+    "GptOssForCausalLM": ArchitectureFlags(moe="gptoss", attention_sinks=True),
 }
 # A supported decoder with a classification head instead of its LM head, as transformers names
 # it: LlamaForSequenceClassification, Qwen3ForSequenceClassification, ... (the pooling runner).
@@ -112,6 +119,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "ernie4_5": "Ernie4_5ForCausalLM", "glm4": "Glm4ForCausalLM",
                "arcee": "ArceeForCausalLM",
                "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM",
+               "gpt_oss": "GptOssForCausalLM",
                # The text models of Qwen's vision-language models: on text alone their
                # multimodal rotary embedding turns every section by the same position, which
                # is the ordinary one.
@@ -131,15 +139,17 @@ MULTIMODAL_TEXT_MODELS = ("Gemma3ForConditionalGeneration", "Mistral3ForConditio
 class MoeNames:
     """Where a mixture-of-experts checkpoint keeps its parts, under each decoder layer."""
 
-    block: str   # the sparse block: {block}.gate (router), {block}.experts.{e}.{part}
+    block: str   # the sparse block: {block}.{router}, {block}.experts.{e}.{part}
     gate: str    # each expert's projections
     up: str
     down: str
+    router: str = "gate"
 
 
 MOE_NAMES = {"qwen": MoeNames("mlp", "gate_proj", "up_proj", "down_proj"),
              "mixtral": MoeNames("block_sparse_moe", "w1", "w3", "w2"),
-             "granite": MoeNames("block_sparse_moe", "gate_proj", "up_proj", "down_proj")}
+             "granite": MoeNames("block_sparse_moe", "gate_proj", "up_proj", "down_proj"),
+             "gptoss": MoeNames("mlp", "gate_proj", "up_proj", "down_proj", "router")}
 
 
 @dataclass(frozen=True)
@@ -157,6 +167,10 @@ class MoeShape:
     renormalize: bool
     sparse_step: int
     dense_layers: frozenset[int]
+    # GPT-OSS: biases on the router and on every expert projection, and the experts'
+    # clamped SwiGLU (alpha, limit) in place of SiLU.
+    biased: bool = False
+    swiglu: tuple[float, float] | None = None
 
     def is_sparse(self, layer: int) -> bool:
         """Whether decoder layer `layer` has the sparse block (else a dense MLP of the
@@ -308,11 +322,14 @@ def moe_shape_of(config: Any) -> MoeShape | None:
         names=MOE_NAMES[style], num_experts=experts, top_k=int(config.num_experts_per_tok),
         width=widths.expert_intermediate_size,
         shared_width=widths.shared_expert_intermediate_size,
-        # Mixtral's and Granite's routers softmax the chosen logits alone.
-        renormalize=style in ("mixtral", "granite") or
+        # Mixtral's, Granite's and GPT-OSS's routers softmax the chosen logits alone.
+        renormalize=style in ("mixtral", "granite", "gptoss") or
         bool(getattr(config, "norm_topk_prob", False)),
         sparse_step=int(getattr(config, "decoder_sparse_step", 1) or 1),
-        dense_layers=frozenset(getattr(config, "mlp_only_layers", None) or ()))
+        dense_layers=frozenset(getattr(config, "mlp_only_layers", None) or ()),
+        biased=style == "gptoss",
+        swiglu=(float(config.swiglu_alpha), float(config.swiglu_limit)) if style == "gptoss"
+        else None)
 
 
 def activation_of(config: Any) -> str:

@@ -85,6 +85,9 @@ class Attention(nn.Module):
         scaled_by = getattr(config, "query_pre_attn_scalar", None) or self.head_dim
         scale = float(config.attention_multiplier) if flags.granite else scaled_by ** -0.5
         self.scores = Scores(scale, window, getattr(config, "attn_logit_softcapping", None))
+        # GPT-OSS: this rank's heads' sink logits.
+        self.sinks = nn.Parameter(torch.empty(self.num_heads)) if flags.attention_sinks \
+            else None
 
     def forward(self, x: torch.Tensor, rope: RopeRows | RopeKernel | None,
                 kv_cache: KVLayer, meta: AttentionMetadata) -> torch.Tensor:
@@ -104,7 +107,7 @@ class Attention(nn.Module):
         if rope is not None:  # None: a layer without positional encoding (SmolLM3's NoPE)
             q, k = rope.rotate(q, k)
         store_kv(k, v, kv_cache, meta)
-        o = attention(q, kv_cache, meta, self.scores)
+        o = attention(q, kv_cache, meta, self.scores, self.sinks)
         return self.tp.all_reduce(self.o_proj(o.reshape(tokens, -1)))
 
     def _norm_projection(self, x: torch.Tensor, norm: RMSNorm, width: int,

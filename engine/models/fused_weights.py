@@ -6,11 +6,16 @@ projections treat it as any checkpoint's q_proj or gate_proj.
 GraniteMoE stores every expert of a layer in one tensor (`block_sparse_moe.input_linear`:
 [experts, 2 * width, hidden], gate rows then up rows; `output_linear`: [experts, hidden,
 width]) and its router as `block_sparse_moe.router.layer`: each expert's parts are placed under
-the names of an ordinary expert's projections. GLM-4's norms are renamed to Gemma 2's."""
+the names of an ordinary expert's projections; so are GPT-OSS's (`mlp.experts.gate_up_proj`,
+[experts, hidden, 2 * width] with gate and up columns interleaved, `down_proj`, and their
+biases). GLM-4's norms are renamed to Gemma 2's."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from tokenmill.engine.models.decoder import head_dim_of, num_kv_heads_of
 
@@ -80,18 +85,45 @@ def renamed(config: Any, name: str) -> str:
     return name
 
 
-def expert_parts(config: Any, name: str) -> list[tuple[str, tuple[int, slice]]] | None:
-    """(part name, index into the stored tensor) of each expert's part of GraniteMoE's
-    experts tensor `name`, or None for any other tensor."""
+Take = Callable[[torch.Tensor], torch.Tensor]
+
+
+def expert_parts(config: Any, name: str) -> list[tuple[str, Take]] | None:
+    """(part name, what of the stored tensor it takes) of each expert's part of a tensor that
+    holds a layer's experts (GraniteMoE's, GPT-OSS's), or None for any other tensor."""
     module, _, attr = name.rpartition(".")
     if module.endswith(GRANITE_EXPERTS_IN):
         parent = module[:-len(GRANITE_EXPERTS_IN)] + "block_sparse_moe.experts"
         width = config.intermediate_size
         return [part for e in range(config.num_local_experts) for part in (
-            (f"{parent}.{e}.gate_proj.{attr}", (e, slice(0, width))),
-            (f"{parent}.{e}.up_proj.{attr}", (e, slice(width, 2 * width))))]
+            (f"{parent}.{e}.gate_proj.{attr}", lambda w, e=e: w[e, :width]),
+            (f"{parent}.{e}.up_proj.{attr}", lambda w, e=e: w[e, width:2 * width]))]
     if module.endswith(GRANITE_EXPERTS_OUT):
         parent = module[:-len(GRANITE_EXPERTS_OUT)] + "block_sparse_moe.experts"
-        return [(f"{parent}.{e}.down_proj.{attr}", (e, slice(None)))
+        return [(f"{parent}.{e}.down_proj.{attr}", lambda w, e=e: w[e])
                 for e in range(config.num_local_experts)]
+    if module.endswith(GPT_OSS_EXPERTS) and attr in GPT_OSS_PARTS:
+        return _gpt_oss_parts(name, config.num_local_experts)
     return None
+
+
+# GPT-OSS keeps a layer's experts in four tensors under mlp.experts: gate and up interleaved
+# (column 2i is gate's row i, 2i+1 up's), stored as [experts, in, out], their biases, and down.
+GPT_OSS_EXPERTS = "mlp.experts"
+GPT_OSS_PARTS = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
+
+
+def _gpt_oss_parts(name: str, experts: int) -> list[tuple[str, Take]]:
+    parent, _, attr = name.rpartition(".")
+    kind = "bias" if attr.endswith("_bias") else "weight"
+    if attr.startswith("down_proj"):
+        take = (lambda w, e: w[e].t()) if kind == "weight" else (lambda w, e: w[e])
+        return [(f"{parent}.{e}.down_proj.{kind}", lambda w, e=e: take(w, e))
+                for e in range(experts)]
+    if kind == "weight":
+        gate, up = (lambda w, e: w[e, :, 0::2].t()), (lambda w, e: w[e, :, 1::2].t())
+    else:
+        gate, up = (lambda w, e: w[e, 0::2]), (lambda w, e: w[e, 1::2])
+    return [part for e in range(experts) for part in (
+        (f"{parent}.{e}.gate_proj.{kind}", lambda w, e=e: gate(w, e)),
+        (f"{parent}.{e}.up_proj.{kind}", lambda w, e=e: up(w, e)))]

@@ -57,6 +57,7 @@ from tokenmill.engine.models.multimodal import (
     language_model_config,
     language_model_weight,
 )
+from tokenmill.engine.models.mxfp4 import is_mxfp4, paired_mxfp4
 from tokenmill.engine.models.quantize import (
     auto_quantization,
     check_gguf_kept,
@@ -258,8 +259,8 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
             _load(model, _gguf_named(source, config), plan, show_progress, built=built)
             files, nbytes, workers = 1, os.path.getsize(source.gguf_path), 1
         else:
-            _load(model, ((t.name, t, len(checkpoint.tensors)) for t in checkpoint.tensors),
-                  plan, show_progress, checkpoint, workers, built=built)
+            _load(model, _checkpoint_tensors(checkpoint, dtype), plan, show_progress,
+                  checkpoint, workers, built=built)
             files, nbytes = len(checkpoint.files), checkpoint.bytes_read
     if head_token_ids:
         with torch.no_grad():
@@ -279,6 +280,16 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
             # is read from the free device memory.
             torch.cuda.empty_cache()
     return model.eval()
+
+
+def _checkpoint_tensors(checkpoint: Checkpoint,
+                        dtype: torch.dtype) -> Iterator[tuple[str, Any, int]]:
+    """(name, stored tensor, how many) of the checkpoint's tensors, its MXFP4 pairs
+    dequantized into `dtype` (models/mxfp4.py)."""
+    named = [(t.name, t) for t in checkpoint.tensors]
+    if not is_mxfp4(name for name, _ in named):
+        return ((name, t, len(named)) for name, t in named)
+    return paired_mxfp4(named, lambda t: checkpoint.slice(t)[:], dtype)
 
 
 def _safetensors_only_family(config: Any) -> str | None:
@@ -342,7 +353,7 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
         experts = None if name in params else expert_parts(model.config, name)
         if experts:  # one tensor holding a layer's experts: read once, placed part by part
             whole = stored_for(stored, None)[:]
-            return [put(part, whole[index]) for part, index in experts]
+            return [put(part, take(whole)) for part, take in experts]
         parts = None if name in params else fused_parts(model.config, name)
         if parts and all(part in params for part, _, _ in parts):
             if tuple(stored.shape)[0] != parts[-1][2]:

@@ -9,10 +9,11 @@ from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.paged_attention import Scores, paged_attention, write_kv
 
 
-def _dense(q, k, v, scale, window=None, softcap=None):
+def _dense(q, k, v, scale, window=None, softcap=None, sinks=None):
     """Causal attention of the last len(q) positions over all of k/v (GQA by repetition); with
     a window, each position sees its last `window` positions; with a soft cap, scores pass
-    through softcap * tanh(score / softcap)."""
+    through softcap * tanh(score / softcap); with sinks, each head's logit joins the softmax
+    as one more column, then is dropped (transformers' GPT-OSS eager attention)."""
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
@@ -25,14 +26,20 @@ def _dense(q, k, v, scale, window=None, softcap=None):
     if window is not None:
         hidden |= k_pos <= q_pos - window
     scores = scores.masked_fill(hidden, float("-inf"))
+    if sinks is not None:
+        column = sinks.view(-1, 1, 1).expand(-1, scores.shape[1], 1)
+        probs = torch.cat([scores, column], dim=-1).softmax(-1)[..., :-1]
+        return torch.einsum("hqk,khd->qhd", probs, v)
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
 @pytest.mark.parametrize("block_size", [4, 16])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (8, 1)])
-@pytest.mark.parametrize("window,softcap", [(None, None), (5, None), (None, 2.0), (16, 2.0)])
+@pytest.mark.parametrize("window,softcap,sinks", [(None, None, False), (5, None, False),
+                                                  (None, 2.0, False), (16, 2.0, False),
+                                                  (None, None, True), (5, None, True)])
 def test_mixed_batch_of_prefill_chunks_and_decodes(block_size, heads, kv_heads, window,
-                                                   softcap):
+                                                   softcap, sinks):
     torch.manual_seed(0)
     dim, num_blocks = 8, 64
     # (cached tokens, new tokens): fresh prefill, chunk after a prefix, decodes, partial blocks.
@@ -71,9 +78,11 @@ def test_mixed_batch_of_prefill_chunks_and_decodes(block_size, heads, kv_heads, 
     new_v = torch.cat([v[c:] for v, (c, _) in zip(full_v, shapes, strict=True)])
     write_kv(new_k, new_v, k_cache, v_cache, meta.slot_mapping)
     scale = dim ** -0.5
-    out = paged_attention(torch.cat(qs), k_cache, v_cache, meta, Scores(scale, window, softcap))
+    sink_logits = torch.randn(heads) * 2 if sinks else None
+    out = paged_attention(torch.cat(qs), k_cache, v_cache, meta, Scores(scale, window, softcap),
+                          sinks=sink_logits)
     for i, q in enumerate(qs):
-        expected = _dense(q, full_k[i], full_v[i], scale, window, softcap)
+        expected = _dense(q, full_k[i], full_v[i], scale, window, softcap, sink_logits)
         torch.testing.assert_close(out[starts[i]:starts[i + 1]], expected, atol=1e-5, rtol=1e-5)
 
 

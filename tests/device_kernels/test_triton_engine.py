@@ -62,6 +62,24 @@ def test_sliding_windows_and_soft_caps_run_through_the_kernels(tmp_path, vocab_t
         assert _outputs(kernels, prompts, params) == expected
 
 
+def test_attention_sinks_run_through_the_kernels(tmp_path, vocab_tokenizer):
+    """GPT-OSS's layers: a sink logit per head in every softmax, sliding and full layers
+    alternating; prompts run past the window in chunks, and their decodes split the context."""
+    from gpt_oss_support import make_gpt_oss
+
+    directory = make_gpt_oss(str(tmp_path / "gpt-oss"), vocab_tokenizer, num_hidden_layers=2)
+    rng = random.Random(5)
+    prompts = [[rng.randrange(100, 40000) for _ in range(n)] for n in (5, 30)]
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    options = {"show_progress": False, "dtype": "float32", "max_num_batched_tokens": 16,
+               "max_num_seqs": 2, "block_size": 8, "device": DEVICE.type,
+               "kv_cache_memory": KV_CACHE_MEMORY}
+    with LLM(directory, attention_backend="torch", **options) as reference:
+        expected = _outputs(reference, prompts, params)
+    with LLM(directory, attention_backend="triton", **options) as kernels:
+        assert _outputs(kernels, prompts, params) == expected
+
+
 def test_auto_picks_triton_only_on_cuda():
     assert resolve_backend("auto", torch.device("cpu")) == "torch"
     assert resolve_backend("auto", torch.device("cuda")) == "triton"

@@ -64,6 +64,39 @@ def test_prefill_with_a_window_or_soft_cap_equals_torch(window, softcap):
     torch.testing.assert_close(out, expected, **FP32)
 
 
+def _with_sinks(shapes, window):
+    """A paged batch, a sink logit per head, and the torch reference's output with them."""
+    batch = paged_batch(shapes, 6, 2, 16, 16)
+    sinks = torch.randn(6, generator=torch.Generator().manual_seed(1)).to(DEVICE) * 2
+    k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
+    write_kv(batch.new_k, batch.new_v, k_cache, v_cache, batch.meta.slot_mapping)
+    expected = paged_attention(batch.q, k_cache, v_cache, batch.meta, Scores(0.7, window),
+                               sinks=sinks)
+    _fill(batch)
+    return batch, sinks, expected
+
+
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_with_sinks_equals_torch(window, num_splits):
+    batch, sinks, expected = _with_sinks([(0, 1), (16, 1), (40, 1), (70, 1)], window)
+    meta = batch.meta
+    out = decode_attention(batch.q, batch.k_cache, batch.v_cache, meta.block_tables,
+                           meta.seq_lens, max(meta.seq_lens_list), 0.7, num_splits=num_splits,
+                           block_n=16, window=window, sinks=sinks)
+    torch.testing.assert_close(out, expected, **FP32)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_prefill_with_sinks_equals_torch(window):
+    batch, sinks, expected = _with_sinks([(0, 45), (19, 30), (32, 5), (45, 1)], window)
+    meta = batch.meta
+    out = prefill_attention(batch.q, batch.k_cache, batch.v_cache, meta.block_tables,
+                            meta.seq_lens, meta.query_start_loc, max(meta.query_lens_list),
+                            0.7, block_m=16, block_n=16, window=window, sinks=sinks)
+    torch.testing.assert_close(out, expected, **FP32)
+
+
 def _fill(batch):
     write_kv(batch.new_k, batch.new_v, batch.k_cache, batch.v_cache, batch.meta.slot_mapping)
 
