@@ -244,7 +244,11 @@ class Load:
     async def _stream(self) -> None:
         payload = completion_payload(self.model, ServePrompt(self.prompt, self.max_tokens))
         timeout = aiohttp.ClientTimeout(total=600)
-        async with aiohttp.ClientSession(timeout=timeout) as http:
+        # A connection per request: a kept-alive one that sat idle while the other replicas
+        # served this stream may be closed by the server just as the next request goes out
+        # (uvicorn's keep-alive timeout), which would read as a failed request.
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
             while True:
                 ready = self.kubelet.ready
                 if not ready:
