@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -93,10 +94,13 @@ async def chat_call(body: ChatCompletionRequest, state: ServerState,
     params = _sampling_for_tools(_params(body, max_tokens, logprobs, state), plan)
     await _compile_constraint(state, params, body.constraint_field() or "tool_choice")
     model = adapter or state.options.served_model_name
+    reasoning = _reasoning(state, params)
+    if reasoning is not None and reasoning.thinking.keeps_special_tokens:
+        params = dataclasses.replace(params, skip_special_tokens=False)
     return Call("chat", f"{id_prefix}{uuid.uuid4().hex}", model, body.n, [None], [ids], params,
                 cache_salt=body.cache_salt, lora_name=adapter,
                 tools=ReplyToolCalls(plan) if plan.parser is not None else None,
-                reasoning=_reasoning(state, params), continuous_usage=body.continuous_usage,
+                reasoning=reasoning, continuous_usage=body.continuous_usage,
                 tokens_as_ids=_tokens_as_ids(body, state), priority=body.priority,
                 return_token_ids=bool(body.return_token_ids), role=_reply_role(body, state))
 

@@ -8,6 +8,10 @@ Every format thinks between a start and an end tag, then answers:
 - `mistral`: Magistral writes `[THINK]` ... `[/THINK]` itself, as Qwen3 writes its tags.
 - `granite`: Granite 3.2+ (with `chat_template_kwargs: {"thinking": true}`) writes "Here is
   my thought process:" ... "Here is my response:" (or "Here's"), in words rather than tags.
+- `openai_gptoss`: GPT-OSS thinks in harmony's `analysis` channel and answers in `final`
+  (server/harmony.py); its markers are special tokens, so its replies are decoded with them.
+  Tool calls (messages to `functions.NAME`) stay in the answer, in harmony, for the `openai`
+  tool-call parser.
 
 The answer after the end tag loses its leading blank lines. A reply cut off while thinking is
 all reasoning, with no answer. While a reply streams, a tail that may be the start of a tag
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tokenmill.engine.server.harmony import canonical, held_plain, is_harmony, parse_messages
+
 
 @dataclass(frozen=True)
 class ThinkingFormat:
@@ -26,6 +32,29 @@ class ThinkingFormat:
     # Each tag's spellings, any of which opens (closes) the thinking.
     starts: tuple[str, ...] = ("<think>",)
     ends: tuple[str, ...] = ("</think>",)
+    keeps_special_tokens = False  # its tags are read from the text as decoded
+
+    def split(self, text: str, final: bool = True) -> tuple[str | None, str]:
+        return split_reasoning(text, self, final)
+
+
+@dataclass(frozen=True)
+class HarmonyFormat:
+    """GPT-OSS's channels: analysis is the reasoning; the answer is the other messages'
+    content, tool calls kept in harmony."""
+
+    keeps_special_tokens = True  # harmony's markers are special tokens
+
+    def split(self, text: str, final: bool = True) -> tuple[str | None, str]:
+        if not is_harmony(text):
+            return None, held_plain(text, final)
+        messages = parse_messages(text, final)
+        thinking = [m.content for m in messages if m.thinking]
+        # A call ends the reply (<|call|> stops it), so the answer only grows: what was said,
+        # then the call.
+        answer = "".join(m.content for m in messages if not m.thinking and not m.recipient) + \
+            "".join(canonical(m) for m in messages if m.recipient)
+        return ("".join(thinking) if thinking else None), answer
 
 
 def _granite(tag: str) -> tuple[str, ...]:
@@ -36,7 +65,8 @@ REASONING_PARSERS = {"deepseek_r1": ThinkingFormat(starts_inside=True),
                      "qwen3": ThinkingFormat(starts_inside=False),
                      "mistral": ThinkingFormat(False, ("[THINK]",), ("[/THINK]",)),
                      "granite": ThinkingFormat(False, _granite("thought process"),
-                                               _granite("response"))}
+                                               _granite("response")),
+                     "openai_gptoss": HarmonyFormat()}
 
 
 def split_reasoning(text: str, thinking: ThinkingFormat,
@@ -72,15 +102,15 @@ def _partial_tag(text: str, tag: str) -> int:
 class ReplyReasoning:
     """The reasoning of one request's replies: split whole, or streamed as deltas."""
 
-    thinking: ThinkingFormat
+    thinking: ThinkingFormat | HarmonyFormat
     sent: dict[int, int] = field(default_factory=dict)  # choice -> reasoning chars sent
 
     def split(self, text: str) -> tuple[str | None, str]:
-        return split_reasoning(text, self.thinking)
+        return self.thinking.split(text)
 
     def delta(self, choice: int, text: str, final: bool) -> tuple[str, str]:
         """(new reasoning since the last call, the answer so far) of a streaming choice."""
-        reasoning, answer = split_reasoning(text, self.thinking, final)
+        reasoning, answer = self.thinking.split(text, final)
         reasoning = reasoning or ""
         sent = self.sent.get(choice, 0)
         self.sent[choice] = len(reasoning)

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from tokenmill.engine.server.harmony import held_plain, is_harmony, parse_messages
+
 _WS = " \t\r\n"
 _ARGUMENT_KEYS = ("arguments", "parameters")
 
@@ -237,6 +239,23 @@ class NamedToolParser:
         return Parse("", [ToolCallText(self.name, text.lstrip(_WS))])
 
 
+class OpenAIToolParser:
+    """GPT-OSS's harmony (server/harmony.py): each message to `functions.NAME` is a call, its
+    content the arguments; the content is the final answer and any preamble, without the
+    thinking and without the markers, whether or not a call was made (`owns_content`)."""
+
+    owns_content = True
+
+    def parse(self, text: str, final: bool) -> Parse:
+        if not is_harmony(text):
+            return Parse(held_plain(text, final))
+        messages = parse_messages(text, final)
+        content = "".join(m.content for m in messages if not m.thinking and not m.recipient)
+        calls = [ToolCallText(m.recipient.removeprefix("functions."), m.content)
+                 for m in messages if m.recipient]
+        return Parse(content, calls)
+
+
 TOOL_CALL_PARSERS: dict[str, type[ToolParser]] = {
     "hermes": HermesToolParser,
     "llama3_json": Llama3JsonToolParser,
@@ -244,6 +263,7 @@ TOOL_CALL_PARSERS: dict[str, type[ToolParser]] = {
     "pythonic": PythonicToolParser,
     "granite": GraniteToolParser,
     "phi4_mini_json": Phi4MiniJsonToolParser,
+    "openai": OpenAIToolParser,
 }
 
 
@@ -262,7 +282,7 @@ def tool_call_message(parser: ToolParser, text: str,
               "function": {"name": c.name, "arguments": c.arguments}}
              for c in parsed.named_calls(max_calls)]
     if not calls:
-        return text, []
+        return (parsed.content if _owns_content(parser) else text), []
     return (parsed.content if parsed.content.strip() else None), calls
 
 
@@ -280,7 +300,7 @@ class ToolCallStream:
     def update(self, text: str, final: bool) -> tuple[str, list[dict]]:
         parsed = self.parser.parse(text, final)
         content, calls = parsed.content, parsed.named_calls(self.max_calls)
-        if final and not calls:
+        if final and not calls and not _owns_content(self.parser):
             content = text  # no tool call after all: what was held back is content
         content_delta = ""
         if content.strip() or (final and not calls):
@@ -306,6 +326,12 @@ class ToolCallStream:
 
 
 # ---- scanning JSON as it grows ------------------------------------------------------------
+
+def _owns_content(parser: ToolParser) -> bool:
+    """Whether the parser's content is the message content even without a call (a format
+    whose markup is never content, such as harmony's)."""
+    return getattr(parser, "owns_content", False)
+
 
 def _scan_calls(text: str, i: int, next_call: Callable[[str, int], int]) -> Parse:
     """Call objects from text[i] on. `next_call(text, j)`, with j just past a call and its

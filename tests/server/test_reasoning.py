@@ -9,7 +9,7 @@ import random
 import httpx
 import pytest
 from server_support import in_process_server
-from tool_support import make_scripted_model
+from tool_support import make_scripted_model, streamed_reasoning
 
 from tokenmill.engine.server.reasoning import REASONING_PARSERS, split_reasoning
 
@@ -30,6 +30,9 @@ REPLIES = {
     # Granite says it in words, "Here is" or "Here's".
     "granite": ["Here is my thou", "ght process:Paris is", " the capital.Here's my resp",
                 "onse:\n\n", "It is Paris."],
+    # GPT-OSS's harmony channels (its markers are special tokens: test_harmony.py).
+    "openai_gptoss": ["<|channel|>analysis<|message|>", "Paris is", " the capital.<|end|>",
+                      "<|start|>assistant<|channel|>final<|message|>", "It is Paris."],
 }
 QWEN3, DEEPSEEK = REASONING_PARSERS["qwen3"], REASONING_PARSERS["deepseek_r1"]
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
@@ -41,13 +44,13 @@ def test_a_streamed_split_joins_to_the_whole_replys(parser):
     answer so far only ever grows: nothing sent is taken back."""
     text = "".join(REPLIES[parser])
     inside = REASONING_PARSERS[parser]
-    assert split_reasoning(text, inside) == (THOUGHT, ANSWER)
+    assert inside.split(text) == (THOUGHT, ANSWER)
     rng = random.Random(0)
     for _ in range(200):
         cuts = sorted(rng.sample(range(1, len(text)), rng.randint(1, 8))) + [len(text)]
         sent, answer = "", ""
         for cut in cuts:
-            thought, now = split_reasoning(text[:cut], inside, final=cut == len(text))
+            thought, now = inside.split(text[:cut], final=cut == len(text))
             thought = thought or ""
             assert thought.startswith(sent[:len(thought)]) and len(thought) >= len(sent)
             assert now.startswith(answer)
@@ -94,13 +97,7 @@ def test_the_message_holds_the_thinking_apart(thinker):
 
 
 def test_streamed_deltas_join_to_the_message(thinker):
-    thought, answer = "", ""
-    for piece in thinker.client.chat.completions.create(
-            model="thinker", messages=ASK, max_tokens=20, temperature=0, stream=True):
-        delta = piece.choices[0].delta
-        thought += (delta.model_extra or {}).get("reasoning") or ""
-        answer += delta.content or ""
-    assert (thought, answer) == (THOUGHT, ANSWER)
+    assert streamed_reasoning(thinker.client, "thinker", ASK) == (THOUGHT, ANSWER)
 
 
 def test_earlier_thinking_sent_back_reaches_the_template(thinker):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
+from tool_support import assert_stream_matches, splits, streamed
 
 from tokenmill.engine.server.tool_parsers import (
     GraniteToolParser,
@@ -17,7 +17,6 @@ from tokenmill.engine.server.tool_parsers import (
     PythonicToolParser,
     RequiredToolParser,
     ToolCallStream,
-    ToolParser,
     tool_call_message,
 )
 
@@ -26,48 +25,6 @@ HERMES_TWO_CALLS = (
     '"days": 3}}\n</tool_call>\n<tool_call>\n{"arguments": {"zone": "CET"}, "name": "get_time"}'
     "\n</tool_call>"
 )
-
-
-def streamed(parser: ToolParser, pieces: list[str]) -> tuple[str, list[dict], list[dict]]:
-    """Feed the text piece by piece as the server does (the last update is final); return
-    the joined content, the calls reassembled from their deltas, and every tool-call delta."""
-    stream = ToolCallStream(parser)
-    content, calls, deltas = "", [], []
-    text = ""
-    for i, piece in enumerate(pieces):
-        text += piece
-        c, d = stream.update(text, final=i == len(pieces) - 1)
-        content += c
-        deltas += d
-        for delta in d:
-            if delta["index"] == len(calls):
-                assert delta["id"].startswith("call_") and delta["type"] == "function"
-                calls.append({"id": delta["id"], "name": delta["function"]["name"],
-                              "arguments": delta["function"]["arguments"]})
-            else:
-                assert "id" not in delta and "name" not in delta["function"]
-                calls[delta["index"]]["arguments"] += delta["function"]["arguments"]
-    return content, calls, deltas
-
-
-def splits(text: str, seed: int = 0) -> list[list[str]]:
-    """One character at a time, the whole text at once, and some random chunkings."""
-    rng = random.Random(seed)
-    out = [list(text), [text]]
-    for _ in range(20):
-        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 12))))
-        out.append([text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)])
-    return out
-
-
-def assert_stream_matches(parser: ToolParser, text: str) -> tuple[str | None, list[dict]]:
-    content, calls = tool_call_message(parser, text)
-    for pieces in splits(text):
-        s_content, s_calls, _ = streamed(parser, pieces)
-        assert s_content == (content or "")
-        assert [(c["name"], c["arguments"]) for c in s_calls] == [
-            (c["function"]["name"], c["function"]["arguments"]) for c in calls]
-    return content, calls
 
 
 def test_hermes_content_and_two_calls():

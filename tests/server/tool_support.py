@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import copy
 import os
+import random
 
 import torch
+
+from tokenmill.engine.server.tool_parsers import ToolCallStream, ToolParser, tool_call_message
 
 # Qwen 2.5 / Hermes style: tools listed in the system turn, calls in <tool_call> tags,
 # results in <tool_response> tags.
@@ -173,3 +176,58 @@ MISTRAL_REPLY = ["Sure, checking.", "[TOOL_CALLS]", "get_weather", "[ARGS]",
                  "{\"city\": \"Pa", "ris\", \"days\": 3}"]
 MISTRAL_SPECIAL = ("[TOOL_CALLS]", "[ARGS]")
 PYTHONIC_REPLY = ["[get_weat", "her(city='Pa", "ris', days=3), get_ti", "me(zone=\"CET\")]"]
+
+
+# ---- parsers fed as the server feeds them ------------------------------------------------
+
+def streamed(parser: ToolParser, pieces: list[str]) -> tuple[str, list[dict], list[dict]]:
+    """Feed the text piece by piece as the server does (the last update is final); return
+    the joined content, the calls reassembled from their deltas, and every tool-call delta."""
+    stream = ToolCallStream(parser)
+    content, calls, deltas = "", [], []
+    text = ""
+    for i, piece in enumerate(pieces):
+        text += piece
+        c, d = stream.update(text, final=i == len(pieces) - 1)
+        content += c
+        deltas += d
+        for delta in d:
+            if delta["index"] == len(calls):
+                assert delta["id"].startswith("call_") and delta["type"] == "function"
+                calls.append({"id": delta["id"], "name": delta["function"]["name"],
+                              "arguments": delta["function"]["arguments"]})
+            else:
+                assert "id" not in delta and "name" not in delta["function"]
+                calls[delta["index"]]["arguments"] += delta["function"]["arguments"]
+    return content, calls, deltas
+
+
+def splits(text: str, seed: int = 0) -> list[list[str]]:
+    """One character at a time, the whole text at once, and some random chunkings."""
+    rng = random.Random(seed)
+    out = [list(text), [text]]
+    for _ in range(20):
+        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 12))))
+        out.append([text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)])
+    return out
+
+
+def assert_stream_matches(parser: ToolParser, text: str) -> tuple[str | None, list[dict]]:
+    content, calls = tool_call_message(parser, text)
+    for pieces in splits(text):
+        s_content, s_calls, _ = streamed(parser, pieces)
+        assert s_content == (content or "")
+        assert [(c["name"], c["arguments"]) for c in s_calls] == [
+            (c["function"]["name"], c["function"]["arguments"]) for c in calls]
+    return content, calls
+
+
+def streamed_reasoning(client, model: str, messages: list[dict]) -> tuple[str, str]:
+    """(reasoning, content) of a streamed greedy chat reply, its deltas joined."""
+    thought, answer = "", ""
+    for piece in client.chat.completions.create(model=model, messages=messages, max_tokens=20,
+                                                temperature=0, stream=True):
+        delta = piece.choices[0].delta
+        thought += (delta.model_extra or {}).get("reasoning") or ""
+        answer += delta.content or ""
+    return thought, answer
