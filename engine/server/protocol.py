@@ -221,7 +221,9 @@ class ChatMessage(RequestModel):
             message["name"] = self.name
         thought = self.reasoning()
         if self.role == "assistant" and thought is not None:
-            message["reasoning_content"] = thought  # Qwen3's template shows earlier thinking
+            # Qwen3's template shows earlier thinking as reasoning_content, GPT-OSS's (the
+            # analysis channel of a turn that called a tool) as thinking.
+            message["reasoning_content"] = message["thinking"] = thought
         return message
 
     def reasoning(self) -> str | None:

@@ -88,6 +88,7 @@ def test_streamed_arguments_grow_with_the_message():
 
 TEMPLATE = """
 {%- for message in messages %}<|im_start|>{{ message.role }}
+{% if message.thinking %}[analysis]{{ message.thinking }}[/analysis]{% endif %}\
 {{ message.content }}<|im_end|>
 {% endfor %}
 {%- if add_generation_prompt %}<|im_start|>assistant
@@ -129,6 +130,19 @@ def test_a_preamble_before_a_call_stays_content():
     raw_content, raw_calls = assert_stream_matches(OpenAIToolParser(), THINK + preamble + CALL)
     assert raw_content == content
     assert [c["function"] for c in raw_calls] == [c["function"] for c in calls]
+
+
+def test_an_earlier_turns_reasoning_reaches_the_template_as_thinking(gpt_oss_like):
+    """GPT-OSS's template shows an earlier turn's analysis (before its tool call) from the
+    message's `thinking`; vLLM's clients send it back as `reasoning`."""
+    import httpx
+
+    turns = [{"role": "user", "content": "Weather?"},
+             {"role": "assistant", "content": "", "reasoning": "Need the weather."},
+             {"role": "user", "content": "Go on."}]
+    ids = httpx.post(f"{gpt_oss_like.url}/tokenize", json={"messages": turns}).json()
+    assert "[analysis]Need the weather.[/analysis]" in \
+        gpt_oss_like.state.tokenizer.decode(ids["tokens"])
 
 
 CALL_REPLY = ["<|channel|>analysis<|message|>", "Need the weather.",
