@@ -34,10 +34,14 @@ def make_wordpiece_tokenizer(directory: str) -> Any:
 
 
 def encoder_config(family: str, tokenizer: Any, **extra: Any) -> Any:
-    """A small config of `family` (bert, roberta or xlm-roberta); two token types for BERT,
-    one for RoBERTa's family, as their checkpoints have."""
-    from transformers import AutoConfig
+    """A small config of `family` (bert, roberta, xlm-roberta or distilbert); two token types
+    for BERT, one for RoBERTa's family, none for DistilBERT, as their checkpoints have."""
+    from transformers import AutoConfig, DistilBertConfig
 
+    if family == "distilbert":
+        return DistilBertConfig(vocab_size=len(tokenizer), dim=64, hidden_dim=128, n_layers=2,
+                                n_heads=4, max_position_embeddings=128,
+                                pad_token_id=tokenizer.pad_token_id, **extra)
     roberta = family != "bert"
     return AutoConfig.for_model(
         family, vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
@@ -54,7 +58,8 @@ def make_encoder_embedding(directory: str, tokenizer: Any, family: str = "bert",
     from transformers import AutoModel
 
     torch.manual_seed(0)
-    model = AutoModel.from_config(encoder_config(family, tokenizer), add_pooling_layer=False)
+    extra = {} if family == "distilbert" else {"add_pooling_layer": False}
+    model = AutoModel.from_config(encoder_config(family, tokenizer), **extra)
     return save_sentence_transformer(model, tokenizer, directory, pooling_mode, normalize)
 
 

@@ -96,17 +96,20 @@ CLASSIFIER_SUFFIX = "ForSequenceClassification"
 # exported by sentence-transformers): served by the pooling runner only.
 BARE_DECODERS = {"LlamaModel": "LlamaForCausalLM", "MistralModel": "MistralForCausalLM",
                  "Qwen2Model": "Qwen2ForCausalLM", "Qwen3Model": "Qwen3ForCausalLM"}
-# Encoders (every token attends to every other): BERT and RoBERTa's families, as embedding
-# models (BGE, E5, MiniLM) and cross-encoder rerankers (ms-marco MiniLM, BGE rerankers),
-# served by the pooling runner only (models/encoder.py). By architecture: the family, and
-# whether a classification head follows the encoder.
+# Encoders (every token attends to every other): BERT, RoBERTa's and DistilBERT's families, as
+# embedding models (BGE, E5, MiniLM) and cross-encoder rerankers and text classifiers
+# (ms-marco MiniLM, BGE rerankers, DistilBERT SST-2), served by the pooling runner only
+# (models/encoder.py). By architecture: the family, and whether a classification head follows
+# the encoder.
 ENCODERS = {"BertModel": ("bert", False), "BertForSequenceClassification": ("bert", True),
             "RobertaModel": ("roberta", False),
             "RobertaForSequenceClassification": ("roberta", True),
             "XLMRobertaModel": ("roberta", False),
-            "XLMRobertaForSequenceClassification": ("roberta", True)}
+            "XLMRobertaForSequenceClassification": ("roberta", True),
+            "DistilBertModel": ("distilbert", False),
+            "DistilBertForSequenceClassification": ("distilbert", True)}
 ENCODER_MODEL_TYPES = {"bert": "BertModel", "roberta": "RobertaModel",
-                       "xlm-roberta": "XLMRobertaModel"}
+                       "xlm-roberta": "XLMRobertaModel", "distilbert": "DistilBertModel"}
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",

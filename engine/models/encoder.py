@@ -1,10 +1,12 @@
-"""Encoders (BERT, RoBERTa, XLM-RoBERTa): every token of a prompt attends to every other, so
+"""Encoders (BERT, RoBERTa, XLM-RoBERTa, DistilBERT): every token of a prompt attends to every
+other, so
 a prompt runs whole in one step and keeps no KV cache (the engine turns chunked prefill and
 the prefix cache off for them). Served by the pooling runner: embeddings, and with a
 classification head, cross-encoder scores.
 
 Parameter names equal transformers' BertModel/XLMRobertaModel (a checkpoint's `bert.` or
-`roberta.` prefix is dropped at load), so checkpoints load without renaming.
+`roberta.` prefix is dropped at load); DistilBERT's layers are BERT's under other names, and
+its config names its sizes differently (both read here and in models/encoder_weights.py).
 """
 
 from __future__ import annotations
@@ -25,14 +27,30 @@ ACTIVATIONS = {"gelu": lambda x: F.gelu(x), "gelu_new": lambda x: F.gelu(x, appr
                "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu}
 
 
+# DistilBERT's LayerNorms (its config has no epsilon).
+DISTILBERT_EPS = 1e-12
+
+
+def _activation(config: Any) -> str:
+    return getattr(config, "hidden_act", None) or config.activation  # DistilBERT: activation
+
+
+def _width(config: Any) -> int:
+    return getattr(config, "intermediate_size", None) or config.hidden_dim  # DistilBERT
+
+
+def _eps(config: Any) -> float:
+    return getattr(config, "layer_norm_eps", None) or DISTILBERT_EPS
+
+
 def check_encoder_config(config: Any) -> None:
     """ModelLoadError for an encoder config this module does not compute."""
     kind = getattr(config, "position_embedding_type", None) or "absolute"
     if kind != "absolute":
         raise ModelLoadError(f"position_embedding_type {kind!r} is not supported; tokenmill "
                              "computes absolute position embeddings")
-    if config.hidden_act not in ACTIVATIONS:
-        raise ModelLoadError(f"activation {config.hidden_act!r} is not supported "
+    if _activation(config) not in ACTIVATIONS:
+        raise ModelLoadError(f"activation {_activation(config)!r} is not supported "
                              f"({', '.join(ACTIVATIONS)})")
     if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
         raise ModelLoadError("the checkpoint is a BERT-family decoder; tokenmill serves "
@@ -45,13 +63,17 @@ class Embeddings(nn.Module):
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings,
                                                 config.hidden_size)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        # DistilBERT has no token types.
+        types = getattr(config, "type_vocab_size", 0)
+        self.token_type_embeddings = nn.Embedding(types, config.hidden_size) if types else None
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=_eps(config))
         self.offset = position_offset(config)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 token_types: torch.Tensor | None) -> torch.Tensor:
         x = self.word_embeddings(input_ids) + self.position_embeddings(positions + self.offset)
+        if self.token_type_embeddings is None:
+            return self.LayerNorm(x)
         if token_types is None:
             x = x + self.token_type_embeddings.weight[0]
         else:
@@ -82,7 +104,7 @@ class DenseNorm(nn.Module):
     def __init__(self, in_features: int, config: Any):
         super().__init__()
         self.dense = nn.Linear(in_features, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=_eps(config))
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.dense(x) + residual)
@@ -101,8 +123,8 @@ class AttentionBlock(nn.Module):
 class Intermediate(nn.Module):
     def __init__(self, config: Any):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.act = ACTIVATIONS[config.hidden_act]
+        self.dense = nn.Linear(config.hidden_size, _width(config))
+        self.act = ACTIVATIONS[_activation(config)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.act(self.dense(x))
@@ -113,7 +135,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.attention = AttentionBlock(config)
         self.intermediate = Intermediate(config)
-        self.output = DenseNorm(config.intermediate_size, config)
+        self.output = DenseNorm(_width(config), config)
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         x = self.attention(x, meta)
@@ -128,16 +150,17 @@ class Layers(nn.Module):
 
 class ClassifierHead(nn.Module):
     """A cross-encoder's head over the first token's hidden state: a dense layer and tanh
-    (BERT's pooler, RoBERTa's classifier.dense), then one output per label. Computed in
-    float32 on the pooled rows (execution/pooled_rows.py)."""
+    (BERT's pooler, RoBERTa's classifier.dense; DistilBERT's pre_classifier and ReLU), then
+    one output per label. Computed in float32 on the pooled rows (execution/pooled_rows.py)."""
 
     def __init__(self, config: Any):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.out = nn.Linear(config.hidden_size, int(config.num_labels))
+        self.act = torch.relu if ENCODERS[encoder_of(config)][0] == "distilbert" else torch.tanh
 
     def forward(self, pooled: torch.Tensor) -> torch.Tensor:
-        x = torch.tanh(F.linear(pooled, self.dense.weight.float(), self.dense.bias.float()))
+        x = self.act(F.linear(pooled, self.dense.weight.float(), self.dense.bias.float()))
         return F.linear(x, self.out.weight.float(), self.out.bias.float())
 
 

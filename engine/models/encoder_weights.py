@@ -18,13 +18,23 @@ from tokenmill.engine.models.encoder import EncoderModel
 from tokenmill.engine.models.safetensors_files import Checkpoint
 from tokenmill.engine.models.source import ModelLoadError, ModelSource
 
-PREFIXES = ("bert.", "roberta.")
+PREFIXES = ("bert.", "roberta.", "distilbert.")
 # Checkpoint names of a classifier's head, in score's terms.
 HEAD_NAMES = {"pooler.dense.": "score.dense.", "classifier.dense.": "score.dense.",
-              "classifier.out_proj.": "score.out.", "classifier.": "score.out."}
+              "classifier.out_proj.": "score.out.", "pre_classifier.": "score.dense.",
+              "classifier.": "score.out."}
+# DistilBERT's layers under BERT's names, by the part after transformer.layer.N.
+DISTILBERT_PARTS = {"attention.q_lin": "attention.self.query",
+                    "attention.k_lin": "attention.self.key",
+                    "attention.v_lin": "attention.self.value",
+                    "attention.out_lin": "attention.output.dense",
+                    "sa_layer_norm": "attention.output.LayerNorm",
+                    "ffn.lin1": "intermediate.dense", "ffn.lin2": "output.dense",
+                    "output_layer_norm": "output.LayerNorm"}
 # What an encoder checkpoint may hold that no step computes: position ids (a buffer older
 # checkpoints saved), a masked-LM head, and the pooler of a model served for embeddings.
-UNUSED = ("embeddings.position_ids", "cls.", "lm_head.")
+UNUSED = ("embeddings.position_ids", "cls.", "lm_head.", "vocab_transform.",
+          "vocab_layer_norm.", "vocab_projector.")
 
 
 def parameter_name(name: str, classifier: bool) -> str | None:
@@ -42,6 +52,10 @@ def parameter_name(name: str, classifier: bool) -> str | None:
         if name.startswith(old):
             name = new + name[len(old):]
             break
+    if name.startswith("transformer.layer."):  # DistilBERT
+        _, _, index, rest = name.split(".", 3)
+        part, _, attr = rest.rpartition(".")
+        name = f"encoder.layer.{index}.{DISTILBERT_PARTS.get(part, part)}.{attr}"
     if name.endswith(".gamma"):
         name = name[:-len("gamma")] + "weight"
     elif name.endswith(".beta"):

@@ -41,7 +41,7 @@ def wordpiece(tmp_path_factory):
     return make_wordpiece_tokenizer(str(tmp_path_factory.mktemp("wordpiece")))
 
 
-@pytest.mark.parametrize("family", ["bert", "xlm-roberta"])
+@pytest.mark.parametrize("family", ["bert", "xlm-roberta", "distilbert"])
 @pytest.mark.parametrize("mode", ["cls", "mean"])
 def test_embeddings_equal_sentence_transformers(tmp_path, wordpiece, family, mode):
     path = make_encoder_embedding(str(tmp_path), wordpiece, family, mode)
@@ -91,10 +91,13 @@ def test_cross_encoder_scores_equal_transformers(tmp_path, wordpiece, family):
     assert abs(raw_scores[0] - raw_scores[3]) > 1e-3
 
 
-def test_a_classifier_gives_each_labels_probability(tmp_path, wordpiece):
+@pytest.mark.parametrize("family", ["bert", "distilbert"])
+def test_a_classifier_gives_each_labels_probability(tmp_path, wordpiece, family):
+    """A BERT-family text classifier (DistilBERT's SST-2 is the common one): each label's
+    probability, as transformers computes it."""
     from transformers import AutoModelForSequenceClassification
 
-    path = make_cross_encoder(str(tmp_path), wordpiece, "bert", labels=LABELS)
+    path = make_cross_encoder(str(tmp_path), wordpiece, family, labels=LABELS)
     model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
         reference = torch.stack([torch.softmax(model(**wordpiece(t, return_tensors="pt"))
@@ -159,6 +162,14 @@ def test_encoders_it_does_not_compute_are_refused_at_load(tmp_path, wordpiece):
     ("classifier.out_proj.bias", True, "score.out.bias"),
     ("embeddings.position_ids", False, None),
     ("cls.predictions.bias", False, None),
+    ("distilbert.transformer.layer.1.attention.q_lin.weight", False,
+     "encoder.layer.1.attention.self.query.weight"),
+    ("distilbert.transformer.layer.0.sa_layer_norm.bias", True,
+     "encoder.layer.0.attention.output.LayerNorm.bias"),
+    ("distilbert.transformer.layer.0.ffn.lin2.weight", False,
+     "encoder.layer.0.output.dense.weight"),
+    ("pre_classifier.weight", True, "score.dense.weight"),
+    ("vocab_projector.bias", False, None),
 ])
 def test_checkpoint_names_find_their_parameters(stored, classifier, placed):
     assert parameter_name(stored, classifier) == placed
