@@ -3,6 +3,7 @@ as OpenAI publishes them (experts in MXFP4: `_blocks` and `_scales`)."""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -75,4 +76,13 @@ def mxfp4_copy(directory: str, out: str) -> str:
                  if not n.endswith(("experts.gate_up_proj", "experts.down_proj"))}
     save_file({**quantized, **packed}, os.path.join(out, "model.safetensors"),
               metadata={"format": "pt"})
+    # As OpenAI's config.json says it.
+    config_path = os.path.join(out, "config.json")
+    with open(config_path) as f:
+        config = json.load(f)
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+        "lm_head"]}
+    with open(config_path, "w") as f:
+        json.dump(config, f)
     return out

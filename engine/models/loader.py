@@ -57,7 +57,7 @@ from tokenmill.engine.models.multimodal import (
     language_model_config,
     language_model_weight,
 )
-from tokenmill.engine.models.mxfp4 import is_mxfp4, paired_mxfp4
+from tokenmill.engine.models.prequantized import checkpoint_quantization, dequantized_tensors
 from tokenmill.engine.models.quantize import (
     auto_quantization,
     check_gguf_kept,
@@ -259,7 +259,7 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
             _load(model, _gguf_named(source, config), plan, show_progress, built=built)
             files, nbytes, workers = 1, os.path.getsize(source.gguf_path), 1
         else:
-            _load(model, _checkpoint_tensors(checkpoint, dtype), plan, show_progress,
+            _load(model, _checkpoint_tensors(checkpoint, config, dtype), plan, show_progress,
                   checkpoint, workers, built=built)
             files, nbytes = len(checkpoint.files), checkpoint.bytes_read
     if head_token_ids:
@@ -282,14 +282,17 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     return model.eval()
 
 
-def _checkpoint_tensors(checkpoint: Checkpoint,
+def _checkpoint_tensors(checkpoint: Checkpoint, config: Any,
                         dtype: torch.dtype) -> Iterator[tuple[str, Any, int]]:
-    """(name, stored tensor, how many) of the checkpoint's tensors, its MXFP4 pairs
-    dequantized into `dtype` (models/mxfp4.py)."""
+    """(name, stored tensor, how many) of the checkpoint's tensors; a pre-quantized
+    checkpoint's weights dequantized into `dtype` (models/prequantized.py)."""
     named = [(t.name, t) for t in checkpoint.tensors]
-    if not is_mxfp4(name for name, _ in named):
+    quantized = checkpoint_quantization(config)
+    if quantized is None:
         return ((name, t, len(named)) for name, t in named)
-    return paired_mxfp4(named, lambda t: checkpoint.slice(t)[:], dtype)
+    kind, block = quantized
+    return dequantized_tensors(named, kind, block, lambda t: checkpoint.slice(t)[:],
+                               lambda t: t.dtype, dtype)
 
 
 def _safetensors_only_family(config: Any) -> str | None:

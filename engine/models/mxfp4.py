@@ -4,14 +4,10 @@ values is 16 bytes of 4-bit E2M1 codes (the low nibble first) and one byte of sh
 such value is exact, and serves the experts as ordinary weights.
 
 A checkpoint stores a tensor as `NAME_blocks` [..., rows, groups, 16] and `NAME_scales`
-[..., rows, groups]; the pair becomes `NAME` in the layout of the checkpoint's unquantized
-form ([..., columns, rows]: GPT-OSS keeps its experts transposed).
+[..., rows, groups]; models/prequantized.py turns the pair into `NAME`.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
 
 import torch
 
@@ -43,34 +39,3 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor,
         values = torch.ldexp(values.flatten(-2), exponents.unsqueeze(-1).float())
         flat_out[i] = values.flatten(-2).to(dtype)
     return out
-
-
-def paired_mxfp4(tensors: list[tuple[str, Any]], read: Callable[[Any], torch.Tensor],
-                 dtype: torch.dtype) -> Iterator[tuple[str, Any, int]]:
-    """The checkpoint's (name, stored) as (name, stored, count) with each `_blocks`/`_scales`
-    pair replaced by its dequantized tensor under the plain name, transposed to the
-    unquantized layout; the other tensors pass as they are. `read` reads a stored tensor
-    whole; `count` is how many tensors are yielded in all (a progress bar's total)."""
-    total = len(tensors) - sum(name.endswith(SCALES) for name, _ in tensors)
-    pending: dict[str, tuple[str, Any]] = {}
-    for name, stored in tensors:
-        suffix = BLOCKS if name.endswith(BLOCKS) else SCALES if name.endswith(SCALES) else None
-        if suffix is None:
-            yield name, stored, total
-            continue
-        base = name[:-len(suffix)]
-        if base not in pending:
-            pending[base] = (suffix, stored)
-            continue
-        other_suffix, other = pending.pop(base)
-        blocks, scales = (stored, other) if suffix == BLOCKS else (other, stored)
-        whole = dequantize_mxfp4(read(blocks), read(scales), dtype)
-        yield base, whole.transpose(-1, -2), total
-    for base, (suffix, _) in pending.items():
-        lacking = "scales" if suffix == BLOCKS else "blocks"
-        raise ModelLoadError(f"MXFP4 tensor {base}{suffix} has no {base}_{lacking}")
-
-
-def is_mxfp4(names: Iterable[str]) -> bool:
-    """Whether a checkpoint stores tensors in MXFP4 (`_blocks` beside `_scales`)."""
-    return any(name.endswith(BLOCKS) for name in names)
