@@ -206,7 +206,8 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     """Allocate the model directly on `device` (no random init), load its weights, then
     quantize them if asked (after loading: checkpoints hold full-precision weights).
     `quantization` None means the checkpoint's own where this device runs it (a GGUF file's
-    4- and 8-bit blocks on the CPU), else none; the model's `quantization` says which ran.
+    4- and 8-bit blocks on the CPU; fp8 for an FP8 checkpoint), else none; the model's
+    `quantization` says which ran.
 
     Under tensor parallelism only this rank's shard is allocated and read from the checkpoint
     (safetensors reads just those bytes; GGUF tensors are dequantized one at a time).
@@ -237,8 +238,12 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     tp = tp or TPGroup()
     keeps = source.gguf_file and quantization in (None, "gguf")
     gguf_types = gguf_tensor_types(source.gguf_path) if keeps else {}
+    published = None if source.gguf_file else checkpoint_quantization(config)
     if quantization is None:
-        quantization = auto_quantization(gguf_types, device, tp.size)
+        # An FP8 checkpoint stays 8-bit (per channel once dequantized), as a GGUF file's
+        # kept types stay as stored.
+        quantization = "fp8" if published and published[0] == "fp8" else \
+            auto_quantization(gguf_types, device, tp.size)
     if quantization == "gguf":
         check_gguf_kept(device, tp.size, source.gguf_file)
     start = time.perf_counter()
