@@ -34,10 +34,21 @@ def make_wordpiece_tokenizer(directory: str) -> Any:
 
 
 def encoder_config(family: str, tokenizer: Any, **extra: Any) -> Any:
-    """A small config of `family` (bert, roberta, xlm-roberta or distilbert); two token types
-    for BERT, one for RoBERTa's family, none for DistilBERT, as their checkpoints have."""
-    from transformers import AutoConfig, DistilBertConfig
+    """A small config of `family` (bert, roberta, xlm-roberta, distilbert or modernbert); two
+    token types for BERT, one for RoBERTa's family, none for DistilBERT and ModernBERT, as
+    their checkpoints have. ModernBERT's: a global layer then two local ones that see 4
+    positions each way, as its real ones (every third layer global, 64 each way)."""
+    from transformers import AutoConfig, DistilBertConfig, ModernBertConfig
 
+    if family == "modernbert":
+        ids = {f"{kind}_token_id": getattr(tokenizer, f"{kind}_token_id")
+               for kind in ("pad", "cls", "sep")}
+        return ModernBertConfig(vocab_size=len(tokenizer), hidden_size=64,
+                                intermediate_size=96, num_hidden_layers=4,
+                                num_attention_heads=4, global_attn_every_n_layers=3,
+                                local_attention=8, max_position_embeddings=128,
+                                bos_token_id=tokenizer.cls_token_id,
+                                eos_token_id=tokenizer.sep_token_id, **ids, **extra)
     if family == "distilbert":
         return DistilBertConfig(vocab_size=len(tokenizer), dim=64, hidden_dim=128, n_layers=2,
                                 n_heads=4, max_position_embeddings=128,
@@ -58,7 +69,7 @@ def make_encoder_embedding(directory: str, tokenizer: Any, family: str = "bert",
     from transformers import AutoModel
 
     torch.manual_seed(0)
-    extra = {} if family == "distilbert" else {"add_pooling_layer": False}
+    extra = {} if family in ("distilbert", "modernbert") else {"add_pooling_layer": False}
     model = AutoModel.from_config(encoder_config(family, tokenizer), **extra)
     return save_sentence_transformer(model, tokenizer, directory, pooling_mode, normalize)
 

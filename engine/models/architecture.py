@@ -107,9 +107,12 @@ ENCODERS = {"BertModel": ("bert", False), "BertForSequenceClassification": ("ber
             "XLMRobertaModel": ("roberta", False),
             "XLMRobertaForSequenceClassification": ("roberta", True),
             "DistilBertModel": ("distilbert", False),
-            "DistilBertForSequenceClassification": ("distilbert", True)}
+            "DistilBertForSequenceClassification": ("distilbert", True),
+            "ModernBertModel": ("modernbert", False),
+            "ModernBertForSequenceClassification": ("modernbert", True)}
 ENCODER_MODEL_TYPES = {"bert": "BertModel", "roberta": "RobertaModel",
-                       "xlm-roberta": "XLMRobertaModel", "distilbert": "DistilBertModel"}
+                       "xlm-roberta": "XLMRobertaModel", "distilbert": "DistilBertModel",
+                       "modernbert": "ModernBertModel"}
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",

@@ -191,18 +191,32 @@ class EncoderModel(nn.Module):
 
 
 def bidirectional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                            meta: AttentionMetadata) -> torch.Tensor:
-    """Each sequence's tokens ([tokens, heads, dim]) attend to all of that sequence's tokens.
-    The step's sequences run as one padded batch; padding keys are masked out."""
+                            meta: AttentionMetadata, window: int | None = None) -> torch.Tensor:
+    """Each sequence's tokens ([tokens, heads, dim]) attend to all of that sequence's tokens
+    (with `window`, to those at most `window` positions away on either side: ModernBERT's
+    local layers). The step's sequences run as one padded batch; padding keys are masked
+    out."""
     layout = meta.step_cache.get("encoder_batch")
     if layout is None:
         layout = meta.step_cache["encoder_batch"] = _padded_layout(meta, q.device)
     gather, mask, keep = layout
+    if window is not None:
+        mask = meta.step_cache.get(f"encoder_window/{window}")
+        if mask is None:
+            mask = meta.step_cache[f"encoder_window/{window}"] = _window_mask(layout, window)
     batch, length = gather.shape
     qh, kh, vh = (x[gather.view(-1)].view(batch, length, *x.shape[1:]).transpose(1, 2)
                   for x in (q, k, v))
     o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=q.shape[-1] ** -0.5)
     return o.transpose(1, 2).reshape(batch * length, *q.shape[1:])[keep]
+
+
+def _window_mask(layout: tuple, window: int) -> torch.Tensor:
+    """[batch, 1, length, length]: real keys within `window` positions of each query."""
+    gather, mask, _ = layout
+    position = torch.arange(gather.shape[1], device=gather.device)
+    near = (position[:, None] - position[None, :]).abs() <= window
+    return near[None, None] if mask is None else near[None, None] & mask
 
 
 def _padded_layout(meta: AttentionMetadata, device: torch.device

@@ -14,15 +14,17 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from tokenmill.engine.models.architecture import ENCODERS, encoder_of
 from tokenmill.engine.models.encoder import EncoderModel
+from tokenmill.engine.models.modernbert import ModernBertEncoder
 from tokenmill.engine.models.safetensors_files import Checkpoint
 from tokenmill.engine.models.source import ModelLoadError, ModelSource
 
-PREFIXES = ("bert.", "roberta.", "distilbert.")
+PREFIXES = ("bert.", "roberta.", "distilbert.", "model.")
 # Checkpoint names of a classifier's head, in score's terms.
 HEAD_NAMES = {"pooler.dense.": "score.dense.", "classifier.dense.": "score.dense.",
               "classifier.out_proj.": "score.out.", "pre_classifier.": "score.dense.",
-              "classifier.": "score.out."}
+              "classifier.": "score.out.", "head.": "score."}
 # DistilBERT's layers under BERT's names, by the part after transformer.layer.N.
 DISTILBERT_PARTS = {"attention.q_lin": "attention.self.query",
                     "attention.k_lin": "attention.self.key",
@@ -63,19 +65,24 @@ def parameter_name(name: str, classifier: bool) -> str | None:
     return name
 
 
-def build_encoder(config: Any, source: ModelSource, dtype: torch.dtype, device: torch.device,
-                  show_progress: bool = True) -> tuple[EncoderModel, float, int, int]:
+def build_encoder(config: Any, source: ModelSource, max_positions: int, dtype: torch.dtype,
+                  device: torch.device, show_progress: bool = True
+                  ) -> tuple[EncoderModel | ModernBertEncoder, float, int, int]:
     """The encoder with its weights in place, and what loading took: (model, seconds, bytes
     read, files)."""
     if source.gguf_file:
         raise ModelLoadError(f"{source.gguf_file}: tokenmill serves BERT-family encoders from "
                              "their safetensors checkpoint, not from GGUF")
     start = time.perf_counter()
+    family, classifier = ENCODERS[encoder_of(config)]
     with torch.device("meta"):
-        model = EncoderModel(config)
+        model = ModernBertEncoder(config, classifier, max_positions) \
+            if family == "modernbert" else EncoderModel(config)
     model = model.to(dtype=dtype).to_empty(device=device)
+    if family == "modernbert":  # rotary tables are computed, not loaded
+        full, local = model.rotary_tables()
+        model.rotary, model.rotary_local = full.to(device), local.to(device)
     params = dict(model.named_parameters())
-    classifier = model.score is not None
     loaded: set[str] = set()
     with Checkpoint(source.directory) as checkpoint:
         for stored in tqdm(checkpoint.tensors, desc="Loading weights", unit="tensor",

@@ -202,7 +202,7 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
                 device: torch.device, show_progress: bool = True,
                 quantization: str | None = None, tp: TPGroup | None = None,
                 workers: int = LOAD_WORKERS, pooling: bool = False,
-                head_token_ids: tuple[int, ...] = ()) -> CausalLM | EncoderModel:
+                head_token_ids: tuple[int, ...] = ()) -> CausalLM | EncoderModel | Any:
     """Allocate the model directly on `device` (no random init), load its weights, then
     quantize them if asked (after loading: checkpoints hold full-precision weights).
     `quantization` None means the checkpoint's own where this device runs it (a GGUF file's
@@ -222,8 +222,8 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     An encoder (BERT's family) is built whole and unquantized (the engine refuses the options
     it does not take)."""
     if encoder_of(config) is not None:
-        model, seconds, nbytes, files = build_encoder(config, source, dtype, device,
-                                                      show_progress)
+        model, seconds, nbytes, files = build_encoder(config, source, max_positions, dtype,
+                                                      device, show_progress)
         model.load_report = LoadReport(seconds, nbytes, files, 1)
         model.quantization = None
         return model

@@ -41,7 +41,7 @@ def wordpiece(tmp_path_factory):
     return make_wordpiece_tokenizer(str(tmp_path_factory.mktemp("wordpiece")))
 
 
-@pytest.mark.parametrize("family", ["bert", "xlm-roberta", "distilbert"])
+@pytest.mark.parametrize("family", ["bert", "xlm-roberta", "distilbert", "modernbert"])
 @pytest.mark.parametrize("mode", ["cls", "mean"])
 def test_embeddings_equal_sentence_transformers(tmp_path, wordpiece, family, mode):
     path = make_encoder_embedding(str(tmp_path), wordpiece, family, mode)
@@ -91,7 +91,7 @@ def test_cross_encoder_scores_equal_transformers(tmp_path, wordpiece, family):
     assert abs(raw_scores[0] - raw_scores[3]) > 1e-3
 
 
-@pytest.mark.parametrize("family", ["bert", "distilbert"])
+@pytest.mark.parametrize("family", ["bert", "distilbert", "modernbert"])
 def test_a_classifier_gives_each_labels_probability(tmp_path, wordpiece, family):
     """A BERT-family text classifier (DistilBERT's SST-2 is the common one): each label's
     probability, as transformers computes it."""
@@ -147,6 +147,10 @@ def test_encoders_it_does_not_compute_are_refused_at_load(tmp_path, wordpiece):
             **REFERENCE)
     with pytest.raises(ModelLoadError, match="activation 'swish'"):
         LLM(raw, show_progress=False, hf_overrides='{"hidden_act": "swish"}', **REFERENCE)
+    modern = make_cross_encoder(str(tmp_path / "modern"), wordpiece, "modernbert")
+    with pytest.raises(ModelLoadError, match="classifier_pooling 'mean'"):
+        LLM(modern, show_progress=False, hf_overrides='{"classifier_pooling": "mean"}',
+            **REFERENCE)
 
 
 @pytest.mark.parametrize(("stored", "classifier", "placed"), [
