@@ -120,7 +120,7 @@ class ShardPlan:
         expert's, or the dense MLP's."""
         if "experts" in parts:
             return self.expert_size
-        if "shared_expert" in parts:
+        if "shared_expert" in parts or "shared_experts" in parts:  # Qwen2-MoE's, GLM-4.5's
             return self.shared_expert_size
         return self.intermediate_size
 

@@ -88,6 +88,12 @@ SUPPORTED = {
     # router with a bias, stored as one tensor per layer (models/fused_weights.py), in MXFP4
     # as OpenAI publishes them (models/mxfp4.py).
     "GptOssForCausalLM": ArchitectureFlags(moe="gptoss", attention_sinks=True),
+    # GLM-4.5 and 4.6 (and -Air): GLM-4's biases on q, k and v only, q/k norms where
+    # use_qk_norm, rotary on part of each head, and DeepSeek-V3's experts: sigmoid scores,
+    # the best groups first (n_group, topk_group), a correction bias that only chooses, the
+    # chosen scores renormalized and scaled, always-on shared experts, and the first
+    # first_k_dense_replace layers dense.
+    "Glm4MoeForCausalLM": ArchitectureFlags(moe="glm", bias_on_qkv_only=True),
 }
 # A supported decoder with a classification head instead of its LM head, as transformers names
 # it: LlamaForSequenceClassification, Qwen3ForSequenceClassification, ... (the pooling runner).
@@ -125,7 +131,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "ernie4_5": "Ernie4_5ForCausalLM", "glm4": "Glm4ForCausalLM",
                "arcee": "ArceeForCausalLM",
                "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM",
-               "gpt_oss": "GptOssForCausalLM",
+               "gpt_oss": "GptOssForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
                # The text models of Qwen's vision-language models: on text alone their
                # multimodal rotary embedding turns every section by the same position, which
                # is the ordinary one.
@@ -150,12 +156,23 @@ class MoeNames:
     up: str
     down: str
     router: str = "gate"
+    shared: str = "shared_expert"  # the shared expert (Qwen2-MoE's; GLM's shared_experts)
+    shared_gated: bool = True  # Qwen2-MoE gates it by a sigmoid; GLM adds it as it is
 
 
 MOE_NAMES = {"qwen": MoeNames("mlp", "gate_proj", "up_proj", "down_proj"),
              "mixtral": MoeNames("block_sparse_moe", "w1", "w3", "w2"),
              "granite": MoeNames("block_sparse_moe", "gate_proj", "up_proj", "down_proj"),
-             "gptoss": MoeNames("mlp", "gate_proj", "up_proj", "down_proj", "router")}
+             "gptoss": MoeNames("mlp", "gate_proj", "up_proj", "down_proj", "router"),
+             "glm": MoeNames("mlp", "gate_proj", "up_proj", "down_proj", shared="shared_experts",
+                             shared_gated=False)}
+
+
+@dataclass(frozen=True)
+class GroupedRouting:
+    groups: int
+    topk_group: int
+    routed_scale: float
 
 
 @dataclass(frozen=True)
@@ -177,6 +194,10 @@ class MoeShape:
     # clamped SwiGLU (alpha, limit) in place of SiLU.
     biased: bool = False
     swiglu: tuple[float, float] | None = None
+    # GLM-4.5 (DeepSeek-V3's routing): sigmoid scores plus a correction bias choose, within the
+    # topk_group best of `groups` groups (by each group's two best); the chosen scores
+    # (renormalized) are scaled by routed_scale.
+    grouped: GroupedRouting | None = None
 
     def is_sparse(self, layer: int) -> bool:
         """Whether decoder layer `layer` has the sparse block (else a dense MLP of the
@@ -332,8 +353,11 @@ def moe_shape_of(config: Any) -> MoeShape | None:
         renormalize=style in ("mixtral", "granite", "gptoss") or
         bool(getattr(config, "norm_topk_prob", False)),
         sparse_step=int(getattr(config, "decoder_sparse_step", 1) or 1),
-        dense_layers=frozenset(getattr(config, "mlp_only_layers", None) or ()),
+        dense_layers=frozenset(getattr(config, "mlp_only_layers", None) or ()) |
+        frozenset(range(int(getattr(config, "first_k_dense_replace", 0) or 0))),
         biased=style == "gptoss",
+        grouped=GroupedRouting(int(config.n_group), int(config.topk_group),
+                               float(config.routed_scaling_factor)) if style == "glm" else None,
         swiglu=(float(config.swiglu_alpha), float(config.swiglu_limit)) if style == "gptoss"
         else None)
 

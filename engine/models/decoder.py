@@ -64,10 +64,13 @@ class Attention(nn.Module):
         out_bias = bool(getattr(config, "attention_out_bias", bias)) and \
             not flags.bias_on_qkv_only
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=out_bias)
-        if flags.qk_norm:
+        # GLM-4.5 normalizes q and k per head where its config says use_qk_norm.
+        qk_norm = flags.qk_norm or (flags.moe == "glm" and bool(getattr(config, "use_qk_norm",
+                                                                           False)))
+        if qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, flags.gemma)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, flags.gemma)
-        self.qk_norm = flags.qk_norm
+        self.qk_norm = qk_norm
         self.projection_norm = flags.projection_qk_norm
         # OLMo 2/3 apply the norm's weight in float32, OLMoE after the cast back.
         self.weight_in_float32 = flags.olmo

@@ -251,6 +251,9 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     with torch.device("meta"):
         model = CausalLM(config, max_positions, plan, tp)
     model = model.to(dtype=dtype).to_empty(device=device)
+    for module in model.modules():  # weights a checkpoint keeps in float32 (GLM's router)
+        if getattr(module, "keeps_float32", False):
+            module.float()
     # Rotary tables are computed, not loaded: rebuild them on the device in float32.
     full, local = model.model.rotary_tables()
     model.model.rotary, model.model.rotary_local = full.to(device), local and local.to(device)

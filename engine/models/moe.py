@@ -15,20 +15,27 @@ from torch.nn import functional
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.layers.activation import clamped_swiglu, silu_and_mul
 from tokenmill.engine.layers.linear import MergedLinear
-from tokenmill.engine.layers.moe import experts_sum, route
+from tokenmill.engine.layers.moe import experts_sum, route, route_grouped
 from tokenmill.engine.models.architecture import MoeNames, MoeShape
 
 
 class Router(nn.Module):
     """A projection (with a bias in GPT-OSS) kept out of quantization (it is not an
-    nn.Linear)."""
+    nn.Linear). GLM-4.5's computes in float32, as its checkpoint keeps it, and holds the
+    correction bias its routing chooses by (`e_score_correction_bias`)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 grouped: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.float32 = self.keeps_float32 = grouped  # the loader keeps its weights float32
+        self.e_score_correction_bias = nn.Parameter(torch.empty(out_features)) if grouped \
+            else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.float32:
+            return functional.linear(x.float(), self.weight.float())
         return functional.linear(x, self.weight, self.bias)
 
 
@@ -63,20 +70,31 @@ class SparseMoeBlock(nn.Module):
         self.shape = shape
         names = shape.names
         self.router_name = names.router
-        setattr(self, names.router, Router(hidden, shape.num_experts, bias=shape.biased))
+        setattr(self, names.router, Router(hidden, shape.num_experts, bias=shape.biased,
+                                           grouped=shape.grouped is not None))
         self.experts = nn.ModuleList(Expert(hidden, shape.width // tp.size, names, shape.biased,
                                             shape.swiglu)
                                      for _ in range(shape.num_experts))
+        self.shared_name = names.shared
         if shape.shared_width:
-            self.shared_expert = Expert(hidden, shape.shared_width // tp.size, names)
-            self.shared_expert_gate = Router(hidden, 1)
+            setattr(self, names.shared, Expert(hidden, shape.shared_width // tp.size, names))
+            if names.shared_gated:
+                self.shared_expert_gate = Router(hidden, 1)
 
     def forward(self, x: torch.Tensor, backend: str) -> torch.Tensor:
         router = getattr(self, self.router_name)
-        weights, ids = route(router(x), self.shape.top_k, self.shape.renormalize)
+        grouped = self.shape.grouped
+        if grouped is None:
+            weights, ids = route(router(x), self.shape.top_k, self.shape.renormalize)
+        else:
+            weights, ids = route_grouped(router(x), router.e_score_correction_bias,
+                                         self.shape.top_k, grouped.groups, grouped.topk_group,
+                                         self.shape.renormalize, grouped.routed_scale)
         out = experts_sum(x, weights, ids, len(self.experts),
                           lambda e, rows: self.experts[e](rows, backend))
         if self.shape.shared_width:
-            gate = torch.sigmoid(self.shared_expert_gate(x))
-            out = out + gate * self.shared_expert(x, backend)
+            shared = getattr(self, self.shared_name)(x, backend)
+            if self.shape.names.shared_gated:
+                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
+            out = out + shared
         return self.tp.all_reduce(out)

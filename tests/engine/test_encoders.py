@@ -41,8 +41,10 @@ def wordpiece(tmp_path_factory):
     return make_wordpiece_tokenizer(str(tmp_path_factory.mktemp("wordpiece")))
 
 
-@pytest.mark.parametrize("family", ["bert", "xlm-roberta", "distilbert", "modernbert"])
-@pytest.mark.parametrize("mode", ["cls", "mean"])
+# Each family once or twice: what a pooling mode reads is the same for every encoder.
+@pytest.mark.parametrize(("family", "mode"), [("bert", "cls"), ("bert", "mean"),
+                                              ("xlm-roberta", "cls"), ("distilbert", "mean"),
+                                              ("modernbert", "mean")])
 def test_embeddings_equal_sentence_transformers(tmp_path, wordpiece, family, mode):
     path = make_encoder_embedding(str(tmp_path), wordpiece, family, mode)
     reference = st_embeddings(path, TEXTS)

@@ -1,4 +1,5 @@
-"""Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE): greedy output equals
+"""Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE, GLM-4.5): greedy output
+equals
 Hugging Face token for token (batched, chunked, from the prefix cache, under tensor
 parallelism), the router math equals a dense reference, and what a sparse layer cannot take is
 refused by name."""
@@ -15,7 +16,7 @@ from tokenmill.engine import LLM, SamplingParams
 from tokenmill.engine.contract.config import ConfigError
 from tokenmill.engine.core.errors import LoRAAdapterError
 from tokenmill.engine.execution.decode_graphs import graphs_wanted
-from tokenmill.engine.layers.moe import experts_sum, route
+from tokenmill.engine.layers.moe import experts_sum, route, route_grouped
 from tokenmill.engine.layers.quantized_linear import QuantizedLinear, QuantizedMergedLinear
 from tokenmill.engine.models.gguf_weights import hf_name
 from tokenmill.engine.models.loader import build_model
@@ -46,6 +47,14 @@ def _config(kind: str, vocab: int, **changes):
         return transformers.Qwen2MoeConfig(
             intermediate_size=128, moe_intermediate_size=32, shared_expert_intermediate_size=64,
             num_experts=4, num_experts_per_tok=2, **common)
+    if kind == "glm4_moe":
+        # DeepSeek-V3's routing: 8 experts in 4 groups, the 2 best groups eligible; a shared
+        # expert; layer 0 dense; q/k norms, biases on q, k and v, rotary on half of each head.
+        return transformers.Glm4MoeConfig(
+            intermediate_size=128, moe_intermediate_size=32, n_routed_experts=8,
+            num_experts_per_tok=2, n_group=4, topk_group=2, first_k_dense_replace=1,
+            n_shared_experts=1, routed_scaling_factor=2.5, head_dim=16,
+            partial_rotary_factor=0.5, use_qk_norm=True, attention_bias=True, **common)
     if kind == "granitemoe":
         # Granite's multipliers; the experts stored as one tensor per layer.
         return transformers.GraniteMoeConfig(
@@ -56,11 +65,26 @@ def _config(kind: str, vocab: int, **changes):
                                       num_experts_per_tok=2, **common)
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "mixtral", "qwen2_moe", "granitemoe"])
+@pytest.fixture(scope="module", params=["qwen3_moe", "mixtral", "qwen2_moe", "granitemoe",
+                                        "glm4_moe"])
 def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
-    return make_random_model(directory, _config(request.param, len(vocab_tokenizer)),
-                             vocab_tokenizer)
+    make_random_model(directory, _config(request.param, len(vocab_tokenizer)), vocab_tokenizer)
+    if request.param == "glm4_moe":
+        _draw_biases(directory)
+    return directory
+
+
+def _draw_biases(directory: str) -> None:
+    """Draw the biases transformers starts at zero (GLM's correction bias among them, which
+    then decides which experts are chosen), so where each lands shows."""
+    path = f"{directory}/model.safetensors"
+    tensors = load_file(path)
+    gen = torch.Generator().manual_seed(3)
+    for name, tensor in tensors.items():
+        if name.endswith(("bias", "e_score_correction_bias")):
+            tensors[name] = torch.randn(tensor.shape, generator=gen) * 0.3
+    save_file(tensors, path, metadata={"format": "pt"})
 
 
 def _prompts(tokenizer) -> list[list[int]]:
@@ -107,9 +131,17 @@ def test_speculative_decoding_keeps_the_greedy_output(moe_dir, expected, vocab_t
         assert llm.engine.speculation_stats.num_accepted_tokens > 0
 
 
+# Two ranks where the sharding differs: a gated shared expert (Qwen2-MoE), experts stored fused
+# (GraniteMoE), always-on shared experts, dense layers and a float32 router (GLM-4.5). Qwen3-MoE's
+# and Mixtral's plain experts split as those do (and as any MLP).
+TP_FAMILIES = ("qwen2_moe", "granitemoe", "glm4_moe")
+
+
 @pytest.mark.parametrize("size", [2])
 def test_tensor_parallel_equals_hf(moe_dir, expected, vocab_tokenizer, size):
     """Every rank holds a slice of every expert's width (and of the shared expert's)."""
+    if not moe_dir.rstrip("/").rpartition("/")[2].startswith(TP_FAMILIES):
+        pytest.skip("plain experts split as the other families' do (TP_FAMILIES)")
     with LLM(moe_dir, tensor_parallel_size=size, **ENGINE) as llm:
         model = llm.engine.runner.model
         block = next(m for m in model.modules() if isinstance(m, SparseMoeBlock))
@@ -126,6 +158,25 @@ def test_router_weights_renormalize_only_when_asked():
     weights, _ = route(logits, 2, renormalize=True)
     torch.testing.assert_close(weights.sum(dim=-1), torch.ones(2))
     torch.testing.assert_close(weights, probs.gather(1, ids) / probs.gather(1, ids).sum(1, True))
+
+
+def test_grouped_routing_picks_within_the_best_groups():
+    """DeepSeek-V3's routing, row by row: rank the groups by their two best biased scores,
+    keep the best, choose the top experts among theirs by biased score, weigh them by their
+    unbiased scores, renormalized and scaled."""
+    torch.manual_seed(1)
+    logits, correction = torch.randn(6, 8), torch.randn(8) * 0.5
+    weights, ids = route_grouped(logits, correction, top_k=3, groups=4, topk_group=2,
+                                 renormalize=True, scale=2.5)
+    scores = torch.sigmoid(logits)
+    for row in range(6):
+        biased = (scores[row] + correction).view(4, 2)
+        best_groups = set(biased.sum(dim=1).topk(2).indices.tolist())  # two per group: both
+        eligible = [e for e in range(8) if e // 2 in best_groups]
+        chosen = sorted(eligible, key=lambda e: -(scores[row, e] + correction[e]))[:3]
+        assert sorted(ids[row].tolist()) == sorted(chosen)
+        expected = scores[row, ids[row]] / scores[row, ids[row]].sum() * 2.5
+        torch.testing.assert_close(weights[row], expected)
 
 
 def test_experts_sum_equals_the_dense_weighted_sum():
