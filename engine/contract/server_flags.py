@@ -20,9 +20,10 @@ from tokenmill.engine.contract.config import ConfigError
 # The tool-call formats the server parses (server/tool_parsers.py, whose table a test holds to
 # these names).
 TOOL_CALL_PARSER_NAMES = ("hermes", "llama3_json", "mistral", "pythonic", "granite",
-                          "phi4_mini_json", "openai")
+                          "phi4_mini_json", "openai", "glm45")
 # The reasoning formats the server splits (server/reasoning.py, held to these names likewise).
-REASONING_PARSER_NAMES = ("deepseek_r1", "qwen3", "mistral", "granite", "openai_gptoss")
+REASONING_PARSER_NAMES = ("deepseek_r1", "qwen3", "mistral", "granite", "openai_gptoss",
+                          "glm45")
 # apply_chat_template's own parameters, and the template's `messages`: set by the server or by
 # the request's own fields, never through chat_template_kwargs (the template's variables).
 RESERVED_TEMPLATE_KWARGS = frozenset({
@@ -105,7 +106,7 @@ def add_server_arguments(parser: argparse.ArgumentParser,
                         help="Return a reasoning model's thinking (<think>...</think>) apart "
                              "from its answer, in the chat message's `reasoning` (and "
                              "`reasoning_content`): deepseek_r1 (the template opens the "
-                             "thinking), qwen3 (the model does), mistral, granite, or "
+                             "thinking), qwen3 (the model does), mistral, granite, glm45, or "
                              "openai_gptoss (GPT-OSS's harmony channels).")
     parser.add_argument("--return-tokens-as-token-ids", action="store_true",
                         help='Logprobs name each token "token_id:ID" instead of its text, so '

@@ -66,7 +66,10 @@ REASONING_PARSERS = {"deepseek_r1": ThinkingFormat(starts_inside=True),
                      "mistral": ThinkingFormat(False, ("[THINK]",), ("[/THINK]",)),
                      "granite": ThinkingFormat(False, _granite("thought process"),
                                                _granite("response")),
-                     "openai_gptoss": HarmonyFormat()}
+                     "openai_gptoss": HarmonyFormat(),
+                     # GLM-4.5 writes <think> itself, as Qwen3 does (an empty pair where its
+                     # template turns thinking off).
+                     "glm45": ThinkingFormat(starts_inside=False)}
 
 
 def split_reasoning(text: str, thinking: ThinkingFormat,

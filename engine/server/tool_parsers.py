@@ -14,7 +14,9 @@ tokenizers, `NAME[ARGS]{...}` after each `[TOOL_CALLS]`) and `pythonic` (Llama 3
 whole reply is a Python list of calls, `[get_weather(city="Paris"), get_time()]`; a call's
 arguments are sent once its closing parenthesis is generated), `granite` (Granite 3.x: the
 reply is `<|tool_call|>` then a JSON array of call objects) and `phi4_mini_json` (Phi-4-mini:
-`functools[...]`, a JSON array of call objects after any content).
+`functools[...]`, a JSON array of call objects after any content), `glm45` (GLM-4.5:
+`<tool_call>NAME` then `<arg_key>`/`<arg_value>` pairs) and `openai` (GPT-OSS's harmony
+messages to `functions.NAME`).
 Forced tool choices produce JSON under a schema: the arguments object alone when one function
 is named, `[{"name": ..., "arguments": {...}}, ...]` when any call is required.
 """
@@ -239,6 +241,50 @@ class NamedToolParser:
         return Parse("", [ToolCallText(self.name, text.lstrip(_WS))])
 
 
+class Glm45ToolParser:
+    """GLM-4.5's calls: `<tool_call>NAME` then `<arg_key>KEY</arg_key><arg_value>VALUE
+    </arg_value>` pairs, then `</tool_call>`; content is the text before the first call. A
+    value that reads as JSON (a number, true, a list, an object) is that JSON, any other a
+    string. A call's arguments grow a pair at a time, once its value is closed."""
+
+    START, END = "<tool_call>", "</tool_call>"
+    KEY, VALUE = ("<arg_key>", "</arg_key>"), ("<arg_value>", "</arg_value>")
+
+    def parse(self, text: str, final: bool) -> Parse:
+        first = text.find(self.START)
+        if first < 0:
+            keep = len(text) if final else len(text) - _held_back(text, self.START)
+            return Parse(text[:keep])
+        calls = []
+        for block in text[first:].split(self.START)[1:]:
+            body, closed = block.partition(self.END)[0], self.END in block
+            name_end = min((at for at in (body.find("\n"), body.find(self.KEY[0])) if at >= 0),
+                           default=-1 if not closed else len(body))
+            if name_end < 0 and not final:
+                break  # the name may still be growing
+            name = body[:name_end if name_end >= 0 else len(body)].strip()
+            if not name:
+                break
+            pairs = []
+            for piece in body.split(self.KEY[0])[1:]:
+                key, found, rest = piece.partition(self.KEY[1])
+                value, ended, _ = rest.partition(self.VALUE[1])
+                if not (found and ended and self.VALUE[0] in value):
+                    break
+                pairs.append((key.strip(), _json_value(value.partition(self.VALUE[0])[2])))
+            arguments = "{" + ", ".join(f"{json.dumps(k)}: {v}" for k, v in pairs)
+            calls.append(ToolCallText(name, arguments + ("}" if closed or final else "")))
+        return Parse(text[:first], calls)
+
+
+def _json_value(text: str) -> str:
+    """A GLM argument value as JSON text: itself where it parses as JSON, else a string."""
+    try:
+        return json.dumps(json.loads(text))
+    except ValueError:
+        return json.dumps(text)
+
+
 class OpenAIToolParser:
     """GPT-OSS's harmony (server/harmony.py): each message to `functions.NAME` is a call, its
     content the arguments; the content is the final answer and any preamble, without the
@@ -264,6 +310,7 @@ TOOL_CALL_PARSERS: dict[str, type[ToolParser]] = {
     "granite": GraniteToolParser,
     "phi4_mini_json": Phi4MiniJsonToolParser,
     "openai": OpenAIToolParser,
+    "glm45": Glm45ToolParser,
 }
 
 

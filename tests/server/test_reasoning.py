@@ -30,6 +30,8 @@ REPLIES = {
     # Granite says it in words, "Here is" or "Here's".
     "granite": ["Here is my thou", "ght process:Paris is", " the capital.Here's my resp",
                 "onse:\n\n", "It is Paris."],
+    # GLM-4.5 writes the tags as Qwen3 does.
+    "glm45": ["<think>Paris", " is the capital.</think>", "\n", "It is Paris."],
     # GPT-OSS's harmony channels (its markers are special tokens: test_harmony.py).
     "openai_gptoss": ["<|channel|>analysis<|message|>", "Paris is", " the capital.<|end|>",
                       "<|start|>assistant<|channel|>final<|message|>", "It is Paris."],

@@ -8,6 +8,7 @@ import pytest
 from tool_support import assert_stream_matches, splits, streamed
 
 from tokenmill.engine.server.tool_parsers import (
+    Glm45ToolParser,
     GraniteToolParser,
     HermesToolParser,
     Llama3JsonToolParser,
@@ -249,3 +250,28 @@ def test_the_flag_offers_exactly_the_parsers_there_are():
     from tokenmill.engine.server.tool_parsers import TOOL_CALL_PARSERS
 
     assert sorted(TOOL_CALL_PARSER_NAMES) == sorted(TOOL_CALL_PARSERS)
+
+
+GLM45_TWO_CALLS = (
+    "Checking both.<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris"
+    "</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>"
+    "<tool_call>get_time\n</tool_call>")
+
+
+def test_glm45_calls_with_string_and_json_values():
+    content, calls = assert_stream_matches(Glm45ToolParser(), GLM45_TWO_CALLS)
+    assert content == "Checking both."
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})]
+
+
+@pytest.mark.parametrize("text", ["It is sunny.", "a <tool_call", "<tool_call>"])
+def test_glm45_other_replies_are_content(text):
+    assert assert_stream_matches(Glm45ToolParser(), text) == (text, [])
+
+
+def test_glm45_arguments_grow_a_pair_at_a_time():
+    _, calls, deltas = streamed(Glm45ToolParser(), list(GLM45_TWO_CALLS))
+    first = [d["function"]["arguments"] for d in deltas if d["index"] == 0]
+    assert first == ["{", '"city": "Paris"', ', "days": 3', "}"]
+    assert calls[1]["arguments"] == "{}"
