@@ -18,11 +18,16 @@ from pydantic_core import from_json
 from tokenmill.engine.server.adapters import add_runtime_routes, model_cards, resolve_model
 from tokenmill.engine.server.classify import create_classification
 from tokenmill.engine.server.embeddings import create_embedding
-from tokenmill.engine.server.embeddings_protocol import ClassificationRequest, EmbeddingRequest
+from tokenmill.engine.server.embeddings_protocol import (
+    ClassificationRequest,
+    EmbeddingRequest,
+    PoolingRequest,
+)
 from tokenmill.engine.server.errors import APIError, install_error_handlers
 from tokenmill.engine.server.invocations import invoke
 from tokenmill.engine.server.middleware import ApiKey, BodyLimit, RequestId
 from tokenmill.engine.server.openai_serving import create_chat_completion, create_completion
+from tokenmill.engine.server.pooling import create_pooling
 from tokenmill.engine.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -127,6 +132,10 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
 
     async def rerank(body: RerankRequest, request: Request, state: State):
         return await create_rerank(body, request, state)
+
+    @app.post("/pooling")  # vLLM's: whatever the model pools for
+    async def pooling(body: PoolingRequest, request: Request, state: State):
+        return await create_pooling(body, request, state)
 
     @app.post("/invocations")  # SageMaker's, as vLLM serves it
     async def invocations(request: Request, state: State):

@@ -40,8 +40,14 @@ async def create_embedding(body: EmbeddingRequest, request: Request,
     if finals is None:
         return client_closed()
     data = [{"object": "embedding", "index": i,
-             "embedding": _encoded(out.embedding or [], body.encoding_format)}
+             "embedding": encoded(out.embedding or [], body.encoding_format)}
             for i, out in enumerate(finals)]
+    return pooled_reply(call_id, state, data, finals)
+
+
+def pooled_reply(call_id: str, state: ServerState, data: list[dict],
+                 finals: list[EmbeddingRequestOutput]) -> JSONResponse:
+    """A pooling route's list reply: `data` in input order and the prompts' token usage."""
     tokens = sum(len(out.prompt_token_ids) for out in finals)
     return JSONResponse({"id": call_id, "object": "list", "created": int(time.time()),
                          "model": state.options.served_model_name, "data": data,
@@ -78,7 +84,8 @@ def prompt_ids(body: PoolingInputs, state: ServerState) -> list[list[int]]:
             if isinstance(item, str) else item for item in body.inputs()]
 
 
-def _encoded(vector: list[float], encoding_format: str) -> list[float] | str:
+def encoded(vector: list[float], encoding_format: str) -> list[float] | str:
+    """A vector as a reply carries it: floats, or base64 of little-endian float32."""
     if encoding_format == "float":
         return vector
     return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")

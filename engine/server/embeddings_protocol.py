@@ -93,5 +93,15 @@ class ActivationField(RequestModel):
                                                                             "activation"))
 
 
+class PoolingRequest(PoolingInputs, ActivationField):
+    """vLLM's /pooling body: each input's pooled output, whatever the model pools for (an
+    embedding model's vector, a classifier's probabilities); `dimensions` and `normalize` as
+    in /v1/embeddings, use_activation as in /classify."""
+
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+    normalize: bool | None = None
+
+
 class ClassificationRequest(PoolingInputs, ActivationField):
     """vLLM's /classify body: each input's probabilities over the classifier's labels."""

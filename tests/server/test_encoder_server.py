@@ -83,3 +83,30 @@ def test_a_cross_encoder_scores_and_reranks_pairs_as_two_segments(reranker, word
                          token_type_ids=torch.tensor([pair["token_type_ids"][-keep:]])).logits
     assert cut["data"][0]["score"] == pytest.approx(expected[0, 0].item(), abs=1e-5)
     assert cut["usage"]["prompt_tokens"] == keep
+
+
+def test_pooling_returns_what_the_model_pools_for(embedder, reranker, tiny_server):
+    """vLLM's /pooling: an embedding model's vectors (as /v1/embeddings), a classifier's
+    probabilities (as /classify); a generative model pools nothing."""
+    server, _ = embedder
+    pooled = httpx.post(server.url + "/pooling", timeout=60,
+                        json={"model": "bge", "input": TEXTS}).json()
+    vectors = httpx.post(server.url + "/v1/embeddings", timeout=60,
+                         json={"model": "bge", "input": TEXTS}).json()
+    assert [d["object"] for d in pooled["data"]] == ["pooling", "pooling"]
+    # Equal up to rounding: how the inputs share steps may differ between the two calls.
+    torch.testing.assert_close(torch.tensor([d["data"] for d in pooled["data"]]),
+                               torch.tensor([d["embedding"] for d in vectors["data"]]),
+                               atol=1e-6, rtol=0)
+    assert pooled["usage"] == vectors["usage"]
+    server, _ = reranker
+    pooled = httpx.post(server.url + "/pooling", timeout=60,
+                        json={"model": "minilm", "input": TEXTS}).json()
+    classified = httpx.post(server.url + "/classify", timeout=60,
+                            json={"model": "minilm", "input": TEXTS}).json()
+    torch.testing.assert_close(torch.tensor([d["data"] for d in pooled["data"]]),
+                               torch.tensor([d["probs"] for d in classified["data"]]),
+                               atol=1e-6, rtol=0)
+    refused = httpx.post(tiny_server.url + "/pooling", timeout=60,
+                         json={"model": "tiny", "input": "a"})
+    assert refused.status_code == 400 and "makes no embeddings" in refused.text
