@@ -18,6 +18,8 @@ if TYPE_CHECKING:
         ClassificationRequestOutput,
         CompletionOutput,
         EmbeddingRequestOutput,
+        PoolingOutput,
+        PoolingRequestOutput,
         RequestOutput,
         ScoringOutput,
         ScoringRequestOutput,
@@ -31,6 +33,8 @@ _EXPORTS = {
     "ClassificationRequestOutput": "tokenmill.engine.core.outputs",
     "CompletionOutput": "tokenmill.engine.core.outputs",
     "EmbeddingRequestOutput": "tokenmill.engine.core.outputs",
+    "PoolingOutput": "tokenmill.engine.core.outputs",
+    "PoolingRequestOutput": "tokenmill.engine.core.outputs",
     "ScoringOutput": "tokenmill.engine.core.outputs",
     "ScoringRequestOutput": "tokenmill.engine.core.outputs",
     "cosine_similarity": "tokenmill.engine.core.cross_encoding",
@@ -43,7 +47,8 @@ _EXPORTS = {
 }
 
 __all__ = ["ClassificationRequestOutput", "CompletionOutput", "EmbeddingRequestOutput",
-           "LLMEngine", "PoolingParams", "RequestOutput", "SamplingParams",
+           "LLMEngine", "PoolingOutput", "PoolingParams", "PoolingRequestOutput",
+           "RequestOutput", "SamplingParams",
            "ScoringOutput", "ScoringRequestOutput", "StructuredOutputsParams", "cosine_similarity",
            "pair_prompt", "score_pairs"]
 

@@ -65,6 +65,14 @@ class ScoringOutput:
 
 
 @dataclass
+class PoolingOutput:
+    """Whatever the model pools for (LLM.encode): an embedding model's vector, a
+    classifier's probabilities."""
+
+    data: list[float]
+
+
+@dataclass
 class PoolingRequestOutput:
     """A pooling request's result in vLLM's shape: `outputs` holds what it asked for."""
 
@@ -72,8 +80,8 @@ class PoolingRequestOutput:
     prompt_token_ids: list[int]
     outputs: Any
     finished: bool = True
-    # How a finished request's values become `outputs`.
-    _outputs_of: ClassVar[Callable[[list[float]], Any]]
+    # How a finished request's values become `outputs` (LLM.encode's: as they are).
+    _outputs_of: ClassVar[Callable[[list[float]], Any]] = PoolingOutput
 
     @classmethod
     def of(cls, out: RequestOutput) -> Self:

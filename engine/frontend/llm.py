@@ -17,6 +17,7 @@ from tokenmill.engine.core import (
     EmbeddingRequestOutput,
     LLMEngine,
     PoolingParams,
+    PoolingRequestOutput,
     RequestOutput,
     SamplingParams,
     ScoringOutput,
@@ -89,6 +90,16 @@ class LLM:
         batch = _as_prompt_list(prompts)
         params = pooling_params or PoolingParams()
         return [EmbeddingRequestOutput.of(out) for out in self._pool(batch, params, use_tqdm)]
+
+    def encode(self, prompts: Prompt | Sequence[Prompt],
+               pooling_params: PoolingParams | None = None,
+               use_tqdm: bool = False) -> list[PoolingRequestOutput]:
+        """Each prompt's pooled output, whatever the model pools for, in input order: as
+        vLLM's LLM.encode, `outputs.data` is an embedding model's vector (as `embed` gives
+        it) or a classifier's probabilities (as `classify`)."""
+        params = dataclasses.replace(pooling_params or PoolingParams(), task=self.engine.task)
+        return [PoolingRequestOutput.of(out)
+                for out in self._pool(_as_prompt_list(prompts), params, use_tqdm)]
 
     def classify(self, prompts: Prompt | Sequence[Prompt], use_tqdm: bool = False,
                  pooling_params: PoolingParams | None = None) -> list[ClassificationRequestOutput]:

@@ -55,7 +55,7 @@ def test_embeddings_equal_sentence_transformers(tmp_path, wordpiece, family, mod
         assert engine.memory_report()["kv_pool_bytes"] == 0
         assert engine.kv.prefix_cache is None and not engine.scheduler.chunked_prefill
         got = torch.tensor([out.outputs.embedding for out in llm.embed(TEXTS)])
-        again = torch.tensor([out.outputs.embedding for out in llm.embed(TEXTS[::-1])])
+        again = torch.tensor([out.outputs.data for out in llm.encode(TEXTS[::-1])])
         assert engine.kv.allocator.num_used == 0
     torch.testing.assert_close(got, reference, atol=1e-5, rtol=0)
     torch.testing.assert_close(again, reference.flip(0), atol=1e-5, rtol=0)
@@ -107,7 +107,10 @@ def test_a_classifier_gives_each_labels_probability(tmp_path, wordpiece, family)
     with LLM(path, show_progress=False, **REFERENCE) as llm:
         assert llm.engine.pooler.classifier.labels == tuple(LABELS.values())
         got = torch.tensor([out.outputs.probs for out in llm.classify(TEXTS)])
+        # vLLM's LLM.encode: whatever the model pools for, here the same probabilities.
+        encoded = torch.tensor([out.outputs.data for out in llm.encode(TEXTS)])
     torch.testing.assert_close(got, reference, atol=1e-5, rtol=0)
+    torch.testing.assert_close(encoded, reference, atol=1e-5, rtol=0)
 
 
 def test_what_an_encoder_cannot_run_with_is_refused(tmp_path, wordpiece):
