@@ -70,7 +70,7 @@ def test_attention_sinks_run_through_the_kernels(tmp_path, vocab_tokenizer):
     directory = make_gpt_oss(str(tmp_path / "gpt-oss"), vocab_tokenizer, num_hidden_layers=2)
     rng = random.Random(5)
     prompts = [[rng.randrange(100, 40000) for _ in range(n)] for n in (5, 30)]
-    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     options = {"show_progress": False, "dtype": "float32", "max_num_batched_tokens": 16,
                "max_num_seqs": 2, "block_size": 8, "device": DEVICE.type,
                "kv_cache_memory": KV_CACHE_MEMORY}
