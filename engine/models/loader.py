@@ -352,7 +352,8 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
             name = language_model_weight(name)
             if name is None:
                 return []
-        if name.endswith(IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
+        if name.endswith(IGNORED_SUFFIXES) or (tied and name == "lm_head.weight") or \
+                _prediction_layer(model.config, name):
             return []
         if name not in params and f"model.{name}" in params:  # a bare decoder's names
             name = f"model.{name}"
@@ -424,6 +425,16 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
     missing = sorted(set(params) - loaded - (built or set()))
     if missing:
         raise ModelLoadError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")
+
+
+def _prediction_layer(config: Any, name: str) -> bool:
+    """Whether `name` belongs to a multi-token-prediction layer stored after the decoder's
+    (GLM-4.5's num_nextn_predict_layers, numbered from num_hidden_layers): a draft head the
+    engine does not run, so it is not read."""
+    if not getattr(config, "num_nextn_predict_layers", 0) or not name.startswith("model.layers."):
+        return False
+    index = name.split(".")[2]
+    return index.isdigit() and int(index) >= config.num_hidden_layers
 
 
 def _gguf_named(source: ModelSource, config: Any) -> Iterator[tuple[str, torch.Tensor, int]]:

@@ -54,7 +54,8 @@ def _config(kind: str, vocab: int, **changes):
             intermediate_size=128, moe_intermediate_size=32, n_routed_experts=8,
             num_experts_per_tok=2, n_group=4, topk_group=2, first_k_dense_replace=1,
             n_shared_experts=1, routed_scaling_factor=2.5, head_dim=16,
-            partial_rotary_factor=0.5, use_qk_norm=True, attention_bias=True, **common)
+            partial_rotary_factor=0.5, use_qk_norm=True, attention_bias=True,
+            num_nextn_predict_layers=1, **common)
     if kind == "granitemoe":
         # Granite's multipliers; the experts stored as one tensor per layer.
         return transformers.GraniteMoeConfig(
@@ -84,6 +85,9 @@ def _draw_biases(directory: str) -> None:
     for name, tensor in tensors.items():
         if name.endswith(("bias", "e_score_correction_bias")):
             tensors[name] = torch.randn(tensor.shape, generator=gen) * 0.3
+    # As GLM-4.5's checkpoints, a multi-token-prediction layer after the last decoder layer,
+    # which neither transformers nor the engine runs.
+    tensors["model.layers.3.eh_proj.weight"] = torch.randn(64, 128, generator=gen)
     save_file(tensors, path, metadata={"format": "pt"})
 
 
