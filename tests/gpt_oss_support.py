@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from typing import Any
 
 import torch
@@ -66,12 +67,7 @@ def mxfp4_copy(directory: str, out: str) -> str:
         tensors[name] = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
         packed[f"{name}_blocks"], packed[f"{name}_scales"] = blocks, scales
     save_file(tensors, path, metadata={"format": "pt"})
-    os.makedirs(out, exist_ok=True)
-    for file in os.listdir(directory):
-        if file != "model.safetensors":
-            with open(os.path.join(directory, file), "rb") as src, \
-                    open(os.path.join(out, file), "wb") as dst:
-                dst.write(src.read())
+    shutil.copytree(directory, out, ignore=shutil.ignore_patterns("model.safetensors"))
     quantized = {n: t for n, t in tensors.items()
                  if not n.endswith(("experts.gate_up_proj", "experts.down_proj"))}
     save_file({**quantized, **packed}, os.path.join(out, "model.safetensors"),

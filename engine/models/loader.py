@@ -267,7 +267,7 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
             _load(model, _gguf_named(source, config), plan, show_progress, built=built)
             files, nbytes, workers = 1, os.path.getsize(source.gguf_path), 1
         else:
-            _load(model, _checkpoint_tensors(checkpoint, config, dtype), plan, show_progress,
+            _load(model, _checkpoint_tensors(checkpoint, published, dtype), plan, show_progress,
                   checkpoint, workers, built=built)
             files, nbytes = len(checkpoint.files), checkpoint.bytes_read
     if head_token_ids:
@@ -290,17 +290,16 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     return model.eval()
 
 
-def _checkpoint_tensors(checkpoint: Checkpoint, config: Any,
+def _checkpoint_tensors(checkpoint: Checkpoint, published: tuple[str, Any] | None,
                         dtype: torch.dtype) -> Iterator[tuple[str, Any, int]]:
     """(name, stored tensor, how many) of the checkpoint's tensors; a pre-quantized
-    checkpoint's weights dequantized into `dtype` (models/prequantized.py)."""
+    checkpoint's (`published`: checkpoint_quantization's answer) weights dequantized into
+    `dtype` (models/prequantized.py)."""
     named = [(t.name, t) for t in checkpoint.tensors]
-    quantized = checkpoint_quantization(config)
-    if quantized is None:
+    if published is None:
         return ((name, t, len(named)) for name, t in named)
-    kind, block = quantized
-    return dequantized_tensors(named, kind, block, lambda t: checkpoint.slice(t)[:],
-                               lambda t: t.dtype, dtype)
+    kind, block = published
+    return dequantized_tensors(named, kind, block, lambda t: checkpoint.slice(t)[:], dtype)
 
 
 def _safetensors_only_family(config: Any) -> str | None:

@@ -29,12 +29,12 @@ class Router(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
-        self.float32 = self.keeps_float32 = grouped  # the loader keeps its weights float32
+        self.keeps_float32 = grouped  # the loader keeps its weights float32
         self.e_score_correction_bias = nn.Parameter(torch.empty(out_features)) if grouped \
             else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.float32:
+        if self.keeps_float32:
             return functional.linear(x.float(), self.weight.float())
         return functional.linear(x, self.weight, self.bias)
 

@@ -79,14 +79,13 @@ def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, 
 
 def dequantized_tensors(named: list[tuple[str, Any]], kind: str,
                         block: tuple[int, int] | None, read: Callable[[Any], torch.Tensor],
-                        dtype: Callable[[Any], torch.dtype],
                         model_dtype: torch.dtype) -> Iterator[tuple[str, Any, int]]:
     """The checkpoint's (name, stored) as (name, stored or tensor, count): each quantized
     weight with its scales becomes one dequantized tensor under the weight's plain name
     (an MXFP4 pair transposed to the unquantized layout, as GPT-OSS keeps its experts); other
     tensors pass as they are, activation scales are dropped. `read` reads a stored tensor
-    whole, `dtype` tells its dtype; `count` is how many are yielded in all."""
-    parts = {name: _part(name, stored, kind, dtype) for name, stored in named}
+    (which has a `dtype`) whole; `count` is how many are yielded in all."""
+    parts = {name: _part(name, stored, kind) for name, stored in named}
     total = sum(1 for part in parts.values() if part is None or part[1] == "values")
     pending: dict[str, dict[str, Any]] = {}
     for name, stored in named:
@@ -112,8 +111,7 @@ def dequantized_tensors(named: list[tuple[str, Any]], kind: str,
         raise ModelLoadError(f"quantized tensor {base!r} has no {lacking} in the checkpoint")
 
 
-def _part(name: str, stored: Any, kind: str,
-          dtype: Callable[[Any], torch.dtype]) -> tuple[str, str] | None:
+def _part(name: str, stored: Any, kind: str) -> tuple[str, str] | None:
     """(the weight's name, "values" | "scales" | "drop") of a quantized weight's tensor, None
     for any other tensor."""
     if kind == "mxfp4":
@@ -126,6 +124,6 @@ def _part(name: str, stored: Any, kind: str,
         return f"{module}.weight", "scales"
     if attr in UNNEEDED_SCALES:
         return f"{module}.weight", "drop"
-    if attr == "weight" and dtype(stored) in FP8_DTYPES:
+    if attr == "weight" and stored.dtype in FP8_DTYPES:
         return name, "values"
     return None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -67,12 +68,8 @@ def _fp8_pair(directory: str, out: str, kind: str) -> tuple[str, str]:
         if name.endswith("k_proj.weight"):  # and a KV-cache scale
             packed[name.replace("k_proj.weight", "k_scale")] = torch.ones(())
     save_file(tensors, path, metadata={"format": "pt"})
-    os.makedirs(out)
-    for file in os.listdir(directory):
-        if file not in ("model.safetensors", "config.json"):
-            with open(os.path.join(directory, file), "rb") as src, \
-                    open(os.path.join(out, file), "wb") as dst:
-                dst.write(src.read())
+    shutil.copytree(directory, out, ignore=shutil.ignore_patterns("model.safetensors",
+                                                                  "config.json"))
     save_file({**tensors, **packed}, os.path.join(out, "model.safetensors"),
               metadata={"format": "pt"})
     with open(os.path.join(directory, "config.json")) as f:
