@@ -20,6 +20,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from tokenmill.engine.server.partial_markers import partial_marker_length
+
 MESSAGE = "<|message|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")
 MARKERS = ("<|start|>", "<|channel|>", MESSAGE, "<|constrain|>", *ENDS)
@@ -71,19 +73,11 @@ def parse_messages(text: str, final: bool = True) -> list[HarmonyMessage]:
         else:
             content, pos = text[start:], len(text)
             if not final:
-                content = content[:len(content) - _partial_marker(content)]
+                content = content[:len(content) - partial_marker_length(content, MARKERS)]
         messages.append(HarmonyMessage(channel and channel.group(1),
                                        recipient and recipient.group(1), content, bool(found)))
         if not found:
             return messages
-
-
-def _partial_marker(text: str) -> int:
-    """The length of the longest end of `text` that begins a marker (0 if none)."""
-    for size in range(min(max(map(len, MARKERS)) - 1, len(text)), 0, -1):
-        if any(marker.startswith(text[-size:]) for marker in MARKERS):
-            return size
-    return 0
 
 
 def canonical(message: HarmonyMessage) -> str:
@@ -96,4 +90,4 @@ def canonical(message: HarmonyMessage) -> str:
 def held_plain(text: str, final: bool) -> str:
     """A reply without harmony markup: all of it, or while streaming all but a tail that may
     begin a marker."""
-    return text if final else text[:len(text) - _partial_marker(text)]
+    return text if final else text[:len(text) - partial_marker_length(text, MARKERS)]

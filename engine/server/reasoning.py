@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tokenmill.engine.server.harmony import canonical, held_plain, is_harmony, parse_messages
+from tokenmill.engine.server.partial_markers import partial_marker_length
 
 
 @dataclass(frozen=True)
@@ -87,18 +88,10 @@ def split_reasoning(text: str, thinking: ThinkingFormat,
         body = stripped[len(start):]
     found = [(at, tag) for tag in thinking.ends if (at := body.find(tag)) >= 0]
     if not found:
-        held = max(_partial_tag(body, tag) for tag in thinking.ends)
+        held = partial_marker_length(body, thinking.ends)
         return body if final else body[:len(body) - held], ""
     end, tag = min(found)
     return body[:end], body[end + len(tag):].lstrip()
-
-
-def _partial_tag(text: str, tag: str) -> int:
-    """The length of the longest end of `text` that begins `tag` (0 if none)."""
-    for size in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-size:]):
-            return size
-    return 0
 
 
 @dataclass

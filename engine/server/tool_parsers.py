@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from tokenmill.engine.server.harmony import held_plain, is_harmony, parse_messages
+from tokenmill.engine.server.partial_markers import partial_marker_length
 
 _WS = " \t\r\n"
 _ARGUMENT_KEYS = ("arguments", "parameters")
@@ -80,7 +81,7 @@ class HermesToolParser:
     def parse(self, text: str, final: bool) -> Parse:
         first = text.find(self.START)
         if first < 0:
-            keep = len(text) if final else len(text) - _held_back(text, self.START)
+            keep = len(text) if final else len(text) - partial_marker_length(text, (self.START,))
             return Parse(text[:keep])
         result = _scan_calls(text, first + len(self.START), self._next_call)
         result.content = text[:first]
@@ -118,7 +119,7 @@ class MistralToolParser:
     def parse(self, text: str, final: bool) -> Parse:
         first = text.find(self.START)
         if first < 0:
-            keep = len(text) if final else len(text) - _held_back(text, self.START)
+            keep = len(text) if final else len(text) - partial_marker_length(text, (self.START,))
             return Parse(text[:keep])
         i = _skip_ws(text, first + len(self.START))
         if text.startswith("[", i):
@@ -214,7 +215,7 @@ class Phi4MiniJsonToolParser:
     def parse(self, text: str, final: bool) -> Parse:
         first = text.find(self.START)
         if first < 0:
-            keep = len(text) if final else len(text) - _held_back(text, self.START)
+            keep = len(text) if final else len(text) - partial_marker_length(text, (self.START,))
             return Parse(text[:keep])
         result = _scan_calls(text, first + len(self.START), _separated_by(","))
         result.content = text[:first]
@@ -253,7 +254,7 @@ class Glm45ToolParser:
     def parse(self, text: str, final: bool) -> Parse:
         first = text.find(self.START)
         if first < 0:
-            keep = len(text) if final else len(text) - _held_back(text, self.START)
+            keep = len(text) if final else len(text) - partial_marker_length(text, (self.START,))
             return Parse(text[:keep])
         calls = []
         for block in text[first:].split(self.START)[1:]:
@@ -524,11 +525,3 @@ def _skip_ws(text: str, i: int) -> int:
     while i < len(text) and text[i] in _WS:
         i += 1
     return i
-
-
-def _held_back(text: str, marker: str) -> int:
-    """Length of the longest end of `text` that is the start of `marker`."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
