@@ -17,6 +17,39 @@ def num_experts_of(config: Any) -> int:
 
 
 @dataclass(frozen=True)
+class LatentAttention:
+    """DeepSeek's multi-head latent attention: each token's keys and values are one latent of
+    `kv_lora_rank` (expanded per head by kv_b_proj) plus a rotary key of `rope_dim` shared by
+    every head. A query head is `nope_dim + rope_dim` wide, a value head `value_dim`."""
+
+    kv_lora_rank: int
+    q_lora_rank: int | None
+    nope_dim: int
+    rope_dim: int
+    value_dim: int
+
+    @property
+    def qk_dim(self) -> int:
+        return self.nope_dim + self.rope_dim
+
+    @property
+    def latent_dim(self) -> int:
+        """What the KV cache keeps per token and layer: the latent and the rotary key."""
+        return self.kv_lora_rank + self.rope_dim
+
+
+def latent_attention_of(config: Any) -> LatentAttention | None:
+    """A DeepSeek-V2/V3 config's latent attention (it has kv_lora_rank); None for any other."""
+    rank = getattr(config, "kv_lora_rank", None)
+    if not rank:
+        return None
+    q_rank = getattr(config, "q_lora_rank", None)
+    return LatentAttention(int(rank), int(q_rank) if q_rank else None,
+                           int(config.qk_nope_head_dim), int(config.qk_rope_head_dim),
+                           int(config.v_head_dim))
+
+
+@dataclass(frozen=True)
 class ModelShape:
     heads: int
     kv_heads: int

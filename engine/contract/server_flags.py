@@ -20,7 +20,7 @@ from tokenmill.engine.contract.config import ConfigError
 # The tool-call formats the server parses (server/tool_parsers.py, whose table a test holds to
 # these names).
 TOOL_CALL_PARSER_NAMES = ("hermes", "llama3_json", "mistral", "pythonic", "granite",
-                          "phi4_mini_json", "openai", "glm45")
+                          "phi4_mini_json", "openai", "glm45", "deepseek_v3", "deepseek_v31")
 # The reasoning formats the server splits (server/reasoning.py, held to these names likewise).
 REASONING_PARSER_NAMES = ("deepseek_r1", "qwen3", "mistral", "granite", "openai_gptoss",
                           "glm45")

@@ -108,6 +108,9 @@ class LLMEngine:
         if config.enable_lora and flags_of(self.model_config).ungated_mlp:
             raise ConfigError("enable_lora", f"LoRA adapters are not served on "
                               f"{architecture_of(self.model_config)}'s MLP without a gate")
+        if config.enable_lora and flags_of(self.model_config).latent_attention:
+            raise ConfigError("enable_lora", f"LoRA adapters are not served on "
+                              f"{architecture_of(self.model_config)}'s latent attention")
         tp_size = config.tensor_parallel_size
         if not self.encoder:
             check_tensor_parallel(self.model_config, tp_size)

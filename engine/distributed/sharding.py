@@ -7,6 +7,9 @@ A mixture-of-experts layer splits every expert's width the same way (Mixtral's w
 gate/up, w2 is down); its router is replicated.
 KV heads are split like the query heads; with fewer KV heads than ranks each KV head is
 replicated on the ranks whose query heads read it. Norms and rotary tables are replicated.
+DeepSeek's latent attention splits its heads the same way (q_proj or q_b_proj, kv_b_proj,
+o_proj); the latent's own projections (q_a_proj, kv_a_proj_with_mqa) and the one latent per
+token its cache keeps are whole on every rank.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ from typing import Any
 import torch
 
 from tokenmill.engine.contract.config import ConfigError
-from tokenmill.engine.contract.model_shape import ModelShape
+from tokenmill.engine.contract.model_shape import ModelShape, latent_attention_of
 
-COLUMN_PARALLEL = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1", "w3"}
+COLUMN_PARALLEL = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1", "w3",
+                   "q_b_proj", "kv_b_proj"}
 ROW_PARALLEL = {"o_proj", "down_proj", "w2"}
 VOCAB_PARALLEL = {"embed_tokens", "lm_head"}
 
@@ -57,6 +61,10 @@ class ShardPlan:
     vocab_per_rank: int      # rows of the embedding and LM head on this rank (padded)
     expert_size: int = 0         # each routed expert's MLP width on this rank
     shared_expert_size: int = 0  # the shared expert's (Qwen2-MoE) on this rank
+    # Latent attention (DeepSeek): a value head's width where it differs from head_dim (the
+    # query's), and the rows of kv_b_proj per head; the cache's one "KV head" is the latent.
+    value_head_dim: int = 0
+    kv_b_rows_per_head: int = 0
 
     @classmethod
     def for_model(cls, config: Any, rank: int = 0, size: int = 1) -> ShardPlan:
@@ -67,10 +75,20 @@ class ShardPlan:
         first_kv = rank * kv_heads // size if kv_heads >= size else rank // (size // kv_heads)
         vocab = getattr(config, "vocab_size", 0)
         shape = ModelShape.of(config)
+        latent = latent_attention_of(config)
+        if latent is not None:
+            local_kv, first_kv, head_dim = 1, 0, latent.qk_dim
         return cls(rank, size, heads // size, local_kv, first_kv, head_dim,
                    shape.intermediate_size // size, vocab, -(-vocab // size),
                    shape.expert_intermediate_size // size,
-                   shape.shared_expert_intermediate_size // size)
+                   shape.shared_expert_intermediate_size // size,
+                   latent.value_dim if latent else 0,
+                   latent.nope_dim + latent.value_dim if latent else 0)
+
+    @property
+    def output_head_dim(self) -> int:
+        """The width of one head's attention output, as o_proj reads it."""
+        return self.value_head_dim or self.head_dim
 
     @property
     def vocab_start(self) -> int:
@@ -97,7 +115,8 @@ class ShardPlan:
             if attr == "bias":
                 full = _read(tensor)
                 return full if self.rank == 0 else torch.zeros_like(full)
-            per = self.num_heads * self.head_dim if kind == "o_proj" else self._width(parts)
+            per = self.num_heads * self.output_head_dim if kind == "o_proj" else \
+                self._width(parts)
             return tensor[:, self.rank * per:(self.rank + 1) * per]
         if kind in ("q_norm", "k_norm") and _length(tensor) > self.head_dim:
             # OLMo's norms over the whole projection: the rows of q_proj's or k_proj's output.
@@ -106,8 +125,9 @@ class ShardPlan:
         return _read(tensor)
 
     def _output_rows(self, kind: str, parts: list[str]) -> tuple[int, int]:
-        if kind == "q_proj":
-            per = self.num_heads * self.head_dim
+        if kind in ("q_proj", "q_b_proj", "kv_b_proj"):
+            per = self.num_heads * (self.kv_b_rows_per_head if kind == "kv_b_proj"
+                                    else self.head_dim)
             return self.rank * per, (self.rank + 1) * per
         if kind in ("k_proj", "v_proj"):
             per = self.num_kv_heads * self.head_dim

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from tokenmill.engine.contract.model_shape import latent_attention_of
 from tokenmill.engine.distributed.sharding import ShardPlan
 from tokenmill.engine.layers.kv_quant import is_quantized, kv_storage_dtype
 
@@ -18,20 +19,30 @@ class KVCacheLayout:
     """Values: [layers, 2 (K, V), blocks, block_size, kv_heads, head_dim] in `dtype`. A
     quantized pool adds scales [layers, 2, blocks, block_size, kv_heads] in float32, one per
     (token, K/V head), so a token costs head_dim bytes plus 4 per head in int8 or fp8.
-    Under tensor parallelism it is one rank's pool: that rank's KV heads only."""
+    Under tensor parallelism it is one rank's pool: that rank's KV heads only.
+
+    A model whose keys and values are one stored row (DeepSeek's latent attention: the values
+    are the latent's first part) has one plane instead of two, K and V views of it
+    (`planes` 1)."""
 
     num_layers: int
     num_kv_heads: int
     head_dim: int
     block_size: int
     dtype: torch.dtype
+    planes: int = 2
 
     @classmethod
     def for_model(cls, model_config: Any, block_size: int, model_dtype: torch.dtype,
                   kv_cache_dtype: str = "auto", tp_size: int = 1) -> KVCacheLayout:
+        dtype = kv_storage_dtype(kv_cache_dtype, model_dtype)
+        latent = latent_attention_of(model_config)
+        if latent is not None:
+            return cls(model_config.num_hidden_layers, 1, latent.latent_dim, block_size, dtype,
+                       planes=1)
         plan = ShardPlan.for_model(model_config, 0, tp_size)
         return cls(model_config.num_hidden_layers, plan.num_kv_heads, plan.head_dim, block_size,
-                   kv_storage_dtype(kv_cache_dtype, model_dtype))
+                   dtype)
 
     @property
     def quantized(self) -> bool:
@@ -47,15 +58,15 @@ class KVCacheLayout:
         per_row = self.head_dim * self.dtype.itemsize
         if self.quantized:
             per_row += SCALE_DTYPE.itemsize
-        return 2 * self.num_layers * self.num_kv_heads * per_row
+        return self.planes * self.num_layers * self.num_kv_heads * per_row
 
     @property
     def bytes_per_block(self) -> int:
         return self.bytes_per_token * self.block_size
 
     def values_shape(self, num_blocks: int) -> tuple[int, ...]:
-        return (self.num_layers, 2, num_blocks, self.block_size, self.num_kv_heads,
+        return (self.num_layers, self.planes, num_blocks, self.block_size, self.num_kv_heads,
                 self.head_dim)
 
     def scales_shape(self, num_blocks: int) -> tuple[int, ...]:
-        return (self.num_layers, 2, num_blocks, self.block_size, self.num_kv_heads)
+        return (self.num_layers, self.planes, num_blocks, self.block_size, self.num_kv_heads)

@@ -58,10 +58,11 @@ class ModelRunner:
         self.startup_seconds: dict[str, float] = {}
 
     def _layer_view(self, layer: int) -> KVLayer:
-        k, v = self.kv_pool[layer]
+        """K and V of one layer; one plane (latent attention) is both."""
+        k, v = self.kv_pool[layer].expand(2, *self.kv_pool.shape[2:])
         if self.kv_scales is None:
             return KVLayer(k, v)
-        k_scale, v_scale = self.kv_scales[layer]
+        k_scale, v_scale = self.kv_scales[layer].expand(2, *self.kv_scales.shape[2:])
         return KVLayer(k, v, k_scale, v_scale)
 
     def _pool_tensors(self) -> list[torch.Tensor]:

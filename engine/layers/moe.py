@@ -24,19 +24,27 @@ def route(logits: torch.Tensor, top_k: int,
     return weights, ids
 
 
-def route_grouped(logits: torch.Tensor, correction: torch.Tensor, top_k: int, groups: int,
-                  topk_group: int, renormalize: bool,
-                  scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def route_grouped(logits: torch.Tensor, correction: torch.Tensor | None, top_k: int,
+                  groups: int, topk_group: int, renormalize: bool, scale: float,
+                  softmax: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek-V3's routing (GLM-4.5's), as transformers computes it: each expert's sigmoid
     score plus its correction bias ranks it; the experts are in `groups` groups, each group
     ranked by its two best, and only the topk_group best groups' experts may be chosen. The
     weights are the chosen experts' scores (without the bias), divided by their sum where
-    `renormalize`, times `scale`."""
-    scores = torch.sigmoid(logits.float())
-    choice = scores + correction.float()
+    `renormalize`, times `scale`.
+
+    DeepSeek-V2's (`softmax`): the scores are the softmax over all experts, with no bias, and
+    a group ranks by its best."""
+    if softmax:
+        scores = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        choice = scores
+    else:
+        scores = torch.sigmoid(logits.float())
+        choice = scores + correction.float()
     rows, experts = choice.shape
     per_group = choice.view(rows, groups, experts // groups)
-    group_scores = per_group.topk(2, dim=-1).values.sum(dim=-1)
+    group_scores = per_group.amax(dim=-1) if softmax else \
+        per_group.topk(2, dim=-1).values.sum(dim=-1)
     best_groups = group_scores.topk(topk_group, dim=-1).indices
     allowed = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best_groups, True)
     allowed = allowed.unsqueeze(-1).expand(-1, -1, experts // groups).reshape(rows, experts)

@@ -42,6 +42,8 @@ class ArchitectureFlags:
     ungated_mlp: bool = False
     # GPT-OSS: a learned logit per attention head joins every softmax (attention sinks).
     attention_sinks: bool = False
+    # DeepSeek-V2/V3: multi-head latent attention (models/latent_attention.py).
+    latent_attention: bool = False
 
 
 SUPPORTED = {
@@ -93,7 +95,15 @@ SUPPORTED = {
     # the best groups first (n_group, topk_group), a correction bias that only chooses, the
     # chosen scores renormalized and scaled, always-on shared experts, and the first
     # first_k_dense_replace layers dense.
-    "Glm4MoeForCausalLM": ArchitectureFlags(moe="glm", bias_on_qkv_only=True),
+    "Glm4MoeForCausalLM": ArchitectureFlags(moe="deepseek", bias_on_qkv_only=True),
+    # DeepSeek-V2 (and -Lite): latent attention (one cached latent per token, rotary over
+    # interleaved pairs of a part of each head), and experts chosen by their softmax, greedily
+    # or within the best groups (topk_method), scaled by routed_scaling_factor, beside
+    # always-on shared experts; the first first_k_dense_replace layers dense.
+    "DeepseekV2ForCausalLM": ArchitectureFlags(moe="deepseek_v2", latent_attention=True),
+    # DeepSeek-V3 and R1 (and Kimi K2, Moonlight, as checkpoints of the same architecture):
+    # V2's latent attention and V3's experts, as GLM-4.5's.
+    "DeepseekV3ForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True),
 }
 # A supported decoder with a classification head instead of its LM head, as transformers names
 # it: LlamaForSequenceClassification, Qwen3ForSequenceClassification, ... (the pooling runner).
@@ -132,6 +142,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "arcee": "ArceeForCausalLM",
                "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM",
                "gpt_oss": "GptOssForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
+               "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
                # The text models of Qwen's vision-language models: on text alone their
                # multimodal rotary embedding turns every section by the same position, which
                # is the ordinary one.
@@ -164,15 +175,22 @@ MOE_NAMES = {"qwen": MoeNames("mlp", "gate_proj", "up_proj", "down_proj"),
              "mixtral": MoeNames("block_sparse_moe", "w1", "w3", "w2"),
              "granite": MoeNames("block_sparse_moe", "gate_proj", "up_proj", "down_proj"),
              "gptoss": MoeNames("mlp", "gate_proj", "up_proj", "down_proj", "router"),
-             "glm": MoeNames("mlp", "gate_proj", "up_proj", "down_proj", shared="shared_experts",
-                             shared_gated=False)}
+             "deepseek": MoeNames("mlp", "gate_proj", "up_proj", "down_proj",
+                                  shared="shared_experts", shared_gated=False)}
+MOE_NAMES["deepseek_v2"] = MOE_NAMES["deepseek"]
 
 
 @dataclass(frozen=True)
 class GroupedRouting:
+    """DeepSeek's routing: experts in `groups` groups, only the topk_group best groups'
+    eligible, the chosen weights times routed_scale. V3 (GLM-4.5) scores by sigmoid plus a
+    correction bias and ranks a group by its two best; V2 by softmax and its best
+    (`softmax`)."""
+
     groups: int
     topk_group: int
     routed_scale: float
+    softmax: bool = False
 
 
 @dataclass(frozen=True)
@@ -194,9 +212,7 @@ class MoeShape:
     # clamped SwiGLU (alpha, limit) in place of SiLU.
     biased: bool = False
     swiglu: tuple[float, float] | None = None
-    # GLM-4.5 (DeepSeek-V3's routing): sigmoid scores plus a correction bias choose, within the
-    # topk_group best of `groups` groups (by each group's two best); the chosen scores
-    # (renormalized) are scaled by routed_scale.
+    # DeepSeek-V2/V3 and GLM-4.5: chosen within the best groups, scaled (GroupedRouting).
     grouped: GroupedRouting | None = None
 
     def is_sparse(self, layer: int) -> bool:
@@ -356,10 +372,25 @@ def moe_shape_of(config: Any) -> MoeShape | None:
         dense_layers=frozenset(getattr(config, "mlp_only_layers", None) or ()) |
         frozenset(range(int(getattr(config, "first_k_dense_replace", 0) or 0))),
         biased=style == "gptoss",
-        grouped=GroupedRouting(int(config.n_group), int(config.topk_group),
-                               float(config.routed_scaling_factor)) if style == "glm" else None,
+        grouped=_grouped_routing(config, style),
         swiglu=(float(config.swiglu_alpha), float(config.swiglu_limit)) if style == "gptoss"
         else None)
+
+
+def _grouped_routing(config: Any, style: str) -> GroupedRouting | None:
+    """DeepSeek's routing as the config sets it; V2's greedy top_k is one group."""
+    if style not in ("deepseek", "deepseek_v2"):
+        return None
+    scale = float(getattr(config, "routed_scaling_factor", 1.0) or 1.0)
+    if style == "deepseek_v2":
+        method = getattr(config, "topk_method", "greedy")
+        if method not in ("greedy", "group_limited_greedy"):
+            raise ModelLoadError(f"topk_method {method!r} is not supported (greedy, "
+                                 "group_limited_greedy)")
+        if method == "greedy":
+            return GroupedRouting(1, 1, scale, softmax=True)
+        return GroupedRouting(int(config.n_group), int(config.topk_group), scale, softmax=True)
+    return GroupedRouting(int(config.n_group), int(config.topk_group), scale)
 
 
 def activation_of(config: Any) -> str:

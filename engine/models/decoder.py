@@ -1,5 +1,6 @@
 """Decoder-only transformer (Llama, Mistral, Qwen2, Qwen3, Gemma 1/2/3, and the
-mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE) over the paged KV cache.
+mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek's latent attention, ...) over the
+paged KV cache.
 
 Parameter names equal Hugging Face's, so checkpoints load without renaming.
 """
@@ -30,6 +31,7 @@ from tokenmill.engine.models.architecture import (
     moe_shape_of,
     rotates_at,
 )
+from tokenmill.engine.models.latent_attention import LatentSelfAttention
 from tokenmill.engine.models.moe import SparseMoeBlock
 
 
@@ -65,8 +67,8 @@ class Attention(nn.Module):
             not flags.bias_on_qkv_only
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=out_bias)
         # GLM-4.5 normalizes q and k per head where its config says use_qk_norm.
-        qk_norm = flags.qk_norm or (flags.moe == "glm" and bool(getattr(config, "use_qk_norm",
-                                                                           False)))
+        qk_norm = flags.qk_norm or (flags.moe == "deepseek" and
+                                    bool(getattr(config, "use_qk_norm", False)))
         if qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, flags.gemma)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, flags.gemma)
@@ -178,7 +180,8 @@ class DecoderLayer(nn.Module):
         self.post_norms_only = flags.olmo
         if not flags.olmo:
             self.input_layernorm = norm()
-        self.self_attn = Attention(config, plan, tp, window)
+        self.self_attn = LatentSelfAttention(config, plan, tp) if flags.latent_attention \
+            else Attention(config, plan, tp, window)
         self.post_attention_layernorm = norm()
         self.sandwich = flags.sandwich_norms
         if self.sandwich:

@@ -19,7 +19,7 @@ from torch import nn
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.kv_layer import KVLayer
 from tokenmill.engine.layers.rotary import RotaryEmbedding, rope_parameters
-from tokenmill.engine.models.encoder import ACTIVATIONS, bidirectional_attention
+from tokenmill.engine.models.encoder import ACTIVATIONS, EncoderModel, bidirectional_attention
 from tokenmill.engine.models.source import ModelLoadError
 
 LOCAL = "sliding_attention"
@@ -149,6 +149,4 @@ class ModernBertEncoder(nn.Module):
             x = layer(x, local if layer.local else full, meta)
         return self.final_norm(x)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """No vocabulary: an encoder's rows are pooled, never sampled."""
-        return hidden.new_zeros(hidden.shape[0], 0, dtype=torch.float32)
+    logits = EncoderModel.logits

@@ -21,16 +21,16 @@ from tokenmill.engine.models.architecture import MoeNames, MoeShape
 
 class Router(nn.Module):
     """A projection (with a bias in GPT-OSS) kept out of quantization (it is not an
-    nn.Linear). GLM-4.5's computes in float32, as its checkpoint keeps it, and holds the
-    correction bias its routing chooses by (`e_score_correction_bias`)."""
+    nn.Linear). DeepSeek's (and GLM-4.5's) computes in float32, as its checkpoint keeps it;
+    V3's holds the correction bias its routing chooses by (`e_score_correction_bias`)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
-                 grouped: bool = False):
+                 grouped: bool = False, corrected: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.keeps_float32 = grouped  # the loader keeps its weights float32
-        self.e_score_correction_bias = nn.Parameter(torch.empty(out_features)) if grouped \
+        self.e_score_correction_bias = nn.Parameter(torch.empty(out_features)) if corrected \
             else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -70,8 +70,11 @@ class SparseMoeBlock(nn.Module):
         self.shape = shape
         names = shape.names
         self.router_name = names.router
+        grouped = shape.grouped
         setattr(self, names.router, Router(hidden, shape.num_experts, bias=shape.biased,
-                                           grouped=shape.grouped is not None))
+                                           grouped=grouped is not None,
+                                           corrected=grouped is not None and
+                                           not grouped.softmax))
         self.experts = nn.ModuleList(Expert(hidden, shape.width // tp.size, names, shape.biased,
                                             shape.swiglu)
                                      for _ in range(shape.num_experts))
@@ -89,7 +92,8 @@ class SparseMoeBlock(nn.Module):
         else:
             weights, ids = route_grouped(router(x), router.e_score_correction_bias,
                                          self.shape.top_k, grouped.groups, grouped.topk_group,
-                                         self.shape.renormalize, grouped.routed_scale)
+                                         self.shape.renormalize, grouped.routed_scale,
+                                         grouped.softmax)
         out = experts_sum(x, weights, ids, len(self.experts),
                           lambda e, rows: self.experts[e](rows, backend))
         if self.shape.shared_width:

@@ -278,6 +278,62 @@ class Glm45ToolParser:
         return Parse(text[:first], calls)
 
 
+class DeepSeekV3ToolParser:
+    """DeepSeek-V3's and R1's calls: `<｜tool▁calls▁begin｜>`, then for each call
+    `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME` and its arguments fenced as a JSON code block
+    (```` ```json ````) before `<｜tool▁call▁end｜>`; content is the text before the calls.
+    Streaming, the arguments grow as written, less a tail that may begin the fence's or the
+    call's end (and less trailing blanks, which only ever become inner ones)."""
+
+    START = "<｜tool▁calls▁begin｜>"
+    CALL, SEP, CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
+    FENCE, FENCE_END = "```json", "```"
+    fenced = True
+
+    def parse(self, text: str, final: bool) -> Parse:
+        first = text.find(self.START)
+        if first < 0:
+            keep = len(text) if final else len(text) - partial_marker_length(text, (self.START,))
+            return Parse(text[:keep])
+        calls = []
+        for block in text[first:].split(self.CALL)[1:]:
+            head, sep, rest = block.partition(self.SEP)
+            if not sep:
+                break  # the name (V3.1) or the call's type (V3) may still be growing
+            body, closed = rest.partition(self.CALL_END)[0], self.CALL_END in rest
+            ended = closed or final
+            if not ended:
+                body = body[:len(body) - partial_marker_length(body, (self.CALL_END,))]
+            call = self._fenced(body, ended) if self.fenced else \
+                ToolCallText(head.strip(_WS) or None, body.strip(_WS))
+            if call.name is None:
+                break
+            calls.append(call)
+        return Parse(text[:first], calls)
+
+    def _fenced(self, body: str, ended: bool) -> ToolCallText:
+        """NAME, a line break, then ```json, the arguments and ```."""
+        name, newline, rest = body.partition("\n")
+        if not newline and not ended:
+            return ToolCallText()  # the name may still be growing
+        start = rest.find(self.FENCE)
+        arguments = "" if start < 0 else rest[start + len(self.FENCE):]
+        end = arguments.find(self.FENCE_END)
+        if end >= 0:
+            arguments = arguments[:end]
+        elif not ended:
+            arguments = arguments[:len(arguments) -
+                                  partial_marker_length(arguments, (self.FENCE_END,))]
+        return ToolCallText(name.strip(_WS) or None, arguments.strip(_WS))
+
+
+class DeepSeekV31ToolParser(DeepSeekV3ToolParser):
+    """DeepSeek-V3.1's calls: V3's markers, the name before the separator and the bare JSON
+    arguments after it."""
+
+    fenced = False
+
+
 def _json_value(text: str) -> str:
     """A GLM argument value as JSON text: itself where it parses as JSON, else a string."""
     try:
@@ -312,6 +368,8 @@ TOOL_CALL_PARSERS: dict[str, type[ToolParser]] = {
     "phi4_mini_json": Phi4MiniJsonToolParser,
     "openai": OpenAIToolParser,
     "glm45": Glm45ToolParser,
+    "deepseek_v3": DeepSeekV3ToolParser,
+    "deepseek_v31": DeepSeekV31ToolParser,
 }
 
 

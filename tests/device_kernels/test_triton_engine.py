@@ -92,3 +92,30 @@ def test_triton_on_cpu_without_the_interpreter_is_a_config_error(monkeypatch):
         resolve_backend("triton", torch.device("cpu"))
     with pytest.raises(ConfigError, match="attention_backend"):
         LLM("unused", attention_backend="cuda")
+
+
+def test_latent_attention_runs_through_the_kernels(tmp_path, vocab_tokenizer):
+    """DeepSeek's layers: one cached latent row (a head 40 wide, not a power of two) read by
+    every query head as both key and value; prompts in chunks, decodes after. The tokens'
+    log-probabilities equal the torch path's, which a slip in the row's layout would move."""
+    from deepseek_support import make_deepseek
+
+    directory = make_deepseek(str(tmp_path / "deepseek"), "deepseek_v3", vocab_tokenizer,
+                              num_hidden_layers=2)
+    rng = random.Random(11)
+    prompts = [[rng.randrange(100, 40000) for _ in range(n)] for n in (5, 30)]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=0)
+    options = {"show_progress": False, "dtype": "float32", "max_num_batched_tokens": 16,
+               "max_num_seqs": 2, "block_size": 8, "device": DEVICE.type,
+               "kv_cache_memory": KV_CACHE_MEMORY}
+
+    def run(backend: str) -> list[tuple[list[int], list[float]]]:
+        with LLM(directory, attention_backend=backend, **options) as llm:
+            outs = [o.outputs[0] for o in llm.generate(prompts, params)]
+        return [(o.token_ids, [step[t] for step, t in zip(o.logprobs, o.token_ids, strict=True)])
+                for o in outs]
+
+    expected, got = run("torch"), run("triton")
+    assert [ids for ids, _ in got] == [ids for ids, _ in expected]
+    for (_, logprobs), (_, reference) in zip(got, expected, strict=True):
+        assert logprobs == pytest.approx(reference, abs=1e-4)

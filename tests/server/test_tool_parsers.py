@@ -8,6 +8,8 @@ import pytest
 from tool_support import assert_stream_matches, splits, streamed
 
 from tokenmill.engine.server.tool_parsers import (
+    DeepSeekV3ToolParser,
+    DeepSeekV31ToolParser,
     Glm45ToolParser,
     GraniteToolParser,
     HermesToolParser,
@@ -228,7 +230,8 @@ def test_max_calls_keeps_the_first_call():
 
 @pytest.mark.parametrize("parser", [HermesToolParser(), Llama3JsonToolParser(),
                                     MistralToolParser(), GraniteToolParser(),
-                                    Phi4MiniJsonToolParser()])
+                                    Phi4MiniJsonToolParser(), DeepSeekV3ToolParser(),
+                                    DeepSeekV31ToolParser()])
 def test_streamed_arguments_only_grow(parser):
     text = {HermesToolParser: '<tool_call>{"name": "f", "arguments": {"a": "' + "x" * 50
                               + '"}}</tool_call>',
@@ -237,7 +240,11 @@ def test_streamed_arguments_only_grow(parser):
             GraniteToolParser: '<|tool_call|>[{"name": "f", "arguments": {"a": "' + "x" * 50
                                + '"}}]',
             Phi4MiniJsonToolParser: 'functools[{"name": "f", "arguments": {"a": "' + "x" * 50
-                                    + '"}}]'}[type(parser)]
+                                    + '"}}]',
+            DeepSeekV3ToolParser: f"{DS_CALLS}{DS_CALL}function{DS_SEP}f\n```json\n"
+                                  + '{"a": "' + "x" * 50 + f'"}}\n```{DS_CALL_END}{DS_END}',
+            DeepSeekV31ToolParser: f"{DS_CALLS}{DS_CALL}f{DS_SEP}" + '{"a": "' + "x" * 50
+                                   + f'"}}{DS_CALL_END}{DS_END}'}[type(parser)]
     _, calls, deltas = streamed(parser, list(text))
     assert len(deltas) > 10  # arguments stream as they are generated, not at the end
     assert calls[0]["arguments"] == '{"a": "' + "x" * 50 + '"}'
@@ -250,6 +257,44 @@ def test_the_flag_offers_exactly_the_parsers_there_are():
     from tokenmill.engine.server.tool_parsers import TOOL_CALL_PARSERS
 
     assert sorted(TOOL_CALL_PARSER_NAMES) == sorted(TOOL_CALL_PARSERS)
+
+
+DS_CALLS, DS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+DS_CALL, DS_SEP, DS_CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
+DEEPSEEK_V3_TWO_CALLS = (
+    f"Checking both.{DS_CALLS}{DS_CALL}function{DS_SEP}get_weather\n```json\n"
+    f'{{"city": "Paris", "days": 3}}\n```{DS_CALL_END}\n{DS_CALL}function{DS_SEP}get_time\n'
+    f"```json\n{{}}\n```{DS_CALL_END}{DS_END}")
+DEEPSEEK_V31_TWO_CALLS = (
+    f'Checking both.{DS_CALLS}{DS_CALL}get_weather{DS_SEP}{{"city": "Paris", "days": 3}}'
+    f"{DS_CALL_END}{DS_CALL}get_time{DS_SEP}{{}}{DS_CALL_END}{DS_END}")
+
+
+@pytest.mark.parametrize(("parser", "text"), [
+    (DeepSeekV3ToolParser(), DEEPSEEK_V3_TWO_CALLS),
+    (DeepSeekV31ToolParser(), DEEPSEEK_V31_TWO_CALLS)])
+def test_deepseek_calls_in_both_formats(parser, text):
+    """Streamed in every split, the same content and calls as the whole reply."""
+    content, calls = assert_stream_matches(parser, text)
+    assert content == "Checking both."
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Paris", "days": 3}), ("get_time", {})]
+
+
+@pytest.mark.parametrize("parser", [DeepSeekV3ToolParser(), DeepSeekV31ToolParser()])
+@pytest.mark.parametrize("text", ["It is sunny.", "a <｜tool▁calls", "```json\n{}\n```"])
+def test_deepseek_other_replies_are_content(parser, text):
+    assert assert_stream_matches(parser, text) == (text, [])
+
+
+def test_deepseek_v3_call_cut_short_keeps_its_name_and_arguments_so_far():
+    """A reply cut by max_tokens inside the arguments is still that call (its arguments as
+    far as written, the fence left out)."""
+    text = f'{DS_CALLS}{DS_CALL}function{DS_SEP}get_weather\n```json\n{{"city": "Pa'
+    content, calls = tool_call_message(DeepSeekV3ToolParser(), text)
+    assert content is None
+    assert calls[0]["function"]["name"] == "get_weather"
+    assert calls[0]["function"]["arguments"] == '{"city": "Pa'
 
 
 GLM45_TWO_CALLS = (

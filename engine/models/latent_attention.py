@@ -1,0 +1,123 @@
+"""DeepSeek-V2/V3's multi-head latent attention over the paged KV cache.
+
+The cache keeps one row per token and layer: the normalized latent (kv_lora_rank wide) and
+the rotated key part shared by every head (rope_dim wide). Attention runs on that row as one
+KV head read by all query heads ("absorbed" form): each head's query is carried into the
+latent's space through its slice of kv_b_proj's key half, and the output read back out through
+the value half. q·k and the values equal those of expanding every head's key and value as
+transformers does; the cache holds kv_lora_rank + rope_dim numbers per token instead of
+heads * (qk_dim + value_dim), and the existing paged kernels run it unchanged.
+
+Parameter names equal Hugging Face's (q_proj or q_a_proj/q_a_layernorm/q_b_proj,
+kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from tokenmill.engine.contract.model_shape import LatentAttention as LatentShape
+from tokenmill.engine.contract.model_shape import latent_attention_of
+from tokenmill.engine.distributed.group import TPGroup
+from tokenmill.engine.distributed.sharding import ShardPlan
+from tokenmill.engine.layers.attention import Scores, attention, store_kv
+from tokenmill.engine.layers.attention_metadata import AttentionMetadata
+from tokenmill.engine.layers.kv_layer import KVLayer
+from tokenmill.engine.layers.norm import RMSNorm
+from tokenmill.engine.layers.rotary import RopeKernel, RopeRows, rope_parameters
+
+# transformers builds the latent's norms with RMSNorm's default epsilon, not rms_norm_eps.
+LATENT_NORM_EPS = 1e-6
+
+
+class LatentProjection(nn.Module):
+    """kv_b_proj: the latent to each head's key (no rotary part) and value, [heads *
+    (nope_dim + value_dim), kv_lora_rank]. Not an nn.Linear: attention reads its halves as
+    matrices, so quantization passes it by."""
+
+    def __init__(self, latent: LatentShape, num_heads: int):
+        super().__init__()
+        self.nope_dim, self.value_dim = latent.nope_dim, latent.value_dim
+        self.weight = nn.Parameter(torch.empty(num_heads * (latent.nope_dim + latent.value_dim),
+                                               latent.kv_lora_rank))
+
+    def halves(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(key [heads, nope_dim, rank], value [heads, value_dim, rank])."""
+        per_head = self.weight.view(-1, self.nope_dim + self.value_dim, self.weight.shape[-1])
+        return per_head[:, :self.nope_dim], per_head[:, self.nope_dim:]
+
+
+def softmax_scale(config: Any, qk_dim: int) -> float:
+    """qk_dim ** -0.5, times YaRN's mscale(factor, mscale_all_dim) squared where the rotary
+    embedding is stretched (DeepSeek's long-context checkpoints), as transformers scales it."""
+    scale = qk_dim ** -0.5
+    params = rope_parameters(config)
+    all_dim = params.get("mscale_all_dim") or 0
+    factor = params.get("factor") or 1.0
+    if params["rope_type"] != "default" and all_dim and factor > 1:
+        mscale = 0.1 * all_dim * math.log(factor) + 1.0
+        scale *= mscale * mscale
+    return scale
+
+
+class LatentSelfAttention(nn.Module):
+    """This rank's heads of a latent-attention layer; the latent and its cache are whole on
+    every rank, and o_proj's partial sums are added across ranks."""
+
+    def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup):
+        super().__init__()
+        latent = latent_attention_of(config)
+        self.latent = latent
+        self.tp = tp
+        self.num_heads = plan.num_heads
+        hidden = config.hidden_size
+        bias = bool(getattr(config, "attention_bias", False))
+        if latent.q_lora_rank is None:
+            self.q_proj = nn.Linear(hidden, self.num_heads * latent.qk_dim, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(hidden, latent.q_lora_rank, bias=bias)
+            self.q_a_layernorm = RMSNorm(latent.q_lora_rank, LATENT_NORM_EPS)
+            self.q_b_proj = nn.Linear(latent.q_lora_rank, self.num_heads * latent.qk_dim,
+                                      bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(hidden, latent.latent_dim, bias=bias)
+        self.kv_a_layernorm = RMSNorm(latent.kv_lora_rank, LATENT_NORM_EPS)
+        self.kv_b_proj = LatentProjection(latent, self.num_heads)
+        self.o_proj = nn.Linear(self.num_heads * latent.value_dim, hidden, bias=bias)
+        self.scores = Scores(softmax_scale(config, latent.qk_dim))
+        # DeepSeek-V2 always, and V3 with rope_interleave, rotate adjacent pairs (2i, 2i+1).
+        self.interleaved = bool(getattr(config, "rope_interleave", True))
+
+    def forward(self, x: torch.Tensor, rope: RopeRows | RopeKernel | None,
+                kv_cache: KVLayer, meta: AttentionMetadata) -> torch.Tensor:
+        latent, tokens = self.latent, x.shape[0]
+        if latent.q_lora_rank is None:
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x), backend=meta.backend)[0])
+        q = q.view(tokens, self.num_heads, latent.qk_dim)
+        q_nope, q_rot = q.split([latent.nope_dim, latent.rope_dim], dim=-1)
+        compressed = self.kv_a_proj_with_mqa(x)
+        kv, k_rot = compressed.split([latent.kv_lora_rank, latent.rope_dim], dim=-1)
+        kv = self.kv_a_layernorm(kv.contiguous(), backend=meta.backend)[0]
+        q_rot, k_rot = self._halves(q_rot), self._halves(k_rot.reshape(tokens, 1, -1))
+        q_rot, k_rot = rope.rotate(q_rot, k_rot)
+        key_half, value_half = self.kv_b_proj.halves()
+        # Each head's query in the latent's space: q_nope · (W_k c) == (q_nope W_k) · c.
+        q_latent = torch.einsum("thn,hnr->thr", q_nope, key_half)
+        query = torch.cat([q_latent, q_rot], dim=-1)
+        row = torch.cat([kv, k_rot.reshape(tokens, -1)], dim=-1).unsqueeze(1)
+        store_kv(row, row, kv_cache, meta)
+        o = attention(query, kv_cache, meta, self.scores)[..., :latent.kv_lora_rank]
+        out = torch.einsum("thr,hvr->thv", o, value_half)
+        return self.tp.all_reduce(self.o_proj(out.reshape(tokens, -1)))
+
+    def _halves(self, x: torch.Tensor) -> torch.Tensor:
+        """Interleaved rotary pairs (2i, 2i+1) laid out as the two halves the engine's rotary
+        turns (a new tensor either way: the Triton rotary works in place)."""
+        if not self.interleaved:
+            return x.contiguous()
+        return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)

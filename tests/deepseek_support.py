@@ -1,0 +1,54 @@
+"""DeepSeek-V2 and V3 checkpoints of random weights, as transformers saves them: latent
+attention over a 32-wide latent and an 8-wide rotary key, eight experts of which two run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from model_support import make_random_model
+from safetensors.torch import load_file, save_file
+
+KV_LORA_RANK, ROPE_DIM = 32, 8
+
+
+def deepseek_config(kind: str, vocab: int, **changes: Any) -> Any:
+    """V3: a low-rank query, sigmoid routing within the 2 best of 4 groups, renormalized and
+    scaled, rotary over interleaved pairs. V2 (as V2-Lite): a full-rank query, softmax routing
+    within the best groups (by each one's best), YaRN stretching the rotary 4x with
+    mscale_all_dim scaling the softmax."""
+    import transformers
+
+    common = dict(vocab_size=vocab, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=4, intermediate_size=128, moe_intermediate_size=32,
+                  n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+                  first_k_dense_replace=1, kv_lora_rank=KV_LORA_RANK, qk_nope_head_dim=16,
+                  qk_rope_head_dim=ROPE_DIM, v_head_dim=24, max_position_embeddings=512,
+                  bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    common.update(changes)
+    if kind == "deepseek_v3":
+        return transformers.DeepseekV3Config(
+            q_lora_rank=48, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+            norm_topk_prob=True, rope_interleave=True, **common)
+    return transformers.DeepseekV2Config(
+        q_lora_rank=None, topk_method="group_limited_greedy", n_group=4, topk_group=2,
+        routed_scaling_factor=1.5,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 128, "mscale": 1.0,
+                         "mscale_all_dim": 0.8, "beta_fast": 32, "beta_slow": 1},
+        **common)
+
+
+def make_deepseek(directory: str, kind: str, tokenizer: Any, **changes: Any) -> str:
+    """The checkpoint, its norms drawn (so each one's weight matters) and V3's correction bias
+    too (transformers starts it at zero; drawn, it decides which experts are chosen)."""
+    make_random_model(directory, deepseek_config(kind, len(tokenizer), **changes), tokenizer,
+                      draw_norms=True)
+    path = f"{directory}/model.safetensors"
+    tensors = load_file(path)
+    gen = torch.Generator().manual_seed(3)
+    for name, tensor in tensors.items():
+        if name.endswith("e_score_correction_bias"):
+            tensors[name] = torch.randn(tensor.shape, generator=gen) * 0.3
+    save_file(tensors, path, metadata={"format": "pt"})
+    return directory

@@ -1,0 +1,129 @@
+"""DeepSeek-V2 and V3 (multi-head latent attention, DeepSeek's expert routing): greedy output
+equals Hugging Face token for token (batched, chunked, from the prefix cache, with a quantized
+KV cache's tolerance aside, under tensor parallelism), and the KV cache keeps one latent row
+per token and layer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from deepseek_support import KV_LORA_RANK, ROPE_DIM, make_deepseek
+from model_support import greedy_three_ways, hf_greedy, mixed_prompts
+
+from tokenmill.engine import LLM, SamplingParams
+from tokenmill.engine.contract.config import ConfigError
+from tokenmill.engine.layers.moe import route_grouped
+from tokenmill.engine.layers.quantized_linear import QuantizedLinear
+from tokenmill.engine.models.latent_attention import LatentSelfAttention
+
+MAX_NEW = 12
+ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=8, max_num_batched_tokens=32)
+
+
+@pytest.fixture(scope="module", params=["deepseek_v3", "deepseek_v2"])
+def deepseek_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
+    return make_deepseek(str(tmp_path_factory.mktemp(request.param)), request.param,
+                         vocab_tokenizer)
+
+
+def _greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+
+
+@pytest.fixture(scope="module")
+def reference(deepseek_dir) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(deepseek_dir, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None  # as ignore_eos
+    return model
+
+
+@pytest.fixture(scope="module")
+def expected(reference, vocab_tokenizer) -> list[list[int]]:
+    return [hf_greedy(reference, p, MAX_NEW) for p in mixed_prompts(vocab_tokenizer)]
+
+
+def _hf_logprobs(model: Any, prompt: list[int], tokens: list[int]) -> list[float]:
+    """transformers' log-probability of each generated token, in one forward pass."""
+    with torch.no_grad():
+        logprobs = model(torch.tensor([prompt + tokens])).logits[0].log_softmax(-1)
+    return [logprobs[len(prompt) - 1 + i, t].item() for i, t in enumerate(tokens)]
+
+
+def _check_logprobs(llm: LLM, reference: Any, prompts: list[list[int]]) -> list[list[int]]:
+    """Each generated token's log-probability equals transformers' (which a wrong attention
+    scale or rotary layout moves even where the argmax holds); returns the tokens."""
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
+    outputs = [o.outputs[0] for o in llm.generate(prompts, params)]
+    for prompt, out in zip(prompts, outputs, strict=True):
+        got = [step[t] for step, t in zip(out.logprobs, out.token_ids, strict=True)]
+        assert got == pytest.approx(_hf_logprobs(reference, prompt, out.token_ids), abs=1e-4)
+    return [o.token_ids for o in outputs]
+
+
+def test_greedy_equals_hf_batched_chunked_and_prefix_cached(deepseek_dir, reference, expected,
+                                                            vocab_tokenizer):
+    prompts = mixed_prompts(vocab_tokenizer)
+    with LLM(deepseek_dir, **ENGINE) as llm:
+        runner = llm.engine.runner
+        assert any(isinstance(m, LatentSelfAttention) for m in runner.model.modules())
+        # One row per token and layer: the latent and the rotary key, read as both K and V.
+        assert runner.layout.planes == 1
+        assert runner.layout.head_dim == KV_LORA_RANK + ROPE_DIM
+        assert runner.layout.num_kv_heads == 1
+        cache = runner.kv_caches[0]
+        assert cache.k.data_ptr() == cache.v.data_ptr()
+        assert _check_logprobs(llm, reference, prompts) == expected
+        runs = greedy_three_ways(llm, prompts, MAX_NEW)
+    assert runs == {"batched": expected, "again": expected, "alone": expected[-2:]}
+
+
+def test_tensor_parallel_equals_hf(deepseek_dir, reference, expected, vocab_tokenizer):
+    """Two ranks: each holds half the heads (q, kv_b_proj, o_proj) and every expert's half
+    width; the latent's projections and its cache are whole on both."""
+    with LLM(deepseek_dir, tensor_parallel_size=2, **ENGINE) as llm:
+        attn = next(m for m in llm.engine.runner.model.modules()
+                    if isinstance(m, LatentSelfAttention))
+        assert attn.num_heads == 2
+        assert _check_logprobs(llm, reference, mixed_prompts(vocab_tokenizer)) == expected
+
+
+def test_int8_weights_and_kv_cache_stay_close(deepseek_dir, expected, vocab_tokenizer):
+    """The projections in int8 but kv_b_proj, which attention reads as matrices; the one latent
+    row quantized once for K and V alike. The greedy output stays close to the reference (the
+    first tokens, before rounding can compound, equal it)."""
+    with LLM(deepseek_dir, kv_cache_dtype="int8", quantization="int8", **ENGINE) as llm:
+        attn = next(m for m in llm.engine.runner.model.modules()
+                    if isinstance(m, LatentSelfAttention))
+        assert isinstance(attn.o_proj, QuantizedLinear)
+        assert attn.kv_b_proj.weight.dtype == torch.float32
+        got = _greedy(llm, mixed_prompts(vocab_tokenizer))
+    assert [g[:3] for g in got] == [e[:3] for e in expected]
+
+
+def test_v2_routing_picks_by_softmax_within_the_best_groups():
+    """DeepSeek-V2's group_limited_greedy, row by row: groups ranked by their best softmax
+    score, the top experts among the best groups' weighed by their softmax scores, scaled."""
+    torch.manual_seed(2)
+    logits = torch.randn(6, 8)
+    weights, ids = route_grouped(logits, None, top_k=3, groups=4, topk_group=2,
+                                 renormalize=False, scale=1.5, softmax=True)
+    probs = torch.softmax(logits, dim=-1)
+    for row in range(6):
+        best_groups = set(probs[row].view(4, 2).amax(dim=1).topk(2).indices.tolist())
+        eligible = [e for e in range(8) if e // 2 in best_groups]
+        chosen = sorted(eligible, key=lambda e: -probs[row, e])[:3]
+        assert sorted(ids[row].tolist()) == sorted(chosen)
+        torch.testing.assert_close(weights[row], probs[row, ids[row]] * 1.5)
+
+
+def test_lora_is_refused_at_start_up(deepseek_dir):
+    """Adapters target q/k/v projections latent attention does not have: refused by name
+    rather than served half-applied."""
+    with pytest.raises(ConfigError, match="enable_lora: LoRA adapters are not served on "
+                                          "DeepseekV[23]ForCausalLM's latent attention"):
+        LLM(deepseek_dir, enable_lora=True, **ENGINE)
