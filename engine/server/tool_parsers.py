@@ -81,8 +81,7 @@ class HermesToolParser:
     def parse(self, text: str, final: bool) -> Parse:
         first = text.find(self.START)
         if first < 0:
-            keep = len(text) if final else len(text) - partial_marker_length(text, (self.START,))
-            return Parse(text[:keep])
+            return _content_only(text, self.START, final)
         result = _scan_calls(text, first + len(self.START), self._next_call)
         result.content = text[:first]
         return result
@@ -119,8 +118,7 @@ class MistralToolParser:
     def parse(self, text: str, final: bool) -> Parse:
         first = text.find(self.START)
         if first < 0:
-            keep = len(text) if final else len(text) - partial_marker_length(text, (self.START,))
-            return Parse(text[:keep])
+            return _content_only(text, self.START, final)
         i = _skip_ws(text, first + len(self.START))
         if text.startswith("[", i):
             result = _scan_calls(text, i + 1, _separated_by(","))
@@ -215,8 +213,7 @@ class Phi4MiniJsonToolParser:
     def parse(self, text: str, final: bool) -> Parse:
         first = text.find(self.START)
         if first < 0:
-            keep = len(text) if final else len(text) - partial_marker_length(text, (self.START,))
-            return Parse(text[:keep])
+            return _content_only(text, self.START, final)
         result = _scan_calls(text, first + len(self.START), _separated_by(","))
         result.content = text[:first]
         return result
@@ -254,8 +251,7 @@ class Glm45ToolParser:
     def parse(self, text: str, final: bool) -> Parse:
         first = text.find(self.START)
         if first < 0:
-            keep = len(text) if final else len(text) - partial_marker_length(text, (self.START,))
-            return Parse(text[:keep])
+            return _content_only(text, self.START, final)
         calls = []
         for block in text[first:].split(self.START)[1:]:
             body, closed = block.partition(self.END)[0], self.END in block
@@ -293,8 +289,7 @@ class DeepSeekV3ToolParser:
     def parse(self, text: str, final: bool) -> Parse:
         first = text.find(self.START)
         if first < 0:
-            keep = len(text) if final else len(text) - partial_marker_length(text, (self.START,))
-            return Parse(text[:keep])
+            return _content_only(text, self.START, final)
         calls = []
         for block in text[first:].split(self.CALL)[1:]:
             head, sep, rest = block.partition(self.SEP)
@@ -577,6 +572,13 @@ def _loads(text: str) -> object:
         return json.loads(text)
     except ValueError as exc:
         raise _Malformed from exc
+
+
+def _content_only(text: str, start: str, final: bool) -> Parse:
+    """A reply with no call's start marker yet: all content, less (streaming) a tail that may
+    begin the marker."""
+    keep = len(text) if final else len(text) - partial_marker_length(text, (start,))
+    return Parse(text[:keep])
 
 
 def _skip_ws(text: str, i: int) -> int:
