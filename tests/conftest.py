@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 from model_support import (
     REFERENCE,
     SMOLLM2,
@@ -66,30 +69,42 @@ def smol_source():
 
 
 @pytest.fixture(scope="session")
-def smol_tokenizer(smol_source):
+def smollm2_dir(tmp_path_factory) -> Path:
+    """SmolLM2's weights as a float32 safetensors checkpoint with its tokenizer (transformers'
+    reading of the built-in GGUF, written out), which loads in about a second where the GGUF
+    takes many. Written once per run: pytest-xdist's workers share it, the first to need it
+    writing it under a lock while the others wait."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # every worker's base directory lies in the run's
+    directory = shared / "smollm2-safetensors"
+    with FileLock(f"{directory}.lock"):
+        if not directory.is_dir():
+            partial = shared / "smollm2-safetensors.partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            smollm2_checkpoint(partial)
+            partial.rename(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer(smollm2_dir):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(smol_source.directory, gguf_file=smol_source.gguf_file)
+    return AutoTokenizer.from_pretrained(smollm2_dir)
 
 
 @pytest.fixture(scope="session")
-def smol_llm():
-    return LLM(SMOLLM2, show_progress=False, **REFERENCE)
+def smol_llm(smollm2_dir):
+    """The engine over SmolLM2 (the GGUF's weights, from their safetensors copy)."""
+    return LLM(str(smollm2_dir), show_progress=False, **REFERENCE)
 
 
 @pytest.fixture(scope="session")
-def smol_hf(smol_source):
+def smol_hf(smollm2_dir):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(
-        smol_source.directory, gguf_file=smol_source.gguf_file, dtype=torch.float32
-    ).eval()
-
-
-@pytest.fixture(scope="session")
-def smollm2_dir(tmp_path_factory, smol_hf, smol_tokenizer):
-    """SmolLM2's weights as a float32 safetensors checkpoint, which loads in about a second."""
-    return smollm2_checkpoint(tmp_path_factory.mktemp("smollm2"), smol_hf, smol_tokenizer)
+    return AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="session")

@@ -86,14 +86,14 @@ def test_tp_greedy_equals_tp1_batched_chunked_prefix_cached(checkpoint, tp1, siz
     assert alone == expected[:2]
 
 
-def test_smollm2_tp3_equals_tp1(smol_llm, smol_tokenizer):
-    """SmolLM2 has 9 heads and 3 KV heads: TP=3 gives each rank 3 and 1 (a GGUF checkpoint:
-    every rank dequantizes a tensor, then keeps its part)."""
+def test_smollm2_tp3_equals_tp1(smol_llm, smol_tokenizer, smollm2_dir):
+    """SmolLM2 has 9 heads and 3 KV heads: TP=3 gives each rank 3 and 1 (each rank reads only
+    its rows of the safetensors checkpoint)."""
     prompts = [smol_tokenizer.encode(t) for t in
                ["The capital of France is", "def fibonacci(n):", "Once upon a time"]]
     params = SamplingParams(temperature=0.0, max_tokens=12)
     expected = [o.outputs[0].token_ids for o in smol_llm.generate(prompts, params)]
-    with LLM("smollm2-135m-instruct", tensor_parallel_size=3, show_progress=False,
+    with LLM(str(smollm2_dir), tensor_parallel_size=3, show_progress=False,
              **REFERENCE) as llm:
         got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert got == expected
@@ -133,6 +133,26 @@ def test_each_rank_holds_only_its_shard(smol_tokenizer):
         assert not torch.cat(emb)[config.vocab_size:].any()
         bias = [p.shard("model.layers.0.mlp.down_proj.bias", full["down_bias"]) for p in plans]
         assert torch.equal(sum(bias), full["down_bias"])
+
+
+def test_a_gguf_ranks_weights_are_its_slices_of_the_dequantized_file(smol_source, smol_llm):
+    """Under tensor parallelism a GGUF file is dequantized a tensor at a time and each rank
+    keeps its part: rank 1 of 3 of SmolLM2's GGUF holds exactly its slices of the whole
+    model's weights (3 query heads and 1 KV head of each layer, a third of every MLP)."""
+    from tokenmill.engine.distributed.group import TPGroup
+    from tokenmill.engine.models.loader import build_model, checkpoint_tensors, load_config
+
+    config = load_config(smol_source)
+    rank = build_model(config, smol_source, 64, torch.float32, torch.device("cpu"),
+                       show_progress=False, quantization="none", tp=TPGroup(1, 3))
+    whole = checkpoint_tensors(smol_llm.engine.runner.model)
+    plan = ShardPlan.for_model(config, 1, 3)
+    held = checkpoint_tensors(rank)
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+                 "model.layers.29.self_attn.o_proj.weight", "model.layers.29.mlp.down_proj.weight",
+                 "model.layers.3.mlp.up_proj.weight", "model.embed_tokens.weight"):
+        assert torch.equal(held[name], plan.shard(name, whole[name])), name
+    assert held["model.layers.0.self_attn.k_proj.weight"].shape[0] == config.hidden_size // 9
 
 
 def test_a_dead_worker_fails_the_next_step_with_its_rank(tiny_llama_dir):

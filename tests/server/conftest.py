@@ -22,8 +22,10 @@ def tiny_server(tiny_llama_dir):
 
 
 @pytest.fixture(scope="module")
-def server():
-    with in_process_server(SMOLLM2, **REFERENCE) as server:
+def server(smollm2_dir):
+    """SmolLM2 served under its built-in name (from its safetensors copy, which loads in a
+    second; `tokenmill serve`'s own default model is the startup tests')."""
+    with in_process_server(str(smollm2_dir), SMOLLM2, **REFERENCE) as server:
         yield server
 
 
