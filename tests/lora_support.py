@@ -3,12 +3,11 @@ peft's greedy continuation and log-probabilities under one adapter as the refere
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
 import torch
-from model_support import hf_greedy
+from model_support import hf_greedy, update_json_file
 
 ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -73,9 +72,4 @@ def peft_logprobs(base_dir: str, adapter_dir: str, ids: list[int]) -> torch.Tens
 
 def edit_config(directory: str, **changes) -> None:
     """Change fields of an adapter's adapter_config.json in place."""
-    path = os.path.join(directory, "adapter_config.json")
-    with open(path) as f:
-        config = json.load(f)
-    config.update(changes)
-    with open(path, "w") as f:
-        json.dump(config, f)
+    update_json_file(os.path.join(directory, "adapter_config.json"), **changes)

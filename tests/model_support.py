@@ -35,6 +35,29 @@ def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     return out[0, len(prompt_ids):].tolist()
 
 
+def hf_logprobs(model, prompt: list[int], tokens: list[int]) -> list[float]:
+    """transformers' log-probability of each of `tokens` after `prompt`, in one forward pass."""
+    with torch.no_grad():
+        logprobs = model(torch.tensor([prompt + tokens])).logits[0].log_softmax(-1)
+    return [logprobs[len(prompt) - 1 + i, t].item() for i, t in enumerate(tokens)]
+
+
+def update_json_file(path: str, **changes: Any) -> None:
+    """Set top-level fields of a JSON file in place."""
+    import json
+
+    with open(path) as f:
+        fields = json.load(f)
+    fields.update(changes)
+    with open(path, "w") as f:
+        json.dump(fields, f)
+
+
+def update_config_json(directory: str, **changes: Any) -> None:
+    """Set fields of a checkpoint's config.json in place."""
+    update_json_file(os.path.join(directory, "config.json"), **changes)
+
+
 def mixed_prompts(tokenizer, shared_steps: int = 12, repeats: int = 6) -> list[list[int]]:
     """Short and long prompts: two share a long prefix (a prefix-cache hit for the second),
     and the last is long enough to be prefilled in several chunks."""

@@ -240,9 +240,9 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     gguf_types = gguf_tensor_types(source.gguf_path) if keeps else {}
     published = None if source.gguf_file else checkpoint_quantization(config)
     if quantization is None:
-        # An FP8 checkpoint stays 8-bit (per channel once dequantized), as a GGUF file's
-        # kept types stay as stored.
-        quantization = "fp8" if published and published[0] == "fp8" else \
+        # An FP8 (or 8-bit integer) checkpoint stays 8-bit (per channel once dequantized), as
+        # a GGUF file's kept types stay as stored.
+        quantization = published[0] if published and published[0] in ("fp8", "int8") else \
             auto_quantization(gguf_types, device, tp.size)
     if quantization == "gguf":
         check_gguf_kept(device, tp.size, source.gguf_file)
@@ -298,8 +298,8 @@ def _checkpoint_tensors(checkpoint: Checkpoint, published: tuple[str, Any] | Non
     named = [(t.name, t) for t in checkpoint.tensors]
     if published is None:
         return ((name, t, len(named)) for name, t in named)
-    kind, block = published
-    return dequantized_tensors(named, kind, block, lambda t: checkpoint.slice(t)[:], dtype)
+    kind, detail = published
+    return dequantized_tensors(named, kind, detail, lambda t: checkpoint.slice(t)[:], dtype)
 
 
 def _safetensors_only_family(config: Any) -> str | None:
@@ -373,6 +373,8 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
             return [put(part, RowWindow(stored_for(stored, params[part]), start, stop))
                     for part, start, stop in parts]
         if name not in params:
+            if name.endswith(".bias") and not stored_for(stored, None)[:].any():
+                return []  # a zero bias of a projection without one (AutoGPTQ writes them)
             raise ModelLoadError(f"checkpoint tensor {name!r} has no place in the model")
         return [put(name, stored_for(stored, params[name]))]
 

@@ -10,8 +10,14 @@ in 8 bits again, per channel):
   read: activations stay in the model's dtype, and `--kv-cache-dtype` scales the cache per
   token as it is written.
 - MXFP4 (`mxfp4`): GPT-OSS's experts, `_blocks` beside `_scales` (models/mxfp4.py).
-Any other method (AWQ, GPTQ, bitsandbytes, 4-bit compressed-tensors) is refused at load,
-naming it.
+- GPTQ (`gptq`, 4 or 8 bits), AWQ (`awq`, 4-bit GEMM) and compressed-tensors' integer
+  weights packed into int32 words (`pack-quantized`: llm-compressor's W4A16, W8A16), with a
+  scale and zero point per group (models/packed_int.py). Dequantized, such a model takes its
+  dtype's two bytes per parameter, not half a byte.
+- compressed-tensors' 8-bit integer weights stored as they are (`int-quantized`: W8A8-INT8),
+  each times its per-channel `weight_scale`, then stored in 8 bits again (`--quantization
+  int8`) unless asked otherwise; the activations are not quantized.
+Any other method (bitsandbytes, ...) is refused at load, naming it.
 """
 
 from __future__ import annotations
@@ -22,17 +28,28 @@ from typing import Any
 import torch
 
 from tokenmill.engine.models.mxfp4 import BLOCKS, SCALES, dequantize_mxfp4
+from tokenmill.engine.models.packed_int import (
+    COMPRESSED_PARTS,
+    PACKED_PARTS,
+    REQUIRED_PARTS,
+    compressed_format,
+    dequantize_packed,
+    packed_format,
+)
 from tokenmill.engine.models.source import ModelLoadError
 
 FP8_SCALES = ("weight_scale_inv", "weight_scale")
 # Scales of what the engine quantizes on the fly, or not at all: activations and the KV cache.
 UNNEEDED_SCALES = ("input_scale", "output_scale", "k_scale", "v_scale")
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+# A checkpoint's 8-bit weights stored as they are, by kind, and each one's value dtypes.
+SCALED_DTYPES = {"fp8": FP8_DTYPES, "int8": (torch.int8,)}
 
 
-def checkpoint_quantization(config: Any) -> tuple[str, tuple[int, int] | None] | None:
-    """(format, FP8 block size or None) of a pre-quantized checkpoint, None for a plain one;
-    ModelLoadError for a format the engine does not read."""
+def checkpoint_quantization(config: Any) -> tuple[str, Any] | None:
+    """(format, its detail) of a pre-quantized checkpoint, None for a plain one: FP8's block
+    size (or None), GPTQ's and AWQ's PackedFormat. ModelLoadError for a format the engine does
+    not read."""
     settings = getattr(config, "quantization_config", None)
     if settings is None:
         return None
@@ -41,27 +58,48 @@ def checkpoint_quantization(config: Any) -> tuple[str, tuple[int, int] | None] |
     method = settings.get("quant_method")
     if method == "mxfp4":
         return "mxfp4", None
-    if method == "fp8" or (method == "compressed-tensors" and _float8_weights(settings)):
+    if method == "fp8" or (method == "compressed-tensors" and _weights(settings, "float", 8)):
         block = settings.get("weight_block_size")
         return "fp8", (tuple(block) if block else None)
+    if method in ("gptq", "awq"):
+        return "packed", packed_format(method, settings)
+    if method == "compressed-tensors":
+        packed_format_name = settings.get("format")
+        if packed_format_name == "pack-quantized":
+            for bits in (4, 8):
+                if _weights(settings, "int", bits):
+                    return "packed", compressed_format(bits)
+        elif packed_format_name == "int-quantized" and _weights(settings, "int", 8):
+            return "int8", None
+        method = f"compressed-tensors ({packed_format_name} of {_weight_kinds(settings)})"
     raise ModelLoadError(
         f"the checkpoint is quantized with {method} (config.json's quantization_config); "
-        "tokenmill reads unquantized, FP8 and MXFP4 checkpoints: serve the unquantized "
-        "model, with --quantization int8 or fp8 for 8-bit weights")
+        "tokenmill reads unquantized, FP8, MXFP4, GPTQ, AWQ and compressed-tensors' integer "
+        "checkpoints: serve the unquantized model, with --quantization int8 or fp8 for 8-bit "
+        "weights")
 
 
-def _float8_weights(settings: dict) -> bool:
-    """Whether a compressed-tensors config quantizes every weight group to 8-bit floats."""
+def _weights(settings: dict, kind: str, bits: int) -> bool:
+    """Whether a compressed-tensors config quantizes every weight group to `bits`-bit
+    numbers of `kind` ("float" or "int")."""
     groups = (settings.get("config_groups") or {}).values()
     weights = [group.get("weights") or {} for group in groups]
-    return bool(weights) and all(w.get("type") == "float" and w.get("num_bits") == 8
+    return bool(weights) and all(w.get("type") == kind and w.get("num_bits") == bits
                                  for w in weights)
+
+
+def _weight_kinds(settings: dict) -> str:
+    """A compressed-tensors config's weight groups, as "4-bit int" and the like."""
+    groups = (settings.get("config_groups") or {}).values()
+    kinds = sorted({f"{w.get('num_bits')}-bit {w.get('type')}"
+                    for w in (group.get("weights") or {} for group in groups)})
+    return ", ".join(kinds) or "no weights"
 
 
 def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None,
                    dtype: torch.dtype) -> torch.Tensor:
-    """An FP8 weight [out, in] times its scale: one number, one per output row ([out] or
-    [out, 1]), or one per `block` tile ([ceil(out / b0), ceil(in / b1)])."""
+    """An FP8 (or int8) weight [out, in] times its scale: one number, one per output row
+    ([out] or [out, 1]), or one per `block` tile ([ceil(out / b0), ceil(in / b1)])."""
     values = weight.float()
     scale = scale.float()
     rows, columns = values.shape
@@ -77,16 +115,27 @@ def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, 
     return (values * tiled[:, :columns]).to(dtype)
 
 
-def dequantized_tensors(named: list[tuple[str, Any]], kind: str,
-                        block: tuple[int, int] | None, read: Callable[[Any], torch.Tensor],
+def dequantized_tensors(named: list[tuple[str, Any]], kind: str, detail: Any,
+                        read: Callable[[Any], torch.Tensor],
                         model_dtype: torch.dtype) -> Iterator[tuple[str, Any, int]]:
     """The checkpoint's (name, stored) as (name, stored or tensor, count): each quantized
-    weight with its scales becomes one dequantized tensor under the weight's plain name
-    (an MXFP4 pair transposed to the unquantized layout, as GPT-OSS keeps its experts); other
-    tensors pass as they are, activation scales are dropped. `read` reads a stored tensor
-    (which has a `dtype`) whole; `count` is how many are yielded in all."""
-    parts = {name: _part(name, stored, kind) for name, stored in named}
-    total = sum(1 for part in parts.values() if part is None or part[1] == "values")
+    weight with its scales (and zero points) becomes one dequantized tensor under the weight's
+    plain name (an MXFP4 pair transposed to the unquantized layout, as GPT-OSS keeps its
+    experts); other tensors pass as they are, activation scales are dropped. `detail` is
+    checkpoint_quantization's; `read` reads a stored tensor (which has a `dtype`) whole;
+    `count` is how many are yielded in all."""
+    parts = {name: _part(name, stored, kind, detail) for name, stored in named}
+    expected: dict[str, set[str]] = {}
+    for part in parts.values():
+        if part is not None and part[1] != "drop":
+            expected.setdefault(part[0], set()).add(part[1])
+    required = REQUIRED_PARTS[detail.method] if kind == "packed" else {"values", "scales"}
+    for base, roles in expected.items():
+        if not required <= roles:
+            lacking = ", ".join(sorted(required - roles))
+            raise ModelLoadError(f"quantized tensor {base!r} has no {lacking} in the "
+                                 "checkpoint")
+    total = sum(1 for part in parts.values() if part is None) + len(expected)
     pending: dict[str, dict[str, Any]] = {}
     for name, stored in named:
         part = parts[name]
@@ -96,34 +145,41 @@ def dequantized_tensors(named: list[tuple[str, Any]], kind: str,
         base, role = part
         if role == "drop":
             continue
-        halves = pending.setdefault(base, {})
-        halves[role] = stored
-        if len(halves) < 2:
+        arrived = pending.setdefault(base, {})
+        arrived[role] = stored
+        if set(arrived) != expected[base]:
             continue
         del pending[base]
-        values, scales = read(halves["values"]), read(halves["scales"])
-        if kind == "mxfp4":
-            yield base, dequantize_mxfp4(values, scales, model_dtype).transpose(-1, -2), total
-        else:
-            yield base, dequantize_fp8(values, scales, block, model_dtype), total
-    for base, halves in pending.items():
-        lacking = "scales" if "values" in halves else "quantized values"
-        raise ModelLoadError(f"quantized tensor {base!r} has no {lacking} in the checkpoint")
+        yield base, _dequantized(kind, detail, {r: read(t) for r, t in arrived.items()},
+                                 model_dtype), total
 
 
-def _part(name: str, stored: Any, kind: str) -> tuple[str, str] | None:
-    """(the weight's name, "values" | "scales" | "drop") of a quantized weight's tensor, None
-    for any other tensor."""
+def _dequantized(kind: str, detail: Any, parts: dict[str, torch.Tensor],
+                 dtype: torch.dtype) -> torch.Tensor:
+    if kind == "mxfp4":
+        return dequantize_mxfp4(parts["values"], parts["scales"], dtype).transpose(-1, -2)
+    if kind == "packed":
+        return dequantize_packed(parts, detail, dtype)
+    return dequantize_fp8(parts["values"], parts["scales"], detail, dtype)  # fp8, int8
+
+
+def _part(name: str, stored: Any, kind: str, detail: Any) -> tuple[str, str] | None:
+    """(the weight's name, its role: "values", "scales", ... or "drop") of a quantized
+    weight's tensor, None for any other tensor."""
     if kind == "mxfp4":
         for suffix, role in ((BLOCKS, "values"), (SCALES, "scales")):
             if name.endswith(suffix):
                 return name[:-len(suffix)], role
         return None
     module, _, attr = name.rpartition(".")
+    if kind == "packed":
+        roles = COMPRESSED_PARTS if detail.method == "compressed" else PACKED_PARTS
+        role = roles.get(attr)
+        return None if role is None else (f"{module}.weight", role)
     if attr in FP8_SCALES:
         return f"{module}.weight", "scales"
     if attr in UNNEEDED_SCALES:
         return f"{module}.weight", "drop"
-    if attr == "weight" and stored.dtype in FP8_DTYPES:
+    if attr == "weight" and stored.dtype in SCALED_DTYPES[kind]:
         return name, "values"
     return None

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 from deepseek_support import KV_LORA_RANK, ROPE_DIM, make_deepseek
-from model_support import greedy_three_ways, hf_greedy, mixed_prompts
+from model_support import greedy_three_ways, hf_greedy, hf_logprobs, mixed_prompts
 
 from tokenmill.engine import LLM, SamplingParams
 from tokenmill.engine.contract.config import ConfigError
@@ -47,13 +47,6 @@ def expected(reference, vocab_tokenizer) -> list[list[int]]:
     return [hf_greedy(reference, p, MAX_NEW) for p in mixed_prompts(vocab_tokenizer)]
 
 
-def _hf_logprobs(model: Any, prompt: list[int], tokens: list[int]) -> list[float]:
-    """transformers' log-probability of each generated token, in one forward pass."""
-    with torch.no_grad():
-        logprobs = model(torch.tensor([prompt + tokens])).logits[0].log_softmax(-1)
-    return [logprobs[len(prompt) - 1 + i, t].item() for i, t in enumerate(tokens)]
-
-
 def _check_logprobs(llm: LLM, reference: Any, prompts: list[list[int]]) -> list[list[int]]:
     """Each generated token's log-probability equals transformers' (which a wrong attention
     scale or rotary layout moves even where the argmax holds); returns the tokens."""
@@ -61,7 +54,7 @@ def _check_logprobs(llm: LLM, reference: Any, prompts: list[list[int]]) -> list[
     outputs = [o.outputs[0] for o in llm.generate(prompts, params)]
     for prompt, out in zip(prompts, outputs, strict=True):
         got = [step[t] for step, t in zip(out.logprobs, out.token_ids, strict=True)]
-        assert got == pytest.approx(_hf_logprobs(reference, prompt, out.token_ids), abs=1e-4)
+        assert got == pytest.approx(hf_logprobs(reference, prompt, out.token_ids), abs=1e-4)
     return [o.token_ids for o in outputs]
 
 

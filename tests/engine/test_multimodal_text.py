@@ -11,7 +11,7 @@ import os
 
 import pytest
 import torch
-from model_support import hf_greedy, make_random_model, mixed_prompts
+from model_support import hf_greedy, make_random_model, mixed_prompts, update_config_json
 from safetensors.torch import load_file, save_file
 
 from tokenmill.engine import LLM, SamplingParams
@@ -154,12 +154,7 @@ def test_a_head_the_checkpoint_holds_is_kept_though_the_config_ties(tmp_path, vo
     stored = _weights(directory)
     assert not torch.equal(stored["language_model.lm_head.weight"],
                            stored["language_model.model.embed_tokens.weight"])
-    path = os.path.join(directory, "config.json")
-    with open(path) as f:
-        written = json.load(f)
-    written["tie_word_embeddings"] = True
-    with open(path, "w") as f:
-        json.dump(written, f)
+    update_config_json(directory, tie_word_embeddings=True)
     prompts = mixed_prompts(vocab_tokenizer)[:3]
     with LLM(directory, **ENGINE) as llm:
         got = _greedy(llm, prompts)

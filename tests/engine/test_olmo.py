@@ -14,7 +14,13 @@ from typing import Any
 
 import pytest
 import torch
-from model_support import greedy_three_ways, hf_greedy, make_random_model, mixed_prompts
+from model_support import (
+    greedy_three_ways,
+    hf_greedy,
+    hf_logprobs,
+    make_random_model,
+    mixed_prompts,
+)
 
 from tokenmill.engine import LLM, SamplingParams
 
@@ -59,14 +65,6 @@ def olmo(request, tmp_path_factory, vocab_tokenizer) -> tuple[str, list[list[int
             model)
 
 
-def _hf_logprobs(model: Any, prompt: list[int], tokens: list[int]) -> list[float]:
-    """transformers' log-probability of each generated token, in one forward pass."""
-    ids = torch.tensor([prompt + tokens])
-    with torch.no_grad():
-        logprobs = model(ids).logits[0].log_softmax(-1)
-    return [logprobs[len(prompt) - 1 + i, t].item() for i, t in enumerate(tokens)]
-
-
 def test_greedy_equals_hf_batched_chunked_and_prefix_cached(olmo, vocab_tokenizer):
     directory, expected, _ = olmo
     prompts = mixed_prompts(vocab_tokenizer)
@@ -91,4 +89,4 @@ def test_tensor_parallel_equals_hf(olmo, vocab_tokenizer, tp):
     assert [o.token_ids for o in outputs] == expected
     for prompt, out in zip(prompts, outputs, strict=True):
         got = [step[t] for step, t in zip(out.logprobs, out.token_ids, strict=True)]
-        assert got == pytest.approx(_hf_logprobs(model, prompt, out.token_ids), abs=1e-4)
+        assert got == pytest.approx(hf_logprobs(model, prompt, out.token_ids), abs=1e-4)

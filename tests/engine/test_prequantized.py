@@ -121,13 +121,21 @@ def test_each_scale_shape_multiplies_its_weight():
         dequantize_fp8(weight, blocks, (4, 4), torch.float32)
 
 
-@pytest.mark.parametrize("method", ["awq", "gptq", "bitsandbytes"])
+# bitsandbytes, and compressed-tensors' 4-bit floats (NVFP4).
+OTHER_QUANTIZATIONS = {
+    "bitsandbytes": {"load_in_4bit": True},
+    "compressed-tensors": {"format": "nvfp4-pack-quantized", "config_groups": {
+        "group_0": {"weights": {"type": "float", "num_bits": 4}}}}}
+
+
+@pytest.mark.parametrize("method", sorted(OTHER_QUANTIZATIONS))
 def test_other_quantized_checkpoints_are_refused_by_name(tmp_path, vocab_tokenizer, method):
     directory = _llama(str(tmp_path / "model"), vocab_tokenizer)
     path = os.path.join(directory, "config.json")
     with open(path) as f:
         config = json.load(f)
+    settings = {"quant_method": method, **OTHER_QUANTIZATIONS[method]}
     with open(path, "w") as f:
-        json.dump({**config, "quantization_config": {"quant_method": method, "bits": 4}}, f)
+        json.dump({**config, "quantization_config": settings}, f)
     with pytest.raises(ModelLoadError, match=f"quantized with {method}.*--quantization int8"):
         LLM(directory, show_progress=False, **REFERENCE)
