@@ -20,10 +20,11 @@ from tokenmill.engine.contract.config import ConfigError
 # The tool-call formats the server parses (server/tool_parsers.py, whose table a test holds to
 # these names).
 TOOL_CALL_PARSER_NAMES = ("hermes", "llama3_json", "mistral", "pythonic", "granite",
-                          "phi4_mini_json", "openai", "glm45", "deepseek_v3", "deepseek_v31")
+                          "phi4_mini_json", "openai", "glm45", "deepseek_v3", "deepseek_v31",
+                          "qwen3_coder", "qwen3_xml")
 # The reasoning formats the server splits (server/reasoning.py, held to these names likewise).
 REASONING_PARSER_NAMES = ("deepseek_r1", "qwen3", "mistral", "granite", "openai_gptoss",
-                          "glm45")
+                          "glm45", "deepseek_v3")
 # apply_chat_template's own parameters, and the template's `messages`: set by the server or by
 # the request's own fields, never through chat_template_kwargs (the template's variables).
 RESERVED_TEMPLATE_KWARGS = frozenset({

@@ -27,7 +27,7 @@ from tokenmill.engine.server.adapters import resolve_model
 from tokenmill.engine.server.content_format import in_content_format
 from tokenmill.engine.server.errors import APIError, client_closed, error_body
 from tokenmill.engine.server.protocol import ChatCompletionRequest, CompletionRequest
-from tokenmill.engine.server.reasoning import REASONING_PARSERS, ReplyReasoning
+from tokenmill.engine.server.reasoning import REASONING_PARSERS, ReplyReasoning, RequestedThinking
 from tokenmill.engine.server.rendering import Call, chunk, delta_choice, full_response, sse, usage
 from tokenmill.engine.server.request_log import log_request
 from tokenmill.engine.server.state import ServerState, check_ready
@@ -94,7 +94,7 @@ async def chat_call(body: ChatCompletionRequest, state: ServerState,
     params = _sampling_for_tools(_params(body, max_tokens, logprobs, state), plan)
     await _compile_constraint(state, params, body.constraint_field() or "tool_choice")
     model = adapter or state.options.served_model_name
-    reasoning = _reasoning(state, params)
+    reasoning = _reasoning(state, params, body.chat_template_kwargs)
     if reasoning is not None and reasoning.thinking.keeps_special_tokens:
         params = dataclasses.replace(params, skip_special_tokens=False)
     return Call("chat", f"{id_prefix}{uuid.uuid4().hex}", model, body.n, [None], [ids], params,
@@ -119,14 +119,19 @@ def _tokens_as_ids(body: Any, state: ServerState) -> bool:
     return state.options.return_tokens_as_token_ids if asked is None else asked
 
 
-def _reasoning(state: ServerState, params: SamplingParams) -> ReplyReasoning | None:
+def _reasoning(state: ServerState, params: SamplingParams,
+               template_kwargs: dict | None) -> ReplyReasoning | None:
     """The reply's thinking splitter under --reasoning-parser; none for a constrained reply
     (a schema, a forced tool call), whose grammar holds from its first token, so it can't
-    think first."""
+    think first, nor where the request leaves thinking off for a model that thinks only when
+    asked (`template_kwargs`: its chat_template_kwargs)."""
     parser = state.options.reasoning_parser
     if parser is None or params.structured_outputs is not None:
         return None
-    return ReplyReasoning(REASONING_PARSERS[parser])
+    thinking = REASONING_PARSERS[parser]
+    if isinstance(thinking, RequestedThinking):
+        thinking = thinking.for_request(template_kwargs)
+    return None if thinking is None else ReplyReasoning(thinking)
 
 
 def _tool_plan(body: ChatCompletionRequest, state: ServerState) -> ToolPlan:

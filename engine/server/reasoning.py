@@ -8,6 +8,9 @@ Every format thinks between a start and an end tag, then answers:
 - `mistral`: Magistral writes `[THINK]` ... `[/THINK]` itself, as Qwen3 writes its tags.
 - `granite`: Granite 3.2+ (with `chat_template_kwargs: {"thinking": true}`) writes "Here is
   my thought process:" ... "Here is my response:" (or "Here's"), in words rather than tags.
+- `deepseek_v3`: DeepSeek-V3.1 thinks only where the request turns it on
+  (`chat_template_kwargs: {"thinking": true}`, or `enable_thinking`), and then as R1 does: the
+  template opens `<think>` in the prompt. Otherwise the whole reply is the answer.
 - `openai_gptoss`: GPT-OSS thinks in harmony's `analysis` channel and answers in `final`
   (server/harmony.py); its markers are special tokens, so its replies are decoded with them.
   Tool calls (messages to `functions.NAME`) stay in the answer, in harmony, for the `openai`
@@ -58,6 +61,25 @@ class HarmonyFormat:
         return ("".join(thinking) if thinking else None), answer
 
 
+@dataclass(frozen=True)
+class RequestedThinking:
+    """A model that thinks only where the request's chat_template_kwargs turn thinking on
+    (DeepSeek-V3.1's `thinking`, or `enable_thinking`), then in format `when_on`."""
+
+    when_on: ThinkingFormat
+    keeps_special_tokens = False
+
+    def split(self, text: str, final: bool = True) -> tuple[str | None, str]:
+        """The split of a reply whose request turned thinking on."""
+        return self.when_on.split(text, final)
+
+    def for_request(self, template_kwargs: dict | None) -> ThinkingFormat | None:
+        """The request's format; None where it does not think (the reply is all answer)."""
+        kwargs = template_kwargs or {}
+        on = kwargs.get("thinking", kwargs.get("enable_thinking", False))
+        return self.when_on if on is True else None
+
+
 def _granite(tag: str) -> tuple[str, ...]:
     return (f"Here is my {tag}:", f"Here's my {tag}:")
 
@@ -68,6 +90,7 @@ REASONING_PARSERS = {"deepseek_r1": ThinkingFormat(starts_inside=True),
                      "granite": ThinkingFormat(False, _granite("thought process"),
                                                _granite("response")),
                      "openai_gptoss": HarmonyFormat(),
+                     "deepseek_v3": RequestedThinking(ThinkingFormat(starts_inside=True)),
                      # GLM-4.5 writes <think> itself, as Qwen3 does (an empty pair where its
                      # template turns thinking off).
                      "glm45": ThinkingFormat(starts_inside=False)}

@@ -329,6 +329,56 @@ class DeepSeekV31ToolParser(DeepSeekV3ToolParser):
     fenced = False
 
 
+class Qwen3CoderToolParser:
+    """Qwen3-Coder's calls: `<tool_call>`, `<function=NAME>`, each argument as
+    `<parameter=KEY>` VALUE `</parameter>`, then `</function>` and `</tool_call>`; content is
+    the text before the first call. A value (less the line break on each side) is read as its
+    parameter's type in the request's tool schema says: a string as written, a number,
+    boolean, array or object as JSON (a string where it does not parse); without a type, as
+    JSON where it parses, else a string. A call's arguments grow a parameter at a time."""
+
+    START, END = "<tool_call>", "</tool_call>"
+    FUNCTION, FUNCTION_END = "<function=", "</function>"
+    PARAMETER, PARAMETER_END = "<parameter=", "</parameter>"
+    reads_tool_schemas = True
+
+    def __init__(self, functions: dict[str, dict] | None = None):
+        self.functions = functions or {}
+
+    def parse(self, text: str, final: bool) -> Parse:
+        first = text.find(self.START)
+        if first < 0:
+            return _content_only(text, self.START, final)
+        calls = []
+        for block in text[first:].split(self.START)[1:]:
+            body = block.partition(self.END)[0]
+            closed = self.END in block or self.FUNCTION_END in body
+            head = body.find(self.FUNCTION)
+            name_end = body.find(">", head) if head >= 0 else -1
+            name = body[head + len(self.FUNCTION):name_end].strip() if name_end >= 0 else ""
+            if not name:
+                break  # no call yet, or its name still growing
+            pairs = []
+            for piece in body[name_end + 1:].split(self.PARAMETER)[1:]:
+                key, found, rest = piece.partition(">")
+                value, ended, _ = rest.partition(self.PARAMETER_END)
+                if not (found and ended):
+                    break
+                pairs.append((key.strip(), self._value(name, key.strip(), value)))
+            arguments = "{" + ", ".join(f"{json.dumps(k)}: {v}" for k, v in pairs)
+            calls.append(ToolCallText(name, arguments + ("}" if closed or final else "")))
+        return Parse(text[:first], calls)
+
+    def _value(self, function: str, key: str, text: str) -> str:
+        """An argument's value as JSON text, by its type in the tool's schema."""
+        text = text.removeprefix("\n").removesuffix("\n")
+        schema = (self.functions.get(function) or {}).get("parameters") or {}
+        kind = ((schema.get("properties") or {}).get(key) or {}).get("type")
+        if kind == "string":
+            return json.dumps(text)
+        return _json_value(text)
+
+
 def _json_value(text: str) -> str:
     """A GLM argument value as JSON text: itself where it parses as JSON, else a string."""
     try:
@@ -365,6 +415,8 @@ TOOL_CALL_PARSERS: dict[str, type[ToolParser]] = {
     "glm45": Glm45ToolParser,
     "deepseek_v3": DeepSeekV3ToolParser,
     "deepseek_v31": DeepSeekV31ToolParser,
+    "qwen3_coder": Qwen3CoderToolParser,
+    "qwen3_xml": Qwen3CoderToolParser,
 }
 
 

@@ -109,8 +109,10 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: b
         if auto_parser is None:
             raise ToolRequestError("tool_choice", '"auto" needs the server started with '
                                    "--enable-auto-tool-choice and --tool-call-parser")
-        return ToolPlan(rendered, TOOL_CALL_PARSERS[auto_parser](), None, max_calls,
-                        keep_special_tokens=True)
+        parser = TOOL_CALL_PARSERS[auto_parser]
+        # Qwen3-Coder's parser reads each argument by its type in the request's schemas.
+        made = parser(functions) if getattr(parser, "reads_tool_schemas", False) else parser()
+        return ToolPlan(rendered, made, None, max_calls, keep_special_tokens=True)
     if tool_choice == "required":
         return ToolPlan(rendered, RequiredToolParser(),
                         required_schema(list(functions.values()), max_calls), max_calls)

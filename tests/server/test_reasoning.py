@@ -26,6 +26,8 @@ ANSWER = "It is Paris."
 REPLIES = {
     "qwen3": ["<thi", "nk>Paris is", " the capital.</", "think>\n\n", "It is Paris."],
     "deepseek_r1": ["Paris is", " the capital.</", "think>\n\n", "It is Paris."],
+    # DeepSeek-V3.1 asked to think (chat_template_kwargs): as R1.
+    "deepseek_v3": ["Paris is", " the capital.</", "think>\n\n", "It is Paris."],
     "mistral": ["[TH", "INK]Paris is", " the capital.[/", "THINK]\n\n", "It is Paris."],
     # Granite says it in words, "Here is" or "Here's".
     "granite": ["Here is my thou", "ght process:Paris is", " the capital.Here's my resp",
@@ -111,6 +113,30 @@ def test_earlier_thinking_sent_back_reaches_the_template(thinker):
         ids = httpx.post(f"{thinker.url}/tokenize", json={"messages": turns}).json()
         text = thinker.state.tokenizer.decode(ids["tokens"])
         assert f"<think>{THOUGHT}</think>{ANSWER}" in text
+
+
+def test_deepseek_v3_thinks_only_where_the_request_asks(tmp_path, smol_tokenizer):
+    """DeepSeek-V3.1's parser splits the reply where chat_template_kwargs turn thinking on
+    (`thinking`, or `enable_thinking`); elsewhere the whole reply is the answer, as the
+    template then closes the thinking in the prompt."""
+    reply = REPLIES["deepseek_v3"]
+    directory = make_scripted_model(str(tmp_path / "v31"), smol_tokenizer, TEMPLATE, reply)
+    with in_process_server(directory, "v31", options={"reasoning_parser": "deepseek_v3"},
+                           max_num_seqs=4) as server:
+        def ask(kwargs: dict | None):
+            extra = {} if kwargs is None else {"chat_template_kwargs": kwargs}
+            message = server.client.chat.completions.create(
+                model="v31", messages=ASK, max_tokens=20, temperature=0,
+                extra_body=extra).choices[0].message
+            return message.model_extra.get("reasoning"), message.content
+
+        assert ask({"thinking": True}) == (THOUGHT, ANSWER)
+        assert ask({"enable_thinking": True}) == (THOUGHT, ANSWER)
+        assert ask(None) == (None, "".join(reply))
+        assert ask({"thinking": False}) == (None, "".join(reply))
+        streamed = streamed_reasoning(server.client, "v31", ASK,
+                                      extra_body={"chat_template_kwargs": {"thinking": True}})
+        assert streamed == (THOUGHT, ANSWER)
 
 
 def test_the_flag_offers_exactly_the_parsers_there_are():

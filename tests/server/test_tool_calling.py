@@ -22,6 +22,7 @@ from tool_support import (
     MISTRAL_TEMPLATE,
     PYTHONIC_REPLY,
     PYTHONIC_TEMPLATE,
+    QWEN3_CODER_REPLY,
     make_scripted_model,
 )
 
@@ -147,9 +148,12 @@ def test_llama3_json_calls(llama3):
      [("get_weather", {"city": "Paris", "days": 3})]),
     ("pythonic", PYTHONIC_TEMPLATE, PYTHONIC_REPLY, (), None,
      [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {"zone": "CET"})]),
+    # The request's schema makes "75001" a string (city) and 3 an integer (days).
+    ("qwen3_coder", PYTHONIC_TEMPLATE, QWEN3_CODER_REPLY, (), None,
+     [("get_weather", {"city": "75001", "days": 3})]),
 ])
-def test_mistral_and_pythonic_calls(tmp_path_factory, smol_tokenizer, parser, template, reply,
-                                    special, content, calls):
+def test_mistral_pythonic_and_qwen3_coder_calls(tmp_path_factory, smol_tokenizer, parser,
+                                                template, reply, special, content, calls):
     """Mistral's markers are special tokens: the parser sees them only because a request
     with tools keeps special tokens in the text."""
     with scripted_server(tmp_path_factory, smol_tokenizer, template, reply, parser,

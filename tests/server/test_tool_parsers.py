@@ -18,6 +18,7 @@ from tokenmill.engine.server.tool_parsers import (
     NamedToolParser,
     Phi4MiniJsonToolParser,
     PythonicToolParser,
+    Qwen3CoderToolParser,
     RequiredToolParser,
     ToolCallStream,
     tool_call_message,
@@ -295,6 +296,45 @@ def test_deepseek_v3_call_cut_short_keeps_its_name_and_arguments_so_far():
     assert content is None
     assert calls[0]["function"]["name"] == "get_weather"
     assert calls[0]["function"]["arguments"] == '{"city": "Pa'
+
+
+QWEN3_CODER_TWO_CALLS = (
+    "Checking both.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n"
+    "</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=zip>\n10001\n</parameter>\n"
+    "<parameter=units>\n{\"temp\": \"C\"}\n</parameter>\n</function>\n</tool_call>\n"
+    "<tool_call>\n<function=get_time>\n</function>\n</tool_call>")
+WEATHER = {"get_weather": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}, "zip": {"type": "string"},
+    "units": {"type": "object"}}}}}
+
+
+def test_qwen3_coder_values_take_their_schemas_types():
+    """"10001" is a string where the schema says so, 3 an integer; streamed in every split,
+    the same content and calls as the whole reply."""
+    content, calls = assert_stream_matches(Qwen3CoderToolParser(WEATHER), QWEN3_CODER_TWO_CALLS)
+    assert content == "Checking both.\n"
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "New York", "days": 3, "zip": "10001", "units": {"temp": "C"}}),
+        ("get_time", {})]
+
+
+def test_qwen3_coder_without_a_schema_reads_json_where_it_parses():
+    _, calls = tool_call_message(Qwen3CoderToolParser(), QWEN3_CODER_TWO_CALLS)
+    assert json.loads(calls[0]["function"]["arguments"]) == {
+        "city": "New York", "days": 3, "zip": 10001, "units": {"temp": "C"}}
+
+
+def test_qwen3_coder_arguments_grow_a_parameter_at_a_time():
+    _, calls, deltas = streamed(Qwen3CoderToolParser(WEATHER), list(QWEN3_CODER_TWO_CALLS))
+    first = [d["function"]["arguments"] for d in deltas if d["index"] == 0]
+    assert first == ["{", '"city": "New York"', ', "days": 3', ', "zip": "10001"',
+                     ', "units": {"temp": "C"}', "}"]
+    assert calls[1]["arguments"] == "{}"
+
+
+@pytest.mark.parametrize("text", ["It is sunny.", "a <tool_call", "<function=x>"])
+def test_qwen3_coder_other_replies_are_content(text):
+    assert assert_stream_matches(Qwen3CoderToolParser(), text) == (text, [])
 
 
 GLM45_TWO_CALLS = (

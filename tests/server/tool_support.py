@@ -176,6 +176,9 @@ MISTRAL_REPLY = ["Sure, checking.", "[TOOL_CALLS]", "get_weather", "[ARGS]",
                  "{\"city\": \"Pa", "ris\", \"days\": 3}"]
 MISTRAL_SPECIAL = ("[TOOL_CALLS]", "[ARGS]")
 PYTHONIC_REPLY = ["[get_weat", "her(city='Pa", "ris', days=3), get_ti", "me(zone=\"CET\")]"]
+QWEN3_CODER_REPLY = ["<tool_call>\n<function=get_wea", "ther>\n<parameter=city>\n750",
+                     "01\n</parameter>\n<parameter=days>\n3\n</para",
+                     "meter>\n</function>\n</tool_call>"]
 
 
 # ---- parsers fed as the server feeds them ------------------------------------------------
@@ -222,11 +225,13 @@ def assert_stream_matches(parser: ToolParser, text: str) -> tuple[str | None, li
     return content, calls
 
 
-def streamed_reasoning(client, model: str, messages: list[dict]) -> tuple[str, str]:
+def streamed_reasoning(client, model: str, messages: list[dict],
+                       extra_body: dict | None = None) -> tuple[str, str]:
     """(reasoning, content) of a streamed greedy chat reply, its deltas joined."""
     thought, answer = "", ""
     for piece in client.chat.completions.create(model=model, messages=messages, max_tokens=20,
-                                                temperature=0, stream=True):
+                                                temperature=0, stream=True,
+                                                extra_body=extra_body):
         delta = piece.choices[0].delta
         thought += (delta.model_extra or {}).get("reasoning") or ""
         answer += delta.content or ""
