@@ -249,29 +249,25 @@ class Glm45ToolParser:
     KEY, VALUE = ("<arg_key>", "</arg_key>"), ("<arg_value>", "</arg_value>")
 
     def parse(self, text: str, final: bool) -> Parse:
-        first = text.find(self.START)
-        if first < 0:
-            return _content_only(text, self.START, final)
-        calls = []
-        for block in text[first:].split(self.START)[1:]:
-            body, closed = block.partition(self.END)[0], self.END in block
-            name_end = min((at for at in (body.find("\n"), body.find(self.KEY[0])) if at >= 0),
-                           default=-1 if not closed else len(body))
-            if name_end < 0 and not final:
-                break  # the name may still be growing
-            name = body[:name_end if name_end >= 0 else len(body)].strip()
-            if not name:
+        return _tagged_calls(text, self.START, final, self._call)
+
+    def _call(self, block: str, final: bool) -> ToolCallText | None:
+        body, closed = block.partition(self.END)[0], self.END in block
+        name_end = min((at for at in (body.find("\n"), body.find(self.KEY[0])) if at >= 0),
+                       default=-1 if not closed else len(body))
+        if name_end < 0 and not final:
+            return None  # the name may still be growing
+        name = body[:name_end if name_end >= 0 else len(body)].strip()
+        if not name:
+            return None
+        pairs = []
+        for piece in body.split(self.KEY[0])[1:]:
+            key, found, rest = piece.partition(self.KEY[1])
+            value, ended, _ = rest.partition(self.VALUE[1])
+            if not (found and ended and self.VALUE[0] in value):
                 break
-            pairs = []
-            for piece in body.split(self.KEY[0])[1:]:
-                key, found, rest = piece.partition(self.KEY[1])
-                value, ended, _ = rest.partition(self.VALUE[1])
-                if not (found and ended and self.VALUE[0] in value):
-                    break
-                pairs.append((key.strip(), _json_value(value.partition(self.VALUE[0])[2])))
-            arguments = "{" + ", ".join(f"{json.dumps(k)}: {v}" for k, v in pairs)
-            calls.append(ToolCallText(name, arguments + ("}" if closed or final else "")))
-        return Parse(text[:first], calls)
+            pairs.append((key.strip(), _json_value(value.partition(self.VALUE[0])[2])))
+        return ToolCallText(name, _pairs_arguments(pairs, closed or final))
 
 
 class DeepSeekV3ToolParser:
@@ -346,28 +342,24 @@ class Qwen3CoderToolParser:
         self.functions = functions or {}
 
     def parse(self, text: str, final: bool) -> Parse:
-        first = text.find(self.START)
-        if first < 0:
-            return _content_only(text, self.START, final)
-        calls = []
-        for block in text[first:].split(self.START)[1:]:
-            body = block.partition(self.END)[0]
-            closed = self.END in block or self.FUNCTION_END in body
-            head = body.find(self.FUNCTION)
-            name_end = body.find(">", head) if head >= 0 else -1
-            name = body[head + len(self.FUNCTION):name_end].strip() if name_end >= 0 else ""
-            if not name:
-                break  # no call yet, or its name still growing
-            pairs = []
-            for piece in body[name_end + 1:].split(self.PARAMETER)[1:]:
-                key, found, rest = piece.partition(">")
-                value, ended, _ = rest.partition(self.PARAMETER_END)
-                if not (found and ended):
-                    break
-                pairs.append((key.strip(), self._value(name, key.strip(), value)))
-            arguments = "{" + ", ".join(f"{json.dumps(k)}: {v}" for k, v in pairs)
-            calls.append(ToolCallText(name, arguments + ("}" if closed or final else "")))
-        return Parse(text[:first], calls)
+        return _tagged_calls(text, self.START, final, self._call)
+
+    def _call(self, block: str, final: bool) -> ToolCallText | None:
+        body = block.partition(self.END)[0]
+        closed = self.END in block or self.FUNCTION_END in body
+        head = body.find(self.FUNCTION)
+        name_end = body.find(">", head) if head >= 0 else -1
+        name = body[head + len(self.FUNCTION):name_end].strip() if name_end >= 0 else ""
+        if not name:
+            return None  # no call yet, or its name still growing
+        pairs = []
+        for piece in body[name_end + 1:].split(self.PARAMETER)[1:]:
+            key, found, rest = piece.partition(">")
+            value, ended, _ = rest.partition(self.PARAMETER_END)
+            if not (found and ended):
+                break
+            pairs.append((key.strip(), self._value(name, key.strip(), value)))
+        return ToolCallText(name, _pairs_arguments(pairs, closed or final))
 
     def _value(self, function: str, key: str, text: str) -> str:
         """An argument's value as JSON text, by its type in the tool's schema."""
@@ -377,6 +369,30 @@ class Qwen3CoderToolParser:
         if kind == "string":
             return json.dumps(text)
         return _json_value(text)
+
+
+def _tagged_calls(text: str, start: str, final: bool,
+                  call_of: Callable[[str, bool], ToolCallText | None]) -> Parse:
+    """A reply whose calls each open with `start`: the content is the text before the first;
+    `call_of(block, final)` reads the text after each start (None: no call there yet, which
+    ends the list)."""
+    first = text.find(start)
+    if first < 0:
+        return _content_only(text, start, final)
+    calls = []
+    for block in text[first:].split(start)[1:]:
+        call = call_of(block, final)
+        if call is None:
+            break
+        calls.append(call)
+    return Parse(text[:first], calls)
+
+
+def _pairs_arguments(pairs: list[tuple[str, str]], closed: bool) -> str:
+    """A JSON object's text from (key, value as JSON text) pairs, the brace closed once the
+    call is."""
+    body = ", ".join(f"{json.dumps(k)}: {v}" for k, v in pairs)
+    return "{" + body + ("}" if closed else "")
 
 
 def _json_value(text: str) -> str:
