@@ -14,7 +14,8 @@ KV_LORA_RANK, ROPE_DIM = 32, 8
 
 def deepseek_config(kind: str, vocab: int, **changes: Any) -> Any:
     """V3: a low-rank query, sigmoid routing within the 2 best of 4 groups, renormalized and
-    scaled, rotary over interleaved pairs. V2 (as V2-Lite): a full-rank query, softmax routing
+    scaled, rotary over interleaved pairs. GLM-4.7-Flash (glm4_moe_lite): V3's layers, the
+    dense ones named by mlp_layer_types. V2 (as V2-Lite): a full-rank query, softmax routing
     within the best groups (by each one's best), YaRN stretching the rotary 4x with
     mscale_all_dim scaling the softmax."""
     import transformers
@@ -30,6 +31,11 @@ def deepseek_config(kind: str, vocab: int, **changes: Any) -> Any:
         return transformers.DeepseekV3Config(
             q_lora_rank=48, n_group=4, topk_group=2, routed_scaling_factor=2.5,
             norm_topk_prob=True, rope_interleave=True, **common)
+    if kind == "glm4_moe_lite":  # V3's layers; the dense ones listed, one group of experts
+        common.pop("first_k_dense_replace")
+        return transformers.Glm4MoeLiteConfig(
+            q_lora_rank=48, n_group=1, topk_group=1, routed_scaling_factor=1.8,
+            norm_topk_prob=True, mlp_layer_types=["dense", "sparse", "dense"], **common)
     return transformers.DeepseekV2Config(
         q_lora_rank=None, topk_method="group_limited_greedy", n_group=4, topk_group=2,
         routed_scaling_factor=1.5,

@@ -104,6 +104,8 @@ SUPPORTED = {
     # DeepSeek-V3 and R1 (and Kimi K2, Moonlight, as checkpoints of the same architecture):
     # V2's latent attention and V3's experts, as GLM-4.5's.
     "DeepseekV3ForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True),
+    # GLM-4.7-Flash: DeepSeek-V3's layers, its dense ones named by mlp_layer_types.
+    "Glm4MoeLiteForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True),
 }
 # A supported decoder with a classification head instead of its LM head, as transformers names
 # it: LlamaForSequenceClassification, Qwen3ForSequenceClassification, ... (the pooling runner).
@@ -143,6 +145,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM",
                "gpt_oss": "GptOssForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
                "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
+               "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
                # The text models of Qwen's vision-language models: on text alone their
                # multimodal rotary embedding turns every section by the same position, which
                # is the ordinary one.
@@ -369,12 +372,20 @@ def moe_shape_of(config: Any) -> MoeShape | None:
         renormalize=style in ("mixtral", "granite", "gptoss") or
         bool(getattr(config, "norm_topk_prob", False)),
         sparse_step=int(getattr(config, "decoder_sparse_step", 1) or 1),
-        dense_layers=frozenset(getattr(config, "mlp_only_layers", None) or ()) |
-        frozenset(range(int(getattr(config, "first_k_dense_replace", 0) or 0))),
+        dense_layers=_dense_layers(config),
         biased=style == "gptoss",
         grouped=_grouped_routing(config, style),
         swiglu=(float(config.swiglu_alpha), float(config.swiglu_limit)) if style == "gptoss"
         else None)
+
+
+def _dense_layers(config: Any) -> frozenset[int]:
+    """The layers of a mixture of experts with a dense MLP instead: Qwen's mlp_only_layers,
+    DeepSeek's first first_k_dense_replace, GLM-4.7-Flash's "dense" mlp_layer_types."""
+    kinds = getattr(config, "mlp_layer_types", None) or ()
+    return (frozenset(getattr(config, "mlp_only_layers", None) or ()) |
+            frozenset(range(int(getattr(config, "first_k_dense_replace", 0) or 0))) |
+            frozenset(i for i, kind in enumerate(kinds) if kind == "dense"))
 
 
 def _grouped_routing(config: Any, style: str) -> GroupedRouting | None:

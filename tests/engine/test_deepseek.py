@@ -1,7 +1,7 @@
-"""DeepSeek-V2 and V3 (multi-head latent attention, DeepSeek's expert routing): greedy output
-equals Hugging Face token for token (batched, chunked, from the prefix cache, with a quantized
-KV cache's tolerance aside, under tensor parallelism), and the KV cache keeps one latent row
-per token and layer."""
+"""DeepSeek-V2 and V3, and GLM-4.7-Flash (multi-head latent attention, DeepSeek's expert
+routing): greedy output equals Hugging Face token for token (batched, chunked, from the prefix
+cache, under tensor parallelism; a quantized model's within its tolerance), and the KV cache
+keeps one latent row per token and layer."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ MAX_NEW = 12
 ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=8, max_num_batched_tokens=32)
 
 
-@pytest.fixture(scope="module", params=["deepseek_v3", "deepseek_v2"])
+@pytest.fixture(scope="module", params=["deepseek_v3", "deepseek_v2", "glm4_moe_lite"])
 def deepseek_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     return make_deepseek(str(tmp_path_factory.mktemp(request.param)), request.param,
                          vocab_tokenizer)
@@ -85,17 +85,23 @@ def test_tensor_parallel_equals_hf(deepseek_dir, reference, expected, vocab_toke
         assert _check_logprobs(llm, reference, mixed_prompts(vocab_tokenizer)) == expected
 
 
-def test_int8_weights_and_kv_cache_stay_close(deepseek_dir, expected, vocab_tokenizer):
+def test_int8_weights_and_kv_cache_stay_close(deepseek_dir, reference, vocab_tokenizer):
     """The projections in int8 but kv_b_proj, which attention reads as matrices; the one latent
-    row quantized once for K and V alike. The greedy output stays close to the reference (the
-    first tokens, before rounding can compound, equal it)."""
+    row quantized once for K and V alike. Each token the quantized engine picks has, under the
+    reference model, a log-probability within 0.15 of what the engine gives it (rounding may
+    flip a near tie, so the tokens themselves may differ; the exact layout is the float32
+    tests' to show)."""
+    prompts = mixed_prompts(vocab_tokenizer)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
     with LLM(deepseek_dir, kv_cache_dtype="int8", quantization="int8", **ENGINE) as llm:
         attn = next(m for m in llm.engine.runner.model.modules()
                     if isinstance(m, LatentSelfAttention))
         assert isinstance(attn.o_proj, QuantizedLinear)
         assert attn.kv_b_proj.weight.dtype == torch.float32
-        got = _greedy(llm, mixed_prompts(vocab_tokenizer))
-    assert [g[:3] for g in got] == [e[:3] for e in expected]
+        outputs = [o.outputs[0] for o in llm.generate(prompts, params)]
+    for prompt, out in zip(prompts, outputs, strict=True):
+        got = [step[t] for step, t in zip(out.logprobs, out.token_ids, strict=True)]
+        assert got == pytest.approx(hf_logprobs(reference, prompt, out.token_ids), abs=0.15)
 
 
 def test_v2_routing_picks_by_softmax_within_the_best_groups():
@@ -118,5 +124,5 @@ def test_lora_is_refused_at_start_up(deepseek_dir):
     """Adapters target q/k/v projections latent attention does not have: refused by name
     rather than served half-applied."""
     with pytest.raises(ConfigError, match="enable_lora: LoRA adapters are not served on "
-                                          "DeepseekV[23]ForCausalLM's latent attention"):
+                                          "\\w+ForCausalLM's latent attention"):
         LLM(deepseek_dir, enable_lora=True, **ENGINE)
