@@ -42,6 +42,23 @@ def hf_logprobs(model, prompt: list[int], tokens: list[int]) -> list[float]:
     return [logprobs[len(prompt) - 1 + i, t].item() for i, t in enumerate(tokens)]
 
 
+def greedy_with_hf_logprobs(llm, reference, prompts: list[list[int]],
+                            max_new: int) -> list[list[int]]:
+    """The engine's greedy continuations (ignore_eos), each token's log-probability checked
+    against transformers' `reference` (abs 1e-4: a norm, scale or routing weight off by a
+    factor moves it even where the argmax holds); returns the tokens."""
+    import pytest
+
+    from tokenmill.engine import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_new, ignore_eos=True, logprobs=0)
+    outputs = [o.outputs[0] for o in llm.generate(prompts, params)]
+    for prompt, out in zip(prompts, outputs, strict=True):
+        got = [step[t] for step, t in zip(out.logprobs, out.token_ids, strict=True)]
+        assert got == pytest.approx(hf_logprobs(reference, prompt, out.token_ids), abs=1e-4)
+    return [o.token_ids for o in outputs]
+
+
 def update_json_file(path: str, **changes: Any) -> None:
     """Set top-level fields of a JSON file in place."""
     import json

@@ -106,6 +106,10 @@ SUPPORTED = {
     "DeepseekV3ForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True),
     # GLM-4.7-Flash: DeepSeek-V3's layers, its dense ones named by mlp_layer_types.
     "Glm4MoeLiteForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True),
+    # MiniMax-M2: q and k normalized over the whole projection (as OLMoE's), rotary on part
+    # of each head, and in every layer experts under Mixtral's names chosen by sigmoid score
+    # plus a correction bias, renormalized.
+    "MiniMaxM2ForCausalLM": ArchitectureFlags(moe="minimax", projection_qk_norm=True),
 }
 # A supported decoder with a classification head instead of its LM head, as transformers names
 # it: LlamaForSequenceClassification, Qwen3ForSequenceClassification, ... (the pooling runner).
@@ -145,7 +149,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM",
                "gpt_oss": "GptOssForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
                "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
-               "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
+               "glm4_moe_lite": "Glm4MoeLiteForCausalLM", "minimax_m2": "MiniMaxM2ForCausalLM",
                # The text models of Qwen's vision-language models: on text alone their
                # multimodal rotary embedding turns every section by the same position, which
                # is the ordinary one.
@@ -181,6 +185,7 @@ MOE_NAMES = {"qwen": MoeNames("mlp", "gate_proj", "up_proj", "down_proj"),
              "deepseek": MoeNames("mlp", "gate_proj", "up_proj", "down_proj",
                                   shared="shared_experts", shared_gated=False)}
 MOE_NAMES["deepseek_v2"] = MOE_NAMES["deepseek"]
+MOE_NAMES["minimax"] = MOE_NAMES["mixtral"]
 
 
 @dataclass(frozen=True)
@@ -368,8 +373,9 @@ def moe_shape_of(config: Any) -> MoeShape | None:
         names=MOE_NAMES[style], num_experts=experts, top_k=int(config.num_experts_per_tok),
         width=widths.expert_intermediate_size,
         shared_width=widths.shared_expert_intermediate_size,
-        # Mixtral's, Granite's and GPT-OSS's routers softmax the chosen logits alone.
-        renormalize=style in ("mixtral", "granite", "gptoss") or
+        # Mixtral's, Granite's and GPT-OSS's routers softmax the chosen logits alone;
+        # MiniMax-M2's divides the chosen scores by their sum.
+        renormalize=style in ("mixtral", "granite", "gptoss", "minimax") or
         bool(getattr(config, "norm_topk_prob", False)),
         sparse_step=int(getattr(config, "decoder_sparse_step", 1) or 1),
         dense_layers=_dense_layers(config),
@@ -389,10 +395,13 @@ def _dense_layers(config: Any) -> frozenset[int]:
 
 
 def _grouped_routing(config: Any, style: str) -> GroupedRouting | None:
-    """DeepSeek's routing as the config sets it; V2's greedy top_k is one group."""
-    if style not in ("deepseek", "deepseek_v2"):
+    """DeepSeek's routing as the config sets it; V2's greedy top_k, and MiniMax-M2's, is one
+    group."""
+    if style not in ("deepseek", "deepseek_v2", "minimax"):
         return None
     scale = float(getattr(config, "routed_scaling_factor", 1.0) or 1.0)
+    if style == "minimax":
+        return GroupedRouting(1, 1, scale)
     if style == "deepseek_v2":
         method = getattr(config, "topk_method", "greedy")
         if method not in ("greedy", "group_limited_greedy"):

@@ -72,11 +72,17 @@ GLM4_NORMS = {"post_self_attn_layernorm": "post_attention_layernorm",
               "post_mlp_layernorm": "post_feedforward_layernorm"}
 
 
+# MiniMax-M2 keeps its routing's correction bias beside the router, not in it.
+BLOCK_CORRECTION_BIAS = "block_sparse_moe.e_score_correction_bias"
+
+
 def renamed(config: Any, name: str) -> str:
     """A checkpoint name under the model's own, where they differ (GraniteMoE's router,
-    GLM-4's norms)."""
+    GLM-4's norms, MiniMax-M2's correction bias)."""
     if name.endswith(GRANITE_ROUTER):
         return name[:-len(GRANITE_ROUTER)] + "block_sparse_moe.gate.weight"
+    if name.endswith(BLOCK_CORRECTION_BIAS):
+        return name[:-len(BLOCK_CORRECTION_BIAS)] + "block_sparse_moe.gate.e_score_correction_bias"
     if getattr(config, "model_type", None) == "glm4":
         module, _, attr = name.rpartition(".")
         parent, _, kind = module.rpartition(".")

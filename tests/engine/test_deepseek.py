@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 import torch
 from deepseek_support import KV_LORA_RANK, ROPE_DIM, make_deepseek
-from model_support import greedy_three_ways, hf_greedy, hf_logprobs, mixed_prompts
+from model_support import (
+    greedy_three_ways,
+    greedy_with_hf_logprobs,
+    hf_greedy,
+    hf_logprobs,
+    mixed_prompts,
+)
 
 from tokenmill.engine import LLM, SamplingParams
 from tokenmill.engine.contract.config import ConfigError
@@ -47,17 +53,6 @@ def expected(reference, vocab_tokenizer) -> list[list[int]]:
     return [hf_greedy(reference, p, MAX_NEW) for p in mixed_prompts(vocab_tokenizer)]
 
 
-def _check_logprobs(llm: LLM, reference: Any, prompts: list[list[int]]) -> list[list[int]]:
-    """Each generated token's log-probability equals transformers' (which a wrong attention
-    scale or rotary layout moves even where the argmax holds); returns the tokens."""
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
-    outputs = [o.outputs[0] for o in llm.generate(prompts, params)]
-    for prompt, out in zip(prompts, outputs, strict=True):
-        got = [step[t] for step, t in zip(out.logprobs, out.token_ids, strict=True)]
-        assert got == pytest.approx(hf_logprobs(reference, prompt, out.token_ids), abs=1e-4)
-    return [o.token_ids for o in outputs]
-
-
 def test_greedy_equals_hf_batched_chunked_and_prefix_cached(deepseek_dir, reference, expected,
                                                             vocab_tokenizer):
     prompts = mixed_prompts(vocab_tokenizer)
@@ -70,7 +65,7 @@ def test_greedy_equals_hf_batched_chunked_and_prefix_cached(deepseek_dir, refere
         assert runner.layout.num_kv_heads == 1
         cache = runner.kv_caches[0]
         assert cache.k.data_ptr() == cache.v.data_ptr()
-        assert _check_logprobs(llm, reference, prompts) == expected
+        assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected
         runs = greedy_three_ways(llm, prompts, MAX_NEW)
     assert runs == {"batched": expected, "again": expected, "alone": expected[-2:]}
 
@@ -82,7 +77,8 @@ def test_tensor_parallel_equals_hf(deepseek_dir, reference, expected, vocab_toke
         attn = next(m for m in llm.engine.runner.model.modules()
                     if isinstance(m, LatentSelfAttention))
         assert attn.num_heads == 2
-        assert _check_logprobs(llm, reference, mixed_prompts(vocab_tokenizer)) == expected
+        prompts = mixed_prompts(vocab_tokenizer)
+        assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected
 
 
 def test_int8_weights_and_kv_cache_stay_close(deepseek_dir, reference, vocab_tokenizer):

@@ -1,15 +1,14 @@
-"""Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE, GLM-4.5): greedy output
-equals
-Hugging Face token for token (batched, chunked, from the prefix cache, under tensor
-parallelism), the router math equals a dense reference, and what a sparse layer cannot take is
-refused by name."""
+"""Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE, GLM-4.5, MiniMax-M2):
+greedy output equals Hugging Face token for token (batched, chunked, from the prefix cache,
+under tensor parallelism), the router math equals a dense reference, and what a sparse layer
+cannot take is refused by name."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from lora_support import Adapter, make_adapter, peft_greedy
-from model_support import hf_greedy, make_random_model, mixed_prompts
+from model_support import greedy_with_hf_logprobs, hf_greedy, make_random_model, mixed_prompts
 from safetensors.torch import load_file, save_file
 
 from tokenmill.engine import LLM, SamplingParams
@@ -56,6 +55,12 @@ def _config(kind: str, vocab: int, **changes):
             n_shared_experts=1, routed_scaling_factor=2.5, head_dim=16,
             partial_rotary_factor=0.5, use_qk_norm=True, attention_bias=True,
             num_nextn_predict_layers=1, **common)
+    if kind == "minimax_m2":
+        # Sigmoid scores plus a correction bias choose, renormalized; q and k normalized over
+        # the whole projection; rotary on half of each head.
+        return transformers.MiniMaxM2Config(
+            intermediate_size=32, num_local_experts=8, num_experts_per_tok=2, head_dim=16,
+            rotary_dim=8, **common)
     if kind == "granitemoe":
         # Granite's multipliers; the experts stored as one tensor per layer.
         return transformers.GraniteMoeConfig(
@@ -67,27 +72,29 @@ def _config(kind: str, vocab: int, **changes):
 
 
 @pytest.fixture(scope="module", params=["qwen3_moe", "mixtral", "qwen2_moe", "granitemoe",
-                                        "glm4_moe"])
+                                        "glm4_moe", "minimax_m2"])
 def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
-    make_random_model(directory, _config(request.param, len(vocab_tokenizer)), vocab_tokenizer)
-    if request.param == "glm4_moe":
+    make_random_model(directory, _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
+                      draw_norms=request.param == "minimax_m2")
+    if request.param in ("glm4_moe", "minimax_m2"):
         _draw_biases(directory)
     return directory
 
 
 def _draw_biases(directory: str) -> None:
-    """Draw the biases transformers starts at zero (GLM's correction bias among them, which
-    then decides which experts are chosen), so where each lands shows."""
+    """Draw the biases transformers starts at zero (GLM's and MiniMax-M2's correction bias
+    among them, which then decides which experts are chosen), so where each lands shows."""
     path = f"{directory}/model.safetensors"
     tensors = load_file(path)
     gen = torch.Generator().manual_seed(3)
     for name, tensor in tensors.items():
         if name.endswith(("bias", "e_score_correction_bias")):
             tensors[name] = torch.randn(tensor.shape, generator=gen) * 0.3
-    # As GLM-4.5's checkpoints, a multi-token-prediction layer after the last decoder layer,
-    # which neither transformers nor the engine runs.
-    tensors["model.layers.3.eh_proj.weight"] = torch.randn(64, 128, generator=gen)
+    if "model.layers.0.mlp.gate.weight" in tensors:
+        # As GLM-4.5's checkpoints, a multi-token-prediction layer after the last decoder
+        # layer, which neither transformers nor the engine runs.
+        tensors["model.layers.3.eh_proj.weight"] = torch.randn(64, 128, generator=gen)
     save_file(tensors, path, metadata={"format": "pt"})
 
 
@@ -101,21 +108,26 @@ def _greedy(llm: LLM, prompts: list[list[int]], **kwargs) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def expected(moe_dir, vocab_tokenizer) -> list[list[int]]:
+def reference(moe_dir):
     from transformers import AutoModelForCausalLM
 
-    reference = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).eval()
-    reference.generation_config.eos_token_id = None  # as ignore_eos
+    model = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None  # as ignore_eos
+    return model
+
+
+@pytest.fixture(scope="module")
+def expected(reference, vocab_tokenizer) -> list[list[int]]:
     return [hf_greedy(reference, p, MAX_NEW) for p in _prompts(vocab_tokenizer)]
 
 
-def test_greedy_equals_hf_batched_chunked_and_prefix_cached(moe_dir, expected,
+def test_greedy_equals_hf_batched_chunked_and_prefix_cached(moe_dir, reference, expected,
                                                             vocab_tokenizer):
     prompts = _prompts(vocab_tokenizer)
     with LLM(moe_dir, **ENGINE) as llm:
         blocks = [m for m in llm.engine.runner.model.modules() if isinstance(m, SparseMoeBlock)]
         assert blocks, "the model was built without its sparse blocks"
-        batched = _greedy(llm, prompts)
+        batched = greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW)
         hits = llm.engine.kv.prefix_hits
         again = _greedy(llm, prompts)
         assert llm.engine.kv.prefix_hits > hits
