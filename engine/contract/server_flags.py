@@ -21,10 +21,10 @@ from tokenmill.engine.contract.config import ConfigError
 # these names).
 TOOL_CALL_PARSER_NAMES = ("hermes", "llama3_json", "mistral", "pythonic", "granite",
                           "phi4_mini_json", "openai", "glm45", "deepseek_v3", "deepseek_v31",
-                          "qwen3_coder", "qwen3_xml")
+                          "qwen3_coder", "qwen3_xml", "minimax_m2")
 # The reasoning formats the server splits (server/reasoning.py, held to these names likewise).
 REASONING_PARSER_NAMES = ("deepseek_r1", "qwen3", "mistral", "granite", "openai_gptoss",
-                          "glm45", "deepseek_v3")
+                          "glm45", "deepseek_v3", "minimax_m2", "minimax_m2_append_think")
 # apply_chat_template's own parameters, and the template's `messages`: set by the server or by
 # the request's own fields, never through chat_template_kwargs (the template's variables).
 RESERVED_TEMPLATE_KWARGS = frozenset({

@@ -11,6 +11,10 @@ Every format thinks between a start and an end tag, then answers:
 - `deepseek_v3`: DeepSeek-V3.1 thinks only where the request turns it on
   (`chat_template_kwargs: {"thinking": true}`, or `enable_thinking`), and then as R1 does: the
   template opens `<think>` in the prompt. Otherwise the whole reply is the answer.
+- `minimax_m2`: MiniMax-M2's template opens `<think>` in the prompt, as R1's does.
+  `minimax_m2_append_think` splits nothing: the answer is the whole reply with the `<think>`
+  the prompt opened put back in front, so a client that sends the reply back keeps the
+  thinking MiniMax-M2 expects to see again.
 - `openai_gptoss`: GPT-OSS thinks in harmony's `analysis` channel and answers in `final`
   (server/harmony.py); its markers are special tokens, so its replies are decoded with them.
   Tool calls (messages to `functions.NAME`) stay in the answer, in harmony, for the `openai`
@@ -62,6 +66,18 @@ class HarmonyFormat:
 
 
 @dataclass(frozen=True)
+class PrefixedThinking:
+    """No split: the answer is the reply with the thinking's opening tag (which the prompt
+    holds) put back in front."""
+
+    start: str = "<think>"
+    keeps_special_tokens = False
+
+    def split(self, text: str, final: bool = True) -> tuple[str | None, str]:
+        return None, self.start + text
+
+
+@dataclass(frozen=True)
 class RequestedThinking:
     """A model that thinks only where the request's chat_template_kwargs turn thinking on
     (DeepSeek-V3.1's `thinking`, or `enable_thinking`), then in format `when_on`."""
@@ -91,6 +107,8 @@ REASONING_PARSERS = {"deepseek_r1": ThinkingFormat(starts_inside=True),
                                                _granite("response")),
                      "openai_gptoss": HarmonyFormat(),
                      "deepseek_v3": RequestedThinking(ThinkingFormat(starts_inside=True)),
+                     "minimax_m2": ThinkingFormat(starts_inside=True),
+                     "minimax_m2_append_think": PrefixedThinking(),
                      # GLM-4.5 writes <think> itself, as Qwen3 does (an empty pair where its
                      # template turns thinking off).
                      "glm45": ThinkingFormat(starts_inside=False)}
@@ -121,7 +139,7 @@ def split_reasoning(text: str, thinking: ThinkingFormat,
 class ReplyReasoning:
     """The reasoning of one request's replies: split whole, or streamed as deltas."""
 
-    thinking: ThinkingFormat | HarmonyFormat
+    thinking: ThinkingFormat | HarmonyFormat | PrefixedThinking
     sent: dict[int, int] = field(default_factory=dict)  # choice -> reasoning chars sent
 
     def split(self, text: str) -> tuple[str | None, str]:

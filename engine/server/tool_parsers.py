@@ -371,6 +371,38 @@ class Qwen3CoderToolParser:
         return _json_value(text)
 
 
+class MiniMaxM2ToolParser(Qwen3CoderToolParser):
+    """MiniMax-M2's calls: `<minimax:tool_call>`, then for each call `<invoke name="NAME">`
+    with each argument as `<parameter name="KEY">VALUE</parameter>`, then `</invoke>`, and
+    `</minimax:tool_call>` after the last; content is the text before the first. Values are
+    read by their schemas' types as Qwen3-Coder's are; arguments grow a parameter at a time."""
+
+    START = "<minimax:tool_call>"
+    INVOKE, INVOKE_END = '<invoke name="', "</invoke>"
+    PARAMETER, PARAMETER_END = '<parameter name="', "</parameter>"
+
+    def parse(self, text: str, final: bool) -> Parse:
+        first = text.find(self.START)
+        if first < 0:
+            return _content_only(text, self.START, final)
+        return Parse(text[:first], _tagged_calls(text[first:], self.INVOKE, final,
+                                                 self._call).calls)
+
+    def _call(self, block: str, final: bool) -> ToolCallText | None:
+        body, closed = block.partition(self.INVOKE_END)[0], self.INVOKE_END in block
+        name, found, rest = body.partition('">')
+        if not found or not name.strip():
+            return None  # the name may still be growing
+        pairs = []
+        for piece in rest.split(self.PARAMETER)[1:]:
+            key, found, tail = piece.partition('">')
+            value, ended, _ = tail.partition(self.PARAMETER_END)
+            if not (found and ended):
+                break
+            pairs.append((key.strip(), self._value(name.strip(), key.strip(), value)))
+        return ToolCallText(name.strip(), _pairs_arguments(pairs, closed or final))
+
+
 def _tagged_calls(text: str, start: str, final: bool,
                   call_of: Callable[[str, bool], ToolCallText | None]) -> Parse:
     """A reply whose calls each open with `start`: the content is the text before the first;
@@ -433,6 +465,7 @@ TOOL_CALL_PARSERS: dict[str, type[ToolParser]] = {
     "deepseek_v31": DeepSeekV31ToolParser,
     "qwen3_coder": Qwen3CoderToolParser,
     "qwen3_xml": Qwen3CoderToolParser,
+    "minimax_m2": MiniMaxM2ToolParser,
 }
 
 

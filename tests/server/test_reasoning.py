@@ -26,8 +26,9 @@ ANSWER = "It is Paris."
 REPLIES = {
     "qwen3": ["<thi", "nk>Paris is", " the capital.</", "think>\n\n", "It is Paris."],
     "deepseek_r1": ["Paris is", " the capital.</", "think>\n\n", "It is Paris."],
-    # DeepSeek-V3.1 asked to think (chat_template_kwargs): as R1.
+    # DeepSeek-V3.1 asked to think (chat_template_kwargs): as R1; MiniMax-M2 as R1 too.
     "deepseek_v3": ["Paris is", " the capital.</", "think>\n\n", "It is Paris."],
+    "minimax_m2": ["Paris is", " the capital.</", "think>\n\n", "It is Paris."],
     "mistral": ["[TH", "INK]Paris is", " the capital.[/", "THINK]\n\n", "It is Paris."],
     # Granite says it in words, "Here is" or "Here's".
     "granite": ["Here is my thou", "ght process:Paris is", " the capital.Here's my resp",
@@ -42,7 +43,11 @@ QWEN3, DEEPSEEK = REASONING_PARSERS["qwen3"], REASONING_PARSERS["deepseek_r1"]
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-@pytest.mark.parametrize("parser", sorted(REASONING_PARSERS))
+# MiniMax-M2's append-think "parser" splits nothing (test below).
+SPLITTING = sorted(set(REASONING_PARSERS) - {"minimax_m2_append_think"})
+
+
+@pytest.mark.parametrize("parser", SPLITTING)
 def test_a_streamed_split_joins_to_the_whole_replys(parser):
     """Cut anywhere, the streamed reasoning pieces join to the whole reply's reasoning and the
     answer so far only ever grows: nothing sent is taken back."""
@@ -137,6 +142,20 @@ def test_deepseek_v3_thinks_only_where_the_request_asks(tmp_path, smol_tokenizer
         streamed = streamed_reasoning(server.client, "v31", ASK,
                                       extra_body={"chat_template_kwargs": {"thinking": True}})
         assert streamed == (THOUGHT, ANSWER)
+
+
+def test_minimax_m2_append_think_puts_the_opened_tag_back_in_the_answer():
+    """vLLM's minimax_m2_append_think: no reasoning field; the answer is the whole reply after
+    the `<think>` the prompt opened, streamed as it grows."""
+    appending = REASONING_PARSERS["minimax_m2_append_think"]
+    text = "".join(REPLIES["minimax_m2"])
+    assert appending.split(text) == (None, "<think>" + text)
+    sent = ""
+    for cut in range(len(text) + 1):
+        thought, answer = appending.split(text[:cut], final=cut == len(text))
+        assert thought is None and answer.startswith(sent)
+        sent = answer
+    assert sent == "<think>" + text
 
 
 def test_the_flag_offers_exactly_the_parsers_there_are():

@@ -14,6 +14,7 @@ from tokenmill.engine.server.tool_parsers import (
     GraniteToolParser,
     HermesToolParser,
     Llama3JsonToolParser,
+    MiniMaxM2ToolParser,
     MistralToolParser,
     NamedToolParser,
     Phi4MiniJsonToolParser,
@@ -335,6 +336,33 @@ def test_qwen3_coder_arguments_grow_a_parameter_at_a_time():
 @pytest.mark.parametrize("text", ["It is sunny.", "a <tool_call", "<function=x>"])
 def test_qwen3_coder_other_replies_are_content(text):
     assert assert_stream_matches(Qwen3CoderToolParser(), text) == (text, [])
+
+
+MINIMAX_M2_TWO_CALLS = (
+    "Checking both.\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n"
+    "<parameter name=\"city\">New York</parameter>\n<parameter name=\"days\">3</parameter>\n"
+    "<parameter name=\"zip\">10001</parameter>\n"
+    "<parameter name=\"units\">{\"temp\": \"C\"}</parameter>\n</invoke>\n"
+    "<invoke name=\"get_time\">\n</invoke>\n</minimax:tool_call>")
+
+
+def test_minimax_m2_calls_take_their_schemas_types():
+    """Two invokes in one tool_call block; streamed in every split, the same content and
+    calls as the whole reply, "10001" a string where the schema says so."""
+    content, calls = assert_stream_matches(MiniMaxM2ToolParser(WEATHER), MINIMAX_M2_TWO_CALLS)
+    assert content == "Checking both.\n"
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "New York", "days": 3, "zip": "10001", "units": {"temp": "C"}}),
+        ("get_time", {})]
+    _, _, deltas = streamed(MiniMaxM2ToolParser(WEATHER), list(MINIMAX_M2_TWO_CALLS))
+    assert [d["function"]["arguments"] for d in deltas if d["index"] == 0] == [
+        "{", '"city": "New York"', ', "days": 3', ', "zip": "10001"', ', "units": {"temp": "C"}',
+        "}"]
+
+
+@pytest.mark.parametrize("text", ["It is sunny.", "a <minimax:tool", "<invoke name=\"x\">"])
+def test_minimax_m2_other_replies_are_content(text):
+    assert assert_stream_matches(MiniMaxM2ToolParser(), text) == (text, [])
 
 
 GLM45_TWO_CALLS = (
