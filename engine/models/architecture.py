@@ -106,6 +106,8 @@ SUPPORTED = {
     "DeepseekV3ForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True),
     # GLM-4.7-Flash: DeepSeek-V3's layers, its dense ones named by mlp_layer_types.
     "Glm4MoeLiteForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True),
+    # rednote's dots.llm1: Qwen3's attention (per-head q/k norms) over DeepSeek-V3's experts.
+    "Dots1ForCausalLM": ArchitectureFlags(qk_norm=True, moe="deepseek"),
     # MiniMax-M2: q and k normalized over the whole projection (as OLMoE's), rotary on part
     # of each head, and in every layer experts under Mixtral's names chosen by sigmoid score
     # plus a correction bias, renormalized.
@@ -150,6 +152,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "gpt_oss": "GptOssForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
                "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
                "glm4_moe_lite": "Glm4MoeLiteForCausalLM", "minimax_m2": "MiniMaxM2ForCausalLM",
+               "dots1": "Dots1ForCausalLM",
                # The text models of Qwen's vision-language models: on text alone their
                # multimodal rotary embedding turns every section by the same position, which
                # is the ordinary one.

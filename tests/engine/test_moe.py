@@ -1,7 +1,7 @@
-"""Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE, GLM-4.5, MiniMax-M2):
-greedy output equals Hugging Face token for token (batched, chunked, from the prefix cache,
-under tensor parallelism), the router math equals a dense reference, and what a sparse layer
-cannot take is refused by name."""
+"""Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE, GLM-4.5, MiniMax-M2,
+dots.llm1): greedy output equals Hugging Face token for token (batched, chunked, from the
+prefix cache, under tensor parallelism), the router math equals a dense reference, and what a
+sparse layer cannot take is refused by name."""
 
 from __future__ import annotations
 
@@ -55,6 +55,14 @@ def _config(kind: str, vocab: int, **changes):
             n_shared_experts=1, routed_scaling_factor=2.5, head_dim=16,
             partial_rotary_factor=0.5, use_qk_norm=True, attention_bias=True,
             num_nextn_predict_layers=1, **common)
+    if kind == "dots1":
+        # Qwen3's per-head q/k norms over DeepSeek-V3's routing (8 experts in 4 groups, the 2
+        # best eligible), a shared expert, layer 0 dense.
+        return transformers.Dots1Config(
+            intermediate_size=128, moe_intermediate_size=32, n_routed_experts=8,
+            num_experts_per_tok=2, n_group=4, topk_group=2, first_k_dense_replace=1,
+            n_shared_experts=1, routed_scaling_factor=2.0, norm_topk_prob=True, head_dim=16,
+            **common)
     if kind == "minimax_m2":
         # Sigmoid scores plus a correction bias choose, renormalized; q and k normalized over
         # the whole projection; rotary on half of each head.
@@ -72,12 +80,12 @@ def _config(kind: str, vocab: int, **changes):
 
 
 @pytest.fixture(scope="module", params=["qwen3_moe", "mixtral", "qwen2_moe", "granitemoe",
-                                        "glm4_moe", "minimax_m2"])
+                                        "glm4_moe", "minimax_m2", "dots1"])
 def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
     make_random_model(directory, _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
-                      draw_norms=request.param == "minimax_m2")
-    if request.param in ("glm4_moe", "minimax_m2"):
+                      draw_norms=request.param in ("minimax_m2", "dots1"))
+    if request.param in ("glm4_moe", "minimax_m2", "dots1"):
         _draw_biases(directory)
     return directory
 
