@@ -106,6 +106,10 @@ SUPPORTED = {
     "DeepseekV3ForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True),
     # GLM-4.7-Flash: DeepSeek-V3's layers, its dense ones named by mlp_layer_types.
     "Glm4MoeLiteForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True),
+    # ERNIE 4.5's mixtures of experts: ERNIE's attention, and experts chosen by softmax score
+    # plus a correction bias (moe_statics), renormalized, beside shared experts, in the layers
+    # moe_layer_start_index .. moe_layer_end_index (every moe_layer_interval-th).
+    "Ernie4_5_MoeForCausalLM": ArchitectureFlags(interleaved_rope=True, moe="ernie"),
     # rednote's dots.llm1: Qwen3's attention (per-head q/k norms) over DeepSeek-V3's experts.
     "Dots1ForCausalLM": ArchitectureFlags(qk_norm=True, moe="deepseek"),
     # MiniMax-M2: q and k normalized over the whole projection (as OLMoE's), rotary on part
@@ -152,7 +156,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "gpt_oss": "GptOssForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
                "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
                "glm4_moe_lite": "Glm4MoeLiteForCausalLM", "minimax_m2": "MiniMaxM2ForCausalLM",
-               "dots1": "Dots1ForCausalLM",
+               "dots1": "Dots1ForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
                # The text models of Qwen's vision-language models: on text alone their
                # multimodal rotary embedding turns every section by the same position, which
                # is the ordinary one.
@@ -189,6 +193,7 @@ MOE_NAMES = {"qwen": MoeNames("mlp", "gate_proj", "up_proj", "down_proj"),
                                   shared="shared_experts", shared_gated=False)}
 MOE_NAMES["deepseek_v2"] = MOE_NAMES["deepseek"]
 MOE_NAMES["minimax"] = MOE_NAMES["mixtral"]
+MOE_NAMES["ernie"] = MOE_NAMES["deepseek"]
 
 
 @dataclass(frozen=True)
@@ -196,12 +201,13 @@ class GroupedRouting:
     """DeepSeek's routing: experts in `groups` groups, only the topk_group best groups'
     eligible, the chosen weights times routed_scale. V3 (GLM-4.5) scores by sigmoid plus a
     correction bias and ranks a group by its two best; V2 by softmax and its best
-    (`softmax`)."""
+    (`softmax`), with no bias; ERNIE 4.5 by softmax plus a correction bias."""
 
     groups: int
     topk_group: int
     routed_scale: float
     softmax: bool = False
+    correction: tuple[int, ...] | None = None  # the correction bias's shape, as stored
 
 
 @dataclass(frozen=True)
@@ -377,10 +383,11 @@ def moe_shape_of(config: Any) -> MoeShape | None:
         width=widths.expert_intermediate_size,
         shared_width=widths.shared_expert_intermediate_size,
         # Mixtral's, Granite's and GPT-OSS's routers softmax the chosen logits alone;
-        # MiniMax-M2's divides the chosen scores by their sum.
-        renormalize=style in ("mixtral", "granite", "gptoss", "minimax") or
+        # MiniMax-M2's and ERNIE's divide the chosen scores by their sum.
+        renormalize=style in ("mixtral", "granite", "gptoss", "minimax", "ernie") or
         bool(getattr(config, "norm_topk_prob", False)),
-        sparse_step=int(getattr(config, "decoder_sparse_step", 1) or 1),
+        sparse_step=int(getattr(config, "decoder_sparse_step", None) or
+                        getattr(config, "moe_layer_interval", None) or 1),
         dense_layers=_dense_layers(config),
         biased=style == "gptoss",
         grouped=_grouped_routing(config, style),
@@ -390,21 +397,32 @@ def moe_shape_of(config: Any) -> MoeShape | None:
 
 def _dense_layers(config: Any) -> frozenset[int]:
     """The layers of a mixture of experts with a dense MLP instead: Qwen's mlp_only_layers,
-    DeepSeek's first first_k_dense_replace, GLM-4.7-Flash's "dense" mlp_layer_types."""
+    DeepSeek's first first_k_dense_replace, GLM-4.7-Flash's "dense" mlp_layer_types, those
+    outside ERNIE 4.5's moe_layer_start_index .. moe_layer_end_index."""
     kinds = getattr(config, "mlp_layer_types", None) or ()
-    return (frozenset(getattr(config, "mlp_only_layers", None) or ()) |
-            frozenset(range(int(getattr(config, "first_k_dense_replace", 0) or 0))) |
-            frozenset(i for i, kind in enumerate(kinds) if kind == "dense"))
+    dense = (frozenset(getattr(config, "mlp_only_layers", None) or ()) |
+             frozenset(range(int(getattr(config, "first_k_dense_replace", 0) or 0))) |
+             frozenset(i for i, kind in enumerate(kinds) if kind == "dense"))
+    first = getattr(config, "moe_layer_start_index", None)
+    if first is not None:  # ERNIE 4.5: experts from first to last (-1: the last layer)
+        layers = config.num_hidden_layers
+        last = int(getattr(config, "moe_layer_end_index", -1))
+        last = layers - 1 if last < 0 else last
+        dense |= frozenset(i for i in range(layers) if i < int(first) or i > last)
+    return dense
 
 
 def _grouped_routing(config: Any, style: str) -> GroupedRouting | None:
-    """DeepSeek's routing as the config sets it; V2's greedy top_k, and MiniMax-M2's, is one
-    group."""
-    if style not in ("deepseek", "deepseek_v2", "minimax"):
+    """DeepSeek's routing as the config sets it; V2's greedy top_k, MiniMax-M2's and ERNIE
+    4.5's are one group."""
+    if style not in ("deepseek", "deepseek_v2", "minimax", "ernie"):
         return None
     scale = float(getattr(config, "routed_scaling_factor", 1.0) or 1.0)
+    experts = num_experts_of(config)
     if style == "minimax":
-        return GroupedRouting(1, 1, scale)
+        return GroupedRouting(1, 1, scale, correction=(experts,))
+    if style == "ernie":  # ERNIE keeps its bias as [1, experts]
+        return GroupedRouting(1, 1, scale, softmax=True, correction=(1, experts))
     if style == "deepseek_v2":
         method = getattr(config, "topk_method", "greedy")
         if method not in ("greedy", "group_limited_greedy"):
@@ -413,7 +431,8 @@ def _grouped_routing(config: Any, style: str) -> GroupedRouting | None:
         if method == "greedy":
             return GroupedRouting(1, 1, scale, softmax=True)
         return GroupedRouting(int(config.n_group), int(config.topk_group), scale, softmax=True)
-    return GroupedRouting(int(config.n_group), int(config.topk_group), scale)
+    return GroupedRouting(int(config.n_group), int(config.topk_group), scale,
+                          correction=(experts,))
 
 
 def activation_of(config: Any) -> str:

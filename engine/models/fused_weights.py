@@ -72,8 +72,9 @@ GLM4_NORMS = {"post_self_attn_layernorm": "post_attention_layernorm",
               "post_mlp_layernorm": "post_feedforward_layernorm"}
 
 
-# MiniMax-M2 keeps its routing's correction bias beside the router, not in it.
+# MiniMax-M2 and ERNIE 4.5 keep their routing's correction bias beside the router, not in it.
 BLOCK_CORRECTION_BIAS = "block_sparse_moe.e_score_correction_bias"
+ERNIE_CORRECTION_BIAS = "mlp.moe_statics.e_score_correction_bias"
 
 
 def renamed(config: Any, name: str) -> str:
@@ -83,6 +84,8 @@ def renamed(config: Any, name: str) -> str:
         return name[:-len(GRANITE_ROUTER)] + "block_sparse_moe.gate.weight"
     if name.endswith(BLOCK_CORRECTION_BIAS):
         return name[:-len(BLOCK_CORRECTION_BIAS)] + "block_sparse_moe.gate.e_score_correction_bias"
+    if name.endswith(ERNIE_CORRECTION_BIAS):
+        return name[:-len(ERNIE_CORRECTION_BIAS)] + "mlp.gate.e_score_correction_bias"
     if getattr(config, "model_type", None) == "glm4":
         module, _, attr = name.rpartition(".")
         parent, _, kind = module.rpartition(".")

@@ -25,12 +25,14 @@ class Router(nn.Module):
     V3's holds the correction bias its routing chooses by (`e_score_correction_bias`)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
-                 grouped: bool = False, corrected: bool = False):
+                 grouped: bool = False, correction: tuple[int, ...] | None = None):
+        """`correction`: the correction bias's shape as the checkpoint stores it, None for
+        none."""
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.keeps_float32 = grouped  # the loader keeps its weights float32
-        self.e_score_correction_bias = nn.Parameter(torch.empty(out_features)) if corrected \
+        self.e_score_correction_bias = nn.Parameter(torch.empty(correction)) if correction \
             else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -73,8 +75,7 @@ class SparseMoeBlock(nn.Module):
         grouped = shape.grouped
         setattr(self, names.router, Router(hidden, shape.num_experts, bias=shape.biased,
                                            grouped=grouped is not None,
-                                           corrected=grouped is not None and
-                                           not grouped.softmax))
+                                           correction=grouped and grouped.correction))
         self.experts = nn.ModuleList(Expert(hidden, shape.width // tp.size, names, shape.biased,
                                             shape.swiglu)
                                      for _ in range(shape.num_experts))

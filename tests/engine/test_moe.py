@@ -1,5 +1,5 @@
 """Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE, GLM-4.5, MiniMax-M2,
-dots.llm1): greedy output equals Hugging Face token for token (batched, chunked, from the
+dots.llm1, ERNIE 4.5): greedy output equals Hugging Face token for token (batched, chunked, from the
 prefix cache, under tensor parallelism), the router math equals a dense reference, and what a
 sparse layer cannot take is refused by name."""
 
@@ -55,6 +55,13 @@ def _config(kind: str, vocab: int, **changes):
             n_shared_experts=1, routed_scaling_factor=2.5, head_dim=16,
             partial_rotary_factor=0.5, use_qk_norm=True, attention_bias=True,
             num_nextn_predict_layers=1, **common)
+    if kind == "ernie4_5_moe":
+        # ERNIE's attention (rotary over interleaved pairs); softmax scores plus a correction
+        # bias choose, renormalized; a shared expert; layer 0 dense (moe_layer_start_index).
+        return transformers.Ernie4_5_MoeConfig(
+            intermediate_size=128, moe_intermediate_size=32, moe_num_experts=8, moe_k=2,
+            moe_num_shared_experts=1, moe_layer_start_index=1, moe_layer_end_index=-1,
+            head_dim=16, **common)
     if kind == "dots1":
         # Qwen3's per-head q/k norms over DeepSeek-V3's routing (8 experts in 4 groups, the 2
         # best eligible), a shared expert, layer 0 dense.
@@ -80,12 +87,12 @@ def _config(kind: str, vocab: int, **changes):
 
 
 @pytest.fixture(scope="module", params=["qwen3_moe", "mixtral", "qwen2_moe", "granitemoe",
-                                        "glm4_moe", "minimax_m2", "dots1"])
+                                        "glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe"])
 def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
     make_random_model(directory, _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
-                      draw_norms=request.param in ("minimax_m2", "dots1"))
-    if request.param in ("glm4_moe", "minimax_m2", "dots1"):
+                      draw_norms=request.param in ("minimax_m2", "dots1", "ernie4_5_moe"))
+    if request.param in ("glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe"):
         _draw_biases(directory)
     return directory
 
