@@ -101,8 +101,7 @@ SUPPORTED = {
     # or within the best groups (topk_method), scaled by routed_scaling_factor, beside
     # always-on shared experts; the first first_k_dense_replace layers dense.
     "DeepseekV2ForCausalLM": ArchitectureFlags(moe="deepseek_v2", latent_attention=True),
-    # DeepSeek-V3 and R1 (and Kimi K2, Moonlight, as checkpoints of the same architecture):
-    # V2's latent attention and V3's experts, as GLM-4.5's.
+    # DeepSeek-V3, V3.1 and R1: V2's latent attention and V3's experts, as GLM-4.5's.
     "DeepseekV3ForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True),
     # GLM-4.7-Flash: DeepSeek-V3's layers, its dense ones named by mlp_layer_types.
     "Glm4MoeLiteForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True),
