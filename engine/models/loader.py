@@ -352,7 +352,7 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
             if name is None:
                 return []
         if name.endswith(IGNORED_SUFFIXES) or (tied and name == "lm_head.weight") or \
-                _prediction_layer(model.config, name):
+                prediction_layer(model.config, name):
             return []
         if name not in params and f"model.{name}" in params:  # a bare decoder's names
             name = f"model.{name}"
@@ -428,11 +428,14 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
         raise ModelLoadError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")
 
 
-def _prediction_layer(config: Any, name: str) -> bool:
+def prediction_layer(config: Any, name: str) -> bool:
     """Whether `name` belongs to a multi-token-prediction layer stored after the decoder's
-    (GLM-4.5's num_nextn_predict_layers, numbered from num_hidden_layers): a draft head the
-    engine does not run, so it is not read."""
-    if not getattr(config, "num_nextn_predict_layers", 0) or not name.startswith("model.layers."):
+    (DeepSeek-V3's and GLM-4.5's num_nextn_predict_layers, MiniMax-M2's num_mtp_modules,
+    numbered from num_hidden_layers): a draft head the engine does not run, so it is not
+    read."""
+    predicts = getattr(config, "num_nextn_predict_layers", 0) or \
+        getattr(config, "num_mtp_modules", 0)
+    if not predicts or not name.startswith("model.layers."):
         return False
     index = name.split(".")[2]
     return index.isdigit() and int(index) >= config.num_hidden_layers

@@ -200,3 +200,20 @@ def test_a_gguf_files_config_and_tokenizer_are_parsed_once_per_process(smol_sour
         "input_ids"]
     tokenizer.model_max_length, config.num_hidden_layers = 7, 1
     assert first.model_max_length != 7 and first_config.num_hidden_layers == 30
+
+
+def test_multi_token_prediction_layers_after_the_decoders_are_not_read():
+    """DeepSeek-V3, GLM-4.5 and MiniMax-M2 store their draft layers numbered after the
+    decoder's; only those are passed over, and only where the config declares them."""
+    from types import SimpleNamespace
+
+    from tokenmill.engine.models.loader import prediction_layer
+
+    for declared in ({"num_nextn_predict_layers": 1}, {"num_mtp_modules": 3}):
+        config = SimpleNamespace(num_hidden_layers=2, **declared)
+        assert prediction_layer(config, "model.layers.2.eh_proj.weight")
+        assert prediction_layer(config, "model.layers.4.self_attn.q_proj.weight")
+        assert not prediction_layer(config, "model.layers.1.self_attn.q_proj.weight")
+        assert not prediction_layer(config, "model.embed_tokens.weight")
+    assert not prediction_layer(SimpleNamespace(num_hidden_layers=2),
+                                "model.layers.2.eh_proj.weight")
