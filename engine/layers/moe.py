@@ -35,12 +35,9 @@ def route_grouped(logits: torch.Tensor, correction: torch.Tensor | None, top_k: 
 
     DeepSeek-V2's (`softmax`): the scores are the softmax over all experts, with no bias, and
     a group ranks by its best; ERNIE 4.5's adds its correction bias to the softmax."""
-    if softmax:
-        scores = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        choice = scores if correction is None else scores + correction.float().reshape(-1)
-    else:
-        scores = torch.sigmoid(logits.float())
-        choice = scores + correction.float().reshape(-1)
+    scores = torch.softmax(logits, dim=-1, dtype=torch.float32) if softmax else \
+        torch.sigmoid(logits.float())
+    choice = scores if correction is None else scores + correction.float().reshape(-1)
     rows, experts = choice.shape
     per_group = choice.view(rows, groups, experts // groups)
     group_scores = per_group.amax(dim=-1) if softmax else \

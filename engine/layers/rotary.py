@@ -109,11 +109,13 @@ def attention_scaling(params: dict) -> float:
     factor = _yarn_factor(params)
     mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
     if mscale and mscale_all_dim:
-        return _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
-    return _yarn_mscale(factor)
+        return yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+    return yarn_mscale(factor)
 
 
-def _yarn_mscale(factor: float, weight: float = 1.0) -> float:
+def yarn_mscale(factor: float, weight: float = 1.0) -> float:
+    """YaRN's magnitude correction for a context stretched `factor` times (1 if not stretched),
+    weighted as DeepSeek's mscale and mscale_all_dim weigh it."""
     return 1.0 if factor <= 1 else 0.1 * weight * math.log(factor) + 1.0
 
 

@@ -14,7 +14,6 @@ kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -28,7 +27,7 @@ from tokenmill.engine.layers.attention import Scores, attention, store_kv
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.kv_layer import KVLayer
 from tokenmill.engine.layers.norm import RMSNorm
-from tokenmill.engine.layers.rotary import RopeKernel, RopeRows, rope_parameters
+from tokenmill.engine.layers.rotary import RopeKernel, RopeRows, rope_parameters, yarn_mscale
 
 # transformers builds the latent's norms with RMSNorm's default epsilon, not rms_norm_eps.
 LATENT_NORM_EPS = 1e-6
@@ -56,11 +55,9 @@ def softmax_scale(config: Any, qk_dim: int) -> float:
     embedding is stretched (DeepSeek's long-context checkpoints), as transformers scales it."""
     scale = qk_dim ** -0.5
     params = rope_parameters(config)
-    all_dim = params.get("mscale_all_dim") or 0
-    factor = params.get("factor") or 1.0
-    if params["rope_type"] != "default" and all_dim and factor > 1:
-        mscale = 0.1 * all_dim * math.log(factor) + 1.0
-        scale *= mscale * mscale
+    all_dim = params.get("mscale_all_dim")
+    if params["rope_type"] != "default" and all_dim:
+        scale *= yarn_mscale(float(params.get("factor") or 1.0), all_dim) ** 2
     return scale
 
 

@@ -87,27 +87,18 @@ def dequantize_packed(parts: dict[str, torch.Tensor], fmt: PackedFormat,
     else:
         values = _unpack_rows(parts["values"], fmt.bits)
         zeros = _unpack_columns(parts["zeros"], fmt.bits) + fmt.zero_offset
-    scales = parts["scales"].float()
-    rows, columns = values.shape
-    if zeros.shape[1] < columns or scales.shape[1] != columns:
-        raise ModelLoadError(f"packed weight of {rows} x {columns} values has zero points "
-                             f"{tuple(zeros.shape)} and scales {tuple(scales.shape)}")
+    rows = values.shape[0]
     groups = parts.get("groups")
     if groups is None:
-        size = rows if fmt.group_size == -1 else fmt.group_size
-        groups = torch.arange(rows) // size
-    groups = groups.long()
-    if groups.numel() != rows or int(groups.max()) >= scales.shape[0]:
-        raise ModelLoadError(f"packed weight of {rows} input rows does not fit its "
-                             f"{scales.shape[0]} groups of scales")
-    weight = (values - zeros[:, :columns][groups]).float() * scales[groups]
-    return weight.t().contiguous().to(dtype)
+        groups = torch.arange(rows) // (rows if fmt.group_size == -1 else fmt.group_size)
+    return _grouped(values, zeros, parts["scales"].float(), groups, dtype)
 
 
 def _dequantize_compressed(parts: dict[str, torch.Tensor], bits: int,
                            dtype: torch.dtype) -> torch.Tensor:
-    """compressed-tensors' pack-quantized weight: (q - zero) * scale, by groups of input
-    columns (consecutive ones, or as weight_g_idx assigns them)."""
+    """compressed-tensors' pack-quantized weight, turned to GPTQ's orientation ([in, out]):
+    its groups are consecutive input columns, as many as the scales have, unless
+    weight_g_idx assigns them."""
     rows, columns = (int(n) for n in parts["shape"].tolist())
     offset = 1 << (bits - 1)
     values = _unpack_columns(parts["values"], bits)[:, :columns] - offset
@@ -119,15 +110,29 @@ def _dequantize_compressed(parts: dict[str, torch.Tensor], bits: int,
             raise ModelLoadError(f"packed weight of {columns} input columns does not split "
                                  f"into its {count} groups of scales")
         groups = torch.arange(columns) // (columns // count)
-    groups = groups.long()
-    if values.shape != (rows, columns) or int(groups.max()) >= count:
-        raise ModelLoadError(f"packed weight {tuple(values.shape)} does not fit its shape "
-                             f"{(rows, columns)} and {count} groups of scales")
     zeros = parts.get("zeros")
+    if zeros is not None:
+        zeros = (_unpack_rows(zeros, bits)[:rows] - offset).t()
+    return _grouped(values.t(), zeros, scales.t(), groups, dtype)
+
+
+def _grouped(values: torch.Tensor, zeros: torch.Tensor | None, scales: torch.Tensor,
+             groups: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The weight [out, in] in `dtype` from integers `values` [in, out], each input row less
+    its group's zero point (`zeros` [groups, >= out], None: 0) times its group's scale
+    (`scales` [groups, out]); `groups` [in] names each row's group."""
+    rows, columns = values.shape
+    groups = groups.long()
+    if scales.shape[1] != columns or (zeros is not None and zeros.shape[1] < columns) or \
+            groups.numel() != rows or int(groups.max()) >= scales.shape[0]:
+        raise ModelLoadError(f"packed weight of {rows} x {columns} values does not fit its "
+                             f"{groups.numel()} group indices, zero points "
+                             f"{None if zeros is None else tuple(zeros.shape)} and scales "
+                             f"{tuple(scales.shape)}")
     weight = values.float()
     if zeros is not None:
-        weight = weight - (_unpack_rows(zeros, bits)[:rows] - offset).float()[:, groups]
-    return (weight * scales[:, groups]).to(dtype)
+        weight = weight - zeros[:, :columns][groups].float()
+    return (weight * scales[groups]).t().contiguous().to(dtype)
 
 
 def _fields(packed: torch.Tensor, bits: int) -> torch.Tensor:

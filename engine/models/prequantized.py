@@ -58,20 +58,20 @@ def checkpoint_quantization(config: Any) -> tuple[str, Any] | None:
     method = settings.get("quant_method")
     if method == "mxfp4":
         return "mxfp4", None
-    if method == "fp8" or (method == "compressed-tensors" and _weights(settings, "float", 8)):
+    kinds = _weight_kinds(settings) if method == "compressed-tensors" else set()
+    if method == "fp8" or kinds == {("float", 8)}:
         block = settings.get("weight_block_size")
         return "fp8", (tuple(block) if block else None)
     if method in ("gptq", "awq"):
         return "packed", packed_format(method, settings)
     if method == "compressed-tensors":
-        packed_format_name = settings.get("format")
-        if packed_format_name == "pack-quantized":
-            for bits in (4, 8):
-                if _weights(settings, "int", bits):
-                    return "packed", compressed_format(bits)
-        elif packed_format_name == "int-quantized" and _weights(settings, "int", 8):
+        layout = settings.get("format")
+        if layout == "pack-quantized" and kinds in ({("int", 4)}, {("int", 8)}):
+            return "packed", compressed_format(next(iter(kinds))[1])
+        if layout == "int-quantized" and kinds == {("int", 8)}:
             return "int8", None
-        method = f"compressed-tensors ({packed_format_name} of {_weight_kinds(settings)})"
+        described = ", ".join(sorted(f"{bits}-bit {kind}" for kind, bits in kinds))
+        method = f"compressed-tensors ({layout} of {described or 'no weights'})"
     raise ModelLoadError(
         f"the checkpoint is quantized with {method} (config.json's quantization_config); "
         "tokenmill reads unquantized, FP8, MXFP4, GPTQ, AWQ and compressed-tensors' integer "
@@ -79,21 +79,11 @@ def checkpoint_quantization(config: Any) -> tuple[str, Any] | None:
         "weights")
 
 
-def _weights(settings: dict, kind: str, bits: int) -> bool:
-    """Whether a compressed-tensors config quantizes every weight group to `bits`-bit
-    numbers of `kind` ("float" or "int")."""
+def _weight_kinds(settings: dict) -> set[tuple[Any, Any]]:
+    """The (type, num_bits) pairs a compressed-tensors config quantizes its weight groups to:
+    ("float", 8) for FP8, ("int", 4) for W4A16, ..."""
     groups = (settings.get("config_groups") or {}).values()
-    weights = [group.get("weights") or {} for group in groups]
-    return bool(weights) and all(w.get("type") == kind and w.get("num_bits") == bits
-                                 for w in weights)
-
-
-def _weight_kinds(settings: dict) -> str:
-    """A compressed-tensors config's weight groups, as "4-bit int" and the like."""
-    groups = (settings.get("config_groups") or {}).values()
-    kinds = sorted({f"{w.get('num_bits')}-bit {w.get('type')}"
-                    for w in (group.get("weights") or {} for group in groups)})
-    return ", ".join(kinds) or "no weights"
+    return {(w.get("type"), w.get("num_bits")) for w in (g.get("weights") or {} for g in groups)}
 
 
 def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None,

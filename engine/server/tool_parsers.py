@@ -283,24 +283,19 @@ class DeepSeekV3ToolParser:
     fenced = True
 
     def parse(self, text: str, final: bool) -> Parse:
-        first = text.find(self.START)
-        if first < 0:
-            return _content_only(text, self.START, final)
-        calls = []
-        for block in text[first:].split(self.CALL)[1:]:
-            head, sep, rest = block.partition(self.SEP)
-            if not sep:
-                break  # the name (V3.1) or the call's type (V3) may still be growing
-            body, closed = rest.partition(self.CALL_END)[0], self.CALL_END in rest
-            ended = closed or final
-            if not ended:
-                body = body[:len(body) - partial_marker_length(body, (self.CALL_END,))]
-            call = self._fenced(body, ended) if self.fenced else \
-                ToolCallText(head.strip(_WS) or None, body.strip(_WS))
-            if call.name is None:
-                break
-            calls.append(call)
-        return Parse(text[:first], calls)
+        return _tagged_calls(text, self.CALL, final, self._call, section=self.START)
+
+    def _call(self, block: str, final: bool) -> ToolCallText | None:
+        head, sep, rest = block.partition(self.SEP)
+        if not sep:
+            return None  # the name (V3.1) or the call's type (V3) may still be growing
+        body, closed = rest.partition(self.CALL_END)[0], self.CALL_END in rest
+        ended = closed or final
+        if not ended:
+            body = body[:len(body) - partial_marker_length(body, (self.CALL_END,))]
+        call = self._fenced(body, ended) if self.fenced else \
+            ToolCallText(head.strip(_WS) or None, body.strip(_WS))
+        return None if call.name is None else call
 
     def _fenced(self, body: str, ended: bool) -> ToolCallText:
         """NAME, a line break, then ```json, the arguments and ```."""
@@ -382,11 +377,7 @@ class MiniMaxM2ToolParser(Qwen3CoderToolParser):
     PARAMETER, PARAMETER_END = '<parameter name="', "</parameter>"
 
     def parse(self, text: str, final: bool) -> Parse:
-        first = text.find(self.START)
-        if first < 0:
-            return _content_only(text, self.START, final)
-        return Parse(text[:first], _tagged_calls(text[first:], self.INVOKE, final,
-                                                 self._call).calls)
+        return _tagged_calls(text, self.INVOKE, final, self._call, section=self.START)
 
     def _call(self, block: str, final: bool) -> ToolCallText | None:
         body, closed = block.partition(self.INVOKE_END)[0], self.INVOKE_END in block
@@ -404,13 +395,16 @@ class MiniMaxM2ToolParser(Qwen3CoderToolParser):
 
 
 def _tagged_calls(text: str, start: str, final: bool,
-                  call_of: Callable[[str, bool], ToolCallText | None]) -> Parse:
-    """A reply whose calls each open with `start`: the content is the text before the first;
+                  call_of: Callable[[str, bool], ToolCallText | None],
+                  section: str | None = None) -> Parse:
+    """A reply whose calls each open with `start`, all after `section` where the format opens
+    a section of calls (else after the first start): the content is the text before it;
     `call_of(block, final)` reads the text after each start (None: no call there yet, which
     ends the list)."""
-    first = text.find(start)
+    opening = section or start
+    first = text.find(opening)
     if first < 0:
-        return _content_only(text, start, final)
+        return _content_only(text, opening, final)
     calls = []
     for block in text[first:].split(start)[1:]:
         call = call_of(block, final)
