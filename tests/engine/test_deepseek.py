@@ -15,6 +15,7 @@ from model_support import (
     greedy_with_hf_logprobs,
     hf_greedy,
     hf_logprobs,
+    hf_reference,
     mixed_prompts,
 )
 
@@ -41,11 +42,7 @@ def _greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def reference(deepseek_dir) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(deepseek_dir, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None  # as ignore_eos
-    return model
+    return hf_reference(deepseek_dir)
 
 
 @pytest.fixture(scope="module")

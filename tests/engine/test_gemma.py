@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_support import greedy_three_ways, hf_greedy, make_random_model, mixed_prompts
+from model_support import (
+    greedy_three_ways,
+    hf_greedy,
+    hf_reference,
+    make_random_model,
+    mixed_prompts,
+)
 
 from tokenmill.engine import LLM, SamplingParams
 from tokenmill.engine.models.architecture import activation_of, layer_window_of
@@ -65,12 +71,7 @@ def _greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
 
 
 def _reference(directory: str):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32,
-                                                 attn_implementation="eager").eval()
-    model.generation_config.eos_token_id = None  # as ignore_eos
-    return model
+    return hf_reference(directory, attn_implementation="eager")
 
 
 @pytest.fixture(scope="module")

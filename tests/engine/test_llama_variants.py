@@ -16,7 +16,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_support import greedy_three_ways, hf_greedy, make_random_model, mixed_prompts
+from model_support import (
+    greedy_three_ways,
+    hf_greedy,
+    hf_reference,
+    make_random_model,
+    mixed_prompts,
+)
 
 from tokenmill.engine import LLM, SamplingParams
 from tokenmill.engine.contract.config import ConfigError
@@ -64,11 +70,7 @@ def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
 
 
 def _reference(directory: str):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None  # as ignore_eos
-    return model
+    return hf_reference(directory)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 from lora_support import Adapter, make_adapter, peft_greedy
-from model_support import greedy_with_hf_logprobs, hf_greedy, make_random_model, mixed_prompts
+from model_support import (
+    greedy_with_hf_logprobs,
+    hf_greedy,
+    hf_reference,
+    make_random_model,
+    mixed_prompts,
+)
 from safetensors.torch import load_file, save_file
 
 from tokenmill.engine import LLM, SamplingParams
@@ -124,11 +130,7 @@ def _greedy(llm: LLM, prompts: list[list[int]], **kwargs) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def reference(moe_dir):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(moe_dir, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None  # as ignore_eos
-    return model
+    return hf_reference(moe_dir)
 
 
 @pytest.fixture(scope="module")

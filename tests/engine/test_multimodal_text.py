@@ -11,7 +11,13 @@ import os
 
 import pytest
 import torch
-from model_support import hf_greedy, make_random_model, mixed_prompts, update_config_json
+from model_support import (
+    hf_greedy,
+    hf_reference,
+    make_random_model,
+    mixed_prompts,
+    update_config_json,
+)
 from safetensors.torch import load_file, save_file
 
 from tokenmill.engine import LLM, SamplingParams
@@ -83,11 +89,7 @@ def _make(directory: str, config, tokenizer) -> str:
 
 
 def _expected(directory: str, prompts: list[list[int]]) -> list[list[int]]:
-    from transformers import AutoModelForImageTextToText
-
-    model = AutoModelForImageTextToText.from_pretrained(
-        directory, dtype=torch.float32, attn_implementation="eager").eval()
-    model.generation_config.eos_token_id = None  # as ignore_eos
+    model = hf_reference(directory, "AutoModelForImageTextToText", attn_implementation="eager")
     return [hf_greedy(model, p, MAX_NEW) for p in prompts]
 
 

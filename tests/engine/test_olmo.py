@@ -13,11 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import torch
 from model_support import (
     greedy_three_ways,
     hf_greedy,
     hf_logprobs,
+    hf_reference,
     make_random_model,
     mixed_prompts,
 )
@@ -53,14 +53,10 @@ def _config(kind: str, vocab: int):
 def olmo(request, tmp_path_factory, vocab_tokenizer) -> tuple[str, list[list[int]], Any]:
     """The checkpoint (its norms drawn, so each one's weight matters), transformers' greedy
     continuations of the mixed prompts, and its model."""
-    from transformers import AutoModelForCausalLM
-
     directory = make_random_model(str(tmp_path_factory.mktemp(request.param)),
                                   _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
                                   draw_norms=True)
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32,
-                                                 attn_implementation="eager").eval()
-    model.generation_config.eos_token_id = None
+    model = hf_reference(directory, attn_implementation="eager")
     return (directory, [hf_greedy(model, p, MAX_NEW) for p in mixed_prompts(vocab_tokenizer)],
             model)
 

@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from model_support import greedy_three_ways, hf_greedy, make_random_model, mixed_prompts
+from model_support import (
+    greedy_three_ways,
+    hf_greedy,
+    hf_reference,
+    make_random_model,
+    mixed_prompts,
+)
 from safetensors import safe_open
 
 from tokenmill.engine import LLM, SamplingParams
@@ -45,11 +51,7 @@ def phi3_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
 
 @pytest.fixture(scope="module")
 def expected(phi3_dir, vocab_tokenizer) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(phi3_dir, dtype=torch.float32,
-                                                 attn_implementation="eager").eval()
-    model.generation_config.eos_token_id = None  # as ignore_eos
+    model = hf_reference(phi3_dir, attn_implementation="eager")
     return [hf_greedy(model, p, MAX_NEW) for p in mixed_prompts(vocab_tokenizer)]
 
 
@@ -132,11 +134,7 @@ def _write_rope_as_the_hub_does(directory: str, rope_scaling: dict) -> None:
 
 
 def _hf_greedy_of(directory: str, prompts: list[list[int]]) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32,
-                                                 attn_implementation="eager").eval()
-    model.generation_config.eos_token_id = None
+    model = hf_reference(directory, attn_implementation="eager")
     return [hf_greedy(model, p, MAX_NEW) for p in prompts]
 
 

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 import torch
-from model_support import hf_greedy, mixed_prompts
+from model_support import hf_greedy, hf_reference, mixed_prompts
 from process_support import download_command
 from safetensors.torch import load_file, save_file
 from store_support import BUCKET, hub_serving, s3_client, upload_directory
@@ -60,10 +60,7 @@ def mistral_style_dir(tmp_path_factory, tiny_llama_dir) -> str:
 
 @pytest.fixture(scope="module")
 def expected(tiny_llama_dir, vocab_tokenizer) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None
+    model = hf_reference(tiny_llama_dir)
     return [hf_greedy(model, p, MAX_NEW) for p in mixed_prompts(vocab_tokenizer)]
 
 

@@ -309,14 +309,36 @@ WEATHER = {"get_weather": {"name": "get_weather", "parameters": {"type": "object
     "units": {"type": "object"}}}}}
 
 
-def test_qwen3_coder_values_take_their_schemas_types():
+MINIMAX_M2_TWO_CALLS = (
+    "Checking both.\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n"
+    "<parameter name=\"city\">New York</parameter>\n<parameter name=\"days\">3</parameter>\n"
+    "<parameter name=\"zip\">10001</parameter>\n"
+    "<parameter name=\"units\">{\"temp\": \"C\"}</parameter>\n</invoke>\n"
+    "<invoke name=\"get_time\">\n</invoke>\n</minimax:tool_call>")
+# The formats that type each argument by the request's schema, and a reply in each.
+SCHEMA_TYPED = [(Qwen3CoderToolParser, QWEN3_CODER_TWO_CALLS),
+                (MiniMaxM2ToolParser, MINIMAX_M2_TWO_CALLS)]
+
+
+@pytest.mark.parametrize(("parser", "text"), SCHEMA_TYPED)
+def test_schema_typed_values_take_their_schemas_types(parser, text):
     """"10001" is a string where the schema says so, 3 an integer; streamed in every split,
-    the same content and calls as the whole reply."""
-    content, calls = assert_stream_matches(Qwen3CoderToolParser(WEATHER), QWEN3_CODER_TWO_CALLS)
+    the same content and calls as the whole reply (MiniMax-M2's: two invokes in one
+    tool_call block)."""
+    content, calls = assert_stream_matches(parser(WEATHER), text)
     assert content == "Checking both.\n"
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
         ("get_weather", {"city": "New York", "days": 3, "zip": "10001", "units": {"temp": "C"}}),
         ("get_time", {})]
+
+
+@pytest.mark.parametrize(("parser", "text"), SCHEMA_TYPED)
+def test_schema_typed_arguments_grow_a_parameter_at_a_time(parser, text):
+    _, calls, deltas = streamed(parser(WEATHER), list(text))
+    first = [d["function"]["arguments"] for d in deltas if d["index"] == 0]
+    assert first == ["{", '"city": "New York"', ', "days": 3', ', "zip": "10001"',
+                     ', "units": {"temp": "C"}', "}"]
+    assert calls[1]["arguments"] == "{}"
 
 
 def test_qwen3_coder_without_a_schema_reads_json_where_it_parses():
@@ -325,44 +347,12 @@ def test_qwen3_coder_without_a_schema_reads_json_where_it_parses():
         "city": "New York", "days": 3, "zip": 10001, "units": {"temp": "C"}}
 
 
-def test_qwen3_coder_arguments_grow_a_parameter_at_a_time():
-    _, calls, deltas = streamed(Qwen3CoderToolParser(WEATHER), list(QWEN3_CODER_TWO_CALLS))
-    first = [d["function"]["arguments"] for d in deltas if d["index"] == 0]
-    assert first == ["{", '"city": "New York"', ', "days": 3', ', "zip": "10001"',
-                     ', "units": {"temp": "C"}', "}"]
-    assert calls[1]["arguments"] == "{}"
-
-
-@pytest.mark.parametrize("text", ["It is sunny.", "a <tool_call", "<function=x>"])
-def test_qwen3_coder_other_replies_are_content(text):
-    assert assert_stream_matches(Qwen3CoderToolParser(), text) == (text, [])
-
-
-MINIMAX_M2_TWO_CALLS = (
-    "Checking both.\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n"
-    "<parameter name=\"city\">New York</parameter>\n<parameter name=\"days\">3</parameter>\n"
-    "<parameter name=\"zip\">10001</parameter>\n"
-    "<parameter name=\"units\">{\"temp\": \"C\"}</parameter>\n</invoke>\n"
-    "<invoke name=\"get_time\">\n</invoke>\n</minimax:tool_call>")
-
-
-def test_minimax_m2_calls_take_their_schemas_types():
-    """Two invokes in one tool_call block; streamed in every split, the same content and
-    calls as the whole reply, "10001" a string where the schema says so."""
-    content, calls = assert_stream_matches(MiniMaxM2ToolParser(WEATHER), MINIMAX_M2_TWO_CALLS)
-    assert content == "Checking both.\n"
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
-        ("get_weather", {"city": "New York", "days": 3, "zip": "10001", "units": {"temp": "C"}}),
-        ("get_time", {})]
-    _, _, deltas = streamed(MiniMaxM2ToolParser(WEATHER), list(MINIMAX_M2_TWO_CALLS))
-    assert [d["function"]["arguments"] for d in deltas if d["index"] == 0] == [
-        "{", '"city": "New York"', ', "days": 3', ', "zip": "10001"', ', "units": {"temp": "C"}',
-        "}"]
-
-
-@pytest.mark.parametrize("text", ["It is sunny.", "a <minimax:tool", "<invoke name=\"x\">"])
-def test_minimax_m2_other_replies_are_content(text):
-    assert assert_stream_matches(MiniMaxM2ToolParser(), text) == (text, [])
+@pytest.mark.parametrize(("parser", "text"), [
+    (Qwen3CoderToolParser, "It is sunny."), (Qwen3CoderToolParser, "a <tool_call"),
+    (Qwen3CoderToolParser, "<function=x>"), (MiniMaxM2ToolParser, "It is sunny."),
+    (MiniMaxM2ToolParser, "a <minimax:tool"), (MiniMaxM2ToolParser, "<invoke name=\"x\">")])
+def test_schema_typed_formats_other_replies_are_content(parser, text):
+    assert assert_stream_matches(parser(), text) == (text, [])
 
 
 GLM45_TWO_CALLS = (
