@@ -229,9 +229,12 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
                              "steps, whatever the context length.")
     parser.add_argument("--limit-mm-per-prompt", type=_mm_limits, default=None,
                         metavar="JSON",
-                        help="Accepted for vLLM's command lines with every modality at 0 "
-                             "('{\"image\": 0}' or image=0): a multimodal checkpoint's "
-                             "language model is served text only.")
+                        help="vLLM's: images a prompt may carry ('{\"image\": 4}'; default: "
+                             "any number that fits the context); image 0 serves the model "
+                             "text only. Other modalities (video, audio) must be 0.")
+    parser.add_argument("--allowed-local-media-path", default=None, metavar="DIR",
+                        help="vLLM's: file:// image URLs are read from under this directory "
+                             "(default: none are).")
     parser.add_argument("--guided-decoding-backend", choices=("auto", "xgrammar"),
                         default="auto", help="Accepted for vLLM's command lines: structured "
                                              "outputs always run on xgrammar.")
@@ -288,12 +291,17 @@ def check_server_flags(args: argparse.Namespace) -> None:
              "run more replicas (the operator's replicas and autoscaling)")):
         if size != 1:
             raise ConfigError(flag, f"{size} is not supported; {how}")
-    opened = {kind: n for kind, n in (args.limit_mm_per_prompt or {}).items() if n != 0}
+    opened = {kind: n for kind, n in (args.limit_mm_per_prompt or {}).items()
+              if n != 0 and kind != "image"}
     if opened:
         kind, n = next(iter(opened.items()))
         raise ConfigError("--limit-mm-per-prompt", f"{kind}: {n} is not supported; tokenmill "
-                                                   "serves a multimodal checkpoint's language "
-                                                   "model, text only (set every modality to 0)")
+                                                   "reads text and images (set every other "
+                                                   "modality to 0)")
+    if args.allowed_local_media_path is not None and \
+            not os.path.isdir(args.allowed_local_media_path):
+        raise ConfigError("--allowed-local-media-path", f"{args.allowed_local_media_path} is "
+                                                        "not a directory")
     if args.ssl_cert_reqs and args.ssl_keyfile is None:
         raise ConfigError("--ssl-cert-reqs", "client certificates need HTTPS (--ssl-keyfile "
                                              "and --ssl-certfile)")

@@ -18,6 +18,7 @@ from tokenmill.engine.contract.pooling import TASK_LACKS, TASK_SERVED, Pooler
 from tokenmill.engine.contract.server_flags import GENERATION_CONFIG_KEYS
 from tokenmill.engine.core.detokenizer import IncrementalDetokenizer
 from tokenmill.engine.core.errors import LoRAAdapterError, RequestError, UnknownAdapterError
+from tokenmill.engine.core.images import ImageInput, ImageSpan, PromptImages
 from tokenmill.engine.core.kv_cache import KVCacheManager, KVCacheStats
 from tokenmill.engine.core.lora_registry import LoRARegistry
 from tokenmill.engine.core.lora_slots import LoRARef
@@ -51,6 +52,12 @@ from tokenmill.engine.models.architecture import (
     flags_of,
     is_bare_decoder,
 )
+from tokenmill.engine.models.images import (
+    image_processor,
+    image_token_id,
+    reads_images,
+    tokens_per_image,
+)
 from tokenmill.engine.models.loader import check_tokenizer_fits, load_config, load_tokenizer
 from tokenmill.engine.models.pooler_files import embedding_checkpoint, model_pooler
 from tokenmill.engine.models.quantize import step_weight_bytes, weight_bytes
@@ -70,6 +77,7 @@ class _Request:
     cache_salt: str | None = None  # the caller's, with the adapter's folded in
     finished: bool = False
     lora: LoRARef | None = None
+    images: list[ImageSpan] = dataclasses.field(default_factory=list)
 
 
 class LLMEngine:
@@ -122,9 +130,11 @@ class LLMEngine:
         log.info("loading model", extra={"model": config.model, "device": str(self.device),
                                          "dtype": str(self.dtype), "tensor_parallel": tp_size,
                                          "runner": self.runner_kind})
+        reads = self.pooler is None and reads_images(self.model_config, source.directory)
         setup = RankSetup(config, source, self.device.type, self.dtype, backend,
                           self.max_model_len, pooling=self.pooler is not None,
-                          head_token_ids=_head_token_ids(self.pooler, self.tokenizer))
+                          head_token_ids=_head_token_ids(self.pooler, self.tokenizer),
+                          images=reads)
         speculative = config.speculative()
         if speculative is not None:
             speculative = speculative.on_device(self.device.type)
@@ -146,6 +156,11 @@ class LLMEngine:
             raise
         if self.workers is not None:
             self.runner.on_step = self.workers.send_step
+        # How prompts carry images, for a checkpoint that reads them (None: text only).
+        self.images = PromptImages(
+            image_processor(source.directory), image_token_id(self.model_config),
+            tokens_per_image(self.model_config), self.runner.encode_images,
+            rows_on_host=tp_size > 1) if reads else None
         self._download_seconds = source.download_seconds
         log.info("model loaded", extra={"model": config.model, **self._load_log_fields()})
         num_blocks = self.runner.num_blocks
@@ -236,7 +251,7 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: str | list[int],
                     params: SamplingParams | None = None, cache_salt: str | None = None,
                     lora_name: str | None = None, pooling: PoolingParams | None = None,
-                    priority: int = 0) -> None:
+                    priority: int = 0, images: list[Any] | None = None) -> None:
         """Queue a request. Raises RequestError (and changes nothing) if it can never be served,
         UnknownAdapterError if `lora_name` names no loaded adapter.
 
@@ -248,6 +263,9 @@ class LLMEngine:
 
         Requests with different cache_salt never share prefix-cache blocks (tenant isolation),
         nor do requests of different adapters (or of the base model and an adapter).
+
+        `images` (PIL images, or prepare_images' ImageInputs) go where the prompt holds the
+        model's image placeholder token: one per image, expanded here, or already expanded.
         """
         # An embedding's sequence samples nothing; one token of room keeps the scheduler's
         # bookkeeping that of any prompt.
@@ -257,35 +275,63 @@ class LLMEngine:
             raise RequestError(f"request id {request_id!r} is already in use")
         self.check_priority(priority)
         lora = self.lora_ref(lora_name)
-        text, token_ids = self.check_request(prompt, params if pooling is None else None,
-                                             pooling=pooling)
+        text, token_ids, spans = self._checked(prompt, params if pooling is None else None,
+                                               pooling, images)
         if lora is not None:
             cache_salt = f"{cache_salt or ''}\x00{lora.cache_salt}"
         timings = RequestTimings()
-        seq = self._new_sequence(request_id, 0, token_ids, params, timings, cache_salt, lora)
+        seq = self._new_sequence(request_id, 0, token_ids, params, timings, cache_salt, lora,
+                                 spans)
         seq.priority = priority
         if pooling is not None:
             seq.pooling = SequencePooling(self.pooler, pooling)
         self._requests[request_id] = _Request(request_id, text, token_ids, params, timings, [seq],
-                                              cache_salt, lora=lora)
+                                              cache_salt, lora=lora, images=spans)
         self.scheduler.add(seq)
 
     def check_request(self, prompt: str | list[int], params: SamplingParams | None,
                       lora_name: str | None = None,
-                      pooling: PoolingParams | None = None) -> tuple[str | None, list[int]]:
+                      pooling: PoolingParams | None = None,
+                      images: list[Any] | None = None) -> tuple[str | None, list[int]]:
         """Tokenize and validate without queueing; raises RequestError for what can't run.
-        An embedding (`pooling`) has no `params`: its prompt alone must fit."""
+        An embedding (`pooling`) has no `params`: its prompt alone must fit. The token ids
+        returned hold each image's placeholders expanded."""
         self.lora_ref(lora_name)
+        return self._checked(prompt, params, pooling, images)[:2]
+
+    def _checked(self, prompt: str | list[int], params: SamplingParams | None,
+                 pooling: PoolingParams | None, images: list[Any] | None,
+                 ) -> tuple[str | None, list[int], list[ImageSpan]]:
         self._check_runner(pooling)
         text, token_ids = self._tokenize(prompt)
+        token_ids, spans = self._place_images(token_ids, images)
         if pooling is not None:
             pooling.check(self.model_config.hidden_size)
             self._check_token_types(pooling.token_type_ids, len(token_ids))
             self._check_fits(token_ids)
-            return text, token_ids
+            return text, token_ids, spans
         self._check_fits(token_ids, params.n, params.max_tokens)
         self._check_sampling(params)
-        return text, token_ids
+        return text, token_ids, spans
+
+    def prepare_images(self, images: list[Any]) -> list[ImageInput]:
+        """Images as the model's processor prepares them (thread-safe: a server runs it off
+        the engine's thread); RequestError for an image that cannot be read, or a model that
+        reads no images."""
+        if self.images is None:
+            raise RequestError(f"this model ({self._model_kind()}) reads text only: a prompt "
+                               "cannot carry images", param="images")
+        return self.images.prepare(images)
+
+    def _place_images(self, token_ids: list[int], images: list[Any] | None,
+                      ) -> tuple[list[int], list[ImageSpan]]:
+        if not images:
+            return token_ids, []
+        return self.images.place(token_ids, self.prepare_images(images))
+
+    def _model_kind(self) -> str:
+        outer = getattr(self.model_config, "multimodal", None)
+        return f"{outer}'s language model" if outer else architecture_of(self.model_config)
 
     def _check_token_types(self, types: tuple[int, ...] | None, length: int) -> None:
         """RequestError for token types the model does not read, or that do not match the
@@ -452,6 +498,8 @@ class LLMEngine:
         if not plan.scheduled:
             return []
         try:
+            if self.images is not None:
+                self.images.encode_for_step(plan.scheduled)
             inputs = build_step_inputs(plan.scheduled, self.config.block_size,
                                        block_copies=plan.block_copies,
                                        transfers=(plan.kv_to_host, plan.kv_to_device),
@@ -474,6 +522,8 @@ class LLMEngine:
                 continue
             seq.num_computed_tokens += num_new
             self.kv.cache_computed_blocks(seq)
+            if seq.images:
+                PromptImages.release_computed(seq.images, seq.num_computed_tokens)
             if seq.pooling is not None:  # no logit row
                 if seq.num_computed_tokens == seq.num_tokens:
                     embedded.append(seq)
@@ -535,7 +585,7 @@ class LLMEngine:
         members = [seq]
         for index in range(1, req.params.n):
             child = self._new_sequence(req.request_id, index, req.prompt_token_ids, req.params,
-                                       req.timings, req.cache_salt, req.lora)
+                                       req.timings, req.cache_salt, req.lora, req.images)
             child.num_computed_tokens = seq.num_computed_tokens
             child.priority = seq.priority
             child.prompt_logprobs = seq.prompt_logprobs  # scored once, by the first
@@ -547,7 +597,8 @@ class LLMEngine:
 
     def _new_sequence(self, request_id: str, index: int, token_ids: list[int],
                       params: SamplingParams, timings: RequestTimings,
-                      cache_salt: str | None, lora: LoRARef | None = None) -> Sequence:
+                      cache_salt: str | None, lora: LoRARef | None = None,
+                      images: list[ImageSpan] | None = None) -> Sequence:
         generator = None
         if not params.greedy and params.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(params.seed + index * 7919)
@@ -557,6 +608,7 @@ class LLMEngine:
         seq = Sequence(next(self._seq_ids), request_id, index, token_ids, params, generator,
                        detok, timings, cache_salt, constraint, lora)
         seq.bad_word_ids = self._bad_word_ids(params.bad_words or [])
+        seq.images = images or []
         return seq
 
     def _bad_word_ids(self, words: list[str]) -> list[list[int]]:

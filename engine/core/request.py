@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from tokenmill.engine.core.detokenizer import IncrementalDetokenizer
+from tokenmill.engine.core.images import cache_token_ids
 from tokenmill.engine.core.prompt_logprobs import new_prompt_logprobs
 from tokenmill.engine.core.sampling_params import SamplingParams
 
@@ -99,6 +100,13 @@ class Sequence:
         # for generation. Its embedding, once the whole prompt is computed.
         self.pooling: Any = None
         self.embedding: list[float] | None = None
+        # The prompt's images (images.ImageSpan), in order; shared by a request's sequences.
+        self.images: list[Any] = []
+
+    def cache_token_ids(self) -> list[int]:
+        """The ids the prefix cache keys this sequence by: its tokens, each image's
+        placeholders replaced by that image's key (images.cache_token_ids)."""
+        return cache_token_ids(self.token_ids, self.images)
 
     @property
     def token_ids(self) -> list[int]:

@@ -1,9 +1,11 @@
 """The scheduler's step as plain data for the execution layer: each scheduled sequence's new
 tokens, positions, KV slots and block table, the rows that score prompt tokens, and the rows
-embeddings pool (an embedding's rows sample nothing: no logits)."""
+embeddings pool (an embedding's rows sample nothing: no logits), and the image encoder's rows
+that replace a prompt's image placeholders."""
 
 from __future__ import annotations
 
+from tokenmill.engine.core.images import rows_in_step
 from tokenmill.engine.core.pooling import pooled_rows
 from tokenmill.engine.core.prompt_logprobs import rows_to_score
 from tokenmill.engine.core.request import Sequence
@@ -33,6 +35,8 @@ def build_step_inputs(scheduled: list[tuple[Sequence, int]], block_size: int,
         inputs.add_sequence(seq.token_slice(start, start + num_new), start, seq.block_table,
                             block_size, num_logits=0 if seq.pooling is not None else 1,
                             lora_slot=seq.lora_slot)
+        if seq.images:
+            inputs.image_rows += rows_in_step(seq.images, start, start + num_new, first_row)
         rows = pooled_rows(seq, num_new)
         if rows is not None:
             inputs.pool_spans.append((first_row + rows[0], first_row + rows[1]))

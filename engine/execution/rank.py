@@ -20,6 +20,7 @@ from tokenmill.engine.execution.profile_run import CudaMemory, profile_memory
 from tokenmill.engine.execution.runner import ModelRunner
 from tokenmill.engine.execution.startup_phases import StartupPhases
 from tokenmill.engine.models.architecture import encoder_of, moe_shape_of
+from tokenmill.engine.models.images import build_image_encoder
 from tokenmill.engine.models.loader import build_model
 from tokenmill.engine.models.source import ModelSource
 
@@ -39,6 +40,7 @@ class RankSetup:
     pooling: bool = False  # the embedding runner: no LM head of its own, no decode steps
     # A classifier's head made of these tokens' LM-head rows (vLLM's classifier_from_token).
     head_token_ids: tuple[int, ...] = ()
+    images: bool = False  # the checkpoint reads images: rank 0 builds its image encoder
 
 
 def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: TPGroup,
@@ -65,6 +67,8 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
         lora = LoRASlots(model, config.max_loras, config.max_lora_rank,
                          config.cpu_lora_capacity, setup.attention_backend) \
             if config.enable_lora else None
+        image_encoder = build_image_encoder(model_config, setup.source, setup.dtype, device) \
+            if setup.images and tp.rank == 0 else None
     if encoder_of(model_config) is not None:
         return _encoder_runner(setup, model, device, phases)
     layout = KVCacheLayout.for_model(model_config, config.block_size, setup.dtype,
@@ -90,6 +94,7 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
         runner = ModelRunner(model, num_blocks, layout, device,
                              attention_backend=setup.attention_backend,
                              num_host_blocks=host_blocks, lora=lora)
+        runner.image_encoder = image_encoder
     phases.seconds["graph_capture"] = 0.0
     if graphs_wanted(device.type, setup.attention_backend, config.enforce_eager,
                      moe_shape_of(model_config) is not None) and not setup.pooling:

@@ -56,6 +56,14 @@ class ModelRunner:
         self.pooled: torch.Tensor | None = None
         # Seconds of each start-up phase on this rank, set by build_runner (rank.py).
         self.startup_seconds: dict[str, float] = {}
+        # The image encoder of a checkpoint that reads images (models/images.py), rank 0's.
+        self.image_encoder: torch.nn.Module | None = None
+
+    @torch.inference_mode()
+    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The image encoder's rows [images, tokens per image, hidden] for pixel values
+        [images, 3, H, W]."""
+        return self.image_encoder(pixels.to(self.device))
 
     def _layer_view(self, layer: int) -> KVLayer:
         """K and V of one layer; one plane (latent attention) is both."""
@@ -133,7 +141,8 @@ class ModelRunner:
         decode_only = all(n == 1 for n in inputs.query_lens) and \
             all(n == 1 for n in inputs.num_logits)
         hidden = last_rows = None
-        if not inputs.all_logits and not inputs.prompt_rows.rows and not inputs.pool_spans:
+        if not (inputs.all_logits or inputs.prompt_rows.rows or inputs.pool_spans
+                or inputs.image_rows):
             graphs = self.graphs if decode_only else self.verify_graphs
             if graphs is not None:
                 hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.slots,
@@ -149,6 +158,8 @@ class ModelRunner:
                                          self.attention_backend)
             typed = {} if not inputs.token_types else {"token_types": torch.tensor(
                 inputs.token_types, dtype=torch.long, device=self.device)}
+            if inputs.image_rows:
+                typed["image_rows"] = inputs.image_rows
             hidden = self.model(views.input_ids, views.positions, self.kv_caches, meta,
                                 **typed)
             last_rows = views.query_start[1:] - 1

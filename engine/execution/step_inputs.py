@@ -4,6 +4,7 @@ every tensor-parallel rank as is). Nothing here knows requests or sequences."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 def slot_index(block_table: list[int], position: int, block_size: int) -> int:
@@ -50,6 +51,9 @@ class StepInputs:
     # Each token row's type (BERT's segments of a scored pair); empty where no sequence of
     # the step has types (all 0).
     token_types: list[int] = field(default_factory=list)
+    # (flat row, rows [n, hidden]) of prompt images: the image encoder's rows replace the
+    # embeddings of n placeholder tokens from that row on.
+    image_rows: list[tuple[int, Any]] = field(default_factory=list)
 
     def add_sequence(self, token_ids: list[int], start: int, block_table: list[int],
                      block_size: int, num_logits: int = 1, lora_slot: int = -1) -> None:

@@ -66,9 +66,10 @@ class AsyncEngine:
                           cache_salt: str | None = None,
                           lora_name: str | None = None,
                           pooling: PoolingParams | None = None,
-                          priority: int = 0) -> RequestStream:
+                          priority: int = 0, images: list[Any] | None = None) -> RequestStream:
         """Hand a request to the engine; return its output stream once it is admitted.
-        An embedding request (the pooling runner) gives `pooling` and no `params`.
+        An embedding request (the pooling runner) gives `pooling` and no `params`; `images`
+        are the prompt's (LLMEngine.prepare_images' output, made off the engine's thread).
 
         Raises what the engine raised for a request it can't serve (RequestError,
         UnknownAdapterError for a `lora_name` not loaded, ...).
@@ -81,7 +82,7 @@ class AsyncEngine:
         with self._lock:
             self._pending_adds += 1
         self._send(("add", request_id, prompt, params, cache_salt, lora_name, pooling,
-                    priority))
+                    priority, images))
         try:
             await stream.admitted
         except BaseException:
@@ -191,12 +192,13 @@ class AsyncEngine:
             if command[0] == "call":
                 self._run_call(*command[1:])
             elif command[0] == "add":
-                _, request_id, prompt, params, cache_salt, lora_name, pooling, priority = command
+                (_, request_id, prompt, params, cache_salt, lora_name, pooling, priority,
+                 images) = command
                 try:
                     with self._lock:
                         self._pending_adds -= 1
                         self.engine.add_request(request_id, prompt, params, cache_salt,
-                                                lora_name, pooling, priority)
+                                                lora_name, pooling, priority, images)
                 except Exception as exc:  # a bad request fails alone
                     self._deliver(request_id, exc, admission=True)
                 else:

@@ -28,6 +28,9 @@ from tokenmill.engine.core import (
 )
 
 Prompt = str | list[int]
+# vLLM's prompt with images: {"prompt": str} or {"prompt_token_ids": [...]}, and
+# "multi_modal_data": {"image": a PIL image or a list of them}.
+PromptDict = dict[str, Any]
 Message = dict[str, Any]
 
 
@@ -54,32 +57,52 @@ class LLM:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-    def generate(self, prompts: Prompt | Sequence[Prompt],
+    def generate(self, prompts: Prompt | PromptDict | Sequence[Prompt | PromptDict],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = False,
                  lora: str | Sequence[str | None] | None = None,
                  priority: Sequence[int] | None = None) -> list[RequestOutput]:
-        """Results come back in input order. A prompt is a string or a list of token ids.
+        """Results come back in input order. A prompt is a string or a list of token ids, or
+        vLLM's dict of either with `multi_modal_data`'s images (the model's image placeholder
+        token in the prompt, once per image).
         `lora` names the LoRA adapter of every prompt, or gives one per prompt (None: the base
         model). `priority` gives one per prompt (lower first; needs
         scheduling_policy="priority"), as vLLM's LLM.generate takes it.
 
         Every prompt is checked before any runs: one bad prompt raises and none is queued.
         """
-        batch = _as_prompt_list(prompts)
+        pairs = [self._with_images(prompt) for prompt in _as_prompt_list(prompts)]
+        batch, images = [prompt for prompt, _ in pairs], [pics for _, pics in pairs]
         params_list = _as_params_list(sampling_params, len(batch))
         loras = _as_lora_list(lora, len(batch))
         priorities = [0] * len(batch) if priority is None else list(priority)
         if len(priorities) != len(batch):
             raise ValueError(f"{len(priorities)} priorities for {len(batch)} prompts")
-        for prompt, p, name, rank in zip(batch, params_list, loras, priorities, strict=True):
+        for prompt, p, name, rank, pictures in zip(batch, params_list, loras, priorities, images,
+                                                   strict=True):
             self.engine.check_priority(rank)
-            self.engine.check_request(prompt, p, name)
+            self.engine.check_request(prompt, p, name, images=pictures)
         ids = [f"offline-{next(self._ids)}" for _ in batch]
-        for request_id, prompt, p, name, rank in zip(ids, batch, params_list, loras, priorities,
-                                                     strict=True):
-            self.engine.add_request(request_id, prompt, p, lora_name=name, priority=rank)
+        for request_id, prompt, p, name, rank, pictures in zip(
+                ids, batch, params_list, loras, priorities, images, strict=True):
+            self.engine.add_request(request_id, prompt, p, lora_name=name, priority=rank,
+                                    images=pictures)
         return self._run(ids, "Generating", use_tqdm)
+
+    def _with_images(self, prompt: Prompt | PromptDict) -> tuple[Prompt, list[Any] | None]:
+        """A prompt and its images, prepared once (a dict prompt's multi_modal_data)."""
+        if not isinstance(prompt, dict):
+            return prompt, None
+        data = dict(prompt.get("multi_modal_data") or {})
+        image = data.pop("image", None)
+        if data:
+            raise ValueError(f"multi_modal_data: {sorted(data)} not supported; images only")
+        text = prompt.get("prompt_token_ids", prompt.get("prompt"))
+        if text is None:
+            raise ValueError("a dict prompt needs 'prompt' or 'prompt_token_ids'")
+        if image is None:
+            return text, None
+        return text, self.engine.prepare_images(image if isinstance(image, list) else [image])
 
     def embed(self, prompts: Prompt | Sequence[Prompt],
               pooling_params: PoolingParams | None = None,
@@ -200,10 +223,12 @@ class LLM:
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str):
         return [prompts]
+    if isinstance(prompts, dict):
+        return [prompts]
     prompts = list(prompts)
     if prompts and all(isinstance(t, int) for t in prompts):
         return [prompts]
-    return [p if isinstance(p, str) else list(p) for p in prompts]
+    return [p if isinstance(p, str | dict) else list(p) for p in prompts]
 
 
 def _as_lora_list(lora: str | Sequence[str | None] | None, count: int) -> list[str | None]:

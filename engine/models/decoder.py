@@ -262,12 +262,16 @@ class DecoderModel(nn.Module):
         return (RotaryEmbedding(head_dim, self.max_positions, full),
                 None if local == full else RotaryEmbedding(head_dim, self.max_positions, local))
 
-    def forward(self, input_ids, positions, kv_caches, meta):
+    def forward(self, input_ids, positions, kv_caches, meta, image_rows=()):
+        """image_rows: (row, rows) pairs whose embeddings an image encoder's output replaces
+        (after any embedding scale: the encoder's rows are the language model's inputs)."""
         x = self.embed_tokens(input_ids)
         if self.embed_scale is not None:
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype).item()
         if self.embed_multiplier is not None:
             x = x * self.embed_multiplier
+        for row, rows in image_rows:
+            x[row:row + rows.shape[0]] = rows.to(device=x.device, dtype=x.dtype)
         rope = self.rotary(positions, x.dtype, meta.backend)
         rope_local = (None if self.rotary_local is None
                       else self.rotary_local(positions, x.dtype, meta.backend))
@@ -308,8 +312,9 @@ class CausalLM(nn.Module):
                                else None)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[KVLayer], meta: AttentionMetadata) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, meta)
+                kv_caches: list[KVLayer], meta: AttentionMetadata,
+                image_rows: list[tuple[int, torch.Tensor]] = ()) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, meta, image_rows)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden).float()

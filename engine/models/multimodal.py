@@ -1,6 +1,7 @@
 """The language model inside a multimodal checkpoint (Gemma 3 4B-27B, Mistral Small 3.1,
 LLaVA, Qwen2.5-VL, Qwen3-VL), served on its own: text in, text out. The vision tower and
-projector are not read; a request with an image part is refused by the server."""
+projector are read only for LLaVA, whose images the engine takes (models/images.py); for the
+others a request with an image part is refused."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def multimodal_architecture(config: Any) -> str | None:
 def language_model_config(config: Any) -> Any:
     """The config the engine runs: a multimodal checkpoint's text config, made a causal model's
     (its architecture from its model type; `multimodal` names where it came from, for the
-    loader), any other config as it is."""
+    loader; `multimodal_config` is the whole checkpoint's, for its image encoder), any other
+    config as it is."""
     outer = multimodal_architecture(config)
     if outer is None:
         return config
@@ -47,6 +49,7 @@ def language_model_config(config: Any) -> Any:
     text.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False)
                                     or getattr(text, "tie_word_embeddings", False))
     text.multimodal = outer
+    text.multimodal_config = config
     return text
 
 

@@ -26,6 +26,7 @@ from tokenmill.engine.frontend.async_engine import RequestStream
 from tokenmill.engine.server.adapters import resolve_model
 from tokenmill.engine.server.content_format import in_content_format
 from tokenmill.engine.server.errors import APIError, client_closed, error_body
+from tokenmill.engine.server.images import request_images
 from tokenmill.engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from tokenmill.engine.server.reasoning import REASONING_PARSERS, ReplyReasoning, RequestedThinking
 from tokenmill.engine.server.rendering import Call, chunk, delta_choice, full_response, sse, usage
@@ -84,6 +85,9 @@ async def chat_call(body: ChatCompletionRequest, state: ServerState,
                        template_kwargs=body.chat_template_kwargs)
     except ValueError as exc:
         raise APIError(400, f"messages: {exc}", param="messages") from exc
+    images = await request_images(body.image_urls(), state)
+    if images:
+        ids = _with_images(state, ids, images, body.truncate_prompt_tokens)
     ids = truncated(ids, body.truncate_prompt_tokens, state)
     max_tokens = body.max_completion_tokens or body.max_tokens or _room(state, [ids])
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
@@ -102,7 +106,21 @@ async def chat_call(body: ChatCompletionRequest, state: ServerState,
                 tools=ReplyToolCalls(plan) if plan.parser is not None else None,
                 reasoning=reasoning, continuous_usage=body.continuous_usage,
                 tokens_as_ids=_tokens_as_ids(body, state), priority=body.priority,
-                return_token_ids=bool(body.return_token_ids), role=_reply_role(body, state))
+                return_token_ids=bool(body.return_token_ids), role=_reply_role(body, state),
+                images=images)
+
+
+def _with_images(state: ServerState, ids: list[int], images: list[Any],
+                 truncate: int | None) -> list[int]:
+    """The prompt with each image's placeholder expanded to the rows it takes; 400 where the
+    placeholders do not match the images, or where truncating would cut them."""
+    if truncate is not None:
+        raise APIError(400, "truncate_prompt_tokens cannot cut a prompt with images",
+                       param="truncate_prompt_tokens")
+    try:
+        return state.engine.engine.images.place(ids, images)[0]
+    except RequestError as exc:
+        raise APIError(400, f"messages: {exc}", param="messages") from exc
 
 
 def _reply_role(body: ChatCompletionRequest, state: ServerState) -> str:
@@ -207,10 +225,17 @@ def chat_ids(state: ServerState, conversation: list[dict[str, Any]],
     """The conversation through the chat template, tokenized (as transformers does with
     tokenize=True: the template writes the special tokens, so none are added by default).
     `template_kwargs` are extra variables of the template (checked by ChatTemplateFields),
-    over the server's --default-chat-template-kwargs."""
+    over the server's --default-chat-template-kwargs.
+
+    ValueError for a message the template rejects, or an image for a model that reads
+    none."""
+    images = any(part.get("type") == "image" for message in conversation
+                 if isinstance(message.get("content"), list) for part in message["content"])
+    conversation = in_content_format(conversation, state.content_format(images),
+                                     state.image_placeholder)
     try:
         text = state.tokenizer.apply_chat_template(
-            in_content_format(conversation, state.content_format()), tools=tools,
+            conversation, tools=tools,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message, tokenize=False,
             chat_template=state.options.chat_template,
@@ -293,7 +318,8 @@ async def start(call: Call, stream: bool, state: ServerState) -> list[RequestStr
     """Admit the call's requests: one request in flight until collect() or chat_chunks()
     ends it."""
     options = {"params": call.params, "cache_salt": call.cache_salt,
-               "lora_name": call.lora_name, "priority": call.priority}
+               "lora_name": call.lora_name, "priority": call.priority,
+               **({"images": call.images} if call.images else {})}
     streams = await start_requests(
         state, [(f"{call.id}-{i}", ids, options) for i, ids in enumerate(call.prompts_ids)],
         "prompt" if call.kind == "completion" else "messages")

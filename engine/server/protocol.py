@@ -186,14 +186,28 @@ class CompletionRequest(SamplingFields):
         return list(p)
 
 
+class ImageURL(RequestModel):
+    model_config = ConfigDict(extra="allow")
+
+    url: str
+    detail: str | None = None  # OpenAI's resolution hint; the model's processor decides
+
+
 class ContentPart(RequestModel):
-    """One part of a message's content list. Only text parts are served: the models here read
-    text, so an image_url or input_audio part is a 400 naming its type."""
+    """One part of a message's content list: text, or an image (OpenAI's image_url part: an
+    http(s) or data: URL) for a model that reads images. Other kinds (input_audio, video_url,
+    file) are a 400 naming their type."""
 
     model_config = ConfigDict(extra="allow")
 
     type: str
     text: str | None = None
+    image_url: ImageURL | str | None = None
+
+    @property
+    def url(self) -> str:
+        """An image part's URL (the object's, or vLLM's bare string)."""
+        return self.image_url if isinstance(self.image_url, str) else self.image_url.url
 
 
 class ChatMessage(RequestModel):
@@ -207,9 +221,11 @@ class ChatMessage(RequestModel):
 
     def template_message(self) -> dict[str, Any]:
         """This message as the chat template sees it (tool calls and results included)."""
-        # Text parts stay parts: content_format.py gives the template the form it reads.
+        # Parts stay parts (an image as {"type": "image"}, as processors' templates read it):
+        # content_format.py gives the template the form it reads.
         content: str | list[dict[str, str]] = (
-            [{"type": "text", "text": part.text or ""} for part in self.content]
+            [{"type": "image"} if part.type == "image_url" else
+             {"type": "text", "text": part.text or ""} for part in self.content]
             if isinstance(self.content, list) else self.content or "")
         message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
                                    "content": content}
@@ -233,13 +249,23 @@ class ChatMessage(RequestModel):
         thought = extra.get("reasoning", extra.get("reasoning_content"))
         return thought if isinstance(thought, str) else None
 
+    def image_urls(self) -> list[str]:
+        """The URLs of this message's images, in order."""
+        parts = self.content if isinstance(self.content, list) else []
+        return [part.url for part in parts if part.type == "image_url"]
+
     @field_validator("content")
     @classmethod
-    def _text_parts_only(cls, content: str | list[ContentPart] | None):
+    def _text_and_image_parts(cls, content: str | list[ContentPart] | None):
         for part in content if isinstance(content, list) else ():
+            if part.type == "image_url":
+                if part.image_url is None:
+                    raise ValueError("a content part of type 'image_url' needs an image_url "
+                                     "field with a url")
+                continue
             if part.type != "text":
                 raise ValueError(f"content part type {part.type!r} is not supported: this "
-                                 "server's model reads text only")
+                                 "server reads text and image_url parts")
             if part.text is None:
                 raise ValueError("a content part of type 'text' needs a text field")
         return content
@@ -291,6 +317,10 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
 
     def conversation(self) -> list[dict[str, Any]]:
         return [m.template_message() for m in self.messages]
+
+    def image_urls(self) -> list[str]:
+        """Every message's images, in the order the prompt holds them."""
+        return [url for message in self.messages for url in message.image_urls()]
 
 
 class TokenizeRequest(ChatTemplateFields):

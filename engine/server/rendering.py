@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from tokenmill.engine.core import CompletionOutput, RequestOutput, SamplingParams
 from tokenmill.engine.server.reasoning import ReplyReasoning
@@ -37,6 +38,7 @@ class Call:
     return_token_ids: bool = False  # vLLM's: prompt and choice token ids in the reply
     role: str = "assistant"  # a chat reply's message role
     priority: int = 0  # under --scheduling-policy priority, lower runs first
+    images: list[Any] = field(default_factory=list)  # a chat prompt's, prepared (ImageInputs)
     created: int = field(default_factory=lambda: int(time.time()))
     sent_text: dict[int, int] = field(default_factory=dict)
     sent_answer: dict[int, int] = field(default_factory=dict)  # under a reasoning parser

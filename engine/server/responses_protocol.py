@@ -23,7 +23,8 @@ from tokenmill.engine.server.protocol import (
     SamplingFields,
 )
 
-# Content part types that carry text; the others (images, files, audio) are refused.
+# Content part types that carry text; besides them input_image is read (an image URL), the
+# others (files, audio) are refused.
 _TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text",
                "refusal": "refusal", "reasoning_text": "text", "summary_text": "text"}
 
@@ -196,7 +197,28 @@ def _message(where: str, item: dict[str, Any]) -> dict[str, Any]:
     if role not in ("user", "assistant", "system", "developer"):
         raise RequestFormatError(f"{where}.role", "must be 'user', 'assistant', 'system' or "
                                  f"'developer', got {role!r}")
-    return {"role": role, "content": _content_text(f"{where}.content", item.get("content"))}
+    content = item.get("content")
+    if isinstance(content, list) and any(isinstance(part, dict) and
+                                         part.get("type") == "input_image" for part in content):
+        return {"role": role, "content": _content_parts(f"{where}.content", content)}
+    return {"role": role, "content": _content_text(f"{where}.content", content)}
+
+
+def _content_parts(where: str, content: list[Any]) -> list[dict[str, Any]]:
+    """Content with images as chat completions' parts: text, and image_url for each
+    input_image (its URL; an uploaded file's id needs stored files, which this server does
+    not keep)."""
+    parts = []
+    for j, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") == "input_image":
+            url = part.get("image_url")
+            if not isinstance(url, str):
+                raise RequestFormatError(f"{where}[{j}].image_url", "is required and must be "
+                                         "a URL string (file_id images are not supported)")
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+        else:
+            parts.append({"type": "text", "text": _content_text(f"{where}[{j}]", [part])})
+    return parts
 
 
 def _content_text(where: str, content: Any) -> str:

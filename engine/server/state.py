@@ -53,6 +53,8 @@ class ServerOptions:
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:ID"
     force_include_usage: bool = False  # every stream ends with a usage chunk
     root_path: str = ""  # the prefix a path-based proxy serves this server under
+    image_limit: int | None = None  # images per prompt (--limit-mm-per-prompt); None: any
+    allowed_local_media_path: str | None = None  # file:// images are read only under it
 
     @property
     def served_model_names(self) -> tuple[str, ...]:
@@ -67,6 +69,8 @@ class ServerState:
     engine: AsyncEngine | None = None
     tokenizer: Any = None
     max_model_len: int = 0
+    # The text of the model's image placeholder token; None: the model reads no images.
+    image_placeholder: str | None = None
     # What the model serves (vLLM's task names): generate, embed or classify; a classifier's
     # head (its labels) under classify.
     task: str = "generate"
@@ -95,16 +99,17 @@ class ServerState:
             return "engine loop failed", self.engine.error
         return None
 
-    def content_format(self) -> str:
-        """How the chat template in use reads a message's content: "string" or "openai"."""
+    def content_format(self, images: bool = False) -> str:
+        """How the chat template in use reads a message's content: "string" or "openai"
+        (for a conversation with `images`, parts wherever the template prints them)."""
         chosen = self.options.chat_template_content_format
         if chosen != "auto":
             return chosen
         template = self.options.chat_template or getattr(self.tokenizer, "chat_template", None)
-        key = repr(template)
+        key = f"{images}:{template!r}"
         if key not in self.content_formats:
-            self.content_formats[key] = detect_content_format(self.tokenizer,
-                                                              self.options.chat_template)
+            self.content_formats[key] = detect_content_format(
+                self.tokenizer, self.options.chat_template, images)
         return self.content_formats[key]
 
     def load(self, show_progress: bool = True) -> None:
@@ -116,6 +121,9 @@ class ServerState:
             # Separate tokenizer objects keep the two threads from sharing one.
             self.tokenizer = copy.deepcopy(core.tokenizer)
             self.max_model_len = core.max_model_len
+            if core.images is not None:
+                self.image_placeholder = self.tokenizer.convert_ids_to_tokens(
+                    core.images.placeholder)
             self.task = core.task
             self.classifier = core.pooler.classifier if core.pooler is not None else None
             model_defaults = (core.generation_defaults

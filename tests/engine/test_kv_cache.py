@@ -28,6 +28,9 @@ class _Seq:
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
+    def cache_token_ids(self) -> list[int]:  # no images
+        return self.token_ids
+
 
 def test_allocator_free_list_and_ref_counts():
     alloc = BlockAllocator(3)

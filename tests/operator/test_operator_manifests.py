@@ -498,8 +498,8 @@ def test_extra_args_serve_an_embedding_model():
      "pooling_type 'MAX' is not one of LAST, MEAN, CLS"),
     (["--runner", "embed"], "spec.engine.extraArgs: --runner: 'embed' is not one of"),
     (["--convert", "reward"], "argument --convert: invalid choice: 'reward'"),
-    (["--limit-mm-per-prompt", "image=1"], "spec.engine.extraArgs: --limit-mm-per-prompt: "
-     "image: 1 is not supported"),
+    (["--limit-mm-per-prompt", "image=1,video=1"], "spec.engine.extraArgs: "
+     "--limit-mm-per-prompt: video: 1 is not supported"),
     (["--scheduling-policy", "lifo"], "spec.engine.extraArgs: --scheduling-policy: 'lifo' is "
      "not one of"),
     (["--hf-overrides", "max_position_embeddings=8"], "spec.engine.extraArgs: --hf-overrides: "

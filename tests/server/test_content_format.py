@@ -77,6 +77,9 @@ def test_detection(tiny_server):
     assert detect_content_format(tokenizer, PARTS_TEMPLATE) == "openai"
     assert detect_content_format(tokenizer, STRING_TEMPLATE) == "string"
     assert detect_content_format(tokenizer, BOTH_TEMPLATE) == "string"
+    # With images, parts wherever the template prints them: it places the images itself.
+    assert detect_content_format(tokenizer, BOTH_TEMPLATE, images=True) == "openai"
+    assert detect_content_format(tokenizer, STRING_TEMPLATE, images=True) == "string"
     # A template that shows neither form keeps the string.
     assert detect_content_format(tokenizer, "{{ 'fixed' }}") == "string"
     assert in_content_format([{"role": "assistant", "content": None}], "openai") == [

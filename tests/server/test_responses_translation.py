@@ -52,6 +52,15 @@ def test_input_items_become_the_chat_conversation():
     assert input_messages("Hi") == [{"role": "user", "content": "Hi"}]
 
 
+def test_input_images_become_image_url_parts():
+    items = [{"role": "user", "content": [
+        {"type": "input_text", "text": "What is it?"},
+        {"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "auto"}]}]
+    assert input_messages(items) == [{"role": "user", "content": [
+        {"type": "text", "text": "What is it?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]
+
+
 def test_a_call_with_no_text_before_it_opens_its_own_assistant_turn():
     items = [{"role": "user", "content": "Hi"},
              {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}]
@@ -62,8 +71,10 @@ def test_a_call_with_no_text_before_it_opens_its_own_assistant_turn():
 
 
 @pytest.mark.parametrize(("items", "param"), [
-    ([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}],
+    ([{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}],
      "input[0].content[0].type"),
+    ([{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}],
+     "input[0].content[0].image_url"),
     ([{"role": "robot", "content": "Hi"}], "input[0].role"),
     ([{"role": "user", "content": 5}], "input[0].content"),
     ([{"role": "user", "content": "Hi"}, {"type": "function_call", "name": "f",

@@ -109,8 +109,18 @@ def test_what_is_not_json_is_a_400(tiny_server, path, body):
     assert paired.status_code == 200  # a surrogate pair is one character, and fine
 
 
+def test_an_image_for_a_model_that_reads_text_only_is_a_400(client):
+    content = [{"type": "text", "text": "What is this?"},
+               {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]
+    for stream in (False, True):
+        error = _bad_request(lambda stream=stream: client.chat.completions.create(
+            model="tiny", max_tokens=2, stream=stream,
+            messages=[{"role": "user", "content": content}]))
+        assert error["param"] == "messages"
+        assert "reads text only" in error["message"]
+
+
 @pytest.mark.parametrize("part", [
-    {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
     {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
     {"type": "file", "file": {"file_id": "f"}},
 ])

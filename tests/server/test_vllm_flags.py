@@ -192,8 +192,10 @@ def test_each_request_is_logged_cut_to_max_log_len_and_the_access_log_is_off(vll
      "replica shards its model with --tensor-parallel-size"),
     (["--data-parallel-size", "4"], "--data-parallel-size: 4 is not supported; run more "
      "replicas"),
-    (["--limit-mm-per-prompt", '{"image": 1}'], "--limit-mm-per-prompt: image: 1 is not "
-     "supported; tokenmill serves a multimodal checkpoint's language model, text only"),
+    (["--limit-mm-per-prompt", '{"image": 1, "audio": 1}'], "--limit-mm-per-prompt: audio: 1 "
+     "is not supported; tokenmill reads text and images (set every other modality to 0)"),
+    (["--allowed-local-media-path", "/nonexistent/media"], "--allowed-local-media-path: "
+     "/nonexistent/media is not a directory"),
     (["--limit-mm-per-prompt", "image=0,video=2"], "--limit-mm-per-prompt: video: 2 is not"),
     (["--limit-mm-per-prompt", "images"], "argument --limit-mm-per-prompt: must be a JSON "
      'object such as {"image": 0}, or image=0,video=0'),

@@ -78,7 +78,8 @@ class KVCacheManager:
         if (self.prefix_cache is None or seq.num_computed_tokens or seq.block_table
                 or needs_scoring(seq)):
             return PrefixMatch()
-        return self.prefix_cache.match(seq.token_ids[:seq.num_tokens - 1], seq.cache_salt)
+        return self.prefix_cache.match(seq.cache_token_ids()[:seq.num_tokens - 1],
+                                       seq.cache_salt)
 
     def can_admit(self, seq: Sequence, cached: PrefixMatch, num_new_tokens: int) -> bool:
         """Blocks for the new tokens and for the host-tier blocks copied back all fit."""
@@ -120,7 +121,7 @@ class KVCacheManager:
         full = seq.num_computed_tokens // self.block_size
         if self.prefix_cache is None or full <= seq.num_cached_blocks:
             return
-        tokens = seq.token_ids
+        tokens = seq.cache_token_ids()
         bs = self.block_size
         for i in range(seq.num_cached_blocks, full):
             parent = seq.block_table[i - 1] if i else NO_PARENT

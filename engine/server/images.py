@@ -1,0 +1,125 @@
+"""A chat request's images (OpenAI's image_url parts): each URL read (a data: URL, an
+http(s) URL fetched with a deadline and a size cap, or a file:// under
+--allowed-local-media-path), decoded by PIL and prepared by the model's processor off the
+event loop. Whatever cannot be read is a 400 naming the part."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import io
+import os
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import httpx
+
+from tokenmill.engine.core.errors import RequestError
+from tokenmill.engine.server.errors import APIError
+from tokenmill.engine.server.state import ServerState
+
+MAX_IMAGE_BYTES = 20 << 20  # an image's encoded bytes, fetched or inlined
+# Seconds to fetch an image; vLLM's variable sets it too.
+FETCH_TIMEOUT_S = float(os.environ.get("VLLM_IMAGE_FETCH_TIMEOUT", "5"))
+
+
+async def request_images(urls: list[str], state: ServerState) -> list[Any]:
+    """The images behind `urls`, prepared for the engine (ImageInputs), in order."""
+    if not urls:
+        return []
+    limit = state.options.image_limit
+    if limit is not None and len(urls) > limit:
+        raise APIError(400, f"the messages carry {len(urls)} images; this server takes at most "
+                            f"{limit} per prompt (--limit-mm-per-prompt)", param="messages")
+    if state.image_placeholder is None:
+        raise APIError(400, f"the model {state.options.served_model_name!r} reads text only: "
+                            "a message cannot carry image_url parts", param="messages")
+    encoded = await asyncio.gather(*(_read(url, index, state) for index, url in
+                                     enumerate(urls)))
+    try:
+        return await asyncio.to_thread(_prepare, encoded, state.engine.engine)
+    except RequestError as exc:
+        raise APIError(400, f"messages: {exc}", param="messages") from exc
+
+
+def _prepare(encoded: list[bytes], engine: Any) -> list[Any]:
+    from PIL import Image
+
+    images = []
+    for index, data in enumerate(encoded):
+        try:
+            image = Image.open(io.BytesIO(data))
+            image.load()
+        except Exception as exc:  # PIL's errors for what is not an image it can read
+            raise RequestError(f"image {index} is not an image PIL can read: {exc}") from exc
+        images.append(image)
+    return engine.prepare_images(images)
+
+
+async def _read(url: str, index: int, state: ServerState) -> bytes:
+    where = f"image {index}"
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    if scheme == "data":
+        return _data_url(url, where)
+    if scheme in ("http", "https"):
+        return await _fetch(url, where)
+    if scheme == "file":
+        return _local_file(url, where, state.options.allowed_local_media_path)
+    raise APIError(400, f"{where}: the URL must be http(s)://, data: or file:// (under "
+                        "--allowed-local-media-path)", param="messages")
+
+
+def _data_url(url: str, where: str) -> bytes:
+    header, comma, payload = url[len("data:"):].partition(",")
+    if not comma or not header.endswith(";base64"):
+        raise APIError(400, f"{where}: a data URL must be data:<type>;base64,<data>",
+                       param="messages")
+    if len(payload) > MAX_IMAGE_BYTES * 4 // 3 + 4:
+        raise APIError(400, f"{where}: larger than {MAX_IMAGE_BYTES >> 20} MiB",
+                       param="messages")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise APIError(400, f"{where}: the data URL is not valid base64 ({exc})",
+                       param="messages") from exc
+
+
+async def _fetch(url: str, where: str) -> bytes:
+    try:
+        async with httpx.AsyncClient(timeout=FETCH_TIMEOUT_S, follow_redirects=True) as client, \
+                client.stream("GET", url) as response:
+            if response.status_code != 200:
+                raise APIError(400, f"{where}: fetching {url} answered HTTP "
+                                    f"{response.status_code}", param="messages")
+            data = bytearray()
+            async for chunk in response.aiter_bytes():
+                data += chunk
+                if len(data) > MAX_IMAGE_BYTES:
+                    raise APIError(400, f"{where}: {url} is larger than "
+                                        f"{MAX_IMAGE_BYTES >> 20} MiB", param="messages")
+            return bytes(data)
+    except httpx.HTTPError as exc:
+        raise APIError(400, f"{where}: cannot fetch {url}: {type(exc).__name__} {exc}".strip(),
+                       param="messages") from exc
+
+
+def _local_file(url: str, where: str, allowed: str | None) -> bytes:
+    if allowed is None:
+        raise APIError(400, f"{where}: file:// URLs are read only under "
+                            "--allowed-local-media-path, which this server does not set",
+                       param="messages")
+    path = os.path.realpath(unquote(urlparse(url).path))
+    root = os.path.realpath(allowed)
+    if os.path.commonpath([path, root]) != root:
+        raise APIError(400, f"{where}: {path} is outside --allowed-local-media-path",
+                       param="messages")
+    try:
+        if os.path.getsize(path) > MAX_IMAGE_BYTES:
+            raise APIError(400, f"{where}: larger than {MAX_IMAGE_BYTES >> 20} MiB",
+                           param="messages")
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise APIError(400, f"{where}: cannot read {path}: {exc.strerror}",
+                       param="messages") from exc

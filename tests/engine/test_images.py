@@ -1,0 +1,150 @@
+"""Prompts with images (LLaVA): the engine's greedy tokens and their log-probabilities equal
+transformers' LLaVA on the same images, whether the prompt's chunks cut an image, prompts
+batch with text-only ones, a preempted prompt is recomputed, or the prefix cache serves a
+prompt again; the prefix cache tells images apart by their pixels; what cannot be read is
+refused."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from image_support import HFLlava, drawn_image, make_llava
+
+from tokenmill.engine import LLM, SamplingParams
+from tokenmill.engine.core.errors import RequestError
+from tokenmill.engine.core.images import ImageInput, place_images
+
+MAX_NEW = 6
+# A step of 12 tokens cuts each 16-row image in two.
+ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=4, max_num_batched_tokens=12,
+              dtype="float32")
+
+
+@pytest.fixture(scope="module", params=["clip", "siglip"])
+def llava(request, tmp_path_factory, vocab_tokenizer):
+    directory = make_llava(str(tmp_path_factory.mktemp(f"llava-{request.param}")),
+                           vocab_tokenizer, request.param)
+    return directory, HFLlava(directory)
+
+
+def _prompts(hf: HFLlava, tokenizer) -> list[tuple[list[int], list]]:
+    image = hf.placeholder
+    words = tokenizer.encode("describe the picture in a few words")
+    return [(words[:3] + [image] + words[3:], [drawn_image(0)]),
+            (words[:3] + [image] + words[3:], [drawn_image(1)]),
+            ([image] + words[:2] + [image] + words[2:5], [drawn_image(2), drawn_image(0)]),
+            (words, [])]
+
+
+def _request(ids: list[int], images: list) -> dict:
+    return {"prompt_token_ids": ids, "multi_modal_data": {"image": images}}
+
+
+def _generate(llm: LLM, prompts) -> list:
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
+    return [o.outputs[0] for o in llm.generate([_request(*p) for p in prompts], params)]
+
+
+def _check(outputs, expected) -> None:
+    for out, (tokens, logprobs) in zip(outputs, expected, strict=True):
+        assert out.token_ids == tokens
+        got = [step[t] for step, t in zip(out.logprobs, out.token_ids, strict=True)]
+        assert got == pytest.approx(logprobs, abs=1e-4)
+
+
+def test_greedy_with_images_equals_transformers(llava, vocab_tokenizer):
+    directory, hf = llava
+    prompts = _prompts(hf, vocab_tokenizer)
+    expected = [hf.greedy(ids, images, MAX_NEW) for ids, images in prompts]
+    assert expected[0][1] != expected[1][1]  # the image changes the answer
+    with LLM(directory, **ENGINE) as llm:
+        assert llm.engine.images.per_image == hf.per_image
+        _check(_generate(llm, prompts), expected)  # batched, images cut by chunks
+        hits = llm.engine.kv.prefix_hits
+        _check(_generate(llm, prompts), expected)  # again, from the prefix cache
+        assert llm.engine.kv.prefix_hits > hits
+        for prompt in prompts:  # alone
+            _check(_generate(llm, [prompt]), [hf.greedy(*prompt, MAX_NEW)])
+        llm.engine.kv.allocator.check_all_free()
+
+
+def test_a_preempted_prompt_encodes_its_images_again(tmp_path, vocab_tokenizer):
+    directory = make_llava(str(tmp_path / "llava"), vocab_tokenizer)
+    hf = HFLlava(directory)
+    prompts = _prompts(hf, vocab_tokenizer)[:3]
+    expected = [hf.greedy(ids, images, MAX_NEW) for ids, images in prompts]
+    with LLM(directory, **ENGINE) as probe:
+        block = probe.engine.runner.layout.bytes_per_block
+    # 6 blocks of 8 tokens: one prompt with its images fits, three at once do not.
+    with LLM(directory, **dict(ENGINE, enable_prefix_caching=False),
+             kv_cache_memory=6 * block) as llm:
+        _check(_generate(llm, prompts), expected)
+        assert llm.engine.scheduler.num_preemptions > 0
+        llm.engine.kv.allocator.check_all_free()
+
+
+def test_the_prefix_cache_tells_images_apart(tmp_path, vocab_tokenizer):
+    directory = make_llava(str(tmp_path / "llava"), vocab_tokenizer)
+    hf = HFLlava(directory)
+    words = vocab_tokenizer.encode("one two three four five six seven eight nine ten")
+    ids = words[:10] + [hf.placeholder] + words[:8]  # the image starts in the second block
+    assert len(words) >= 10 and len(hf.expand(ids)) == 34
+    first, second = [drawn_image(0)], [drawn_image(5)]
+    with LLM(directory, **ENGINE) as llm:
+        _generate(llm, [(ids, first)])
+        other = llm.generate([_request(ids, second)], SamplingParams(max_tokens=1))[0]
+        # Only the text before the image is shared: its first whole block.
+        assert other.num_cached_tokens == 8
+        again = llm.generate([_request(ids, first)], SamplingParams(max_tokens=1))[0]
+        assert again.num_cached_tokens == 32  # every whole block (34 tokens)
+        outputs = _generate(llm, [(ids, second), (ids, first)])
+    _check(outputs, [hf.greedy(ids, second, MAX_NEW), hf.greedy(ids, first, MAX_NEW)])
+
+
+def test_placeholders_already_expanded_are_taken_as_they_are():
+    images = [ImageInput.of(torch.zeros(3, 2, 2)), ImageInput.of(torch.ones(3, 2, 2))]
+    once, spans = place_images([5, 9, 6, 9], images, placeholder=9, per_image=3)
+    assert once == [5, 9, 9, 9, 6, 9, 9, 9]
+    assert [(s.offset, s.length, s.image) for s in spans] == [(1, 3, images[0]),
+                                                              (5, 3, images[1])]
+    again, spans_again = place_images(once, images, placeholder=9, per_image=3)
+    assert again == once and [s.offset for s in spans_again] == [1, 5]
+    adjacent, spans = place_images([9, 9, 9, 9, 9, 9], images, placeholder=9, per_image=3)
+    assert [s.offset for s in spans] == [0, 3]
+    assert images[0].cache_key != images[1].cache_key and images[0].cache_key < 0
+
+
+@pytest.mark.parametrize("ids,count,message", [
+    ([5, 6], 1, "holds 0 image placeholder tokens (id 9) for 1 images"),
+    ([9, 9], 1, "holds 2 image placeholder tokens (id 9) for 1 images"),
+    ([9, 9, 5, 9, 9, 9, 9], 2, "must come one per image or 3 in a row"),
+])
+def test_placeholders_that_do_not_match_the_images_are_refused(ids, count, message):
+    images = [ImageInput.of(torch.full((3, 2, 2), float(i))) for i in range(count)]
+    with pytest.raises(RequestError, match=re.escape(message)):
+        place_images(ids, images, placeholder=9, per_image=3)
+
+
+def test_what_cannot_be_read_is_refused(tmp_path, vocab_tokenizer, tiny_llama):
+    directory = make_llava(str(tmp_path / "llava"), vocab_tokenizer)
+    placeholder = HFLlava(directory).placeholder
+    with LLM(directory, **ENGINE) as llm:
+        with pytest.raises(RequestError, match="image 0 cannot be read"):
+            llm.generate([_request([5, placeholder], ["not an image"])])
+        with pytest.raises(RequestError, match="holds 0 image placeholder tokens"):
+            llm.generate([_request([5, 6], [drawn_image(0)])])
+        assert llm.engine.num_waiting == 0  # nothing was queued
+    with pytest.raises(RequestError, match=r"reads text only: a prompt cannot carry images"):
+        tiny_llama.generate([_request([5, 6], [drawn_image(0)])])
+
+
+def test_images_under_tensor_parallelism(tmp_path, vocab_tokenizer):
+    """Rank 0 encodes; the rows travel to the other rank with the step."""
+    directory = make_llava(str(tmp_path / "llava"), vocab_tokenizer)
+    hf = HFLlava(directory)
+    prompts = _prompts(hf, vocab_tokenizer)
+    expected = [hf.greedy(ids, images, MAX_NEW) for ids, images in prompts]
+    with LLM(directory, tensor_parallel_size=2, **ENGINE) as llm:
+        _check(_generate(llm, prompts), expected)

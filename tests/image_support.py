@@ -1,0 +1,110 @@
+"""A random-weight LLaVA checkpoint as transformers saves one (tokenizer with an `<image>`
+token, a LLaVA-style chat template, the image processor's settings), drawn images, and
+transformers' own answers on them: the reference of the image tests."""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import numpy as np
+import torch
+from model_support import make_random_model
+
+IMAGE_TOKEN = "<image>"
+# LLaVA's template shape: an image part prints the placeholder, then a line.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] | upper }}: "
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+    "{% for p in m['content'] %}{% if p['type'] == 'image' %}<image>\n"
+    "{% else %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}\n"
+    "{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}")
+IMAGE_SIZE, PATCH = 28, 7  # 16 patches an image
+
+
+def llava_tokenizer(tokenizer):
+    """The tokenizer with LLaVA's placeholder token added and its chat template."""
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def make_llava(directory: str, tokenizer, tower: str = "clip") -> str:
+    """A LLaVA checkpoint over a small Llama: CLIP's tower read at its second-to-last layer
+    with the class token dropped (LLaVA 1.5's settings), or SigLIP's read at two layers
+    concatenated, every row kept."""
+    import transformers
+
+    tokenizer = llava_tokenizer(tokenizer)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                  num_attention_heads=2, image_size=IMAGE_SIZE, patch_size=PATCH,
+                  model_type="clip_vision_model" if tower == "clip" else "siglip_vision_model")
+    text = dict(model_type="llama", vocab_size=len(tokenizer), hidden_size=64,
+                intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1,
+                eos_token_id=2, pad_token_id=0)
+    layers = dict(vision_feature_layer=-2, vision_feature_select_strategy="default") \
+        if tower == "clip" else dict(vision_feature_layer=[-1, -3],
+                                     vision_feature_select_strategy="full")
+    config = transformers.LlavaConfig(
+        text_config=text, vision_config=vision,
+        image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN), **layers)
+    make_random_model(directory, config, tokenizer, draw_norms=True,
+                      auto_class="AutoModelForImageTextToText")
+    transformers.CLIPImageProcessorPil(
+        size={"shortest_edge": IMAGE_SIZE},
+        crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}).save_pretrained(directory)
+    return directory
+
+
+def drawn_image(seed: int, size: tuple[int, int] = (40, 52)):
+    """A PIL image of random pixels (its aspect differs from the model's square crop)."""
+    from PIL import Image
+
+    pixels = np.random.RandomState(seed).randint(0, 256, (*size, 3), dtype=np.uint8)
+    return Image.fromarray(pixels)
+
+
+def png_bytes(image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+class HFLlava:
+    """transformers' LLaVA on a checkpoint, with its own image processor (not the engine's)."""
+
+    def __init__(self, directory: str):
+        import transformers
+
+        self.model = transformers.AutoModelForImageTextToText.from_pretrained(
+            directory, dtype=torch.float32).eval()
+        self.processor = transformers.AutoImageProcessor.from_pretrained(directory)
+        config = self.model.config
+        self.placeholder = config.image_token_id
+        vision = config.vision_config
+        patches = (vision.image_size // vision.patch_size) ** 2
+        self.per_image = patches + int(vision.model_type == "clip_vision_model") - int(
+            config.vision_feature_select_strategy == "default")
+
+    def expand(self, ids: list[int]) -> list[int]:
+        """Each placeholder made per_image tokens, as LLaVA's processor writes the prompt."""
+        out = []
+        for t in ids:
+            out += [t] * self.per_image if t == self.placeholder else [t]
+        return out
+
+    def greedy(self, ids: list[int], images: list, max_new: int) -> tuple[list[int], list[float]]:
+        """The greedy continuation of the prompt with its images, and each token's
+        log-probability."""
+        prompt = self.expand(ids)
+        pixels = {"pixel_values": self.processor(images=images, return_tensors="pt")[
+            "pixel_values"]} if images else {}
+        with torch.no_grad():
+            out = self.model.generate(torch.tensor([prompt]), max_new_tokens=max_new,
+                                      do_sample=False, pad_token_id=0, **pixels)
+            tokens = out[0, len(prompt):].tolist()
+            logits = self.model(input_ids=torch.tensor([prompt + tokens]),
+                                **pixels).logits[0].log_softmax(-1)
+        return tokens, [logits[len(prompt) - 1 + i, t].item() for i, t in enumerate(tokens)]
