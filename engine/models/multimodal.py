@@ -1,6 +1,6 @@
 """The language model inside a multimodal checkpoint (Gemma 3 4B-27B, Mistral Small 3.1,
-LLaVA, Qwen2.5-VL, Qwen3-VL), served on its own: text in, text out. The vision tower and
-projector are read only for LLaVA, whose images the engine takes (models/images.py); for the
+LLaVA, Qwen2.5-VL, Qwen3-VL), run as a causal model under its own names. The other towers'
+tensors are not read here: LLaVA's image encoder is built apart (models/images.py); for the
 others a request with an image part is refused."""
 
 from __future__ import annotations
