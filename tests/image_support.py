@@ -86,7 +86,7 @@ class HFLlava:
         vision = config.vision_config
         patches = (vision.image_size // vision.patch_size) ** 2
         self.per_image = patches + int(vision.model_type == "clip_vision_model") - int(
-            config.vision_feature_select_strategy == "default")
+            getattr(config, "vision_feature_select_strategy", None) == "default")
 
     def expand(self, ids: list[int]) -> list[int]:
         """Each placeholder made per_image tokens, as LLaVA's processor writes the prompt."""
@@ -95,16 +95,96 @@ class HFLlava:
             out += [t] * self.per_image if t == self.placeholder else [t]
         return out
 
-    def greedy(self, ids: list[int], images: list, max_new: int) -> tuple[list[int], list[float]]:
-        """The greedy continuation of the prompt with its images, and each token's
-        log-probability."""
-        prompt = self.expand(ids)
+    def _inputs(self, ids: list[int], pixels: dict) -> dict:
+        """What the model takes beside the ids: the pixels."""
+        return pixels
+
+    def greedy(self, ids: list[int], images: list, max_new: int,
+               expanded: bool = False) -> tuple[list[int], list[float]]:
+        """The greedy continuation of the prompt with its images (markers `expanded` already,
+        or not), and each token's log-probability."""
+        prompt = list(ids) if expanded else self.expand(ids)
         pixels = {"pixel_values": self.processor(images=images, return_tensors="pt")[
             "pixel_values"]} if images else {}
         with torch.no_grad():
             out = self.model.generate(torch.tensor([prompt]), max_new_tokens=max_new,
-                                      do_sample=False, pad_token_id=0, **pixels)
+                                      do_sample=False, pad_token_id=0,
+                                      **self._inputs(prompt, pixels))
             tokens = out[0, len(prompt):].tolist()
             logits = self.model(input_ids=torch.tensor([prompt + tokens]),
-                                **pixels).logits[0].log_softmax(-1)
+                                **self._inputs(prompt + tokens, pixels)).logits[0].log_softmax(-1)
         return tokens, [logits[len(prompt) - 1 + i, t].item() for i, t in enumerate(tokens)]
+
+
+GEMMA_TOKENS = ("<start_of_image>", "<image_soft_token>", "<end_of_image>")
+GEMMA_TEMPLATE = (
+    "{% for m in messages %}<start_of_turn>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+    "{% for p in m['content'] %}{% if p['type'] == 'image' %}<start_of_image>"
+    "{% else %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}<end_of_turn>\n"
+    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+
+def gemma3_tokenizer(tokenizer):
+    """The tokenizer with Gemma 3's image tokens added and a Gemma-style chat template."""
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(GEMMA_TOKENS)})
+    tokenizer.chat_template = GEMMA_TEMPLATE
+    return tokenizer
+
+
+def make_gemma3(directory: str, tokenizer) -> str:
+    """A Gemma 3 checkpoint: SigLIP's tower (4 x 4 patches averaged to 4 rows an image) over
+    a small Gemma 3 text model with sliding and full layers."""
+    import transformers
+
+    tokenizer = gemma3_tokenizer(tokenizer)
+    begin, soft, end = tokenizer.convert_tokens_to_ids(list(GEMMA_TOKENS))
+    config = transformers.Gemma3Config(
+        text_config=dict(model_type="gemma3_text", vocab_size=len(tokenizer), hidden_size=64,
+                         intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                         sliding_window=16, query_pre_attn_scalar=24, bos_token_id=1,
+                         eos_token_id=2, pad_token_id=0,
+                         layer_types=["sliding_attention", "full_attention",
+                                      "sliding_attention"]),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=32,
+                           intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=IMAGE_SIZE, patch_size=PATCH),
+        mm_tokens_per_image=4, image_token_index=soft, boi_token_index=begin,
+        eoi_token_index=end)
+    make_random_model(directory, config, tokenizer, draw_norms=True,
+                      auto_class="AutoModelForImageTextToText")
+    transformers.Gemma3ImageProcessorPil(
+        size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}).save_pretrained(directory)
+    return directory
+
+
+class HFGemma3(HFLlava):
+    """transformers' Gemma 3 on a checkpoint: its processor's expansion of each
+    `<start_of_image>` and the token types that let an image's rows see each other."""
+
+    def __init__(self, directory: str):
+        super().__init__(directory)
+        config = self.model.config
+        self.placeholder, self.soft = config.boi_token_index, config.image_token_index
+        self.end, self.per_image = config.eoi_token_index, config.mm_tokens_per_image
+        self.tokenizer = transformers_tokenizer(directory)
+
+    def expand(self, ids: list[int]) -> list[int]:
+        blank = self.tokenizer.encode("\n\n", add_special_tokens=False)
+        out = []
+        for t in ids:
+            out += ([*blank, t, *[self.soft] * self.per_image, self.end, *blank]
+                    if t == self.placeholder else [t])
+        return out
+
+    def _inputs(self, ids: list[int], pixels: dict) -> dict:
+        types = (torch.tensor([ids]) == self.soft).long()
+        return {**pixels, "token_type_ids": types} if pixels else pixels
+
+
+def transformers_tokenizer(directory: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(directory)

@@ -54,9 +54,8 @@ from tokenmill.engine.models.architecture import (
 )
 from tokenmill.engine.models.images import (
     image_processor,
-    image_token_id,
+    image_tokens,
     reads_images,
-    tokens_per_image,
 )
 from tokenmill.engine.models.loader import check_tokenizer_fits, load_config, load_tokenizer
 from tokenmill.engine.models.pooler_files import embedding_checkpoint, model_pooler
@@ -158,9 +157,10 @@ class LLMEngine:
             self.runner.on_step = self.workers.send_step
         # How prompts carry images, for a checkpoint that reads them (None: text only).
         self.images = PromptImages(
-            image_processor(source.directory), image_token_id(self.model_config),
-            tokens_per_image(self.model_config), self.runner.encode_images,
-            rows_on_host=tp_size > 1) if reads else None
+            image_processor(source.directory), *image_tokens(self.model_config, self.tokenizer),
+            encode=self.runner.encode_images, rows_on_host=tp_size > 1) if reads else None
+        if self.images is not None and self.images.tokens.both_ways:
+            self._check_whole_images(self.images.per_image)
         self._download_seconds = source.download_seconds
         log.info("model loaded", extra={"model": config.model, **self._load_log_fields()})
         num_blocks = self.runner.num_blocks
@@ -201,6 +201,18 @@ class LLMEngine:
             "max_model_len": self.max_model_len,
             **{name: round(seconds, 3) for name, seconds in self.startup_report().items()}})
         log.info("memory", extra=self.memory_report())
+
+    def _check_whole_images(self, per_image: int) -> None:
+        """ConfigError where a step cannot hold one image whose tokens see each other both
+        ways (computed in one step)."""
+        for option, value in (("max_num_batched_tokens", self.config.max_num_batched_tokens),
+                              ("long_prefill_token_threshold",
+                               self.config.long_prefill_token_threshold)):
+            if value and value < per_image:
+                self.shutdown()
+                raise ConfigError(option, f"{value} cannot hold one image's {per_image} "
+                                          f"tokens, which {self._model_kind()} computes in "
+                                          f"one step; raise it to at least {per_image}")
 
     def _step_budget(self) -> int:
         """The scheduler's tokens per step: --max-num-batched-tokens, raised to the context
@@ -265,7 +277,8 @@ class LLMEngine:
         nor do requests of different adapters (or of the base model and an adapter).
 
         `images` (PIL images, or prepare_images' ImageInputs) go where the prompt holds the
-        model's image placeholder token: one per image, expanded here, or already expanded.
+        model's image marker (LLaVA's `<image>`, Gemma 3's `<start_of_image>`): one per image,
+        expanded here as the model's processor expands it, or already expanded.
         """
         # An embedding's sequence samples nothing; one token of room keeps the scheduler's
         # bookkeeping that of any prompt.
@@ -303,6 +316,8 @@ class LLMEngine:
                  pooling: PoolingParams | None, images: list[Any] | None,
                  ) -> tuple[str | None, list[int], list[ImageSpan]]:
         self._check_runner(pooling)
+        if images and isinstance(prompt, str) and self.images is not None:
+            prompt = self.images.expand_text(prompt)  # as the model's processor writes it
         text, token_ids = self._tokenize(prompt)
         token_ids, spans = self._place_images(token_ids, images)
         if pooling is not None:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from tokenmill.engine.core.errors import RequestError
+from tokenmill.engine.models.images import ImageTokens
 
 
 @dataclass(frozen=True)
@@ -39,13 +40,14 @@ class ImageInput:
 
 @dataclass
 class ImageSpan:
-    """One image in a prompt: its placeholders at [offset, offset + length), and the encoder's
+    """One image in a prompt: its row tokens at [offset, offset + length), and the encoder's
     rows for them [length, hidden] while the prefill still needs them (None: not encoded yet,
     or let go once the prompt was computed)."""
 
     image: ImageInput
     offset: int
     length: int
+    both_ways: bool = False
     rows: torch.Tensor | None = field(default=None, repr=False)
 
     @property
@@ -53,32 +55,60 @@ class ImageSpan:
         return self.offset + self.length
 
 
-def place_images(token_ids: list[int], images: Sequence[ImageInput], placeholder: int,
-                 per_image: int) -> tuple[list[int], list[ImageSpan]]:
-    """The prompt with each image's placeholder expanded to `per_image` tokens, and where each
-    image lies. A prompt whose placeholders are already expanded (per_image for each image, as
-    a processor writes them) is taken as it is. RequestError when the placeholders do not
-    match the images."""
-    count = sum(1 for t in token_ids if t == placeholder)
-    if count == len(images) * per_image and per_image != 1:
+def place_images(token_ids: list[int], images: Sequence[ImageInput],
+                 tokens: ImageTokens) -> tuple[list[int], list[ImageSpan]]:
+    """The prompt with each image's marker expanded, and where each image's rows lie. A prompt
+    already expanded (per_image row tokens for each image, as a processor writes them) is
+    taken as it is. RequestError when the markers do not match the images."""
+    rows = sum(1 for t in token_ids if t == tokens.row)
+    markers = sum(1 for t in token_ids if t == tokens.marker)
+    single = tokens.marker == tokens.row and tokens.per_image == 1
+    if rows == len(images) * tokens.per_image and not single:
         expanded = list(token_ids)
-    elif count == len(images):
+    elif markers == len(images) and (tokens.marker == tokens.row or rows == 0):
+        expansion = [*tokens.before, *[tokens.row] * tokens.per_image, *tokens.after]
         expanded = []
         for t in token_ids:
-            expanded += [t] * per_image if t == placeholder else [t]
+            expanded += expansion if t == tokens.marker else [t]
     else:
-        raise RequestError(f"the prompt holds {count} image placeholder tokens (id "
-                           f"{placeholder}) for {len(images)} images: each image takes one "
-                           f"(or {per_image}, already expanded)")
+        raise RequestError(f"the prompt holds {markers} image placeholder tokens (id "
+                           f"{tokens.marker}) for {len(images)} images: each image takes one "
+                           f"(or {tokens.per_image} of id {tokens.row}, already expanded)")
     spans: list[ImageSpan] = []
     for position, t in enumerate(expanded):
-        if t == placeholder and (not spans or position >= spans[-1].end):
-            span = ImageSpan(images[len(spans)], position, per_image)
-            if expanded[span.offset:span.end] != [placeholder] * per_image:
-                raise RequestError(f"an image's placeholder tokens (id {placeholder}) must "
-                                   f"come one per image or {per_image} in a row")
+        if t == tokens.row and (not spans or position >= spans[-1].end):
+            span = ImageSpan(images[len(spans)], position, tokens.per_image, tokens.both_ways)
+            if expanded[span.offset:span.end] != [tokens.row] * tokens.per_image:
+                raise RequestError(f"an image's tokens (id {tokens.row}) must come "
+                                   f"{tokens.per_image} in a row")
             spans.append(span)
     return expanded, spans
+
+
+def whole_images(spans: Sequence[ImageSpan], start: int, num_new: int) -> int:
+    """How many of the `num_new` prompt tokens from `start` a step may compute without cutting
+    an image whose rows see each other both ways: the chunk ends before such an image it would
+    cut, or runs to its end when it starts inside one (0: not this step)."""
+    end = start + num_new
+    for span in spans:
+        if not span.both_ways or not span.offset < end < span.end:
+            continue
+        return span.offset - start if span.offset > start else \
+            (span.end - start if span.end - start <= num_new else 0)
+    return num_new
+
+
+def visible_until(spans: Sequence[ImageSpan], start: int, end: int) -> list[int] | None:
+    """The last position each of positions [start, end) sees: its own, or for a row of an
+    image seen both ways the image's last. None where no row sees past itself."""
+    both = [s for s in spans if s.both_ways and s.offset < end and s.end > start]
+    if not both:
+        return None
+    last = list(range(start, end))
+    for span in both:
+        for position in range(max(start, span.offset), min(end, span.end)):
+            last[position - start] = span.end - 1
+    return last
 
 
 def cache_token_ids(token_ids: list[int], spans: Sequence[ImageSpan]) -> list[int]:
@@ -109,12 +139,15 @@ class PromptImages:
     """A model's way with images: its processor (PIL image in, ImageInput out), its
     placeholder token and how many rows an image takes, and the encoder that makes them."""
 
-    def __init__(self, processor: Callable[[Any], torch.Tensor], placeholder: int,
-                 per_image: int, encode: Callable[[torch.Tensor], torch.Tensor],
-                 rows_on_host: bool):
+    def __init__(self, processor: Callable[[Any], torch.Tensor], tokens: ImageTokens,
+                 marker_text: str, expansion_text: str, *,
+                 encode: Callable[[torch.Tensor], torch.Tensor], rows_on_host: bool):
         self.processor = processor
-        self.placeholder = placeholder
-        self.per_image = per_image
+        self.tokens = tokens
+        # A text prompt's marker, and what replaces it before tokenizing (as the model's
+        # processor writes it: the text around the rows tokenizes as it does there).
+        self.marker_text = marker_text
+        self.expansion_text = expansion_text
         self._encode = encode
         self._rows_on_host = rows_on_host  # rows a step carries to other ranks: on the host
 
@@ -132,9 +165,23 @@ class PromptImages:
                                    param="images") from exc
         return prepared
 
+    @property
+    def placeholder(self) -> int:
+        return self.tokens.marker
+
+    @property
+    def per_image(self) -> int:
+        return self.tokens.per_image
+
     def place(self, token_ids: list[int],
               images: Sequence[ImageInput]) -> tuple[list[int], list[ImageSpan]]:
-        return place_images(token_ids, images, self.placeholder, self.per_image)
+        return place_images(token_ids, images, self.tokens)
+
+    def expand_text(self, text: str) -> str:
+        """A text prompt with each image marker written out as the processor writes it."""
+        if not self.marker_text or self.marker_text == self.expansion_text:
+            return text
+        return text.replace(self.marker_text, self.expansion_text)
 
     def encode_for_step(self, scheduled: Sequence[tuple[Any, int]]) -> None:
         """Encode, in one batch, the images whose placeholders this step computes and whose

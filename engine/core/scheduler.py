@@ -43,6 +43,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from tokenmill.engine.contract.config import SCHEDULING_POLICIES
+from tokenmill.engine.core.images import whole_images
 from tokenmill.engine.core.kv_cache import KVCacheManager, PrefixMatch
 from tokenmill.engine.core.lora_slots import LoRASlotTable
 from tokenmill.engine.core.request import Sequence, SequenceStatus
@@ -144,7 +145,10 @@ class Scheduler:
                 continue  # preempted earlier in this step
             if not self.chunked_prefill and seq.num_uncomputed_tokens > budget:
                 continue
-            num_new = min(seq.num_uncomputed_tokens, budget, self.prefill_cap)
+            num_new = whole_images(seq.images, seq.num_computed_tokens,
+                                   min(seq.num_uncomputed_tokens, budget, self.prefill_cap))
+            if num_new == 0:
+                continue
             if num_new == 1 and self.proposer is not None:
                 num_new += self._speculate(seq, proposals.get(seq.seq_id, []), budget - 1)
             if self._make_room(seq, num_new, chosen, out):
@@ -192,9 +196,10 @@ class Scheduler:
             if self.running and len(self.running) + _seats(seq) > self.max_num_seqs:
                 break
             start = cached.num_blocks * self.kv.block_size
-            num_new = min(seq.num_tokens - start, budget, self.prefill_cap)
-            if not self.chunked_prefill and num_new < seq.num_tokens - start:
-                break  # the rest of the prompt does not fit this step's budget
+            num_new = whole_images(seq.images, start,
+                                   min(seq.num_tokens - start, budget, self.prefill_cap))
+            if num_new == 0 or (not self.chunked_prefill and num_new < seq.num_tokens - start):
+                break  # the rest of the prompt (or an image) does not fit this step's budget
             if not self.kv.can_admit(seq, cached, num_new):
                 break
             for other in self.waiting:

@@ -5,7 +5,7 @@ that replace a prompt's image placeholders."""
 
 from __future__ import annotations
 
-from tokenmill.engine.core.images import rows_in_step
+from tokenmill.engine.core.images import rows_in_step, visible_until
 from tokenmill.engine.core.pooling import pooled_rows
 from tokenmill.engine.core.prompt_logprobs import rows_to_score
 from tokenmill.engine.core.request import Sequence
@@ -42,7 +42,22 @@ def build_step_inputs(scheduled: list[tuple[Sequence, int]], block_size: int,
             inputs.pool_spans.append((first_row + rows[0], first_row + rows[1]))
     inputs.prompt_rows = rows_to_score(scheduled)
     inputs.token_types = _token_types(scheduled)
+    inputs.visible_until = _visible_until(scheduled, inputs.positions)
     return inputs
+
+
+def _visible_until(scheduled: list[tuple[Sequence, int]], positions: list[int]) -> list[int]:
+    """Each new token's last visible position where an image's rows see it whole (both
+    ways); [] where every row is causal."""
+    seen = [None if not seq.images else
+            visible_until(seq.images, seq.num_computed_tokens, seq.num_computed_tokens + n)
+            for seq, n in scheduled]
+    if not any(seen):
+        return []
+    rows: list[int] = []
+    for (_, num_new), last in zip(scheduled, seen, strict=True):
+        rows += last or positions[len(rows):len(rows) + num_new]
+    return rows
 
 
 def _token_types(scheduled: list[tuple[Sequence, int]]) -> list[int]:

@@ -142,7 +142,7 @@ class ModelRunner:
             all(n == 1 for n in inputs.num_logits)
         hidden = last_rows = None
         if not (inputs.all_logits or inputs.prompt_rows.rows or inputs.pool_spans
-                or inputs.image_rows):
+                or inputs.image_rows or inputs.visible_until):
             graphs = self.graphs if decode_only else self.verify_graphs
             if graphs is not None:
                 hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.slots,
@@ -156,6 +156,9 @@ class ModelRunner:
                 self.lora.set_step(views.lora_slots, active=lora_slots is not None)
             meta = self.buffers.metadata(views, inputs.seq_lens, inputs.query_lens,
                                          self.attention_backend)
+            if inputs.visible_until:
+                meta.visible_until = torch.tensor(inputs.visible_until, dtype=torch.long,
+                                                  device=self.device)
             typed = {} if not inputs.token_types else {"token_types": torch.tensor(
                 inputs.token_types, dtype=torch.long, device=self.device)}
             if inputs.image_rows:

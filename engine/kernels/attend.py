@@ -54,14 +54,15 @@ def dim_block(head_dim: int) -> int:
 
 @triton.jit
 def attend_context(
-    q, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr, kv_head, start,
+    q, q_pos, q_last, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr, kv_head, start,
     end, qk_scale, window, softcap, block_size, stride_cb, stride_ct, stride_ch, stride_sb,
     stride_st, head_dim,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, QUANTIZED: tl.constexpr, WINDOWED: tl.constexpr,
     SOFTCAPPED: tl.constexpr,
 ):
-    """Rows q [BLOCK_M, BLOCK_D] at positions q_pos attend causally to keys start..end-1.
+    """Rows q [BLOCK_M, BLOCK_D] at positions q_pos attend to keys start..end-1 up to q_last
+(q_pos: causally; beyond it for rows that see a whole image both ways).
 
     WINDOWED: a row sees only its last `window` positions (sliding-window layers), so a tile
     may hold no key some row sees. SOFTCAPPED: scores become softcap * tanh(score / softcap)
@@ -96,7 +97,7 @@ def attend_context(
             # softcap arrives in base 2 (times log2(e)), as the scores do; tanh(x) is
             # 2 sigmoid(2x) - 1.
             scores = softcap * (2.0 * tl.sigmoid(2.0 * scores / softcap) - 1.0)
-        visible = pos_ok[None, :] & (pos[None, :] <= q_pos[:, None])
+        visible = pos_ok[None, :] & (pos[None, :] <= q_last[:, None])
         if WINDOWED:
             visible = visible & (pos[None, :] > q_pos[:, None] - window)
         scores = tl.where(visible, scores, float("-inf"))

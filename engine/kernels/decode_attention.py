@@ -59,7 +59,7 @@ def _decode_split_kernel(
 
     seq_end = tl.zeros([BLOCK_G], tl.int64) + (seq_len - 1)  # the query's own position
     acc, denom, m = attend_context(
-        q, seq_end, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+        q, seq_end, seq_end, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
         block_tables_ptr + seq * stride_bt, kv_head, start, end, qk_scale, window, softcap,
         block_size, stride_cb, stride_ct, stride_ch, stride_sb, stride_st, head_dim,
         BLOCK_G, BLOCK_N, BLOCK_D, DOT_PRECISION, QUANTIZED, WINDOWED, SOFTCAPPED,

@@ -27,7 +27,7 @@ from tokenmill.engine.kernels.attend import (
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, block_tables_ptr,
-    seq_lens_ptr, query_start_ptr, sinks_ptr,
+    seq_lens_ptr, query_start_ptr, sinks_ptr, last_ptr,
     qk_scale, window, softcap,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_ct, stride_ch, stride_sb, stride_st,
@@ -35,7 +35,7 @@ def _prefill_kernel(
     block_size, group, head_dim,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, QUANTIZED: tl.constexpr, WINDOWED: tl.constexpr,
-    SOFTCAPPED: tl.constexpr, SINKS: tl.constexpr,
+    SOFTCAPPED: tl.constexpr, SINKS: tl.constexpr, LIMITED: tl.constexpr,
 ):
     tile_m = tl.program_id(0)
     seq = tl.program_id(1)
@@ -60,11 +60,15 @@ def _prefill_kernel(
 
     # Keys after the tile's last query are masked for every row: stop there.
     end = prefix + (tl.minimum((tile_m + 1) * BLOCK_M, num_rows) - 1) // group + 1
+    q_last = q_pos
+    if LIMITED:  # rows that see past themselves (an image's, both ways): to the furthest
+        q_last = tl.load(last_ptr + q_start + token, mask=row_ok, other=0)
+        end = tl.maximum(end, tl.max(tl.where(row_ok, q_last, 0)) + 1)
     start = 0
     if WINDOWED:  # keys before the tile's first query's window are masked for every row
         start = tl.maximum(prefix + (tile_m * BLOCK_M) // group - window + 1, 0)
     acc, denom, m = attend_context(
-        q, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+        q, q_pos, q_last, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
         block_tables_ptr + seq * stride_bt, kv_head, start, end, qk_scale, window, softcap,
         block_size, stride_cb, stride_ct, stride_ch, stride_sb, stride_st, head_dim,
         BLOCK_M, BLOCK_N, BLOCK_D, DOT_PRECISION, QUANTIZED, WINDOWED, SOFTCAPPED,
@@ -90,7 +94,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       v_scale: torch.Tensor | None = None,
                       zero_unowned: bool = False, window: int | None = None,
                       softcap: float | None = None,
-                      sinks: torch.Tensor | None = None) -> torch.Tensor:
+                      sinks: torch.Tensor | None = None,
+                      visible_until: torch.Tensor | None = None) -> torch.Tensor:
     """q: [tokens, heads, dim] of every sequence's new tokens -> attention output, same shape.
 
     Caches are [blocks, block_size, kv_heads, dim]; the new tokens' K/V must already be in them.
@@ -99,7 +104,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     after the last sequence's are padding, left zero (the kernel writes only owned rows).
     window: each query sees only its last `window` positions; softcap: scores pass through
     softcap * tanh(score / softcap); sinks: [heads], a logit per head in every softmax's
-    denominator (attention sinks).
+    denominator (attention sinks); visible_until: [tokens], the last position each query
+    sees (None: its own, causal attention), which an image's rows extend to the image's end.
     """
     num_tokens, _, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -112,7 +118,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     k_scales, v_scales, scale_sb, scale_st = scale_args(k_cache, k_scale, v_scale)
     _prefill_kernel[grid](
         q, k_cache, v_cache, k_scales, v_scales, out, block_tables, seq_lens, query_start_loc,
-        base2_sinks(sinks, q), scale * LOG2E, window or 0, (softcap or 0.0) * LOG2E,
+        base2_sinks(sinks, q), seq_lens if visible_until is None else visible_until,
+        scale * LOG2E, window or 0, (softcap or 0.0) * LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale_sb, scale_st,
         block_tables.stride(0),
@@ -120,5 +127,6 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=dim_block(head_dim),
         DOT_PRECISION=dot_precision(q.dtype), QUANTIZED=k_scale is not None,
         WINDOWED=bool(window), SOFTCAPPED=bool(softcap), SINKS=sinks is not None,
+        LIMITED=visible_until is not None,
     )
     return out

@@ -91,4 +91,5 @@ def attention(q: torch.Tensor, cache: KVLayer, meta: AttentionMetadata,
                              meta.query_start_loc, max(meta.query_lens_list), scores.scale,
                              k_scale=cache.k_scale, v_scale=cache.v_scale,
                              zero_unowned=meta.unowned_rows, window=scores.window,
-                             softcap=scores.softcap, sinks=sinks)
+                             softcap=scores.softcap, sinks=sinks,
+                             visible_until=meta.visible_until)

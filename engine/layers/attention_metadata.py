@@ -34,6 +34,9 @@ class AttentionMetadata:
     # Rows after the last sequence's are padding that no sequence owns (a captured verify
     # graph's): attention leaves them zero, so no uninitialised value flows on.
     unowned_rows: bool = False
+    # [num_tokens] int64: the last position each query sees, where some see past themselves
+    # (an image's tokens attend to the whole image, both ways: Gemma 3); None: causal.
+    visible_until: torch.Tensor | None = None
     # Per-step work that every layer shares (e.g. the torch path's decode buckets), built by the
     # first layer that needs it; keyed by whoever builds it.
     step_cache: dict[str, Any] = field(default_factory=dict, repr=False)

@@ -99,8 +99,10 @@ def paged_attention(
     for i, q_len in enumerate(meta.query_lens_list):
         if q_len > 1:
             start = int(meta.query_start_loc[i])
+            last = None if meta.visible_until is None else \
+                meta.visible_until[start:start + q_len].unsqueeze(1)
             out[start:start + q_len] = _prefill_one(q[start:start + q_len], cache, meta, i,
-                                                    scores, sinks)
+                                                    scores, sinks, last)
     return out
 
 
@@ -185,20 +187,24 @@ def _gather(cache: torch.Tensor, scales: torch.Tensor | None, block_table: torch
     return blocks.reshape(-1, *cache.shape[2:])[:length]
 
 
-def _prefill_one(q, cache: KVLayer, meta, i, scores: Scores, sinks: torch.Tensor | None):
+def _prefill_one(q, cache: KVLayer, meta, i, scores: Scores, sinks: torch.Tensor | None,
+                 last: torch.Tensor | None = None):
+    """One sequence's chunk; `last` [q_len, 1]: the last position each query sees (None: its
+    own)."""
     ctx = meta.seq_lens_list[i]
     q_len = q.shape[0]
     k = _gather(cache.k, cache.k_scale, meta.block_tables[i], ctx, q.dtype)
     v = _gather(cache.v, cache.v_scale, meta.block_tables[i], ctx, q.dtype)
     # 4-D inputs: with 3-D ones CPU SDPA falls back to its unfused math path (about 3x slower).
     qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-    if ctx == q_len and scores.window is None and scores.softcap is None and sinks is None:
+    if ctx == q_len and scores.window is None and scores.softcap is None and sinks is None \
+            and last is None:
         o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scores.scale,
                                            enable_gqa=True)
     else:
         query_pos = torch.arange(ctx - q_len, ctx, device=q.device).unsqueeze(1)
         key_pos = torch.arange(ctx, device=q.device).unsqueeze(0)
-        visible = key_pos <= query_pos
+        visible = key_pos <= (query_pos if last is None else last)
         if scores.window is not None:
             visible &= key_pos > query_pos - scores.window
         o = _attend(qh, kh, vh, visible, scores, None if sinks is None else sinks.view(-1, 1, 1))

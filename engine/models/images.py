@@ -7,19 +7,29 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from tokenmill.engine.models import llava
-from tokenmill.engine.models.llava import LlavaImageEncoder, image_encoder_weight
+from tokenmill.engine.models.gemma3_images import Gemma3ImageEncoder
+from tokenmill.engine.models.llava import LlavaImageEncoder
 from tokenmill.engine.models.safetensors_files import Checkpoint
 from tokenmill.engine.models.source import ModelLoadError, ModelSource
 
 log = logging.getLogger(__name__)
 
-# Multimodal architectures whose images the engine reads; the others serve text only.
-READS_IMAGES = ("LlavaForConditionalGeneration",)
+# Multimodal architectures whose images the engine reads, and their encoders; the others
+# serve text only.
+ENCODERS = {"LlavaForConditionalGeneration": LlavaImageEncoder,
+            "Gemma3ForConditionalGeneration": Gemma3ImageEncoder}
+# Where checkpoints keep the tower and the projector: as first published and as transformers
+# has saved them since 4.52 (under `model.`); the tower's tensors under `vision_model.` or not
+# (transformers 5).
+_PREFIXES = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.",
+             "multi_modal_projector.")
 
 
 PROCESSOR_CONFIG = "preprocessor_config.json"
@@ -29,7 +39,7 @@ def reads_images(model_config: Any, directory: str) -> bool:
     """Whether the checkpoint behind this (language model's) config takes images: an
     architecture whose encoder the engine runs, with the image processor's settings (a
     checkpoint without them is served text only, and a line says so)."""
-    if getattr(model_config, "multimodal", None) not in READS_IMAGES:
+    if getattr(model_config, "multimodal", None) not in ENCODERS:
         return False
     if os.path.isfile(os.path.join(directory, PROCESSOR_CONFIG)):
         return True
@@ -38,14 +48,55 @@ def reads_images(model_config: Any, directory: str) -> bool:
     return False
 
 
-def image_token_id(model_config: Any) -> int:
-    """The placeholder token an image's rows replace."""
-    return llava.image_token_id(model_config.multimodal_config)
+@dataclass(frozen=True)
+class ImageTokens:
+    """How a model's prompt holds an image: the `marker` token once where the user puts it,
+    expanded to `before`, then `per_image` tokens `row` (the encoder's rows take their
+    places), then `after`. LLaVA: the marker is the row token, nothing around it; Gemma 3:
+    "\\n\\n<start_of_image>", 256 soft tokens, "<end_of_image>\\n\\n". `both_ways`: an image's
+    rows attend to each other in both directions (Gemma 3), so a prefill chunk never cuts
+    one."""
+
+    marker: int
+    row: int
+    per_image: int
+    before: tuple[int, ...] = ()
+    after: tuple[int, ...] = ()
+    both_ways: bool = False
 
 
-def tokens_per_image(model_config: Any) -> int:
-    """How many placeholder tokens (encoder rows) one image takes."""
-    return llava.tokens_per_image(model_config.multimodal_config)
+def image_tokens(model_config: Any, tokenizer: Any) -> tuple[ImageTokens, str, str]:
+    """How the model's prompts hold an image, with the text marker of a text prompt and what
+    the model's processor writes in its place."""
+    outer = model_config.multimodal_config
+    if model_config.multimodal == "Gemma3ForConditionalGeneration":
+        return _gemma3_tokens(outer, tokenizer)
+    image = llava.image_token_id(outer)
+    per_image = llava.tokens_per_image(outer)
+    marker = tokenizer.convert_ids_to_tokens(image)
+    return ImageTokens(image, image, per_image), marker, marker * per_image
+
+
+def _gemma3_tokens(config: Any, tokenizer: Any) -> tuple[ImageTokens, str, str]:
+    """Gemma 3's processor writes each `<start_of_image>` as a blank line, itself, the soft
+    tokens, `<end_of_image>` and a blank line; the soft tokens see each other both ways."""
+    begin, end = int(config.boi_token_index), int(config.eoi_token_index)
+    soft, count = int(config.image_token_index), int(config.mm_tokens_per_image)
+    blank = tuple(tokenizer.encode("\n\n", add_special_tokens=False))
+    text = dict(zip(("begin", "soft", "end"),
+                    tokenizer.convert_ids_to_tokens([begin, soft, end]), strict=True))
+    expansion = f"\n\n{text['begin']}{text['soft'] * count}{text['end']}\n\n"
+    return (ImageTokens(begin, soft, count, (*blank, begin), (end, *blank), both_ways=True),
+            text["begin"], expansion)
+
+
+def image_encoder_weight(name: str) -> str | None:
+    """A checkpoint tensor's name in the image encoder, or None for the language model's."""
+    for prefix in _PREFIXES:
+        if name.startswith(prefix):
+            rest = name[len(prefix):].removeprefix("vision_model.")
+            return prefix.removeprefix("model.") + rest
+    return None
 
 
 class ImageProcessor:
@@ -59,6 +110,10 @@ class ImageProcessor:
             self._processor = AutoImageProcessor.from_pretrained(directory, backend="pil")
         except Exception as exc:
             raise ModelLoadError.reading(f"the image processor from {directory}", exc) from exc
+        if getattr(self._processor, "do_pan_and_scan", False):
+            log.warning("pan-and-scan crops are not read: each image is read whole",
+                        extra={"directory": directory})
+            self._processor.do_pan_and_scan = False
 
     def __call__(self, image: Any) -> torch.Tensor:
         pixels = self._processor(images=[image.convert("RGB")], return_tensors="pt")
@@ -71,11 +126,11 @@ def image_processor(directory: str) -> ImageProcessor:
 
 
 def build_image_encoder(model_config: Any, source: ModelSource, dtype: torch.dtype,
-                        device: torch.device) -> LlavaImageEncoder:
+                        device: torch.device) -> nn.Module:
     """The image encoder, its weights read from the checkpoint (the tower's layers past the
     one read are not)."""
     with torch.device("meta"):
-        encoder = LlavaImageEncoder(model_config.multimodal_config)
+        encoder = ENCODERS[model_config.multimodal](model_config.multimodal_config)
     encoder = encoder.to(dtype=dtype).to_empty(device=device)
     params = dict(encoder.named_parameters())
     loaded = set()

@@ -13,12 +13,6 @@ from torch import nn
 from tokenmill.engine.models.source import ModelLoadError
 from tokenmill.engine.models.vision_encoder import CLIP, VisionTransformer, activation
 
-# Where LLaVA checkpoints keep the tower and the projector: as first published and as
-# transformers has saved them since 4.52 (under `model.`); the tower's tensors under
-# `vision_model.` or not (transformers 5).
-_PREFIXES = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.",
-             "multi_modal_projector.")
-
 
 class Projector(nn.Module):
     def __init__(self, config: Any, in_features: int):
@@ -70,14 +64,3 @@ def tokens_per_image(config: Any) -> int:
 def image_token_id(config: Any) -> int:
     """The placeholder token an image's rows replace."""
     return int(getattr(config, "image_token_id", None) or config.image_token_index)
-
-
-def image_encoder_weight(name: str) -> str | None:
-    """A LLaVA checkpoint tensor's name in LlavaImageEncoder, or None for the language
-    model's."""
-    for prefix in _PREFIXES:
-        if name.startswith(prefix):
-            # The tower's own `vision_model.` level, which transformers 5 no longer keeps.
-            rest = name[len(prefix):].removeprefix("vision_model.")
-            return prefix.removeprefix("model.") + rest
-    return None

@@ -115,7 +115,9 @@ class VisionTransformer(nn.Module):
     the indices asked for, as transformers numbers them in `hidden_states` (0: the embeddings,
     -1: the last layer's output, before any final norm)."""
 
-    def __init__(self, config: Any, read_layers: list[int]):
+    def __init__(self, config: Any, read_layers: list[int], final_norm: bool = False):
+        """final_norm: the last layer's output passes through `post_layernorm` (SigLIP's
+        last_hidden_state, which Gemma 3 reads)."""
         super().__init__()
         kind = getattr(config, "model_type", None)
         if kind not in (CLIP, SIGLIP):
@@ -128,6 +130,8 @@ class VisionTransformer(nn.Module):
             if kind == CLIP else None
         self.encoder = VisionEncoder(config, max(self.read))
         self.has_class_token = kind == CLIP
+        self.post_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) \
+            if final_norm else None
 
     def forward(self, pixel_values: torch.Tensor) -> list[torch.Tensor]:
         x = self.embeddings(pixel_values)
@@ -137,4 +141,6 @@ class VisionTransformer(nn.Module):
         for layer in self.encoder.layers:
             x = layer(x)
             states.append(x)
+        if self.post_layernorm is not None:
+            states[-1] = self.post_layernorm(states[-1])
         return [states[index] for index in self.read]

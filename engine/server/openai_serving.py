@@ -223,7 +223,8 @@ def chat_ids(state: ServerState, conversation: list[dict[str, Any]],
              continue_final_message: bool = False, add_special_tokens: bool = False,
              template_kwargs: dict[str, Any] | None = None) -> list[int]:
     """The conversation through the chat template, tokenized (as transformers does with
-    tokenize=True: the template writes the special tokens, so none are added by default).
+    tokenize=True: the template writes the special tokens, so none are added by default),
+    each image's marker expanded to the tokens its rows take.
     `template_kwargs` are extra variables of the template (checked by ChatTemplateFields),
     over the server's --default-chat-template-kwargs.
 
@@ -242,6 +243,8 @@ def chat_ids(state: ServerState, conversation: list[dict[str, Any]],
             **{**state.options.default_chat_template_kwargs, **(template_kwargs or {})})
     except Exception as exc:  # template errors (e.g. role order) are the caller's to fix
         raise ValueError(f"the chat template rejected the messages: {exc}") from exc
+    if images:  # each image's marker written out as the model's processor writes it
+        text = state.engine.engine.images.expand_text(text)
     return state.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 

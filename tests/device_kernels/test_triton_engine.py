@@ -119,3 +119,28 @@ def test_latent_attention_runs_through_the_kernels(tmp_path, vocab_tokenizer):
     assert [ids for ids, _ in got] == [ids for ids, _ in expected]
     for (_, logprobs), (_, reference) in zip(got, expected, strict=True):
         assert logprobs == pytest.approx(reference, abs=1e-4)
+
+
+def test_gemma3_images_run_through_the_kernels(tmp_path, vocab_tokenizer):
+    """Gemma 3's image rows see each other both ways in the prefill kernel as in the torch
+    path, in chunks and from the prefix cache."""
+    from image_support import HFGemma3, drawn_image, make_gemma3
+
+    directory = make_gemma3(str(tmp_path / "gemma3"), vocab_tokenizer)
+    marker = HFGemma3(directory).placeholder
+    words = vocab_tokenizer.encode("tell me what the picture shows")
+    prompts = [{"prompt_token_ids": words[:2] + [marker] + words[2:], "multi_modal_data": {
+        "image": [drawn_image(seed)]}} for seed in (0, 1)]
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=0)
+    options = {"show_progress": False, "dtype": "float32", "max_num_batched_tokens": 12,
+               "max_num_seqs": 2, "block_size": 8, "device": DEVICE.type,
+               "kv_cache_memory": KV_CACHE_MEMORY}
+    runs = {}
+    for backend in ("torch", "triton"):
+        with LLM(directory, attention_backend=backend, **options) as llm:
+            runs[backend] = [o.outputs[0] for o in llm.generate(prompts * 2, params)]
+    for got, expected in zip(runs["triton"], runs["torch"], strict=True):
+        assert got.token_ids == expected.token_ids
+        assert [s[t] for s, t in zip(got.logprobs, got.token_ids, strict=True)] == \
+            pytest.approx([s[t] for s, t in zip(expected.logprobs, expected.token_ids,
+                                                strict=True)], abs=1e-4)

@@ -192,3 +192,37 @@ def test_engine_dispatch_runs_decode_and_mixed_steps_on_the_kernels(shapes):
     store_kv(batch.new_k, batch.new_v, batch.layer, meta)
     out = attention(batch.q, batch.layer, meta, scale)
     torch.testing.assert_close(out, expected, **FP32)
+
+
+@pytest.mark.parametrize("window", [None, 37])
+def test_prefill_rows_that_see_a_whole_image_equal_torch_and_a_dense_mask(window):
+    """Rows of an image see every row of it, later ones too (Gemma 3's images): the kernel,
+    the torch path and attention over an explicit mask agree."""
+    batch = paged_batch([(0, 45), (19, 30), (32, 5)], 6, 2, 16, 16)
+    positions = [*range(0, 45), *range(19, 49), *range(32, 37)]
+    last = list(positions)
+    for lo, hi in ((0 + 10, 0 + 30), (45 + 6, 45 + 22)):  # rows of two images
+        last[lo:hi] = [positions[hi - 1]] * (hi - lo)
+    batch.meta.visible_until = torch.tensor(last, dtype=torch.long, device=DEVICE)
+    scores = Scores(0.7, window)
+    expected = _reference(batch, scores)
+    # The first sequence has no cache before it: attention over its own rows, masked by hand.
+    q, k, v = (t[:45].float() for t in (batch.q, batch.new_k, batch.new_v))
+    key_pos = torch.arange(45, device=DEVICE)
+    visible = key_pos[None, :] <= torch.tensor(last[:45], device=DEVICE)[:, None]
+    if window:
+        visible &= key_pos[None, :] > key_pos[:, None] - window
+    weights = torch.einsum("qhd,khd->hqk", q, k.repeat_interleave(3, dim=1)) * 0.7
+    dense = torch.einsum("hqk,khd->qhd", weights.masked_fill(~visible, float("-inf"))
+                         .softmax(-1), v.repeat_interleave(3, dim=1))
+    torch.testing.assert_close(expected[:45], dense, **FP32)
+    assert not torch.allclose(expected[10:30], _reference(
+        dataclasses.replace(batch, meta=dataclasses.replace(batch.meta, visible_until=None)),
+        scores)[10:30])  # the image's rows do see past themselves
+    _fill(batch)
+    meta = batch.meta
+    out = prefill_attention(batch.q, batch.k_cache, batch.v_cache, meta.block_tables,
+                            meta.seq_lens, meta.query_start_loc, max(meta.query_lens_list),
+                            scores.scale, block_m=16, block_n=16, window=window,
+                            visible_until=meta.visible_until)
+    torch.testing.assert_close(out, expected, **FP32)

@@ -1,20 +1,24 @@
-"""Prompts with images (LLaVA): the engine's greedy tokens and their log-probabilities equal
-transformers' LLaVA on the same images, whether the prompt's chunks cut an image, prompts
-batch with text-only ones, a preempted prompt is recomputed, or the prefix cache serves a
-prompt again; the prefix cache tells images apart by their pixels; what cannot be read is
+"""Prompts with images (LLaVA, Gemma 3): the engine's greedy tokens and their
+log-probabilities equal transformers' on the same images, whether the prompt's chunks cut an
+image (LLaVA) or must not (Gemma 3, whose image rows see each other both ways), prompts batch
+with text-only ones, a preempted prompt is recomputed, or the prefix cache serves a prompt
+again; the prefix cache tells images apart by their pixels; what cannot be read is
 refused."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 import torch
-from image_support import HFLlava, drawn_image, make_llava
+from image_support import HFGemma3, HFLlava, drawn_image, make_gemma3, make_llava
 
 from tokenmill.engine import LLM, SamplingParams
+from tokenmill.engine.contract.config import ConfigError
 from tokenmill.engine.core.errors import RequestError
-from tokenmill.engine.core.images import ImageInput, place_images
+from tokenmill.engine.core.images import ImageInput, place_images, whole_images
+from tokenmill.engine.models.images import ImageTokens
 
 MAX_NEW = 6
 # A step of 12 tokens cuts each 16-row image in two.
@@ -22,10 +26,15 @@ ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=4, max_num_batched
               dtype="float32")
 
 
-@pytest.fixture(scope="module", params=["clip", "siglip"])
+@pytest.fixture(scope="module", params=["clip", "siglip", "gemma3"])
 def llava(request, tmp_path_factory, vocab_tokenizer):
-    directory = make_llava(str(tmp_path_factory.mktemp(f"llava-{request.param}")),
-                           vocab_tokenizer, request.param)
+    """A checkpoint that reads images, and transformers' model on it: LLaVA with either
+    tower, or Gemma 3."""
+    directory = str(tmp_path_factory.mktemp(request.param))
+    if request.param == "gemma3":
+        make_gemma3(directory, vocab_tokenizer)
+        return directory, HFGemma3(directory)
+    make_llava(directory, vocab_tokenizer, request.param)
     return directory, HFLlava(directory)
 
 
@@ -61,7 +70,7 @@ def test_greedy_with_images_equals_transformers(llava, vocab_tokenizer):
     assert expected[0][1] != expected[1][1]  # the image changes the answer
     with LLM(directory, **ENGINE) as llm:
         assert llm.engine.images.per_image == hf.per_image
-        _check(_generate(llm, prompts), expected)  # batched, images cut by chunks
+        _check(_generate(llm, prompts), expected)  # batched, in chunks
         hits = llm.engine.kv.prefix_hits
         _check(_generate(llm, prompts), expected)  # again, from the prefix cache
         assert llm.engine.kv.prefix_hits > hits
@@ -105,26 +114,61 @@ def test_the_prefix_cache_tells_images_apart(tmp_path, vocab_tokenizer):
 
 def test_placeholders_already_expanded_are_taken_as_they_are():
     images = [ImageInput.of(torch.zeros(3, 2, 2)), ImageInput.of(torch.ones(3, 2, 2))]
-    once, spans = place_images([5, 9, 6, 9], images, placeholder=9, per_image=3)
+    once, spans = place_images([5, 9, 6, 9], images, ImageTokens(9, 9, 3))
     assert once == [5, 9, 9, 9, 6, 9, 9, 9]
     assert [(s.offset, s.length, s.image) for s in spans] == [(1, 3, images[0]),
                                                               (5, 3, images[1])]
-    again, spans_again = place_images(once, images, placeholder=9, per_image=3)
+    again, spans_again = place_images(once, images, ImageTokens(9, 9, 3))
     assert again == once and [s.offset for s in spans_again] == [1, 5]
-    adjacent, spans = place_images([9, 9, 9, 9, 9, 9], images, placeholder=9, per_image=3)
+    adjacent, spans = place_images([9, 9, 9, 9, 9, 9], images, ImageTokens(9, 9, 3))
     assert [s.offset for s in spans] == [0, 3]
     assert images[0].cache_key != images[1].cache_key and images[0].cache_key < 0
+
+
+def test_a_gemma3_prompt_given_as_text_is_expanded_as_its_processor_writes_it(
+        tmp_path, vocab_tokenizer):
+    directory = make_gemma3(str(tmp_path / "gemma3"), vocab_tokenizer)
+    hf = HFGemma3(directory)
+    text = "Look:<start_of_image>What is it?"
+    ids = hf.tokenizer.encode("Look:\n\n<start_of_image>" + "<image_soft_token>" * 4
+                              + "<end_of_image>\n\nWhat is it?")
+    with LLM(directory, **ENGINE) as llm:
+        prompt = llm.engine.check_request(text, SamplingParams(), images=[drawn_image(0)])[1]
+        assert prompt == ids
+        _check(_generate(llm, [(text, [drawn_image(0)])]),
+               [hf.greedy(ids, [drawn_image(0)], MAX_NEW, expanded=True)])
+
+
+def test_a_step_that_cannot_hold_a_whole_gemma3_image_is_refused(tmp_path, vocab_tokenizer):
+    directory = make_gemma3(str(tmp_path / "gemma3"), vocab_tokenizer)
+    with pytest.raises(ConfigError, match="max_num_batched_tokens: 3 cannot hold one image's 4 "
+                                          "tokens"):
+        LLM(directory, **dict(ENGINE, max_num_batched_tokens=3, max_num_seqs=2))
+
+
+def test_chunks_never_cut_an_image_seen_both_ways():
+    tokens = ImageTokens(7, 9, 4, both_ways=True)
+    image = ImageInput.of(torch.zeros(3, 2, 2))
+    _, spans = place_images([1, 2, 7, 3, 7], [image, image], tokens)
+    assert [(s.offset, s.end) for s in spans] == [(2, 6), (7, 11)]
+    assert whole_images(spans, 0, 4) == 2      # stops before the first image
+    assert whole_images(spans, 0, 6) == 6      # ends with it
+    assert whole_images(spans, 3, 2) == 0      # starts inside: its rest does not fit
+    assert whole_images(spans, 3, 3) == 3      # starts inside: runs to its end
+    assert whole_images(spans, 3, 5) == 4      # ... and on, stopping before the next
+    assert whole_images(spans, 6, 5) == 5
+    assert whole_images([dataclasses.replace(s, both_ways=False) for s in spans], 0, 4) == 4
 
 
 @pytest.mark.parametrize("ids,count,message", [
     ([5, 6], 1, "holds 0 image placeholder tokens (id 9) for 1 images"),
     ([9, 9], 1, "holds 2 image placeholder tokens (id 9) for 1 images"),
-    ([9, 9, 5, 9, 9, 9, 9], 2, "must come one per image or 3 in a row"),
+    ([9, 9, 5, 9, 9, 9, 9], 2, "image's tokens (id 9) must come 3 in a row"),
 ])
 def test_placeholders_that_do_not_match_the_images_are_refused(ids, count, message):
     images = [ImageInput.of(torch.full((3, 2, 2), float(i))) for i in range(count)]
     with pytest.raises(RequestError, match=re.escape(message)):
-        place_images(ids, images, placeholder=9, per_image=3)
+        place_images(ids, images, ImageTokens(9, 9, 3))
 
 
 def test_what_cannot_be_read_is_refused(tmp_path, vocab_tokenizer, tiny_llama):
@@ -141,9 +185,10 @@ def test_what_cannot_be_read_is_refused(tmp_path, vocab_tokenizer, tiny_llama):
 
 
 def test_images_under_tensor_parallelism(tmp_path, vocab_tokenizer):
-    """Rank 0 encodes; the rows travel to the other rank with the step."""
-    directory = make_llava(str(tmp_path / "llava"), vocab_tokenizer)
-    hf = HFLlava(directory)
+    """Rank 0 encodes; the rows, and how far each row sees (Gemma 3's images), travel to the
+    other rank with the step."""
+    directory = make_gemma3(str(tmp_path / "gemma3"), vocab_tokenizer)
+    hf = HFGemma3(directory)
     prompts = _prompts(hf, vocab_tokenizer)
     expected = [hf.greedy(ids, images, MAX_NEW) for ids, images in prompts]
     with LLM(directory, tensor_parallel_size=2, **ENGINE) as llm:

@@ -12,7 +12,16 @@ import threading
 
 import openai
 import pytest
-from image_support import IMAGE_TOKEN, HFLlava, drawn_image, llava_tokenizer, make_llava, png_bytes
+from image_support import (
+    IMAGE_TOKEN,
+    HFGemma3,
+    HFLlava,
+    drawn_image,
+    llava_tokenizer,
+    make_gemma3,
+    make_llava,
+    png_bytes,
+)
 from server_support import in_process_server
 
 MAX_NEW = 6
@@ -153,3 +162,28 @@ def test_a_string_template_gets_the_placeholder_before_the_text(server, llava_di
                                           [drawn_image(0)], MAX_NEW)
     assert reply.choices[0].message.content == tokenizer.decode(tokens,
                                                                 skip_special_tokens=True)
+
+
+def test_gemma3_reads_images_over_http(tmp_path, vocab_tokenizer):
+    """Gemma 3: the template's `<start_of_image>` written out as its processor writes it,
+    the image's rows seeing each other both ways."""
+    directory = make_gemma3(str(tmp_path / "gemma3"), vocab_tokenizer)
+    hf = HFGemma3(directory)
+    rendered = hf.tokenizer.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Name it."}]}],
+        add_generation_prompt=True, tokenize=False)
+    assert rendered.count("<start_of_image>") == 1
+    written = rendered.replace("<start_of_image>", "\n\n<start_of_image>"
+                               + "<image_soft_token>" * 4 + "<end_of_image>\n\n")
+    ids = hf.tokenizer.encode(written, add_special_tokens=False)
+    tokens, _ = hf.greedy(ids, [drawn_image(2)], MAX_NEW, expanded=True)
+    with in_process_server(directory, "gemma3", block_size=8, dtype="float32") as server:
+        reply = server.client.chat.completions.create(
+            model="gemma3", temperature=0, max_tokens=MAX_NEW,
+            extra_body={"ignore_eos": True, "return_token_ids": True},
+            messages=[{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": _data_url(drawn_image(2))}},
+                {"type": "text", "text": "Name it."}]}])
+    assert reply.prompt_token_ids == ids  # the text written out, then tokenized
+    assert reply.choices[0].message.content == hf.tokenizer.decode(tokens,
+                                                                   skip_special_tokens=True)
