@@ -81,6 +81,7 @@ class HFLlava:
         self.model = transformers.AutoModelForImageTextToText.from_pretrained(
             directory, dtype=torch.float32).eval()
         self.processor = transformers.AutoImageProcessor.from_pretrained(directory)
+        self.tokenizer = transformers_tokenizer(directory)
         config = self.model.config
         self.placeholder = config.image_token_id
         vision = config.vision_config
@@ -94,6 +95,10 @@ class HFLlava:
         for t in ids:
             out += [t] * self.per_image if t == self.placeholder else [t]
         return out
+
+    def written(self, text: str) -> str:
+        """A text prompt with each image marker written out, as LLaVA's processor does."""
+        return text.replace(IMAGE_TOKEN, IMAGE_TOKEN * self.per_image)
 
     def _inputs(self, ids: list[int], pixels: dict) -> dict:
         """What the model takes beside the ids: the pixels."""
@@ -169,7 +174,11 @@ class HFGemma3(HFLlava):
         config = self.model.config
         self.placeholder, self.soft = config.boi_token_index, config.image_token_index
         self.end, self.per_image = config.eoi_token_index, config.mm_tokens_per_image
-        self.tokenizer = transformers_tokenizer(directory)
+
+    def written(self, text: str) -> str:
+        """As Gemma 3's processor writes each `<start_of_image>` out."""
+        begin, soft, end = GEMMA_TOKENS
+        return text.replace(begin, f"\n\n{begin}{soft * self.per_image}{end}\n\n")
 
     def expand(self, ids: list[int]) -> list[int]:
         blank = self.tokenizer.encode("\n\n", add_special_tokens=False)

@@ -26,6 +26,7 @@ from tokenmill.engine.core import (
     pair_prompt,
     score_pairs,
 )
+from tokenmill.engine.frontend.media import read_image_url
 
 Prompt = str | list[int]
 # vLLM's prompt with images: {"prompt": str} or {"prompt_token_ids": [...]}, and
@@ -198,26 +199,60 @@ class LLM:
              chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
         """Apply the chat template (the model's, or `chat_template`), then generate; the
         keywords are vLLM's LLM.chat's (chat_template_kwargs: the template's own variables,
-        e.g. Qwen3's enable_thinking)."""
+        e.g. Qwen3's enable_thinking). A message's OpenAI `image_url` parts (data:, http(s)
+        or file URLs, or local paths) are read and reach the template as {"type": "image"}
+        parts, for a model that reads images."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [self.apply_chat_template(
-            c, chat_template=chat_template, add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message, tools=tools,
-            chat_template_kwargs=chat_template_kwargs) for c in conversations]
+        prompts: list[Prompt | PromptDict] = []
+        for conversation in conversations:
+            urls = [part["image_url"]["url"] if isinstance(part["image_url"], dict)
+                    else part["image_url"] for part in _parts(conversation)
+                    if part.get("type") == "image_url"]
+            text = self.apply_chat_template(
+                _template_messages(conversation), chat_template=chat_template,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, tools=tools,
+                chat_template_kwargs=chat_template_kwargs, tokenize=not urls)
+            if not urls:
+                prompts.append(text)
+                continue
+            images = self.engine.prepare_images([read_image_url(url) for url in urls])
+            # The template wrote the special tokens; each image marker written out first.
+            ids = self.tokenizer.encode(self.engine.images.expand_text(text),
+                                        add_special_tokens=False)
+            prompts.append({"prompt_token_ids": ids, "multi_modal_data": {"image": images}})
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def apply_chat_template(self, messages: list[Message], *, chat_template: str | None = None,
                             add_generation_prompt: bool = True,
                             continue_final_message: bool = False,
                             tools: list[dict] | None = None,
-                            chat_template_kwargs: dict[str, Any] | None = None) -> list[int]:
+                            chat_template_kwargs: dict[str, Any] | None = None,
+                            tokenize: bool = True) -> list[int] | str:
         ids = self.tokenizer.apply_chat_template(
             messages, chat_template=chat_template, add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message, tools=tools, tokenize=True,
+            continue_final_message=continue_final_message, tools=tools, tokenize=tokenize,
             **(chat_template_kwargs or {}))
+        if not tokenize:
+            return ids
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return list(ids)
+
+
+def _parts(conversation: list[Message]) -> list[dict[str, Any]]:
+    return [part for message in conversation if isinstance(message.get("content"), list)
+            for part in message["content"] if isinstance(part, dict)]
+
+
+def _template_messages(conversation: list[Message]) -> list[Message]:
+    """The conversation with each image_url part as the templates of image models read an
+    image: {"type": "image"}."""
+    def part(p: Any) -> Any:
+        return {"type": "image"} if isinstance(p, dict) and p.get("type") == "image_url" else p
+
+    return [{**m, "content": [part(p) for p in m["content"]]}
+            if isinstance(m.get("content"), list) else m for m in conversation]
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

@@ -6,9 +6,6 @@ event loop. Whatever cannot be read is a 400 naming the part."""
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import io
 import os
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -16,12 +13,14 @@ from urllib.parse import unquote, urlparse
 import httpx
 
 from tokenmill.engine.core.errors import RequestError
+from tokenmill.engine.frontend.media import (
+    FETCH_TIMEOUT_S,
+    MAX_IMAGE_BYTES,
+    data_url_bytes,
+    open_image,
+)
 from tokenmill.engine.server.errors import APIError
 from tokenmill.engine.server.state import ServerState
-
-MAX_IMAGE_BYTES = 20 << 20  # an image's encoded bytes, fetched or inlined
-# Seconds to fetch an image; vLLM's variable sets it too.
-FETCH_TIMEOUT_S = float(os.environ.get("VLLM_IMAGE_FETCH_TIMEOUT", "5"))
 
 
 async def request_images(urls: list[str], state: ServerState) -> list[Any]:
@@ -44,16 +43,12 @@ async def request_images(urls: list[str], state: ServerState) -> list[Any]:
 
 
 def _prepare(encoded: list[bytes], engine: Any) -> list[Any]:
-    from PIL import Image
-
     images = []
     for index, data in enumerate(encoded):
         try:
-            image = Image.open(io.BytesIO(data))
-            image.load()
-        except Exception as exc:  # PIL's errors for what is not an image it can read
-            raise RequestError(f"image {index} is not an image PIL can read: {exc}") from exc
-        images.append(image)
+            images.append(open_image(data))
+        except ValueError as exc:
+            raise RequestError(f"image {index} is {exc}") from exc
     return engine.prepare_images(images)
 
 
@@ -71,18 +66,10 @@ async def _read(url: str, index: int, state: ServerState) -> bytes:
 
 
 def _data_url(url: str, where: str) -> bytes:
-    header, comma, payload = url[len("data:"):].partition(",")
-    if not comma or not header.endswith(";base64"):
-        raise APIError(400, f"{where}: a data URL must be data:<type>;base64,<data>",
-                       param="messages")
-    if len(payload) > MAX_IMAGE_BYTES * 4 // 3 + 4:
-        raise APIError(400, f"{where}: larger than {MAX_IMAGE_BYTES >> 20} MiB",
-                       param="messages")
     try:
-        return base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise APIError(400, f"{where}: the data URL is not valid base64 ({exc})",
-                       param="messages") from exc
+        return data_url_bytes(url)
+    except ValueError as exc:
+        raise APIError(400, f"{where}: {exc}", param="messages") from exc
 
 
 async def _fetch(url: str, where: str) -> bytes:

@@ -193,3 +193,34 @@ def test_images_under_tensor_parallelism(tmp_path, vocab_tokenizer):
     expected = [hf.greedy(ids, images, MAX_NEW) for ids, images in prompts]
     with LLM(directory, tensor_parallel_size=2, **ENGINE) as llm:
         _check(_generate(llm, prompts), expected)
+
+
+def test_llm_chat_reads_image_url_parts(llava, vocab_tokenizer, tmp_path):
+    """vLLM's offline LLM.chat with OpenAI's image parts: a data: URL and a local file give
+    the server's prompt and transformers' answer."""
+    import base64
+
+    from image_support import png_bytes
+
+    directory, hf = llava
+    path = tmp_path / "picture.png"
+    path.write_bytes(png_bytes(drawn_image(4)))
+    url = "data:image/png;base64," + base64.b64encode(png_bytes(drawn_image(0))).decode()
+    messages = [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "text", "text": "and"}, {"type": "image_url", "image_url": str(path)},
+        {"type": "text", "text": "compare them"}]}]
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
+    with LLM(directory, **ENGINE) as llm:
+        out = llm.chat(messages, params)[0]
+        with pytest.raises(ValueError, match="cannot read /nonexistent.png"):
+            llm.chat([{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "file:///nonexistent.png"}}]}])
+    template = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "and"},
+                                             {"type": "image"},
+                                             {"type": "text", "text": "compare them"}]}]
+    text = hf.tokenizer.apply_chat_template(template, add_generation_prompt=True,
+                                            tokenize=False)
+    ids = hf.tokenizer.encode(hf.written(text), add_special_tokens=False)
+    _check([out.outputs[0]], [hf.greedy(ids, [drawn_image(0), drawn_image(4)], MAX_NEW,
+                                        expanded=True)])
