@@ -17,6 +17,9 @@ from tokenmill.engine.core.errors import RequestError
 from tokenmill.engine.models.images import ImageTokens
 
 
+ENCODE_BATCH = 8  # images through the encoder at once
+
+
 @dataclass(frozen=True)
 class ImageInput:
     """An image as the model's processor prepared it: pixel values [3, H, W] (float32, on the
@@ -184,21 +187,22 @@ class PromptImages:
         return text.replace(self.marker_text, self.expansion_text)
 
     def encode_for_step(self, scheduled: Sequence[tuple[Any, int]]) -> None:
-        """Encode, in one batch, the images whose placeholders this step computes and whose
-        rows are not at hand (first scheduled, or recomputed after a preemption)."""
+        """Encode the images whose placeholders this step computes and whose rows are not at
+        hand (first scheduled, or recomputed after a preemption), ENCODE_BATCH at a time (the
+        tower's activations grow with the batch; the KV pool was sized without them)."""
         wanted = []
         for seq, num_new in scheduled:
             start = seq.num_computed_tokens
             wanted += [span for span in seq.images if span.rows is None
                        and span.offset < start + num_new and span.end > start
                        and all(span is not w for w in wanted)]
-        if not wanted:
-            return
-        rows = self._encode(torch.stack([span.image.pixels for span in wanted]))
-        if self._rows_on_host:
-            rows = rows.cpu()
-        for span, image_rows in zip(wanted, rows, strict=True):
-            span.rows = image_rows
+        for first in range(0, len(wanted), ENCODE_BATCH):
+            batch = wanted[first:first + ENCODE_BATCH]
+            rows = self._encode(torch.stack([span.image.pixels for span in batch]))
+            if self._rows_on_host:
+                rows = rows.cpu()
+            for span, image_rows in zip(batch, rows, strict=True):
+                span.rows = image_rows
 
     @staticmethod
     def release_computed(spans: Sequence[ImageSpan], num_computed: int) -> None:

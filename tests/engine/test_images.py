@@ -224,3 +224,30 @@ def test_llm_chat_reads_image_url_parts(llava, vocab_tokenizer, tmp_path):
     ids = hf.tokenizer.encode(hf.written(text), add_special_tokens=False)
     _check([out.outputs[0]], [hf.greedy(ids, [drawn_image(0), drawn_image(4)], MAX_NEW,
                                         expanded=True)])
+
+
+def test_a_step_encodes_its_images_a_batch_at_a_time_and_each_once():
+    """Twenty images in one step go through the encoder ENCODE_BATCH at a time; an image
+    whose rows are at hand, or outside the step's tokens, is not encoded."""
+    from types import SimpleNamespace
+
+    from tokenmill.engine.core.images import ENCODE_BATCH, PromptImages
+
+    batches = []
+
+    def encode(pixels):
+        batches.append(pixels.shape[0])
+        return pixels.flatten(1)[:, :2].unsqueeze(1).repeat(1, 2, 1)  # 2 rows per image
+
+    images = PromptImages(lambda image: image, ImageTokens(9, 9, 2), "", "", encode=encode,
+                          rows_on_host=True)
+    pictures = [ImageInput.of(torch.full((3, 1, 1), float(i))) for i in range(20)]
+    _, spans = images.place([9] * 20 + [1, 2], pictures)
+    spans[3].rows = torch.zeros(2, 2)  # already encoded
+    seq = SimpleNamespace(images=spans, num_computed_tokens=0)
+    images.encode_for_step([(seq, 30)])  # positions 0..29: the first 15 images
+    assert batches == [ENCODE_BATCH, 14 - ENCODE_BATCH]
+    assert [s.rows is not None for s in spans] == [True] * 15 + [False] * 5
+    assert spans[5].rows[0].tolist() == [5.0, 5.0]  # each image's own rows
+    PromptImages.release_computed(spans, 30)
+    assert all(s.rows is None for s in spans)
