@@ -16,7 +16,6 @@ import torch
 from tokenmill.engine.core.errors import RequestError
 from tokenmill.engine.models.images import ImageTokens
 
-
 ENCODE_BATCH = 8  # images through the encoder at once
 
 
