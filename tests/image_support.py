@@ -96,9 +96,11 @@ class HFLlava:
             out += [t] * self.per_image if t == self.placeholder else [t]
         return out
 
+    writes_text = False  # LLaVA's markers are expanded in the ids
+
     def written(self, text: str) -> str:
-        """A text prompt with each image marker written out, as LLaVA's processor does."""
-        return text.replace(IMAGE_TOKEN, IMAGE_TOKEN * self.per_image)
+        """A text prompt as the processor writes it before tokenizing."""
+        return text
 
     def _inputs(self, ids: list[int], pixels: dict) -> dict:
         """What the model takes beside the ids: the pixels."""
@@ -175,6 +177,8 @@ class HFGemma3(HFLlava):
         self.placeholder, self.soft = config.boi_token_index, config.image_token_index
         self.end, self.per_image = config.eoi_token_index, config.mm_tokens_per_image
 
+    writes_text = True
+
     def written(self, text: str) -> str:
         """As Gemma 3's processor writes each `<start_of_image>` out."""
         begin, soft, end = GEMMA_TOKENS
@@ -197,3 +201,69 @@ def transformers_tokenizer(directory: str):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(directory)
+
+
+def make_llava_next(directory: str, tokenizer) -> str:
+    """A LLaVA-NeXT checkpoint: CLIP's tower over a small Qwen2, images cut into a base view and
+    the tiles of one of three grid resolutions, as its processor chooses by the image's
+    size."""
+    import transformers
+
+    tokenizer = llava_tokenizer(tokenizer)
+    config = transformers.LlavaNextConfig(
+        text_config=dict(model_type="qwen2", vocab_size=len(tokenizer), hidden_size=64,
+                         intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=2048, bos_token_id=1,
+                         eos_token_id=2, pad_token_id=0),
+        vision_config=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64,
+                           num_hidden_layers=2, num_attention_heads=2, image_size=IMAGE_SIZE,
+                           patch_size=PATCH, projection_dim=32),
+        image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        image_grid_pinpoints=GRID)
+    make_random_model(directory, config, tokenizer, draw_norms=True,
+                      auto_class="AutoModelForImageTextToText")
+    transformers.LlavaNextImageProcessorPil(
+        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        image_grid_pinpoints=GRID).save_pretrained(directory)
+    return directory
+
+
+GRID = [[IMAGE_SIZE, 2 * IMAGE_SIZE], [2 * IMAGE_SIZE, IMAGE_SIZE],
+        [2 * IMAGE_SIZE, 2 * IMAGE_SIZE]]
+
+
+class HFLlavaNext(HFLlava):
+    """transformers' LLaVA-NeXT, each image's rows counted by its own processor."""
+
+    def __init__(self, directory: str):
+        from transformers import LlavaNextProcessor
+
+        super().__init__(directory)
+        config = self.model.config
+        self.full = LlavaNextProcessor(
+            image_processor=self.processor, tokenizer=self.tokenizer,
+            patch_size=config.vision_config.patch_size,
+            vision_feature_select_strategy=config.vision_feature_select_strategy,
+            num_additional_image_tokens=1)
+
+    def rows(self, image) -> int:
+        ids = self.full(text=IMAGE_TOKEN, images=[image], return_tensors="pt")["input_ids"][0]
+        return int((ids == self.placeholder).sum())
+
+    def greedy(self, ids: list[int], images: list, max_new: int,
+               expanded: bool = False) -> tuple[list[int], list[float]]:
+        prompt, pending = list(ids), iter(images)
+        if not expanded:
+            prompt = []
+            for t in ids:
+                prompt += [t] * self.rows(next(pending)) if t == self.placeholder else [t]
+        out = self.processor(images=images, return_tensors="pt") if images else {}
+        inputs = {"pixel_values": out["pixel_values"], "image_sizes": out["image_sizes"]} \
+            if images else {}
+        with torch.no_grad():
+            generated = self.model.generate(torch.tensor([prompt]), max_new_tokens=max_new,
+                                            do_sample=False, pad_token_id=0, **inputs)
+            tokens = generated[0, len(prompt):].tolist()
+            logits = self.model(input_ids=torch.tensor([prompt + tokens]),
+                                **inputs).logits[0].log_softmax(-1)
+        return tokens, [logits[len(prompt) - 1 + i, t].item() for i, t in enumerate(tokens)]

@@ -54,6 +54,7 @@ from tokenmill.engine.models.architecture import (
 )
 from tokenmill.engine.models.images import (
     image_processor,
+    image_rows,
     image_tokens,
     reads_images,
 )
@@ -158,7 +159,8 @@ class LLMEngine:
         # How prompts carry images, for a checkpoint that reads them (None: text only).
         self.images = PromptImages(
             image_processor(source.directory), *image_tokens(self.model_config, self.tokenizer),
-            encode=self.runner.encode_images, rows_on_host=tp_size > 1) if reads else None
+            encode=self.runner.encode_images, rows_on_host=tp_size > 1,
+            rows_of=image_rows(self.model_config)) if reads else None
         if self.images is not None and self.images.tokens.both_ways:
             self._check_whole_images(self.images.per_image)
         self._download_seconds = source.download_seconds

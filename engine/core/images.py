@@ -21,18 +21,23 @@ ENCODE_BATCH = 8  # images through the encoder at once
 
 @dataclass(frozen=True)
 class ImageInput:
-    """An image as the model's processor prepared it: pixel values [3, H, W] (float32, on the
-    host) and a digest of them, the image's identity in the prefix cache."""
+    """An image as the model's processor prepared it: pixel values ([3, H, W], or LLaVA-NeXT's
+    views [n, 3, H, W]; float32, on the host), the rows it becomes, its size before processing
+    where the encoder reads it (LLaVA-NeXT), and a digest of them all, the image's identity in
+    the prefix cache."""
 
     pixels: torch.Tensor
     digest: bytes
+    rows: int
+    size: tuple[int, int] | None = None
 
     @classmethod
-    def of(cls, pixels: torch.Tensor) -> ImageInput:
+    def of(cls, pixels: torch.Tensor, rows: int,
+           size: tuple[int, int] | None = None) -> ImageInput:
         pixels = pixels.contiguous()
         digest = hashlib.sha256(pixels.numpy().tobytes())
-        digest.update(str(tuple(pixels.shape)).encode())
-        return cls(pixels, digest.digest())
+        digest.update(str((tuple(pixels.shape), rows, size)).encode())
+        return cls(pixels, digest.digest(), rows, size)
 
     @property
     def cache_key(self) -> int:
@@ -64,25 +69,27 @@ def place_images(token_ids: list[int], images: Sequence[ImageInput],
     taken as it is. RequestError when the markers do not match the images."""
     rows = sum(1 for t in token_ids if t == tokens.row)
     markers = sum(1 for t in token_ids if t == tokens.marker)
-    single = tokens.marker == tokens.row and tokens.per_image == 1
-    if rows == len(images) * tokens.per_image and not single:
+    single = tokens.marker == tokens.row and all(image.rows == 1 for image in images)
+    if rows == sum(image.rows for image in images) and not single:
         expanded = list(token_ids)
     elif markers == len(images) and (tokens.marker == tokens.row or rows == 0):
-        expansion = [*tokens.before, *[tokens.row] * tokens.per_image, *tokens.after]
+        pending = iter(images)
         expanded = []
         for t in token_ids:
-            expanded += expansion if t == tokens.marker else [t]
+            expanded += [*tokens.before, *[tokens.row] * next(pending).rows, *tokens.after] \
+                if t == tokens.marker else [t]
     else:
         raise RequestError(f"the prompt holds {markers} image placeholder tokens (id "
                            f"{tokens.marker}) for {len(images)} images: each image takes one "
-                           f"(or {tokens.per_image} of id {tokens.row}, already expanded)")
+                           f"(or its rows' tokens of id {tokens.row}, already expanded)")
     spans: list[ImageSpan] = []
     for position, t in enumerate(expanded):
         if t == tokens.row and (not spans or position >= spans[-1].end):
-            span = ImageSpan(images[len(spans)], position, tokens.per_image, tokens.both_ways)
-            if expanded[span.offset:span.end] != [tokens.row] * tokens.per_image:
-                raise RequestError(f"an image's tokens (id {tokens.row}) must come "
-                                   f"{tokens.per_image} in a row")
+            image = images[len(spans)]
+            span = ImageSpan(image, position, image.rows, tokens.both_ways)
+            if expanded[span.offset:span.end] != [tokens.row] * image.rows:
+                raise RequestError(f"image {len(spans)}'s tokens (id {tokens.row}) must come "
+                                   f"{image.rows} in a row")
             spans.append(span)
     return expanded, spans
 
@@ -141,9 +148,13 @@ class PromptImages:
     """A model's way with images: its processor (PIL image in, ImageInput out), its
     placeholder token and how many rows an image takes, and the encoder that makes them."""
 
-    def __init__(self, processor: Callable[[Any], torch.Tensor], tokens: ImageTokens,
-                 marker_text: str, expansion_text: str, *,
-                 encode: Callable[[torch.Tensor], torch.Tensor], rows_on_host: bool):
+    def __init__(self, processor: Callable[[Any], tuple[torch.Tensor, Any]],
+                 tokens: ImageTokens, marker_text: str, expansion_text: str, *,
+                 encode: Callable[[list[torch.Tensor], list[Any]], list[torch.Tensor]],
+                 rows_on_host: bool, rows_of: Callable[[Any], int] | None = None):
+        """processor: an image to (pixels, its size); rows_of: the rows an image of that size
+        becomes (None: always tokens.per_image); encode: pixels and sizes to each image's
+        rows."""
         self.processor = processor
         self.tokens = tokens
         # A text prompt's marker, and what replaces it before tokenizing (as the model's
@@ -151,6 +162,7 @@ class PromptImages:
         self.marker_text = marker_text
         self.expansion_text = expansion_text
         self._encode = encode
+        self._rows_of = rows_of or (lambda size: tokens.per_image)
         self._rows_on_host = rows_on_host  # rows a step carries to other ranks: on the host
 
     def prepare(self, images: Sequence[Any]) -> list[ImageInput]:
@@ -161,7 +173,8 @@ class PromptImages:
                 prepared.append(image)
                 continue
             try:
-                prepared.append(ImageInput.of(self.processor(image)))
+                pixels, size = self.processor(image)
+                prepared.append(ImageInput.of(pixels, self._rows_of(size), size))
             except Exception as exc:  # what PIL or the processor raises for this image
                 raise RequestError(f"image {index} cannot be read: {exc}",
                                    param="images") from exc
@@ -197,11 +210,10 @@ class PromptImages:
                        and all(span is not w for w in wanted)]
         for first in range(0, len(wanted), ENCODE_BATCH):
             batch = wanted[first:first + ENCODE_BATCH]
-            rows = self._encode(torch.stack([span.image.pixels for span in batch]))
-            if self._rows_on_host:
-                rows = rows.cpu()
+            rows = self._encode([span.image.pixels for span in batch],
+                                [span.image.size for span in batch])
             for span, image_rows in zip(batch, rows, strict=True):
-                span.rows = image_rows
+                span.rows = image_rows.cpu() if self._rows_on_host else image_rows
 
     @staticmethod
     def release_computed(spans: Sequence[ImageSpan], num_computed: int) -> None:

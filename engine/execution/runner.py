@@ -21,6 +21,7 @@ from tokenmill.engine.execution.step_buffers import StepBuffers
 from tokenmill.engine.execution.step_inputs import StepInputs
 from tokenmill.engine.layers.kv_layer import KVLayer
 from tokenmill.engine.models.decoder import CausalLM
+from tokenmill.engine.models.images import encode_images
 
 
 class ModelRunner:
@@ -60,10 +61,11 @@ class ModelRunner:
         self.image_encoder: torch.nn.Module | None = None
 
     @torch.inference_mode()
-    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
-        """The image encoder's rows [images, tokens per image, hidden] for pixel values
-        [images, 3, H, W]."""
-        return self.image_encoder(pixels.to(self.device))
+    def encode_images(self, pixels: list[torch.Tensor],
+                      sizes: list[tuple[int, int] | None]) -> list[torch.Tensor]:
+        """The image encoder's rows [rows, hidden] of each image (its pixel values, and its
+        size before processing)."""
+        return encode_images(self.image_encoder, [p.to(self.device) for p in pixels], sizes)
 
     def _layer_view(self, layer: int) -> KVLayer:
         """K and V of one layer; one plane (latent attention) is both."""

@@ -16,6 +16,7 @@ from torch import nn
 from tokenmill.engine.models import llava
 from tokenmill.engine.models.gemma3_images import Gemma3ImageEncoder
 from tokenmill.engine.models.llava import LlavaImageEncoder
+from tokenmill.engine.models.llava_next import LlavaNextImageEncoder
 from tokenmill.engine.models.safetensors_files import Checkpoint
 from tokenmill.engine.models.source import ModelLoadError, ModelSource
 
@@ -24,12 +25,13 @@ log = logging.getLogger(__name__)
 # Multimodal architectures whose images the engine reads, and their encoders; the others
 # serve text only.
 ENCODERS = {"LlavaForConditionalGeneration": LlavaImageEncoder,
+            "LlavaNextForConditionalGeneration": LlavaNextImageEncoder,
             "Gemma3ForConditionalGeneration": Gemma3ImageEncoder}
 # Where checkpoints keep the tower and the projector: as first published and as transformers
 # has saved them since 4.52 (under `model.`); the tower's tensors under `vision_model.` or not
 # (transformers 5).
 _PREFIXES = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.",
-             "multi_modal_projector.")
+             "multi_modal_projector.", "model.image_newline", "image_newline")
 
 
 PROCESSOR_CONFIG = "preprocessor_config.json"
@@ -74,7 +76,9 @@ def image_tokens(model_config: Any, tokenizer: Any) -> tuple[ImageTokens, str, s
     image = llava.image_token_id(outer)
     per_image = llava.tokens_per_image(outer)
     marker = tokenizer.convert_ids_to_tokens(image)
-    return ImageTokens(image, image, per_image), marker, marker * per_image
+    # LLaVA's marker is its row token: expanded in the ids (by the image's row count, which
+    # LLaVA-NeXT's size decides), the text around it tokenizes alike.
+    return ImageTokens(image, image, per_image), marker, marker
 
 
 def _gemma3_tokens(config: Any, tokenizer: Any) -> tuple[ImageTokens, str, str]:
@@ -115,9 +119,32 @@ class ImageProcessor:
                         extra={"directory": directory})
             self._processor.do_pan_and_scan = False
 
-    def __call__(self, image: Any) -> torch.Tensor:
-        pixels = self._processor(images=[image.convert("RGB")], return_tensors="pt")
-        return pixels["pixel_values"][0].float()
+    def __call__(self, image: Any) -> tuple[torch.Tensor, tuple[int, int] | None]:
+        """The image's pixel values (float32), and its size where the encoder reads it
+        (LLaVA-NeXT's processor reports it)."""
+        out = self._processor(images=[image.convert("RGB")], return_tensors="pt")
+        size = out.get("image_sizes")
+        return out["pixel_values"][0].float(), None if size is None else \
+            tuple(int(n) for n in size[0])
+
+
+def image_rows(model_config: Any) -> Any:
+    """The rows an image of a given size becomes, where that varies (LLaVA-NeXT); None where
+    every image takes the same number."""
+    if model_config.multimodal != "LlavaNextForConditionalGeneration":
+        return None
+    with torch.device("meta"):
+        encoder = LlavaNextImageEncoder(model_config.multimodal_config)
+    return encoder.image_rows
+
+
+def encode_images(encoder: nn.Module, pixels: list[torch.Tensor],
+                  sizes: list[tuple[int, int] | None]) -> list[torch.Tensor]:
+    """Each image's rows: LLaVA-NeXT's one image at a time (their views differ in number),
+    the others in one batch."""
+    if isinstance(encoder, LlavaNextImageEncoder):
+        return [encoder(p, size) for p, size in zip(pixels, sizes, strict=True)]
+    return list(encoder(torch.stack(pixels)))
 
 
 @functools.lru_cache(maxsize=4)
