@@ -298,10 +298,6 @@ def check_server_flags(args: argparse.Namespace) -> None:
         raise ConfigError("--limit-mm-per-prompt", f"{kind}: {n} is not supported; tokenmill "
                                                    "reads text and images (set every other "
                                                    "modality to 0)")
-    if args.allowed_local_media_path is not None and \
-            not os.path.isdir(args.allowed_local_media_path):
-        raise ConfigError("--allowed-local-media-path", f"{args.allowed_local_media_path} is "
-                                                        "not a directory")
     if args.ssl_cert_reqs and args.ssl_keyfile is None:
         raise ConfigError("--ssl-cert-reqs", "client certificates need HTTPS (--ssl-keyfile "
                                              "and --ssl-certfile)")

@@ -155,9 +155,18 @@ def server_state(config, args: argparse.Namespace) -> ServerState:
     )
 
 
+def check_media_path(args: argparse.Namespace) -> None:
+    """ConfigError (exit 2) where --allowed-local-media-path names no directory here (checked
+    where the server runs, not by the operator, which sees another file system)."""
+    path = args.allowed_local_media_path
+    if path is not None and not os.path.isdir(path):
+        raise ConfigError("--allowed-local-media-path", f"{path} is not a directory")
+
+
 def serve(config, args: argparse.Namespace) -> int:
     check_server_flags(args)
     check_tls_files(args)
+    check_media_path(args)
     state = server_state(config, args)
     app = create_app(state)
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, uds=args.uds,

@@ -120,7 +120,12 @@ def test_the_prefix_cache_tells_images_apart(tmp_path, vocab_tokenizer):
         again = llm.generate([_request(ids, first)], SamplingParams(max_tokens=1))[0]
         assert again.num_cached_tokens == 32  # every whole block (34 tokens)
         outputs = _generate(llm, [(ids, second), (ids, first)])
-    _check(outputs, [hf.greedy(ids, second, MAX_NEW), hf.greedy(ids, first, MAX_NEW)])
+        # Two answers to one prompt with an image share its blocks, encoded once.
+        twice = llm.generate([_request(ids, second)], SamplingParams(
+            n=2, temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True))[0]
+    expected = [hf.greedy(ids, second, MAX_NEW), hf.greedy(ids, first, MAX_NEW)]
+    _check(outputs, expected)
+    assert [c.token_ids for c in twice.outputs] == [expected[0][0]] * 2
 
 
 def test_placeholders_already_expanded_are_taken_as_they_are():
