@@ -15,6 +15,7 @@ from typing import Any
 
 from tokenmill.engine.contract.hf_overrides import HFOverridesError, hf_overrides
 from tokenmill.engine.contract.lora import MAX_LORA_RANK, LoRAModule, LoRAModuleError, parse_modules
+from tokenmill.engine.contract.mm_limits import parse_mm_limits
 from tokenmill.engine.contract.pooling import RUNNERS, PoolerConfigError, parse_overrides
 from tokenmill.engine.contract.speculative import SpeculativeConfig, SpeculativeConfigError
 
@@ -213,6 +214,11 @@ class EngineConfig:
               "\"original_max_position_embeddings\": 32768}' for 128K tokens; the rotary "
               "base stays the model's unless --rope-theta is given.")
     rope_theta: float | None = _opt(None, "Replace the model's rotary base (vLLM's older flag).")
+    limit_mm_per_prompt: str | dict[str, Any] | None = _opt(
+        None, "vLLM's: the most images one prompt may carry, as '{\"image\": 4}' (or "
+              "image=4); default: as many as fit the context. image 0 serves a checkpoint "
+              "that reads images text only, without loading its vision tower. Other "
+              "modalities (video, audio) must be 0.")
     trust_remote_code: bool = _opt(
         False, "Accepted for vLLM's command lines and LLM(...) calls, with no effect: "
                "tokenmill runs its own implementation of each architecture it supports and "
@@ -283,6 +289,21 @@ class EngineConfig:
         self._check_lora()
         self._check_pooling()
         self.config_overrides()  # raises ConfigError naming the option
+        self.image_limit()  # raises ConfigError naming the option
+
+    def image_limit(self) -> int | None:
+        """The most images a prompt may carry (--limit-mm-per-prompt), None for no limit."""
+        if self.limit_mm_per_prompt is None:
+            return None
+        try:
+            limits = parse_mm_limits(self.limit_mm_per_prompt)
+        except ValueError as exc:
+            raise ConfigError("limit_mm_per_prompt", str(exc)) from None
+        for kind, count in limits.items():
+            _check(kind == "image" or count == 0, "limit_mm_per_prompt",
+                   f"{kind}: {count} is not supported; tokenmill reads text and images (set "
+                   "every other modality to 0)")
+        return limits.get("image")
 
     def _check_pooling(self) -> None:
         _check(self.runner in RUNNERS, "runner", f"{self.runner!r} is not one of {RUNNERS}")

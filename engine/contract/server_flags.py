@@ -227,11 +227,6 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-seq-len-to-capture", type=_positive_int, default=None,
                         help="Accepted for vLLM's command lines: CUDA graphs capture decode "
                              "steps, whatever the context length.")
-    parser.add_argument("--limit-mm-per-prompt", type=_mm_limits, default=None,
-                        metavar="JSON",
-                        help="vLLM's: images a prompt may carry ('{\"image\": 4}'; default: "
-                             "any number that fits the context); image 0 serves the model "
-                             "text only. Other modalities (video, audio) must be 0.")
     parser.add_argument("--allowed-local-media-path", default=None, metavar="DIR",
                         help="vLLM's: file:// image URLs are read from under this directory "
                              "(default: none are).")
@@ -291,13 +286,6 @@ def check_server_flags(args: argparse.Namespace) -> None:
              "run more replicas (the operator's replicas and autoscaling)")):
         if size != 1:
             raise ConfigError(flag, f"{size} is not supported; {how}")
-    opened = {kind: n for kind, n in (args.limit_mm_per_prompt or {}).items()
-              if n != 0 and kind != "image"}
-    if opened:
-        kind, n = next(iter(opened.items()))
-        raise ConfigError("--limit-mm-per-prompt", f"{kind}: {n} is not supported; tokenmill "
-                                                   "reads text and images (set every other "
-                                                   "modality to 0)")
     if args.ssl_cert_reqs and args.ssl_keyfile is None:
         raise ConfigError("--ssl-cert-reqs", "client certificates need HTTPS (--ssl-keyfile "
                                              "and --ssl-certfile)")
@@ -356,34 +344,6 @@ def _generation_overrides(value: str) -> dict[str, float]:
     if overrides.get("max_new_tokens", 1) < 1:
         raise argparse.ArgumentTypeError("max_new_tokens must be at least 1")
     return overrides
-
-
-def _mm_limits(value: str) -> dict[str, int]:
-    """vLLM's --limit-mm-per-prompt: items of each modality a prompt may carry, as JSON
-    ({"image": 0}, or {"image": {"count": 0}}) or as the older image=0,video=0."""
-    form = 'a JSON object such as {"image": 0}, or image=0,video=0'
-    text = value.strip()
-    if text.startswith("{"):
-        try:
-            given = json.loads(text)
-        except ValueError:
-            given = None
-        if not isinstance(given, dict):
-            raise argparse.ArgumentTypeError(f"must be {form}")
-    else:
-        pairs = [item.partition("=") for item in text.split(",")]
-        if not all(key.strip() and sep for key, sep, _ in pairs):
-            raise argparse.ArgumentTypeError(f"must be {form}")
-        given = {key.strip(): count.strip() for key, _, count in pairs}
-    limits = {}
-    for kind, limit in given.items():
-        count = limit.get("count") if isinstance(limit, dict) else limit
-        if isinstance(count, str) and count.isdigit():
-            count = int(count)
-        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-            raise argparse.ArgumentTypeError(f"{kind}: {limit!r} is not a count of items")
-        limits[kind] = count
-    return limits
 
 
 def _positive_int(value: str) -> int:

@@ -130,7 +130,8 @@ class LLMEngine:
         log.info("loading model", extra={"model": config.model, "device": str(self.device),
                                          "dtype": str(self.dtype), "tensor_parallel": tp_size,
                                          "runner": self.runner_kind})
-        reads = self.pooler is None and reads_images(self.model_config, source.directory)
+        reads = self.pooler is None and config.image_limit() != 0 and \
+            reads_images(self.model_config, source.directory)
         setup = RankSetup(config, source, self.device.type, self.dtype, backend,
                           self.max_model_len, pooling=self.pooler is not None,
                           head_token_ids=_head_token_ids(self.pooler, self.tokenizer),
@@ -344,6 +345,10 @@ class LLMEngine:
                       ) -> tuple[list[int], list[ImageSpan]]:
         if not images:
             return token_ids, []
+        limit = self.config.image_limit()
+        if limit is not None and len(images) > limit:
+            raise RequestError(f"the prompt carries {len(images)} images; this engine takes at "
+                               f"most {limit} per prompt (limit_mm_per_prompt)", param="images")
         return self.images.place(token_ids, self.prepare_images(images))
 
     def _model_kind(self) -> str:

@@ -149,7 +149,7 @@ def server_state(config, args: argparse.Namespace) -> ServerState:
                               return_tokens_as_token_ids=args.return_tokens_as_token_ids,
                               force_include_usage=args.enable_force_include_usage,
                               root_path=args.root_path,
-                              image_limit=(args.limit_mm_per_prompt or {}).get("image"),
+                              image_limit=config.image_limit(),
                               allowed_local_media_path=args.allowed_local_media_path),
         config=config, metrics=EngineMetrics(name, vllm_names=args.vllm_metrics),
     )

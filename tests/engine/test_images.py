@@ -190,7 +190,14 @@ def test_placeholders_that_do_not_match_the_images_are_refused(ids, count, messa
 def test_what_cannot_be_read_is_refused(tmp_path, vocab_tokenizer, tiny_llama):
     directory = make_llava(str(tmp_path / "llava"), vocab_tokenizer)
     placeholder = HFLlava(directory).placeholder
-    with LLM(directory, **ENGINE) as llm:
+    with LLM(directory, **ENGINE, limit_mm_per_prompt="image=0") as llm:
+        assert llm.engine.images is None and llm.engine.runner.image_encoder is None
+        with pytest.raises(RequestError, match="reads text only"):
+            llm.generate([_request([5, placeholder], [drawn_image(0)])])
+    with LLM(directory, **ENGINE, limit_mm_per_prompt={"image": 1}) as llm:
+        with pytest.raises(RequestError, match="at most 1 per prompt"):
+            llm.generate([_request([5, placeholder, placeholder],
+                                   [drawn_image(0), drawn_image(1)])])
         with pytest.raises(RequestError, match="image 0 cannot be read"):
             llm.generate([_request([5, placeholder], ["not an image"])])
         with pytest.raises(RequestError, match="holds 0 image placeholder tokens"):

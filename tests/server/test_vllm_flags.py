@@ -192,15 +192,15 @@ def test_each_request_is_logged_cut_to_max_log_len_and_the_access_log_is_off(vll
      "replica shards its model with --tensor-parallel-size"),
     (["--data-parallel-size", "4"], "--data-parallel-size: 4 is not supported; run more "
      "replicas"),
-    (["--limit-mm-per-prompt", '{"image": 1, "audio": 1}'], "--limit-mm-per-prompt: audio: 1 "
+    (["--limit-mm-per-prompt", '{"image": 1, "audio": 1}'], "limit_mm_per_prompt: audio: 1 "
      "is not supported; tokenmill reads text and images (set every other modality to 0)"),
     (["--allowed-local-media-path", "/nonexistent/media"], "--allowed-local-media-path: "
      "/nonexistent/media is not a directory"),
-    (["--limit-mm-per-prompt", "image=0,video=2"], "--limit-mm-per-prompt: video: 2 is not"),
-    (["--limit-mm-per-prompt", "images"], "argument --limit-mm-per-prompt: must be a JSON "
+    (["--limit-mm-per-prompt", "image=0,video=2"], "limit_mm_per_prompt: video: 2 is not"),
+    (["--limit-mm-per-prompt", "images"], "limit_mm_per_prompt: must be a JSON "
      'object such as {"image": 0}, or image=0,video=0'),
     (["--limit-mm-per-prompt", '{"image": -1}'],
-     "argument --limit-mm-per-prompt: image: -1 is not a count of items"),
+     "limit_mm_per_prompt: image: -1 is not a count of items"),
     (["--default-chat-template-kwargs", "[1]"], "argument --default-chat-template-kwargs: "
      'must be a JSON object such as {"enable_thinking": false}'),
     (["--default-chat-template-kwargs", '{"tools": []}'], "argument "
@@ -240,7 +240,7 @@ def test_a_config_file_gives_flags_the_command_line_overrides(tmp_path):
     assert [json.loads(m) for m in args.lora_modules] == [{"name": "sql",
                                                            "path": "/adapters/sql"}]
     assert args.disable_fastapi_docs is False
-    assert args.limit_mm_per_prompt == {"image": 0}
+    assert json.loads(args.limit_mm_per_prompt) == {"image": 0}
     # A model on the command line wins over the file's, as in vLLM.
     assert parse_args(["serve", "Org/given", "--config", str(config)]).model_tag == "Org/given"
     assert parse_args(["serve", "Org/given", "--config", str(config)]).model != "Org/from-file"
