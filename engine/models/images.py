@@ -19,6 +19,7 @@ from tokenmill.engine.models.llava import LlavaImageEncoder
 from tokenmill.engine.models.llava_next import LlavaNextImageEncoder
 from tokenmill.engine.models.safetensors_files import Checkpoint
 from tokenmill.engine.models.source import ModelLoadError, ModelSource
+from tokenmill.engine.models.vision_encoder import TOWERS
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,11 @@ def reads_images(model_config: Any, directory: str) -> bool:
     architecture whose encoder the engine runs, with the image processor's settings (a
     checkpoint without them is served text only, and a line says so)."""
     if getattr(model_config, "multimodal", None) not in ENCODERS:
+        return False
+    tower = getattr(model_config.multimodal_config.vision_config, "model_type", None)
+    if tower not in TOWERS:
+        log.warning("images are not read: the vision tower is of a type tokenmill does not run",
+                    extra={"directory": directory, "tower": tower})
         return False
     if os.path.isfile(os.path.join(directory, PROCESSOR_CONFIG)):
         return True

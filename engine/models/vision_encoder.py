@@ -16,6 +16,7 @@ from tokenmill.engine.models.source import ModelLoadError
 
 CLIP = "clip_vision_model"
 SIGLIP = "siglip_vision_model"
+TOWERS = (CLIP, SIGLIP)
 
 
 def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
@@ -113,14 +114,14 @@ class VisionEncoder(nn.Module):
 class VisionTransformer(nn.Module):
     """`forward` returns the hidden states (after the embeddings, then after each layer) at
     the indices asked for, as transformers numbers them in `hidden_states` (0: the embeddings,
-    -1: the last layer's output, before any final norm)."""
+    -1: the last layer's output, before the final norm unless `final_norm`)."""
 
     def __init__(self, config: Any, read_layers: list[int], final_norm: bool = False):
         """final_norm: the last layer's output passes through `post_layernorm` (SigLIP's
         last_hidden_state, which Gemma 3 reads)."""
         super().__init__()
         kind = getattr(config, "model_type", None)
-        if kind not in (CLIP, SIGLIP):
+        if kind not in TOWERS:
             raise ModelLoadError(f"a vision tower of type {kind!r} is not supported; tokenmill "
                                  f"runs {CLIP} and {SIGLIP}")
         total = config.num_hidden_layers
@@ -129,7 +130,6 @@ class VisionTransformer(nn.Module):
         self.pre_layrnorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) \
             if kind == CLIP else None
         self.encoder = VisionEncoder(config, max(self.read))
-        self.has_class_token = kind == CLIP
         self.post_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) \
             if final_norm else None
 

@@ -205,6 +205,16 @@ def test_what_cannot_be_read_is_refused(tmp_path, vocab_tokenizer, tiny_llama):
         assert llm.engine.num_waiting == 0  # nothing was queued
     with pytest.raises(RequestError, match=r"reads text only: a prompt cannot carry images"):
         tiny_llama.generate([_request([5, 6], [drawn_image(0)])])
+    # A tower of another type, or no image processor settings: served as text only.
+    import json
+
+    config_path = tmp_path / "llava" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["vision_config"]["model_type"] = "pixtral"
+    config_path.write_text(json.dumps(config))
+    with LLM(directory, **ENGINE) as llm:
+        assert llm.engine.images is None
+        assert llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2))[0].outputs[0].token_ids
 
 
 def test_images_under_tensor_parallelism(tmp_path, vocab_tokenizer):
