@@ -106,13 +106,21 @@ class HFLlava:
         """What the model takes beside the ids: the pixels."""
         return pixels
 
+    def expand_images(self, ids: list[int], images: list) -> list[int]:
+        """The prompt with each marker written out for its image."""
+        return self.expand(ids)
+
+    def image_inputs(self, images: list) -> dict:
+        """The model's image arguments, from its image processor."""
+        return {"pixel_values": self.processor(images=images, return_tensors="pt")[
+            "pixel_values"]}
+
     def greedy(self, ids: list[int], images: list, max_new: int,
                expanded: bool = False) -> tuple[list[int], list[float]]:
         """The greedy continuation of the prompt with its images (markers `expanded` already,
         or not), and each token's log-probability."""
-        prompt = list(ids) if expanded else self.expand(ids)
-        pixels = {"pixel_values": self.processor(images=images, return_tensors="pt")[
-            "pixel_values"]} if images else {}
+        prompt = list(ids) if expanded or not images else self.expand_images(ids, images)
+        pixels = self.image_inputs(images) if images else {}
         with torch.no_grad():
             out = self.model.generate(torch.tensor([prompt]), max_new_tokens=max_new,
                                       do_sample=False, pad_token_id=0,
@@ -250,20 +258,71 @@ class HFLlavaNext(HFLlava):
         ids = self.full(text=IMAGE_TOKEN, images=[image], return_tensors="pt")["input_ids"][0]
         return int((ids == self.placeholder).sum())
 
-    def greedy(self, ids: list[int], images: list, max_new: int,
-               expanded: bool = False) -> tuple[list[int], list[float]]:
-        prompt, pending = list(ids), iter(images)
-        if not expanded:
-            prompt = []
-            for t in ids:
-                prompt += [t] * self.rows(next(pending)) if t == self.placeholder else [t]
-        out = self.processor(images=images, return_tensors="pt") if images else {}
-        inputs = {"pixel_values": out["pixel_values"], "image_sizes": out["image_sizes"]} \
-            if images else {}
-        with torch.no_grad():
-            generated = self.model.generate(torch.tensor([prompt]), max_new_tokens=max_new,
-                                            do_sample=False, pad_token_id=0, **inputs)
-            tokens = generated[0, len(prompt):].tolist()
-            logits = self.model(input_ids=torch.tensor([prompt + tokens]),
-                                **inputs).logits[0].log_softmax(-1)
-        return tokens, [logits[len(prompt) - 1 + i, t].item() for i, t in enumerate(tokens)]
+    def expand_images(self, ids: list[int], images: list) -> list[int]:
+        pending, prompt = iter(images), []
+        for t in ids:
+            prompt += [t] * self.rows(next(pending)) if t == self.placeholder else [t]
+        return prompt
+
+    def image_inputs(self, images: list) -> dict:
+        out = self.processor(images=images, return_tensors="pt")
+        return {"pixel_values": out["pixel_values"], "image_sizes": out["image_sizes"]}
+
+
+MISTRAL_TOKENS = ("[IMG]", "[IMG_BREAK]", "[IMG_END]")
+
+
+def make_mistral3(directory: str, tokenizer) -> str:
+    """A Mistral 3 checkpoint: Pixtral's tower (2-D rotary, 7-pixel patches merged 2 x 2) over
+    a small Mistral, images read at their own size up to 56 pixels a side."""
+    import transformers
+
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(MISTRAL_TOKENS)})
+    tokenizer.chat_template = CHAT_TEMPLATE.replace("<image>", "[IMG]")
+    config = transformers.Mistral3Config(
+        text_config=dict(model_type="mistral", vocab_size=len(tokenizer), hidden_size=64,
+                         intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0),
+        vision_config=dict(model_type="pixtral", hidden_size=32, intermediate_size=64,
+                           num_hidden_layers=2, num_attention_heads=2, head_dim=16,
+                           image_size=56, patch_size=PATCH),
+        image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"), spatial_merge_size=2)
+    make_random_model(directory, config, tokenizer, draw_norms=True,
+                      auto_class="AutoModelForImageTextToText")
+    transformers.PixtralImageProcessorPil(
+        size={"longest_edge": 56}, patch_size={"height": PATCH, "width": PATCH}
+    ).save_pretrained(directory)
+    return directory
+
+
+class HFMistral3(HFLlava):
+    """transformers' Mistral 3 with its image processor; each image's tokens written out as
+    its processor's description says (lines of [IMG] ended by [IMG_BREAK], the last by
+    [IMG_END]), since its full processor needs torchvision."""
+
+    def __init__(self, directory: str):
+        super().__init__(directory)
+        config = self.model.config
+        self.side = config.vision_config.patch_size * config.spatial_merge_size
+        self.marks = self.tokenizer.convert_tokens_to_ids(list(MISTRAL_TOKENS))
+
+    def image_inputs(self, images: list) -> dict:
+        out = self.processor(images=images, return_tensors="pt",
+                             patch_size={"height": self.side, "width": self.side})
+        return {"pixel_values": out["pixel_values"], "image_sizes": out["image_sizes"]}
+
+    def expand_images(self, ids: list[int], images: list) -> list[int]:
+        image, line_end, image_end = self.marks
+        sizes, pending, prompt = self.image_inputs(images)["image_sizes"].tolist(), 0, []
+        for t in ids:
+            if t != image:
+                prompt.append(t)
+                continue
+            height, width = (side // self.side for side in sizes[pending])
+            lines = [[image] * width + [line_end] for _ in range(height)]
+            lines[-1][-1] = image_end
+            prompt += [t for line in lines for t in line]
+            pending += 1
+        return prompt

@@ -53,8 +53,8 @@ from tokenmill.engine.models.architecture import (
     is_bare_decoder,
 )
 from tokenmill.engine.models.images import (
+    image_layout,
     image_processor,
-    image_rows,
     image_tokens,
     reads_images,
 )
@@ -159,9 +159,10 @@ class LLMEngine:
             self.runner.on_step = self.workers.send_step
         # How prompts carry images, for a checkpoint that reads them (None: text only).
         self.images = PromptImages(
-            image_processor(source.directory), *image_tokens(self.model_config, self.tokenizer),
+            image_processor(source.directory, self.model_config),
+            *image_tokens(self.model_config, self.tokenizer),
             encode=self.runner.encode_images, rows_on_host=tp_size > 1,
-            rows_of=image_rows(self.model_config)) if reads else None
+            layout_of=image_layout(self.model_config)) if reads else None
         if self.images is not None and self.images.tokens.both_ways:
             self._check_whole_images(self.images.per_image)
         self._download_seconds = source.download_seconds

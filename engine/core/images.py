@@ -30,14 +30,19 @@ class ImageInput:
     digest: bytes
     rows: int
     size: tuple[int, int] | None = None
+    line: int | None = None  # rows per line where the prompt breaks them (Mistral 3)
 
     @classmethod
-    def of(cls, pixels: torch.Tensor, rows: int,
-           size: tuple[int, int] | None = None) -> ImageInput:
+    def of(cls, pixels: torch.Tensor, rows: int, size: tuple[int, int] | None = None,
+           line: int | None = None) -> ImageInput:
         pixels = pixels.contiguous()
         digest = hashlib.sha256(pixels.numpy().tobytes())
-        digest.update(str((tuple(pixels.shape), rows, size)).encode())
-        return cls(pixels, digest.digest(), rows, size)
+        digest.update(str((tuple(pixels.shape), rows, size, line)).encode())
+        return cls(pixels, digest.digest(), rows, size, line)
+
+    def runs(self) -> list[int]:
+        """The lengths of the runs its row tokens make in the prompt."""
+        return [self.rows] if self.line is None else [self.line] * (self.rows // self.line)
 
     @property
     def cache_key(self) -> int:
@@ -47,15 +52,17 @@ class ImageInput:
 
 @dataclass
 class ImageSpan:
-    """One image in a prompt: its row tokens at [offset, offset + length), and the encoder's
-    rows for them [length, hidden] while the prefill still needs them (None: not encoded yet,
-    or let go once the prompt was computed)."""
+    """One run of an image's row tokens in a prompt (the whole image, or one of its lines):
+    the tokens at [offset, offset + length), the image's rows from `first_row` that replace
+    them, and those rows [length, hidden] while the prefill still needs them (None: not
+    encoded yet, or let go once the prompt was computed)."""
 
     image: ImageInput
     offset: int
     length: int
     both_ways: bool = False
     rows: torch.Tensor | None = field(default=None, repr=False)
+    first_row: int = 0
 
     @property
     def end(self) -> int:
@@ -76,22 +83,34 @@ def place_images(token_ids: list[int], images: Sequence[ImageInput],
         pending = iter(images)
         expanded = []
         for t in token_ids:
-            expanded += [*tokens.before, *[tokens.row] * next(pending).rows, *tokens.after] \
-                if t == tokens.marker else [t]
+            expanded += _written(next(pending), tokens) if t == tokens.marker else [t]
     else:
         raise RequestError(f"the prompt holds {markers} image placeholder tokens (id "
                            f"{tokens.marker}) for {len(images)} images: each image takes one "
                            f"(or its rows' tokens of id {tokens.row}, already expanded)")
     spans: list[ImageSpan] = []
-    for position, t in enumerate(expanded):
-        if t == tokens.row and (not spans or position >= spans[-1].end):
-            image = images[len(spans)]
-            span = ImageSpan(image, position, image.rows, tokens.both_ways)
-            if expanded[span.offset:span.end] != [tokens.row] * image.rows:
-                raise RequestError(f"image {len(spans)}'s tokens (id {tokens.row}) must come "
-                                   f"{image.rows} in a row")
-            spans.append(span)
+    position = 0
+    for index, image in enumerate(images):
+        first_row = 0
+        for length in image.runs():
+            position = expanded.index(tokens.row, position)
+            if expanded[position:position + length] != [tokens.row] * length:
+                raise RequestError(f"image {index}'s tokens (id {tokens.row}) must come "
+                                   f"{length} in a row")
+            spans.append(ImageSpan(image, position, length, tokens.both_ways,
+                                   first_row=first_row))
+            position += length
+            first_row += length
     return expanded, spans
+
+
+def _written(image: ImageInput, tokens: ImageTokens) -> list[int]:
+    """An image's marker written out: its row tokens, in lines where the model breaks them."""
+    if image.line is None:
+        return [*tokens.before, *[tokens.row] * image.rows, *tokens.after]
+    lines = [[tokens.row] * length + [tokens.line_end] for length in image.runs()]
+    lines[-1][-1] = tokens.image_end
+    return [*tokens.before, *(t for line in lines for t in line), *tokens.after]
 
 
 def whole_images(spans: Sequence[ImageSpan], start: int, num_new: int) -> int:
@@ -151,10 +170,11 @@ class PromptImages:
     def __init__(self, processor: Callable[[Any], tuple[torch.Tensor, Any]],
                  tokens: ImageTokens, marker_text: str, expansion_text: str, *,
                  encode: Callable[[list[torch.Tensor], list[Any]], list[torch.Tensor]],
-                 rows_on_host: bool, rows_of: Callable[[Any], int] | None = None):
-        """processor: an image to (pixels, its size); rows_of: the rows an image of that size
-        becomes (None: always tokens.per_image); encode: pixels and sizes to each image's
-        rows."""
+                 rows_on_host: bool,
+                 layout_of: Callable[[Any], tuple[int, int | None]] | None = None):
+        """processor: an image to (pixels, its size); layout_of: the rows an image of that
+        size becomes and the rows per line of them (None: tokens.per_image rows in one run);
+        encode: pixels and sizes to each image's rows."""
         self.processor = processor
         self.tokens = tokens
         # A text prompt's marker, and what replaces it before tokenizing (as the model's
@@ -162,7 +182,7 @@ class PromptImages:
         self.marker_text = marker_text
         self.expansion_text = expansion_text
         self._encode = encode
-        self._rows_of = rows_of or (lambda size: tokens.per_image)
+        self._layout_of = layout_of or (lambda size: (tokens.per_image, None))
         self._rows_on_host = rows_on_host  # rows a step carries to other ranks: on the host
 
     def prepare(self, images: Sequence[Any]) -> list[ImageInput]:
@@ -174,7 +194,8 @@ class PromptImages:
                 continue
             try:
                 pixels, size = self.processor(image)
-                prepared.append(ImageInput.of(pixels, self._rows_of(size), size))
+                rows, line = self._layout_of(size)
+                prepared.append(ImageInput.of(pixels, rows, size, line))
             except Exception as exc:  # what PIL or the processor raises for this image
                 raise RequestError(f"image {index} cannot be read: {exc}",
                                    param="images") from exc
@@ -202,18 +223,24 @@ class PromptImages:
         """Encode the images whose placeholders this step computes and whose rows are not at
         hand (first scheduled, or recomputed after a preemption), ENCODE_BATCH at a time (the
         tower's activations grow with the batch; the KV pool was sized without them)."""
-        wanted = []
+        wanted: list[ImageInput] = []  # each image once, whichever of its runs asks
+        runs: list[ImageSpan] = []  # every run of those images in the step's prompts
         for seq, num_new in scheduled:
             start = seq.num_computed_tokens
-            wanted += [span for span in seq.images if span.rows is None
-                       and span.offset < start + num_new and span.end > start
-                       and all(span is not w for w in wanted)]
+            for span in seq.images:
+                if span.rows is None and span.offset < start + num_new and span.end > start \
+                        and all(span.image is not w for w in wanted):
+                    wanted.append(span.image)
+            runs += [span for span in seq.images if span.rows is None]
         for first in range(0, len(wanted), ENCODE_BATCH):
             batch = wanted[first:first + ENCODE_BATCH]
-            rows = self._encode([span.image.pixels for span in batch],
-                                [span.image.size for span in batch])
-            for span, image_rows in zip(batch, rows, strict=True):
-                span.rows = image_rows.cpu() if self._rows_on_host else image_rows
+            rows = self._encode([image.pixels for image in batch],
+                                [image.size for image in batch])
+            for image, image_rows in zip(batch, rows, strict=True):
+                image_rows = image_rows.cpu() if self._rows_on_host else image_rows
+                for span in runs:
+                    if span.image is image and span.rows is None:
+                        span.rows = image_rows[span.first_row:span.first_row + span.length]
 
     @staticmethod
     def release_computed(spans: Sequence[ImageSpan], num_computed: int) -> None:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenmill.engine.models.vision_encoder import VisionTransformer
+from tokenmill.engine.models.vision_encoder import VisionTransformer, rms_normalized
 
 
 class SoftEmbeddingNorm(nn.Module):
@@ -21,9 +21,7 @@ class SoftEmbeddingNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (h * (1.0 + self.weight.float())).type_as(x)
+        return (rms_normalized(x, self.eps) * (1.0 + self.weight.float())).type_as(x)
 
 
 class Gemma3Projector(nn.Module):

@@ -17,6 +17,7 @@ from tokenmill.engine.models import llava
 from tokenmill.engine.models.gemma3_images import Gemma3ImageEncoder
 from tokenmill.engine.models.llava import LlavaImageEncoder
 from tokenmill.engine.models.llava_next import LlavaNextImageEncoder
+from tokenmill.engine.models.mistral3_images import Mistral3ImageEncoder
 from tokenmill.engine.models.safetensors_files import Checkpoint
 from tokenmill.engine.models.source import ModelLoadError, ModelSource
 from tokenmill.engine.models.vision_encoder import TOWERS
@@ -27,7 +28,13 @@ log = logging.getLogger(__name__)
 # serve text only.
 ENCODERS = {"LlavaForConditionalGeneration": LlavaImageEncoder,
             "LlavaNextForConditionalGeneration": LlavaNextImageEncoder,
-            "Gemma3ForConditionalGeneration": Gemma3ImageEncoder}
+            "Gemma3ForConditionalGeneration": Gemma3ImageEncoder,
+            "Mistral3ForConditionalGeneration": Mistral3ImageEncoder}
+# The vision towers each architecture's encoder runs.
+TOWERS_OF = {"LlavaForConditionalGeneration": TOWERS,
+             "LlavaNextForConditionalGeneration": TOWERS,
+             "Gemma3ForConditionalGeneration": TOWERS,
+             "Mistral3ForConditionalGeneration": ("pixtral",)}
 # Where checkpoints keep the tower and the projector: as first published and as transformers
 # has saved them since 4.52 (under `model.`); the tower's tensors under `vision_model.` or not
 # (transformers 5).
@@ -45,7 +52,7 @@ def reads_images(model_config: Any, directory: str) -> bool:
     if getattr(model_config, "multimodal", None) not in ENCODERS:
         return False
     tower = getattr(model_config.multimodal_config.vision_config, "model_type", None)
-    if tower not in TOWERS:
+    if tower not in TOWERS_OF[model_config.multimodal]:
         log.warning("images are not read: the vision tower is of a type tokenmill does not run",
                     extra={"directory": directory, "tower": tower})
         return False
@@ -71,6 +78,10 @@ class ImageTokens:
     before: tuple[int, ...] = ()
     after: tuple[int, ...] = ()
     both_ways: bool = False
+    # Mistral 3: each line of an image's row tokens ends with line_end, the last with
+    # image_end (None: an image's row tokens are one run).
+    line_end: int | None = None
+    image_end: int | None = None
 
 
 def image_tokens(model_config: Any, tokenizer: Any) -> tuple[ImageTokens, str, str]:
@@ -79,6 +90,11 @@ def image_tokens(model_config: Any, tokenizer: Any) -> tuple[ImageTokens, str, s
     outer = model_config.multimodal_config
     if model_config.multimodal == "Gemma3ForConditionalGeneration":
         return _gemma3_tokens(outer, tokenizer)
+    if model_config.multimodal == "Mistral3ForConditionalGeneration":
+        image = int(outer.image_token_index)
+        line_end, image_end = tokenizer.convert_tokens_to_ids(["[IMG_BREAK]", "[IMG_END]"])
+        marker = tokenizer.convert_ids_to_tokens(image)
+        return ImageTokens(image, image, 0, line_end=line_end, image_end=image_end), marker, marker
     image = llava.image_token_id(outer)
     per_image = llava.tokens_per_image(outer)
     marker = tokenizer.convert_ids_to_tokens(image)
@@ -113,9 +129,12 @@ class ImageProcessor:
     """The checkpoint's image processor (preprocessor_config.json), on PIL: an image in,
     float32 pixel values [3, H, W] out."""
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, **options: Any):
+        """options: what the model's full processor passes its image processor (Mistral 3's
+        patch, merged 2 x 2)."""
         from transformers import AutoImageProcessor
 
+        self.options = options
         try:
             self._processor = AutoImageProcessor.from_pretrained(directory, backend="pil")
         except Exception as exc:
@@ -127,21 +146,31 @@ class ImageProcessor:
 
     def __call__(self, image: Any) -> tuple[torch.Tensor, tuple[int, int] | None]:
         """The image's pixel values (float32), and its size where the encoder reads it
-        (LLaVA-NeXT's processor reports it)."""
-        out = self._processor(images=[image.convert("RGB")], return_tensors="pt")
+        (LLaVA-NeXT's and Mistral 3's processors report it)."""
+        out = self._processor(images=[image.convert("RGB")], return_tensors="pt",
+                              **self.options)
         size = out.get("image_sizes")
         return out["pixel_values"][0].float(), None if size is None else \
             tuple(int(n) for n in size[0])
 
 
-def image_rows(model_config: Any) -> Any:
-    """The rows an image of a given size becomes, where that varies (LLaVA-NeXT); None where
-    every image takes the same number."""
+def image_layout(model_config: Any) -> Any:
+    """(rows, rows per line) of an image of a given size, where they vary (LLaVA-NeXT, whose
+    rows are one run: line None; Mistral 3, line by line); None where every image takes
+    ImageTokens.per_image rows in one run."""
+    outer = model_config.multimodal_config
+    if model_config.multimodal == "Mistral3ForConditionalGeneration":
+        side = outer.vision_config.patch_size * outer.spatial_merge_size
+
+        def lines(size: tuple[int, int]) -> tuple[int, int]:
+            return (size[0] // side) * (size[1] // side), size[1] // side
+
+        return lines
     if model_config.multimodal != "LlavaNextForConditionalGeneration":
         return None
     with torch.device("meta"):
-        encoder = LlavaNextImageEncoder(model_config.multimodal_config)
-    return encoder.image_rows
+        encoder = LlavaNextImageEncoder(outer)
+    return lambda size: (encoder.image_rows(size), None)
 
 
 def encode_images(encoder: nn.Module, pixels: list[torch.Tensor],
@@ -150,12 +179,24 @@ def encode_images(encoder: nn.Module, pixels: list[torch.Tensor],
     the others in one batch."""
     if isinstance(encoder, LlavaNextImageEncoder):
         return [encoder(p, size) for p, size in zip(pixels, sizes, strict=True)]
+    if isinstance(encoder, Mistral3ImageEncoder):  # each at its own size
+        return [encoder(p[:, :size[0], :size[1]]) for p, size in zip(pixels, sizes, strict=True)]
     return list(encoder(torch.stack(pixels)))
 
 
+def image_processor(directory: str, model_config: Any) -> ImageProcessor:
+    outer = model_config.multimodal_config
+    side = outer.vision_config.patch_size * outer.spatial_merge_size \
+        if model_config.multimodal == "Mistral3ForConditionalGeneration" else 0
+    return _processor(directory, side)
+
+
 @functools.lru_cache(maxsize=4)
-def image_processor(directory: str) -> ImageProcessor:
-    return ImageProcessor(directory)
+def _processor(directory: str, patch_side: int) -> ImageProcessor:
+    """patch_side: the patch the processor sizes images by, where the model's full processor
+    sets it (Mistral 3's, merged 2 x 2); 0: the image processor's own."""
+    options = {"patch_size": {"height": patch_side, "width": patch_side}} if patch_side else {}
+    return ImageProcessor(directory, **options)
 
 
 def build_image_encoder(model_config: Any, source: ModelSource, dtype: torch.dtype,

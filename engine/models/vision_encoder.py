@@ -26,7 +26,15 @@ def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
 ACTIVATIONS = {"quick_gelu": _quick_gelu,
                "gelu": F.gelu,
                "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-               "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
+               "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+               "silu": F.silu}
+
+
+def rms_normalized(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x over the root mean square of its last dimension, in float32 (the norms' weights
+    apply after, each model its own way)."""
+    h = x.float()
+    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
 
 
 def activation(name: str, where: str) -> Any:

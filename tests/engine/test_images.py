@@ -16,10 +16,12 @@ from image_support import (
     HFGemma3,
     HFLlava,
     HFLlavaNext,
+    HFMistral3,
     drawn_image,
     make_gemma3,
     make_llava,
     make_llava_next,
+    make_mistral3,
 )
 
 from tokenmill.engine import LLM, SamplingParams
@@ -34,11 +36,14 @@ ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=4, max_num_batched
               dtype="float32")
 
 
-@pytest.fixture(scope="module", params=["clip", "siglip", "llava_next", "gemma3"])
+@pytest.fixture(scope="module", params=["clip", "siglip", "llava_next", "gemma3", "mistral3"])
 def llava(request, tmp_path_factory, vocab_tokenizer):
     """A checkpoint that reads images, and transformers' model on it: LLaVA with either
-    tower, LLaVA-NeXT, or Gemma 3."""
+    tower, LLaVA-NeXT, Gemma 3 or Mistral 3."""
     directory = str(tmp_path_factory.mktemp(request.param))
+    if request.param == "mistral3":
+        make_mistral3(directory, vocab_tokenizer)
+        return directory, HFMistral3(directory)
     if request.param == "gemma3":
         make_gemma3(directory, vocab_tokenizer)
         return directory, HFGemma3(directory)
@@ -284,3 +289,15 @@ def test_a_step_encodes_its_images_a_batch_at_a_time_and_each_once():
     assert spans[5].rows[0].tolist() == [5.0, 5.0]  # each image's own rows
     PromptImages.release_computed(spans, 30)
     assert all(s.rows is None for s in spans)
+
+
+def test_an_image_broken_into_lines_is_written_and_read_line_by_line():
+    """Mistral 3's layout: each line of row tokens ends with [IMG_BREAK], the last with
+    [IMG_END]; each line is a run whose rows follow the previous line's."""
+    tokens = ImageTokens(7, 7, 0, line_end=8, image_end=9)
+    image = ImageInput.of(torch.zeros(3, 2, 2), rows=6, line=3)
+    ids, spans = place_images([1, 7, 2], [image], tokens)
+    assert ids == [1, 7, 7, 7, 8, 7, 7, 7, 9, 2]
+    assert [(s.offset, s.length, s.first_row) for s in spans] == [(1, 3, 0), (5, 3, 3)]
+    again, _ = place_images(ids, [image], tokens)  # already written out
+    assert again == ids
