@@ -230,6 +230,9 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allowed-local-media-path", default=None, metavar="DIR",
                         help="vLLM's: file:// image URLs are read from under this directory "
                              "(default: none are).")
+    parser.add_argument("--allowed-media-domains", nargs="+", default=None, metavar="HOST",
+                        help="vLLM's: http(s) image URLs are fetched only from these hosts, "
+                             "redirects included (default: any host).")
     parser.add_argument("--guided-decoding-backend", choices=("auto", "xgrammar"),
                         default="auto", help="Accepted for vLLM's command lines: structured "
                                              "outputs always run on xgrammar.")

@@ -58,7 +58,7 @@ async def _read(url: str, index: int, state: ServerState) -> bytes:
     if scheme == "data":
         return _data_url(url, where)
     if scheme in ("http", "https"):
-        return await _fetch(url, where)
+        return await _fetch(url, where, state.options.allowed_media_domains)
     if scheme == "file":
         return _local_file(url, where, state.options.allowed_local_media_path)
     raise APIError(400, f"{where}: the URL must be http(s)://, data: or file:// (under "
@@ -72,9 +72,15 @@ def _data_url(url: str, where: str) -> bytes:
         raise APIError(400, f"{where}: {exc}", param="messages") from exc
 
 
-async def _fetch(url: str, where: str) -> bytes:
+async def _fetch(url: str, where: str, domains: tuple[str, ...] | None) -> bytes:
+    async def allowed(request: httpx.Request) -> None:  # the URL and every redirect
+        if domains is not None and request.url.host not in domains:
+            raise APIError(400, f"{where}: {request.url.host} is not one of "
+                                "--allowed-media-domains", param="messages")
+
     try:
-        async with httpx.AsyncClient(timeout=FETCH_TIMEOUT_S, follow_redirects=True) as client, \
+        async with httpx.AsyncClient(timeout=FETCH_TIMEOUT_S, follow_redirects=True,
+                                     event_hooks={"request": [allowed]}) as client, \
                 client.stream("GET", url) as response:
             if response.status_code != 200:
                 raise APIError(400, f"{where}: fetching {url} answered HTTP "

@@ -150,7 +150,10 @@ def server_state(config, args: argparse.Namespace) -> ServerState:
                               force_include_usage=args.enable_force_include_usage,
                               root_path=args.root_path,
                               image_limit=config.image_limit(),
-                              allowed_local_media_path=args.allowed_local_media_path),
+                              allowed_local_media_path=args.allowed_local_media_path,
+                              allowed_media_domains=(
+                                  tuple(args.allowed_media_domains)
+                                  if args.allowed_media_domains else None)),
         config=config, metrics=EngineMetrics(name, vllm_names=args.vllm_metrics),
     )
 

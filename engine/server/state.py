@@ -55,6 +55,7 @@ class ServerOptions:
     root_path: str = ""  # the prefix a path-based proxy serves this server under
     image_limit: int | None = None  # images per prompt (--limit-mm-per-prompt); None: any
     allowed_local_media_path: str | None = None  # file:// images are read only under it
+    allowed_media_domains: tuple[str, ...] | None = None  # hosts images are fetched from
 
     @property
     def served_model_names(self) -> tuple[str, ...]:

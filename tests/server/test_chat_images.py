@@ -136,6 +136,21 @@ def test_an_image_that_cannot_be_read_is_a_400(server, url, message):
     assert message in _bad(server.client, url)["message"]
 
 
+def test_images_are_fetched_only_from_the_allowed_domains(server, web):
+    options = server.state.options
+    options.allowed_media_domains = ("images.example",)
+    try:
+        error = _bad(server.client, f"{web}/cat.png")
+    finally:
+        options.allowed_media_domains = None
+    assert "image 0: 127.0.0.1 is not one of --allowed-media-domains" in error["message"]
+    options.allowed_media_domains = ("127.0.0.1",)
+    try:
+        assert _ask(server.client, f"{web}/cat.png").choices[0].finish_reason == "length"
+    finally:
+        options.allowed_media_domains = None
+
+
 def test_fetch_failures_and_limits_are_400s(server, web, media_dir):
     assert "answered HTTP 404" in _bad(server.client, f"{web}/missing.png")["message"]
     assert "is not an image PIL can read" in _bad(
