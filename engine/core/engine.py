@@ -346,11 +346,16 @@ class LLMEngine:
                       ) -> tuple[list[int], list[ImageSpan]]:
         if not images:
             return token_ids, []
-        limit = self.config.image_limit()
-        if limit is not None and len(images) > limit:
-            raise RequestError(f"the prompt carries {len(images)} images; this engine takes at "
-                               f"most {limit} per prompt (limit_mm_per_prompt)", param="images")
+        self.check_image_count(len(images))
         return self.images.place(token_ids, self.prepare_images(images))
+
+    def check_image_count(self, count: int) -> None:
+        """RequestError for more images than one prompt may carry (--limit-mm-per-prompt);
+        the server asks before it fetches any."""
+        limit = self.config.image_limit()
+        if limit is not None and count > limit:
+            raise RequestError(f"the prompt carries {count} images; this model takes at most "
+                               f"{limit} per prompt (--limit-mm-per-prompt)", param="images")
 
     def _model_kind(self) -> str:
         outer = getattr(self.model_config, "multimodal", None)

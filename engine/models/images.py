@@ -126,8 +126,8 @@ def image_encoder_weight(name: str) -> str | None:
 
 
 class ImageProcessor:
-    """The checkpoint's image processor (preprocessor_config.json), on PIL: an image in,
-    float32 pixel values [3, H, W] out."""
+    """The checkpoint's image processor (preprocessor_config.json), on PIL: an image in, its
+    float32 pixel values (and size, where the encoder reads it) out."""
 
     def __init__(self, directory: str, **options: Any):
         """options: what the model's full processor passes its image processor (Mistral 3's

@@ -24,16 +24,14 @@ from tokenmill.engine.server.state import ServerState
 
 
 async def request_images(urls: list[str], state: ServerState) -> list[Any]:
-    """The images behind `urls`, prepared for the engine (ImageInputs), in order."""
+    """The images behind `urls`, prepared for the engine (ImageInputs), in order. A model
+    that reads no images never gets here: rendering the messages refused them."""
     if not urls:
         return []
-    limit = state.options.image_limit
-    if limit is not None and len(urls) > limit:
-        raise APIError(400, f"the messages carry {len(urls)} images; this server takes at most "
-                            f"{limit} per prompt (--limit-mm-per-prompt)", param="messages")
-    if state.image_placeholder is None:
-        raise APIError(400, f"the model {state.options.served_model_name!r} reads text only: "
-                            "a message cannot carry image_url parts", param="messages")
+    try:
+        state.engine.engine.check_image_count(len(urls))
+    except RequestError as exc:
+        raise APIError(400, str(exc), param="messages") from exc
     encoded = await asyncio.gather(*(_read(url, index, state) for index, url in
                                      enumerate(urls)))
     try:

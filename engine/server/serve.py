@@ -149,7 +149,6 @@ def server_state(config, args: argparse.Namespace) -> ServerState:
                               return_tokens_as_token_ids=args.return_tokens_as_token_ids,
                               force_include_usage=args.enable_force_include_usage,
                               root_path=args.root_path,
-                              image_limit=config.image_limit(),
                               allowed_local_media_path=args.allowed_local_media_path,
                               allowed_media_domains=(
                                   tuple(args.allowed_media_domains)

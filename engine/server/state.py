@@ -53,7 +53,6 @@ class ServerOptions:
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:ID"
     force_include_usage: bool = False  # every stream ends with a usage chunk
     root_path: str = ""  # the prefix a path-based proxy serves this server under
-    image_limit: int | None = None  # images per prompt (--limit-mm-per-prompt); None: any
     allowed_local_media_path: str | None = None  # file:// images are read only under it
     allowed_media_domains: tuple[str, ...] | None = None  # hosts images are fetched from
 

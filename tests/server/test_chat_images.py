@@ -42,9 +42,9 @@ def media_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(llava_dir, media_dir):
-    options = {"allowed_local_media_path": str(media_dir), "image_limit": 2}
+    options = {"allowed_local_media_path": str(media_dir)}
     with in_process_server(llava_dir, "llava", options=options, block_size=8,
-                           dtype="float32") as server:
+                           dtype="float32", limit_mm_per_prompt={"image": 2}) as server:
         yield server
 
 
