@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import io
+import math
 
 import numpy as np
 import torch
@@ -326,3 +327,81 @@ class HFMistral3(HFLlava):
             prompt += [t for line in lines for t in line]
             pending += 1
         return prompt
+
+
+QWEN_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
+# Qwen2-VL's template shape: an image part prints its three tokens.
+QWEN_TEMPLATE = CHAT_TEMPLATE.replace("<image>\n", "".join(QWEN_TOKENS))
+
+
+def make_qwen_vl(directory: str, tokenizer, kind: str = "qwen2_vl") -> str:
+    """A Qwen2-VL (or Qwen2.5-VL: RMSNorm, gated MLP, windows of 2 x 2 merged blocks with one
+    block over the whole image) checkpoint: 7-pixel patches merged 2 x 2, images read at
+    their own size up to 56 x 70 pixels, over a small Qwen2 whose rotary frequencies split
+    2 / 3 / 3 between frame, row and column."""
+    import transformers
+
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_TOKENS)})
+    tokenizer.chat_template = QWEN_TEMPLATE
+    start, image, end = tokenizer.convert_tokens_to_ids(list(QWEN_TOKENS))
+    text = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                # A small base: every frequency turns far enough for a wrong axis to show.
+                rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3],
+                                 "rope_theta": 100.0})
+    vision = dict(depth=3, num_heads=2, patch_size=PATCH, spatial_merge_size=2,
+                  temporal_patch_size=2)
+    ids = dict(image_token_id=image, vision_start_token_id=start, vision_end_token_id=end,
+               video_token_id=image + 1000)
+    if kind == "qwen2_vl":
+        config = transformers.Qwen2VLConfig(
+            text_config=text, vision_config=dict(vision, embed_dim=32, hidden_size=64,
+                                                 mlp_ratio=2), **ids)
+    else:
+        config = transformers.Qwen2_5_VLConfig(
+            text_config=text, vision_config=dict(
+                vision, hidden_size=32, intermediate_size=48, out_hidden_size=64,
+                window_size=4 * PATCH, fullatt_block_indexes=[1]), **ids)
+    make_random_model(directory, config, tokenizer, draw_norms=True,
+                      auto_class="AutoModelForImageTextToText")
+    transformers.Qwen2VLImageProcessorPil(
+        patch_size=PATCH, merge_size=2, temporal_patch_size=2,
+        size={"shortest_edge": 28 * 28, "longest_edge": 56 * 70}).save_pretrained(directory)
+    return directory
+
+
+class HFQwenVL(HFLlava):
+    """transformers' Qwen2-VL / Qwen2.5-VL with its image processor; each image's
+    `<|image_pad|>` written out once per merged row, as its processor does, and the token
+    types its 3-D positions are computed from."""
+
+    def __init__(self, directory: str):
+        import transformers
+
+        self.model = transformers.AutoModelForImageTextToText.from_pretrained(
+            directory, dtype=torch.float32).eval()
+        self.processor = transformers.AutoImageProcessor.from_pretrained(directory)
+        self.tokenizer = transformers_tokenizer(directory)
+        self.placeholder = self.model.config.image_token_id
+        self.merge = self.model.config.vision_config.spatial_merge_size
+
+    def image_inputs(self, images: list) -> dict:
+        out = self.processor(images=images, return_tensors="pt")
+        return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+
+    def expand_images(self, ids: list[int], images: list) -> list[int]:
+        grids = iter(self.image_inputs(images)["image_grid_thw"].tolist())
+        prompt = []
+        for t in ids:
+            rows = math.prod(next(grids)) // self.merge ** 2 if t == self.placeholder else 1
+            prompt += [t] * rows
+        return prompt
+
+    def expand(self, ids: list[int]) -> list[int]:
+        raise NotImplementedError("Qwen's rows per image follow the image's size")
+
+    def _inputs(self, ids: list[int], pixels: dict) -> dict:
+        types = (torch.tensor([ids]) == self.placeholder).int()
+        return {**pixels, "mm_token_type_ids": types} if pixels else pixels

@@ -53,6 +53,7 @@ from tokenmill.engine.models.architecture import (
     is_bare_decoder,
 )
 from tokenmill.engine.models.images import (
+    image_grid,
     image_layout,
     image_processor,
     image_tokens,
@@ -162,7 +163,8 @@ class LLMEngine:
             image_processor(source.directory, self.model_config),
             *image_tokens(self.model_config, self.tokenizer),
             encode=self.runner.encode_images, rows_on_host=tp_size > 1,
-            layout_of=image_layout(self.model_config)) if reads else None
+            layout_of=image_layout(self.model_config),
+            grid_of=image_grid(self.model_config)) if reads else None
         if self.images is not None and self.images.tokens.both_ways:
             self._check_whole_images(self.images.per_image)
         self._download_seconds = source.download_seconds

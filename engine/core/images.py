@@ -21,24 +21,27 @@ ENCODE_BATCH = 8  # images through the encoder at once
 
 @dataclass(frozen=True)
 class ImageInput:
-    """An image as the model's processor prepared it: pixel values ([3, H, W], or LLaVA-NeXT's
-    views [n, 3, H, W]; float32, on the host), the rows it becomes, its size before processing
-    where the encoder reads it (LLaVA-NeXT), and a digest of them all, the image's identity in
-    the prefix cache."""
+    """An image as the model's processor prepared it: pixel values ([3, H, W], LLaVA-NeXT's
+    views [n, 3, H, W] or Qwen's patches [n, patch pixels]; float32, on the host), the rows it
+    becomes, its size before processing where the encoder reads it (LLaVA-NeXT; Qwen: its
+    patch grid), and a digest of them all, the image's identity in the prefix cache."""
 
     pixels: torch.Tensor
     digest: bytes
     rows: int
-    size: tuple[int, int] | None = None
+    size: tuple[int, ...] | None = None
     line: int | None = None  # rows per line where the prompt breaks them (Mistral 3)
+    # The (frames, height, width) its rows make where the model gives them 3-D rotary
+    # positions (Qwen2-VL's M-RoPE); None: each row's position is its index.
+    grid: tuple[int, int, int] | None = None
 
     @classmethod
-    def of(cls, pixels: torch.Tensor, rows: int, size: tuple[int, int] | None = None,
-           line: int | None = None) -> ImageInput:
+    def of(cls, pixels: torch.Tensor, rows: int, size: tuple[int, ...] | None = None,
+           line: int | None = None, grid: tuple[int, int, int] | None = None) -> ImageInput:
         pixels = pixels.contiguous()
         digest = hashlib.sha256(pixels.numpy().tobytes())
-        digest.update(str((tuple(pixels.shape), rows, size, line)).encode())
-        return cls(pixels, digest.digest(), rows, size, line)
+        digest.update(str((tuple(pixels.shape), rows, size, line, grid)).encode())
+        return cls(pixels, digest.digest(), rows, size, line, grid)
 
     def runs(self) -> list[int]:
         """The lengths of the runs its row tokens make in the prompt."""
@@ -139,6 +142,37 @@ def visible_until(spans: Sequence[ImageSpan], start: int, end: int) -> list[int]
     return last
 
 
+def rope_shift(spans: Sequence[ImageSpan], position: int) -> int:
+    """How far the rotary position of a text token at `position` lies from its index: an
+    image with 3-D positions spans as many positions as its rows' longest side, not one per
+    row (Qwen2-VL's M-RoPE)."""
+    return sum(max(span.image.grid[1:]) - span.length for span in spans
+               if span.image.grid is not None and span.end <= position)
+
+
+def rope_positions(spans: Sequence[ImageSpan], start: int,
+                   end: int) -> list[tuple[int, int, int]] | None:
+    """The (frame, row, column) rotary positions of positions [start, end) of a prompt where
+    some of them are rows of an image with 3-D positions (None where none are): a text token
+    has its shifted index three times; an image's rows count from the position the image
+    starts at, along each of its axes."""
+    gridded = [s for s in spans if s.image.grid is not None and s.offset < end and s.end > start]
+    if not gridded:
+        return None
+    out = []
+    for position in range(start, end):
+        span = next((s for s in gridded if s.offset <= position < s.end), None)
+        if span is None:
+            text = position + rope_shift(spans, position)
+            out.append((text, text, text))
+            continue
+        _, height, width = span.image.grid
+        base = span.offset + rope_shift(spans, span.offset)
+        row = position - span.offset
+        out.append((base, base + row % (height * width) // width, base + row % width))
+    return out
+
+
 def cache_token_ids(token_ids: list[int], spans: Sequence[ImageSpan]) -> list[int]:
     """The ids the prefix cache keys a prompt by: each image's placeholders replaced by its
     image's key."""
@@ -171,10 +205,12 @@ class PromptImages:
                  tokens: ImageTokens, marker_text: str, expansion_text: str, *,
                  encode: Callable[[list[torch.Tensor], list[Any]], list[torch.Tensor]],
                  rows_on_host: bool,
-                 layout_of: Callable[[Any], tuple[int, int | None]] | None = None):
+                 layout_of: Callable[[Any], tuple[int, int | None]] | None = None,
+                 grid_of: Callable[[Any], tuple[int, int, int]] | None = None):
         """processor: an image to (pixels, its size); layout_of: the rows an image of that
         size becomes and the rows per line of them (None: tokens.per_image rows in one run);
-        encode: pixels and sizes to each image's rows."""
+        grid_of: the (frames, height, width) extent of those rows where the model gives them
+        3-D positions (None: it does not); encode: pixels and sizes to each image's rows."""
         self.processor = processor
         self.tokens = tokens
         # A text prompt's marker, and what replaces it before tokenizing (as the model's
@@ -183,6 +219,7 @@ class PromptImages:
         self.expansion_text = expansion_text
         self._encode = encode
         self._layout_of = layout_of or (lambda size: (tokens.per_image, None))
+        self._grid_of = grid_of
         self._rows_on_host = rows_on_host  # rows a step carries to other ranks: on the host
 
     def prepare(self, images: Sequence[Any]) -> list[ImageInput]:
@@ -195,7 +232,8 @@ class PromptImages:
             try:
                 pixels, size = self.processor(image)
                 rows, line = self._layout_of(size)
-                prepared.append(ImageInput.of(pixels, rows, size, line))
+                grid = None if self._grid_of is None else self._grid_of(size)
+                prepared.append(ImageInput.of(pixels, rows, size, line, grid))
             except Exception as exc:  # what PIL or the processor raises for this image
                 raise RequestError(f"image {index} cannot be read: {exc}",
                                    param="images") from exc

@@ -5,7 +5,7 @@ that replace a prompt's image placeholders."""
 
 from __future__ import annotations
 
-from tokenmill.engine.core.images import rows_in_step, visible_until
+from tokenmill.engine.core.images import rope_positions, rope_shift, rows_in_step, visible_until
 from tokenmill.engine.core.pooling import pooled_rows
 from tokenmill.engine.core.prompt_logprobs import rows_to_score
 from tokenmill.engine.core.request import Sequence
@@ -26,15 +26,16 @@ def build_step_inputs(scheduled: list[tuple[Sequence, int]], block_size: int,
                         lora_loads=list(lora_loads or []))
     for seq, num_new in scheduled:
         start = seq.num_computed_tokens
+        shift = rope_shift(seq.images, start) if seq.images else 0
         if seq.spec_tokens:  # its last token, then its proposals: a logit row for each
             inputs.add_sequence(seq.token_slice(start, start + 1) + seq.spec_tokens, start,
                                 seq.block_table, block_size, num_logits=num_new,
-                                lora_slot=seq.lora_slot)
+                                lora_slot=seq.lora_slot, position_shift=shift)
             continue
         first_row = len(inputs.input_ids)
         inputs.add_sequence(seq.token_slice(start, start + num_new), start, seq.block_table,
                             block_size, num_logits=0 if seq.pooling is not None else 1,
-                            lora_slot=seq.lora_slot)
+                            lora_slot=seq.lora_slot, position_shift=shift)
         if seq.images:
             inputs.image_rows += rows_in_step(seq.images, start, start + num_new, first_row)
         rows = pooled_rows(seq, num_new)
@@ -42,11 +43,12 @@ def build_step_inputs(scheduled: list[tuple[Sequence, int]], block_size: int,
             inputs.pool_spans.append((first_row + rows[0], first_row + rows[1]))
     inputs.prompt_rows = rows_to_score(scheduled)
     inputs.token_types = _token_types(scheduled)
-    inputs.visible_until = _visible_until(scheduled, inputs.positions)
+    inputs.visible_until = _visible_until(scheduled)
+    inputs.grid_positions = _grid_positions(scheduled, inputs.positions)
     return inputs
 
 
-def _visible_until(scheduled: list[tuple[Sequence, int]], positions: list[int]) -> list[int]:
+def _visible_until(scheduled: list[tuple[Sequence, int]]) -> list[int]:
     """Each new token's last visible position where an image's rows see it whole (both
     ways); [] where every row is causal."""
     seen = [None if not seq.images else
@@ -55,9 +57,24 @@ def _visible_until(scheduled: list[tuple[Sequence, int]], positions: list[int]) 
     if not any(seen):
         return []
     rows: list[int] = []
-    for (_, num_new), last in zip(scheduled, seen, strict=True):
-        rows += last or positions[len(rows):len(rows) + num_new]
+    for (seq, num_new), last in zip(scheduled, seen, strict=True):
+        start = seq.num_computed_tokens
+        rows += last or range(start, start + num_new)
     return rows
+
+
+def _grid_positions(scheduled: list[tuple[Sequence, int]], positions: list[int]) -> list[list[int]]:
+    """Each new token's (frame, row, column) rotary positions, as three lists, where some
+    of them are rows of an image with 3-D positions; [] where none is."""
+    grids = [None if not seq.images or seq.spec_tokens else
+             rope_positions(seq.images, seq.num_computed_tokens, seq.num_computed_tokens + n)
+             for seq, n in scheduled]
+    if not any(grids):
+        return []
+    rows: list[tuple[int, int, int]] = []
+    for (_, num_new), grid in zip(scheduled, grids, strict=True):
+        rows += grid or [(p, p, p) for p in positions[len(rows):len(rows) + num_new]]
+    return [list(axis) for axis in zip(*rows, strict=True)]
 
 
 def _token_types(scheduled: list[tuple[Sequence, int]]) -> list[int]:

@@ -144,7 +144,7 @@ class ModelRunner:
             all(n == 1 for n in inputs.num_logits)
         hidden = last_rows = None
         if not (inputs.all_logits or inputs.prompt_rows.rows or inputs.pool_spans
-                or inputs.image_rows or inputs.visible_until):
+                or inputs.image_rows or inputs.visible_until or inputs.grid_positions):
             graphs = self.graphs if decode_only else self.verify_graphs
             if graphs is not None:
                 hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.slots,
@@ -165,8 +165,9 @@ class ModelRunner:
                 inputs.token_types, dtype=torch.long, device=self.device)}
             if inputs.image_rows:
                 typed["image_rows"] = inputs.image_rows
-            hidden = self.model(views.input_ids, views.positions, self.kv_caches, meta,
-                                **typed)
+            positions = views.positions if not inputs.grid_positions else torch.tensor(
+                inputs.grid_positions, dtype=torch.long, device=self.device)
+            hidden = self.model(views.input_ids, positions, self.kv_caches, meta, **typed)
             last_rows = views.query_start[1:] - 1
         if inputs.prompt_rows.rows:
             self.prompt_scores = score_rows(self.model, hidden, inputs.prompt_rows)

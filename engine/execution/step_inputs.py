@@ -57,16 +57,23 @@ class StepInputs:
     # Each token row's last visible position, where some row sees past itself (an image's
     # rows see the whole image, both ways); empty: causal.
     visible_until: list[int] = field(default_factory=list)
+    # Each token row's (frame, row, column) rotary positions, as three lists, where some row
+    # of an image takes 3-D positions (Qwen2-VL's M-RoPE); empty: `positions` are every
+    # row's.
+    grid_positions: list[list[int]] = field(default_factory=list)
 
     def add_sequence(self, token_ids: list[int], start: int, block_table: list[int],
-                     block_size: int, num_logits: int = 1, lora_slot: int = -1) -> None:
+                     block_size: int, num_logits: int = 1, lora_slot: int = -1,
+                     position_shift: int = 0) -> None:
         """A sequence whose new tokens `token_ids` sit at positions start.. (its context ends
-        with them), with logits for its last num_logits of them."""
+        with them), with logits for its last num_logits of them. position_shift: how far
+        their rotary positions lie from their indices (images with 3-D positions before
+        them)."""
         self.num_logits.append(num_logits)
         self.lora_slots.append(lora_slot)
         end = start + len(token_ids)
         self.input_ids += token_ids
-        self.positions += range(start, end)
+        self.positions += range(start + position_shift, end + position_shift)
         self.slots += [slot_index(block_table, p, block_size) for p in range(start, end)]
         self.seq_lens.append(end)
         self.query_lens.append(len(token_ids))

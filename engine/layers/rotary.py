@@ -168,13 +168,31 @@ def _llama3_scaled(inv_freq: torch.Tensor, params: dict) -> torch.Tensor:
     return torch.where(medium, blended, scaled)
 
 
+def grid_axes(params: dict, frequencies: int) -> torch.Tensor | None:
+    """Which of the (frame, row, column) positions turns each frequency, where the model
+    gives image rows 3-D positions (M-RoPE: `mrope_section` frequencies for each axis, in
+    turn); None where positions are 1-D (or laid out otherwise: text alone never needs
+    them)."""
+    sections = params.get("mrope_section")
+    if not sections or len(sections) != 3 or sum(sections) != frequencies:
+        return None
+    if params.get("mrope_interleaved"):
+        return None  # Qwen3-VL's layout: its images are not read
+    axes = [axis for axis, count in enumerate(sections) for _ in range(count)]
+    return torch.tensor(axes, dtype=torch.long)
+
+
 class RotaryEmbedding(nn.Module):
     """Precomputed cos/sin tables indexed by absolute position (float32, as Hugging Face
-    computes them before casting to the model dtype)."""
+    computes them before casting to the model dtype). Where the model gives image rows 3-D
+    positions (M-RoPE), a step may bring them as [3, T]: each frequency then turns by the
+    position along its axis."""
 
     def __init__(self, head_dim: int, max_positions: int, params: dict):
         super().__init__()
         inv_freq = inverse_frequencies(head_dim, params, max_positions)
+        axes = grid_axes(params, inv_freq.numel())
+        self.register_buffer("axes", axes, persistent=False)
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         scaling = attention_scaling(params)
         cos = angles.cos() * scaling
@@ -186,10 +204,32 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, dtype: torch.dtype,
                 backend: str = "torch") -> RopeRows | RopeKernel:
         """The step's rotary inputs, built once and shared by every layer."""
+        if positions.dim() == 2:
+            return self._grid_rows(positions, dtype, backend)
         if backend == "triton":
             half = self.cos.shape[-1] // 2
             return RopeKernel(positions, self.cos[:, :half], self.signed_sin[:, half:])
         cos, sin = self.cos[positions], self.signed_sin[positions]
+        if dtype != torch.float32:
+            cos, sin = cos.to(dtype), sin.to(dtype)
+        return RopeRows(cos.unsqueeze(1), sin.unsqueeze(1))
+
+
+    def _grid_rows(self, positions: torch.Tensor, dtype: torch.dtype,
+                   backend: str) -> RopeRows | RopeKernel:
+        """Rows of cos/sin where each frequency takes its axis's position ([3, T])."""
+        if self.axes is None:
+            raise ValueError("3-D positions for a model whose rotary settings have no "
+                             "mrope_section")
+        half = self.cos.shape[-1] // 2
+        columns = torch.arange(half, device=positions.device)
+        rows = positions.index_select(0, self.axes)  # [half, T]: each frequency's position
+        cos = self.cos[rows, columns[:, None]].t()  # [T, half]
+        sin = self.signed_sin[rows, columns[:, None] + half].t()
+        if backend == "triton":
+            steps = torch.arange(positions.shape[1], device=positions.device)
+            return RopeKernel(steps, cos.contiguous(), sin.contiguous())
+        cos, sin = torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
         if dtype != torch.float32:
             cos, sin = cos.to(dtype), sin.to(dtype)
         return RopeRows(cos.unsqueeze(1), sin.unsqueeze(1))

@@ -13,11 +13,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from tokenmill.engine.models import llava
+from tokenmill.engine.models import llava, qwen_vision
 from tokenmill.engine.models.gemma3_images import Gemma3ImageEncoder
 from tokenmill.engine.models.llava import LlavaImageEncoder
 from tokenmill.engine.models.llava_next import LlavaNextImageEncoder
 from tokenmill.engine.models.mistral3_images import Mistral3ImageEncoder
+from tokenmill.engine.models.qwen_vision import QwenImageEncoder
 from tokenmill.engine.models.safetensors_files import Checkpoint
 from tokenmill.engine.models.source import ModelLoadError, ModelSource
 from tokenmill.engine.models.vision_encoder import TOWERS
@@ -29,17 +30,24 @@ log = logging.getLogger(__name__)
 ENCODERS = {"LlavaForConditionalGeneration": LlavaImageEncoder,
             "LlavaNextForConditionalGeneration": LlavaNextImageEncoder,
             "Gemma3ForConditionalGeneration": Gemma3ImageEncoder,
-            "Mistral3ForConditionalGeneration": Mistral3ImageEncoder}
+            "Mistral3ForConditionalGeneration": Mistral3ImageEncoder,
+            "Qwen2VLForConditionalGeneration": QwenImageEncoder,
+            "Qwen2_5_VLForConditionalGeneration": QwenImageEncoder}
 # The vision towers each architecture's encoder runs.
 TOWERS_OF = {"LlavaForConditionalGeneration": TOWERS,
              "LlavaNextForConditionalGeneration": TOWERS,
              "Gemma3ForConditionalGeneration": TOWERS,
-             "Mistral3ForConditionalGeneration": ("pixtral",)}
+             "Mistral3ForConditionalGeneration": ("pixtral",),
+             "Qwen2VLForConditionalGeneration": qwen_vision.QWEN2_VL,
+             "Qwen2_5_VLForConditionalGeneration": qwen_vision.QWEN2_5_VL}
+# Architectures whose image rows take 3-D (frame, row, column) rotary positions (M-RoPE).
+GRID_POSITIONS = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration")
 # Where checkpoints keep the tower and the projector: as first published and as transformers
 # has saved them since 4.52 (under `model.`); the tower's tensors under `vision_model.` or not
-# (transformers 5).
+# (transformers 5); Qwen's under `visual.` (or `model.visual.`).
 _PREFIXES = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.",
-             "multi_modal_projector.", "model.image_newline", "image_newline")
+             "multi_modal_projector.", "model.image_newline", "image_newline",
+             "model.visual.", "visual.")
 
 
 PROCESSOR_CONFIG = "preprocessor_config.json"
@@ -95,6 +103,12 @@ def image_tokens(model_config: Any, tokenizer: Any) -> tuple[ImageTokens, str, s
         line_end, image_end = tokenizer.convert_tokens_to_ids(["[IMG_BREAK]", "[IMG_END]"])
         marker = tokenizer.convert_ids_to_tokens(image)
         return ImageTokens(image, image, 0, line_end=line_end, image_end=image_end), marker, marker
+    if model_config.multimodal in GRID_POSITIONS:
+        # Qwen's marker is its row token, written between the vision start and end tokens.
+        image = int(outer.image_token_id)
+        marker = "".join(tokenizer.convert_ids_to_tokens(
+            [int(outer.vision_start_token_id), image, int(outer.vision_end_token_id)]))
+        return ImageTokens(image, image, 0), marker, marker
     image = llava.image_token_id(outer)
     per_image = llava.tokens_per_image(outer)
     marker = tokenizer.convert_ids_to_tokens(image)
@@ -144,11 +158,15 @@ class ImageProcessor:
                         extra={"directory": directory})
             self._processor.do_pan_and_scan = False
 
-    def __call__(self, image: Any) -> tuple[torch.Tensor, tuple[int, int] | None]:
+    def __call__(self, image: Any) -> tuple[torch.Tensor, tuple[int, ...] | None]:
         """The image's pixel values (float32), and its size where the encoder reads it
-        (LLaVA-NeXT's and Mistral 3's processors report it)."""
+        (LLaVA-NeXT's and Mistral 3's processors report it), or its patch grid (frames,
+        height, width: Qwen's processor cuts the image into a grid of patches)."""
         out = self._processor(images=[image.convert("RGB")], return_tensors="pt",
                               **self.options)
+        grid = out.get("image_grid_thw")
+        if grid is not None:  # every patch of the one image, [patches, patch pixels]
+            return out["pixel_values"].float(), tuple(int(n) for n in grid[0])
         size = out.get("image_sizes")
         return out["pixel_values"][0].float(), None if size is None else \
             tuple(int(n) for n in size[0])
@@ -166,6 +184,8 @@ def image_layout(model_config: Any) -> Any:
             return (size[0] // side) * (size[1] // side), size[1] // side
 
         return lines
+    if model_config.multimodal in GRID_POSITIONS:
+        return lambda grid: (qwen_vision.rows_of(outer, grid), None)
     if model_config.multimodal != "LlavaNextForConditionalGeneration":
         return None
     with torch.device("meta"):
@@ -173,11 +193,19 @@ def image_layout(model_config: Any) -> Any:
     return lambda size: (encoder.image_rows(size), None)
 
 
+def image_grid(model_config: Any) -> Any:
+    """The (frames, height, width) extent of the rows of an image of a given patch grid,
+    where the model gives image rows 3-D rotary positions; None where it does not."""
+    if model_config.multimodal not in GRID_POSITIONS:
+        return None
+    return lambda grid: qwen_vision.row_grid(model_config.multimodal_config, grid)
+
+
 def encode_images(encoder: nn.Module, pixels: list[torch.Tensor],
                   sizes: list[tuple[int, int] | None]) -> list[torch.Tensor]:
-    """Each image's rows: LLaVA-NeXT's one image at a time (their views differ in number),
-    the others in one batch."""
-    if isinstance(encoder, LlavaNextImageEncoder):
+    """Each image's rows: LLaVA-NeXT's and Qwen's one image at a time (their views or
+    patches differ in number), the others in one batch."""
+    if isinstance(encoder, (LlavaNextImageEncoder, QwenImageEncoder)):
         return [encoder(p, size) for p, size in zip(pixels, sizes, strict=True)]
     if isinstance(encoder, Mistral3ImageEncoder):  # each at its own size
         return [encoder(p[:, :size[0], :size[1]]) for p, size in zip(pixels, sizes, strict=True)]

@@ -121,14 +121,20 @@ def test_latent_attention_runs_through_the_kernels(tmp_path, vocab_tokenizer):
         assert logprobs == pytest.approx(reference, abs=1e-4)
 
 
-def test_gemma3_images_run_through_the_kernels(tmp_path, vocab_tokenizer):
-    """Gemma 3's image rows see each other both ways in the prefill kernel as in the torch
-    path, in chunks and from the prefix cache."""
+@pytest.mark.parametrize("family", ["gemma3", "qwen2_vl"])
+def test_images_run_through_the_kernels(tmp_path, vocab_tokenizer, family):
+    """Gemma 3's image rows see each other both ways in the prefill kernel, and Qwen2-VL's
+    take their 3-D rotary positions in the rotary kernel, as in the torch path, in chunks
+    and from the prefix cache."""
     pytest.importorskip("PIL", reason="images need Pillow, which this machine lacks")
-    from image_support import HFGemma3, drawn_image, make_gemma3
+    from image_support import HFGemma3, HFQwenVL, drawn_image, make_gemma3, make_qwen_vl
 
-    directory = make_gemma3(str(tmp_path / "gemma3"), vocab_tokenizer)
-    marker = HFGemma3(directory).placeholder
+    if family == "gemma3":
+        directory = make_gemma3(str(tmp_path / "gemma3"), vocab_tokenizer)
+        marker = HFGemma3(directory).placeholder
+    else:
+        directory = make_qwen_vl(str(tmp_path / "qwen2_vl"), vocab_tokenizer)
+        marker = HFQwenVL(directory).placeholder
     words = vocab_tokenizer.encode("tell me what the picture shows")
     prompts = [{"prompt_token_ids": words[:2] + [marker] + words[2:], "multi_modal_data": {
         "image": [drawn_image(seed)]}} for seed in (0, 1)]

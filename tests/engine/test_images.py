@@ -17,11 +17,13 @@ from image_support import (
     HFLlava,
     HFLlavaNext,
     HFMistral3,
+    HFQwenVL,
     drawn_image,
     make_gemma3,
     make_llava,
     make_llava_next,
     make_mistral3,
+    make_qwen_vl,
 )
 
 from tokenmill.engine import LLM, SamplingParams
@@ -36,11 +38,15 @@ ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=4, max_num_batched
               dtype="float32")
 
 
-@pytest.fixture(scope="module", params=["clip", "siglip", "llava_next", "gemma3", "mistral3"])
+@pytest.fixture(scope="module", params=["clip", "siglip", "llava_next", "gemma3", "mistral3",
+                                        "qwen2_vl", "qwen2_5_vl"])
 def llava(request, tmp_path_factory, vocab_tokenizer):
     """A checkpoint that reads images, and transformers' model on it: LLaVA with either
-    tower, LLaVA-NeXT, Gemma 3 or Mistral 3."""
+    tower, LLaVA-NeXT, Gemma 3, Mistral 3, Qwen2-VL or Qwen2.5-VL."""
     directory = str(tmp_path_factory.mktemp(request.param))
+    if request.param.startswith("qwen"):
+        make_qwen_vl(directory, vocab_tokenizer, request.param)
+        return directory, HFQwenVL(directory)
     if request.param == "mistral3":
         make_mistral3(directory, vocab_tokenizer)
         return directory, HFMistral3(directory)
@@ -222,11 +228,16 @@ def test_what_cannot_be_read_is_refused(tmp_path, vocab_tokenizer, tiny_llama):
         assert llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2))[0].outputs[0].token_ids
 
 
-def test_images_under_tensor_parallelism(tmp_path, vocab_tokenizer):
-    """Rank 0 encodes; the rows, and how far each row sees (Gemma 3's images), travel to the
-    other rank with the step."""
-    directory = make_gemma3(str(tmp_path / "gemma3"), vocab_tokenizer)
-    hf = HFGemma3(directory)
+@pytest.mark.parametrize("family", ["gemma3", "qwen2_5_vl"])
+def test_images_under_tensor_parallelism(tmp_path, vocab_tokenizer, family):
+    """Rank 0 encodes; the rows, how far each row sees (Gemma 3's images) and their 3-D
+    positions (Qwen2.5-VL's) travel to the other rank with the step."""
+    if family == "gemma3":
+        directory = make_gemma3(str(tmp_path / family), vocab_tokenizer)
+        hf = HFGemma3(directory)
+    else:
+        directory = make_qwen_vl(str(tmp_path / family), vocab_tokenizer, family)
+        hf = HFQwenVL(directory)
     prompts = _prompts(hf, vocab_tokenizer)
     expected = [hf.greedy(ids, images, MAX_NEW) for ids, images in prompts]
     with LLM(directory, tensor_parallel_size=2, **ENGINE) as llm:
@@ -301,3 +312,41 @@ def test_an_image_broken_into_lines_is_written_and_read_line_by_line():
     assert [(s.offset, s.length, s.first_row) for s in spans] == [(1, 3, 0), (5, 3, 3)]
     again, _ = place_images(ids, [image], tokens)  # already written out
     assert again == ids
+
+
+def test_qwen_image_rows_take_the_3d_positions_transformers_gives_them():
+    """Qwen2-VL's M-RoPE: each token's (frame, row, column) rotary positions, step by step in
+    chunks that cut the images, equal transformers' get_rope_index on the whole prompt, and
+    a token after the prompt is shifted by its rope delta."""
+    import transformers
+
+    from tokenmill.engine.core.request import RequestTimings, Sequence
+    from tokenmill.engine.core.step_builder import build_step_inputs
+
+    config = transformers.Qwen2VLConfig(
+        text_config=dict(vocab_size=64, hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1),
+        vision_config=dict(depth=1, embed_dim=16, hidden_size=16, num_heads=2,
+                           spatial_merge_size=2), image_token_id=9)
+    grids = [(1, 6, 8), (1, 8, 2), (1, 4, 4)]  # patch grids: rows 3 x 4, 4 x 1, 2 x 2
+    images = [ImageInput.of(torch.full((t * h * w, 4), float(i)), t * h * w // 4,
+                            (t, h, w), grid=(t, h // 2, w // 2))
+              for i, (t, h, w) in enumerate(grids)]
+    ids, spans = place_images([5, 6, 9, 7, 9, 8, 9, 8, 8], images, ImageTokens(9, 9, 0))
+    expected, delta = transformers.Qwen2VLModel(config).get_rope_index(
+        torch.tensor([ids]), (torch.tensor([ids]) == 9).int(),
+        image_grid_thw=torch.tensor(grids))
+    seq = Sequence(1, "r", 0, ids, SamplingParams(), None, None, RequestTimings())
+    seq.images, seq.block_table = spans, list(range(8))
+    for span in spans:  # as if encoded
+        span.rows = torch.zeros(span.length, 4)
+    got = []
+    for start in range(0, len(ids), 5):
+        seq.num_computed_tokens = start
+        step = build_step_inputs([(seq, min(5, len(ids) - start))], block_size=8)
+        got += zip(*step.grid_positions, strict=True) if step.grid_positions else \
+            [(p, p, p) for p in step.positions]
+    assert got == [tuple(p) for p in expected[:, 0].t().tolist()]
+    seq.num_computed_tokens = len(ids) - 1  # the last text token, as a decode step feeds it
+    step = build_step_inputs([(seq, 1)], block_size=8)
+    assert step.positions == [len(ids) - 1 + int(delta)] and not step.grid_positions

@@ -16,10 +16,12 @@ from image_support import (
     IMAGE_TOKEN,
     HFGemma3,
     HFLlava,
+    HFQwenVL,
     drawn_image,
     llava_tokenizer,
     make_gemma3,
     make_llava,
+    make_qwen_vl,
     png_bytes,
 )
 from server_support import in_process_server
@@ -200,5 +202,30 @@ def test_gemma3_reads_images_over_http(tmp_path, vocab_tokenizer):
                 {"type": "image_url", "image_url": {"url": _data_url(drawn_image(2))}},
                 {"type": "text", "text": "Name it."}]}])
     assert reply.prompt_token_ids == ids  # the text written out, then tokenized
+    assert reply.choices[0].message.content == hf.tokenizer.decode(tokens,
+                                                                   skip_special_tokens=True)
+
+
+def test_qwen2_5_vl_reads_images_over_http(tmp_path, vocab_tokenizer):
+    """Qwen2.5-VL: the template's `<|image_pad|>` between its vision tokens written out once
+    per merged row of the image as its processor resizes it; the reply, with the rows at
+    their 3-D positions, equals transformers'."""
+    directory = make_qwen_vl(str(tmp_path / "qwen"), vocab_tokenizer, "qwen2_5_vl")
+    hf = HFQwenVL(directory)
+    rendered = hf.tokenizer.apply_chat_template(
+        [{"role": "user", "content": [{"type": "text", "text": "Name it."}, {"type": "image"}]}],
+        add_generation_prompt=True, tokenize=False)
+    assert rendered.count("<|vision_start|><|image_pad|><|vision_end|>") == 1
+    image = drawn_image(2, (30, 64))
+    ids = hf.expand_images(hf.tokenizer.encode(rendered, add_special_tokens=False), [image])
+    tokens, _ = hf.greedy(ids, [image], MAX_NEW, expanded=True)
+    with in_process_server(directory, "qwen", block_size=8, dtype="float32") as server:
+        reply = server.client.chat.completions.create(
+            model="qwen", temperature=0, max_tokens=MAX_NEW,
+            extra_body={"ignore_eos": True, "return_token_ids": True},
+            messages=[{"role": "user", "content": [
+                {"type": "text", "text": "Name it."},
+                {"type": "image_url", "image_url": {"url": _data_url(image)}}]}])
+    assert reply.prompt_token_ids == ids and reply.usage.prompt_tokens == len(ids)
     assert reply.choices[0].message.content == hf.tokenizer.decode(tokens,
                                                                    skip_special_tokens=True)
