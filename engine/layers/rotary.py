@@ -171,14 +171,17 @@ def _llama3_scaled(inv_freq: torch.Tensor, params: dict) -> torch.Tensor:
 def grid_axes(params: dict, frequencies: int) -> torch.Tensor | None:
     """Which of the (frame, row, column) positions turns each frequency, where the model
     gives image rows 3-D positions (M-RoPE: `mrope_section` frequencies for each axis, in
-    turn); None where positions are 1-D (or laid out otherwise: text alone never needs
-    them)."""
+    turn, or Qwen3-VL's interleaved); None where positions are 1-D (or the sections do not
+    cover the head: text alone never needs them)."""
     sections = params.get("mrope_section")
     if not sections or len(sections) != 3 or sum(sections) != frequencies:
         return None
-    if params.get("mrope_interleaved"):
-        return None  # Qwen3-VL's layout: its images are not read
     axes = [axis for axis, count in enumerate(sections) for _ in range(count)]
+    if params.get("mrope_interleaved"):  # Qwen3-VL: frame, row, column, frame, row, ...
+        axes = [0] * frequencies
+        for axis in (1, 2):
+            for frequency in range(axis, min(3 * sections[axis], frequencies), 3):
+                axes[frequency] = axis
     return torch.tensor(axes, dtype=torch.long)
 
 

@@ -264,22 +264,32 @@ class DecoderModel(nn.Module):
 
     def forward(self, input_ids, positions, kv_caches, meta, image_rows=()):
         """image_rows: (row, rows) pairs whose embeddings an image encoder's output replaces
-        (after any embedding scale: the encoder's rows are the language model's inputs)."""
+        (after any embedding scale: the encoder's rows are the language model's inputs).
+        Rows wider than the model carry, past its width, one more row per early layer that
+        joins that layer's output (Qwen3-VL's DeepStack)."""
         x = self.embed_tokens(input_ids)
         if self.embed_scale is not None:
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype).item()
         if self.embed_multiplier is not None:
             x = x * self.embed_multiplier
+        width = x.shape[-1]
+        deep = []
         for row, rows in image_rows:
-            x[row:row + rows.shape[0]] = rows.to(device=x.device, dtype=x.dtype)
+            rows = rows.to(device=x.device, dtype=x.dtype)
+            x[row:row + rows.shape[0]] = rows[:, :width]
+            if rows.shape[1] > width:
+                deep.append((row, rows[:, width:]))
         rope = self.rotary(positions, x.dtype, meta.backend)
         rope_local = (None if self.rotary_local is None
                       else self.rotary_local(positions, x.dtype, meta.backend))
         residual = None
-        for layer, local, rotates, kv_cache in zip(self.layers, self.local_rope, self.rotates,
-                                                   kv_caches, strict=True):
+        for index, (layer, local, rotates, kv_cache) in enumerate(zip(
+                self.layers, self.local_rope, self.rotates, kv_caches, strict=True)):
             turn = (rope_local if local else rope) if rotates else None
             x, residual = layer(x, residual, turn, kv_cache, meta)
+            for row, rows in deep:  # x is the layer's output not yet in the residual stream
+                if rows.shape[1] > index * width:
+                    x[row:row + rows.shape[0]] += rows[:, index * width:(index + 1) * width]
         return self.norm(x, residual, meta.backend)[0]
 
 

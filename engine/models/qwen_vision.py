@@ -1,11 +1,14 @@
-"""Qwen2-VL's and Qwen2.5-VL's image encoder: the processor cuts an image, at its own size,
-into patches of 2 frames x 14 x 14 pixels (a still image repeats its frame), ordered so that
-each 2 x 2 block of neighbours is consecutive; a vision transformer with a 2-D rotary
-embedding reads them, and a merger folds each block into one row of the language model's
-width. Qwen2-VL's blocks are LayerNorm and a two-layer MLP, each attending over the whole
-image; Qwen2.5-VL's are RMSNorm and a gated MLP, most attending only within windows of the
-image (the others over all of it). Modules carry the checkpoints' names (`visual.blocks.N.
-attn.qkv`, `visual.merger.mlp.0`, ...)."""
+"""Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's image encoder: the processor cuts an image, at its
+own size, into patches of 2 frames x 14 x 14 pixels (Qwen3-VL: 16 x 16; a still image repeats
+its frame), ordered so that each 2 x 2 block of neighbours is consecutive; a vision
+transformer with a 2-D rotary embedding reads them, and a merger folds each block into one
+row of the language model's width. Qwen2-VL's blocks are LayerNorm and a two-layer MLP, each
+attending over the whole image; Qwen2.5-VL's are RMSNorm and a gated MLP, most attending only
+within windows of the image (the others over all of it); Qwen3-VL's are Qwen2-VL's over
+patches that also take a learned position embedding resampled to the image's grid, and
+mergers after some middle blocks give rows that the language model adds to its first layers'
+outputs (DeepStack). Modules carry the checkpoints' names (`visual.blocks.N.attn.qkv`,
+`visual.merger.mlp.0`, ...)."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from tokenmill.engine.models.vision_encoder import activation, rms_normalized
 
 QWEN2_VL = ("qwen2_vl_vision", "qwen2_vl")
 QWEN2_5_VL = ("qwen2_5_vl_vision", "qwen2_5_vl")
-TOWERS = QWEN2_VL + QWEN2_5_VL
+QWEN3_VL = ("qwen3_vl_vision", "qwen3_vl")
 EPS = 1e-6
 
 
@@ -40,15 +43,16 @@ def _norm(dim: int, rms: bool) -> nn.Module:
 class PatchEmbed(nn.Module):
     """A patch's pixels (channels x frames x height x width, flattened) to its features."""
 
-    def __init__(self, config: Any, dim: int):
+    def __init__(self, config: Any, dim: int, bias: bool):
         super().__init__()
         size = (config.temporal_patch_size, config.patch_size, config.patch_size)
         self.proj = nn.Conv3d(config.in_channels, dim, kernel_size=size, stride=size,
-                              bias=False)
+                              bias=bias)
 
     def forward(self, patches: torch.Tensor) -> torch.Tensor:
         # The kernel covers the whole patch: the convolution is one matrix product.
-        return F.linear(patches.to(self.proj.weight.dtype), self.proj.weight.flatten(1))
+        return F.linear(patches.to(self.proj.weight.dtype), self.proj.weight.flatten(1),
+                        self.proj.bias)
 
 
 class Attention(nn.Module):
@@ -94,15 +98,18 @@ def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Ten
 
 
 class MLP(nn.Module):
-    """Qwen2-VL's fc1, activation, fc2."""
+    """fc1, activation, fc2 (Qwen3-VL names them linear_fc1 and linear_fc2)."""
 
-    def __init__(self, dim: int, hidden: int, act: str):
+    def __init__(self, dim: int, hidden: int, act: str, names: tuple[str, str]):
         super().__init__()
-        self.fc1, self.fc2 = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
+        self.names = names
+        setattr(self, names[0], nn.Linear(dim, hidden))
+        setattr(self, names[1], nn.Linear(hidden, dim))
         self.act = activation(act, "vision_config.hidden_act")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
+        first, second = (getattr(self, name) for name in self.names)
+        return second(self.act(first(x)))
 
 
 class GatedMLP(nn.Module):
@@ -119,12 +126,18 @@ class GatedMLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: Any, dim: int, gated: bool):
+    def __init__(self, config: Any, dim: int, kind: str):
         super().__init__()
+        gated = kind == "qwen2_5"
         self.norm1, self.norm2 = _norm(dim, gated), _norm(dim, gated)
         self.attn = Attention(dim, config.num_heads)
-        self.mlp = GatedMLP(dim, config.intermediate_size, config.hidden_act) if gated else \
-            MLP(dim, int(dim * config.mlp_ratio), config.hidden_act)
+        if gated:
+            self.mlp = GatedMLP(dim, config.intermediate_size, config.hidden_act)
+        elif kind == "qwen3":
+            self.mlp = MLP(dim, config.intermediate_size, config.hidden_act,
+                           ("linear_fc1", "linear_fc2"))
+        else:
+            self.mlp = MLP(dim, int(dim * config.mlp_ratio), config.hidden_act, ("fc1", "fc2"))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 segments: list[int]) -> torch.Tensor:
@@ -144,6 +157,24 @@ class Merger(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.ln_q(x).view(-1, self.width))
+
+
+class Qwen3Merger(nn.Module):
+    """Qwen3-VL's merger: the norm over each patch (or, for a DeepStack merger, over the
+    block's concatenation), then two layers."""
+
+    def __init__(self, dim: int, out: int, merge: int, after_concat: bool):
+        super().__init__()
+        self.width = dim * merge * merge
+        self.after_concat = after_concat
+        self.norm = nn.LayerNorm(self.width if after_concat else dim, eps=EPS)
+        self.linear_fc1 = nn.Linear(self.width, self.width)
+        self.linear_fc2 = nn.Linear(self.width, out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(x.view(-1, self.width)) if self.after_concat else \
+            self.norm(x).view(-1, self.width)
+        return self.linear_fc2(F.gelu(self.linear_fc1(x)))
 
 
 def patch_positions(grid: tuple[int, int, int], merge: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,14 +205,48 @@ def windows(grid: tuple[int, int, int], merge: int, side: int) -> tuple[torch.Te
     return torch.cat(order), sizes
 
 
+def resampled_positions(grid: tuple[int, int, int], merge: int,
+                        side: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3-VL's learned position table (side x side) resampled bilinearly, corners aligned,
+    to an image's patch grid: each patch's four table rows and their weights, in the
+    processor's patch order."""
+    _, height, width = grid
+    rows, cols = patch_positions(grid, merge)
+
+    def taps(index: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        source = index.float() * (side - 1) / max(size - 1, 1)
+        low = source.floor()
+        frac = source - low
+        low = low.long()
+        return torch.stack([low, (low + 1).clamp(max=side - 1)], -1), \
+            torch.stack([1 - frac, frac], -1)
+
+    row_taps, row_weights = taps(rows, height)
+    col_taps, col_weights = taps(cols, width)
+    indices = (row_taps[:, :, None] * side + col_taps[:, None, :]).flatten(1)
+    weights = (row_weights[:, :, None] * col_weights[:, None, :]).flatten(1)
+    return indices, weights
+
+
 class QwenVisionTower(nn.Module):
-    def __init__(self, config: Any, out: int, gated: bool):
+    def __init__(self, config: Any, out: int, kind: str):
         super().__init__()
-        dim = config.hidden_size if gated else config.embed_dim
+        dim = config.embed_dim if kind == "qwen2" else config.hidden_size
         self.merge = config.spatial_merge_size
-        self.patch_embed = PatchEmbed(config, dim)
-        self.blocks = nn.ModuleList(Block(config, dim, gated) for _ in range(config.depth))
-        self.merger = Merger(dim, out, self.merge, gated)
+        self.patch_embed = PatchEmbed(config, dim, bias=kind == "qwen3")
+        self.blocks = nn.ModuleList(Block(config, dim, kind) for _ in range(config.depth))
+        self.pos_embed = None
+        self.deepstack: list[int] = []
+        if kind == "qwen3":
+            self.pos_embed = nn.Embedding(config.num_position_embeddings, dim)
+            self.side = int(config.num_position_embeddings ** 0.5)
+            self.merger = Qwen3Merger(dim, out, self.merge, after_concat=False)
+            self.deepstack = list(config.deepstack_visual_indexes)
+            self.deepstack_merger_list = nn.ModuleList(
+                Qwen3Merger(dim, out, self.merge, after_concat=True) for _ in self.deepstack)
+        else:
+            self.merger = Merger(dim, out, self.merge, rms=kind == "qwen2_5")
+        gated = kind == "qwen2_5"
         self.head_dim = dim // config.num_heads
         self.theta = float((getattr(config, "rope_parameters", None) or {}).get(
             "rope_theta", 1e4))
@@ -203,9 +268,14 @@ class QwenVisionTower(nn.Module):
 
     def forward(self, patches: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
         """One image's patches [n, channels x frames x patch x patch] with its patch grid
-        (frames, height, width) -> its rows [n / merge^2, out]."""
+        (frames, height, width) -> its rows [n / merge^2, out] (Qwen3-VL: out times one plus
+        the number of DeepStack mergers, their rows after the merger's)."""
         cos, sin = self.rotary(grid, patches.device)
         x = self.patch_embed(patches)
+        if self.pos_embed is not None:
+            indices, weights = resampled_positions(grid, self.merge, self.side)
+            table = self.pos_embed(indices.to(x.device))
+            x = x + (table * weights.to(x.device)[:, :, None]).sum(1).to(x.dtype)
         frame = grid[1] * grid[2]
         whole = [frame] * grid[0]
         order, by_window = None, whole
@@ -217,23 +287,28 @@ class QwenVisionTower(nn.Module):
             x = x.view(-1, unit, x.shape[-1])[order].flatten(0, 1)
             cos = cos.view(-1, unit, *cos.shape[1:])[order].flatten(0, 1)
             sin = sin.view(-1, unit, *sin.shape[1:])[order].flatten(0, 1)
+        deep = []
         for index, block in enumerate(self.blocks):
             x = block(x, cos, sin, whole if index in self.full_blocks else by_window)
+            if index in self.deepstack:
+                deep.append(self.deepstack_merger_list[self.deepstack.index(index)](x))
         merged = self.merger(x)
-        if order is None:
-            return merged
-        return merged[torch.argsort(order)]
+        if order is not None:  # back in the image's order
+            merged = merged[torch.argsort(order)]
+        return torch.cat([merged, *deep], dim=-1) if deep else merged
 
 
 class QwenImageEncoder(nn.Module):
-    """(one image's patches, its patch grid) -> its rows, for Qwen2-VL and Qwen2.5-VL."""
+    """(one image's patches, its patch grid) -> its rows, for Qwen2-VL, Qwen2.5-VL and
+    Qwen3-VL."""
 
     def __init__(self, config: Any):
         super().__init__()
         vision = config.vision_config
-        gated = vision.model_type in QWEN2_5_VL
-        out = vision.out_hidden_size if gated else vision.hidden_size
-        self.visual = QwenVisionTower(vision, out, gated)
+        kind = "qwen2_5" if vision.model_type in QWEN2_5_VL else \
+            "qwen3" if vision.model_type in QWEN3_VL else "qwen2"
+        out = vision.hidden_size if kind == "qwen2" else vision.out_hidden_size
+        self.visual = QwenVisionTower(vision, out, kind)
 
     def forward(self, patches: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
         return self.visual(patches, grid)
