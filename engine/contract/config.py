@@ -13,7 +13,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenmill.engine.contract.hf_overrides import HFOverridesError, hf_overrides
+from tokenmill.engine.contract.hf_overrides import HFOverridesError, hf_overrides, json_object
 from tokenmill.engine.contract.lora import MAX_LORA_RANK, LoRAModule, LoRAModuleError, parse_modules
 from tokenmill.engine.contract.mm_limits import parse_mm_limits
 from tokenmill.engine.contract.pooling import RUNNERS, PoolerConfigError, parse_overrides
@@ -219,6 +219,11 @@ class EngineConfig:
               "image=4); default: as many as fit the context. image 0 serves a checkpoint "
               "that reads images text only, without loading its vision tower. Other "
               "modalities (video, audio) must be 0.")
+    mm_processor_kwargs: str | dict[str, Any] | None = _opt(
+        None, "vLLM's: settings of the checkpoint's image processor, as a JSON object that "
+              "overrides its preprocessor_config.json, e.g. Qwen-VL's '{\"min_pixels\": 3136, "
+              "\"max_pixels\": 1003520}' to bound the tokens an image takes. A key the "
+              "processor has no setting for is refused at start.")
     trust_remote_code: bool = _opt(
         False, "Accepted for vLLM's command lines and LLM(...) calls, with no effect: "
                "tokenmill runs its own implementation of each architecture it supports and "
@@ -290,6 +295,7 @@ class EngineConfig:
         self._check_pooling()
         self.config_overrides()  # raises ConfigError naming the option
         self.image_limit()  # raises ConfigError naming the option
+        self.image_processor_options()  # raises ConfigError naming the option
 
     def image_limit(self) -> int | None:
         """The most images a prompt may carry (--limit-mm-per-prompt), None for no limit."""
@@ -304,6 +310,15 @@ class EngineConfig:
                    f"{kind}: {count} is not supported; tokenmill reads text and images (set "
                    "every other modality to 0)")
         return limits.get("image")
+
+    def image_processor_options(self) -> dict[str, Any]:
+        """The image processor settings --mm-processor-kwargs asks for."""
+        if not self.mm_processor_kwargs:
+            return {}
+        try:
+            return json_object(self.mm_processor_kwargs, "mm_processor_kwargs")
+        except HFOverridesError as e:
+            raise ConfigError(e.option, str(e)) from None
 
     def _check_pooling(self) -> None:
         _check(self.runner in RUNNERS, "runner", f"{self.runner!r} is not one of {RUNNERS}")

@@ -18,7 +18,7 @@ class HFOverridesError(ValueError):
         self.option = option
 
 
-def _json_object(text: str | dict[str, Any], option: str) -> dict[str, Any]:
+def json_object(text: str | dict[str, Any], option: str) -> dict[str, Any]:
     """JSON text's object, or the object itself (the offline API takes a dict, as vLLM's
     LLM does)."""
     if isinstance(text, dict):
@@ -36,9 +36,9 @@ def hf_overrides(overrides: str | dict[str, Any] | None, rope_scaling: str | Non
                  rope_theta: float | None) -> dict[str, Any]:
     """The config changes the three flags ask for (--rope-scaling and --rope-theta win over
     the same keys in --hf-overrides)."""
-    changes = _json_object(overrides, "hf_overrides") if overrides else {}
+    changes = json_object(overrides, "hf_overrides") if overrides else {}
     if rope_scaling is not None:
-        changes["rope_scaling"] = _json_object(rope_scaling, "rope_scaling")
+        changes["rope_scaling"] = json_object(rope_scaling, "rope_scaling")
     if rope_theta is not None:
         if rope_theta <= 0:
             raise HFOverridesError("rope_theta", f"must be positive, got {rope_theta}")

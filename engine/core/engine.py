@@ -62,7 +62,7 @@ from tokenmill.engine.models.images import (
 from tokenmill.engine.models.loader import check_tokenizer_fits, load_config, load_tokenizer
 from tokenmill.engine.models.pooler_files import embedding_checkpoint, model_pooler
 from tokenmill.engine.models.quantize import step_weight_bytes, weight_bytes
-from tokenmill.engine.models.source import resolve_model, resolve_tokenizer
+from tokenmill.engine.models.source import ModelLoadError, resolve_model, resolve_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class LLMEngine:
             self.runner.on_step = self.workers.send_step
         # How prompts carry images, for a checkpoint that reads them (None: text only).
         self.images = PromptImages(
-            image_processor(source.directory, self.model_config),
+            self._image_processor(source.directory),
             *image_tokens(self.model_config, self.tokenizer),
             encode=self.runner.encode_images, rows_on_host=tp_size > 1,
             layout_of=image_layout(self.model_config),
@@ -207,6 +207,19 @@ class LLMEngine:
             "max_model_len": self.max_model_len,
             **{name: round(seconds, 3) for name, seconds in self.startup_report().items()}})
         log.info("memory", extra=self.memory_report())
+
+    def _image_processor(self, directory: str) -> Any:
+        """The checkpoint's image processor with --mm-processor-kwargs applied (ConfigError
+        naming the option for a setting it lacks)."""
+        try:
+            return image_processor(directory, self.model_config,
+                                   self.config.image_processor_options())
+        except ModelLoadError:
+            self.shutdown()
+            raise
+        except ValueError as exc:
+            self.shutdown()
+            raise ConfigError("mm_processor_kwargs", str(exc)) from None
 
     def _check_whole_images(self, per_image: int) -> None:
         """ConfigError where a step cannot hold one image whose tokens see each other both

@@ -5,6 +5,7 @@ whose rows take the places of an image's placeholder tokens."""
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -146,16 +147,29 @@ class ImageProcessor:
     """The checkpoint's image processor (preprocessor_config.json), on PIL: an image in, its
     float32 pixel values (and size, where the encoder reads it) out."""
 
-    def __init__(self, directory: str, **options: Any):
-        """options: what the model's full processor passes its image processor (Mistral 3's
-        patch, merged 2 x 2)."""
+    def __init__(self, directory: str, settings: dict[str, Any] | None = None,
+                 **options: Any):
+        """settings: the user's changes to preprocessor_config.json (--mm-processor-kwargs;
+        ValueError for one the processor has no setting for); options: what the model's full
+        processor passes its image processor (Mistral 3's patch, merged 2 x 2)."""
         from transformers import AutoImageProcessor
 
         self.options = options
+        settings = dict(settings or {})
         try:
-            self._processor = AutoImageProcessor.from_pretrained(directory, backend="pil")
+            self._processor = AutoImageProcessor.from_pretrained(directory, backend="pil",
+                                                                 **settings)
         except Exception as exc:
             raise ModelLoadError.reading(f"the image processor from {directory}", exc) from exc
+        known = getattr(getattr(self._processor, "valid_kwargs", None), "__annotations__", None)
+        unknown = sorted(set(settings) - set(known)) if known is not None else []
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)}: not a setting of the checkpoint's image "
+                             f"processor ({type(self._processor).__name__}); its settings: "
+                             f"{', '.join(sorted(known))}")
+        if settings.get("do_pan_and_scan"):
+            raise ValueError("do_pan_and_scan: pan-and-scan crops are not read; each image is "
+                             "read whole")
         if getattr(self._processor, "do_pan_and_scan", False):
             log.warning("pan-and-scan crops are not read: each image is read whole",
                         extra={"directory": directory})
@@ -215,19 +229,22 @@ def encode_images(encoder: nn.Module, pixels: list[torch.Tensor],
     return list(encoder(torch.stack(pixels)))
 
 
-def image_processor(directory: str, model_config: Any) -> ImageProcessor:
+def image_processor(directory: str, model_config: Any,
+                    settings: dict[str, Any] | None = None) -> ImageProcessor:
+    """The checkpoint's image processor with the user's settings (--mm-processor-kwargs)."""
     outer = model_config.multimodal_config
     side = outer.vision_config.patch_size * outer.spatial_merge_size \
         if model_config.multimodal == "Mistral3ForConditionalGeneration" else 0
-    return _processor(directory, side)
+    return _processor(directory, side, json.dumps(settings or {}, sort_keys=True))
 
 
 @functools.lru_cache(maxsize=4)
-def _processor(directory: str, patch_side: int) -> ImageProcessor:
+def _processor(directory: str, patch_side: int, settings: str) -> ImageProcessor:
     """patch_side: the patch the processor sizes images by, where the model's full processor
-    sets it (Mistral 3's, merged 2 x 2); 0: the image processor's own."""
+    sets it (Mistral 3's, merged 2 x 2); 0: the image processor's own. settings: the user's,
+    as JSON (a key of the cache)."""
     options = {"patch_size": {"height": patch_side, "width": patch_side}} if patch_side else {}
-    return ImageProcessor(directory, **options)
+    return ImageProcessor(directory, json.loads(settings), **options)
 
 
 def build_image_encoder(model_config: Any, source: ModelSource, dtype: torch.dtype,

@@ -350,3 +350,29 @@ def test_qwen_image_rows_take_the_3d_positions_transformers_gives_them():
     seq.num_computed_tokens = len(ids) - 1  # the last text token, as a decode step feeds it
     step = build_step_inputs([(seq, 1)], block_size=8)
     assert step.positions == [len(ids) - 1 + int(delta)] and not step.grid_positions
+
+
+def test_mm_processor_kwargs_set_the_image_processor(tmp_path, vocab_tokenizer):
+    """--mm-processor-kwargs (vLLM's): Qwen-VL's max_pixels shrinks an image's rows, and the
+    answer is transformers' with its processor set alike; a key the processor has no setting
+    for, or one asking what is not read, is refused at start naming the option."""
+    import transformers
+
+    directory = make_qwen_vl(str(tmp_path / "qwen"), vocab_tokenizer)
+    hf = HFQwenVL(directory)
+    prompt = _prompts(hf, vocab_tokenizer)[0]
+    full = len(hf.expand_images(*prompt))
+    hf.processor = transformers.AutoImageProcessor.from_pretrained(directory, max_pixels=28 * 42)
+    expected = hf.greedy(*prompt, MAX_NEW)
+    with LLM(directory, mm_processor_kwargs='{"max_pixels": 1176}', **ENGINE) as llm:
+        out = llm.generate([_request(*prompt)], SamplingParams(
+            temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0))[0]
+    _check([out.outputs[0]], [expected])
+    assert len(out.prompt_token_ids) == len(hf.expand_images(*prompt)) < full
+    with pytest.raises(ConfigError, match="mm_processor_kwargs.*max_pixel: not a setting"):
+        LLM(directory, mm_processor_kwargs={"max_pixel": 100}, **ENGINE)
+    with pytest.raises(ConfigError, match="mm_processor_kwargs.*not valid JSON"):
+        LLM(directory, mm_processor_kwargs="max_pixels=100", **ENGINE)
+    gemma = make_gemma3(str(tmp_path / "gemma3"), vocab_tokenizer)
+    with pytest.raises(ConfigError, match="mm_processor_kwargs.*pan-and-scan crops are not read"):
+        LLM(gemma, mm_processor_kwargs={"do_pan_and_scan": True}, **ENGINE)
