@@ -337,9 +337,9 @@ QWEN_TEMPLATE = CHAT_TEMPLATE.replace("<image>\n", "".join(QWEN_TOKENS))
 def make_qwen_vl(directory: str, tokenizer, kind: str = "qwen2_vl") -> str:
     """A Qwen2-VL (or Qwen2.5-VL: RMSNorm, gated MLP, windows of 2 x 2 merged blocks with one
     block over the whole image; or Qwen3-VL: a learned 4 x 4 position table, DeepStack, over
-    a Qwen3) checkpoint: 7-pixel patches merged 2 x 2, images read at their own size up to
-    56 x 70 pixels, over a small language model whose rotary frequencies split 2 / 3 / 3
-    between frame, row and column."""
+    a Qwen3, or Qwen3-VL-MoE over experts) checkpoint: 7-pixel patches merged 2 x 2, images
+    read at their own size up to 56 x 70 pixels, over a small language model whose rotary
+    frequencies split 2 / 3 / 3 between frame, row and column."""
     import transformers
 
     tokenizer = copy.deepcopy(tokenizer)
@@ -360,10 +360,15 @@ def make_qwen_vl(directory: str, tokenizer, kind: str = "qwen2_vl") -> str:
         config = transformers.Qwen2VLConfig(
             text_config=text, vision_config=dict(vision, embed_dim=32, hidden_size=64,
                                                  mlp_ratio=2), **ids)
-    elif kind == "qwen3_vl":  # interleaved sections; DeepStack rows after blocks 0 and 1
+    elif kind.startswith("qwen3_vl"):  # interleaved; DeepStack rows after blocks 0 and 1
         text["rope_parameters"]["mrope_interleaved"] = True
-        config = transformers.Qwen3VLConfig(
-            text_config=dict(text, head_dim=16), vision_config=dict(
+        text["head_dim"] = 16
+        if kind == "qwen3_vl_moe":
+            text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48)
+        outer = transformers.Qwen3VLMoeConfig if kind == "qwen3_vl_moe" else \
+            transformers.Qwen3VLConfig
+        config = outer(
+            text_config=text, vision_config=dict(
                 vision, hidden_size=32, intermediate_size=48, out_hidden_size=64,
                 num_position_embeddings=16, deepstack_visual_indexes=[0, 1]), **ids)
     else:

@@ -160,7 +160,8 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                # multimodal rotary embedding turns every section by the same position, which
                # is the ordinary one.
                "qwen2_vl_text": "Qwen2ForCausalLM", "qwen2_5_vl_text": "Qwen2ForCausalLM",
-               "qwen3_vl_text": "Qwen3ForCausalLM"}
+               "qwen3_vl_text": "Qwen3ForCausalLM", "qwen3_vl_moe_text": "Qwen3MoeForCausalLM"}
+QWEN3_VL_MOE = "qwen3_vl_moe_text"
 # Multimodal architectures whose language model attends causally over text alone, so that on
 # text it is exactly its causal decoder: served text-only (models/multimodal.py). PaliGemma's
 # prompt attends both ways: not here.
@@ -168,7 +169,8 @@ MULTIMODAL_TEXT_MODELS = ("Gemma3ForConditionalGeneration", "Mistral3ForConditio
                           "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
                           "Qwen2VLForConditionalGeneration",
                           "Qwen2_5_VLForConditionalGeneration",
-                          "Qwen3VLForConditionalGeneration")
+                          "Qwen3VLForConditionalGeneration",
+                          "Qwen3VLMoeForConditionalGeneration")
 
 
 @dataclass(frozen=True)
@@ -382,9 +384,10 @@ def moe_shape_of(config: Any) -> MoeShape | None:
         width=widths.expert_intermediate_size,
         shared_width=widths.shared_expert_intermediate_size,
         # Mixtral's, Granite's and GPT-OSS's routers softmax the chosen logits alone;
-        # MiniMax-M2's and ERNIE's divide the chosen scores by their sum.
+        # MiniMax-M2's, ERNIE's and Qwen3-VL's divide the chosen scores by their sum.
         renormalize=style in ("mixtral", "granite", "gptoss", "minimax", "ernie") or
-        bool(getattr(config, "norm_topk_prob", False)),
+        bool(getattr(config, "norm_topk_prob", False)) or
+        getattr(config, "model_type", None) == QWEN3_VL_MOE,
         sparse_step=int(getattr(config, "decoder_sparse_step", None) or
                         getattr(config, "moe_layer_interval", None) or 1),
         dense_layers=_dense_layers(config),

@@ -34,7 +34,8 @@ ENCODERS = {"LlavaForConditionalGeneration": LlavaImageEncoder,
             "Mistral3ForConditionalGeneration": Mistral3ImageEncoder,
             "Qwen2VLForConditionalGeneration": QwenImageEncoder,
             "Qwen2_5_VLForConditionalGeneration": QwenImageEncoder,
-            "Qwen3VLForConditionalGeneration": QwenImageEncoder}
+            "Qwen3VLForConditionalGeneration": QwenImageEncoder,
+            "Qwen3VLMoeForConditionalGeneration": QwenImageEncoder}
 # The vision towers each architecture's encoder runs.
 TOWERS_OF = {"LlavaForConditionalGeneration": TOWERS,
              "LlavaNextForConditionalGeneration": TOWERS,
@@ -42,10 +43,11 @@ TOWERS_OF = {"LlavaForConditionalGeneration": TOWERS,
              "Mistral3ForConditionalGeneration": ("pixtral",),
              "Qwen2VLForConditionalGeneration": qwen_vision.QWEN2_VL,
              "Qwen2_5_VLForConditionalGeneration": qwen_vision.QWEN2_5_VL,
-             "Qwen3VLForConditionalGeneration": qwen_vision.QWEN3_VL}
+             "Qwen3VLForConditionalGeneration": qwen_vision.QWEN3_VL,
+             "Qwen3VLMoeForConditionalGeneration": qwen_vision.QWEN3_VL}
 # Architectures whose image rows take 3-D (frame, row, column) rotary positions (M-RoPE).
 GRID_POSITIONS = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
-                  "Qwen3VLForConditionalGeneration")
+                  "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration")
 # Where checkpoints keep the tower and the projector: as first published and as transformers
 # has saved them since 4.52 (under `model.`); the tower's tensors under `vision_model.` or not
 # (transformers 5); Qwen's under `visual.` (or `model.visual.`).

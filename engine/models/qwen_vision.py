@@ -23,7 +23,7 @@ from tokenmill.engine.models.vision_encoder import activation, rms_normalized
 
 QWEN2_VL = ("qwen2_vl_vision", "qwen2_vl")
 QWEN2_5_VL = ("qwen2_5_vl_vision", "qwen2_5_vl")
-QWEN3_VL = ("qwen3_vl_vision", "qwen3_vl")
+QWEN3_VL = ("qwen3_vl_vision", "qwen3_vl", "qwen3_vl_moe_vision", "qwen3_vl_moe")
 EPS = 1e-6
 
 

@@ -39,10 +39,11 @@ ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=4, max_num_batched
 
 
 @pytest.fixture(scope="module", params=["clip", "siglip", "llava_next", "gemma3", "mistral3",
-                                        "qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+                                        "qwen2_vl", "qwen2_5_vl", "qwen3_vl",
+                                        "qwen3_vl_moe"])
 def llava(request, tmp_path_factory, vocab_tokenizer):
     """A checkpoint that reads images, and transformers' model on it: LLaVA with either
-    tower, LLaVA-NeXT, Gemma 3, Mistral 3, Qwen2-VL, Qwen2.5-VL or Qwen3-VL."""
+    tower, LLaVA-NeXT, Gemma 3, Mistral 3, Qwen2-VL, Qwen2.5-VL, Qwen3-VL or Qwen3-VL-MoE."""
     directory = str(tmp_path_factory.mktemp(request.param))
     if request.param.startswith("qwen"):
         make_qwen_vl(directory, vocab_tokenizer, request.param)

@@ -1,6 +1,7 @@
 """The language model of a multimodal checkpoint (Gemma 3 4B-27B, Mistral Small 3.1, LLaVA,
-LLaVA-NeXT, Qwen2.5-VL, Qwen3-VL) served text-only: greedy output equals transformers'
-multimodal model on the same text token for token, from either weight layout, with the head
+LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE) served text-only: greedy output
+equals transformers' multimodal model on the same text token for token, from either weight
+layout (and either layout of Qwen3-VL-MoE's experts), with the head
 tied or not as transformers decides; the other towers are not read; what cannot be served is
 refused by name."""
 
@@ -73,6 +74,13 @@ def _config(kind: str, vocab: int):
                              rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3],
                                            "mrope_interleaved": True}),
             vision_config=dict(qwen_vision, deepstack_visual_indexes=[0]), **qwen_tokens)
+    if kind == "qwen3_vl_moe":  # Qwen3-VL over experts (gate and up square: [4, 64, 64])
+        return transformers.Qwen3VLMoeConfig(
+            text_config=dict(text, rope_theta=5e5, num_experts=4, num_experts_per_tok=2,
+                             moe_intermediate_size=32, decoder_sparse_step=1,
+                             rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3],
+                                           "mrope_interleaved": True}),
+            vision_config=dict(qwen_vision, deepstack_visual_indexes=[0]), **qwen_tokens)
     vision = dict(VISION, model_type="clip_vision_model", projection_dim=32)
     if kind == "llava":
         return transformers.LlavaConfig(text_config=dict(text, model_type="llama"),
@@ -103,7 +111,7 @@ def _weights(directory: str) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module", params=["gemma3", "mistral3", "llava", "llava_next",
-                                        "qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+                                        "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
 def multimodal_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
     return _make(directory, _config(request.param, len(vocab_tokenizer)), vocab_tokenizer)
@@ -271,3 +279,23 @@ def test_the_processors_chat_template_is_the_chat_template(tmp_path, vocab_token
     with LLM(directory, **ENGINE) as llm:
         ids = llm.apply_chat_template(messages)
     assert ids == vocab_tokenizer.encode("<user>hi<assistant>", add_special_tokens=False)
+
+
+def test_qwen3_vl_moe_experts_load_as_first_published(tmp_path, vocab_tokenizer):
+    """Qwen3-VL-MoE's experts as its checkpoints were first published, [experts, in, out]
+    (transformers 5 saves them [experts, out, in]), read the same; where the shape is square
+    the transformers version that saved the checkpoint tells which."""
+    directory = _make(str(tmp_path / "m"), _config("qwen3_vl_moe", len(vocab_tokenizer)),
+                      vocab_tokenizer)
+    prompts = mixed_prompts(vocab_tokenizer)[:3]
+    expected = _expected(directory, prompts)
+    weights = _weights(directory)
+    experts = [name for name in weights if name.endswith(("experts.gate_up_proj",
+                                                          "experts.down_proj"))]
+    assert experts and any(weights[n].shape[1] == weights[n].shape[2] for n in experts)
+    for name in experts:
+        weights[name] = weights[name].transpose(1, 2).contiguous()
+    save_file(weights, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    update_config_json(directory, transformers_version="4.57.0")
+    with LLM(directory, **ENGINE) as llm:
+        assert _greedy(llm, prompts) == expected
