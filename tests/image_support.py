@@ -273,15 +273,16 @@ class HFLlavaNext(HFLlava):
 MISTRAL_TOKENS = ("[IMG]", "[IMG_BREAK]", "[IMG_END]")
 
 
-def make_mistral3(directory: str, tokenizer) -> str:
+def make_mistral3(directory: str, tokenizer, pixtral_12b: bool = False) -> str:
     """A Mistral 3 checkpoint: Pixtral's tower (2-D rotary, 7-pixel patches merged 2 x 2) over
-    a small Mistral, images read at their own size up to 56 pixels a side."""
+    a small Mistral, images read at their own size up to 56 pixels a side; or Pixtral 12B's
+    layout (LLaVA over Pixtral's tower: a row per patch, nothing merged)."""
     import transformers
 
     tokenizer = copy.deepcopy(tokenizer)
     tokenizer.add_special_tokens({"additional_special_tokens": list(MISTRAL_TOKENS)})
     tokenizer.chat_template = CHAT_TEMPLATE.replace("<image>", "[IMG]")
-    config = transformers.Mistral3Config(
+    parts = dict(
         text_config=dict(model_type="mistral", vocab_size=len(tokenizer), hidden_size=64,
                          intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
@@ -289,7 +290,10 @@ def make_mistral3(directory: str, tokenizer) -> str:
         vision_config=dict(model_type="pixtral", hidden_size=32, intermediate_size=64,
                            num_hidden_layers=2, num_attention_heads=2, head_dim=16,
                            image_size=56, patch_size=PATCH),
-        image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"), spatial_merge_size=2)
+        image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"))
+    config = transformers.LlavaConfig(
+        **parts, vision_feature_layer=-1, vision_feature_select_strategy="full") \
+        if pixtral_12b else transformers.Mistral3Config(**parts, spatial_merge_size=2)
     make_random_model(directory, config, tokenizer, draw_norms=True,
                       auto_class="AutoModelForImageTextToText")
     transformers.PixtralImageProcessorPil(
@@ -306,7 +310,7 @@ class HFMistral3(HFLlava):
     def __init__(self, directory: str):
         super().__init__(directory)
         config = self.model.config
-        self.side = config.vision_config.patch_size * config.spatial_merge_size
+        self.side = config.vision_config.patch_size * getattr(config, "spatial_merge_size", 1)
         self.marks = self.tokenizer.convert_tokens_to_ids(list(MISTRAL_TOKENS))
 
     def image_inputs(self, images: list) -> dict:

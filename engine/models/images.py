@@ -18,7 +18,7 @@ from tokenmill.engine.models import llava, qwen_vision
 from tokenmill.engine.models.gemma3_images import Gemma3ImageEncoder
 from tokenmill.engine.models.llava import LlavaImageEncoder
 from tokenmill.engine.models.llava_next import LlavaNextImageEncoder
-from tokenmill.engine.models.mistral3_images import Mistral3ImageEncoder
+from tokenmill.engine.models.mistral3_images import Mistral3ImageEncoder, PixtralImageEncoder
 from tokenmill.engine.models.qwen_vision import QwenImageEncoder
 from tokenmill.engine.models.safetensors_files import Checkpoint
 from tokenmill.engine.models.source import ModelLoadError, ModelSource
@@ -37,7 +37,7 @@ ENCODERS = {"LlavaForConditionalGeneration": LlavaImageEncoder,
             "Qwen3VLForConditionalGeneration": QwenImageEncoder,
             "Qwen3VLMoeForConditionalGeneration": QwenImageEncoder}
 # The vision towers each architecture's encoder runs.
-TOWERS_OF = {"LlavaForConditionalGeneration": TOWERS,
+TOWERS_OF = {"LlavaForConditionalGeneration": (*TOWERS, "pixtral"),
              "LlavaNextForConditionalGeneration": TOWERS,
              "Gemma3ForConditionalGeneration": TOWERS,
              "Mistral3ForConditionalGeneration": ("pixtral",),
@@ -104,8 +104,8 @@ def image_tokens(model_config: Any, tokenizer: Any) -> tuple[ImageTokens, str, s
     outer = model_config.multimodal_config
     if model_config.multimodal == "Gemma3ForConditionalGeneration":
         return _gemma3_tokens(outer, tokenizer)
-    if model_config.multimodal == "Mistral3ForConditionalGeneration":
-        image = int(outer.image_token_index)
+    if _line_side(model_config):
+        image = llava.image_token_id(outer)
         line_end, image_end = tokenizer.convert_tokens_to_ids(["[IMG_BREAK]", "[IMG_END]"])
         marker = tokenizer.convert_ids_to_tokens(image)
         return ImageTokens(image, image, 0, line_end=line_end, image_end=image_end), marker, marker
@@ -191,13 +191,25 @@ class ImageProcessor:
             tuple(int(n) for n in size[0])
 
 
+def _line_side(model_config: Any) -> int:
+    """The pixels a row covers along each side where Pixtral's tower reads the image and the
+    prompt holds its rows line by line (Mistral 3: a patch, merged 2 x 2; Pixtral 12B: a
+    patch); 0 for the other models."""
+    outer = model_config.multimodal_config
+    if model_config.multimodal == "Mistral3ForConditionalGeneration":
+        return outer.vision_config.patch_size * outer.spatial_merge_size
+    if getattr(outer.vision_config, "model_type", None) == "pixtral":
+        return outer.vision_config.patch_size
+    return 0
+
+
 def image_layout(model_config: Any) -> Any:
     """(rows, rows per line) of an image of a given size, where they vary (LLaVA-NeXT, whose
     rows are one run: line None; Mistral 3, line by line); None where every image takes
     ImageTokens.per_image rows in one run."""
     outer = model_config.multimodal_config
-    if model_config.multimodal == "Mistral3ForConditionalGeneration":
-        side = outer.vision_config.patch_size * outer.spatial_merge_size
+    side = _line_side(model_config)
+    if side:
 
         def lines(size: tuple[int, int]) -> tuple[int, int]:
             return (size[0] // side) * (size[1] // side), size[1] // side
@@ -226,7 +238,7 @@ def encode_images(encoder: nn.Module, pixels: list[torch.Tensor],
     patches differ in number), the others in one batch."""
     if isinstance(encoder, (LlavaNextImageEncoder, QwenImageEncoder)):
         return [encoder(p, size) for p, size in zip(pixels, sizes, strict=True)]
-    if isinstance(encoder, Mistral3ImageEncoder):  # each at its own size
+    if isinstance(encoder, (Mistral3ImageEncoder, PixtralImageEncoder)):  # at its own size
         return [encoder(p[:, :size[0], :size[1]]) for p, size in zip(pixels, sizes, strict=True)]
     return list(encoder(torch.stack(pixels)))
 
@@ -253,8 +265,11 @@ def build_image_encoder(model_config: Any, source: ModelSource, dtype: torch.dty
                         device: torch.device) -> nn.Module:
     """The image encoder, its weights read from the checkpoint (the tower's layers past the
     one read are not)."""
+    outer = model_config.multimodal_config
+    kind = PixtralImageEncoder if model_config.multimodal == "LlavaForConditionalGeneration" \
+        and outer.vision_config.model_type == "pixtral" else ENCODERS[model_config.multimodal]
     with torch.device("meta"):
-        encoder = ENCODERS[model_config.multimodal](model_config.multimodal_config)
+        encoder = kind(outer)
     encoder = encoder.to(dtype=dtype).to_empty(device=device)
     params = dict(encoder.named_parameters())
     loaded = set()

@@ -39,17 +39,18 @@ ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=4, max_num_batched
 
 
 @pytest.fixture(scope="module", params=["clip", "siglip", "llava_next", "gemma3", "mistral3",
-                                        "qwen2_vl", "qwen2_5_vl", "qwen3_vl",
+                                        "pixtral", "qwen2_vl", "qwen2_5_vl", "qwen3_vl",
                                         "qwen3_vl_moe"])
 def llava(request, tmp_path_factory, vocab_tokenizer):
     """A checkpoint that reads images, and transformers' model on it: LLaVA with either
-    tower, LLaVA-NeXT, Gemma 3, Mistral 3, Qwen2-VL, Qwen2.5-VL, Qwen3-VL or Qwen3-VL-MoE."""
+    tower, LLaVA-NeXT, Gemma 3, Mistral 3, Pixtral 12B, Qwen2-VL, Qwen2.5-VL, Qwen3-VL or
+    Qwen3-VL-MoE."""
     directory = str(tmp_path_factory.mktemp(request.param))
     if request.param.startswith("qwen"):
         make_qwen_vl(directory, vocab_tokenizer, request.param)
         return directory, HFQwenVL(directory)
-    if request.param == "mistral3":
-        make_mistral3(directory, vocab_tokenizer)
+    if request.param in ("mistral3", "pixtral"):
+        make_mistral3(directory, vocab_tokenizer, pixtral_12b=request.param == "pixtral")
         return directory, HFMistral3(directory)
     if request.param == "gemma3":
         make_gemma3(directory, vocab_tokenizer)
