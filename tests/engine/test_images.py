@@ -223,7 +223,7 @@ def test_what_cannot_be_read_is_refused(tmp_path, vocab_tokenizer, tiny_llama):
 
     config_path = tmp_path / "llava" / "config.json"
     config = json.loads(config_path.read_text())
-    config["vision_config"]["model_type"] = "pixtral"
+    config["vision_config"]["model_type"] = "siglip2_vision_model"
     config_path.write_text(json.dumps(config))
     with LLM(directory, **ENGINE) as llm:
         assert llm.engine.images is None
