@@ -212,6 +212,13 @@ def transformers_tokenizer(directory: str):
     return AutoTokenizer.from_pretrained(directory)
 
 
+def small_qwen2(vocab: int) -> dict:
+    """The text config of a small Qwen2 language model."""
+    return dict(model_type="qwen2", vocab_size=vocab, hidden_size=64, intermediate_size=128,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                max_position_embeddings=2048, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
 def make_llava_next(directory: str, tokenizer) -> str:
     """A LLaVA-NeXT checkpoint: CLIP's tower over a small Qwen2, images cut into a base view and
     the tiles of one of three grid resolutions, as its processor chooses by the image's
@@ -220,10 +227,7 @@ def make_llava_next(directory: str, tokenizer) -> str:
 
     tokenizer = llava_tokenizer(tokenizer)
     config = transformers.LlavaNextConfig(
-        text_config=dict(model_type="qwen2", vocab_size=len(tokenizer), hidden_size=64,
-                         intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=2048, bos_token_id=1,
-                         eos_token_id=2, pad_token_id=0),
+        text_config=small_qwen2(len(tokenizer)),
         vision_config=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64,
                            num_hidden_layers=2, num_attention_heads=2, image_size=IMAGE_SIZE,
                            patch_size=PATCH, projection_dim=32),
@@ -421,3 +425,65 @@ class HFQwenVL(HFLlava):
     def _inputs(self, ids: list[int], pixels: dict) -> dict:
         types = (torch.tensor([ids]) == self.placeholder).int()
         return {**pixels, "mm_token_type_ids": types} if pixels else pixels
+
+
+def make_llava_onevision(directory: str, tokenizer) -> str:
+    """A LLaVA-OneVision checkpoint: SigLIP's tower over a small Qwen2, one image of a prompt
+    cut into tiles as LLaVA-NeXT's are, its grid shrunk past one view's worth of rows
+    ("anyres_max_1"); several images of a prompt read whole."""
+    import transformers
+
+    tokenizer = llava_tokenizer(tokenizer)
+    config = transformers.LlavaOnevisionConfig(
+        text_config=small_qwen2(len(tokenizer)),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=32,
+                           intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=IMAGE_SIZE, patch_size=PATCH),
+        image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        image_grid_pinpoints=GRID, vision_aspect_ratio="anyres_max_1",
+        vision_feature_select_strategy="full", vision_feature_layer=-1)
+    make_random_model(directory, config, tokenizer, draw_norms=True,
+                      auto_class="AutoModelForImageTextToText")
+    transformers.LlavaOnevisionImageProcessorPil(
+        size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        image_grid_pinpoints=GRID).save_pretrained(directory)
+    return directory
+
+
+class HFLlavaOnevision(HFLlava):
+    """transformers' LLaVA-OneVision: its image processor given each prompt's images as one
+    prompt's, and its processor's own rule for each image's row count (the full processor
+    needs torchvision for its video half)."""
+
+    def __init__(self, directory: str):
+        import functools
+        import types
+
+        from transformers import LlavaOnevisionProcessor
+
+        super().__init__(directory)
+        config = self.model.config
+        side = config.vision_config.image_size // config.vision_config.patch_size
+        counter = types.SimpleNamespace(
+            image_processor=self.processor, num_image_tokens=side * side, image_token="x",
+            vision_aspect_ratio=config.vision_aspect_ratio,
+            vision_feature_select_strategy=config.vision_feature_select_strategy)
+        counter._get_unpadded_features = functools.partial(
+            LlavaOnevisionProcessor._get_unpadded_features, counter)
+        counter._get_number_of_features = functools.partial(
+            LlavaOnevisionProcessor._get_number_of_features, counter)
+        self.rows = functools.partial(LlavaOnevisionProcessor.replace_image_token, counter)
+
+    def image_inputs(self, images: list) -> dict:
+        out = self.processor(images=[images], return_tensors="pt")
+        return {name: out[name] for name in ("pixel_values", "image_sizes", "batch_num_images")}
+
+    def expand_images(self, ids: list[int], images: list) -> list[int]:
+        inputs, pending, prompt = self.image_inputs(images), 0, []
+        for t in ids:
+            if t != self.placeholder:
+                prompt.append(t)
+                continue
+            prompt += [t] * len(self.rows(inputs, pending))
+            pending += 1
+        return prompt

@@ -58,6 +58,7 @@ from tokenmill.engine.models.images import (
     image_processor,
     image_tokens,
     reads_images,
+    reads_several_apart,
 )
 from tokenmill.engine.models.loader import check_tokenizer_fits, load_config, load_tokenizer
 from tokenmill.engine.models.pooler_files import embedding_checkpoint, model_pooler
@@ -159,12 +160,15 @@ class LLMEngine:
         if self.workers is not None:
             self.runner.on_step = self.workers.send_step
         # How prompts carry images, for a checkpoint that reads them (None: text only).
+        processor = self._image_processor(source.directory) if reads else None
         self.images = PromptImages(
-            self._image_processor(source.directory),
+            processor,
             *image_tokens(self.model_config, self.tokenizer),
             encode=self.runner.encode_images, rows_on_host=tp_size > 1,
             layout_of=image_layout(self.model_config),
-            grid_of=image_grid(self.model_config)) if reads else None
+            grid_of=image_grid(self.model_config),
+            several=processor.several if reads and reads_several_apart(self.model_config)
+            else None) if reads else None
         if self.images is not None and self.images.tokens.both_ways:
             self._check_whole_images(self.images.per_image)
         self._download_seconds = source.download_seconds

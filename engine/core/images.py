@@ -206,11 +206,15 @@ class PromptImages:
                  encode: Callable[[list[torch.Tensor], list[Any]], list[torch.Tensor]],
                  rows_on_host: bool,
                  layout_of: Callable[[Any], tuple[int, int | None]] | None = None,
-                 grid_of: Callable[[Any], tuple[int, int, int]] | None = None):
+                 grid_of: Callable[[Any], tuple[int, int, int]] | None = None,
+                 several: Callable[[list[Any]], list[tuple[torch.Tensor, Any]]] | None = None):
         """processor: an image to (pixels, its size); layout_of: the rows an image of that
         size becomes and the rows per line of them (None: tokens.per_image rows in one run);
         grid_of: the (frames, height, width) extent of those rows where the model gives them
-        3-D positions (None: it does not); encode: pixels and sizes to each image's rows."""
+        3-D positions (None: it does not); encode: pixels and sizes to each image's rows;
+        several: where the model reads an image differently when its prompt holds several
+        (LLaVA-OneVision), the processor of such a prompt's images, all at once; an image's
+        size then carries a third number, 1 where its prompt holds several."""
         self.processor = processor
         self.tokens = tokens
         # A text prompt's marker, and what replaces it before tokenizing (as the model's
@@ -220,17 +224,27 @@ class PromptImages:
         self._encode = encode
         self._layout_of = layout_of or (lambda size: (tokens.per_image, None))
         self._grid_of = grid_of
+        self._several = several
         self._rows_on_host = rows_on_host  # rows a step carries to other ranks: on the host
 
     def prepare(self, images: Sequence[Any]) -> list[ImageInput]:
         """Each image (PIL, or already an ImageInput) as the processor prepares it."""
+        together = self._several is not None and len(images) > 1
+        if together:
+            raw = [image for image in images if not isinstance(image, ImageInput)]
+            try:
+                batch = iter(self._several(raw) if raw else [])
+            except Exception as exc:  # what PIL or the processor raises for these images
+                raise RequestError(f"the images cannot be read: {exc}", param="images") from exc
         prepared = []
         for index, image in enumerate(images):
             if isinstance(image, ImageInput):
                 prepared.append(image)
                 continue
             try:
-                pixels, size = self.processor(image)
+                pixels, size = next(batch) if together else self.processor(image)
+                if self._several is not None:
+                    size = (*size, int(together))
                 rows, line = self._layout_of(size)
                 grid = None if self._grid_of is None else self._grid_of(size)
                 prepared.append(ImageInput.of(pixels, rows, size, line, grid))

@@ -167,6 +167,7 @@ QWEN3_VL_MOE = "qwen3_vl_moe_text"
 # prompt attends both ways: not here.
 MULTIMODAL_TEXT_MODELS = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
                           "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
+                          "LlavaOnevisionForConditionalGeneration",
                           "Qwen2VLForConditionalGeneration",
                           "Qwen2_5_VLForConditionalGeneration",
                           "Qwen3VLForConditionalGeneration",

@@ -18,6 +18,7 @@ from tokenmill.engine.models import llava, qwen_vision
 from tokenmill.engine.models.gemma3_images import Gemma3ImageEncoder
 from tokenmill.engine.models.llava import LlavaImageEncoder
 from tokenmill.engine.models.llava_next import LlavaNextImageEncoder
+from tokenmill.engine.models.llava_onevision import LlavaOnevisionImageEncoder
 from tokenmill.engine.models.mistral3_images import Mistral3ImageEncoder, PixtralImageEncoder
 from tokenmill.engine.models.qwen_vision import QwenImageEncoder
 from tokenmill.engine.models.safetensors_files import Checkpoint
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 # serve text only.
 ENCODERS = {"LlavaForConditionalGeneration": LlavaImageEncoder,
             "LlavaNextForConditionalGeneration": LlavaNextImageEncoder,
+            "LlavaOnevisionForConditionalGeneration": LlavaOnevisionImageEncoder,
             "Gemma3ForConditionalGeneration": Gemma3ImageEncoder,
             "Mistral3ForConditionalGeneration": Mistral3ImageEncoder,
             "Qwen2VLForConditionalGeneration": QwenImageEncoder,
@@ -39,12 +41,15 @@ ENCODERS = {"LlavaForConditionalGeneration": LlavaImageEncoder,
 # The vision towers each architecture's encoder runs.
 TOWERS_OF = {"LlavaForConditionalGeneration": (*TOWERS, "pixtral"),
              "LlavaNextForConditionalGeneration": TOWERS,
+             "LlavaOnevisionForConditionalGeneration": TOWERS,
              "Gemma3ForConditionalGeneration": TOWERS,
              "Mistral3ForConditionalGeneration": ("pixtral",),
              "Qwen2VLForConditionalGeneration": qwen_vision.QWEN2_VL,
              "Qwen2_5_VLForConditionalGeneration": qwen_vision.QWEN2_5_VL,
              "Qwen3VLForConditionalGeneration": qwen_vision.QWEN3_VL,
              "Qwen3VLMoeForConditionalGeneration": qwen_vision.QWEN3_VL}
+# Architectures that cut an image into tiles, its row count following its size.
+TILED = ("LlavaNextForConditionalGeneration", "LlavaOnevisionForConditionalGeneration")
 # Architectures whose image rows take 3-D (frame, row, column) rotary positions (M-RoPE).
 GRID_POSITIONS = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                   "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration")
@@ -190,6 +195,15 @@ class ImageProcessor:
         return out["pixel_values"][0].float(), None if size is None else \
             tuple(int(n) for n in size[0])
 
+    def several(self, images: list[Any]) -> list[tuple[torch.Tensor, tuple[int, ...]]]:
+        """The images of one prompt that holds several, processed as one prompt's
+        (LLaVA-OneVision's processor then reads each whole, without tiles): each one's pixel
+        values and size."""
+        out = self._processor(images=[[image.convert("RGB") for image in images]],
+                              return_tensors="pt", **self.options)
+        return [(pixels.float(), tuple(int(n) for n in size))
+                for pixels, size in zip(out["pixel_values"], out["image_sizes"], strict=True)]
+
 
 def _line_side(model_config: Any) -> int:
     """The pixels a row covers along each side where Pixtral's tower reads the image and the
@@ -217,10 +231,10 @@ def image_layout(model_config: Any) -> Any:
         return lines
     if model_config.multimodal in GRID_POSITIONS:
         return lambda grid: (qwen_vision.rows_of(outer, grid), None)
-    if model_config.multimodal != "LlavaNextForConditionalGeneration":
+    if model_config.multimodal not in TILED:
         return None
     with torch.device("meta"):
-        encoder = LlavaNextImageEncoder(outer)
+        encoder = ENCODERS[model_config.multimodal](outer)
     return lambda size: (encoder.image_rows(size), None)
 
 
@@ -230,6 +244,12 @@ def image_grid(model_config: Any) -> Any:
     if model_config.multimodal not in GRID_POSITIONS:
         return None
     return lambda grid: qwen_vision.row_grid(model_config.multimodal_config, grid)
+
+
+def reads_several_apart(model_config: Any) -> bool:
+    """Whether the encoder reads an image differently when its prompt holds several
+    (LLaVA-OneVision: its base view alone)."""
+    return model_config.multimodal == "LlavaOnevisionForConditionalGeneration"
 
 
 def encode_images(encoder: nn.Module, pixels: list[torch.Tensor],

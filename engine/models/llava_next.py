@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tokenmill.engine.models.llava import LlavaImageEncoder
@@ -51,25 +52,36 @@ class LlavaNextImageEncoder(LlavaImageEncoder):
         self.view_size = config.vision_config.image_size
         self.side = config.vision_config.image_size // config.vision_config.patch_size
 
-    def grid(self, size: tuple[int, int]) -> tuple[int, int, slice, slice]:
+    def grid(self, size: tuple[int, ...]) -> tuple[int, int, slice, slice]:
         """Tiles down and across, and the unpadded extent of their joined feature grid."""
+        size = (size[0], size[1])
         height, width = best_resolution(size, self.pinpoints)
         down, across = height // self.view_size, width // self.view_size
         rows, cols = unpadded_extent(size, down * self.side, across * self.side)
         return down, across, rows, cols
 
-    def image_rows(self, size: tuple[int, int]) -> int:
-        _, _, rows, cols = self.grid(size)
-        kept_rows = rows.stop - rows.start
-        return self.side * self.side + kept_rows * (cols.stop - cols.start + 1)
+    def fitted(self, height: int, width: int) -> tuple[int, int] | None:
+        """The size an unpadded grid of height x width rows is resampled to, None: kept as it
+        is (LLaVA-OneVision shrinks large ones)."""
+        return None
 
-    def forward(self, pixels: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    def image_rows(self, size: tuple[int, ...]) -> int:
+        _, _, rows, cols = self.grid(size)
+        height, width = rows.stop - rows.start, cols.stop - cols.start
+        height, width = self.fitted(height, width) or (height, width)
+        return self.side * self.side + height * (width + 1)
+
+    def forward(self, pixels: torch.Tensor, size: tuple[int, ...]) -> torch.Tensor:
         down, across, rows, cols = self.grid(size)
-        features = super().forward(pixels[:1 + down * across])  # [views, side^2, hidden]
-        base, tiles = features[0], features[1:]
+        features = LlavaImageEncoder.forward(self, pixels[:1 + down * across])
+        base, tiles = features[0], features[1:]  # [side^2, hidden], [tiles, side^2, hidden]
         hidden = tiles.shape[-1]
         grid = (tiles.view(down, across, self.side, self.side, hidden)
                 .permute(0, 2, 1, 3, 4).reshape(down * self.side, across * self.side, hidden))
         grid = grid[rows, cols]
+        fitted = self.fitted(*grid.shape[:2])
+        if fitted is not None:
+            grid = F.interpolate(grid.permute(2, 0, 1)[None], list(fitted),
+                                 mode="bilinear")[0].permute(1, 2, 0)
         newline = self.image_newline.to(grid.dtype).expand(grid.shape[0], 1, hidden)
         return torch.cat([base, torch.cat([grid, newline], dim=1).reshape(-1, hidden)])

@@ -16,12 +16,14 @@ from image_support import (
     HFGemma3,
     HFLlava,
     HFLlavaNext,
+    HFLlavaOnevision,
     HFMistral3,
     HFQwenVL,
     drawn_image,
     make_gemma3,
     make_llava,
     make_llava_next,
+    make_llava_onevision,
     make_mistral3,
     make_qwen_vl,
 )
@@ -38,13 +40,14 @@ ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=4, max_num_batched
               dtype="float32")
 
 
-@pytest.fixture(scope="module", params=["clip", "siglip", "llava_next", "gemma3", "mistral3",
+@pytest.fixture(scope="module", params=["clip", "siglip", "llava_next", "llava_onevision",
+                                        "gemma3", "mistral3",
                                         "pixtral", "qwen2_vl", "qwen2_5_vl", "qwen3_vl",
                                         "qwen3_vl_moe"])
 def llava(request, tmp_path_factory, vocab_tokenizer):
     """A checkpoint that reads images, and transformers' model on it: LLaVA with either
-    tower, LLaVA-NeXT, Gemma 3, Mistral 3, Pixtral 12B, Qwen2-VL, Qwen2.5-VL, Qwen3-VL or
-    Qwen3-VL-MoE."""
+    tower, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, Mistral 3, Pixtral 12B, Qwen2-VL, Qwen2.5-VL,
+    Qwen3-VL or Qwen3-VL-MoE."""
     directory = str(tmp_path_factory.mktemp(request.param))
     if request.param.startswith("qwen"):
         make_qwen_vl(directory, vocab_tokenizer, request.param)
@@ -55,6 +58,9 @@ def llava(request, tmp_path_factory, vocab_tokenizer):
     if request.param == "gemma3":
         make_gemma3(directory, vocab_tokenizer)
         return directory, HFGemma3(directory)
+    if request.param == "llava_onevision":
+        make_llava_onevision(directory, vocab_tokenizer)
+        return directory, HFLlavaOnevision(directory)
     if request.param == "llava_next":
         make_llava_next(directory, vocab_tokenizer)
         return directory, HFLlavaNext(directory)
