@@ -77,18 +77,22 @@ class HFLlava:
     """transformers' LLaVA on a checkpoint, with its own image processor (not the engine's)."""
 
     def __init__(self, directory: str):
-        import transformers
-
-        self.model = transformers.AutoModelForImageTextToText.from_pretrained(
-            directory, dtype=torch.float32).eval()
-        self.processor = transformers.AutoImageProcessor.from_pretrained(directory)
-        self.tokenizer = transformers_tokenizer(directory)
+        self._load(directory)
         config = self.model.config
         self.placeholder = config.image_token_id
         vision = config.vision_config
         patches = (vision.image_size // vision.patch_size) ** 2
         self.per_image = patches + int(vision.model_type == "clip_vision_model") - int(
             getattr(config, "vision_feature_select_strategy", None) == "default")
+
+    def _load(self, directory: str) -> None:
+        """transformers' model, image processor and tokenizer of the checkpoint."""
+        import transformers
+
+        self.model = transformers.AutoModelForImageTextToText.from_pretrained(
+            directory, dtype=torch.float32).eval()
+        self.processor = transformers.AutoImageProcessor.from_pretrained(directory)
+        self.tokenizer = transformers_tokenizer(directory)
 
     def expand(self, ids: list[int]) -> list[int]:
         """Each placeholder made per_image tokens, as LLaVA's processor writes the prompt."""
@@ -398,12 +402,7 @@ class HFQwenVL(HFLlava):
     types its 3-D positions are computed from."""
 
     def __init__(self, directory: str):
-        import transformers
-
-        self.model = transformers.AutoModelForImageTextToText.from_pretrained(
-            directory, dtype=torch.float32).eval()
-        self.processor = transformers.AutoImageProcessor.from_pretrained(directory)
-        self.tokenizer = transformers_tokenizer(directory)
+        self._load(directory)
         self.placeholder = self.model.config.image_token_id
         self.merge = self.model.config.vision_config.spatial_merge_size
 
@@ -486,4 +485,52 @@ class HFLlavaOnevision(HFLlava):
                 continue
             prompt += [t] * len(self.rows(inputs, pending))
             pending += 1
+        return prompt
+
+
+INTERNVL_TOKENS = ("<img>", "<IMG_CONTEXT>", "</img>")
+
+
+def make_internvl(directory: str, tokenizer) -> str:
+    """An InternVL checkpoint: InternViT (7-pixel patches of 28-pixel tiles, RMSNorm with
+    q/k norms, as InternViT-6B) over a small Qwen2; an image cut into up to four tiles and a
+    thumbnail, each tile's 4 x 4 patches folded into 2 x 2 rows."""
+    import transformers
+
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(INTERNVL_TOKENS)})
+    tokenizer.chat_template = CHAT_TEMPLATE.replace("<image>", "<IMG_CONTEXT>")
+    config = transformers.InternVLConfig(
+        text_config=small_qwen2(len(tokenizer)),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=2, image_size=[IMAGE_SIZE, IMAGE_SIZE],
+                           patch_size=[PATCH, PATCH], norm_type="rms_norm", use_qk_norm=True),
+        image_token_id=tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>"))
+    make_random_model(directory, config, tokenizer, draw_norms=True,
+                      auto_class="AutoModelForImageTextToText")
+    transformers.GotOcr2ImageProcessorPil(
+        size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}, max_patches=4).save_pretrained(directory)
+    return directory
+
+
+class HFInternVL(HFLlava):
+    """transformers' InternVL with its image processor cutting tiles as its full processor
+    asks; each image written out as `<img>`, 4 rows a tile, `</img>`, as its processor does."""
+
+    def __init__(self, directory: str):
+        self._load(directory)
+        self.placeholder = self.model.config.image_token_id
+        self.start, self.end = self.tokenizer.convert_tokens_to_ids(["<img>", "</img>"])
+
+    def image_inputs(self, images: list) -> dict:
+        return {"pixel_values": self.processor(images=images, return_tensors="pt",
+                                               crop_to_patches=True)["pixel_values"]}
+
+    def expand_images(self, ids: list[int], images: list) -> list[int]:
+        tiles = iter(self.processor(images=images, return_tensors="pt",
+                                    crop_to_patches=True)["num_patches"].tolist())
+        prompt = []
+        for t in ids:
+            prompt += [self.start, *[t] * (4 * next(tiles)), self.end] \
+                if t == self.placeholder else [t]
         return prompt

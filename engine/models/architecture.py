@@ -168,6 +168,7 @@ QWEN3_VL_MOE = "qwen3_vl_moe_text"
 MULTIMODAL_TEXT_MODELS = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
                           "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
                           "LlavaOnevisionForConditionalGeneration",
+                          "InternVLForConditionalGeneration",
                           "Qwen2VLForConditionalGeneration",
                           "Qwen2_5_VLForConditionalGeneration",
                           "Qwen3VLForConditionalGeneration",

@@ -16,6 +16,7 @@ from torch import nn
 
 from tokenmill.engine.models import llava, qwen_vision
 from tokenmill.engine.models.gemma3_images import Gemma3ImageEncoder
+from tokenmill.engine.models.internvl_images import InternVLImageEncoder, rows_per_tile
 from tokenmill.engine.models.llava import LlavaImageEncoder
 from tokenmill.engine.models.llava_next import LlavaNextImageEncoder
 from tokenmill.engine.models.llava_onevision import LlavaOnevisionImageEncoder
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 ENCODERS = {"LlavaForConditionalGeneration": LlavaImageEncoder,
             "LlavaNextForConditionalGeneration": LlavaNextImageEncoder,
             "LlavaOnevisionForConditionalGeneration": LlavaOnevisionImageEncoder,
+            "InternVLForConditionalGeneration": InternVLImageEncoder,
             "Gemma3ForConditionalGeneration": Gemma3ImageEncoder,
             "Mistral3ForConditionalGeneration": Mistral3ImageEncoder,
             "Qwen2VLForConditionalGeneration": QwenImageEncoder,
@@ -42,12 +44,14 @@ ENCODERS = {"LlavaForConditionalGeneration": LlavaImageEncoder,
 TOWERS_OF = {"LlavaForConditionalGeneration": (*TOWERS, "pixtral"),
              "LlavaNextForConditionalGeneration": TOWERS,
              "LlavaOnevisionForConditionalGeneration": TOWERS,
+             "InternVLForConditionalGeneration": ("internvl_vision",),
              "Gemma3ForConditionalGeneration": TOWERS,
              "Mistral3ForConditionalGeneration": ("pixtral",),
              "Qwen2VLForConditionalGeneration": qwen_vision.QWEN2_VL,
              "Qwen2_5_VLForConditionalGeneration": qwen_vision.QWEN2_5_VL,
              "Qwen3VLForConditionalGeneration": qwen_vision.QWEN3_VL,
              "Qwen3VLMoeForConditionalGeneration": qwen_vision.QWEN3_VL}
+INTERNVL = "InternVLForConditionalGeneration"
 # Architectures that cut an image into tiles, its row count following its size.
 TILED = ("LlavaNextForConditionalGeneration", "LlavaOnevisionForConditionalGeneration")
 # Architectures whose image rows take 3-D (frame, row, column) rotary positions (M-RoPE).
@@ -114,6 +118,14 @@ def image_tokens(model_config: Any, tokenizer: Any) -> tuple[ImageTokens, str, s
         line_end, image_end = tokenizer.convert_tokens_to_ids(["[IMG_BREAK]", "[IMG_END]"])
         marker = tokenizer.convert_ids_to_tokens(image)
         return ImageTokens(image, image, 0, line_end=line_end, image_end=image_end), marker, marker
+    if model_config.multimodal == INTERNVL:
+        # InternVL's marker is its row token, written out between <img> and </img>.
+        image = int(outer.image_token_id)
+        start, end = tokenizer.convert_tokens_to_ids([
+            getattr(tokenizer, "start_image_token", None) or "<img>",
+            getattr(tokenizer, "end_image_token", None) or "</img>"])
+        marker = tokenizer.convert_ids_to_tokens(image)
+        return ImageTokens(image, image, 0, (start,), (end,)), marker, marker
     if model_config.multimodal in GRID_POSITIONS:
         # Qwen's marker is its row token, written between the vision start and end tokens.
         image = int(outer.image_token_id)
@@ -161,8 +173,9 @@ class ImageProcessor:
         processor passes its image processor (Mistral 3's patch, merged 2 x 2)."""
         from transformers import AutoImageProcessor
 
-        self.options = options
         settings = dict(settings or {})
+        # The user's settings win over the full processor's.
+        self.options = {key: value for key, value in options.items() if key not in settings}
         try:
             self._processor = AutoImageProcessor.from_pretrained(directory, backend="pil",
                                                                  **settings)
@@ -191,6 +204,9 @@ class ImageProcessor:
         grid = out.get("image_grid_thw")
         if grid is not None:  # every patch of the one image, [patches, patch pixels]
             return out["pixel_values"].float(), tuple(int(n) for n in grid[0])
+        tiles = out.get("num_patches")
+        if tiles is not None:  # InternVL's tiles of the one image, [tiles, 3, S, S]
+            return out["pixel_values"].float(), (int(tiles[0]),)
         size = out.get("image_sizes")
         return out["pixel_values"][0].float(), None if size is None else \
             tuple(int(n) for n in size[0])
@@ -231,6 +247,8 @@ def image_layout(model_config: Any) -> Any:
         return lines
     if model_config.multimodal in GRID_POSITIONS:
         return lambda grid: (qwen_vision.rows_of(outer, grid), None)
+    if model_config.multimodal == INTERNVL:  # its size: how many tiles the processor cut
+        return lambda tiles: (rows_per_tile(outer) * tiles[0], None)
     if model_config.multimodal not in TILED:
         return None
     with torch.device("meta"):
@@ -260,6 +278,8 @@ def encode_images(encoder: nn.Module, pixels: list[torch.Tensor],
         return [encoder(p, size) for p, size in zip(pixels, sizes, strict=True)]
     if isinstance(encoder, (Mistral3ImageEncoder, PixtralImageEncoder)):  # at its own size
         return [encoder(p[:, :size[0], :size[1]]) for p, size in zip(pixels, sizes, strict=True)]
+    if isinstance(encoder, InternVLImageEncoder):  # as many tiles as its size calls for
+        return [encoder(p) for p in pixels]
     return list(encoder(torch.stack(pixels)))
 
 
@@ -269,15 +289,18 @@ def image_processor(directory: str, model_config: Any,
     outer = model_config.multimodal_config
     side = outer.vision_config.patch_size * outer.spatial_merge_size \
         if model_config.multimodal == "Mistral3ForConditionalGeneration" else 0
-    return _processor(directory, side, json.dumps(settings or {}, sort_keys=True))
+    return _processor(directory, side, model_config.multimodal == INTERNVL,
+                      json.dumps(settings or {}, sort_keys=True))
 
 
 @functools.lru_cache(maxsize=4)
-def _processor(directory: str, patch_side: int, settings: str) -> ImageProcessor:
-    """patch_side: the patch the processor sizes images by, where the model's full processor
-    sets it (Mistral 3's, merged 2 x 2); 0: the image processor's own. settings: the user's,
-    as JSON (a key of the cache)."""
+def _processor(directory: str, patch_side: int, tiles: bool, settings: str) -> ImageProcessor:
+    """What the model's full processor passes its image processor: the patch it sizes images
+    by (Mistral 3's, merged 2 x 2; 0: the image processor's own), and whether it cuts an
+    image into tiles (InternVL's). settings: the user's, as JSON (a key of the cache)."""
     options = {"patch_size": {"height": patch_side, "width": patch_side}} if patch_side else {}
+    if tiles:
+        options["crop_to_patches"] = True
     return ImageProcessor(directory, json.loads(settings), **options)
 
 

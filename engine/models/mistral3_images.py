@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenmill.engine.models.llava import Projector
-from tokenmill.engine.models.pixtral_vision import PixtralVision, RMSNorm
+from tokenmill.engine.models.pixtral_vision import PixtralVision
 from tokenmill.engine.models.source import ModelLoadError
-from tokenmill.engine.models.vision_encoder import activation
+from tokenmill.engine.models.vision_encoder import RMSNorm, activation
 
 
 class PatchMerger(nn.Module):

@@ -11,17 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenmill.engine.models.vision_encoder import activation, rms_normalized
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-5):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.empty(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight * rms_normalized(x, self.eps).to(x.dtype)
+from tokenmill.engine.models.vision_encoder import RMSNorm, activation
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -65,9 +55,9 @@ class PixtralMLP(nn.Module):
 class PixtralLayer(nn.Module):
     def __init__(self, config: Any):
         super().__init__()
-        self.attention_norm = RMSNorm(config.hidden_size)
+        self.attention_norm = RMSNorm(config.hidden_size, 1e-5)
         self.attention = PixtralAttention(config)
-        self.ffn_norm = RMSNorm(config.hidden_size)
+        self.ffn_norm = RMSNorm(config.hidden_size, 1e-5)
         self.feed_forward = PixtralMLP(config)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -93,7 +83,7 @@ class PixtralVision(nn.Module):
         self.patch_conv = nn.Conv2d(config.num_channels, config.hidden_size,
                                     kernel_size=self.patch_size, stride=self.patch_size,
                                     bias=False)
-        self.ln_pre = RMSNorm(config.hidden_size)
+        self.ln_pre = RMSNorm(config.hidden_size, 1e-5)
         self.transformer = PixtralTransformer(config, num_layers)
 
     def rotary(self, rows: int, cols: int, device: torch.device,

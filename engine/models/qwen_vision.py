@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenmill.engine.models.vision_encoder import activation, rms_normalized
+from tokenmill.engine.models.vision_encoder import RMSNorm, activation
 
 QWEN2_VL = ("qwen2_vl_vision", "qwen2_vl")
 QWEN2_5_VL = ("qwen2_5_vl_vision", "qwen2_5_vl")
@@ -27,17 +27,8 @@ QWEN3_VL = ("qwen3_vl_vision", "qwen3_vl", "qwen3_vl_moe_vision", "qwen3_vl_moe"
 EPS = 1e-6
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight * rms_normalized(x, EPS).to(x.dtype)
-
-
 def _norm(dim: int, rms: bool) -> nn.Module:
-    return RMSNorm(dim) if rms else nn.LayerNorm(dim, eps=EPS)
+    return RMSNorm(dim, EPS) if rms else nn.LayerNorm(dim, eps=EPS)
 
 
 class PatchEmbed(nn.Module):

@@ -37,6 +37,19 @@ def rms_normalized(x: torch.Tensor, eps: float) -> torch.Tensor:
     return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
 
 
+class RMSNorm(nn.Module):
+    """weight * x over its root mean square, normalized in float32 (the vision towers' and
+    their projectors' norm)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * rms_normalized(x, self.eps).to(x.dtype)
+
+
 def activation(name: str, where: str) -> Any:
     """The activation a config names; ModelLoadError naming the setting otherwise."""
     if name not in ACTIVATIONS:

@@ -14,6 +14,7 @@ import pytest
 import torch
 from image_support import (
     HFGemma3,
+    HFInternVL,
     HFLlava,
     HFLlavaNext,
     HFLlavaOnevision,
@@ -21,6 +22,7 @@ from image_support import (
     HFQwenVL,
     drawn_image,
     make_gemma3,
+    make_internvl,
     make_llava,
     make_llava_next,
     make_llava_onevision,
@@ -41,13 +43,13 @@ ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=4, max_num_batched
 
 
 @pytest.fixture(scope="module", params=["clip", "siglip", "llava_next", "llava_onevision",
-                                        "gemma3", "mistral3",
+                                        "gemma3", "mistral3", "internvl",
                                         "pixtral", "qwen2_vl", "qwen2_5_vl", "qwen3_vl",
                                         "qwen3_vl_moe"])
 def llava(request, tmp_path_factory, vocab_tokenizer):
     """A checkpoint that reads images, and transformers' model on it: LLaVA with either
-    tower, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, Mistral 3, Pixtral 12B, Qwen2-VL, Qwen2.5-VL,
-    Qwen3-VL or Qwen3-VL-MoE."""
+    tower, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, Mistral 3, Pixtral 12B, InternVL, Qwen2-VL,
+    Qwen2.5-VL, Qwen3-VL or Qwen3-VL-MoE."""
     directory = str(tmp_path_factory.mktemp(request.param))
     if request.param.startswith("qwen"):
         make_qwen_vl(directory, vocab_tokenizer, request.param)
@@ -58,6 +60,9 @@ def llava(request, tmp_path_factory, vocab_tokenizer):
     if request.param == "gemma3":
         make_gemma3(directory, vocab_tokenizer)
         return directory, HFGemma3(directory)
+    if request.param == "internvl":
+        make_internvl(directory, vocab_tokenizer)
+        return directory, HFInternVL(directory)
     if request.param == "llava_onevision":
         make_llava_onevision(directory, vocab_tokenizer)
         return directory, HFLlavaOnevision(directory)
@@ -384,3 +389,24 @@ def test_mm_processor_kwargs_set_the_image_processor(tmp_path, vocab_tokenizer):
     gemma = make_gemma3(str(tmp_path / "gemma3"), vocab_tokenizer)
     with pytest.raises(ConfigError, match="mm_processor_kwargs.*pan-and-scan crops are not read"):
         LLM(gemma, mm_processor_kwargs={"do_pan_and_scan": True}, **ENGINE)
+
+
+def test_internvl_rows_equal_transformers_image_features(tmp_path, vocab_tokenizer):
+    """InternVL's encoder, row for row, against transformers' image features on the same
+    tiles: InternViT-6B's q/k norms over every head, its layer scales and the pixel shuffle's
+    order of each folded block's channels."""
+    from tokenmill.engine.models.images import build_image_encoder
+    from tokenmill.engine.models.loader import load_config
+    from tokenmill.engine.models.source import ModelSource
+
+    directory = make_internvl(str(tmp_path / "internvl"), vocab_tokenizer)
+    hf = HFInternVL(directory)
+    pixels = hf.image_inputs([drawn_image(3, (30, 70))])["pixel_values"]
+    assert pixels.shape[0] > 2  # several tiles and the thumbnail
+    encoder = build_image_encoder(load_config(ModelSource(directory)), ModelSource(directory),
+                                  torch.float32, torch.device("cpu"))
+    with torch.no_grad():
+        expected = hf.model.model.get_image_features(pixel_values=pixels).pooler_output
+        got = encoder(pixels)
+    assert got.shape == (pixels.shape[0] * 4, expected.shape[-1])
+    torch.testing.assert_close(got, expected.flatten(0, 1), atol=1e-5, rtol=1e-5)
