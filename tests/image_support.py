@@ -534,3 +534,66 @@ class HFInternVL(HFLlava):
             prompt += [self.start, *[t] * (4 * next(tiles)), self.end] \
                 if t == self.placeholder else [t]
         return prompt
+
+
+IDEFICS_TOKENS = ("<fake_token_around_image>", "<image>", "<global-img>",
+                  *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)))
+
+
+def make_idefics3(directory: str, tokenizer, smolvlm: bool = False) -> str:
+    """An Idefics 3 (or SmolVLM) checkpoint: a SigLIP-like tower over a small Llama, an image
+    resized to at most 56 pixels and cut into 28-pixel tiles plus the whole shrunk to one,
+    each tile's 4 x 4 patches folded into 2 x 2 rows."""
+    import transformers
+
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(IDEFICS_TOKENS)})
+    tokenizer.chat_template = CHAT_TEMPLATE
+    kind = "smolvlm" if smolvlm else "idefics3"
+    outer = transformers.SmolVLMConfig if smolvlm else transformers.Idefics3Config
+    config = outer(
+        text_config=dict(model_type="llama", vocab_size=len(tokenizer), hidden_size=64,
+                         intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=2048, bos_token_id=1,
+                         eos_token_id=2, pad_token_id=0),
+        vision_config=dict(model_type=f"{kind}_vision", hidden_size=32, intermediate_size=64,
+                           num_hidden_layers=2, num_attention_heads=2, image_size=IMAGE_SIZE,
+                           patch_size=PATCH),
+        scale_factor=2, image_token_id=tokenizer.convert_tokens_to_ids("<image>"))
+    make_random_model(directory, config, tokenizer, draw_norms=True,
+                      auto_class="AutoModelForImageTextToText")
+    processor = transformers.SmolVLMImageProcessorPil if smolvlm else \
+        transformers.Idefics3ImageProcessorPil
+    processor(size={"longest_edge": 2 * IMAGE_SIZE},
+              max_image_size={"longest_edge": IMAGE_SIZE}).save_pretrained(directory)
+    return directory
+
+
+class HFIdefics3(HFLlava):
+    """transformers' Idefics 3 / SmolVLM with its image processor; each image written out with
+    its processor's own prompt string for its grid of tiles."""
+
+    def __init__(self, directory: str):
+        self._load(directory)
+        self.placeholder = self.model.config.image_token_id
+
+    def image_inputs(self, images: list) -> dict:
+        out = self.processor(images=[images], return_tensors="pt", return_row_col_info=True)
+        assert bool(out["pixel_attention_mask"].all())  # whole tiles only
+        return {"pixel_values": out["pixel_values"],
+                "pixel_attention_mask": out["pixel_attention_mask"]}
+
+    def expand_images(self, ids: list[int], images: list) -> list[int]:
+        from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
+
+        out = self.processor(images=[images], return_tensors="pt", return_row_col_info=True)
+        grids, prompt = iter(zip(out["rows"][0], out["cols"][0], strict=True)), []
+        for t in ids:
+            if t != self.placeholder:
+                prompt.append(t)
+                continue
+            rows, cols = next(grids)
+            text = get_image_prompt_string(rows, cols, 4, "<fake_token_around_image>",
+                                           "<image>", "<global-img>")
+            prompt += self.tokenizer.encode(text, add_special_tokens=False)
+        return prompt

@@ -57,6 +57,7 @@ from tokenmill.engine.models.images import (
     image_layout,
     image_processor,
     image_tokens,
+    image_writer,
     reads_images,
     reads_several_apart,
 )
@@ -168,7 +169,8 @@ class LLMEngine:
             layout_of=image_layout(self.model_config),
             grid_of=image_grid(self.model_config),
             several=processor.several if reads and reads_several_apart(self.model_config)
-            else None) if reads else None
+            else None,
+            writer=image_writer(self.model_config, self.tokenizer)) if reads else None
         if self.images is not None and self.images.tokens.both_ways:
             self._check_whole_images(self.images.per_image)
         self._download_seconds = source.download_seconds

@@ -7,6 +7,7 @@ prompts share a cached block only where they hold the same image at the same pla
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,17 +35,24 @@ class ImageInput:
     # The (frames, height, width) its rows make where the model gives them 3-D rotary
     # positions (Qwen2-VL's M-RoPE); None: each row's position is its index.
     grid: tuple[int, int, int] | None = None
+    # Its tokens as the model's processor writes them out, where they depend on the image
+    # (Idefics 3's tile tags); None: ImageTokens.before, the rows, ImageTokens.after.
+    written: tuple[int, ...] | None = None
 
     @classmethod
     def of(cls, pixels: torch.Tensor, rows: int, size: tuple[int, ...] | None = None,
-           line: int | None = None, grid: tuple[int, int, int] | None = None) -> ImageInput:
+           line: int | None = None, grid: tuple[int, int, int] | None = None,
+           written: tuple[int, ...] | None = None) -> ImageInput:
         pixels = pixels.contiguous()
         digest = hashlib.sha256(pixels.numpy().tobytes())
-        digest.update(str((tuple(pixels.shape), rows, size, line, grid)).encode())
-        return cls(pixels, digest.digest(), rows, size, line, grid)
+        digest.update(str((tuple(pixels.shape), rows, size, line, grid, written)).encode())
+        return cls(pixels, digest.digest(), rows, size, line, grid, written)
 
-    def runs(self) -> list[int]:
-        """The lengths of the runs its row tokens make in the prompt."""
+    def runs(self, row: int | None = None) -> list[int]:
+        """The lengths of the runs its row tokens (id `row`) make in the prompt."""
+        if self.written is not None:
+            return [len(list(run)) for token, run in itertools.groupby(self.written)
+                    if token == row]
         return [self.rows] if self.line is None else [self.line] * (self.rows // self.line)
 
     @property
@@ -95,7 +103,7 @@ def place_images(token_ids: list[int], images: Sequence[ImageInput],
     position = 0
     for index, image in enumerate(images):
         first_row = 0
-        for length in image.runs():
+        for length in image.runs(tokens.row):
             position = expanded.index(tokens.row, position)
             if expanded[position:position + length] != [tokens.row] * length:
                 raise RequestError(f"image {index}'s tokens (id {tokens.row}) must come "
@@ -109,6 +117,8 @@ def place_images(token_ids: list[int], images: Sequence[ImageInput],
 
 def _written(image: ImageInput, tokens: ImageTokens) -> list[int]:
     """An image's marker written out: its row tokens, in lines where the model breaks them."""
+    if image.written is not None:
+        return list(image.written)
     if image.line is None:
         return [*tokens.before, *[tokens.row] * image.rows, *tokens.after]
     lines = [[tokens.row] * length + [tokens.line_end] for length in image.runs()]
@@ -207,14 +217,17 @@ class PromptImages:
                  rows_on_host: bool,
                  layout_of: Callable[[Any], tuple[int, int | None]] | None = None,
                  grid_of: Callable[[Any], tuple[int, int, int]] | None = None,
-                 several: Callable[[list[Any]], list[tuple[torch.Tensor, Any]]] | None = None):
+                 several: Callable[[list[Any]], list[tuple[torch.Tensor, Any]]] | None = None,
+                 writer: Callable[[Any], list[int]] | None = None):
         """processor: an image to (pixels, its size); layout_of: the rows an image of that
         size becomes and the rows per line of them (None: tokens.per_image rows in one run);
         grid_of: the (frames, height, width) extent of those rows where the model gives them
         3-D positions (None: it does not); encode: pixels and sizes to each image's rows;
         several: where the model reads an image differently when its prompt holds several
         (LLaVA-OneVision), the processor of such a prompt's images, all at once; an image's
-        size then carries a third number, 1 where its prompt holds several."""
+        size then carries a third number, 1 where its prompt holds several; writer: an
+        image's tokens as the processor writes them, where they follow its size (Idefics 3's
+        grid of tiles)."""
         self.processor = processor
         self.tokens = tokens
         # A text prompt's marker, and what replaces it before tokenizing (as the model's
@@ -225,6 +238,7 @@ class PromptImages:
         self._layout_of = layout_of or (lambda size: (tokens.per_image, None))
         self._grid_of = grid_of
         self._several = several
+        self._writer = writer
         self._rows_on_host = rows_on_host  # rows a step carries to other ranks: on the host
 
     def prepare(self, images: Sequence[Any]) -> list[ImageInput]:
@@ -247,7 +261,8 @@ class PromptImages:
                     size = (*size, int(together))
                 rows, line = self._layout_of(size)
                 grid = None if self._grid_of is None else self._grid_of(size)
-                prepared.append(ImageInput.of(pixels, rows, size, line, grid))
+                written = None if self._writer is None else tuple(self._writer(size))
+                prepared.append(ImageInput.of(pixels, rows, size, line, grid, written))
             except Exception as exc:  # what PIL or the processor raises for this image
                 raise RequestError(f"image {index} cannot be read: {exc}",
                                    param="images") from exc

@@ -169,6 +169,7 @@ MULTIMODAL_TEXT_MODELS = ("Gemma3ForConditionalGeneration", "Mistral3ForConditio
                           "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
                           "LlavaOnevisionForConditionalGeneration",
                           "InternVLForConditionalGeneration",
+                          "Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration",
                           "Qwen2VLForConditionalGeneration",
                           "Qwen2_5_VLForConditionalGeneration",
                           "Qwen3VLForConditionalGeneration",

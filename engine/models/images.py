@@ -14,8 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from tokenmill.engine.models import llava, qwen_vision
+from tokenmill.engine.models import idefics3_images, llava, qwen_vision
 from tokenmill.engine.models.gemma3_images import Gemma3ImageEncoder
+from tokenmill.engine.models.idefics3_images import Idefics3ImageEncoder
 from tokenmill.engine.models.internvl_images import InternVLImageEncoder, rows_per_tile
 from tokenmill.engine.models.llava import LlavaImageEncoder
 from tokenmill.engine.models.llava_next import LlavaNextImageEncoder
@@ -34,6 +35,8 @@ ENCODERS = {"LlavaForConditionalGeneration": LlavaImageEncoder,
             "LlavaNextForConditionalGeneration": LlavaNextImageEncoder,
             "LlavaOnevisionForConditionalGeneration": LlavaOnevisionImageEncoder,
             "InternVLForConditionalGeneration": InternVLImageEncoder,
+            "Idefics3ForConditionalGeneration": Idefics3ImageEncoder,
+            "SmolVLMForConditionalGeneration": Idefics3ImageEncoder,
             "Gemma3ForConditionalGeneration": Gemma3ImageEncoder,
             "Mistral3ForConditionalGeneration": Mistral3ImageEncoder,
             "Qwen2VLForConditionalGeneration": QwenImageEncoder,
@@ -45,6 +48,8 @@ TOWERS_OF = {"LlavaForConditionalGeneration": (*TOWERS, "pixtral"),
              "LlavaNextForConditionalGeneration": TOWERS,
              "LlavaOnevisionForConditionalGeneration": TOWERS,
              "InternVLForConditionalGeneration": ("internvl_vision",),
+             "Idefics3ForConditionalGeneration": idefics3_images.TOWERS,
+             "SmolVLMForConditionalGeneration": idefics3_images.TOWERS,
              "Gemma3ForConditionalGeneration": TOWERS,
              "Mistral3ForConditionalGeneration": ("pixtral",),
              "Qwen2VLForConditionalGeneration": qwen_vision.QWEN2_VL,
@@ -52,6 +57,8 @@ TOWERS_OF = {"LlavaForConditionalGeneration": (*TOWERS, "pixtral"),
              "Qwen3VLForConditionalGeneration": qwen_vision.QWEN3_VL,
              "Qwen3VLMoeForConditionalGeneration": qwen_vision.QWEN3_VL}
 INTERNVL = "InternVLForConditionalGeneration"
+# Architectures whose prompt writes an image out with tags that follow its grid of tiles.
+TILE_TAGGED = ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration")
 # Architectures that cut an image into tiles, its row count following its size.
 TILED = ("LlavaNextForConditionalGeneration", "LlavaOnevisionForConditionalGeneration")
 # Architectures whose image rows take 3-D (frame, row, column) rotary positions (M-RoPE).
@@ -59,10 +66,11 @@ GRID_POSITIONS = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGe
                   "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration")
 # Where checkpoints keep the tower and the projector: as first published and as transformers
 # has saved them since 4.52 (under `model.`); the tower's tensors under `vision_model.` or not
-# (transformers 5); Qwen's under `visual.` (or `model.visual.`).
+# (transformers 5); Qwen's under `visual.` (or `model.visual.`); Idefics 3's under
+# `model.vision_model.` and `model.connector.`.
 _PREFIXES = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.",
              "multi_modal_projector.", "model.image_newline", "image_newline",
-             "model.visual.", "visual.")
+             "model.visual.", "visual.", "model.vision_model.", "model.connector.")
 
 
 PROCESSOR_CONFIG = "preprocessor_config.json"
@@ -118,6 +126,11 @@ def image_tokens(model_config: Any, tokenizer: Any) -> tuple[ImageTokens, str, s
         line_end, image_end = tokenizer.convert_tokens_to_ids(["[IMG_BREAK]", "[IMG_END]"])
         marker = tokenizer.convert_ids_to_tokens(image)
         return ImageTokens(image, image, 0, line_end=line_end, image_end=image_end), marker, marker
+    if model_config.multimodal in TILE_TAGGED:  # the marker is the row token, tagged around
+        image = tokenizer.convert_tokens_to_ids(getattr(tokenizer, "image_token", None)
+                                                or "<image>")
+        marker = tokenizer.convert_ids_to_tokens(image)
+        return ImageTokens(image, image, 0), marker, marker
     if model_config.multimodal == INTERNVL:
         # InternVL's marker is its row token, written out between <img> and </img>.
         image = int(outer.image_token_id)
@@ -204,6 +217,9 @@ class ImageProcessor:
         grid = out.get("image_grid_thw")
         if grid is not None:  # every patch of the one image, [patches, patch pixels]
             return out["pixel_values"].float(), tuple(int(n) for n in grid[0])
+        if "rows" in out:  # Idefics 3's tiles, then the whole image: [tiles + 1, 3, S, S]
+            return out["pixel_values"][0].float(), (int(out["rows"][0][0]),
+                                                    int(out["cols"][0][0]))
         tiles = out.get("num_patches")
         if tiles is not None:  # InternVL's tiles of the one image, [tiles, 3, S, S]
             return out["pixel_values"].float(), (int(tiles[0]),)
@@ -249,6 +265,9 @@ def image_layout(model_config: Any) -> Any:
         return lambda grid: (qwen_vision.rows_of(outer, grid), None)
     if model_config.multimodal == INTERNVL:  # its size: how many tiles the processor cut
         return lambda tiles: (rows_per_tile(outer) * tiles[0], None)
+    if model_config.multimodal in TILE_TAGGED:  # its size: the grid of tiles, (0, 0): none
+        return lambda grid: (idefics3_images.rows_per_tile(outer) * (grid[0] * grid[1] + 1),
+                             None)
     if model_config.multimodal not in TILED:
         return None
     with torch.device("meta"):
@@ -262,6 +281,16 @@ def image_grid(model_config: Any) -> Any:
     if model_config.multimodal not in GRID_POSITIONS:
         return None
     return lambda grid: qwen_vision.row_grid(model_config.multimodal_config, grid)
+
+
+def image_writer(model_config: Any, tokenizer: Any) -> Any:
+    """An image's tokens as the processor writes them, from its size, where they follow it
+    (Idefics 3's grid of tiles); None for the other models."""
+    if model_config.multimodal not in TILE_TAGGED:
+        return None
+    outer = model_config.multimodal_config
+    return lambda grid: tokenizer.encode(idefics3_images.image_text(outer, tokenizer, grid),
+                                         add_special_tokens=False)
 
 
 def reads_several_apart(model_config: Any) -> bool:
@@ -278,7 +307,7 @@ def encode_images(encoder: nn.Module, pixels: list[torch.Tensor],
         return [encoder(p, size) for p, size in zip(pixels, sizes, strict=True)]
     if isinstance(encoder, (Mistral3ImageEncoder, PixtralImageEncoder)):  # at its own size
         return [encoder(p[:, :size[0], :size[1]]) for p, size in zip(pixels, sizes, strict=True)]
-    if isinstance(encoder, InternVLImageEncoder):  # as many tiles as its size calls for
+    if isinstance(encoder, (InternVLImageEncoder, Idefics3ImageEncoder)):  # its tiles
         return [encoder(p) for p in pixels]
     return list(encoder(torch.stack(pixels)))
 
@@ -289,19 +318,21 @@ def image_processor(directory: str, model_config: Any,
     outer = model_config.multimodal_config
     side = outer.vision_config.patch_size * outer.spatial_merge_size \
         if model_config.multimodal == "Mistral3ForConditionalGeneration" else 0
-    return _processor(directory, side, model_config.multimodal == INTERNVL,
+    options = {"patch_size": {"height": side, "width": side}} if side else {}
+    if model_config.multimodal == INTERNVL:
+        options["crop_to_patches"] = True
+    if model_config.multimodal in TILE_TAGGED:
+        options["return_row_col_info"] = True
+    return _processor(directory, json.dumps(options, sort_keys=True),
                       json.dumps(settings or {}, sort_keys=True))
 
 
 @functools.lru_cache(maxsize=4)
-def _processor(directory: str, patch_side: int, tiles: bool, settings: str) -> ImageProcessor:
-    """What the model's full processor passes its image processor: the patch it sizes images
-    by (Mistral 3's, merged 2 x 2; 0: the image processor's own), and whether it cuts an
-    image into tiles (InternVL's). settings: the user's, as JSON (a key of the cache)."""
-    options = {"patch_size": {"height": patch_side, "width": patch_side}} if patch_side else {}
-    if tiles:
-        options["crop_to_patches"] = True
-    return ImageProcessor(directory, json.loads(settings), **options)
+def _processor(directory: str, options: str, settings: str) -> ImageProcessor:
+    """options: what the model's full processor passes its image processor (the patch it
+    sizes images by, Mistral 3's merged 2 x 2; InternVL's cutting into tiles; Idefics 3's
+    asking for the grid); settings: the user's. Both as JSON (keys of the cache)."""
+    return ImageProcessor(directory, json.loads(settings), **json.loads(options))
 
 
 def build_image_encoder(model_config: Any, source: ModelSource, dtype: torch.dtype,

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenmill.engine.models.source import ModelLoadError
-from tokenmill.engine.models.vision_encoder import RMSNorm, activation
+from tokenmill.engine.models.vision_encoder import RMSNorm, activation, pixel_shuffle
 
 
 def _norm(config: Any) -> nn.Module:
@@ -139,15 +139,6 @@ class Projector(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_2(self.act(self.linear_1(self.layer_norm(x))))
-
-
-def pixel_shuffle(features: torch.Tensor, fold: int) -> torch.Tensor:
-    """[n, side, side, C] -> [n, side / fold, side / fold, C * fold^2], as InternVL folds each
-    fold x fold block of patch features (its own order of the block's channels)."""
-    n, side, _, channels = features.shape
-    x = features.reshape(n, side, side // fold, channels * fold).permute(0, 2, 1, 3)
-    x = x.reshape(n, side // fold, side // fold, channels * fold * fold)
-    return x.permute(0, 2, 1, 3)
 
 
 class InternVLImageEncoder(nn.Module):

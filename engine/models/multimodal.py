@@ -18,6 +18,7 @@ from tokenmill.engine.models.source import ModelLoadError
 _LANGUAGE_MODEL_PREFIXES = (("language_model.model.", "model."),
                             ("language_model.lm_head.", "lm_head."),
                             ("model.language_model.", "model."),
+                            ("model.text_model.", "model."),  # Idefics 3's, SmolVLM's
                             ("lm_head.", "lm_head."),
                             ("model.embed_tokens.", "model.embed_tokens."),
                             ("model.layers.", "model.layers."),

@@ -17,6 +17,8 @@ from tokenmill.engine.models.source import ModelLoadError
 CLIP = "clip_vision_model"
 SIGLIP = "siglip_vision_model"
 TOWERS = (CLIP, SIGLIP)
+# Towers that are SigLIP's under other names (Idefics 3's, SmolVLM's).
+SIGLIP_LIKE = ("idefics3_vision", "smolvlm_vision")
 
 
 def _quick_gelu(x: torch.Tensor) -> torch.Tensor:
@@ -58,6 +60,16 @@ def activation(name: str, where: str) -> Any:
     return ACTIVATIONS[name]
 
 
+def pixel_shuffle(features: torch.Tensor, fold: int) -> torch.Tensor:
+    """[n, side, side, C] -> [n, side / fold, side / fold, C * fold^2]: each fold x fold block
+    of patch features folded into one, in the order InternVL and Idefics 3 concatenate the
+    block's channels."""
+    n, side, _, channels = features.shape
+    x = features.reshape(n, side, side // fold, channels * fold).permute(0, 2, 1, 3)
+    x = x.reshape(n, side // fold, side // fold, channels * fold * fold)
+    return x.permute(0, 2, 1, 3)
+
+
 class PatchEmbeddings(nn.Module):
     def __init__(self, config: Any, class_token: bool):
         super().__init__()
@@ -69,7 +81,9 @@ class PatchEmbeddings(nn.Module):
         positions = (config.image_size // patch) ** 2 + int(class_token)
         self.position_embedding = nn.Embedding(positions, dim)
 
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+    def forward(self, pixel_values: torch.Tensor,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """positions: each patch's row of the position table (default: its index)."""
         weight = self.patch_embedding.weight
         x = self.patch_embedding(pixel_values.to(weight.dtype)).flatten(2).transpose(1, 2)
         if self.class_embedding is not None:
@@ -77,6 +91,8 @@ class PatchEmbeddings(nn.Module):
         if x.shape[1] != self.position_embedding.num_embeddings:
             raise ValueError(f"an image of {x.shape[1]} patches; the tower was trained on "
                              f"{self.position_embedding.num_embeddings}")
+        if positions is not None:
+            return x + self.position_embedding(positions.to(x.device))
         return x + self.position_embedding.weight
 
 
@@ -142,6 +158,7 @@ class VisionTransformer(nn.Module):
         last_hidden_state, which Gemma 3 reads)."""
         super().__init__()
         kind = getattr(config, "model_type", None)
+        kind = SIGLIP if kind in SIGLIP_LIKE else kind
         if kind not in TOWERS:
             raise ModelLoadError(f"a vision tower of type {kind!r} is not supported; tokenmill "
                                  f"runs {CLIP} and {SIGLIP}")
@@ -154,8 +171,9 @@ class VisionTransformer(nn.Module):
         self.post_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) \
             if final_norm else None
 
-    def forward(self, pixel_values: torch.Tensor) -> list[torch.Tensor]:
-        x = self.embeddings(pixel_values)
+    def forward(self, pixel_values: torch.Tensor,
+                positions: torch.Tensor | None = None) -> list[torch.Tensor]:
+        x = self.embeddings(pixel_values, positions)
         if self.pre_layrnorm is not None:
             x = self.pre_layrnorm(x)
         states = [x]

@@ -14,6 +14,7 @@ import pytest
 import torch
 from image_support import (
     HFGemma3,
+    HFIdefics3,
     HFInternVL,
     HFLlava,
     HFLlavaNext,
@@ -22,6 +23,7 @@ from image_support import (
     HFQwenVL,
     drawn_image,
     make_gemma3,
+    make_idefics3,
     make_internvl,
     make_llava,
     make_llava_next,
@@ -43,13 +45,13 @@ ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=4, max_num_batched
 
 
 @pytest.fixture(scope="module", params=["clip", "siglip", "llava_next", "llava_onevision",
-                                        "gemma3", "mistral3", "internvl",
+                                        "gemma3", "mistral3", "internvl", "idefics3", "smolvlm",
                                         "pixtral", "qwen2_vl", "qwen2_5_vl", "qwen3_vl",
                                         "qwen3_vl_moe"])
 def llava(request, tmp_path_factory, vocab_tokenizer):
     """A checkpoint that reads images, and transformers' model on it: LLaVA with either
-    tower, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, Mistral 3, Pixtral 12B, InternVL, Qwen2-VL,
-    Qwen2.5-VL, Qwen3-VL or Qwen3-VL-MoE."""
+    tower, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, Mistral 3, Pixtral 12B, InternVL, Idefics 3,
+    SmolVLM, Qwen2-VL, Qwen2.5-VL, Qwen3-VL or Qwen3-VL-MoE."""
     directory = str(tmp_path_factory.mktemp(request.param))
     if request.param.startswith("qwen"):
         make_qwen_vl(directory, vocab_tokenizer, request.param)
@@ -60,6 +62,9 @@ def llava(request, tmp_path_factory, vocab_tokenizer):
     if request.param == "gemma3":
         make_gemma3(directory, vocab_tokenizer)
         return directory, HFGemma3(directory)
+    if request.param in ("idefics3", "smolvlm"):
+        make_idefics3(directory, vocab_tokenizer, smolvlm=request.param == "smolvlm")
+        return directory, HFIdefics3(directory)
     if request.param == "internvl":
         make_internvl(directory, vocab_tokenizer)
         return directory, HFInternVL(directory)
@@ -410,3 +415,25 @@ def test_internvl_rows_equal_transformers_image_features(tmp_path, vocab_tokeniz
         got = encoder(pixels)
     assert got.shape == (pixels.shape[0] * 4, expected.shape[-1])
     torch.testing.assert_close(got, expected.flatten(0, 1), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("side", [25, 26, 32])
+def test_idefics3_tiles_take_the_positions_of_its_buckets(side):
+    """Idefics 3 finds a whole tile's position rows by bucketing fractional coordinates, which
+    float rounding moves off the patch index for some sides (25): the engine's rows are
+    transformers' for each."""
+    import transformers
+    from transformers.models.idefics3.modeling_idefics3 import Idefics3VisionEmbeddings
+
+    from tokenmill.engine.models.idefics3_images import bucketed_positions
+
+    assert bucketed_positions(25).tolist() != list(range(25 * 25))
+    embeddings = Idefics3VisionEmbeddings(transformers.Idefics3VisionConfig(
+        hidden_size=4, image_size=2 * side, patch_size=2))
+    with torch.no_grad():  # each position row holds its own index
+        embeddings.patch_embedding.weight.zero_()
+        embeddings.patch_embedding.bias.zero_()
+        embeddings.position_embedding.weight[:, 0] = torch.arange(side * side).float()
+        out = embeddings(torch.zeros(1, 3, 2 * side, 2 * side),
+                         torch.ones(1, side, side, dtype=torch.bool))
+    assert out[0, :, 0].long().tolist() == bucketed_positions(side).tolist()
