@@ -31,12 +31,15 @@ def data_url_bytes(url: str) -> bytes:
 
 def open_image(data: bytes) -> Any:
     """A decoded PIL image; ValueError for bytes PIL cannot read as an image."""
-    from PIL import Image
+    from PIL import Image, UnidentifiedImageError
 
     try:
         image = Image.open(io.BytesIO(data))
         image.load()
-    except Exception as exc:  # PIL's errors for what is not an image it can read
+    except UnidentifiedImageError as exc:  # its message names a buffer object's address
+        raise ValueError("not an image PIL can read: no image format it knows (PNG, JPEG, "
+                         "WebP, GIF, BMP, ...) matches its bytes") from exc
+    except Exception as exc:  # PIL's errors for an image it cannot decode
         raise ValueError(f"not an image PIL can read: {exc}") from exc
     return image
 
