@@ -212,7 +212,7 @@ class ImageProcessor:
         """The image's pixel values (float32), and its size where the encoder reads it
         (LLaVA-NeXT's and Mistral 3's processors report it), or its patch grid (frames,
         height, width: Qwen's processor cuts the image into a grid of patches)."""
-        out = self._processor(images=[image.convert("RGB")], return_tensors="pt",
+        out = self._processor(images=[rgb(image)], return_tensors="pt",
                               **self.options)
         grid = out.get("image_grid_thw")
         if grid is not None:  # every patch of the one image, [patches, patch pixels]
@@ -231,7 +231,7 @@ class ImageProcessor:
         """The images of one prompt that holds several, processed as one prompt's
         (LLaVA-OneVision's processor then reads each whole, without tiles): each one's pixel
         values and size."""
-        out = self._processor(images=[[image.convert("RGB") for image in images]],
+        out = self._processor(images=[[rgb(image) for image in images]],
                               return_tensors="pt", **self.options)
         return [(pixels.float(), tuple(int(n) for n in size))
                 for pixels, size in zip(out["pixel_values"], out["image_sizes"], strict=True)]
@@ -247,6 +247,26 @@ def _line_side(model_config: Any) -> int:
     if getattr(outer.vision_config, "model_type", None) == "pixtral":
         return outer.vision_config.patch_size
     return 0
+
+
+def rgb(image: Any) -> Any:
+    """A PIL image in RGB from what vLLM's offline API takes as one: a PIL image, or an array
+    (numpy or torch) of height x width x channels uint8 pixels (1, 3 or 4 channels)."""
+    from PIL import Image
+
+    if isinstance(image, Image.Image):
+        return image.convert("RGB")
+    if isinstance(image, torch.Tensor):
+        image = image.detach().cpu().numpy()
+    shape = getattr(image, "shape", None)
+    if shape is None or len(shape) not in (2, 3) or (len(shape) == 3 and shape[2] not in (1, 3, 4)):
+        raise ValueError(f"an image is a PIL image or an array of height x width x channels "
+                         f"(1, 3 or 4), not {type(image).__name__}"
+                         + (f" of shape {tuple(shape)}" if shape is not None else ""))
+    if str(image.dtype) != "uint8":
+        raise ValueError(f"an image array holds uint8 pixels, not {image.dtype}")
+    array = image[:, :, 0] if len(shape) == 3 and shape[2] == 1 else image
+    return Image.fromarray(array).convert("RGB")
 
 
 def image_layout(model_config: Any) -> Any:

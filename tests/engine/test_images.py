@@ -437,3 +437,24 @@ def test_idefics3_tiles_take_the_positions_of_its_buckets(side):
         out = embeddings(torch.zeros(1, 3, 2 * side, 2 * side),
                          torch.ones(1, side, side, dtype=torch.bool))
     assert out[0, :, 0].long().tolist() == bucketed_positions(side).tolist()
+
+
+def test_images_as_arrays_read_as_their_pil_images(tmp_path, vocab_tokenizer):
+    """vLLM's offline API takes an image as a PIL image or an array of height x width x
+    channels uint8 pixels (numpy or torch): the same pixels give the same answer; an array
+    that is no image is refused, naming why."""
+    import numpy as np
+
+    directory = make_llava(str(tmp_path / "llava"), vocab_tokenizer)
+    ids = _prompts(HFLlava(directory), vocab_tokenizer)[0][0]
+    image = drawn_image(0)
+    pixels = np.asarray(image)
+    with LLM(directory, **ENGINE) as llm:
+        outputs = _generate(llm, [(ids, [image]), (ids, [pixels]),
+                                  (ids, [torch.from_numpy(pixels.copy())])])
+        assert outputs[0].token_ids == outputs[1].token_ids == outputs[2].token_ids
+        assert outputs[0].logprobs == outputs[1].logprobs == outputs[2].logprobs
+        with pytest.raises(RequestError, match="uint8 pixels, not float32"):
+            llm.generate([_request(ids, [pixels.astype(np.float32)])])
+        with pytest.raises(RequestError, match="height x width x channels.*shape \\(4,\\)"):
+            llm.generate([_request(ids, [np.zeros(4, dtype=np.uint8)])])
