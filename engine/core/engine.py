@@ -354,14 +354,16 @@ class LLMEngine:
         self._check_sampling(params)
         return text, token_ids, spans
 
-    def prepare_images(self, images: list[Any]) -> list[ImageInput]:
-        """Images as the model's processor prepares them (thread-safe: a server runs it off
-        the engine's thread); RequestError for an image that cannot be read, or a model that
-        reads no images."""
+    def prepare_images(self, images: list[Any],
+                       settings: dict[str, Any] | None = None) -> list[ImageInput]:
+        """Images as the model's processor prepares them, with a request's own processor
+        settings (thread-safe: a server runs it off the engine's thread); RequestError for an
+        image that cannot be read, a setting the processor lacks, or a model that reads no
+        images."""
         if self.images is None:
             raise RequestError(f"this model ({self._model_kind()}) reads text only: a prompt "
                                "cannot carry images", param="images")
-        return self.images.prepare(images)
+        return self.images.prepare(images, settings)
 
     def _place_images(self, token_ids: list[int], images: list[Any] | None,
                       ) -> tuple[list[int], list[ImageSpan]]:

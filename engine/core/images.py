@@ -241,13 +241,16 @@ class PromptImages:
         self._writer = writer
         self._rows_on_host = rows_on_host  # rows a step carries to other ranks: on the host
 
-    def prepare(self, images: Sequence[Any]) -> list[ImageInput]:
-        """Each image (PIL, or already an ImageInput) as the processor prepares it."""
+    def prepare(self, images: Sequence[Any],
+                settings: dict[str, Any] | None = None) -> list[ImageInput]:
+        """Each image (PIL, an array, or already an ImageInput) as the processor prepares it,
+        with a request's own processor settings (vLLM's mm_processor_kwargs)."""
+        settings = self._checked(settings or {})
         together = self._several is not None and len(images) > 1
         if together:
             raw = [image for image in images if not isinstance(image, ImageInput)]
             try:
-                batch = iter(self._several(raw) if raw else [])
+                batch = iter(self._several(raw, **settings) if raw else [])
             except Exception as exc:  # what PIL or the processor raises for these images
                 raise RequestError(f"the images cannot be read: {exc}", param="images") from exc
         prepared = []
@@ -256,7 +259,7 @@ class PromptImages:
                 prepared.append(image)
                 continue
             try:
-                pixels, size = next(batch) if together else self.processor(image)
+                pixels, size = next(batch) if together else self.processor(image, **settings)
                 if self._several is not None:
                     size = (*size, int(together))
                 rows, line = self._layout_of(size)
@@ -267,6 +270,19 @@ class PromptImages:
                 raise RequestError(f"image {index} cannot be read: {exc}",
                                    param="images") from exc
         return prepared
+
+    def _checked(self, settings: dict[str, Any]) -> dict[str, Any]:
+        if not settings:
+            return {}
+        if not isinstance(settings, dict):
+            raise RequestError("mm_processor_kwargs must be an object of the image processor's "
+                               "settings", param="mm_processor_kwargs")
+        check = getattr(self.processor, "checked", None)
+        try:
+            return check(settings) if check is not None else dict(settings)
+        except ValueError as exc:
+            raise RequestError(f"mm_processor_kwargs: {exc}", param="mm_processor_kwargs") \
+                from exc
 
     @property
     def placeholder(self) -> int:

@@ -103,7 +103,8 @@ class LLM:
             raise ValueError("a dict prompt needs 'prompt' or 'prompt_token_ids'")
         if image is None:
             return text, None
-        return text, self.engine.prepare_images(image if isinstance(image, list) else [image])
+        return text, self.engine.prepare_images(image if isinstance(image, list) else [image],
+                                                prompt.get("mm_processor_kwargs"))
 
     def embed(self, prompts: Prompt | Sequence[Prompt],
               pooling_params: PoolingParams | None = None,

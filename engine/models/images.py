@@ -194,6 +194,16 @@ class ImageProcessor:
                                                                  **settings)
         except Exception as exc:
             raise ModelLoadError.reading(f"the image processor from {directory}", exc) from exc
+        self.checked(settings)
+        if getattr(self._processor, "do_pan_and_scan", False):
+            log.warning("pan-and-scan crops are not read: each image is read whole",
+                        extra={"directory": directory})
+            self._processor.do_pan_and_scan = False
+
+    def checked(self, settings: dict[str, Any]) -> dict[str, Any]:
+        """Settings for one call (a request's mm_processor_kwargs) as the processor takes them
+        (Qwen-VL's min_pixels and max_pixels as the size they bound); ValueError for one it
+        has no setting for, or one asking for what is not read."""
         known = getattr(getattr(self._processor, "valid_kwargs", None), "__annotations__", None)
         unknown = sorted(set(settings) - set(known)) if known is not None else []
         if unknown:
@@ -203,17 +213,21 @@ class ImageProcessor:
         if settings.get("do_pan_and_scan"):
             raise ValueError("do_pan_and_scan: pan-and-scan crops are not read; each image is "
                              "read whole")
-        if getattr(self._processor, "do_pan_and_scan", False):
-            log.warning("pan-and-scan crops are not read: each image is read whole",
-                        extra={"directory": directory})
-            self._processor.do_pan_and_scan = False
+        pixels = {key: settings[key] for key in ("min_pixels", "max_pixels") if key in settings}
+        size = getattr(self._processor, "size", None)
+        if pixels and getattr(size, "longest_edge", None) is not None:
+            settings = {key: value for key, value in settings.items() if key not in pixels}
+            settings["size"] = {
+                "shortest_edge": pixels.get("min_pixels", size.shortest_edge),
+                "longest_edge": pixels.get("max_pixels", size.longest_edge)}
+        return settings
 
-    def __call__(self, image: Any) -> tuple[torch.Tensor, tuple[int, ...] | None]:
+    def __call__(self, image: Any, **settings: Any) -> tuple[torch.Tensor, tuple[int, ...] | None]:
         """The image's pixel values (float32), and its size where the encoder reads it
         (LLaVA-NeXT's and Mistral 3's processors report it), or its patch grid (frames,
         height, width: Qwen's processor cuts the image into a grid of patches)."""
         out = self._processor(images=[rgb(image)], return_tensors="pt",
-                              **self.options)
+                              **{**self.options, **settings})
         grid = out.get("image_grid_thw")
         if grid is not None:  # every patch of the one image, [patches, patch pixels]
             return out["pixel_values"].float(), tuple(int(n) for n in grid[0])
@@ -227,12 +241,13 @@ class ImageProcessor:
         return out["pixel_values"][0].float(), None if size is None else \
             tuple(int(n) for n in size[0])
 
-    def several(self, images: list[Any]) -> list[tuple[torch.Tensor, tuple[int, ...]]]:
+    def several(self, images: list[Any],
+                **settings: Any) -> list[tuple[torch.Tensor, tuple[int, ...]]]:
         """The images of one prompt that holds several, processed as one prompt's
         (LLaVA-OneVision's processor then reads each whole, without tiles): each one's pixel
         values and size."""
         out = self._processor(images=[[rgb(image) for image in images]],
-                              return_tensors="pt", **self.options)
+                              return_tensors="pt", **{**self.options, **settings})
         return [(pixels.float(), tuple(int(n) for n in size))
                 for pixels, size in zip(out["pixel_values"], out["image_sizes"], strict=True)]
 

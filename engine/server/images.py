@@ -23,9 +23,11 @@ from tokenmill.engine.server.errors import APIError
 from tokenmill.engine.server.state import ServerState
 
 
-async def request_images(urls: list[str], state: ServerState) -> list[Any]:
-    """The images behind `urls`, prepared for the engine (ImageInputs), in order. A model
-    that reads no images never gets here: rendering the messages refused them."""
+async def request_images(urls: list[str], state: ServerState,
+                         settings: dict[str, Any] | None = None) -> list[Any]:
+    """The images behind `urls`, prepared for the engine (ImageInputs), in order, with the
+    request's own processor settings (mm_processor_kwargs). A model that reads no images
+    never gets here: rendering the messages refused them."""
     if not urls:
         return []
     try:
@@ -35,19 +37,21 @@ async def request_images(urls: list[str], state: ServerState) -> list[Any]:
     encoded = await asyncio.gather(*(_read(url, index, state) for index, url in
                                      enumerate(urls)))
     try:
-        return await asyncio.to_thread(_prepare, encoded, state.engine.engine)
+        return await asyncio.to_thread(_prepare, encoded, state.engine.engine, settings)
     except RequestError as exc:
+        if exc.param == "mm_processor_kwargs":
+            raise APIError(400, str(exc), param=exc.param) from exc
         raise APIError(400, f"messages: {exc}", param="messages") from exc
 
 
-def _prepare(encoded: list[bytes], engine: Any) -> list[Any]:
+def _prepare(encoded: list[bytes], engine: Any, settings: dict[str, Any] | None) -> list[Any]:
     images = []
     for index, data in enumerate(encoded):
         try:
             images.append(open_image(data))
         except ValueError as exc:
             raise RequestError(f"image {index} is {exc}") from exc
-    return engine.prepare_images(images)
+    return engine.prepare_images(images, settings)
 
 
 async def _read(url: str, index: int, state: ServerState) -> bytes:

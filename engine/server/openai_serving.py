@@ -85,7 +85,7 @@ async def chat_call(body: ChatCompletionRequest, state: ServerState,
                        template_kwargs=body.chat_template_kwargs)
     except ValueError as exc:
         raise APIError(400, f"messages: {exc}", param="messages") from exc
-    images = await request_images(body.image_urls(), state)
+    images = await request_images(body.image_urls(), state, body.mm_processor_kwargs)
     if images:
         ids = _with_images(state, ids, images, body.truncate_prompt_tokens)
     ids = truncated(ids, body.truncate_prompt_tokens, state)

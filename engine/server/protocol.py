@@ -273,12 +273,14 @@ class ChatMessage(RequestModel):
 
 class ChatTemplateFields(RequestModel):
     """vLLM's chat-template fields of a request with `messages`: whether the template opens
-    the assistant's turn, or continues the last (assistant) message instead; and extra
-    variables for the template (Qwen3's `enable_thinking`, say)."""
+    the assistant's turn, or continues the last (assistant) message instead; extra
+    variables for the template (Qwen3's `enable_thinking`, say); and settings of the image
+    processor for this request's images (Qwen-VL's `max_pixels`, say)."""
 
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
 
     @field_validator("chat_template_kwargs")
     @classmethod

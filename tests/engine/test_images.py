@@ -372,8 +372,9 @@ def test_qwen_image_rows_take_the_3d_positions_transformers_gives_them():
 
 def test_mm_processor_kwargs_set_the_image_processor(tmp_path, vocab_tokenizer):
     """--mm-processor-kwargs (vLLM's): Qwen-VL's max_pixels shrinks an image's rows, and the
-    answer is transformers' with its processor set alike; a key the processor has no setting
-    for, or one asking what is not read, is refused at start naming the option."""
+    answer is transformers' with its processor set alike, whether set for the engine or by
+    one request; a key the processor has no setting for, or one asking what is not read, is
+    refused at start naming the option (in a request: a RequestError naming it)."""
     import transformers
 
     directory = make_qwen_vl(str(tmp_path / "qwen"), vocab_tokenizer)
@@ -387,6 +388,15 @@ def test_mm_processor_kwargs_set_the_image_processor(tmp_path, vocab_tokenizer):
             temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0))[0]
     _check([out.outputs[0]], [expected])
     assert len(out.prompt_token_ids) == len(hf.expand_images(*prompt)) < full
+    # A request's own settings (vLLM's prompt key), over the server-wide ones.
+    with LLM(directory, **ENGINE) as llm:
+        own = llm.generate([{**_request(*prompt), "mm_processor_kwargs": {"max_pixels": 1176}}],
+                           SamplingParams(temperature=0.0, max_tokens=MAX_NEW,
+                                          ignore_eos=True, logprobs=0))[0]
+        with pytest.raises(RequestError, match="mm_processor_kwargs: max_pixel: not a setting"):
+            llm.generate([{**_request(*prompt), "mm_processor_kwargs": {"max_pixel": 1}}])
+        assert llm.engine.num_waiting == 0
+    _check([own.outputs[0]], [expected])
     with pytest.raises(ConfigError, match="mm_processor_kwargs.*max_pixel: not a setting"):
         LLM(directory, mm_processor_kwargs={"max_pixel": 100}, **ENGINE)
     with pytest.raises(ConfigError, match="mm_processor_kwargs.*not valid JSON"):

@@ -228,6 +228,20 @@ def test_qwen2_5_vl_reads_images_over_http(tmp_path, vocab_tokenizer):
             messages=[{"role": "user", "content": [
                 {"type": "text", "text": "Name it."},
                 {"type": "image_url", "image_url": {"url": _data_url(image)}}]}])
+        smaller = server.client.chat.completions.create(
+            model="qwen", max_tokens=1, extra_body={"mm_processor_kwargs": {"max_pixels": 784}},
+            messages=[{"role": "user", "content": [
+                {"type": "text", "text": "Name it."},
+                {"type": "image_url", "image_url": {"url": _data_url(image)}}]}])
+        with pytest.raises(openai.BadRequestError) as bad:
+            server.client.chat.completions.create(
+                model="qwen", max_tokens=1, extra_body={"mm_processor_kwargs": {"pixels": 1}},
+                messages=[{"role": "user", "content": [
+                    {"type": "image_url", "image_url": {"url": _data_url(image)}}]}])
     assert reply.prompt_token_ids == ids and reply.usage.prompt_tokens == len(ids)
     assert reply.choices[0].message.content == hf.tokenizer.decode(tokens,
                                                                    skip_special_tokens=True)
+    # A request's own processor settings (vLLM's mm_processor_kwargs): fewer image rows.
+    assert smaller.usage.prompt_tokens < len(ids)
+    assert bad.value.body["param"] == "mm_processor_kwargs"
+    assert "pixels: not a setting" in bad.value.body["message"]
