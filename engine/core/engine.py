@@ -148,10 +148,14 @@ class LLMEngine:
             # Before the target's pool is sized: on CUDA the profile then counts its weights.
             draft = open_draft(speculative, config, self.model_config, self.tokenizer,
                                self.max_model_len, self.dtype, self.device, backend)
+            # How prompts carry images, for a checkpoint that reads them (None: text only);
+            # the profile of the KV pool encodes its largest batch of images.
+            self.images = self._prompt_images(source.directory) if reads else None
             self.runner = build_runner(
                 setup, self.model_config, self.device, self.tp, show_progress,
                 on_logits=sample_worst_case,
-                extra_bytes_per_block=draft.layout.bytes_per_block if draft else 0)
+                extra_bytes_per_block=draft.layout.bytes_per_block if draft else 0,
+                largest_images=None if self.images is None else self._largest_images)
         except BaseException as exc:
             failure = self.workers.failure if self.workers is not None else None
             self.shutdown()
@@ -160,17 +164,6 @@ class LLMEngine:
             raise
         if self.workers is not None:
             self.runner.on_step = self.workers.send_step
-        # How prompts carry images, for a checkpoint that reads them (None: text only).
-        processor = self._image_processor(source.directory) if reads else None
-        self.images = PromptImages(
-            processor,
-            *image_tokens(self.model_config, self.tokenizer),
-            encode=self.runner.encode_images, rows_on_host=tp_size > 1,
-            layout_of=image_layout(self.model_config),
-            grid_of=image_grid(self.model_config),
-            several=processor.several if reads and reads_several_apart(self.model_config)
-            else None,
-            writer=image_writer(self.model_config, self.tokenizer)) if reads else None
         if self.images is not None and self.images.tokens.both_ways:
             self._check_whole_images(self.images.per_image)
         self._download_seconds = source.download_seconds
@@ -213,6 +206,21 @@ class LLMEngine:
             "max_model_len": self.max_model_len,
             **{name: round(seconds, 3) for name, seconds in self.startup_report().items()}})
         log.info("memory", extra=self.memory_report())
+
+    def _prompt_images(self, directory: str) -> PromptImages:
+        processor = self._image_processor(directory)
+        return PromptImages(
+            processor, *image_tokens(self.model_config, self.tokenizer),
+            encode=lambda pixels, sizes: self.runner.encode_images(pixels, sizes),
+            rows_on_host=self.config.tensor_parallel_size > 1,
+            layout_of=image_layout(self.model_config),
+            grid_of=image_grid(self.model_config),
+            several=processor.several if reads_several_apart(self.model_config) else None,
+            writer=image_writer(self.model_config, self.tokenizer))
+
+    def _largest_images(self) -> tuple[list[torch.Tensor], list[Any]]:
+        batch = self.images.largest_batch()
+        return [image.pixels for image in batch], [image.size for image in batch]
 
     def _image_processor(self, directory: str) -> Any:
         """The checkpoint's image processor with --mm-processor-kwargs applied (ConfigError

@@ -271,6 +271,15 @@ class PromptImages:
                                    param="images") from exc
         return prepared
 
+    def largest_batch(self) -> list[ImageInput]:
+        """The largest batch of images one encoder call takes: ENCODE_BATCH of the largest
+        image the processor makes (the KV pool's profile encodes it)."""
+        largest = getattr(self.processor, "largest", None)
+        if largest is None:
+            return []
+        image = self.prepare([largest()])[0]
+        return [image] * ENCODE_BATCH
+
     def _checked(self, settings: dict[str, Any]) -> dict[str, Any]:
         if not settings:
             return {}

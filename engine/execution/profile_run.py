@@ -92,8 +92,11 @@ def worst_case_step(max_num_batched_tokens: int, max_num_seqs: int, max_model_le
 def profile_memory(model: CausalLM, layout: KVCacheLayout, device: torch.device,
                    attention_backend: str, memory: MemoryProbe, *, max_num_batched_tokens: int,
                    max_num_seqs: int, max_model_len: int,
-                   on_logits: Callable[[torch.Tensor], object] | None = None) -> MemoryProfile:
-    """Run the worst-case step on the loaded model over a temporary pool and measure it.
+                   on_logits: Callable[[torch.Tensor], object] | None = None,
+                   on_images: Callable[[], object] | None = None) -> MemoryProfile:
+    """Run the worst-case step on the loaded model over a temporary pool and measure it;
+    `on_images` (rank 0 of a model that reads images) encodes the largest batch of images
+    one step may, its activations joining the peak.
 
     The temporary pool is freed (and the allocator's cache emptied) before this returns, so
     the real pool is allocated into memory nothing else holds. The model is only read.
@@ -103,6 +106,8 @@ def profile_memory(model: CausalLM, layout: KVCacheLayout, device: torch.device,
     memory.reset()
     weights = memory.read().allocated
     try:
+        if on_images is not None:
+            on_images()  # its rows are let go before the step: only its peak stays
         runner = ModelRunner(model, num_blocks, layout, device,
                              attention_backend=attention_backend)
         logits = runner.run(step)

@@ -20,7 +20,7 @@ from tokenmill.engine.execution.profile_run import CudaMemory, profile_memory
 from tokenmill.engine.execution.runner import ModelRunner
 from tokenmill.engine.execution.startup_phases import StartupPhases
 from tokenmill.engine.models.architecture import encoder_of, moe_shape_of
-from tokenmill.engine.models.images import build_image_encoder
+from tokenmill.engine.models.images import build_image_encoder, encode_images
 from tokenmill.engine.models.loader import build_model
 from tokenmill.engine.models.source import ModelSource
 
@@ -46,7 +46,9 @@ class RankSetup:
 def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: TPGroup,
                  show_progress: bool,
                  on_logits: Callable[[torch.Tensor], object] | None = None,
-                 extra_bytes_per_block: int = 0) -> ModelRunner:
+                 extra_bytes_per_block: int = 0,
+                 largest_images: Callable[[], tuple[list[torch.Tensor], list[Any]]] | None = None
+                 ) -> ModelRunner:
     """Load this rank's shard and size its KV pool; every rank agrees on the block count
     (the smallest any rank can hold), since rank 0 schedules blocks for all of them. The
     runner's `startup_seconds` says what each phase took on this rank.
@@ -56,7 +58,10 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
     step's logits, as it samples them when serving.
 
     `extra_bytes_per_block` is what another pool of as many blocks takes per block on this
-    rank (a speculative draft's, rank 0): the budget is shared so that both fit."""
+    rank (a speculative draft's, rank 0): the budget is shared so that both fit.
+    `largest_images` (rank 0 of a model that reads images): the pixels and sizes of the
+    largest batch of images one step encodes, which the profile encodes too (asked for only
+    where a profile runs)."""
     config = setup.config
     phases = StartupPhases(device)
     with phases.phase("weights"):
@@ -74,12 +79,19 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
     layout = KVCacheLayout.for_model(model_config, config.block_size, setup.dtype,
                                      config.kv_cache_dtype, tp.size)
 
+    def encode_largest() -> None:
+        pixels, sizes = largest_images()
+        with torch.inference_mode():
+            encode_images(image_encoder, [p.to(device) for p in pixels], sizes)
+
     def profile() -> MemoryProfile:
         return profile_memory(model, layout, device, setup.attention_backend, CudaMemory(device),
                               max_num_batched_tokens=config.max_num_batched_tokens,
                               max_num_seqs=config.max_num_seqs,
                               max_model_len=setup.max_model_len,
-                              on_logits=on_logits)
+                              on_logits=on_logits,
+                              on_images=encode_largest if image_encoder is not None
+                              and largest_images is not None else None)
 
     with phases.phase("kv_profile"):
         sizing = kv_sizing(config, layout.bytes_per_block + extra_bytes_per_block, device.type,

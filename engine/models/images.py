@@ -241,6 +241,32 @@ class ImageProcessor:
         return out["pixel_values"][0].float(), None if size is None else \
             tuple(int(n) for n in size[0])
 
+    def largest(self) -> Any:
+        """A PIL image of the size that makes the most rows, as far as the processor's
+        settings tell: Qwen-VL's and Pixtral's and Idefics 3's longest edge (Qwen-VL's in
+        pixels), LLaVA-NeXT's largest grid resolution, InternVL's most tiles in a row; any
+        image for a processor that resizes every image alike."""
+        from PIL import Image
+
+        processor = self._processor
+        size = getattr(processor, "size", None)
+        longest = getattr(size, "longest_edge", None)
+        tile = getattr(size, "height", None) or getattr(size, "shortest_edge", None) or 336
+        if getattr(processor, "merge_size", None) and longest:  # Qwen-VL: a pixel count
+            factor = int(processor.patch_size) * int(processor.merge_size)
+            sides = [(side, int(longest) // side // factor * factor)
+                     for side in range(factor, int(longest ** 0.5) + 1, factor)]
+            height, width = max(sides or [(factor, factor)], key=lambda hw: hw[0] * hw[1])
+        elif getattr(processor, "image_grid_pinpoints", None):
+            height, width = max(processor.image_grid_pinpoints, key=lambda hw: hw[0] * hw[1])
+        elif self.options.get("crop_to_patches"):
+            height, width = tile, tile * int(getattr(processor, "max_patches", 1))
+        elif longest:
+            height = width = int(longest)
+        else:
+            height = width = int(tile)
+        return Image.new("RGB", (int(width), int(height)), (127, 127, 127))
+
     def several(self, images: list[Any],
                 **settings: Any) -> list[tuple[torch.Tensor, tuple[int, ...]]]:
         """The images of one prompt that holds several, processed as one prompt's

@@ -468,3 +468,30 @@ def test_images_as_arrays_read_as_their_pil_images(tmp_path, vocab_tokenizer):
             llm.generate([_request(ids, [pixels.astype(np.float32)])])
         with pytest.raises(RequestError, match="height x width x channels.*shape \\(4,\\)"):
             llm.generate([_request(ids, [np.zeros(4, dtype=np.uint8)])])
+
+
+@pytest.mark.parametrize("family,rows", [
+    ("qwen2_vl", 8 * 10 // 4),  # 56 x 70 pixels at most: 8 x 10 patches, merged 2 x 2
+    ("llava_next", None),       # its largest grid resolution
+    ("internvl", 4 * 5),        # 4 tiles and the thumbnail, 4 rows each
+    ("idefics3", 4 * 5)])       # a 2 x 2 grid of tiles and the whole, 4 rows each
+def test_the_largest_image_makes_the_most_rows(tmp_path, vocab_tokenizer, family, rows):
+    """The KV pool's profile (on CUDA) encodes ENCODE_BATCH of the largest image the
+    processor makes: no image the processor prepares takes more rows, and it encodes."""
+    from tokenmill.engine.core.images import ENCODE_BATCH
+
+    makers = {"qwen2_vl": make_qwen_vl, "llava_next": make_llava_next,
+              "internvl": make_internvl, "idefics3": make_idefics3}
+    directory = makers[family](str(tmp_path / family), vocab_tokenizer)
+    with LLM(directory, **ENGINE) as llm:
+        batch = llm.engine.images.largest_batch()
+        others = llm.engine.prepare_images([drawn_image(seed, size) for seed, size in enumerate(
+            [(40, 52), (60, 20), (20, 90), (200, 300), (300, 200), (14, 14)])])
+        largest = batch[0].rows
+        assert len(batch) == ENCODE_BATCH and all(image is batch[0] for image in batch)
+        assert largest >= max(image.rows for image in others)
+        if rows is not None:
+            assert largest == rows
+        # What the profile encodes, as the profile's call does: ENCODE_BATCH rows of each.
+        encoded = llm.engine.runner.encode_images(*llm.engine._largest_images())
+        assert [r.shape[0] for r in encoded] == [largest] * ENCODE_BATCH

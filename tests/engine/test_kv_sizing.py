@@ -154,10 +154,13 @@ def test_profiling_leaves_the_engine_untouched_and_greedy_output_unchanged(
     free_blocks = engine.kv.allocator.num_free
 
     probe = KnownFigures()
+    encoded = []  # a model that reads images: its largest batch encoded inside the window
     profile = profile_memory(runner.model, runner.layout, runner.device,
                              runner.attention_backend, probe, max_num_batched_tokens=96,
                              max_num_seqs=8, max_model_len=engine.max_model_len,
-                             on_logits=sample_worst_case)
+                             on_logits=sample_worst_case,
+                             on_images=lambda: encoded.append(len(probe.readings)))
+    assert encoded == [1]  # between the weights' reading and the peak's
 
     _, num_blocks = worst_case_step(96, 8, engine.max_model_len, 8)
     temporary_pool = num_blocks * runner.layout.bytes_per_block
