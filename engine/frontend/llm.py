@@ -197,27 +197,28 @@ class LLM:
              use_tqdm: bool = False, *, chat_template: str | None = None,
              add_generation_prompt: bool = True, continue_final_message: bool = False,
              tools: list[dict] | None = None,
-             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+             chat_template_kwargs: dict[str, Any] | None = None,
+             mm_processor_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
         """Apply the chat template (the model's, or `chat_template`), then generate; the
         keywords are vLLM's LLM.chat's (chat_template_kwargs: the template's own variables,
-        e.g. Qwen3's enable_thinking). A message's OpenAI `image_url` parts (data:, http(s)
-        or file URLs, or local paths) are read and reach the template as {"type": "image"}
-        parts, for a model that reads images."""
+        e.g. Qwen3's enable_thinking; mm_processor_kwargs: the image processor's settings for
+        these images). A message's OpenAI `image_url` parts (data:, http(s) or file URLs, or
+        local paths) and vLLM's `image_pil` parts (a PIL image) are read and reach the
+        template as {"type": "image"} parts, for a model that reads images."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts: list[Prompt | PromptDict] = []
         for conversation in conversations:
-            urls = [part["image_url"]["url"] if isinstance(part["image_url"], dict)
-                    else part["image_url"] for part in _parts(conversation)
-                    if part.get("type") == "image_url"]
+            pictures = [_part_image(part) for part in _parts(conversation)
+                        if part.get("type") in IMAGE_PARTS]
             text = self.apply_chat_template(
                 _template_messages(conversation), chat_template=chat_template,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message, tools=tools,
-                chat_template_kwargs=chat_template_kwargs, tokenize=not urls)
-            if not urls:
+                chat_template_kwargs=chat_template_kwargs, tokenize=not pictures)
+            if not pictures:
                 prompts.append(text)
                 continue
-            images = self.engine.prepare_images([read_image_url(url) for url in urls])
+            images = self.engine.prepare_images(pictures, mm_processor_kwargs)
             # The template wrote the special tokens; each image marker written out first.
             ids = self.tokenizer.encode(self.engine.images.expand_text(text),
                                         add_special_tokens=False)
@@ -246,11 +247,23 @@ def _parts(conversation: list[Message]) -> list[dict[str, Any]]:
             for part in message["content"] if isinstance(part, dict)]
 
 
+# A message's image parts offline: OpenAI's image_url, vLLM's image_pil.
+IMAGE_PARTS = ("image_url", "image_pil")
+
+
+def _part_image(part: dict[str, Any]) -> Any:
+    """The image an image part holds, read (a URL or path) or as it is (a PIL image)."""
+    if part["type"] == "image_pil":
+        return part["image_pil"]
+    url = part["image_url"]
+    return read_image_url(url["url"] if isinstance(url, dict) else url)
+
+
 def _template_messages(conversation: list[Message]) -> list[Message]:
-    """The conversation with each image_url part as the templates of image models read an
+    """The conversation with each image part as the templates of image models read an
     image: {"type": "image"}."""
     def part(p: Any) -> Any:
-        return {"type": "image"} if isinstance(p, dict) and p.get("type") == "image_url" else p
+        return {"type": "image"} if isinstance(p, dict) and p.get("type") in IMAGE_PARTS else p
 
     return [{**m, "content": [part(p) for p in m["content"]]}
             if isinstance(m.get("content"), list) else m for m in conversation]

@@ -264,7 +264,8 @@ def test_images_under_tensor_parallelism(tmp_path, vocab_tokenizer, family):
 
 def test_llm_chat_reads_image_url_parts(llava, vocab_tokenizer, tmp_path):
     """vLLM's offline LLM.chat with OpenAI's image parts: a data: URL and a local file give
-    the server's prompt and transformers' answer."""
+    the server's prompt and transformers' answer; vLLM's image_pil part of the same picture
+    gives the same."""
     import base64
 
     from image_support import png_bytes
@@ -280,6 +281,9 @@ def test_llm_chat_reads_image_url_parts(llava, vocab_tokenizer, tmp_path):
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
     with LLM(directory, **ENGINE) as llm:
         out = llm.chat(messages, params)[0]
+        as_pil = [{**messages[0], "content": [{"type": "image_pil", "image_pil": drawn_image(0)},
+                                              *messages[0]["content"][1:]]}]
+        assert llm.chat(as_pil, params)[0].outputs[0].token_ids == out.outputs[0].token_ids
         with pytest.raises(ValueError, match="cannot read /nonexistent.png"):
             llm.chat([{"role": "user", "content": [
                 {"type": "image_url", "image_url": {"url": "file:///nonexistent.png"}}]}])
