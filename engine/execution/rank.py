@@ -20,7 +20,7 @@ from tokenmill.engine.execution.profile_run import CudaMemory, profile_memory
 from tokenmill.engine.execution.runner import ModelRunner
 from tokenmill.engine.execution.startup_phases import StartupPhases
 from tokenmill.engine.models.architecture import encoder_of, moe_shape_of
-from tokenmill.engine.models.images import build_image_encoder, encode_images
+from tokenmill.engine.models.images import batches_images, build_image_encoder, encode_images
 from tokenmill.engine.models.loader import build_model
 from tokenmill.engine.models.source import ModelSource
 
@@ -81,6 +81,8 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
 
     def encode_largest() -> None:
         pixels, sizes = largest_images()
+        if not batches_images(image_encoder):  # one at a time: one shows the peak
+            pixels, sizes = pixels[:1], sizes[:1]
         with torch.inference_mode():
             encode_images(image_encoder, [p.to(device) for p in pixels], sizes)
 

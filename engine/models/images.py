@@ -360,10 +360,18 @@ def reads_several_apart(model_config: Any) -> bool:
     return model_config.multimodal == "LlavaOnevisionForConditionalGeneration"
 
 
+def batches_images(encoder: nn.Module) -> bool:
+    """Whether the encoder takes a step's images in one batch (those of a fixed size), not
+    one at a time."""
+    return not isinstance(encoder, (LlavaNextImageEncoder, QwenImageEncoder,
+                                    Mistral3ImageEncoder, PixtralImageEncoder,
+                                    InternVLImageEncoder, Idefics3ImageEncoder))
+
+
 def encode_images(encoder: nn.Module, pixels: list[torch.Tensor],
                   sizes: list[tuple[int, int] | None]) -> list[torch.Tensor]:
-    """Each image's rows: LLaVA-NeXT's and Qwen's one image at a time (their views or
-    patches differ in number), the others in one batch."""
+    """Each image's rows: in one batch where the encoder batches them, else one image at a
+    time (views, patches or tiles that differ in number or size)."""
     if isinstance(encoder, (LlavaNextImageEncoder, QwenImageEncoder)):
         return [encoder(p, size) for p, size in zip(pixels, sizes, strict=True)]
     if isinstance(encoder, (Mistral3ImageEncoder, PixtralImageEncoder)):  # at its own size

@@ -483,6 +483,7 @@ def test_the_largest_image_makes_the_most_rows(tmp_path, vocab_tokenizer, family
     """The KV pool's profile (on CUDA) encodes ENCODE_BATCH of the largest image the
     processor makes: no image the processor prepares takes more rows, and it encodes."""
     from tokenmill.engine.core.images import ENCODE_BATCH
+    from tokenmill.engine.models.images import batches_images
 
     makers = {"qwen2_vl": make_qwen_vl, "llava_next": make_llava_next,
               "internvl": make_internvl, "idefics3": make_idefics3}
@@ -499,3 +500,5 @@ def test_the_largest_image_makes_the_most_rows(tmp_path, vocab_tokenizer, family
         # What the profile encodes, as the profile's call does: ENCODE_BATCH rows of each.
         encoded = llm.engine.runner.encode_images(*llm.engine._largest_images())
         assert [r.shape[0] for r in encoded] == [largest] * ENCODE_BATCH
+        # Each family here encodes one image at a time: the profile encodes one of them.
+        assert not batches_images(llm.engine.runner.image_encoder)
