@@ -79,11 +79,11 @@ def test_examples_are_accepted_and_deployable(path):
     reconcile.load(obj["metadata"]["name"], obj["spec"])
 
 
-def test_there_are_the_seven_examples():
+def test_there_are_the_eight_examples():
     assert {p.name for p in EXAMPLES} == {
         "smollm2-cpu.yaml", "llama-8b-1gpu.yaml", "qwen3-8b-autoscaled.yaml",
         "qwen3-hf-cache.yaml", "llama-8b-lora.yaml", "qwen3-reranker.yaml",
-        "bge-embeddings-cpu.yaml"}
+        "bge-embeddings-cpu.yaml", "qwen2.5-vl-7b.yaml"}
 
 
 BAD = [
