@@ -169,6 +169,7 @@ def rope_positions(spans: Sequence[ImageSpan], start: int,
     gridded = [s for s in spans if s.image.grid is not None and s.offset < end and s.end > start]
     if not gridded:
         return None
+    bases = {id(s): s.offset + rope_shift(spans, s.offset) for s in gridded}
     out = []
     for position in range(start, end):
         span = next((s for s in gridded if s.offset <= position < s.end), None)
@@ -177,8 +178,7 @@ def rope_positions(spans: Sequence[ImageSpan], start: int,
             out.append((text, text, text))
             continue
         _, height, width = span.image.grid
-        base = span.offset + rope_shift(spans, span.offset)
-        row = position - span.offset
+        base, row = bases[id(span)], position - span.offset
         out.append((base, base + row % (height * width) // width, base + row % width))
     return out
 

@@ -121,36 +121,26 @@ def image_tokens(model_config: Any, tokenizer: Any) -> tuple[ImageTokens, str, s
     outer = model_config.multimodal_config
     if model_config.multimodal == "Gemma3ForConditionalGeneration":
         return _gemma3_tokens(outer, tokenizer)
+    # The other models' marker is their row token, expanded in the ids (the text around it
+    # tokenizes alike): by the image's row count, in lines (Mistral 3, Pixtral 12B), between
+    # tags (InternVL, Idefics 3), or as LLaVA's fixed count.
+    image = llava.image_token_id(outer)
+    marker = tokenizer.convert_ids_to_tokens(image)
     if _line_side(model_config):
-        image = llava.image_token_id(outer)
         line_end, image_end = tokenizer.convert_tokens_to_ids(["[IMG_BREAK]", "[IMG_END]"])
-        marker = tokenizer.convert_ids_to_tokens(image)
         return ImageTokens(image, image, 0, line_end=line_end, image_end=image_end), marker, marker
-    if model_config.multimodal in TILE_TAGGED:  # the marker is the row token, tagged around
-        image = tokenizer.convert_tokens_to_ids(getattr(tokenizer, "image_token", None)
-                                                or "<image>")
-        marker = tokenizer.convert_ids_to_tokens(image)
-        return ImageTokens(image, image, 0), marker, marker
-    if model_config.multimodal == INTERNVL:
-        # InternVL's marker is its row token, written out between <img> and </img>.
-        image = int(outer.image_token_id)
+    if model_config.multimodal == INTERNVL:  # written out between <img> and </img>
         start, end = tokenizer.convert_tokens_to_ids([
             getattr(tokenizer, "start_image_token", None) or "<img>",
             getattr(tokenizer, "end_image_token", None) or "</img>"])
-        marker = tokenizer.convert_ids_to_tokens(image)
         return ImageTokens(image, image, 0, (start,), (end,)), marker, marker
-    if model_config.multimodal in GRID_POSITIONS:
-        # Qwen's marker is its row token, written between the vision start and end tokens.
-        image = int(outer.image_token_id)
+    if model_config.multimodal in GRID_POSITIONS:  # written between the vision tokens
         marker = "".join(tokenizer.convert_ids_to_tokens(
             [int(outer.vision_start_token_id), image, int(outer.vision_end_token_id)]))
         return ImageTokens(image, image, 0), marker, marker
-    image = llava.image_token_id(outer)
-    per_image = llava.tokens_per_image(outer)
-    marker = tokenizer.convert_ids_to_tokens(image)
-    # LLaVA's marker is its row token: expanded in the ids (by the image's row count, which
-    # LLaVA-NeXT's size decides), the text around it tokenizes alike.
-    return ImageTokens(image, image, per_image), marker, marker
+    if model_config.multimodal in TILE_TAGGED:  # its tags written per image (image_writer)
+        return ImageTokens(image, image, 0), marker, marker
+    return ImageTokens(image, image, llava.tokens_per_image(outer)), marker, marker
 
 
 def _gemma3_tokens(config: Any, tokenizer: Any) -> tuple[ImageTokens, str, str]:
@@ -372,20 +362,19 @@ def encode_images(encoder: nn.Module, pixels: list[torch.Tensor],
                   sizes: list[tuple[int, int] | None]) -> list[torch.Tensor]:
     """Each image's rows: in one batch where the encoder batches them, else one image at a
     time (views, patches or tiles that differ in number or size)."""
+    if batches_images(encoder):
+        return list(encoder(torch.stack(pixels)))
     if isinstance(encoder, (LlavaNextImageEncoder, QwenImageEncoder)):
         return [encoder(p, size) for p, size in zip(pixels, sizes, strict=True)]
     if isinstance(encoder, (Mistral3ImageEncoder, PixtralImageEncoder)):  # at its own size
         return [encoder(p[:, :size[0], :size[1]]) for p, size in zip(pixels, sizes, strict=True)]
-    if isinstance(encoder, (InternVLImageEncoder, Idefics3ImageEncoder)):  # its tiles
-        return [encoder(p) for p in pixels]
-    return list(encoder(torch.stack(pixels)))
+    return [encoder(p) for p in pixels]  # InternVL's and Idefics 3's tiles
 
 
 def image_processor(directory: str, model_config: Any,
                     settings: dict[str, Any] | None = None) -> ImageProcessor:
     """The checkpoint's image processor with the user's settings (--mm-processor-kwargs)."""
-    outer = model_config.multimodal_config
-    side = outer.vision_config.patch_size * outer.spatial_merge_size \
+    side = _line_side(model_config) \
         if model_config.multimodal == "Mistral3ForConditionalGeneration" else 0
     options = {"patch_size": {"height": side, "width": side}} if side else {}
     if model_config.multimodal == INTERNVL:

@@ -8,6 +8,7 @@ refused."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 import pytest
@@ -44,38 +45,31 @@ ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=4, max_num_batched
               dtype="float32")
 
 
-@pytest.fixture(scope="module", params=["clip", "siglip", "llava_next", "llava_onevision",
-                                        "gemma3", "mistral3", "internvl", "idefics3", "smolvlm",
-                                        "pixtral", "qwen2_vl", "qwen2_5_vl", "qwen3_vl",
-                                        "qwen3_vl_moe"])
+# Each family read: how its checkpoint is made (directory, tokenizer), and transformers'
+# reference on it.
+FAMILIES = {
+    "clip": (make_llava, HFLlava),
+    "siglip": (functools.partial(make_llava, tower="siglip"), HFLlava),
+    "llava_next": (make_llava_next, HFLlavaNext),
+    "llava_onevision": (make_llava_onevision, HFLlavaOnevision),
+    "gemma3": (make_gemma3, HFGemma3),
+    "mistral3": (make_mistral3, HFMistral3),
+    "internvl": (make_internvl, HFInternVL),
+    "idefics3": (make_idefics3, HFIdefics3),
+    "smolvlm": (functools.partial(make_idefics3, smolvlm=True), HFIdefics3),
+    "pixtral": (functools.partial(make_mistral3, pixtral_12b=True), HFMistral3),
+    **{kind: (functools.partial(make_qwen_vl, kind=kind), HFQwenVL)
+       for kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")}}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
 def llava(request, tmp_path_factory, vocab_tokenizer):
     """A checkpoint that reads images, and transformers' model on it: LLaVA with either
     tower, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, Mistral 3, Pixtral 12B, InternVL, Idefics 3,
     SmolVLM, Qwen2-VL, Qwen2.5-VL, Qwen3-VL or Qwen3-VL-MoE."""
-    directory = str(tmp_path_factory.mktemp(request.param))
-    if request.param.startswith("qwen"):
-        make_qwen_vl(directory, vocab_tokenizer, request.param)
-        return directory, HFQwenVL(directory)
-    if request.param in ("mistral3", "pixtral"):
-        make_mistral3(directory, vocab_tokenizer, pixtral_12b=request.param == "pixtral")
-        return directory, HFMistral3(directory)
-    if request.param == "gemma3":
-        make_gemma3(directory, vocab_tokenizer)
-        return directory, HFGemma3(directory)
-    if request.param in ("idefics3", "smolvlm"):
-        make_idefics3(directory, vocab_tokenizer, smolvlm=request.param == "smolvlm")
-        return directory, HFIdefics3(directory)
-    if request.param == "internvl":
-        make_internvl(directory, vocab_tokenizer)
-        return directory, HFInternVL(directory)
-    if request.param == "llava_onevision":
-        make_llava_onevision(directory, vocab_tokenizer)
-        return directory, HFLlavaOnevision(directory)
-    if request.param == "llava_next":
-        make_llava_next(directory, vocab_tokenizer)
-        return directory, HFLlavaNext(directory)
-    make_llava(directory, vocab_tokenizer, request.param)
-    return directory, HFLlava(directory)
+    make, reference = FAMILIES[request.param]
+    directory = make(str(tmp_path_factory.mktemp(request.param)), vocab_tokenizer)
+    return directory, reference(directory)
 
 
 def _prompts(hf: HFLlava, tokenizer) -> list[tuple[list[int], list]]:
@@ -485,9 +479,7 @@ def test_the_largest_image_makes_the_most_rows(tmp_path, vocab_tokenizer, family
     from tokenmill.engine.core.images import ENCODE_BATCH
     from tokenmill.engine.models.images import batches_images
 
-    makers = {"qwen2_vl": make_qwen_vl, "llava_next": make_llava_next,
-              "internvl": make_internvl, "idefics3": make_idefics3}
-    directory = makers[family](str(tmp_path / family), vocab_tokenizer)
+    directory = FAMILIES[family][0](str(tmp_path / family), vocab_tokenizer)
     with LLM(directory, **ENGINE) as llm:
         batch = llm.engine.images.largest_batch()
         others = llm.engine.prepare_images([drawn_image(seed, size) for seed, size in enumerate(
