@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import time
 from collections.abc import Callable
 from typing import Any
@@ -52,7 +53,7 @@ def start_engines(configs: dict[str, EngineConfig],
     engines = {}
     for mode, config in configs.items():
         llm = LLM(**dataclasses.asdict(config), show_progress=False)
-        engine_run.warm_up(llm, workload[0].prompt_token_ids[0])
+        engine_run.warm_up(llm, workload[0].prompt_token_ids)
         engines[mode] = llm.engine
     return engines
 
@@ -101,18 +102,35 @@ def per_mode(configs: list[EngineConfig], workload: list[BenchRequest], show_pro
              measure: Measure) -> list[dict[str, Any]]:
     """Each configuration on its own engine over the whole workload, one after the other; every
     run also gets its throughput ratio to the first."""
-    from tokenmill.engine import LLM
-
-    runs = []
-    for config in configs:
-        with LLM(**dataclasses.asdict(config), show_progress=False) as llm:
-            engine_run.warm_up(llm, workload[0].prompt_token_ids[0])
-            runs.append(measure(config, llm, functools.partial(
-                engine_run.run_engine, llm, workload, show_progress)))
+    runs = [_one_mode(config, workload, show_progress, measure) for config in configs]
     base = runs[0]["output_tokens_per_s"]
     for run in runs:
         run["throughput_ratio"] = run["output_tokens_per_s"] / base
     return runs
+
+
+def _one_mode(config: EngineConfig, workload: list[BenchRequest], show_progress: bool,
+              measure: Measure) -> dict[str, Any]:
+    """One mode's run on an engine of its own. The engine is built here, and what the engines
+    before left is given back first: a CUDA engine sizes its KV pool from the memory free, so
+    an earlier one still alive (a loop variable holds it while the next is built) would take
+    the next one's pool, or leave it none."""
+    from tokenmill.engine import LLM
+
+    release_device_memory()
+    with LLM(**dataclasses.asdict(config), show_progress=False) as llm:
+        engine_run.warm_up(llm, workload[0].prompt_token_ids)
+        return measure(config, llm, functools.partial(
+            engine_run.run_engine, llm, workload, show_progress))
+
+
+def release_device_memory() -> None:
+    """Free what dead engines left: reference cycles, then the CUDA allocator's cache."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def throughput(result: EngineRun) -> dict[str, float]:

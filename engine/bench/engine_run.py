@@ -53,9 +53,12 @@ def params_for(request: BenchRequest) -> SamplingParams:
                           structured_outputs=constraint)
 
 
-def warm_up(llm: Any, vocab_token: int) -> None:
-    """One tiny generation so first-call costs (allocator, kernels' first dispatch) aren't timed."""
-    llm.generate([[vocab_token] * 8, [vocab_token] * 3],
+def warm_up(llm: Any, prompt: list[int]) -> None:
+    """A short generation over a prompt of the workload's length and a tiny one beside it, so
+    that first-call costs aren't timed: the allocator's, and the Triton kernels' compiles,
+    which are per shape class (a prompt of many tokens compiles variants a tiny one does not).
+    The prompt goes in reversed, so the prefix cache gives the timed run nothing."""
+    llm.generate([prompt[::-1], prompt[:3]],
                  SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
 
 

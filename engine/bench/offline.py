@@ -213,7 +213,7 @@ def benchmark(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]
                              special_ids(llm.tokenizer))
     plain_token = workload[0].prompt_token_ids[0]
     _status(f"workload: {len(workload)} requests, {_lengths(workload)}")
-    engine_run.warm_up(llm, plain_token)
+    engine_run.warm_up(llm, workload[0].prompt_token_ids)
     ours = engine_run.run_engine(llm, workload, args.progress)
     device, dtype = engine.device, engine.dtype
     memory = engine.memory_report()

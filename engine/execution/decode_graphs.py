@@ -32,7 +32,8 @@ from tokenmill.engine.execution.step_buffers import PAD_SLOT, StepBuffers
 log = logging.getLogger(__name__)
 
 MAX_GRAPH_BATCH = 512  # larger decode batches run eagerly: their launches are amortized
-GRAPH_SPLIT_TOKENS = 256  # context per decode-kernel split, fixed so one graph serves any length
+GRAPH_SPLIT_TOKENS = 256  # the shortest context split of a graphed decode step
+GRAPH_TARGET_PROGRAMS = 1024  # (sequence, K/V head, split) programs a graphed decode aims at
 
 # forward(num_seqs, query_len): the model over the buffers' views for that many sequences of
 # query_len new tokens each.
@@ -46,6 +47,17 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     if sizes[-1] != top:
         sizes.append(top)
     return sizes
+
+
+def graph_decode_splits(num_seqs: int, num_kv_heads: int, max_model_len: int) -> int:
+    """Context splits of the decode kernel in the graph of `num_seqs` sequences. A graph cannot
+    see the step's lengths, so its splits cover max_model_len: a small batch takes many (at
+    least GRAPH_SPLIT_TOKENS long each, so that a short context still spreads over several
+    programs), a large one few, down to one per sequence, since every split past a sequence's
+    end still costs a program, a partial output written and read back in the merge."""
+    most = -(-max_model_len // GRAPH_SPLIT_TOKENS)
+    wanted = -(-GRAPH_TARGET_PROGRAMS // (num_seqs * num_kv_heads))
+    return max(1, min(most, wanted))
 
 
 def bucket_for(num_seqs: int, sizes: list[int]) -> int | None:

@@ -8,9 +8,9 @@ from collections.abc import Callable
 import torch
 
 from tokenmill.engine.execution.decode_graphs import (
-    GRAPH_SPLIT_TOKENS,
     DecodeGraphs,
     graph_batch_sizes,
+    graph_decode_splits,
 )
 from tokenmill.engine.execution.kv_layout import SCALE_DTYPE, KVCacheLayout
 from tokenmill.engine.execution.kv_offload import KVOffload
@@ -112,7 +112,7 @@ class ModelRunner:
         verify_tokens = verify_sizes[-1] * verify_query_len if verify_sizes else 0
         self.buffers.reserve(max(max_num_batched_tokens, verify_tokens), max_num_seqs,
                              max_blocks)
-        splits = -(-max_model_len // GRAPH_SPLIT_TOKENS)
+        kv_heads = min(cache.k.shape[2] for cache in self.kv_caches)
 
         def forward(num_seqs: int, query_len: int) -> torch.Tensor:
             views = self.buffers.views(num_seqs * query_len, num_seqs)
@@ -120,7 +120,9 @@ class ModelRunner:
                 self.lora.set_step(views.lora_slots, active=True)
             meta = self.buffers.metadata(views, [query_len] * num_seqs, [query_len] * num_seqs,
                                          self.attention_backend, max_seq_len=max_model_len,
-                                         decode_splits=splits, unowned_rows=query_len > 1)
+                                         decode_splits=graph_decode_splits(
+                                             num_seqs, kv_heads, max_model_len),
+                                         unowned_rows=query_len > 1)
             return self.model(views.input_ids, views.positions, self.kv_caches, meta)
 
         self.graphs = DecodeGraphs(self.buffers, forward, graph_batch_sizes(max_num_seqs),

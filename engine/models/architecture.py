@@ -396,8 +396,14 @@ def moe_shape_of(config: Any) -> MoeShape | None:
         dense_layers=_dense_layers(config),
         biased=style == "gptoss",
         grouped=_grouped_routing(config, style),
-        swiglu=(float(config.swiglu_alpha), float(config.swiglu_limit)) if style == "gptoss"
-        else None)
+        swiglu=_gptoss_swiglu(config) if style == "gptoss" else None)
+
+
+def _gptoss_swiglu(config: Any) -> tuple[float, float]:
+    """GPT-OSS's clamped SwiGLU (alpha, limit), with the values its MLP hard-codes where the
+    installed transformers' config has no such fields."""
+    return (float(getattr(config, "swiglu_alpha", 1.702)),
+            float(getattr(config, "swiglu_limit", 7.0)))
 
 
 def _dense_layers(config: Any) -> frozenset[int]:

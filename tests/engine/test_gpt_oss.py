@@ -91,3 +91,19 @@ def _greedy():
     from tokenmill.engine import SamplingParams
 
     return SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+
+
+def test_a_config_without_swiglu_fields_takes_the_values_the_model_hard_codes(gpt_oss_dir,
+                                                                            monkeypatch):
+    """Some transformers versions keep no swiglu_alpha (nor swiglu_limit) in GPT-OSS's config;
+    its MLP then uses 1.702 and 7.0, and so must the engine."""
+    from transformers import AutoConfig, GptOssConfig
+
+    from tokenmill.engine.models.architecture import moe_shape_of
+
+    config = AutoConfig.from_pretrained(gpt_oss_dir)
+    for name in ("swiglu_alpha", "swiglu_limit"):
+        monkeypatch.delattr(GptOssConfig, name, raising=False)
+        config.__dict__.pop(name, None)
+        assert not hasattr(config, name)
+    assert moe_shape_of(config).swiglu == (1.702, 7.0)

@@ -7,9 +7,9 @@ that nothing refers to the old engine when the memory is given back."""
 
 from __future__ import annotations
 
-import gc
 from typing import Any
 
+from tokenmill.engine.bench.ab import release_device_memory
 from tokenmill.engine.bench.gpu_suite.context import SuiteContext
 
 
@@ -18,15 +18,7 @@ def start_llm(ctx: SuiteContext, **options: Any) -> Any:
     it as a context manager so that it shuts down."""
     from tokenmill.engine import LLM
 
-    release_memory(ctx.device)
+    release_device_memory()
     return LLM(ctx.model(), show_progress=ctx.show_progress, device=ctx.device,
                dtype=ctx.dtype, **options)
 
-
-def release_memory(device: str) -> None:
-    """Free what dead engines left: reference cycles, then the CUDA allocator's cache."""
-    gc.collect()
-    if device == "cuda":
-        import torch
-
-        torch.cuda.empty_cache()
