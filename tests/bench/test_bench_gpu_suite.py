@@ -89,6 +89,7 @@ def test_the_summary_sets_every_part_against_its_target(bench_dir, capsys):
     assert "(tokenmill: eager " in table
     assert "| profile, graphs, batch 1: decode step |" in table
     assert "| profile, eager, batch 8: decode step |" in table
+    assert "| profile, prefill, prefill step of 64 tokens |" in table
     assert "| startup, cold (KV 16 MiB) |" in table
     assert "Not run: tests" in table
 

@@ -11,6 +11,7 @@ from tokenmill.engine.bench.gpu_suite.step_trace import (
     STEP_RANGE,
     TraceEvent,
     step_figures,
+    top_device_kernels,
     top_host_costs,
     trace_events,
 )
@@ -72,6 +73,18 @@ def test_top_host_costs_are_self_times_per_step_by_name():
     assert costs[2]["self_us_per_step"] == 9 and costs[2]["calls_per_step"] == 1
 
 
+def test_top_device_kernels_are_device_times_per_step_by_name():
+    trace = _cuda_trace() + [
+        TraceEvent("void cutlass::Kernel<cutlass_80_tensorop>(Params)", "kernel", 241, 247)]
+    kernels = top_device_kernels(trace, limit=3)
+    assert kernels[0] == {"name": "gemm", "device_us_per_step": 29, "runs_per_step": 1}  # 28 + 30
+    assert kernels[1] == {"name": "attention", "device_us_per_step": 20, "runs_per_step": 0.5}
+    assert kernels[2]["name"] == "kernel_b"  # 15 us in the second step
+    names = [k["name"] for k in top_device_kernels(trace, limit=10)]
+    assert "void cutlass::Kernel<cutlass_80_tensorop>" in names  # the argument list cut off
+    assert "Memcpy DtoH" not in names and STEP_RANGE not in names
+
+
 def _profiler_event(name, device, start, end, self_us=0.0, annotation=False, **activity):
     """A FunctionEvent's fields as the stage reads them (`activity`: activity_type, which
     torch before 2.12 lacks)."""
@@ -116,8 +129,10 @@ def test_dry_run_profiles_both_batches_with_and_without_graphs(profile):
     assert result["device"] == "cpu"
     runs = result["runs"]
     assert [(r["part"], r["batch_size"]) for r in runs] == [
-        ("graphs", 1), ("graphs", 8), ("eager", 1), ("eager", 8)]
+        ("graphs", 1), ("graphs", 8), ("eager", 1), ("eager", 8), ("prefill", 1)]
+    assert runs[-1]["prefill_tokens"] == 64
     for run in runs:
+        assert run["top_device_kernels"] == []  # the CPU's trace has no device side
         assert run["enforce_eager"] == (run["part"] == "eager")
         assert run["cuda_graphs"] is False  # none on the CPU
         assert len(run["steps"]) == result["profiled_steps"] >= 2

@@ -1,9 +1,11 @@
 """Stage `profile`: torch.profiler over decode steps at batch 1 and batch 256 (a dry run: 1 and
 8), once with the CUDA graphs the engine captures by default (part `graphs`) and once with
---enforce-eager (part `eager`). Per profiled step: the wall time, the launches the host made
-by API call (cudaLaunchKernel, cuLaunchKernel, cudaGraphLaunch), the kernels the GPU ran, the
-fraction of the step some kernel was running, the aten ops dispatched; per batch the host's
-top costs by self time (step_trace.py reads the trace).
+--enforce-eager (part `eager`), and over prefill steps of one whole token budget (part
+`prefill`: one new prompt of --max-num-batched-tokens tokens a step). Per profiled step: the
+wall time, the launches the host made by API call (cudaLaunchKernel, cuLaunchKernel,
+cudaGraphLaunch), the kernels the GPU ran, the fraction of the step some kernel was running,
+the aten ops dispatched; per batch the host's top costs by self time and the GPU's top
+kernels by device time (step_trace.py reads the trace).
 
 A batch's requests (random prompts, long outputs, ignore_eos) are added at once and the engine
 is stepped until every sequence decodes; then come warm-up steps, timed steps without the
@@ -28,12 +30,13 @@ from tokenmill.engine.bench.gpu_suite.step_trace import (
     STEP_RANGE,
     TraceEvent,
     step_figures,
+    top_device_kernels,
     top_host_costs,
     trace_events,
 )
 from tokenmill.engine.bench.gpu_suite.suite import selected
 
-PARTS = ["graphs", "eager"]
+PARTS = ["graphs", "eager", "prefill"]
 MAX_OUTPUT = 4096  # tokens a request may generate: more than the steps it is run for
 DRY_RUN_KV_MEMORY = 32 << 20  # the CPU's default pool (1 GiB) is far more than a dry run needs
 
@@ -45,12 +48,13 @@ class Workload:
     warmup_steps: int
     timed_steps: int
     profiled_steps: int
+    prefill_tokens: int | None  # a prefill step's prompt (None: the engine's token budget)
 
 
 FULL = Workload(batch_sizes=(1, 256), prompt_len=512, warmup_steps=5, timed_steps=20,
-                profiled_steps=3)
+                profiled_steps=3, prefill_tokens=None)
 DRY_RUN = Workload(batch_sizes=(1, 8), prompt_len=16, warmup_steps=1, timed_steps=3,
-                   profiled_steps=2)
+                   profiled_steps=2, prefill_tokens=64)
 
 
 def run(ctx: SuiteContext, args: argparse.Namespace) -> int:
@@ -70,6 +74,11 @@ def _profile_part(ctx: SuiteContext, part: str, workload: Workload) -> list[dict
     runs = []
     with start_llm(ctx, **options) as llm:
         engine = llm.engine
+        if part == "prefill":
+            figures = profile_prefill(engine, workload)
+            _say(part, figures)
+            return [{"part": part, "enforce_eager": False,
+                     "cuda_graphs": engine.runner.graphs is not None, **figures}]
         for batch_size in workload.batch_sizes:
             figures = profile_batch(engine, batch_size, workload)
             runs.append({"part": part, "enforce_eager": options["enforce_eager"],
@@ -97,12 +106,58 @@ def profile_batch(engine: Any, batch_size: int, workload: Workload) -> dict[str,
     replays = _graph_replays(engine) - replays_before
     for request_id in ids:
         engine.abort_request(request_id)
+    return {"batch_size": batch_size, **_figures(engine, events, samples),
+            "graph_replays_per_step": replays / workload.profiled_steps}
+
+
+def profile_prefill(engine: Any, workload: Workload) -> dict[str, Any]:
+    """Warm-up, timed and profiled steps that each prefill one new prompt of the whole token
+    budget (random tokens: the prefix cache finds nothing)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from tokenmill.engine.core.sampling_params import SamplingParams
+
+    tokens = workload.prefill_tokens or engine.config.max_num_batched_tokens
+    rng = random.Random(tokens)
+    sync = synchronizer(engine.device)
+    vocab = engine.model_config.vocab_size
+
+    def one_step() -> None:
+        request_id = f"profile-prefill-{rng.random()}"
+        engine.add_request(request_id, [rng.randrange(10, vocab) for _ in range(tokens)],
+                           SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
+        with record_function(STEP_RANGE):
+            engine.step()
+        if [n for _, n in engine.last_plan.scheduled] != [tokens]:
+            raise AssertionError(f"expected one prefill of {tokens} tokens, got "
+                                 f"{engine.last_plan.scheduled}")
+        engine.abort_request(request_id)  # finished already, unless a stop was missed
+        sync()
+
+    for _ in range(workload.warmup_steps):
+        one_step()
+    samples = []
+    for _ in range(workload.timed_steps):
+        start = time.perf_counter()
+        one_step()
+        samples.append((time.perf_counter() - start) * 1e6)
+    activities = [ProfilerActivity.CPU]
+    if engine.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        for _ in range(workload.profiled_steps):
+            one_step()
+    return {"batch_size": 1, "prefill_tokens": tokens,
+            **_figures(engine, trace_events(prof.events()), samples)}
+
+
+def _figures(engine: Any, events: list[TraceEvent], samples: list[float]) -> dict[str, Any]:
+    """A batch's figures: unprofiled step times, then per profiled step and over them."""
     steps = step_figures(events, device_traced=engine.device.type == "cuda")
-    return {"batch_size": batch_size,
-            "step_us": {"mean": statistics.fmean(samples), "median": statistics.median(samples),
+    return {"step_us": {"mean": statistics.fmean(samples), "median": statistics.median(samples),
                         "samples": samples},
-            "graph_replays_per_step": replays / workload.profiled_steps,
-            "steps": steps, "mean": _means(steps), "top_host_costs": top_host_costs(events)}
+            "steps": steps, "mean": _means(steps), "top_host_costs": top_host_costs(events),
+            "top_device_kernels": top_device_kernels(events)}
 
 
 def _add_requests(engine: Any, batch_size: int, prompt_len: int) -> list[str]:
@@ -165,7 +220,9 @@ def _means(steps: list[dict[str, Any]]) -> dict[str, float | None]:
 def _say(part: str, figures: dict[str, Any]) -> None:
     mean = figures["mean"]
     busy = mean["gpu_busy_fraction"]
-    status(f"profile {part} batch {figures['batch_size']}: "
+    what = (f"{figures['prefill_tokens']} tokens" if "prefill_tokens" in figures
+            else f"batch {figures['batch_size']}")
+    status(f"profile {part} {what}: "
            f"{figures['step_us']['median']:.0f} us/step unprofiled, "
            f"{mean['kernel_launches']:.0f} kernel launches + {mean['graph_launches']:.0f} graph "
            f"launches, {mean['device_kernels']:.0f} kernels, {mean['aten_ops']:.0f} aten ops, "

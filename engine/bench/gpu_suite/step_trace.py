@@ -126,21 +126,39 @@ def union_us(intervals: list[tuple[float, float]], start: float, end: float) -> 
     return covered
 
 
+def top_device_kernels(events: list[TraceEvent], limit: int = 12) -> list[dict[str, Any]]:
+    """The kernels the GPU spent the steps' time in, by name: device time and runs per step
+    (names cut at their argument list: C++ kernels' names carry their template arguments)."""
+    entries = [[(kernel_name(e.name), e.end_us - e.start_us) for e in members
+                 if e.kind == "kernel"] for _, members in steps_of(events)]
+    return _per_step(entries, limit, "device_us_per_step", "runs_per_step")
+
+
+def kernel_name(name: str, width: int = 120) -> str:
+    """A kernel's name without its argument list, at most `width` characters."""
+    return name.split("(", 1)[0][:width]
+
+
 def top_host_costs(events: list[TraceEvent], limit: int = 10) -> list[dict[str, Any]]:
     """The host's costliest names over the steps, by self time per step: ops, runtime calls,
     and the steps' own time outside any op (OUTSIDE_OPS)."""
-    steps = steps_of(events)
+    entries = [[(OUTSIDE_OPS, step.self_us)] + [(e.name, e.self_us) for e in members
+                                                if e.kind in HOST_KINDS]
+               for step, members in steps_of(events)]
+    return _per_step(entries, limit, "self_us_per_step", "calls_per_step")
+
+
+def _per_step(steps: list[list[tuple[str, float]]], limit: int, time_key: str,
+              count_key: str) -> list[dict[str, Any]]:
+    """The `limit` names of most time, given each step's (name, microseconds) entries: their
+    time and their entries per step."""
     if not steps:
         return []
-    self_us: collections.Counter[str] = collections.Counter()
-    calls: collections.Counter[str] = collections.Counter()
-    for step, members in steps:
-        self_us[OUTSIDE_OPS] += step.self_us
-        calls[OUTSIDE_OPS] += 1
-        for event in members:
-            if event.kind in HOST_KINDS:
-                self_us[event.name] += event.self_us
-                calls[event.name] += 1
-    return [{"name": name, "self_us_per_step": total / len(steps),
-             "calls_per_step": calls[name] / len(steps)}
-            for name, total in self_us.most_common(limit)]
+    total_us: collections.Counter[str] = collections.Counter()
+    count: collections.Counter[str] = collections.Counter()
+    for entries in steps:
+        for name, us in entries:
+            total_us[name] += us
+            count[name] += 1
+    return [{"name": name, time_key: total / len(steps), count_key: count[name] / len(steps)}
+            for name, total in total_us.most_common(limit)]

@@ -122,13 +122,19 @@ def _profile(result: dict[str, Any]) -> list[Row]:
         mean = run["mean"]
         busy = mean["gpu_busy_fraction"]
         top = run["top_host_costs"][0] if run["top_host_costs"] else None
-        rows.append((f"profile, {run['part']}, batch {run['batch_size']}: decode step",
+        kernel = run.get("top_device_kernels", [None])[0] if run.get("top_device_kernels") \
+            else None
+        what = (f"prefill step of {run['prefill_tokens']} tokens" if "prefill_tokens" in run
+                else f"batch {run['batch_size']}: decode step")
+        rows.append((f"profile, {run['part']}, {what}",
                      f"{run['step_us']['median'] / 1e3:.2f} ms; {mean['kernel_launches']:.0f} "
                      f"kernel + {mean['graph_launches']:.0f} graph launches, "
                      f"{mean['device_kernels']:.0f} kernels, GPU busy "
                      + ("-" if busy is None else f"{busy:.0%}")
                      + ("" if top is None else f"; top host cost {top['name']} "
-                        f"{top['self_us_per_step'] / 1e3:.2f} ms"), ""))
+                        f"{top['self_us_per_step'] / 1e3:.2f} ms")
+                     + ("" if kernel is None else f"; top kernel {kernel['name'][:60]} "
+                        f"{kernel['device_us_per_step'] / 1e3:.2f} ms"), ""))
     return rows
 
 
