@@ -38,6 +38,13 @@ def test_every_part_writes_each_modes_throughput_and_decode_bound(bench_dir):
             bound = run["decode_bound"]["all"]
             assert bound["decode_steps"] == run["decode_steps"] and bound["ratio_median"] > 0
             assert not run["graphs_captured"]  # CPU: eager whatever the mode asks
+            split = run["time_split"]
+            assert split["other_steps"] == run["num_steps"] - run["decode_steps"] > 0
+            assert split["decode_steps_s"] + split["other_steps_s"] + \
+                split["between_steps_s"] == pytest.approx(run["elapsed_s"])
+            assert split["decode_steps_s"] > 0 and split["between_steps_s"] >= 0
+            spread = split["decode_step_ms"]
+            assert 0 < spread["p50"] <= spread["p90"] <= spread["p99"] <= spread["max"]
         assert ("hf" in result) is with_hf
     options = _result(bench_dir, "bench-batch1-fp8")["modes"]
     assert options["fp8"]["options"]["quantization"] == "fp8"

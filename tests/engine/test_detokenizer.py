@@ -1,8 +1,19 @@
-"""Incremental detokenization emits exactly the full decode, never half a character."""
+"""Incremental detokenization emits exactly the full decode, never half a character, through
+the `tokenizers` stream and through the Python path alike."""
 
 from __future__ import annotations
 
+import pytest
+
+from tokenmill.engine.core import detokenizer
 from tokenmill.engine.core.detokenizer import IncrementalDetokenizer
+
+
+@pytest.fixture(params=["stream", "python"], autouse=True)
+def path(request, monkeypatch):
+    if request.param == "python":
+        monkeypatch.setattr(detokenizer, "_decode_stream", lambda *args: (None, None))
+    return request.param
 
 TEXTS = [
     "Paris is the capital of France.",
@@ -28,6 +39,35 @@ def test_multibyte_character_split_across_tokens_waits_for_completion(smol_token
     detok = IncrementalDetokenizer(smol_tokenizer, [])
     pieces = [detok.append(t) for t in ids]
     assert pieces[:-1] == [""] * (len(ids) - 1) and pieces[-1] == "🎉"
+
+
+def test_a_fast_tokenizer_decodes_in_the_stream_unless_its_class_changes_decoding(
+        smol_tokenizer, path):
+    assert (IncrementalDetokenizer(smol_tokenizer, [])._stream is not None) == (path == "stream")
+
+    class Rewriting(type(smol_tokenizer)):
+        def decode(self, *args, **kwargs):
+            return super().decode(*args, **kwargs).upper()
+
+    rewriting = Rewriting.__new__(Rewriting)
+    rewriting.__dict__.update(smol_tokenizer.__dict__)
+    detok = IncrementalDetokenizer(rewriting, [])
+    assert detok._stream is None
+    ids = smol_tokenizer.encode("Paris is big")
+    assert "".join(detok.append(t) for t in ids) == "PARIS IS BIG"
+
+
+def test_a_token_the_stream_refuses_goes_on_in_python(smol_tokenizer, path):
+    class Refusing:
+        def step(self, backend, token_id):
+            raise ValueError("the decoded text does not start with the text before")
+
+    ids = smol_tokenizer.encode("Paris is the capital")
+    detok = IncrementalDetokenizer(smol_tokenizer, [])
+    pieces = [detok.append(t) for t in ids[:2]]
+    detok._stream = detok._stream and Refusing()
+    pieces += [detok.append(t) for t in ids[2:]]
+    assert "".join(pieces) == detok.text == smol_tokenizer.decode(ids)
 
 
 def test_special_tokens_are_skipped(smol_tokenizer):

@@ -176,10 +176,28 @@ def _measure(bandwidth: Any) -> Callable[[Any, Any, Callable[[], Any]], dict[str
             "decode_bound": decode_bound.summarize(decode, memory["step_weights_bytes"],
                                                    memory["kv_bytes_per_token"] or 0,
                                                    bandwidth),
+            "time_split": time_split(result.steps, result.elapsed_s),
             "memory": memory,
         }
 
     return measure
+
+
+def time_split(steps: list[Any], elapsed_s: float) -> dict[str, Any]:
+    """Where a run's time went: decode-only steps, the other steps (prefill chunks, with the
+    decodes that share them), and the time between steps; decode steps' spread (a median hides
+    the slow ones that a sum counts)."""
+    other = [s.step_s for s in steps if not s.decode_batch]
+    times = sorted(s.step_s for s in steps if s.decode_batch)
+
+    def quantile(q: float) -> float | None:
+        return 1000 * times[min(len(times) - 1, int(q * len(times)))] if times else None
+
+    return {"decode_steps_s": sum(times), "other_steps": len(other), "other_steps_s": sum(other),
+            "between_steps_s": elapsed_s - sum(times) - sum(other),
+            "decode_step_ms": {"p50": quantile(0.5), "p90": quantile(0.9),
+                               "p99": quantile(0.99), "max": quantile(1.0)},
+            "other_step_ms_max": 1000 * max(other) if other else None}
 
 
 def _hf_run(ctx: SuiteContext, model: str, workload: list[Any], batch: int) -> dict[str, Any]:
