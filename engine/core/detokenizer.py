@@ -86,7 +86,8 @@ def _decode_stream(tokenizer: Any, context: list[int],
                    skip_special_tokens: bool) -> tuple[Any, Any]:
     """(the backend tokenizer, a DecodeStream after `context`), or (None, None) where the
     tokenizer's text must come from transformers' decode (another library, an overridden
-    decode, a cleanup of spaces) or the installed `tokenizers` has no such stream."""
+    decode, a cleanup of spaces), the installed `tokenizers` has no such stream, or the context
+    ends inside a character (the stream would emit the context itself with the first token)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     cls = type(tokenizer)
     plain = all(getattr(getattr(cls, name, None), "__module__", None) in _PLAIN_DECODE_MODULES
@@ -98,6 +99,8 @@ def _decode_stream(tokenizer: Any, context: list[int],
         from tokenizers.decoders import DecodeStream
 
         if not isinstance(backend, Tokenizer):
+            return None, None
+        if REPLACEMENT_CHAR in backend.decode(context, skip_special_tokens=skip_special_tokens):
             return None, None
         return backend, DecodeStream(ids=context, skip_special_tokens=skip_special_tokens)
     except (ImportError, TypeError):  # tokenizers before DecodeStream took a context

@@ -70,6 +70,14 @@ def test_a_token_the_stream_refuses_goes_on_in_python(smol_tokenizer, path):
     assert "".join(pieces) == detok.text == smol_tokenizer.decode(ids)
 
 
+def test_a_prompt_that_ends_inside_a_character_emits_only_the_generated_text(smol_tokenizer):
+    emoji = smol_tokenizer.encode("🎉")
+    prompt = smol_tokenizer.encode("contact deg") + emoji[:1]  # half of the emoji's bytes
+    generated = smol_tokenizer.encode('{"name": "x"}')
+    detok = IncrementalDetokenizer(smol_tokenizer, prompt)
+    assert "".join(detok.append(t) for t in generated) == detok.text == '{"name": "x"}'
+
+
 def test_special_tokens_are_skipped(smol_tokenizer):
     ids = smol_tokenizer.encode("Hi") + [smol_tokenizer.eos_token_id]
     detok = IncrementalDetokenizer(smol_tokenizer, [])
