@@ -4,6 +4,12 @@ Each step's integers (token ids, positions, slots, context lengths, query starts
 device in one copy, and its block tables in a second, into tensors whose addresses never change:
 a captured CUDA graph reads its inputs from fixed addresses, and no step pays for allocating
 its inputs. Capacity grows while the engine warms up; once graphs are captured it is frozen.
+
+Triton compiles a kernel once per class of its arguments, and a pointer's class includes whether
+it is 16-byte aligned. So every view starts on 16 bytes whatever the step's shape (each segment
+of the flat buffer is padded to an even length), and a block table's row stride is a multiple
+of 16 elements: else steps of an odd and an even number of tokens or sequences would each compile
+their own kernels, the first request of each shape stalling on the compiler.
 """
 
 from __future__ import annotations
@@ -15,6 +21,12 @@ import torch
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 
 PAD_SLOT = -1  # a padding row's KV slot: the KV write skips it
+ALIGN = 2  # int64 elements in 16 bytes
+TABLE_WIDTH_MULTIPLE = 16  # Triton's class of an integer argument: a multiple of 16 or not
+
+
+def aligned(n: int, multiple: int = ALIGN) -> int:
+    return -(-n // multiple) * multiple
 
 
 @dataclass
@@ -44,10 +56,11 @@ class StepBuffers:
         if self.frozen:
             raise RuntimeError(f"a step of {max_tokens} tokens, {max_seqs} sequences, "
                                f"{max_blocks} blocks each exceeds the captured input buffers")
+        max_blocks = aligned(max_blocks, TABLE_WIDTH_MULTIPLE)
         self.max_tokens, self.max_seqs, self.max_blocks = max_tokens, max_seqs, max_blocks
         # ids, positions, KV slots and LoRA slots per token; context length and query start
-        # per sequence.
-        flat = 4 * max_tokens + 2 * max_seqs + 1
+        # per sequence; each segment padded to an even length.
+        flat = 4 * aligned(max_tokens) + aligned(max_seqs) + max_seqs + 1
         self._flat = torch.zeros(flat, dtype=torch.long, device=self.device)
         self._flat_host = torch.zeros(flat, dtype=torch.long, pin_memory=self._pin)
         self._tables = torch.zeros(max_seqs, max_blocks, dtype=torch.long, device=self.device)
@@ -63,12 +76,13 @@ class StepBuffers:
 
     def views(self, num_tokens: int, num_seqs: int) -> StepTensors:
         """The buffers as one step of this shape sees them: the same addresses every time."""
-        t, s = num_tokens, num_seqs
+        n, t, s = num_tokens, aligned(num_tokens), aligned(num_seqs)
         flat = self._flat
         return StepTensors(
-            input_ids=flat[:t], positions=flat[t:2 * t], slots=flat[2 * t:3 * t],
-            lora_slots=flat[3 * t:4 * t], seq_lens=flat[4 * t:4 * t + s],
-            query_start=flat[4 * t + s:4 * t + 2 * s + 1], block_tables=self._tables[:s],
+            input_ids=flat[:n], positions=flat[t:t + n], slots=flat[2 * t:2 * t + n],
+            lora_slots=flat[3 * t:3 * t + n], seq_lens=flat[4 * t:4 * t + num_seqs],
+            query_start=flat[4 * t + s:4 * t + s + num_seqs + 1],
+            block_tables=self._tables[:num_seqs],
         )
 
     def fill(self, input_ids: list[int], positions: list[int], slots: list[int],
@@ -87,7 +101,10 @@ class StepBuffers:
         for n in query_lens:
             query_start.append(query_start[-1] + n)
         lora = lora_slots if lora_slots is not None else [PAD_SLOT] * t
-        values = [*input_ids, *positions, *slots, *lora, *seq_lens, *query_start]
+        token_pad = [0] * (aligned(t) - t)
+        seq_pad = [0] * (aligned(s) - s)
+        values = [*input_ids, *token_pad, *positions, *token_pad, *slots, *token_pad, *lora,
+                  *token_pad, *seq_lens, *seq_pad, *query_start]
         if self._copied is not None:
             self._copied.synchronize()
         host = self._flat_host[:len(values)]

@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from tokenmill.engine.layers.kv_quant import quantize
+from tokenmill.engine.layers.kv_quant import qmax, quantize
 
 FP8_DTYPE = getattr(torch, "float8_e4m3fn", None)
 MIN_CAPABILITY = (8, 9)
@@ -22,8 +22,14 @@ ALIGNMENT = 16
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (fp8 values [M, K], float32 scales [M, 1]) with x ~= values * scales."""
-    values, scales = quantize(x, FP8_DTYPE)
+    """x [M, K] -> (fp8 values [M, K], float32 scales [M, 1]) with x ~= values * scales; on
+    CUDA in one Triton launch (kernels/quantize_rows.py), elsewhere through torch."""
+    if x.is_cuda and x.dim() == 2:
+        from tokenmill.engine.kernels.quantize_rows import quantize_rows as fused
+
+        values, scales = fused(x, FP8_DTYPE, qmax(FP8_DTYPE))
+    else:
+        values, scales = quantize(x, FP8_DTYPE)
     return values, scales.unsqueeze(1)
 
 

@@ -28,6 +28,26 @@ def test_batch_sizes_are_vllm_buckets_up_to_max_num_seqs():
     assert graph_batch_sizes(4096)[-1] == decode_graphs.MAX_GRAPH_BATCH
 
 
+def test_every_view_starts_on_16_bytes_whatever_the_steps_shape():
+    """Triton compiles a kernel per alignment class of its pointers: steps of odd and even
+    sizes must not each compile their own."""
+    buffers = StepBuffers(torch.device("cpu"), max_tokens=8, max_seqs=4, max_blocks=3)
+    for tokens, seqs in [(1, 1), (2, 1), (3, 2), (5, 3), (8, 4), (7, 4)]:
+        lens = [tokens - seqs + 1] + [1] * (seqs - 1)
+        views = buffers.fill(list(range(10, 10 + tokens)), list(range(tokens)),
+                             list(range(20, 20 + tokens)), lens, lens,
+                             [[s] for s in range(seqs)], list(range(30, 30 + tokens)))
+        assert views.positions.tolist() == list(range(tokens))
+        assert views.slots.tolist() == list(range(20, 20 + tokens))
+        assert views.lora_slots.tolist() == list(range(30, 30 + tokens))
+        assert views.seq_lens.tolist() == lens
+        assert views.query_start.tolist()[-1] == tokens
+        for name in ("input_ids", "positions", "slots", "lora_slots", "seq_lens", "query_start",
+                     "block_tables"):
+            assert getattr(views, name).data_ptr() % 16 == 0, (tokens, seqs, name)
+        assert views.block_tables.stride(0) % 16 == 0
+
+
 def test_a_batch_takes_the_smallest_bucket_that_holds_it():
     sizes = graph_batch_sizes(64)
     assert [bucket_for(n, sizes) for n in (1, 2, 3, 5, 8, 9, 17, 64)] == [1, 2, 4, 8, 8, 16, 24,
@@ -54,7 +74,7 @@ def test_step_buffers_keep_their_addresses_and_hold_ragged_tables():
     assert second.block_tables.data_ptr() == first.block_tables.data_ptr()
     assert second.query_start.tolist() == [0, 1, 3]
     buffers.fill([1] * 12, [0] * 12, [0] * 12, [12], [12], [[0] * 6])  # grows while not frozen
-    assert (buffers.max_tokens, buffers.max_blocks) == (12, 6)
+    assert (buffers.max_tokens, buffers.max_blocks) == (12, 16)  # rows 16 wide: one stride
     buffers.frozen = True
     with pytest.raises(RuntimeError, match="exceeds the captured input buffers"):
         buffers.fill([1] * 13, [0] * 13, [0] * 13, [13], [13], [[0]])

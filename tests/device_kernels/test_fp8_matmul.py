@@ -10,11 +10,44 @@ import torch
 from torch import nn
 from triton_support import DEVICE, FP8_GPU
 
-from tokenmill.engine.layers.fp8_matmul import quantize_rows
+from tokenmill.engine.kernels import quantize_rows as kernel
+from tokenmill.engine.layers.fp8_matmul import FP8_DTYPE, quantize_rows
+from tokenmill.engine.layers.kv_quant import qmax, quantize
 from tokenmill.engine.layers.quantized_linear import quantize_linear
 
 fp8_tensor_cores = pytest.mark.skipif(
     not FP8_GPU, reason="fp8 matmuls need a GPU of compute capability 8.9+")
+
+
+@pytest.mark.parametrize("width", [64, 5000, 14336])
+def test_the_row_quantization_kernel_scales_divides_and_clamps_as_torch(width):
+    """Each row's scale and its divided, clamped values, in float16 (whose cast rounds the
+    same on the CPU interpreter and a GPU; fp8's cast is checked on a GPU below). 5000 and
+    14336 columns take more than one block per pass."""
+    torch.manual_seed(width)
+    wide = torch.randn(4, width + 3, device=DEVICE, dtype=torch.bfloat16) * 5
+    wide[2] = 0  # an all-zero row keeps scale 1
+    x = wide[:, 1:width + 1]  # a row stride that is not the width
+    values, scales = kernel.quantize_rows(x, torch.float16, 448.0)
+    ref = x.float()
+    amax = ref.abs().amax(dim=1)
+    want_scales = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    assert torch.equal(scales, want_scales)
+    want = (ref / want_scales.unsqueeze(1)).clamp(-448.0, 448.0).to(torch.float16)
+    assert torch.equal(values, want)
+    empty_values, empty_scales = kernel.quantize_rows(x[:0], torch.float16, 448.0)
+    assert empty_values.shape == (0, width) and empty_scales.shape == (0,)
+
+
+@fp8_tensor_cores
+@pytest.mark.parametrize("rows", [1, 7, 300])
+def test_fp8_rows_from_the_kernel_equal_torchs_quantization(rows):
+    x = torch.randn(rows, 4096, device=DEVICE, dtype=torch.bfloat16) * 3
+    values, scales = quantize_rows(x)  # the kernel, on CUDA
+    want_values, want_scales = quantize(x, FP8_DTYPE)
+    assert torch.equal(scales.squeeze(1), want_scales)
+    assert torch.equal(values.float(), want_values.float())
+    assert qmax(FP8_DTYPE) == 448.0
 
 
 @fp8_tensor_cores
