@@ -4,6 +4,8 @@ writes, and the summary reads them back beside the issue's targets."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -97,6 +99,8 @@ def test_the_summary_sets_every_part_against_its_target(bench_dir, capsys):
     assert "| profile, graphs, batch 1: decode step |" in table
     assert "| profile, eager, batch 8: decode step |" in table
     assert "| profile, prefill, prefill step of 64 tokens |" in table
+    assert re.search(r"\| throughput, eager: output tok/s \| [^|]* s in decode steps, "
+                     r"[^|]* s in \d+ other steps, [^|]* s between steps \|", table)
     assert "| startup, cold (KV 16 MiB) |" in table
     assert "Not run: tests" in table
 

@@ -68,6 +68,11 @@ def _modes(part: str, result: dict[str, Any], targets: dict[str, tuple[float, st
         bound = run["decode_bound"]["all"]
         step = (f"; decode step {bound['step_s_median'] * 1e3:.2f} ms = "
                 f"{bound['ratio_median']:.2f}x its bound" if bound["decode_steps"] else "")
+        split = run.get("time_split")  # runs before the split was recorded have none
+        if split:
+            step += (f"; {split['decode_steps_s']:.1f} s in decode steps, "
+                     f"{split['other_steps_s']:.1f} s in {split['other_steps']} other steps, "
+                     f"{split['between_steps_s']:.1f} s between steps")
         target = targets.get(mode)
         rows.append((f"{part}, {mode}: output tok/s", f"{rate:,.1f}{step}",
                      _verdict(rate, *target) if target else ""))
