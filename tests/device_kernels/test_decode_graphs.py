@@ -131,20 +131,20 @@ def test_graphs_of_one_split_per_sequence_keep_greedy_output(tiny_llama_dir, mon
     """Each sequence's whole context in one program of the decode kernel, as large batches
     take it, splits of any length serving any context up to the model length."""
     monkeypatch.setattr(decode_graphs, "GRAPH_TARGET_PROGRAMS", 1)
-    runner, replays = _graphed_equals_eager(tiny_llama_dir, _prompts(3, 7), max_tokens=4)
-    assert replays > 0
+    runner = _graphed_equals_eager(tiny_llama_dir, _prompts(3, 7), max_tokens=4)
+    assert runner.graphs.replays > 0
 
 
 def test_decode_batches_larger_than_the_largest_graph_run_eagerly(tiny_llama_dir, monkeypatch):
     monkeypatch.setattr(decode_graphs, "MAX_GRAPH_BATCH", 2)
-    runner, replays = _graphed_equals_eager(tiny_llama_dir, _prompts(4, 5), max_tokens=3)
+    runner = _graphed_equals_eager(tiny_llama_dir, _prompts(4, 5), max_tokens=3)
     assert sorted(runner.graphs.graphs) == [1, 2]
-    assert replays == 0  # four decodes at every step: no bucket holds them
+    assert runner.graphs.replays == 0  # four decodes at every step: no bucket holds them
 
 
 def _graphed_equals_eager(model_dir: str, prompts: list[list[int]], max_tokens: int):
     """Greedy output with graphs (buckets up to 4 sequences) equals the torch attention's;
-    returns the graphed runner and its replays."""
+    returns the graphed engine's runner."""
     options = {"show_progress": False, "dtype": "float32", "max_num_seqs": 4,
                "device": DEVICE.type, "kv_cache_memory": KV_CACHE_MEMORY,
                "max_model_len": MAX_MODEL_LEN}
@@ -155,7 +155,7 @@ def _graphed_equals_eager(model_dir: str, prompts: list[list[int]], max_tokens: 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     expected = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
     assert [o.outputs[0].token_ids for o in graphed.generate(prompts, params)] == expected
-    return runner, runner.graphs.replays
+    return runner
 
 
 def _repeating_prompts(count: int, seed: int) -> list[list[int]]:

@@ -21,9 +21,10 @@ import dataclasses
 import random
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
-from tokenmill.engine.bench.engine_run import check_decode_step, decode_step, synchronizer
+from tokenmill.engine.bench.engine_run import check_decode_step, synchronizer
 from tokenmill.engine.bench.gpu_suite.context import SuiteContext, status
 from tokenmill.engine.bench.gpu_suite.engines import start_llm
 from tokenmill.engine.bench.gpu_suite.step_trace import (
@@ -74,13 +75,9 @@ def _profile_part(ctx: SuiteContext, part: str, workload: Workload) -> list[dict
     runs = []
     with start_llm(ctx, **options) as llm:
         engine = llm.engine
-        if part == "prefill":
-            figures = profile_prefill(engine, workload)
-            _say(part, figures)
-            return [{"part": part, "enforce_eager": False,
-                     "cuda_graphs": engine.runner.graphs is not None, **figures}]
-        for batch_size in workload.batch_sizes:
-            figures = profile_batch(engine, batch_size, workload)
+        for batch_size in (1,) if part == "prefill" else workload.batch_sizes:
+            figures = (profile_prefill(engine, workload) if part == "prefill"
+                       else profile_batch(engine, batch_size, workload))
             runs.append({"part": part, "enforce_eager": options["enforce_eager"],
                          "cuda_graphs": engine.runner.graphs is not None, **figures})
             _say(part, figures)
@@ -91,19 +88,8 @@ def profile_batch(engine: Any, batch_size: int, workload: Workload) -> dict[str,
     """Warm-up, timed and profiled decode steps of `batch_size` sequences on `engine`."""
     ids = _add_requests(engine, batch_size, workload.prompt_len)
     _step_until_decoding(engine, batch_size, workload.prompt_len)
-    sync = synchronizer(engine.device)
-    for _ in range(workload.warmup_steps):
-        decode_step(engine, batch_size)
-    samples = []
-    for _ in range(workload.timed_steps):
-        sync()
-        start = time.perf_counter()
-        decode_step(engine, batch_size)
-        sync()
-        samples.append((time.perf_counter() - start) * 1e6)
-    replays_before = _graph_replays(engine)
-    events = _profiled_steps(engine, batch_size, workload.profiled_steps)
-    replays = _graph_replays(engine) - replays_before
+    samples, events, replays = _measured_steps(engine, workload, lambda: None,
+                                               lambda: check_decode_step(engine, batch_size))
     for request_id in ids:
         engine.abort_request(request_id)
     return {"batch_size": batch_size, **_figures(engine, events, samples),
@@ -113,42 +99,62 @@ def profile_batch(engine: Any, batch_size: int, workload: Workload) -> dict[str,
 def profile_prefill(engine: Any, workload: Workload) -> dict[str, Any]:
     """Warm-up, timed and profiled steps that each prefill one new prompt of the whole token
     budget (random tokens: the prefix cache finds nothing)."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-
     from tokenmill.engine.core.sampling_params import SamplingParams
 
     tokens = workload.prefill_tokens or engine.config.max_num_batched_tokens
     rng = random.Random(tokens)
-    sync = synchronizer(engine.device)
     vocab = engine.model_config.vocab_size
+    request_id = "profile-prefill"
 
-    def one_step() -> None:
-        request_id = f"profile-prefill-{rng.random()}"
+    def add_prompt() -> None:
         engine.add_request(request_id, [rng.randrange(10, vocab) for _ in range(tokens)],
                            SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True))
-        with record_function(STEP_RANGE):
-            engine.step()
+
+    def check_and_end() -> None:
         if [n for _, n in engine.last_plan.scheduled] != [tokens]:
             raise AssertionError(f"expected one prefill of {tokens} tokens, got "
                                  f"{engine.last_plan.scheduled}")
         engine.abort_request(request_id)  # finished already, unless a stop was missed
+
+    samples, events, _ = _measured_steps(engine, workload, add_prompt, check_and_end)
+    return {"batch_size": 1, "prefill_tokens": tokens, **_figures(engine, events, samples)}
+
+
+def _measured_steps(engine: Any, workload: Workload, before: Callable[[], None],
+                    after: Callable[[], None]) -> tuple[list[float], list[TraceEvent], int]:
+    """Warm-up, timed (unprofiled) and profiled engine steps, each between `before` and
+    `after` (which neither the timing nor the step's range covers), the device idle at each
+    step's start: the timed steps' microseconds, the profiled steps' events and the graph
+    replays they made."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    sync = synchronizer(engine.device)
+
+    def one_step(profiled: bool = False) -> float:
+        before()
+        sync()  # no earlier device work runs inside the step's time or range
+        start = time.perf_counter()
+        if profiled:
+            with record_function(STEP_RANGE):
+                engine.step()
+        else:
+            engine.step()
         sync()
+        elapsed = (time.perf_counter() - start) * 1e6
+        after()
+        return elapsed
 
     for _ in range(workload.warmup_steps):
         one_step()
-    samples = []
-    for _ in range(workload.timed_steps):
-        start = time.perf_counter()
-        one_step()
-        samples.append((time.perf_counter() - start) * 1e6)
+    samples = [one_step() for _ in range(workload.timed_steps)]
     activities = [ProfilerActivity.CPU]
     if engine.device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
+    replays_before = _graph_replays(engine)
     with profile(activities=activities) as prof:
         for _ in range(workload.profiled_steps):
-            one_step()
-    return {"batch_size": 1, "prefill_tokens": tokens,
-            **_figures(engine, trace_events(prof.events()), samples)}
+            one_step(profiled=True)
+    return samples, trace_events(prof.events()), _graph_replays(engine) - replays_before
 
 
 def _figures(engine: Any, events: list[TraceEvent], samples: list[float]) -> dict[str, Any]:
@@ -185,23 +191,6 @@ def _step_until_decoding(engine: Any, batch_size: int, prompt_len: int) -> None:
         if len(plan.scheduled) == batch_size and all(n == 1 for _, n in plan.scheduled):
             return
     raise AssertionError(f"{batch_size} sequences were not all decoding after {limit} steps")
-
-
-def _profiled_steps(engine: Any, batch_size: int, steps: int) -> list[TraceEvent]:
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    activities = [ProfilerActivity.CPU]
-    if engine.device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
-    sync = synchronizer(engine.device)
-    with profile(activities=activities) as prof:
-        for _ in range(steps):
-            sync()  # no earlier device work runs inside the step's range
-            with record_function(STEP_RANGE):
-                engine.step()
-            check_decode_step(engine, batch_size)
-        sync()
-    return trace_events(prof.events())
 
 
 def _graph_replays(engine: Any) -> int:

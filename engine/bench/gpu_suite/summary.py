@@ -127,8 +127,7 @@ def _profile(result: dict[str, Any]) -> list[Row]:
         mean = run["mean"]
         busy = mean["gpu_busy_fraction"]
         top = run["top_host_costs"][0] if run["top_host_costs"] else None
-        kernel = run.get("top_device_kernels", [None])[0] if run.get("top_device_kernels") \
-            else None
+        kernel = (run.get("top_device_kernels") or [None])[0]  # none in runs from before
         what = (f"prefill step of {run['prefill_tokens']} tokens" if "prefill_tokens" in run
                 else f"batch {run['batch_size']}: decode step")
         rows.append((f"profile, {run['part']}, {what}",
