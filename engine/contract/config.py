@@ -232,6 +232,12 @@ class EngineConfig:
         False, "Run every step eagerly. By default, on CUDA with the Triton attention kernels, "
                "the decode step is captured as a CUDA graph per batch-size bucket at start-up "
                "and replayed (fewer kernel launches from the host).")
+    async_scheduling: bool = _opt(
+        False, "Schedule each step before the previous step's tokens are read back: the next "
+               "step's input ids take them on the device, and the host detokenizes, checks "
+               "stops and builds outputs while the device computes. A sequence that a token "
+               "stops costs one wasted row. Not with speculative decoding or tensor "
+               "parallelism.")
 
     def __post_init__(self) -> None:
         _check(bool(self.model), "model", "must name a model")
@@ -289,6 +295,12 @@ class EngineConfig:
                "enable_prefix_caching")
         if self.speculative_config is not None:
             self.speculative()  # raises ConfigError naming the option
+        _check(not self.async_scheduling or self.speculative_config is None, "async_scheduling",
+               "does not combine with speculative_config: verifying proposals reads every "
+               "token on the host before the next step")
+        _check(not self.async_scheduling or self.tensor_parallel_size == 1, "async_scheduling",
+               "does not combine with tensor_parallel_size > 1: the other ranks would need "
+               "rank 0's sampled tokens on their devices")
         _check(self.attention_backend in ATTENTION_BACKENDS, "attention_backend",
                f"{self.attention_backend!r} is not one of {ATTENTION_BACKENDS}")
         self._check_lora()

@@ -28,8 +28,13 @@ from tokenmill.engine.core.pooling import SequencePooling, embedding
 from tokenmill.engine.core.pooling import record as record_pooled
 from tokenmill.engine.core.pooling_params import PoolingParams
 from tokenmill.engine.core.prompt_logprobs import record as record_prompt_logprobs
-from tokenmill.engine.core.request import RequestTimings, Sequence
-from tokenmill.engine.core.sampler import sample, sample_worst_case
+from tokenmill.engine.core.request import RequestTimings, Sequence, placeholder
+from tokenmill.engine.core.sampler import (
+    PendingSample,
+    sample,
+    sample_later,
+    sample_worst_case,
+)
 from tokenmill.engine.core.sampling_params import SamplingParams
 from tokenmill.engine.core.scheduler import Scheduler, SchedulerOutput
 from tokenmill.engine.core.speculative.proposer import SpeculationStats
@@ -81,6 +86,14 @@ class _Request:
     finished: bool = False
     lora: LoRARef | None = None
     images: list[ImageSpan] = dataclasses.field(default_factory=list)
+
+
+@dataclass
+class _PendingStep:
+    """A step sampled under async scheduling whose tokens are still on their way back."""
+
+    seqs: list[Sequence]
+    sample: PendingSample
 
 
 class LLMEngine:
@@ -199,6 +212,8 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self._requests: dict[str, _Request] = {}
         self.last_plan: SchedulerOutput | None = None  # the latest step's composition
+        self.async_scheduling = config.async_scheduling
+        self._pending: _PendingStep | None = None  # async scheduling: tokens not read back
         self._add_startup_loras()
         self._startup_seconds = time.perf_counter() - started
         log.info("engine ready", extra={
@@ -439,6 +454,8 @@ class LLMEngine:
         if req is None:
             return None
         for seq in req.seqs:
+            if seq.awaits_token:
+                seq.output_token_ids.pop()
             if not seq.is_finished:
                 seq.finish_reason = "abort"
                 self.scheduler.finish(seq)
@@ -551,11 +568,17 @@ class LLMEngine:
     # ---- the step -------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one batch; return an output for every request that advanced or finished."""
+        """Run one batch; return an output for every request that advanced or finished.
+
+        Under async scheduling a step's tokens are read back during the next step: that step
+        is scheduled and handed to the device first (its input ids read the tokens there), and
+        the host appends, detokenizes and checks stops while the device computes it. A
+        sequence a token stops is then in one step too many, whose row is dropped."""
         plan = self.scheduler.schedule()
         self.last_plan = plan
+        pending, self._pending = self._pending, None
         if not plan.scheduled:
-            return []
+            return self._outputs(self._read_back(pending))
         try:
             if self.images is not None:
                 self.images.encode_for_step(plan.scheduled)
@@ -568,16 +591,35 @@ class LLMEngine:
             if self.workers is not None:  # a collective failed: name the worker that died
                 self.workers.raise_if_failed(wait_s=5.0)
             raise
+        touched = self._read_back(pending)
         record_prompt_logprobs(plan.scheduled, self.runner.prompt_scores)
         record_pooled(plan.scheduled, self.runner.pooled)
-        draws: list[Draw] = []  # (sequence, its first logit row, its proposals)
-        embedded: list[Sequence] = []  # embeddings whose whole prompt is now computed
+        draws, embedded = self._advance(plan.scheduled)
+        for seq in embedded:
+            self._finish_embedding(seq)
+            touched[seq.request_id] = self._requests[seq.request_id]
+        if not self.async_scheduling:
+            for draw in verify(draws, logits, self._sample_rows, self.speculation_stats):
+                self._settle(draw.seq, draw.proposals, touched)
+            return self._outputs(touched)
+        outputs = self._outputs(touched)  # before this step's placeholders join the tokens
+        self._pending = self._sample_later(logits, draws)
+        return outputs
+
+    def _advance(self, scheduled: list[tuple[Sequence, int]]) -> tuple[list[Draw], list[Sequence]]:
+        """Count the step's tokens as computed; return the sequences to sample (with their
+        first logit row and proposals) and the embeddings whose whole prompt is now computed."""
+        draws: list[Draw] = []
+        embedded: list[Sequence] = []
         row = 0
-        for seq, num_new in plan.scheduled:
+        for seq, num_new in scheduled:
             if seq.spec_tokens:  # its last token now computed; proposals once accepted
                 seq.num_computed_tokens += 1
                 draws.append(Draw(seq, row, seq.spec_tokens))
                 row += num_new
+                continue
+            if seq.is_finished:  # stopped by the token read back since this step was scheduled
+                row += seq.pooling is None
                 continue
             seq.num_computed_tokens += num_new
             self.kv.cache_computed_blocks(seq)
@@ -590,19 +632,21 @@ class LLMEngine:
             if seq.num_computed_tokens == seq.num_tokens:  # else a prompt chunk: more next step
                 draws += [Draw(member, row) for member in self._fork_if_first_sample(seq)]
             row += 1
-        touched: dict[str, _Request] = {}
-        for draw in verify(draws, logits, self._sample_rows, self.speculation_stats):
-            seq = draw.seq
-            if seq.finish_reason is not None:
-                self.kv.cache_computed_blocks(seq)
-                self.scheduler.finish(seq)
-            elif draw.proposals:  # index what it accepted, release what it did not
-                self.kv.cache_computed_blocks(seq)
-                self.kv.trim(seq)
-            touched[seq.request_id] = self._requests[seq.request_id]
-        for seq in embedded:
-            self._finish_embedding(seq)
-            touched[seq.request_id] = self._requests[seq.request_id]
+        return draws, embedded
+
+    def _settle(self, seq: Sequence, proposals: list[int],
+                touched: dict[str, _Request]) -> None:
+        """After a sequence's tokens are appended: release a finished one, index what it
+        accepted of its proposals and release the rest; note its request as advanced."""
+        if seq.finish_reason is not None:
+            self.kv.cache_computed_blocks(seq)
+            self.scheduler.finish(seq)
+        elif proposals:
+            self.kv.cache_computed_blocks(seq)
+            self.kv.trim(seq)
+        touched[seq.request_id] = self._requests[seq.request_id]
+
+    def _outputs(self, touched: dict[str, _Request]) -> list[RequestOutput]:
         outputs = []
         for req in touched.values():
             if all(s.is_finished for s in req.seqs) and len(req.seqs) == req.params.n:
@@ -611,6 +655,48 @@ class LLMEngine:
                 del self._requests[req.request_id]
             outputs.append(request_output(req))
         return outputs
+
+    def _sample_later(self, logits: torch.Tensor, draws: list[Draw]) -> _PendingStep | None:
+        """Sample the draws' rows without waiting for the tokens: each sequence holds a
+        placeholder for its token until the next step reads it back (_read_back)."""
+        if not draws:
+            return None
+        seqs = [d.seq for d in draws]
+        pending = sample_later(self._rows(logits, [d.row for d in draws]), seqs,
+                               self._generator, self.eos_token_ids)
+        self.runner.sampled = pending.tokens
+        for row, seq in enumerate(seqs):
+            seq.output_token_ids.append(placeholder(row))
+        return _PendingStep(seqs, pending)
+
+    def _read_back(self, pending: _PendingStep | None) -> dict[str, _Request]:
+        """Replace the placeholders of an earlier sample_later by its tokens, as a synchronous
+        step appends them; return the requests that advanced."""
+        touched: dict[str, _Request] = {}
+        if pending is None:
+            return touched
+        result = pending.sample.result()
+        now = time.monotonic()
+        for seq, token, logprobs in zip(pending.seqs, result.token_ids, result.logprobs,
+                                        strict=True):
+            if seq.is_finished:  # aborted meanwhile: abort_request dropped its placeholder
+                continue
+            seq.output_token_ids.pop()
+            self._append(seq, token, logprobs, now)
+            self._settle(seq, [], touched)
+        return touched
+
+    def _rows(self, logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        if rows == list(range(len(logits))):
+            return logits
+        return logits[torch.tensor(rows, device=logits.device)]
+
+    def _append(self, seq: Sequence, token: int, logprobs: dict[int, float] | None,
+                now: float) -> None:
+        timings = self._requests[seq.request_id].timings
+        if timings.first_token is None:
+            timings.first_token = now
+        append_token(seq, token, logprobs, self.eos_token_ids, self.max_model_len)
 
     # ---- helpers --------------------------------------------------------------------------
 
@@ -625,15 +711,10 @@ class LLMEngine:
     def _sample_rows(self, logits: torch.Tensor, rows: list[int],
                      seqs: list[Sequence]) -> list[int]:
         """Sample these logit rows, one per sequence, and append each token to its sequence."""
-        if rows != list(range(len(logits))):
-            logits = logits[torch.tensor(rows, device=logits.device)]
-        result = sample(logits, seqs, self._generator, self.eos_token_ids)
+        result = sample(self._rows(logits, rows), seqs, self._generator, self.eos_token_ids)
         now = time.monotonic()
         for seq, token, logprobs in zip(seqs, result.token_ids, result.logprobs, strict=True):
-            timings = self._requests[seq.request_id].timings
-            if timings.first_token is None:
-                timings.first_token = now
-            append_token(seq, token, logprobs, self.eos_token_ids, self.max_model_len)
+            self._append(seq, token, logprobs, now)
         return result.token_ids
 
     def _fork_if_first_sample(self, seq: Sequence) -> list[Sequence]:

@@ -15,6 +15,13 @@ from tokenmill.engine.core.prompt_logprobs import new_prompt_logprobs
 from tokenmill.engine.core.sampling_params import SamplingParams
 
 
+def placeholder(row: int) -> int:
+    """The token id a sequence holds, under async scheduling, for a token sampled on the device
+    and not yet read back: -1 - row, its row in that step's sampled tokens (the next step's
+    input ids read it there on the device: execution/step_buffers.py)."""
+    return -1 - row
+
+
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -124,6 +131,11 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def awaits_token(self) -> bool:
+        """Whether its last token is still on the device (async scheduling): a placeholder."""
+        return bool(self.output_token_ids) and self.output_token_ids[-1] < 0
 
     @property
     def num_uncomputed_tokens(self) -> int:

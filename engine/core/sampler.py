@@ -2,7 +2,8 @@
 
 Everything runs on the logits' device and the step's results (token ids, and logprobs where a
 request asks for them) come back to the host in one transfer: on a GPU each transfer waits for
-all the work queued before it.
+all the work queued before it. `sample_later` starts that transfer without waiting for it (async
+scheduling: the host works on the previous step while the device computes this one).
 
 Random draws use the exponential-race form of categorical sampling (argmax of p / Exp(1)). A
 seeded request draws from its own generator: every step consumes the same number of draws from
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -35,12 +37,51 @@ class SampleResult:
     logprobs: list[dict[int, float] | None]
 
 
+class PendingSample:
+    """A step's sampled tokens: on the device (`tokens`, one per row), and on their way to the
+    host with the logprobs asked for; `result()` waits for them there."""
+
+    def __init__(self, tokens: torch.Tensor, packed: torch.Tensor, max_k: int,
+                 seqs: list[Sequence]):
+        self.tokens = tokens
+        self._seqs, self._max_k = seqs, max_k
+        self._ready: torch.cuda.Event | None = None
+        if packed.device.type == "cuda":
+            self._host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            self._host.copy_(packed, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+        else:
+            self._host = packed
+
+    def result(self) -> SampleResult:
+        if self._ready is not None:
+            self._ready.synchronize()
+        return _unpack(self._host.tolist(), self._seqs, self._max_k)
+
+
 def sample(logits: torch.Tensor, seqs: list[Sequence],
            generator: torch.Generator | None = None,
            eos_token_ids: Collection[int] = ()) -> SampleResult:
     """logits: [len(seqs), vocab] float32, one row per sequence; `generator` draws the noise of
     sequences without their own (None: torch's default generator); `eos_token_ids` are masked
     for sequences still short of their min_tokens."""
+    tokens, raw_logprobs = _draw(logits, seqs, generator, eos_token_ids)
+    packed, max_k = _pack(tokens, raw_logprobs, seqs)
+    return _unpack(packed.tolist(), seqs, max_k)
+
+
+def sample_later(logits: torch.Tensor, seqs: list[Sequence],
+                 generator: torch.Generator | None = None,
+                 eos_token_ids: Collection[int] = ()) -> PendingSample:
+    """`sample`, with the host copy started but not waited for."""
+    tokens, raw_logprobs = _draw(logits, seqs, generator, eos_token_ids)
+    return PendingSample(tokens, *_pack(tokens, raw_logprobs, seqs), seqs)
+
+
+def _draw(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator | None,
+          eos_token_ids: Collection[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each row's token on the device, and the raw logprobs where some row asks for them."""
     raw_logprobs = None
     if any(s.params.logprobs is not None for s in seqs):
         raw_logprobs = torch.log_softmax(logits, dim=-1)
@@ -54,7 +95,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence],
         probs = filtered_probs(logits if rows is None else logits[rows], chosen)
         drawn = (probs / _exponential_noise(probs, chosen, generator)).argmax(dim=-1)
         tokens = drawn if rows is None else tokens.index_copy(0, rows, drawn)
-    return _to_host(tokens, raw_logprobs, seqs)
+    return tokens, raw_logprobs
 
 
 def _processed(logits: torch.Tensor, seqs: list[Sequence],
@@ -175,19 +216,26 @@ def filtered_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     return filtered.softmax(dim=-1)
 
 
-def _to_host(tokens: torch.Tensor, raw: torch.Tensor | None,
-             seqs: list[Sequence]) -> SampleResult:
-    """One device-to-host copy: token ids, then (when asked) each row's sampled-token logprob
-    and its top-k, packed as float64 (token ids are exact in it)."""
-    n = len(seqs)
+def _pack(tokens: torch.Tensor, raw: torch.Tensor | None,
+          seqs: list[Sequence]) -> tuple[torch.Tensor, int]:
+    """What one device-to-host copy brings back, and the most top logprobs a row asks for:
+    the token ids, then (when asked) each row's sampled-token logprob and its top-k, packed as
+    float64 (token ids are exact in it). max_k is -1 without logprobs."""
     if raw is None:
-        return SampleResult(tokens.tolist(), [None] * n)
+        return tokens, -1
     max_k = max(s.params.logprobs or 0 for s in seqs)
     parts = [tokens.double(), raw.gather(1, tokens.unsqueeze(1)).squeeze(1).double()]
     if max_k:
         values, ids = raw.topk(max_k, dim=-1)
         parts += [values.double().flatten(), ids.double().flatten()]
-    flat = torch.cat(parts).tolist()
+    return torch.cat(parts), max_k
+
+
+def _unpack(flat: list[Any], seqs: list[Sequence], max_k: int) -> SampleResult:
+    """The SampleResult of a _pack'ed copy, read back as a list."""
+    n = len(seqs)
+    if max_k < 0:
+        return SampleResult(flat, [None] * n)
     token_ids = [int(t) for t in flat[:n]]
     chosen = flat[n:2 * n]
     top_values, top_ids = flat[2 * n:2 * n + n * max_k], flat[2 * n + n * max_k:]

@@ -33,6 +33,7 @@ def build_step_inputs(scheduled: list[tuple[Sequence, int]], block_size: int,
                                 lora_slot=seq.lora_slot, position_shift=shift)
             continue
         first_row = len(inputs.input_ids)
+        inputs.sampled_ids |= seq.awaits_token
         inputs.add_sequence(seq.token_slice(start, start + num_new), start, seq.block_table,
                             block_size, num_logits=0 if seq.pooling is not None else 1,
                             lora_slot=seq.lora_slot, position_shift=shift)

@@ -125,7 +125,7 @@ class DecodeGraphs:
 
     def _fill(self, size: int, input_ids: list[int], positions: list[int], slots: list[int],
               seq_lens: list[int], query_lens: list[int], block_tables: list[list[int]],
-              lora_slots: list[int] | None = None) -> None:
+              lora_slots: list[int] | None = None, sampled: torch.Tensor | None = None) -> None:
         pad_seqs = size - len(seq_lens)
         pad_rows = size * self.query_len - len(input_ids)
         # Decode: a padding sequence owns its one padding row. Verify: padding rows are owned
@@ -134,7 +134,8 @@ class DecodeGraphs:
         self.buffers.fill(input_ids + [0] * pad_rows, positions + [0] * pad_rows,
                           slots + [PAD_SLOT] * pad_rows, seq_lens + [1] * pad_seqs,
                           query_lens + [pad_query] * pad_seqs, block_tables + [[0]] * pad_seqs,
-                          (lora_slots or [PAD_SLOT] * len(input_ids)) + [PAD_SLOT] * pad_rows)
+                          (lora_slots or [PAD_SLOT] * len(input_ids)) + [PAD_SLOT] * pad_rows,
+                          sampled)
 
     def holds(self, query_lens: list[int]) -> bool:
         """Whether a step of these query lengths fits a graph of this set."""
@@ -143,14 +144,16 @@ class DecodeGraphs:
 
     def run(self, input_ids: list[int], positions: list[int], slots: list[int],
             seq_lens: list[int], query_lens: list[int], block_tables: list[list[int]],
-            lora_slots: list[int] | None = None) -> torch.Tensor | None:
+            lora_slots: list[int] | None = None,
+            sampled: torch.Tensor | None = None) -> torch.Tensor | None:
         """Hidden states of the step's tokens, or None when no graph holds the step.
-        lora_slots: each token row's adapter slot (None: none has one; padding rows none)."""
+        lora_slots: each token row's adapter slot (None: none has one; padding rows none);
+        sampled: as StepBuffers.fill's."""
         if not self.holds(query_lens):
             return None
         size = bucket_for(len(seq_lens), self.sizes)
         self._fill(size, input_ids, positions, slots, seq_lens, query_lens, block_tables,
-                   lora_slots)
+                   lora_slots, sampled)
         graph = self.graphs[size]
         graph.replay()
         self.replays += 1

@@ -55,6 +55,9 @@ class ModelRunner:
         # The latest step's pooled hidden states, [len(pool_spans), hidden] float32 on the host
         # (pool_spans of StepInputs); None without any.
         self.pooled: torch.Tensor | None = None
+        # The latest step's sampled tokens on the device, which the next step's input ids may
+        # name (StepInputs.sampled_ids); set by the core after it samples.
+        self.sampled: torch.Tensor | None = None
         # Seconds of each start-up phase on this rank, set by build_runner (rank.py).
         self.startup_seconds: dict[str, float] = {}
         # The image encoder of a checkpoint that reads images (models/images.py), rank 0's.
@@ -140,6 +143,7 @@ class ModelRunner:
         if self.lora is not None:
             self.lora.apply(inputs.lora_loads)
         lora_slots = inputs.token_lora_slots()
+        sampled = self.sampled if inputs.sampled_ids else None
         self.prompt_scores = self.pooled = None
         # Every row is its sequence's last and samples (an embedding's row samples nothing).
         decode_only = all(n == 1 for n in inputs.query_lens) and \
@@ -151,11 +155,11 @@ class ModelRunner:
             if graphs is not None:
                 hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.slots,
                                     inputs.seq_lens, inputs.query_lens, inputs.block_tables,
-                                    lora_slots)
+                                    lora_slots, sampled)
         if hidden is None:
             views = self.buffers.fill(inputs.input_ids, inputs.positions, inputs.slots,
                                       inputs.seq_lens, inputs.query_lens, inputs.block_tables,
-                                      lora_slots)
+                                      lora_slots, sampled)
             if self.lora is not None:
                 self.lora.set_step(views.lora_slots, active=lora_slots is not None)
             meta = self.buffers.metadata(views, inputs.seq_lens, inputs.query_lens,

@@ -87,9 +87,12 @@ class StepBuffers:
 
     def fill(self, input_ids: list[int], positions: list[int], slots: list[int],
              seq_lens: list[int], query_lens: list[int], block_tables: list[list[int]],
-             lora_slots: list[int] | None = None) -> StepTensors:
+             lora_slots: list[int] | None = None,
+             sampled: torch.Tensor | None = None) -> StepTensors:
         """Copy one step's lists in (two host-to-device copies) and return its views.
-        lora_slots: each token row's adapter slot (None: no row has one).
+        lora_slots: each token row's adapter slot (None: no row has one). sampled: the previous
+        step's sampled tokens, still on the device, for input ids written as -1 - row (their
+        row in it); their host copy need not have arrived (StepInputs.sampled_ids).
 
         Rows of block_tables may be ragged; only the columns a row lists are written, which
         are all any kernel reads of it (its context length bounds them).
@@ -116,7 +119,11 @@ class StepBuffers:
         self._tables[:s, :width].copy_(tables_host, non_blocking=self._pin)
         if self._copied is not None:
             self._copied.record()
-        return self.views(t, s)
+        views = self.views(t, s)
+        if sampled is not None:
+            ids = views.input_ids
+            ids.copy_(torch.where(ids < 0, sampled[(-1 - ids).clamp(min=0)], ids))
+        return views
 
     def metadata(self, views: StepTensors, seq_lens: list[int], query_lens: list[int],
                  backend: str, max_seq_len: int | None = None,

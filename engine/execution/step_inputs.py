@@ -61,6 +61,9 @@ class StepInputs:
     # of an image takes 3-D positions (Qwen2-VL's M-RoPE); empty: `positions` are every
     # row's.
     grid_positions: list[list[int]] = field(default_factory=list)
+    # Whether some input id is -1 - r: the r-th token the previous step sampled, still on the
+    # device (async scheduling schedules a step before the previous step's tokens are read).
+    sampled_ids: bool = False
 
     def add_sequence(self, token_ids: list[int], start: int, block_table: list[int],
                      block_size: int, num_logits: int = 1, lora_slot: int = -1,

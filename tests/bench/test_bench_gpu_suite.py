@@ -61,7 +61,10 @@ def test_every_part_writes_each_modes_throughput_and_decode_bound(bench_dir):
     hf = _result(bench_dir, "bench-hf")
     assert hf["hf"]["batch_size"] == bench_stage.HF_BATCH[True]
     assert hf["hf"]["output_tokens"] == hf["workload"]["output_tokens"]
-    assert set(hf["ratio_vs_hf"]) == {"eager", "cuda-graphs"}
+    assert set(hf["ratio_vs_hf"]) == {"eager", "cuda-graphs", "graphs-async"}
+    overlapped = _result(bench_dir, "bench-throughput")["modes"]["graphs-async"]
+    assert overlapped["options"]["async_scheduling"] is True
+    assert overlapped["output_tokens_per_s"] > 0
 
 
 def test_the_kv_offload_part_finds_prefixes_in_the_host_tier_and_times_copies(bench_dir):
@@ -93,6 +96,7 @@ def test_the_summary_sets_every_part_against_its_target(bench_dir, capsys):
         assert f"| {part}, " in table
     assert "| batch1, cuda-graphs / eager |" in table and ">= 3x: " in table
     assert "| throughput, cuda-graphs: output tok/s |" in table and ">= 10,000: " in table
+    assert "| throughput, graphs-async: output tok/s |" in table
     assert "kv-offload: later-turn TTFT" in table
     assert "| lora: 4 adapters mixed / base model, output tok/s |" in table
     assert "(tokenmill: eager " in table

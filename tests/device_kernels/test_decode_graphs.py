@@ -9,6 +9,7 @@ split) is checked against the eager engine token for token.
 from __future__ import annotations
 
 import random
+import warnings
 
 import pytest
 import torch
@@ -241,6 +242,32 @@ def test_a_graphed_decode_step_waits_for_the_gpu_once(tiny_llama_dir):
     syncs = [f"{w.filename}:{w.lineno}" for w in caught
              if "called a synchronizing" in str(w.message)]
     assert len(syncs) == 1, syncs
+
+
+@cuda_only
+def test_an_async_scheduled_graphed_step_never_synchronizes_in_an_op(tiny_llama_dir):
+    """Under async scheduling the host waits only on an event for the previous step's
+    tokens, which are long computed: no torch op of the step synchronizes."""
+    llm = LLM(tiny_llama_dir, show_progress=False, max_num_seqs=8, async_scheduling=True)
+    engine = llm.engine
+    for i, prompt in enumerate(_prompts(3, 6)):
+        engine.add_request(f"r{i}", prompt, SamplingParams(temperature=0.0, max_tokens=8,
+                                                           ignore_eos=True))
+    for _ in range(3):  # the prompts, then decode steps until lazy state is built
+        engine.step()
+    replays = engine.runner.graphs.replays
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            outputs = engine.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert engine.runner.graphs.replays == replays + 1
+    assert len(outputs) == 3 and all(t >= 0 for o in outputs for t in o.outputs[0].token_ids)
+    syncs = [f"{w.filename}:{w.lineno}" for w in caught
+             if "called a synchronizing" in str(w.message)]
+    assert syncs == []
 
 
 def test_enforce_eager_is_a_serve_flag():

@@ -2,9 +2,10 @@
 
 Parts, each a workload and the engine modes run on it one after the other (ab.per_mode), the
 first mode the reference of the throughput ratios:
-  throughput        256 requests, input and output uniform in 100..1024: eager, CUDA graphs
-  hf                64 requests of the same: eager, CUDA graphs, then HF generate at batch 64
-  batch1            one request, 128 in / 512 out: eager, CUDA graphs
+  throughput        256 requests, input and output uniform in 100..1024: eager, CUDA graphs,
+                    CUDA graphs with async scheduling
+  hf                64 requests of the same: the same three modes, then HF generate at batch 64
+  batch1            one request, 128 in / 512 out: the same three modes
   throughput-fp8    the 256 requests: bf16, fp8 weights, fp8 KV cache (graphs on)
   batch1-fp8        the batch-1 request: bf16, fp8 weights, fp8 KV cache (graphs on)
   batch1-ngram      the batch-1 request: plain decoding, n-gram speculation (4 tokens)
@@ -44,7 +45,8 @@ FULL = {"many": Workload(256, (100, 1024), (100, 1024)), "hf": Workload(64, (100
 DRY = {"many": Workload(6, (8, 40), (8, 40)), "hf": Workload(4, (8, 40), (8, 40)),
        "one": Workload(1, (16, 16), (24, 24))}
 HF_BATCH = {False: 64, True: 4}
-GRAPHS = {"eager": {"enforce_eager": True}, "cuda-graphs": {"enforce_eager": False}}
+GRAPHS = {"eager": {"enforce_eager": True}, "cuda-graphs": {"enforce_eager": False},
+          "graphs-async": {"enforce_eager": False, "async_scheduling": True}}
 PRECISIONS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "kv-fp8": {"kv_cache_dtype": "fp8"}}
 SPECULATION = {"plain": {}, "ngram": {"speculative_config": json.dumps(
     {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
@@ -158,6 +160,7 @@ def _measure(bandwidth: Any) -> Callable[[Any, Any, Callable[[], Any]], dict[str
         summary = report.summarize(result, [])["tokenmill"]
         return {
             "options": {"enforce_eager": config.enforce_eager,
+                        "async_scheduling": config.async_scheduling,
                         "quantization": config.quantization,
                         "kv_cache_dtype": config.kv_cache_dtype,
                         "speculative_config": config.speculative_config},

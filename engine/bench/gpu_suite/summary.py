@@ -164,9 +164,11 @@ def _startup(result: dict[str, Any]) -> list[Row]:
 
 ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "tests": _tests,
-    "bench-throughput": _part("throughput", {"cuda-graphs": (THROUGHPUT_TARGET, "")}),
+    "bench-throughput": _part("throughput", {"cuda-graphs": (THROUGHPUT_TARGET, ""),
+                                             "graphs-async": (THROUGHPUT_TARGET, "")}),
     "bench-hf": _part("hf"),
-    "bench-batch1": _part("batch1", {"cuda-graphs": (BATCH1_TARGET, "")}),
+    "bench-batch1": _part("batch1", {"cuda-graphs": (BATCH1_TARGET, ""),
+                                     "graphs-async": (BATCH1_TARGET, "")}),
     "bench-throughput-fp8": _part("throughput-fp8"),
     "bench-batch1-fp8": _part("batch1-fp8"),
     "bench-batch1-ngram": _part("batch1-ngram"),
