@@ -102,6 +102,7 @@ def test_the_summary_sets_every_part_against_its_target(bench_dir, capsys):
     assert "(tokenmill: eager " in table
     assert "| profile, graphs, batch 1: decode step |" in table
     assert "| profile, eager, batch 8: decode step |" in table
+    assert "top engine function engine/" in table
     assert "| profile, prefill, prefill step of 64 tokens |" in table
     assert re.search(r"\| throughput, eager: output tok/s \| [^|]* s in decode steps, "
                      r"[^|]* s in \d+ other steps, [^|]* s between steps \|", table)

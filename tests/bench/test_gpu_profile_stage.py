@@ -147,6 +147,13 @@ def test_dry_run_profiles_both_batches_with_and_without_graphs(profile):
         per_step = [c["self_us_per_step"] for c in costs]
         assert per_step == sorted(per_step, reverse=True)
         assert any(c["name"].startswith("aten::") for c in costs)
+        python = run["top_python"]
+        assert 0 < len(python) <= 15
+        own = [f["self_us_per_step"] for f in python]
+        assert own == sorted(own, reverse=True)
+        assert all(f["cumulative_us_per_step"] >= f["self_us_per_step"] for f in python)
+        # The engine's own bookkeeping is named by its file in the repository.
+        assert any(f["function"].startswith("engine/core/") for f in python), python
 
 
 def test_op_counts_are_steady_and_host_costs_fit_in_the_step(profile):

@@ -5,7 +5,8 @@
 wall time, the launches the host made by API call (cudaLaunchKernel, cuLaunchKernel,
 cudaGraphLaunch), the kernels the GPU ran, the fraction of the step some kernel was running,
 the aten ops dispatched; per batch the host's top costs by self time and the GPU's top
-kernels by device time (step_trace.py reads the trace).
+kernels by device time (step_trace.py reads the trace), and the Python functions with the
+most self time over as many more steps under cProfile (python_profile.py).
 
 A batch's requests (random prompts, long outputs, ignore_eos) are added at once and the engine
 is stepped until every sequence decodes; then come warm-up steps, timed steps without the
@@ -27,6 +28,7 @@ from typing import Any
 from tokenmill.engine.bench.engine_run import check_decode_step, synchronizer
 from tokenmill.engine.bench.gpu_suite.context import SuiteContext, status
 from tokenmill.engine.bench.gpu_suite.engines import start_llm
+from tokenmill.engine.bench.gpu_suite.python_profile import top_python
 from tokenmill.engine.bench.gpu_suite.step_trace import (
     STEP_RANGE,
     TraceEvent,
@@ -88,12 +90,12 @@ def profile_batch(engine: Any, batch_size: int, workload: Workload) -> dict[str,
     """Warm-up, timed and profiled decode steps of `batch_size` sequences on `engine`."""
     ids = _add_requests(engine, batch_size, workload.prompt_len)
     _step_until_decoding(engine, batch_size, workload.prompt_len)
-    samples, events, replays = _measured_steps(engine, workload, lambda: None,
-                                               lambda: check_decode_step(engine, batch_size))
+    measured = _measured_steps(engine, workload, lambda: None,
+                               lambda: check_decode_step(engine, batch_size))
     for request_id in ids:
         engine.abort_request(request_id)
-    return {"batch_size": batch_size, **_figures(engine, events, samples),
-            "graph_replays_per_step": replays / workload.profiled_steps}
+    return {"batch_size": batch_size, **_figures(engine, measured),
+            "graph_replays_per_step": measured.replays / workload.profiled_steps}
 
 
 def profile_prefill(engine: Any, workload: Workload) -> dict[str, Any]:
@@ -116,16 +118,23 @@ def profile_prefill(engine: Any, workload: Workload) -> dict[str, Any]:
                                  f"{engine.last_plan.scheduled}")
         engine.abort_request(request_id)  # finished already, unless a stop was missed
 
-    samples, events, _ = _measured_steps(engine, workload, add_prompt, check_and_end)
-    return {"batch_size": 1, "prefill_tokens": tokens, **_figures(engine, events, samples)}
+    measured = _measured_steps(engine, workload, add_prompt, check_and_end)
+    return {"batch_size": 1, "prefill_tokens": tokens, **_figures(engine, measured)}
+
+
+@dataclasses.dataclass
+class _Measured:
+    samples: list[float]        # the timed steps' microseconds
+    events: list[TraceEvent]    # the profiled steps' trace
+    replays: int                # graph replays the profiled steps made
+    python: list[dict[str, Any]]  # python_profile.top_python over as many more steps
 
 
 def _measured_steps(engine: Any, workload: Workload, before: Callable[[], None],
-                    after: Callable[[], None]) -> tuple[list[float], list[TraceEvent], int]:
-    """Warm-up, timed (unprofiled) and profiled engine steps, each between `before` and
-    `after` (which neither the timing nor the step's range covers), the device idle at each
-    step's start: the timed steps' microseconds, the profiled steps' events and the graph
-    replays they made."""
+                    after: Callable[[], None]) -> _Measured:
+    """Warm-up, timed (unprofiled), profiled and cProfiled engine steps, each between
+    `before` and `after` (which neither the timing nor the step's range covers), the device
+    idle at each step's start."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     sync = synchronizer(engine.device)
@@ -154,16 +163,21 @@ def _measured_steps(engine: Any, workload: Workload, before: Callable[[], None],
     with profile(activities=activities) as prof:
         for _ in range(workload.profiled_steps):
             one_step(profiled=True)
-    return samples, trace_events(prof.events()), _graph_replays(engine) - replays_before
+    replays = _graph_replays(engine) - replays_before
+    python = top_python(one_step, workload.profiled_steps)
+    return _Measured(samples, trace_events(prof.events()), replays, python)
 
 
-def _figures(engine: Any, events: list[TraceEvent], samples: list[float]) -> dict[str, Any]:
+def _figures(engine: Any, measured: _Measured) -> dict[str, Any]:
     """A batch's figures: unprofiled step times, then per profiled step and over them."""
-    steps = step_figures(events, device_traced=engine.device.type == "cuda")
+    steps = step_figures(measured.events, device_traced=engine.device.type == "cuda")
+    samples = measured.samples
     return {"step_us": {"mean": statistics.fmean(samples), "median": statistics.median(samples),
                         "samples": samples},
-            "steps": steps, "mean": _means(steps), "top_host_costs": top_host_costs(events),
-            "top_device_kernels": top_device_kernels(events)}
+            "steps": steps, "mean": _means(steps),
+            "top_host_costs": top_host_costs(measured.events),
+            "top_device_kernels": top_device_kernels(measured.events),
+            "top_python": measured.python}
 
 
 def _add_requests(engine: Any, batch_size: int, prompt_len: int) -> list[str]:

@@ -128,6 +128,7 @@ def _profile(result: dict[str, Any]) -> list[Row]:
         busy = mean["gpu_busy_fraction"]
         top = run["top_host_costs"][0] if run["top_host_costs"] else None
         kernel = (run.get("top_device_kernels") or [None])[0]  # none in runs from before
+        python = _top_engine_function(run.get("top_python") or [])
         what = (f"prefill step of {run['prefill_tokens']} tokens" if "prefill_tokens" in run
                 else f"batch {run['batch_size']}: decode step")
         rows.append((f"profile, {run['part']}, {what}",
@@ -138,8 +139,15 @@ def _profile(result: dict[str, Any]) -> list[Row]:
                      + ("" if top is None else f"; top host cost {top['name']} "
                         f"{top['self_us_per_step'] / 1e3:.2f} ms")
                      + ("" if kernel is None else f"; top kernel {kernel['name'][:60]} "
-                        f"{kernel['device_us_per_step'] / 1e3:.2f} ms"), ""))
+                        f"{kernel['device_us_per_step'] / 1e3:.2f} ms")
+                     + ("" if python is None else f"; top engine function {python['function']} "
+                        f"{python['self_us_per_step'] / 1e3:.2f} ms self"), ""))
     return rows
+
+
+def _top_engine_function(functions: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first of a run's cProfiled functions that is the engine's own code."""
+    return next((f for f in functions if f["function"].startswith("engine/")), None)
 
 
 def _startup(result: dict[str, Any]) -> list[Row]:
