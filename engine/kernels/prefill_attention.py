@@ -5,6 +5,13 @@ sit at the end of its context of seq_lens[i] tokens, so they attend causally to 
 and to everything cached before it (chunked prefill, prefix-cache hits, and decodes, which are
 chunks of one). Each program takes one (tile of query rows, sequence, K/V head); a tile's rows
 are (token, query head) pairs of that K/V head's group, so K/V are read once per group.
+
+The grid is laid out over the step's rows, not over (longest chunk x sequences): sequence i's
+tiles are numbered from (query_start[i] * group) // BLOCK_M + i on, which leaves each sequence
+room for all of its tiles, and a program finds its sequence by binary search over
+query_start. A step of many decodes and one long chunk thus launches about its rows / BLOCK_M
+programs, where a grid sized by the longest chunk launched that many for every sequence, nearly
+all of them returning at once.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from tokenmill.engine.kernels.attend import (
 )
 
 
-@triton.jit
+# num_seqs changes every step: one compiled kernel for every value, not one per class.
+@triton.jit(do_not_specialize=["num_seqs"])
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, block_tables_ptr,
     seq_lens_ptr, query_start_ptr, sinks_ptr, last_ptr,
@@ -32,18 +40,28 @@ def _prefill_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_ct, stride_ch, stride_sb, stride_st,
     stride_bt,
-    block_size, group, head_dim,
+    block_size, group, head_dim, num_seqs,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, QUANTIZED: tl.constexpr, WINDOWED: tl.constexpr,
     SOFTCAPPED: tl.constexpr, SINKS: tl.constexpr, LIMITED: tl.constexpr,
 ):
-    tile_m = tl.program_id(0)
-    seq = tl.program_id(1)
-    kv_head = tl.program_id(2)
+    program = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    # The last sequence whose first tile number is at most this program's.
+    lo = 0
+    hi = num_seqs - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        first = (tl.load(query_start_ptr + mid) * group) // BLOCK_M + mid
+        below = first <= program
+        lo = tl.where(below, mid, lo)
+        hi = tl.where(below, hi, mid - 1)
+    seq = lo
     q_start = tl.load(query_start_ptr + seq)
     q_len = tl.load(query_start_ptr + seq + 1) - q_start
     num_rows = q_len * group
-    if tile_m * BLOCK_M >= num_rows:  # the grid is sized for the longest chunk
+    tile_m = program - ((q_start * group) // BLOCK_M + seq)
+    if tile_m * BLOCK_M >= num_rows:  # a spare tile number of its sequence
         return
     prefix = tl.load(seq_lens_ptr + seq) - q_len
 
@@ -88,7 +106,7 @@ def _prefill_kernel(
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                      query_start_loc: torch.Tensor, max_query_len: int, scale: float,
+                      query_start_loc: torch.Tensor, scale: float,
                       block_m: int = 64, block_n: int = 64,
                       k_scale: torch.Tensor | None = None,
                       v_scale: torch.Tensor | None = None,
@@ -100,7 +118,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
 
     Caches are [blocks, block_size, kv_heads, dim]; the new tokens' K/V must already be in them.
     int8/fp8 caches come with their float32 scales [blocks, block_size, kv_heads].
-    max_query_len is a host int (no device sync) that sizes the grid. zero_unowned: rows
+    The grid follows from the shapes alone (no device sync). zero_unowned: rows
     after the last sequence's are padding, left zero (the kernel writes only owned rows).
     window: each query sees only its last `window` positions; softcap: scores pass through
     softcap * tanh(score / softcap); sinks: [heads], a logit per head in every softmax's
@@ -114,7 +132,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     num_seqs = seq_lens.shape[0]
     if num_tokens == 0 or num_seqs == 0:
         return out
-    grid = (triton.cdiv(max_query_len * group, block_m), num_seqs, num_kv_heads)
+    # Every sequence's tiles fit below the next one's first tile number (module docstring).
+    grid = (num_tokens * group // block_m + num_seqs, num_kv_heads)
     k_scales, v_scales, scale_sb, scale_st = scale_args(k_cache, k_scale, v_scale)
     _prefill_kernel[grid](
         q, k_cache, v_cache, k_scales, v_scales, out, block_tables, seq_lens, query_start_loc,
@@ -123,7 +142,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale_sb, scale_st,
         block_tables.stride(0),
-        k_cache.shape[1], group, head_dim,
+        k_cache.shape[1], group, head_dim, num_seqs,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=dim_block(head_dim),
         DOT_PRECISION=dot_precision(q.dtype), QUANTIZED=k_scale is not None,
         WINDOWED=bool(window), SOFTCAPPED=bool(softcap), SINKS=sinks is not None,

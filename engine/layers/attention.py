@@ -88,7 +88,7 @@ def attention(q: torch.Tensor, cache: KVLayer, meta: AttentionMetadata,
     from tokenmill.engine.kernels.prefill_attention import prefill_attention
 
     return prefill_attention(q, cache.k, cache.v, meta.block_tables, meta.seq_lens,
-                             meta.query_start_loc, max(meta.query_lens_list), scores.scale,
+                             meta.query_start_loc, scores.scale,
                              k_scale=cache.k_scale, v_scale=cache.v_scale,
                              zero_unowned=meta.unowned_rows, window=scores.window,
                              softcap=scores.softcap, sinks=sinks,

@@ -58,7 +58,7 @@ def test_prefill_with_a_window_or_soft_cap_equals_torch(window, softcap):
     _fill(batch)
     meta = batch.meta
     out = prefill_attention(batch.q, batch.k_cache, batch.v_cache, meta.block_tables,
-                            meta.seq_lens, meta.query_start_loc, max(meta.query_lens_list),
+                            meta.seq_lens, meta.query_start_loc,
                             scores.scale, block_m=16, block_n=16, window=window,
                             softcap=softcap)
     torch.testing.assert_close(out, expected, **FP32)
@@ -92,7 +92,7 @@ def test_prefill_with_sinks_equals_torch(window):
     batch, sinks, expected = _with_sinks([(0, 45), (19, 30), (32, 5), (45, 1)], window)
     meta = batch.meta
     out = prefill_attention(batch.q, batch.k_cache, batch.v_cache, meta.block_tables,
-                            meta.seq_lens, meta.query_start_loc, max(meta.query_lens_list),
+                            meta.seq_lens, meta.query_start_loc,
                             0.7, block_m=16, block_n=16, window=window, sinks=sinks)
     torch.testing.assert_close(out, expected, **FP32)
 
@@ -141,9 +141,48 @@ def test_prefill_and_extend_equal_torch(block_size, heads, kv_heads):
     _fill(batch)
     meta = batch.meta
     out = prefill_attention(batch.q, batch.k_cache, batch.v_cache, meta.block_tables,
-                            meta.seq_lens, meta.query_start_loc, max(meta.query_lens_list), scale,
+                            meta.seq_lens, meta.query_start_loc, scale,
                             block_m=16, block_n=16)
     torch.testing.assert_close(out, expected, **FP32)
+
+
+@pytest.mark.parametrize("heads,kv_heads", GQA)
+def test_a_step_of_many_decodes_and_one_long_chunk_launches_about_its_rows(heads, kv_heads,
+                                                                           monkeypatch):
+    """Sequences find their tiles by binary search over the step's rows: decodes before and
+    after a chunk spanning many tiles, a one-token context, a chunk after a cached prefix. The
+    grid is about rows / block_m + sequences, not (longest chunk's tiles) x sequences."""
+    from tokenmill.engine.kernels import prefill_attention as module
+
+    shapes = [(7, 1)] * 9 + [(0, 53)] + [(30, 1), (0, 1), (19, 12)] + [(11, 1)] * 6
+    batch = paged_batch(shapes, heads, kv_heads, 16, 16)
+    scale = 16 ** -0.5
+    expected = _reference(batch, scale)
+    _fill(batch)
+    grids = []
+    kernel = module._prefill_kernel
+    monkeypatch.setattr(module, "_prefill_kernel", _GridRecorder(kernel, grids))
+    meta = batch.meta
+    out = prefill_attention(batch.q, batch.k_cache, batch.v_cache, meta.block_tables,
+                            meta.seq_lens, meta.query_start_loc, scale, block_m=16, block_n=16)
+    torch.testing.assert_close(out, expected, **FP32)
+    group = heads // kv_heads
+    rows = sum(n for _, n in shapes) * group
+    assert grids == [(rows // 16 + len(shapes), kv_heads)]
+    longest_first = -(-53 * group // 16) * len(shapes)  # the grid sized by the longest chunk
+    assert grids[0][0] < longest_first / 2
+
+
+@dataclasses.dataclass
+class _GridRecorder:
+    """Stands in for a Triton kernel: notes each launch's grid, then launches it."""
+
+    kernel: object
+    grids: list
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return self.kernel[grid]
 
 
 def test_head_dim_that_is_not_a_power_of_two():
@@ -153,7 +192,7 @@ def test_head_dim_that_is_not_a_power_of_two():
     _fill(batch)
     meta = batch.meta
     out = prefill_attention(batch.q, batch.k_cache, batch.v_cache, meta.block_tables,
-                            meta.seq_lens, meta.query_start_loc, 6, scale, block_m=16, block_n=16)
+                            meta.seq_lens, meta.query_start_loc, scale, block_m=16, block_n=16)
     torch.testing.assert_close(out, expected, **FP32)
     rows = meta.query_start_loc[1:] - 1
     out = decode_attention(batch.q[rows], batch.k_cache, batch.v_cache, meta.block_tables,
@@ -178,8 +217,7 @@ def test_real_sizes_on_gpu(block_size, heads, kv_heads):
                                    meta.seq_lens, max(meta.seq_lens_list), scale)
         else:
             out = prefill_attention(batch.q, batch.k_cache, batch.v_cache, meta.block_tables,
-                                    meta.seq_lens, meta.query_start_loc,
-                                    max(meta.query_lens_list), scale)
+                                    meta.seq_lens, meta.query_start_loc, scale)
         torch.testing.assert_close(out.float(), expected, **BF16)
 
 
@@ -222,7 +260,7 @@ def test_prefill_rows_that_see_a_whole_image_equal_torch_and_a_dense_mask(window
     _fill(batch)
     meta = batch.meta
     out = prefill_attention(batch.q, batch.k_cache, batch.v_cache, meta.block_tables,
-                            meta.seq_lens, meta.query_start_loc, max(meta.query_lens_list),
+                            meta.seq_lens, meta.query_start_loc,
                             scores.scale, block_m=16, block_n=16, window=window,
                             visible_until=meta.visible_until)
     torch.testing.assert_close(out, expected, **FP32)
