@@ -113,9 +113,11 @@ class StepBuffers:
         host = self._flat_host[:len(values)]
         host.copy_(torch.tensor(values, dtype=torch.long))
         self._flat[:len(values)].copy_(host, non_blocking=self._pin)
-        padded = [row + [0] * (width - len(row)) for row in block_tables]
         tables_host = self._tables_host[:s, :width]
-        tables_host.copy_(torch.tensor(padded, dtype=torch.long))
+        rows = tables_host.numpy()  # row by row through numpy: a fraction of building a tensor
+        rows[:] = 0                  # from padded nested lists
+        for i, row in enumerate(block_tables):
+            rows[i, :len(row)] = row
         self._tables[:s, :width].copy_(tables_host, non_blocking=self._pin)
         if self._copied is not None:
             self._copied.record()

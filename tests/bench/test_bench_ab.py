@@ -29,3 +29,25 @@ def test_per_mode_builds_each_engine_after_the_one_before_is_gone(tiny_llama_dir
                        workload, False, lambda _config, _llm, run: ab.throughput(run()))
     assert [run["throughput_ratio"] > 0 for run in runs] == [True] * 3
     assert alive_at_start == [0, 0, 0]
+
+
+def test_the_engine_run_waits_for_the_device_between_steps_unless_scheduling_is_async(
+        tiny_llama_dir, monkeypatch):
+    """Async scheduling overlaps a step's device work with the next step's host work: a
+    benchmark that waited for the device between steps would time a synchronous engine."""
+    from tokenmill.engine import LLM
+    from tokenmill.engine.bench import engine_run
+
+    waits: list[str] = []
+    monkeypatch.setattr(engine_run, "synchronizer", lambda device: lambda: waits.append("wait"))
+    workload = [BenchRequest(prompt_token_ids=[5, 6, 7, 8], output_len=3),
+                BenchRequest(prompt_token_ids=[9, 10], output_len=5)]
+    counted = {}
+    for overlapped in (False, True):
+        waits.clear()
+        llm = LLM(tiny_llama_dir, show_progress=False, async_scheduling=overlapped)
+        run = engine_run.run_engine(llm, workload, show_progress=False)
+        assert len(run.requests) == 2
+        counted[overlapped] = (len(waits), len(run.steps))
+    assert counted[False][0] == counted[False][1] > 0
+    assert counted[True][0] == 0 and counted[True][1] > 0

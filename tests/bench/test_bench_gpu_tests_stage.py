@@ -95,6 +95,22 @@ def test_a_run_that_collects_nothing_is_not_a_pass(tmp_path):
     assert not pytest_report.passed(part)
 
 
+def test_the_summary_misses_the_target_when_pytest_could_not_start(tmp_path):
+    """A flag pytest does not know (an absent plugin's) runs nothing and fails nothing: the
+    summary still says the tests stage missed."""
+    from tokenmill.engine.bench.gpu_suite import summary
+
+    (tmp_path / "test_one.py").write_text("def test_one():\n    pass\n")
+    part = pytest_report.run_pytest(tmp_path, ["test_one.py", "--no-such-flag"])
+    result = {"parts": {"kernels": part}, **tests_stage.totals({"kernels": part})}
+    [(_, counts, verdict)] = summary._tests(result)
+    assert part["exit_code"] != 0 and counts == "0 / 0 / 0 / 0"
+    assert verdict == "no failure: missed"
+    good = pytest_report.run_pytest(tmp_path, ["test_one.py"])
+    result = {"parts": {"kernels": good}, **tests_stage.totals({"kernels": good})}
+    assert summary._tests(result)[0][2] == "no failure: met"
+
+
 def test_dry_run_needs_none_of_the_packages_the_gpu_machine_lacks(gpu_dry_run):
     check = subprocess.run([sys.executable, "-P", "-c", "import moto"], env=gpu_dry_run.env,
                            capture_output=True, text=True)
