@@ -25,7 +25,7 @@ if TYPE_CHECKING:
         ScoringRequestOutput,
     )
     from tokenmill.engine.core.pooling_params import PoolingParams
-    from tokenmill.engine.core.sampling_params import SamplingParams
+    from tokenmill.engine.core.sampling_params import RequestOutputKind, SamplingParams
     from tokenmill.engine.core.structured.params import StructuredOutputsParams
 
 _EXPORTS = {
@@ -43,12 +43,13 @@ _EXPORTS = {
     "RequestOutput": "tokenmill.engine.core.outputs",
     "PoolingParams": "tokenmill.engine.core.pooling_params",
     "SamplingParams": "tokenmill.engine.core.sampling_params",
+    "RequestOutputKind": "tokenmill.engine.core.sampling_params",
     "StructuredOutputsParams": "tokenmill.engine.core.structured.params",
 }
 
 __all__ = ["ClassificationRequestOutput", "CompletionOutput", "EmbeddingRequestOutput",
            "LLMEngine", "PoolingOutput", "PoolingParams", "PoolingRequestOutput",
-           "RequestOutput", "SamplingParams",
+           "RequestOutput", "RequestOutputKind", "SamplingParams",
            "ScoringOutput", "ScoringRequestOutput", "StructuredOutputsParams", "cosine_similarity",
            "pair_prompt", "score_pairs"]
 

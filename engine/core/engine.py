@@ -35,7 +35,7 @@ from tokenmill.engine.core.sampler import (
     sample_later,
     sample_worst_case,
 )
-from tokenmill.engine.core.sampling_params import SamplingParams
+from tokenmill.engine.core.sampling_params import RequestOutputKind, SamplingParams
 from tokenmill.engine.core.scheduler import Scheduler, SchedulerOutput
 from tokenmill.engine.core.speculative.proposer import SpeculationStats
 from tokenmill.engine.core.speculative.setup import make_proposer, open_draft
@@ -653,7 +653,8 @@ class LLMEngine:
                 req.finished = True
                 req.timings.finished = time.monotonic()
                 del self._requests[req.request_id]
-            outputs.append(request_output(req))
+            if req.finished or req.params.output_kind is not RequestOutputKind.FINAL_ONLY:
+                outputs.append(request_output(req))
         return outputs
 
     def _sample_later(self, logits: torch.Tensor, draws: list[Draw]) -> _PendingStep | None:

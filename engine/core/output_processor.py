@@ -7,6 +7,7 @@ from typing import Any
 
 from tokenmill.engine.core.outputs import CompletionOutput, RequestOutput
 from tokenmill.engine.core.request import Sequence
+from tokenmill.engine.core.sampling_params import RequestOutputKind
 
 log = logging.getLogger(__name__)
 
@@ -67,17 +68,21 @@ def visible_text(seq: Sequence) -> str:
 
 
 def request_output(req: Any) -> RequestOutput:
-    outputs = [
-        CompletionOutput(
-            index=seq.index,
-            text=visible_text(seq),
-            token_ids=list(seq.output_token_ids),
-            finish_reason=seq.finish_reason,
-            stop_reason=seq.stop_reason,
-            logprobs=list(seq.output_logprobs) if seq.params.logprobs is not None else None,
-        )
-        for seq in req.seqs
-    ]
+    """The request's output as its output_kind asks: cumulative, or (DELTA) what each of its
+    sequences added since the output before (noted on the sequences)."""
+    delta = req.params.output_kind is RequestOutputKind.DELTA
+    first = not req.seqs[0].sent_tokens and not req.seqs[0].sent_text
+    outputs = [_delta(seq) if delta else
+               CompletionOutput(
+                   index=seq.index,
+                   text=visible_text(seq),
+                   token_ids=list(seq.output_token_ids),
+                   finish_reason=seq.finish_reason,
+                   stop_reason=seq.stop_reason,
+                   logprobs=(list(seq.output_logprobs) if seq.params.logprobs is not None
+                             else None),
+               )
+               for seq in req.seqs]
     return RequestOutput(
         request_id=req.request_id,
         prompt=req.prompt,
@@ -88,8 +93,20 @@ def request_output(req: Any) -> RequestOutput:
         num_preemptions=sum(seq.num_preemptions for seq in req.seqs),
         num_cached_tokens=req.seqs[0].num_cached_prompt_tokens,
         embedding=req.seqs[0].embedding,
-        **_prompt_logprobs(req.seqs[0]),
+        **(_prompt_logprobs(req.seqs[0]) if first or not delta else {}),
     )
+
+
+def _delta(seq: Sequence) -> CompletionOutput:
+    """What seq added since its last output; it is then counted as sent."""
+    text = visible_text(seq)
+    start = seq.sent_tokens
+    out = CompletionOutput(
+        index=seq.index, text=text[seq.sent_text:], token_ids=seq.output_token_ids[start:],
+        finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
+        logprobs=seq.output_logprobs[start:] if seq.params.logprobs is not None else None)
+    seq.sent_tokens, seq.sent_text = len(seq.output_token_ids), len(text)
+    return out
 
 
 def _prompt_logprobs(seq: Sequence) -> dict[str, Any]:

@@ -77,6 +77,9 @@ class Sequence:
         self.prompt_token_ids = prompt_token_ids
         self.output_token_ids: list[int] = []
         self.output_logprobs: list[dict[int, float]] = []
+        # Output tokens and characters of visible text already reported (output_kind DELTA).
+        self.sent_tokens = 0
+        self.sent_text = 0
         self.prompt_logprobs = new_prompt_logprobs(params.prompt_logprobs)
         self.params = params
         self.generator = generator

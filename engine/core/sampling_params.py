@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
 from tokenmill.engine.core.structured.params import StructuredOutputsError, StructuredOutputsParams
 
 LOGIT_BIAS_LIMIT = 100.0
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What each of a request's outputs holds (vLLM's): everything so far, only what is new
+    since the output before, or nothing until the one that finishes it."""
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
 
 
 class SamplingParamsError(ValueError):
@@ -47,6 +57,11 @@ class SamplingParams:
     ids; `bad_words` are never generated: each word, with and without a leading space, is
     tokenized, and the last token of one is masked wherever the output ends with the ones
     before it (always, for a one-token word).
+
+    vLLM's `output_kind`: each step's output holds the whole generation so far (CUMULATIVE),
+    only its new tokens, text and logprobs (DELTA: the prompt's logprobs come in the first),
+    or the engine reports the request only once it finishes (FINAL_ONLY, which LLM.generate
+    uses: no output is built for steps nobody reads).
     """
 
     n: int = 1
@@ -71,6 +86,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -121,6 +137,11 @@ class SamplingParams:
         _require(self.structured_outputs is None
                  or isinstance(self.structured_outputs, StructuredOutputsParams),
                  "structured_outputs", "must be a StructuredOutputsParams or a dict of its fields")
+        try:
+            self.output_kind = RequestOutputKind(self.output_kind)
+        except ValueError:
+            raise SamplingParamsError(f"output_kind: {self.output_kind!r} is not one of "
+                                      f"{[k.name for k in RequestOutputKind]}") from None
 
     @property
     def greedy(self) -> bool:

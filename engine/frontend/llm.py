@@ -19,6 +19,7 @@ from tokenmill.engine.core import (
     PoolingParams,
     PoolingRequestOutput,
     RequestOutput,
+    RequestOutputKind,
     SamplingParams,
     ScoringOutput,
     ScoringRequestOutput,
@@ -86,6 +87,8 @@ class LLM:
         ids = [f"offline-{next(self._ids)}" for _ in batch]
         for request_id, prompt, p, name, rank, pictures in zip(
                 ids, batch, params_list, loras, priorities, images, strict=True):
+            # Only the finished outputs are read: the engine need not build the others.
+            p = dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY)
             self.engine.add_request(request_id, prompt, p, lora_name=name, priority=rank,
                                     images=pictures)
         return self._run(ids, "Generating", use_tqdm)
