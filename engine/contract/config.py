@@ -236,8 +236,7 @@ class EngineConfig:
         False, "Schedule each step before the previous step's tokens are read back: the next "
                "step's input ids take them on the device, and the host detokenizes, checks "
                "stops and builds outputs while the device computes. A sequence that a token "
-               "stops costs one wasted row. Not with speculative decoding or tensor "
-               "parallelism.")
+               "stops costs one wasted row. Not with speculative decoding.")
 
     def __post_init__(self) -> None:
         _check(bool(self.model), "model", "must name a model")
@@ -298,9 +297,6 @@ class EngineConfig:
         _check(not self.async_scheduling or self.speculative_config is None, "async_scheduling",
                "does not combine with speculative_config: verifying proposals reads every "
                "token on the host before the next step")
-        _check(not self.async_scheduling or self.tensor_parallel_size == 1, "async_scheduling",
-               "does not combine with tensor_parallel_size > 1: the other ranks would need "
-               "rank 0's sampled tokens on their devices")
         _check(self.attention_backend in ATTENTION_BACKENDS, "attention_backend",
                f"{self.attention_backend!r} is not one of {ATTENTION_BACKENDS}")
         self._check_lora()

@@ -93,6 +93,13 @@ class TPGroup:
         self.collective_s += time.perf_counter() - start
         self.collective_calls += 1
 
+    def broadcast(self, x: torch.Tensor) -> torch.Tensor:
+        """Rank 0's x into every rank's x, in place (async scheduling's sampled tokens)."""
+        if self.size > 1:
+            with self._timed(x):
+                dist.broadcast(x, src=0)
+        return x
+
     def min_int(self, value: int, device: torch.device) -> int:
         """The smallest of every rank's value (KV blocks every rank can hold)."""
         if self.size == 1:

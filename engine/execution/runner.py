@@ -96,6 +96,8 @@ class ModelRunner:
     def execute(self, inputs: StepInputs) -> torch.Tensor:
         """Hand the step to the other ranks (on_step), then run it here; return logits for the
         last new token of every sequence, in order (every new token's with all_logits)."""
+        if inputs.sampled_ids:
+            inputs.num_sampled = self.sampled.shape[0]
         if self.on_step is not None:
             self.on_step(inputs)
         return self.run(inputs)
@@ -135,6 +137,16 @@ class ModelRunner:
             self.verify_graphs = DecodeGraphs(self.buffers, forward, verify_sizes, self.device,
                                               query_len=verify_query_len)
 
+    def _sampled_tokens(self, count: int) -> torch.Tensor:
+        """The previous step's sampled tokens on this rank's device: rank 0 sampled them, the
+        other ranks receive them from it (a broadcast queued on the device: no host wait)."""
+        tp = getattr(self.model, "tp", None)
+        if tp is not None and tp.size > 1:
+            if tp.rank != 0:
+                self.sampled = torch.empty(count, dtype=torch.long, device=self.device)
+            tp.broadcast(self.sampled)
+        return self.sampled
+
     @torch.inference_mode()
     def run(self, inputs: StepInputs) -> torch.Tensor:
         if self.offload is not None:
@@ -143,7 +155,7 @@ class ModelRunner:
         if self.lora is not None:
             self.lora.apply(inputs.lora_loads)
         lora_slots = inputs.token_lora_slots()
-        sampled = self.sampled if inputs.sampled_ids else None
+        sampled = self._sampled_tokens(inputs.num_sampled) if inputs.sampled_ids else None
         self.prompt_scores = self.pooled = None
         # Every row is its sequence's last and samples (an embedding's row samples nothing).
         decode_only = all(n == 1 for n in inputs.query_lens) and \

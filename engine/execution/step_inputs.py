@@ -62,8 +62,10 @@ class StepInputs:
     # row's.
     grid_positions: list[list[int]] = field(default_factory=list)
     # Whether some input id is -1 - r: the r-th token the previous step sampled, still on the
-    # device (async scheduling schedules a step before the previous step's tokens are read).
+    # device (async scheduling schedules a step before the previous step's tokens are read),
+    # and how many tokens it sampled (rank 0 broadcasts them to the other ranks).
     sampled_ids: bool = False
+    num_sampled: int = 0
 
     def add_sequence(self, token_ids: list[int], start: int, block_table: list[int],
                      block_size: int, num_logits: int = 1, lora_slot: int = -1,

@@ -164,12 +164,20 @@ def test_input_ids_read_the_previous_steps_tokens_on_the_device():
     assert views.input_ids.tolist() == [7, 42, 40, 9]
 
 
-@pytest.mark.parametrize("other, message", [
-    ({"speculative_config": '{"method": "ngram", "num_speculative_tokens": 3}'},
-     "speculative_config"),
-    ({"tensor_parallel_size": 2}, "tensor_parallel_size"),
-])
-def test_refused_with_speculation_and_tensor_parallelism(other, message):
-    with pytest.raises(ConfigError, match=message) as caught:
-        EngineConfig(model="m", async_scheduling=True, **other)
+def test_refused_with_speculation():
+    with pytest.raises(ConfigError, match="speculative_config") as caught:
+        EngineConfig(model="m", async_scheduling=True,
+                     speculative_config='{"method": "ngram", "num_speculative_tokens": 3}')
     assert caught.value.option == "async_scheduling"
+
+
+def test_tensor_parallel_ranks_take_rank_0s_tokens_on_their_devices(tiny_pair, tiny_llama_dir):
+    """The other ranks embed the placeholders' tokens too: rank 0 broadcasts its sampled
+    tokens to them before the step (gloo here, NCCL on GPUs)."""
+    sync, _ = tiny_pair
+    prompts = [[(5 * i + 3 * j) % 600 + 3 for j in range(4 + 11 * i)] for i in range(5)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=[17, 40])
+    want = sync.generate(prompts, params)
+    with LLM(tiny_llama_dir, show_progress=False, max_num_seqs=8, max_num_batched_tokens=64,
+             tensor_parallel_size=2, async_scheduling=True) as sharded:
+        _same(want, sharded.generate(prompts, params))
