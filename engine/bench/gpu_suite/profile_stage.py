@@ -18,6 +18,7 @@ traced: launches and kernels are 0 and the busy fraction is None.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import dataclasses
 import random
 import statistics
@@ -139,13 +140,17 @@ def _measured_steps(engine: Any, workload: Workload, before: Callable[[], None],
 
     sync = synchronizer(engine.device)
 
-    def one_step(profiled: bool = False) -> float:
+    def one_step(profiled: bool = False, python: cProfile.Profile | None = None) -> float:
         before()
         sync()  # no earlier device work runs inside the step's time or range
         start = time.perf_counter()
         if profiled:
             with record_function(STEP_RANGE):
                 engine.step()
+        elif python is not None:
+            python.enable()
+            engine.step()
+            python.disable()
         else:
             engine.step()
         sync()
@@ -164,8 +169,11 @@ def _measured_steps(engine: Any, workload: Workload, before: Callable[[], None],
         for _ in range(workload.profiled_steps):
             one_step(profiled=True)
     replays = _graph_replays(engine) - replays_before
-    python = top_python(one_step, workload.profiled_steps)
-    return _Measured(samples, trace_events(prof.events()), replays, python)
+    python = cProfile.Profile()
+    for _ in range(workload.profiled_steps):
+        one_step(python=python)
+    return _Measured(samples, trace_events(prof.events()), replays,
+                     top_python(python, workload.profiled_steps))
 
 
 def _figures(engine: Any, measured: _Measured) -> dict[str, Any]:

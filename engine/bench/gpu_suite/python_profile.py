@@ -7,7 +7,6 @@ from __future__ import annotations
 import cProfile
 import os
 import pstats
-from collections.abc import Callable
 from typing import Any
 
 TOP_FUNCTIONS = 15
@@ -16,18 +15,11 @@ _SITE = f"site-packages{os.sep}"
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))) + os.sep
 
 
-def top_python(step: Callable[[], Any], steps: int,
+def top_python(profiler: cProfile.Profile, steps: int,
                limit: int = TOP_FUNCTIONS) -> list[dict[str, Any]]:
-    """Run `step` `steps` times under cProfile; the Python functions with the most self time
-    (the time in builtins and C methods, torch's ops among them, is the torch profiler's to
-    show), per step, most first."""
-    profiler = cProfile.Profile()
-    profiler.enable()
-    try:
-        for _ in range(steps):
-            step()
-    finally:
-        profiler.disable()
+    """The Python functions with the most self time over `steps` steps that `profiler` was
+    enabled around (the time in builtins and C methods, torch's ops among them, is the torch
+    profiler's to show), per step, most first."""
     table = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
     rows = sorted(((key, value) for key, value in table.items() if key[0] != "~"),
                   key=lambda item: -item[1][2])[:limit]
