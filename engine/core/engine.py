@@ -594,7 +594,7 @@ class LLMEngine:
         touched = self._read_back(pending)
         record_prompt_logprobs(plan.scheduled, self.runner.prompt_scores)
         record_pooled(plan.scheduled, self.runner.pooled)
-        draws, embedded = self._advance(plan.scheduled)
+        draws, embedded = self._advance(plan.scheduled, inputs.num_logits)
         for seq in embedded:
             self._finish_embedding(seq)
             touched[seq.request_id] = self._requests[seq.request_id]
@@ -606,32 +606,31 @@ class LLMEngine:
         self._pending = self._sample_later(logits, draws)
         return outputs
 
-    def _advance(self, scheduled: list[tuple[Sequence, int]]) -> tuple[list[Draw], list[Sequence]]:
+    def _advance(self, scheduled: list[tuple[Sequence, int]],
+                 logit_rows: list[int]) -> tuple[list[Draw], list[Sequence]]:
         """Count the step's tokens as computed; return the sequences to sample (with their
-        first logit row and proposals) and the embeddings whose whole prompt is now computed."""
+        first logit row and proposals) and the embeddings whose whole prompt is now computed.
+        logit_rows: each sequence's rows of the step's logits (StepInputs.num_logits)."""
         draws: list[Draw] = []
         embedded: list[Sequence] = []
         row = 0
-        for seq, num_new in scheduled:
+        for (seq, num_new), rows in zip(scheduled, logit_rows, strict=True):
+            first, row = row, row + rows
             if seq.spec_tokens:  # its last token now computed; proposals once accepted
                 seq.num_computed_tokens += 1
-                draws.append(Draw(seq, row, seq.spec_tokens))
-                row += num_new
+                draws.append(Draw(seq, first, seq.spec_tokens))
                 continue
             if seq.is_finished:  # stopped by the token read back since this step was scheduled
-                row += seq.pooling is None
                 continue
             seq.num_computed_tokens += num_new
             self.kv.cache_computed_blocks(seq)
             if seq.images:
                 PromptImages.release_computed(seq.images, seq.num_computed_tokens)
-            if seq.pooling is not None:  # no logit row
+            if seq.pooling is not None:
                 if seq.num_computed_tokens == seq.num_tokens:
                     embedded.append(seq)
-                continue
-            if seq.num_computed_tokens == seq.num_tokens:  # else a prompt chunk: more next step
-                draws += [Draw(member, row) for member in self._fork_if_first_sample(seq)]
-            row += 1
+            elif rows:  # else a prompt chunk, with more to come: no logits
+                draws += [Draw(member, first) for member in self._fork_if_first_sample(seq)]
         return draws, embedded
 
     def _settle(self, seq: Sequence, proposals: list[int],

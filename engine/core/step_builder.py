@@ -34,8 +34,11 @@ def build_step_inputs(scheduled: list[tuple[Sequence, int]], block_size: int,
             continue
         first_row = len(inputs.input_ids)
         inputs.sampled_ids |= seq.awaits_token
+        # A logit row where the step completes the prompt (the next token is sampled from it);
+        # none for an embedding's rows, or a chunk with more of the prompt to come.
+        samples = seq.pooling is None and start + num_new == seq.num_tokens
         inputs.add_sequence(seq.token_slice(start, start + num_new), start, seq.block_table,
-                            block_size, num_logits=0 if seq.pooling is not None else 1,
+                            block_size, num_logits=int(samples),
                             lora_slot=seq.lora_slot, position_shift=shift)
         if seq.images:
             inputs.image_rows += rows_in_step(seq.images, start, start + num_new, first_row)

@@ -103,6 +103,35 @@ def test_long_prompt_is_prefilled_in_chunks_within_the_token_budget(tiny_llama_d
     assert result["long"] == expected[0]
 
 
+def test_logits_are_computed_only_for_rows_that_sample(tiny_llama_dir, tiny_llama, monkeypatch):
+    """A prompt chunk with more of its prompt to come samples nothing: the step computes (and
+    the sampler gathers) no logits for it, only for the sequences whose next token it draws."""
+    prompt = _prompts(1, seed=3)[0] * 5
+    expected = _alone(tiny_llama, [prompt, [5, 6, 7]], [8, 8])
+    llm = LLM(tiny_llama_dir, show_progress=False, max_num_batched_tokens=16, max_num_seqs=4)
+    engine = llm.engine
+    rows: list[tuple[int, int, int]] = []  # logit rows, sequences sampling, sequences
+    execute = engine.runner.execute
+
+    def recorded(inputs):
+        logits = execute(inputs)
+        plan = engine.last_plan.scheduled
+        sampling = sum(s.num_computed_tokens + n == s.num_tokens for s, n in plan)
+        rows.append((logits.shape[0], sampling, len(plan)))
+        return logits
+
+    monkeypatch.setattr(engine.runner, "execute", recorded)
+    engine.add_request("long", prompt, _greedy(8))
+    engine.add_request("short", [5, 6, 7], _greedy(8))
+    result = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            result[out.request_id] = out.outputs[0].token_ids
+    assert all(got == sampling for got, sampling, _ in rows), rows
+    assert any(got < scheduled for got, _, scheduled in rows)  # a chunk beside a decode
+    assert [result["long"], result["short"]] == expected
+
+
 def test_a_long_prompt_is_capped_per_step_so_a_short_one_starts_beside_it(tiny_llama_dir,
                                                                           tiny_llama):
     """vLLM's --long-prefill-token-threshold: the long prompt computes at most 8 tokens a
