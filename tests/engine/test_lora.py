@@ -119,6 +119,18 @@ def test_fewer_slots_than_adapters_evicts_and_reloads(base_dir, adapter_dirs, pr
         llm.engine.kv.allocator.check_all_free()
 
 
+def test_async_scheduling_with_adapters_evicted_and_reloaded(base_dir, adapter_dirs, prompts,
+                                                             expected):
+    """A sequence that finishes frees its adapter's slot while its last step may still be on
+    the device; the adapter loaded into that slot next is copied after that step."""
+    batch, loras = _mixed(prompts, [None, *adapter_dirs])
+    with LLM(base_dir, max_loras=2, max_cpu_loras=2, lora_modules=_modules(adapter_dirs),
+             async_scheduling=True, **ENGINE) as llm:
+        assert _run(llm, batch, loras) == _want(expected, prompts, batch, loras)
+        assert llm.engine.runner.lora.loads == 3
+        llm.engine.kv.allocator.check_all_free()
+
+
 def test_tensor_parallel_two_ranks_equal(base_dir, adapter_dirs, prompts, expected):
     batch, loras = _mixed(prompts[:2], [None, *adapter_dirs])
     with LLM(base_dir, tensor_parallel_size=2, max_loras=4,

@@ -37,7 +37,8 @@ def _embed(llm: LLM, texts, params: PoolingParams | None = None) -> torch.Tensor
     return torch.tensor([out.outputs.embedding for out in llm.embed(texts, params)])
 
 
-@pytest.mark.parametrize("options", [{}, CHUNKED], ids=["whole", "chunked"])
+@pytest.mark.parametrize("options", [{}, CHUNKED, {**CHUNKED, "async_scheduling": True}],
+                         ids=["whole", "chunked", "chunked-async"])
 def test_embeddings_equal_sentence_transformers(embedding_model, options):
     pooling_type, path, reference = embedding_model
     with LLM(path, show_progress=False, **SMALL, **options) as llm:
