@@ -113,6 +113,15 @@ def test_greedy_with_images_equals_transformers(llava, vocab_tokenizer):
         llm.engine.kv.allocator.check_all_free()
 
 
+def test_images_under_async_scheduling(llava, vocab_tokenizer):
+    directory, hf = llava
+    prompts = _prompts(hf, vocab_tokenizer)
+    expected = [hf.greedy(ids, images, MAX_NEW) for ids, images in prompts]
+    with LLM(directory, async_scheduling=True, **ENGINE) as llm:
+        _check(_generate(llm, prompts), expected)  # batched, in chunks
+        llm.engine.kv.allocator.check_all_free()
+
+
 def test_a_preempted_prompt_encodes_its_images_again(tmp_path, vocab_tokenizer):
     directory = make_llava(str(tmp_path / "llava"), vocab_tokenizer)
     hf = HFLlava(directory)
