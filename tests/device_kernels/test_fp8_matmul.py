@@ -11,7 +11,8 @@ from torch import nn
 from triton_support import DEVICE, FP8_GPU
 
 from tokenmill.engine.kernels import quantize_rows as kernel
-from tokenmill.engine.layers.fp8_matmul import FP8_DTYPE, quantize_rows
+from tokenmill.engine.kernels.weight_only_matmul import weight_only_matmul
+from tokenmill.engine.layers.fp8_matmul import FP8_DTYPE, WEIGHT_ONLY_ROWS, quantize_rows
 from tokenmill.engine.layers.kv_quant import qmax, quantize
 from tokenmill.engine.layers.quantized_linear import quantize_linear
 
@@ -51,8 +52,10 @@ def test_fp8_rows_from_the_kernel_equal_torchs_quantization(rows):
 
 
 @fp8_tensor_cores
-@pytest.mark.parametrize("rows", [1, 7, 300])
-def test_scaled_mm_equals_the_dequantized_matmul_at_real_sizes(rows):
+@pytest.mark.parametrize("rows", [1, 7, 16, 17, 300])
+def test_fp8_linear_equals_the_dequantized_matmul_at_real_sizes(rows):
+    """Up to WEIGHT_ONLY_ROWS rows the activations stay unquantized (the decode kernel), past
+    it they are quantized per row for `_scaled_mm`."""
     torch.manual_seed(0)
     # Llama-3.1-8B's fused QKV projection: 4096 in, 4096 + 2 * 1024 out.
     linear = nn.Linear(4096, 6144, bias=False, device=DEVICE, dtype=torch.bfloat16)
@@ -61,7 +64,26 @@ def test_scaled_mm_equals_the_dequantized_matmul_at_real_sizes(rows):
     x = torch.randn(rows, 4096, device=DEVICE, dtype=torch.bfloat16)
     values, scales = quantize_rows(x)
     weight = quantized.weight.float() * quantized.weight_scale.unsqueeze(1)
-    want = (values.float() * scales) @ weight.t()
+    rows_in = x.float() if rows <= WEIGHT_ONLY_ROWS else values.float() * scales
+    want = rows_in @ weight.t()
     got = quantized(x)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want, rtol=2 ** -6, atol=2 ** -6 * want.abs().max())
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16, 20])
+def test_the_weight_only_kernel_equals_the_scaled_matmul(rows):
+    """Rows of activations times stored weights and per-channel scales: one and several rows,
+    a second block of rows past 16, channels and an inner size that fill no block, and rows
+    with a stride other than their width. float32 activations over float16 weights, which the
+    CPU interpreter multiplies as a GPU does (fp8 weights are checked on a GPU above)."""
+    torch.manual_seed(rows)
+    wide = torch.randn(rows, 303, device=DEVICE)
+    x = wide[:, :300]
+    weight = (torch.randn(40, 300, device=DEVICE) * 2).to(torch.float16)
+    scale = torch.rand(40, device=DEVICE) + 0.5
+    got = weight_only_matmul(x, weight, scale)
+    want = x @ (weight.float() * scale.unsqueeze(1)).t()
+    assert got.shape == (rows, 40) and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    assert weight_only_matmul(x[:0], weight, scale).shape == (0, 40)
