@@ -62,6 +62,8 @@ def test_every_part_writes_each_modes_throughput_and_decode_bound(bench_dir):
     assert hf["hf"]["batch_size"] == bench_stage.HF_BATCH[True]
     assert hf["hf"]["output_tokens"] == hf["workload"]["output_tokens"]
     assert set(hf["ratio_vs_hf"]) == {"eager", "cuda-graphs", "graphs-async"}
+    budgets = _result(bench_dir, "bench-throughput-budget")["modes"]
+    assert [m["options"]["max_num_batched_tokens"] for m in budgets.values()] == [2048, 8192]
     overlapped = _result(bench_dir, "bench-throughput")["modes"]["graphs-async"]
     assert overlapped["options"]["async_scheduling"] is True
     assert overlapped["output_tokens_per_s"] > 0

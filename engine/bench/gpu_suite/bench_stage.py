@@ -9,6 +9,8 @@ first mode the reference of the throughput ratios:
   throughput-fp8    the 256 requests: bf16, fp8 weights, fp8 KV cache (graphs on)
   batch1-fp8        the batch-1 request: bf16, fp8 weights, fp8 KV cache (graphs on)
   batch1-ngram      the batch-1 request: plain decoding, n-gram speculation (4 tokens)
+  throughput-budget the 256 requests, graphs and async scheduling, at a step budget
+                    (--max-num-batched-tokens) of 2048 and of 8192 tokens
   kv-offload        multi-turn chat beyond the device pool, the prefix cache without and
                     with its host tier; the tier's block copies against plain pinned copies
   lora              the 64 requests on the base model alone, with LoRA on and unused, and
@@ -51,6 +53,8 @@ PRECISIONS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "kv-fp8": {"kv_cache_d
 SPECULATION = {"plain": {}, "ngram": {"speculative_config": json.dumps(
     {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
      "prompt_lookup_min": 1})}}
+BUDGETS = {f"budget-{tokens}": {"enforce_eager": False, "async_scheduling": True,
+                                 "max_num_batched_tokens": tokens} for tokens in (2048, 8192)}
 # Part -> (workload, modes, HF baseline).
 PARTS: dict[str, tuple[str, dict[str, dict[str, Any]], bool]] = {
     "throughput": ("many", GRAPHS, False),
@@ -59,6 +63,7 @@ PARTS: dict[str, tuple[str, dict[str, dict[str, Any]], bool]] = {
     "throughput-fp8": ("many", PRECISIONS, False),
     "batch1-fp8": ("one", PRECISIONS, False),
     "batch1-ngram": ("one", SPECULATION, False),
+    "throughput-budget": ("many", BUDGETS, False),
 }
 ALL_PARTS = [*PARTS, "kv-offload", "lora"]
 LORA_ADAPTERS = 4
@@ -161,6 +166,7 @@ def _measure(bandwidth: Any) -> Callable[[Any, Any, Callable[[], Any]], dict[str
         return {
             "options": {"enforce_eager": config.enforce_eager,
                         "async_scheduling": config.async_scheduling,
+                        "max_num_batched_tokens": config.max_num_batched_tokens,
                         "quantization": config.quantization,
                         "kv_cache_dtype": config.kv_cache_dtype,
                         "speculative_config": config.speculative_config},

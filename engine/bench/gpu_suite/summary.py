@@ -182,6 +182,7 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "bench-throughput-fp8": _part("throughput-fp8"),
     "bench-batch1-fp8": _part("batch1-fp8"),
     "bench-batch1-ngram": _part("batch1-ngram"),
+    "bench-throughput-budget": _part("throughput-budget"),
     "bench-kv-offload": _kv_offload,
     "bench-lora": _lora,
     "profile": _profile,
