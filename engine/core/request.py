@@ -141,6 +141,12 @@ class Sequence:
         return bool(self.output_token_ids) and self.output_token_ids[-1] < 0
 
     @property
+    def awaits_last_token(self) -> bool:
+        """Whether the token still on the device is its last (max_tokens): it finishes when the
+        token is read back whatever the token is, so no step needs to compute it."""
+        return self.awaits_token and len(self.output_token_ids) >= self.params.max_tokens
+
+    @property
     def num_uncomputed_tokens(self) -> int:
         return self.num_tokens - self.num_computed_tokens
 

@@ -134,7 +134,8 @@ class Scheduler:
             self.running.sort(key=priority_key)
             self._preempt_for_waiting(out)
         preempted_for_waiting = len(out.preempted)
-        decodes = [s for s in self.running if s.num_uncomputed_tokens == 1]
+        decodes = [s for s in self.running
+                   if s.num_uncomputed_tokens == 1 and not s.awaits_last_token]
         prefills = [s for s in self.running if s.num_uncomputed_tokens > 1]
         proposals = (self.proposer.propose_batch(decodes, len(self.running))
                      if self.proposer is not None and decodes else {})
