@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -131,6 +132,13 @@ def release_device_memory() -> None:
     gc.collect()
     if torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+
+
+def decode_figures(result: EngineRun) -> dict[str, Any]:
+    """A run's pure decode steps: how many, and the median one's milliseconds (None without)."""
+    decode = [s.step_s for s in engine_run.decode_steps(result)]
+    return {"decode_steps": len(decode),
+            "decode_step_ms_p50": 1000 * statistics.median(decode) if decode else None}
 
 
 def throughput(result: EngineRun) -> dict[str, float]:

@@ -7,11 +7,10 @@ and the report says so: the ratio then measures only noise.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 from typing import Any
 
-from tokenmill.engine.bench import ab, engine_run
+from tokenmill.engine.bench import ab
 from tokenmill.engine.bench.engine_run import EngineRun
 from tokenmill.engine.bench.workload import BenchRequest
 from tokenmill.engine.contract.config import EngineConfig
@@ -23,15 +22,13 @@ def measure(config: EngineConfig, llm: Any,
     graphs = llm.engine.runner.graphs
     replays_before = graphs.replays if graphs is not None else 0
     result = run_workload()
-    decode = [s.step_s for s in engine_run.decode_steps(result)]
     return {
         "enforce_eager": config.enforce_eager,
         "graphs_captured": graphs is not None,
         "graph_batch_sizes": sorted(graphs.graphs) if graphs is not None else [],
         "graph_replays": (graphs.replays - replays_before) if graphs is not None else 0,
         **ab.throughput(result),
-        "decode_steps": len(decode),
-        "decode_step_ms_p50": 1000 * statistics.median(decode) if decode else None,
+        **ab.decode_figures(result),
     }
 
 

@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Also run the workload with --enforce-eager and with decode CUDA "
                              "graphs (on CUDA with the Triton kernels), and report the "
                              "throughput ratio and decode step times.")
+    parser.add_argument("--compare-async-scheduling", action="store_true",
+                        help="Also run the workload without and with --async-scheduling, and "
+                             "report the throughput ratio and decode step times.")
     parser.add_argument("--compare-preemption", action="store_true",
                         help="Also run the workload with preempted sequences resumed three "
                              "ways at the same device pool (--kv-cache-memory, small enough to "
@@ -146,6 +149,8 @@ COMPARISONS: dict[str, Comparison] = {
         "tensor_parallel", "tp_ab", lambda sizes: f"tensor-parallel sizes: {sizes}", "sizes"),
     "compare_cuda_graphs": Comparison(
         "cuda_graphs", "graphs_ab", lambda _: "decode CUDA graphs off (--enforce-eager) and on"),
+    "compare_async_scheduling": Comparison(
+        "async_scheduling", "async_ab", lambda _: "async scheduling off and on"),
     "compare_preemption": Comparison(
         "preemption", "preempt_ab",
         lambda _: "preemptions resumed by recompute, the prefix cache, and its host tier"),

@@ -141,6 +141,24 @@ def test_cuda_graphs_comparison_runs_eager_then_graphs(tiny_llama_dir):
     assert "no graphs here" in format_comparison(summary["cuda_graphs"])
 
 
+def test_async_scheduling_comparison_runs_without_then_with_it(tiny_llama_dir):
+    args = build_parser().parse_args([
+        "bench", "offline", "--model", tiny_llama_dir, "--num-prompts", "3", "--input-len",
+        "4:20", "--output-len", "3:5", "--hf-batch-sizes", "none", "--no-progress",
+        "--compare-async-scheduling",
+    ])
+    summary, _ = offline.benchmark(args)
+    plain, overlapped = summary["async_scheduling"]["runs"]
+    assert not plain["async_scheduling"] and overlapped["async_scheduling"]
+    assert plain["elapsed_s"] > 0 and overlapped["elapsed_s"] > 0
+    assert plain["decode_steps"] > 0 and overlapped["decode_step_ms_p50"] > 0
+    assert plain["throughput_ratio"] == 1.0 and overlapped["throughput_ratio"] > 0
+    from tokenmill.engine.bench.async_ab import format_comparison
+
+    table = format_comparison(summary["async_scheduling"])
+    assert "async scheduling" in table and "nothing overlaps" in table
+
+
 def test_preemption_comparison_resumes_from_the_cache_and_the_host_tier(tiny_llama_dir):
     """A pool of 8 blocks for 6 sequences growing to ~80 tokens: every mode preempts; without
     the prefix cache all preempted work is redone; with the host tier most comes back by copy."""
