@@ -94,8 +94,9 @@ class ModelRunner:
                 pool[:, :, dst] = pool[:, :, src]
 
     def execute(self, inputs: StepInputs) -> torch.Tensor:
-        """Hand the step to the other ranks (on_step), then run it here; return logits for the
-        last new token of every sequence, in order (every new token's with all_logits)."""
+        """Hand the step to the other ranks (on_step), then run it here; return each sequence's
+        logit rows, in order (StepInputs.num_logits: its last new token's where it samples;
+        every new token's with all_logits)."""
         if inputs.sampled_ids:
             inputs.num_sampled = self.sampled.shape[0]
         if self.on_step is not None:
