@@ -11,7 +11,9 @@ from typing import Any
 
 TOP_FUNCTIONS = 15
 _SITE = f"site-packages{os.sep}"
-# The directory above engine/: file names are shown from there (engine/core/...).
+# The directory above engine/: file names are shown from there (engine/core/...). Not
+# report.REPO_ROOT, which is resolved: cProfile names files by the path they were imported
+# from, a symlink to the checkout included (as the GPU machine runs it).
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))) + os.sep
 
 
