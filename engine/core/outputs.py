@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Self
 
 from tokenmill.engine.core.request import RequestTimings
@@ -11,7 +11,8 @@ from tokenmill.engine.core.request import RequestTimings
 
 @dataclass
 class CompletionOutput:
-    """One of a request's n generations, cumulative so far."""
+    """One of a request's n generations: all of it so far, or (RequestOutputKind.DELTA) what
+    it added since the output before."""
 
     index: int
     text: str
@@ -43,6 +44,28 @@ class RequestOutput:
     # An embedding request's vector (the pooling runner), once finished; a classifier's
     # probabilities, one per label.
     embedding: list[float] | None = None
+
+    def add(self, newer: RequestOutput) -> RequestOutput:
+        """This delta output (RequestOutputKind.DELTA) followed by the next one, as one: each
+        generation's text, tokens and logprobs joined, the rest as the newer says; the prompt's
+        logprobs, which only a request's first delta carries, kept."""
+        older = {c.index: c for c in self.outputs}
+        joined = [_joined(older[c.index], c) if c.index in older else c for c in newer.outputs]
+        joined += [c for c in self.outputs if c.index not in {n.index for n in newer.outputs}]
+        return replace(
+            newer, outputs=sorted(joined, key=lambda c: c.index),
+            prompt_logprobs=(newer.prompt_logprobs if newer.prompt_logprobs is not None
+                             else self.prompt_logprobs),
+            prompt_logprob_ranks=(newer.prompt_logprob_ranks
+                                  if newer.prompt_logprob_ranks is not None
+                                  else self.prompt_logprob_ranks))
+
+
+def _joined(first: CompletionOutput, then: CompletionOutput) -> CompletionOutput:
+    logprobs = (None if first.logprobs is None and then.logprobs is None
+                else (first.logprobs or []) + (then.logprobs or []))
+    return replace(then, text=first.text + then.text,
+                               token_ids=first.token_ids + then.token_ids, logprobs=logprobs)
 
 
 @dataclass

@@ -3,8 +3,9 @@
 The model step is heavy torch work, so it runs on a dedicated thread and the event loop stays
 free to accept connections and stream tokens. The loop thread owns the LLMEngine outright:
 callers send it commands (add, abort, and calls such as adding a LoRA adapter) through a queue
-it drains between steps, and it hands outputs back to each request's asyncio.Queue with
-call_soon_threadsafe.
+it drains between steps, and it hands each step's outputs to the event loop in one
+call_soon_threadsafe, into each request's OutputSlot (a reader behind by some steps takes them
+at once).
 """
 
 from __future__ import annotations
@@ -17,8 +18,15 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tokenmill.engine.core import LLMEngine, PoolingParams, RequestOutput, SamplingParams
+from tokenmill.engine.core import (
+    LLMEngine,
+    PoolingParams,
+    RequestOutput,
+    RequestOutputKind,
+    SamplingParams,
+)
 from tokenmill.engine.core.errors import EngineDeadError
+from tokenmill.engine.frontend.output_slot import OutputSlot
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +36,7 @@ StepObserver = Callable[[LLMEngine, list[RequestOutput]], None]
 @dataclass
 class _Stream:
     loop: asyncio.AbstractEventLoop
-    outputs: asyncio.Queue
+    outputs: OutputSlot
     admitted: asyncio.Future
 
 
@@ -77,7 +85,8 @@ class AsyncEngine:
         if not self.alive:
             raise EngineDeadError("the engine loop is not running")
         loop = asyncio.get_running_loop()
-        stream = _Stream(loop, asyncio.Queue(), loop.create_future())
+        deltas = params is not None and params.output_kind is RequestOutputKind.DELTA
+        stream = _Stream(loop, OutputSlot(loop, merge_deltas=deltas), loop.create_future())
         self._streams[request_id] = stream
         with self._lock:
             self._pending_adds += 1
@@ -105,7 +114,8 @@ class AsyncEngine:
                        params: SamplingParams,
                        lora_name: str | None = None,
                        priority: int = 0) -> AsyncIterator[RequestOutput]:
-        """Admit a request and iterate its outputs (cumulative, one per engine step)."""
+        """Admit a request and iterate its outputs: one per engine step while the caller
+        keeps up, else one for the steps it missed (cumulative, unless params ask for deltas)."""
         stream = await self.add_request(request_id, prompt, params, lora_name=lora_name,
                                         priority=priority)
         try:
@@ -174,8 +184,7 @@ class AsyncEngine:
                 outputs = self.engine.step()
                 if self._observer is not None:
                     self._observer(self.engine, outputs)
-                for out in outputs:
-                    self._deliver(out.request_id, out)
+                self._deliver_step(outputs)
         except BaseException as exc:  # the loop must never die silently
             log.exception("engine loop failed")
             self.error = exc
@@ -233,13 +242,23 @@ class AsyncEngine:
             return
         if admission:
             stream.loop.call_soon_threadsafe(_resolve, stream.admitted, item)
-        stream.loop.call_soon_threadsafe(stream.outputs.put_nowait, item)
+        stream.loop.call_soon_threadsafe(stream.outputs.put, item)
+
+    def _deliver_step(self, outputs: list[RequestOutput]) -> None:
+        """A step's outputs, handed to each event loop in one call (one wake-up a step)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[OutputSlot, RequestOutput]]] = {}
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is not None:
+                by_loop.setdefault(stream.loop, []).append((stream.outputs, out))
+        for loop, items in by_loop.items():
+            loop.call_soon_threadsafe(_put_all, items)
 
 
 class RequestStream:
     """Outputs of one admitted request. Closing it before the end aborts the request."""
 
-    def __init__(self, engine: AsyncEngine, request_id: str, outputs: asyncio.Queue):
+    def __init__(self, engine: AsyncEngine, request_id: str, outputs: OutputSlot):
         self._engine = engine
         self.request_id = request_id
         self._outputs = outputs
@@ -251,11 +270,12 @@ class RequestStream:
     async def __anext__(self) -> RequestOutput:
         if self.finished:
             raise StopAsyncIteration
-        item = await self._outputs.get()
-        if isinstance(item, BaseException):
+        try:
+            item = await self._outputs.get()
+        except Exception:  # the request's error (a cancelled reader is closed by aclose)
             self.finished = True
             self._engine.forget(self.request_id)
-            raise item
+            raise
         if item.finished:
             self.finished = True
             self._engine.forget(self.request_id)
@@ -279,3 +299,8 @@ def _settle(future: asyncio.Future, result: Any, error: BaseException | None) ->
 
 def _resolve(future: asyncio.Future, error: BaseException | None) -> None:
     _settle(future, None, error)
+
+
+def _put_all(items: list[tuple[OutputSlot, RequestOutput]]) -> None:
+    for slot, output in items:
+        slot.put(output)

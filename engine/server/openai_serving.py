@@ -346,6 +346,13 @@ async def collect(streams: list[RequestStream], request: Request,
 
 async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Outputs of every prompt's stream, as they come; closes them all on exit."""
+    if len(streams) == 1:  # one prompt, the usual call: no task and queue in between
+        try:
+            async for out in streams[0]:
+                yield 0, out
+        finally:
+            await streams[0].aclose()
+        return
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(i: int, s: RequestStream) -> None:
