@@ -129,6 +129,9 @@ class EngineMetrics:
         for source in RESUME_SOURCES:
             self.preempted_tokens.labels(model_name, source)
         self.lora = LoRAMetrics(model_name, r, vllm_names)
+        # The series every step updates, looked up once (labels() takes a lock and a lookup).
+        self._step_generation_tokens = self.generation_tokens.labels(model_name)
+        self._step_itl = self.itl.labels(model_name)
         self._seen: dict[str, int] = {}
         self._last_token: dict[tuple[str, int], tuple[float, int]] = {}
         self._started: set[str] = set()
@@ -167,6 +170,7 @@ class EngineMetrics:
         for source in RESUME_SOURCES:
             self._advance(self.preempted_tokens, f"preempted_{source}",
                           getattr(resumed, source), source)
+        generated = 0
         for out in outputs:
             if out.request_id not in self._started:
                 self._started.add(out.request_id)
@@ -176,10 +180,12 @@ class EngineMetrics:
                 if out.timings.time_to_first_token is not None:
                     self.ttft.labels(name).observe(out.timings.time_to_first_token)
             for completion in out.outputs:
-                self._count_tokens(out.request_id, completion.index, len(completion.token_ids),
-                                   now)
+                generated += self._count_tokens(out.request_id, completion.index,
+                                                len(completion.token_ids), now)
             if out.finished:
                 self._finish(out)
+        if generated:
+            self._step_generation_tokens.inc(generated)
 
     def _observe_speculation(self, engine: LLMEngine) -> None:
         stats = engine.speculation_stats
@@ -214,14 +220,16 @@ class EngineMetrics:
             counter.labels(self.model_name, *labels).inc(total - seen)
             self._seen[key] = total
 
-    def _count_tokens(self, request_id: str, index: int, count: int, now: float) -> None:
+    def _count_tokens(self, request_id: str, index: int, count: int, now: float) -> int:
+        """Observe a sequence's inter-token latency; return how many tokens it added."""
         key = (request_id, index)
         last_time, last_count = self._last_token.get(key, (None, 0))
-        if count > last_count:
-            self.generation_tokens.labels(self.model_name).inc(count - last_count)
-            if last_time is not None:
-                self.itl.labels(self.model_name).observe((now - last_time) / (count - last_count))
-            self._last_token[key] = (now, count)
+        if count <= last_count:
+            return 0
+        if last_time is not None:
+            self._step_itl.observe((now - last_time) / (count - last_count))
+        self._last_token[key] = (now, count)
+        return count - last_count
 
     def _finish(self, out: RequestOutput) -> None:
         name = self.model_name
