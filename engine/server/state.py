@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import gc
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -135,6 +136,11 @@ class ServerState:
             engine = AsyncEngine(core, observer=self.metrics.observe_step)
             self.metrics.bind(engine)
             self.engine = engine
+            # What start-up made (the model, its tokenizers, the libraries' modules) lives as
+            # long as the server: kept out of the collector's full passes, each of which
+            # would otherwise walk all of it and stall both threads (vLLM does the same).
+            gc.collect()
+            gc.freeze()
         except BaseException as exc:
             self.load_error = exc
             if not isinstance(exc, ConfigError | ModelLoadError | OSError):  # one line says all
@@ -146,7 +152,9 @@ class ServerState:
 
     def close(self) -> None:
         """Stop the engine loop and end the tensor-parallel workers. After a failure the loop
-        may be stuck in a collective with the dead rank, so it is not waited for."""
+        may be stuck in a collective with the dead rank, so it is not waited for. What load
+        froze can be collected again (a process that serves again, as tests do)."""
+        gc.unfreeze()
         if self.engine is not None:
             self.engine.shutdown(wait=self.fatal_error() is None)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import signal
@@ -139,3 +140,14 @@ def test_a_chat_template_that_cannot_be_used_exits_2_naming_it(tmp_path, templat
     assert code == 2
     assert stderr.startswith("tokenmill serve: error: --chat-template: ")
     assert reason in stderr and len(stderr.strip().splitlines()) == 1, stderr
+
+
+def test_what_loading_made_is_left_out_of_full_collections(tiny_llama_dir):
+    """A full collection walks every object it tracks: what start-up made is frozen
+    (gc.freeze) while the server runs, and collectable again once it is closed."""
+    state = server_state(tiny_llama_dir)
+    try:
+        assert not any(o is state.engine.engine for o in gc.get_objects())
+    finally:
+        state.close()
+    assert any(o is state.engine.engine for o in gc.get_objects())
