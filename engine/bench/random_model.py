@@ -64,7 +64,9 @@ TINY_DEEP = ("LlamaConfig", dict(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("shape", choices=sorted(SHAPES), help="Whose config to copy.")
+    parser.add_argument("shape", choices=sorted(SHAPES) + ["tiny-deep"],
+                        help="Whose config to copy (tiny-deep: hidden size 64, 32 layers, so "
+                             "that a step is nearly all host work, as in bench host-overhead).")
     parser.add_argument("output", help="Directory to write (config, tokenizer, safetensors).")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
                         help="Weight dtype on disk (default bfloat16).")
@@ -75,6 +77,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", choices=TOKENIZERS, default="builtin",
                         help="builtin: SmolLM2's (49,152 tokens); word-level: one of the "
                              "shape's own vocabulary size, built here (default builtin).")
+    parser.add_argument("--vocab-size", type=int, default=None,
+                        help="With --tokenizer word-level: its size, instead of the shape's.")
     parser.add_argument("--device", default="cpu",
                         help="Where the random weights are made before they are saved (cuda "
                              "makes an 8B model in seconds; default cpu).")
@@ -82,8 +86,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     overrides = {} if args.num_layers is None else {"num_hidden_layers": args.num_layers}
-    make_model(args.shape, args.output, args.dtype, max_shard_size=args.max_shard_size,
-               tokenizer=args.tokenizer, device=args.device, **overrides)
+    if args.vocab_size is not None and args.tokenizer != "word-level":
+        print("error: --vocab-size needs --tokenizer word-level (the built-in tokenizer has "
+              f"{BUILTIN_VOCAB_SIZE} tokens)", file=sys.stderr)
+        return 2
+    shape = TINY_DEEP if args.shape == "tiny-deep" else args.shape
+    make_model(shape, args.output, args.dtype, max_shard_size=args.max_shard_size,
+               tokenizer=args.tokenizer, device=args.device, vocab_size=args.vocab_size,
+               **overrides)
     print(f"wrote a random-weight {args.shape} to {args.output}", file=sys.stderr)
     return 0
 
@@ -100,11 +110,12 @@ def shape_config(shape: str | tuple[str, dict], vocab_size: int, **overrides: ob
 
 def make_model(shape: str | tuple[str, dict], output: str, dtype: str = "bfloat16",
                max_shard_size: str | None = None, tokenizer: str = "builtin",
-               device: str = "cpu", **overrides: object) -> str:
+               device: str = "cpu", vocab_size: int | None = None,
+               **overrides: object) -> str:
     import torch
     import transformers
 
-    tokenizer_object = shape_tokenizer(shape, tokenizer)
+    tokenizer_object = shape_tokenizer(shape, tokenizer, vocab_size)
     config = shape_config(shape, len(tokenizer_object), **overrides)
     torch.manual_seed(0)
     with torch.device(device):
@@ -116,15 +127,19 @@ def make_model(shape: str | tuple[str, dict], output: str, dtype: str = "bfloat1
     return output
 
 
-def shape_tokenizer(shape: str | tuple[str, dict], kind: str) -> object:
-    """The tokenizer a random-weight model of `shape` gets (TOKENIZERS: builtin or word-level)."""
+def shape_tokenizer(shape: str | tuple[str, dict], kind: str,
+                    vocab_size: int | None = None) -> object:
+    """The tokenizer a random-weight model of `shape` gets (TOKENIZERS: builtin or word-level,
+    of `vocab_size` tokens where given, else of the shape's vocabulary)."""
     if kind not in TOKENIZERS:
         raise ValueError(f"tokenizer {kind!r} is not one of {TOKENIZERS}")
     if kind == "word-level":
         from tokenmill.engine.bench.word_tokenizer import word_level_tokenizer
 
-        return word_level_tokenizer(VOCAB_SIZES[shape] if isinstance(shape, str)
-                                    else BUILTIN_VOCAB_SIZE)
+        default = VOCAB_SIZES[shape] if isinstance(shape, str) else BUILTIN_VOCAB_SIZE
+        return word_level_tokenizer(vocab_size or default)
+    if vocab_size is not None:
+        raise ValueError("a vocabulary size needs the word-level tokenizer")
     from tokenmill.engine.models.loader import load_tokenizer
     from tokenmill.engine.models.source import resolve_model
 

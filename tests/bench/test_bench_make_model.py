@@ -39,3 +39,28 @@ def test_a_word_level_checkpoint_has_the_shapes_vocabulary_and_serves(tmp_path, 
         out = llm.generate(["w5 w6 w7"], SamplingParams(temperature=0, max_tokens=4,
                                                           ignore_eos=True))[0]
         assert out.prompt_token_ids[-3:] == [5, 6, 7] and len(out.outputs[0].token_ids) == 4
+
+
+def test_the_tiny_deep_shape_with_a_word_level_vocabulary_of_any_size(tmp_path):
+    """What bench serve's host-bound runs serve: tiny-deep, one layer, 300 words."""
+    import json
+
+    from tokenmill.engine.cli import main
+
+    out = tmp_path / "tiny"
+    assert main(["bench", "make-model", "tiny-deep", str(out), "--num-layers", "1",
+                 "--dtype", "float32", "--tokenizer", "word-level", "--vocab-size", "300"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert (config["vocab_size"], config["num_hidden_layers"], config["hidden_size"]) == (
+        300, 1, 64)
+    with LLM(str(out), show_progress=False, kv_cache_memory=8 << 20) as llm:
+        assert len(llm.engine.tokenizer) == 300
+
+
+def test_a_vocabulary_size_without_the_word_level_tokenizer_exits_2(tmp_path, capsys):
+    from tokenmill.engine.cli import main
+
+    assert main(["bench", "make-model", "tiny-deep", str(tmp_path / "m"),
+                 "--vocab-size", "300"]) == 2
+    assert "--vocab-size needs --tokenizer word-level" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
