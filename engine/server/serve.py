@@ -125,6 +125,7 @@ def server_state(config, args: argparse.Namespace) -> ServerState:
     name, *aliases = args.served_model_name or [config.model]
     return ServerState(
         options=ServerOptions(served_model_name=name, model_aliases=tuple(aliases),
+                              freeze_startup_heap=True,
                               max_waiting_requests=args.max_waiting_requests,
                               shutdown_timeout=args.shutdown_timeout,
                               api_key=args.api_key,

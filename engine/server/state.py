@@ -56,6 +56,9 @@ class ServerOptions:
     root_path: str = ""  # the prefix a path-based proxy serves this server under
     allowed_local_media_path: str | None = None  # file:// images are read only under it
     allowed_media_domains: tuple[str, ...] | None = None  # hosts images are fetched from
+    # gc.freeze() once loaded: for a process that serves until it exits (tokenmill serve),
+    # not for a state built and dropped in a longer-lived process.
+    freeze_startup_heap: bool = False
 
     @property
     def served_model_names(self) -> tuple[str, ...]:
@@ -136,11 +139,12 @@ class ServerState:
             engine = AsyncEngine(core, observer=self.metrics.observe_step)
             self.metrics.bind(engine)
             self.engine = engine
-            # What start-up made (the model, its tokenizers, the libraries' modules) lives as
-            # long as the server: kept out of the collector's full passes, each of which
-            # would otherwise walk all of it and stall both threads (vLLM does the same).
-            gc.collect()
-            gc.freeze()
+            if self.options.freeze_startup_heap:
+                # What start-up made (the model, its tokenizers, the libraries' modules) lives
+                # as long as the server: kept out of the collector's full passes, each of which
+                # would otherwise walk all of it and stall both threads (vLLM does the same).
+                gc.collect()
+                gc.freeze()
         except BaseException as exc:
             self.load_error = exc
             if not isinstance(exc, ConfigError | ModelLoadError | OSError):  # one line says all
@@ -153,8 +157,9 @@ class ServerState:
     def close(self) -> None:
         """Stop the engine loop and end the tensor-parallel workers. After a failure the loop
         may be stuck in a collective with the dead rank, so it is not waited for. What load
-        froze can be collected again (a process that serves again, as tests do)."""
-        gc.unfreeze()
+        froze can be collected again."""
+        if self.options.freeze_startup_heap:
+            gc.unfreeze()
         if self.engine is not None:
             self.engine.shutdown(wait=self.fatal_error() is None)
 

@@ -144,10 +144,19 @@ def test_a_chat_template_that_cannot_be_used_exits_2_naming_it(tmp_path, templat
 
 def test_what_loading_made_is_left_out_of_full_collections(tiny_llama_dir):
     """A full collection walks every object it tracks: what start-up made is frozen
-    (gc.freeze) while the server runs, and collectable again once it is closed."""
-    state = server_state(tiny_llama_dir)
+    (gc.freeze) while `tokenmill serve`'s server runs, and collectable again once closed."""
+    state = server_state(tiny_llama_dir, options={"freeze_startup_heap": True})
     try:
         assert not any(o is state.engine.engine for o in gc.get_objects())
     finally:
         state.close()
     assert any(o is state.engine.engine for o in gc.get_objects())
+
+
+def test_tokenmill_serve_freezes_its_start_up_heap():
+    from tokenmill.engine.cli import parse_args
+    from tokenmill.engine.contract.config import engine_config_from_args
+    from tokenmill.engine.server.serve import server_state as serve_state
+
+    args = parse_args(["serve"])
+    assert serve_state(engine_config_from_args(args), args).options.freeze_startup_heap
