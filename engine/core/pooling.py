@@ -48,6 +48,8 @@ def pooled_rows(seq: Sequence, num_new: int) -> tuple[int, int] | None:
 def record(scheduled: list[tuple[Sequence, int]], pooled: torch.Tensor | None) -> None:
     """Fold the step's pooled rows (one per span, in the order pooled_rows gave them) into
     their sequences, before the step's tokens count as computed."""
+    if pooled is None:  # no sequence of the step pools (every step of a generative model)
+        return
     row = 0
     for seq, num_new in scheduled:
         if pooled_rows(seq, num_new) is not None:

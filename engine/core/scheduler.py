@@ -152,11 +152,13 @@ class Scheduler:
                 continue
             if num_new == 1 and self.proposer is not None:
                 num_new += self._speculate(seq, proposals.get(seq.seq_id, []), budget - 1)
-            if self._make_room(seq, num_new, chosen, out):
+            if not self.kv.fits_in_place(seq, num_new):
+                if not self._make_room(seq, num_new, chosen, out):
+                    continue
                 out.block_copies += self.kv.grow(seq, num_new)
-                out.scheduled.append((seq, num_new))
-                chosen.add(seq.seq_id)
-                budget -= num_new
+            out.scheduled.append((seq, num_new))
+            chosen.add(seq.seq_id)
+            budget -= num_new
         if len(out.preempted) == preempted_for_waiting:  # no running sequence short of blocks
             self._admit(out, budget)
         out.kv_to_host, out.kv_to_device = self.kv.take_transfers()

@@ -84,6 +84,25 @@ def test_fork_shares_blocks_and_copy_on_write_splits_the_partial_one():
     kv.allocator.check_all_free()
 
 
+def test_only_tokens_landing_in_blocks_held_alone_fit_in_place():
+    kv = KVCacheManager(num_blocks=8, block_size=4)
+    parent = _Seq()
+    kv.grow(parent, 6)
+    parent.num_computed_tokens = 6
+    assert kv.fits_in_place(parent, 1) and kv.fits_in_place(parent, 2)
+    assert not kv.fits_in_place(parent, 3)  # the ninth slot needs a third block
+    child = _Seq(computed=6)
+    kv.fork(parent, child)
+    assert not kv.fits_in_place(child, 1) and not kv.fits_in_place(parent, 1)  # shared
+    kv.grow(child, 1)  # copy on write: each now holds its partial block alone
+    assert kv.fits_in_place(child, 1) and kv.fits_in_place(parent, 1)
+    parent.num_computed_tokens = 8
+    assert not kv.fits_in_place(parent, 1)  # at a block boundary
+    kv.free(parent)
+    kv.free(child)
+    kv.allocator.check_all_free()
+
+
 def test_stats_report_waste_as_unused_allocated_slots():
     kv = KVCacheManager(num_blocks=10, block_size=4)
     seq = _Seq()
