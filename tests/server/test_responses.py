@@ -83,8 +83,9 @@ def test_the_stream_builds_the_same_items(agent):
     final = events[-1]
     assert final.type == "response.completed"
     assert shape(final.response.output) == EXPECTED
-    # Every item's deltas join to its finished text; the thinking and the first call's
-    # arguments arrive in pieces as the model writes them.
+    # Every item's deltas join to its finished text. How many deltas depends on how far the
+    # event loop is behind the engine (a chunk then carries several tokens): the pieces the
+    # translation makes of each chunk are test_responses_translation.py's.
     pieces = []
     for item in final.response.output:
         deltas = [e.delta for e in events if getattr(e, "item_id", None) == item.id
@@ -92,7 +93,7 @@ def test_the_stream_builds_the_same_items(agent):
         whole = item.arguments if item.type == "function_call" else item.content[0].text
         assert "".join(deltas) == whole
         pieces.append(len(deltas))
-    assert pieces[0] >= 2 and pieces[2] >= 2
+    assert all(n >= 1 for n in pieces)
     with agent.client.responses.stream(model="agent", input=ASK, tools=[WEATHER, TIME],
                                        temperature=0) as stream:
         assembled = stream.get_final_response()
