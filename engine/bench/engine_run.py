@@ -16,7 +16,7 @@ from tqdm import tqdm
 from tokenmill.engine.bench.decode_bound import DecodeStep
 from tokenmill.engine.bench.workload import BenchRequest
 from tokenmill.engine.core.outputs import RequestOutput
-from tokenmill.engine.core.sampling_params import SamplingParams
+from tokenmill.engine.core.sampling_params import RequestOutputKind, SamplingParams
 from tokenmill.engine.core.structured import StructuredOutputsParams
 
 
@@ -47,10 +47,13 @@ class EngineRun:
 
 
 def params_for(request: BenchRequest) -> SamplingParams:
+    """Greedy, exactly output_len tokens, and only the final output reported (what
+    LLM.generate asks for: a benchmark reads nothing before a request finishes)."""
     constraint = (None if request.json_schema is None
                   else StructuredOutputsParams(json=request.json_schema))
     return SamplingParams(temperature=0.0, max_tokens=request.output_len, ignore_eos=True,
-                          structured_outputs=constraint)
+                          structured_outputs=constraint,
+                          output_kind=RequestOutputKind.FINAL_ONLY)
 
 
 def warm_up(llm: Any, prompt: list[int]) -> None:

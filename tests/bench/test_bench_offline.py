@@ -26,6 +26,22 @@ def test_workload_is_seeded_within_ranges_and_free_of_special_tokens():
     assert tokens <= set(range(10, 100)) and len(tokens) > 50
 
 
+def test_the_engine_run_reports_each_request_once_finished(tiny_llama):
+    """As LLM.generate: no output per step (a benchmark reads none), the whole at the end."""
+    from tokenmill.engine.bench import engine_run
+
+    workload = make_workload(4, (8, 16), (3, 6), seed=0,
+                             vocab_size=tiny_llama.engine.model_config.vocab_size)
+    run = engine_run.run_engine(tiny_llama, workload, show_progress=False)
+    assert [r["output_len"] for r in run.requests] == [w.output_len for w in workload]
+    engine = tiny_llama.engine
+    engine.add_request("one", workload[0].prompt_token_ids, engine_run.params_for(workload[0]))
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    assert len(outputs) == 1 and outputs[0].finished
+
+
 def test_length_ranges_and_batch_sizes_parse():
     assert parse_range("32:512") == (32, 512)
     assert parse_range("7") == (7, 7)
