@@ -65,7 +65,7 @@ def _joined(first: CompletionOutput, then: CompletionOutput) -> CompletionOutput
     logprobs = (None if first.logprobs is None and then.logprobs is None
                 else (first.logprobs or []) + (then.logprobs or []))
     return replace(then, text=first.text + then.text,
-                               token_ids=first.token_ids + then.token_ids, logprobs=logprobs)
+                   token_ids=first.token_ids + then.token_ids, logprobs=logprobs)
 
 
 @dataclass
