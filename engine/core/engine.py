@@ -629,9 +629,7 @@ class LLMEngine:
             if seq.pooling is not None:
                 if seq.num_computed_tokens == seq.num_tokens:
                     embedded.append(seq)
-            elif rows and seq.params.n == 1:  # else a prompt chunk, with more to come
-                draws.append(Draw(seq, first))
-            elif rows:
+            elif rows:  # else a prompt chunk, with more to come: no logits
                 draws += [Draw(member, first) for member in self._fork_if_first_sample(seq)]
         return draws, embedded
 

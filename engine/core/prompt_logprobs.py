@@ -62,7 +62,7 @@ def rows_to_score(scheduled: list[tuple[Sequence, int]]) -> PromptRows:
     out = PromptRows()
     offset = 0
     for seq, num_new in scheduled:
-        positions = _positions(seq, num_new) if seq.prompt_logprobs is not None else None
+        positions = _positions(seq, num_new)
         if positions:
             out.rows += [offset + p - seq.num_computed_tokens for p in positions]
             out.targets += seq.prompt_token_ids[positions.start + 1:positions.stop + 1]

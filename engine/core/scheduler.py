@@ -152,7 +152,7 @@ class Scheduler:
                 continue
             if num_new == 1 and self.proposer is not None:
                 num_new += self._speculate(seq, proposals.get(seq.seq_id, []), budget - 1)
-            if not self.kv.fits_in_place(seq, num_new):
+            if self.kv.num_new_blocks(seq, num_new):  # 0: it writes in blocks it holds alone
                 if not self._make_room(seq, num_new, chosen, out):
                     continue
                 out.block_copies += self.kv.grow(seq, num_new)

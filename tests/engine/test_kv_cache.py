@@ -84,20 +84,20 @@ def test_fork_shares_blocks_and_copy_on_write_splits_the_partial_one():
     kv.allocator.check_all_free()
 
 
-def test_only_tokens_landing_in_blocks_held_alone_fit_in_place():
+def test_only_tokens_landing_in_blocks_held_alone_need_no_new_block():
     kv = KVCacheManager(num_blocks=8, block_size=4)
     parent = _Seq()
     kv.grow(parent, 6)
     parent.num_computed_tokens = 6
-    assert kv.fits_in_place(parent, 1) and kv.fits_in_place(parent, 2)
-    assert not kv.fits_in_place(parent, 3)  # the ninth slot needs a third block
+    assert kv.num_new_blocks(parent, 1) == 0 and kv.num_new_blocks(parent, 2) == 0
+    assert kv.num_new_blocks(parent, 3) != 0  # the ninth slot needs a third block
     child = _Seq(computed=6)
     kv.fork(parent, child)
-    assert not kv.fits_in_place(child, 1) and not kv.fits_in_place(parent, 1)  # shared
+    assert kv.num_new_blocks(child, 1) != 0 and kv.num_new_blocks(parent, 1) != 0  # shared
     kv.grow(child, 1)  # copy on write: each now holds its partial block alone
-    assert kv.fits_in_place(child, 1) and kv.fits_in_place(parent, 1)
+    assert kv.num_new_blocks(child, 1) == 0 and kv.num_new_blocks(parent, 1) == 0
     parent.num_computed_tokens = 8
-    assert not kv.fits_in_place(parent, 1)  # at a block boundary
+    assert kv.num_new_blocks(parent, 1) != 0  # at a block boundary
     kv.free(parent)
     kv.free(child)
     kv.allocator.check_all_free()

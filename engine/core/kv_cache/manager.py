@@ -140,14 +140,6 @@ class KVCacheManager:
             new += 1
         return new
 
-    def fits_in_place(self, seq: Sequence, num_new_tokens: int) -> bool:
-        """Whether seq's next tokens land in blocks it already holds and holds alone: nothing
-        to allocate or copy, so grow() would do nothing (most decode steps)."""
-        end = seq.num_computed_tokens + num_new_tokens
-        table = seq.block_table
-        return (end <= len(table) * self.block_size and self.allocator.ref_count(
-            table[seq.num_computed_tokens // self.block_size]) == 1)
-
     def can_grow(self, seq: Sequence, num_new_tokens: int) -> bool:
         return self.num_new_blocks(seq, num_new_tokens) <= self.allocator.num_free
 
