@@ -139,14 +139,19 @@ def test_tensor_parallel_comparison_counts_every_collective(tiny_llama_dir, caps
         offline._tp_sizes("1,0")
 
 
-def test_cuda_graphs_comparison_runs_eager_then_graphs(tiny_llama_dir):
-    """On CPU no graph is captured: both runs are eager, and the report says so."""
+def _tiny_comparison(model: str, flag: str) -> dict:
+    """The summary of `bench offline` over three tiny requests with one comparison flag."""
     args = build_parser().parse_args([
-        "bench", "offline", "--model", tiny_llama_dir, "--num-prompts", "3", "--input-len",
-        "4:20", "--output-len", "3:5", "--hf-batch-sizes", "none", "--no-progress",
-        "--compare-cuda-graphs",
+        "bench", "offline", "--model", model, "--num-prompts", "3", "--input-len", "4:20",
+        "--output-len", "3:5", "--hf-batch-sizes", "none", "--no-progress", flag,
     ])
     summary, _ = offline.benchmark(args)
+    return summary
+
+
+def test_cuda_graphs_comparison_runs_eager_then_graphs(tiny_llama_dir):
+    """On CPU no graph is captured: both runs are eager, and the report says so."""
+    summary = _tiny_comparison(tiny_llama_dir, "--compare-cuda-graphs")
     eager, graphed = summary["cuda_graphs"]["runs"]
     assert eager["enforce_eager"] and not graphed["enforce_eager"]
     assert not graphed["graphs_captured"] and graphed["graph_replays"] == 0
@@ -158,12 +163,7 @@ def test_cuda_graphs_comparison_runs_eager_then_graphs(tiny_llama_dir):
 
 
 def test_async_scheduling_comparison_runs_without_then_with_it(tiny_llama_dir):
-    args = build_parser().parse_args([
-        "bench", "offline", "--model", tiny_llama_dir, "--num-prompts", "3", "--input-len",
-        "4:20", "--output-len", "3:5", "--hf-batch-sizes", "none", "--no-progress",
-        "--compare-async-scheduling",
-    ])
-    summary, _ = offline.benchmark(args)
+    summary = _tiny_comparison(tiny_llama_dir, "--compare-async-scheduling")
     plain, overlapped = summary["async_scheduling"]["runs"]
     assert not plain["async_scheduling"] and overlapped["async_scheduling"]
     assert plain["elapsed_s"] > 0 and overlapped["elapsed_s"] > 0
