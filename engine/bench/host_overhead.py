@@ -117,19 +117,24 @@ def _measure_all(args: argparse.Namespace) -> dict[str, Any]:
 
 def measure(engine: Any, batch_size: int, steps: int, warmup: int,
             prompt_len: int) -> dict[str, Any]:
-    """One prefill step for `batch_size` distinct prompts, then `warmup` untimed decode steps,
-    `steps` timed ones and COUNTED_STEPS with the ops counted; every request then finishes."""
+    """`batch_size` distinct prompts (one step, or as many as the token budget needs), then
+    `warmup` untimed decode steps, `steps` timed ones and COUNTED_STEPS with the ops counted;
+    the requests are then aborted."""
     from tokenmill.engine.bench.engine_run import decode_step
     from tokenmill.engine.core.sampling_params import SamplingParams
 
     rng = random.Random(batch_size)
     vocab = engine.model_config.vocab_size
+    # Prompts that exceed one step's token budget take several steps, in which the sequences
+    # already prefilled decode: their budget leaves room for those steps, and the requests
+    # are aborted once measured.
     params = SamplingParams(temperature=0.0, ignore_eos=True,
-                            max_tokens=1 + warmup + steps + COUNTED_STEPS)
-    for i in range(batch_size):
+                            max_tokens=engine.max_model_len - prompt_len)
+    ids = [f"host-overhead-{batch_size}-{i}" for i in range(batch_size)]
+    for request_id in ids:
         prompt = [rng.randrange(10, vocab) for _ in range(prompt_len)]
-        engine.add_request(f"host-overhead-{batch_size}-{i}", prompt, params)
-    engine.step()  # the prompts, and each request's first token
+        engine.add_request(request_id, prompt, params)
+    prefill_steps = _prefill(engine, batch_size)
     for _ in range(warmup):
         decode_step(engine, batch_size)
 
@@ -150,6 +155,8 @@ def measure(engine: Any, batch_size: int, steps: int, warmup: int,
     with _counting_layers(layers, counter), counter:
         for _ in range(COUNTED_STEPS):
             decode_step(engine, batch_size)
+    for request_id in ids:
+        engine.abort_request(request_id)
     if engine.has_unfinished_requests():
         raise AssertionError("requests left unfinished after the measured steps")
 
@@ -158,6 +165,7 @@ def measure(engine: Any, batch_size: int, steps: int, warmup: int,
     forward_us = _mean_us(samples["forward_s"])
     return {
         "batch_size": batch_size,
+        "prefill_steps": prefill_steps,
         "steps": steps,
         "step_us": step_us,
         "step_us_p50": _median_us(samples["step_s"]),
@@ -172,6 +180,16 @@ def measure(engine: Any, batch_size: int, steps: int, warmup: int,
                                for name, n in counter.names.most_common()},
         "samples_us": {name: [s * 1e6 for s in values] for name, values in samples.items()},
     }
+
+
+def _prefill(engine: Any, batch_size: int) -> int:
+    """Step until every prompt is in; return how many steps that took."""
+    for taken in range(1, batch_size + 2):
+        engine.step()
+        if engine.num_waiting == 0 and all(seq.num_computed_tokens >= len(seq.prompt_token_ids)
+                                           for seq, _ in engine.last_plan.scheduled):
+            return taken
+    raise AssertionError(f"{batch_size} prompts not in after {batch_size + 1} steps")
 
 
 def _per_layer(result: dict[str, Any], num_layers: int) -> None:

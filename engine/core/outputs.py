@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Self
 
 from tokenmill.engine.core.request import RequestTimings
@@ -45,27 +45,38 @@ class RequestOutput:
     # probabilities, one per label.
     embedding: list[float] | None = None
 
-    def add(self, newer: RequestOutput) -> RequestOutput:
-        """This delta output (RequestOutputKind.DELTA) followed by the next one, as one: each
-        generation's text, tokens and logprobs joined, the rest as the newer says; the prompt's
-        logprobs, which only a request's first delta carries, kept."""
-        older = {c.index: c for c in self.outputs}
-        joined = [_joined(older[c.index], c) if c.index in older else c for c in newer.outputs]
-        joined += [c for c in self.outputs if c.index not in {n.index for n in newer.outputs}]
-        return replace(
-            newer, outputs=sorted(joined, key=lambda c: c.index),
-            prompt_logprobs=(newer.prompt_logprobs if newer.prompt_logprobs is not None
-                             else self.prompt_logprobs),
-            prompt_logprob_ranks=(newer.prompt_logprob_ranks
-                                  if newer.prompt_logprob_ranks is not None
-                                  else self.prompt_logprob_ranks))
+    def extend(self, newer: RequestOutput) -> None:
+        """Follow this delta output (RequestOutputKind.DELTA), or the outputs it has gathered,
+        by the next delta, in place: each generation's text, tokens and logprobs joined, the
+        rest as the newer says; the prompt's logprobs, which only a request's first delta
+        carries, kept. What the newer output held is taken over, not copied, so each delta is
+        joined once and a whole output built from deltas costs its length, not its square."""
+        mine = {c.index: c for c in self.outputs}
+        for then in newer.outputs:
+            if then.index in mine:
+                _extend(mine[then.index], then)
+            else:
+                self.outputs.append(then)
+        self.outputs.sort(key=lambda c: c.index)
+        for name in _TAKEN_FROM_NEWER:
+            setattr(self, name, getattr(newer, name))
+        if newer.prompt_logprobs is not None:
+            self.prompt_logprobs = newer.prompt_logprobs
+            self.prompt_logprob_ranks = newer.prompt_logprob_ranks
 
 
-def _joined(first: CompletionOutput, then: CompletionOutput) -> CompletionOutput:
-    logprobs = (None if first.logprobs is None and then.logprobs is None
-                else (first.logprobs or []) + (then.logprobs or []))
-    return replace(then, text=first.text + then.text,
-                   token_ids=first.token_ids + then.token_ids, logprobs=logprobs)
+_TAKEN_FROM_NEWER = tuple(f.name for f in fields(RequestOutput)
+                          if f.name not in ("outputs", "prompt_logprobs", "prompt_logprob_ranks"))
+
+
+def _extend(first: CompletionOutput, then: CompletionOutput) -> None:
+    first.text += then.text
+    first.token_ids.extend(then.token_ids)
+    if then.logprobs is not None:
+        if first.logprobs is None:
+            first.logprobs = []
+        first.logprobs.extend(then.logprobs)
+    first.finish_reason, first.stop_reason = then.finish_reason, then.stop_reason
 
 
 @dataclass

@@ -3,7 +3,7 @@
 A reader that falls behind the engine (many streams, one event loop) does not queue a backlog
 of one-token outputs: the slot holds one output, the newest, and a reader that missed steps
 takes them all at once. A cumulative output already holds every earlier one; delta outputs
-are merged (RequestOutput.add). So under load a streamed chunk carries several tokens, as
+are merged (RequestOutput.extend). So under load a streamed chunk carries several tokens, as
 vLLM's do, and the loop's work per token shrinks instead of its lag growing; a reader that
 keeps up still gets one output per step.
 """
@@ -29,7 +29,7 @@ class OutputSlot:
         if isinstance(item, BaseException):
             self._error = self._error or item
         elif self._output is not None and self._merge_deltas:
-            self._output = self._output.add(item)
+            self._output.extend(item)
         else:
             self._output = item
         if self._waiter is not None and not self._waiter.done():

@@ -133,7 +133,7 @@ class EngineMetrics:
         self._step_generation_tokens = self.generation_tokens.labels(model_name)
         self._step_itl = self.itl.labels(model_name)
         self._seen: dict[str, int] = {}
-        self._last_token: dict[tuple[str, int], tuple[float, int]] = {}
+        self._last_token: dict[tuple[str, int], float] = {}
         self._started: set[str] = set()
 
     def _histogram(self, name: str, documentation: str) -> Histogram:
@@ -157,7 +157,8 @@ class EngineMetrics:
         self.lora.bind(engine)
 
     def observe_step(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
-        """Account a step's outputs (called on the engine thread after every step)."""
+        """Account a step's outputs (called on the engine thread after every step): deltas,
+        what each request added in the step, as the server asks for them."""
         name = self.model_name
         now = time.monotonic()
         self._advance(self.preemptions, "preemptions", engine.scheduler.num_preemptions)
@@ -220,16 +221,17 @@ class EngineMetrics:
             counter.labels(self.model_name, *labels).inc(total - seen)
             self._seen[key] = total
 
-    def _count_tokens(self, request_id: str, index: int, count: int, now: float) -> int:
-        """Observe a sequence's inter-token latency; return how many tokens it added."""
-        key = (request_id, index)
-        last_time, last_count = self._last_token.get(key, (None, 0))
-        if count <= last_count:
+    def _count_tokens(self, request_id: str, index: int, added: int, now: float) -> int:
+        """Observe a sequence's inter-token latency over the `added` tokens of its delta;
+        return them."""
+        if not added:
             return 0
+        key = (request_id, index)
+        last_time = self._last_token.get(key)
         if last_time is not None:
-            self._step_itl.observe((now - last_time) / (count - last_count))
-        self._last_token[key] = (now, count)
-        return count - last_count
+            self._step_itl.observe((now - last_time) / added)
+        self._last_token[key] = now
+        return added
 
     def _finish(self, out: RequestOutput) -> None:
         name = self.model_name

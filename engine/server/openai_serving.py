@@ -15,7 +15,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from tokenmill.engine.contract.pooling import TASK_LACKS, TASK_SERVED
-from tokenmill.engine.core import RequestOutput, SamplingParams
+from tokenmill.engine.core import RequestOutput, RequestOutputKind, SamplingParams
 from tokenmill.engine.core.errors import (
     EngineDeadError,
     RequestError,
@@ -319,8 +319,10 @@ async def _run(call: Call, stream: bool, include_usage: bool, request: Request,
 
 async def start(call: Call, stream: bool, state: ServerState) -> list[RequestStream]:
     """Admit the call's requests: one request in flight until collect() or chat_chunks()
-    ends it."""
-    options = {"params": call.params, "cache_salt": call.cache_salt,
+    ends it. The engine reports what each step added (_merged joins it), so its work per
+    step does not grow with the length of the reply."""
+    deltas = dataclasses.replace(call.params, output_kind=RequestOutputKind.DELTA)
+    options = {"params": deltas, "cache_salt": call.cache_salt,
                "lora_name": call.lora_name, "priority": call.priority,
                **({"images": call.images} if call.images else {})}
     streams = await start_requests(
@@ -345,11 +347,21 @@ async def collect(streams: list[RequestStream], request: Request,
 
 
 async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """Outputs of every prompt's stream, as they come; closes them all on exit."""
+    """Each prompt's output so far, as its streams' deltas come: one object a prompt, joined
+    in place (read it before the next); closes every stream on exit."""
+    sofar: dict[int, RequestOutput] = {}
+
+    def joined(i: int, delta: RequestOutput) -> RequestOutput:
+        if i in sofar:
+            sofar[i].extend(delta)
+        else:
+            sofar[i] = delta
+        return sofar[i]
+
     if len(streams) == 1:  # one prompt, the usual call: no task and queue in between
         try:
             async for out in streams[0]:
-                yield 0, out
+                yield 0, joined(0, out)
         finally:
             await streams[0].aclose()
         return
@@ -374,7 +386,7 @@ async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Requ
             elif isinstance(item, BaseException):
                 raise item
             else:
-                yield i, item
+                yield i, joined(i, item)
     finally:
         for task in tasks:
             task.cancel()

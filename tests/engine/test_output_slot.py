@@ -61,6 +61,35 @@ def test_deltas_a_reader_missed_are_joined_in_order():
     assert joined.prompt_logprobs == [None, {2: -1.0}]  # only the first delta carried them
 
 
+def test_extend_joins_in_place_and_takes_the_rest_from_the_newer_output():
+    first = _output("a", [5], prompt_logprobs=[None, {2: -1.0}])
+    tokens = first.outputs[0].token_ids
+    first.num_cached_tokens = 16
+    then = _output("b", [6])
+    then.num_preemptions = 1
+    first.extend(then)
+    c = first.outputs[0]
+    assert c.token_ids is tokens and tokens == [5, 6]  # joined in place, not copied
+    assert (c.text, c.finish_reason) == ("ab", None)
+    assert (first.num_preemptions, first.num_cached_tokens, first.finished) == (1, 0, False)
+    assert first.prompt_logprobs == [None, {2: -1.0}]
+
+
+def test_extend_adds_generations_the_first_delta_lacked_in_index_order():
+    second = CompletionOutput(index=1, text="x", token_ids=[9])
+    first = RequestOutput(request_id="r", prompt=None, prompt_token_ids=[1],
+                          outputs=[second], finished=False)
+    zeroth = CompletionOutput(index=0, text="y", token_ids=[8], logprobs=[{8: -0.1}],
+                              finish_reason="stop", stop_reason="y")
+    more = CompletionOutput(index=1, text="z", token_ids=[7], logprobs=[{7: -0.2}])
+    first.extend(RequestOutput(request_id="r", prompt=None, prompt_token_ids=[1],
+                               outputs=[zeroth, more], finished=True))
+    assert [c.index for c in first.outputs] == [0, 1] and first.finished
+    assert (first.outputs[0].text, first.outputs[0].stop_reason) == ("y", "y")
+    assert first.outputs[1].token_ids == [9, 7] and first.outputs[1].text == "xz"
+    assert first.outputs[1].logprobs == [{7: -0.2}]  # the first delta asked for none yet
+
+
 def test_an_error_comes_after_the_output_still_unread():
     output, error = _output("a", [5]), ValueError("engine died")
     assert _slot_reads(False, [output, error], 2) == [output, error]
