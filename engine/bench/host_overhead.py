@@ -28,6 +28,7 @@ from tokenmill.engine.bench.offline import parse_batch_sizes
 
 # Ops are counted on steps of their own: the counting mode slows every op down.
 COUNTED_STEPS = 3
+OUTPUT_KINDS = ("delta", "cumulative", "final-only")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup-steps", type=int, default=10,
                         help="Untimed decode steps before them (default 10).")
     parser.add_argument("--prompt-len", type=int, default=16, help="Tokens of each prompt.")
+    parser.add_argument("--output-kind", choices=OUTPUT_KINDS, default="delta",
+                        help="What each step reports of every running request "
+                             "(RequestOutputKind): its tokens added (delta, the default: what "
+                             "the server asks for), its whole output so far (cumulative), or "
+                             "nothing until it finishes (final-only, as LLM.generate).")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (default 1: tiny matrices gain nothing "
                              "from more, and idle threads spinning against other load make the "
@@ -105,7 +111,8 @@ def _measure_all(args: argparse.Namespace) -> dict[str, Any]:
         with LLM(**dataclasses.asdict(config), show_progress=False) as llm:
             engine = llm.engine
             num_layers = engine.model_config.num_hidden_layers
-            results = [measure(engine, size, args.steps, args.warmup_steps, args.prompt_len)
+            results = [measure(engine, size, args.steps, args.warmup_steps, args.prompt_len,
+                               args.output_kind)
                        for size in args.batch_sizes]
             device = str(engine.device)
     for result in results:
@@ -116,19 +123,20 @@ def _measure_all(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def measure(engine: Any, batch_size: int, steps: int, warmup: int,
-            prompt_len: int) -> dict[str, Any]:
+            prompt_len: int, output_kind: str = "delta") -> dict[str, Any]:
     """`batch_size` distinct prompts (one step, or as many as the token budget needs), then
     `warmup` untimed decode steps, `steps` timed ones and COUNTED_STEPS with the ops counted;
     the requests are then aborted."""
     from tokenmill.engine.bench.engine_run import decode_step
-    from tokenmill.engine.core.sampling_params import SamplingParams
+    from tokenmill.engine.core.sampling_params import RequestOutputKind, SamplingParams
 
     rng = random.Random(batch_size)
     vocab = engine.model_config.vocab_size
     # Prompts that exceed one step's token budget take several steps, in which the sequences
     # already prefilled decode: their budget leaves room for those steps, and the requests
     # are aborted once measured.
-    params = SamplingParams(temperature=0.0, ignore_eos=True,
+    kind = RequestOutputKind[output_kind.replace("-", "_").upper()]
+    params = SamplingParams(temperature=0.0, ignore_eos=True, output_kind=kind,
                             max_tokens=engine.max_model_len - prompt_len)
     ids = [f"host-overhead-{batch_size}-{i}" for i in range(batch_size)]
     for request_id in ids:
@@ -293,4 +301,6 @@ def format_table(payload: dict[str, Any]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True))
              for row in rows]
-    return f"{payload['num_layers']} layers, means over timed decode steps\n" + "\n".join(lines)
+    kind = payload["args"].get("output_kind", "delta")
+    return (f"{payload['num_layers']} layers, {kind} outputs, means over timed decode steps\n"
+            + "\n".join(lines))

@@ -65,3 +65,25 @@ def test_cli_defaults_are_the_issue_shape():
     args = build_parser().parse_args(["bench", "host-overhead"])
     assert (args.num_layers, args.batch_sizes, args.model) == (32, [1, 16], None)
     assert args.threads == 1
+
+
+def test_prompts_beyond_one_steps_token_budget_are_fed_before_the_timed_decode_steps(tmp_path):
+    path = tmp_path / "budget.json"
+    args = build_parser().parse_args([
+        "bench", "host-overhead", "--num-layers", "1", "--batch-sizes", "4", "--steps", "3",
+        "--warmup-steps", "1", "--prompt-len", "6", "--max-num-seqs", "4",
+        "--max-num-batched-tokens", "8", "--json", str(path)])
+    assert args.func(args) == 0
+    (result,) = json.loads(path.read_text())["results"]
+    assert result["prefill_steps"] >= 3  # 24 prompt tokens, 8 a step
+    assert len(result["samples_us"]["step_s"]) == 3
+
+
+def test_each_output_kind_runs_and_is_named(tmp_path, capsys):
+    for kind in host_overhead.OUTPUT_KINDS:
+        path = tmp_path / f"{kind}.json"
+        args = build_parser().parse_args(["bench", "host-overhead", "--num-layers", "1",
+                                          "--output-kind", kind, "--json", str(path), *TINY])
+        assert args.func(args) == 0
+        assert json.loads(path.read_text())["args"]["output_kind"] == kind
+        assert f"{kind} outputs" in capsys.readouterr().out
