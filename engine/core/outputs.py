@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
 from tokenmill.engine.core.request import RequestTimings
@@ -51,22 +51,26 @@ class RequestOutput:
         rest as the newer says; the prompt's logprobs, which only a request's first delta
         carries, kept. What the newer output held is taken over, not copied, so each delta is
         joined once and a whole output built from deltas costs its length, not its square."""
-        mine = {c.index: c for c in self.outputs}
-        for then in newer.outputs:
-            if then.index in mine:
-                _extend(mine[then.index], then)
-            else:
-                self.outputs.append(then)
-        self.outputs.sort(key=lambda c: c.index)
-        for name in _TAKEN_FROM_NEWER:
-            setattr(self, name, getattr(newer, name))
+        mine, then = self.outputs, newer.outputs
+        if len(mine) == 1 == len(then) and mine[0].index == then[0].index:  # n = 1
+            _extend(mine[0], then[0])
+        else:
+            by_index = {c.index: c for c in mine}
+            for c in then:
+                if c.index in by_index:
+                    _extend(by_index[c.index], c)
+                else:
+                    mine.append(c)
+            mine.sort(key=lambda c: c.index)
+        # The request's id, prompt and prompt ids are the same in both.
+        self.finished = newer.finished
+        self.timings = newer.timings
+        self.num_preemptions = newer.num_preemptions
+        self.num_cached_tokens = newer.num_cached_tokens
+        self.embedding = newer.embedding
         if newer.prompt_logprobs is not None:
             self.prompt_logprobs = newer.prompt_logprobs
             self.prompt_logprob_ranks = newer.prompt_logprob_ranks
-
-
-_TAKEN_FROM_NEWER = tuple(f.name for f in fields(RequestOutput)
-                          if f.name not in ("outputs", "prompt_logprobs", "prompt_logprob_ranks"))
 
 
 def _extend(first: CompletionOutput, then: CompletionOutput) -> None:

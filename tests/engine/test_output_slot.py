@@ -5,6 +5,7 @@ what the engine generated."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import pytest
@@ -73,6 +74,19 @@ def test_extend_joins_in_place_and_takes_the_rest_from_the_newer_output():
     assert (c.text, c.finish_reason) == ("ab", None)
     assert (first.num_preemptions, first.num_cached_tokens, first.finished) == (1, 0, False)
     assert first.prompt_logprobs == [None, {2: -1.0}]
+
+
+def test_extend_takes_every_field_but_the_joined_ones_from_the_newer_output():
+    first, newer = _output("a", [5]), _output("b", [6], finish="stop")
+    same_request = {"request_id", "prompt", "prompt_token_ids"}
+    joined = {"outputs", "prompt_logprobs", "prompt_logprob_ranks"}
+    for f in dataclasses.fields(RequestOutput):
+        if f.name not in same_request | joined:
+            setattr(newer, f.name, object() if f.name != "finished" else True)
+    first.extend(newer)
+    for f in dataclasses.fields(RequestOutput):
+        if f.name not in same_request | joined:
+            assert getattr(first, f.name) is getattr(newer, f.name), f.name
 
 
 def test_extend_adds_generations_the_first_delta_lacked_in_index_order():
