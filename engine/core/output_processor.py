@@ -63,7 +63,7 @@ def visible_text(seq: Sequence) -> str:
     text = seq.detokenizer.text
     if seq.finish_reason is None and seq.params.stop:
         hold = max(len(s) for s in seq.params.stop) - 1
-        return text[:len(text) - hold] if hold else text
+        return text[:max(0, len(text) - hold)] if hold else text
     return text
 
 
