@@ -212,6 +212,11 @@ class LLMEngine:
         self._seq_ids = itertools.count()
         self._requests: dict[str, _Request] = {}
         self.last_plan: SchedulerOutput | None = None  # the latest step's composition
+        # The requests that advanced in the latest step (or the one abort_request just
+        # stopped), whatever output they asked for: what a step observer counts, as a
+        # FINAL_ONLY request reports nothing until done. Read their request_id,
+        # prompt_token_ids, timings and seqs (each sequence's index and output_token_ids).
+        self.last_advanced: list[_Request] = []
         self.async_scheduling = config.async_scheduling
         self._pending: _PendingStep | None = None  # async scheduling: tokens not read back
         self._add_startup_loras()
@@ -461,6 +466,7 @@ class LLMEngine:
                 self.scheduler.finish(seq)
         req.timings.finished = time.monotonic()
         req.finished = True
+        self.last_advanced = [req]
         return request_output(req)
 
     # ---- LoRA adapters --------------------------------------------------------------------
@@ -647,6 +653,7 @@ class LLMEngine:
 
     def _outputs(self, touched: dict[str, _Request]) -> list[RequestOutput]:
         outputs = []
+        self.last_advanced = list(touched.values())
         for req in touched.values():
             if all(s.is_finished for s in req.seqs) and len(req.seqs) == req.params.n:
                 req.finished = True

@@ -133,7 +133,7 @@ class EngineMetrics:
         self._step_generation_tokens = self.generation_tokens.labels(model_name)
         self._step_itl = self.itl.labels(model_name)
         self._seen: dict[str, int] = {}
-        self._last_token: dict[tuple[str, int], float] = {}
+        self._last_token: dict[tuple[str, int], tuple[float, int]] = {}
         self._started: set[str] = set()
 
     def _histogram(self, name: str, documentation: str) -> Histogram:
@@ -157,8 +157,9 @@ class EngineMetrics:
         self.lora.bind(engine)
 
     def observe_step(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
-        """Account a step's outputs (called on the engine thread after every step): deltas,
-        what each request added in the step, as the server asks for them."""
+        """Account a step (called on the engine thread after every step, and after an abort):
+        the tokens of the requests that advanced, whatever output they asked for
+        (LLMEngine.last_advanced), and the requests that finished."""
         name = self.model_name
         now = time.monotonic()
         self._advance(self.preemptions, "preemptions", engine.scheduler.num_preemptions)
@@ -172,17 +173,18 @@ class EngineMetrics:
             self._advance(self.preempted_tokens, f"preempted_{source}",
                           getattr(resumed, source), source)
         generated = 0
+        for req in engine.last_advanced:
+            if req.request_id not in self._started:
+                self._started.add(req.request_id)
+                self.prompt_tokens.labels(name).inc(len(req.prompt_token_ids))
+                if req.timings.queue_time is not None:
+                    self.queue_time.labels(name).observe(req.timings.queue_time)
+                if req.timings.time_to_first_token is not None:
+                    self.ttft.labels(name).observe(req.timings.time_to_first_token)
+            for seq in req.seqs:
+                generated += self._count_tokens(req.request_id, seq.index,
+                                                len(seq.output_token_ids), now)
         for out in outputs:
-            if out.request_id not in self._started:
-                self._started.add(out.request_id)
-                self.prompt_tokens.labels(name).inc(len(out.prompt_token_ids))
-                if out.timings.queue_time is not None:
-                    self.queue_time.labels(name).observe(out.timings.queue_time)
-                if out.timings.time_to_first_token is not None:
-                    self.ttft.labels(name).observe(out.timings.time_to_first_token)
-            for completion in out.outputs:
-                generated += self._count_tokens(out.request_id, completion.index,
-                                                len(completion.token_ids), now)
             if out.finished:
                 self._finish(out)
         if generated:
@@ -221,17 +223,16 @@ class EngineMetrics:
             counter.labels(self.model_name, *labels).inc(total - seen)
             self._seen[key] = total
 
-    def _count_tokens(self, request_id: str, index: int, added: int, now: float) -> int:
-        """Observe a sequence's inter-token latency over the `added` tokens of its delta;
-        return them."""
-        if not added:
-            return 0
+    def _count_tokens(self, request_id: str, index: int, count: int, now: float) -> int:
+        """Observe a sequence's inter-token latency; return how many tokens it added."""
         key = (request_id, index)
-        last_time = self._last_token.get(key)
+        last_time, last_count = self._last_token.get(key, (None, 0))
+        if count <= last_count:
+            return 0
         if last_time is not None:
-            self._step_itl.observe((now - last_time) / added)
-        self._last_token[key] = now
-        return added
+            self._step_itl.observe((now - last_time) / (count - last_count))
+        self._last_token[key] = (now, count)
+        return count - last_count
 
     def _finish(self, out: RequestOutput) -> None:
         name = self.model_name

@@ -319,10 +319,12 @@ async def _run(call: Call, stream: bool, include_usage: bool, request: Request,
 
 async def start(call: Call, stream: bool, state: ServerState) -> list[RequestStream]:
     """Admit the call's requests: one request in flight until collect() or chat_chunks()
-    ends it. The engine reports what each step added (_merged joins it), so its work per
-    step does not grow with the length of the reply."""
-    deltas = dataclasses.replace(call.params, output_kind=RequestOutputKind.DELTA)
-    options = {"params": deltas, "cache_salt": call.cache_salt,
+    ends it. A stream's engine requests report what each step added (_merged joins it), so
+    the engine's work per step does not grow with the length of the replies; the others
+    report once, finished, as vLLM's do."""
+    kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
+    options = {"params": dataclasses.replace(call.params, output_kind=kind),
+               "cache_salt": call.cache_salt,
                "lora_name": call.lora_name, "priority": call.priority,
                **({"images": call.images} if call.images else {})}
     streams = await start_requests(
@@ -347,8 +349,9 @@ async def collect(streams: list[RequestStream], request: Request,
 
 
 async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """Each prompt's output so far, as its streams' deltas come: one object a prompt, joined
-    in place (read it before the next); closes every stream on exit."""
+    """Each prompt's output so far, as its streams report: deltas joined in place into one
+    object a prompt (read it before the next), or a request's one final output; closes every
+    stream on exit."""
     sofar: dict[int, RequestOutput] = {}
 
     def joined(i: int, delta: RequestOutput) -> RequestOutput:
