@@ -50,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
                         help="Send ignore_eos (vLLM extension) so outputs run to max_tokens; "
                              "--no-ignore-eos for strict OpenAI servers.")
+    parser.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
+                        help="Stream each completion and time its chunks (TTFT, ITL); "
+                             "--no-stream waits for whole answers (E2E latency and "
+                             "throughput only), as batch clients do.")
     parser.add_argument("--warmup-requests", type=int, default=1,
                         help="Untimed requests sent first, one at a time; the run stops if one "
                              "fails (default 1).")
@@ -139,7 +143,7 @@ async def _benchmark(args: argparse.Namespace, prompts: list[ServePrompt],
     connector = aiohttp.TCPConnector(limit=0)  # the default pool of 100 would cap concurrency
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         async def send(prompt: ServePrompt, run_start: float = 0.0) -> RequestResult:
-            payload = completion_payload(args.model, prompt, args.ignore_eos)
+            payload = completion_payload(args.model, prompt, args.ignore_eos, args.stream)
             return await send_request(session, url, payload, headers, run_start)
 
         for i in range(args.warmup_requests):

@@ -1,9 +1,10 @@
-"""One streamed completion request against an OpenAI-compatible server, timed chunk by chunk.
+"""One completion request against an OpenAI-compatible server, timed chunk by chunk.
 
 TTFT runs from sending the request to the first chunk that carries text; each later chunk with
 text adds one inter-token latency (ITL). The output token count comes from the usage chunk
-(`stream_options.include_usage`) when the server sends one, else from the text chunks. Any
-failure becomes the result's `error`: a benchmark records failures, it doesn't stop on them.
+(`stream_options.include_usage`) when the server sends one, else from the text chunks. A
+request not streamed has only its end-to-end latency and its usage. Any failure becomes the
+result's `error`: a benchmark records failures, it doesn't stop on them.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ class RequestResult:
 
     @property
     def tpot_s(self) -> float | None:
-        """Mean time per output token after the first; undefined for a single token."""
-        if not self.ok or self.output_tokens < 2:
+        """Mean time per output token after the first; undefined for a single token, or
+        without a first token's time (not streamed)."""
+        if not self.ok or self.output_tokens < 2 or self.ttft_s is None:
             return None
         return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
 
@@ -48,14 +50,16 @@ class StreamError(Exception):
     """The server answered 200 but the stream was not a well-formed completion."""
 
 
-def completion_payload(model: str, prompt: ServePrompt, ignore_eos: bool = True) -> dict[str, Any]:
-    """Greedy, streamed, usage requested; `ignore_eos` (a vLLM extension) pins the length."""
+def completion_payload(model: str, prompt: ServePrompt, ignore_eos: bool = True,
+                       stream: bool = True) -> dict[str, Any]:
+    """Greedy, streamed with usage unless `stream` is False; `ignore_eos` (a vLLM extension)
+    pins the length."""
     payload: dict[str, Any] = {
         "model": model,
         "prompt": prompt.prompt,
         "max_tokens": prompt.output_len,
-        "stream": True,
-        "stream_options": {"include_usage": True},
+        "stream": stream,
+        **({"stream_options": {"include_usage": True}} if stream else {}),
         "temperature": 0,
     }
     if ignore_eos:
@@ -65,7 +69,7 @@ def completion_payload(model: str, prompt: ServePrompt, ignore_eos: bool = True)
 
 async def send_request(session: aiohttp.ClientSession, url: str, payload: dict[str, Any],
                        headers: dict[str, str], run_start: float = 0.0) -> RequestResult:
-    """POST one streamed completion and time it; never raises for HTTP, network or stream errors."""
+    """POST one completion and time it; never raises for HTTP, network or stream errors."""
     start = time.perf_counter()
     result = RequestResult(start_s=start - run_start)
     try:
@@ -74,10 +78,23 @@ async def send_request(session: aiohttp.ClientSession, url: str, payload: dict[s
                 body = (await response.text(errors="replace")).strip()
                 result.error = f"HTTP {response.status}: {body[:ERROR_BODY_CHARS]}"
                 return result
-            await _read_stream(response, start, result)
+            if payload.get("stream"):
+                await _read_stream(response, start, result)
+            else:
+                _read_whole(await response.json(), start, result)
     except Exception as exc:  # any failure of one request is data, not a crash of the run
         result.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     return result
+
+
+def _read_whole(body: dict[str, Any], start: float, result: RequestResult) -> None:
+    """A whole answer: its end-to-end time and its usage."""
+    result.e2e_s = time.perf_counter() - start
+    usage = body.get("usage")
+    if not body.get("choices") or not usage:
+        raise StreamError(f"not a completion: {json.dumps(body)[:ERROR_BODY_CHARS]}")
+    result.output_tokens = int(usage["completion_tokens"])
+    result.prompt_tokens = usage.get("prompt_tokens")
 
 
 async def _read_stream(response: aiohttp.ClientResponse, start: float,

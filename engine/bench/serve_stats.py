@@ -66,7 +66,7 @@ def summarize(prompts: list[ServePrompt], results: list[RequestResult],
         "total_tokens_per_s": (input_tokens + output_tokens) / duration_s,
     }
     rs = [r for _, r in good]
-    summary["ttft_s"] = latency_stats([r.ttft_s for r in rs])
+    summary["ttft_s"] = latency_stats([r.ttft_s for r in rs if r.ttft_s is not None])
     summary["tpot_s"] = latency_stats([r.tpot_s for r in rs if r.tpot_s is not None])
     summary["itl_s"] = latency_stats([gap for r in rs for gap in r.itl_s])
     summary["e2e_s"] = latency_stats([r.e2e_s for r in rs])

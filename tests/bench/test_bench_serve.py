@@ -49,9 +49,20 @@ class FakeServer:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
+            if not payload["stream"]:
+                return await self._whole(payload)
             return await self._stream(request, payload)
         finally:
             self.in_flight -= 1
+
+    async def _whole(self, payload: dict) -> web.Response:
+        n = payload["max_tokens"]
+        await asyncio.sleep(FIRST_DELAY + (n - 1) * TOKEN_DELAY)
+        prompt_tokens = _prompt_tokens(payload["prompt"])
+        return web.json_response({
+            "choices": [{"index": 0, "text": " t" * n, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
+                      "total_tokens": prompt_tokens + n}})
 
     async def _stream(self, request: web.Request, payload: dict) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -67,8 +78,7 @@ class FakeServer:
             await asyncio.sleep(FIRST_DELAY if i == 0 else TOKEN_DELAY)
             finish = "length" if i == n - 1 else None
             await event({"choices": [{"index": 0, "text": f" t{i}", "finish_reason": finish}]})
-        prompt = payload["prompt"]
-        prompt_tokens = len(prompt) if isinstance(prompt, list) else len(prompt.split())
+        prompt_tokens = _prompt_tokens(payload["prompt"])
         if self.send_usage:
             await event({"choices": [], "usage": {"prompt_tokens": prompt_tokens,
                                                   "completion_tokens": n,
@@ -76,6 +86,10 @@ class FakeServer:
         await event("[DONE]")
         await response.write_eof()
         return response
+
+
+def _prompt_tokens(prompt: str | list[int]) -> int:
+    return len(prompt) if isinstance(prompt, list) else len(prompt.split())
 
 
 @pytest.fixture
@@ -175,6 +189,26 @@ def test_random_run_matches_the_server(fake_server, tmp_path, capsys):
     assert summary["ttft_s"]["p50"] >= FIRST_DELAY
     assert summary["tpot_s"]["mean"] >= 0.8 * TOKEN_DELAY
     assert 0.5 * TOKEN_DELAY <= summary["itl_s"]["mean"] < 10 * TOKEN_DELAY
+
+
+def test_whole_answers_without_streaming_have_end_to_end_latency_only(fake_server, tmp_path):
+    server, url = fake_server
+    n = 6
+    prompts = random_prompts(n, (8, 64), (3, 8), 2)
+    path = tmp_path / "whole.json"
+    args = parse("--base-url", url, "--num-prompts", str(n), "--input-len", "8:64",
+                 "--output-len", "3:8", "--seed", "2", "--no-stream", "--json", str(path))
+    assert serve.run(args) == 0
+    assert all(p["stream"] is False and "stream_options" not in p for p in server.payloads)
+    data = json.loads(path.read_text())
+    summary = data["summary"]
+    assert (summary["completed"], summary["failed"]) == (n, 0)
+    assert summary["output_tokens"] == sum(p.output_len for p in prompts)
+    assert summary["ttft_s"] is summary["tpot_s"] is summary["itl_s"] is None
+    for r, p in zip(data["requests"], prompts, strict=True):
+        assert r["output_tokens"] == p.output_len and r["prompt_tokens"] == p.input_len
+        assert r["e2e_s"] >= FIRST_DELAY + (p.output_len - 1) * TOKEN_DELAY
+        assert r["ttft_s"] is None and r["itl_s"] == []
 
 
 def test_concurrency_cap_and_rate_without_usage_or_ignore_eos(fake_server):
