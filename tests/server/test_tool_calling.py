@@ -113,10 +113,13 @@ def test_hermes_calls_streamed_as_deltas(hermes):
         assert got["content"] == full.choices[0].message.content  # "<tool" never leaks
         assert [(c["name"], c["arguments"]) for c in got["calls"]] == [
             (c.function.name, c.function.arguments) for c in full.choices[0].message.tool_calls]
-    # Arguments arrive in fragments as the model writes them, not in one piece at the end.
+    # Each call comes as deltas of its own. That arguments stream as the model writes them, not
+    # in one piece at the end, is test_tool_parsers' to show (a parser fed token by token):
+    # here a reader behind the engine takes the steps it missed in one chunk, so how many
+    # fragments a call gets depends on the machine's load.
     fragments = [d for c in chunks for ch in c.choices if ch.index == 0
                  for d in ch.delta.tool_calls or []]
-    assert len(fragments) >= 4
+    assert sorted({d.index for d in fragments}) == [0, 1]
 
 
 def test_the_clients_stream_helper_assembles_the_calls(hermes):
