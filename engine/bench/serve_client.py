@@ -47,7 +47,7 @@ class RequestResult:
 
 
 class StreamError(Exception):
-    """The server answered 200 but the stream was not a well-formed completion."""
+    """The server answered 200 but its stream or answer was not a well-formed completion."""
 
 
 def completion_payload(model: str, prompt: ServePrompt, ignore_eos: bool = True,
@@ -93,8 +93,7 @@ def _read_whole(body: dict[str, Any], start: float, result: RequestResult) -> No
     usage = body.get("usage")
     if not body.get("choices") or not usage:
         raise StreamError(f"not a completion: {json.dumps(body)[:ERROR_BODY_CHARS]}")
-    result.output_tokens = int(usage["completion_tokens"])
-    result.prompt_tokens = usage.get("prompt_tokens")
+    _take_usage(usage, result)
 
 
 async def _read_stream(response: aiohttp.ClientResponse, start: float,
@@ -130,6 +129,13 @@ async def _read_stream(response: aiohttp.ClientResponse, start: float,
         raise StreamError("stream ended without data: [DONE]")
     if last_text_at is None:
         raise StreamError("stream carried no text")
-    result.output_tokens = int(usage["completion_tokens"]) if usage else text_chunks
-    if usage and usage.get("prompt_tokens") is not None:
+    if usage:
+        _take_usage(usage, result)
+    else:
+        result.output_tokens = text_chunks
+
+
+def _take_usage(usage: dict[str, Any], result: RequestResult) -> None:
+    result.output_tokens = int(usage["completion_tokens"])
+    if usage.get("prompt_tokens") is not None:
         result.prompt_tokens = int(usage["prompt_tokens"])

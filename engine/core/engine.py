@@ -654,7 +654,7 @@ class LLMEngine:
     def _outputs(self, touched: dict[str, _Request]) -> list[RequestOutput]:
         outputs = []
         self.last_advanced = list(touched.values())
-        for req in touched.values():
+        for req in self.last_advanced:
             if all(s.is_finished for s in req.seqs) and len(req.seqs) == req.params.n:
                 req.finished = True
                 req.timings.finished = time.monotonic()
