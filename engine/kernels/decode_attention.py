@@ -8,6 +8,8 @@ second kernel merges the splits. Splitting keeps the GPU busy when a few long se
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -20,10 +22,13 @@ from tokenmill.engine.kernels.attend import (
     dot_precision,
     query_groups,
     scale_args,
+    shape_key,
 )
+from tokenmill.engine.kernels.launch_configs import launch_config
 
 TARGET_PROGRAMS = 256  # enough programs to occupy every SM of a large GPU
 MIN_SPLIT_TOKENS = 256  # shorter splits would cost more to merge than they save
+DEFAULTS: dict[str, Any] = {"block_n": 64, "num_warps": 4, "num_stages": 3}
 
 
 @triton.jit
@@ -107,11 +112,11 @@ def _merge_splits_kernel(
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, max_seq_len: int,
-                     scale: float, num_splits: int | None = None, block_n: int = 64,
+                     scale: float, num_splits: int | None = None,
                      k_scale: torch.Tensor | None = None,
                      v_scale: torch.Tensor | None = None, window: int | None = None,
                      softcap: float | None = None,
-                     sinks: torch.Tensor | None = None) -> torch.Tensor:
+                     sinks: torch.Tensor | None = None, **settings: Any) -> torch.Tensor:
     """q: [seqs, heads, dim], one query per sequence, at position seq_lens[i] - 1 -> same shape.
 
     Caches are [blocks, block_size, kv_heads, dim]; block_tables[i] lists sequence i's blocks.
@@ -120,7 +125,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     programs to fill a large GPU, with splits of at least MIN_SPLIT_TOKENS tokens.
     window: the query sees only its last `window` positions; softcap: scores pass through
     softcap * tanh(score / softcap); sinks: [heads], a logit per head in the softmax's
-    denominator (attention sinks), added when the splits merge.
+    denominator (attention sinks), added when the splits merge. settings (DEFAULTS' names)
+    override the device's measured launch config for this shape (the split kernel's).
     """
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -128,6 +134,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out = torch.empty_like(q)
     if num_seqs == 0:
         return out
+    config = launch_config("decode_attention", shape_key(q, k_cache, group), q.device,
+                           DEFAULTS, settings)
+    block_n = config["block_n"]
     if num_splits is None:
         wanted = triton.cdiv(TARGET_PROGRAMS, num_seqs * num_kv_heads)
         num_splits = max(1, min(wanted, triton.cdiv(max_seq_len, MIN_SPLIT_TOKENS)))
@@ -151,6 +160,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
         DOT_PRECISION=dot_precision(q.dtype), QUANTIZED=k_scale is not None,
         WINDOWED=bool(window), SOFTCAPPED=bool(softcap),
+        num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
     _merge_splits_kernel[(num_seqs, num_heads)](
         part_out, part_lse, out, base2_sinks(sinks, out),

@@ -16,6 +16,8 @@ all of them returning at once.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -28,7 +30,11 @@ from tokenmill.engine.kernels.attend import (
     dot_precision,
     query_groups,
     scale_args,
+    shape_key,
 )
+from tokenmill.engine.kernels.launch_configs import launch_config
+
+DEFAULTS: dict[str, Any] = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 3}
 
 
 # num_seqs changes every step: one compiled kernel for every value, not one per class.
@@ -107,13 +113,13 @@ def _prefill_kernel(
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       block_tables: torch.Tensor, seq_lens: torch.Tensor,
                       query_start_loc: torch.Tensor, scale: float,
-                      block_m: int = 64, block_n: int = 64,
                       k_scale: torch.Tensor | None = None,
                       v_scale: torch.Tensor | None = None,
                       zero_unowned: bool = False, window: int | None = None,
                       softcap: float | None = None,
                       sinks: torch.Tensor | None = None,
-                      visible_until: torch.Tensor | None = None) -> torch.Tensor:
+                      visible_until: torch.Tensor | None = None,
+                      **settings: Any) -> torch.Tensor:
     """q: [tokens, heads, dim] of every sequence's new tokens -> attention output, same shape.
 
     Caches are [blocks, block_size, kv_heads, dim]; the new tokens' K/V must already be in them.
@@ -124,6 +130,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     softcap * tanh(score / softcap); sinks: [heads], a logit per head in every softmax's
     denominator (attention sinks); visible_until: [tokens], the last position each query
     sees (None: its own, causal attention), which an image's rows extend to the image's end.
+    settings (DEFAULTS' names) override the device's measured launch config for this shape.
     """
     num_tokens, _, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -132,6 +139,9 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     num_seqs = seq_lens.shape[0]
     if num_tokens == 0 or num_seqs == 0:
         return out
+    config = launch_config("prefill_attention", shape_key(q, k_cache, group), q.device,
+                           DEFAULTS, settings)
+    block_m = config["block_m"]
     # Every sequence's tiles fit below the next one's first tile number (module docstring).
     grid = (num_tokens * group // block_m + num_seqs, num_kv_heads)
     k_scales, v_scales, scale_sb, scale_st = scale_args(k_cache, k_scale, v_scale)
@@ -143,9 +153,10 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale_sb, scale_st,
         block_tables.stride(0),
         k_cache.shape[1], group, head_dim, num_seqs,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=dim_block(head_dim),
+        BLOCK_M=block_m, BLOCK_N=config["block_n"], BLOCK_D=dim_block(head_dim),
         DOT_PRECISION=dot_precision(q.dtype), QUANTIZED=k_scale is not None,
         WINDOWED=bool(window), SOFTCAPPED=bool(softcap), SINKS=sinks is not None,
         LIMITED=visible_until is not None,
+        num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
     return out

@@ -119,6 +119,17 @@ def test_only_runs_the_parts_named_and_refuses_unknown_ones(tmp_path):
         main(["bench", "gpu", "bench", "--dry-run", "--out", str(tmp_path), "--only", "help"])
 
 
+def test_modes_keeps_the_named_modes_in_the_parts_order_and_refuses_none_known():
+    modes = bench_stage.PARTS["throughput"][1]
+    assert bench_stage.chosen_modes("throughput", modes, None) is modes
+    kept = bench_stage.chosen_modes("throughput", modes, "graphs-async, cuda-graphs,eager-nope")
+    assert list(kept) == ["cuda-graphs", "graphs-async"]
+    assert kept["graphs-async"] == modes["graphs-async"]
+    with pytest.raises(SystemExit, match=r"part batch1-fp8 has none of \['eager'\]; its modes "
+                                         r"are \['bf16', 'fp8', 'kv-fp8'\]"):
+        bench_stage.chosen_modes("batch1-fp8", bench_stage.PARTS["batch1-fp8"][1], "eager")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no GPU is")
 def test_a_real_run_without_a_gpu_says_so_and_points_at_dry_run(tmp_path):
     with pytest.raises(SystemExit, match="no CUDA device here; --dry-run"):

@@ -5,11 +5,14 @@ through torch's CPU `_scaled_mm`."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch import nn
 from triton_support import DEVICE, FP8_GPU
 
+from tokenmill.engine.kernels import launch_configs
 from tokenmill.engine.kernels import quantize_rows as kernel
 from tokenmill.engine.kernels.weight_only_matmul import weight_only_matmul
 from tokenmill.engine.layers.fp8_matmul import FP8_DTYPE, WEIGHT_ONLY_ROWS, quantize_rows
@@ -71,8 +74,19 @@ def test_fp8_linear_equals_the_dequantized_matmul_at_real_sizes(rows):
     torch.testing.assert_close(got.float(), want, rtol=2 ** -6, atol=2 ** -6 * want.abs().max())
 
 
+SETTINGS = [
+    {},
+    {"split_k": 3, "block_k": 64},                    # three shares of the inner dimension
+    {"split_k": 8, "block_k": 128, "block_n": 32},    # fewer shares than asked: 300 / 128
+    {"rowwise": True, "block_n": 8, "block_k": 128},  # one row per program, no tl.dot
+    {"rowwise": True, "split_k": 2, "block_n": 16, "block_k": 64},
+]
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in
+                                                                       s.items()) or "defaults")
 @pytest.mark.parametrize("rows", [1, 5, 16, 20])
-def test_the_weight_only_kernel_equals_the_scaled_matmul(rows):
+def test_the_weight_only_kernel_equals_the_scaled_matmul(rows, settings):
     """Rows of activations times stored weights and per-channel scales: one and several rows,
     a second block of rows past 16, channels and an inner size that fill no block, and rows
     with a stride other than their width. float32 activations over float16 weights, which the
@@ -82,8 +96,43 @@ def test_the_weight_only_kernel_equals_the_scaled_matmul(rows):
     x = wide[:, :300]
     weight = (torch.randn(40, 300, device=DEVICE) * 2).to(torch.float16)
     scale = torch.rand(40, device=DEVICE) + 0.5
-    got = weight_only_matmul(x, weight, scale)
+    got = weight_only_matmul(x, weight, scale, **settings)
     want = x @ (weight.float() * scale.unsqueeze(1)).t()
     assert got.shape == (rows, 40) and got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
-    assert weight_only_matmul(x[:0], weight, scale).shape == (0, 40)
+    assert weight_only_matmul(x[:0], weight, scale, **settings).shape == (0, 40)
+
+
+def test_split_sums_do_not_vary_between_runs():
+    """The shares' partial sums are added in one fixed order (no atomics)."""
+    torch.manual_seed(1)
+    x = torch.randn(2, 1000, device=DEVICE)
+    weight = torch.randn(16, 1000, device=DEVICE).to(torch.float16)
+    scale = torch.rand(16, device=DEVICE) + 0.5
+    first = weight_only_matmul(x, weight, scale, split_k=4, block_k=64)
+    assert torch.equal(weight_only_matmul(x, weight, scale, split_k=4, block_k=64), first)
+
+
+def test_the_kernel_launches_with_the_devices_measured_settings(tmp_path, monkeypatch):
+    """A launch-config file's entry for the shape is what the kernel runs with: a setting no
+    kernel can take (a 3-wide tile) fails the launch, the same shape's other row count and
+    other shapes keep the defaults."""
+    torch.manual_seed(2)
+    x = torch.randn(1, 64, device=DEVICE)
+    weight = torch.randn(32, 64, device=DEVICE).to(torch.float16)
+    scale = torch.ones(32, device=DEVICE)
+    path = tmp_path / "configs.json"
+    path.write_text(json.dumps({"weight_only_matmul": {"32x64:m1": {"block_n": 3}}}))
+    monkeypatch.setenv(launch_configs.ENV_VAR, str(path))
+    launch_configs.clear_cache()
+    try:
+        with pytest.raises(Exception, match="power of 2|arange"):
+            weight_only_matmul(x, weight, scale)
+        want = x.repeat(2, 1) @ weight.float().t()
+        torch.testing.assert_close(weight_only_matmul(x.repeat(2, 1), weight, scale), want)
+        path.write_text(json.dumps({"weight_only_matmul": {"32x64:m1": {
+            "rowwise": True, "block_n": 8, "block_k": 32, "split_k": 2}}}))
+        launch_configs.clear_cache()
+        torch.testing.assert_close(weight_only_matmul(x, weight, scale), x @ weight.float().t())
+    finally:
+        launch_configs.clear_cache()

@@ -86,7 +86,7 @@ def run(ctx: SuiteContext, args: argparse.Namespace) -> int:
         elif part == "lora":
             result = lora_part(ctx, model)
         else:
-            result = run_part(ctx, model, part, bandwidth)
+            result = run_part(ctx, model, part, bandwidth, args.modes)
         ctx.write(f"bench-{part}", result)
     return 0
 
@@ -100,10 +100,12 @@ def base_config(ctx: SuiteContext, model: str) -> Any:
     return EngineConfig(**options)
 
 
-def run_part(ctx: SuiteContext, model: str, part: str, bandwidth: Any) -> dict[str, Any]:
+def run_part(ctx: SuiteContext, model: str, part: str, bandwidth: Any,
+             only_modes: str | None = None) -> dict[str, Any]:
     from tokenmill.engine.bench import ab
 
     workload_name, modes, with_hf = PARTS[part]
+    modes = chosen_modes(part, modes, only_modes)
     spec, workload = _workload(ctx, model, workload_name)
     config = base_config(ctx, model)
     runs = ab.per_mode([config.replace(**options) for options in modes.values()], workload,
@@ -122,6 +124,20 @@ def run_part(ctx: SuiteContext, model: str, part: str, bandwidth: Any) -> dict[s
         result["ratio_vs_hf"] = {mode: run["output_tokens_per_s"] / theirs
                                  for mode, run in result["modes"].items()}
     return result
+
+
+def chosen_modes(part: str, modes: dict[str, dict[str, Any]],
+                 only: str | None) -> dict[str, dict[str, Any]]:
+    """The part's modes that --modes names, in the part's order (all without --modes);
+    SystemExit where it names none of them."""
+    if only is None:
+        return modes
+    wanted = {m.strip() for m in only.split(",") if m.strip()}
+    kept = {name: options for name, options in modes.items() if name in wanted}
+    if not kept:
+        raise SystemExit(f"--modes: part {part} has none of {sorted(wanted)}; its modes are "
+                         f"{list(modes)}")
+    return kept
 
 
 def _workload(ctx: SuiteContext, model: str, name: str) -> tuple[Workload, list[Any]]:

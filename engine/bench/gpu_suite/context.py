@@ -55,7 +55,10 @@ class SuiteContext:
 
     def write(self, name: str, result: dict[str, Any]) -> Path:
         """Write one raw JSON file, <prefix>-<name>.json, with the machine and revision."""
+        import torch
+
         from tokenmill.engine.bench import report
+        from tokenmill.engine.kernels import launch_configs
 
         self.out_dir.mkdir(parents=True, exist_ok=True)
         path = self.out_dir / f"{self.prefix}-{name}.json"
@@ -67,6 +70,7 @@ class SuiteContext:
             "command": report.command_line(),
             "machine": report.machine_info(self.device),
             "git": report.git_revision(),
+            "kernel_launch_configs": launch_configs.source(torch.device(self.device)),
             "result": result,
         }
         path.write_text(json.dumps(payload, indent=1, default=_jsonable) + "\n")

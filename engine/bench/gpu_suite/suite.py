@@ -7,6 +7,8 @@
   profile  torch.profiler over batch-1 and batch-256 decode steps: kernel launches per step,
            GPU-busy fraction, top host costs
   startup  loading the 8B checkpoint, profiling the KV pool, capturing graphs; memory left
+  kernels  the Triton kernels' launch settings swept at the 8B shapes; the fastest correct ones
+           written as a launch-config file for this GPU (TOKENMILL_KERNEL_CONFIGS)
   summary  the table for docs/benchmarks.md, from the JSON the stages wrote
 
 Each stage writes <prefix>-<stage or part>.json under --out as each part ends, so a stage cut
@@ -29,7 +31,7 @@ from tokenmill.engine.bench.gpu_suite.context import (
 
 # Stage name -> module in this package with run(ctx, args).
 STAGES = {"tests": "tests_stage", "bench": "bench_stage", "profile": "profile_stage",
-          "startup": "startup_stage", "summary": "summary"}
+          "startup": "startup_stage", "kernels": "kernels_stage", "summary": "summary"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", default=None,
                         help="Comma-separated parts of the stage to run (default: all; "
                              "`--only help` lists them).")
+    parser.add_argument("--modes", default=None,
+                        help="bench stage: comma-separated engine modes to run in each part "
+                             "(default: all of the part's; the first one run is the ratios' "
+                             "reference).")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                         help="Show progress bars.")
 

@@ -172,6 +172,33 @@ def _startup(result: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def _kernels(result: dict[str, Any]) -> list[Row]:
+    parts = result["parts"]
+    rows = []
+    for run in parts.get("weight-only", {}).get("runs", []):
+        best, base = run["best"], run["baselines"]
+        if best is None:
+            continue
+        scaled = base.get("scaled_mm_us")
+        rows.append((f"kernels, fp8 weight-only {run['shape']} ({run['outputs']}x{run['inner']}),"
+                     f" {run['rows']} row{'s' if run['rows'] > 1 else ''}: us",
+                     f"best {best['us']:.1f} ({best['of_bandwidth']:.0%} of bandwidth), default "
+                     f"{run['default_us']:.1f}; bf16 linear {base['dense_linear_us']:.1f}"
+                     + ("" if scaled is None else f", fp8 _scaled_mm {scaled:.1f}"), ""))
+    for part, against in (("prefill-attention", "sdpa_us"), ("decode-attention", "bound_us")):
+        sweep = parts.get(part)
+        if not sweep or sweep["best"] is None:
+            continue
+        best, default = sweep["best"]["us"], sweep["default_us"]
+        times = "; ".join(f"{name} {best[name]:.0f} (default {default[name]:.0f})"
+                          for name in best)
+        ref = sweep[against]
+        ref_text = (f"SDPA over the prompt {ref:.0f}" if part == "prefill-attention" else
+                    "bound " + ", ".join(f"{name} {us:.0f}" for name, us in ref.items()))
+        rows.append((f"kernels, {part}: best us", f"{times}; {ref_text}", ""))
+    return rows
+
+
 ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "tests": _tests,
     "bench-throughput": _part("throughput", {"cuda-graphs": (THROUGHPUT_TARGET, ""),
@@ -187,4 +214,5 @@ ROWS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "bench-lora": _lora,
     "profile": _profile,
     "startup": _startup,
+    "kernels": _kernels,
 }

@@ -1,0 +1,101 @@
+"""Launch settings measured per GPU model, read once per device.
+
+The block sizes, warps and pipeline stages that run a kernel fastest differ between GPUs and
+between shapes. `tokenmill bench gpu kernels` measures candidates on one GPU and writes the
+fastest correct ones as `configs/<gpu>.json` (the GPU's name in lower case, words joined by
+"-", e.g. `nvidia-h200.json`). A kernel takes its entry for the shape at hand, else the
+file's "*" entry for it, else its own defaults: on CPUs and on GPUs without a file nothing
+changes. TOKENMILL_KERNEL_CONFIGS names a file to use in place of the packaged one (a sweep's
+output, tried before it is committed).
+
+File layout: {"<kernel>": {"<shape key>": {"<setting>": value, ...}, "*": {...}}}.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+ENV_VAR = "TOKENMILL_KERNEL_CONFIGS"
+
+
+def device_slug(device: torch.device) -> str:
+    """The file name's stem for this device: "nvidia-h200" for an "NVIDIA H200", "cpu"."""
+    if device.type != "cuda":
+        return device.type
+    return _cuda_slug(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _cuda_slug(index: int) -> str:
+    return slug(torch.cuda.get_device_name(index))
+
+
+def slug(name: str) -> str:
+    """A device name as a file name: lower case, words joined by "-"."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def launch_config(kernel: str, key: str, device: torch.device, defaults: dict[str, Any],
+                  overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """defaults, with the measured settings for (kernel, shape key) on this device laid over
+    them, then the caller's overrides. Only settings that defaults names are taken from the
+    file, so an older file cannot pass a kernel an argument it no longer has; an override
+    defaults does not name is a caller's mistake, and raises. The answer is kept per kernel,
+    shape and device (kernels launch every layer of every step): do not change it."""
+    found_key = (kernel, key, device.type, device.index, os.environ.get(ENV_VAR))
+    config = _resolved.get(found_key)
+    if config is None:
+        entries = _table(_path(device)).get(kernel, {})
+        found = entries.get(key, entries.get("*")) or {}
+        config = {**defaults, **{name: v for name, v in found.items() if name in defaults}}
+        _resolved[found_key] = config
+    if not overrides:
+        return config
+    unknown = set(overrides) - set(defaults)
+    if unknown:
+        raise TypeError(f"{kernel} has no launch setting {', '.join(sorted(unknown))}")
+    return {**config, **overrides}
+
+
+_resolved: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+
+def source(device: torch.device) -> str | None:
+    """The file the kernels on this device take their settings from; None: their defaults."""
+    path = _path(device)
+    return path if Path(path).is_file() else None
+
+
+def _path(device: torch.device) -> str:
+    return os.environ.get(ENV_VAR) or str(CONFIG_DIR / f"{device_slug(device)}.json")
+
+
+@functools.cache
+def _table(path: str) -> dict[str, dict[str, dict[str, Any]]]:
+    file = Path(path)
+    if not file.is_file():
+        return {}
+    try:
+        table = json.loads(file.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"kernel launch configs {path}: {error}") from error
+    if not isinstance(table, dict) or not all(
+            isinstance(entries, dict) and all(isinstance(v, dict) for v in entries.values())
+            for entries in table.values()):
+        raise ValueError(f"kernel launch configs {path}: expected "
+                         '{"kernel": {"shape": {"setting": value}}}')
+    return table
+
+
+def clear_cache() -> None:
+    """Forget the files read (a test or a sweep that writes a new one)."""
+    _table.cache_clear()
+    _resolved.clear()
