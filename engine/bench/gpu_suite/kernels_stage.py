@@ -70,7 +70,7 @@ PREFILL_CANDIDATES = [
 DRY_PREFILL_CANDIDATES = [{"block_m": 32, "block_n": 32, "num_warps": 4, "num_stages": 2}]
 DECODE_CANDIDATES = [
     {"block_n": n, "num_warps": w, "num_stages": s}
-    for n, w, s in itertools.product((32, 64, 128), (2, 4, 8), (2, 3))]
+    for n, w, s in itertools.product((32, 64, 128), (4, 8), (2, 3))]
 DRY_DECODE_CANDIDATES = [{"block_n": 32, "num_warps": 4, "num_stages": 2}]
 
 
