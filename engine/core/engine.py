@@ -636,7 +636,10 @@ class LLMEngine:
                 if seq.num_computed_tokens == seq.num_tokens:
                     embedded.append(seq)
             elif rows:  # else a prompt chunk, with more to come: no logits
-                draws += [Draw(member, first) for member in self._fork_if_first_sample(seq)]
+                if seq.params.n == 1:
+                    draws.append(Draw(seq, first))
+                else:
+                    draws += [Draw(member, first) for member in self._fork_if_first_sample(seq)]
         return draws, embedded
 
     def _settle(self, seq: Sequence, proposals: list[int],
@@ -655,7 +658,7 @@ class LLMEngine:
         outputs = []
         self.last_advanced = list(touched.values())
         for req in self.last_advanced:
-            if all(s.is_finished for s in req.seqs) and len(req.seqs) == req.params.n:
+            if len(req.seqs) == req.params.n and all(s.is_finished for s in req.seqs):
                 req.finished = True
                 req.timings.finished = time.monotonic()
                 del self._requests[req.request_id]

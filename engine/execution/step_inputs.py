@@ -78,8 +78,12 @@ class StepInputs:
         self.lora_slots.append(lora_slot)
         end = start + len(token_ids)
         self.input_ids += token_ids
-        self.positions += range(start + position_shift, end + position_shift)
-        self.slots += [slot_index(block_table, p, block_size) for p in range(start, end)]
+        if end - start == 1:  # a decode
+            self.positions.append(start + position_shift)
+            self.slots.append(slot_index(block_table, start, block_size))
+        else:
+            self.positions += range(start + position_shift, end + position_shift)
+            self.slots += [slot_index(block_table, p, block_size) for p in range(start, end)]
         self.seq_lens.append(end)
         self.query_lens.append(len(token_ids))
         self.block_tables.append(list(block_table))

@@ -27,7 +27,7 @@ from tokenmill.engine.core.speculative.proposer import SpeculationStats
 SampleRows = Callable[[torch.Tensor, list[int], list[Sequence]], list[int]]
 
 
-@dataclass
+@dataclass(slots=True)
 class Draw:
     """A sequence to sample this step: its first logit row and its proposals."""
 
