@@ -3,9 +3,9 @@ kernels run on: CUDA on a GPU machine, the CPU elsewhere (where it stays a few s
 
 Random-weight Llama and Qwen3 go through what a GPU run turns on: decode CUDA graphs (on by
 default there; asserted captured and replayed), ragged prompts in one batch, prefill in
-chunks, a prefix-cache hit, n-gram speculation (its verify steps graphed), and tensor
-parallelism over two GPUs where two are visible (on the CPU, tests/engine/test_tensor_parallel.py
-covers it). HF runs on the same device in float32;
+chunks, async scheduling, a prefix-cache hit, n-gram speculation (its verify steps graphed),
+and tensor parallelism over two GPUs where two are visible (on the CPU,
+tests/engine/test_tensor_parallel.py covers it). HF runs on the same device in float32;
 its reference is computed once per model.
 """
 
@@ -110,6 +110,17 @@ def test_chunked_prefill_equals_hf(model):
     with LLM(model[0], max_num_batched_tokens=CHUNK, **ENGINE) as llm:
         assert _greedy(llm, RAGGED) == _expected(model, RAGGED)
         _check_graphs(llm, 0)
+
+
+def test_async_scheduling_equals_hf_with_decode_graphs(model):
+    """The host reads a step's tokens back while the device runs the next (their input ids
+    read on the device): prompts in chunks beside decodes, then a lone sequence."""
+    with LLM(model[0], async_scheduling=True, max_num_batched_tokens=CHUNK, **ENGINE) as llm:
+        assert _greedy(llm, RAGGED) == _expected(model, RAGGED)
+        _check_graphs(llm, 0)
+        alone = _replays(llm)
+        assert _greedy(llm, RAGGED[2:3]) == _expected(model, RAGGED[2:3])
+        _check_graphs(llm, alone)
 
 
 def test_prefix_cached_request_equals_hf(model):
