@@ -111,3 +111,19 @@ def test_a_candidate_that_fails_or_differs_is_recorded_and_left_out():
     assert "us" not in results[0] and "us" not in results[1]
     assert results[2]["us"] > 0 and results[2]["rate"] > 0
     assert kernels_stage._fastest(results) is results[2]
+
+
+def test_a_spent_time_budget_leaves_out_the_candidates_after_the_defaults(kernels):
+    seen = []
+    tried = kernels_stage._sweep([{"a": 1}, {"a": 2}, {"a": 3}], deadline=0.0,
+                                 measure=seen.append)
+    assert (tried, seen) == (1, [{"a": 1}])
+    tried = kernels_stage._sweep([{"a": 1}, {"a": 2}], deadline=float("inf"),
+                                 measure=seen.append)
+    assert tried == 2 and seen[1:] == [{"a": 1}, {"a": 2}]
+    # A dry run has no budget: every candidate is tried.
+    parts = kernels["result"]["parts"]
+    weight = parts["weight-only"]
+    assert weight["candidates_tried"] == weight["candidates"] == 3
+    for part in ("prefill-attention", "decode-attention"):
+        assert parts[part]["candidates_tried"] == parts[part]["candidates_listed"] == 2

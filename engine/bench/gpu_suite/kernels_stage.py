@@ -31,6 +31,7 @@ import itertools
 import json
 import math
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -47,15 +48,25 @@ ROWS, DRY_ROWS = (1, 16), (1, 3)
 HEADS, DRY_HEADS = (32, 8, 128), (4, 2, 32)  # query heads, K/V heads, head size
 BLOCK_SIZE = 16
 MAX_MODEL_LEN = 8192
+# Seconds a part may sweep on a GPU (Triton compiles each new setting first, about a second
+# or more); past them the candidates left are skipped, the ones tried still written.
+PART_SECONDS = {"weight-only": 60, "prefill-attention": 35, "decode-attention": 25}
 
+# In the order tried (a sweep cut short keeps the first): split_k needs no new compile, so the
+# default tile's splits come first; then a row per program; then other tensor-core tiles.
 WEIGHT_CANDIDATES = [
-    *({"rowwise": False, "block_n": n, "block_k": k, "num_warps": w, "num_stages": 3,
+    *({"rowwise": rowwise, "block_n": n, "block_k": k, "num_warps": w, "num_stages": 3,
        "split_k": s}
-      for n, k, w, s in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (1, 2, 4, 8))),
+      for rowwise, (n, k), w, s in itertools.product(
+          (False,), ((16, 256),), (4,), (2, 4, 8))),
     *({"rowwise": True, "block_n": n, "block_k": k, "num_warps": w, "num_stages": 3,
        "split_k": s}
-      for (n, k), w, s in itertools.product(((4, 1024), (8, 512), (16, 256), (16, 512),
-                                             (32, 256)), (4, 8), (1, 2, 4, 8))),
+      for (n, k), w, s in itertools.product(((8, 512), (16, 256), (32, 128), (4, 1024)),
+                                            (4, 8), (1, 2, 4, 8))),
+    *({"rowwise": False, "block_n": n, "block_k": k, "num_warps": w, "num_stages": st,
+       "split_k": s}
+      for (n, k), w, st, s in itertools.product(((16, 512), (32, 256), (16, 128), (64, 128)),
+                                                (4, 8), (3, 4), (1, 2, 4, 8))),
 ]
 DRY_WEIGHT_CANDIDATES = [
     {"rowwise": True, "block_n": 16, "block_k": 64, "num_warps": 4, "num_stages": 3,
@@ -65,8 +76,8 @@ DRY_WEIGHT_CANDIDATES = [
 ]
 PREFILL_CANDIDATES = [
     {"block_m": m, "block_n": n, "num_warps": w, "num_stages": s}
-    for (m, n), w, s in itertools.product(((64, 64), (64, 32), (64, 128), (128, 64), (128, 32),
-                                           (32, 64)), (4, 8), (2, 3))]
+    for (m, n), w, s in itertools.product(((64, 64), (128, 64), (64, 32), (64, 128), (128, 32)),
+                                          (4, 8), (2, 3))]
 DRY_PREFILL_CANDIDATES = [{"block_m": 32, "block_n": 32, "num_warps": 4, "num_stages": 2}]
 DECODE_CANDIDATES = [
     {"block_n": n, "num_warps": w, "num_stages": s}
@@ -91,7 +102,8 @@ def run(ctx: SuiteContext, args: argparse.Namespace) -> int:
               "decode-attention": _decode}
     for part in selected(PARTS, args.only):
         status(f"kernels part {part}")
-        sweep, configs = sweeps[part](ctx, device, bandwidth.gb_per_s)
+        deadline = time.monotonic() + (math.inf if ctx.dry_run else PART_SECONDS[part])
+        sweep, configs = sweeps[part](ctx, device, bandwidth.gb_per_s, deadline)
         result["parts"][part] = sweep
         result["launch_configs"].update(configs)
         ctx.write("kernels", result)
@@ -104,67 +116,85 @@ def run(ctx: SuiteContext, args: argparse.Namespace) -> int:
 # ---- weight-only matmul ------------------------------------------------------------------
 
 
-def _weight_only(ctx: SuiteContext, device: Any, gb_per_s: float
+def _weight_only(ctx: SuiteContext, device: Any, gb_per_s: float, deadline: float
                  ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Each candidate over every shape and row count before the next candidate, so that a
+    sweep cut short by its time budget has tried the same candidates everywhere."""
     from tokenmill.engine.kernels import weight_only_matmul as kernel
 
     shapes = DRY_WEIGHT_SHAPES if ctx.dry_run else WEIGHT_SHAPES
+    cases = [_WeightCase(ctx, device, gb_per_s, name, outputs, inner, rows)
+             for (name, (outputs, inner)), rows in itertools.product(
+                 shapes.items(), DRY_ROWS if ctx.dry_run else ROWS)]
+    candidates = _unique([kernel.DEFAULTS, *(DRY_WEIGHT_CANDIDATES if ctx.dry_run
+                                             else WEIGHT_CANDIDATES)])
+    tried = _sweep(candidates, deadline, lambda settings: [case.measure(settings)
+                                                           for case in cases])
     runs, best = [], {}
-    for (name, (outputs, inner)), rows in itertools.product(shapes.items(),
-                                                            DRY_ROWS if ctx.dry_run else ROWS):
-        run = _weight_shape(ctx, device, gb_per_s, outputs, inner, rows)
-        run = {"shape": name, **run,
-               "baselines": _weight_baselines(ctx, device, outputs, inner, rows, gb_per_s)}
+    for case in cases:
+        run = case.report()
+        run["baselines"] = _weight_baselines(ctx, device, case.outputs, case.inner, case.rows,
+                                             gb_per_s)
         runs.append(run)
         if run["best"] is not None:
-            best[kernel.shape_key(rows, outputs, inner)] = run["best"]["settings"]
+            best[kernel.shape_key(case.rows, case.outputs, case.inner)] = run["best"]["settings"]
         _say_weight_only(run)
-    return {"runs": runs}, {"weight_only_matmul": best}
+    return ({"runs": runs, "candidates_tried": tried, "candidates": len(candidates)},
+            {"weight_only_matmul": best})
 
 
-def _weight_shape(ctx: SuiteContext, device: Any, gb_per_s: float, outputs: int, inner: int,
-                  rows: int) -> dict[str, Any]:
-    """Every candidate on one weight shape and row count, checked against the dequantized
-    matmul, then timed."""
-    import torch
+class _WeightCase:
+    """One weight shape and row count: its inputs, and each candidate's result on it
+    (checked against the dequantized matmul, then timed)."""
 
-    from tokenmill.engine.kernels import weight_only_matmul as kernel
-    from tokenmill.engine.layers import fp8_matmul
+    def __init__(self, ctx: SuiteContext, device: Any, gb_per_s: float, name: str,
+                 outputs: int, inner: int, rows: int):
+        import torch
 
-    dtype = getattr(torch, ctx.dtype)
-    # fp8 where the GPU has it; the CPU interpreter converts float16 weights as a GPU does.
-    weight_dtype = fp8_matmul.FP8_DTYPE if device.type == "cuda" else torch.float16
-    gen = torch.Generator(device=device).manual_seed(outputs + inner + rows)
-    weight_bytes = outputs * inner * torch.tensor([], dtype=weight_dtype).element_size()
-    copies = _rotation(weight_bytes, device)
-    weights = [(torch.randn(outputs, inner, device=device, generator=gen) * 0.05
-                ).to(weight_dtype) for _ in range(copies)]
-    scale = torch.rand(outputs, device=device, generator=gen) + 0.5
-    x = torch.randn(rows, inner, device=device, dtype=dtype, generator=gen)
-    want = x.float() @ (weights[0].float() * scale.unsqueeze(1)).t()
+        from tokenmill.engine.layers import fp8_matmul
 
-    def check(out: torch.Tensor) -> None:
-        torch.testing.assert_close(out.float(), want, rtol=2 ** -6,
-                                   atol=2 ** -6 * want.abs().max().item())
+        self.ctx, self.device, self.gb_per_s = ctx, device, gb_per_s
+        self.name, self.outputs, self.inner, self.rows = name, outputs, inner, rows
+        # fp8 where the GPU has it; the CPU interpreter converts float16 weights as a GPU does.
+        weight_dtype = fp8_matmul.FP8_DTYPE if device.type == "cuda" else torch.float16
+        gen = torch.Generator(device=device).manual_seed(outputs + inner + rows)
+        self.weight_bytes = outputs * inner * torch.tensor([], dtype=weight_dtype).element_size()
+        self.weights = [(torch.randn(outputs, inner, device=device, generator=gen) * 0.05
+                         ).to(weight_dtype)
+                        for _ in range(_rotation(self.weight_bytes, device))]
+        self.scale = torch.rand(outputs, device=device, generator=gen) + 0.5
+        self.x = torch.randn(rows, inner, device=device, dtype=getattr(torch, ctx.dtype),
+                             generator=gen)
+        self.want = self.x.float() @ (self.weights[0].float() * self.scale.unsqueeze(1)).t()
+        self.results: list[dict[str, Any]] = []
 
-    def rates(seconds: float) -> dict[str, float]:
-        return {"gb_per_s": weight_bytes / seconds / 1e9,
-                "of_bandwidth": weight_bytes / seconds / 1e9 / gb_per_s}
+    def measure(self, settings: dict[str, Any]) -> None:
+        import torch
 
-    candidates = [kernel.DEFAULTS, *(DRY_WEIGHT_CANDIDATES if ctx.dry_run
-                                     else WEIGHT_CANDIDATES)]
-    results = []
-    for settings in _unique(candidates):
-        if rows > 1 and settings["rowwise"]:
-            continue  # a row per program re-reads the weights for every row
+        from tokenmill.engine.kernels import weight_only_matmul as kernel
 
-        def call(i: int, settings: dict[str, Any] = settings) -> torch.Tensor:
-            return kernel.weight_only_matmul(x, weights[i % copies], scale, **settings)
+        if self.rows > 1 and settings["rowwise"]:
+            return  # a row per program re-reads the weights for every row
 
-        results.append(_timed(ctx, device, settings, call, check, rates))
-    return {"outputs": outputs, "inner": inner, "rows": rows, "weight_bytes": weight_bytes,
-            "candidates": results, "default_us": results[0].get("us"),
-            "best": _fastest(results)}
+        def call(i: int) -> torch.Tensor:
+            return kernel.weight_only_matmul(self.x, self.weights[i % len(self.weights)],
+                                             self.scale, **settings)
+
+        def check(out: torch.Tensor) -> None:
+            torch.testing.assert_close(out.float(), self.want, rtol=2 ** -6,
+                                       atol=2 ** -6 * self.want.abs().max().item())
+
+        def rates(seconds: float) -> dict[str, float]:
+            gb_per_s = self.weight_bytes / seconds / 1e9
+            return {"gb_per_s": gb_per_s, "of_bandwidth": gb_per_s / self.gb_per_s}
+
+        self.results.append(_timed(self.ctx, self.device, settings, call, check, rates))
+
+    def report(self) -> dict[str, Any]:
+        return {"shape": self.name, "outputs": self.outputs, "inner": self.inner,
+                "rows": self.rows, "weight_bytes": self.weight_bytes,
+                "candidates": self.results, "default_us": self.results[0].get("us"),
+                "best": _fastest(self.results)}
 
 
 def _weight_baselines(ctx: SuiteContext, device: Any, outputs: int, inner: int,
@@ -221,7 +251,7 @@ def _say_weight_only(run: dict[str, Any]) -> None:
 # ---- attention -----------------------------------------------------------------------------
 
 
-def _prefill(ctx: SuiteContext, device: Any, gb_per_s: float
+def _prefill(ctx: SuiteContext, device: Any, gb_per_s: float, deadline: float
              ) -> tuple[dict[str, Any], dict[str, Any]]:
     import torch
 
@@ -244,7 +274,7 @@ def _prefill(ctx: SuiteContext, device: Any, gb_per_s: float
 
     candidates = [kernel.DEFAULTS, *(DRY_PREFILL_CANDIDATES if ctx.dry_run
                                      else PREFILL_CANDIDATES)]
-    sweep = _attention_sweep(ctx, device, candidates, calls)
+    sweep = _attention_sweep(ctx, device, candidates, calls, deadline)
     prompt_name, (_, prompt_len) = next(iter(workloads.items()))
     flops = 4 * heads * dim * prompt_len * (prompt_len + 1) / 2  # causal: half the scores
     sweep["prompt_flops"] = flops
@@ -258,7 +288,7 @@ def _prefill(ctx: SuiteContext, device: Any, gb_per_s: float
     return sweep, {"prefill_attention": {} if best is None else {key: best["settings"]}}
 
 
-def _decode(ctx: SuiteContext, device: Any, gb_per_s: float
+def _decode(ctx: SuiteContext, device: Any, gb_per_s: float, deadline: float
             ) -> tuple[dict[str, Any], dict[str, Any]]:
     import torch
 
@@ -285,7 +315,7 @@ def _decode(ctx: SuiteContext, device: Any, gb_per_s: float
 
     candidates = [kernel.DEFAULTS, *(DRY_DECODE_CANDIDATES if ctx.dry_run
                                      else DECODE_CANDIDATES)]
-    sweep = _attention_sweep(ctx, device, candidates, calls)
+    sweep = _attention_sweep(ctx, device, candidates, calls, deadline)
     element = torch.tensor([], dtype=dtype).element_size()
     sweep["bound_us"] = {name: sum(contexts) * kv_heads * dim * 2 * element / gb_per_s / 1e3
                          for name, contexts in workloads.items()}
@@ -300,15 +330,16 @@ def _decode(ctx: SuiteContext, device: Any, gb_per_s: float
 
 
 def _attention_sweep(ctx: SuiteContext, device: Any, candidates: list[dict[str, Any]],
-                     calls: Callable[[dict[str, Any]], dict[str, Callable[[int], Any]]]
-                     ) -> dict[str, Any]:
+                     calls: Callable[[dict[str, Any]], dict[str, Callable[[int], Any]]],
+                     deadline: float) -> dict[str, Any]:
     """Every candidate over every workload, checked against the first's (the defaults')
-    output; ranked by the sum over workloads of its time over the defaults' time."""
+    output; ranked by the mean over workloads of its time over the defaults' time."""
     import torch
 
     reference = {name: call(0).float() for name, call in calls(candidates[0]).items()}
     results = []
-    for settings in _unique(candidates):
+
+    def measure(settings: dict[str, Any]) -> None:
         entry: dict[str, Any] = {"settings": settings, "us": {}}
         try:
             for name, call in calls(settings).items():
@@ -318,13 +349,17 @@ def _attention_sweep(ctx: SuiteContext, device: Any, candidates: list[dict[str, 
         except Exception as error:  # noqa: BLE001 - a compile failure or a wrong result
             entry["error"] = _short(error)
         results.append(entry)
+
+    candidates = _unique(candidates)
+    tried = _sweep(candidates, deadline, measure)
     default = results[0]["us"] if "error" not in results[0] else None
     ranked = [r for r in results if "error" not in r]
     if default:
         for entry in ranked:
             entry["relative"] = sum(entry["us"][n] / default[n] for n in default) / len(default)
     best = min(ranked, key=lambda r: r.get("relative", 0.0)) if ranked and default else None
-    return {"candidates": results, "default_us": default, "best": best}
+    return {"candidates": results, "default_us": default, "best": best,
+            "candidates_tried": tried, "candidates_listed": len(candidates)}
 
 
 def _paged_batch(device: Any, dtype: Any, heads: int, kv_heads: int, dim: int,
@@ -369,6 +404,19 @@ def _sdpa_us(ctx: SuiteContext, device: Any, dtype: Any, heads: int, kv_heads: i
 
 
 # ---- shared --------------------------------------------------------------------------------
+
+
+def _sweep(candidates: list[dict[str, Any]], deadline: float,
+           measure: Callable[[dict[str, Any]], Any]) -> int:
+    """Measure candidates in order until the time budget is spent (the first, the defaults,
+    always); return how many were measured."""
+    for tried, settings in enumerate(candidates):
+        if tried and time.monotonic() > deadline:
+            status(f"time budget spent: {len(candidates) - tried} of {len(candidates)} "
+                   "candidates left out")
+            return tried
+        measure(settings)
+    return len(candidates)
 
 
 def _timed(ctx: SuiteContext, device: Any, settings: dict[str, Any],
