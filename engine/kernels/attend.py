@@ -47,13 +47,6 @@ def base2_sinks(sinks: torch.Tensor | None, placeholder: torch.Tensor) -> torch.
     return placeholder if sinks is None else sinks.float() * LOG2E
 
 
-def shape_key(q: torch.Tensor, k_cache: torch.Tensor, group: int) -> str:
-    """The attention kernels' launch-config key: query dtype, cache dtype, head size and
-    query heads per K/V head (what their tiles' shapes and loads depend on)."""
-    return (f"{str(q.dtype).removeprefix('torch.')}:{str(k_cache.dtype).removeprefix('torch.')}"
-            f":d{q.shape[-1]}:g{group}")
-
-
 def dim_block(head_dim: int) -> int:
     """Tile width over head_dim: a power of two, and at least the 16 that tl.dot needs."""
     return max(16, triton.next_power_of_2(head_dim))

@@ -22,13 +22,11 @@ from tokenmill.engine.kernels.attend import (
     dot_precision,
     query_groups,
     scale_args,
-    shape_key,
 )
-from tokenmill.engine.kernels.launch_configs import launch_config
+from tokenmill.engine.kernels.launch_configs import KERNEL_DEFAULTS, attention_key, launch_config
 
 TARGET_PROGRAMS = 256  # enough programs to occupy every SM of a large GPU
 MIN_SPLIT_TOKENS = 256  # shorter splits would cost more to merge than they save
-DEFAULTS: dict[str, Any] = {"block_n": 64, "num_warps": 4, "num_stages": 3}
 
 
 @triton.jit
@@ -125,8 +123,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     programs to fill a large GPU, with splits of at least MIN_SPLIT_TOKENS tokens.
     window: the query sees only its last `window` positions; softcap: scores pass through
     softcap * tanh(score / softcap); sinks: [heads], a logit per head in the softmax's
-    denominator (attention sinks), added when the splits merge. settings (DEFAULTS' names)
-    override the device's measured launch config for this shape (the split kernel's).
+    denominator (attention sinks), added when the splits merge. settings
+    (launch_configs.KERNEL_DEFAULTS' names) override the device's measured launch config for
+    this shape (the split kernel's).
     """
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -134,8 +133,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out = torch.empty_like(q)
     if num_seqs == 0:
         return out
-    config = launch_config("decode_attention", shape_key(q, k_cache, group), q.device,
-                           DEFAULTS, settings)
+    config = launch_config("decode_attention", attention_key(q, k_cache, group), q.device,
+                           KERNEL_DEFAULTS["decode_attention"], settings)
     block_n = config["block_n"]
     if num_splits is None:
         wanted = triton.cdiv(TARGET_PROGRAMS, num_seqs * num_kv_heads)

@@ -25,6 +25,33 @@ import torch
 CONFIG_DIR = Path(__file__).parent / "configs"
 ENV_VAR = "TOKENMILL_KERNEL_CONFIGS"
 
+# Each kernel's settings where no file has an entry; here, not beside the kernels, so that
+# reading them defines no Triton kernel (a kernel reads TRITON_INTERPRET once, when defined).
+KERNEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "weight_only_matmul": {
+        "block_n": 16,   # output channels per program: at 4,096 outputs, 256 programs
+        "block_k": 256,
+        "split_k": 1,
+        "rowwise": False,
+        "num_warps": 4,
+        "num_stages": 3,
+    },
+    "prefill_attention": {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 3},
+    "decode_attention": {"block_n": 64, "num_warps": 4, "num_stages": 3},
+}
+
+
+def weight_key(rows: int, outputs: int, inner: int) -> str:
+    """The weight-only matmul's key: the weight's shape, and one row or a block of them."""
+    return f"{outputs}x{inner}:{'m1' if rows == 1 else 'm16'}"
+
+
+def attention_key(q: torch.Tensor, k_cache: torch.Tensor, group: int) -> str:
+    """The attention kernels' key: query dtype, cache dtype, head size and query heads per
+    K/V head (what their tiles' shapes and loads depend on)."""
+    return (f"{str(q.dtype).removeprefix('torch.')}:{str(k_cache.dtype).removeprefix('torch.')}"
+            f":d{q.shape[-1]}:g{group}")
+
 
 def device_slug(device: torch.device) -> str:
     """The file name's stem for this device: "nvidia-h200" for an "NVIDIA H200", "cpu"."""

@@ -30,11 +30,8 @@ from tokenmill.engine.kernels.attend import (
     dot_precision,
     query_groups,
     scale_args,
-    shape_key,
 )
-from tokenmill.engine.kernels.launch_configs import launch_config
-
-DEFAULTS: dict[str, Any] = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 3}
+from tokenmill.engine.kernels.launch_configs import KERNEL_DEFAULTS, attention_key, launch_config
 
 
 # num_seqs changes every step: one compiled kernel for every value, not one per class.
@@ -130,7 +127,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     softcap * tanh(score / softcap); sinks: [heads], a logit per head in every softmax's
     denominator (attention sinks); visible_until: [tokens], the last position each query
     sees (None: its own, causal attention), which an image's rows extend to the image's end.
-    settings (DEFAULTS' names) override the device's measured launch config for this shape.
+    settings (launch_configs.KERNEL_DEFAULTS' names) override the device's measured launch
+    config for this shape.
     """
     num_tokens, _, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -139,8 +137,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     num_seqs = seq_lens.shape[0]
     if num_tokens == 0 or num_seqs == 0:
         return out
-    config = launch_config("prefill_attention", shape_key(q, k_cache, group), q.device,
-                           DEFAULTS, settings)
+    config = launch_config("prefill_attention", attention_key(q, k_cache, group), q.device,
+                           KERNEL_DEFAULTS["prefill_attention"], settings)
     block_m = config["block_m"]
     # Every sequence's tiles fit below the next one's first tile number (module docstring).
     grid = (num_tokens * group // block_m + num_seqs, num_kv_heads)

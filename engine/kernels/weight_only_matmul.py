@@ -25,17 +25,9 @@ import triton
 import triton.language as tl
 
 from tokenmill.engine.kernels.attend import dot_precision
-from tokenmill.engine.kernels.launch_configs import launch_config
+from tokenmill.engine.kernels.launch_configs import KERNEL_DEFAULTS, launch_config, weight_key
 
 BLOCK_M = 16  # rows a tile multiplies at once (tl.dot's smallest); more rows, more programs
-DEFAULTS: dict[str, Any] = {
-    "block_n": 16,   # output channels per program: at 4,096 outputs, 256 programs
-    "block_k": 256,
-    "split_k": 1,
-    "rowwise": False,
-    "num_warps": 4,
-    "num_stages": 3,
-}
 
 
 @triton.jit
@@ -92,16 +84,12 @@ def _weight_only_row_kernel(
              out.to(out_ptr.dtype.element_ty), mask=n_ok)
 
 
-def shape_key(rows: int, outputs: int, inner: int) -> str:
-    """The launch configs' key: the weight's shape, and one row or a block of them."""
-    return f"{outputs}x{inner}:{'m1' if rows == 1 else 'm16'}"
-
-
 def weight_only_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                        **settings: Any) -> torch.Tensor:
     """x [M, K] @ (weight [N, K] * scale [N] float32)^T -> [M, N] in x's dtype.
 
-    settings (DEFAULTS' names) override the device's measured launch config for this shape."""
+    settings (launch_configs.KERNEL_DEFAULTS' names) override the device's measured launch
+    config for this shape."""
     rows, inner = x.shape
     outputs = weight.shape[0]
     out = torch.empty(rows, outputs, dtype=x.dtype, device=x.device)
@@ -110,8 +98,8 @@ def weight_only_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
     if x.stride(1) != 1:
         x = x.contiguous()
     assert weight.stride(1) == 1 and weight.shape[1] == inner
-    config = launch_config("weight_only_matmul", shape_key(rows, outputs, inner), x.device,
-                           DEFAULTS, settings)
+    config = launch_config("weight_only_matmul", weight_key(rows, outputs, inner), x.device,
+                           KERNEL_DEFAULTS["weight_only_matmul"], settings)
     block_n, block_k = config["block_n"], config["block_k"]
     # Each split's share is whole tiles long; rounding up may leave fewer splits than asked.
     split_len = triton.cdiv(triton.cdiv(inner, config["split_k"]), block_k) * block_k

@@ -11,8 +11,16 @@ import pytest
 import torch
 
 from tokenmill.engine.bench.gpu_suite import kernels_stage, summary
-from tokenmill.engine.kernels import decode_attention, prefill_attention, weight_only_matmul
-from tokenmill.engine.kernels.launch_configs import ENV_VAR, clear_cache, launch_config
+from tokenmill.engine.kernels.launch_configs import (
+    ENV_VAR,
+    KERNEL_DEFAULTS,
+    clear_cache,
+    launch_config,
+    weight_key,
+)
+
+# The kernels' modules are not imported here: a Triton kernel is compiled or interpreted as
+# TRITON_INTERPRET says when its module is first imported, which tests/device_kernels sets.
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +36,7 @@ def test_every_weight_shape_is_swept_at_one_row_and_at_several(kernels):
     for run in runs:
         candidates = run["candidates"]
         # The defaults first; a row per program only where there is one row.
-        assert candidates[0]["settings"] == weight_only_matmul.DEFAULTS
+        assert candidates[0]["settings"] == KERNEL_DEFAULTS["weight_only_matmul"]
         assert all(not c["settings"]["rowwise"] for c in candidates) or run["rows"] == 1
         assert all("error" not in c and c["us"] > 0 for c in candidates), candidates
         assert run["best"] == min(candidates, key=lambda c: c["us"])
@@ -40,8 +48,8 @@ def test_every_weight_shape_is_swept_at_one_row_and_at_several(kernels):
 
 def test_attention_candidates_are_ranked_against_the_defaults_over_every_workload(kernels):
     parts = kernels["result"]["parts"]
-    for part, defaults in (("prefill-attention", prefill_attention.DEFAULTS),
-                           ("decode-attention", decode_attention.DEFAULTS)):
+    for part, defaults in (("prefill-attention", KERNEL_DEFAULTS["prefill_attention"]),
+                           ("decode-attention", KERNEL_DEFAULTS["decode_attention"])):
         sweep = parts[part]
         candidates = sweep["candidates"]
         assert candidates[0]["settings"] == defaults and len(candidates) == 2
@@ -65,18 +73,17 @@ def test_the_written_file_holds_each_best_under_the_key_its_kernel_looks_up(
     clear_cache()
     try:
         for run in runs:
-            key = weight_only_matmul.shape_key(run["rows"], run["outputs"], run["inner"])
+            key = weight_key(run["rows"], run["outputs"], run["inner"])
             assert launch_config("weight_only_matmul", key, torch.device("cpu"),
-                                 weight_only_matmul.DEFAULTS) == run["best"]["settings"]
+                                 KERNEL_DEFAULTS["weight_only_matmul"]) == run["best"]["settings"]
         parts = kernels["result"]["parts"]
         # The attention kernels' key: query dtype, cache dtype, head size, group (float32 here).
         heads, kv_heads, dim = kernels_stage.DRY_HEADS
         key = f"float32:float32:d{dim}:g{heads // kv_heads}"
-        for part, kernel, defaults in (
-                ("prefill-attention", "prefill_attention", prefill_attention.DEFAULTS),
-                ("decode-attention", "decode_attention", decode_attention.DEFAULTS)):
+        for part, kernel in (("prefill-attention", "prefill_attention"),
+                             ("decode-attention", "decode_attention")):
             assert launch_config(kernel, key, torch.device("cpu"),
-                                 defaults) == parts[part]["best"]["settings"]
+                                 KERNEL_DEFAULTS[kernel]) == parts[part]["best"]["settings"]
     finally:
         clear_cache()
 

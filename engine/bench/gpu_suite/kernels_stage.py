@@ -15,8 +15,8 @@ Parts:
                      they must read over the bandwidth
 Each candidate's output is checked before it is timed (weight-only: against the dequantized
 matmul; attention: against the default settings' output); one that fails to compile or
-differs is recorded and left out. The attention kernels' candidates are ranked by their time
-summed over the part's workloads, each relative to the default settings.
+differs is recorded and left out. The attention kernels' candidates are ranked by the mean
+over the part's workloads of their time relative to the default settings'.
 
 Writes <prefix>-kernels.json and launch-configs-<gpu>.json beside it: with
 TOKENMILL_KERNEL_CONFIGS set to that file the engine launches with those settings; committed as
@@ -55,10 +55,8 @@ PART_SECONDS = {"weight-only": 60, "prefill-attention": 35, "decode-attention": 
 # In the order tried (a sweep cut short keeps the first): split_k needs no new compile, so the
 # default tile's splits come first; then a row per program; then other tensor-core tiles.
 WEIGHT_CANDIDATES = [
-    *({"rowwise": rowwise, "block_n": n, "block_k": k, "num_warps": w, "num_stages": 3,
-       "split_k": s}
-      for rowwise, (n, k), w, s in itertools.product(
-          (False,), ((16, 256),), (4,), (2, 4, 8))),
+    *({"rowwise": False, "block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 3,
+       "split_k": s} for s in (2, 4, 8)),
     *({"rowwise": True, "block_n": n, "block_k": k, "num_warps": w, "num_stages": 3,
        "split_k": s}
       for (n, k), w, s in itertools.product(((8, 512), (16, 256), (32, 128), (4, 1024)),
@@ -120,14 +118,14 @@ def _weight_only(ctx: SuiteContext, device: Any, gb_per_s: float, deadline: floa
                  ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Each candidate over every shape and row count before the next candidate, so that a
     sweep cut short by its time budget has tried the same candidates everywhere."""
-    from tokenmill.engine.kernels import weight_only_matmul as kernel
+    from tokenmill.engine.kernels.launch_configs import KERNEL_DEFAULTS, weight_key
 
     shapes = DRY_WEIGHT_SHAPES if ctx.dry_run else WEIGHT_SHAPES
     cases = [_WeightCase(ctx, device, gb_per_s, name, outputs, inner, rows)
              for (name, (outputs, inner)), rows in itertools.product(
                  shapes.items(), DRY_ROWS if ctx.dry_run else ROWS)]
-    candidates = _unique([kernel.DEFAULTS, *(DRY_WEIGHT_CANDIDATES if ctx.dry_run
-                                             else WEIGHT_CANDIDATES)])
+    candidates = _unique([KERNEL_DEFAULTS["weight_only_matmul"],
+                          *(DRY_WEIGHT_CANDIDATES if ctx.dry_run else WEIGHT_CANDIDATES)])
     tried = _sweep(candidates, deadline, lambda settings: [case.measure(settings)
                                                            for case in cases])
     runs, best = [], {}
@@ -137,7 +135,7 @@ def _weight_only(ctx: SuiteContext, device: Any, gb_per_s: float, deadline: floa
                                              gb_per_s)
         runs.append(run)
         if run["best"] is not None:
-            best[kernel.shape_key(case.rows, case.outputs, case.inner)] = run["best"]["settings"]
+            best[weight_key(case.rows, case.outputs, case.inner)] = run["best"]["settings"]
         _say_weight_only(run)
     return ({"runs": runs, "candidates_tried": tried, "candidates": len(candidates)},
             {"weight_only_matmul": best})
@@ -256,7 +254,7 @@ def _prefill(ctx: SuiteContext, device: Any, gb_per_s: float, deadline: float
     import torch
 
     from tokenmill.engine.kernels import prefill_attention as kernel
-    from tokenmill.engine.kernels.attend import shape_key
+    from tokenmill.engine.kernels.launch_configs import KERNEL_DEFAULTS, attention_key
 
     heads, kv_heads, dim = DRY_HEADS if ctx.dry_run else HEADS
     workloads = ({"prompt": ([], 40), "mixed": ([20] * 3, 24)} if ctx.dry_run else
@@ -272,8 +270,8 @@ def _prefill(ctx: SuiteContext, device: Any, gb_per_s: float, deadline: float
                 batch["seq_lens"], batch["query_start"], dim ** -0.5, **settings)
         return {name: call(batch) for name, batch in batches.items()}
 
-    candidates = [kernel.DEFAULTS, *(DRY_PREFILL_CANDIDATES if ctx.dry_run
-                                     else PREFILL_CANDIDATES)]
+    candidates = [KERNEL_DEFAULTS["prefill_attention"],
+                  *(DRY_PREFILL_CANDIDATES if ctx.dry_run else PREFILL_CANDIDATES)]
     sweep = _attention_sweep(ctx, device, candidates, calls, deadline)
     prompt_name, (_, prompt_len) = next(iter(workloads.items()))
     flops = 4 * heads * dim * prompt_len * (prompt_len + 1) / 2  # causal: half the scores
@@ -283,8 +281,8 @@ def _prefill(ctx: SuiteContext, device: Any, gb_per_s: float, deadline: float
     status(f"prefill-attention: default {sweep['default_us']}, best "
            f"{None if best is None else best['us']} us by workload, SDPA over the prompt "
            f"{sweep['sdpa_us']:.1f} us; best {None if best is None else best['settings']}")
-    key = shape_key(batches[prompt_name]["q"], batches[prompt_name]["caches"][0][0],
-                    heads // kv_heads)
+    key = attention_key(batches[prompt_name]["q"], batches[prompt_name]["caches"][0][0],
+                        heads // kv_heads)
     return sweep, {"prefill_attention": {} if best is None else {key: best["settings"]}}
 
 
@@ -294,7 +292,7 @@ def _decode(ctx: SuiteContext, device: Any, gb_per_s: float, deadline: float
 
     from tokenmill.engine.execution.decode_graphs import graph_decode_splits
     from tokenmill.engine.kernels import decode_attention as kernel
-    from tokenmill.engine.kernels.attend import shape_key
+    from tokenmill.engine.kernels.launch_configs import KERNEL_DEFAULTS, attention_key
 
     heads, kv_heads, dim = DRY_HEADS if ctx.dry_run else HEADS
     workloads = ({"batch4-ctx40": [40] * 4, "batch1-ctx64": [64]} if ctx.dry_run else
@@ -313,8 +311,8 @@ def _decode(ctx: SuiteContext, device: Any, gb_per_s: float, deadline: float
                 batch["seq_lens"], max_len, dim ** -0.5, num_splits=splits[name], **settings)
         return {name: call(name, batch) for name, batch in batches.items()}
 
-    candidates = [kernel.DEFAULTS, *(DRY_DECODE_CANDIDATES if ctx.dry_run
-                                     else DECODE_CANDIDATES)]
+    candidates = [KERNEL_DEFAULTS["decode_attention"],
+                  *(DRY_DECODE_CANDIDATES if ctx.dry_run else DECODE_CANDIDATES)]
     sweep = _attention_sweep(ctx, device, candidates, calls, deadline)
     element = torch.tensor([], dtype=dtype).element_size()
     sweep["bound_us"] = {name: sum(contexts) * kv_heads * dim * 2 * element / gb_per_s / 1e3
@@ -325,7 +323,7 @@ def _decode(ctx: SuiteContext, device: Any, gb_per_s: float, deadline: float
            f"{None if best is None else best['us']} us, bound {sweep['bound_us']}; best "
            f"{None if best is None else best['settings']}")
     first = next(iter(batches.values()))
-    key = shape_key(first["q"], first["caches"][0][0], heads // kv_heads)
+    key = attention_key(first["q"], first["caches"][0][0], heads // kv_heads)
     return sweep, {"decode_attention": {} if best is None else {key: best["settings"]}}
 
 
