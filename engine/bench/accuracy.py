@@ -70,9 +70,12 @@ def compare(reference: torch.Tensor, candidate: torch.Tensor,
 
 def measure(config: EngineConfig, token_ids: list[int],
             modes: list[str]) -> dict[str, dict[str, float]]:
-    """Every mode against the unquantized engine on the same tokens."""
+    """Every mode against the unquantized engine on the same tokens. A mode changes only
+    what it names from the reference: on the default GGUF model an unset quantization would
+    keep the file's 4-bit blocks, so `kv-fp8` would measure those weights too."""
     reference = score(config.replace(**REFERENCE), token_ids)
-    return {mode: compare(reference, score(config.replace(**MODES[mode]), token_ids), token_ids)
+    return {mode: compare(reference, score(config.replace(**{**REFERENCE, **MODES[mode]}),
+                                           token_ids), token_ids)
             for mode in modes}
 
 
