@@ -13,6 +13,7 @@ MODES: dict[str, dict[str, Any]] = {
     "fp8": {"quantization": "fp8"},
     "kv-int8": {"kv_cache_dtype": "int8"},
     "kv-fp8": {"kv_cache_dtype": "fp8"},
+    "kv-fp8-e5m2": {"kv_cache_dtype": "fp8_e5m2"},
     "int8+kv-int8": {"quantization": "int8", "kv_cache_dtype": "int8"},
     "fp8+kv-fp8": {"quantization": "fp8", "kv_cache_dtype": "fp8"},
 }

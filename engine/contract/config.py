@@ -24,7 +24,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 KV_CACHE_DTYPE_ALIASES = {"fp8_e4m3": "fp8"}
 QUANTIZATIONS = (None, "none", "int8", "fp8", "gguf")
-KV_CACHE_DTYPES = ("auto", "int8", "fp8")
+KV_CACHE_DTYPES = ("auto", "int8", "fp8", "fp8_e5m2")
 # The GPUs per replica the CRD offers; the engine itself runs any size that divides the model.
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 BLOCK_SIZES = (8, 16, 32, 64, 128)
@@ -34,7 +34,7 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 # values that fail at start-up (engine), and at `kubectl apply` (the CRD's rules are generated
 # from these), until the engine implements them.
 SUPPORTED = {"quantization": (None, "none", "int8", "fp8", "gguf"),
-             "kv_cache_dtype": ("auto", "int8", "fp8")}
+             "kv_cache_dtype": ("auto", "int8", "fp8", "fp8_e5m2")}
 SUPPORTED_SPECULATIVE_METHODS = ("ngram", "draft")
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_CPU_KV_CACHE_MEMORY = 1 << 30
@@ -150,10 +150,10 @@ class EngineConfig:
               "tensors, LM head included, for the CPU's int4/int8 kernels (CPU, one rank).")
     kv_cache_dtype: str = _opt(
         "auto",
-        "KV-cache dtype: auto (the model dtype), int8 or fp8 (e4m3; vLLM's fp8_e4m3 is the "
-        "same; fp8_e5m2 is refused), each with a float32 scale "
-        "per token and KV head: about 2x the tokens of bfloat16 in the same memory. fp8 with the "
-        "Triton backend needs a GPU of compute capability 8.9 or newer.",
+        "KV-cache dtype: auto (the model dtype), int8, fp8 (e4m3; vLLM's fp8_e4m3 is the "
+        "same) or fp8_e5m2 (wider range, one mantissa bit less), each with a float32 scale "
+        "per token and KV head: about 2x the tokens of bfloat16 in the same memory. fp8 and "
+        "fp8_e5m2 with the Triton backend need a GPU of compute capability 8.9 or newer.",
     )
     enable_prefix_caching: bool = _opt(
         True, "Reuse the KV cache of earlier requests that share a prompt prefix."
@@ -282,9 +282,6 @@ class EngineConfig:
                f"must be at least 1, got {self.tensor_parallel_size}")
         _check(self.quantization in QUANTIZATIONS, "quantization",
                f"{self.quantization!r} is not one of none, int8, fp8, gguf (or unset)")
-        _check(self.kv_cache_dtype != "fp8_e5m2", "kv_cache_dtype",
-               "fp8_e5m2 is not supported: fp8 (fp8_e4m3, with a scale per token and KV head) "
-               "keeps more precision in the same memory")
         _check(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype",
                f"{self.kv_cache_dtype!r} is not one of {KV_CACHE_DTYPES}")
         _check(self.kv_offloading_size >= 0, "kv_offloading_size",

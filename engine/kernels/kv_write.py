@@ -76,7 +76,8 @@ def kv_write(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     assert k.stride(-1) == v.stride(-1) == k_cache.stride(-1) == v_cache.stride(-1) == 1
     assert k_cache.stride() == v_cache.stride()
     quantized = k_scale is not None
-    # int8: 127, e4m3: 448 (layers/kv_quant.qmax; kernels import nothing from the layers)
+    # int8: 127, e4m3: 448, e5m2: 57344 (layers/kv_quant.qmax; kernels import nothing from the
+    # layers)
     limit = (torch.finfo(k_cache.dtype) if k_cache.dtype.is_floating_point
              else torch.iinfo(k_cache.dtype)).max
     k_scales, v_scales, scale_sb, scale_st = scale_args(k_cache, k_scale, v_scale)

@@ -38,19 +38,20 @@ def resolve_backend(name: str, device: torch.device) -> str:
 def check_kv_cache_dtype(kv_cache_dtype: str, backend: str, device: torch.device) -> None:
     """ConfigError where the resolved backend cannot store this KV dtype.
 
-    The torch path dequantizes on any device. Triton converts to fp8 e4m3 in hardware only from
+    The torch path dequantizes on any device. Triton converts to fp8 in hardware only from
     compute capability 8.9 (Ada, Hopper), and its CPU interpreter rounds float32 to fp8 wrongly
-    near powers of two, so fp8 with the Triton backend needs such a GPU.
+    near powers of two, so fp8 (e4m3 or e5m2) with the Triton backend needs such a GPU.
     """
-    if kv_cache_dtype != "fp8" or backend != "triton":
+    if not kv_cache_dtype.startswith("fp8") or backend != "triton":
         return
     if device.type != "cuda":
-        raise ConfigError("kv_cache_dtype", "fp8 with the Triton attention backend needs a CUDA "
-                                            "GPU; use attention_backend torch on CPU")
+        raise ConfigError("kv_cache_dtype", f"{kv_cache_dtype} with the Triton attention "
+                                            "backend needs a CUDA GPU; use attention_backend "
+                                            "torch on CPU")
     if torch.cuda.get_device_capability(device) < (8, 9):
-        raise ConfigError("kv_cache_dtype", "fp8 with the Triton attention backend needs a GPU "
-                                            "of compute capability 8.9 or newer; use int8, or "
-                                            "attention_backend torch")
+        raise ConfigError("kv_cache_dtype", f"{kv_cache_dtype} with the Triton attention "
+                                            "backend needs a GPU of compute capability 8.9 or "
+                                            "newer; use int8, or attention_backend torch")
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, cache: KVLayer, meta: AttentionMetadata) -> None:

@@ -1,15 +1,18 @@
-"""Quantized KV storage: int8 or fp8 e4m3 values with one float32 scale per (token, K/V head).
+"""Quantized KV storage: int8, fp8 e4m3 or fp8 e5m2 values with one float32 scale per (token,
+K/V head).
 
 Symmetric, per row of head_dim values: scale = amax(|x|) / qmax, stored = x / scale rounded into
-the storage type (qmax 127 for int8, 448 for e4m3), read back as stored * scale. A zero row gets
-scale 1 so it reads back as zeros. This is the oracle of the Triton kv_write kernel.
+the storage type (qmax 127 for int8, 448 for e4m3, 57344 for e5m2), read back as stored *
+scale. A zero row gets scale 1 so it reads back as zeros. This is the oracle of the Triton
+kv_write kernel.
 """
 
 from __future__ import annotations
 
 import torch
 
-KV_STORAGE_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
+KV_STORAGE_DTYPES = {"int8": torch.int8, "fp8": torch.float8_e4m3fn,
+                     "fp8_e5m2": torch.float8_e5m2}
 
 
 def kv_storage_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -22,7 +25,8 @@ def is_quantized(dtype: torch.dtype) -> bool:
 
 
 def qmax(dtype: torch.dtype) -> float:
-    """The largest magnitude a quantized value may take (127 for int8, 448 for e4m3)."""
+    """The largest magnitude a quantized value may take (127 for int8, 448 for e4m3, 57344 for
+    e5m2)."""
     info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
     return float(info.max)
 

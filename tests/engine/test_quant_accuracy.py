@@ -22,6 +22,7 @@ SMOLLM2_BOUNDS = {
     "fp8": (0.89, 0.040, 0.030),
     "kv-int8": (0.97, 0.003, 0.005),
     "kv-fp8": (0.94, 0.015, 0.010),
+    "kv-fp8-e5m2": (0.875, 0.060, 0.050),
     "bf16": (0.94, 0.010, 0.010),
     "gguf": (0.94, 0.010, 0.010),
 }
@@ -32,6 +33,7 @@ RANDOM_BOUNDS = {
     "fp8": (0.80, 0.005, 0.020),
     "kv-int8": (0.95, 0.0001, 0.002),
     "kv-fp8": (0.88, 0.001, 0.005),
+    "kv-fp8-e5m2": (0.82, 0.002, 0.010),
 }
 
 
@@ -74,6 +76,25 @@ def test_compare_measures_agreement_kl_and_perplexity():
     assert same["perplexity_delta"] == pytest.approx(0, abs=1e-6)
     flat = accuracy.compare(ref, torch.full_like(ref, -torch.log(torch.tensor(10.0))), ids)
     assert flat["perplexity"] == pytest.approx(10.0, rel=1e-5) and flat["mean_kl"] > 0.1
+
+
+def test_a_mode_changes_only_what_it_names_from_the_reference(monkeypatch):
+    """On the built-in GGUF an unset quantization keeps the file's 4-bit blocks on a CPU: a
+    KV-cache mode built on the command's options alone measured those weights as well."""
+    scored = []
+
+    def score(config, token_ids):
+        scored.append(config)
+        return torch.log_softmax(torch.zeros(len(token_ids) - 1, 4), dim=-1)
+
+    monkeypatch.setattr(accuracy, "score", score)
+    accuracy.measure(EngineConfig(max_num_batched_tokens=512), [1, 2, 3],
+                     ["kv-fp8", "kv-fp8-e5m2", "bf16", "gguf"])
+    picked = [(c.quantization, c.kv_cache_dtype, c.dtype, c.max_num_batched_tokens)
+              for c in scored]
+    assert picked == [("none", "auto", "float32", 512), ("none", "fp8", "float32", 512),
+                      ("none", "fp8_e5m2", "float32", 512), ("none", "auto", "bfloat16", 512),
+                      ("gguf", "auto", "float32", 512)]
 
 
 def test_random_llama_modes_stay_close(tiny_llama_dir, smol_tokenizer):

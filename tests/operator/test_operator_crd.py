@@ -183,7 +183,8 @@ def test_long_names_are_rejected_at_apply():
 
 @pytest.mark.parametrize("engine", [
     {"quantization": "int8"}, {"quantization": "fp8"}, {"kvCacheDtype": "int8"},
-    {"kvCacheDtype": "fp8"}, {"quantization": "fp8", "kvCacheDtype": "fp8"}])
+    {"kvCacheDtype": "fp8"}, {"kvCacheDtype": "fp8_e5m2"},
+    {"quantization": "fp8", "kvCacheDtype": "fp8"}])
 def test_quantization_is_admitted_and_deployable(engine):
     obj = {"apiVersion": "tokenmill.io/v1alpha1", "kind": "InferenceService",
            "metadata": {"name": "x"}, "spec": {"engine": engine}}
@@ -368,7 +369,7 @@ def test_quantities_that_are_no_quantity_are_refused(resources):
 
 CLOSED_SETS = [
     ({"engine": {"quantization": "int4"}}, ["none", "int8", "fp8"]),
-    ({"engine": {"kvCacheDtype": "fp4"}}, ["auto", "int8", "fp8"]),
+    ({"engine": {"kvCacheDtype": "fp4"}}, ["auto", "int8", "fp8", "fp8_e5m2"]),
     ({"engine": {"tensorParallelSize": 3}}, ["1", "2", "4", "8"]),
     ({"autoscaling": {"mode": "keda2"}}, ["builtin", "external", "keda"]),
     ({"imagePullPolicy": "Sometimes"}, ["Always", "IfNotPresent", "Never"]),
