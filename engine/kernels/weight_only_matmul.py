@@ -6,7 +6,8 @@ activations, then runs a tile shape made for many rows, which at one row leaves 
 GPU idle. Here each program reads BLOCK_N output channels' weights over its share of the inner
 dimension once, converts them to the activations' dtype, and multiplies by every row at once;
 the channel scales apply to the float32 sums. The weights may be any dtype (fp8 e4m3 on GPUs
-that have it; the CPU interpreter's tests use float16).
+that have it; the CPU interpreter's tests use float16); float32 rows multiply exactly (no
+TF32), as in the attention kernels.
 
 Reaching the bandwidth takes enough weight loads in flight, which depends on the GPU and the
 shape: split_k splits the inner dimension over that many programs (their float32 partial sums
