@@ -636,10 +636,7 @@ class LLMEngine:
                 if seq.num_computed_tokens == seq.num_tokens:
                     embedded.append(seq)
             elif rows:  # else a prompt chunk, with more to come: no logits
-                if seq.params.n == 1:
-                    draws.append(Draw(seq, first))
-                else:
-                    draws += [Draw(member, first) for member in self._fork_if_first_sample(seq)]
+                draws += [Draw(member, first) for member in self._fork_if_first_sample(seq)]
         return draws, embedded
 
     def _settle(self, seq: Sequence, proposals: list[int],
@@ -729,8 +726,10 @@ class LLMEngine:
 
     def _fork_if_first_sample(self, seq: Sequence) -> list[Sequence]:
         """At a request's first sample, n > 1 becomes n sequences sharing the prompt blocks."""
+        if seq.params.n == 1 or seq.index != 0:
+            return [seq]
         req = self._requests[seq.request_id]
-        if seq.index != 0 or len(req.seqs) == req.params.n:
+        if len(req.seqs) == req.params.n:
             return [seq]
         members = [seq]
         for index in range(1, req.params.n):

@@ -23,7 +23,7 @@ from tokenmill.engine.kernels.attend import (
     query_groups,
     scale_args,
 )
-from tokenmill.engine.kernels.launch_configs import KERNEL_DEFAULTS, attention_key, launch_config
+from tokenmill.engine.kernels.launch_configs import attention_key, launch_config
 
 TARGET_PROGRAMS = 256  # enough programs to occupy every SM of a large GPU
 MIN_SPLIT_TOKENS = 256  # shorter splits would cost more to merge than they save
@@ -133,8 +133,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out = torch.empty_like(q)
     if num_seqs == 0:
         return out
-    config = launch_config("decode_attention", attention_key(q, k_cache, group), q.device,
-                           KERNEL_DEFAULTS["decode_attention"], settings)
+    config = launch_config("decode_attention", attention_key(q, k_cache, group), q.device, settings)
     block_n = config["block_n"]
     if num_splits is None:
         wanted = triton.cdiv(TARGET_PROGRAMS, num_seqs * num_kv_heads)

@@ -70,13 +70,14 @@ def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
-def launch_config(kernel: str, key: str, device: torch.device, defaults: dict[str, Any],
+def launch_config(kernel: str, key: str, device: torch.device,
                   overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """defaults, with the measured settings for (kernel, shape key) on this device laid over
-    them, then the caller's overrides. Only settings that defaults names are taken from the
-    file, so an older file cannot pass a kernel an argument it no longer has; an override
-    defaults does not name is a caller's mistake, and raises. The answer is kept per kernel,
-    shape and device (kernels launch every layer of every step): do not change it."""
+    """The kernel's KERNEL_DEFAULTS, with the measured settings for (kernel, shape key) on this
+    device laid over them, then the caller's overrides. Only settings the defaults name are
+    taken from the file, so an older file cannot pass a kernel an argument it no longer has;
+    an override they do not name is a caller's mistake, and raises. The answer is kept per
+    kernel, shape and device (kernels launch every layer of every step): do not change it."""
+    defaults = KERNEL_DEFAULTS[kernel]
     found_key = (kernel, key, device.type, device.index, os.environ.get(ENV_VAR))
     config = _resolved.get(found_key)
     if config is None:

@@ -31,7 +31,7 @@ from tokenmill.engine.kernels.attend import (
     query_groups,
     scale_args,
 )
-from tokenmill.engine.kernels.launch_configs import KERNEL_DEFAULTS, attention_key, launch_config
+from tokenmill.engine.kernels.launch_configs import attention_key, launch_config
 
 
 # num_seqs changes every step: one compiled kernel for every value, not one per class.
@@ -138,7 +138,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     if num_tokens == 0 or num_seqs == 0:
         return out
     config = launch_config("prefill_attention", attention_key(q, k_cache, group), q.device,
-                           KERNEL_DEFAULTS["prefill_attention"], settings)
+                           settings)
     block_m = config["block_m"]
     # Every sequence's tiles fit below the next one's first tile number (module docstring).
     grid = (num_tokens * group // block_m + num_seqs, num_kv_heads)

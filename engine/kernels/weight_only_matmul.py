@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from tokenmill.engine.kernels.attend import dot_precision
-from tokenmill.engine.kernels.launch_configs import KERNEL_DEFAULTS, launch_config, weight_key
+from tokenmill.engine.kernels.launch_configs import launch_config, weight_key
 
 BLOCK_M = 16  # rows a tile multiplies at once (tl.dot's smallest); more rows, more programs
 
@@ -100,7 +100,7 @@ def weight_only_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
         x = x.contiguous()
     assert weight.stride(1) == 1 and weight.shape[1] == inner
     config = launch_config("weight_only_matmul", weight_key(rows, outputs, inner), x.device,
-                           KERNEL_DEFAULTS["weight_only_matmul"], settings)
+                           settings)
     block_n, block_k = config["block_n"], config["block_k"]
     # Each split's share is whole tiles long; rounding up may leave fewer splits than asked.
     split_len = triton.cdiv(triton.cdiv(inner, config["split_k"]), block_k) * block_k

@@ -28,10 +28,11 @@ def rotation(bytes_per_copy: int, on_cuda: bool, most: int = 64) -> int:
 def time_call(call: Callable[[int], Any], device: Any, calls: int = 20,
               repeats: int = 3) -> float:
     """Median seconds per call(i), i = 0, 1, ... (the input copy to use), over `repeats` runs
-    of `calls` calls; call(0) has run once before (it compiles, and is checked)."""
+    of `calls` calls, after untimed calls (the first compiles)."""
     import torch
 
     if torch.device(device).type != "cuda":
+        call(0)
         samples = []
         for _ in range(repeats):
             start = time.perf_counter()

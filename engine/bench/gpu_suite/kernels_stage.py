@@ -431,7 +431,6 @@ def _timed(ctx: SuiteContext, device: Any, settings: dict[str, Any],
 def _time(ctx: SuiteContext, device: Any, call: Callable[[int], Any]) -> float:
     from tokenmill.engine.bench.gpu_suite.kernel_timing import time_call
 
-    call(0)
     return time_call(call, device, calls=2 if ctx.dry_run else 20,
                      repeats=1 if ctx.dry_run else 3)
 
