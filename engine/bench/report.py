@@ -71,20 +71,28 @@ def distribution(values: list[float]) -> dict[str, float]:
 
 def kv_summary(run: EngineRun) -> dict[str, Any]:
     """Mean waste over every step holding blocks, and at steady state: the steps whose batch is
-    at least half the peak batch (ramp-up and the draining tail excluded)."""
+    at least half the peak batch (ramp-up and the draining tail excluded). Waste counts the
+    steps where it was sampled (engine_run.STATS_SHARE); usage, every step."""
     live = [s for s in run.steps if s.used_blocks > 0]
     if not live:
-        return {"waste_mean": None, "waste_steady": None, "peak_usage": 0.0, "steady_steps": 0}
+        return {"waste_mean": None, "waste_steady": None, "peak_usage": 0.0, "steady_steps": 0,
+                "waste_steps": 0}
     peak = max(s.num_running for s in live)
     steady = [s for s in live if s.num_running >= STEADY_FRACTION * peak]
     return {
-        "waste_mean": float(np.mean([s.waste for s in live])),
-        "waste_steady": float(np.mean([s.waste for s in steady])),
+        "waste_mean": _mean_waste(live),
+        "waste_steady": _mean_waste(steady),
         "usage_steady": float(np.mean([s.usage for s in steady])),
         "peak_usage": max(s.usage for s in live),
         "peak_running": peak,
         "steady_steps": len(steady),
+        "waste_steps": sum(1 for s in live if s.waste is not None),
     }
+
+
+def _mean_waste(steps: list[Any]) -> float | None:
+    sampled = [s.waste for s in steps if s.waste is not None]
+    return float(np.mean(sampled)) if sampled else None
 
 
 def summarize(run: EngineRun, hf_runs: list[HFRun]) -> dict[str, Any]:
@@ -133,8 +141,8 @@ def format_table(summary: dict[str, Any]) -> str:
         rows.append((f"{name[:-2].upper()} mean / P50 / P99",
                      f"{d['mean']:.2f} / {d['p50']:.2f} / {d['p99']:.2f} s"))
     if kv["waste_mean"] is not None:
-        rows.append(("KV waste mean / steady",
-                     f"{kv['waste_mean']:.1%} / {kv['waste_steady']:.1%}"))
+        steady = "n/a" if kv["waste_steady"] is None else f"{kv['waste_steady']:.1%}"
+        rows.append(("KV waste mean / steady", f"{kv['waste_mean']:.1%} / {steady}"))
         rows.append(("KV usage peak", f"{kv['peak_usage']:.1%}"))
     rows.append(("preemptions", str(tm["num_preemptions"])))
     width = max(len(name) for name, _ in rows)

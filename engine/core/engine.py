@@ -524,8 +524,9 @@ class LLMEngine:
         to for this checkpoint and device ("none" where nothing is quantized)."""
         return getattr(self.runner.model, "quantization", None) or "none"
 
-    def kv_cache_stats(self) -> KVCacheStats:
-        return self.kv.stats()
+    def kv_cache_stats(self, slots: bool = True) -> KVCacheStats:
+        """The KV pool's counts; slots=False skips counting used slots (KVCacheManager.stats)."""
+        return self.kv.stats(slots)
 
     def memory_report(self) -> dict[str, Any]:
         """What the weights and the KV pool take (one rank's shard of each under tensor

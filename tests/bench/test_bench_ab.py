@@ -3,6 +3,7 @@ memory free, so one left alive while the next starts would take that one's pool.
 
 from __future__ import annotations
 
+import time
 import weakref
 
 from tokenmill.engine.bench import ab
@@ -51,3 +52,31 @@ def test_the_engine_run_waits_for_the_device_between_steps_unless_scheduling_is_
         counted[overlapped] = (len(waits), len(run.steps))
     assert counted[False][0] == counted[False][1] > 0
     assert counted[True][0] == 0 and counted[True][1] > 0
+
+
+def test_counting_kv_slots_stays_out_of_the_timed_run(tiny_llama_dir, monkeypatch):
+    """Counting the pool's used slots walks every block table: the engine run counts them only
+    while doing so has taken at most STATS_SHARE of the run, so a costly count cannot become a
+    large part of the throughput it reports. Here each count costs 20 ms, several steps."""
+    from tokenmill.engine import LLM
+    from tokenmill.engine.bench import engine_run, report
+    from tokenmill.engine.core.kv_cache.manager import KVCacheManager
+
+    cost_s = 0.02
+    original = KVCacheManager.stats
+
+    def costly(self, slots=True):
+        if slots:
+            time.sleep(cost_s)
+        return original(self, slots)
+
+    monkeypatch.setattr(KVCacheManager, "stats", costly)
+    workload = [BenchRequest(prompt_token_ids=[5 + i, 6, 7, 8], output_len=40) for i in range(4)]
+    llm = LLM(tiny_llama_dir, show_progress=False)
+    run = engine_run.run_engine(llm, workload, show_progress=False)
+    counted = [s for s in run.steps if s.waste is not None]
+    assert run.steps[0].waste is not None and 0 < len(counted) < len(run.steps)
+    assert run.stats_overhead_s <= engine_run.STATS_SHARE * run.elapsed_s + 1.5 * cost_s
+    assert all(s.used_blocks > 0 for s in run.steps[:-1])  # the counters, every step
+    kv = report.kv_summary(run)
+    assert kv["waste_steps"] == len(counted) and 0.0 <= kv["waste_mean"] < 1.0

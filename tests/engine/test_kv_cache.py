@@ -112,6 +112,65 @@ def test_stats_report_waste_as_unused_allocated_slots():
     assert (stats.used_blocks, stats.allocated_slots, stats.used_slots) == (2, 8, 5)
     assert stats.waste == pytest.approx(3 / 8)
     assert stats.usage == pytest.approx(0.2)
+    counters = kv.stats(slots=False)  # what a caller sampling every step can afford
+    assert (counters.used_slots, counters.waste) == (None, None)
+    assert (counters.used_blocks, counters.allocated_slots, counters.usage) == (2, 8, 0.2)
+
+
+def _walked_used_slots(kv: KVCacheManager, seqs: list[_Seq]) -> int:
+    """Used slots by definition: each block once, as full as its fullest holder has it."""
+    owners: dict[int, int] = {}
+    for seq in seqs:
+        for i, block in enumerate(seq.block_table):
+            filled = min(kv.block_size, max(0, seq.num_computed_tokens - i * kv.block_size))
+            owners[block] = max(owners.get(block, 0), filled)
+    return sum(owners.values())
+
+
+def test_allocator_counts_the_blocks_held_more_than_once():
+    alloc = BlockAllocator(4)
+    a, b = alloc.allocate(), alloc.allocate()
+    alloc.share(a)
+    alloc.share(a)
+    alloc.share(b)
+    assert alloc.num_shared == 2
+    alloc.release(a)
+    assert alloc.num_shared == 2  # still held twice
+    alloc.release(a)
+    alloc.release(b)
+    assert alloc.num_shared == 0
+
+
+def test_used_slots_count_each_shared_block_once_and_unshared_tables_by_their_tokens():
+    """Counting without sharing takes each table's computed tokens; with a cached prefix or
+    a fork the blocks are walked. Both agree with the definition at every stage."""
+    kv = KVCacheManager(num_blocks=40, block_size=4, enable_prefix_caching=True)
+    live: list[_Seq] = []
+
+    def check() -> None:
+        assert kv.stats().used_slots == _walked_used_slots(kv, live)
+
+    for computed, tokens in ((5, 7), (8, 8), (0, 3), (13, 13)):  # partial, full, none, mixed
+        seq = _Seq()
+        kv.grow(seq, tokens)
+        seq.num_computed_tokens = computed
+        live.append(seq)
+        check()
+    assert kv.allocator.num_shared == 0
+    prompt = list(range(100, 110))
+    live.append(_prefilled(kv, prompt))
+    live.append(_prefilled(kv, prompt + [7, 8, 9]))  # its first two blocks are the cache's
+    assert kv.allocator.num_shared == 2
+    check()
+    child = _Seq(computed=live[0].num_computed_tokens)
+    kv.fork(live[0], child)
+    live.append(child)
+    check()
+    for seq in live[-3:]:
+        kv.free(seq)
+    del live[-3:]
+    assert kv.allocator.num_shared == 0
+    check()
 
 
 def _prefilled(kv: KVCacheManager, tokens: list[int], salt: str | None = None) -> _Seq:

@@ -202,6 +202,7 @@ def _measure(bandwidth: Any) -> Callable[[Any, Any, Callable[[], Any]], dict[str
                                                    memory["kv_bytes_per_token"] or 0,
                                                    bandwidth),
             "time_split": time_split(result.steps, result.elapsed_s),
+            "stats_overhead_s": result.stats_overhead_s,
             "memory": memory,
         }
 

@@ -25,6 +25,7 @@ class BlockAllocator:
         self._cached: set[int] = set()
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self.on_evict: Callable[[int], None] | None = None
+        self.num_shared = 0  # blocks held more than once (KVCacheManager.stats counts faster at 0)
 
     @property
     def num_free(self) -> int:
@@ -67,11 +68,15 @@ class BlockAllocator:
                 raise ValueError(f"block {block} is free and cannot be shared")
             del self._evictable[block]
         self._ref_counts[block] += 1
+        if self._ref_counts[block] == 2:
+            self.num_shared += 1
 
     def release(self, block: int) -> None:
         """Drop one reference; at zero the block is freed, or kept as evictable if cached."""
         if self._ref_counts[block] < 1:
             raise ValueError(f"block {block} is already free")
+        if self._ref_counts[block] == 2:
+            self.num_shared -= 1
         self._ref_counts[block] -= 1
         if self._ref_counts[block] == 0:
             if block in self._cached:

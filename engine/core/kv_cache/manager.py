@@ -23,7 +23,7 @@ class KVCacheStats:
     num_blocks: int
     used_blocks: int
     allocated_slots: int
-    used_slots: int
+    used_slots: int | None  # None: not counted (stats(slots=False))
     cached_blocks: int = 0
     evictable_blocks: int = 0
     host_blocks: int = 0       # the host tier's size (0: no tier)
@@ -42,8 +42,11 @@ class KVCacheStats:
         return self.used_blocks / self.num_blocks
 
     @property
-    def waste(self) -> float:
-        """Allocated but unused slots as a fraction of allocated slots (PagedAttention's metric)."""
+    def waste(self) -> float | None:
+        """Allocated but unused slots as a fraction of allocated slots (PagedAttention's metric);
+        None where the used slots were not counted."""
+        if self.used_slots is None:
+            return None
         if self.allocated_slots == 0:
             return 0.0
         return (self.allocated_slots - self.used_slots) / self.allocated_slots
@@ -189,17 +192,15 @@ class KVCacheManager:
     def slot(self, seq: Sequence, position: int) -> int:
         return slot_index(seq.block_table, position, self.block_size)
 
-    def stats(self) -> KVCacheStats:
-        owners: dict[int, int] = {}
-        for seq in self._tables.values():
-            for i, block in enumerate(seq.block_table):
-                filled = min(self.block_size, max(0, seq.num_computed_tokens - i * self.block_size))
-                owners[block] = max(owners.get(block, 0), filled)
+    def stats(self, slots: bool = True) -> KVCacheStats:
+        """The pool's counts. slots=False leaves the used slots (and so the waste) uncounted:
+        where blocks are shared, counting them walks every block of every table, which at a
+        large batch costs a good part of a decode step; everything else is a counter."""
         return KVCacheStats(
             num_blocks=self.allocator.num_blocks,
             used_blocks=self.allocator.num_used,
             allocated_slots=self.allocator.num_used * self.block_size,
-            used_slots=sum(owners.values()),
+            used_slots=self._used_slots() if slots else None,
             cached_blocks=self.allocator.num_cached,
             evictable_blocks=self.allocator.num_evictable,
             host_blocks=self.host.num_blocks if self.host else 0,
@@ -207,3 +208,17 @@ class KVCacheManager:
             dtype=self.layout.dtype_name if self.layout else None,
             bytes_per_token=self.layout.bytes_per_token if self.layout else None,
         )
+
+    def _used_slots(self) -> int:
+        """Slots holding a computed token, each shared block counted once. Where no block is
+        shared, a table's slots are its computed tokens (capped at its blocks' room)."""
+        if self.allocator.num_shared == 0:
+            size = self.block_size
+            return sum(min(seq.num_computed_tokens, len(seq.block_table) * size)
+                       for seq in self._tables.values())
+        owners: dict[int, int] = {}
+        for seq in self._tables.values():
+            for i, block in enumerate(seq.block_table):
+                filled = min(self.block_size, max(0, seq.num_computed_tokens - i * self.block_size))
+                owners[block] = max(owners.get(block, 0), filled)
+        return sum(owners.values())
