@@ -48,7 +48,8 @@ class IncrementalDetokenizer:
                 if piece:
                     self._prefix_offset = max(0, len(self._ids) - CONTEXT_TOKENS)
                     self._read_offset = len(self._ids)
-                    self._trim()
+                    if self._read_offset > 4 * CONTEXT_TOKENS:  # _trim's test, without its call
+                        self._trim()
                     self.text += piece
                 return piece or ""
         return self._append_in_python()

@@ -637,7 +637,10 @@ class LLMEngine:
                 if seq.num_computed_tokens == seq.num_tokens:
                     embedded.append(seq)
             elif rows:  # else a prompt chunk, with more to come: no logits
-                draws += [Draw(member, first) for member in self._fork_if_first_sample(seq)]
+                if seq.params.n == 1:  # the common case: no fork, no list built
+                    draws.append(Draw(seq, first))
+                else:
+                    draws += [Draw(member, first) for member in self._fork_if_first_sample(seq)]
         return draws, embedded
 
     def _settle(self, seq: Sequence, proposals: list[int],
@@ -656,7 +659,8 @@ class LLMEngine:
         outputs = []
         self.last_advanced = list(touched.values())
         for req in self.last_advanced:
-            if len(req.seqs) == req.params.n and all(s.is_finished for s in req.seqs):
+            if len(req.seqs) == req.params.n and (req.seqs[0].is_finished if len(req.seqs) == 1
+                                                  else all(s.is_finished for s in req.seqs)):
                 req.finished = True
                 req.timings.finished = time.monotonic()
                 del self._requests[req.request_id]
@@ -701,9 +705,8 @@ class LLMEngine:
 
     def _append(self, seq: Sequence, token: int, logprobs: dict[int, float] | None,
                 now: float) -> None:
-        timings = self._requests[seq.request_id].timings
-        if timings.first_token is None:
-            timings.first_token = now
+        if seq.timings.first_token is None:  # the request's timings, shared by its sequences
+            seq.timings.first_token = now
         append_token(seq, token, logprobs, self.eos_token_ids, self.max_model_len)
 
     # ---- helpers --------------------------------------------------------------------------

@@ -134,9 +134,13 @@ class Scheduler:
             self.running.sort(key=priority_key)
             self._preempt_for_waiting(out)
         preempted_for_waiting = len(out.preempted)
-        decodes = [s for s in self.running
-                   if s.num_uncomputed_tokens == 1 and not s.awaits_last_token]
-        prefills = [s for s in self.running if s.num_uncomputed_tokens > 1]
+        decodes, prefills = [], []
+        for s in self.running:
+            left = s.num_uncomputed_tokens
+            if left > 1:
+                prefills.append(s)
+            elif left == 1 and not s.awaits_last_token:
+                decodes.append(s)
         proposals = (self.proposer.propose_batch(decodes, len(self.running))
                      if self.proposer is not None and decodes else {})
         for seq in decodes + prefills:
@@ -144,10 +148,12 @@ class Scheduler:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this step
-            if not self.chunked_prefill and seq.num_uncomputed_tokens > budget:
+            left = seq.num_uncomputed_tokens
+            if not self.chunked_prefill and left > budget:
                 continue
-            num_new = whole_images(seq.images, seq.num_computed_tokens,
-                                   min(seq.num_uncomputed_tokens, budget, self.prefill_cap))
+            num_new = min(left, budget, self.prefill_cap)
+            if seq.images:
+                num_new = whole_images(seq.images, seq.num_computed_tokens, num_new)
             if num_new == 0:
                 continue
             if num_new == 1 and self.proposer is not None:

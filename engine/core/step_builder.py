@@ -24,8 +24,11 @@ def build_step_inputs(scheduled: list[tuple[Sequence, int]], block_size: int,
     inputs = StepInputs(block_copies=list(block_copies or []), all_logits=all_logits,
                         kv_to_host=list(transfers[0]), kv_to_device=list(transfers[1]),
                         lora_loads=list(lora_loads or []))
+    rare = False  # a sequence with images, pooling or prompt logprobs: the rows below
     for seq, num_new in scheduled:
         start = seq.num_computed_tokens
+        rare = rare or bool(seq.images) or seq.pooling is not None or \
+            seq.prompt_logprobs is not None
         shift = rope_shift(seq.images, start) if seq.images else 0
         if seq.spec_tokens:  # its last token, then its proposals: a logit row for each
             inputs.add_sequence(seq.token_slice(start, start + 1) + seq.spec_tokens, start,
@@ -42,13 +45,15 @@ def build_step_inputs(scheduled: list[tuple[Sequence, int]], block_size: int,
                             lora_slot=seq.lora_slot, position_shift=shift)
         if seq.images:
             inputs.image_rows += rows_in_step(seq.images, start, start + num_new, first_row)
-        rows = pooled_rows(seq, num_new)
-        if rows is not None:
-            inputs.pool_spans.append((first_row + rows[0], first_row + rows[1]))
-    inputs.prompt_rows = rows_to_score(scheduled)
-    inputs.token_types = _token_types(scheduled)
-    inputs.visible_until = _visible_until(scheduled)
-    inputs.grid_positions = _grid_positions(scheduled, inputs.positions)
+        if seq.pooling is not None:
+            rows = pooled_rows(seq, num_new)
+            if rows is not None:
+                inputs.pool_spans.append((first_row + rows[0], first_row + rows[1]))
+    if rare:
+        inputs.prompt_rows = rows_to_score(scheduled)
+        inputs.token_types = _token_types(scheduled)
+        inputs.visible_until = _visible_until(scheduled)
+        inputs.grid_positions = _grid_positions(scheduled, inputs.positions)
     return inputs
 
 

@@ -138,6 +138,8 @@ class KVCacheManager:
         """Blocks to allocate so seq's next `num_new_tokens` have slots, copy-on-write included."""
         total = self.blocks_needed(seq.num_computed_tokens + num_new_tokens)
         new = max(0, total - len(seq.block_table))
+        if not self.allocator.num_shared:  # no block to copy before writing (every decode's case)
+            return new
         first = seq.num_computed_tokens // self.block_size
         if first < len(seq.block_table) and self.allocator.ref_count(seq.block_table[first]) > 1:
             new += 1

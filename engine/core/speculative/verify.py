@@ -15,7 +15,7 @@ draws its noise in the same order as without speculation.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -33,7 +33,7 @@ class Draw:
 
     seq: Sequence
     row: int
-    proposals: list[int] = field(default_factory=list)
+    proposals: list[int] | tuple[()] = ()  # () where nothing is verified: no list per draw
     accepted: int = 0
 
 
