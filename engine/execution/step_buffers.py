@@ -66,6 +66,9 @@ class StepBuffers:
         self._tables = torch.zeros(max_seqs, max_blocks, dtype=torch.long, device=self.device)
         self._tables_host = torch.zeros(max_seqs, max_blocks, dtype=torch.long,
                                         pin_memory=self._pin)
+        # Each host table row's blocks as last written (the rest of the row is zero): a row
+        # whose sequence and blocks are unchanged since then is not written again.
+        self._written: list[list[int]] = [[] for _ in range(max_seqs)]
 
     def reserve(self, max_tokens: int, max_seqs: int, max_blocks: int) -> None:
         """Grow to hold at least this step shape; never shrinks."""
@@ -113,12 +116,17 @@ class StepBuffers:
         host = self._flat_host[:len(values)]
         host.copy_(torch.tensor(values, dtype=torch.long))
         self._flat[:len(values)].copy_(host, non_blocking=self._pin)
-        tables_host = self._tables_host[:s, :width]
-        rows = tables_host.numpy()  # row by row through numpy: a fraction of building a tensor
-        rows[:] = 0                  # from padded nested lists
+        rows = self._tables_host.numpy()  # row by row through numpy: a fraction of building
+        written = self._written            # a tensor from padded nested lists
         for i, row in enumerate(block_tables):
+            before = written[i]
+            if row == before:  # a decode's table between new blocks: as it is
+                continue
             rows[i, :len(row)] = row
-        self._tables[:s, :width].copy_(tables_host, non_blocking=self._pin)
+            if len(before) > len(row):
+                rows[i, len(row):len(before)] = 0
+            written[i] = row
+        self._tables[:s, :width].copy_(self._tables_host[:s, :width], non_blocking=self._pin)
         if self._copied is not None:
             self._copied.record()
         views = self.views(t, s)

@@ -81,6 +81,32 @@ def test_step_buffers_keep_their_addresses_and_hold_ragged_tables():
         buffers.fill([1] * 13, [0] * 13, [0] * 13, [13], [13], [[0]])
 
 
+def test_table_rows_written_once_read_as_if_written_every_step():
+    """A row is written again only when its blocks change; every step's tables must still
+    read as a fresh buffer's would: rows that grow, shrink, move to another sequence, or
+    leave the step and come back."""
+    rng = random.Random(3)
+    buffers = StepBuffers(torch.device("cpu"), max_tokens=16, max_seqs=6, max_blocks=8)
+    tables = [[rng.randrange(1, 99) for _ in range(rng.randrange(1, 6))] for _ in range(6)]
+    for _ in range(60):
+        for table in tables:
+            change = rng.random()
+            if change < 0.2:
+                table.append(rng.randrange(1, 99))
+            elif change < 0.3:
+                del table[1:]
+            elif change < 0.35:
+                table[-1] = rng.randrange(1, 99)  # copy on write: the same length
+        rng.shuffle(tables)
+        step = [list(t) for t in tables[:rng.randrange(1, 7)]]
+        n = len(step)
+        args = ([0] * n, [0] * n, [0] * n, [len(t) * 16 for t in step], [1] * n, step)
+        width = max(len(t) for t in step)
+        fresh = StepBuffers(torch.device("cpu"), max_tokens=16, max_seqs=6, max_blocks=8)
+        want = fresh.fill(*args).block_tables[:, :width].tolist()
+        assert buffers.fill(*args).block_tables[:, :width].tolist() == want
+
+
 # Every context below stays under GRAPH_SPLIT_TOKENS, so at twice that model length a graph's
 # decode kernel has one split holding the context and one left empty: the cases a longer model
 # length (more empty splits, each interpreted on the CPU) only repeats.
