@@ -152,8 +152,9 @@ def test_dry_run_profiles_both_batches_with_and_without_graphs(profile):
         own = [f["self_us_per_step"] for f in python]
         assert own == sorted(own, reverse=True)
         assert all(f["cumulative_us_per_step"] >= f["self_us_per_step"] for f in python)
-        # The engine's own bookkeeping is named by its file in the repository.
-        assert any(f["function"].startswith("engine/core/") for f in python), python
+        # The engine's own functions are named by their files in the repository (which of
+        # its parts lead depends on the machine: layers here, the core at larger batches).
+        assert any(f["function"].startswith("engine/") for f in python), python
 
 
 def test_op_counts_are_steady_and_host_costs_fit_in_the_step(profile):
