@@ -150,8 +150,11 @@ def banned_tokens(seq: Sequence, eos_token_ids: Collection[int]) -> list[int]:
     would end it (stop_token_ids, EOS unless ignored); and the last token of each bad word
     whose other tokens the output ends with."""
     params = seq.params
+    short = len(seq.output_token_ids) < params.min_tokens
+    if not short and not seq.bad_word_ids:  # the usual case: nothing to ban
+        return []
     banned: set[int] = set()
-    if len(seq.output_token_ids) < params.min_tokens:
+    if short:
         banned.update(params.stop_token_ids)
         if not params.ignore_eos:
             banned.update(eos_token_ids)
