@@ -25,7 +25,9 @@ class BlockAllocator:
         self._cached: set[int] = set()
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self.on_evict: Callable[[int], None] | None = None
-        self.num_shared = 0  # blocks held more than once (KVCacheManager.stats counts faster at 0)
+        # Blocks held more than once: at 0 the manager skips its copy-on-write test and counts
+        # used slots per table instead of per block.
+        self.num_shared = 0
 
     @property
     def num_free(self) -> int:
