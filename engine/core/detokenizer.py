@@ -48,8 +48,7 @@ class IncrementalDetokenizer:
                 if piece:
                     self._prefix_offset = max(0, len(self._ids) - CONTEXT_TOKENS)
                     self._read_offset = len(self._ids)
-                    if self._read_offset > 4 * CONTEXT_TOKENS:  # _trim's test, without its call
-                        self._trim()
+                    self._trim()
                     self.text += piece
                 return piece or ""
         return self._append_in_python()

@@ -659,8 +659,7 @@ class LLMEngine:
         outputs = []
         self.last_advanced = list(touched.values())
         for req in self.last_advanced:
-            if len(req.seqs) == req.params.n and (req.seqs[0].is_finished if len(req.seqs) == 1
-                                                  else all(s.is_finished for s in req.seqs)):
+            if len(req.seqs) == req.params.n and all(s.is_finished for s in req.seqs):
                 req.finished = True
                 req.timings.finished = time.monotonic()
                 del self._requests[req.request_id]
@@ -729,8 +728,9 @@ class LLMEngine:
         return result.token_ids
 
     def _fork_if_first_sample(self, seq: Sequence) -> list[Sequence]:
-        """At a request's first sample, n > 1 becomes n sequences sharing the prompt blocks."""
-        if seq.params.n == 1 or seq.index != 0:
+        """At a request's first sample, n > 1 becomes n sequences sharing the prompt blocks
+        (an n = 1 sequence is drawn alone by its caller, _advance)."""
+        if seq.index != 0:
             return [seq]
         req = self._requests[seq.request_id]
         if len(req.seqs) == req.params.n:

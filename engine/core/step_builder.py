@@ -45,10 +45,9 @@ def build_step_inputs(scheduled: list[tuple[Sequence, int]], block_size: int,
                             lora_slot=seq.lora_slot, position_shift=shift)
         if seq.images:
             inputs.image_rows += rows_in_step(seq.images, start, start + num_new, first_row)
-        if seq.pooling is not None:
-            rows = pooled_rows(seq, num_new)
-            if rows is not None:
-                inputs.pool_spans.append((first_row + rows[0], first_row + rows[1]))
+        rows = pooled_rows(seq, num_new)
+        if rows is not None:
+            inputs.pool_spans.append((first_row + rows[0], first_row + rows[1]))
     if rare:
         inputs.prompt_rows = rows_to_score(scheduled)
         inputs.token_types = _token_types(scheduled)

@@ -78,9 +78,9 @@ class StepInputs:
         self.lora_slots.append(lora_slot)
         end = start + len(token_ids)
         self.input_ids += token_ids
-        if end - start == 1:  # a decode: slot_index inline
+        if end - start == 1:  # a decode
             self.positions.append(start + position_shift)
-            self.slots.append(block_table[start // block_size] * block_size + start % block_size)
+            self.slots.append(slot_index(block_table, start, block_size))
         else:
             self.positions += range(start + position_shift, end + position_shift)
             self.slots += [slot_index(block_table, p, block_size) for p in range(start, end)]
