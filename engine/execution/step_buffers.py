@@ -15,6 +15,7 @@ their own kernels, the first request of each shape stalling on the compiler.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -103,19 +104,20 @@ class StepBuffers:
         t, s = len(input_ids), len(seq_lens)
         width = max(len(row) for row in block_tables)
         self.reserve(t, s, width)
-        query_start = [0]
-        for n in query_lens:
-            query_start.append(query_start[-1] + n)
-        lora = lora_slots if lora_slots is not None else [PAD_SLOT] * t
-        token_pad = [0] * (aligned(t) - t)
-        seq_pad = [0] * (aligned(s) - s)
-        values = [*input_ids, *token_pad, *positions, *token_pad, *slots, *token_pad, *lora,
-                  *token_pad, *seq_lens, *seq_pad, *query_start]
         if self._copied is not None:
             self._copied.synchronize()
-        host = self._flat_host[:len(values)]
-        host.copy_(torch.tensor(values, dtype=torch.long))
-        self._flat[:len(values)].copy_(host, non_blocking=self._pin)
+        # Each list goes into its segment through numpy, which converts a list of ints several
+        # times faster than torch.tensor; the padding between segments is never read.
+        flat, a, q = self._flat_host.numpy(), aligned(t), aligned(s)
+        flat[:t] = input_ids
+        flat[a:a + t] = positions
+        flat[2 * a:2 * a + t] = slots
+        flat[3 * a:3 * a + t] = PAD_SLOT if lora_slots is None else lora_slots
+        flat[4 * a:4 * a + s] = seq_lens
+        flat[4 * a + q] = 0
+        flat[4 * a + q + 1:4 * a + q + 1 + s] = list(accumulate(query_lens))
+        used = 4 * a + q + s + 1
+        self._flat[:used].copy_(self._flat_host[:used], non_blocking=self._pin)
         rows = self._tables_host.numpy()  # row by row through numpy: a fraction of building
         written = self._written            # a tensor from padded nested lists
         for i, row in enumerate(block_tables):
