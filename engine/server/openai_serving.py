@@ -453,12 +453,12 @@ async def chat_chunks(call: Call, streams: list[RequestStream], include_usage: b
 
 
 async def _stream(call: Call, streams: list[RequestStream], include_usage: bool,
-                  state: ServerState) -> AsyncIterator[str]:
+                  state: ServerState) -> AsyncIterator[bytes]:
     try:
         async with contextlib.aclosing(chat_chunks(call, streams, include_usage,
                                                    state)) as bodies:
             async for body in bodies:
                 yield sse(body)
-        yield "data: [DONE]\n\n"
+        yield b"data: [DONE]\n\n"
     except (APIError, RequestError, EngineDeadError) as exc:
         yield sse(error_body(500, str(exc)))

@@ -5,10 +5,11 @@ prompt_logprobs. Pure functions of a call and its outputs; the routes are in ope
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from tokenmill.engine.core import CompletionOutput, RequestOutput, SamplingParams
 from tokenmill.engine.server.reasoning import ReplyReasoning
@@ -249,5 +250,7 @@ def _decode(state: ServerState, ids: list[int]) -> str:
     return state.tokenizer.decode(ids, skip_special_tokens=False)
 
 
-def sse(body: dict) -> str:
-    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+def sse(body: dict) -> bytes:
+    """One server-sent event. Every token of every stream is one: orjson writes it several
+    times faster than json (UTF-8 as is; a non-string key as its text, as json writes it)."""
+    return b"data: " + orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS) + b"\n\n"
