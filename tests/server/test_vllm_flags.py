@@ -75,6 +75,7 @@ def vllm_server(tiny_llama_dir, tls, tmp_path_factory):
         "--swap-space", "16", "--disable-custom-all-reduce", "--max-seq-len-to-capture", "8192",
         "--root-path", "/llm", "--max-logprobs", "30", "--enable-force-include-usage",
         "--enable-prompt-tokens-details", "--scheduling-policy", "priority",
+        "--stream-interval", "3",
         "--allowed-origins", f'["{ORIGIN}"]', "--ssl-keyfile", key, "--ssl-certfile", cert,
         env={"TOKENMILL_API_KEY": KEY})
     proc.url = proc.url.replace("http://", "https://")
@@ -107,6 +108,21 @@ def test_serving_options_reach_the_server_under_its_root_path(vllm_server):
                for t in c.choices[0].logprobs.content)
     with pytest.raises(openai.BadRequestError, match="--max-logprobs"):
         client.completions.create(model="tiny", prompt="x", max_tokens=1, logprobs=31)
+
+
+def test_stream_interval_sends_tokens_three_at_a_time_between_the_first_and_the_end(
+        https_client):
+    """The first chunk holds what was ready when the stream began, the last the remainder;
+    without the interval a reader that keeps up gets one token a chunk."""
+    chunks = list(https_client.completions.create(
+        model="tiny", prompt="hello there", max_tokens=20, temperature=0, stream=True,
+        extra_body={"ignore_eos": True, "return_token_ids": True}))
+    sizes = [len(c.choices[0].token_ids) for c in chunks if c.choices]
+    whole = https_client.completions.create(model="tiny", prompt="hello there", max_tokens=20,
+                                            temperature=0, extra_body={"ignore_eos": True})
+    assert sum(sizes) == 20
+    assert all(size >= 3 for size in sizes[1:-1]), sizes
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
 
 
 def test_a_request_may_use_any_served_name_and_replies_use_the_first(https_client):
@@ -158,8 +174,9 @@ def test_each_request_is_logged_cut_to_max_log_len_and_the_access_log_is_off(vll
     code, stderr = vllm_server.finish()
     assert code == 0, stderr
     logged = [line for line in stderr.splitlines() if "logger=tokenmill.requests" in line]
-    # The chats of the first test and of the root-path test, and this completion.
-    assert len(logged) == 3, stderr
+    # The chats of the first test and of the root-path test, the stream-interval test's two
+    # completions, and this completion.
+    assert len(logged) == 5, stderr
     line = logged[-1]
     assert 'msg="request received"' in line and "model=tiny" in line
     assert "prompt_tokens=" in line and 'prompt="the quick br"' in line
