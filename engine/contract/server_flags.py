@@ -56,12 +56,6 @@ def add_server_arguments(parser: argparse.ArgumentParser,
                              "and metrics use the first (as vLLM).")
     parser.add_argument("--max-waiting-requests", type=int, default=1024,
                         help="Answer 503 with Retry-After once this many requests wait.")
-    parser.add_argument("--stream-interval", type=_positive_int, default=1, metavar="N",
-                        help="Send a streamed reply's tokens N at a time (vLLM's and SGLang's "
-                             "flag; default 1: each token as it comes). A reply's first "
-                             "tokens and its end are sent at once. A larger N cuts the "
-                             "server's work per token at many concurrent streams, for a "
-                             "less smooth stream.")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="Seconds running requests may take to finish after SIGTERM.")
     parser.add_argument("--api-key", type=_api_key, default=environ.get("TOKENMILL_API_KEY"),

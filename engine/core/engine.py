@@ -663,9 +663,19 @@ class LLMEngine:
                 req.finished = True
                 req.timings.finished = time.monotonic()
                 del self._requests[req.request_id]
-            if req.finished or req.params.output_kind is not RequestOutputKind.FINAL_ONLY:
+            kind = req.params.output_kind
+            if req.finished or kind is RequestOutputKind.CUMULATIVE or (
+                    kind is RequestOutputKind.DELTA and self._delta_due(req)):
                 outputs.append(request_output(req))
         return outputs
+
+    def _delta_due(self, req: _Request) -> bool:
+        """Whether a running request that asks for deltas gets an output this step: under
+        --stream-interval N, its first and then once a sequence holds N tokens not sent."""
+        interval = self.config.stream_interval
+        if interval == 1 or not (req.seqs[0].sent_tokens or req.seqs[0].sent_text):
+            return True
+        return any(len(seq.output_token_ids) - seq.sent_tokens >= interval for seq in req.seqs)
 
     def _sample_later(self, logits: torch.Tensor, draws: list[Draw]) -> _PendingStep | None:
         """Sample the draws' rows without waiting for the tokens: each sequence holds a

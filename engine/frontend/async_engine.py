@@ -41,12 +41,8 @@ class _Stream:
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, observer: StepObserver | None = None,
-                 stream_interval: int = 1):
-        """stream_interval: a request asking for deltas (a stream) is handed its tokens this
-        many at a time, its first output and its last at once (OutputSlot)."""
+    def __init__(self, engine: LLMEngine, observer: StepObserver | None = None):
         self.engine = engine
-        self.stream_interval = stream_interval
         self._observer = observer
         self._commands: queue.Queue = queue.Queue()
         self._streams: dict[str, _Stream] = {}
@@ -90,9 +86,7 @@ class AsyncEngine:
             raise EngineDeadError("the engine loop is not running")
         loop = asyncio.get_running_loop()
         deltas = params is not None and params.output_kind is RequestOutputKind.DELTA
-        slot = OutputSlot(loop, merge_deltas=deltas,
-                          interval=self.stream_interval if deltas else 1)
-        stream = _Stream(loop, slot, loop.create_future())
+        stream = _Stream(loop, OutputSlot(loop, merge_deltas=deltas), loop.create_future())
         self._streams[request_id] = stream
         with self._lock:
             self._pending_adds += 1

@@ -6,11 +6,6 @@ takes them all at once. A cumulative output already holds every earlier one; del
 are merged (RequestOutput.extend). So under load a streamed chunk carries several tokens, as
 vLLM's do, and the loop's work per token shrinks instead of its lag growing; a reader that
 keeps up still gets one output per step.
-
-With an interval of N (`--stream-interval`, delta outputs) a reader is woken only once the
-slot holds N new tokens of some choice, or the request's end: chunks of N tokens whether or
-not the loop is behind. The request's first output is handed over at once, so the time to the
-first token does not wait for N.
 """
 
 from __future__ import annotations
@@ -23,15 +18,12 @@ from tokenmill.engine.core import RequestOutput
 class OutputSlot:
     """One request's undelivered output, and the error that ends it; event-loop side only."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, merge_deltas: bool = False,
-                 interval: int = 1):
+    def __init__(self, loop: asyncio.AbstractEventLoop, merge_deltas: bool = False):
         self._loop = loop
         self._merge_deltas = merge_deltas
-        self._interval = interval
         self._output: RequestOutput | None = None
         self._error: BaseException | None = None
         self._waiter: asyncio.Future | None = None
-        self._started = False  # an output was taken: later ones wait for the interval
 
     def put(self, item: RequestOutput | BaseException) -> None:
         if isinstance(item, BaseException):
@@ -40,12 +32,12 @@ class OutputSlot:
             self._output.extend(item)
         else:
             self._output = item
-        if self._waiter is not None and not self._waiter.done() and self._ready():
+        if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
     async def get(self) -> RequestOutput:
         """The newest output not taken yet (waiting for one); then the error, raised."""
-        while not self._ready():
+        while self._output is None and self._error is None:
             self._waiter = self._loop.create_future()
             try:
                 await self._waiter
@@ -53,14 +45,5 @@ class OutputSlot:
                 self._waiter = None
         if self._output is not None:
             output, self._output = self._output, None
-            self._started = True
             return output
         raise self._error
-
-    def _ready(self) -> bool:
-        output = self._output
-        if output is None:
-            return self._error is not None
-        return (self._interval == 1 or not self._started or output.finished
-                or self._error is not None
-                or max((len(c.token_ids) for c in output.outputs), default=0) >= self._interval)

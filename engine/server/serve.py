@@ -127,7 +127,6 @@ def server_state(config, args: argparse.Namespace) -> ServerState:
         options=ServerOptions(served_model_name=name, model_aliases=tuple(aliases),
                               freeze_startup_heap=True,
                               max_waiting_requests=args.max_waiting_requests,
-                              stream_interval=args.stream_interval,
                               shutdown_timeout=args.shutdown_timeout,
                               api_key=args.api_key,
                               max_request_body_bytes=args.max_request_body_bytes,

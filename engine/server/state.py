@@ -30,7 +30,6 @@ class ServerOptions:
     served_model_name: str  # the model's name in replies and metrics (the first given)
     model_aliases: tuple[str, ...] = ()  # more names a request's `model` may use (vLLM's)
     max_waiting_requests: int = 1024
-    stream_interval: int = 1  # a streamed reply's tokens are sent this many at a time
     shutdown_timeout: float = 30.0
     api_key: str | None = None  # when set, required as a Bearer token (middleware.ApiKey)
     max_request_body_bytes: int = 10 << 20
@@ -137,8 +136,7 @@ class ServerState:
             if self.sampling_defaults:
                 log.info("default sampling parameters (the model's generation config, then "
                          "--override-generation-config)", extra=self.sampling_defaults)
-            engine = AsyncEngine(core, observer=self.metrics.observe_step,
-                                 stream_interval=self.options.stream_interval)
+            engine = AsyncEngine(core, observer=self.metrics.observe_step)
             self.metrics.bind(engine)
             self.engine = engine
             if self.options.freeze_startup_heap:

@@ -66,3 +66,28 @@ def test_deltas_join_to_the_final_output_and_cumulative_outputs_grow(
             assert all(later.startswith(earlier) for earlier, later in
                        zip(texts, texts[1:], strict=False))
             assert texts[-1] == expected.text
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_stream_interval_sends_the_first_token_then_n_at_a_time_then_the_rest(
+        tiny_llama, tiny_llama_dir, async_scheduling, n):
+    """--stream-interval 4: a delta request's first output at once, then one output per four
+    tokens, the remainder with the end; joined, the same as the final output. Cumulative and
+    final-only requests are not held back."""
+    engine = LLM(tiny_llama_dir, show_progress=False, stream_interval=4,
+                 async_scheduling=async_scheduling).engine
+    final = _run(tiny_llama.engine, RequestOutputKind.FINAL_ONLY, None, n)
+    deltas = _run(engine, RequestOutputKind.DELTA, None, n)
+    cumulative = _run(engine, RequestOutputKind.CUMULATIVE, None, n)
+    for key, (done,) in final.items():
+        assert [len(out.outputs[0].token_ids) for out in cumulative[key]] == \
+            list(range(1, MAX_TOKENS + 1))
+        sizes = [max(len(c.token_ids) for c in out.outputs) for out in deltas[key]]
+        assert sizes == [1, 4, 4, 4, 4, 3]  # 20 tokens
+        joined = _by_index(deltas[key])
+        for expected in done.outputs:
+            parts = joined[expected.index]
+            assert [t for c in parts for t in c.token_ids] == expected.token_ids
+            assert "".join(c.text for c in parts) == expected.text
+    engine.shutdown()

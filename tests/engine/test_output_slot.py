@@ -120,44 +120,6 @@ def test_a_waiting_reader_wakes_on_put():
     assert asyncio.run(scenario()).outputs[0].token_ids == [5]
 
 
-def test_with_an_interval_a_reader_gets_the_first_token_then_n_at_a_time_then_the_end():
-    async def scenario() -> list[list[int]]:
-        slot = OutputSlot(asyncio.get_running_loop(), merge_deltas=True, interval=3)
-        reads: list[list[int]] = []
-
-        async def reader() -> None:
-            while not reads or not reads[-1][-1] < 0:
-                out = await slot.get()
-                tokens = out.outputs[0].token_ids
-                reads.append(tokens + [-1] if out.finished else tokens)
-
-        task = asyncio.create_task(reader())
-        for token in range(1, 9):  # one token a step, the reader keeping up
-            slot.put(_output(str(token), [token], finish="length" if token == 8 else None))
-            await asyncio.sleep(0)
-        await asyncio.wait_for(task, timeout=5)
-        return reads
-
-    assert asyncio.run(scenario()) == [[1], [2, 3, 4], [5, 6, 7], [8, -1]]
-
-
-def test_with_an_interval_an_error_still_wakes_the_reader_after_what_it_holds():
-    output, error = _output("a", [5]), ValueError("engine died")
-
-    async def scenario() -> list:
-        slot = OutputSlot(asyncio.get_running_loop(), merge_deltas=True, interval=4)
-        slot.put(_output("x", [4]))
-        got = [await slot.get()]
-        slot.put(output)  # one token of four: held
-        slot.put(error)
-        got.append(await asyncio.wait_for(slot.get(), timeout=5))
-        with pytest.raises(ValueError):
-            await asyncio.wait_for(slot.get(), timeout=5)
-        return got
-
-    assert asyncio.run(scenario())[1] is output
-
-
 @pytest.fixture(scope="module")
 def engine(tiny_llama_dir):
     async_engine = AsyncEngine(LLMEngine(EngineConfig(model=tiny_llama_dir), show_progress=False))
@@ -207,8 +169,8 @@ def test_a_stalled_reader_gets_the_rest_at_once_deltas(engine, expected):
 
 def test_an_engine_with_a_stream_interval_hands_deltas_over_n_tokens_at_a_time(tiny_llama_dir,
                                                                                expected):
-    engine = AsyncEngine(LLMEngine(EngineConfig(model=tiny_llama_dir), show_progress=False),
-                         stream_interval=5)
+    engine = AsyncEngine(LLMEngine(EngineConfig(model=tiny_llama_dir, stream_interval=5),
+                                   show_progress=False))
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True,
                             output_kind=RequestOutputKind.DELTA)
 
