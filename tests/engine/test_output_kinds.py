@@ -69,17 +69,18 @@ def test_deltas_join_to_the_final_output_and_cumulative_outputs_grow(
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("stop", [None, [LONG_STOP]], ids=["no-stop", "long-stop"])
 @pytest.mark.parametrize("n", [1, 2])
 def test_a_stream_interval_sends_the_first_token_then_n_at_a_time_then_the_rest(
-        tiny_llama, tiny_llama_dir, async_scheduling, n):
+        tiny_llama, tiny_llama_dir, async_scheduling, stop, n):
     """--stream-interval 4: a delta request's first output at once, then one output per four
-    tokens, the remainder with the end; joined, the same as the final output. Cumulative and
-    final-only requests are not held back."""
+    tokens, the remainder with the end; joined, the same as the final output (also while a
+    stop string holds back the text's tail). Cumulative requests are not held back."""
     engine = LLM(tiny_llama_dir, show_progress=False, stream_interval=4,
                  async_scheduling=async_scheduling).engine
-    final = _run(tiny_llama.engine, RequestOutputKind.FINAL_ONLY, None, n)
-    deltas = _run(engine, RequestOutputKind.DELTA, None, n)
-    cumulative = _run(engine, RequestOutputKind.CUMULATIVE, None, n)
+    final = _run(tiny_llama.engine, RequestOutputKind.FINAL_ONLY, stop, n)
+    deltas = _run(engine, RequestOutputKind.DELTA, stop, n)
+    cumulative = _run(engine, RequestOutputKind.CUMULATIVE, stop, n)
     for key, (done,) in final.items():
         assert [len(out.outputs[0].token_ids) for out in cumulative[key]] == \
             list(range(1, MAX_TOKENS + 1))
