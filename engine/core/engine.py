@@ -22,7 +22,7 @@ from tokenmill.engine.core.images import ImageInput, ImageSpan, PromptImages
 from tokenmill.engine.core.kv_cache import KVCacheManager, KVCacheStats
 from tokenmill.engine.core.lora_registry import LoRARegistry
 from tokenmill.engine.core.lora_slots import LoRARef
-from tokenmill.engine.core.output_processor import append_token, request_output
+from tokenmill.engine.core.output_processor import append_token, delta_due, request_output
 from tokenmill.engine.core.outputs import RequestOutput
 from tokenmill.engine.core.pooling import SequencePooling, embedding
 from tokenmill.engine.core.pooling import record as record_pooled
@@ -665,17 +665,10 @@ class LLMEngine:
                 del self._requests[req.request_id]
             kind = req.params.output_kind
             if req.finished or kind is RequestOutputKind.CUMULATIVE or (
-                    kind is RequestOutputKind.DELTA and self._delta_due(req)):
+                    kind is RequestOutputKind.DELTA
+                    and delta_due(req, self.config.stream_interval)):
                 outputs.append(request_output(req))
         return outputs
-
-    def _delta_due(self, req: _Request) -> bool:
-        """Whether a running request that asks for deltas gets an output this step: under
-        --stream-interval N, its first and then once a sequence holds N tokens not sent."""
-        interval = self.config.stream_interval
-        if interval == 1 or not (req.seqs[0].sent_tokens or req.seqs[0].sent_text):
-            return True
-        return any(len(seq.output_token_ids) - seq.sent_tokens >= interval for seq in req.seqs)
 
     def _sample_later(self, logits: torch.Tensor, draws: list[Draw]) -> _PendingStep | None:
         """Sample the draws' rows without waiting for the tokens: each sequence holds a

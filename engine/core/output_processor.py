@@ -71,7 +71,7 @@ def request_output(req: Any) -> RequestOutput:
     """The request's output as its output_kind asks: cumulative, or (DELTA) what each of its
     sequences added since the output before (noted on the sequences)."""
     delta = req.params.output_kind is RequestOutputKind.DELTA
-    first = not req.seqs[0].sent_tokens and not req.seqs[0].sent_text
+    first = _nothing_sent(req)
     outputs = [_delta(seq) if delta else
                CompletionOutput(
                    index=seq.index,
@@ -95,6 +95,19 @@ def request_output(req: Any) -> RequestOutput:
         embedding=req.seqs[0].embedding,
         **(_prompt_logprobs(req.seqs[0]) if first or not delta else {}),
     )
+
+
+def delta_due(req: Any, interval: int) -> bool:
+    """Whether a running request that asks for deltas is reported this step: under a stream
+    interval of N, at its first output, then once one of its sequences holds N tokens not
+    sent."""
+    if interval == 1 or _nothing_sent(req):
+        return True
+    return any(len(seq.output_token_ids) - seq.sent_tokens >= interval for seq in req.seqs)
+
+
+def _nothing_sent(req: Any) -> bool:
+    return not req.seqs[0].sent_tokens and not req.seqs[0].sent_text
 
 
 def _delta(seq: Sequence) -> CompletionOutput:
