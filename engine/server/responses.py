@@ -78,18 +78,18 @@ def response_shell(body: ResponsesRequest, call: Call) -> dict[str, Any]:
     }
 
 
-async def _events(events: ResponseEvents, bodies: AsyncIterator[dict]) -> AsyncIterator[str]:
+async def _events(events: ResponseEvents, bodies: AsyncIterator[dict]) -> AsyncIterator[bytes]:
     """The stream: created and in_progress, the output's events as the reply comes, then
     completed (or incomplete); an error mid-way ends it with an error event."""
     try:
-        for text in events.opening():
-            yield text
+        for event in events.opening():
+            yield event
         async with contextlib.aclosing(bodies):
             async for body in bodies:
-                for text in events.chat_chunk(body):
-                    yield text
-        for text in events.closing():
-            yield text
+                for event in events.chat_chunk(body):
+                    yield event
+        for event in events.closing():
+            yield event
     except (APIError, RequestError, EngineDeadError) as exc:
         yield events.error(str(exc))
 

@@ -12,12 +12,12 @@ openai client's stream helper finishes only on `response.completed`). Every even
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from tokenmill.engine.server import responses_items as shapes
+from tokenmill.engine.server.rendering import sse
 
 
 @dataclass
@@ -47,11 +47,11 @@ class ResponseEvents:
         self.finish_reason: str | None = None
         self.usage: dict | None = None
 
-    def opening(self) -> Iterator[str]:
+    def opening(self) -> Iterator[bytes]:
         yield self._event("response.created", response=self.shell)
         yield self._event("response.in_progress", response=self.shell)
 
-    def chat_chunk(self, body: dict[str, Any]) -> Iterator[str]:
+    def chat_chunk(self, body: dict[str, Any]) -> Iterator[bytes]:
         if body.get("usage") is not None:
             self.usage = body["usage"]
         for choice in body["choices"]:
@@ -66,7 +66,7 @@ class ResponseEvents:
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
 
-    def closing(self) -> Iterator[str]:
+    def closing(self) -> Iterator[bytes]:
         yield from self._close()
         if not self.output:  # an empty reply is still one (empty) message
             yield from self._open("message")
@@ -80,7 +80,7 @@ class ResponseEvents:
                               self.count_tokens(thought) if thought else 0)
         yield self._event("response.completed", response=final)
 
-    def error(self, message: str) -> str:
+    def error(self, message: str) -> bytes:
         error = {"code": "server_error", "message": message}
         return (self._event("error", param=None, **error)
                 + self._event("response.failed", response={**self.shell, "status": "failed",
@@ -88,7 +88,7 @@ class ResponseEvents:
 
     # ---- items ----------------------------------------------------------------------------
 
-    def _text(self, kind: str, text: str) -> Iterator[str]:
+    def _text(self, kind: str, text: str) -> Iterator[bytes]:
         if self.current is None or self.current.kind != kind:
             yield from self._close()
             yield from self._open(kind)
@@ -102,7 +102,7 @@ class ResponseEvents:
         item.logprobs += logprobs
         yield self._event("response.output_text.delta", **where, delta=text, logprobs=logprobs)
 
-    def _tool_call(self, call: dict[str, Any]) -> Iterator[str]:
+    def _tool_call(self, call: dict[str, Any]) -> Iterator[bytes]:
         function = call.get("function") or {}
         if call["index"] not in self.calls:
             yield from self._close()
@@ -115,7 +115,7 @@ class ResponseEvents:
                               output_index=item.index, delta=function["arguments"])
 
     def _open(self, kind: str, call_id: str | None = None,
-              name: str | None = None) -> Iterator[str]:
+              name: str | None = None) -> Iterator[bytes]:
         prefix = {"message": "msg", "reasoning": "rs", "function_call": "fc"}[kind]
         item = self.current = _Item(kind, len(self.output), shapes.new_item_id(prefix),
                                     call_id=call_id, name=name)
@@ -127,7 +127,7 @@ class ResponseEvents:
             yield self._event("response.content_part.added", item_id=item.id,
                               output_index=item.index, content_index=0, part=part)
 
-    def _close(self) -> Iterator[str]:
+    def _close(self) -> Iterator[bytes]:
         item, self.current = self.current, None
         if item is None:
             return
@@ -161,7 +161,7 @@ class ResponseEvents:
             return shapes.message_item(item.id, text, status, item.logprobs)
         return shapes.reasoning_item(item.id, text, status)
 
-    def _event(self, kind: str, **fields: Any) -> str:
+    def _event(self, kind: str, **fields: Any) -> bytes:
         body = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
-        return f"event: {kind}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n"
+        return f"event: {kind}\n".encode() + sse(body)

@@ -138,11 +138,11 @@ def chunk(delta: dict, finish: str | None = None, logprobs: list | None = None) 
                          "logprobs": None if logprobs is None else {"content": logprobs}}]}
 
 
-def parse(stream: list[str]) -> list[dict]:
+def parse(stream: list[bytes]) -> list[dict]:
     """Each event's body, checking its `event:` line names its type."""
     events = []
-    for text in stream:
-        for block in text.strip().split("\n\n"):
+    for event in stream:
+        for block in event.decode().strip().split("\n\n"):
             kind, data = block.split("\n")
             body = json.loads(data.removeprefix("data: "))
             assert kind == f"event: {body['type']}"
