@@ -4,8 +4,8 @@ This is the loop `LLM.generate` runs, driven here so that KVCacheStats can be sa
 every step; the time spent sampling is measured and reported so it can be told apart. The
 pool's counters are read after every step; its waste only while counting it has taken at most
 STATS_SHARE of the run so far: where blocks are shared, the count walks every block table,
-which at a batch of 256 long sequences costs about a fifth of a host-bound step, and the
-sampling must stay out of the throughput it reports.
+which at a batch of hundreds of long sequences costs a large part of a host-bound step
+(docs/benchmarks.md), and the sampling must stay out of the throughput it reports.
 """
 
 from __future__ import annotations
