@@ -22,6 +22,7 @@ from tokenmill.engine.bench.workload import BenchRequest
 from tokenmill.engine.core.outputs import RequestOutput
 from tokenmill.engine.core.sampling_params import RequestOutputKind, SamplingParams
 from tokenmill.engine.core.structured import StructuredOutputsParams
+from tokenmill.engine.frontend.heap import frozen_heap
 
 STATS_SHARE = 0.01  # the most of a run's time that counting the KV pool's used slots may take
 
@@ -86,27 +87,28 @@ def run_engine(llm: Any, workload: list[BenchRequest], show_progress: bool = Tru
     # host work: waiting for it between steps would time a synchronous engine.
     sync = (synchronizer(engine.device) if not getattr(engine, "async_scheduling", False)
             else lambda: None)
-    start = time.perf_counter()
-    for request_id, request in zip(ids, workload, strict=True):
-        engine.add_request(request_id, request.prompt_token_ids, params_for(request))
-    while engine.has_unfinished_requests():
-        sync()  # a step that sampled nothing may leave device work behind: not this step's
-        step_start = time.perf_counter()
-        outputs = engine.step()
-        step_s = time.perf_counter() - step_start
-        for out in outputs:
-            if out.finished:
-                done[out.request_id] = out
-                bar.update(len(out.outputs[0].token_ids))
-        t = time.perf_counter()
-        stats = engine.kv_cache_stats(slots=stats_time <= STATS_SHARE * (t - start))
-        plan = getattr(engine, "last_plan", None)
-        num_tokens = plan.num_tokens if plan is not None else None
-        steps.append(StepSample(step_s, num_tokens, engine.num_running, engine.num_waiting,
-                                stats.used_blocks, stats.usage, stats.waste,
-                                *_composition(plan)))
-        stats_time += time.perf_counter() - t
-    elapsed = time.perf_counter() - start
+    with frozen_heap():  # as LLM.generate runs
+        start = time.perf_counter()
+        for request_id, request in zip(ids, workload, strict=True):
+            engine.add_request(request_id, request.prompt_token_ids, params_for(request))
+        while engine.has_unfinished_requests():
+            sync()  # a step that sampled nothing may leave device work behind, not this one's
+            step_start = time.perf_counter()
+            outputs = engine.step()
+            step_s = time.perf_counter() - step_start
+            for out in outputs:
+                if out.finished:
+                    done[out.request_id] = out
+                    bar.update(len(out.outputs[0].token_ids))
+            t = time.perf_counter()
+            stats = engine.kv_cache_stats(slots=stats_time <= STATS_SHARE * (t - start))
+            plan = getattr(engine, "last_plan", None)
+            num_tokens = plan.num_tokens if plan is not None else None
+            steps.append(StepSample(step_s, num_tokens, engine.num_running, engine.num_waiting,
+                                    stats.used_blocks, stats.usage, stats.waste,
+                                    *_composition(plan)))
+            stats_time += time.perf_counter() - t
+        elapsed = time.perf_counter() - start
     bar.close()
     records = [_record(i, request, done[request_id])
                for i, (request_id, request) in enumerate(zip(ids, workload, strict=True))]

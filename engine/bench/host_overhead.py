@@ -129,6 +129,7 @@ def measure(engine: Any, batch_size: int, steps: int, warmup: int,
     the requests are then aborted."""
     from tokenmill.engine.bench.engine_run import decode_step
     from tokenmill.engine.core.sampling_params import RequestOutputKind, SamplingParams
+    from tokenmill.engine.frontend.heap import frozen_heap
 
     rng = random.Random(batch_size)
     vocab = engine.model_config.vocab_size
@@ -149,7 +150,8 @@ def measure(engine: Any, batch_size: int, steps: int, warmup: int,
     runner = engine.runner
     totals = {"execute": 0.0, "forward": 0.0}
     samples: dict[str, list[float]] = {"step_s": [], "execute_s": [], "forward_s": []}
-    with _timed(runner, "execute", totals), _timed(runner.model, "forward", totals):
+    with (_timed(runner, "execute", totals), _timed(runner.model, "forward", totals),
+          frozen_heap()):  # as LLM.generate steps
         for _ in range(steps):
             before = dict(totals)
             start = time.perf_counter()

@@ -27,6 +27,7 @@ from tokenmill.engine.core import (
     pair_prompt,
     score_pairs,
 )
+from tokenmill.engine.frontend.heap import frozen_heap
 from tokenmill.engine.frontend.media import read_image_url
 
 Prompt = str | list[int]
@@ -181,7 +182,7 @@ class LLM:
         """Step the engine until every request of `ids` has finished; their outputs in that
         order. On an error, what is left of them is aborted."""
         done: dict[str, RequestOutput] = {}
-        with tqdm(total=len(ids), desc=what, disable=not use_tqdm) as bar:
+        with tqdm(total=len(ids), desc=what, disable=not use_tqdm) as bar, frozen_heap():
             try:
                 while len(done) < len(ids):
                     for out in self.engine.step():
