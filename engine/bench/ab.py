@@ -103,14 +103,14 @@ def per_mode(configs: list[EngineConfig], workload: list[BenchRequest], show_pro
              measure: Measure) -> list[dict[str, Any]]:
     """Each configuration on its own engine over the whole workload, one after the other; every
     run also gets its throughput ratio to the first."""
-    runs = [_one_mode(config, workload, show_progress, measure) for config in configs]
+    runs = [one_mode(config, workload, show_progress, measure) for config in configs]
     base = runs[0]["output_tokens_per_s"]
     for run in runs:
         run["throughput_ratio"] = run["output_tokens_per_s"] / base
     return runs
 
 
-def _one_mode(config: EngineConfig, workload: list[BenchRequest], show_progress: bool,
+def one_mode(config: EngineConfig, workload: list[BenchRequest], show_progress: bool,
               measure: Measure) -> dict[str, Any]:
     """One mode's run on an engine of its own. The engine is built here, and what the engines
     before left is given back first: a CUDA engine sizes its KV pool from the memory free, so

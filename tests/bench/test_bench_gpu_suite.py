@@ -134,3 +134,58 @@ def test_modes_keeps_the_named_modes_in_the_parts_order_and_refuses_none_known()
 def test_a_real_run_without_a_gpu_says_so_and_points_at_dry_run(tmp_path):
     with pytest.raises(SystemExit, match="no CUDA device here; --dry-run"):
         main(["bench", "gpu", "bench", "--out", str(tmp_path)])
+
+
+BROKEN_MODES = {"eager": {"enforce_eager": True},
+                "no-kv-pool": {"kv_cache_memory": 1},  # no block fits: the engine refuses
+                "cuda-graphs": {"enforce_eager": False}}
+
+
+def test_a_mode_that_fails_is_recorded_and_the_modes_after_it_still_run(tmp_path, monkeypatch,
+                                                                        capsys):
+    """On a lent GPU a mode that crashes must not cost the part's other modes: its error is
+    recorded, the next mode runs, the stage exits 1, and the summary names the failure."""
+    import json
+
+    from tokenmill.engine.bench.gpu_suite import summary
+
+    monkeypatch.setitem(bench_stage.PARTS, "batch1", ("one", BROKEN_MODES, False))
+    code = main(["bench", "gpu", "bench", "--dry-run", "--out", str(tmp_path), "--model-dir",
+                 str(tmp_path / "model"), "--only", "batch1", "--no-progress"])
+    assert code == 1
+    result = json.loads((tmp_path / "gpu-dry-run-bench-batch1.json").read_text())["result"]
+    assert list(result["modes"]) == ["eager", "cuda-graphs"] and not result["pending_modes"]
+    assert list(result["failed_modes"]) == ["no-kv-pool"]
+    assert "KV" in result["failed_modes"]["no-kv-pool"]
+    assert result["modes"]["cuda-graphs"]["throughput_ratio"] > 0
+    assert "Traceback" in capsys.readouterr().err  # the whole error, for the one fixing it
+    table = summary.format_table({"bench-batch1": {"result": result}})
+    assert "| batch1, no-kv-pool | failed: " in table
+    assert "| batch1, cuda-graphs / eager |" in table
+
+
+def test_each_mode_is_written_as_it_finishes_and_a_failed_first_mode_leaves_no_ratios(
+        tmp_path, monkeypatch):
+    from tokenmill.engine.bench.bandwidth import measure_bandwidth
+    from tokenmill.engine.bench.gpu_suite import summary
+    from tokenmill.engine.bench.gpu_suite.context import SuiteContext
+
+    modes = {"no-kv-pool": BROKEN_MODES["no-kv-pool"], "eager": BROKEN_MODES["eager"]}
+    monkeypatch.setitem(bench_stage.PARTS, "batch1", ("one", modes, False))
+    ctx = SuiteContext(stage="bench", out_dir=tmp_path, prefix="gpu-dry-run", dry_run=True,
+                       model_dir=tmp_path / "model", show_progress=False)
+    written: list[tuple[list[str], list[str], list[str]]] = []
+    result = bench_stage.run_part(
+        ctx, ctx.model(), "batch1", measure_bandwidth("cpu"),
+        write=lambda r: written.append((list(r["modes"]), list(r["failed_modes"]),
+                                        list(r["pending_modes"]))))
+    assert written == [([], ["no-kv-pool"], ["eager"]), (["eager"], ["no-kv-pool"], [])]
+    assert "throughput_ratio" not in result["modes"]["eager"]
+    table = summary.format_table({"bench-batch1": {"result": result}})
+    assert "| batch1, eager: output tok/s |" in table and "/ no-kv-pool" not in table
+    partial = dict(result, modes={}, pending_modes=["eager"],
+                   failed_modes={"no-kv-pool": "RuntimeError: CUDA error: | one\ntwo"})
+    table = summary.format_table({"bench-batch1": {"result": partial}})
+    assert "| batch1, eager | not run (the part stopped before it) |" in table
+    assert "| batch1, no-kv-pool | failed: RuntimeError: CUDA error: / one | runs: missed |" \
+        in table  # one line of the error, no column break

@@ -1,6 +1,6 @@
 """The `bench` stage: Llama-3.1-8B shapes on the GPU, each part one JSON file.
 
-Parts, each a workload and the engine modes run on it one after the other (ab.per_mode), the
+Parts, each a workload and the engine modes run on it one after the other (ab.one_mode), the
 first mode the reference of the throughput ratios:
   throughput        256 requests, input and output uniform in 100..1024: eager, CUDA graphs,
                     CUDA graphs with async scheduling
@@ -27,6 +27,7 @@ import argparse
 import dataclasses
 import json
 import statistics
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -71,12 +72,14 @@ LORA_KV_BYTES = 4_000_000_000  # per engine: three 8B engines side by side on on
 
 
 def run(ctx: SuiteContext, args: argparse.Namespace) -> int:
+    """Every part named; 1 where a mode failed (the others still ran and were written)."""
     from tokenmill.engine.bench.bandwidth import measure_bandwidth
 
     parts = selected(ALL_PARTS, args.only)
     model = ctx.model()
     bandwidth = measure_bandwidth(ctx.device)
     status(f"device bandwidth {bandwidth.gb_per_s:.0f} GB/s")
+    failed = False
     for part in parts:
         status(f"bench part {part}")
         if part == "kv-offload":
@@ -86,9 +89,11 @@ def run(ctx: SuiteContext, args: argparse.Namespace) -> int:
         elif part == "lora":
             result = lora_part(ctx, model)
         else:
-            result = run_part(ctx, model, part, bandwidth, args.modes)
+            result = run_part(ctx, model, part, bandwidth, args.modes,
+                              write=lambda partial, part=part: ctx.write(f"bench-{part}", partial))
+            failed |= bool(result["failed_modes"])
         ctx.write(f"bench-{part}", result)
-    return 0
+    return 1 if failed else 0
 
 
 def base_config(ctx: SuiteContext, model: str) -> Any:
@@ -101,29 +106,55 @@ def base_config(ctx: SuiteContext, model: str) -> Any:
 
 
 def run_part(ctx: SuiteContext, model: str, part: str, bandwidth: Any,
-             only_modes: str | None = None) -> dict[str, Any]:
+             only_modes: str | None = None,
+             write: Callable[[dict[str, Any]], Any] | None = None) -> dict[str, Any]:
+    """The part's modes one after the other. A mode that raises (a CUDA error, memory) is
+    recorded under `failed_modes` with its error, and the next mode runs; `write` gets the
+    result after each mode, so a run stopped part-way keeps the modes it finished."""
     from tokenmill.engine.bench import ab
 
     workload_name, modes, with_hf = PARTS[part]
     modes = chosen_modes(part, modes, only_modes)
     spec, workload = _workload(ctx, model, workload_name)
     config = base_config(ctx, model)
-    runs = ab.per_mode([config.replace(**options) for options in modes.values()], workload,
-                       ctx.show_progress, _measure(bandwidth))
     result: dict[str, Any] = {
         "workload": {**dataclasses.asdict(spec),
                      "output_tokens": sum(r.output_len for r in workload),
                      "input_tokens": sum(r.input_len for r in workload)},
         "bandwidth": dataclasses.asdict(bandwidth),
         "engine_config": dataclasses.asdict(config),
-        "modes": dict(zip(modes, runs, strict=True)),
+        "modes": {},
+        "failed_modes": {},
+        "pending_modes": list(modes),
     }
+    measure = _measure(bandwidth)
+    for name, options in modes.items():
+        try:
+            result["modes"][name] = ab.one_mode(config.replace(**options), workload,
+                                                ctx.show_progress, measure)
+        except Exception as error:  # noqa: BLE001 - recorded; the part's other modes still run
+            traceback.print_exc()
+            result["failed_modes"][name] = f"{type(error).__name__}: {error}"
+            status(f"mode {name} failed: {result['failed_modes'][name]}")
+        result["pending_modes"].remove(name)
+        _ratios(result, first=next(iter(modes)))
+        if write is not None:
+            write(result)
     if with_hf:
         result["hf"] = _hf_run(ctx, model, workload, HF_BATCH[ctx.dry_run])
         theirs = result["hf"]["output_tokens_per_s"]
         result["ratio_vs_hf"] = {mode: run["output_tokens_per_s"] / theirs
                                  for mode, run in result["modes"].items()}
     return result
+
+
+def _ratios(result: dict[str, Any], first: str) -> None:
+    """Each mode's throughput over the part's first mode's, where that one ran."""
+    base = result["modes"].get(first)
+    if base is None:
+        return
+    for run in result["modes"].values():
+        run["throughput_ratio"] = run["output_tokens_per_s"] / base["output_tokens_per_s"]
 
 
 def chosen_modes(part: str, modes: dict[str, dict[str, Any]],

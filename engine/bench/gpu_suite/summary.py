@@ -78,11 +78,19 @@ def _modes(part: str, result: dict[str, Any], targets: dict[str, tuple[float, st
         target = targets.get(mode)
         rows.append((f"{part}, {mode}: output tok/s", f"{rate:,.1f}{step}",
                      _verdict(rate, *target) if target else ""))
-        if run is not next(iter(result["modes"].values())):
+        first = next(iter(result["modes"]))
+        if mode != first and "throughput_ratio" in run:
             ratio = run["throughput_ratio"]
             target = RATIO_TARGETS.get((part, mode))
-            rows.append((f"{part}, {mode} / {next(iter(result['modes']))}", f"{ratio:.2f}x",
+            rows.append((f"{part}, {mode} / {first}", f"{ratio:.2f}x",
                          _verdict(ratio, target, "x") if target else ""))
+    # Results written before a mode could fail or stop part-way have neither key.
+    for mode, error in result.get("failed_modes", {}).items():
+        first_line = error.splitlines()[0] if error else ""
+        rows.append((f"{part}, {mode}", f"failed: {first_line.replace('|', '/')}",
+                     "runs: missed"))
+    for mode in result.get("pending_modes", []):
+        rows.append((f"{part}, {mode}", "not run (the part stopped before it)", ""))
     return rows
 
 
