@@ -8,9 +8,15 @@ block is one memcpy. A quantized pool moves as stored: its bytes and its scales.
 
 On CUDA the host tensors are pinned and the copies run on their own stream, enqueued without
 any host synchronization: the compute stream waits for them on the device, not the host.
+torch's pinned allocator rounds every allocation up to a power of two (one 20 GiB tensor would
+pin 32 GiB, past a pod's memory limit), so there the tier is several tensors, each holding the
+most blocks that fit a power of two (`pinned_chunks`).
 """
 
 from __future__ import annotations
+
+from bisect import bisect_right
+from itertools import accumulate
 
 import torch
 
@@ -19,18 +25,23 @@ class KVOffload:
     def __init__(self, device_tensors: list[torch.Tensor], num_blocks: int,
                  device: torch.device):
         """device_tensors: the pool's tensors ([layers, 2, blocks, ...] each), values (as bytes
-        when quantized) and scales; a host twin of num_blocks blocks is made for each."""
+        when quantized) and scales; a host twin of num_blocks blocks is made for each, in
+        chunks of `chunk_blocks` blocks (one chunk unless pinned)."""
         self.device = device
         self.num_blocks = num_blocks
         cuda = device.type == "cuda"
-        self.pairs = [(pool, torch.zeros((num_blocks, *pool.shape[:2], *pool.shape[3:]),
-                                         dtype=pool.dtype, pin_memory=cuda))
+        block_bytes = sum(pool[:, :, 0].nbytes for pool in device_tensors)
+        self.chunk_blocks = pinned_chunks(num_blocks, block_bytes) if cuda else [num_blocks]
+        self._starts = list(accumulate(self.chunk_blocks[:-1], initial=0))
+        self.pairs = [(pool, [torch.zeros((n, *pool.shape[:2], *pool.shape[3:]),
+                                          dtype=pool.dtype, pin_memory=cuda)
+                              for n in self.chunk_blocks])
                       for pool in device_tensors]
         self.stream = torch.cuda.Stream(device) if cuda else None
 
     @property
     def nbytes(self) -> int:
-        return sum(host.nbytes for _, host in self.pairs)
+        return sum(chunk.nbytes for _, chunks in self.pairs for chunk in chunks)
 
     def run(self, to_host: list[tuple[int, int]], to_device: list[tuple[int, int]]) -> None:
         """Copy blocks to the host tier, then back to the device (a block offloaded in this
@@ -43,12 +54,13 @@ class KVOffload:
         compute = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(compute)  # the pool as the previous steps left it
         with torch.cuda.stream(self.stream):
-            self._copy_on_cuda(to_host, to_device)
+            for pool, chunks in self.pairs:
+                copy_block_by_block(pool, chunks, self._starts, to_host, to_device)
         compute.wait_stream(self.stream)  # this step's forward reads and writes those blocks
 
     def _copy_on_cpu(self, to_host: list[tuple[int, int]],
                      to_device: list[tuple[int, int]]) -> None:
-        for pool, host in self.pairs:
+        for pool, (host,) in self.pairs:
             if to_host:
                 device_ids, host_ids = _indices(to_host, self.device)
                 host[host_ids] = pool[:, :, device_ids].movedim(2, 0)
@@ -56,21 +68,42 @@ class KVOffload:
                 device_ids, host_ids = _indices(to_device, self.device)
                 pool[:, :, device_ids] = host[host_ids].movedim(0, 2)
 
-    def _copy_on_cuda(self, to_host: list[tuple[int, int]],
-                      to_device: list[tuple[int, int]]) -> None:
-        for pool, host in self.pairs:
-            if to_host:
-                device_ids, _ = _indices(to_host, self.device)
-                staged = pool[:, :, device_ids].movedim(2, 0).contiguous()
-                for row, (_, block) in enumerate(to_host):
-                    host[block].copy_(staged[row], non_blocking=True)
-            if to_device:
-                device_ids, _ = _indices(to_device, self.device)
-                staged = torch.empty((len(to_device), *host.shape[1:]), dtype=host.dtype,
-                                     device=self.device)
-                for row, (_, block) in enumerate(to_device):
-                    staged[row].copy_(host[block], non_blocking=True)
-                pool[:, :, device_ids] = staged.movedim(0, 2)
+
+def pinned_chunks(num_blocks: int, block_bytes: int) -> list[int]:
+    """How many blocks each pinned tensor of the tier holds: the most that fit the largest
+    power of two within the bytes still to place, so that no tensor is rounded up past it.
+    The tier then pins at most one block more per chunk than it holds, in a few chunks (one
+    where its size is a power of two)."""
+    chunks: list[int] = []
+    left = num_blocks
+    while left:
+        fits = (1 << ((left * block_bytes).bit_length() - 1)) // block_bytes
+        chunks.append(max(1, fits))
+        left -= chunks[-1]
+    return chunks
+
+
+def copy_block_by_block(pool: torch.Tensor, chunks: list[torch.Tensor], starts: list[int],
+                        to_host: list[tuple[int, int]],
+                        to_device: list[tuple[int, int]]) -> None:
+    """The copies one block at a time, each host block one contiguous run (non-blocking from
+    and to pinned memory on CUDA); starts: each chunk's first host block."""
+    def host_block(block: int) -> torch.Tensor:
+        chunk = bisect_right(starts, block) - 1
+        return chunks[chunk][block - starts[chunk]]
+
+    if to_host:
+        device_ids, _ = _indices(to_host, pool.device)
+        staged = pool[:, :, device_ids].movedim(2, 0).contiguous()
+        for row, (_, block) in enumerate(to_host):
+            host_block(block).copy_(staged[row], non_blocking=True)
+    if to_device:
+        device_ids, _ = _indices(to_device, pool.device)
+        staged = torch.empty((len(to_device), *chunks[0].shape[1:]), dtype=pool.dtype,
+                             device=pool.device)
+        for row, (_, block) in enumerate(to_device):
+            staged[row].copy_(host_block(block), non_blocking=True)
+        pool[:, :, device_ids] = staged.movedim(0, 2)
 
 
 def _indices(pairs: list[tuple[int, int]],

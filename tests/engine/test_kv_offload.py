@@ -9,6 +9,7 @@ import random
 
 import pytest
 import torch
+from kv_offload_support import random_transfers
 from model_support import hf_greedy
 
 from tokenmill.engine import LLM, SamplingParams
@@ -225,3 +226,60 @@ def test_the_engine_refuses_more_than_the_host_has(tiny_llama_dir):
     with pytest.raises(ConfigError, match=r"kv_offloading_size: 100000 GiB asked for the host "
                                           r"tier, but only [\d.]+ GiB"):
         LLM(tiny_llama_dir, show_progress=False, kv_offloading_size=100000)
+
+
+def _pinned_bytes(chunks: list[int], block_bytes: int) -> int:
+    """What torch's pinned allocator takes for these chunks: each rounded up to a power of 2."""
+    return sum(1 << (n * block_bytes - 1).bit_length() for n in chunks)
+
+
+@pytest.mark.parametrize("block_bytes", [917_504, 2 << 20, 24_576, 1_000_003])
+def test_pinned_chunks_hold_every_block_and_pin_at_most_one_block_more_per_chunk(block_bytes):
+    from tokenmill.engine.execution.kv_offload import pinned_chunks
+
+    for num_blocks in (1, 2, 3, 7, 64, 1000, 23_405, (20 << 30) // block_bytes):
+        chunks = pinned_chunks(num_blocks, block_bytes)
+        assert sum(chunks) == num_blocks and min(chunks) >= 1
+        assert len(chunks) <= (num_blocks * block_bytes).bit_length()
+        assert _pinned_bytes(chunks, block_bytes) <= (num_blocks + len(chunks)) * block_bytes
+    assert pinned_chunks(1 << 13, 2 << 20) == [1 << 13]  # 16 GiB of 2 MiB blocks: as it is
+
+
+def test_a_20_gib_tier_pins_20_gib_not_32():
+    from tokenmill.engine.execution.kv_offload import pinned_chunks
+
+    block = 917_504  # a 28-layer model with 4 KV heads of 128, bf16, 16 tokens a block
+    blocks = (20 << 30) // block
+    assert _pinned_bytes([blocks], block) == 32 << 30  # one tensor
+    chunks = pinned_chunks(blocks, block)
+    assert _pinned_bytes(chunks, block) <= (20 << 30) + len(chunks) * block
+    assert len(chunks) <= 4
+
+
+def test_copies_block_by_block_over_chunks_equal_the_vectorized_copies():
+    """What the CUDA path runs (one block at a time, over a tier in several tensors), here on
+    CPU tensors, against the CPU path over one tensor: the same pool and the same host blocks
+    after random steps, a block offloaded and brought back in one step among them."""
+    from tokenmill.engine.execution.kv_offload import copy_block_by_block, pinned_chunks
+
+    rng = random.Random(0)
+    torch.manual_seed(0)
+    num_blocks, host_blocks = 16, 24
+    pool = torch.randn(3, 2, num_blocks, 4, 2, 8)
+    reference = KVOffload([pool.clone()], host_blocks, torch.device("cpu"))
+    block_bytes = pool[:, :, 0].nbytes
+    sizes = pinned_chunks(host_blocks, block_bytes)
+    assert len(sizes) > 1
+    chunks = [torch.zeros((n, 3, 2, 4, 2, 8)) for n in sizes]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    for _ in range(100):
+        to_host, to_device = random_transfers(rng, num_blocks, host_blocks, 6)
+        reference.run(to_host, to_device)
+        copy_block_by_block(pool, chunks, starts, to_host, to_device)
+        written = rng.sample(range(num_blocks), 3)  # the step's forward writes some blocks
+        noise = torch.randn(3, 2, 3, 4, 2, 8)
+        pool[:, :, written] = noise
+        reference.pairs[0][0][:, :, written] = noise
+    (ref_pool, (ref_host,)), = reference.pairs
+    assert torch.equal(pool, ref_pool)
+    assert torch.equal(torch.cat(chunks), ref_host)
