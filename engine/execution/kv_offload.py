@@ -20,6 +20,9 @@ from itertools import accumulate
 
 import torch
 
+# Device memory a step's tier copies stage blocks through, at most, per pool tensor.
+STAGING_BYTES = 256 << 20
+
 
 class KVOffload:
     def __init__(self, device_tensors: list[torch.Tensor], num_blocks: int,
@@ -84,24 +87,29 @@ def pinned_chunks(num_blocks: int, block_bytes: int) -> list[int]:
 
 
 def copy_block_by_block(pool: torch.Tensor, chunks: list[torch.Tensor], starts: list[int],
-                        to_host: list[tuple[int, int]],
-                        to_device: list[tuple[int, int]]) -> None:
+                        to_host: list[tuple[int, int]], to_device: list[tuple[int, int]],
+                        staging_bytes: int = STAGING_BYTES) -> None:
     """The copies one block at a time, each host block one contiguous run (non-blocking from
-    and to pinned memory on CUDA); starts: each chunk's first host block."""
+    and to pinned memory on CUDA); starts: each chunk's first host block. Blocks pass through
+    a device buffer of at most staging_bytes at a time: a long prefix brought back at once
+    must not need its size again in free device memory."""
     def host_block(block: int) -> torch.Tensor:
         chunk = bisect_right(starts, block) - 1
         return chunks[chunk][block - starts[chunk]]
 
-    if to_host:
-        device_ids, _ = _indices(to_host, pool.device)
+    group = max(1, staging_bytes // pool[:, :, 0].nbytes)
+    for first in range(0, len(to_host), group):
+        moved = to_host[first:first + group]
+        device_ids, _ = _indices(moved, pool.device)
         staged = pool[:, :, device_ids].movedim(2, 0).contiguous()
-        for row, (_, block) in enumerate(to_host):
+        for row, (_, block) in enumerate(moved):
             host_block(block).copy_(staged[row], non_blocking=True)
-    if to_device:
-        device_ids, _ = _indices(to_device, pool.device)
-        staged = torch.empty((len(to_device), *chunks[0].shape[1:]), dtype=pool.dtype,
+    for first in range(0, len(to_device), group):
+        moved = to_device[first:first + group]
+        device_ids, _ = _indices(moved, pool.device)
+        staged = torch.empty((len(moved), *chunks[0].shape[1:]), dtype=pool.dtype,
                              device=pool.device)
-        for row, (_, block) in enumerate(to_device):
+        for row, (_, block) in enumerate(moved):
             staged[row].copy_(host_block(block), non_blocking=True)
         pool[:, :, device_ids] = staged.movedim(0, 2)
 

@@ -256,10 +256,12 @@ def test_a_20_gib_tier_pins_20_gib_not_32():
     assert len(chunks) <= 4
 
 
-def test_copies_block_by_block_over_chunks_equal_the_vectorized_copies():
-    """What the CUDA path runs (one block at a time, over a tier in several tensors), here on
-    CPU tensors, against the CPU path over one tensor: the same pool and the same host blocks
-    after random steps, a block offloaded and brought back in one step among them."""
+@pytest.mark.parametrize("staged_blocks", [1, 2, 64])
+def test_copies_block_by_block_over_chunks_equal_the_vectorized_copies(staged_blocks):
+    """What the CUDA path runs (one block at a time, over a tier in several tensors, staged
+    through the device a few blocks at a time), here on CPU tensors, against the CPU path over
+    one tensor: the same pool and the same host blocks after random steps, a block offloaded
+    and brought back in one step among them."""
     from tokenmill.engine.execution.kv_offload import copy_block_by_block, pinned_chunks
 
     rng = random.Random(0)
@@ -275,7 +277,8 @@ def test_copies_block_by_block_over_chunks_equal_the_vectorized_copies():
     for _ in range(100):
         to_host, to_device = random_transfers(rng, num_blocks, host_blocks, 6)
         reference.run(to_host, to_device)
-        copy_block_by_block(pool, chunks, starts, to_host, to_device)
+        copy_block_by_block(pool, chunks, starts, to_host, to_device,
+                            staging_bytes=staged_blocks * block_bytes)
         written = rng.sample(range(num_blocks), 3)  # the step's forward writes some blocks
         noise = torch.randn(3, 2, 3, 4, 2, 8)
         pool[:, :, written] = noise
