@@ -111,7 +111,7 @@ def per_mode(configs: list[EngineConfig], workload: list[BenchRequest], show_pro
 
 
 def one_mode(config: EngineConfig, workload: list[BenchRequest], show_progress: bool,
-              measure: Measure) -> dict[str, Any]:
+             measure: Measure) -> dict[str, Any]:
     """One mode's run on an engine of its own. The engine is built here, and what the engines
     before left is given back first: a CUDA engine sizes its KV pool from the memory free, so
     an earlier one still alive (a loop variable holds it while the next is built) would take
