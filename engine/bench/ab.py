@@ -17,7 +17,7 @@ import functools
 import gc
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from tqdm import tqdm
@@ -104,10 +104,14 @@ def per_mode(configs: list[EngineConfig], workload: list[BenchRequest], show_pro
     """Each configuration on its own engine over the whole workload, one after the other; every
     run also gets its throughput ratio to the first."""
     runs = [one_mode(config, workload, show_progress, measure) for config in configs]
-    base = runs[0]["output_tokens_per_s"]
-    for run in runs:
-        run["throughput_ratio"] = run["output_tokens_per_s"] / base
+    set_throughput_ratios(runs, runs[0])
     return runs
+
+
+def set_throughput_ratios(runs: Iterable[dict[str, Any]], base: dict[str, Any]) -> None:
+    """Each run's output tok/s over the base run's, as its throughput_ratio."""
+    for run in runs:
+        run["throughput_ratio"] = run["output_tokens_per_s"] / base["output_tokens_per_s"]
 
 
 def one_mode(config: EngineConfig, workload: list[BenchRequest], show_progress: bool,

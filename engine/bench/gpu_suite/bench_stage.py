@@ -137,7 +137,9 @@ def run_part(ctx: SuiteContext, model: str, part: str, bandwidth: Any,
             result["failed_modes"][name] = f"{type(error).__name__}: {error}"
             status(f"mode {name} failed: {result['failed_modes'][name]}")
         result["pending_modes"].remove(name)
-        _ratios(result, first=next(iter(modes)))
+        first = result["modes"].get(next(iter(modes)))  # ratios only against the part's first
+        if first is not None:
+            ab.set_throughput_ratios(result["modes"].values(), first)
         if write is not None:
             write(result)
     if with_hf:
@@ -146,15 +148,6 @@ def run_part(ctx: SuiteContext, model: str, part: str, bandwidth: Any,
         result["ratio_vs_hf"] = {mode: run["output_tokens_per_s"] / theirs
                                  for mode, run in result["modes"].items()}
     return result
-
-
-def _ratios(result: dict[str, Any], first: str) -> None:
-    """Each mode's throughput over the part's first mode's, where that one ran."""
-    base = result["modes"].get(first)
-    if base is None:
-        return
-    for run in result["modes"].values():
-        run["throughput_ratio"] = run["output_tokens_per_s"] / base["output_tokens_per_s"]
 
 
 def chosen_modes(part: str, modes: dict[str, dict[str, Any]],
