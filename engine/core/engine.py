@@ -49,6 +49,7 @@ from tokenmill.engine.execution.kv_sizing import check_host_memory
 from tokenmill.engine.execution.rank import RankSetup, build_runner, rank_device
 from tokenmill.engine.execution.workers import WorkerFailed, Workers
 from tokenmill.engine.layers.attention import check_kv_cache_dtype, resolve_backend
+from tokenmill.engine.layers.to_device import list_to_device
 from tokenmill.engine.models.architecture import (
     architecture_of,
     classifier_of,
@@ -703,7 +704,7 @@ class LLMEngine:
     def _rows(self, logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
         if rows == list(range(len(logits))):
             return logits
-        return logits[torch.tensor(rows, device=logits.device)]
+        return logits[list_to_device(rows, torch.long, logits.device)]
 
     def _append(self, seq: Sequence, token: int, logprobs: dict[int, float] | None,
                 now: float) -> None:

@@ -29,6 +29,7 @@ import torch
 from tokenmill.engine.core.request import RequestTimings, Sequence
 from tokenmill.engine.core.sampling_params import SamplingParams
 from tokenmill.engine.core.structured import bitmask
+from tokenmill.engine.layers.to_device import list_to_device
 
 
 @dataclass
@@ -91,7 +92,7 @@ def _draw(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator
     if randoms:
         chosen = [seqs[i] for i in randoms]
         every_row = len(randoms) == len(seqs)
-        rows = None if every_row else torch.tensor(randoms, device=logits.device)
+        rows = None if every_row else list_to_device(randoms, torch.long, logits.device)
         probs = filtered_probs(logits if rows is None else logits[rows], chosen)
         drawn = (probs / _exponential_noise(probs, chosen, generator)).argmax(dim=-1)
         tokens = drawn if rows is None else tokens.index_copy(0, rows, drawn)
@@ -123,7 +124,7 @@ def _processed(logits: torch.Tensor, seqs: list[Sequence],
     if banned:  # a bias of -inf: the token can't be drawn
         apply_logit_bias(logits, [(row, dict.fromkeys(ids, float("-inf"))) for row, ids in banned])
     for row in allowed:
-        keep = torch.tensor(seqs[row].params.allowed_token_ids, device=logits.device)
+        keep = list_to_device(seqs[row].params.allowed_token_ids, torch.long, logits.device)
         logits[row] = torch.full_like(logits[row], float("-inf")).index_copy_(
             0, keep, logits[row].index_select(0, keep))
     if masks is not None:
@@ -140,8 +141,8 @@ def apply_logit_bias(logits: torch.Tensor, biases: list[tuple[int, dict[int, flo
         rows += [row] * len(bias)
         cols += bias.keys()
         values += bias.values()
-    index = bitmask.to_device(torch.tensor([rows, cols], dtype=torch.long), logits.device)
-    bias = bitmask.to_device(torch.tensor(values, dtype=logits.dtype), logits.device)
+    index = list_to_device([rows, cols], torch.long, logits.device)
+    bias = list_to_device(values, logits.dtype, logits.device)
     logits.index_put_((index[0], index[1]), bias, accumulate=True)
 
 
@@ -172,7 +173,7 @@ def _exponential_noise(probs: torch.Tensor, seqs: list[Sequence],
     if len(shared) == len(seqs):
         return noise.exponential_(generator=generator)
     if shared:
-        rows = torch.tensor(shared, device=probs.device)
+        rows = list_to_device(shared, torch.long, probs.device)
         block = torch.empty(len(shared), probs.shape[1], device=probs.device)
         noise.index_copy_(0, rows, block.exponential_(generator=generator))
     for j, seq in enumerate(seqs):
@@ -185,13 +186,15 @@ def apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
     """OpenAI presence/frequency penalties over the output; HF repetition penalty over all."""
     p = seq.params
     if p.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long, device=logits.device)
+        seen = list_to_device(sorted(set(seq.token_ids)), torch.long, logits.device)
         values = logits[seen]
         logits[seen] = torch.where(values > 0, values / p.repetition_penalty,
                                    values * p.repetition_penalty)
     if seq.output_token_ids and (p.presence_penalty or p.frequency_penalty):
-        out = torch.tensor(seq.output_token_ids, dtype=torch.long, device=logits.device)
-        counts = torch.bincount(out, minlength=logits.shape[0]).to(logits.dtype)
+        out = list_to_device(seq.output_token_ids, torch.long, logits.device)
+        # Counted by scatter_add: on CUDA bincount reads the largest id back to the host.
+        ones = torch.ones_like(out, dtype=logits.dtype)
+        counts = torch.zeros_like(logits).scatter_add_(0, out, ones)
         logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
 
 
@@ -201,7 +204,7 @@ def filtered_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     vocab = logits.shape[1]
     settings = [(s.params.temperature, s.params.top_k if s.params.top_k > 0 else vocab,
                  s.params.top_p, s.params.min_p) for s in seqs]
-    table = torch.tensor(settings, dtype=torch.float32).to(device)
+    table = list_to_device(settings, torch.float32, device)
     temperature, top_k, top_p, min_p = table.unbind(1)
     logits = logits / temperature.unsqueeze(1)
     if all(k == vocab and p >= 1.0 and m <= 0.0 for _, k, p, m in settings):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from tokenmill.engine.execution.step_inputs import PromptRows
+from tokenmill.engine.layers.to_device import list_to_device
 from tokenmill.engine.models.decoder import CausalLM
 
 ROWS_PER_SLICE = 256  # [256, vocab] float32 logits at a time: 128 MiB at a 128k vocabulary
@@ -20,8 +21,8 @@ ROWS_PER_SLICE = 256  # [256, vocab] float32 logits at a time: 128 MiB at a 128k
 def score_rows(model: CausalLM, hidden: torch.Tensor, rows: PromptRows) -> torch.Tensor:
     """[len(rows), 2 + 2 * top_k] float64 on the device: each row's target logprob, its rank,
     then the top-k logprobs and their token ids (exact in float64)."""
-    index = torch.tensor(rows.rows, device=hidden.device)
-    targets = torch.tensor(rows.targets, device=hidden.device).unsqueeze(1)
+    index = list_to_device(rows.rows, torch.long, hidden.device)
+    targets = list_to_device(rows.targets, torch.long, hidden.device).unsqueeze(1)
     parts = []
     for start in range(0, len(rows.rows), ROWS_PER_SLICE):
         stop = start + ROWS_PER_SLICE

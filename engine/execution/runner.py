@@ -20,6 +20,7 @@ from tokenmill.engine.execution.prompt_scores import score_rows
 from tokenmill.engine.execution.step_buffers import StepBuffers
 from tokenmill.engine.execution.step_inputs import StepInputs
 from tokenmill.engine.layers.kv_layer import KVLayer
+from tokenmill.engine.layers.to_device import list_to_device
 from tokenmill.engine.models.decoder import CausalLM
 from tokenmill.engine.models.images import encode_images
 
@@ -88,8 +89,8 @@ class ModelRunner:
         """Copy-on-write of shared blocks (values and scales), before the step that writes into
         the copies."""
         if copies:
-            src = torch.tensor([s for s, _ in copies], device=self.device)
-            dst = torch.tensor([d for _, d in copies], device=self.device)
+            src = list_to_device([s for s, _ in copies], torch.long, self.device)
+            dst = list_to_device([d for _, d in copies], torch.long, self.device)
             for pool in self._pool_tensors():
                 pool[:, :, dst] = pool[:, :, src]
 
@@ -178,14 +179,14 @@ class ModelRunner:
             meta = self.buffers.metadata(views, inputs.seq_lens, inputs.query_lens,
                                          self.attention_backend)
             if inputs.visible_until:
-                meta.visible_until = torch.tensor(inputs.visible_until, dtype=torch.long,
-                                                  device=self.device)
-            typed = {} if not inputs.token_types else {"token_types": torch.tensor(
-                inputs.token_types, dtype=torch.long, device=self.device)}
+                meta.visible_until = list_to_device(inputs.visible_until, torch.long,
+                                                    self.device)
+            typed = {} if not inputs.token_types else {"token_types": list_to_device(
+                inputs.token_types, torch.long, self.device)}
             if inputs.image_rows:
                 typed["image_rows"] = inputs.image_rows
-            positions = views.positions if not inputs.grid_positions else torch.tensor(
-                inputs.grid_positions, dtype=torch.long, device=self.device)
+            positions = views.positions if not inputs.grid_positions else list_to_device(
+                inputs.grid_positions, torch.long, self.device)
             hidden = self.model(views.input_ids, positions, self.kv_caches, meta, **typed)
             last_rows = views.query_start[1:] - 1
         if inputs.prompt_rows.rows:
@@ -199,5 +200,4 @@ class ModelRunner:
             return self.model.logits(hidden[last_rows])
         if rows is None:  # each sequence's last row
             rows = list(itertools.accumulate(inputs.query_lens, initial=-1))[1:]
-        return self.model.logits(hidden[torch.tensor(rows, dtype=torch.long,
-                                                      device=hidden.device)])
+        return self.model.logits(hidden[list_to_device(rows, torch.long, hidden.device)])

@@ -296,6 +296,45 @@ def test_an_async_scheduled_graphed_step_never_synchronizes_in_an_op(tiny_llama_
     assert syncs == []
 
 
+@cuda_only
+def test_an_async_step_with_a_prompt_chunk_and_drawn_rows_never_synchronizes_in_an_op(
+        tiny_llama_dir):
+    """A step that mixes decodes with a chunk that does not finish its prompt (its logit rows
+    picked by index) and rows drawn at a temperature with top-k, top-p, penalties, a logit
+    bias and a seed: the host still waits for nothing the device has queued."""
+    llm = LLM(tiny_llama_dir, show_progress=False, max_num_seqs=8, max_num_batched_tokens=32,
+              async_scheduling=True)
+    engine = llm.engine
+    drawn = [SamplingParams(temperature=0.8, top_k=20, top_p=0.9, max_tokens=40,
+                            ignore_eos=True),
+             SamplingParams(temperature=1.0, seed=3, presence_penalty=0.5,
+                            frequency_penalty=0.2, repetition_penalty=1.1,
+                            logit_bias={5: 2.0}, max_tokens=40, ignore_eos=True),
+             SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)]
+    for i, (prompt, params) in enumerate(zip(_prompts(3, 8), drawn, strict=True)):
+        engine.add_request(f"r{i}", prompt, params)
+    greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    engine.add_request("warm", _prompts(1, 9)[0] * 4 + [7] * 100, greedy)
+    while engine.has_unfinished_requests() and "warm" in engine._requests:
+        engine.step()  # chunked prompt steps of each kind, so lazy state is built
+    engine.add_request("long", [11] * 100, greedy)
+    engine.step()  # the long prompt's first chunk
+    long = engine._requests["long"].seqs[0]
+    replays = engine.runner.graphs.replays
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            engine.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert engine.runner.graphs.replays == replays  # an eager step, a chunk beside decodes
+    assert 0 < long.num_computed_tokens < long.num_tokens
+    syncs = [f"{w.filename}:{w.lineno}" for w in caught
+             if "called a synchronizing" in str(w.message)]
+    assert syncs == []
+
+
 def test_enforce_eager_is_a_serve_flag():
     import argparse
 

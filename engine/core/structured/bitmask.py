@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from tokenmill.engine.layers.to_device import list_to_device, to_device
+
 _SHIFTS: dict[torch.device, torch.Tensor] = {}
 
 
@@ -45,18 +47,8 @@ def apply(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
     shifts = _SHIFTS.get(device)
     if shifts is None:
         shifts = _SHIFTS[device] = torch.arange(32, dtype=torch.int32, device=device)
-    index = to_device(torch.tensor(rows), device)
+    index = list_to_device(rows, torch.long, device)
     packed = to_device(bitmask, device).index_select(0, index)
     allowed = ((packed.unsqueeze(-1) >> shifts) & 1).view(len(rows), -1)[:, :vocab].bool()
     logits.index_copy_(0, index, logits.index_select(0, index).masked_fill_(~allowed,
                                                                             float("-inf")))
-
-
-def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on `device` without waiting for the work queued there: on CUDA it is
-    copied from pinned memory, asynchronously (a pageable copy would synchronize)."""
-    if device.type != "cuda":
-        return host.to(device)
-    if not host.is_pinned():
-        host = host.pin_memory()
-    return host.to(device, non_blocking=True)
