@@ -4,6 +4,9 @@
 The torch reference is `layers/kv_quant.quantize`, which takes about nine elementwise launches
 (cast, abs, max, divide, where, divide, clamp, cast); an fp8 linear quantizes its activations
 before every matmul, so at one row a step of a 32-layer model launched over a thousand of them.
+Both divisions are rounded to nearest (`div_rn`), as torch divides one tensor by another:
+Triton's `/` compiles to an approximate division on NVIDIA GPUs, which lands some values on
+the other side of an fp8 rounding boundary.
 """
 
 from __future__ import annotations
@@ -28,12 +31,12 @@ def _quantize_rows_kernel(
         x = tl.load(x_row + cols, mask=cols < width, other=0.0).to(tl.float32)
         top = tl.maximum(top, tl.abs(x))
     amax = tl.max(top, 0)
-    scale = tl.where(amax > 0, amax / limit, 1.0)
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, limit), 1.0)
     for start in range(0, width, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         mask = cols < width
         x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-        y = tl.minimum(tl.maximum(x / scale, -limit), limit)
+        y = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -limit), limit)
         tl.store(out_ptr + row * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
     tl.store(scale_ptr + row, scale)
 

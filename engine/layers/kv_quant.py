@@ -40,7 +40,9 @@ def quantize(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.T
     limit = qmax(dtype)
     x = x.float()
     amax = x.abs().amax(dim=-1)
-    scale = torch.where(amax > 0, amax / limit, torch.ones_like(amax))
+    # By a tensor, not a number: CUDA divides by a number as a product with its reciprocal,
+    # which can differ from the division in the last bit.
+    scale = torch.where(amax > 0, amax / torch.full_like(amax, limit), torch.ones_like(amax))
     y = x / scale.unsqueeze(-1)
     if not dtype.is_floating_point:
         y = torch.sign(y) * torch.floor(y.abs() + 0.5)

@@ -35,7 +35,8 @@ def test_the_row_quantization_kernel_scales_divides_and_clamps_as_torch(width):
     values, scales = kernel.quantize_rows(x, torch.float16, 448.0)
     ref = x.float()
     amax = ref.abs().amax(dim=1)
-    want_scales = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    want_scales = torch.where(amax > 0, amax / torch.full_like(amax, 448.0),
+                              torch.ones_like(amax))
     assert torch.equal(scales, want_scales)
     want = (ref / want_scales.unsqueeze(1)).clamp(-448.0, 448.0).to(torch.float16)
     assert torch.equal(values, want)
