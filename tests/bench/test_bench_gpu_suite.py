@@ -130,6 +130,19 @@ def test_modes_keeps_the_named_modes_in_the_parts_order_and_refuses_none_known()
         bench_stage.chosen_modes("batch1-fp8", bench_stage.PARTS["batch1-fp8"][1], "eager")
 
 
+def test_modes_are_checked_against_every_chosen_part_before_anything_runs(tmp_path):
+    """--modes without --only would reach the fp8 parts, which have no graphs modes: refused
+    at once, before a model is made or a part runs, as is a mode no chosen part has."""
+    def bench(*options: str) -> None:
+        main(["bench", "gpu", "bench", "--dry-run", "--out", str(tmp_path), *options])
+
+    with pytest.raises(SystemExit, match=r"part throughput-fp8 has none of \['cuda-graphs'\]"):
+        bench("--modes", "cuda-graphs")
+    with pytest.raises(SystemExit, match=r"no part chosen has \['grpahs-async'\]"):
+        bench("--only", "throughput,batch1", "--modes", "cuda-graphs,grpahs-async")
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no GPU is")
 def test_a_real_run_without_a_gpu_says_so_and_points_at_dry_run(tmp_path):
     with pytest.raises(SystemExit, match="no CUDA device here; --dry-run"):

@@ -76,6 +76,7 @@ def run(ctx: SuiteContext, args: argparse.Namespace) -> int:
     from tokenmill.engine.bench.bandwidth import measure_bandwidth
 
     parts = selected(ALL_PARTS, args.only)
+    check_modes(parts, args.modes)
     model = ctx.model()
     bandwidth = measure_bandwidth(ctx.device)
     status(f"device bandwidth {bandwidth.gb_per_s:.0f} GB/s")
@@ -150,17 +151,36 @@ def run_part(ctx: SuiteContext, model: str, part: str, bandwidth: Any,
     return result
 
 
+def check_modes(parts: list[str], only: str | None) -> None:
+    """Before anything runs, SystemExit where --modes names a mode that none of the chosen parts
+    has, or where a chosen part has none of the modes named (choose the parts with --only)."""
+    if only is None:
+        return
+    for part in parts:
+        if part in PARTS:
+            chosen_modes(part, PARTS[part][1], only)
+    known = {mode for part in parts if part in PARTS for mode in PARTS[part][1]}
+    unknown = sorted(_mode_names(only) - known)
+    if unknown:
+        raise SystemExit(f"--modes: no part chosen has {unknown}; their modes are "
+                         f"{sorted(known)}")
+
+
+def _mode_names(only: str) -> set[str]:
+    return {m.strip() for m in only.split(",") if m.strip()}
+
+
 def chosen_modes(part: str, modes: dict[str, dict[str, Any]],
                  only: str | None) -> dict[str, dict[str, Any]]:
     """The part's modes that --modes names, in the part's order (all without --modes);
     SystemExit where it names none of them."""
     if only is None:
         return modes
-    wanted = {m.strip() for m in only.split(",") if m.strip()}
+    wanted = _mode_names(only)
     kept = {name: options for name, options in modes.items() if name in wanted}
     if not kept:
         raise SystemExit(f"--modes: part {part} has none of {sorted(wanted)}; its modes are "
-                         f"{list(modes)}")
+                         f"{list(modes)} (choose the parts with --only)")
     return kept
 
 
