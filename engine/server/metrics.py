@@ -181,9 +181,9 @@ class EngineMetrics:
                     self.queue_time.labels(name).observe(req.timings.queue_time)
                 if req.timings.time_to_first_token is not None:
                     self.ttft.labels(name).observe(req.timings.time_to_first_token)
-            for seq in req.seqs:
-                generated += self._count_tokens(req.request_id, seq.index,
-                                                len(seq.output_token_ids), now)
+            for seq in req.seqs:  # a token still on the device (async scheduling) not yet
+                held = len(seq.output_token_ids) - seq.awaits_token
+                generated += self._count_tokens(req.request_id, seq.index, held, now)
         for out in outputs:
             if out.finished:
                 self._finish(out)
