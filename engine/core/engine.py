@@ -794,11 +794,11 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         self.check_logprobs(params.logprobs, "logprobs")
         self.check_logprobs(params.prompt_logprobs, "prompt_logprobs")
-        if params.allowed_token_ids:
-            bad = sorted(t for t in params.allowed_token_ids if t >= vocab)
-            if bad:
-                raise RequestError(f"allowed_token_ids: token ids must be in [0, {vocab}), "
-                                   f"got {bad[:5]}", param="allowed_token_ids")
+        for field in ("allowed_token_ids", "stop_token_ids"):
+            bad = sorted(t for t in getattr(params, field) or () if t >= vocab)
+            if bad:  # a stop id is masked while short of min_tokens: it must index the logits
+                raise RequestError(f"{field}: token ids must be in [0, {vocab}), got {bad[:5]}",
+                                   param=field)
         if params.logit_bias:
             bad = sorted(t for t in params.logit_bias if t >= vocab)
             if bad:
@@ -833,7 +833,8 @@ class LLMEngine:
         if not token_ids:
             raise RequestError("the prompt is empty")
         if n > self.config.max_num_seqs:
-            raise RequestError(f"n={n} exceeds max_num_seqs={self.config.max_num_seqs}")
+            raise RequestError(f"n={n} exceeds max_num_seqs={self.config.max_num_seqs}",
+                               param="n")
         total = len(token_ids) + new_tokens
         if total > self.max_model_len:
             asked = (f"{total} ({len(token_ids)} in the prompt plus {new_tokens} max_tokens); "

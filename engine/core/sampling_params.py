@@ -97,6 +97,9 @@ class SamplingParams:
         _require(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")
         _require(0 <= self.min_tokens <= self.max_tokens, "min_tokens",
                  f"must be in [0, max_tokens] ([0, {self.max_tokens}]), got {self.min_tokens}")
+        _require(all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                     for t in self.stop_token_ids),
+                 "stop_token_ids", "must be a list of token ids (integers, at least 0)")
         _require(self.allowed_token_ids is None
                  or (len(self.allowed_token_ids) > 0
                      and all(isinstance(t, int) and t >= 0 for t in self.allowed_token_ids)),

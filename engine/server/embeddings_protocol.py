@@ -14,6 +14,7 @@ from pydantic import (
     model_validator,
 )
 
+from tokenmill.engine.server.errors import FieldError
 from tokenmill.engine.server.protocol import (
     ChatMessage,
     ChatTemplateFields,
@@ -58,7 +59,7 @@ class PoolingInputs(ChatTemplateFields):
     @model_validator(mode="after")
     def _one_input(self) -> PoolingInputs:
         if (self.input is None) == (self.messages is None):
-            raise ValueError("give either input or messages")
+            raise FieldError("input", "give either input or messages")
         return self
 
     def inputs(self) -> list[str | list[int]]:

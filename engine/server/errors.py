@@ -13,6 +13,19 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
                503: "service_unavailable"}
 
 
+# pydantic's error types for a body that is not an object (bytes, a list, a number).
+NOT_AN_OBJECT = ("model_attributes_type", "dict_type", "model_type")
+
+
+class FieldError(ValueError):
+    """A request model's check across fields that faults one of them: the 400 names it in
+    `param`, as a check of that field alone would."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
 class APIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None,
                  code: str | None = None, headers: dict[str, str] | None = None):
@@ -41,14 +54,23 @@ async def _api_error(_: Request, exc: APIError) -> JSONResponse:
     return error_response(exc)
 
 
-async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     first = exc.errors()[0] if exc.errors() else {}
     where = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = where[0] if where else None
     message = first.get("msg", "invalid request")
-    if first.get("type") == "value_error" and "error" in first.get("ctx", {}):
-        message = str(first["ctx"]["error"])  # our validators' own words, without a prefix
-    if first.get("type") == "json_invalid":
+    error = first.get("ctx", {}).get("error")
+    if first.get("type") == "value_error" and error is not None:
+        message = str(error)  # our validators' own words, without a prefix
+        if isinstance(error, FieldError) and not where:
+            param = error.field
+    sent_as = request.headers.get("content-type")
+    if not where and first.get("type") in NOT_AN_OBJECT and not _is_json(sent_as):
+        # FastAPI reads a body as JSON only when its Content-Type says so (curl's -d alone
+        # sends a form's): the body arrived as bytes, which no request model accepts.
+        message = ("the request body must be JSON sent with 'Content-Type: application/json' "
+                   + (f"(this one came as {sent_as!r})" if sent_as else "(this one had none)"))
+    elif first.get("type") == "json_invalid":
         cause = first.get("ctx", {}).get("error")
         message = "the request body is not valid JSON" + (f": {cause}" if cause else "")
         param = None
@@ -57,6 +79,12 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
     elif param:
         message = f"{param}: {message}"
     return error_response(APIError(400, message, param=param))
+
+
+def _is_json(content_type: str | None) -> bool:
+    kind = (content_type or "").split(";")[0].strip().lower()
+    return kind == "application/json" or (kind.startswith("application/")
+                                          and kind.endswith("+json"))
 
 
 async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -181,7 +181,7 @@ class EngineMetrics:
                     self.queue_time.labels(name).observe(req.timings.queue_time)
                 if req.timings.time_to_first_token is not None:
                     self.ttft.labels(name).observe(req.timings.time_to_first_token)
-            for seq in req.seqs:  # a token still on the device (async scheduling) not yet
+            for seq in req.seqs:  # less a token still on the device (async scheduling)
                 held = len(seq.output_token_ids) - seq.awaits_token
                 generated += self._count_tokens(req.request_id, seq.index, held, now)
         for out in outputs:

@@ -23,6 +23,7 @@ from pydantic import (
 
 from tokenmill.engine.contract.server_flags import RESERVED_TEMPLATE_KWARGS
 from tokenmill.engine.core import SamplingParams
+from tokenmill.engine.server.errors import FieldError
 from tokenmill.engine.server.structured_fields import StructuredFields
 from tokenmill.engine.server.tools import ToolCallMessage, template_tool_calls
 
@@ -63,7 +64,7 @@ class SamplingFields(RequestModel, StructuredFields):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    n: Annotated[int, Field(ge=1, le=16)] = 1
+    n: Annotated[int, Field(ge=1, le=128)] = 1  # OpenAI's bound
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     top_k: int | None = None
@@ -96,11 +97,11 @@ class SamplingFields(RequestModel, StructuredFields):
     @model_validator(mode="after")
     def _check_top_k(self) -> SamplingFields:
         if self.top_k is not None and self.top_k != -1 and self.top_k < 1:
-            raise ValueError("top_k must be -1 (disabled) or at least 1")
+            raise FieldError("top_k", "must be -1 (disabled) or at least 1")
         if isinstance(self.stop, list) and len(self.stop) > 16:
-            raise ValueError("at most 16 stop sequences")
+            raise FieldError("stop", "at most 16 stop sequences")
         if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options is only allowed when stream is true")
+            raise FieldError("stream_options", "only allowed when stream is true")
         return self
 
     def sampling_params(self, max_tokens: int, logprobs: int | None,
@@ -161,11 +162,11 @@ class CompletionRequest(SamplingFields):
     @model_validator(mode="after")
     def _check(self) -> CompletionRequest:
         if self.best_of is not None and self.best_of != self.n:
-            raise ValueError("best_of other than n is not supported")
+            raise FieldError("best_of", "only best_of equal to n is supported")
         if self.suffix:
-            raise ValueError("suffix is not supported")
+            raise FieldError("suffix", "not supported")
         if isinstance(self.prompt, list) and not self.prompt:
-            raise ValueError("prompt must not be empty")
+            raise FieldError("prompt", "must not be empty")
         return self
 
     def sampling_params(self, max_tokens: int, logprobs: int | None,
@@ -294,8 +295,8 @@ class ChatTemplateFields(RequestModel):
     @model_validator(mode="after")
     def _one_ending(self) -> ChatTemplateFields:
         if self.continue_final_message and self.add_generation_prompt:
-            raise ValueError("continue_final_message and add_generation_prompt can't both be "
-                             "true")
+            raise FieldError("continue_final_message", "can't be true with "
+                             "add_generation_prompt (set it to false)")
         return self
 
 
@@ -314,7 +315,7 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     @model_validator(mode="after")
     def _check(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs requires logprobs to be true")
+            raise FieldError("top_logprobs", "requires logprobs to be true")
         return self
 
     def conversation(self) -> list[dict[str, Any]]:
@@ -341,7 +342,7 @@ class TokenizeRequest(ChatTemplateFields):
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give either prompt or messages")
+            raise FieldError("prompt", "give either prompt or messages")
         return self
 
     def conversation(self) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tokenmill.engine.server.errors import FieldError
 from tokenmill.engine.server.protocol import (
     ChatCompletionRequest,
     ChatTemplateFields,
@@ -51,7 +52,7 @@ class TextFormat(RequestModel):
     @model_validator(mode="after")
     def _schema_given(self) -> TextFormat:
         if self.type == "json_schema" and (self.schema_ is None or self.name is None):
-            raise ValueError("text.format of type 'json_schema' needs name and schema")
+            raise FieldError("text", "format of type 'json_schema' needs name and schema")
         return self
 
     def response_format(self) -> dict[str, Any]:
@@ -91,7 +92,7 @@ class ResponsesRequest(SamplingFields, ChatTemplateFields):
     @classmethod
     def _not_empty(cls, value: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
         if not value:
-            raise ValueError("input must not be empty")
+            raise ValueError("must not be empty")
         return value
 
     def to_chat(self) -> ChatCompletionRequest:

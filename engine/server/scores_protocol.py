@@ -9,6 +9,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from tokenmill.engine.core import score_pairs
 from tokenmill.engine.server.embeddings_protocol import MAX_INPUTS, ActivationField
+from tokenmill.engine.server.errors import FieldError
 from tokenmill.engine.server.protocol import Priority, RequestModel, TruncatePromptTokens
 
 Texts = Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1,
@@ -37,7 +38,8 @@ class ScoreRequest(ScoringFields):
         first, second = self.text_1, self.text_2
         paired = isinstance(second, list) and len(second) == len(first)
         if isinstance(first, list) and len(first) > 1 and not paired:
-            raise ValueError(f"text_1 holds {len(first)} texts, so text_2 must be a list "
+            raise FieldError("text_2", f"text_1 holds {len(first)} texts, so text_2 must be a "
+                             "list "
                              "of as many (or give text_1 one text to score against each of "
                              "text_2)")
         return self

@@ -82,6 +82,59 @@ def test_lax_chat_types_are_a_400_naming_the_field(client, field, value):
     assert error["param"] == field, error
 
 
+@pytest.mark.parametrize("path,body,field", [
+    ("/v1/completions", {"prompt": "Hi", "top_k": 0}, "top_k"),
+    ("/v1/completions", {"prompt": "Hi", "stop": ["x"] * 17}, "stop"),
+    ("/v1/completions", {"prompt": "Hi", "stream_options": {"include_usage": True}},
+     "stream_options"),
+    ("/v1/completions", {"prompt": "Hi", "n": 1, "best_of": 2}, "best_of"),
+    ("/v1/completions", {"prompt": "Hi", "suffix": "!"}, "suffix"),
+    ("/v1/completions", {"prompt": []}, "prompt"),
+    ("/v1/chat/completions", {"messages": USER, "top_logprobs": 2}, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": USER, "continue_final_message": True},
+     "continue_final_message"),
+    ("/tokenize", {}, "prompt"),
+])
+def test_checks_across_fields_are_400s_naming_the_field_at_fault(tiny_server, path, body,
+                                                                  field):
+    r = httpx.post(tiny_server.url + path, json={"model": "tiny", "max_tokens": 2, **body})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == field and error["message"].startswith(f"{field}: "), error
+
+
+@pytest.mark.parametrize("stop_token_ids", [[999_999], [3, -5]])
+def test_stop_token_ids_outside_the_vocabulary_are_a_400_and_the_engine_serves_on(
+        client, stop_token_ids):
+    """A stop id is masked while a reply is short of min_tokens, as an index into the logits:
+    one past the vocabulary raised inside the engine loop, ending it for every request."""
+    error = _bad_request(lambda: client.completions.create(
+        model="tiny", prompt="Hi", max_tokens=4,
+        extra_body={"min_tokens": 2, "stop_token_ids": stop_token_ids}))
+    assert error["param"] == "stop_token_ids", error
+    served = client.completions.create(model="tiny", prompt="Hi", max_tokens=4,
+                                       extra_body={"min_tokens": 2, "stop_token_ids": [3]})
+    assert served.usage.completion_tokens >= 2
+
+
+def test_n_is_bounded_by_openais_128(client):
+    error = _bad_request(lambda: client.completions.create(
+        model="tiny", prompt="Hi", max_tokens=2, n=129))
+    assert error["param"] == "n" and error["message"].startswith("n: "), error
+    reply = client.completions.create(model="tiny", prompt="Hi", max_tokens=2, n=40)
+    assert len(reply.choices) == 40
+
+
+def test_an_n_past_the_batch_is_refused_naming_n(tiny_llama_dir):
+    from tokenmill.engine import LLM
+    from tokenmill.engine.core.errors import RequestError
+
+    llm = LLM(tiny_llama_dir, show_progress=False, max_num_seqs=4)
+    with pytest.raises(RequestError, match="n=5 exceeds max_num_seqs=4") as info:
+        llm.generate(["Hi"], SamplingParams(n=5, max_tokens=2))
+    assert info.value.param == "n"
+
+
 def test_floats_take_json_integers_like_openai(client):
     r = client.completions.create(model="tiny", prompt="Hi", max_tokens=2, temperature=0,
                                   top_p=1, presence_penalty=1, frequency_penalty=-1)
@@ -107,6 +160,25 @@ def test_what_is_not_json_is_a_400(tiny_server, path, body):
     paired = httpx.post(f"{url}/tokenize", content='{"prompt": "\\ud83d\\ude00"}',
                         headers={"content-type": "application/json"})
     assert paired.status_code == 200  # a surrogate pair is one character, and fine
+
+
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", None])
+def test_a_body_not_sent_as_json_is_a_400_naming_the_content_type(tiny_server, content_type):
+    """curl's -d without -H sends a form's Content-Type, and FastAPI then reads no JSON: the
+    error says what to send instead of what the request model lacks."""
+    body = '{"model": "tiny", "prompt": "Hi", "max_tokens": 2}'
+    headers = {} if content_type is None else {"content-type": content_type}
+    r = httpx.post(tiny_server.url + "/v1/completions", content=body, headers=headers)
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert "Content-Type: application/json" in message
+    assert (content_type or "had none") in message
+    ok = httpx.post(tiny_server.url + "/v1/completions", content=body,
+                    headers={"content-type": "application/json; charset=utf-8"})
+    assert ok.status_code == 200, ok.text
+    listed = httpx.post(tiny_server.url + "/v1/completions", content="[1, 2]",
+                        headers={"content-type": "application/json"})
+    assert listed.status_code == 400 and "Content-Type" not in listed.json()["error"]["message"]
 
 
 def test_an_image_for_a_model_that_reads_text_only_is_a_400(client):

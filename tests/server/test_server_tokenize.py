@@ -101,7 +101,7 @@ def test_a_chat_completion_continues_the_final_message(root, tiny_server, tokeni
 
 
 @pytest.mark.parametrize("fields,param", [
-    ({"continue_final_message": True}, None),
+    ({"continue_final_message": True}, "continue_final_message"),
     ({"chat_template_kwargs": {"tokenize": False}}, "chat_template_kwargs"),
     ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
     ({"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs"),
@@ -143,12 +143,13 @@ def test_detokenize_round_trips(root, tokenizer):
 
 
 @pytest.mark.parametrize("path,body,param", [
-    ("/tokenize", {}, None),
-    ("/tokenize", {"prompt": "x", "messages": HELLO}, None),
+    ("/tokenize", {}, "prompt"),
+    ("/tokenize", {"prompt": "x", "messages": HELLO}, "prompt"),
     ("/tokenize", {"prompt": 5}, "prompt"),
     ("/tokenize", {"prompt": "x", "add_special_tokens": "yes"}, "add_special_tokens"),
     ("/tokenize", {"messages": []}, "messages"),
-    ("/tokenize", {"messages": HELLO, "continue_final_message": True}, None),
+    ("/tokenize", {"messages": HELLO, "continue_final_message": True},
+     "continue_final_message"),
     ("/tokenize", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages"),
     ("/detokenize", {"tokens": [-1]}, "tokens"),
