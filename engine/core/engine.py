@@ -203,7 +203,8 @@ class LLMEngine:
                                        0 if self.encoder
                                        else config.long_prefill_token_threshold))
         generation_config = load_generation_config(source.directory)  # read once, for both
-        self.eos_token_ids = _eos_ids(self.model_config, self.tokenizer, generation_config)
+        self.eos_token_ids = _eos_ids(self.model_config, self.tokenizer, generation_config,
+                                      self.model_config.vocab_size)
         self.generation_defaults = generation_defaults(generation_config)
         # Grammars of constrained requests; xgrammar loads on the first one.
         self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size,
@@ -774,13 +775,19 @@ class LLMEngine:
         spellings = {spelling for word in words
                      for spelling in (word.lstrip(), " " + word.lstrip())}
         ids = {tuple(self.tokenizer.encode(s, add_special_tokens=False)) for s in spellings}
-        return [list(t) for t in sorted(ids) if t]
+        vocab = self.model_config.vocab_size  # a word spelled past it can never be generated
+        return [list(t) for t in sorted(ids) if t and max(t) < vocab]
 
     def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt)
-        ids = list(prompt)
         vocab = self.model_config.vocab_size
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+            if ids and max(ids) >= vocab:  # a tokenizer larger than the model's embeddings
+                raise RequestError(f"the prompt holds tokens the model has no embedding for "
+                                   f"(ids past its vocabulary of {vocab}: "
+                                   f"{sorted({t for t in ids if t >= vocab})[:5]})")
+            return prompt, ids
+        ids = list(prompt)
         if not ids:
             raise RequestError("the prompt is empty")
         bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
@@ -804,7 +811,24 @@ class LLMEngine:
             if bad:
                 raise RequestError(f"logit_bias: token ids must be in [0, {vocab}), got "
                                    f"{bad[:5]}", param="logit_bias")
+        self._check_something_allowed(params)
         self.check_constraint(params)
+
+    def _check_something_allowed(self, params: SamplingParams) -> None:
+        """RequestError where every token allowed_token_ids lets through is banned at the first
+        step: a one-token bad word, or a stop id or EOS while short of min_tokens."""
+        if params.allowed_token_ids is None:
+            return
+        banned = {word[0] for word in self._bad_word_ids(params.bad_words or [])
+                  if len(word) == 1}
+        if params.min_tokens:
+            banned |= set(params.stop_token_ids)
+            if not params.ignore_eos:
+                banned |= self.eos_token_ids
+        if set(params.allowed_token_ids) <= banned:
+            raise RequestError("allowed_token_ids: every token it allows is banned (by "
+                               "bad_words, or as a stop token or EOS while the reply is "
+                               "short of min_tokens)", param="allowed_token_ids")
 
     def check_logprobs(self, asked: int | None, field: str) -> None:
         """RequestError naming `field` where more log-probabilities per token are asked for
@@ -974,10 +998,18 @@ def generation_defaults(generation_config: Any) -> dict[str, float]:
     return {key: diff[key] for key in GENERATION_CONFIG_KEYS if diff.get(key) is not None}
 
 
-def _eos_ids(model_config: Any, tokenizer: Any, generation_config: Any) -> set[int]:
+def _eos_ids(model_config: Any, tokenizer: Any, generation_config: Any,
+             vocab_size: int) -> set[int]:
+    """The ids that end a reply, from the config, the tokenizer and the generation config; an
+    id past the model's vocabulary (a checkpoint's mismatch) is never sampled, and masking it
+    under min_tokens would index past the logits, so it is left out."""
     values = [getattr(model_config, "eos_token_id", None), tokenizer.eos_token_id,
               getattr(generation_config, "eos_token_id", None)]
     ids: set[int] = set()
     for value in values:  # each is None, one id, or a list of ids
         ids.update(value if isinstance(value, list) else [] if value is None else [value])
-    return ids
+    outside = sorted(i for i in ids if not 0 <= i < vocab_size)
+    if outside:
+        log.warning("EOS token ids past the model's vocabulary are left out",
+                    extra={"ids": outside, "vocab_size": vocab_size})
+    return ids - set(outside)

@@ -19,12 +19,17 @@ def append_token(seq: Sequence, token: int, logprobs: dict[int, float] | None,
     seq.output_token_ids.append(token)
     if logprobs is not None:
         seq.output_logprobs.append(logprobs)
+    grammar_ran = seq.constraint is not None and seq.constraint.active
     if seq.constraint is not None and not seq.constraint.accept(token):
-        # The sampler masks every token the grammar forbids, so this is a bug: end the
+        # The sampler masks every token the grammar forbids: either the request's other masks
+        # (allowed_token_ids, bad_words) left the grammar no token, or this is a bug. End the
         # sequence rather than let it continue outside its grammar.
-        log.error("token outside the grammar", extra={"request_id": seq.request_id,
-                                                      "token": token})
+        log.error("token outside the grammar: allowed_token_ids or bad_words may leave it none",
+                  extra={"request_id": seq.request_id, "token": token})
         seq.finish_reason = "abort"
+        return
+    if grammar_ran and not seq.constraint.active and not params.ignore_eos:
+        seq.finish_reason = "stop"  # the grammar took its end: it wins over min_tokens
         return
     # vLLM's min_tokens: nothing but the length ends a sequence until it has more tokens
     # (the sampler masks its stop tokens until then).

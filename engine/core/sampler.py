@@ -116,6 +116,11 @@ def _processed(logits: torch.Tensor, seqs: list[Sequence],
     if constrained:  # host work first: on a GPU it overlaps the forward still queued
         masks = bitmask.fill([(row, seqs[row].constraint) for row in constrained], len(seqs),
                              logits.shape[1], logits.device)
+        # A grammar left only tokens the row bans (it can only end, and min_tokens masks EOS):
+        # the grammar wins, else the row would have no token to draw.
+        ruled = set(constrained)
+        banned = [(row, ids) for row, ids in banned
+                  if row not in ruled or not bitmask.allows_only(masks[row], ids)]
     logits = logits.clone()
     if biased:
         apply_logit_bias(logits, [(row, seqs[row].params.logit_bias) for row in biased])
@@ -202,11 +207,14 @@ def filtered_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """Temperature, then top-k, top-p and min-p masks; returns renormalized probabilities."""
     device = logits.device
     vocab = logits.shape[1]
-    settings = [(s.params.temperature, s.params.top_k if s.params.top_k > 0 else vocab,
-                 s.params.top_p, s.params.min_p) for s in seqs]
+    settings = [(s.params.temperature, min(s.params.top_k, vocab) if s.params.top_k > 0
+                 else vocab, s.params.top_p, s.params.min_p) for s in seqs]
     table = list_to_device(settings, torch.float32, device)
     temperature, top_k, top_p, min_p = table.unbind(1)
-    logits = logits / temperature.unsqueeze(1)
+    # A logit past float32's range (a strong repetition penalty, a low temperature) stays the
+    # largest one: softmax of an infinite logit has no distribution.
+    logits = torch.nan_to_num(logits / temperature.unsqueeze(1), nan=float("-inf"),
+                              posinf=torch.finfo(logits.dtype).max, neginf=float("-inf"))
     if all(k == vocab and p >= 1.0 and m <= 0.0 for _, k, p, m in settings):
         return logits.softmax(dim=-1)  # nothing to mask: skip the sort over the vocabulary
     sorted_logits, order = logits.sort(dim=-1, descending=True)

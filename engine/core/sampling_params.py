@@ -9,6 +9,13 @@ from typing import Any
 from tokenmill.engine.core.structured.params import StructuredOutputsError, StructuredOutputsParams
 
 LOGIT_BIAS_LIMIT = 100.0
+# vLLM's floor: a positive temperature below it is raised to it. Dividing logits by less
+# overflows float32, and a row with an infinite logit has no distribution to draw from.
+MIN_TEMPERATURE = 1e-2
+_INT_OPTIONS = ("n", "max_tokens", "min_tokens", "top_k")
+_OPTIONAL_INT_OPTIONS = ("logprobs", "prompt_logprobs", "seed")
+_FLOAT_OPTIONS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                  "repetition_penalty")
 
 
 class RequestOutputKind(enum.IntEnum):
@@ -28,7 +35,8 @@ class SamplingParamsError(ValueError):
 class SamplingParams:
     """How to generate for one prompt.
 
-    temperature 0 means greedy. `logprobs=k` returns the top-k log-probabilities of every
+    temperature 0 means greedy; a positive temperature below 0.01 is taken as 0.01 (as vLLM
+    does). `logprobs=k` returns the top-k log-probabilities of every
     generated token (plus the sampled one); `prompt_logprobs=k` the same for every prompt token
     after the first (engine/core/prompt_logprobs.py). `seed` makes a sampled request reproducible
     whatever else shares its batch.
@@ -89,10 +97,18 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
+        self._check_types()
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
+        _require(all(isinstance(s, str) for s in self.stop), "stop", "must be strings")
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = _id_list(self.allowed_token_ids, "allowed_token_ids")
+        if self.bad_words is not None:
+            _require(not isinstance(self.bad_words, str | bytes | dict), "bad_words",
+                     "must be a list of non-blank strings")
+            self.bad_words = list(self.bad_words)
         _require(self.n >= 1, "n", f"must be at least 1, got {self.n}")
         _require(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")
         _require(0 <= self.min_tokens <= self.max_tokens, "min_tokens",
@@ -102,13 +118,16 @@ class SamplingParams:
                  "stop_token_ids", "must be a list of token ids (integers, at least 0)")
         _require(self.allowed_token_ids is None
                  or (len(self.allowed_token_ids) > 0
-                     and all(isinstance(t, int) and t >= 0 for t in self.allowed_token_ids)),
+                     and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                             for t in self.allowed_token_ids)),
                  "allowed_token_ids", "must be a non-empty list of token ids")
         _require(self.bad_words is None
                  or all(isinstance(w, str) and w.strip() for w in self.bad_words),
                  "bad_words", "must be a list of non-blank strings")
         _require(self.temperature >= 0.0, "temperature",
                  f"must be non-negative, got {self.temperature}")
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            self.temperature = MIN_TEMPERATURE
         _require(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
         _require(self.top_k == -1 or self.top_k >= 1, "top_k",
                  f"must be -1 (disabled) or at least 1, got {self.top_k}")
@@ -146,6 +165,20 @@ class SamplingParams:
             raise SamplingParamsError(f"output_kind: {self.output_kind!r} is not one of "
                                       f"{[k.name for k in RequestOutputKind]}") from None
 
+    def _check_types(self) -> None:
+        """Integers where counts and ids go (a float n or logprobs failed inside a step), real
+        numbers where settings go; bools are neither."""
+        for name in _INT_OPTIONS + _OPTIONAL_INT_OPTIONS:
+            value = getattr(self, name)
+            if value is None and name in _OPTIONAL_INT_OPTIONS:
+                continue
+            _require(isinstance(value, int) and not isinstance(value, bool), name,
+                     f"must be an integer, got {value!r}")
+        for name in _FLOAT_OPTIONS:
+            value = getattr(self, name)
+            _require(isinstance(value, int | float) and not isinstance(value, bool), name,
+                     f"must be a number, got {value!r}")
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
@@ -163,18 +196,25 @@ def _logit_bias(bias: Any) -> dict[int, float]:
     _require(isinstance(bias, dict), "logit_bias", "must map token ids to biases")
     out: dict[int, float] = {}
     for key, value in bias.items():
-        try:
-            if isinstance(key, bool) or not isinstance(key, int | str):
-                raise ValueError
-            token = int(key)
-        except ValueError:
-            raise SamplingParamsError(f"logit_bias: token id {key!r} is not an integer") from None
+        # A JSON key is a string: plain ASCII digits only, so "05", "+5" or " 5" are not
+        # taken for token 5 (where a second key for 5 would silently replace the first).
+        plain = isinstance(key, str) and key.isascii() and key.lstrip("-").isdigit() \
+            and str(int(key)) == key
+        if isinstance(key, bool) or not (isinstance(key, int) or plain):
+            raise SamplingParamsError(f"logit_bias: token id {key!r} is not an integer")
+        token = int(key)
         _require(token >= 0, "logit_bias", f"token id {key!r} is not a valid token id")
+        _require(token not in out, "logit_bias", f"token id {token} is given twice")
         _require(isinstance(value, int | float) and not isinstance(value, bool)
                  and -LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT, "logit_bias",
                  f"the bias of token {token} must be a number in [-100, 100], got {value!r}")
         out[token] = float(value)
     return out
+
+
+def _id_list(ids: Any, option: str) -> list[int]:
+    _require(isinstance(ids, list | tuple), option, "must be a list of token ids")
+    return list(ids)
 
 
 def _require(ok: bool, option: str, message: str) -> None:

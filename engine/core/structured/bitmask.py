@@ -11,9 +11,11 @@ masked_fill. Free rows are never touched.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from collections.abc import Sequence as Seq
 from typing import Any
 
+import numpy as np
 import torch
 
 from tokenmill.engine.layers.to_device import list_to_device, to_device
@@ -33,6 +35,16 @@ def fill(matchers: Seq[tuple[int, Any]], num_rows: int, vocab_size: int,
     for row, matcher in matchers:
         matcher.fill_bitmask(bitmask, row)
     return bitmask
+
+
+def allows_only(words: torch.Tensor, ids: Collection[int]) -> bool:
+    """Whether every token a host bitmask row allows is among `ids`."""
+    rest = words.numpy().view(np.uint32).copy()
+    for token in ids:
+        word, bit = divmod(token, 32)
+        if word < len(rest):
+            rest[word] &= ~np.uint32(1 << bit)
+    return not rest.any()
 
 
 def apply(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
