@@ -117,6 +117,15 @@ def test_stop_token_ids_outside_the_vocabulary_are_a_400_and_the_engine_serves_o
     assert served.usage.completion_tokens >= 2
 
 
+def test_a_top_k_no_float_holds_is_served_and_the_engine_serves_on(tiny_server, client):
+    """JSON integers have no bound: this top_k raised inside the engine loop, ending it."""
+    body = '{"model": "tiny", "prompt": "Hi", "max_tokens": 3, "top_k": 1' + "0" * 400 + "}"
+    r = httpx.post(tiny_server.url + "/v1/completions", content=body,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    assert client.completions.create(model="tiny", prompt="Hi", max_tokens=2).choices
+
+
 def test_n_is_bounded_by_openais_128(client):
     error = _bad_request(lambda: client.completions.create(
         model="tiny", prompt="Hi", max_tokens=2, n=129))
