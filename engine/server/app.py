@@ -55,8 +55,17 @@ class _StrictJSONRequest(Request):
             try:
                 self._json = from_json(await self.body(), allow_inf_nan=False)
             except ValueError as exc:  # FastAPI answers this one as a 400 "json_invalid"
-                raise json.JSONDecodeError(str(exc), "", 0) from exc
+                raise json.JSONDecodeError(_explained(str(exc)), "", 0) from exc
         return self._json
+
+
+def _explained(message: str) -> str:
+    """The parser's words, with what they mean where they name the escape rather than the
+    text: a lone half of a surrogate pair, which Python's json module would take."""
+    if "hex escape" in message:
+        return (f"{message} (a \\ud800-\\udfff escape must be one half of a surrogate pair: "
+                "alone it is no character)")
+    return message
 
 
 class StrictJSONRoute(APIRoute):
