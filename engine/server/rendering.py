@@ -45,11 +45,14 @@ class Call:
     sent_answer: dict[int, int] = field(default_factory=dict)  # under a reasoning parser
     sent_tokens: dict[int, int] = field(default_factory=dict)
     sent_ids: dict[int, int] = field(default_factory=dict)  # with return_token_ids
+    finished: set[int] = field(default_factory=set)  # choices whose finish_reason is sent
 
 
 def delta_choice(call: Call, prompt_index: int, c: CompletionOutput,
                   state: ServerState, out: RequestOutput) -> dict | None:
     key = prompt_index * call.n + c.index
+    if key in call.finished:  # deltas are joined in place: a finished choice stays in them
+        return None
     first = key not in call.sent_text
     sent_text = call.sent_text.get(key, 0)
     sent_tokens = call.sent_tokens.get(key, 0)
@@ -76,12 +79,14 @@ def delta_choice(call: Call, prompt_index: int, c: CompletionOutput,
             if not delta and finish is None and logprobs is None:
                 return None
         choice = {"index": key, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-        return _with_ids(call, key, c, choice)
-    choice = {"index": key, "text": text, "logprobs": logprobs, "finish_reason": finish}
-    if first and call.prompt_logprobs is not None:
-        choice["prompt_logprobs"] = _vllm_prompt_logprobs(state, out, call.prompt_logprobs)
-    if first and call.return_token_ids:
-        choice["prompt_token_ids"] = call.prompts_ids[prompt_index]
+    else:
+        choice = {"index": key, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        if first and call.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = _vllm_prompt_logprobs(state, out, call.prompt_logprobs)
+        if first and call.return_token_ids:
+            choice["prompt_token_ids"] = call.prompts_ids[prompt_index]
+    if finish is not None:
+        call.finished.add(key)
     return _with_ids(call, key, c, choice)
 
 
