@@ -51,7 +51,7 @@ async def create_completion(body: CompletionRequest, request: Request,
                      state) for p in prompts]
     if body.truncate_prompt_tokens is not None:  # echo shows the prompt that ran
         prompts = [list(p) for p in ids]
-    max_tokens = body.max_tokens if body.max_tokens is not None else _room(state, ids)
+    max_tokens = body.max_tokens if body.max_tokens is not None else _room(state, ids, "prompt")
     params = _params(body, max_tokens, body.logprobs, state)
     await _compile_constraint(state, params, body.constraint_field())
     model = adapter or state.options.served_model_name
@@ -89,7 +89,8 @@ async def chat_call(body: ChatCompletionRequest, state: ServerState,
     if images:
         ids = _with_images(state, ids, images, body.truncate_prompt_tokens)
     ids = truncated(ids, body.truncate_prompt_tokens, state)
-    max_tokens = body.max_completion_tokens or body.max_tokens or _room(state, [ids])
+    max_tokens = body.max_completion_tokens or body.max_tokens or _room(state, [ids],
+                                                                          "messages")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     try:
         state.engine.check_logprobs(logprobs, "top_logprobs")
@@ -248,13 +249,14 @@ def chat_ids(state: ServerState, conversation: list[dict[str, Any]],
     return state.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
-def _room(state: ServerState, prompts: list[list[int]]) -> int:
+def _room(state: ServerState, prompts: list[list[int]], field: str) -> int:
     """Default max_tokens when none is given: what the context leaves after the prompt, at
-    most the max_new_tokens of the generation config or its override."""
+    most the max_new_tokens of the generation config or its override; a 400 naming the
+    prompt's field (prompt, messages) where it leaves nothing."""
     longest = max(len(p) for p in prompts)
     if longest >= state.max_model_len:
         raise APIError(400, f"this model's maximum context length is {state.max_model_len} "
-                            f"tokens, but the prompt has {longest} tokens", param="messages")
+                            f"tokens, but the prompt has {longest} tokens", param=field)
     room = state.max_model_len - longest
     return min(room, int(state.sampling_defaults.get("max_new_tokens", room)))
 

@@ -14,19 +14,20 @@ def finished_response(shell: dict[str, Any], chat: dict[str, Any],
     choice = chat["choices"][0]
     message = choice["message"]
     incomplete = choice["finish_reason"] == "length"
-    status = "incomplete" if incomplete else "completed"
     output = []
     thought = message.get("reasoning")
     if thought:
         output.append(reasoning_item(new_item_id("rs"), thought, "completed"))
     if message.get("content") or not message.get("tool_calls"):
         logprobs = (choice.get("logprobs") or {}).get("content") or []
-        output.append(message_item(new_item_id("msg"), message.get("content") or "", status,
-                                   logprobs))
+        output.append(message_item(new_item_id("msg"), message.get("content") or "",
+                                   "completed", logprobs))
     for call in message.get("tool_calls") or []:
         output.append(function_call_item(new_item_id("fc"), call["id"],
                                          call["function"]["name"],
                                          call["function"]["arguments"], "completed"))
+    if incomplete:  # max_output_tokens cut the last item, whichever kind it is
+        output[-1]["status"] = "incomplete"
     return finish(shell, output, chat["usage"], incomplete,
                   count_tokens(thought) if thought else 0)
 

@@ -132,8 +132,8 @@ class ResponseEvents:
         if item is None:
             return
         where = {"item_id": item.id, "output_index": item.index}
-        status = ("incomplete" if item.kind == "message" and self.finish_reason == "length"
-                  else "completed")
+        # The last item closes with the reply: max_output_tokens cut it, whichever kind it is.
+        status = "incomplete" if self.finish_reason == "length" else "completed"
         done = self._shape(item, status)
         if item.kind == "function_call":
             yield self._event("response.function_call_arguments.done", **where,

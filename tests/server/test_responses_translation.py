@@ -223,6 +223,26 @@ def test_a_reply_cut_short_ends_incomplete():
     assert final["response"]["output"][0]["status"] == "incomplete"
 
 
+def test_a_call_cut_short_is_the_incomplete_item_and_what_came_before_is_complete():
+    """Streamed and whole alike: the last item is the one max_output_tokens cut."""
+    from tokenmill.engine.server.responses_items import finished_response
+
+    events = run([chunk({"content": "Let me look."}),
+                  chunk({"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
+                                         "function": {"name": "f", "arguments": "{\"ci"}}]},
+                        finish="length")], USAGE)
+    streamed = events[-1]["response"]["output"]
+    whole = finished_response(
+        {"id": "resp_1"},
+        {"choices": [{"finish_reason": "length", "message": {
+            "content": "Let me look.", "tool_calls": [{"id": "call_a", "function": {
+                "name": "f", "arguments": "{\"ci"}}]}}], "usage": USAGE},
+        count_tokens=lambda text: len(text.split()))["output"]
+    for output in (streamed, whole):
+        assert [(item["type"], item["status"]) for item in output] == [
+            ("message", "completed"), ("function_call", "incomplete")]
+
+
 def test_an_empty_reply_is_one_empty_message():
     events = run([chunk({"role": "assistant", "content": ""}), chunk({}, finish="stop")], USAGE)
     [item] = events[-1]["response"]["output"]

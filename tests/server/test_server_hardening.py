@@ -126,6 +126,16 @@ def test_a_top_k_no_float_holds_is_served_and_the_engine_serves_on(tiny_server, 
     assert client.completions.create(model="tiny", prompt="Hi", max_tokens=2).choices
 
 
+def test_a_prompt_filling_the_context_without_max_tokens_names_the_prompts_field(client):
+    """max_tokens left out is what the context leaves: nothing, for a prompt that fills it."""
+    error = _bad_request(lambda: client.completions.create(
+        model="tiny", prompt=[5] * 128, max_tokens=None))
+    assert error["param"] == "prompt" and "maximum context length is 128" in error["message"]
+    error = _bad_request(lambda: client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hi " * 200}]))
+    assert error["param"] == "messages", error
+
+
 def test_n_is_bounded_by_openais_128(client):
     error = _bad_request(lambda: client.completions.create(
         model="tiny", prompt="Hi", max_tokens=2, n=129))
