@@ -31,6 +31,7 @@ from tokenmill.engine.frontend.output_slot import OutputSlot
 log = logging.getLogger(__name__)
 
 StepObserver = Callable[[LLMEngine, list[RequestOutput]], None]
+ADD_OPTIONS = {"params", "cache_salt", "lora_name", "pooling", "priority", "images"}
 
 
 @dataclass
@@ -82,23 +83,53 @@ class AsyncEngine:
         Raises what the engine raised for a request it can't serve (RequestError,
         UnknownAdapterError for a `lora_name` not loaded, ...).
         """
+        [stream] = await self.add_requests([(request_id, prompt, {
+            "params": params, "cache_salt": cache_salt, "lora_name": lora_name,
+            "pooling": pooling, "priority": priority, "images": images})])
+        return stream
+
+    async def add_requests(self, requests: list[tuple[str, str | list[int], dict[str, Any]]]
+                           ) -> list[RequestStream]:
+        """add_request for each (request id, prompt, its keywords), handed to the loop in one
+        command: the loop admits what is queued between two steps, so a call of many inputs
+        (a batch of embeddings, several prompts) starts in one step, not one step per input.
+        If one is refused, or the caller is cancelled, none is kept (the admitted are aborted)
+        and the first refusal in order is raised."""
         if not self.alive:
             raise EngineDeadError("the engine loop is not running")
         loop = asyncio.get_running_loop()
-        deltas = params is not None and params.output_kind is RequestOutputKind.DELTA
-        stream = _Stream(loop, OutputSlot(loop, merge_deltas=deltas), loop.create_future())
-        self._streams[request_id] = stream
+        commands, streams = [], []
+        for request_id, prompt, options in requests:
+            if unknown := set(options) - ADD_OPTIONS:
+                raise TypeError(f"add_requests: unknown options {sorted(unknown)}")
+            params = options.get("params")
+            deltas = params is not None and params.output_kind is RequestOutputKind.DELTA
+            stream = _Stream(loop, OutputSlot(loop, merge_deltas=deltas), loop.create_future())
+            self._streams[request_id] = stream
+            streams.append(stream)
+            commands.append(("add", request_id, prompt, params, options.get("cache_salt"),
+                             options.get("lora_name"), options.get("pooling"),
+                             options.get("priority", 0), options.get("images")))
         with self._lock:
-            self._pending_adds += 1
-        self._send(("add", request_id, prompt, params, cache_salt, lora_name, pooling,
-                    priority, images))
+            self._pending_adds += len(commands)
+        self._send(("add_many", commands))
         try:
-            await stream.admitted
+            results = await asyncio.gather(*(s.admitted for s in streams),
+                                           return_exceptions=True)
         except BaseException:
-            self._streams.pop(request_id, None)
-            self._send(("abort", request_id))
+            self._drop([request_id for request_id, _, _ in requests])
             raise
-        return RequestStream(self, request_id, stream.outputs)
+        refused = [r for r in results if isinstance(r, BaseException)]
+        if refused:
+            self._drop([request_id for request_id, _, _ in requests])
+            raise refused[0]
+        return [RequestStream(self, request_id, stream.outputs)
+                for (request_id, _, _), stream in zip(requests, streams, strict=True)]
+
+    def _drop(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            if self._streams.pop(request_id, None) is not None:
+                self._send(("abort", request_id))
 
     def check_logprobs(self, asked: int | None, field: str) -> None:
         """LLMEngine.check_logprobs: reads only the options, so any thread may ask."""
@@ -200,24 +231,28 @@ class AsyncEngine:
                 return
             if command[0] == "call":
                 self._run_call(*command[1:])
-            elif command[0] == "add":
-                (_, request_id, prompt, params, cache_salt, lora_name, pooling, priority,
-                 images) = command
-                try:
-                    with self._lock:
-                        self._pending_adds -= 1
-                        self.engine.add_request(request_id, prompt, params, cache_salt,
-                                                lora_name, pooling, priority, images)
-                except Exception as exc:  # a bad request fails alone
-                    self._deliver(request_id, exc, admission=True)
-                else:
-                    self._admit(request_id)
+            elif command[0] == "add_many":
+                for add in command[1]:
+                    self._add(*add[1:])
             else:
                 out = self.engine.abort_request(command[1])
                 if out is not None:
                     if self._observer is not None:
                         self._observer(self.engine, [out])
                     self._deliver(out.request_id, out)
+
+    def _add(self, request_id: str, prompt: str | list[int], params: SamplingParams | None,
+             cache_salt: str | None, lora_name: str | None, pooling: PoolingParams | None,
+             priority: int, images: list[Any] | None) -> None:
+        try:
+            with self._lock:
+                self._pending_adds -= 1
+                self.engine.add_request(request_id, prompt, params, cache_salt, lora_name,
+                                        pooling, priority, images)
+        except Exception as exc:  # a bad request fails alone
+            self._deliver(request_id, exc, admission=True)
+        else:
+            self._admit(request_id)
 
     @staticmethod
     def _run_call(fn: Callable[..., Any], args: tuple, loop: asyncio.AbstractEventLoop,

@@ -286,13 +286,9 @@ async def start_requests(state: ServerState, requests: list[tuple[str, list[int]
     closes the others and is an HTTP error; a RequestError names `field` unless it names its
     own."""
     state.request_started()
-    streams: list[RequestStream] = []
     try:
-        for request_id, ids, options in requests:
-            streams.append(await state.engine.add_request(request_id, ids, **options))
+        streams = await state.engine.add_requests(requests)
     except BaseException as exc:
-        for stream in streams:
-            await stream.aclose()
         state.request_ended()
         if isinstance(exc, UnknownAdapterError):  # removed since the request was checked
             raise APIError(404, str(exc), param="model", code="model_not_found") from exc
