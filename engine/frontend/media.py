@@ -12,6 +12,9 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 MAX_IMAGE_BYTES = 20 << 20  # an image's encoded bytes, fetched or inlined
+# Decoded pixels (8192 x 8192): a PNG of one colour decodes from a few hundred KB to gigabytes,
+# where PIL's own bound (about 179 million) still lets one request take seconds and 4 GB.
+MAX_IMAGE_PIXELS = 8192 * 8192
 # Seconds to fetch an image; vLLM's variable sets it too.
 FETCH_TIMEOUT_S = float(os.environ.get("VLLM_IMAGE_FETCH_TIMEOUT", "5"))
 
@@ -35,12 +38,17 @@ def open_image(data: bytes) -> Any:
 
     try:
         image = Image.open(io.BytesIO(data))
-        image.load()
+        width, height = image.size  # read from the header, before any pixel is decoded
+        if width * height <= MAX_IMAGE_PIXELS:
+            image.load()
     except UnidentifiedImageError as exc:  # its message names a buffer object's address
         raise ValueError("not an image PIL can read: no image format it knows (PNG, JPEG, "
                          "WebP, GIF, BMP, ...) matches its bytes") from exc
     except Exception as exc:  # PIL's errors for an image it cannot decode
         raise ValueError(f"not an image PIL can read: {exc}") from exc
+    if width * height > MAX_IMAGE_PIXELS:
+        raise ValueError(f"an image of {width} x {height} pixels; at most "
+                         f"{MAX_IMAGE_PIXELS:,} pixels are read")
     return image
 
 

@@ -165,6 +165,14 @@ def image_encoder_weight(name: str) -> str | None:
     return None
 
 
+# Processor settings that change the shape of what the vision encoder reads (its patches, how
+# they merge, a fixed crop): an encoder reads the shape it was trained on, so no flag or
+# request sets them (a request's would fail inside the step it is encoded in).
+GEOMETRY_SETTINGS = frozenset({"patch_size", "merge_size", "temporal_patch_size",
+                               "spatial_merge_size", "crop_size", "do_center_crop",
+                               "do_resize"})
+
+
 class ImageProcessor:
     """The checkpoint's image processor (preprocessor_config.json), on PIL: an image in, its
     float32 pixel values (and size, where the encoder reads it) out."""
@@ -190,6 +198,14 @@ class ImageProcessor:
                         extra={"directory": directory})
             self._processor.do_pan_and_scan = False
 
+    @property
+    def _fixed_size(self) -> bool:
+        """Whether every image is resized to one height and width with no crop after it
+        (Gemma 3's, SigLIP's): then `size` is the encoder's input shape."""
+        size = getattr(self._processor, "size", None)
+        height = size.get("height") if isinstance(size, dict) else getattr(size, "height", None)
+        return height is not None and not getattr(self._processor, "do_center_crop", False)
+
     def checked(self, settings: dict[str, Any]) -> dict[str, Any]:
         """Settings for one call (a request's mm_processor_kwargs) as the processor takes them
         (Qwen-VL's min_pixels and max_pixels as the size they bound); ValueError for one it
@@ -203,6 +219,11 @@ class ImageProcessor:
         if settings.get("do_pan_and_scan"):
             raise ValueError("do_pan_and_scan: pan-and-scan crops are not read; each image is "
                              "read whole")
+        fixed = sorted(key for key in settings if key in GEOMETRY_SETTINGS
+                       or (key == "size" and self._fixed_size))
+        if fixed:
+            raise ValueError(f"{', '.join(fixed)}: sets the shape of what the vision encoder "
+                             "reads, which is the one it was trained on")
         pixels = {key: settings[key] for key in ("min_pixels", "max_pixels") if key in settings}
         size = getattr(self._processor, "size", None)
         if pixels and getattr(size, "longest_edge", None) is not None:

@@ -403,6 +403,9 @@ def test_mm_processor_kwargs_set_the_image_processor(tmp_path, vocab_tokenizer):
         with pytest.raises(RequestError, match="mm_processor_kwargs: max_pixel: not a setting"):
             llm.generate([{**_request(*prompt), "mm_processor_kwargs": {"max_pixel": 1}}])
         assert llm.engine.num_waiting == 0
+        for geometry in ({"patch_size": 14}, {"merge_size": 1}, {"temporal_patch_size": 1}):
+            with pytest.raises(RequestError, match="sets the shape of what the vision encoder"):
+                llm.generate([{**_request(*prompt), "mm_processor_kwargs": geometry}])
     _check([own.outputs[0]], [expected])
     with pytest.raises(ConfigError, match="mm_processor_kwargs.*max_pixel: not a setting"):
         LLM(directory, mm_processor_kwargs={"max_pixel": 100}, **ENGINE)
@@ -411,6 +414,8 @@ def test_mm_processor_kwargs_set_the_image_processor(tmp_path, vocab_tokenizer):
     gemma = make_gemma3(str(tmp_path / "gemma3"), vocab_tokenizer)
     with pytest.raises(ConfigError, match="mm_processor_kwargs.*pan-and-scan crops are not read"):
         LLM(gemma, mm_processor_kwargs={"do_pan_and_scan": True}, **ENGINE)
+    with pytest.raises(ConfigError, match="size: sets the shape of what the vision encoder"):
+        LLM(gemma, mm_processor_kwargs={"size": {"height": 448, "width": 448}}, **ENGINE)
 
 
 def test_internvl_rows_equal_transformers_image_features(tmp_path, vocab_tokenizer):

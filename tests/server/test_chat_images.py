@@ -165,6 +165,33 @@ def test_fetch_failures_and_limits_are_400s(server, web, media_dir):
     assert _ask(server.client, _data_url(drawn_image(0))).choices[0].finish_reason == "length"
 
 
+def test_an_image_of_too_many_pixels_is_a_400_before_it_is_decoded(server):
+    """A one-colour PNG of 9000 x 8000 is a few KB; decoded it would be 72 million pixels."""
+    from PIL import Image
+
+    bomb = _data_url(Image.new("1", (9000, 8000)))
+    assert len(bomb) < 100_000
+    assert "an image of 9000 x 8000 pixels; at most 67,108,864" in _bad(
+        server.client, bomb)["message"]
+
+
+@pytest.mark.parametrize("settings", [
+    {"crop_size": {"height": 56, "width": 56}}, {"do_center_crop": False, "do_resize": False},
+])
+def test_processor_settings_that_change_what_the_encoder_reads_are_a_400(server, settings):
+    """The encoder reads the shape it was trained on: such a request failed inside the step
+    that encoded its image, ending the engine loop for every request."""
+    content = [{"type": "text", "text": "What is in the picture?"},
+               {"type": "image_url", "image_url": {"url": _data_url(drawn_image(0))}}]
+    with pytest.raises(openai.BadRequestError) as info:
+        server.client.chat.completions.create(
+            model="llava", max_tokens=2, messages=[{"role": "user", "content": content}],
+            extra_body={"mm_processor_kwargs": settings})
+    assert info.value.body["param"] == "mm_processor_kwargs"
+    assert "sets the shape of what the vision encoder reads" in info.value.body["message"]
+    assert _ask(server.client, _data_url(drawn_image(0))).choices[0].finish_reason == "length"
+
+
 def test_a_string_template_gets_the_placeholder_before_the_text(server, llava_dir,
                                                                  vocab_tokenizer):
     state = server.state
