@@ -35,6 +35,15 @@ def test_a_missing_bucket(s3_env, download_dir):
                                                                 download_dir)
 
 
+def test_no_region_and_no_endpoint_say_so(download_dir, monkeypatch):
+    """The store client refused to open with a bare TypeError (a 500 from the server's
+    adapter loading, a traceback from `tokenmill download`)."""
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    assert "no AWS_REGION and no AWS_ENDPOINT_URL is set" in _failure("s3://models/llama",
+                                                                      download_dir)
+
+
 def test_a_prefix_with_no_objects(s3_env, download_dir):
     assert f"no objects under the prefix 'llama/nothing/' in bucket '{BUCKET}'" in _failure(
         f"s3://{BUCKET}/llama/nothing", download_dir)

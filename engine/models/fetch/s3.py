@@ -58,8 +58,15 @@ def _store(model: S3Model) -> Any:
 
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     options = {"allow_http": True} if endpoint and endpoint.startswith("http://") else None
-    return S3Store(model.bucket, endpoint=endpoint, client_options=options,
-                   retry_config={"max_retries": 3, "retry_timeout": _timedelta(30)})
+    try:
+        return S3Store(model.bucket, endpoint=endpoint, client_options=options,
+                       retry_config={"max_retries": 3, "retry_timeout": _timedelta(30)})
+    except Exception as exc:  # no region or endpoint set: obstore raises a bare TypeError
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        hint = "" if endpoint or region else \
+            " (no AWS_REGION and no AWS_ENDPOINT_URL is set)"
+        raise ModelFetchError(model.uri, f"cannot open the bucket {model.bucket!r}{hint}: "
+                                         f"{type(exc).__name__} {exc}") from exc
 
 
 def _timedelta(seconds: float) -> Any:
