@@ -473,13 +473,22 @@ class LLMEngine:
 
     # ---- LoRA adapters --------------------------------------------------------------------
 
-    def add_lora(self, name: str, path: str) -> None:
-        """Serve the PEFT adapter at `path` (a directory, hf:// or s3://) as `name`.
-        LoRAAdapterError, naming the adapter and what is wrong, if it can't be served."""
+    def add_lora(self, name: str, path: str, directory: str | None = None) -> None:
+        """Serve the PEFT adapter at `path` (a directory, hf:// or s3://) as `name`; `directory`
+        is fetch_lora's for it, where that ran already. LoRAAdapterError, naming the adapter
+        and what is wrong, if it can't be served."""
+        self._lora_registry(name).add(name, path, directory)
+
+    def fetch_lora(self, name: str, path: str) -> str:
+        """add_lora's download and checks, which change no engine state: the server runs
+        them off the engine loop's thread, so a download does not stall every request."""
+        return self._lora_registry(name).fetch(name, path)
+
+    def _lora_registry(self, name: str) -> LoRARegistry:
         if self.lora is None:
             raise LoRAAdapterError(f"LoRA adapter {name!r}: LoRA is not enabled "
                                    "(start the engine with --enable-lora)")
-        self.lora.add(name, path)
+        return self.lora
 
     def remove_lora(self, name: str) -> None:
         """Refuse new requests for `name` now; those already admitted finish on it."""

@@ -29,24 +29,38 @@ class LoRARegistry:
         self._paths: dict[str, str] = {}
         self._generations = itertools.count(1)
 
-    def add(self, name: str, path: str) -> LoRARef:
+    def fetch(self, name: str, path: str) -> str:
+        """The adapter's local directory, downloaded where `path` is hf:// or s3:// and
+        checked; it changes nothing here, so another thread may run it (a download takes as
+        long as it takes, and the engine steps meanwhile)."""
         try:
             check_name(name)
         except LoRAModuleError as exc:
             raise LoRAAdapterError(str(exc)) from None
-        if name in self._refs:
-            raise LoRAAdapterError(f"LoRA adapter {name!r} is already loaded (from "
-                                   f"{self._paths[name]}); remove it first")
+        self._refuse_loaded(name)
         try:
             local = fetch_model(path, self._download_dir)
         except (ModelFetchError, OSError) as exc:
             raise LoRAAdapterError(f"LoRA adapter {name!r}: cannot fetch {path}: {exc}") from None
         directory = os.path.abspath(local or os.path.expanduser(path))
         self._check(directory, name)
+        return directory
+
+    def add(self, name: str, path: str, directory: str | None = None) -> LoRARef:
+        """Serve the adapter; `directory` is what fetch() returned for it, if it ran."""
+        if directory is None:
+            directory = self.fetch(name, path)
+        self._refuse_loaded(name)
         ref = LoRARef(name, directory, next(self._generations))
         self._refs[name] = ref
         self._paths = {**self._paths, name: path}
         return ref
+
+    def _refuse_loaded(self, name: str) -> None:
+        paths = self._paths
+        if name in paths:
+            raise LoRAAdapterError(f"LoRA adapter {name!r} is already loaded (from "
+                                   f"{paths[name]}); remove it first")
 
     def remove(self, name: str) -> None:
         ref = self._refs.pop(name, None)

@@ -13,6 +13,7 @@ least recently used out first; a file changed on disk is read again.
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -46,28 +47,33 @@ def wrap_model(model: CausalLM, context: LoRAContext) -> list[dict[str, LoRALine
 
 
 class LoRAHostCache:
-    """Adapters read from disk, by directory; at most `capacity`, least recently used out."""
+    """Adapters read from disk, by directory; at most `capacity`, least recently used out.
+    The server checks a new adapter on a worker thread while the engine loop reads adapters
+    for its steps: the entries change under a lock, and a read from disk happens outside it."""
 
     def __init__(self, capacity: int, model_config: Any, max_rank: int):
         self.capacity = capacity
         self.model_config = model_config
         self.max_rank = max_rank
         self._entries: OrderedDict[str, tuple[tuple[int, int], LoRAWeights]] = OrderedDict()
+        self._lock = threading.Lock()
 
     def get(self, directory: str, name: str | None = None) -> LoRAWeights:
         """The adapter in `directory`, checked against the model (LoRAAdapterError if not
         servable); `name` is what error messages call it."""
         stamp = _stamp(directory)
-        entry = self._entries.get(directory)
-        if entry is not None and entry[0] == stamp:
-            self._entries.move_to_end(directory)
-            return entry[1]
+        with self._lock:
+            entry = self._entries.get(directory)
+            if entry is not None and entry[0] == stamp:
+                self._entries.move_to_end(directory)
+                return entry[1]
         weights = load_adapter(name or os.path.basename(directory.rstrip("/")), directory,
                                self.model_config, self.max_rank)
-        self._entries[directory] = (stamp, weights)
-        self._entries.move_to_end(directory)
-        while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+        with self._lock:
+            self._entries[directory] = (stamp, weights)
+            self._entries.move_to_end(directory)
+            while len(self._entries) > self.capacity:
+                self._entries.popitem(last=False)
         return weights
 
     def __contains__(self, directory: str) -> bool:

@@ -156,9 +156,14 @@ class AsyncEngine:
             await stream.aclose()
 
     async def add_lora(self, name: str, path: str) -> None:
-        """Load a LoRA adapter on the engine loop's thread (between steps); raises what
-        LLMEngine.add_lora raised (LoRAAdapterError)."""
-        await self._call(self.engine.add_lora, name, path)
+        """Fetch and check a LoRA adapter on a worker thread (a download from s3:// or hf://
+        takes as long as it takes, and the engine keeps stepping), then serve it from the
+        engine loop's thread (between steps); raises what LLMEngine.add_lora raised
+        (LoRAAdapterError)."""
+        if not self.alive:
+            raise EngineDeadError("the engine loop is not running")
+        directory = await asyncio.to_thread(self.engine.fetch_lora, name, path)
+        await self._call(self.engine.add_lora, name, path, directory)
 
     async def remove_lora(self, name: str) -> None:
         """Stop serving an adapter to new requests (LLMEngine.remove_lora), between steps."""

@@ -138,6 +138,44 @@ def test_runtime_load_and_unload_while_other_requests_stream(server, adapters, e
     assert _tokens(client, "sql") == expected["sql"]  # the server kept serving
 
 
+def test_a_slow_adapter_download_does_not_stall_the_streams(server, adapters, monkeypatch):
+    """The download of an hf:// or s3:// adapter (here a local one that takes 3 s to fetch)
+    runs off the engine loop: a stream goes on producing tokens meanwhile."""
+    import time
+
+    from tokenmill.engine.core import lora_registry
+
+    def slow_fetch(path: str, download_dir: str | None) -> str:
+        time.sleep(3.0)
+        return adapters["late"]
+
+    monkeypatch.setattr(lora_registry, "fetch_model", slow_fetch)
+    client = _client(server)
+    arrivals: list[float] = []
+    started = threading.Event()
+
+    def stream() -> None:
+        for _ in client.completions.create(model="sql", prompt=PROMPT, max_tokens=LONG,
+                                           temperature=0, stream=True,
+                                           extra_body={"ignore_eos": True}):
+            arrivals.append(time.monotonic())
+            started.set()
+
+    streaming = threading.Thread(target=stream)
+    streaming.start()
+    assert started.wait(60)
+    began = time.monotonic()
+    load = _post(server, "/v1/load_lora_adapter", {"lora_name": "slow",
+                                                   "lora_path": "s3://adapters/slow"})
+    ended = time.monotonic()
+    streaming.join(timeout=120)
+    assert load.status_code == 200, load.text
+    assert ended - began >= 3.0
+    during = [t for t in arrivals if began + 0.2 < t < began + 1.5]
+    assert len(during) > 5, (len(arrivals), ended - began)  # tokens came while it fetched
+    assert _post(server, "/v1/unload_lora_adapter", {"lora_name": "slow"}).status_code == 200
+
+
 def test_bad_runtime_requests_are_clear_errors(server, adapters, tmp_path):
     missing = _post(server, "/v1/load_lora_adapter", {"lora_name": "ghost",
                                                       "lora_path": str(tmp_path / "none")})
