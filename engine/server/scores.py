@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from tokenmill.engine.core import PoolingParams, cosine_similarity, pair_prompt
 from tokenmill.engine.server.embeddings import embed
 from tokenmill.engine.server.errors import APIError, client_closed
-from tokenmill.engine.server.openai_serving import check_serving, truncated
+from tokenmill.engine.server.openai_serving import check_serving, kept_positions, truncated
 from tokenmill.engine.server.scores_protocol import RerankRequest, ScoreRequest, ScoringFields
 from tokenmill.engine.server.state import ServerState
 
@@ -82,10 +82,10 @@ async def _cross_encoded(body: ScoringFields, request: Request, state: ServerSta
     prompts, each = [], []
     for a, b in pairs:
         ids, types = pair_prompt(state.tokenizer, a, b, state.classifier)
-        kept = len(truncated(ids, body.truncate_prompt_tokens, state))
-        prompts.append(ids[len(ids) - kept:])
+        kept = kept_positions(ids, body.truncate_prompt_tokens, state)
+        prompts.append([ids[i] for i in kept])
         each.append(dataclasses.replace(
-            pooling, token_type_ids=None if types is None else types[len(types) - kept:]))
+            pooling, token_type_ids=None if types is None else [types[i] for i in kept]))
     call_id = f"{kind}-{uuid.uuid4().hex}"
     finals = await embed(state, request, call_id, prompts, each, field, body.priority)
     if finals is None:

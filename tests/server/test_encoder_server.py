@@ -57,6 +57,22 @@ def test_the_openai_client_gets_sentence_transformers_embeddings(embedder, wordp
     assert "it generates no text" in chat.json()["error"]["message"]
 
 
+def test_truncation_keeps_the_cls_row_an_encoder_pools(embedder, wordpiece):
+    """truncate_prompt_tokens keeps [CLS] ... [SEP] around the text's last tokens, as
+    sentence-transformers embeds a text truncated by its tokenizer: a plain cut of the last
+    tokens pooled a word's row as [CLS]'s."""
+    server, path = embedder
+    ids = wordpiece(TEXTS[1])["input_ids"]
+    keep = 6
+    kept_text = wordpiece.decode(ids[len(ids) - keep + 1:-1])
+    assert wordpiece(kept_text)["input_ids"] == [ids[0], *ids[len(ids) - keep + 1:]]
+    reply = httpx.post(server.url + "/v1/embeddings", timeout=60, json={
+        "model": "bge", "input": TEXTS[1], "truncate_prompt_tokens": keep}).json()
+    assert reply["usage"]["prompt_tokens"] == keep
+    torch.testing.assert_close(torch.tensor([reply["data"][0]["embedding"]]),
+                               st_embeddings(path, [kept_text]), atol=1e-5, rtol=0)
+
+
 def test_a_cross_encoder_scores_and_reranks_pairs_as_two_segments(reranker, wordpiece):
     server, path = reranker
     reference = torch.sigmoid(hf_pair_logits(path, [(QUERY, d) for d in DOCUMENTS])[:, 0])
@@ -69,9 +85,11 @@ def test_a_cross_encoder_scores_and_reranks_pairs_as_two_segments(reranker, word
     assert [r["index"] for r in reranked["results"]] == best
     assert [r["relevance_score"] for r in reranked["results"]] == \
         pytest.approx(reference[best].tolist(), abs=1e-5)
-    # Truncated from the left as vLLM truncates, the tokens kept keep their types.
+    # Truncated from the left within [CLS] ... [SEP] (the classifier reads the [CLS] row, which
+    # the tokenizer's own truncation keeps too); the tokens kept keep their types.
     pair = wordpiece(QUERY, DOCUMENTS[1])
     keep = len(pair["input_ids"]) - 2
+    rows = [0, *range(len(pair["input_ids"]) - keep + 1, len(pair["input_ids"]))]
     cut = httpx.post(server.url + "/score", timeout=60, json={
         "model": "minilm", "text_1": QUERY, "text_2": DOCUMENTS[1],
         "truncate_prompt_tokens": keep, "use_activation": False}).json()
@@ -79,8 +97,9 @@ def test_a_cross_encoder_scores_and_reranks_pairs_as_two_segments(reranker, word
 
     model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
-        expected = model(input_ids=torch.tensor([pair["input_ids"][-keep:]]),
-                         token_type_ids=torch.tensor([pair["token_type_ids"][-keep:]])).logits
+        expected = model(input_ids=torch.tensor([[pair["input_ids"][i] for i in rows]]),
+                         token_type_ids=torch.tensor([[pair["token_type_ids"][i]
+                                                       for i in rows]])).logits
     assert cut["data"][0]["score"] == pytest.approx(expected[0, 0].item(), abs=1e-5)
     assert cut["usage"]["prompt_tokens"] == keep
 
