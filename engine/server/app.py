@@ -165,7 +165,7 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
 
     @app.post("/tokenize")
     async def tokenize_route(body: TokenizeRequest, state: State):
-        return tokenize(body, state)
+        return await tokenize(body, state)
 
     @app.post("/detokenize")
     async def detokenize_route(body: DetokenizeRequest, state: State):

@@ -87,7 +87,7 @@ async def chat_call(body: ChatCompletionRequest, state: ServerState,
         raise APIError(400, f"messages: {exc}", param="messages") from exc
     images = await request_images(body.image_urls(), state, body.mm_processor_kwargs)
     if images:
-        ids = _with_images(state, ids, images, body.truncate_prompt_tokens)
+        ids = with_images(state, ids, images, body.truncate_prompt_tokens)
     ids = truncated(ids, body.truncate_prompt_tokens, state)
     max_tokens = body.max_completion_tokens or body.max_tokens or _room(state, [ids],
                                                                           "messages")
@@ -111,7 +111,7 @@ async def chat_call(body: ChatCompletionRequest, state: ServerState,
                 images=images)
 
 
-def _with_images(state: ServerState, ids: list[int], images: list[Any],
+def with_images(state: ServerState, ids: list[int], images: list[Any],
                  truncate: int | None) -> list[int]:
     """The prompt with each image's placeholder expanded to the rows it takes; 400 where the
     placeholders do not match the images, or where truncating would cut them."""

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from tokenmill.engine.server.errors import APIError
-from tokenmill.engine.server.openai_serving import chat_ids, check_model
+from tokenmill.engine.server.images import request_images
+from tokenmill.engine.server.openai_serving import chat_ids, check_model, with_images
 from tokenmill.engine.server.protocol import DetokenizeRequest, TokenizeRequest
 from tokenmill.engine.server.state import ServerState
 
 
-def tokenize(body: TokenizeRequest, state: ServerState) -> dict:
+async def tokenize(body: TokenizeRequest, state: ServerState) -> dict:
+    """The prompt's token ids; for messages, with each image's placeholder written out as
+    many times as the image takes rows, so the count is a chat completion's prompt_tokens
+    (the images are read and checked as a chat request's are)."""
     check_model(state, body.model)
     if body.messages is not None:
         try:
@@ -19,6 +23,10 @@ def tokenize(body: TokenizeRequest, state: ServerState) -> dict:
                            add_special_tokens=bool(body.add_special_tokens))
         except ValueError as exc:
             raise APIError(400, f"messages: {exc}", param="messages") from exc
+        urls = [url for message in body.messages for url in message.image_urls()]
+        images = await request_images(urls, state, body.mm_processor_kwargs)
+        if images:
+            ids = with_images(state, ids, images, None)
     else:
         ids = state.tokenizer.encode(body.prompt,
                                      add_special_tokens=body.add_special_tokens is not False)

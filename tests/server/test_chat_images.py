@@ -10,6 +10,7 @@ import functools
 import http.server
 import threading
 
+import httpx
 import openai
 import pytest
 from image_support import (
@@ -163,6 +164,21 @@ def test_fetch_failures_and_limits_are_400s(server, web, media_dir):
         server.client, *[_data_url(drawn_image(i)) for i in range(3)])["message"]
     # The server goes on answering.
     assert _ask(server.client, _data_url(drawn_image(0))).choices[0].finish_reason == "length"
+
+
+def test_tokenize_counts_an_images_rows_as_the_chat_completion_does(server):
+    content = [{"type": "text", "text": "What is in the picture?"},
+               {"type": "image_url", "image_url": {"url": _data_url(drawn_image(0))}}]
+    messages = [{"role": "user", "content": content}]
+    counted = httpx.post(server.url + "/tokenize", timeout=60, json={
+        "model": "llava", "messages": messages, "add_generation_prompt": True}).json()
+    reply = server.client.chat.completions.create(model="llava", max_tokens=1,
+                                                  messages=messages)
+    assert counted["count"] == reply.usage.prompt_tokens
+    content[1]["image_url"]["url"] = "data:image/png;base64,AAAA"
+    bad = httpx.post(server.url + "/tokenize", timeout=60, json={
+        "model": "llava", "messages": messages})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
 
 
 def test_an_image_of_too_many_pixels_is_a_400_before_it_is_decoded(server):
