@@ -102,6 +102,8 @@ class PoolingRequest(PoolingInputs, ActivationField):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, Field(ge=1)] | None = None
     normalize: bool | None = None
+    # vLLM's: what to pool for; per-token tasks (token_embed, token_classify) are not served.
+    task: Literal["embed", "classify"] | None = None
 
 
 class ClassificationRequest(PoolingInputs, ActivationField):

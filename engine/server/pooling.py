@@ -12,7 +12,7 @@ from fastapi import Request
 from tokenmill.engine.core import PoolingParams
 from tokenmill.engine.server.embeddings import embed, encoded, pooled_reply, prompt_ids
 from tokenmill.engine.server.embeddings_protocol import PoolingRequest
-from tokenmill.engine.server.errors import client_closed
+from tokenmill.engine.server.errors import APIError, client_closed
 from tokenmill.engine.server.openai_serving import check_serving, truncated
 from tokenmill.engine.server.state import ServerState
 
@@ -21,6 +21,8 @@ async def create_pooling(body: PoolingRequest, request: Request, state: ServerSt
     # A generative model serves neither task: refused as /v1/embeddings refuses it.
     task = state.task if state.task != "generate" else "embed"
     check_serving(state, body.model, task=task)
+    if body.task is not None and body.task != task:
+        raise APIError(400, f"task: the model pools for {task}, not {body.task}", param="task")
     prompts = [truncated(ids, body.truncate_prompt_tokens, state)
                for ids in prompt_ids(body, state)]
     pooling = PoolingParams(task=task, use_activation=body.use_activation) \

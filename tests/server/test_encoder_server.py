@@ -129,3 +129,10 @@ def test_pooling_returns_what_the_model_pools_for(embedder, reranker, tiny_serve
     refused = httpx.post(tiny_server.url + "/pooling", timeout=60,
                          json={"model": "tiny", "input": "a"})
     assert refused.status_code == 400 and "makes no embeddings" in refused.text
+    # vLLM's task: one the model does not pool for, or a per-token task, is named, not ignored.
+    for task, says in (("embed", "pools for classify, not embed"),
+                       ("token_embed", "'embed' or 'classify'")):
+        other = httpx.post(server.url + "/pooling", timeout=60,
+                           json={"model": "minilm", "input": TEXTS, "task": task})
+        assert other.status_code == 400 and other.json()["error"]["param"] == "task"
+        assert says in other.json()["error"]["message"]
