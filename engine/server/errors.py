@@ -54,8 +54,25 @@ async def _api_error(_: Request, exc: APIError) -> JSONResponse:
     return error_response(exc)
 
 
+def _most_telling(errors: list[dict]) -> dict:
+    """The error to report: the first, unless it only says a value is not one member of a
+    union (a list where a string may also go) while another says what is wrong with the
+    member the value is (too many items, an empty one)."""
+    first = errors[0] if errors else {}
+    if str(first.get("type", "")).endswith("_type"):
+        field = _field(first)
+        for other in errors[1:]:
+            if _field(other) == field and not str(other.get("type", "")).endswith("_type"):
+                return other
+    return first
+
+
+def _field(error: dict) -> str | None:
+    return next((str(p) for p in error.get("loc", ()) if p != "body"), None)
+
+
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    first = exc.errors()[0] if exc.errors() else {}
+    first = _most_telling(list(exc.errors()))
     where = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = where[0] if where else None
     message = first.get("msg", "invalid request")

@@ -108,6 +108,17 @@ def test_bad_bodies_are_400s_naming_the_field(server, path, body, param):
     assert _post(server, "/score", {"text_1": "a", "text_2": "b"}).status_code == 200
 
 
+@pytest.mark.parametrize(("text_2", "says"), [
+    (["a"] * 2049, "at most 2048 items"), ([], "at least 1 item"), ([""], "at least 1 character"),
+])
+def test_a_list_where_a_text_may_also_go_is_told_what_is_wrong_with_it(server, text_2, says):
+    """text_2 is a text or a list of texts: the error is the list's, not "a valid string"."""
+    reply = _post(server, "/score", {"text_1": "a", "text_2": text_2})
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert error["param"] == "text_2" and says in error["message"], error
+
+
 @pytest.mark.parametrize(("path", "body"), [
     ("/score", {"text_1": "a", "text_2": "b"}), ("/v1/rerank", {"query": "a", "documents": ["b"]}),
     ("/v1/embeddings", {"input": "a"})])
