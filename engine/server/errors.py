@@ -73,25 +73,24 @@ def _field(error: dict) -> str | None:
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     first = _most_telling(list(exc.errors()))
-    where = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = where[0] if where else None
+    field = _field(first)  # None: the body as a whole
+    param = field
     message = first.get("msg", "invalid request")
     error = first.get("ctx", {}).get("error")
     if first.get("type") == "value_error" and error is not None:
         message = str(error)  # our validators' own words, without a prefix
-        if isinstance(error, FieldError) and not where:
+        if isinstance(error, FieldError) and field is None:
             param = error.field
     sent_as = request.headers.get("content-type")
-    if not where and first.get("type") in NOT_AN_OBJECT and not _is_json(sent_as):
+    if field is None and first.get("type") in NOT_AN_OBJECT and not _is_json(sent_as):
         # FastAPI reads a body as JSON only when its Content-Type says so (curl's -d alone
         # sends a form's): the body arrived as bytes, which no request model accepts.
         message = ("the request body must be JSON sent with 'Content-Type: application/json' "
                    + (f"(this one came as {sent_as!r})" if sent_as else "(this one had none)"))
     elif first.get("type") == "json_invalid":
-        cause = first.get("ctx", {}).get("error")
-        message = "the request body is not valid JSON" + (f": {cause}" if cause else "")
+        message = "the request body is not valid JSON" + (f": {error}" if error else "")
         param = None
-    elif first.get("type") == "missing" and not where:
+    elif first.get("type") == "missing" and field is None:
         message = "the request needs a JSON body"
     elif param:
         message = f"{param}: {message}"
