@@ -20,6 +20,8 @@ from itertools import accumulate
 
 import torch
 
+from tokenmill.engine.execution.zeroed import zeroed
+
 # Device memory a step's tier copies stage blocks through, at most, per pool tensor.
 STAGING_BYTES = 256 << 20
 
@@ -36,8 +38,8 @@ class KVOffload:
         block_bytes = sum(pool[:, :, 0].nbytes for pool in device_tensors)
         self.chunk_blocks = pinned_chunks(num_blocks, block_bytes) if cuda else [num_blocks]
         self._starts = list(accumulate(self.chunk_blocks[:-1], initial=0))
-        self.pairs = [(pool, [torch.zeros((n, *pool.shape[:2], *pool.shape[3:]),
-                                          dtype=pool.dtype, pin_memory=cuda)
+        self.pairs = [(pool, [_host_chunk((n, *pool.shape[:2], *pool.shape[3:]), pool.dtype,
+                                          pinned=cuda)
                               for n in self.chunk_blocks])
                       for pool in device_tensors]
         self.stream = torch.cuda.Stream(device) if cuda else None
@@ -70,6 +72,13 @@ class KVOffload:
             if to_device:
                 device_ids, host_ids = _indices(to_device, self.device)
                 pool[:, :, device_ids] = host[host_ids].movedim(0, 2)
+
+
+def _host_chunk(shape: tuple[int, ...], dtype: torch.dtype, pinned: bool) -> torch.Tensor:
+    """Pinned for a CUDA pool's asynchronous copies; otherwise committed as blocks arrive."""
+    if pinned:
+        return torch.zeros(shape, dtype=dtype, pin_memory=True)
+    return zeroed(shape, dtype, torch.device("cpu"))
 
 
 def pinned_chunks(num_blocks: int, block_bytes: int) -> list[int]:

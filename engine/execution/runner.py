@@ -19,6 +19,7 @@ from tokenmill.engine.execution.pooled_rows import sum_spans
 from tokenmill.engine.execution.prompt_scores import score_rows
 from tokenmill.engine.execution.step_buffers import StepBuffers
 from tokenmill.engine.execution.step_inputs import StepInputs
+from tokenmill.engine.execution.zeroed import zeroed
 from tokenmill.engine.layers.kv_layer import KVLayer
 from tokenmill.engine.layers.to_device import list_to_device
 from tokenmill.engine.models.decoder import CausalLM
@@ -36,10 +37,9 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.block_size = layout.block_size
         # Zeroed, not empty: attention reads masked-out slots too (0 * NaN would be NaN).
-        self.kv_pool = torch.zeros(layout.values_shape(num_blocks), dtype=layout.dtype,
-                                   device=device)
-        self.kv_scales = (torch.zeros(layout.scales_shape(num_blocks), dtype=SCALE_DTYPE,
-                                      device=device) if layout.quantized else None)
+        self.kv_pool = zeroed(layout.values_shape(num_blocks), layout.dtype, device)
+        self.kv_scales = (zeroed(layout.scales_shape(num_blocks), SCALE_DTYPE, device)
+                          if layout.quantized else None)
         self.kv_caches = [self._layer_view(i) for i in range(layout.num_layers)]
         self.num_host_blocks = num_host_blocks
         self.offload = KVOffload(self._pool_tensors(), num_host_blocks, device) \
