@@ -30,5 +30,7 @@ lint: setup
 # fills the waits (a run on two cores takes about an eighth less than with two workers).
 # One torch thread per process: workers each running a thread per core would share the cores
 # by preemption, which costs more than it gains.
+# A worker that dies ends the run naming its test: xdist's file scheduler can wait forever
+# after replacing a crashed worker (pytest-xdist issues 784 and 1323).
 test: lint
-	OMP_NUM_THREADS=1 $(BIN)/pytest -n 3 --dist loadfile --durations=25
+	OMP_NUM_THREADS=1 $(BIN)/pytest -n 3 --dist loadfile --max-worker-restart=0 --durations=25
