@@ -139,9 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Each line of the input is an OpenAI batch request, {\"custom_id\", "
                     "\"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\"} "
                     "(also /v1/completions, /v1/embeddings, /v1/responses, /v1/score, "
-                    "/v1/rerank); each line of the output, in the same order, its answer: "
-                    "{\"id\", \"custom_id\", \"response\": {\"status_code\", "
-                    "\"request_id\", \"body\"}, \"error\"}. The server's flags apply.")
+                    "/v1/rerank, /v1/classify); each line of the output, in the same "
+                    "order, its answer: {\"id\", \"custom_id\", \"response\": "
+                    "{\"status_code\", \"request_id\", \"body\"}, \"error\"}. The server's "
+                    "flags apply.")
     batch.add_argument("-i", "--input-file", required=True, metavar="FILE",
                        help="The batch file (JSON lines).")
     batch.add_argument("-o", "--output-file", required=True, metavar="FILE",

@@ -4,8 +4,8 @@ Each input line is `{"custom_id", "method": "POST", "url", "body"}`; each output
 input's order, is `{"id", "custom_id", "response": {"status_code", "request_id", "body"},
 "error"}`. Every request goes through the server's own routes, in process (no socket), so a
 batch line is validated, templated, parsed and answered exactly as over HTTP; all lines run
-concurrently and the engine batches them. A file that is not a batch file is refused before
-the model loads, naming its line.
+concurrently and the engine batches them. A file that is not a batch file (or repeats a
+custom_id, which OpenAI's format forbids) is refused before the model loads, naming its line.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 import uuid
 from typing import Any
 
@@ -30,32 +31,61 @@ BATCH_URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/
 def read_batch(path: str) -> list[dict[str, Any]]:
     """The batch file's requests; ConfigError naming the line where one is not a request."""
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
-    except (OSError, UnicodeDecodeError) as exc:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as exc:
         raise ConfigError("--input-file", f"can't read {path}: {exc}") from None
-    requests = []
-    for number, line in lines:
+    requests: list[dict[str, Any]] = []
+    lines_of: dict[str, int] = {}
+    for number, data in enumerate(raw.splitlines(), 1):
         where = f"{path}:{number}"
-        try:
-            item = json.loads(line)
-        except ValueError as exc:
-            raise ConfigError("--input-file", f"{where}: not JSON ({exc})") from None
-        if not isinstance(item, dict) or not isinstance(item.get("custom_id"), str):
-            raise ConfigError("--input-file", f"{where}: needs a custom_id string")
-        if item.get("method", "POST") != "POST":
-            raise ConfigError("--input-file", f"{where}: method must be POST")
-        if item.get("url") not in BATCH_URLS:
-            raise ConfigError("--input-file", f"{where}: url {item.get('url')!r} is not one "
-                                              f"of {', '.join(BATCH_URLS)}")
-        if not isinstance(item.get("body"), dict):
-            raise ConfigError("--input-file", f"{where}: body must be a JSON object")
-        if item["body"].get("stream"):
-            raise ConfigError("--input-file", f"{where}: a batch line cannot stream")
-        requests.append(item)
+        try:  # a BOM (Windows editors write one) is no part of the first line
+            line = data.decode("utf-8-sig" if number == 1 else "utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError("--input-file", f"{where}: not UTF-8 ({exc.reason} at byte "
+                                              f"{exc.start})") from None
+        if line.strip():
+            item = _request(line, where)
+            first = lines_of.setdefault(item["custom_id"], number)
+            if first != number:
+                raise ConfigError("--input-file", f"{where}: custom_id {item['custom_id']!r} "
+                                                  f"is line {first}'s too; each must be unique")
+            requests.append(item)
     if not requests:
         raise ConfigError("--input-file", f"{path} holds no requests")
     return requests
+
+
+def _request(line: str, where: str) -> dict[str, Any]:
+    try:
+        item = json.loads(line)
+    except ValueError as exc:
+        raise ConfigError("--input-file", f"{where}: not JSON ({exc})") from None
+    if not isinstance(item, dict) or not isinstance(item.get("custom_id"), str):
+        raise ConfigError("--input-file", f"{where}: needs a custom_id string")
+    if item.get("method", "POST") != "POST":
+        raise ConfigError("--input-file", f"{where}: method must be POST")
+    if item.get("url") not in BATCH_URLS:
+        raise ConfigError("--input-file", f"{where}: url {item.get('url')!r} is not one "
+                                          f"of {', '.join(BATCH_URLS)}")
+    if not isinstance(item.get("body"), dict):
+        raise ConfigError("--input-file", f"{where}: body must be a JSON object")
+    if item["body"].get("stream"):
+        raise ConfigError("--input-file", f"{where}: a batch line cannot stream")
+    return item
+
+
+def check_output_file(path: str) -> None:
+    """ConfigError unless `path` can be written: found out after the run, every answer
+    would be lost."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ConfigError("--output-file", f"{folder} is not a directory")
+    if os.path.isdir(path):
+        raise ConfigError("--output-file", f"{path} is a directory")
+    target = path if os.path.exists(path) else folder
+    if not os.access(target, os.W_OK):
+        raise ConfigError("--output-file", f"{target} is not writable")
 
 
 async def run_requests(app: Any, requests: list[dict[str, Any]], concurrency: int,
@@ -69,8 +99,12 @@ async def run_requests(app: Any, requests: list[dict[str, Any]], concurrency: in
                                  timeout=None) as client:
 
         async def answer(item: dict[str, Any]) -> dict[str, Any]:
+            # Sent as the file wrote it (NaN, a lone surrogate): the server's JSON parser
+            # answers such a body with its 400, as over HTTP.
+            content = json.dumps(item["body"])
             async with gate:
-                reply = await client.post(item["url"], json=item["body"])
+                reply = await client.post(item["url"], content=content,
+                                          headers={"content-type": "application/json"})
             progress.update(1)
             return _output_line(item["custom_id"], reply)
 
@@ -100,17 +134,19 @@ def run_batch(config: Any, args: argparse.Namespace) -> int:
     """Load the model, answer every line of --input-file, write --output-file."""
     from tokenmill.engine.contract.server_flags import check_server_flags
     from tokenmill.engine.server.app import create_app
-    from tokenmill.engine.server.serve import server_state
+    from tokenmill.engine.server.serve import check_media_path, server_state
 
     check_server_flags(args)
+    check_media_path(args)
     requests = read_batch(args.input_file)
-    folder = os.path.dirname(os.path.abspath(args.output_file))
-    if not os.path.isdir(folder):
-        raise ConfigError("--output-file", f"{folder} is not a directory")
+    check_output_file(args.output_file)
     state = server_state(config, args)
     state.options.api_key = None  # in process: no client to authenticate
-    # As many in flight as the batch holds seats for, twice over, within the waiting limit.
-    concurrency = max(1, min(2 * config.max_num_seqs, args.max_waiting_requests))
+    # As many calls in flight as the batch holds seats for, twice over; a call of several
+    # prompts or n > 1 queues more engine requests than that, and a batch never sheds its own
+    # lines with 503s, whatever --max-waiting-requests says for serving.
+    concurrency = max(1, 2 * config.max_num_seqs)
+    state.options.max_waiting_requests = sys.maxsize
     try:
         state.load(show_progress=True)
         app = create_app(state, load_model=False)
