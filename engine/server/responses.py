@@ -32,6 +32,8 @@ _USER_TERMS = [
     (re.compile(r"\bresponse_format\b"), "text.format"),
     (re.compile(r"\b(tools\[\d+\])\.function\."), r"\1."),
     (re.compile(r"\btool_choice\.function\."), "tool_choice."),
+    (re.compile(r"\{'type': 'function', 'function': \{'name': \.\.\.\}\}"),
+     "{'type': 'function', 'name': ...}"),
 ]
 
 

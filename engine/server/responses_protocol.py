@@ -26,6 +26,9 @@ from tokenmill.engine.server.protocol import (
 
 # Content part types that carry text; besides them input_image is read (an image URL), the
 # others (files, audio) are refused.
+# The `include` entry that asks for the output text's logprobs.
+OUTPUT_LOGPROBS = "message.output_text.logprobs"
+
 _TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text",
                "refusal": "refusal", "reasoning_text": "text", "summary_text": "text"}
 
@@ -79,6 +82,8 @@ class ResponsesRequest(SamplingFields, ChatTemplateFields):
     parallel_tool_calls: bool = True
     text: TextConfig | None = None
     top_logprobs: Annotated[int, Field(ge=0)] | None = None
+    # Extra output asked for; of what OpenAI lists, the output text's logprobs are served.
+    include: list[str] | None = None
     reasoning: dict[str, Any] | None = None  # effort and summary: echoed, not acted on
     metadata: dict[str, str] | None = None
     store: bool | None = None
@@ -112,8 +117,8 @@ class ResponsesRequest(SamplingFields, ChatTemplateFields):
         chat["parallel_tool_calls"] = self.parallel_tool_calls
         if self.text is not None and self.text.format is not None:
             chat["response_format"] = self.text.format.response_format()
-        if self.top_logprobs is not None:
-            chat.update(logprobs=True, top_logprobs=self.top_logprobs)
+        if self.top_logprobs is not None or OUTPUT_LOGPROBS in (self.include or ()):
+            chat.update(logprobs=True, top_logprobs=self.top_logprobs or 0)
         try:
             return ChatCompletionRequest.model_validate(chat)
         except ValidationError as exc:
@@ -129,7 +134,7 @@ class ResponsesRequest(SamplingFields, ChatTemplateFields):
         for name in ("conversation", "prompt"):
             if getattr(self, name) is not None:
                 raise RequestFormatError(name, "stored conversations and prompts are not "
-                                         "kept by this server; send the messages in input")
+                                         "kept by this server; send the conversation in input")
         if self.background:
             raise RequestFormatError("background", "background responses are not supported")
         if self.truncation == "auto":

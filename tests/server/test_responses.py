@@ -158,6 +158,15 @@ def test_logprobs_of_the_text(tiny_server):
     assert "".join(lp.token for lp in logprobs) == response.output_text
     assert all(len(lp.top_logprobs) == 2 and lp.top_logprobs[0].logprob >= lp.logprob
                for lp in logprobs)
+    asked = tiny_server.client.responses.create(  # include alone asks for them, as OpenAI's
+        model="tiny", input=ASK, max_output_tokens=4, temperature=0,
+        include=["message.output_text.logprobs"])
+    assert [lp.logprob for lp in asked.output[0].content[0].logprobs] == pytest.approx(
+        [lp.logprob for lp in logprobs])
+    assert all(lp.top_logprobs == [] for lp in asked.output[0].content[0].logprobs)
+    plain = tiny_server.client.responses.create(model="tiny", input=ASK, max_output_tokens=4,
+                                                temperature=0)
+    assert not plain.output[0].content[0].logprobs
 
 
 class Alarm(BaseModel):
@@ -212,6 +221,19 @@ def test_bad_requests_are_400_naming_the_field(tiny_server, body, param):
     # The server goes on answering.
     assert tiny_server.client.responses.create(model="tiny", input="Hi",
                                                max_output_tokens=2).status == "incomplete"
+
+
+@pytest.mark.parametrize(("body", "param", "says"), [
+    ({"conversation": "conv_1"}, "conversation", "send the conversation in input"),
+    ({"tools": [WEATHER], "tool_choice": "any"}, "tool_choice",
+     "or {'type': 'function', 'name': ...}, got 'any'"),
+])
+def test_errors_word_what_a_responses_request_sends(tiny_server, body, param, says):
+    reply = httpx.post(f"{tiny_server.url}/v1/responses",
+                       json={"model": "tiny", "input": "Hi", **body})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param and says in error["message"], error
 
 
 def test_responses_are_not_stored(tiny_server):
