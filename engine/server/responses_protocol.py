@@ -24,11 +24,11 @@ from tokenmill.engine.server.protocol import (
     SamplingFields,
 )
 
-# Content part types that carry text; besides them input_image is read (an image URL), the
-# others (files, audio) are refused.
 # The `include` entry that asks for the output text's logprobs.
 OUTPUT_LOGPROBS = "message.output_text.logprobs"
 
+# Content part types that carry text; besides them input_image is read (an image URL), the
+# others (files, audio) are refused.
 _TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text",
                "refusal": "refusal", "reasoning_text": "text", "summary_text": "text"}
 

@@ -99,8 +99,8 @@ async def run_requests(app: Any, requests: list[dict[str, Any]], concurrency: in
                                  timeout=None) as client:
 
         async def answer(item: dict[str, Any]) -> dict[str, Any]:
-            # Sent as the file wrote it (NaN, a lone surrogate): the server's JSON parser
-            # answers such a body with its 400, as over HTTP.
+            # Sent as JSON text, NaN and lone surrogates kept as Python's parser read them:
+            # the server's own parser answers such a body with its 400, as over HTTP.
             content = json.dumps(item["body"])
             async with gate:
                 reply = await client.post(item["url"], content=content,
@@ -145,7 +145,7 @@ def run_batch(config: Any, args: argparse.Namespace) -> int:
     # As many calls in flight as the batch holds seats for, twice over; a call of several
     # prompts or n > 1 queues more engine requests than that, and a batch never sheds its own
     # lines with 503s, whatever --max-waiting-requests says for serving.
-    concurrency = max(1, 2 * config.max_num_seqs)
+    concurrency = 2 * config.max_num_seqs  # max_num_seqs is at least 1
     state.options.max_waiting_requests = sys.maxsize
     try:
         state.load(show_progress=True)

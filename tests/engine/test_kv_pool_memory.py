@@ -4,6 +4,7 @@ default 1 GiB pool for a tiny model used to cost 1 GiB of resident memory per en
 from __future__ import annotations
 
 import gc
+import os
 
 import torch
 
@@ -14,7 +15,7 @@ MIB = 1 << 20
 
 def _resident() -> int:
     with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * 4096
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def test_zeroed_reads_as_zeros_and_commits_only_what_is_written():
