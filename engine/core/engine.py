@@ -41,6 +41,7 @@ from tokenmill.engine.core.speculative.proposer import SpeculationStats
 from tokenmill.engine.core.speculative.setup import make_proposer, open_draft
 from tokenmill.engine.core.speculative.verify import Draw, verify
 from tokenmill.engine.core.step_builder import build_step_inputs
+from tokenmill.engine.core.structured import bitmask
 from tokenmill.engine.core.structured.backend import GrammarError, StructuredOutputs
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.distributed.sharding import check_tensor_parallel
@@ -822,6 +823,7 @@ class LLMEngine:
                                    f"{bad[:5]}", param="logit_bias")
         self._check_something_allowed(params)
         self.check_constraint(params)
+        self._check_grammar_meets_allowed(params)
 
     def _check_something_allowed(self, params: SamplingParams) -> None:
         """RequestError where every token allowed_token_ids lets through is banned at the first
@@ -838,6 +840,17 @@ class LLMEngine:
             raise RequestError("allowed_token_ids: every token it allows is banned (by "
                                "bad_words, or as a stop token or EOS while the reply is "
                                "short of min_tokens)", param="allowed_token_ids")
+
+    def _check_grammar_meets_allowed(self, params: SamplingParams) -> None:
+        """RequestError where the constraint's first token can be none of allowed_token_ids:
+        the two hard limits leave nothing to draw."""
+        if params.structured_outputs is None or not params.allowed_token_ids:
+            return
+        first = self.structured.first_mask(params.structured_outputs)
+        if not bitmask.allows_any(first, params.allowed_token_ids):
+            raise RequestError("allowed_token_ids: none of its tokens can begin the output's "
+                               "required format (its JSON schema, regex, choice or grammar)",
+                               param="allowed_token_ids")
 
     def check_logprobs(self, asked: int | None, field: str) -> None:
         """RequestError naming `field` where more log-probabilities per token are asked for

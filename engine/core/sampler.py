@@ -121,6 +121,11 @@ def _processed(logits: torch.Tensor, seqs: list[Sequence],
         ruled = set(constrained)
         banned = [(row, ids) for row, ids in banned
                   if row not in ruled or not bitmask.allows_only(masks[row], ids)]
+        # Likewise a grammar that allows none of allowed_token_ids here (they met at the first
+        # step, which admission checks): the grammar wins.
+        allowed = [row for row in allowed
+                   if row not in ruled
+                   or bitmask.allows_any(masks[row], seqs[row].params.allowed_token_ids)]
     logits = logits.clone()
     if biased:
         apply_logit_bias(logits, [(row, seqs[row].params.logit_bias) for row in biased])

@@ -303,3 +303,63 @@ def test_masks_and_biases_add_no_host_transfer(smol_llm, monkeypatch):
     assert seqs[0].constraint.accept(result.token_ids[0])
     assert seqs[2].constraint.accept(result.token_ids[2])
     assert result.token_ids[3] == int(logits[3].argmax())  # free row untouched
+
+
+@pytest.mark.parametrize("choice", ["smile 😀", "café", 'quo"te', "new\nline", "back\\slash"])
+def test_every_choice_is_reachable_spelled_as_itself(smol_llm, choice):
+    """A choice's characters are the grammar's as they are: an emoji escaped to JSON's
+    surrogate pair was two halves no token spells, so the choice could never be produced."""
+    from tokenmill.engine.core.structured.backend import StructuredOutputs
+
+    tokenizer = smol_llm.tokenizer
+    structured = StructuredOutputs(tokenizer, smol_llm.engine.model_config.vocab_size, {2})
+    matcher = structured.matcher(StructuredOutputsParams(choice=[choice, "other"]))
+    assert all(matcher.accept(t) for t in tokenizer.encode(choice, add_special_tokens=False))
+    assert matcher.is_complete
+
+
+def test_a_choice_of_emoji_is_answered_with_one_of_them(smol_llm):
+    choices = ["😀", "🙁"]
+    outputs = smol_llm.generate(["How do you feel?"] * 3, [
+        SamplingParams(temperature=t, seed=s, max_tokens=12,
+                       structured_outputs=StructuredOutputsParams(choice=choices))
+        for t, s in ((0.0, None), (1.0, 1), (1.0, 2))])
+    for out in outputs:
+        assert out.outputs[0].text in choices and out.outputs[0].finish_reason == "stop"
+
+
+def test_compiled_grammars_are_held_by_the_engines_cache_alone(monkeypatch):
+    """xgrammar's own cache kept every grammar ever compiled, without bound."""
+    from tokenmill.engine.bench.word_tokenizer import word_level_tokenizer
+    from tokenmill.engine.core.structured import backend
+    from tokenmill.engine.core.structured.backend import StructuredOutputs
+
+    monkeypatch.setattr(backend, "CACHE_SIZE", 3)
+    structured = StructuredOutputs(word_level_tokenizer(64), 64, {2})
+    for i in range(8):
+        structured.compile(StructuredOutputsParams(regex=f"w{i}( w[0-9]+)*"))
+    assert len(structured._cache) == 3
+    assert structured._compiler.get_cache_size_bytes() == 0
+
+
+def test_allowed_token_ids_that_cannot_begin_the_format_are_refused(smol_llm):
+    tokenizer = smol_llm.tokenizer
+    [no] = tokenizer.encode("no", add_special_tokens=False)
+    with pytest.raises(RequestError, match="none of its tokens can begin") as e:
+        smol_llm.engine.add_request("disjoint", "Hi", SamplingParams(
+            allowed_token_ids=[no],
+            structured_outputs=StructuredOutputsParams(choice=["yes"])))
+    assert e.value.param == "allowed_token_ids"
+    assert not smol_llm.engine.has_unfinished_requests()
+
+
+def test_where_allowed_token_ids_part_from_the_grammar_later_the_grammar_wins(smol_llm):
+    """They meet at the first token, then not: the row had no token left to draw and took
+    token 0, which the grammar refused, ending the reply as aborted."""
+    tokenizer = smol_llm.tokenizer
+    [a] = tokenizer.encode("a", add_special_tokens=False)
+    out = smol_llm.generate(["Hi"], SamplingParams(
+        temperature=0.0, max_tokens=8, allowed_token_ids=[a],
+        structured_outputs=StructuredOutputsParams(regex="ab")))[0].outputs[0]
+    assert out.text == "ab" and out.finish_reason == "stop"
+    assert 0 not in out.token_ids

@@ -21,6 +21,9 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+import torch
+
+from tokenmill.engine.core.structured import bitmask
 from tokenmill.engine.core.structured.params import StructuredOutputsParams
 
 CACHE_SIZE = 256  # compiled grammars kept (least recently used dropped first)
@@ -84,6 +87,11 @@ class StructuredOutputs:
                 self._cache.popitem(last=False)
         return compiled
 
+    def first_mask(self, params: StructuredOutputsParams) -> torch.Tensor:
+        """The host bitmask row of the tokens the constraint allows first."""
+        return bitmask.fill([(0, self.matcher(params))], 1, self.vocab_size,
+                            torch.device("cpu"))[0]
+
     def matcher(self, params: StructuredOutputsParams) -> Matcher:
         compiled = self.compile(params)  # loads xgrammar if this is the first constraint
         return Matcher(self._xgr.GrammarMatcher(compiled))
@@ -102,7 +110,10 @@ class StructuredOutputs:
             if kind == "regex":
                 return compiler.compile_regex(text)
             if kind == "choice":
-                alternatives = " | ".join(json.dumps(c) for c in json.loads(text))
+                # Characters as themselves: an escaped emoji is two surrogate halves to xgrammar,
+                # whose bytes no token spells.
+                alternatives = " | ".join(json.dumps(c, ensure_ascii=False)
+                                          for c in json.loads(text))
                 return compiler.compile_grammar(f"root ::= {alternatives}")
             return compiler.compile_grammar(text)
         except Exception as exc:  # the constraint is the caller's: whatever fails is theirs
@@ -119,8 +130,10 @@ class StructuredOutputs:
                 info = xgrammar.TokenizerInfo.from_huggingface(
                     self._tokenizer, vocab_size=self.vocab_size,
                     stop_token_ids=self._stop_token_ids or None)
+                # Its own cache off: it keeps every grammar ever compiled, without bound, where
+                # the CACHE_SIZE above already keeps the recent ones.
                 self._compiler = xgrammar.GrammarCompiler(
-                    info, max_threads=min(8, os.cpu_count() or 1))
+                    info, max_threads=min(8, os.cpu_count() or 1), cache_enabled=False)
                 self._xgr = xgrammar
             return self._compiler
 

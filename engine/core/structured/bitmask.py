@@ -47,6 +47,13 @@ def allows_only(words: torch.Tensor, ids: Collection[int]) -> bool:
     return not rest.any()
 
 
+def allows_any(words: torch.Tensor, ids: Collection[int]) -> bool:
+    """Whether a host bitmask row allows any of `ids`."""
+    bits = words.numpy().view(np.uint32)
+    return any(token // 32 < len(bits) and bits[token // 32] >> np.uint32(token % 32) & 1
+               for token in ids)
+
+
 def apply(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
     """In place: logits[row] keeps only the tokens bitmask[row] allows, for each row in rows."""
     device = logits.device
