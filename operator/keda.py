@@ -17,6 +17,8 @@ from .manifests import owned_metadata
 from .spec import GROUP, KIND, VERSION, InferenceServiceSpec
 
 API = "keda.sh/v1alpha1"
+# An HPA scaling policy's period is at most half an hour (autoscaling/v2 validation).
+MAX_POLICY_PERIOD_SECONDS = 1800
 WAITING = "tokenmill_num_requests_waiting"
 # The endpoint picker's count of requests its flow control holds (its own /metrics).
 FLOW_CONTROL_QUEUE = "inference_extension_flow_control_queue_size"
@@ -56,7 +58,8 @@ def scaled_object(name: str, namespace: str, uid: str,
                 # built-in autoscaler does (a queue drains as soon as replicas are added).
                 "scaleUp": {"stabilizationWindowSeconds": 0,
                             "policies": [{"type": "Percent", "value": 900,
-                                          "periodSeconds": keda.polling_interval_seconds}]},
+                                          "periodSeconds": min(keda.polling_interval_seconds,
+                                                               MAX_POLICY_PERIOD_SECONDS)}]},
                 "scaleDown": {"stabilizationWindowSeconds": delay},
             }}},
             "triggers": [{

@@ -473,6 +473,12 @@ MIN_REPLICAS_MESSAGE = (
     "scales on); scale to zero needs mode keda or external")
 KEDA_NEEDS_SETTINGS = (f"{AUTOSCALING}.keda is required with mode keda: KEDA's Prometheus "
                        "server (serverAddress)")
+# The HPA KEDA makes takes the delay as its scale-down stabilization window, which Kubernetes
+# caps at an hour (a larger one: KEDA's ScaledObject is accepted, its HPA never is).
+MAX_HPA_WINDOW_SECONDS = 3600
+KEDA_DELAY_MESSAGE = (f"{AUTOSCALING}.scaleDownDelaySeconds must be at most "
+                      f"{MAX_HPA_WINDOW_SECONDS} in mode keda: it is the HPA's scale-down "
+                      "stabilization window, which Kubernetes caps at one hour")
 KEDA_SETTINGS_ONLY = (f"{AUTOSCALING}.keda applies only to mode keda; mode builtin and external "
                       "leave spec.replicas to the built-in autoscaler or to yours, and a "
                       "ScaledObject beside either would fight it over spec.replicas")
@@ -513,6 +519,8 @@ class AutoscalingSpec(_Spec):
              "!has(self.minReplicas) || self.minReplicas >= 1", MIN_REPLICAS_MESSAGE),
         _cel("!has(self.mode) || self.mode != 'keda' || has(self.keda)", KEDA_NEEDS_SETTINGS),
         _cel("!has(self.keda) || (has(self.mode) && self.mode == 'keda')", KEDA_SETTINGS_ONLY),
+        _cel("!has(self.mode) || self.mode != 'keda' || !has(self.scaleDownDelaySeconds) || "
+             f"self.scaleDownDelaySeconds <= {MAX_HPA_WINDOW_SECONDS}", KEDA_DELAY_MESSAGE),
     )
 
     mode: one_of(  # type: ignore[valid-type]
@@ -540,6 +548,8 @@ class AutoscalingSpec(_Spec):
             raise ValueError(KEDA_NEEDS_SETTINGS)
         if self.mode != "keda" and self.keda is not None:
             raise ValueError(KEDA_SETTINGS_ONLY)
+        if self.mode == "keda" and self.scale_down_delay_seconds > MAX_HPA_WINDOW_SECONDS:
+            raise ValueError(KEDA_DELAY_MESSAGE)
         return self
 
 

@@ -68,10 +68,14 @@ def _matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
 # --- manifests ---------------------------------------------------------------------------------
 
 TIMED = {"routing": {"inferencePool": {"gateway": {"name": "gw", "requestTimeout": "1h30m"}}}}
+# The longest delay and polling interval admitted: the HPA KEDA makes from them must be valid
+# (autoscaling/v2 caps a stabilization window at 3600 s and a policy's period at 1800 s).
+SLOW_KEDA = {"autoscaling": {"mode": "keda", "scaleDownDelaySeconds": 3600, "keda": {
+    "serverAddress": PROM, "pollingIntervalSeconds": 3600}}}
 
 
-@pytest.mark.parametrize("spec", [POOL, GATEWAY, KEDA, {**GATEWAY, **KEDA}, TIMED],
-                         ids=["pool", "gateway", "keda", "all", "timeout"])
+@pytest.mark.parametrize("spec", [POOL, GATEWAY, KEDA, {**GATEWAY, **KEDA}, TIMED, SLOW_KEDA],
+                         ids=["pool", "gateway", "keda", "all", "timeout", "slow-keda"])
 def test_every_object_passes_its_apis_schema(spec):
     for obj in _children(spec):
         if (obj["apiVersion"], obj["kind"]) in upstream_schemas.SCHEMAS:
@@ -243,7 +247,8 @@ def test_the_operator_may_grant_the_picker_what_its_role_grants():
 # --- admission: the CRD's schema and rules, and the operator's own check ---------------------
 
 ADMITTED = [
-    POOL, GATEWAY, KEDA, {**GATEWAY, **KEDA},
+    POOL, GATEWAY, KEDA, {**GATEWAY, **KEDA}, SLOW_KEDA,
+    {"autoscaling": {"scaleDownDelaySeconds": 7200}},  # the built-in autoscaler has no cap
     {"routing": {"inferencePool": {"enabled": False}}},
     {"autoscaling": {"mode": "external", "minReplicas": 0}},
     {"autoscaling": {"mode": "keda", "keda": {"serverAddress": "https://prom.example:9443/p"}}},
@@ -271,6 +276,8 @@ REFUSED = [
     ({"autoscaling": {"mode": "keda", "keda": {"serverAddress": "prometheus:9090"}}},
      "spec.autoscaling.keda.serverAddress"),
     ({"autoscaling": {"mode": "keda", "keda": {}}}, "serverAddress"),
+    ({"autoscaling": {"mode": "keda", "scaleDownDelaySeconds": 3601,
+                      "keda": {"serverAddress": PROM}}}, "spec.autoscaling.scaleDownDelaySeconds"),
     ({"autoscaling": {"mode": "keda", "keda": {"serverAddress": PROM,
                                                "pollingIntervalSeconds": 0}}},
      "spec.autoscaling.keda.pollingIntervalSeconds"),
