@@ -19,7 +19,7 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from . import autoscaler, bookkeeping, metrics, scraper, status
+from . import autoscaler, bookkeeping, events, metrics, scraper, status
 from .kube import MANAGER, Kube, api_message, load_config
 from .manifests import MANAGED_BY, OWNER_LABEL, selector
 from .reconcile import TOO_LARGE, Outcome, load, reconcile
@@ -105,13 +105,13 @@ def _post(body: dict, outcome: Outcome, previous: dict, report_problem: bool) ->
     """Events: what the pass did, why the spec cannot be deployed, and status news (status.events:
     a person must act, the service became Ready, or stopped being Ready)."""
     for reason, message in outcome.actions:
-        kopf.event(body, type="Normal", reason=reason, message=message)
+        events.post(body, "Normal", reason, message)
     for reason, message in outcome.warnings:  # the API server's, on a write just made
-        kopf.event(body, type="Warning", reason=reason, message=message)
+        events.post(body, "Warning", reason, message)
     if report_problem and outcome.problem:
-        kopf.event(body, type="Warning", reason=outcome.problem[0], message=outcome.problem[1])
+        events.post(body, "Warning", outcome.problem[0], outcome.problem[1])
     for kind, reason, message in _news(body, previous, outcome.status):
-        kopf.event(body, type=kind, reason=reason, message=message)
+        events.post(body, kind, reason, message)
 
 
 def _status_changed(previous: dict, current: dict) -> bool:
@@ -129,7 +129,7 @@ def _run(body: dict, memo: kopf.Memo, retry: int) -> Outcome:
         metrics.RECONCILE_ERRORS.labels("spec").inc()
         message = stable(f"Kubernetes API error {api_message(e)}")
         if memo.get("failure") != message:
-            kopf.event(body, type="Warning", reason="ReconcileFailed", message=message)
+            events.post(body, "Warning", "ReconcileFailed", message)
         memo["failure"] = message
         delay = min(RETRY_SECONDS * 2 ** retry, MAX_RETRY_SECONDS)
         raise kopf.TemporaryError(message, delay=delay) from None
@@ -146,7 +146,7 @@ def _no_room(body: dict, memo: kopf.Memo) -> None:
     if why:
         metrics.RECONCILE_ERRORS.labels("spec").inc()
         if memo.get("no_room") != why:
-            kopf.event(body, type="Warning", reason=TOO_LARGE, message=why)
+            events.post(body, "Warning", TOO_LARGE, why)
     memo["no_room"] = why
 
 
@@ -168,7 +168,11 @@ def reconcile_service(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry
     memo["problem"] = outcome.problem
     _post(raw, outcome, previous, report_problem=report)
     if _status_changed(previous, outcome.status):
-        patch.status.update(outcome.status)
+        patch.status.update(outcome.status)  # kopf writes it even when the pass retries
+    if outcome.retry and outcome.problem:
+        metrics.RECONCILE_ERRORS.labels("spec").inc()
+        raise kopf.TemporaryError(outcome.problem[1],
+                                  delay=min(RETRY_SECONDS * 2 ** retry, MAX_RETRY_SECONDS))
 
 
 @kopf.on.event(*CHILD_RESOURCES[0], labels=MANAGED_BY)
@@ -246,14 +250,14 @@ async def _autoscale(kube: Kube, namespace: str, name: str, logger: logging.Logg
         await asyncio.to_thread(kube.patch, obj, {"spec": {"replicas": decision.replicas}},
                                 manager=AUTOSCALER_MANAGER)
     if decision.scaled:
-        kopf.event(obj, type="Normal", reason=decision.reason, message=decision.message)
+        events.post(obj, "Normal", decision.reason, decision.message)
         log.info(f"autoscaler: {decision.reason} {namespace}/{name} "
                  f"replicas={decision.replicas} waiting={decision.waiting} "
                  f"running={decision.running}")
     elif decision.reason == autoscaler.NO_METRICS and previous.get("reason") != decision.reason:
         detail = "; ".join(f"{pod}: {why}" for pod, why in sorted(failures.items()))
-        kopf.event(obj, type="Warning", reason="MetricsUnavailable",
-                   message=decision.message + (f". {detail}" if detail else ""))
+        events.post(obj, "Warning", "MetricsUnavailable",
+                    decision.message + (f". {detail}" if detail else ""))
     current = autoscaler.to_status(decision, observation)
     if autoscaler.status_changed(previous, current):
         await asyncio.to_thread(kube.patch, obj, {"status": {"autoscaler": current}}, "status")

@@ -202,6 +202,13 @@ def _env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
     return _with_spec_env(ours, spec, _api_key_env(spec))
 
 
+def literal(command: list[str]) -> list[str]:
+    """The command with every `$` doubled: the kubelet reads `$(NAME)` in a container's command
+    as the variable NAME and `$$` as `$`, so a value of the spec's holding either would reach
+    the engine changed; doubled, each `$` reaches it as written."""
+    return [part.replace("$", "$$") for part in command]
+
+
 def user_env_offset(spec: InferenceServiceSpec) -> int:
     """Where the spec's first variable is in the container's env (the operator's come first)."""
     return len(_env(spec)) - len(spec.env)
@@ -211,13 +218,17 @@ def _container_security_context(spec: InferenceServiceSpec) -> dict[str, Any]:
     """The restricted defaults under the spec's overrides. A privileged container, or one that
     adds CAP_SYS_ADMIN, always may escalate privileges (SecurityContext.allowPrivilegeEscalation),
     and the Deployment API refuses an explicit false beside them: the default is left out then,
-    so the API server never blames a field the spec did not set."""
+    so the API server never blames a field the spec did not set. Capabilities merge a level
+    deeper: `add` alone keeps the default `drop`, which restricted pod security requires."""
     own = spec.container_security_context or {}
     added = (own.get("capabilities") or {}).get("add") or []
     escalates = own.get("privileged") is True or "CAP_SYS_ADMIN" in added
     defaults = {k: v for k, v in CONTAINER_SECURITY_CONTEXT.items()
                 if not (escalates and k == "allowPrivilegeEscalation")}
-    return {**defaults, **own}
+    merged = {**defaults, **own}
+    if isinstance(own.get("capabilities"), dict):  # adding one keeps `drop: [ALL]`
+        merged["capabilities"] = {**defaults["capabilities"], **own["capabilities"]}
+    return merged
 
 
 def _container(name: str, spec: InferenceServiceSpec, image: str) -> dict[str, Any]:
@@ -225,7 +236,7 @@ def _container(name: str, spec: InferenceServiceSpec, image: str) -> dict[str, A
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": spec.image or image,
-        "command": serve_command(spec, spec.model.served_name or name),
+        "command": literal(serve_command(spec, spec.model.served_name or name)),
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
         "env": _env(spec),
         "resources": _resources(spec),
@@ -253,7 +264,7 @@ def _download_container(spec: InferenceServiceSpec, image: str) -> dict[str, Any
         "name": MODEL_DOWNLOAD,
         "image": spec.image or image,
         "imagePullPolicy": spec.image_pull_policy,
-        "command": download_command(spec),
+        "command": literal(download_command(spec)),
         "env": _with_spec_env(SCRATCH_ENV, spec),
         "envFrom": [{"secretRef": {"name": ref.name}}] if ref else [],
         "resources": DOWNLOAD_RESOURCES,
@@ -317,12 +328,16 @@ def service(name: str, namespace: str, uid: str) -> dict[str, Any]:
 
 
 def pod_disruption_budget(name: str, namespace: str, uid: str) -> dict[str, Any]:
-    """Lets voluntary evictions (node drains) take down one replica at a time."""
+    """Lets voluntary evictions (node drains) take down one replica at a time. A replica that
+    is not ready (crashing, or still loading its model) may always be evicted: under the default
+    policy a budget already spent on unready pods refuses every eviction, and a drain waits
+    forever for replicas that serve nothing."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": _metadata(name, namespace, uid),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(name)}},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(name)},
+                 "unhealthyPodEvictionPolicy": "AlwaysAllow"},
     }
 
 

@@ -31,6 +31,9 @@ LAST_APPLIED = "tokenmill.io/last-applied"
 # The paths of the last applied object the API server did not keep (JSON list of path segments).
 DROPPED = "tokenmill.io/dropped-fields"
 REFUSED = (400, 413, 422)  # the API server's answers to an invalid object: retrying cannot help
+# Forbidden: a quota, an admission webhook or RBAC refused a write. It may clear without a new
+# spec (a quota freed, a webhook's conflict removed), so the pass says so and tries again.
+FORBIDDEN = 403
 TOO_LARGE = "ObjectTooLarge"
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -43,6 +46,7 @@ class Outcome:
     actions: list[tuple[str, str]] = field(default_factory=list)  # (reason, message)
     problem: tuple[str, str] | None = None  # (reason, message) of why it cannot be Ready
     warnings: list[tuple[str, str]] = field(default_factory=list)  # the API server's, as Events
+    retry: bool = False  # the problem may clear by itself: run the pass again later
 
 
 def load(name: str, spec: dict[str, Any] | None) -> InferenceServiceSpec:
@@ -56,8 +60,10 @@ def load(name: str, spec: dict[str, Any] | None) -> InferenceServiceSpec:
 
 
 def _is_quantity(path: tuple[str, ...]) -> bool:
-    """Whether the field at `path` is a resource.Quantity: a request, a limit, a size limit."""
-    return path[-2:-1] in (("requests",), ("limits",)) or path[-1:] == ("sizeLimit",)
+    """Whether the field at `path` is a resource.Quantity: a request, a limit, a size limit, a
+    resourceFieldRef's divisor."""
+    return (path[-2:-1] in (("requests",), ("limits",))
+            or path[-1:] in (("sizeLimit",), ("divisor",)))
 
 
 def _same_quantity(live: Any, desired: Any) -> bool:
@@ -342,9 +348,17 @@ def _optional(kube: Kube, feature: Feature, name: str, namespace: str, uid: str,
     if wanted and not (missing and missing[0] is feature.apis[0]):
         desired = [child for child in feature.module.children(name, namespace, uid, spec)
                    if not any(child["kind"] == api.kind for api in missing)]
-    actions, lives = [], []
+    actions, lives, forbidden = [], [], None
     for child in desired:
-        live, action, _ = apply(kube, child, uid)
+        try:
+            live, action, _ = apply(kube, child, uid)
+        except ApiException as e:  # the engines serve on; the feature's condition says why
+            if e.status != FORBIDDEN:
+                raise
+            forbidden = forbidden or (f"the API server refused {child['kind']} "
+                                      f"{child['metadata']['name']}: "
+                                      f"{user_message(api_message(e), spec)}")
+            continue
         actions += [action] if action else []
         lives.append(live)
     keep = {(child["kind"], child["metadata"]["name"]) for child in desired}
@@ -357,6 +371,8 @@ def _optional(kube: Kube, feature: Feature, name: str, namespace: str, uid: str,
             actions.append(("Deleted", f"Deleted {kind} {name + suffix}: no longer in the spec"))
     if not wanted:
         return actions, None, lives
+    if forbidden:
+        return actions, status_.condition(feature.condition, False, "Forbidden", forbidden), lives
     # A feature writes one object of each kind.
     by_kind = {child["kind"]: live for child, live in zip(desired, lives, strict=True)}
     return actions, _feature_condition(feature, name, by_kind, missing), lives
@@ -421,6 +437,13 @@ def reconcile(kube: Kube, body: dict[str, Any], image: str) -> Outcome:
     except ConflictError as e:
         return done(deployment, actions, ("NameConflict", str(e)))
     except ApiException as e:
+        if e.status == FORBIDDEN:
+            live = kube.get("apps/v1", "Deployment", namespace, name)
+            message = user_message(api_message(e), spec)
+            outcome = done(live if live and _owned_by(live, uid) else None, actions,
+                           ("Forbidden", f"the API server refused a child: {message}"))
+            outcome.retry = True
+            return outcome
         if e.status not in REFUSED:
             raise
         # The spec passed admission but Kubernetes refuses what it asks for (a field only the

@@ -185,7 +185,8 @@ def status(name: str, namespace: str, generation: int | None, deployment: dict |
     return result
 
 
-SPEC_PROBLEMS = ("InvalidSpec", "NameConflict", "ObjectTooLarge")  # posted by the pass itself
+# Posted by the pass itself.
+SPEC_PROBLEMS = ("InvalidSpec", "NameConflict", "ObjectTooLarge", "Forbidden")
 
 
 def _find(st: dict[str, Any], type_: str) -> dict[str, Any]:

@@ -24,7 +24,14 @@ import jsonschema
 import kmock
 import yaml
 from apiserver_model.versions import drop_unknown, warning_header
-from apiserver_model.writes import TOO_LONG, canonicalize, merge_patch, omit_empty, too_long
+from apiserver_model.writes import (
+    TOO_LONG,
+    canonicalize,
+    event_errors,
+    merge_patch,
+    omit_empty,
+    too_long,
+)
 from process_support import free_port
 from prometheus_client import generate_latest
 
@@ -385,6 +392,9 @@ class Emulator(kmock.KubernetesEmulator):
         name = request.name or (request.data.get("metadata") or {}).get("name", "")
         if fields := too_long(kind, after):
             raise _invalid(kind, request.resource.group, name, fields)
+        if kind == "Event" and (errors := event_errors(after)):
+            raise kmock.KubernetesError(status=422, reason="Invalid",
+                                        message=f'Event "{name}" is invalid: ' + ", ".join(errors))
 
 
 def _invalid(kind: str, group: str | None, name: str, fields: list[str]) -> kmock.KubernetesError:

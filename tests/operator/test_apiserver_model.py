@@ -496,7 +496,9 @@ def test_malformed_quantities_are_refused(bad):
 
 def test_writes_canonicalize_every_container_and_the_empty_dir_size():
     pod = {"containers": [{"resources": {"requests": {"cpu": "1000m"},
-                                         "limits": {"memory": "4096Mi", "x.io/gpu": 1}}}],
+                                         "limits": {"memory": "4096Mi", "x.io/gpu": 1}},
+                           "env": [{"name": "A", "value": "1000m"}, {"name": "B", "valueFrom": {
+                               "resourceFieldRef": {"resource": "limits.cpu", "divisor": 1}}}]}],
            "initContainers": [{"resources": {"limits": {"cpu": "0.5"}}}],
            "volumes": [{"emptyDir": {"sizeLimit": "2048Mi"}}, {"emptyDir": {}}]}
     deployment = {"spec": {"template": {"spec": copy.deepcopy(pod)}}}
@@ -505,6 +507,10 @@ def test_writes_canonicalize_every_container_and_the_empty_dir_size():
     assert written["containers"][0]["resources"] == {
         "requests": {"cpu": "1"}, "limits": {"memory": "4Gi", "x.io/gpu": "1"}}
     assert written["initContainers"][0]["resources"]["limits"] == {"cpu": "500m"}
+    assert written["containers"][0]["env"] == [  # a value is a string, a divisor a quantity
+        {"name": "A", "value": "1000m"},
+        {"name": "B", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu",
+                                                         "divisor": "1"}}}]
     assert written["volumes"] == [{"emptyDir": {"sizeLimit": "2Gi"}}, {"emptyDir": {}}]
     pdb = {"spec": {"minAvailable": "50%", "maxUnavailable": 1}}  # IntOrString: not a quantity
     canonicalize("PodDisruptionBudget", pdb)

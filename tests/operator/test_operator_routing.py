@@ -499,3 +499,32 @@ def test_the_gateway_example_is_admitted_and_routes_each_model_by_name():
     scaled = _one(_children(services[1]["spec"], "qwen3-8b"), "ScaledObject")
     assert scaled["spec"]["minReplicaCount"] == 0
     assert "flow_control" in scaled["spec"]["triggers"][0]["metadata"]["query"]
+
+
+# KEDA's admission webhook, where an HPA of the user's already scales the target.
+KEDA_REFUSAL = ("admission webhook \"vscaledobject.kb.io\" denied the request: the workload "
+                "'chat' of type 'tokenmill.io/v1alpha1.InferenceService' is already managed by "
+                "the hpa 'chat-hpa'")
+
+
+@pytestmark_async
+async def test_a_refused_scaled_object_is_the_autoscaling_condition_and_the_rest_serves(tmp_path):
+    """A 403 on a feature's child stopped the whole pass before the status was written; now
+    the engines' children are written, the feature's condition says why, and a later pass (the
+    resync) writes it once the refusal is gone."""
+    refuse = {("scaledobjects", "create"): (403, KEDA_REFUSAL)}
+    spec = {"model": {"uri": "smollm2-135m-instruct"}, "resources": {"gpus": 0}, **KEDA}
+    async with running_operator(tmp_path, refuse=refuse, resources=SERVED,
+                                env={"TOKENMILL_RESYNC_SECONDS": "1"}) as k:
+        await k.request("POST", ISVCS, inference_service("chat", spec))
+        isvc = await k.eventually(lambda: _with(
+            k, f"{ISVCS}/chat", lambda o: condition(o, "AutoscalingReady").get("reason")
+            == "Forbidden"))
+        assert "already managed by the hpa 'chat-hpa'" in condition(
+            isvc, "AutoscalingReady")["message"]
+        assert condition(isvc, "Ready")["reason"] != "Forbidden"
+        assert await k.get(f"/apis/apps/v1/namespaces/{NS}/deployments/chat")
+        assert await k.get(f"/api/v1/namespaces/{NS}/services/chat")
+        refuse.clear()  # the user removed their HPA
+        await k.eventually(lambda: k.get(SCALED_PATH))
+

@@ -51,15 +51,24 @@ def test_the_root_filesystem_is_read_only_with_a_writable_scratch():
     ({"containerSecurityContext": {"allowPrivilegeEscalation": True}},
      "allowPrivilegeEscalation"),
     ({"containerSecurityContext": {"privileged": True}}, "privileged"),
-    ({"containerSecurityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}},
+    ({"containerSecurityContext": {"capabilities": {"drop": ["NET_RAW"]}}},
      "capabilities must drop ALL"),
-    ({"containerSecurityContext": {"capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]}}},
+    ({"containerSecurityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}},
      "non-default capabilities"),
 ])
 def test_overrides_replace_the_defaults_field_by_field(override, violation):
     """The spec may loosen the defaults (a cluster without PSA); the profile then says so."""
     t = template(override)
     assert any(violation in v for v in violations(t["spec"]))
+
+
+def test_adding_a_capability_keeps_dropping_all_the_others():
+    """`add` alone is merged with the default `drop: [ALL]`: replacing the whole capabilities
+    field dropped it, and the restricted profile then refused pods it allows."""
+    t = template({"containerSecurityContext": {"capabilities": {"add": ["NET_BIND_SERVICE"]}}})
+    (c,) = t["spec"]["containers"]
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}
+    assert violations(t["spec"]) == []
 
 
 def test_the_download_runs_under_the_engines_overrides_too():

@@ -202,9 +202,13 @@ def test_covers_and_removals():
 
 def test_covers_compares_quantities_by_value():
     """The API server reads back "1000m" as "1" (apiserver_model/quantity.py): not drift."""
-    stored = {"containers": [{"resources": {"requests": {"cpu": "1", "memory": "4Gi"}}}],
+    divisor = {"env": [{"valueFrom": {"resourceFieldRef": {"divisor": "1Mi"}}}]}
+    stored = {"containers": [{"resources": {"requests": {"cpu": "1", "memory": "4Gi"}},
+                              **divisor}],
               "volumes": [{"emptyDir": {"sizeLimit": "1536Mi"}}]}
-    written = {"containers": [{"resources": {"requests": {"cpu": "1000m", "memory": "4096Mi"}}}],
+    written = {"containers": [{"resources": {"requests": {"cpu": "1000m", "memory": "4096Mi"}},
+                               "env": [{"valueFrom": {"resourceFieldRef": {
+                                   "divisor": "1024Ki"}}}]}],
                "volumes": [{"emptyDir": {"sizeLimit": "1.5Gi"}}]}
     assert covers(stored, written)
     assert not covers(stored, {"containers": [{"resources": {"requests": {"cpu": "1500m"}}}]})

@@ -52,11 +52,15 @@ async def test_canonical_quantities_are_not_patched_again(tmp_path):
     every pass and post an Updated Event each time."""
     async with running_operator(tmp_path, env={"TOKENMILL_RESYNC_SECONDS": str(RESYNC)}) as k:
         await k.request("POST", ISVCS, inference_service("chat", {
-            "resources": {"gpus": 0, "cpu": "1000m", "memory": "4096Mi"}}))
+            "resources": {"gpus": 0, "cpu": "1000m", "memory": "4096Mi"},
+            "env": [{"name": "MEMORY_MIB", "valueFrom": {"resourceFieldRef": {
+                "resource": "requests.memory", "divisor": "1024Ki"}}}]}))
         deployment = await k.eventually(lambda: k.get(DEPLOY))
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         assert container["resources"] == {"requests": {"cpu": "1", "memory": "4Gi"},
                                           "limits": {"memory": "4Gi"}}
+        (memory,) = [e for e in container["env"] if e["name"] == "MEMORY_MIB"]
+        assert memory["valueFrom"]["resourceFieldRef"]["divisor"] == "1Mi"
         await asyncio.sleep(4 * RESYNC)  # settles
         writes, updated = _deployment_writes(k), len(await _reasons(k, "Updated"))
         await asyncio.sleep(8 * RESYNC)  # several resync passes, each reading the Deployment

@@ -1,6 +1,6 @@
 """What the API server does to every object written to it, whatever the resource: quantities of
 built-in types stored canonically (quantity.py), empty optional strings and lists of a pod spec
-left out, and the total size of metadata.annotations capped.
+left out, the total size of metadata.annotations capped, and an Event's text within its limits.
 
 Empty values: the core/v1 types tag their optional string and slice fields `omitempty`, so an
 empty one is stored and read back as no key at all (`env: [{name: X, value: ""}]` comes back as
@@ -46,7 +46,8 @@ def _canonical_map(values: Any) -> None:
 
 def canonicalize(kind: str, obj: dict[str, Any]) -> None:
     """Rewrite in place the quantities of a Pod or a workload's pod template: container (and
-    init container) requests and limits, emptyDir sizeLimit. Works on a whole object or on a
+    init container) requests and limits, an env variable's resourceFieldRef divisor, emptyDir
+    sizeLimit. Works on a whole object or on a
     merge patch (lists are replaced whole, so a patched container list is complete)."""
     for pod in _pod_specs(kind, obj):
         for key in ("containers", "initContainers"):
@@ -54,6 +55,10 @@ def canonicalize(kind: str, obj: dict[str, Any]) -> None:
                 resources = container.get("resources") if isinstance(container, dict) else None
                 for part in ("requests", "limits"):
                     _canonical_map((resources or {}).get(part))
+                for variable in (container.get("env") or []) if isinstance(container, dict) else []:
+                    field = ((variable or {}).get("valueFrom") or {}).get("resourceFieldRef")
+                    if isinstance(field, dict) and field.get("divisor") is not None:
+                        field["divisor"] = canonical(field["divisor"])
         for volume in pod.get("volumes") or []:
             empty_dir = volume.get("emptyDir") if isinstance(volume, dict) else None
             if isinstance(empty_dir, dict) and empty_dir.get("sizeLimit") is not None:
@@ -114,3 +119,17 @@ def too_long(kind: str, obj: dict[str, Any]) -> list[str]:
     if annotation_bytes(meta.get("annotations")) > ANNOTATIONS_LIMIT:
         fields.append("spec.template.metadata.annotations")
     return fields
+
+
+# k8s.io/kubernetes pkg/apis/core/validation/events.go, legacyValidateEvent: an Event with
+# eventTime set (kopf sets it) is held to the events.k8s.io limits, in bytes (Go's len).
+EVENT_LIMITS = {"message": 1024, "reason": 128, "action": 128, "reportingInstance": 128}
+
+
+def event_errors(event: dict[str, Any]) -> list[str]:
+    """The fields of an Event written with eventTime that are longer than the server takes."""
+    if not event.get("eventTime"):
+        return []
+    return [f"{field}: can have at most {limit} characters" for field, limit in
+            EVENT_LIMITS.items() if len(str(event.get(field) or "").encode()) > limit]
+
