@@ -70,6 +70,22 @@ def test_operator_deployment():
     assert pod["serviceAccountName"] == "tm-tokenmill-operator"
 
 
+def test_the_operator_pods_security_context_is_a_value():
+    """The default passes the restricted profile; a platform that assigns user ids itself
+    (OpenShift's restricted-v2 refuses a fixed one) may leave runAsUser out."""
+    (deployment,) = by_kind(render({}), "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000,
+                                      "seccompProfile": {"type": "RuntimeDefault"}}
+    assert violations(pod) == []
+    # Helm merges values into the defaults; a null removes a default's key.
+    (deployment,) = by_kind(render({"podSecurityContext": {"runAsUser": None}}), "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {"runAsNonRoot": True,
+                                      "seccompProfile": {"type": "RuntimeDefault"}}
+    assert violations(pod) == []
+
+
 def test_standalone_and_namespaced_arguments():
     (deployment,) = by_kind(render({"peering": {"enabled": False},
                                     "watchNamespaces": ["ml"]}), "Deployment")
