@@ -141,17 +141,44 @@ def sampling_for_tools(params: SamplingParams, plan: ToolPlan) -> SamplingParams
 
 
 def required_schema(functions: list[dict], max_calls: int | None) -> dict:
-    """A JSON array of one or more calls, each naming one of the functions."""
+    """A JSON array of one or more calls, each naming one of the functions. Each function's
+    parameters sit deep in this document, so their local references (`#/$defs/...`, `#`) are
+    rebased to where they now are."""
+    where = (["#/items/properties/arguments"] if len(functions) == 1 else
+             [f"#/items/anyOf/{i}/properties/arguments" for i in range(len(functions))])
     calls = [{"type": "object",
               "properties": {"name": {"type": "string", "enum": [f["name"]]},
-                             "arguments": _parameters(f)},
+                             "arguments": _rebased(_parameters(f), at)},
               "required": ["name", "arguments"], "additionalProperties": False}
-             for f in functions]
+             for f, at in zip(functions, where, strict=True)]
     schema: dict = {"type": "array", "minItems": 1,
                     "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
     if max_calls is not None:
         schema["maxItems"] = max_calls
     return schema
+
+
+# Keywords whose values are data, not schemas: a "$ref" key in them is not a reference.
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+
+
+def _rebased(schema: Any, at: str) -> Any:
+    """`schema` with each local `$ref` ("#...") made relative to the pointer `at`."""
+    if isinstance(schema, list):
+        return [_rebased(item, at) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            out[key] = at + value[1:]
+        elif key in _DATA_KEYWORDS:
+            out[key] = value
+        elif key == "properties" and isinstance(value, dict):  # names, each a schema
+            out[key] = {name: _rebased(sub, at) for name, sub in value.items()}
+        else:
+            out[key] = _rebased(value, at)
+    return out
 
 
 def template_tool_calls(calls: list[ToolCallMessage]) -> list[dict]:

@@ -349,6 +349,41 @@ def test_required_tool_choice_forces_valid_calls(free, seed):
     assert len(one.choices[0].message.tool_calls) == 1
 
 
+# A pydantic model with a nested one, as openai.pydantic_function_tool writes it: the nested
+# model is a local reference into $defs.
+ROUTE = {"type": "function", "function": {"name": "route", "parameters": {
+    "$defs": {"Place": {"type": "object", "properties": {"hour": {"type": "integer"}},
+                        "required": ["hour"], "additionalProperties": False}},
+    "type": "object", "properties": {"start": {"$ref": "#/$defs/Place"}},
+    "required": ["start"], "additionalProperties": False}}}
+# A recursive one: "#" is the function's own parameters.
+CHAIN = {"type": "function", "function": {"name": "chain", "parameters": {
+    "type": "object", "properties": {"next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},
+    "required": ["next"], "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("tools", [[ROUTE], [ROUTE, CHAIN, LIGHTS]], ids=["one", "several"])
+def test_required_calls_follow_local_references_in_the_parameters(free, tools):
+    """Each function's parameters sit inside the schema of the call array: a `$ref` left as
+    written pointed at its root (a 400 for `#/$defs/...`, the array itself for `#`)."""
+    for seed in (1, 2, 3):
+        r = free.chat.completions.create(model="free", messages=ASK, tools=tools,
+                                         tool_choice="required", max_tokens=300,
+                                         temperature=1.0, seed=seed)
+        assert r.choices[0].finish_reason == "tool_calls"
+        for name, arguments in calls_of(r.choices[0].message):
+            if name == "route":
+                assert set(arguments) == {"start"} and set(arguments["start"]) == {"hour"}
+                assert isinstance(arguments["start"]["hour"], int)
+            elif name == "chain":
+                link = arguments
+                while link is not None:
+                    assert set(link) == {"next"}
+                    link = link["next"]
+            else:
+                assert_valid_call(name, arguments)
+
+
 def test_a_parameters_schema_the_grammar_cannot_enforce_is_400(free):
     tool = {"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"x": {"not": {"type": "string"}}}}}}
