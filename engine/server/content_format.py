@@ -35,10 +35,10 @@ def detect_content_format(tokenizer: Any, chat_template: str | None,
 def in_content_format(conversation: list[dict[str, Any]], content_format: str,
                       image_text: str | None = None) -> list[dict[str, Any]]:
     """The conversation with each message's content as the template reads it: a string (text
-    parts joined), or a list of parts (a string made one text part). A template that prints
-    strings gets a message's images as the model's placeholder (`image_text`), one line each
-    before its text, as vLLM writes them. ValueError for an image where `image_text` is None
-    (a model that reads no images)."""
+    parts joined by newlines, as vLLM joins them), or a list of parts (a string made one text
+    part). A template that prints strings gets a message's images as the model's placeholder
+    (`image_text`), one line each before its text, as vLLM writes them. ValueError for an image
+    where `image_text` is None (a model that reads no images)."""
     def form(content: Any) -> Any:
         if image_text is None and isinstance(content, list) and any(
                 part.get("type") == "image" for part in content):
@@ -48,8 +48,8 @@ def in_content_format(conversation: list[dict[str, Any]], content_format: str,
             return [{"type": "text", "text": content}]
         if content_format != "openai" and isinstance(content, list):
             images = sum(1 for part in content if part.get("type") == "image")
-            return f"{image_text}\n" * images + "".join(part.get("text") or ""
-                                                        for part in content)
+            texts = [part.get("text") or "" for part in content if part.get("type") != "image"]
+            return f"{image_text}\n" * images + "\n".join(texts)
         return content
 
     return [{**message, "content": form(message.get("content"))} if "content" in message

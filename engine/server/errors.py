@@ -103,8 +103,17 @@ def _is_json(content_type: str | None) -> bool:
                                           and kind.endswith("+json"))
 
 
-async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-    return error_response(APIError(exc.status_code, str(exc.detail)))
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """The router's 404 and 405 in OpenAI's words, with their headers (405's Allow)."""
+    message = str(exc.detail)
+    headers = dict(exc.headers or {})
+    where = f"{request.method} {request.url.path}"
+    if exc.status_code == 404 and message == "Not Found":
+        message = f"Invalid URL ({where})"
+    elif exc.status_code == 405:
+        allowed = next((v for k, v in headers.items() if k.lower() == "allow"), None)
+        message = f"Method not allowed ({where})" + (f": it takes {allowed}" if allowed else "")
+    return error_response(APIError(exc.status_code, message, headers=headers or None))
 
 
 def install_error_handlers(app) -> None:

@@ -9,6 +9,9 @@ OpenAI-style error naming the field.
 
 from __future__ import annotations
 
+import functools
+import types
+import typing
 from dataclasses import replace
 from typing import Annotated, Any, Literal
 
@@ -46,9 +49,39 @@ TruncatePromptTokens = Annotated[int, Field(ge=-1), AfterValidator(_keeps_a_toke
 
 
 class RequestModel(BaseModel):
-    """Every request body and its parts: strict types (see the module docstring)."""
+    """Every request body and its parts: strict types (see the module docstring). A null is
+    the field's default where the field takes no null, as OpenAI reads its nullable fields:
+    the openai client sends `n=None` as `"n": null`."""
 
     model_config = ConfigDict(strict=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        defaulted = _defaulted_on_null(cls)
+        return {k: v for k, v in data.items() if v is not None or k not in defaulted}
+
+
+@functools.cache
+def _defaulted_on_null(model: type[BaseModel]) -> frozenset[str]:
+    """The names (and aliases) of a model's fields that have a default and take no null."""
+    names = set()
+    for name, info in model.model_fields.items():
+        if not info.is_required() and not _takes_null(info.annotation):
+            names.update(n for n in (name, info.alias) if n)
+    return frozenset(names)
+
+
+def _takes_null(annotation: Any) -> bool:
+    if annotation is None or annotation is type(None) or annotation is Any:
+        return True
+    if typing.get_origin(annotation) is Annotated:
+        return _takes_null(typing.get_args(annotation)[0])
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_takes_null(arg) for arg in typing.get_args(annotation))
+    return False
 
 
 class StreamOptions(RequestModel):
@@ -196,14 +229,16 @@ class ImageURL(RequestModel):
 
 class ContentPart(RequestModel):
     """One part of a message's content list: text, or an image (OpenAI's image_url part: an
-    http(s) or data: URL) for a model that reads images. Other kinds (input_audio, video_url,
-    file) are a 400 naming their type."""
+    http(s) or data: URL) for a model that reads images, or an assistant's refusal (read as
+    its text, as vLLM does). Other kinds (input_audio, video_url, file) are a 400 naming their
+    type."""
 
     model_config = ConfigDict(extra="allow")
 
     type: str
     text: str | None = None
     image_url: ImageURL | str | None = None
+    refusal: str | None = None
 
     @property
     def url(self) -> str:
@@ -226,7 +261,8 @@ class ChatMessage(RequestModel):
         # content_format.py gives the template the form it reads.
         content: str | list[dict[str, str]] = (
             [{"type": "image"} if part.type == "image_url" else
-             {"type": "text", "text": part.text or ""} for part in self.content]
+             {"type": "text", "text": (part.refusal if part.type == "refusal" else part.text)
+              or ""} for part in self.content]
             if isinstance(self.content, list) else self.content or "")
         message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
                                    "content": content}
@@ -264,11 +300,12 @@ class ChatMessage(RequestModel):
                     raise ValueError("a content part of type 'image_url' needs an image_url "
                                      "field with a url")
                 continue
-            if part.type != "text":
+            if part.type not in ("text", "refusal"):
                 raise ValueError(f"content part type {part.type!r} is not supported: this "
-                                 "server reads text and image_url parts")
-            if part.text is None:
-                raise ValueError("a content part of type 'text' needs a text field")
+                                 "server reads text, refusal and image_url parts")
+            if getattr(part, part.type) is None:
+                raise ValueError(f"a content part of type {part.type!r} needs a {part.type} "
+                                 "field")
         return content
 
 

@@ -228,7 +228,8 @@ def _content_parts(where: str, content: list[Any]) -> list[dict[str, Any]]:
 
 
 def _content_text(where: str, content: Any) -> str:
-    """A message's content (a string or a list of text parts) as one string."""
+    """A message's content (a string or a list of text parts) as one string, the parts one a
+    line."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -240,7 +241,7 @@ def _content_text(where: str, content: Any) -> str:
             raise RequestFormatError(f"{where}[{j}].type", f"content of type {kind!r} is not "
                                      "supported: this server's model reads text only")
         texts.append(_text_field(f"{where}[{j}]", part, _TEXT_PARTS[kind]))
-    return "".join(texts)
+    return "\n".join(texts)  # as the chat completions' parts are joined
 
 
 def _function_call(where: str, item: dict[str, Any]) -> dict[str, Any]:

@@ -54,6 +54,10 @@ def _valid(text: str) -> dict:
      "'if' (conditional subschemas) at /items"),
     ({"$defs": {"a/b": {"type": "array", "contains": {"const": 1}}}},
      "'contains' (array contains) at /$defs/a~1b"),
+    ({"anyOf": []}, "an empty 'anyOf' (no value can match) at /"),
+    ({"type": "object", "properties": {"a": {"oneOf": []}}},
+     "an empty 'oneOf' (no value can match) at /properties/a"),
+    ({"enum": []}, "an empty 'enum' (no value can match) at /"),
 ])
 def test_unsupported_schema_features_are_named_with_their_place(schema, named):
     with pytest.raises(StructuredOutputsError, match="unsupported JSON Schema features") as e:

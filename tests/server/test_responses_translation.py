@@ -39,7 +39,7 @@ def test_input_items_become_the_chat_conversation():
     assert input_messages(items, instructions="You are terse.") == [
         {"role": "system", "content": "You are terse."},
         {"role": "developer", "content": "Be brief."},
-        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "user", "content": "Weather in \nParis?"},  # parts one a line, as in chat
         {"role": "assistant", "content": "Checking.", "reasoning": "Look it up.",
          "tool_calls": [
              {"id": "c1", "type": "function",

@@ -228,18 +228,61 @@ def test_a_non_text_content_part_is_a_400_naming_its_type(client, part):
         assert repr(part["type"]) in error["message"] and "not supported" in error["message"]
 
 
-def test_text_parts_are_joined(client):
+def test_text_parts_are_joined_one_a_line(client):
+    """As vLLM joins them: parts written as separate words do not run together."""
     whole = client.chat.completions.create(model="tiny", max_tokens=4, temperature=0,
-                                           messages=[{"role": "user", "content": "Hello there"}])
+                                           messages=[{"role": "user", "content": "Say\nhi"}])
     parts = client.chat.completions.create(
         model="tiny", max_tokens=4, temperature=0,
-        messages=[{"role": "user", "content": [{"type": "text", "text": "Hello"},
-                                               {"type": "text", "text": " there"}]}])
+        messages=[{"role": "user", "content": [{"type": "text", "text": "Say"},
+                                               {"type": "text", "text": "hi"}]}])
     assert parts.choices[0].message.content == whole.choices[0].message.content
     assert parts.usage.prompt_tokens == whole.usage.prompt_tokens
+    # An assistant's refusal part, as the openai client's types allow, is read as its text.
+    refused = client.chat.completions.create(
+        model="tiny", max_tokens=4, temperature=0,
+        messages=[*USER, {"role": "assistant", "content": [{"type": "refusal",
+                                                            "refusal": "I can't."}]}, *USER])
+    written = client.chat.completions.create(
+        model="tiny", max_tokens=4, temperature=0,
+        messages=[*USER, {"role": "assistant", "content": "I can't."}, *USER])
+    assert refused.usage.prompt_tokens == written.usage.prompt_tokens
+    assert refused.choices[0].message.content == written.choices[0].message.content
     error = _bad_request(lambda: client.chat.completions.create(
         model="tiny", max_tokens=2, messages=[{"role": "user", "content": [{"type": "text"}]}]))
     assert error["param"] == "messages" and "text" in error["message"]
+
+
+def test_a_null_is_the_default_of_a_field_that_takes_none(client):
+    """The openai client sends a parameter given as None as null; OpenAI reads it as not
+    given (a 400 'Input should be a valid integer' for n=None before)."""
+    nulls = {"n": None, "presence_penalty": None, "frequency_penalty": None, "logprobs": None,
+             "stream": None, "temperature": 0}
+    chat = client.chat.completions.create(model="tiny", max_tokens=3, messages=USER, **nulls)
+    plain = client.chat.completions.create(model="tiny", max_tokens=3, messages=USER,
+                                           temperature=0)
+    assert len(chat.choices) == 1
+    assert chat.choices[0].message.content == plain.choices[0].message.content
+    text = client.completions.create(model="tiny", prompt="Hi", max_tokens=3, n=None,
+                                     echo=None, stream=None, presence_penalty=None)
+    assert len(text.choices) == 1 and not text.choices[0].text.startswith("Hi")
+    response = client.responses.create(model="tiny", input="Hi", max_output_tokens=3,
+                                       parallel_tool_calls=None, stream=None)
+    assert response.status in ("completed", "incomplete")
+    error = _bad_request(lambda: client.chat.completions.create(
+        model="tiny", max_tokens=3, messages=None))
+    assert error["param"] == "messages"
+
+
+def test_unknown_paths_and_methods_are_answered_in_openais_words(tiny_server, client):
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.files.create(file=("a.jsonl", b"{}"), purpose="batch")
+    assert missing.value.body["message"] == "Invalid URL (POST /v1/files)"
+    wrong = httpx.get(tiny_server.url + "/v1/chat/completions")
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+    error = wrong.json()["error"]
+    assert error["message"] == "Method not allowed (GET /v1/chat/completions): it takes POST"
+    assert error["type"] == "invalid_request_error"
 
 
 def test_an_unexpected_error_is_a_json_500_with_the_request_id(tiny_server, monkeypatch):

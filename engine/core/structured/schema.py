@@ -58,6 +58,9 @@ def _walk(node: Any, path: str, found: list[str]) -> None:
     for keyword, what in UNENFORCED.items():
         if keyword in node:
             found.append(f"'{keyword}' ({what}) at {here}")
+    for keyword in ("anyOf", "oneOf", "enum"):
+        if node.get(keyword) == []:  # nothing matches: the grammar could end nowhere
+            found.append(f"an empty '{keyword}' (no value can match) at {here}")
     if node.get("uniqueItems") is True:
         found.append(f"'uniqueItems' at {here}")
     if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
