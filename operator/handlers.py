@@ -198,7 +198,11 @@ def child_changed(body: kopf.Body, logger: logging.Logger, **_: Any) -> None:
         return
     if outcome.problem and outcome.problem[0] == TOO_LARGE:
         metrics.RECONCILE_ERRORS.labels("child").inc()
-    _post(owner, outcome, previous, report_problem=False)
+    # A refusal met first here (repairing a child) is said once, as the spec's pass says it;
+    # the status written below keeps the next pass from saying it again.
+    report = (outcome.retry and outcome.problem is not None
+              and not status.already_reported(previous, outcome.problem))
+    _post(owner, outcome, previous, report_problem=report)
     if _status_changed(previous, outcome.status):
         kube.patch(owner, {"status": outcome.status}, subresource="status")
 

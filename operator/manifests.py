@@ -202,13 +202,6 @@ def _env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
     return _with_spec_env(ours, spec, _api_key_env(spec))
 
 
-def literal(command: list[str]) -> list[str]:
-    """The command with every `$` doubled: the kubelet reads `$(NAME)` in a container's command
-    as the variable NAME and `$$` as `$`, so a value of the spec's holding either would reach
-    the engine changed; doubled, each `$` reaches it as written."""
-    return [part.replace("$", "$$") for part in command]
-
-
 def user_env_offset(spec: InferenceServiceSpec) -> int:
     """Where the spec's first variable is in the container's env (the operator's come first)."""
     return len(_env(spec)) - len(spec.env)
@@ -236,7 +229,7 @@ def _container(name: str, spec: InferenceServiceSpec, image: str) -> dict[str, A
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": spec.image or image,
-        "command": literal(serve_command(spec, spec.model.served_name or name)),
+        "command": serve_command(spec, spec.model.served_name or name),
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
         "env": _env(spec),
         "resources": _resources(spec),
@@ -264,7 +257,7 @@ def _download_container(spec: InferenceServiceSpec, image: str) -> dict[str, Any
         "name": MODEL_DOWNLOAD,
         "image": spec.image or image,
         "imagePullPolicy": spec.image_pull_policy,
-        "command": literal(download_command(spec)),
+        "command": download_command(spec),
         "env": _with_spec_env(SCRATCH_ENV, spec),
         "envFrom": [{"secretRef": {"name": ref.name}}] if ref else [],
         "resources": DOWNLOAD_RESOURCES,

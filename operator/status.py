@@ -185,8 +185,9 @@ def status(name: str, namespace: str, generation: int | None, deployment: dict |
     return result
 
 
-# Posted by the pass itself.
+# Posted by the pass that finds them, once per problem (not as news of the status).
 SPEC_PROBLEMS = ("InvalidSpec", "NameConflict", "ObjectTooLarge", "Forbidden")
+FEATURE_CONDITIONS = ("RoutingReady", "AutoscalingReady")
 
 
 def _find(st: dict[str, Any], type_: str) -> dict[str, Any]:
@@ -219,7 +220,8 @@ def _adapter_events(previous: dict[str, Any], current: dict[str, Any]
 
 def events(previous: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(type, reason, message) Events worth posting for a status change: Degraded turning True
-    or changing its reason (a person must act), an adapter failing (AdapterFailed), Ready
+    or changing its reason (a person must act), an adapter failing (AdapterFailed), a
+    feature's child refused (Forbidden in RoutingReady or AutoscalingReady), Ready
     turning True, and Ready turning False from True (a Normal RollingOut when a spec change
     rolls out). The first Ready=False of a new service is no news."""
     found = []
@@ -229,6 +231,11 @@ def events(previous: dict[str, Any], current: dict[str, Any]) -> list[tuple[str,
     if degraded_news and degraded["reason"] not in SPEC_PROBLEMS:
         found.append(("Warning", degraded["reason"], degraded.get("message", "")))
     found += _adapter_events(previous, current)
+    for kind in FEATURE_CONDITIONS:  # a feature's child refused: the engines serve on
+        old, new = _find(previous, kind), _find(current, kind)
+        if new.get("reason") == "Forbidden" and (old.get("reason"), old.get("message")) != (
+                "Forbidden", new.get("message")):
+            found.append(("Warning", "Forbidden", f"{kind}: {new.get('message', '')}"))
     old_ready, ready = _find(previous, "Ready"), _find(current, "Ready")
     if ready.get("status") == "True" and old_ready.get("status") != "True":
         found.append(("Normal", ready["reason"], ready.get("message", "")))

@@ -830,24 +830,30 @@ class LLMEngine:
         step: a one-token bad word, or a stop id or EOS while short of min_tokens."""
         if params.allowed_token_ids is None:
             return
+        if set(params.allowed_token_ids) <= self._first_step_bans(params):
+            raise RequestError("allowed_token_ids: every token it allows is banned (by "
+                               "bad_words, or as a stop token or EOS while the reply is "
+                               "short of min_tokens)", param="allowed_token_ids")
+
+    def _first_step_bans(self, params: SamplingParams) -> set[int]:
+        """The tokens the first step may not draw: one-token bad words, and while short of
+        min_tokens the stop ids and EOS."""
         banned = {word[0] for word in self._bad_word_ids(params.bad_words or [])
                   if len(word) == 1}
         if params.min_tokens:
             banned |= set(params.stop_token_ids)
             if not params.ignore_eos:
                 banned |= self.eos_token_ids
-        if set(params.allowed_token_ids) <= banned:
-            raise RequestError("allowed_token_ids: every token it allows is banned (by "
-                               "bad_words, or as a stop token or EOS while the reply is "
-                               "short of min_tokens)", param="allowed_token_ids")
+        return banned
 
     def _check_grammar_meets_allowed(self, params: SamplingParams) -> None:
-        """RequestError where the constraint's first token can be none of allowed_token_ids:
-        the two hard limits leave nothing to draw."""
+        """RequestError where the constraint's first token can be none of allowed_token_ids
+        that the first step does not ban: the hard limits leave nothing to draw."""
         if params.structured_outputs is None or not params.allowed_token_ids:
             return
         first = self.structured.first_mask(params.structured_outputs)
-        if not bitmask.allows_any(first, params.allowed_token_ids):
+        if not bitmask.allows_any(first, set(params.allowed_token_ids)
+                                  - self._first_step_bans(params)):
             raise RequestError("allowed_token_ids: none of its tokens can begin the output's "
                                "required format (its JSON schema, regex, choice or grammar)",
                                param="allowed_token_ids")

@@ -21,10 +21,10 @@ def append_token(seq: Sequence, token: int, logprobs: dict[int, float] | None,
         seq.output_logprobs.append(logprobs)
     grammar_ran = seq.constraint is not None and seq.constraint.active
     if seq.constraint is not None and not seq.constraint.accept(token):
-        # The sampler masks every token the grammar forbids: either the request's other masks
-        # (allowed_token_ids, bad_words) left the grammar no token, or this is a bug. End the
-        # sequence rather than let it continue outside its grammar.
-        log.error("token outside the grammar: allowed_token_ids or bad_words may leave it none",
+        # The sampler masks every token the grammar forbids, and lets the grammar win where the
+        # request's other masks would leave it none: this is a bug. End the sequence rather
+        # than let it continue outside its grammar.
+        log.error("token outside the grammar",
                   extra={"request_id": seq.request_id, "token": token})
         seq.finish_reason = "abort"
         return

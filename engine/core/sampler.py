@@ -119,13 +119,13 @@ def _processed(logits: torch.Tensor, seqs: list[Sequence],
         # A grammar left only tokens the row bans (it can only end, and min_tokens masks EOS):
         # the grammar wins, else the row would have no token to draw.
         ruled = set(constrained)
+        # Likewise where the grammar allows none of allowed_token_ids that is not banned here
+        # (they met at the first step, which admission checks): the grammar wins.
+        bans = dict(banned)
+        allowed = [row for row in allowed if row not in ruled or bitmask.allows_any(
+            masks[row], set(seqs[row].params.allowed_token_ids) - set(bans.get(row, ())))]
         banned = [(row, ids) for row, ids in banned
                   if row not in ruled or not bitmask.allows_only(masks[row], ids)]
-        # Likewise a grammar that allows none of allowed_token_ids here (they met at the first
-        # step, which admission checks): the grammar wins.
-        allowed = [row for row in allowed
-                   if row not in ruled
-                   or bitmask.allows_any(masks[row], seqs[row].params.allowed_token_ids)]
     logits = logits.clone()
     if biased:
         apply_logit_bias(logits, [(row, seqs[row].params.logit_bias) for row in biased])

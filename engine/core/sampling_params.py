@@ -62,9 +62,10 @@ class SamplingParams:
     vLLM's `min_tokens`: until that many tokens are out, EOS and `stop_token_ids` are masked
     and stop strings are not looked for. `include_stop_str_in_output` keeps the stop string
     that ended the text at its end. `allowed_token_ids` restricts every sampled token to those
-    ids; `bad_words` are never generated: each word, with and without a leading space, is
-    tokenized, and the last token of one is masked wherever the output ends with the ones
-    before it (always, for a one-token word).
+    ids (where a grammar allows none of them at a step, the grammar wins); `bad_words` are
+    never generated: each word, with and without a leading space, is tokenized, and the last
+    token of one is masked wherever the output ends with the ones before it (always, for a
+    one-token word).
 
     vLLM's `output_kind`: each step's output holds the whole generation so far (CUMULATIVE),
     only its new tokens, text and logprobs (DELTA: the prompt's logprobs come in the first),

@@ -158,23 +158,27 @@ def required_schema(functions: list[dict], max_calls: int | None) -> dict:
     return schema
 
 
-# Keywords whose values are data, not schemas: a "$ref" key in them is not a reference.
+# Keywords of a schema whose values are data, not schemas: a "$ref" in them is no reference.
 _DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+# Keywords of a schema whose values map names (any name, "enum" too) to schemas.
+_MAP_KEYWORDS = frozenset({"properties", "patternProperties", "$defs", "definitions",
+                           "dependentSchemas"})
 
 
 def _rebased(schema: Any, at: str) -> Any:
-    """`schema` with each local `$ref` ("#...") made relative to the pointer `at`."""
+    """`schema` with each JSON-pointer `$ref` ("#" or "#/...") made relative to the pointer
+    `at`; an anchor ("#name") names no place and stays."""
     if isinstance(schema, list):
         return [_rebased(item, at) for item in schema]
     if not isinstance(schema, dict):
         return schema
     out = {}
     for key, value in schema.items():
-        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+        if key == "$ref" and isinstance(value, str) and (value == "#" or value.startswith("#/")):
             out[key] = at + value[1:]
         elif key in _DATA_KEYWORDS:
             out[key] = value
-        elif key == "properties" and isinstance(value, dict):  # names, each a schema
+        elif key in _MAP_KEYWORDS and isinstance(value, dict):
             out[key] = {name: _rebased(sub, at) for name, sub in value.items()}
         else:
             out[key] = _rebased(value, at)

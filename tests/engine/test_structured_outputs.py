@@ -55,14 +55,26 @@ def _valid(text: str) -> dict:
     ({"$defs": {"a/b": {"type": "array", "contains": {"const": 1}}}},
      "'contains' (array contains) at /$defs/a~1b"),
     ({"anyOf": []}, "an empty 'anyOf' (no value can match) at /"),
-    ({"type": "object", "properties": {"a": {"oneOf": []}}},
+    ({"type": "object", "properties": {"a": {"oneOf": []}}, "required": ["a"]},
      "an empty 'oneOf' (no value can match) at /properties/a"),
+    ({"type": "array", "items": {"anyOf": []}, "minItems": 1},
+     "an empty 'anyOf' (no value can match) at /items"),
     ({"enum": []}, "an empty 'enum' (no value can match) at /"),
 ])
 def test_unsupported_schema_features_are_named_with_their_place(schema, named):
     with pytest.raises(StructuredOutputsError, match="unsupported JSON Schema features") as e:
         StructuredOutputsParams(json=schema)
     assert named in str(e.value)
+
+
+def test_an_empty_alternative_where_no_value_must_be_is_left_to_the_grammar():
+    """An optional property, items of an array that may be empty, one branch of several: the
+    grammar leaves the place out, so such schemas are served."""
+    for schema in ({"type": "object", "properties": {"a": {"anyOf": []}, "b": {"type": "integer"}},
+                    "required": ["b"]},
+                   {"type": "array", "items": {"oneOf": []}},
+                   {"anyOf": [{"type": "integer"}, {"anyOf": []}]}):
+        StructuredOutputsParams(json=schema)
 
 
 def test_supported_schema_features_pass_and_annotations_are_ignored():
@@ -367,3 +379,24 @@ def test_where_allowed_token_ids_part_from_the_grammar_later_the_grammar_wins(sm
         structured_outputs=StructuredOutputsParams(regex="ab")))[0].outputs[0]
     assert out.text == "ab" and out.finish_reason == "stop"
     assert 0 not in out.token_ids
+
+
+def test_grammar_allowed_token_ids_and_min_tokens_together_leave_a_token(smol_llm):
+    """Each pair of grammar, allowed_token_ids and min_tokens' ban of EOS meets; all three do
+    not. At the first step that is a 400; at a later one the grammar wins, where the row had
+    no token left and drew token 0."""
+    tokenizer = smol_llm.tokenizer
+    [x] = tokenizer.encode("x", add_special_tokens=False)
+    [y] = tokenizer.encode("y", add_special_tokens=False)
+    eos = tokenizer.eos_token_id
+    with pytest.raises(RequestError, match="none of its tokens can begin") as e:
+        smol_llm.engine.add_request("three", "Hi", SamplingParams(
+            allowed_token_ids=[eos, y], min_tokens=1,
+            structured_outputs=StructuredOutputsParams(regex="(x)?")))
+    assert e.value.param == "allowed_token_ids"
+    # After x the grammar allows z or the end; allowed_token_ids x or EOS; min_tokens bans EOS.
+    [z] = tokenizer.encode("z", add_special_tokens=False)
+    out = smol_llm.generate(["Hi"], SamplingParams(
+        temperature=0.0, max_tokens=8, allowed_token_ids=[x, eos], min_tokens=2,
+        structured_outputs=StructuredOutputsParams(regex="x(z)?")))[0].outputs[0]
+    assert out.token_ids[:2] == [x, z] and out.finish_reason == "stop"

@@ -394,4 +394,6 @@ async def test_a_forbidden_write_is_in_the_status_and_one_event(tmp_path):
         (event,) = await k.eventually(lambda: _events(k, "Forbidden"))
         assert event["type"] == "Warning" and FORBIDDEN in event["message"]
         assert "403" in event["message"]
+        await asyncio.sleep(2)  # child events and another pass: no second Event
+        assert len(await _events(k, "Forbidden")) == 1
         assert not await _events(k, "ReconcileFailed")

@@ -563,39 +563,3 @@ def test_a_host_tier_without_prefix_caching_is_refused():
         load("svc", {"engine": {"kvOffloadingSize": 1, "prefixCaching": False}})
     with pytest.raises(SpecError):
         parse({"engine": {"kvOffloadingSize": -1}})
-
-
-def kubelet_expanded(text: str, env: dict[str, str]) -> str:
-    """What the kubelet runs for one part of a container's command (kubernetes
-    third_party/forked/golang/expansion): `$$` is `$`, `$(NAME)` is NAME's value where the
-    container defines it, anything else stays."""
-    out, i = [], 0
-    while i < len(text):
-        if text.startswith("$$", i):
-            out.append("$")
-            i += 2
-        elif text.startswith("$(", i) and (end := text.find(")", i + 2)) != -1:
-            name = text[i + 2:end]
-            out.append(env.get(name, text[i:end + 1]))
-            i = end + 1
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
-
-
-def test_a_dollar_in_the_spec_reaches_the_engine_as_written():
-    """The kubelet expands `$(HOME)` (the container defines HOME) and reads `$$` as `$`."""
-    template = '{{ "$(HOME) costs $$5, $(NOT_SET) $" }}'
-    spec = load("svc", {"model": {"uri": "s3://models/m$(HOME)"},
-                        "engine": {"extraArgs": ["--chat-template", template]}})
-    pod = manifests.deployment("svc", "team", "u", spec, "tokenmill:1")["spec"]["template"]
-    (engine,) = pod["spec"]["containers"]
-    (download,) = pod["spec"]["initContainers"]
-    env = {e["name"]: e.get("value", "") for e in engine["env"]}
-    assert "HOME" in env
-    ran = [kubelet_expanded(part, env) for part in engine["command"]]
-    assert flag(ran, "--chat-template") == template
-    assert "s3://models/m$(HOME)" in [kubelet_expanded(p, env) for p in download["command"]]
-    unchanged = manifests.deployment("svc", "team", "u", load("svc", {}), "tokenmill:1")
-    assert "$" not in " ".join(unchanged["spec"]["template"]["spec"]["containers"][0]["command"])

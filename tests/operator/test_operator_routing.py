@@ -525,6 +525,9 @@ async def test_a_refused_scaled_object_is_the_autoscaling_condition_and_the_rest
         assert condition(isvc, "Ready")["reason"] != "Forbidden"
         assert await k.get(f"/apis/apps/v1/namespaces/{NS}/deployments/chat")
         assert await k.get(f"/api/v1/namespaces/{NS}/services/chat")
+        await asyncio.sleep(3)  # several resync passes, each refused again
+        warned = [e for e in await k.events() if e["reason"] == "Forbidden"]
+        assert len(warned) == 1 and warned[0]["type"] == "Warning"
+        assert warned[0]["message"].startswith("AutoscalingReady: the API server refused")
         refuse.clear()  # the user removed their HPA
         await k.eventually(lambda: k.get(SCALED_PATH))
-

@@ -392,3 +392,22 @@ def test_a_parameters_schema_the_grammar_cannot_enforce_is_400(free):
                                      tool_choice="required", max_tokens=5)
     error = err.value.response.json()["error"]
     assert error["param"] == "tools" and "not" in error["message"]
+
+
+def test_references_are_rebased_by_where_they_sit_in_a_schema():
+    """Names in $defs are names even when they read as keywords ("enum"); a value under enum
+    is data; an anchor (#name) names no place and stays."""
+    from tokenmill.engine.server.tools import required_schema
+
+    parameters = {"$defs": {"enum": {"type": "object", "properties": {
+        "x": {"$ref": "#/$defs/Y"}}}, "Y": {"type": "integer"}},
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/enum"},
+                                         "b": {"enum": [{"$ref": "#/kept"}]},
+                                         "c": {"$ref": "#anchor"}}}
+    schema = required_schema([{"name": "f", "parameters": parameters}], None)
+    rebased = schema["items"]["properties"]["arguments"]
+    at = "#/items/properties/arguments"
+    assert rebased["$defs"]["enum"]["properties"]["x"]["$ref"] == f"{at}/$defs/Y"
+    assert rebased["properties"]["a"]["$ref"] == f"{at}/$defs/enum"
+    assert rebased["properties"]["b"]["enum"] == [{"$ref": "#/kept"}]
+    assert rebased["properties"]["c"]["$ref"] == "#anchor"

@@ -47,7 +47,9 @@ def unsupported_features(schema: Any) -> list[str]:
     return found
 
 
-def _walk(node: Any, path: str, found: list[str]) -> None:
+def _walk(node: Any, path: str, found: list[str], needed: bool = True) -> None:
+    """`needed`: every value of the whole schema holds a value here (the root, a required
+    property of a needed object, the first minItems items of a needed array)."""
     if isinstance(node, bool):
         return
     if not isinstance(node, dict):
@@ -58,8 +60,10 @@ def _walk(node: Any, path: str, found: list[str]) -> None:
     for keyword, what in UNENFORCED.items():
         if keyword in node:
             found.append(f"'{keyword}' ({what}) at {here}")
+    # Nothing matches an empty one: where a value must be written, the grammar has no way on
+    # (elsewhere the grammar leaves the place out; xgrammar refuses an empty enum anywhere).
     for keyword in ("anyOf", "oneOf", "enum"):
-        if node.get(keyword) == []:  # nothing matches: the grammar could end nowhere
+        if node.get(keyword) == [] and (needed or keyword == "enum"):
             found.append(f"an empty '{keyword}' (no value can match) at {here}")
     if node.get("uniqueItems") is True:
         found.append(f"'uniqueItems' at {here}")
@@ -77,17 +81,22 @@ def _walk(node: Any, path: str, found: list[str]) -> None:
     pattern = node.get("pattern")
     if isinstance(pattern, str) and _LOOKAROUND.search(pattern):
         found.append(f"lookaround in 'pattern' at {here}")
+    required = node.get("required") if isinstance(node.get("required"), list) else []
+    least = node.get("minItems") if isinstance(node.get("minItems"), int) else 0
     for keyword in _ONE:
         if isinstance(node.get(keyword), dict | bool):
-            _walk(node[keyword], f"{path}/{keyword}", found)
+            _walk(node[keyword], f"{path}/{keyword}", found,
+                  needed and keyword == "items" and least >= 1)
     for keyword in _MAP:
         if isinstance(node.get(keyword), dict):
             for name, sub in node[keyword].items():
-                _walk(sub, f"{path}/{keyword}/{_escape(name)}", found)
+                _walk(sub, f"{path}/{keyword}/{_escape(name)}", found,
+                      needed and keyword == "properties" and name in required)
     for keyword in _LIST:
         if isinstance(node.get(keyword), list):
             for i, sub in enumerate(node[keyword]):
-                _walk(sub, f"{path}/{keyword}/{i}", found)
+                _walk(sub, f"{path}/{keyword}/{i}", found, needed and (
+                    keyword == "allOf" or (keyword == "prefixItems" and least > i)))
 
 
 def regex_unsupported(pattern: str) -> list[str]:

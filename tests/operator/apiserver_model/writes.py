@@ -132,4 +132,3 @@ def event_errors(event: dict[str, Any]) -> list[str]:
         return []
     return [f"{field}: can have at most {limit} characters" for field, limit in
             EVENT_LIMITS.items() if len(str(event.get(field) or "").encode()) > limit]
-
