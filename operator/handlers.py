@@ -131,12 +131,17 @@ def _run(body: dict, memo: kopf.Memo, retry: int) -> Outcome:
         if memo.get("failure") != message:
             events.post(body, "Warning", "ReconcileFailed", message)
         memo["failure"] = message
-        delay = min(RETRY_SECONDS * 2 ** retry, MAX_RETRY_SECONDS)
-        raise kopf.TemporaryError(message, delay=delay) from None
+        raise kopf.TemporaryError(message, delay=_backoff(retry)) from None
     memo["failure"] = None
     if outcome.problem and outcome.problem[0] == TOO_LARGE:
         metrics.RECONCILE_ERRORS.labels("spec").inc()
     return outcome
+
+
+def _backoff(retry: int) -> float:
+    """Seconds before retry number `retry` of a failed pass: doubling, at most
+    MAX_RETRY_SECONDS."""
+    return min(RETRY_SECONDS * 2 ** retry, MAX_RETRY_SECONDS)
 
 
 def _no_room(body: dict, memo: kopf.Memo) -> None:
@@ -171,8 +176,7 @@ def reconcile_service(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry
         patch.status.update(outcome.status)  # kopf writes it even when the pass retries
     if outcome.retry and outcome.problem:
         metrics.RECONCILE_ERRORS.labels("spec").inc()
-        raise kopf.TemporaryError(outcome.problem[1],
-                                  delay=min(RETRY_SECONDS * 2 ** retry, MAX_RETRY_SECONDS))
+        raise kopf.TemporaryError(outcome.problem[1], delay=_backoff(retry))
 
 
 @kopf.on.event(*CHILD_RESOURCES[0], labels=MANAGED_BY)

@@ -239,6 +239,8 @@ def _refusal(error: ApiException, spec: InferenceServiceSpec) -> tuple[str, str]
     """The problem to report for a child the API server refused, in the spec's terms and
     without the Go pointers that change on every answer."""
     message = user_message(api_message(error), spec)
+    if error.status == FORBIDDEN:
+        return "Forbidden", f"the API server refused a child: {message}"
     if _too_large(error):
         return TOO_LARGE, f"the API server refused a child as too large: {message}"
     return "InvalidSpec", f"the API server refused a child: {message}"
@@ -389,6 +391,11 @@ def reconcile(kube: Kube, body: dict[str, Any], image: str) -> Outcome:
 
     extra: list[dict[str, str]] | None = None  # the features' conditions; None: as they were
 
+    def kept_deployment() -> dict | None:
+        """The last Deployment this service wrote, which keeps serving while a problem lasts."""
+        live = kube.get("apps/v1", "Deployment", namespace, name)
+        return live if live and _owned_by(live, uid) else None
+
     def done(deployment: dict | None, actions: list, problem: tuple | None = None) -> Outcome:
         pods, adapters = None, None  # adapters: None leaves status.adapters as it is
         if deployment and not problem:
@@ -408,8 +415,7 @@ def reconcile(kube: Kube, body: dict[str, Any], image: str) -> Outcome:
         check_server(spec, version)
     except SpecError as e:  # keep the last valid Deployment serving; say what to fix
         spec = None
-        live = kube.get("apps/v1", "Deployment", namespace, name)
-        return done(live if live and _owned_by(live, uid) else None, [], ("InvalidSpec", str(e)))
+        return done(kept_deployment(), [], ("InvalidSpec", str(e)))
 
     actions = []
     deployment = None
@@ -437,19 +443,14 @@ def reconcile(kube: Kube, body: dict[str, Any], image: str) -> Outcome:
     except ConflictError as e:
         return done(deployment, actions, ("NameConflict", str(e)))
     except ApiException as e:
-        if e.status == FORBIDDEN:
-            live = kube.get("apps/v1", "Deployment", namespace, name)
-            message = user_message(api_message(e), spec)
-            outcome = done(live if live and _owned_by(live, uid) else None, actions,
-                           ("Forbidden", f"the API server refused a child: {message}"))
-            outcome.retry = True
-            return outcome
-        if e.status not in REFUSED:
+        if e.status not in (*REFUSED, FORBIDDEN):
             raise
         # The spec passed admission but Kubernetes refuses what it asks for (a field only the
         # Deployment API checks): the same spec will be refused again, so say why (in the
         # spec's terms, without the Go pointers that change on every answer) and wait for a
-        # new spec; the last valid Deployment keeps serving.
-        live = kube.get("apps/v1", "Deployment", namespace, name)
-        return done(live if live and _owned_by(live, uid) else None, actions, _refusal(e, spec))
+        # new spec; the last valid Deployment keeps serving. A 403 may clear by itself: the
+        # pass is tried again.
+        outcome = done(kept_deployment(), actions, _refusal(e, spec))
+        outcome.retry = e.status == FORBIDDEN
+        return outcome
     return done(deployment, actions)

@@ -821,16 +821,17 @@ class LLMEngine:
             if bad:
                 raise RequestError(f"logit_bias: token ids must be in [0, {vocab}), got "
                                    f"{bad[:5]}", param="logit_bias")
-        self._check_something_allowed(params)
+        banned = self._first_step_bans(params) if params.allowed_token_ids else set()
+        self._check_something_allowed(params, banned)
         self.check_constraint(params)
-        self._check_grammar_meets_allowed(params)
+        self._check_grammar_meets_allowed(params, banned)
 
-    def _check_something_allowed(self, params: SamplingParams) -> None:
+    def _check_something_allowed(self, params: SamplingParams, banned: set[int]) -> None:
         """RequestError where every token allowed_token_ids lets through is banned at the first
-        step: a one-token bad word, or a stop id or EOS while short of min_tokens."""
+        step (`banned`: a one-token bad word, or a stop id or EOS while short of min_tokens)."""
         if params.allowed_token_ids is None:
             return
-        if set(params.allowed_token_ids) <= self._first_step_bans(params):
+        if set(params.allowed_token_ids) <= banned:
             raise RequestError("allowed_token_ids: every token it allows is banned (by "
                                "bad_words, or as a stop token or EOS while the reply is "
                                "short of min_tokens)", param="allowed_token_ids")
@@ -846,14 +847,13 @@ class LLMEngine:
                 banned |= self.eos_token_ids
         return banned
 
-    def _check_grammar_meets_allowed(self, params: SamplingParams) -> None:
+    def _check_grammar_meets_allowed(self, params: SamplingParams, banned: set[int]) -> None:
         """RequestError where the constraint's first token can be none of allowed_token_ids
         that the first step does not ban: the hard limits leave nothing to draw."""
         if params.structured_outputs is None or not params.allowed_token_ids:
             return
         first = self.structured.first_mask(params.structured_outputs)
-        if not bitmask.allows_any(first, set(params.allowed_token_ids)
-                                  - self._first_step_bans(params)):
+        if not bitmask.allows_any(first, set(params.allowed_token_ids) - banned):
             raise RequestError("allowed_token_ids: none of its tokens can begin the output's "
                                "required format (its JSON schema, regex, choice or grammar)",
                                param="allowed_token_ids")
