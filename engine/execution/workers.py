@@ -1,8 +1,8 @@
 """Rank 0's side of tensor parallelism: start ranks 1..N-1, send them each step, watch them,
 and end them.
 
-Workers are `python -P -m tokenmill.engine.execution.worker` processes fed over their stdin
-pipe (-P: a working directory never shadows a module). A worker that exits while the engine
+Workers are processes forked by multiprocessing's fork server (which has imported torch and the
+model code once: worker.PRELOAD), each fed through a pipe. A worker that exits while the engine
 runs is a failure: it is logged with its rank, pid and exit status, the other workers are
 stopped, and `failure` says why; the engine raises WorkerFailed from then on, and the server
 exits non-zero. Rank 0's own death closes the pipes, which ends every worker.
@@ -13,18 +13,20 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import multiprocessing.forkserver
 import os
 import pickle
 import signal
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 
 from tokenmill.engine.distributed.group import TPGroup
+from tokenmill.engine.execution import worker
 from tokenmill.engine.execution.rank import RankSetup
-from tokenmill.engine.execution.worker import WorkerSpec
 
 log = logging.getLogger(__name__)
 
@@ -44,15 +46,20 @@ class Workers:
         self._stopping = False  # shutdown() asked the workers to end: exits are not failures
         self._failed = threading.Event()
         self.store, port = TPGroup.host(size)
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[BaseProcess] = []
+        self._pipes: list[Connection] = []  # rank 0's ends, in the order of procs
         atexit.register(self.shutdown)
+        context = _fork_server()
         for rank in range(1, size):
-            spec = WorkerSpec(rank, size, "127.0.0.1", port, os.getpid(), num_threads, setup)
-            proc = subprocess.Popen([sys.executable, "-P", "-m",
-                                     "tokenmill.engine.execution.worker"],
-                                    stdin=subprocess.PIPE)
+            spec = worker.WorkerSpec(rank, size, "127.0.0.1", port, num_threads, setup)
+            steps, pipe = context.Pipe(duplex=False)
+            proc = context.Process(target=worker.serve, args=(spec, steps), daemon=True,
+                                   name=f"tp-worker-{rank}")
+            with _main_module_left_alone():
+                proc.start()
+            steps.close()  # the worker holds its own copy: end of input is rank 0's close
             self.procs.append(proc)
-            self._send(proc, pickle.dumps(spec))
+            self._pipes.append(pipe)
             threading.Thread(target=self._watch, args=(rank, proc), daemon=True,
                              name=f"tp-worker-{rank}-watch").start()
         log.info("tensor-parallel workers started",
@@ -74,8 +81,8 @@ class Workers:
         """Hand a step to every worker before rank 0 runs its own part of it."""
         self.raise_if_failed()
         data = pickle.dumps(inputs, protocol=pickle.HIGHEST_PROTOCOL)
-        for proc in self.procs:
-            self._send(proc, data)
+        for pipe in self._pipes:
+            self._send(pipe, data)
 
     def raise_if_failed(self, wait_s: float = 0.0) -> None:
         """WorkerFailed if a worker died (waiting up to wait_s for the watcher to notice:
@@ -92,27 +99,26 @@ class Workers:
             return
         self._stopping = True
         atexit.unregister(self.shutdown)
-        for proc in self.procs:
+        for pipe in self._pipes:
             with contextlib.suppress(OSError):
-                proc.stdin.close()
+                pipe.close()
         deadline = time.monotonic() + STOP_GRACE_S
         for proc in self.procs:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+            if proc.exitcode is None:
                 proc.kill()
-                proc.wait()
+                proc.join()
 
-    def _send(self, proc: subprocess.Popen, data: bytes) -> None:
+    def _send(self, pipe: Connection, data: bytes) -> None:
         try:
-            proc.stdin.write(data)
-            proc.stdin.flush()
-        except (BrokenPipeError, ValueError):
+            pipe.send_bytes(data)
+        except (OSError, ValueError):  # the worker's end is gone, or rank 0 closed its own
             self.raise_if_failed(wait_s=STOP_GRACE_S)
             raise
 
-    def _watch(self, rank: int, proc: subprocess.Popen) -> None:
-        code = proc.wait()
+    def _watch(self, rank: int, proc: BaseProcess) -> None:
+        proc.join()
+        code = proc.exitcode
         if self._stopping or self.failure is not None:
             return
         how = (f"was killed by {signal.Signals(-code).name}" if code < 0
@@ -122,8 +128,51 @@ class Workers:
             self.failure = message
             log.error(message + "; stopping the engine")
             for other in self.procs:
-                if other.poll() is None:
+                if other.exitcode is None:
                     other.kill()
             self._failed.set()
             if self._on_failure is not None:
                 self._on_failure(message)
+
+
+def _fork_server() -> multiprocessing.context.BaseContext:
+    """multiprocessing's fork server, started once per process with the worker's imports done.
+
+    It runs as `python -c ...` in the working directory; PYTHONSAFEPATH keeps that directory off
+    its path, where a package named like a standard module (the repository's `operator`) would
+    shadow it."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(worker.PRELOAD)
+    with _environment("PYTHONSAFEPATH", "1"):
+        multiprocessing.forkserver.ensure_running()
+    return context
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
+@contextlib.contextmanager
+def _main_module_left_alone() -> Iterator[None]:
+    """A child of the fork server runs the parent's main script or module again (for functions
+    defined there), which a worker never needs, and which would start the engine over in a
+    script that builds an LLM at its top level: with the main module's name and file out of
+    sight while the worker starts, multiprocessing leaves it alone."""
+    main = sys.modules["__main__"]
+    saved = {key: main.__dict__.pop(key) for key in ("__file__", "__spec__")
+             if key in main.__dict__}
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        del main.__spec__
+        main.__dict__.update(saved)

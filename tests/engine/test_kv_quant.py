@@ -183,12 +183,12 @@ def test_tiny_model_greedy_picks_agree_up_to_near_ties(tiny_llama_dir, kv, toler
                    for lp in r.outputs[0].logprobs)
 
 
-def test_smollm2_answers_the_same_with_an_fp8_kv_cache():
+def test_smollm2_answers_the_same_with_an_fp8_kv_cache(smollm2_dir):
     """A real model has real margins: short factual answers are unchanged token for token. fp8
-    is the coarser of the two (3 mantissa bits against int8's 127 steps per row), and loading
-    the model costs ~15 s on CPU, so only fp8 runs here."""
-    llm = LLM("smollm2-135m-instruct", show_progress=False, kv_cache_dtype="fp8",
-              kv_cache_memory=64 << 20, device="cpu")  # the float32 answers, on any machine
+    is the coarser of the two (3 mantissa bits against int8's 127 steps per row), so only fp8
+    runs here (on SmolLM2's float32 safetensors copy, which loads in a second)."""
+    llm = LLM(str(smollm2_dir), show_progress=False, kv_cache_dtype="fp8",
+              kv_cache_memory=64 << 20, device="cpu", dtype="float32")
     questions = ["What is the capital of France?", "Name three primary colors.",
                  "What is 12 times 12?"]
     outs = llm.chat([[{"role": "user", "content": q}] for q in questions],

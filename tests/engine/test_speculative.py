@@ -254,10 +254,11 @@ def test_structured_outputs_keep_their_grammar_and_output(tiny_llama_dir):
     assert json.loads(results[True][0][1]).keys() == PERSON["properties"].keys()
 
 
-def test_smollm2_copying_a_text_accepts_proposals_and_equals_hf(smol_hf, smol_tokenizer):
+def test_smollm2_copying_a_text_accepts_proposals_and_equals_hf(smollm2_dir, smol_hf,
+                                                                smol_tokenizer):
     """The real model asked to repeat a passage: most proposals are accepted, and the answer is
     HF's greedy answer token for token."""
-    from model_support import REFERENCE, SMOLLM2
+    from model_support import REFERENCE
 
     passage = ("The river rises in the hills, runs past the old mill and the stone bridge, "
                "and reaches the sea at the harbour town.")
@@ -265,7 +266,7 @@ def test_smollm2_copying_a_text_accepts_proposals_and_equals_hf(smol_hf, smol_to
         [{"role": "user", "content": f"Repeat this sentence exactly: {passage}"}],
         add_generation_prompt=True)
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    llm = LLM(SMOLLM2, show_progress=False, kv_cache_memory=64 << 20,
+    llm = LLM(str(smollm2_dir), show_progress=False, kv_cache_memory=64 << 20,
               speculative_config=_spec(k=4), **REFERENCE)
     out = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=40))[0].outputs[0]
     assert out.token_ids == hf_greedy(smol_hf, ids, 40)  # both stop at the end-of-turn token

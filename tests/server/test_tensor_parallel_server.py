@@ -17,15 +17,23 @@ def tp2_server(tiny_llama_dir):
     proc = ServeProcess(tiny_llama_dir, "--served-model-name", "tiny",
                         "--tensor-parallel-size", "2", "--max-num-seqs", "8", "--block-size", "8")
     proc.wait_healthy(180)
-    workers = children(proc.pid)
+    helpers = children(proc.pid)  # multiprocessing's fork server and resource tracker
+    workers = [w for pid in helpers if b"forkserver" in _command_line(pid)
+               for w in children(pid)]
     assert len(workers) == 1, workers
     yield proc, proc.url, workers
     if proc.poll() is None:
         proc.kill()
         proc.wait()
+    assert gone(helpers, within_s=15)
     for pid in workers:
         if alive(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+def _command_line(pid: int) -> bytes:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read()
 
 
 def test_answers_the_openai_client_then_sigterm_ends_every_rank(tp2_server):
