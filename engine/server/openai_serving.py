@@ -52,12 +52,12 @@ async def create_completion(body: CompletionRequest, request: Request,
     if body.truncate_prompt_tokens is not None:  # echo shows the prompt that ran
         prompts = [list(p) for p in ids]
     max_tokens = body.max_tokens if body.max_tokens is not None else _room(state, ids, "prompt")
-    params = _params(body, max_tokens, body.logprobs, state)
+    params = _params(body, 1 if body.prompt_only else max_tokens, body.logprobs, state)
     await _compile_constraint(state, params, body.constraint_field())
     model = adapter or state.options.served_model_name
     call = Call("completion", f"cmpl-{uuid.uuid4().hex}", model, body.n,
                 [p if isinstance(p, str) else None for p in prompts], ids, params,
-                cache_salt=body.cache_salt, echo=body.echo,
+                cache_salt=body.cache_salt, echo=body.echo, prompt_only=body.prompt_only,
                 prompt_logprobs=body.prompt_logprobs, lora_name=adapter,
                 continuous_usage=body.continuous_usage,
                 tokens_as_ids=_tokens_as_ids(body, state), priority=body.priority,

@@ -182,7 +182,9 @@ class SamplingFields(RequestModel, StructuredFields):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: Annotated[int, Field(ge=1)] | None = 16
+    # 0 only with echo: the prompt alone comes back, its tokens scored where logprobs are asked
+    # (OpenAI's legacy completions and vLLM answer it; evaluation harnesses score prompts so).
+    max_tokens: Annotated[int, Field(ge=0)] | None = 16
     logprobs: Annotated[int, Field(ge=0)] | None = None
     echo: bool = False
     # vLLM's: the tokenizer's special tokens (a BOS) added to a text prompt.
@@ -200,7 +202,16 @@ class CompletionRequest(SamplingFields):
             raise FieldError("suffix", "not supported")
         if isinstance(self.prompt, list) and not self.prompt:
             raise FieldError("prompt", "must not be empty")
+        if self.max_tokens == 0 and not self.echo:
+            raise FieldError("max_tokens", "must be at least 1; 0 is allowed only with echo, "
+                                           "which returns the prompt alone")
         return self
+
+    @property
+    def prompt_only(self) -> bool:
+        """echo with max_tokens 0: the engine runs the prompt (scoring it) and its one token
+        is not shown."""
+        return self.echo and self.max_tokens == 0
 
     def sampling_params(self, max_tokens: int, logprobs: int | None,
                         defaults: dict[str, float] | None = None) -> SamplingParams:

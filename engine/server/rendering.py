@@ -6,7 +6,7 @@ prompt_logprobs. Pure functions of a call and its outputs; the routes are in ope
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -30,6 +30,7 @@ class Call:
     params: SamplingParams
     cache_salt: str | None = None
     echo: bool = False
+    prompt_only: bool = False  # echo with max_tokens 0: the engine's one token is not shown
     prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: per choice, top-k
     tools: ReplyToolCalls | None = None  # parses chat replies into tool calls
     reasoning: ReplyReasoning | None = None  # splits chat replies' thinking from the answer
@@ -50,6 +51,7 @@ class Call:
 
 def delta_choice(call: Call, prompt_index: int, c: CompletionOutput,
                   state: ServerState, out: RequestOutput) -> dict | None:
+    c = _shown(call, c)
     key = prompt_index * call.n + c.index
     if key in call.finished:  # deltas are joined in place: a finished choice stays in them
         return None
@@ -88,6 +90,15 @@ def delta_choice(call: Call, prompt_index: int, c: CompletionOutput,
     if finish is not None:
         call.finished.add(key)
     return _with_ids(call, key, c, choice)
+
+
+def _shown(call: Call, c: CompletionOutput) -> CompletionOutput:
+    """What a choice shows of its output: under echo with max_tokens 0 none of the token the
+    engine ran the prompt for, ended as max_tokens ends a choice."""
+    if not call.prompt_only:
+        return c
+    return replace(c, text="", token_ids=[], logprobs=None if c.logprobs is None else [],
+                   finish_reason=c.finish_reason and "length", stop_reason=None)
 
 
 def _with_ids(call: Call, key: int, c: CompletionOutput, choice: dict) -> dict:
@@ -135,7 +146,7 @@ def _chat_message(call: Call, text: str, finish: str | None) -> tuple[dict, str 
 def full_response(call: Call, finals: list[RequestOutput], state: ServerState) -> dict:
     choices = []
     for i, out in enumerate(finals):
-        for c in out.outputs:
+        for c in [_shown(call, output) for output in out.outputs]:
             key = i * call.n + c.index
             echoed = prompt_text(call, state, i) if call.echo else ""
             logprobs = (_with_echo(call, state, out, _logprobs(
@@ -176,7 +187,7 @@ def usage(call: Call, finals: list[RequestOutput]) -> dict:
     """Token counts, with OpenAI's prompt_tokens_details.cached_tokens: the prompt tokens the
     prefix cache already held (vLLM's --enable-prompt-tokens-details, always on here)."""
     prompt = sum(len(ids) for ids in call.prompts_ids)
-    completion = sum(len(c.token_ids) for out in finals for c in out.outputs)
+    completion = sum(len(_shown(call, c).token_ids) for out in finals for c in out.outputs)
     cached = sum(out.num_cached_tokens for out in finals)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,

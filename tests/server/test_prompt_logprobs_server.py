@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import httpx
+import openai
 import pytest
 import torch
 from server_support import in_process_server
@@ -68,6 +69,30 @@ def test_echo_with_logprobs_scores_the_prompt_then_the_completion(client, server
     offsets = lp.text_offset
     assert offsets[0] == 0 and offsets == sorted(offsets)
     assert offsets[prompt_len:] == [len(PROMPT) + o for o in plain.choices[0].logprobs.text_offset]
+
+
+def test_echo_with_max_tokens_0_is_the_prompt_alone_scored(client, server_state, reference):
+    """As evaluation harnesses score a text (OpenAI's legacy completions and vLLM answer it):
+    the prompt, each token after the first scored, nothing generated, whole or streamed."""
+    ids, ref = reference
+    r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0, temperature=0,
+                                  logprobs=1, echo=True)
+    choice = r.choices[0]
+    assert choice.text == PROMPT and choice.finish_reason == "length"
+    assert choice.logprobs.tokens == [_piece(server_state, t) for t in ids]
+    assert choice.logprobs.token_logprobs[0] is None
+    for p in range(1, len(ids)):
+        assert abs(choice.logprobs.token_logprobs[p] - ref[p - 1][ids[p]].item()) < TOL
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(ids), 0)
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0,
+                                            echo=True, stream=True,
+                                            stream_options={"include_usage": True}))
+    choices = [c.choices[0] for c in chunks if c.choices]
+    assert "".join(c.text for c in choices) == PROMPT
+    assert choices[-1].finish_reason == "length" and chunks[-1].usage.completion_tokens == 0
+    with pytest.raises(openai.BadRequestError, match="only with echo") as refused:
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0)
+    assert refused.value.body["param"] == "max_tokens"
 
 
 def test_prompt_logprobs_field_is_vllms(client, server_state, reference):
