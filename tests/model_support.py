@@ -4,16 +4,11 @@ reference."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import functools
 import importlib.util
 import os
-import types
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import torch
 
@@ -133,10 +128,11 @@ def smollm2_checkpoint(directory: Path, model: Any = None, tokenizer: Any = None
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from tokenmill.engine.models.gguf_weights import fast_gguf_parsing
     from tokenmill.engine.models.source import resolve_model
 
     source = resolve_model(SMOLLM2)
-    with _gguf_read_in_memory():
+    with fast_gguf_parsing():
         if model is None:
             model = AutoModelForCausalLM.from_pretrained(
                 source.directory, gguf_file=source.gguf_file, dtype=torch.float32)
@@ -154,24 +150,6 @@ def smollm2_checkpoint(directory: Path, model: Any = None, tokenizer: Any = None
                if not (tied and k == "lm_head.weight")}
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     return directory
-
-
-@contextlib.contextmanager
-def _gguf_read_in_memory() -> Iterator[None]:
-    """transformers' GGUF reading, the same values in a fraction of the time: gguf's reader
-    slices a numpy memmap once per metadata value (SmolLM2's vocabulary and merges are hundreds
-    of thousands), where slicing the file read into a plain array costs little, and transformers
-    rebuilds gguf's tensor-name map for each tensor, where one per architecture serves all."""
-    import gguf
-    import gguf.gguf_reader
-    import numpy
-
-    whole_file = types.SimpleNamespace(**vars(numpy))
-    whole_file.memmap = lambda path, mode="r": numpy.fromfile(path, dtype=numpy.uint8)
-    with mock.patch.object(gguf.gguf_reader, "np", whole_file), \
-            mock.patch.object(gguf, "get_tensor_name_map",
-                              functools.lru_cache(gguf.get_tensor_name_map)):
-        yield
 
 
 def greedy_three_ways(llm, prompts: list[list[int]], max_new: int) -> dict[str, list[list[int]]]:

@@ -16,6 +16,7 @@ import torch
 from tqdm import tqdm
 
 from tokenmill.engine.bench.workload import BenchRequest
+from tokenmill.engine.models.gguf_weights import fast_gguf_parsing
 from tokenmill.engine.models.source import resolve_model
 
 
@@ -36,9 +37,10 @@ def load_hf_model(model: str, dtype: torch.dtype = torch.float32) -> Any:
     from transformers import AutoModelForCausalLM
 
     source = resolve_model(model)
-    return AutoModelForCausalLM.from_pretrained(
-        source.directory, gguf_file=source.gguf_file, dtype=dtype
-    ).eval()
+    with fast_gguf_parsing():
+        return AutoModelForCausalLM.from_pretrained(
+            source.directory, gguf_file=source.gguf_file, dtype=dtype
+        ).eval()
 
 
 def pad_id_of(model: Any) -> int:

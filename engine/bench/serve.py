@@ -119,13 +119,11 @@ def load_prompts(args: argparse.Namespace) -> list[ServePrompt]:
 
 def _vocabulary(name: str) -> tuple[int, set[int]]:
     """Vocabulary size and special ids of a local tokenizer (never downloaded)."""
-    from transformers import AutoTokenizer
-
     from tokenmill.engine.bench.offline import special_ids
+    from tokenmill.engine.models.loader import load_tokenizer
     from tokenmill.engine.models.source import resolve_model
 
-    source = resolve_model(name)
-    tokenizer = AutoTokenizer.from_pretrained(source.directory, gguf_file=source.gguf_file)
+    tokenizer = load_tokenizer(resolve_model(name))
     return len(tokenizer), special_ids(tokenizer)
 
 

@@ -48,6 +48,7 @@ from tokenmill.engine.models.fused_weights import (
 )
 from tokenmill.engine.models.gguf_weights import (
     MOE_GGUF_REFUSAL,
+    fast_gguf_parsing,
     gguf_int4_tensors,
     gguf_tensor_types,
     gguf_tensors,
@@ -181,12 +182,14 @@ def _tokenizer(directory: str, gguf_file: str | None) -> Any:
 # same unchanged file gets copies of the first parse.
 @functools.lru_cache(maxsize=2)
 def _gguf_config(directory: str, gguf_file: str, mtime_ns: int, size: int) -> Any:
-    return _config(directory, gguf_file)
+    with fast_gguf_parsing():
+        return _config(directory, gguf_file)
 
 
 @functools.lru_cache(maxsize=2)
 def _gguf_tokenizer(directory: str, gguf_file: str, mtime_ns: int, size: int) -> Any:
-    return _tokenizer(directory, gguf_file)
+    with fast_gguf_parsing():
+        return _tokenizer(directory, gguf_file)
 
 
 def _file_stamp(path: str) -> tuple[int, int]:

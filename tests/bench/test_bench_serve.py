@@ -266,3 +266,17 @@ def test_poisson_arrivals_are_seeded():
     assert a[0] == 0.0 and a == sorted(a)
     assert a[-1] / (len(a) - 1) == pytest.approx(1 / 50.0, rel=0.1)
     assert arrival_times(5, float("inf"), seed=0) == [0.0] * 5
+
+
+def test_random_prompts_with_a_tokenizer_avoid_its_special_ids():
+    from model_support import SMOLLM2, smollm2_installed
+
+    if not smollm2_installed():
+        pytest.skip("needs the built-in SmolLM2")
+    args = parse("--base-url", "http://localhost:1/", "--num-prompts", "40", "--input-len",
+                 "64", "--output-len", "4", "--seed", "3", "--tokenizer", SMOLLM2)
+    prompts = serve.load_prompts(args)
+    size, special = serve._vocabulary(SMOLLM2)
+    assert size == 49152 and {0, 1, 2} <= special  # <|endoftext|>, <|im_start|>, <|im_end|>
+    ids = {i for p in prompts for i in p.prompt}
+    assert not ids & special and max(ids) < size and len(ids) > 1000
