@@ -21,6 +21,43 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
+
+def _device_functions_called_without_repatching() -> None:
+    """Triton's interpreter patches the language modules a kernel sees for each launch, and
+    again at every call of a @triton.jit helper inside it (once per program: most of a small
+    kernel's interpreted time), though the launch's patch already covers the helper's modules
+    where they are the same (`tl`); the helper is then called as it is. A helper seeing a
+    module not patched yet (Triton's own `tl.zeros` sees `tl.core`) is patched as before.
+    Left as it is where the interpreter lacks these names."""
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    device_function = getattr(interpreter, "InterpretedFunction", None)
+    if not all(hasattr(x, name) for x, name in ((device_function, "rewrite"),
+                                                 (interpreter, "InterpreterError"),
+                                                 (tl.core, "is_builtin"))):
+        return
+    original = device_function.__call__
+
+    def patched(fn) -> bool:  # a patched module's builtins are the interpreter's wrappers
+        return all(not tl.core.is_builtin(module.load) for module in (tl, tl.core)
+                   if any(value is module for value in fn.__globals__.values()))
+
+    def call(self, *args, **kwargs):
+        if not patched(self.fn):
+            return original(self, *args, **kwargs)
+        rewritten = self.rewrite()
+        try:
+            return rewritten(*args, **kwargs)
+        except Exception as exc:
+            raise interpreter.InterpreterError(repr(exc)) from exc
+
+    device_function.__call__ = call
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _device_functions_called_without_repatching()
+
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(),
                                reason="real-size kernel runs need a CUDA GPU")

@@ -67,18 +67,23 @@ def test_stops_logprobs_penalties_and_seeds_match_the_synchronous_engine(smol_ll
     """Stops found a step late (EOS, stop strings, stop tokens) end the output where the
     synchronous engine ends it; everything read from the host state at sampling time (penalties,
     min_tokens, bad words, logprobs, seeded draws, n > 1) is the same."""
-    prompts = _prompts(smol_tokenizer)
+    prompts = _prompts(smol_tokenizer)[:4]  # the long prompt's prefill would be most of it
     comma = smol_tokenizer.encode(",")[-1]
     cases = [
-        SamplingParams(temperature=0.0, max_tokens=40),  # some stop at EOS
-        SamplingParams(temperature=0.0, max_tokens=40, stop=[" the", "\n"]),
-        SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=[comma], min_tokens=3),
+        SamplingParams(temperature=0.0, max_tokens=32),  # some stop at EOS
+        SamplingParams(temperature=0.0, max_tokens=32, stop=[" the", "\n"]),
+        SamplingParams(temperature=0.0, max_tokens=32, stop_token_ids=[comma], min_tokens=3),
         SamplingParams(temperature=0.0, max_tokens=20, logprobs=3,
                        repetition_penalty=1.3, frequency_penalty=0.5, bad_words=["Paris"]),
         SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=20, n=3),
     ]
-    for params in cases:
-        _same(smol_llm.generate(prompts, params), smol_async.generate(prompts, params))
+    # One batch holding every case: sequences of different settings stop at different steps.
+    batch = [p for _ in cases for p in prompts]
+    settings = [params for params in cases for _ in prompts]
+    overlapped = smol_async.generate(batch, settings)
+    _same(smol_llm.generate(batch, settings), overlapped)
+    ends = {(o.finish_reason, type(o.stop_reason)) for r in overlapped for o in r.outputs}
+    assert ends == {("stop", type(None)), ("stop", str), ("stop", int), ("length", type(None))}
 
 
 def test_structured_outputs_match(smol_llm, smol_async, smol_tokenizer):
