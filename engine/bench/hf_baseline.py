@@ -37,6 +37,8 @@ def load_hf_model(model: str, dtype: torch.dtype = torch.float32) -> Any:
     from transformers import AutoModelForCausalLM
 
     source = resolve_model(model)
+    if not source.gguf_file:  # gguf may not be installed (the GPU machine lacks it)
+        return AutoModelForCausalLM.from_pretrained(source.directory, dtype=dtype).eval()
     with fast_gguf_parsing():
         return AutoModelForCausalLM.from_pretrained(
             source.directory, gguf_file=source.gguf_file, dtype=dtype

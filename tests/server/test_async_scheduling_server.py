@@ -29,28 +29,30 @@ def test_chat_answers_as_the_synchronous_engine(client):
 
 def test_concurrent_streams_equal_their_whole_answers(server, client):
     """Eight streams at once, some stopped by a stop string a step after it is sampled: each
-    stream's text is the non-streamed answer's."""
+    stream's text is the non-streamed answer's (the eight asked at once too)."""
     prompts = [f"List {n} colors:" for n in range(2, 10)]
     stops = [None, ["\n"], None, [","], None, ["3"], None, [" and"]]
-    whole = [client.completions.create(model=SMOLLM2, prompt=p, temperature=0.0, max_tokens=24,
-                                       stop=s).choices[0] for p, s in zip(prompts, stops,
-                                                                          strict=True)]
+
+    async def ask(prompt: str, stop: list[str] | None) -> tuple[str, str]:
+        async with async_openai_client(f"{server.url}/v1") as api:
+            reply = await api.completions.create(model=SMOLLM2, prompt=prompt, temperature=0.0,
+                                                 max_tokens=24, stop=stop)
+        return reply.choices[0].text, reply.choices[0].finish_reason
 
     async def stream(prompt: str, stop: list[str] | None) -> tuple[str, str]:
-        api = async_openai_client(f"{server.url}/v1")
         text, reason = "", None
-        async for chunk in await api.completions.create(model=SMOLLM2, prompt=prompt,
-                                                        temperature=0.0, max_tokens=24,
-                                                        stop=stop, stream=True):
-            text += chunk.choices[0].text
-            reason = chunk.choices[0].finish_reason or reason
-        await api.close()
+        async with async_openai_client(f"{server.url}/v1") as api:
+            async for chunk in await api.completions.create(model=SMOLLM2, prompt=prompt,
+                                                            temperature=0.0, max_tokens=24,
+                                                            stop=stop, stream=True):
+                text += chunk.choices[0].text
+                reason = chunk.choices[0].finish_reason or reason
         return text, reason
 
-    async def all_streams() -> list[tuple[str, str]]:
-        return await asyncio.gather(*(stream(p, s) for p, s in zip(prompts, stops,
-                                                                   strict=True)))
+    async def all_at_once(call) -> list[tuple[str, str]]:
+        return await asyncio.gather(*(call(p, s) for p, s in zip(prompts, stops, strict=True)))
 
-    streamed = asyncio.run(all_streams())
-    assert streamed == [(c.text, c.finish_reason) for c in whole]
-    assert any(c.finish_reason == "stop" for c in whole)
+    whole = asyncio.run(all_at_once(ask))
+    assert asyncio.run(all_at_once(stream)) == whole
+    assert any(reason == "stop" for _, reason in whole)
+    assert any(reason == "length" for _, reason in whole)
