@@ -8,6 +8,7 @@ padding and the extra tokens of shorter requests are the cost a static batch pay
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -37,9 +38,8 @@ def load_hf_model(model: str, dtype: torch.dtype = torch.float32) -> Any:
     from transformers import AutoModelForCausalLM
 
     source = resolve_model(model)
-    if not source.gguf_file:  # gguf may not be installed (the GPU machine lacks it)
-        return AutoModelForCausalLM.from_pretrained(source.directory, dtype=dtype).eval()
-    with fast_gguf_parsing():
+    # Only a GGUF file needs gguf, which the GPU machine lacks.
+    with fast_gguf_parsing() if source.gguf_file else contextlib.nullcontext():
         return AutoModelForCausalLM.from_pretrained(
             source.directory, gguf_file=source.gguf_file, dtype=dtype
         ).eval()

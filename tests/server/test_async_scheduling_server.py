@@ -27,7 +27,7 @@ def test_chat_answers_as_the_synchronous_engine(client):
     assert choice.finish_reason == "stop"
 
 
-def test_concurrent_streams_equal_their_whole_answers(server, client):
+def test_concurrent_streams_equal_their_whole_answers(server):
     """Eight streams at once, some stopped by a stop string a step after it is sampled: each
     stream's text is the non-streamed answer's (the eight asked at once too)."""
     prompts = [f"List {n} colors:" for n in range(2, 10)]
