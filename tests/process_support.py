@@ -5,10 +5,14 @@ engine)."""
 
 from __future__ import annotations
 
+import functools
+import itertools
 import os
 import socket
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 
 def serve_command(*args: str) -> list[str]:
@@ -23,10 +27,43 @@ def download_command(*args: str) -> list[str]:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on at the moment: bound, read and released."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A loopback port nothing listens on, that no other process will be handed meanwhile.
+
+    A port the kernel picks (a bind to port 0) is back in its ephemeral pool once released:
+    until the server meant for it binds it, any other process's bind to 0 (another test's
+    server, an emulated API server) can be given it, and a health check then reaches the wrong
+    server. Ports come from outside the ephemeral range instead, from a slice of their own per
+    xdist worker, each handed out once per process."""
+    while True:
+        port = next(_ports())
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:  # in use by something else on this machine
+                continue
+            return port
+
+
+@functools.cache
+def _ports() -> Iterator[int]:
+    """This process's ports, in turn (the kernel's pick where the ephemeral range leaves too
+    few outside it)."""
+    lo, hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    pool = max(range(10000, lo), range(hi + 1, 65536), key=len)
+    if len(pool) < 1000:
+        return _kernel_picks()
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    share = pool[worker * len(pool) // workers:(worker + 1) * len(pool) // workers]
+    start = os.getpid() % len(share)  # two runs at once start apart
+    return itertools.cycle([*share[start:], *share[:start]])
+
+
+def _kernel_picks() -> Iterator[int]:
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            yield sock.getsockname()[1]
 
 
 def children(pid: int) -> list[int]:

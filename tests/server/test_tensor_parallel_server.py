@@ -20,7 +20,7 @@ def tp2_server(tiny_llama_dir):
     helpers = children(proc.pid)  # multiprocessing's fork server and resource tracker
     workers = [w for pid in helpers if b"forkserver" in _command_line(pid)
                for w in children(pid)]
-    assert len(workers) == 1, workers
+    assert len(workers) == 1, {pid: _command_line(pid) for pid in helpers}
     yield proc, proc.url, workers
     if proc.poll() is None:
         proc.kill()
