@@ -1,7 +1,6 @@
 """Processes the tests start and watch: the `tokenmill serve` and `tokenmill download` command
-lines, a free loopback
-port, and which processes exist, read from /proc (to check that no worker outlives its
-engine)."""
+lines, a free loopback port, and which processes exist, read from /proc (to check that no worker
+outlives its engine)."""
 
 from __future__ import annotations
 

@@ -220,7 +220,11 @@ class Phi4MiniJsonToolParser:
 
 
 class RequiredToolParser:
-    """`tool_choice: "required"`: a JSON array of `{"name", "arguments"}` objects."""
+    """`tool_choice: "required"`: a JSON array of `{"name", "arguments"}` objects. The reply
+    is never content: one cut by max_tokens before its first name is whole has no call and no
+    content, rather than the JSON it had begun (`owns_content`)."""
+
+    owns_content = True
 
     def parse(self, text: str, final: bool) -> Parse:
         i = _skip_ws(text, 0)

@@ -349,6 +349,30 @@ def test_required_tool_choice_forces_valid_calls(free, seed):
     assert len(one.choices[0].message.tool_calls) == 1
 
 
+@pytest.mark.parametrize("max_tokens, cut_in", [(3, "name"), (24, "arguments")])
+def test_a_required_call_cut_by_max_tokens_ends_with_length_and_never_shows_its_json(
+        free, max_tokens, cut_in):
+    """Cut before its name is whole, a required call is no call and no content; cut in its
+    arguments, it is that call as far as it came (streamed or not, the same)."""
+    ask = {"model": "free", "messages": ASK, "tools": [ALARM], "tool_choice": "required",
+           "max_tokens": max_tokens, "temperature": 0}
+    r = free.chat.completions.create(**ask)
+    message = r.choices[0].message
+    assert r.choices[0].finish_reason == "length"
+    if cut_in == "name":
+        assert not message.content and message.tool_calls is None
+    else:
+        [call] = message.tool_calls
+        assert message.content is None and call.function.name == "set_alarm"
+        assert call.function.arguments.startswith("{")
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(call.function.arguments)
+    got = reassemble(free.chat.completions.create(**ask, stream=True))[0]
+    assert got["finish"] == "length" and got["content"] == (message.content or "")
+    assert [(c["name"], c["arguments"]) for c in got["calls"]] == [
+        (c.function.name, c.function.arguments) for c in message.tool_calls or []]
+
+
 # A pydantic model with a nested one, as openai.pydantic_function_tool writes it: the nested
 # model is a local reference into $defs.
 ROUTE = {"type": "function", "function": {"name": "route", "parameters": {

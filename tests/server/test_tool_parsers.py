@@ -214,6 +214,19 @@ def test_required_choice_array():
     assert content is None and [c["function"]["name"] for c in calls] == ["a", "b"]
 
 
+@pytest.mark.parametrize("text", ["[", '[{"na', '[{"name": "set_al'])
+def test_a_required_choice_cut_before_its_first_name_is_neither_content_nor_a_call(text):
+    assert assert_stream_matches(RequiredToolParser(), text) == ("", [])
+
+
+def test_a_required_choice_cut_in_its_arguments_is_that_call_as_far_as_it_came():
+    text = '[{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {"y": [2, '
+    content, calls = assert_stream_matches(RequiredToolParser(), text)
+    assert content is None
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
+        ("a", '{"x": 1}'), ("b", '{"y": [2, ')]
+
+
 def test_named_choice_is_the_arguments_object():
     content, calls = assert_stream_matches(NamedToolParser("f"), ' {"x": [1, 2]}')
     assert content is None and calls[0]["function"] == {"name": "f", "arguments": '{"x": [1, 2]}'}
