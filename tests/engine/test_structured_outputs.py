@@ -45,6 +45,8 @@ def _valid(text: str) -> dict:
     ({"type": "object", "properties": {"a": {"not": {"type": "string"}}}},
      "'not' (negation) at /properties/a"),
     ({"type": "string", "format": "idn-email"}, "'format': 'idn-email' at /"),
+    ({"format": "binary"}, "'format': 'binary' at /"),
+    ({"type": ["integer", "string"], "format": "int64"}, "'format': 'int64' at /"),
     ({"$ref": "https://example.com/person.json"}, "'$ref' to another document"),
     ({"type": "number", "multipleOf": 0.5}, "'multipleOf' on a non-integer at /"),
     ({"allOf": [{"type": "integer"}, {"minimum": 3}]}, "'allOf' with more than one"),
@@ -87,6 +89,22 @@ def test_supported_schema_features_pass_and_annotations_are_ignored():
                              "l": {"type": "array", "items": {"type": "string"}, "maxItems": 2,
                                    "uniqueItems": False}}}
     assert StructuredOutputsParams(json=schema).schema() == schema
+
+
+def test_a_format_on_a_value_that_cannot_be_a_string_is_ignored(smol_llm):
+    """OpenAPI's numeric formats, as generated tool schemas carry them: JSON Schema applies
+    formats to strings only, so they constrain nothing and the grammar's numbers hold."""
+    schema = {"type": "object", "required": ["n", "x"], "additionalProperties": False,
+              "properties": {"n": {"type": "integer", "format": "int32"},
+                             "x": {"type": ["number", "null"], "format": "double"}}}
+    constraint = StructuredOutputsParams(json=schema)
+    assert constraint.schema() == schema
+    chat = smol_llm.apply_chat_template(
+        [{"role": "user", "content": "Give n as 7 and x as 2.5, in JSON."}])
+    out = smol_llm.generate([chat], SamplingParams(temperature=0.0, max_tokens=40,
+                                                   structured_outputs=constraint))[0].outputs[0]
+    assert out.finish_reason == "stop"
+    jsonschema.validate(json.loads(out.text), schema)
 
 
 def test_constraint_params_need_exactly_one_kind_and_compare_by_value():

@@ -27,7 +27,9 @@ UNENFORCED = {
     "$dynamicRef": "dynamic references",
     "$recursiveRef": "recursive references",
 }
-# string formats the grammar checks; any other is refused rather than ignored
+# string formats the grammar checks; any other on a string is refused rather than ignored. A
+# format on a value that can't be a string (OpenAPI's int32, int64, float, double) constrains
+# nothing in JSON Schema, whose formats apply to strings only: it is ignored.
 FORMATS = frozenset({
     "date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uuid",
     "uri", "uri-reference", "uri-template", "json-pointer", "relative-json-pointer",
@@ -73,7 +75,7 @@ def _walk(node: Any, path: str, found: list[str], needed: bool = True) -> None:
     if isinstance(ref, str) and not ref.startswith("#"):
         found.append(f"'$ref' to another document ({ref}) at {here}")
     fmt = node.get("format")
-    if isinstance(fmt, str) and fmt not in FORMATS:
+    if isinstance(fmt, str) and fmt not in FORMATS and _may_be_string(node):
         found.append(f"'format': '{fmt}' at {here} (supported: {', '.join(sorted(FORMATS))})")
     if "multipleOf" in node and not _integer_multiple(node):
         found.append(f"'multipleOf' on a non-integer at {here} (only integer multiples of "
@@ -102,6 +104,11 @@ def _walk(node: Any, path: str, found: list[str], needed: bool = True) -> None:
 def regex_unsupported(pattern: str) -> list[str]:
     """A regex constraint's features the grammar would drop."""
     return ["lookaround assertions ((?=, (?!, (?<=, (?<!)"] if _LOOKAROUND.search(pattern) else []
+
+
+def _may_be_string(node: dict[str, Any]) -> bool:
+    kind = node.get("type", "string")
+    return kind == "string" or (isinstance(kind, list) and "string" in kind)
 
 
 def _integer_multiple(node: dict[str, Any]) -> bool:
