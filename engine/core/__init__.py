@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tokenmill.engine.core.cross_encoding import cosine_similarity, pair_prompt, score_pairs
+    from tokenmill.engine.core.detokenizer import IncrementalDetokenizer
     from tokenmill.engine.core.engine import LLMEngine
     from tokenmill.engine.core.outputs import (
         ClassificationRequestOutput,
@@ -38,6 +39,7 @@ _EXPORTS = {
     "ScoringOutput": "tokenmill.engine.core.outputs",
     "ScoringRequestOutput": "tokenmill.engine.core.outputs",
     "cosine_similarity": "tokenmill.engine.core.cross_encoding",
+    "IncrementalDetokenizer": "tokenmill.engine.core.detokenizer",
     "pair_prompt": "tokenmill.engine.core.cross_encoding",
     "score_pairs": "tokenmill.engine.core.cross_encoding",
     "RequestOutput": "tokenmill.engine.core.outputs",
@@ -48,7 +50,8 @@ _EXPORTS = {
 }
 
 __all__ = ["ClassificationRequestOutput", "CompletionOutput", "EmbeddingRequestOutput",
-           "LLMEngine", "PoolingOutput", "PoolingParams", "PoolingRequestOutput",
+           "IncrementalDetokenizer", "LLMEngine", "PoolingOutput", "PoolingParams",
+           "PoolingRequestOutput",
            "RequestOutput", "RequestOutputKind", "SamplingParams",
            "ScoringOutput", "ScoringRequestOutput", "StructuredOutputsParams", "cosine_similarity",
            "pair_prompt", "score_pairs"]

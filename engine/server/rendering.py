@@ -14,6 +14,7 @@ import orjson
 from tokenmill.engine.core import CompletionOutput, RequestOutput, SamplingParams
 from tokenmill.engine.server.reasoning import ReplyReasoning
 from tokenmill.engine.server.state import ServerState
+from tokenmill.engine.server.text_offsets import ReplyOffsets, prompt_offsets
 from tokenmill.engine.server.tools import ReplyToolCalls
 
 
@@ -46,6 +47,7 @@ class Call:
     sent_answer: dict[int, int] = field(default_factory=dict)  # under a reasoning parser
     sent_tokens: dict[int, int] = field(default_factory=dict)
     sent_ids: dict[int, int] = field(default_factory=dict)  # with return_token_ids
+    offsets: dict[int, ReplyOffsets] = field(default_factory=dict)  # completions' logprobs
     finished: set[int] = field(default_factory=set)  # choices whose finish_reason is sent
 
 
@@ -68,10 +70,12 @@ def delta_choice(call: Call, prompt_index: int, c: CompletionOutput,
     call.sent_text[key] = len(c.text)
     logprobs = None
     if c.logprobs is not None:
+        if key not in call.offsets:
+            call.offsets[key] = _reply_offsets(call, state, prompt_index, echoed)
         logprobs = _logprobs(call, state, new_tokens, c.logprobs[sent_tokens:],
-                             len(echoed) + sent_text)
+                             call.offsets[key])
         if first:
-            logprobs = _with_echo(call, state, out, logprobs)
+            logprobs = _with_echo(call, state, out, echoed, logprobs)
         call.sent_tokens[key] = len(c.token_ids)
     finish = c.finish_reason
     if call.kind == "chat":
@@ -149,8 +153,8 @@ def full_response(call: Call, finals: list[RequestOutput], state: ServerState) -
         for c in [_shown(call, output) for output in out.outputs]:
             key = i * call.n + c.index
             echoed = prompt_text(call, state, i) if call.echo else ""
-            logprobs = (_with_echo(call, state, out, _logprobs(
-                call, state, c.token_ids, c.logprobs, len(echoed)))
+            logprobs = (_with_echo(call, state, out, echoed, _logprobs(
+                call, state, c.token_ids, c.logprobs, _reply_offsets(call, state, i, echoed)))
                 if c.logprobs is not None else None)
             if call.kind == "chat":
                 message, finish = _chat_message(call, c.text, c.finish_reason)
@@ -195,7 +199,9 @@ def usage(call: Call, finals: list[RequestOutput]) -> dict:
 
 
 def _logprobs(call: Call, state: ServerState, token_ids: list[int],
-              entries: list[dict[int, float]], text_offset: int) -> dict:
+              entries: list[dict[int, float]], offsets: ReplyOffsets | list[int]) -> dict:
+    """Logprobs in the chat or the completions shape; a completion's text offsets from
+    `offsets` (the reply's, or an echoed prompt's)."""
     k = call.params.logprobs or 0
     if call.kind == "chat":
         content = []
@@ -204,18 +210,24 @@ def _logprobs(call: Call, state: ServerState, token_ids: list[int],
             content.append({**_token_info(call, state, token, entry[token]),
                             "top_logprobs": [_token_info(call, state, t, lp) for t, lp in top]})
         return {"content": content}
-    tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
-    offset = text_offset
+    tokens, token_logprobs, top_logprobs = [], [], []
     for token, entry in zip(token_ids, entries, strict=False):
         tokens.append(_token_name(call, state, token))
         # None: the first prompt token of an echo, which nothing precedes to score it.
         token_logprobs.append(None if entry is None else entry[token])
         top_logprobs.append(None if entry is None else {
             _token_name(call, state, t): lp for t, lp in list(entry.items())[:k]})
-        offsets.append(offset)
-        offset += len(_decode(state, [token]))  # offsets are in the text either way
+    if isinstance(offsets, ReplyOffsets):
+        offsets = offsets.next(token_ids[:len(tokens)])
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
             "text_offset": offsets}
+
+
+def _reply_offsets(call: Call, state: ServerState, prompt_index: int,
+                   echoed: str) -> ReplyOffsets:
+    """Where a choice's reply tokens begin in its text (after the echoed prompt)."""
+    return ReplyOffsets(state.tokenizer, call.prompts_ids[prompt_index], len(echoed),
+                        call.params.skip_special_tokens)
 
 
 def prompt_text(call: Call, state: ServerState, prompt_index: int) -> str:
@@ -224,13 +236,15 @@ def prompt_text(call: Call, state: ServerState, prompt_index: int) -> str:
     return call.prompts_text[prompt_index] or _decode(state, call.prompts_ids[prompt_index])
 
 
-def _with_echo(call: Call, state: ServerState, out: RequestOutput,
+def _with_echo(call: Call, state: ServerState, out: RequestOutput, echoed: str,
                completion: dict) -> dict:
     """With echo, the logprobs cover the echoed prompt's tokens first (offsets from the start
     of the text), as they do at OpenAI and vLLM."""
     if not call.echo:
         return completion
-    prompt = _logprobs(call, state, out.prompt_token_ids, out.prompt_logprobs or [], 0)
+    ids = out.prompt_token_ids
+    prompt = _logprobs(call, state, ids, out.prompt_logprobs or [],
+                       prompt_offsets(state.tokenizer, ids, echoed))
     return {name: prompt[name] + completion[name] for name in prompt}
 
 

@@ -10,6 +10,7 @@ import torch
 from server_support import in_process_server
 
 from tokenmill.engine.server.state import ServerState
+from tokenmill.engine.server.text_offsets import prompt_offsets
 
 MODEL = "tiny"
 PROMPT = "The quick brown fox jumps over the lazy dog because"
@@ -205,3 +206,43 @@ def test_logprobs_name_tokens_by_id_when_asked(server, server_state):
         c.token for c in overridden]
     assert all(c.bytes == list(c.token.encode()) for c in flagged)
     assert all(t.token.startswith("token_id:") for c in flagged for t in c.top_logprobs)
+
+
+def _offsets_fit(text: str, tokens: list[str], offsets: list[int]) -> None:
+    """Each token whose text is whole sits at its offset; one that holds part of a character
+    (U+FFFD) begins at or before that character."""
+    assert offsets == sorted(offsets)
+    for token, offset in zip(tokens, offsets, strict=True):
+        if "\ufffd" not in token:
+            assert text[offset:offset + len(token)] == token, (token, offset, text)
+
+
+def test_offsets_stay_on_the_text_past_characters_split_over_tokens(client):
+    """An emoji is two tokens here, each decoding to U+FFFD: adding up the tokens' own
+    lengths put every later token one place off."""
+    kwargs = dict(model=MODEL, prompt="I love 😀 and café, très bien", max_tokens=24,
+                  temperature=0, logprobs=1, echo=True, stop=["\n\n\n"])
+    full = client.completions.create(**kwargs).choices[0]
+    assert any("\ufffd" in t for t in full.logprobs.tokens)
+    _offsets_fit(full.text, full.logprobs.tokens, full.logprobs.text_offset)
+    assert full.logprobs.text_offset[full.logprobs.tokens.index(" and")] == 8
+    text, tokens, offsets = "", [], []
+    for chunk in client.completions.create(stream=True, **kwargs):
+        for c in chunk.choices:
+            text += c.text
+            tokens += c.logprobs.tokens if c.logprobs else []
+            offsets += c.logprobs.text_offset if c.logprobs else []
+    assert (text, tokens, offsets) == (full.text, full.logprobs.tokens,
+                                       full.logprobs.text_offset)
+
+
+def test_a_token_the_prompt_text_does_not_hold_takes_no_room(server_state):
+    """A special token the tokenizer put before the text (a BOS) has no place in it; one the
+    text holds takes its length."""
+    tokenizer = server_state.tokenizer
+    special = tokenizer.eos_token
+    ids = [tokenizer.eos_token_id, *tokenizer.encode("Hi 😀 there")]
+    assert prompt_offsets(tokenizer, ids, "Hi 😀 there")[:2] == [0, 0]
+    written = prompt_offsets(tokenizer, ids, special + "Hi 😀 there")
+    assert written[:2] == [0, len(special)]
+    assert written[-1] == len(special + "Hi 😀")
