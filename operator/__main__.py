@@ -30,6 +30,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--autoscale-interval", type=float, default=None,
                    help="Seconds between built-in autoscaler decisions (default 5; env "
                         "TOKENMILL_AUTOSCALE_INTERVAL).")
+    p.add_argument("--cluster-domain", default=None,
+                   help="The cluster's DNS domain, for status.url (env TOKENMILL_CLUSTER_DOMAIN; "
+                        "default: read from the pod's /etc/resolv.conf, else cluster.local).")
     p.add_argument("--verbose", action="store_true", help="Debug logging.")
     return p
 
@@ -40,6 +43,8 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["TOKENMILL_ENGINE_IMAGE"] = args.engine_image
     if args.autoscale_interval:
         os.environ["TOKENMILL_AUTOSCALE_INTERVAL"] = str(args.autoscale_interval)
+    if args.cluster_domain:
+        os.environ["TOKENMILL_CLUSTER_DOMAIN"] = args.cluster_domain
     import kopf
 
     from . import handlers, metrics  # noqa: F401  (importing handlers registers them)

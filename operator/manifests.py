@@ -85,8 +85,9 @@ def selector(name: str) -> dict[str, str]:
     return {OWNER_LABEL: name}
 
 
-def url(name: str, namespace: str) -> str:
-    return f"http://{name}.{namespace}.svc.cluster.local:{PORT}/v1"
+def url(name: str, namespace: str, domain: str) -> str:
+    """The in-cluster URL of the service's OpenAI API (`domain`: the cluster's DNS domain)."""
+    return f"http://{name}.{namespace}.svc.{domain}:{PORT}/v1"
 
 
 def owned_metadata(owner: str, namespace: str, uid: str, name: str | None = None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .cluster_domain import cluster_domain
 from .manifests import OWNER_LABEL, url
 from .pods import needs_action
 
@@ -174,7 +175,7 @@ def status(name: str, namespace: str, generation: int | None, deployment: dict |
         "observedGeneration": generation,
         "replicas": dstatus.get("replicas", 0),
         "readyReplicas": dstatus.get("readyReplicas", 0),
-        "url": url(name, namespace),
+        "url": url(name, namespace, cluster_domain()),
         "selector": f"{OWNER_LABEL}={name}",
         "conditions": conds,
         "adapters": adapter_states or None,

@@ -31,7 +31,7 @@ def command(deployment: dict) -> list[str]:
 
 
 async def test_create_update_status_and_repair(tmp_path):
-    async with running_operator(tmp_path) as k:
+    async with running_operator(tmp_path, {"TOKENMILL_CLUSTER_DOMAIN": "corp.example"}) as k:
         await k.request("POST", ISVCS, inference_service("chat", {
             "model": {"uri": "smollm2-135m-instruct"}, "resources": {"gpus": 0},
             "engine": {"maxNumSeqs": 16},
@@ -55,7 +55,7 @@ async def test_create_update_status_and_repair(tmp_path):
         isvc = await k.eventually(
             lambda: _with(k, f"{ISVCS}/chat", lambda o: condition(o, "Ready").get("reason")
                           == "RollingOut"))
-        assert isvc["status"]["url"] == "http://chat.default.svc.cluster.local:8000/v1"
+        assert isvc["status"]["url"] == "http://chat.default.svc.corp.example:8000/v1"
         assert isvc["status"]["observedGeneration"] == 1
         assert condition(isvc, "Progressing")["status"] == "True"
         reasons = {e["reason"] for e in await k.events()}

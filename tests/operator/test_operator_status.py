@@ -10,7 +10,9 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from operator_support import inference_service
 
+from tokenmill.operator import cluster_domain as cluster_domain_module
 from tokenmill.operator import manifests, status
+from tokenmill.operator.cluster_domain import cluster_domain, from_resolv_conf
 from tokenmill.operator.reconcile import LAST_APPLIED, covers, reconcile, removals
 from tokenmill.operator.spec import parse
 
@@ -99,7 +101,9 @@ def test_scaled_to_zero():
     assert c["Ready"] == ("False", "ScaledToZero")
 
 
-def test_transition_times_move_only_on_change():
+def test_transition_times_move_only_on_change(monkeypatch):
+    monkeypatch.setenv("TOKENMILL_CLUSTER_DOMAIN", "cluster.local")
+    cluster_domain.cache_clear()
     first = status.status("a", "ns", 3, deployment(ready=0, available=0), None, {}, NOW)
     same = status.status("a", "ns", 3, deployment(ready=0, available=0), None, first, LATER)
     assert same == first
@@ -414,3 +418,36 @@ def test_a_problem_already_in_the_status_was_reported():
     assert status.already_reported(written, problem)
     assert not status.already_reported(written, ("InvalidSpec", "spec.replicas: bad"))
     assert not status.already_reported({}, problem)
+
+
+@pytest.mark.parametrize("resolv_conf, domain", [
+    ("nameserver 10.96.0.10\nsearch ml.svc.cluster.local svc.cluster.local cluster.local\n"
+     "options ndots:5\n", "cluster.local"),
+    ("search team.svc.k8s.corp svc.k8s.corp k8s.corp ec2.internal\n", "k8s.corp"),
+    ("search old.svc.a.b svc.a.b\nsearch ns.svc.c.d svc.c.d.\n", "c.d"),  # the last line counts
+    ("nameserver 10.255.255.53\n", None),  # not a pod: no search path
+    ("search example.com svc.\n", None),
+])
+def test_the_cluster_domain_is_read_from_the_pods_search_path(resolv_conf, domain):
+    assert from_resolv_conf(resolv_conf) == domain
+
+
+def test_the_cluster_domain_is_the_flags_then_resolv_confs_then_cluster_local(tmp_path,
+                                                                              monkeypatch):
+    conf = tmp_path / "resolv.conf"
+    monkeypatch.setattr(cluster_domain_module, "RESOLV_CONF", str(conf))
+    monkeypatch.delenv("TOKENMILL_CLUSTER_DOMAIN", raising=False)
+    try:
+        for text, expected in [(None, "cluster.local"), ("nameserver 1.1.1.1\n", "cluster.local"),
+                               ("search a.svc.k8s.corp svc.k8s.corp\n", "k8s.corp")]:
+            if text is not None:
+                conf.write_text(text)
+            cluster_domain.cache_clear()
+            assert cluster_domain() == expected
+        monkeypatch.setenv("TOKENMILL_CLUSTER_DOMAIN", "given.example.")
+        cluster_domain.cache_clear()
+        assert cluster_domain() == "given.example"
+        ready = status.status("a", "ns", 1, deployment(), None, {}, NOW)
+        assert ready["url"] == "http://a.ns.svc.given.example:8000/v1"
+    finally:
+        cluster_domain.cache_clear()
