@@ -4,6 +4,7 @@ the `tokenizers` stream and through the Python path alike."""
 from __future__ import annotations
 
 import pytest
+from sentencepiece_support import llama_style_tokenizer
 
 from tokenmill.engine.core import detokenizer
 from tokenmill.engine.core.detokenizer import IncrementalDetokenizer
@@ -82,3 +83,20 @@ def test_special_tokens_are_skipped(smol_tokenizer):
     ids = smol_tokenizer.encode("Hi") + [smol_tokenizer.eos_token_id]
     detok = IncrementalDetokenizer(smol_tokenizer, [])
     assert "".join(detok.append(t) for t in ids) == "Hi"
+
+
+def test_sentencepiece_words_keep_their_spaces_and_bytes_join_into_characters():
+    """Decoded alone, a SentencePiece word loses its space and a byte is U+FFFD: the pieces
+    still join to the text the whole sequence decodes to."""
+    tokenizer = llama_style_tokenizer()
+    prompt = tokenizer.encode("Say:")
+    before = tokenizer.decode(prompt, skip_special_tokens=True)
+    for text in [*TEXTS, "Hello world, the quick brown fox and café"]:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        detok = IncrementalDetokenizer(tokenizer, prompt)
+        pieces = [detok.append(t) for t in ids]
+        assert all("\ufffd" not in p for p in pieces)
+        whole = tokenizer.decode(prompt + ids, skip_special_tokens=True)
+        assert "".join(pieces) == detok.text == whole[len(before):]
+        assert tokenizer.decode(ids[:1]) != pieces[0]  # alone, the first word lost its space
+    assert "<0xF0>" in tokenizer.convert_ids_to_tokens(tokenizer.encode(TEXTS[-1]))
