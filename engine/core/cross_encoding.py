@@ -9,19 +9,60 @@ from typing import Any
 from tokenmill.engine.contract.pooling import Classifier
 
 
-def pair_prompt(tokenizer: Any, first: str, second: str,
-                classifier: Classifier) -> tuple[list[int], tuple[int, ...] | None]:
+def pair_prompt(tokenizer: Any, first: str, second: str, classifier: Classifier,
+                keep: int | None = None) -> tuple[list[int], tuple[int, ...] | None]:
     """The pair's token ids as the tokenizer encodes `tokenizer(first, second)` (its special
     tokens and separators), and each token's type where the classifier reads types (BERT's
     segments; else None); a classifier that joins pairs reads the two texts one after the
-    other as one text (a causal LM made a reranker, vLLM's use_pad_token false)."""
+    other as one text (a causal LM made a reranker, vLLM's use_pad_token false).
+
+    `keep`: at most that many tokens, cut as a tokenizer's `longest_first` truncation from the
+    left cuts a pair (vLLM's truncate_prompt_tokens): the longer text loses its first token
+    until the pair fits, its special tokens all kept. Where the tokenizer can't say which text
+    a token belongs to (not a fast one), or the special tokens alone exceed `keep`, the pair
+    comes whole, for the caller to cut as one text."""
     if classifier.joins_pairs:
         return list(tokenizer(first + second)["input_ids"]), None
     encoded = tokenizer(first, second, return_token_type_ids=classifier.token_types)
-    ids = list(encoded["input_ids"])
+    rows = list(range(len(encoded["input_ids"])))
+    if keep is not None and len(rows) > keep and getattr(encoded, "is_fast", False):
+        rows = _longest_first(encoded.sequence_ids(), keep) or rows
+    ids = [encoded["input_ids"][i] for i in rows]
     if not classifier.token_types:
         return ids, None
-    return ids, tuple(encoded["token_type_ids"])
+    return ids, tuple(encoded["token_type_ids"][i] for i in rows)
+
+
+def _longest_first(texts: list[int | None], keep: int) -> list[int] | None:
+    """The rows kept of a pair whose rows belong to text 0, text 1 or neither (a special
+    token), cut to `keep` rows as described in pair_prompt; None if no text row fits."""
+    room = keep - texts.count(None)
+    if room <= 0:
+        return None
+    totals = [texts.count(0), texts.count(1)]
+    kept = _longest_first_lengths(totals[0], totals[1], room)
+    dropped = [totals[0] - kept[0], totals[1] - kept[1]]  # each text's first rows
+    seen = [0, 0]
+    rows = []
+    for row, text in enumerate(texts):
+        if text is not None:
+            seen[text] += 1
+            if seen[text] <= dropped[text]:
+                continue
+        rows.append(row)
+    return rows
+
+
+def _longest_first_lengths(first: int, second: int, room: int) -> tuple[int, int]:
+    """How many tokens of each text a pair longer than `room` keeps, by the rule of the
+    `tokenizers` library's longest_first: the shorter text whole where the longer can take
+    the rest of the room, else both cut to half of it (the odd token to the longer, or to
+    the second of two equal ones)."""
+    short, long = sorted((first, second))
+    long = short if short > room else max(short, room - short)
+    if short + long > room:
+        short, long = room // 2, room // 2 + room % 2
+    return (short, long) if first <= second else (long, short)
 
 
 def cosine_similarity(first: list[float], second: list[float]) -> float:

@@ -80,9 +80,11 @@ async def _cross_encoded(body: ScoringFields, request: Request, state: ServerSta
                             "use /classify", param="model")
     pooling = PoolingParams(task="classify", use_activation=body.use_activation)
     prompts, each = [], []
+    keep = body.truncate_prompt_tokens
+    keep = state.max_model_len if keep == -1 else keep
     for a, b in pairs:
-        ids, types = pair_prompt(state.tokenizer, a, b, state.classifier)
-        kept = kept_positions(ids, body.truncate_prompt_tokens, state)
+        ids, types = pair_prompt(state.tokenizer, a, b, state.classifier, keep)
+        kept = kept_positions(ids, keep, state)
         prompts.append([ids[i] for i in kept])
         each.append(dataclasses.replace(
             pooling, token_type_ids=None if types is None else [types[i] for i in kept]))

@@ -6,6 +6,8 @@ run with is refused, naming the option."""
 
 from __future__ import annotations
 
+import copy
+import itertools
 import os
 
 import pytest
@@ -13,6 +15,7 @@ import torch
 from embedding_support import st_embeddings
 from encoder_support import (
     LABELS,
+    WORDS,
     hf_pair_logits,
     make_cross_encoder,
     make_encoder_embedding,
@@ -91,6 +94,26 @@ def test_cross_encoder_scores_equal_transformers(tmp_path, wordpiece, family):
     assert scores == pytest.approx(torch.sigmoid(logits).tolist(), abs=1e-6)
     # The order of a pair matters: its two texts are two segments, not one text.
     assert abs(raw_scores[0] - raw_scores[3]) > 1e-3
+
+
+def test_a_pair_is_cut_as_the_tokenizers_longest_first_truncation_cuts_it(wordpiece):
+    """truncate_prompt_tokens on a pair: the tokens and types the tokenizer's own
+    longest_first truncation from the left keeps, for every length of either text."""
+    from tokenmill.engine.contract.pooling import Classifier
+    from tokenmill.engine.core import pair_prompt
+
+    left = copy.deepcopy(wordpiece)
+    left.truncation_side = "left"
+    classifier = Classifier(labels=("score",), token_types=True)
+    words = iter(itertools.cycle(WORDS))
+    for first, second in itertools.product(range(1, 8), repeat=2):
+        a = " ".join(itertools.islice(words, first))
+        b = " ".join(itertools.islice(words, second))
+        whole = len(wordpiece(a, b)["input_ids"])
+        for keep in range(4, whole + 2):
+            cut = left(a, b, truncation="longest_first", max_length=keep)
+            ids, types = pair_prompt(wordpiece, a, b, classifier, keep)
+            assert (ids, list(types)) == (cut["input_ids"], cut["token_type_ids"])
 
 
 @pytest.mark.parametrize("family", ["bert", "distilbert", "modernbert"])

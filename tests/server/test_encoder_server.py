@@ -5,6 +5,8 @@ two segments); generation routes are 400s that say what the model serves."""
 
 from __future__ import annotations
 
+import copy
+
 import httpx
 import openai
 import pytest
@@ -85,23 +87,26 @@ def test_a_cross_encoder_scores_and_reranks_pairs_as_two_segments(reranker, word
     assert [r["index"] for r in reranked["results"]] == best
     assert [r["relevance_score"] for r in reranked["results"]] == \
         pytest.approx(reference[best].tolist(), abs=1e-5)
-    # Truncated from the left within [CLS] ... [SEP] (the classifier reads the [CLS] row, which
-    # the tokenizer's own truncation keeps too); the tokens kept keep their types.
-    pair = wordpiece(QUERY, DOCUMENTS[1])
-    keep = len(pair["input_ids"]) - 2
-    rows = [0, *range(len(pair["input_ids"]) - keep + 1, len(pair["input_ids"]))]
-    cut = httpx.post(server.url + "/score", timeout=60, json={
-        "model": "minilm", "text_1": QUERY, "text_2": DOCUMENTS[1],
-        "truncate_prompt_tokens": keep, "use_activation": False}).json()
+    # Cut as the tokenizer's own longest_first truncation from the left cuts the pair (vLLM's
+    # truncate_prompt_tokens): the longer text loses its first tokens, [CLS] and both [SEP]
+    # stay, the tokens kept keep their types.
     from transformers import AutoModelForSequenceClassification
 
     model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
-    with torch.no_grad():
-        expected = model(input_ids=torch.tensor([[pair["input_ids"][i] for i in rows]]),
-                         token_type_ids=torch.tensor([[pair["token_type_ids"][i]
-                                                       for i in rows]])).logits
-    assert cut["data"][0]["score"] == pytest.approx(expected[0, 0].item(), abs=1e-5)
-    assert cut["usage"]["prompt_tokens"] == keep
+    left = copy.deepcopy(wordpiece)
+    left.truncation_side = "left"
+    for first, second in [(QUERY, DOCUMENTS[1]), (DOCUMENTS[1], QUERY)]:
+        keep = len(wordpiece(first, second)["input_ids"]) - 4
+        pair = left(first, second, truncation="longest_first", max_length=keep)
+        cut = httpx.post(server.url + "/score", timeout=60, json={
+            "model": "minilm", "text_1": first, "text_2": second,
+            "truncate_prompt_tokens": keep, "use_activation": False}).json()
+        with torch.no_grad():
+            expected = model(input_ids=torch.tensor([pair["input_ids"]]),
+                             token_type_ids=torch.tensor([pair["token_type_ids"]])).logits
+        assert cut["data"][0]["score"] == pytest.approx(expected[0, 0].item(), abs=1e-5)
+        assert cut["usage"]["prompt_tokens"] == len(pair["input_ids"]) == keep
+        assert pair["input_ids"].count(wordpiece.sep_token_id) == 2
 
 
 def test_pooling_returns_what_the_model_pools_for(embedder, reranker, tiny_server):
