@@ -15,6 +15,7 @@ from tokenmill.engine.core import CompletionOutput, RequestOutput, SamplingParam
 from tokenmill.engine.server.reasoning import ReplyReasoning
 from tokenmill.engine.server.state import ServerState
 from tokenmill.engine.server.text_offsets import ReplyOffsets, prompt_offsets
+from tokenmill.engine.server.token_bytes import token_bytes
 from tokenmill.engine.server.tools import ReplyToolCalls
 
 
@@ -266,8 +267,12 @@ def _vllm_prompt_logprobs(state: ServerState, out: RequestOutput, k: int) -> lis
 
 
 def _token_info(call: Call, state: ServerState, token: int, logprob: float) -> dict:
+    """A chat logprob: the token's name, and its own bytes (those of part of a character
+    where a character is split over tokens, so that the parts join into it; the name's where
+    tokens are named by id, as vLLM gives them)."""
     name = _token_name(call, state, token)
-    return {"token": name, "logprob": logprob, "bytes": list(name.encode("utf-8"))}
+    raw = name.encode("utf-8") if call.tokens_as_ids else token_bytes(state.tokenizer)(token)
+    return {"token": name, "logprob": logprob, "bytes": list(raw)}
 
 
 def _token_name(call: Call, state: ServerState, token: int) -> str:

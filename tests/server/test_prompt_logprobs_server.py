@@ -246,3 +246,21 @@ def test_a_token_the_prompt_text_does_not_hold_takes_no_room(server_state):
     written = prompt_offsets(tokenizer, ids, special + "Hi 😀 there")
     assert written[:2] == [0, len(special)]
     assert written[-1] == len(special + "Hi 😀")
+
+
+def test_chat_logprobs_bytes_join_into_a_character_split_over_tokens(client):
+    """Each part of an emoji decodes to U+FFFD; its `bytes` are its own, so the parts join
+    into the emoji (what OpenAI's field is for), and a whole token's are its text's."""
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Smile."}], max_tokens=12,
+        temperature=0, logprobs=True, top_logprobs=2,
+        extra_body={"structured_outputs": {"choice": ["Yes 😀 café"]}})
+    choice = reply.choices[0]
+    content = choice.logprobs.content
+    assert choice.message.content == "Yes 😀 café"
+    assert any(c.token == "\ufffd" for c in content)
+    joined = bytes(b for c in content for b in c.bytes).decode()
+    assert joined in ("Yes 😀 café", "Yes 😀 café" + content[-1].token)  # the EOS scored too
+    for entry in [*content, *(top for c in content for top in c.top_logprobs)]:
+        if "\ufffd" not in entry.token:
+            assert entry.bytes == list(entry.token.encode())
