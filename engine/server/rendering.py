@@ -71,10 +71,10 @@ def delta_choice(call: Call, prompt_index: int, c: CompletionOutput,
     call.sent_text[key] = len(c.text)
     logprobs = None
     if c.logprobs is not None:
-        if key not in call.offsets:
+        if key not in call.offsets and call.kind != "chat":
             call.offsets[key] = _reply_offsets(call, state, prompt_index, echoed)
         logprobs = _logprobs(call, state, new_tokens, c.logprobs[sent_tokens:],
-                             call.offsets[key])
+                             call.offsets.get(key))
         if first:
             logprobs = _with_echo(call, state, out, echoed, logprobs)
         call.sent_tokens[key] = len(c.token_ids)
@@ -154,9 +154,10 @@ def full_response(call: Call, finals: list[RequestOutput], state: ServerState) -
         for c in [_shown(call, output) for output in out.outputs]:
             key = i * call.n + c.index
             echoed = prompt_text(call, state, i) if call.echo else ""
-            logprobs = (_with_echo(call, state, out, echoed, _logprobs(
-                call, state, c.token_ids, c.logprobs, _reply_offsets(call, state, i, echoed)))
-                if c.logprobs is not None else None)
+            offsets = None if call.kind == "chat" else _reply_offsets(call, state, i, echoed)
+            logprobs = (_with_echo(call, state, out, echoed,
+                                   _logprobs(call, state, c.token_ids, c.logprobs, offsets))
+                        if c.logprobs is not None else None)
             if call.kind == "chat":
                 message, finish = _chat_message(call, c.text, c.finish_reason)
                 choice = {"index": key, "message": message, "logprobs": logprobs,
@@ -200,9 +201,10 @@ def usage(call: Call, finals: list[RequestOutput]) -> dict:
 
 
 def _logprobs(call: Call, state: ServerState, token_ids: list[int],
-              entries: list[dict[int, float]], offsets: ReplyOffsets | list[int]) -> dict:
+              entries: list[dict[int, float]],
+              offsets: ReplyOffsets | list[int] | None) -> dict:
     """Logprobs in the chat or the completions shape; a completion's text offsets from
-    `offsets` (the reply's, or an echoed prompt's)."""
+    `offsets` (the reply's, or an echoed prompt's; None for a chat)."""
     k = call.params.logprobs or 0
     if call.kind == "chat":
         content = []
@@ -218,7 +220,8 @@ def _logprobs(call: Call, state: ServerState, token_ids: list[int],
         token_logprobs.append(None if entry is None else entry[token])
         top_logprobs.append(None if entry is None else {
             _token_name(call, state, t): lp for t, lp in list(entry.items())[:k]})
-    if isinstance(offsets, ReplyOffsets):
+    if not isinstance(offsets, list):
+        assert offsets is not None, "a completion's logprobs need their text offsets"
         offsets = offsets.next(token_ids[:len(tokens)])
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
             "text_offset": offsets}
