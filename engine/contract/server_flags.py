@@ -188,6 +188,11 @@ _NO_EFFECT_SWITCHES = (
      "(every rank holds a slice of every expert; the output is the same)"),
     ("--disable-custom-all-reduce",
      "tensor-parallel ranks all-reduce through torch.distributed only"),
+    ("--enable-request-id-headers",
+     "every response carries X-Request-Id here (the client's, or a new one)"),
+    ("--exclude-tools-when-tool-choice-none",
+     'tool_choice "none" renders no tools into the prompt here'),
+    ("--use-tqdm-on-load", "loading the weights always shows its progress"),
 )
 
 
@@ -207,6 +212,12 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-parallel-size", type=_positive_int, default=1,
                         help="Accepted for vLLM's command lines with 1 only: more replicas "
                              "(the operator's replicas and autoscaling) serve in parallel.")
+    parser.add_argument("--api-server-count", type=_positive_int, default=1,
+                        help="Accepted for vLLM's command lines with 1 only: one HTTP server "
+                             "shares the engine's process.")
+    parser.add_argument("--max-parallel-loading-workers", type=_positive_int, default=None,
+                        help="Accepted for vLLM's command lines: the weights are read by the "
+                             "serving process itself, file by file.")
     # Mistral's recipes ask for its own formats; its repositories carry Hugging Face's too.
     for flag, choices, what in (
             ("--tokenizer-mode", ("auto", "hf", "slow", "mistral"),
@@ -236,6 +247,11 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--guided-decoding-backend", choices=("auto", "xgrammar"),
                         default="auto", help="Accepted for vLLM's command lines: structured "
                                              "outputs always run on xgrammar.")
+    parser.add_argument("--structured-outputs-config", type=_structured_outputs_config,
+                        default=None, metavar="JSON",
+                        help="Newer vLLM's name for the backend: accepted with "
+                             '{"backend": "auto"} or "xgrammar" (and disable_fallback, which '
+                             "changes nothing: there is no other backend to fall back to).")
     parser.add_argument("--convert", choices=("auto", "none", "embed", "classify"),
                         default=None, action=_RunnerAlias,
                         help="vLLM's: embed and classify are --runner pooling (a generative "
@@ -286,7 +302,9 @@ def check_server_flags(args: argparse.Namespace) -> None:
             ("--pipeline-parallel-size", args.pipeline_parallel_size,
              "a replica shards its model with --tensor-parallel-size"),
             ("--data-parallel-size", args.data_parallel_size,
-             "run more replicas (the operator's replicas and autoscaling)")):
+             "run more replicas (the operator's replicas and autoscaling)"),
+            ("--api-server-count", args.api_server_count,
+             "one HTTP server shares the engine's process; run more replicas")):
         if size != 1:
             raise ConfigError(flag, f"{size} is not supported; {how}")
     if args.ssl_cert_reqs and args.ssl_keyfile is None:
@@ -347,6 +365,21 @@ def _generation_overrides(value: str) -> dict[str, float]:
     if overrides.get("max_new_tokens", 1) < 1:
         raise argparse.ArgumentTypeError("max_new_tokens must be at least 1")
     return overrides
+
+
+def _structured_outputs_config(value: str) -> dict[str, Any]:
+    config = _json_or_none(value)
+    if not isinstance(config, dict):
+        raise argparse.ArgumentTypeError(f'must be a JSON object such as {{"backend": '
+                                         f'"xgrammar"}}, got {value!r}')
+    unknown = sorted(set(config) - {"backend", "disable_fallback"})
+    if unknown:
+        raise argparse.ArgumentTypeError(f"{unknown[0]!r} is not supported here (accepted: "
+                                         "backend, disable_fallback)")
+    if config.get("backend", "auto") not in ("auto", "xgrammar"):
+        raise argparse.ArgumentTypeError(f"backend {config['backend']!r} is not available: "
+                                         "structured outputs run on xgrammar (auto or xgrammar)")
+    return config
 
 
 def _positive_int(value: str) -> int:

@@ -68,8 +68,11 @@ def vllm_server(tiny_llama_dir, tls, tmp_path_factory):
         "--disable-uvicorn-access-log", "--disable-fastapi-docs",
         "--disable-frontend-multiprocessing", "--distributed-executor-backend", "mp",
         "--enable-expert-parallel",
-        "--pipeline-parallel-size", "1", "--data-parallel-size", "1",
+        "--pipeline-parallel-size", "1", "--data-parallel-size", "1", "--api-server-count", "1",
         "--guided-decoding-backend", "xgrammar", "--return-tokens-as-token-ids",
+        "--structured-outputs-config", '{"backend": "xgrammar", "disable_fallback": true}',
+        "--enable-request-id-headers", "--exclude-tools-when-tool-choice-none",
+        "--use-tqdm-on-load", "--max-parallel-loading-workers", "2",
         "--limit-mm-per-prompt", '{"image": 0, "video": {"count": 0}}',
         "--tokenizer-mode", "mistral", "--config-format", "mistral", "--load-format", "mistral",
         "--swap-space", "16", "--disable-custom-all-reduce", "--max-seq-len-to-capture", "8192",
@@ -209,6 +212,15 @@ def test_each_request_is_logged_cut_to_max_log_len_and_the_access_log_is_off(vll
      "replica shards its model with --tensor-parallel-size"),
     (["--data-parallel-size", "4"], "--data-parallel-size: 4 is not supported; run more "
      "replicas"),
+    (["--api-server-count", "4"], "--api-server-count: 4 is not supported; one HTTP server "
+     "shares the engine's process"),
+    (["--structured-outputs-config", '{"backend": "outlines"}'], "argument "
+     "--structured-outputs-config: backend 'outlines' is not available: structured outputs "
+     "run on xgrammar"),
+    (["--structured-outputs-config", '{"disable_any_whitespace": true}'], "argument "
+     "--structured-outputs-config: 'disable_any_whitespace' is not supported here"),
+    (["--structured-outputs-config", "xgrammar"], "argument --structured-outputs-config: must "
+     "be a JSON object"),
     (["--limit-mm-per-prompt", '{"image": 1, "audio": 1}'], "limit_mm_per_prompt: audio: 1 "
      "is not supported; tokenmill reads text and images (set every other modality to 0)"),
     (["--allowed-local-media-path", "/nonexistent/media"], "--allowed-local-media-path: "
