@@ -84,6 +84,26 @@ def test_logprobs_are_top_k_and_include_the_sampled_token(tiny_llama):
         assert sum(math.exp(v) for v in values) <= 1.0 + 1e-5
 
 
+def test_logprobs_are_the_models_own_whatever_the_sampling(tiny_llama, tiny_llama_dir):
+    """vLLM's default logprobs mode (raw_logprobs, the only one served): a temperature, a
+    bias, a penalty and top-k change which tokens are drawn, not the logprobs reported."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    params = SamplingParams(temperature=0.4, top_k=5, seed=3, max_tokens=6, logprobs=2,
+                            ignore_eos=True, presence_penalty=1.5, logit_bias={1040: 4.0})
+    out = tiny_llama.generate([PROMPT], params)[0].outputs[0]
+    hf = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = hf(torch.tensor([PROMPT + out.token_ids])).logits[0, len(PROMPT) - 1:-1]
+    expected = torch.log_softmax(logits.float(), dim=-1)
+    for row, token, entry in zip(expected, out.token_ids, out.logprobs, strict=True):
+        assert entry[token] == pytest.approx(row[token].item(), abs=1e-4)
+        best = row.topk(2)
+        assert [entry[t] for t in best.indices.tolist()] == pytest.approx(
+            best.values.tolist(), abs=1e-4)
+
+
 def test_stop_token_ids_end_the_output(tiny_llama):
     full = _tokens(tiny_llama, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))[0]
     stop_at = full[4]

@@ -73,6 +73,7 @@ def vllm_server(tiny_llama_dir, tls, tmp_path_factory):
         "--structured-outputs-config", '{"backend": "xgrammar", "disable_fallback": true}',
         "--enable-request-id-headers", "--exclude-tools-when-tool-choice-none",
         "--use-tqdm-on-load", "--max-parallel-loading-workers", "2",
+        "--logprobs-mode", "raw_logprobs",
         "--limit-mm-per-prompt", '{"image": 0, "video": {"count": 0}}',
         "--tokenizer-mode", "mistral", "--config-format", "mistral", "--load-format", "mistral",
         "--swap-space", "16", "--disable-custom-all-reduce", "--max-seq-len-to-capture", "8192",
@@ -219,6 +220,8 @@ def test_each_request_is_logged_cut_to_max_log_len_and_the_access_log_is_off(vll
      "run on xgrammar"),
     (["--structured-outputs-config", '{"disable_any_whitespace": true}'], "argument "
      "--structured-outputs-config: 'disable_any_whitespace' is not supported here"),
+    (["--logprobs-mode", "processed_logprobs"],
+     "argument --logprobs-mode: invalid choice: 'processed_logprobs'"),
     (["--structured-outputs-config", "xgrammar"], "argument --structured-outputs-config: must "
      "be a JSON object"),
     (["--limit-mm-per-prompt", '{"image": 1, "audio": 1}'], "limit_mm_per_prompt: audio: 1 "
