@@ -17,10 +17,10 @@ def pair_prompt(tokenizer: Any, first: str, second: str, classifier: Classifier,
     other as one text (a causal LM made a reranker, vLLM's use_pad_token false).
 
     `keep`: at most that many tokens, cut as a tokenizer's `longest_first` truncation from the
-    left cuts a pair (vLLM's truncate_prompt_tokens): the longer text loses its first token
-    until the pair fits, its special tokens all kept. Where the tokenizer can't say which text
-    a token belongs to (not a fast one), or the special tokens alone exceed `keep`, the pair
-    comes whole, for the caller to cut as one text."""
+    left cuts a pair (vLLM's truncate_prompt_tokens): each text loses its first tokens, as many
+    as _longest_first_lengths says, its special tokens all kept. Where the tokenizer can't say
+    which text a token belongs to (not a fast one), or the special tokens alone exceed `keep`,
+    the pair comes whole, for the caller to cut as one text."""
     if classifier.joins_pairs:
         return list(tokenizer(first + second)["input_ids"]), None
     encoded = tokenizer(first, second, return_token_type_ids=classifier.token_types)
