@@ -101,7 +101,7 @@ def test_a_format_on_a_value_that_cannot_be_a_string_is_ignored(smol_llm):
     assert constraint.schema() == schema
     chat = smol_llm.apply_chat_template(
         [{"role": "user", "content": "Give n as 7 and x as 2.5, in JSON."}])
-    out = smol_llm.generate([chat], SamplingParams(temperature=0.0, max_tokens=40,
+    out = smol_llm.generate([chat], SamplingParams(temperature=0.0, max_tokens=64,
                                                    structured_outputs=constraint))[0].outputs[0]
     assert out.finish_reason == "stop"
     jsonschema.validate(json.loads(out.text), schema)

@@ -349,14 +349,24 @@ def test_required_tool_choice_forces_valid_calls(free, seed):
     assert len(one.choices[0].message.tool_calls) == 1
 
 
-@pytest.mark.parametrize("max_tokens, cut_in", [(3, "name"), (24, "arguments")])
+@pytest.mark.parametrize("cut_in", ["name", "arguments"])
 def test_a_required_call_cut_by_max_tokens_ends_with_length_and_never_shows_its_json(
-        free, max_tokens, cut_in):
+        free, tiny_llama_dir, cut_in):
     """Cut before its name is whole, a required call is no call and no content; cut in its
-    arguments, it is that call as far as it came (streamed or not, the same)."""
+    arguments, it is that call as far as it came (streamed or not, the same). The cuts are
+    found in the uncut reply's tokens: where its "name" key ends, where its arguments open."""
+    from transformers import AutoTokenizer
+
     ask = {"model": "free", "messages": ASK, "tools": [ALARM], "tool_choice": "required",
-           "max_tokens": max_tokens, "temperature": 0}
-    r = free.chat.completions.create(**ask)
+           "temperature": 0}
+    whole = free.chat.completions.create(**ask, max_tokens=300,
+                                         extra_body={"return_token_ids": True}).choices[0]
+    assert whole.finish_reason == "tool_calls"
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    ids = whole.model_extra["token_ids"]
+    marker = {"name": '"name"', "arguments": '"arguments": {'}[cut_in]
+    cut = next(k for k in range(1, len(ids)) if marker in tokenizer.decode(ids[:k]))
+    r = free.chat.completions.create(**ask, max_tokens=cut)
     message = r.choices[0].message
     assert r.choices[0].finish_reason == "length"
     if cut_in == "name":
@@ -367,7 +377,7 @@ def test_a_required_call_cut_by_max_tokens_ends_with_length_and_never_shows_its_
         assert call.function.arguments.startswith("{")
         with pytest.raises(json.JSONDecodeError):
             json.loads(call.function.arguments)
-    got = reassemble(free.chat.completions.create(**ask, stream=True))[0]
+    got = reassemble(free.chat.completions.create(**ask, max_tokens=cut, stream=True))[0]
     assert got["finish"] == "length" and got["content"] == (message.content or "")
     assert [(c["name"], c["arguments"]) for c in got["calls"]] == [
         (c.function.name, c.function.arguments) for c in message.tool_calls or []]
