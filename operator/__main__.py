@@ -33,18 +33,30 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster-domain", default=None,
                    help="The cluster's DNS domain, for status.url (env TOKENMILL_CLUSTER_DOMAIN; "
                         "default: read from the pod's /etc/resolv.conf, else cluster.local).")
+    p.add_argument("--platform-assigned-ids", action="store_true",
+                   help="Engine pods name no runAsUser, runAsGroup or fsGroup: the platform "
+                        "assigns them (OpenShift's restricted-v2 SCC; env "
+                        "TOKENMILL_PLATFORM_ASSIGNED_IDS=1).")
     p.add_argument("--verbose", action="store_true", help="Debug logging.")
     return p
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
+def export_settings(args: argparse.Namespace) -> None:
+    """The flags that stand for environment variables, set as those: the handlers read them
+    (a deployment may set either)."""
     if args.engine_image:
         os.environ["TOKENMILL_ENGINE_IMAGE"] = args.engine_image
     if args.autoscale_interval:
         os.environ["TOKENMILL_AUTOSCALE_INTERVAL"] = str(args.autoscale_interval)
     if args.cluster_domain:
         os.environ["TOKENMILL_CLUSTER_DOMAIN"] = args.cluster_domain
+    if args.platform_assigned_ids:
+        os.environ["TOKENMILL_PLATFORM_ASSIGNED_IDS"] = "1"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    export_settings(args)
     import kopf
 
     from . import handlers, metrics  # noqa: F401  (importing handlers registers them)

@@ -5,6 +5,7 @@ Nothing here talks to a cluster, so every spec field's effect is testable as pla
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,6 +50,11 @@ POD_SECURITY_CONTEXT = {
     "runAsNonRoot": True, "runAsUser": ENGINE_UID, "runAsGroup": ENGINE_UID,
     "fsGroup": ENGINE_UID, "seccompProfile": {"type": "RuntimeDefault"},
 }
+# Where the platform assigns each pod's user and groups from the namespace's range (OpenShift's
+# restricted-v2 SCC, which refuses a pod that names ids outside it), `tokenmill operator
+# --platform-assigned-ids` leaves them out; the image's user is numeric, so runAsNonRoot holds.
+PLATFORM_ASSIGNED_IDS_ENV = "TOKENMILL_PLATFORM_ASSIGNED_IDS"
+ASSIGNED_IDS = ("runAsUser", "runAsGroup", "fsGroup")
 CONTAINER_SECURITY_CONTEXT = {
     "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
     "capabilities": {"drop": ["ALL"]},
@@ -271,6 +277,13 @@ def _download_container(spec: InferenceServiceSpec, image: str) -> dict[str, Any
     return {k: v for k, v in container.items() if v not in (None, [], {})}
 
 
+def _pod_security_defaults() -> dict[str, Any]:
+    """The engine pod's security context before the spec's overrides."""
+    if os.environ.get(PLATFORM_ASSIGNED_IDS_ENV) != "1":
+        return POD_SECURITY_CONTEXT
+    return {k: v for k, v in POD_SECURITY_CONTEXT.items() if k not in ASSIGNED_IDS}
+
+
 def deployment(name: str, namespace: str, uid: str, spec: InferenceServiceSpec,
                image: str) -> dict[str, Any]:
     """The Deployment running `tokenmill serve`; every spec change lands in its pod template."""
@@ -279,7 +292,7 @@ def deployment(name: str, namespace: str, uid: str, spec: InferenceServiceSpec,
         "nodeSelector": spec.node_selector,
         "tolerations": spec.tolerations,
         "affinity": spec.affinity,
-        "securityContext": {**POD_SECURITY_CONTEXT, **(spec.pod_security_context or {})},
+        "securityContext": {**_pod_security_defaults(), **(spec.pod_security_context or {})},
         # preStop, then the server's drain, then a margin for the process to exit.
         "terminationGracePeriodSeconds": PRE_STOP_SECONDS + spec.shutdown_timeout_seconds + 10,
         "initContainers": [_download_container(spec, image)] if spec.downloads else [],

@@ -92,9 +92,11 @@ def test_standalone_and_namespaced_arguments():
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--standalone" in args and "--namespace=ml" in args
     assert not any(a.startswith("--cluster-domain") for a in args)
-    (deployment,) = by_kind(render({"clusterDomain": "k8s.corp"}), "Deployment")
-    assert "--cluster-domain=k8s.corp" in deployment["spec"]["template"]["spec"][
-        "containers"][0]["args"]
+    assert "--platform-assigned-ids" not in args
+    (deployment,) = by_kind(render({"clusterDomain": "k8s.corp", "platformAssignedIds": True}),
+                            "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--cluster-domain=k8s.corp" in args and "--platform-assigned-ids" in args
     (deployment,) = by_kind(render(), "Deployment")
     image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
     assert image == "ghcr.io/tokenmill/tokenmill:0.1.0"

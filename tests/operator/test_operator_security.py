@@ -3,8 +3,11 @@ and with the spec's overrides; an override that breaks the profile is visible as
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import yaml
+from openshift_scc import id_violations
 from operator_support import EXAMPLES
 from psa_restricted import violations
 
@@ -29,6 +32,26 @@ SPECS = [{}, {"resources": {"gpus": 0}}, {"model": {"uri": "pvc://models/llama"}
 @pytest.mark.parametrize("spec", SPECS)
 def test_engine_pods_pass_the_restricted_profile(spec):
     t = template(spec)
+    assert violations(t["spec"], t["metadata"].get("annotations")) == []
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_with_platform_assigned_ids_engine_pods_pass_openshifts_restricted_v2(spec,
+                                                                             monkeypatch):
+    """The image's user id (1000) is outside any OpenShift namespace's range: restricted-v2
+    refused every engine pod. With `tokenmill operator --platform-assigned-ids` the pod names
+    no ids (the spec's own overrides still apply) and still passes the restricted profile."""
+    assert any("runAsUser 1000 must be in the ranges" in v
+               for v in id_violations(template(spec)["spec"])) or "podSecurityContext" in spec
+    monkeypatch.setenv(manifests.PLATFORM_ASSIGNED_IDS_ENV, "1")
+    t = template(spec)
+    context = t["spec"]["securityContext"]
+    assert context["runAsNonRoot"] is True
+    if "podSecurityContext" in spec:
+        assert context["runAsUser"] == spec["podSecurityContext"]["runAsUser"]
+    else:
+        assert not set(context) & set(manifests.ASSIGNED_IDS)
+        assert id_violations(t["spec"]) == []
     assert violations(t["spec"], t["metadata"].get("annotations")) == []
 
 
@@ -79,3 +102,18 @@ def test_the_download_runs_under_the_engines_overrides_too():
     found = violations(t["spec"])
     assert "allowPrivilegeEscalation != false (model-download)" in found
     assert "allowPrivilegeEscalation != false (engine)" in found
+
+
+def test_the_operators_flags_reach_the_manifests(monkeypatch):
+    """`tokenmill operator --platform-assigned-ids --cluster-domain D`, as the chart passes
+    them: each becomes the variable the manifests and the status read."""
+    from tokenmill.operator.__main__ import export_settings, parser
+
+    for name in (manifests.PLATFORM_ASSIGNED_IDS_ENV, "TOKENMILL_CLUSTER_DOMAIN"):
+        monkeypatch.setenv(name, "")  # recorded, so that what the flags set is undone
+        monkeypatch.delenv(name)
+    assert template({})["spec"]["securityContext"]["runAsUser"] == manifests.ENGINE_UID
+    export_settings(parser().parse_args(["--platform-assigned-ids",
+                                         "--cluster-domain", "k8s.corp"]))
+    assert "runAsUser" not in template({})["spec"]["securityContext"]
+    assert os.environ["TOKENMILL_CLUSTER_DOMAIN"] == "k8s.corp"
