@@ -11,6 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from helm_python.config import Config
+from openshift_scc import id_violations
 from operator_support import CRD_PATH, REPO, Emulator, render_chart
 from psa_restricted import violations
 
@@ -84,6 +85,13 @@ def test_the_operator_pods_security_context_is_a_value():
     assert pod["securityContext"] == {"runAsNonRoot": True,
                                       "seccompProfile": {"type": "RuntimeDefault"}}
     assert violations(pod) == []
+    # On OpenShift one value leaves the ids out of the operator's pod and the engines'.
+    (deployment,) = by_kind(render({"platformAssignedIds": True}), "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {"runAsNonRoot": True,
+                                      "seccompProfile": {"type": "RuntimeDefault"}}
+    assert "--platform-assigned-ids" in pod["containers"][0]["args"]
+    assert violations(pod) == [] and id_violations(pod) == []
 
 
 def test_standalone_and_namespaced_arguments():
