@@ -210,10 +210,15 @@ def truncated(ids: list[int], keep: int | None, state: ServerState) -> list[int]
     return [ids[i] for i in kept_positions(ids, keep, state)]
 
 
+def token_limit(keep: int | None, state: ServerState) -> int | None:
+    """truncate_prompt_tokens as a count of tokens (-1: the context length; None: no limit)."""
+    return state.max_model_len if keep == -1 else keep
+
+
 def kept_positions(ids: list[int], keep: int | None, state: ServerState) -> list[int]:
     """The positions of `ids` that truncated() keeps (a pair's token types follow them)."""
     n = len(ids)
-    keep = None if keep is None else state.max_model_len if keep == -1 else keep
+    keep = token_limit(keep, state)
     if keep is None or n <= keep:
         return list(range(n))
     head, tail = special_frame(state.tokenizer)

@@ -71,10 +71,8 @@ def delta_choice(call: Call, prompt_index: int, c: CompletionOutput,
     call.sent_text[key] = len(c.text)
     logprobs = None
     if c.logprobs is not None:
-        if key not in call.offsets and call.kind != "chat":
-            call.offsets[key] = _reply_offsets(call, state, prompt_index, echoed)
-        logprobs = _logprobs(call, state, new_tokens, c.logprobs[sent_tokens:],
-                             call.offsets.get(key))
+        offsets = _reply_offsets(call, state, key, prompt_index, echoed, new_tokens)
+        logprobs = _logprobs(call, state, new_tokens, c.logprobs[sent_tokens:], offsets)
         if first:
             logprobs = _with_echo(call, state, out, echoed, logprobs)
         call.sent_tokens[key] = len(c.token_ids)
@@ -154,10 +152,11 @@ def full_response(call: Call, finals: list[RequestOutput], state: ServerState) -
         for c in [_shown(call, output) for output in out.outputs]:
             key = i * call.n + c.index
             echoed = prompt_text(call, state, i) if call.echo else ""
-            offsets = None if call.kind == "chat" else _reply_offsets(call, state, i, echoed)
-            logprobs = (_with_echo(call, state, out, echoed,
-                                   _logprobs(call, state, c.token_ids, c.logprobs, offsets))
-                        if c.logprobs is not None else None)
+            logprobs = None
+            if c.logprobs is not None:
+                offsets = _reply_offsets(call, state, key, i, echoed, c.token_ids)
+                logprobs = _with_echo(call, state, out, echoed,
+                                      _logprobs(call, state, c.token_ids, c.logprobs, offsets))
             if call.kind == "chat":
                 message, finish = _chat_message(call, c.text, c.finish_reason)
                 choice = {"index": key, "message": message, "logprobs": logprobs,
@@ -201,10 +200,9 @@ def usage(call: Call, finals: list[RequestOutput]) -> dict:
 
 
 def _logprobs(call: Call, state: ServerState, token_ids: list[int],
-              entries: list[dict[int, float]],
-              offsets: ReplyOffsets | list[int] | None) -> dict:
-    """Logprobs in the chat or the completions shape; a completion's text offsets from
-    `offsets` (the reply's, or an echoed prompt's; None for a chat)."""
+              entries: list[dict[int, float]], offsets: list[int] | None) -> dict:
+    """Logprobs in the chat or the completions shape; `offsets`, a completion's text offsets
+    of the tokens (None for a chat, whose logprobs carry none)."""
     k = call.params.logprobs or 0
     if call.kind == "chat":
         content = []
@@ -220,18 +218,23 @@ def _logprobs(call: Call, state: ServerState, token_ids: list[int],
         token_logprobs.append(None if entry is None else entry[token])
         top_logprobs.append(None if entry is None else {
             _token_name(call, state, t): lp for t, lp in list(entry.items())[:k]})
-    if not isinstance(offsets, list):
-        assert offsets is not None, "a completion's logprobs need their text offsets"
-        offsets = offsets.next(token_ids[:len(tokens)])
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
             "text_offset": offsets}
 
 
-def _reply_offsets(call: Call, state: ServerState, prompt_index: int,
-                   echoed: str) -> ReplyOffsets:
-    """Where a choice's reply tokens begin in its text (after the echoed prompt)."""
-    return ReplyOffsets(state.tokenizer, call.prompts_ids[prompt_index], len(echoed),
-                        call.params.skip_special_tokens)
+def _reply_offsets(call: Call, state: ServerState, key: int, prompt_index: int, echoed: str,
+                   token_ids: list[int]) -> list[int] | None:
+    """Where a choice's next reply tokens begin in its text (after the echoed prompt); None
+    for a chat. The choice's tracker stays with the call: a stream's chunks go on from where
+    the one before ended."""
+    if call.kind == "chat":
+        return None
+    tracker = call.offsets.get(key)
+    if tracker is None:
+        tracker = call.offsets[key] = ReplyOffsets(
+            state.tokenizer, call.prompts_ids[prompt_index], len(echoed),
+            call.params.skip_special_tokens)
+    return tracker.next(token_ids)
 
 
 def prompt_text(call: Call, state: ServerState, prompt_index: int) -> str:

@@ -16,7 +16,12 @@ from fastapi.responses import JSONResponse
 from tokenmill.engine.core import PoolingParams, cosine_similarity, pair_prompt
 from tokenmill.engine.server.embeddings import embed
 from tokenmill.engine.server.errors import APIError, client_closed
-from tokenmill.engine.server.openai_serving import check_serving, kept_positions, truncated
+from tokenmill.engine.server.openai_serving import (
+    check_serving,
+    kept_positions,
+    token_limit,
+    truncated,
+)
 from tokenmill.engine.server.scores_protocol import RerankRequest, ScoreRequest, ScoringFields
 from tokenmill.engine.server.state import ServerState
 
@@ -80,8 +85,7 @@ async def _cross_encoded(body: ScoringFields, request: Request, state: ServerSta
                             "use /classify", param="model")
     pooling = PoolingParams(task="classify", use_activation=body.use_activation)
     prompts, each = [], []
-    keep = body.truncate_prompt_tokens
-    keep = state.max_model_len if keep == -1 else keep
+    keep = token_limit(body.truncate_prompt_tokens, state)
     for a, b in pairs:
         ids, types = pair_prompt(state.tokenizer, a, b, state.classifier, keep)
         kept = kept_positions(ids, keep, state)
