@@ -1,6 +1,6 @@
 """The tokenmill inference engine.
 
-`LLM` and `SamplingParams` import torch, so they load lazily: importing
+`LLM`, `SamplingParams` and `BeamSearchParams` import torch, so they load lazily: importing
 `tokenmill.engine.contract.config` (as the operator does) stays free of torch.
 """
 
@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from tokenmill.engine.contract.config import EngineConfig
 
-__all__ = ["LLM", "SamplingParams", "EngineConfig"]
+__all__ = ["LLM", "SamplingParams", "BeamSearchParams", "EngineConfig"]
 
 if TYPE_CHECKING:
+    from tokenmill.engine.core.beam_search import BeamSearchParams
     from tokenmill.engine.core.sampling_params import SamplingParams
     from tokenmill.engine.frontend.llm import LLM
 
@@ -24,4 +25,8 @@ def __getattr__(name: str) -> Any:
         from tokenmill.engine.core.sampling_params import SamplingParams
 
         return SamplingParams
+    if name == "BeamSearchParams":
+        from tokenmill.engine.core.beam_search import BeamSearchParams
+
+        return BeamSearchParams
     raise AttributeError(name)

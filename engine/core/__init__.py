@@ -12,6 +12,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from tokenmill.engine.core.beam_search import (
+        BeamSearch,
+        BeamSearchOutput,
+        BeamSearchParams,
+        BeamSearchSequence,
+        completion_outputs,
+        round_params,
+    )
     from tokenmill.engine.core.cross_encoding import cosine_similarity, pair_prompt, score_pairs
     from tokenmill.engine.core.detokenizer import IncrementalDetokenizer
     from tokenmill.engine.core.engine import LLMEngine
@@ -30,6 +38,9 @@ if TYPE_CHECKING:
     from tokenmill.engine.core.structured.params import StructuredOutputsParams
 
 _EXPORTS = {
+    **{name: "tokenmill.engine.core.beam_search"
+       for name in ("BeamSearch", "BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence",
+                    "completion_outputs", "round_params")},
     "LLMEngine": "tokenmill.engine.core.engine",
     "ClassificationRequestOutput": "tokenmill.engine.core.outputs",
     "CompletionOutput": "tokenmill.engine.core.outputs",
@@ -49,12 +60,13 @@ _EXPORTS = {
     "StructuredOutputsParams": "tokenmill.engine.core.structured.params",
 }
 
-__all__ = ["ClassificationRequestOutput", "CompletionOutput", "EmbeddingRequestOutput",
+__all__ = ["BeamSearch", "BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence",
+           "ClassificationRequestOutput", "CompletionOutput", "EmbeddingRequestOutput",
            "IncrementalDetokenizer", "LLMEngine", "PoolingOutput", "PoolingParams",
            "PoolingRequestOutput",
            "RequestOutput", "RequestOutputKind", "SamplingParams",
            "ScoringOutput", "ScoringRequestOutput", "StructuredOutputsParams", "cosine_similarity",
-           "pair_prompt", "score_pairs"]
+           "completion_outputs", "pair_prompt", "round_params", "score_pairs"]
 
 
 def __getattr__(name: str) -> Any:

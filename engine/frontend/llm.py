@@ -13,6 +13,8 @@ from tqdm import tqdm
 
 from tokenmill.engine.contract.config import EngineConfig
 from tokenmill.engine.core import (
+    BeamSearchOutput,
+    BeamSearchParams,
     ClassificationRequestOutput,
     EmbeddingRequestOutput,
     LLMEngine,
@@ -27,6 +29,7 @@ from tokenmill.engine.core import (
     pair_prompt,
     score_pairs,
 )
+from tokenmill.engine.frontend.beam_search import run_offline
 from tokenmill.engine.frontend.heap import frozen_heap
 from tokenmill.engine.frontend.media import read_image_url
 
@@ -93,6 +96,22 @@ class LLM:
             self.engine.add_request(request_id, prompt, p, lora_name=name, priority=rank,
                                     images=pictures)
         return self._run(ids, "Generating", use_tqdm)
+
+    def beam_search(self, prompts: Prompt | PromptDict | Sequence[Prompt | PromptDict],
+                    params: BeamSearchParams, use_tqdm: bool = False,
+                    lora: str | None = None) -> list[BeamSearchOutput]:
+        """Beam search for each prompt, as vLLM's LLM.beam_search: one BeamSearchOutput per
+        prompt, in input order, its `sequences` the best `params.beam_width` hypotheses, best
+        first (each one's `tokens` and `text` hold the prompt too). Hugging Face's rules
+        (core/beam_search.py); each round of every prompt's beams runs as one batch.
+        Every prompt is checked before any runs."""
+        batch = []
+        for prompt in _as_prompt_list(prompts):
+            text, images = self._with_images(prompt)
+            if images:
+                raise ValueError("beam search takes text prompts; this one carries images")
+            batch.append(text)
+        return run_offline(self, batch, params, use_tqdm, lora)
 
     def _with_images(self, prompt: Prompt | PromptDict) -> tuple[Prompt, list[Any] | None]:
         """A prompt and its images, prepared once (a dict prompt's multi_modal_data)."""

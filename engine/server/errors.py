@@ -34,6 +34,20 @@ class APIError(Exception):
         self.headers = headers
 
 
+def admission_error(exc: BaseException, field: str) -> APIError | None:
+    """The HTTP error for a request the engine would not admit (None: not the engine's
+    refusal): a RequestError names `field` unless it names its own."""
+    from tokenmill.engine.core.errors import EngineDeadError, RequestError, UnknownAdapterError
+
+    if isinstance(exc, UnknownAdapterError):  # removed since the request was checked
+        return APIError(404, str(exc), param="model", code="model_not_found")
+    if isinstance(exc, RequestError):
+        return APIError(400, str(exc), param=exc.param or field)
+    if isinstance(exc, EngineDeadError):
+        return APIError(503, str(exc))
+    return None
+
+
 def error_body(status: int, message: str, param: str | None = None,
                code: str | None = None) -> dict:
     return {"error": {"message": message, "type": ERROR_TYPES.get(status, "error"),

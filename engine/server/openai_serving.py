@@ -20,12 +20,12 @@ from tokenmill.engine.core.errors import (
     EngineDeadError,
     RequestError,
     SamplingParamsError,
-    UnknownAdapterError,
 )
 from tokenmill.engine.frontend.async_engine import RequestStream
 from tokenmill.engine.server.adapters import resolve_model
+from tokenmill.engine.server.beam_requests import beam_params, start_beam_searches
 from tokenmill.engine.server.content_format import in_content_format
-from tokenmill.engine.server.errors import APIError, client_closed, error_body
+from tokenmill.engine.server.errors import APIError, admission_error, client_closed, error_body
 from tokenmill.engine.server.images import request_images
 from tokenmill.engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from tokenmill.engine.server.reasoning import REASONING_PARSERS, ReplyReasoning, RequestedThinking
@@ -53,6 +53,7 @@ async def create_completion(body: CompletionRequest, request: Request,
         prompts = [list(p) for p in ids]
     max_tokens = body.max_tokens if body.max_tokens is not None else _room(state, ids, "prompt")
     params = _params(body, 1 if body.prompt_only else max_tokens, body.logprobs, state)
+    beam = beam_params(body, params, body.constraint_field())
     await _compile_constraint(state, params, body.constraint_field())
     model = adapter or state.options.served_model_name
     call = Call("completion", f"cmpl-{uuid.uuid4().hex}", model, body.n,
@@ -61,7 +62,7 @@ async def create_completion(body: CompletionRequest, request: Request,
                 prompt_logprobs=body.prompt_logprobs, lora_name=adapter,
                 continuous_usage=body.continuous_usage,
                 tokens_as_ids=_tokens_as_ids(body, state), priority=body.priority,
-                return_token_ids=bool(body.return_token_ids))
+                return_token_ids=bool(body.return_token_ids), beam=beam)
     return await _run(call, body.stream, body.include_usage, request, state)
 
 
@@ -97,6 +98,7 @@ async def chat_call(body: ChatCompletionRequest, state: ServerState,
     except RequestError as exc:
         raise APIError(400, str(exc), param=exc.param) from exc
     params = _sampling_for_tools(_params(body, max_tokens, logprobs, state), plan)
+    beam = beam_params(body, params, body.constraint_field() or "tool_choice")
     await _compile_constraint(state, params, body.constraint_field() or "tool_choice")
     model = adapter or state.options.served_model_name
     reasoning = _reasoning(state, params, body.chat_template_kwargs)
@@ -108,7 +110,7 @@ async def chat_call(body: ChatCompletionRequest, state: ServerState,
                 reasoning=reasoning, continuous_usage=body.continuous_usage,
                 tokens_as_ids=_tokens_as_ids(body, state), priority=body.priority,
                 return_token_ids=bool(body.return_token_ids), role=_reply_role(body, state),
-                images=images)
+                images=images, beam=beam)
 
 
 def with_images(state: ServerState, ids: list[int], images: list[Any],
@@ -328,12 +330,8 @@ async def start_requests(state: ServerState, requests: list[tuple[str, list[int]
         streams = await state.engine.add_requests(requests)
     except BaseException as exc:
         state.request_ended()
-        if isinstance(exc, UnknownAdapterError):  # removed since the request was checked
-            raise APIError(404, str(exc), param="model", code="model_not_found") from exc
-        if isinstance(exc, RequestError):
-            raise APIError(400, str(exc), param=exc.param or field) from exc
-        if isinstance(exc, EngineDeadError):
-            raise APIError(503, str(exc)) from exc
+        if (error := admission_error(exc, field)) is not None:
+            raise error from exc
         raise
     return streams
 
@@ -358,6 +356,11 @@ async def start(call: Call, stream: bool, state: ServerState) -> list[RequestStr
     ends it. A stream's engine requests report what each step added (_merged joins it), so
     the engine's work per step does not grow with the length of the replies; the others
     report once, finished, as vLLM's do."""
+    field = "prompt" if call.kind == "completion" else "messages"
+    if call.beam is not None:
+        streams = await start_beam_searches(call, state, field)
+        log_request(call, state)
+        return streams
     kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
     options = {"params": dataclasses.replace(call.params, output_kind=kind),
                "cache_salt": call.cache_salt,
@@ -365,7 +368,7 @@ async def start(call: Call, stream: bool, state: ServerState) -> list[RequestStr
                **({"images": call.images} if call.images else {})}
     streams = await start_requests(
         state, [(f"{call.id}-{i}", ids, options) for i, ids in enumerate(call.prompts_ids)],
-        "prompt" if call.kind == "completion" else "messages")
+        field)
     log_request(call, state)
     log.info("request admitted", extra={"id": call.id, "prompts": len(call.prompts_ids),
                                         "n": call.n, "max_tokens": call.params.max_tokens,

@@ -126,6 +126,11 @@ class SamplingFields(RequestModel, StructuredFields):
     user: str | None = None
     cache_salt: Annotated[str, Field(min_length=1)] | None = None
     priority: Priority = 0
+    # vLLM's: n hypotheses of a beam search of width n, in place of sampling
+    # (server/beam_requests.py); early_stopping is transformers' (true, false or "never").
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool | Literal["never"] = False
 
     @model_validator(mode="after")
     def _check_top_k(self) -> SamplingFields:

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from tokenmill.engine.core import CompletionOutput, RequestOutput, SamplingParams
+from tokenmill.engine.core import BeamSearchParams, CompletionOutput, RequestOutput, SamplingParams
 from tokenmill.engine.server.reasoning import ReplyReasoning
 from tokenmill.engine.server.state import ServerState
 from tokenmill.engine.server.text_offsets import ReplyOffsets, prompt_offsets
@@ -43,6 +43,7 @@ class Call:
     role: str = "assistant"  # a chat reply's message role
     priority: int = 0  # under --scheduling-policy priority, lower runs first
     images: list[Any] = field(default_factory=list)  # a chat prompt's, prepared (ImageInputs)
+    beam: BeamSearchParams | None = None  # use_beam_search's (beam_requests.py)
     created: int = field(default_factory=lambda: int(time.time()))
     sent_text: dict[int, int] = field(default_factory=dict)
     sent_answer: dict[int, int] = field(default_factory=dict)  # under a reasoning parser

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import signal
 import socket
@@ -161,3 +162,19 @@ class ServeProcess(subprocess.Popen):
             if self.poll() is None:
                 os.kill(self.pid, signal.SIGKILL)
         return self.returncode, stderr
+
+
+def stream_chunks(url: str, path: str, body: dict) -> list[dict]:
+    """The JSON chunks of a streamed call (`stream: true` added), [DONE] left out."""
+    with httpx.stream("POST", url + path, json={**body, "stream": True}, timeout=120) as reply:
+        assert reply.status_code == 200
+        return [json.loads(line[6:]) for line in reply.iter_lines()
+                if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def wait_idle(state: ServerState, timeout: float = 30.0) -> None:
+    """Return once the server's engine holds no request (aborted ones included)."""
+    deadline = time.monotonic() + timeout
+    while state.engine.engine.has_unfinished_requests() or state.engine.num_requests:
+        assert time.monotonic() < deadline, "requests did not drain"
+        time.sleep(0.05)

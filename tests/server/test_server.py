@@ -4,27 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import httpx
 import openai
 import pytest
 from model_support import SMOLLM2
 from prometheus_client.parser import text_string_to_metric_families
-from server_support import async_openai_client
+from server_support import async_openai_client, wait_idle
 
 from tokenmill.engine import SamplingParams
-from tokenmill.engine.server.state import ServerState
 
 MODEL = SMOLLM2  # what the `server` fixture serves
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-def _wait_idle(state: ServerState, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while state.engine.engine.has_unfinished_requests() or state.engine.num_requests:
-        assert time.monotonic() < deadline, "requests did not drain"
-        time.sleep(0.05)
 
 
 def test_completion_greedy_equals_offline_engine(client, smol_llm):
@@ -198,7 +189,7 @@ def test_32_concurrent_streams_equal_their_solo_runs(base_url, client, server_st
     alone = [client.completions.create(model=MODEL, prompt=p, max_tokens=max_tokens,
                                        temperature=0).choices[0].text for p in prompts]
     assert together == alone
-    _wait_idle(server_state)
+    wait_idle(server_state)
     server_state.engine.engine.kv.allocator.check_all_free()
 
 
@@ -211,7 +202,7 @@ def test_disconnect_aborts_and_frees_blocks(base_url, client, server_state):
         received = [line for _, line in zip(range(6), lines, strict=False) if line]
         assert received and received[0].startswith("data: ")
         assert server_state.engine.engine.num_running == 1
-    _wait_idle(server_state)
+    wait_idle(server_state)
     server_state.engine.engine.kv.allocator.check_all_free()
     metrics = _metrics(base_url)
     assert metrics[("tokenmill_num_requests_running", ())] == 0
@@ -296,13 +287,13 @@ def _metrics(base_url: str) -> dict[tuple[str, tuple], float]:
 
 
 def test_metrics_count_the_traffic(base_url, client, server_state):
-    _wait_idle(server_state)
+    wait_idle(server_state)
     before = _metrics(base_url)
     r1 = client.completions.create(model=MODEL, prompt="Count: one, two,", max_tokens=7,
                                    temperature=0, extra_body={"ignore_eos": True})
     r2 = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=30,
                                         temperature=0)
-    _wait_idle(server_state)
+    wait_idle(server_state)
     after = _metrics(base_url)
 
     def delta(name, labels=()):
@@ -357,13 +348,13 @@ def test_a_model_is_retrieved_by_name_and_an_unknown_one_is_a_404(client):
 def test_prefix_cache_hits_are_counted_and_salts_keep_tenants_apart(base_url, client,
                                                                      server_state):
     prompt = "You are a careful assistant. " * 12 + "Say hi."
-    _wait_idle(server_state)
+    wait_idle(server_state)
     before = _metrics(base_url)
     first = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0)
     second = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0)
     salted = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0,
                                        extra_body={"cache_salt": "tenant-b"})
-    _wait_idle(server_state)
+    wait_idle(server_state)
     after = _metrics(base_url)
     assert first.choices[0].text == second.choices[0].text == salted.choices[0].text
     hits = (after[("tokenmill_prefix_cache_hits_total", ())]

@@ -5,12 +5,11 @@ rendered template) on the completion and chat routes."""
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import httpx
 import pytest
-from server_support import in_process_server
+from server_support import in_process_server, stream_chunks
 
 PROMPT = "The capital of France is Paris, and the capital of Germany is"
 MESSAGES = [{"role": "user", "content": "Name three rivers of Europe."}]
@@ -24,11 +23,7 @@ def _post(server, path: str, body: dict) -> dict:
 
 
 def _chunks(server, path: str, body: dict) -> list[dict]:
-    with httpx.stream("POST", server.url + path, json={"model": "tiny", **body, "stream": True},
-                      timeout=60) as reply:
-        assert reply.status_code == 200
-        return [json.loads(line[6:]) for line in reply.iter_lines()
-                if line.startswith("data: ") and line != "data: [DONE]"]
+    return stream_chunks(server.url, path, {"model": "tiny", **body})
 
 
 def _encoded(server, text: str) -> list[int]:
