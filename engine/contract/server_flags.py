@@ -75,6 +75,10 @@ def add_server_arguments(parser: argparse.ArgumentParser,
                         help="The chat template to use instead of the tokenizer's: a file, or "
                              "the Jinja template itself (vLLM's flag). Read at start-up; one "
                              "that does not parse stops the server with exit status 2.")
+    parser.add_argument("--trust-request-chat-template", action="store_true",
+                        help="Let a chat request's own chat_template (vLLM's field) render its "
+                             "messages in place of the server's (vLLM's flag). Off by default: "
+                             "a request that carries one is refused with a 400.")
     parser.add_argument("--response-role", default="assistant", metavar="ROLE",
                         help="The role of a chat reply's message (vLLM's flag; default: "
                              "assistant). A request with add_generation_prompt false (one that "

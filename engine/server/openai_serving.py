@@ -31,6 +31,7 @@ from tokenmill.engine.server.protocol import ChatCompletionRequest, CompletionRe
 from tokenmill.engine.server.reasoning import REASONING_PARSERS, ReplyReasoning, RequestedThinking
 from tokenmill.engine.server.rendering import Call, chunk, delta_choice, full_response, sse, usage
 from tokenmill.engine.server.request_log import log_request
+from tokenmill.engine.server.request_template import request_template
 from tokenmill.engine.server.state import ServerState, check_ready
 from tokenmill.engine.server.tools import (
     ReplyToolCalls,
@@ -83,7 +84,8 @@ async def chat_call(body: ChatCompletionRequest, state: ServerState,
                        add_generation_prompt=body.add_generation_prompt,
                        continue_final_message=body.continue_final_message,
                        add_special_tokens=body.add_special_tokens,
-                       template_kwargs=body.chat_template_kwargs)
+                       template_kwargs=body.chat_template_kwargs,
+                       chat_template=request_template(body, state), documents=body.documents)
     except ValueError as exc:
         raise APIError(400, f"messages: {exc}", param="messages") from exc
     images = await request_images(body.image_urls(), state, body.mm_processor_kwargs)
@@ -262,25 +264,27 @@ def _tokenize(state: ServerState, prompt: str | list[int],
 def chat_ids(state: ServerState, conversation: list[dict[str, Any]],
              tools: list[dict] | None = None, add_generation_prompt: bool = True,
              continue_final_message: bool = False, add_special_tokens: bool = False,
-             template_kwargs: dict[str, Any] | None = None) -> list[int]:
+             template_kwargs: dict[str, Any] | None = None, chat_template: str | None = None,
+             documents: list[dict[str, Any]] | None = None) -> list[int]:
     """The conversation through the chat template, tokenized (as transformers does with
     tokenize=True: the template writes the special tokens, so none are added by default),
     each image's marker expanded to the tokens its rows take.
     `template_kwargs` are extra variables of the template (checked by ChatTemplateFields),
-    over the server's --default-chat-template-kwargs.
+    over the server's --default-chat-template-kwargs; `chat_template`, the request's own
+    (request_template.py), in place of the server's; `documents`, a retrieval template's.
 
     ValueError for a message the template rejects, or an image for a model that reads
     none."""
     images = any(part.get("type") == "image" for message in conversation
                  if isinstance(message.get("content"), list) for part in message["content"])
-    conversation = in_content_format(conversation, state.content_format(images),
+    conversation = in_content_format(conversation, state.content_format(images, chat_template),
                                      state.image_placeholder)
     try:
         text = state.tokenizer.apply_chat_template(
-            conversation, tools=tools,
+            conversation, tools=tools, documents=documents,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message, tokenize=False,
-            chat_template=state.options.chat_template,
+            chat_template=chat_template or state.options.chat_template,
             **{**state.options.default_chat_template_kwargs, **(template_kwargs or {})})
     except Exception as exc:  # template errors (e.g. role order) are the caller's to fix
         raise ValueError(f"the chat template rejected the messages: {exc}") from exc

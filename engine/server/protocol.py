@@ -328,13 +328,18 @@ class ChatMessage(RequestModel):
 class ChatTemplateFields(RequestModel):
     """vLLM's chat-template fields of a request with `messages`: whether the template opens
     the assistant's turn, or continues the last (assistant) message instead; extra
-    variables for the template (Qwen3's `enable_thinking`, say); and settings of the image
-    processor for this request's images (Qwen-VL's `max_pixels`, say)."""
+    variables for the template (Qwen3's `enable_thinking`, say); settings of the image
+    processor for this request's images (Qwen-VL's `max_pixels`, say); the request's own
+    template and a retrieval template's documents."""
 
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
+    # vLLM's: the request's own template (server/request_template.py), and documents for a
+    # retrieval template (the template's `documents`, as transformers passes them).
+    chat_template: Annotated[str, Field(min_length=1)] | None = None
+    documents: list[dict[str, Any]] | None = None
 
     @field_validator("chat_template_kwargs")
     @classmethod

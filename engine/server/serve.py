@@ -136,6 +136,7 @@ def server_state(config, args: argparse.Namespace) -> ServerState:
                               chat_template_content_format=(
                                   args.chat_template_content_format),
                               default_chat_template_kwargs=args.default_chat_template_kwargs,
+                              trust_request_chat_template=args.trust_request_chat_template,
                               response_role=args.response_role,
                               reasoning_parser=args.reasoning_parser,
                               generation_config=args.generation_config,

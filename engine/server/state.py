@@ -39,6 +39,7 @@ class ServerOptions:
     chat_template_content_format: str = "auto"  # string, openai, or auto: the template's
     # Template variables a request's chat_template_kwargs may override.
     default_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    trust_request_chat_template: bool = False  # a request's chat_template may render it
     response_role: str = "assistant"  # a chat reply's role when the prompt asks for a reply
     reasoning_parser: str | None = None  # the model's thinking format (reasoning.py)
     generation_config: str = "auto"  # auto: the model's sampling defaults; vllm: the API's
@@ -103,17 +104,18 @@ class ServerState:
             return "engine loop failed", self.engine.error
         return None
 
-    def content_format(self, images: bool = False) -> str:
-        """How the chat template in use reads a message's content: "string" or "openai"
-        (for a conversation with `images`, parts wherever the template prints them)."""
+    def content_format(self, images: bool = False, template: str | None = None) -> str:
+        """How the chat template in use (a request's own `template`, else the server's) reads
+        a message's content: "string" or "openai" (for a conversation with `images`, parts
+        wherever the template prints them)."""
         chosen = self.options.chat_template_content_format
         if chosen != "auto":
             return chosen
-        template = self.options.chat_template or getattr(self.tokenizer, "chat_template", None)
-        key = f"{images}:{template!r}"
+        template = template or self.options.chat_template
+        used = template or getattr(self.tokenizer, "chat_template", None)
+        key = f"{images}:{used!r}"
         if key not in self.content_formats:
-            self.content_formats[key] = detect_content_format(
-                self.tokenizer, self.options.chat_template, images)
+            self.content_formats[key] = detect_content_format(self.tokenizer, template, images)
         return self.content_formats[key]
 
     def load(self, show_progress: bool = True) -> None:

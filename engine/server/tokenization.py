@@ -6,6 +6,7 @@ from tokenmill.engine.server.errors import APIError
 from tokenmill.engine.server.images import request_images
 from tokenmill.engine.server.openai_serving import chat_ids, check_model, with_images
 from tokenmill.engine.server.protocol import DetokenizeRequest, TokenizeRequest
+from tokenmill.engine.server.request_template import request_template
 from tokenmill.engine.server.state import ServerState
 
 
@@ -20,7 +21,9 @@ async def tokenize(body: TokenizeRequest, state: ServerState) -> dict:
                            add_generation_prompt=body.add_generation_prompt,
                            continue_final_message=body.continue_final_message,
                            template_kwargs=body.chat_template_kwargs,
-                           add_special_tokens=bool(body.add_special_tokens))
+                           add_special_tokens=bool(body.add_special_tokens),
+                           chat_template=request_template(body, state),
+                           documents=body.documents)
         except ValueError as exc:
             raise APIError(400, f"messages: {exc}", param="messages") from exc
         urls = [url for message in body.messages for url in message.image_urls()]
