@@ -24,6 +24,7 @@ from tokenmill.engine.server.openai_serving import (
     start_requests,
     truncated,
 )
+from tokenmill.engine.server.request_template import request_template
 from tokenmill.engine.server.state import ServerState
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,9 @@ def prompt_ids(body: PoolingInputs, state: ServerState) -> list[list[int]]:
                              add_generation_prompt=body.add_generation_prompt,
                              continue_final_message=body.continue_final_message,
                              template_kwargs=body.chat_template_kwargs,
-                             add_special_tokens=bool(body.add_special_tokens))]
+                             add_special_tokens=bool(body.add_special_tokens),
+                             chat_template=request_template(body, state),
+                             documents=body.documents)]
         except ValueError as exc:
             raise APIError(400, f"messages: {exc}", param="messages") from exc
     special = body.add_special_tokens is not False

@@ -84,7 +84,7 @@ async def chat_call(body: ChatCompletionRequest, state: ServerState,
                        add_generation_prompt=body.add_generation_prompt,
                        continue_final_message=body.continue_final_message,
                        add_special_tokens=body.add_special_tokens,
-                       template_kwargs=body.chat_template_kwargs,
+                       template_kwargs=body.template_variables(),
                        chat_template=request_template(body, state), documents=body.documents)
     except ValueError as exc:
         raise APIError(400, f"messages: {exc}", param="messages") from exc
@@ -103,7 +103,7 @@ async def chat_call(body: ChatCompletionRequest, state: ServerState,
     beam = beam_params(body, params, body.constraint_field() or "tool_choice")
     await _compile_constraint(state, params, body.constraint_field() or "tool_choice")
     model = adapter or state.options.served_model_name
-    reasoning = _reasoning(state, params, body.chat_template_kwargs)
+    reasoning = _reasoning(state, params, body.template_variables())
     if reasoning is not None and reasoning.thinking.keeps_special_tokens:
         params = dataclasses.replace(params, skip_special_tokens=False)
     return Call("chat", f"{id_prefix}{uuid.uuid4().hex}", model, body.n, [None], [ids], params,

@@ -367,6 +367,9 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     tools: list[Any] | None = None  # checked by tools.plan_tools, which names the bad field
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    # OpenAI's; the chat template's `reasoning_effort` (GPT-OSS's template writes it into
+    # its system message), unless chat_template_kwargs sets that variable itself.
+    reasoning_effort: str | None = None
     # vLLM's: special tokens added on top of the rendered template (which writes its own).
     add_special_tokens: bool = False
 
@@ -378,6 +381,12 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
 
     def conversation(self) -> list[dict[str, Any]]:
         return [m.template_message() for m in self.messages]
+
+    def template_variables(self) -> dict[str, Any] | None:
+        """The template's extra variables: chat_template_kwargs over reasoning_effort."""
+        if self.reasoning_effort is None:
+            return self.chat_template_kwargs
+        return {"reasoning_effort": self.reasoning_effort, **(self.chat_template_kwargs or {})}
 
     def image_urls(self) -> list[str]:
         """Every message's images, in the order the prompt holds them."""

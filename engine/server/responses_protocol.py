@@ -84,7 +84,8 @@ class ResponsesRequest(SamplingFields, ChatTemplateFields):
     top_logprobs: Annotated[int, Field(ge=0)] | None = None
     # Extra output asked for; of what OpenAI lists, the output text's logprobs are served.
     include: list[str] | None = None
-    reasoning: dict[str, Any] | None = None  # effort and summary: echoed, not acted on
+    # effort: the chat's reasoning_effort (the template's variable); summary: echoed only.
+    reasoning: dict[str, Any] | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
     previous_response_id: str | None = None
@@ -117,6 +118,8 @@ class ResponsesRequest(SamplingFields, ChatTemplateFields):
         chat["parallel_tool_calls"] = self.parallel_tool_calls
         if self.text is not None and self.text.format is not None:
             chat["response_format"] = self.text.format.response_format()
+        if (self.reasoning or {}).get("effort") is not None:
+            chat["reasoning_effort"] = self.reasoning["effort"]
         if self.top_logprobs is not None or OUTPUT_LOGPROBS in (self.include or ()):
             chat.update(logprobs=True, top_logprobs=self.top_logprobs or 0)
         try:

@@ -10,7 +10,8 @@ import pytest
 
 from tokenmill.engine.contract.server_flags import add_server_arguments
 
-TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+TEMPLATE = ("{% if reasoning_effort is defined %}Reasoning: {{ reasoning_effort }}\n{% endif %}"
+            "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
             "{% for d in documents or [] %}<doc {{ d['title'] }}>{{ d['text'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}[assistant]{% endif %}")
 MESSAGES = [{"role": "user", "content": "Where is the Seine?"}]
@@ -45,6 +46,30 @@ def test_a_trusted_requests_template_and_documents_render_its_messages(trusting)
     plain = _post(trusting, "/tokenize", {"messages": MESSAGES}).json()["tokens"]
     assert plain == _encoded(trusting, trusting.state.tokenizer.apply_chat_template(
         MESSAGES, add_generation_prompt=True, tokenize=False))
+
+
+def test_reasoning_effort_reaches_the_template_from_chat_and_responses(trusting):
+    def prompt_text(path: str, body: dict) -> str:
+        reply = _post(trusting, path, {"chat_template": TEMPLATE, "max_tokens": 1,
+                                       "return_token_ids": True, **body})
+        assert reply.status_code == 200, reply.text
+        return trusting.state.tokenizer.decode(reply.json()["prompt_token_ids"])
+
+    chat = {"messages": MESSAGES}
+    assert prompt_text("/v1/chat/completions", {**chat, "reasoning_effort": "low"}
+                       ).startswith("Reasoning: low\n[user]")
+    assert prompt_text("/v1/chat/completions", {
+        **chat, "reasoning_effort": "low", "chat_template_kwargs": {"reasoning_effort": "high"}}
+    ).startswith("Reasoning: high\n")
+    assert prompt_text("/v1/chat/completions", chat).startswith("[user]")
+    shell = _post(trusting, "/v1/responses", {"input": "Where is the Seine?",
+                                              "reasoning": {"effort": "medium"},
+                                              "chat_template": TEMPLATE,
+                                              "max_output_tokens": 1})
+    assert shell.status_code == 200, shell.text
+    assert shell.json()["reasoning"]["effort"] == "medium"
+    assert shell.json()["usage"]["input_tokens"] == len(_encoded(
+        trusting, "Reasoning: medium\n[user] Where is the Seine?\n[assistant]"))
 
 
 def test_an_untrusting_server_refuses_a_requests_template(tiny_server):
