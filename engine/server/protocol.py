@@ -370,6 +370,8 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     # OpenAI's; the chat template's `reasoning_effort` (GPT-OSS's template writes it into
     # its system message), unless chat_template_kwargs sets that variable itself.
     reasoning_effort: str | None = None
+    # vLLM's: false leaves the thinking a --reasoning-parser splits off out of the reply.
+    include_reasoning: bool = True
     # vLLM's: special tokens added on top of the rendered template (which writes its own).
     add_special_tokens: bool = False
 

@@ -36,6 +36,7 @@ class Call:
     prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: per choice, top-k
     tools: ReplyToolCalls | None = None  # parses chat replies into tool calls
     reasoning: ReplyReasoning | None = None  # splits chat replies' thinking from the answer
+    include_reasoning: bool = True  # vLLM's: false leaves the split-off thinking out
     lora_name: str | None = None  # the adapter the request runs on (None: the base model)
     continuous_usage: bool = False  # every streamed chunk carries the usage so far
     tokens_as_ids: bool = False  # logprobs name tokens "token_id:ID" (vLLM's option)
@@ -122,7 +123,7 @@ def _chat_delta(call: Call, key: int, text: str, sent_text: int,
     answer = text
     if call.reasoning is not None:
         thought, answer = call.reasoning.delta(key, text, final=finish is not None)
-        if thought:
+        if thought and call.include_reasoning:
             delta["reasoning"] = delta["reasoning_content"] = thought
         sent_text = call.sent_answer.get(key, 0)
         call.sent_answer[key] = len(answer)
@@ -142,7 +143,7 @@ def _chat_message(call: Call, text: str, finish: str | None) -> tuple[dict, str 
     if call.tools is not None:
         message, finish = call.tools.message(answer, finish)
         message["role"] = call.role
-    if call.reasoning is not None:
+    if call.reasoning is not None and call.include_reasoning:
         message["reasoning"] = message["reasoning_content"] = thought
     return message, finish
 

@@ -105,6 +105,23 @@ def test_the_message_holds_the_thinking_apart(thinker):
     assert reply.choices[0].finish_reason == "stop"
 
 
+def test_include_reasoning_false_leaves_the_thinking_out(thinker):
+    """vLLM's include_reasoning: the answer alone, whole or streamed."""
+    reply = thinker.client.chat.completions.create(
+        model="thinker", messages=ASK, max_tokens=20, temperature=0,
+        extra_body={"include_reasoning": False})
+    message = reply.choices[0].message
+    assert message.content == ANSWER
+    assert "reasoning" not in message.model_extra
+    assert "reasoning_content" not in message.model_extra
+    stream = thinker.client.chat.completions.create(
+        model="thinker", messages=ASK, max_tokens=20, temperature=0, stream=True,
+        extra_body={"include_reasoning": False})
+    deltas = [chunk.choices[0].delta for chunk in stream if chunk.choices]
+    assert "".join(d.content or "" for d in deltas) == ANSWER
+    assert not any((d.model_extra or {}).get("reasoning") for d in deltas)
+
+
 def test_streamed_deltas_join_to_the_message(thinker):
     assert streamed_reasoning(thinker.client, "thinker", ASK) == (THOUGHT, ANSWER)
 
