@@ -372,6 +372,8 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     reasoning_effort: str | None = None
     # vLLM's: false leaves the thinking a --reasoning-parser splits off out of the reply.
     include_reasoning: bool = True
+    # vLLM's: the rendered prompt's scores, top-level in the reply (not when streamed).
+    prompt_logprobs: Annotated[int, Field(ge=0)] | None = None
     # vLLM's: special tokens added on top of the rendered template (which writes its own).
     add_special_tokens: bool = False
 
@@ -379,7 +381,16 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     def _check(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise FieldError("top_logprobs", "requires logprobs to be true")
+        if self.prompt_logprobs is not None and self.stream:
+            raise FieldError("prompt_logprobs", "not available when stream is true")
         return self
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None,
+                        defaults: dict[str, float] | None = None) -> SamplingParams:
+        params = super().sampling_params(max_tokens, logprobs, defaults)
+        if self.prompt_logprobs is None:
+            return params
+        return replace(params, prompt_logprobs=self.prompt_logprobs)
 
     def conversation(self) -> list[dict[str, Any]]:
         return [m.template_message() for m in self.messages]

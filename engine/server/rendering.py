@@ -33,7 +33,7 @@ class Call:
     cache_salt: str | None = None
     echo: bool = False
     prompt_only: bool = False  # echo with max_tokens 0: the engine's one token is not shown
-    prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: per choice, top-k
+    prompt_logprobs: int | None = None  # vLLM's: per choice (a chat's: once), top-k
     tools: ReplyToolCalls | None = None  # parses chat replies into tool calls
     reasoning: ReplyReasoning | None = None  # splits chat replies' thinking from the answer
     include_reasoning: bool = True  # vLLM's: false leaves the split-off thinking out
@@ -178,6 +178,8 @@ def full_response(call: Call, finals: list[RequestOutput], state: ServerState) -
     body["object"] = "chat.completion" if call.kind == "chat" else "text_completion"
     if call.kind == "chat" and call.return_token_ids:
         body["prompt_token_ids"] = call.prompts_ids[0]
+    if call.kind == "chat" and call.prompt_logprobs is not None:
+        body["prompt_logprobs"] = _vllm_prompt_logprobs(state, finals[0], call.prompt_logprobs)
     return body
 
 

@@ -1,5 +1,6 @@
-"""Echo with logprobs and vLLM's prompt_logprobs through /v1/completions, driven by the official
-`openai` client, checked against Hugging Face's forward pass on a tiny random model."""
+"""Echo with logprobs and vLLM's prompt_logprobs through /v1/completions (and on a chat), driven
+by the official `openai` client, checked against Hugging Face's forward pass on a tiny random
+model."""
 
 from __future__ import annotations
 
@@ -119,6 +120,30 @@ def test_prompt_logprobs_field_is_vllms(client, server_state, reference):
         for rank, t in enumerate(top, start=1):
             if t != token:
                 assert entry[str(t)]["rank"] == rank
+
+
+def test_a_chat_reply_carries_its_rendered_prompts_scores(client, server_state, tiny_llama_dir):
+    """vLLM's prompt_logprobs on a chat: once, top-level, over the template's tokens; refused
+    on a stream, as vLLM refuses it."""
+    from transformers import AutoModelForCausalLM
+
+    messages = [{"role": "user", "content": PROMPT}]
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2,
+                                       extra_body={"prompt_logprobs": 1,
+                                                   "return_token_ids": True})
+    ids = r.model_extra["prompt_token_ids"]
+    scores = r.model_extra["prompt_logprobs"]
+    assert len(scores) == len(ids) == r.usage.prompt_tokens and scores[0] is None
+    hf = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([ids])).logits[0, :-1].float(), dim=-1)
+    for p in range(1, len(ids)):
+        entry = scores[p]
+        assert str(ids[p]) in entry and len(entry) <= 2
+        assert abs(entry[str(ids[p])]["logprob"] - ref[p - 1, ids[p]].item()) < TOL
+    with pytest.raises(openai.BadRequestError, match="prompt_logprobs"):
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2,
+                                       stream=True, extra_body={"prompt_logprobs": 1})
 
 
 def test_prompt_logprobs_zero_is_the_prompt_token_alone(client, reference):
