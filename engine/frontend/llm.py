@@ -53,6 +53,19 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
+    def get_tokenizer(self) -> Any:
+        """The model's tokenizer (vLLM's LLM.get_tokenizer)."""
+        return self.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What `generate` and `chat` sample with when given no SamplingParams, as vLLM's:
+        the settings the model's generation_config.json recommends (temperature, top_p,
+        top_k, min_p, repetition_penalty; max_new_tokens as max_tokens), else the defaults."""
+        settings = dict(self.engine.generation_defaults)
+        if "max_new_tokens" in settings:
+            settings["max_tokens"] = int(settings.pop("max_new_tokens"))
+        return SamplingParams(**settings)
+
     def shutdown(self) -> None:
         """End the tensor-parallel worker processes (if any); also runs at interpreter exit."""
         self.engine.shutdown()
@@ -79,7 +92,8 @@ class LLM:
         """
         pairs = [self._with_images(prompt) for prompt in _as_prompt_list(prompts)]
         batch, images = [prompt for prompt, _ in pairs], [pics for _, pics in pairs]
-        params_list = _as_params_list(sampling_params, len(batch))
+        params_list = _as_params_list(sampling_params or self.get_default_sampling_params(),
+                                      len(batch))
         loras = _as_lora_list(lora, len(batch))
         priorities = [0] * len(batch) if priority is None else list(priority)
         if len(priorities) != len(batch):
@@ -312,10 +326,8 @@ def _as_lora_list(lora: str | Sequence[str | None] | None, count: int) -> list[s
     return names
 
 
-def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None,
+def _as_params_list(params: SamplingParams | Sequence[SamplingParams],
                     count: int) -> list[SamplingParams]:
-    if params is None:
-        return [SamplingParams() for _ in range(count)]
     if isinstance(params, SamplingParams):
         return [params] * count
     params = list(params)
