@@ -31,6 +31,7 @@ from tokenmill.engine.core import (
 )
 from tokenmill.engine.frontend.beam_search import run_offline
 from tokenmill.engine.frontend.heap import frozen_heap
+from tokenmill.engine.frontend.llm_options import sampling_settings, split_options
 from tokenmill.engine.frontend.media import read_image_url
 
 Prompt = str | list[int]
@@ -43,12 +44,15 @@ Message = dict[str, Any]
 class LLM:
     """Generate for a list of prompts at once; continuous batching does the rest.
 
-    Options are EngineConfig's (vLLM names): LLM(model="smollm2-135m-instruct", max_num_seqs=64).
+    Options are EngineConfig's (vLLM names): LLM(model="smollm2-135m-instruct", max_num_seqs=64),
+    and vLLM's others (llm_options.py): those that change nothing here, task and convert (the
+    runner), generation_config and override_generation_config (the default sampling).
     """
 
     def __init__(self, model: str | None = None, show_progress: bool = True, **options: Any):
         if model is not None:
             options["model"] = model
+        options, self._defaults = split_options(options)
         self.engine = LLMEngine(EngineConfig(**options), show_progress=show_progress)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
@@ -60,11 +64,11 @@ class LLM:
     def get_default_sampling_params(self) -> SamplingParams:
         """What `generate` and `chat` sample with when given no SamplingParams, as vLLM's:
         the settings the model's generation_config.json recommends (temperature, top_p,
-        top_k, min_p, repetition_penalty; max_new_tokens as max_tokens), else the defaults."""
-        settings = dict(self.engine.generation_defaults)
-        if "max_new_tokens" in settings:
-            settings["max_tokens"] = int(settings.pop("max_new_tokens"))
-        return SamplingParams(**settings)
+        top_k, min_p, repetition_penalty; max_new_tokens as max_tokens; none under
+        generation_config="vllm"), with override_generation_config's over them, else the
+        API's defaults."""
+        return SamplingParams(**sampling_settings(self._defaults,
+                                                  self.engine.generation_defaults))
 
     def shutdown(self) -> None:
         """End the tensor-parallel worker processes (if any); also runs at interpreter exit."""
