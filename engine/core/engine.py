@@ -28,6 +28,7 @@ from tokenmill.engine.core.pooling import SequencePooling, embedding
 from tokenmill.engine.core.pooling import record as record_pooled
 from tokenmill.engine.core.pooling_params import PoolingParams
 from tokenmill.engine.core.prompt_logprobs import record as record_prompt_logprobs
+from tokenmill.engine.core.prompt_truncation import truncated
 from tokenmill.engine.core.request import RequestTimings, Sequence, placeholder
 from tokenmill.engine.core.sampler import (
     PendingSample,
@@ -375,6 +376,12 @@ class LLMEngine:
         if images and isinstance(prompt, str) and self.images is not None:
             prompt = self.images.expand_text(prompt)  # as the model's processor writes it
         text, token_ids = self._tokenize(prompt)
+        if params is not None and params.truncate_prompt_tokens is not None and pooling is None:
+            if images:
+                raise RequestError("truncate_prompt_tokens cannot cut a prompt with images",
+                                   param="truncate_prompt_tokens")
+            token_ids = truncated(token_ids, params.truncate_prompt_tokens, self.tokenizer,
+                                  self.max_model_len)
         token_ids, spans = self._place_images(token_ids, images)
         if pooling is not None:
             pooling.check(self.model_config.hidden_size)

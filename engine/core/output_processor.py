@@ -41,7 +41,7 @@ def append_token(seq: Sequence, token: int, logprobs: dict[int, float] | None,
         seq.finish_reason, seq.stop_reason = "stop", token
         return
     before = len(seq.detokenizer.text)
-    if seq.detokenizer.append(token) and params.stop and stops:
+    if params.detokenize and seq.detokenizer.append(token) and params.stop and stops:
         _apply_stop_strings(seq, before)
         if seq.finish_reason:
             return

@@ -13,7 +13,7 @@ LOGIT_BIAS_LIMIT = 100.0
 # overflows float32, and a row with an infinite logit has no distribution to draw from.
 MIN_TEMPERATURE = 1e-2
 _INT_OPTIONS = ("n", "max_tokens", "min_tokens", "top_k")
-_OPTIONAL_INT_OPTIONS = ("logprobs", "prompt_logprobs", "seed")
+_OPTIONAL_INT_OPTIONS = ("logprobs", "prompt_logprobs", "seed", "truncate_prompt_tokens")
 _FLOAT_OPTIONS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
                   "repetition_penalty")
 
@@ -71,6 +71,14 @@ class SamplingParams:
     only its new tokens, text and logprobs (DELTA: the prompt's logprobs come in the first),
     or the engine reports the request only once it finishes (FINAL_ONLY, which LLM.generate
     uses: no output is built for steps nobody reads).
+
+    vLLM's offline options: `detokenize=False` leaves the outputs' text empty (token ids and
+    logprobs only, no stop strings), which saves the detokenizer's host time;
+    `truncate_prompt_tokens` runs the prompt's last k tokens (-1: the context length), within
+    the special tokens the tokenizer puts around a text, as the server's field does;
+    `spaces_between_special_tokens` is taken with either value: Hugging Face's fast
+    tokenizers, which the engine decodes with, put no space between special tokens either
+    way; `guided_decoding` is vLLM's older name of `structured_outputs`.
     """
 
     n: int = 1
@@ -96,6 +104,10 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    detokenize: bool = True
+    truncate_prompt_tokens: int | None = None
+    spaces_between_special_tokens: bool = True
+    guided_decoding: StructuredOutputsParams | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -150,6 +162,16 @@ class SamplingParams:
         _require(self.seed is None or -(2**63) <= self.seed < 2**63, "seed",
                  f"must be a 64-bit signed integer, got {self.seed}")
         self.logit_bias = _logit_bias(self.logit_bias) or None
+        _require(self.detokenize or not self.stop, "stop",
+                 "stop strings are looked for in the text: they need detokenize=True")
+        _require(self.truncate_prompt_tokens is None or self.truncate_prompt_tokens == -1
+                 or self.truncate_prompt_tokens >= 1, "truncate_prompt_tokens",
+                 f"must be -1 (the context length) or at least 1, got "
+                 f"{self.truncate_prompt_tokens}")
+        if self.guided_decoding is not None:
+            _require(self.structured_outputs is None, "guided_decoding",
+                     "give structured_outputs or its older name guided_decoding, not both")
+            self.structured_outputs, self.guided_decoding = self.guided_decoding, None
         if isinstance(self.structured_outputs, dict):
             try:
                 self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)

@@ -15,7 +15,12 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from tokenmill.engine.contract.pooling import TASK_LACKS, TASK_SERVED
-from tokenmill.engine.core import RequestOutput, RequestOutputKind, SamplingParams
+from tokenmill.engine.core import (
+    RequestOutput,
+    RequestOutputKind,
+    SamplingParams,
+    prompt_truncation,
+)
 from tokenmill.engine.core.errors import (
     EngineDeadError,
     RequestError,
@@ -209,49 +214,18 @@ def check_model(state: ServerState, model: str | None) -> str | None:
 
 
 def truncated(ids: list[int], keep: int | None, state: ServerState) -> list[int]:
-    """vLLM's truncate_prompt_tokens: `keep` tokens (-1: the context length), the prompt's
-    last, within the special tokens the tokenizer puts around a text where the prompt has
-    them (BERT's [CLS] and [SEP], a BOS), as the tokenizer's own truncation keeps them: an
-    encoder pools its [CLS] row, which a plain cut dropped."""
-    return [ids[i] for i in kept_positions(ids, keep, state)]
+    """vLLM's truncate_prompt_tokens on the served model (core/prompt_truncation.py)."""
+    return prompt_truncation.truncated(ids, keep, state.tokenizer, state.max_model_len)
 
 
 def token_limit(keep: int | None, state: ServerState) -> int | None:
     """truncate_prompt_tokens as a count of tokens (-1: the context length; None: no limit)."""
-    return state.max_model_len if keep == -1 else keep
+    return prompt_truncation.token_limit(keep, state.max_model_len)
 
 
 def kept_positions(ids: list[int], keep: int | None, state: ServerState) -> list[int]:
     """The positions of `ids` that truncated() keeps (a pair's token types follow them)."""
-    n = len(ids)
-    keep = token_limit(keep, state)
-    if keep is None or n <= keep:
-        return list(range(n))
-    head, tail = special_frame(state.tokenizer)
-    h = len(head) if head and ids[:len(head)] == head else 0
-    t = len(tail) if tail and ids[n - len(tail):] == tail else 0
-    if keep <= h + t:  # no room for text between them: the last tokens, as they come
-        h = t = 0
-    return [*range(h), *range(n - keep + h, n)]
-
-
-def special_frame(tokenizer: Any) -> tuple[list[int], list[int]]:
-    """The special tokens the tokenizer adds before and after a text's own (found once per
-    tokenizer)."""
-    found = _FRAMES.get(id(tokenizer))
-    if found is None or found[0] is not tokenizer:
-        plain = tokenizer.encode("a", add_special_tokens=False)
-        framed = tokenizer.encode("a", add_special_tokens=True)
-        frame: tuple[list[int], list[int]] = ([], [])
-        for start in range(len(framed) - len(plain) + 1):
-            if framed[start:start + len(plain)] == plain:
-                frame = framed[:start], framed[start + len(plain):]
-                break
-        found = _FRAMES[id(tokenizer)] = (tokenizer, frame)
-    return found[1]
-
-
-_FRAMES: dict[int, tuple[Any, tuple[list[int], list[int]]]] = {}
+    return prompt_truncation.kept_positions(ids, keep, state.tokenizer, state.max_model_len)
 
 
 def _tokenize(state: ServerState, prompt: str | list[int],
