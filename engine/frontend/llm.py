@@ -32,6 +32,7 @@ from tokenmill.engine.core import (
 from tokenmill.engine.frontend.beam_search import run_offline
 from tokenmill.engine.frontend.heap import frozen_heap
 from tokenmill.engine.frontend.llm_options import sampling_settings, split_options
+from tokenmill.engine.frontend.lora_request import LoRARequest, adapter_names
 from tokenmill.engine.frontend.media import read_image_url
 
 Prompt = str | list[int]
@@ -84,13 +85,17 @@ class LLM:
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = False,
                  lora: str | Sequence[str | None] | None = None,
-                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
+                 priority: Sequence[int] | None = None,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+                 ) -> list[RequestOutput]:
         """Results come back in input order. A prompt is a string or a list of token ids, or
         vLLM's dict of either with `multi_modal_data`'s images (the model's image placeholder
         token in the prompt, once per image).
         `lora` names the LoRA adapter of every prompt, or gives one per prompt (None: the base
         model). `priority` gives one per prompt (lower first; needs
-        scheduling_policy="priority"), as vLLM's LLM.generate takes it.
+        scheduling_policy="priority"), as vLLM's LLM.generate takes it. `lora_request` (vLLM's
+        LoRARequest, or one per prompt) in place of `lora`: an adapter not yet loaded is
+        loaded first, under its name.
 
         Every prompt is checked before any runs: one bad prompt raises and none is queued.
         """
@@ -98,7 +103,7 @@ class LLM:
         batch, images = [prompt for prompt, _ in pairs], [pics for _, pics in pairs]
         params_list = _as_params_list(sampling_params or self.get_default_sampling_params(),
                                       len(batch))
-        loras = _as_lora_list(lora, len(batch))
+        loras = self._adapters(lora, lora_request, len(batch))
         priorities = [0] * len(batch) if priority is None else list(priority)
         if len(priorities) != len(batch):
             raise ValueError(f"{len(priorities)} priorities for {len(batch)} prompts")
@@ -117,7 +122,8 @@ class LLM:
 
     def beam_search(self, prompts: Prompt | PromptDict | Sequence[Prompt | PromptDict],
                     params: BeamSearchParams, use_tqdm: bool = False,
-                    lora: str | None = None) -> list[BeamSearchOutput]:
+                    lora: str | None = None,
+                    lora_request: LoRARequest | None = None) -> list[BeamSearchOutput]:
         """Beam search for each prompt, as vLLM's LLM.beam_search: one BeamSearchOutput per
         prompt, in input order, its `sequences` the best `params.beam_width` hypotheses, best
         first (each one's `tokens` and `text` hold the prompt too). Hugging Face's rules
@@ -129,7 +135,18 @@ class LLM:
             if images:
                 raise ValueError("beam search takes text prompts; this one carries images")
             batch.append(text)
-        return run_offline(self, batch, params, use_tqdm, lora)
+        [name] = self._adapters(lora, lora_request, 1)
+        return run_offline(self, batch, params, use_tqdm, name)
+
+    def _adapters(self, lora: str | Sequence[str | None] | None,
+                  lora_request: LoRARequest | Sequence[LoRARequest | None] | None,
+                  count: int) -> list[str | None]:
+        """Each prompt's adapter name, from `lora` (names) or vLLM's `lora_request`."""
+        if lora_request is None:
+            return _as_lora_list(lora, count)
+        if lora is not None:
+            raise ValueError("give lora (adapter names) or lora_request, not both")
+        return adapter_names(self.engine, lora_request, count)
 
     def _with_images(self, prompt: Prompt | PromptDict) -> tuple[Prompt, list[Any] | None]:
         """A prompt and its images, prepared once (a dict prompt's multi_modal_data)."""
@@ -239,7 +256,9 @@ class LLM:
              add_generation_prompt: bool = True, continue_final_message: bool = False,
              tools: list[dict] | None = None,
              chat_template_kwargs: dict[str, Any] | None = None,
-             mm_processor_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+             mm_processor_kwargs: dict[str, Any] | None = None,
+             lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+             ) -> list[RequestOutput]:
         """Apply the chat template (the model's, or `chat_template`), then generate; the
         keywords are vLLM's LLM.chat's (chat_template_kwargs: the template's own variables,
         e.g. Qwen3's enable_thinking; mm_processor_kwargs: the image processor's settings for
@@ -264,7 +283,7 @@ class LLM:
             ids = self.tokenizer.encode(self.engine.images.expand_text(text),
                                         add_special_tokens=False)
             prompts.append({"prompt_token_ids": ids, "multi_modal_data": {"image": images}})
-        return self.generate(prompts, sampling_params, use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm, lora_request=lora_request)
 
     def apply_chat_template(self, messages: list[Message], *, chat_template: str | None = None,
                             add_generation_prompt: bool = True,

@@ -9,7 +9,7 @@ import torch
 from lora_support import ADAPTERS, make_adapter, peft_greedy, peft_logprobs
 from model_support import make_random_model
 
-from tokenmill.engine import LLM, SamplingParams
+from tokenmill.engine import LLM, LoRARequest, SamplingParams
 from tokenmill.engine.bench import accuracy
 from tokenmill.engine.core.scoring import next_token_logprobs
 from tokenmill.engine.layers.lora import lora_apply
@@ -117,6 +117,27 @@ def test_fewer_slots_than_adapters_evicts_and_reloads(base_dir, adapter_dirs, pr
         assert _run(llm, *again) == _want(expected, prompts, *again)
         assert llm.engine.runner.lora.loads == 4
         llm.engine.kv.allocator.check_all_free()
+
+
+def test_vllms_lora_request_loads_an_adapter_on_first_use(base_dir, adapter_dirs, prompts,
+                                                         expected):
+    """vLLM's offline pattern: no adapter named at start-up; each LoRARequest (one for every
+    prompt, or one for all) is loaded the first time it is used."""
+    with LLM(base_dir, max_loras=4, **ENGINE) as llm:
+        assert llm.engine.lora_adapters() == {}
+        sql, chat = (LoRARequest(name, i, adapter_dirs[name])
+                     for i, name in enumerate(("sql", "chat"), start=1))
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+        outs = llm.generate(prompts[:2] * 3, params,
+                            lora_request=[sql, sql, chat, chat, None, None])
+        want = expected["sql"][:2] + expected["chat"][:2] + expected[None][:2]
+        assert [o.outputs[0].token_ids for o in outs] == want
+        assert set(llm.engine.lora_adapters()) == {"sql", "chat"}
+        again = llm.generate(prompts[:1], params, lora_request=sql)  # loaded: used as it is
+        assert again[0].outputs[0].token_ids == expected["sql"][0]
+        with pytest.raises(ValueError, match="'sql' is loaded from .*; this request names"):
+            llm.generate(prompts[:1], params,
+                         lora_request=LoRARequest("sql", 1, adapter_dirs["part"]))
 
 
 def test_async_scheduling_with_adapters_evicted_and_reloaded(base_dir, adapter_dirs, prompts,
