@@ -25,6 +25,15 @@ class CompletionOutput:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def cumulative_logprob(self) -> float | None:
+        """vLLM's: the summed log-probability of the tokens, where logprobs were asked for
+        (None otherwise); of a delta output, of its new tokens."""
+        if self.logprobs is None:
+            return None
+        return sum(entry[token] for token, entry in zip(self.token_ids, self.logprobs,
+                                                        strict=False))
+
 
 @dataclass
 class RequestOutput:

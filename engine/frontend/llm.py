@@ -58,6 +58,11 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
+    @property
+    def llm_engine(self) -> LLMEngine:
+        """vLLM's name of the engine LLM drives (`engine`)."""
+        return self.engine
+
     def get_tokenizer(self) -> Any:
         """The model's tokenizer (vLLM's LLM.get_tokenizer)."""
         return self.tokenizer

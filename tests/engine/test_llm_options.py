@@ -47,6 +47,17 @@ def test_no_params_sample_as_the_model_recommends(recommending, tiny_llama):
 def test_a_model_that_recommends_nothing_gets_the_api_defaults(tiny_llama):
     assert tiny_llama.get_default_sampling_params() == SamplingParams()
     assert tiny_llama.get_tokenizer() is tiny_llama.tokenizer
+    assert tiny_llama.llm_engine is tiny_llama.engine
+
+
+def test_cumulative_logprob_sums_the_tokens_logprobs(tiny_llama):
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=6, logprobs=2)
+    out = tiny_llama.generate(PROMPTS[:1], params)[0].outputs[0]
+    assert out.cumulative_logprob == pytest.approx(
+        sum(entry[t] for t, entry in zip(out.token_ids, out.logprobs, strict=True)))
+    assert out.cumulative_logprob < 0
+    plain = tiny_llama.generate(PROMPTS[:1], SamplingParams(max_tokens=2))[0].outputs[0]
+    assert plain.cumulative_logprob is None
 
 
 def test_generation_config_vllm_and_overrides_set_the_defaults(recommending):
