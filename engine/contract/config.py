@@ -29,6 +29,7 @@ KV_CACHE_DTYPES = ("auto", "int8", "fp8", "fp8_e5m2")
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 SCHEDULING_POLICIES = ("fcfs", "priority")
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 # What this engine build runs today, a subset of the values above: the rest are valid option
 # values that fail at start-up (engine), and at `kubectl apply` (the CRD's rules are generated
@@ -114,6 +115,13 @@ class EngineConfig:
         20, "Most log-probabilities a request may ask for per token (completions' logprobs "
             "and prompt_logprobs, chat's top_logprobs); -1: the whole vocabulary (vLLM's "
             "flag and default).")
+    logprobs_mode: str = _opt(
+        "raw_logprobs",
+        "What a request's logprobs report (vLLM's flag): raw_logprobs (the default: the "
+        "log-softmax of the model's logits), raw_logits (the logits), processed_logprobs or "
+        "processed_logits (those the token was drawn from: after logit_bias, penalties and "
+        "masks, and for a sampled token temperature, top-k, top-p and min-p, a token they rule "
+        "out at -inf, which replies show as -9999.0). Prompt logprobs stay raw log-softmax.")
     scheduling_policy: str = _opt(
         "fcfs", "Which request runs first: fcfs (first come, first served) or priority (each "
                 "request's `priority`, lower first, then arrival; a waiting request preempts "
@@ -274,6 +282,8 @@ class EngineConfig:
                f"must be at least 1, got {self.stream_interval}")
         _check(self.max_logprobs >= -1, "max_logprobs",
                f"must be -1 (the whole vocabulary) or at least 0, got {self.max_logprobs}")
+        _check(self.logprobs_mode in LOGPROBS_MODES, "logprobs_mode",
+               f"{self.logprobs_mode!r} is not one of {LOGPROBS_MODES}")
         _check(self.scheduling_policy in SCHEDULING_POLICIES, "scheduling_policy",
                f"{self.scheduling_policy!r} is not one of {SCHEDULING_POLICIES}")
         _check(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold",

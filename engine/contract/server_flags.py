@@ -251,10 +251,6 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--guided-decoding-backend", choices=("auto", "xgrammar"),
                         default="auto", help="Accepted for vLLM's command lines: structured "
                                              "outputs always run on xgrammar.")
-    parser.add_argument("--logprobs-mode", choices=("raw_logprobs",), default="raw_logprobs",
-                        help="Accepted for vLLM's command lines with its default: logprobs are "
-                             "the model's own, before logit_bias, penalties, temperature and "
-                             "top-k/top-p.")
     parser.add_argument("--structured-outputs-config", type=_structured_outputs_config,
                         default=None, metavar="JSON",
                         help="Newer vLLM's name for the backend: accepted with "

@@ -696,7 +696,7 @@ class LLMEngine:
             return None
         seqs = [d.seq for d in draws]
         pending = sample_later(self._rows(logits, [d.row for d in draws]), seqs,
-                               self._generator, self.eos_token_ids)
+                               self._generator, self.eos_token_ids, self.config.logprobs_mode)
         self.runner.sampled = pending.tokens
         for row, seq in enumerate(seqs):
             seq.output_token_ids.append(placeholder(row))
@@ -743,7 +743,8 @@ class LLMEngine:
     def _sample_rows(self, logits: torch.Tensor, rows: list[int],
                      seqs: list[Sequence]) -> list[int]:
         """Sample these logit rows, one per sequence, and append each token to its sequence."""
-        result = sample(self._rows(logits, rows), seqs, self._generator, self.eos_token_ids)
+        result = sample(self._rows(logits, rows), seqs, self._generator, self.eos_token_ids,
+                        self.config.logprobs_mode)
         now = time.monotonic()
         for seq, token, logprobs in zip(seqs, result.token_ids, result.logprobs, strict=True):
             self._append(seq, token, logprobs, now)

@@ -63,40 +63,58 @@ class PendingSample:
 
 def sample(logits: torch.Tensor, seqs: list[Sequence],
            generator: torch.Generator | None = None,
-           eos_token_ids: Collection[int] = ()) -> SampleResult:
+           eos_token_ids: Collection[int] = (),
+           logprobs_mode: str = "raw_logprobs") -> SampleResult:
     """logits: [len(seqs), vocab] float32, one row per sequence; `generator` draws the noise of
     sequences without their own (None: torch's default generator); `eos_token_ids` are masked
-    for sequences still short of their min_tokens."""
-    tokens, raw_logprobs = _draw(logits, seqs, generator, eos_token_ids)
-    packed, max_k = _pack(tokens, raw_logprobs, seqs)
+    for sequences still short of their min_tokens; `logprobs_mode` (vLLM's) says what a
+    request's logprobs report."""
+    tokens, reported = _draw(logits, seqs, generator, eos_token_ids, logprobs_mode)
+    packed, max_k = _pack(tokens, reported, seqs)
     return _unpack(packed.tolist(), seqs, max_k)
 
 
 def sample_later(logits: torch.Tensor, seqs: list[Sequence],
                  generator: torch.Generator | None = None,
-                 eos_token_ids: Collection[int] = ()) -> PendingSample:
+                 eos_token_ids: Collection[int] = (),
+                 logprobs_mode: str = "raw_logprobs") -> PendingSample:
     """`sample`, with the host copy started but not waited for."""
-    tokens, raw_logprobs = _draw(logits, seqs, generator, eos_token_ids)
-    return PendingSample(tokens, *_pack(tokens, raw_logprobs, seqs), seqs)
+    tokens, reported = _draw(logits, seqs, generator, eos_token_ids, logprobs_mode)
+    return PendingSample(tokens, *_pack(tokens, reported, seqs), seqs)
 
 
 def _draw(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator | None,
-          eos_token_ids: Collection[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Each row's token on the device, and the raw logprobs where some row asks for them."""
-    raw_logprobs = None
-    if any(s.params.logprobs is not None for s in seqs):
-        raw_logprobs = torch.log_softmax(logits, dim=-1)
+          eos_token_ids: Collection[int], logprobs_mode: str = "raw_logprobs",
+          ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each row's token on the device, and what logprobs report where some row asks for them
+    (vLLM's modes): the model's logits or their log-softmax ("raw_"), or those the token was
+    drawn from ("processed_": after logit_bias, penalties and masks, and for a sampled row
+    temperature, top-k, top-p and min-p, a token they rule out at -inf)."""
+    asked = any(s.params.logprobs is not None for s in seqs)
+    reported = None
+    if asked and logprobs_mode == "raw_logprobs":
+        reported = torch.log_softmax(logits, dim=-1)
+    elif asked and logprobs_mode == "raw_logits":
+        reported = logits
     logits = _processed(logits, seqs, eos_token_ids)
     tokens = logits.argmax(dim=-1)
+    drawn_from = logits  # a greedy row's: processed, no temperature
     randoms = [i for i, s in enumerate(seqs) if not s.params.greedy]
     if randoms:
         chosen = [seqs[i] for i in randoms]
         every_row = len(randoms) == len(seqs)
         rows = None if every_row else list_to_device(randoms, torch.long, logits.device)
-        probs = filtered_probs(logits if rows is None else logits[rows], chosen)
+        filtered = filtered_logits(logits if rows is None else logits[rows], chosen)
+        probs = filtered.softmax(dim=-1)
         drawn = (probs / _exponential_noise(probs, chosen, generator)).argmax(dim=-1)
         tokens = drawn if rows is None else tokens.index_copy(0, rows, drawn)
-    return tokens, raw_logprobs
+        if asked and logprobs_mode.startswith("processed_"):
+            drawn_from = filtered if rows is None else logits.index_copy(0, rows, filtered)
+    if asked and logprobs_mode == "processed_logits":
+        reported = drawn_from
+    elif asked and logprobs_mode == "processed_logprobs":
+        reported = torch.log_softmax(drawn_from, dim=-1)
+    return tokens, reported
 
 
 def _processed(logits: torch.Tensor, seqs: list[Sequence],
@@ -210,6 +228,11 @@ def apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
 
 def filtered_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """Temperature, then top-k, top-p and min-p masks; returns renormalized probabilities."""
+    return filtered_logits(logits, seqs).softmax(dim=-1)
+
+
+def filtered_logits(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """The logits over temperature, those top-k, top-p and min-p rule out at -inf."""
     device = logits.device
     vocab = logits.shape[1]
     settings = [(s.params.temperature, min(s.params.top_k, vocab) if s.params.top_k > 0
@@ -221,7 +244,7 @@ def filtered_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     logits = torch.nan_to_num(logits / temperature.unsqueeze(1), nan=float("-inf"),
                               posinf=torch.finfo(logits.dtype).max, neginf=float("-inf"))
     if all(k == vocab and p >= 1.0 and m <= 0.0 for _, k, p, m in settings):
-        return logits.softmax(dim=-1)  # nothing to mask: skip the sort over the vocabulary
+        return logits  # nothing to mask: skip the sort over the vocabulary
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     sorted_probs = sorted_logits.softmax(dim=-1)
     rank = torch.arange(vocab, device=device).unsqueeze(0)
@@ -231,8 +254,7 @@ def filtered_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     drop |= sorted_probs < min_p.unsqueeze(1) * sorted_probs[:, :1]
     drop[:, 0] = False
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    filtered = torch.empty_like(logits).scatter_(1, order, sorted_logits)
-    return filtered.softmax(dim=-1)
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
 def _pack(tokens: torch.Tensor, raw: torch.Tensor | None,

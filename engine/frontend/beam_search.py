@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 def new_search(engine: LLMEngine, params: BeamSearchParams, field: str) -> BeamSearch:
     """A search for one prompt; RequestError naming `field` (the beam width's) where it would
     rank more log-probabilities per token than --max-logprobs lets a request read."""
+    if engine.config.logprobs_mode.endswith("_logits"):
+        raise RequestError(f"{field}: beam search ranks log-probabilities, and this engine's "
+                           f"logprobs report logits (--logprobs-mode "
+                           f"{engine.config.logprobs_mode})", param=field)
     search = BeamSearch(params, engine.eos_token_ids)
     limit = engine.config.max_logprobs
     if limit != -1 and search.num_candidates > limit:

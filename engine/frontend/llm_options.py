@@ -25,7 +25,6 @@ NO_EFFECT: dict[str, Any] = {
     "tokenizer_mode": {"auto", "hf", "slow", "mistral"},  # Hugging Face's files are read
     "load_format": {"auto", "safetensors", "mistral", "gguf"},
     "distributed_executor_backend": {None, "mp"},  # TP ranks are local processes
-    "logprobs_mode": {"raw_logprobs"},  # logprobs are the model's own
     "cpu_offload_gb": {0},
     "pipeline_parallel_size": {1},
     "data_parallel_size": {1},

@@ -212,18 +212,25 @@ def _logprobs(call: Call, state: ServerState, token_ids: list[int],
         content = []
         for token, entry in zip(token_ids, entries, strict=False):
             top = list(entry.items())[:k]
-            content.append({**_token_info(call, state, token, entry[token]),
-                            "top_logprobs": [_token_info(call, state, t, lp) for t, lp in top]})
+            content.append({**_token_info(call, state, token, _shown_value(entry[token])),
+                            "top_logprobs": [_token_info(call, state, t, _shown_value(lp))
+                                             for t, lp in top]})
         return {"content": content}
     tokens, token_logprobs, top_logprobs = [], [], []
     for token, entry in zip(token_ids, entries, strict=False):
         tokens.append(_token_name(call, state, token))
         # None: the first prompt token of an echo, which nothing precedes to score it.
-        token_logprobs.append(None if entry is None else entry[token])
+        token_logprobs.append(None if entry is None else _shown_value(entry[token]))
         top_logprobs.append(None if entry is None else {
-            _token_name(call, state, t): lp for t, lp in list(entry.items())[:k]})
+            _token_name(call, state, t): _shown_value(lp) for t, lp in list(entry.items())[:k]})
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
             "text_offset": offsets}
+
+
+def _shown_value(logprob: float) -> float:
+    """A logprob as JSON can carry it: a token ruled out (-inf, under --logprobs-mode
+    processed_*) as vLLM shows it, -9999.0."""
+    return max(logprob, -9999.0)
 
 
 def _reply_offsets(call: Call, state: ServerState, key: int, prompt_index: int, echoed: str,

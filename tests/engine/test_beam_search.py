@@ -154,6 +154,13 @@ def test_a_search_that_cannot_run_is_refused_before_any_runs(small_vocab, tiny_l
     assert not tiny_llama.engine.has_unfinished_requests()
 
 
+def test_an_engine_whose_logprobs_report_logits_refuses_beam_search(small_vocab_dir):
+    with LLM(small_vocab_dir, show_progress=False, logprobs_mode="raw_logits") as llm, \
+            pytest.raises(RequestError, match="beam search ranks log-probabilities, and this "
+                                              "engine's logprobs report logits"):
+        llm.beam_search([[1, 2, 3]], BeamSearchParams(beam_width=2, max_tokens=4))
+
+
 @pytest.mark.parametrize("fields,message", [
     ({"beam_width": 0}, "n: beam search needs a beam width of at least 1"),
     ({"max_tokens": 0}, "max_tokens: must be at least 1"),

@@ -220,8 +220,7 @@ def test_each_request_is_logged_cut_to_max_log_len_and_the_access_log_is_off(vll
      "run on xgrammar"),
     (["--structured-outputs-config", '{"disable_any_whitespace": true}'], "argument "
      "--structured-outputs-config: 'disable_any_whitespace' is not supported here"),
-    (["--logprobs-mode", "processed_logprobs"],
-     "argument --logprobs-mode: invalid choice: 'processed_logprobs'"),
+    (["--logprobs-mode", "processed"], "'processed' is not one of ('raw_logprobs'"),
     (["--structured-outputs-config", "xgrammar"], "argument --structured-outputs-config: must "
      "be a JSON object"),
     (["--limit-mm-per-prompt", '{"image": 1, "audio": 1}'], "limit_mm_per_prompt: audio: 1 "
