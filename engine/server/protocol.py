@@ -198,6 +198,17 @@ class CompletionRequest(SamplingFields):
     prompt_logprobs: Annotated[int, Field(ge=0)] | None = None
     best_of: int | None = None
     suffix: str | None = None
+    # vLLM's (--enable-prompt-embeds): a prompt given as embeddings, which this server does
+    # not take; refused, with or without a prompt beside it, rather than ignored.
+    prompt_embeds: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_prompt_embeds(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("prompt_embeds") is not None:
+            raise FieldError("prompt_embeds", "not supported: send the prompt as text or "
+                                              "token ids")
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> CompletionRequest:

@@ -226,6 +226,8 @@ BAD_REQUESTS = [
     ("/v1/completions", {"model": MODEL, "prompt": ""}, 400),
     ("/v1/completions", {"model": MODEL, "prompt": []}, 400),
     ("/v1/completions", {"model": "gpt-5", "prompt": "x"}, 404),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "prompt_embeds": "AAAA"}, 400),
+    ("/v1/completions", {"model": MODEL, "prompt_embeds": "AAAA"}, 400),
     ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "robot", "content": "x"}]},
      400),
