@@ -116,7 +116,7 @@ def test_hypotheses_equal_transformers(small_vocab, params, eos):
 def test_smollm2_chat_hypotheses_equal_transformers(smol_llm, smol_hf, smol_tokenizer):
     prompts = [smol_tokenizer.encode(smol_tokenizer.apply_chat_template(
         [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False))
-        for question in ("What is the capital of France?", "Is the sky blue? Answer yes or no.")]
+        for question in ("What is the capital of France?",)]
     params = BeamSearchParams(beam_width=3, max_tokens=24)
     outputs = smol_llm.beam_search(prompts, params)
     for prompt, output in zip(prompts, outputs, strict=True):
