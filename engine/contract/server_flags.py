@@ -95,12 +95,13 @@ def add_server_arguments(parser: argparse.ArgumentParser,
                              "openai (a list of {type: text, text} parts, as LLaVA's templates "
                              "loop over). auto (the default, as in vLLM): the form in which "
                              "the template shows a probe message's text.")
-    parser.add_argument("--generation-config", choices=("auto", "vllm"), default="auto",
+    parser.add_argument("--generation-config", default="auto", metavar="auto|vllm|DIR",
                         help="auto (the default, as in vLLM): a request that leaves out "
                              "temperature, top_p, top_k, min_p or repetition_penalty gets the "
                              "value the model's generation_config.json recommends; vllm: "
                              "the API's own defaults (temperature 1, ...) whatever the model "
-                             "says.")
+                             "says; a directory: the values of the generation_config.json "
+                             "in it (checked at start-up).")
     parser.add_argument("--override-generation-config", type=_generation_overrides, default={},
                         metavar="JSON",
                         help="Request defaults that win over the model's generation config "

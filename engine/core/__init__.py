@@ -12,7 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tokenmill.engine.core import prompt_truncation
+    from tokenmill.engine.core import generation_config, prompt_truncation
     from tokenmill.engine.core.beam_search import (
         BeamSearch,
         BeamSearchOutput,
@@ -67,12 +67,13 @@ __all__ = ["BeamSearch", "BeamSearchOutput", "BeamSearchParams", "BeamSearchSequ
            "PoolingRequestOutput",
            "RequestOutput", "RequestOutputKind", "SamplingParams",
            "ScoringOutput", "ScoringRequestOutput", "StructuredOutputsParams", "cosine_similarity",
-           "completion_outputs", "pair_prompt", "prompt_truncation", "round_params", "score_pairs"]
+           "completion_outputs", "generation_config", "pair_prompt", "prompt_truncation",
+           "round_params", "score_pairs"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "prompt_truncation":
-        return importlib.import_module("tokenmill.engine.core.prompt_truncation")
+    if name in ("prompt_truncation", "generation_config"):
+        return importlib.import_module(f"tokenmill.engine.core.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(name)

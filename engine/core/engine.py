@@ -15,9 +15,9 @@ import torch
 
 from tokenmill.engine.contract.config import ConfigError, EngineConfig
 from tokenmill.engine.contract.pooling import TASK_LACKS, TASK_SERVED, Pooler
-from tokenmill.engine.contract.server_flags import GENERATION_CONFIG_KEYS
 from tokenmill.engine.core.detokenizer import IncrementalDetokenizer
 from tokenmill.engine.core.errors import LoRAAdapterError, RequestError, UnknownAdapterError
+from tokenmill.engine.core.generation_config import generation_defaults, load_generation_config
 from tokenmill.engine.core.images import ImageInput, ImageSpan, PromptImages
 from tokenmill.engine.core.kv_cache import KVCacheManager, KVCacheStats
 from tokenmill.engine.core.lora_registry import LoRARegistry
@@ -1013,25 +1013,6 @@ def _check_devices(option: str, device: torch.device, tp_size: int) -> None:
     if count < tp_size:
         raise ConfigError("tensor_parallel_size", f"{tp_size} needs {tp_size} GPUs, but "
                                                   f"{count} are visible")
-
-
-def load_generation_config(directory: str) -> Any:
-    """The model's generation_config.json as transformers reads it; None without one."""
-    try:
-        from transformers import GenerationConfig
-
-        return GenerationConfig.from_pretrained(directory)
-    except (OSError, ValueError):
-        return None
-
-
-def generation_defaults(generation_config: Any) -> dict[str, float]:
-    """The sampling settings a generation config sets (what transformers' to_diff_dict
-    reports, as vLLM reads it); {} without one."""
-    if generation_config is None:
-        return {}
-    diff = generation_config.to_diff_dict()
-    return {key: diff[key] for key in GENERATION_CONFIG_KEYS if diff.get(key) is not None}
 
 
 def _eos_ids(model_config: Any, tokenizer: Any, generation_config: Any,

@@ -10,6 +10,7 @@ from typing import Any
 
 from tokenmill.engine.contract.config import EngineConfig
 from tokenmill.engine.contract.server_flags import GENERATION_CONFIG_KEYS
+from tokenmill.engine.core.generation_config import checked_source, sampling_defaults
 
 ANY = None
 # Option: the values that change nothing here (ANY: every value).
@@ -62,10 +63,7 @@ def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], Defaults]:
                 options.setdefault("runner", RUNNER_OF[value])
     defaults = Defaults(options.pop("generation_config", "auto"),
                         dict(options.pop("override_generation_config", None) or {}))
-    if defaults.generation_config not in ("auto", "vllm"):
-        raise ValueError(f"generation_config={defaults.generation_config!r} is not supported; "
-                         "this engine takes 'auto' (the model's generation_config.json) or "
-                         "'vllm' (the API's defaults)")
+    checked_source(defaults.generation_config)
     unknown = sorted(set(defaults.overrides) - set(GENERATION_CONFIG_KEYS))
     if unknown:
         raise ValueError(f"override_generation_config: {unknown[0]!r} is not one of "
@@ -80,9 +78,9 @@ def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], Defaults]:
 
 def sampling_settings(defaults: Defaults, model_settings: dict[str, Any]) -> dict[str, Any]:
     """SamplingParams' keywords for a call given none: the model's recommended settings
-    (under generation_config "auto") with the overrides over them; max_new_tokens becomes
-    max_tokens."""
-    settings = dict(model_settings) if defaults.generation_config == "auto" else {}
+    (generation_config "auto"; none under "vllm"; a directory's generation_config.json) with
+    the overrides over them; max_new_tokens becomes max_tokens."""
+    settings = sampling_defaults(defaults.generation_config, model_settings)
     settings.update(defaults.overrides)
     if "max_new_tokens" in settings:
         settings["max_tokens"] = int(settings.pop("max_new_tokens"))

@@ -23,6 +23,7 @@ import jinja2
 import uvicorn
 
 from tokenmill.engine.contract.server_flags import check_server_flags
+from tokenmill.engine.core import generation_config
 from tokenmill.engine.core.errors import ConfigError
 from tokenmill.engine.server.app import create_app
 from tokenmill.engine.server.metrics import EngineMetrics
@@ -139,7 +140,8 @@ def server_state(config, args: argparse.Namespace) -> ServerState:
                               trust_request_chat_template=args.trust_request_chat_template,
                               response_role=args.response_role,
                               reasoning_parser=args.reasoning_parser,
-                              generation_config=args.generation_config,
+                              generation_config=generation_config.checked_source(
+                                  args.generation_config, "--generation-config"),
                               generation_overrides=args.override_generation_config,
                               allowed_origins=tuple(args.allowed_origins),
                               allowed_methods=tuple(args.allowed_methods),

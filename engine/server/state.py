@@ -15,7 +15,7 @@ from fastapi import Depends, Request
 
 from tokenmill.engine.contract.config import EngineConfig
 from tokenmill.engine.contract.pooling import Classifier
-from tokenmill.engine.core import LLMEngine
+from tokenmill.engine.core import LLMEngine, generation_config
 from tokenmill.engine.core.errors import ConfigError, ModelLoadError, WorkerFailed
 from tokenmill.engine.frontend.async_engine import AsyncEngine
 from tokenmill.engine.server.content_format import detect_content_format
@@ -42,7 +42,8 @@ class ServerOptions:
     trust_request_chat_template: bool = False  # a request's chat_template may render it
     response_role: str = "assistant"  # a chat reply's role when the prompt asks for a reply
     reasoning_parser: str | None = None  # the model's thinking format (reasoning.py)
-    generation_config: str = "auto"  # auto: the model's sampling defaults; vllm: the API's
+    # auto: the model's sampling defaults; vllm: the API's; a directory: its config's
+    generation_config: str = "auto"
     generation_overrides: dict[str, float] = field(default_factory=dict)  # win over both
     # CORS (vLLM's defaults: any origin, method and header; no credentials).
     allowed_origins: tuple[str, ...] = ("*",)
@@ -132,8 +133,8 @@ class ServerState:
                     core.images.placeholder)
             self.task = core.task
             self.classifier = core.pooler.classifier if core.pooler is not None else None
-            model_defaults = (core.generation_defaults
-                              if self.options.generation_config == "auto" else {})
+            model_defaults = generation_config.sampling_defaults(
+                self.options.generation_config, core.generation_defaults)
             self.sampling_defaults = {**model_defaults, **self.options.generation_overrides}
             if self.sampling_defaults:
                 log.info("default sampling parameters (the model's generation config, then "

@@ -60,10 +60,13 @@ def test_cumulative_logprob_sums_the_tokens_logprobs(tiny_llama):
     assert plain.cumulative_logprob is None
 
 
-def test_generation_config_vllm_and_overrides_set_the_defaults(recommending):
+def test_generation_config_vllm_and_overrides_set_the_defaults(recommending, tiny_llama_dir):
     directory = recommending.engine.config.model
     with LLM(directory, show_progress=False, generation_config="vllm") as plain:
         assert plain.get_default_sampling_params() == SamplingParams()
+    with LLM(tiny_llama_dir, show_progress=False, generation_config=directory) as elsewhere:
+        defaults = elsewhere.get_default_sampling_params()  # the other directory's settings
+        assert (defaults.top_k, defaults.temperature, defaults.max_tokens) == (1, 0.7, 5)
     with LLM(directory, show_progress=False,
              override_generation_config={"temperature": 0.0, "max_new_tokens": 3}) as over:
         defaults = over.get_default_sampling_params()
@@ -91,7 +94,8 @@ def test_task_embed_is_the_pooling_runner(tiny_llama_dir):
     ({"tokenizer_mode": "custom"}, ValueError, "tokenizer_mode='custom' is not supported"),
     ({"pipeline_parallel_size": 2}, ValueError, "pipeline_parallel_size=2"),
     ({"task": "transcription"}, ValueError, "task='transcription' is not one of"),
-    ({"generation_config": "/models/x"}, ValueError, "generation_config='/models/x'"),
+    ({"generation_config": "/models/x"}, ValueError, "generation_config: '/models/x' is "
+                                                     "neither auto, vllm nor a directory"),
     ({"override_generation_config": {"beams": 2}}, ValueError,
      "override_generation_config: 'beams' is not one of"),
     ({"max_num_sequences": 8}, TypeError, "unexpected option 'max_num_sequences'"),

@@ -9,7 +9,7 @@ import shutil
 import pytest
 from server_support import in_process_server
 
-from tokenmill.engine.core.engine import generation_defaults, load_generation_config
+from tokenmill.engine.core.generation_config import generation_defaults, load_generation_config
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +30,15 @@ def test_the_files_sampling_settings_are_read(greedy_by_default, tmp_path):
     assert generation_defaults(None) == {}
 
 
-@pytest.mark.parametrize("mode", ["auto", "vllm"])
-def test_unset_sampling_fields_take_the_models_values(greedy_by_default, mode):
+@pytest.mark.parametrize("mode", ["auto", "vllm", "directory"])
+def test_unset_sampling_fields_take_the_models_values(greedy_by_default, tiny_llama_dir, mode):
+    """`directory`: the model recommends nothing; --generation-config names the directory of
+    a generation_config.json that recommends greedy, as auto reads the model's own."""
     prompt = [312, 1040, 2203, 77, 4511]
-    with in_process_server(greedy_by_default, "m", options={"generation_config": mode},
+    model, option = greedy_by_default, mode
+    if mode == "directory":
+        model, option = tiny_llama_dir, greedy_by_default
+    with in_process_server(model, "m", options={"generation_config": option},
                            max_model_len=128) as server:
         client = server.client
         greedy = client.completions.create(model="m", prompt=prompt, max_tokens=12,
@@ -47,7 +52,7 @@ def test_unset_sampling_fields_take_the_models_values(greedy_by_default, mode):
             temperature=0)
         explicit = client.completions.create(model="m", prompt=prompt, max_tokens=12, seed=0,
                                              extra_body={"top_k": -1}).choices[0].text
-    if mode == "auto":
+    if mode != "vllm":
         assert unset == [greedy] * 3
         assert chat.choices[0].message.content == chat_greedy.choices[0].message.content
         assert server.state.sampling_defaults == {"temperature": 1.0, "top_p": 0.9, "top_k": 1}

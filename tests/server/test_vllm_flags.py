@@ -221,6 +221,8 @@ def test_each_request_is_logged_cut_to_max_log_len_and_the_access_log_is_off(vll
     (["--structured-outputs-config", '{"disable_any_whitespace": true}'], "argument "
      "--structured-outputs-config: 'disable_any_whitespace' is not supported here"),
     (["--logprobs-mode", "processed"], "'processed' is not one of ('raw_logprobs'"),
+    (["--generation-config", "/nonexistent/dir"], "--generation-config: '/nonexistent/dir' "
+     "is neither auto, vllm nor a directory holding generation_config.json"),
     (["--structured-outputs-config", "xgrammar"], "argument --structured-outputs-config: must "
      "be a JSON object"),
     (["--limit-mm-per-prompt", '{"image": 1, "audio": 1}'], "limit_mm_per_prompt: audio: 1 "
