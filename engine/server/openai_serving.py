@@ -119,7 +119,7 @@ async def chat_call(body: ChatCompletionRequest, state: ServerState,
                 continuous_usage=body.continuous_usage,
                 tokens_as_ids=_tokens_as_ids(body, state), priority=body.priority,
                 return_token_ids=bool(body.return_token_ids), role=_reply_role(body, state),
-                images=images, beam=beam)
+                echoed=body.echoed(_reply_role(body, state)), images=images, beam=beam)
 
 
 def with_images(state: ServerState, ids: list[int], images: list[Any],
@@ -451,7 +451,8 @@ async def chat_chunks(call: Call, streams: list[RequestStream], include_usage: b
     try:
         if call.kind == "chat":
             for c in range(call.n):
-                first = chunk(call, [{"index": c, "delta": {"role": call.role, "content": ""},
+                first = chunk(call, [{"index": c, "delta": {"role": call.role,
+                                                            "content": call.echoed},
                                       "logprobs": None, "finish_reason": None}],
                               usage=running_usage())
                 if call.return_token_ids and c == 0:  # vLLM's: on the first chunk

@@ -385,6 +385,9 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     include_reasoning: bool = True
     # vLLM's: the rendered prompt's scores, top-level in the reply (not when streamed).
     prompt_logprobs: Annotated[int, Field(ge=0)] | None = None
+    # vLLM's: the reply's content starts with the last message's, where that message has the
+    # reply's role (a continued assistant message comes back whole).
+    echo: bool = False
     # vLLM's: special tokens added on top of the rendered template (which writes its own).
     add_special_tokens: bool = False
 
@@ -405,6 +408,15 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
 
     def conversation(self) -> list[dict[str, Any]]:
         return [m.template_message() for m in self.messages]
+
+    def echoed(self, role: str) -> str:
+        """What echo puts before the reply: the last message's text, where it is `role`'s."""
+        last = self.messages[-1]
+        if not self.echo or last.role != role:
+            return ""
+        if isinstance(last.content, list):
+            return "".join(part.text or "" for part in last.content if part.type == "text")
+        return last.content or ""
 
     def template_variables(self) -> dict[str, Any] | None:
         """The template's extra variables: chat_template_kwargs over reasoning_effort."""

@@ -42,6 +42,7 @@ class Call:
     tokens_as_ids: bool = False  # logprobs name tokens "token_id:ID" (vLLM's option)
     return_token_ids: bool = False  # vLLM's: prompt and choice token ids in the reply
     role: str = "assistant"  # a chat reply's message role
+    echoed: str = ""  # a chat reply's text before its own (vLLM's echo)
     priority: int = 0  # under --scheduling-policy priority, lower runs first
     images: list[Any] = field(default_factory=list)  # a chat prompt's, prepared (ImageInputs)
     beam: BeamSearchParams | None = None  # use_beam_search's (beam_requests.py)
@@ -143,6 +144,8 @@ def _chat_message(call: Call, text: str, finish: str | None) -> tuple[dict, str 
     if call.tools is not None:
         message, finish = call.tools.message(answer, finish)
         message["role"] = call.role
+    if call.echoed:
+        message["content"] = call.echoed + (message["content"] or "")
     if call.reasoning is not None and call.include_reasoning:
         message["reasoning"] = message["reasoning_content"] = thought
     return message, finish
