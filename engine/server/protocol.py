@@ -132,6 +132,11 @@ class SamplingFields(RequestModel, StructuredFields):
     length_penalty: float = 1.0
     early_stopping: bool | Literal["never"] = False
 
+    # vLLM's fields whose work this server does not do: refused by name, not ignored.
+    logits_processors: Any = None
+    structural_tag: Any = None
+    guided_whitespace_pattern: Any = None
+
     @model_validator(mode="after")
     def _check_top_k(self) -> SamplingFields:
         if self.top_k is not None and self.top_k != -1 and self.top_k < 1:
@@ -140,6 +145,13 @@ class SamplingFields(RequestModel, StructuredFields):
             raise FieldError("stop", "at most 16 stop sequences")
         if self.stream_options is not None and not self.stream:
             raise FieldError("stream_options", "only allowed when stream is true")
+        for name, why in (("logits_processors", "this server runs no request's own code"),
+                          ("structural_tag", "use response_format, structured_outputs or "
+                                             "tool_choice to constrain the reply"),
+                          ("guided_whitespace_pattern", "JSON is generated with the "
+                                                        "grammar's own whitespace")):
+            if getattr(self, name) is not None:
+                raise FieldError(name, f"not supported: {why}")
         return self
 
     def sampling_params(self, max_tokens: int, logprobs: int | None,
