@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import base64
 import logging
+import sys
 import time
 import uuid
 from typing import Any
 
 import numpy as np
+import torch
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
@@ -41,7 +43,8 @@ async def create_embedding(body: EmbeddingRequest, request: Request,
     if finals is None:
         return client_closed()
     data = [{"object": "embedding", "index": i,
-             "embedding": encoded(out.embedding or [], body.encoding_format)}
+             "embedding": encoded(out.embedding or [], body.encoding_format, body.embed_dtype,
+                                  body.endianness)}
             for i, out in enumerate(finals)]
     return pooled_reply(call_id, state, data, finals)
 
@@ -87,8 +90,20 @@ def prompt_ids(body: PoolingInputs, state: ServerState) -> list[list[int]]:
             if isinstance(item, str) else item for item in body.inputs()]
 
 
-def encoded(vector: list[float], encoding_format: str) -> list[float] | str:
-    """A vector as a reply carries it: floats, or base64 of little-endian float32."""
+# vLLM's embed_dtype: the element type of a base64 vector.
+EMBED_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
+def encoded(vector: list[float], encoding_format: str, embed_dtype: str = "float32",
+            endianness: str = "native") -> list[float] | str:
+    """A vector as a reply carries it: floats, or base64 of its values as `embed_dtype` in
+    the byte order `endianness` names (native: this machine's), as vLLM writes them."""
     if encoding_format == "float":
         return vector
-    return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    values = torch.tensor(vector, dtype=torch.float32).to(EMBED_DTYPES[embed_dtype])
+    size = values.element_size()
+    data = values.view(torch.uint8).numpy().reshape(-1, size)
+    if endianness not in ("native", sys.byteorder):
+        data = data[:, ::-1]
+    return base64.b64encode(np.ascontiguousarray(data).tobytes()).decode("ascii")

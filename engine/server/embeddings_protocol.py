@@ -82,6 +82,9 @@ class EmbeddingRequest(PoolingInputs):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, Field(ge=1)] | None = None
     normalize: bool | None = None
+    # vLLM's: a base64 vector's element type and byte order (native: the server's).
+    embed_dtype: Literal["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"] = "float32"
+    endianness: Literal["native", "big", "little"] = "native"
 
 
 class ActivationField(RequestModel):
@@ -102,6 +105,9 @@ class PoolingRequest(PoolingInputs, ActivationField):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, Field(ge=1)] | None = None
     normalize: bool | None = None
+    # vLLM's: a base64 vector's element type and byte order (native: the server's).
+    embed_dtype: Literal["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"] = "float32"
+    endianness: Literal["native", "big", "little"] = "native"
     # vLLM's: what to pool for; per-token tasks (token_embed, token_classify) are not served.
     task: Literal["embed", "classify"] | None = None
 

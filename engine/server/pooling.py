@@ -33,6 +33,7 @@ async def create_pooling(body: PoolingRequest, request: Request, state: ServerSt
     if finals is None:
         return client_closed()
     data = [{"index": i, "object": "pooling",
-             "data": encoded(out.embedding or [], body.encoding_format)}
+             "data": encoded(out.embedding or [], body.encoding_format, body.embed_dtype,
+                             body.endianness)}
             for i, out in enumerate(finals)]
     return pooled_reply(call_id, state, data, finals)

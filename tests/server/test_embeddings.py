@@ -70,6 +70,28 @@ def test_base64_is_little_endian_float32(base_url, reference):
     torch.testing.assert_close(torch.from_numpy(vector.copy()), reference[0], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("embed_dtype,torch_dtype", [
+    ("float16", torch.float16), ("bfloat16", torch.bfloat16),
+    ("fp8_e4m3", torch.float8_e4m3fn), ("fp8_e5m2", torch.float8_e5m2)])
+@pytest.mark.parametrize("endianness", ["little", "big"])
+def test_base64_in_vllms_embed_dtype_and_byte_order(base_url, embed_dtype, torch_dtype,
+                                                     endianness):
+    """vLLM's embed_dtype and endianness: the float reply's values in that type and order."""
+    floats = httpx.post(f"{base_url}/v1/embeddings", json={"input": TEXTS[0]}).json()
+    packed = httpx.post(f"{base_url}/v1/embeddings", json={
+        "input": TEXTS[0], "encoding_format": "base64", "embed_dtype": embed_dtype,
+        "endianness": endianness}).json()
+    raw = np.frombuffer(base64.b64decode(packed["data"][0]["embedding"]), dtype=np.uint8)
+    size = torch.tensor([], dtype=torch_dtype).element_size()
+    rows = raw.reshape(-1, size)
+    if endianness == "big" and size > 1:
+        rows = rows[:, ::-1]
+    decoded = torch.from_numpy(np.ascontiguousarray(rows).reshape(-1)).view(torch_dtype)
+    want = torch.tensor(floats["data"][0]["embedding"]).to(torch_dtype)
+    assert decoded.shape == (HIDDEN_SIZE,)
+    assert torch.equal(decoded.float(), want.float())
+
+
 def test_token_ids_embed_as_their_text(client, base_url, reference):
     ids = [_tokens(base_url, t) for t in TEXTS]
     one = client.embeddings.create(model="embedder", input=ids[2])
