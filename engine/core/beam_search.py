@@ -1,10 +1,10 @@
 """Beam search over the engine's log-probabilities, with Hugging Face transformers' rules.
 
 The engine itself decodes one token per sequence; beam search runs above it in rounds. Each
-round asks for one token of every live beam with its top K log-probabilities, K = max(2, 1 +
-the finishing tokens) x width: every continuation the round can keep is among them. Of the
-round's best K continuations, the best `width` that do not finish live on; those among the
-best `width` that do finish (an end token, or max_tokens reached) become hypotheses, scored
+round asks for one token of every live beam with its top width + (end tokens) log-
+probabilities: every continuation the round can keep is among them. Of the round's best
+continuations, the best `width` that do not finish live on; those among the best `width`
+that do finish (an end token, or max_tokens reached) become hypotheses, scored
 by their summed log-probability over (generated length ** length_penalty), and the best
 `width` hypotheses are kept. The search ends when every continuation finishes, or once the
 hypotheses are `width` and no live beam can beat the worst of them: `early_stopping` False
@@ -87,7 +87,12 @@ class BeamSearch:
         self.stop_ids = set(params.stop_token_ids)
         self.finishing = self.stop_ids | (set() if params.ignore_eos else set(eos_token_ids))
         self.width = params.beam_width
-        self.num_candidates = max(2, 1 + len(self.finishing)) * self.width
+        # Each beam's top width + (end tokens) hold every continuation a round can keep: the
+        # width best that do not end, and any end token above them. Across beams the round
+        # ranks transformers' (1 + end tokens) x width best, which hold at least width that do
+        # not end.
+        self.num_candidates = self.width + len(self.finishing)
+        self._ranked = max(2, 1 + len(self.finishing)) * self.width
         self.running: list[Beam] = [Beam()]
         self.hypotheses: list[Beam] = []
         self.done = False
@@ -101,7 +106,7 @@ class BeamSearch:
                              f"{len(self.running)} running beams")
         length = len(self.running[0].tokens) + 1  # every live beam has the same length
         early_end = length <= self.params.min_tokens
-        candidates = heapq.nlargest(self.num_candidates, (
+        candidates = heapq.nlargest(self._ranked, (
             (beam.cum_logprob + lp, -b, -rank, token)
             for b, (beam, entry) in enumerate(zip(self.running, top_logprobs, strict=True))
             for rank, (token, lp) in enumerate(entry.items())

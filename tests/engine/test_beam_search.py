@@ -145,11 +145,12 @@ def test_a_search_that_cannot_run_is_refused_before_any_runs(small_vocab, tiny_l
     with pytest.raises(RequestError, match=r"maximum context length|256"):
         engine.beam_search([[1, 2, 3], [1] * 250], BeamSearchParams(beam_width=2,
                                                                      max_tokens=10))
-    # tiny_llama keeps the default --max-logprobs (20): width 11 ranks 22 per token.
-    with pytest.raises(RequestError, match=r"beam_width: a beam search of width 11 ranks the "
-                                           r"top \d+ log-probabilities of each token, more "
-                                           r"than the 20 --max-logprobs allows"):
-        tiny_llama.beam_search([[1, 2, 3]], BeamSearchParams(beam_width=11, max_tokens=4))
+    # tiny_llama keeps the default --max-logprobs (20): width 20 ranks 20 + its end tokens.
+    ranked = 20 + len(tiny_llama.engine.eos_token_ids)
+    with pytest.raises(RequestError, match=f"beam_width: a beam search of width 20 ranks the "
+                                           f"top {ranked} log-probabilities of each token, more "
+                                           f"than the 20 --max-logprobs allows"):
+        tiny_llama.beam_search([[1, 2, 3]], BeamSearchParams(beam_width=20, max_tokens=4))
     assert not engine.engine.has_unfinished_requests()
     assert not tiny_llama.engine.has_unfinished_requests()
 

@@ -75,7 +75,7 @@ def test_chat_streamed_and_whole_agree_and_logprobs_add_up(tiny_server):
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
       "tool_choice": "required"}, "tool_choice"),
-    ({"n": 11}, "n"),
+    ({"n": 20}, "n"),  # ranks 20 + the end tokens per token, past --max-logprobs' 20
     ({"max_tokens": 500}, "messages"),
 ])
 def test_what_beam_search_cannot_honour_is_a_400_naming_the_field(tiny_server, extra, field):
