@@ -400,6 +400,10 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     # vLLM's: the reply's content starts with the last message's, where that message has the
     # reply's role (a continued assistant message comes back whole).
     echo: bool = False
+    # OpenAI's outputs other than text, and its hosted web search: refused by name.
+    modalities: list[str] | None = None
+    audio: Any = None
+    web_search_options: Any = None
     # vLLM's: special tokens added on top of the rendered template (which writes its own).
     add_special_tokens: bool = False
 
@@ -409,6 +413,13 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
             raise FieldError("top_logprobs", "requires logprobs to be true")
         if self.prompt_logprobs is not None and self.stream:
             raise FieldError("prompt_logprobs", "not available when stream is true")
+        if set(self.modalities or ["text"]) != {"text"}:
+            raise FieldError("modalities", "this server writes text only")
+        if self.audio is not None:
+            raise FieldError("audio", "this server writes text only")
+        if self.web_search_options is not None:
+            raise FieldError("web_search_options", "this server searches nothing: the model "
+                                                   "answers from the messages alone")
         return self
 
     def sampling_params(self, max_tokens: int, logprobs: int | None,
