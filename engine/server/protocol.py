@@ -404,6 +404,9 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     modalities: list[str] | None = None
     audio: Any = None
     web_search_options: Any = None
+    # OpenAI's deprecated forms of tools and tool_choice: refused, naming their successors.
+    functions: Any = None
+    function_call: Any = None
     # vLLM's: special tokens added on top of the rendered template (which writes its own).
     add_special_tokens: bool = False
 
@@ -417,6 +420,9 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
             raise FieldError("modalities", "this server writes text only")
         if self.audio is not None:
             raise FieldError("audio", "this server writes text only")
+        for old, new in (("functions", "tools"), ("function_call", "tool_choice")):
+            if getattr(self, old) is not None:
+                raise FieldError(old, f"OpenAI's deprecated form of {new}: send {new}")
         if self.web_search_options is not None:
             raise FieldError("web_search_options", "this server searches nothing: the model "
                                                    "answers from the messages alone")

@@ -239,6 +239,8 @@ BAD_REQUESTS = [
                               "audio": {"voice": "alloy", "format": "wav"}}, 400),
     ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION,
                               "web_search_options": {}}, 400),
+    ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION,
+                              "functions": [{"name": "f", "parameters": {}}]}, 400),
     ("/v1/chat/completions", {"model": MODEL, "messages": []}, 400),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "robot", "content": "x"}]},
      400),
