@@ -84,8 +84,9 @@ class BeamSearch:
 
     def __init__(self, params: BeamSearchParams, eos_token_ids: set[int]) -> None:
         self.params = params
-        self.stop_ids = set(params.stop_token_ids)
-        self.finishing = self.stop_ids | (set() if params.ignore_eos else set(eos_token_ids))
+        eos = set() if params.ignore_eos else set(eos_token_ids)
+        self.stop_ids = set(params.stop_token_ids) - eos  # an EOS ends as EOS, no stop_reason
+        self.finishing = self.stop_ids | eos
         self.width = params.beam_width
         # Each beam's top width + (end tokens) hold every continuation a round can keep: the
         # width best that do not end, and any end token above them. Across beams the round
