@@ -27,6 +27,7 @@ from tokenmill.engine.core import (
     ScoringRequestOutput,
     cosine_similarity,
     pair_prompt,
+    prompt_truncation,
     score_pairs,
 )
 from tokenmill.engine.frontend.beam_search import run_offline
@@ -171,32 +172,49 @@ class LLM:
 
     def embed(self, prompts: Prompt | Sequence[Prompt],
               pooling_params: PoolingParams | None = None,
-              use_tqdm: bool = False) -> list[EmbeddingRequestOutput]:
+              use_tqdm: bool = False,
+              truncate_prompt_tokens: int | None = None) -> list[EmbeddingRequestOutput]:
         """Embed each prompt (the pooling runner), in input order; each result's
         `outputs.embedding` is its vector, as vLLM's LLM.embed returns. Every prompt is
-        checked before any runs."""
-        batch = _as_prompt_list(prompts)
+        checked before any runs. `truncate_prompt_tokens` (vLLM's) embeds each prompt's last
+        k tokens (-1: the context length), within its special tokens."""
+        batch = self._truncated(_as_prompt_list(prompts), truncate_prompt_tokens)
         params = pooling_params or PoolingParams()
         return [EmbeddingRequestOutput.of(out) for out in self._pool(batch, params, use_tqdm)]
 
     def encode(self, prompts: Prompt | Sequence[Prompt],
                pooling_params: PoolingParams | None = None,
-               use_tqdm: bool = False) -> list[PoolingRequestOutput]:
+               use_tqdm: bool = False,
+               truncate_prompt_tokens: int | None = None) -> list[PoolingRequestOutput]:
         """Each prompt's pooled output, whatever the model pools for, in input order: as
         vLLM's LLM.encode, `outputs.data` is an embedding model's vector (as `embed` gives
         it) or a classifier's probabilities (as `classify`)."""
         params = dataclasses.replace(pooling_params or PoolingParams(), task=self.engine.task)
-        return [PoolingRequestOutput.of(out)
-                for out in self._pool(_as_prompt_list(prompts), params, use_tqdm)]
+        batch = self._truncated(_as_prompt_list(prompts), truncate_prompt_tokens)
+        return [PoolingRequestOutput.of(out) for out in self._pool(batch, params, use_tqdm)]
 
     def classify(self, prompts: Prompt | Sequence[Prompt], use_tqdm: bool = False,
-                 pooling_params: PoolingParams | None = None) -> list[ClassificationRequestOutput]:
+                 pooling_params: PoolingParams | None = None,
+                 truncate_prompt_tokens: int | None = None,
+                 ) -> list[ClassificationRequestOutput]:
         """Classify each prompt (a sequence classifier, the pooling runner), in input order;
         each result's `outputs.probs` holds one probability per label, as vLLM's
         LLM.classify returns (the logits with PoolingParams(use_activation=False))."""
         params = dataclasses.replace(pooling_params or PoolingParams(), task="classify")
+        batch = self._truncated(_as_prompt_list(prompts), truncate_prompt_tokens)
         return [ClassificationRequestOutput.of(out)
-                for out in self._pool(_as_prompt_list(prompts), params, use_tqdm)]
+                for out in self._pool(batch, params, use_tqdm)]
+
+    def _truncated(self, batch: list[Prompt], keep: int | None) -> list[Prompt]:
+        """Each prompt's last `keep` tokens (vLLM's truncate_prompt_tokens; None: whole)."""
+        if keep is None:
+            return batch
+        if keep != -1 and keep < 1:
+            raise ValueError(f"truncate_prompt_tokens: must be -1 (the context length) or at "
+                             f"least 1, got {keep}")
+        return [prompt_truncation.truncated(
+            self.tokenizer.encode(p) if isinstance(p, str) else list(p), keep, self.tokenizer,
+            self.engine.max_model_len) for p in batch]
 
     def score(self, data_1: str | Sequence[str], data_2: str | Sequence[str],
               use_tqdm: bool = False,

@@ -52,6 +52,21 @@ def test_embeddings_equal_sentence_transformers(embedding_model, options):
     assert torch.allclose(first.norm(dim=1), torch.ones(len(TEXTS)))
 
 
+def test_truncate_prompt_tokens_embeds_the_prompts_last_tokens(embedding_model):
+    """vLLM's LLM.embed(..., truncate_prompt_tokens=k): the vector of the last k tokens, as
+    embedding those tokens gives it."""
+    _, path, _ = embedding_model
+    with LLM(path, show_progress=False, **SMALL) as llm:
+        ids = llm.tokenizer.encode(TEXTS[2])
+        [cut] = llm.embed([TEXTS[2]], truncate_prompt_tokens=5)
+        [tail] = llm.embed([ids[-5:]])
+        assert cut.prompt_token_ids == ids[-5:]
+        torch.testing.assert_close(torch.tensor(cut.outputs.embedding),
+                                   torch.tensor(tail.outputs.embedding))
+        with pytest.raises(ValueError, match="truncate_prompt_tokens: must be -1"):
+            llm.embed([TEXTS[0]], truncate_prompt_tokens=0)
+
+
 def test_prefix_cache_serves_last_pooling_only(embedding_model):
     pooling_type, path, _ = embedding_model
     with LLM(path, show_progress=False, **SMALL, block_size=8) as llm:
