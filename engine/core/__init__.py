@@ -21,7 +21,12 @@ if TYPE_CHECKING:
         completion_outputs,
         round_params,
     )
-    from tokenmill.engine.core.cross_encoding import cosine_similarity, pair_prompt, score_pairs
+    from tokenmill.engine.core.cross_encoding import (
+        cosine_similarity,
+        cut_pair_prompt,
+        pair_prompt,
+        score_pairs,
+    )
     from tokenmill.engine.core.detokenizer import IncrementalDetokenizer
     from tokenmill.engine.core.engine import LLMEngine
     from tokenmill.engine.core.outputs import (
@@ -51,6 +56,7 @@ _EXPORTS = {
     "ScoringOutput": "tokenmill.engine.core.outputs",
     "ScoringRequestOutput": "tokenmill.engine.core.outputs",
     "cosine_similarity": "tokenmill.engine.core.cross_encoding",
+    "cut_pair_prompt": "tokenmill.engine.core.cross_encoding",
     "IncrementalDetokenizer": "tokenmill.engine.core.detokenizer",
     "pair_prompt": "tokenmill.engine.core.cross_encoding",
     "score_pairs": "tokenmill.engine.core.cross_encoding",
@@ -67,8 +73,8 @@ __all__ = ["BeamSearch", "BeamSearchOutput", "BeamSearchParams", "BeamSearchSequ
            "PoolingRequestOutput",
            "RequestOutput", "RequestOutputKind", "SamplingParams",
            "ScoringOutput", "ScoringRequestOutput", "StructuredOutputsParams", "cosine_similarity",
-           "completion_outputs", "generation_config", "pair_prompt", "prompt_truncation",
-           "round_params", "score_pairs"]
+           "completion_outputs", "cut_pair_prompt", "generation_config", "pair_prompt",
+           "prompt_truncation", "round_params", "score_pairs"]
 
 
 def __getattr__(name: str) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokenmill.engine.contract.pooling import Classifier
+from tokenmill.engine.core.prompt_truncation import kept_positions, token_limit
 
 
 def pair_prompt(tokenizer: Any, first: str, second: str, classifier: Classifier,
@@ -31,6 +32,18 @@ def pair_prompt(tokenizer: Any, first: str, second: str, classifier: Classifier,
     if not classifier.token_types:
         return ids, None
     return ids, tuple(encoded["token_type_ids"][i] for i in rows)
+
+
+def cut_pair_prompt(tokenizer: Any, first: str, second: str, classifier: Classifier,
+                    keep: int | None, max_model_len: int,
+                    ) -> tuple[list[int], tuple[int, ...] | None]:
+    """pair_prompt under vLLM's truncate_prompt_tokens `keep` (-1: the context length; None:
+    whole): cut per text as the tokenizer cuts a pair, then, where that could not bring it
+    within `keep`, as one prompt (prompt_truncation), its token types cut alike."""
+    limit = token_limit(keep, max_model_len)
+    ids, types = pair_prompt(tokenizer, first, second, classifier, limit)
+    kept = kept_positions(ids, limit, tokenizer, max_model_len)
+    return [ids[i] for i in kept], None if types is None else tuple(types[i] for i in kept)
 
 
 def _longest_first(texts: list[int | None], keep: int) -> list[int] | None:

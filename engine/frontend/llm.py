@@ -26,7 +26,7 @@ from tokenmill.engine.core import (
     ScoringOutput,
     ScoringRequestOutput,
     cosine_similarity,
-    pair_prompt,
+    cut_pair_prompt,
     prompt_truncation,
     score_pairs,
 )
@@ -207,22 +207,26 @@ class LLM:
 
     def _truncated(self, batch: list[Prompt], keep: int | None) -> list[Prompt]:
         """Each prompt's last `keep` tokens (vLLM's truncate_prompt_tokens; None: whole)."""
-        if keep is None:
-            return batch
-        if keep != -1 and keep < 1:
+        if keep is not None and keep != -1 and keep < 1:
             raise ValueError(f"truncate_prompt_tokens: must be -1 (the context length) or at "
                              f"least 1, got {keep}")
+        if keep is None:
+            return batch
         return [prompt_truncation.truncated(
             self.tokenizer.encode(p) if isinstance(p, str) else list(p), keep, self.tokenizer,
             self.engine.max_model_len) for p in batch]
 
     def score(self, data_1: str | Sequence[str], data_2: str | Sequence[str],
               use_tqdm: bool = False,
-              pooling_params: PoolingParams | None = None) -> list[ScoringRequestOutput]:
+              pooling_params: PoolingParams | None = None,
+              truncate_prompt_tokens: int | None = None) -> list[ScoringRequestOutput]:
         """Score text pairs, as vLLM's LLM.score: one text against each of a list, or two
         lists pair by pair. A cross-encoder (a one-label classifier) reads each pair as one
         prompt and scores its probability; an embedding model embeds each text once and
-        scores the cosine similarity of the two vectors."""
+        scores the cosine similarity of the two vectors. `truncate_prompt_tokens` cuts a
+        cross-encoder's pair as its tokenizer cuts one (each text from the left), and each
+        text an embedding model embeds, as the server's score API does."""
+        self._truncated([], truncate_prompt_tokens)  # checks the value
         pairs = score_pairs(data_1, data_2)
         if self.engine.task == "classify":
             classifier = self.engine.pooler.classifier
@@ -230,14 +234,16 @@ class LLM:
                 raise ValueError(f"scoring needs a classifier with one label; this one has "
                                  f"{len(classifier.labels)}: use LLM.classify")
             params = dataclasses.replace(pooling_params or PoolingParams(), task="classify")
-            encoded = [pair_prompt(self.tokenizer, a, b, classifier) for a, b in pairs]
+            encoded = [cut_pair_prompt(self.tokenizer, a, b, classifier, truncate_prompt_tokens,
+                                       self.engine.max_model_len) for a, b in pairs]
             outs = self._pool([ids for ids, _ in encoded], [
                 dataclasses.replace(params, token_type_ids=types) for _, types in encoded],
                 use_tqdm)
             return [ScoringRequestOutput(out.request_id, out.prompt_token_ids,
                                          ScoringOutput(out.embedding[0])) for out in outs]
         texts = list(dict.fromkeys(text for pair in pairs for text in pair))
-        vectors = dict(zip(texts, self._pool(texts, PoolingParams(), use_tqdm), strict=True))
+        vectors = dict(zip(texts, self._pool(self._truncated(texts, truncate_prompt_tokens),
+                                             PoolingParams(), use_tqdm), strict=True))
         return [ScoringRequestOutput(
             f"score-{i}", vectors[a].prompt_token_ids + vectors[b].prompt_token_ids,
             ScoringOutput(cosine_similarity(vectors[a].embedding, vectors[b].embedding)))

@@ -218,16 +218,6 @@ def truncated(ids: list[int], keep: int | None, state: ServerState) -> list[int]
     return prompt_truncation.truncated(ids, keep, state.tokenizer, state.max_model_len)
 
 
-def token_limit(keep: int | None, state: ServerState) -> int | None:
-    """truncate_prompt_tokens as a count of tokens (-1: the context length; None: no limit)."""
-    return prompt_truncation.token_limit(keep, state.max_model_len)
-
-
-def kept_positions(ids: list[int], keep: int | None, state: ServerState) -> list[int]:
-    """The positions of `ids` that truncated() keeps (a pair's token types follow them)."""
-    return prompt_truncation.kept_positions(ids, keep, state.tokenizer, state.max_model_len)
-
-
 def _tokenize(state: ServerState, prompt: str | list[int],
               add_special_tokens: bool = True) -> list[int]:
     if isinstance(prompt, str):

@@ -13,13 +13,11 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from tokenmill.engine.core import PoolingParams, cosine_similarity, pair_prompt
+from tokenmill.engine.core import PoolingParams, cosine_similarity, cut_pair_prompt
 from tokenmill.engine.server.embeddings import embed
 from tokenmill.engine.server.errors import APIError, client_closed
 from tokenmill.engine.server.openai_serving import (
     check_serving,
-    kept_positions,
-    token_limit,
     truncated,
 )
 from tokenmill.engine.server.scores_protocol import RerankRequest, ScoreRequest, ScoringFields
@@ -85,13 +83,12 @@ async def _cross_encoded(body: ScoringFields, request: Request, state: ServerSta
                             "use /classify", param="model")
     pooling = PoolingParams(task="classify", use_activation=body.use_activation)
     prompts, each = [], []
-    keep = token_limit(body.truncate_prompt_tokens, state)
     for a, b in pairs:
-        ids, types = pair_prompt(state.tokenizer, a, b, state.classifier, keep)
-        kept = kept_positions(ids, keep, state)
-        prompts.append([ids[i] for i in kept])
+        ids, types = cut_pair_prompt(state.tokenizer, a, b, state.classifier,
+                                     body.truncate_prompt_tokens, state.max_model_len)
+        prompts.append(ids)
         each.append(dataclasses.replace(
-            pooling, token_type_ids=None if types is None else [types[i] for i in kept]))
+            pooling, token_type_ids=None if types is None else list(types)))
     call_id = f"{kind}-{uuid.uuid4().hex}"
     finals = await embed(state, request, call_id, prompts, each, field, body.priority)
     if finals is None:

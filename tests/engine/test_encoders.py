@@ -96,6 +96,31 @@ def test_cross_encoder_scores_equal_transformers(tmp_path, wordpiece, family):
     assert abs(raw_scores[0] - raw_scores[3]) > 1e-3
 
 
+def test_offline_scores_of_cut_pairs_equal_transformers_on_the_tokenizers_cut(tmp_path,
+                                                                             wordpiece):
+    """vLLM's LLM.score(..., truncate_prompt_tokens=k): each pair cut as the tokenizer's own
+    left-side longest_first truncation cuts it, then scored: transformers' logit of that cut."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    path = make_cross_encoder(str(tmp_path), wordpiece, "bert")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.truncation_side = "left"
+    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
+    queries, documents = [q for q, _ in PAIRS], [d for _, d in PAIRS]
+    keep = 8
+    lengths = [len(tokenizer(q, d)["input_ids"]) for q, d in PAIRS]
+    assert sum(n > keep for n in lengths) == 3 and min(lengths) < keep  # ("a", "b") is whole
+    with torch.no_grad():
+        want = [model(**tokenizer(q, d, truncation="longest_first", max_length=keep,
+                                  return_tensors="pt")).logits[0, 0].item()
+                for q, d in PAIRS]
+    with LLM(path, show_progress=False, **REFERENCE) as llm:
+        outs = llm.score(queries, documents, truncate_prompt_tokens=keep,
+                         pooling_params=PoolingParams(use_activation=False))
+    assert [out.outputs.score for out in outs] == pytest.approx(want, abs=1e-5)
+    assert all(len(out.prompt_token_ids) <= keep for out in outs)
+
+
 def test_a_pair_is_cut_as_the_tokenizers_longest_first_truncation_cuts_it(wordpiece):
     """truncate_prompt_tokens on a pair: the tokens and types the tokenizer's own
     longest_first truncation from the left keeps, for every length of either text."""
