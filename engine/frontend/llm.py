@@ -31,6 +31,11 @@ from tokenmill.engine.core import (
     score_pairs,
 )
 from tokenmill.engine.frontend.beam_search import run_offline
+from tokenmill.engine.frontend.content_format import (
+    CONTENT_FORMATS,
+    detect_content_format,
+    in_content_format,
+)
 from tokenmill.engine.frontend.heap import frozen_heap
 from tokenmill.engine.frontend.llm_options import sampling_settings, split_options
 from tokenmill.engine.frontend.lora_request import LoRARequest, adapter_names
@@ -58,6 +63,7 @@ class LLM:
         self.engine = LLMEngine(EngineConfig(**options), show_progress=show_progress)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
+        self._content_formats: dict[tuple[str | None, bool], str] = {}
 
     @property
     def llm_engine(self) -> LLMEngine:
@@ -287,20 +293,33 @@ class LLM:
              chat_template_kwargs: dict[str, Any] | None = None,
              mm_processor_kwargs: dict[str, Any] | None = None,
              lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+             chat_template_content_format: str = "auto",
              ) -> list[RequestOutput]:
         """Apply the chat template (the model's, or `chat_template`), then generate; the
         keywords are vLLM's LLM.chat's (chat_template_kwargs: the template's own variables,
         e.g. Qwen3's enable_thinking; mm_processor_kwargs: the image processor's settings for
         these images). A message's OpenAI `image_url` parts (data:, http(s) or file URLs, or
         local paths) and vLLM's `image_pil` parts (a PIL image) are read and reach the
-        template as {"type": "image"} parts, for a model that reads images."""
+        template as {"type": "image"} parts, for a model that reads images. A message's
+        content reaches the template in the form it reads (vLLM's
+        chat_template_content_format: "string", "openai" parts, or "auto", which asks the
+        template), so OpenAI's list of text parts renders on a template that prints strings."""
+        if chat_template_content_format not in CONTENT_FORMATS:
+            raise ValueError(f"chat_template_content_format: {chat_template_content_format!r} "
+                             f"is not one of {', '.join(CONTENT_FORMATS)}")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts: list[Prompt | PromptDict] = []
         for conversation in conversations:
             pictures = [_part_image(part) for part in _parts(conversation)
                         if part.get("type") in IMAGE_PARTS]
+            form = chat_template_content_format
+            if form == "auto":
+                form = self._content_format(chat_template, bool(pictures))
+            placeholder = (None if self.engine.images is None else
+                           self.tokenizer.convert_ids_to_tokens(self.engine.images.placeholder))
             text = self.apply_chat_template(
-                _template_messages(conversation), chat_template=chat_template,
+                in_content_format(_template_messages(conversation), form, placeholder),
+                chat_template=chat_template,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message, tools=tools,
                 chat_template_kwargs=chat_template_kwargs, tokenize=not pictures)
@@ -313,6 +332,14 @@ class LLM:
                                         add_special_tokens=False)
             prompts.append({"prompt_token_ids": ids, "multi_modal_data": {"image": images}})
         return self.generate(prompts, sampling_params, use_tqdm, lora_request=lora_request)
+
+    def _content_format(self, chat_template: str | None, images: bool) -> str:
+        """The form the template reads a message's content in, asked once per template."""
+        key = (chat_template, images)
+        if key not in self._content_formats:
+            self._content_formats[key] = detect_content_format(self.tokenizer, chat_template,
+                                                               images)
+        return self._content_formats[key]
 
     def apply_chat_template(self, messages: list[Message], *, chat_template: str | None = None,
                             add_generation_prompt: bool = True,

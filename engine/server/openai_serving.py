@@ -27,9 +27,9 @@ from tokenmill.engine.core.errors import (
     SamplingParamsError,
 )
 from tokenmill.engine.frontend.async_engine import RequestStream
+from tokenmill.engine.frontend.content_format import in_content_format
 from tokenmill.engine.server.adapters import resolve_model
 from tokenmill.engine.server.beam_requests import beam_params, start_beam_searches
-from tokenmill.engine.server.content_format import in_content_format
 from tokenmill.engine.server.errors import APIError, admission_error, client_closed, error_body
 from tokenmill.engine.server.images import request_images
 from tokenmill.engine.server.protocol import ChatCompletionRequest, CompletionRequest

@@ -18,7 +18,7 @@ from tokenmill.engine.contract.pooling import Classifier
 from tokenmill.engine.core import LLMEngine, generation_config
 from tokenmill.engine.core.errors import ConfigError, ModelLoadError, WorkerFailed
 from tokenmill.engine.frontend.async_engine import AsyncEngine
-from tokenmill.engine.server.content_format import detect_content_format
+from tokenmill.engine.frontend.content_format import detect_content_format
 from tokenmill.engine.server.errors import APIError
 from tokenmill.engine.server.metrics import EngineMetrics
 

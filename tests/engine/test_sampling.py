@@ -248,3 +248,18 @@ def test_offline_chat_takes_vllms_keywords(tiny_llama):
     assert out.prompt_token_ids == continued
     assert out.outputs[0].token_ids == tiny_llama.generate(continued, sampling_params=params)[
         0].outputs[0].token_ids
+
+
+def test_offline_chat_reads_openais_text_parts_on_a_template_of_strings(tiny_llama):
+    """OpenAI's list of text parts renders as the joined text on a template that prints a
+    string (as vLLM's chat_template_content_format "auto" gives it)."""
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Hello"},
+                                          {"type": "text", "text": "there"}]}]
+    plain = [{"role": "user", "content": "Hello\nthere"}]
+    [from_parts] = tiny_llama.chat(parts, sampling_params=params)
+    [from_text] = tiny_llama.chat(plain, sampling_params=params)
+    assert from_parts.prompt_token_ids == from_text.prompt_token_ids
+    assert from_parts.outputs[0].token_ids == from_text.outputs[0].token_ids
+    with pytest.raises(ValueError, match="chat_template_content_format: 'json'"):
+        tiny_llama.chat(plain, chat_template_content_format="json")

@@ -9,7 +9,7 @@ import pytest
 from server_support import openai_client
 
 from tokenmill.engine.cli import parse_args
-from tokenmill.engine.server.content_format import detect_content_format, in_content_format
+from tokenmill.engine.frontend.content_format import detect_content_format, in_content_format
 
 # LLaVA-1.5's processor template, in short: text parts only, images first.
 PARTS_TEMPLATE = (

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 _PROBE = "tokenmill-content-probe"
+CONTENT_FORMATS = ("auto", "string", "openai")
 
 
 def detect_content_format(tokenizer: Any, chat_template: str | None,
