@@ -586,6 +586,15 @@ class LLMEngine:
         """Bytes one block copy between the tiers moves, over every tensor-parallel rank."""
         return self.runner.layout.bytes_per_block * self.config.tensor_parallel_size
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (vLLM's reset_prefix_cache: after the weights change,
+        or to measure without it); False, changing nothing, while a request is unfinished."""
+        if self.has_unfinished_requests():
+            return False
+        if self.kv.prefix_cache is not None:
+            self.kv.prefix_cache.reset()
+        return True
+
     @property
     def kv_cache_usage(self) -> float:
         """Fraction of KV blocks in use; cheap and safe to read from another thread."""

@@ -83,6 +83,10 @@ class LLM:
         return SamplingParams(**sampling_settings(self._defaults,
                                                   self.engine.generation_defaults))
 
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's: forget every cached prefix; False while a request is unfinished."""
+        return self.engine.reset_prefix_cache()
+
     def shutdown(self) -> None:
         """End the tensor-parallel worker processes (if any); also runs at interpreter exit."""
         self.engine.shutdown()

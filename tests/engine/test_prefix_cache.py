@@ -130,3 +130,28 @@ def test_outputs_count_the_prompt_tokens_found_cached(tiny_llama_dir):
         assert again.outputs[0].token_ids == first.outputs[0].token_ids
     finally:
         llm.shutdown()
+
+
+@pytest.mark.parametrize("offloading", [0.0, 0.01], ids=["device", "with-host-tier"])
+def test_reset_prefix_cache_forgets_every_prefix_only_when_idle(tiny_llama_dir, offloading):
+    """vLLM's LLM.reset_prefix_cache: a prompt seen before is computed again after it (on the
+    device and in the host tier); while a request runs it changes nothing and says so."""
+    prompt = list(range(5, 45))
+    llm = LLM(tiny_llama_dir, show_progress=False, block_size=8,
+              kv_offloading_size=offloading)
+    try:
+        first = llm.generate([prompt], _greedy(2))[0]
+        assert llm.generate([prompt], _greedy(2))[0].num_cached_tokens == 32
+        llm.engine.add_request("running", prompt, _greedy(4))
+        llm.engine.step()
+        assert llm.reset_prefix_cache() is False
+        while llm.engine.has_unfinished_requests():
+            llm.engine.step()
+        assert llm.reset_prefix_cache() is True
+        assert llm.engine.kv.allocator.num_cached == 0
+        again = llm.generate([prompt], _greedy(2))[0]
+        assert again.num_cached_tokens == 0
+        assert again.outputs[0].token_ids == first.outputs[0].token_ids
+        llm.engine.kv.allocator.check_all_free()
+    finally:
+        llm.shutdown()

@@ -86,6 +86,13 @@ class BlockAllocator:
             else:
                 self._free.append(block)
 
+    def forget_cached(self) -> None:
+        """No block holds reusable contents any more: the evictable ones are free again,
+        without the eviction callback (nothing is offloaded)."""
+        self._free.extend(self._evictable)
+        self._evictable.clear()
+        self._cached.clear()
+
     def mark_cached(self, block: int) -> None:
         """The prefix cache now indexes this (held) block's contents."""
         self._cached.add(block)

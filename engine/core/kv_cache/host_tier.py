@@ -93,6 +93,12 @@ class HostTier:
             raise AssertionError(f"host tier: {len(self._free)} free + {len(self._entries)} "
                                  f"used != {self.num_blocks} blocks")
 
+    def clear(self) -> None:
+        """Drop every block it holds (none may be pinned: nothing is being loaded)."""
+        for block in list(self._lru):
+            self._drop(block)
+            self._free.append(block)
+
     def _take(self) -> int | None:
         if self._free:
             return self._free.popleft()

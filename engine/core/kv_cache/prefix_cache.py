@@ -138,5 +138,14 @@ class PrefixCache:
         if self.host is not None:
             self.host.offload(block, info)
 
+    def reset(self) -> None:
+        """Forget every cached prefix, on the device and in the host tier. Only while no
+        sequence holds a block: a held block's contents would stay indexed by nothing."""
+        self._by_key.clear()
+        self._blocks.clear()
+        self.allocator.forget_cached()
+        if self.host is not None:
+            self.host.clear()
+
     def __contains__(self, block: int) -> bool:
         return block in self._blocks
