@@ -470,6 +470,8 @@ class TokenizeRequest(ChatTemplateFields):
     # chat template writes its own).
     add_special_tokens: bool | None = None
     return_token_strs: bool = False
+    # vLLM's: the tools a chat request would render, so the count is its prompt_tokens.
+    tools: list[Any] | None = None
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:

@@ -8,6 +8,7 @@ from tokenmill.engine.server.openai_serving import chat_ids, check_model, with_i
 from tokenmill.engine.server.protocol import DetokenizeRequest, TokenizeRequest
 from tokenmill.engine.server.request_template import request_template
 from tokenmill.engine.server.state import ServerState
+from tokenmill.engine.server.tools import ToolRequestError, template_tools
 
 
 async def tokenize(body: TokenizeRequest, state: ServerState) -> dict:
@@ -17,7 +18,11 @@ async def tokenize(body: TokenizeRequest, state: ServerState) -> dict:
     check_model(state, body.model)
     if body.messages is not None:
         try:
-            ids = chat_ids(state, body.conversation(),
+            tools = template_tools(body.tools)
+        except ToolRequestError as exc:
+            raise APIError(400, str(exc), param=exc.param) from exc
+        try:
+            ids = chat_ids(state, body.conversation(), tools,
                            add_generation_prompt=body.add_generation_prompt,
                            continue_final_message=body.continue_final_message,
                            template_kwargs=body.chat_template_kwargs,

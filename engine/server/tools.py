@@ -104,7 +104,7 @@ def plan_tools(tools: list[Any] | None, tool_choice: Any, parallel_tool_calls: b
     if not functions:
         raise ToolRequestError("tool_choice", "is only allowed when tools are specified")
     max_calls = 1 if parallel_tool_calls is False else None
-    rendered = [{"type": "function", "function": f} for f in functions.values()]
+    rendered = _rendered(functions)
     if tool_choice == "auto":
         if auto_parser is None:
             raise ToolRequestError("tool_choice", '"auto" needs the server started with '
@@ -197,6 +197,17 @@ def template_tool_calls(calls: list[ToolCallMessage]) -> list[dict]:
         out.append({"id": call.id, "type": "function",
                     "function": {"name": call.function.name, "arguments": arguments}})
     return out
+
+
+def template_tools(tools: list[Any] | None) -> list[dict] | None:
+    """The request's tools as the chat template renders them (checked as plan_tools checks
+    them); None without any."""
+    functions = _check_tools(tools or [])
+    return _rendered(functions) if functions else None
+
+
+def _rendered(functions: dict[str, dict]) -> list[dict]:
+    return [{"type": "function", "function": f} for f in functions.values()]
 
 
 def _check_tools(tools: list[Any]) -> dict[str, dict]:

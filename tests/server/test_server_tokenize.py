@@ -69,6 +69,32 @@ def thinking_template(tiny_server, tokenizer):
         tokenizer.chat_template = saved
 
 
+TOOLS_TEMPLATE = (
+    "{% if tools %}tools: {% for t in tools %}{{ t['function']['name'] }} {% endfor %}\n"
+    "{% endif %}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}")
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+def test_tokenize_with_tools_counts_what_a_chat_with_them_counts(root, tiny_server,
+                                                                  tokenizer):
+    """vLLM's /tokenize `tools`: rendered as a chat request renders them."""
+    saved = tokenizer.chat_template
+    tokenizer.chat_template = TOOLS_TEMPLATE
+    try:
+        r = _post(root, "/tokenize", messages=HELLO, tools=TOOLS)
+        assert tokenizer.decode(r["tokens"]).startswith("tools: get_weather")
+        reply = tiny_server.client.chat.completions.create(
+            model="tiny", messages=HELLO, max_tokens=1, tools=TOOLS, tool_choice="required")
+        assert reply.usage.prompt_tokens == r["count"]
+        assert _post(root, "/tokenize", messages=HELLO)["count"] < r["count"]
+        with pytest.raises(openai.BadRequestError, match="tools"):
+            _post(root, "/tokenize", messages=HELLO, tools=[{"type": "function"}])
+    finally:
+        tokenizer.chat_template = saved
+
+
 def test_chat_template_kwargs_reach_the_template(root, tiny_server, thinking_template):
     """vLLM's chat_template_kwargs: variables of the template, on /tokenize and on chat
     completions alike (the prompt a chat request runs is the one /tokenize shows)."""
