@@ -45,7 +45,8 @@ class SamplingParams:
     before sampling; ids are checked against the model's vocabulary when the request is added.
 
     `structured_outputs` constrains the output (a StructuredOutputsParams, or a dict of its
-    fields): a JSON schema, any JSON object, a regex, a choice of strings or an EBNF grammar.
+    fields): a JSON schema, any JSON object, a regex, a choice of strings, an EBNF grammar or
+    a structural tag.
     The constrained request runs in the same batch as free ones; its tokens are masked to what
     the grammar allows, and it ends when the grammar does (EOS is allowed only then). A caller
     that must force a shape, e.g. tool calling's `tool_choice: required` or a named function,

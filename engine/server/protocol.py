@@ -134,7 +134,6 @@ class SamplingFields(RequestModel, StructuredFields):
 
     # vLLM's fields whose work this server does not do: refused by name, not ignored.
     logits_processors: Any = None
-    structural_tag: Any = None
     guided_whitespace_pattern: Any = None
 
     @model_validator(mode="after")
@@ -146,8 +145,6 @@ class SamplingFields(RequestModel, StructuredFields):
         if self.stream_options is not None and not self.stream:
             raise FieldError("stream_options", "only allowed when stream is true")
         for name, why in (("logits_processors", "this server runs no request's own code"),
-                          ("structural_tag", "use response_format, structured_outputs or "
-                                             "tool_choice to constrain the reply"),
                           ("guided_whitespace_pattern", "JSON is generated with the "
                                                         "grammar's own whitespace")):
             if getattr(self, name) is not None:

@@ -12,7 +12,7 @@ from tokenmill.engine.core import StructuredOutputsParams
 from tokenmill.engine.core.errors import SamplingParamsError, StructuredOutputsError
 
 CONSTRAINT_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex",
-                     "guided_choice", "guided_grammar")
+                     "guided_choice", "guided_grammar", "structural_tag")
 
 
 class _Strict(BaseModel):
@@ -31,8 +31,14 @@ class JSONSchemaFormat(_Strict):
 
 
 class ResponseFormat(_Strict):
-    type: Literal["text", "json_object", "json_schema"]
+    """OpenAI's types, and vLLM's structural_tag (its structures and triggers, or
+    xgrammar's format)."""
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JSONSchemaFormat | None = None
+    structures: list[dict[str, Any]] | None = None
+    triggers: list[str] | None = None
+    format: dict[str, Any] | None = None
 
 
 class StructuredOutputsField(_Strict):
@@ -43,15 +49,17 @@ class StructuredOutputsField(_Strict):
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
+    structural_tag: dict[str, Any] | str | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _known_keys(cls, value: Any) -> Any:
-        unknown = sorted(set(value) - {"json", "json_object", "regex", "choice", "grammar"}
-                         ) if isinstance(value, dict) else []
+        known = {"json", "json_object", "regex", "choice", "grammar", "structural_tag"}
+        unknown = sorted(set(value) - known) if isinstance(value, dict) else []
         if unknown:
             raise ValueError(f"structured_outputs: {', '.join(unknown)} is not supported; it "
-                             "takes one of json, json_object, regex, choice, grammar")
+                             "takes one of json, json_object, regex, choice, grammar, "
+                             "structural_tag")
         return value
 
 
@@ -66,6 +74,7 @@ class StructuredFields(BaseModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    structural_tag: dict[str, Any] | str | None = None  # vLLM's (JSON text or an object)
 
     def constraint_field(self) -> str | None:
         """The one constraining field given (a text response_format constrains nothing)."""
@@ -91,6 +100,8 @@ class StructuredFields(BaseModel):
             fmt = self.response_format
             if fmt.type == "json_object":
                 return {"json_object": True}
+            if fmt.type == "structural_tag":
+                return {"structural_tag": fmt.model_dump(exclude_none=True)}
             if fmt.json_schema is None or fmt.json_schema.schema_ is None:
                 raise SamplingParamsError("response_format: a json_schema response_format needs "
                                           "json_schema.schema")
@@ -98,8 +109,9 @@ class StructuredFields(BaseModel):
         if name == "structured_outputs":
             so = self.structured_outputs
             args = {"json": so.json_, "json_object": bool(so.json_object), "regex": so.regex,
-                    "choice": so.choice, "grammar": so.grammar}
+                    "choice": so.choice, "grammar": so.grammar,
+                    "structural_tag": so.structural_tag}
             return {k: v for k, v in args.items() if v is not None and v is not False}
         key = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
-               "guided_grammar": "grammar"}[name]
+               "guided_grammar": "grammar", "structural_tag": "structural_tag"}[name]
         return {key: getattr(self, name)}

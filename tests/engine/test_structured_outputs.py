@@ -239,6 +239,50 @@ def test_json_object_and_grammar_constraints(smol_llm):
     assert re.fullmatch(r"x=\d\d;", g.text) and g.finish_reason == "stop"
 
 
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+def test_a_structural_tags_format_holds_the_whole_reply(smol_llm):
+    """xgrammar's form of vLLM's structural_tag: the reply is the tag, its content the
+    schema's JSON."""
+    tag = {"type": "structural_tag", "format": {
+        "type": "tag", "begin": "<answer>", "end": "</answer>",
+        "content": {"type": "json_schema", "json_schema": CITY}}}
+    out = smol_llm.chat([{"role": "user", "content": "What is the capital of France? Reply "
+                                                     "with JSON."}],
+                        SamplingParams(temperature=0.0, max_tokens=40,
+                                       structured_outputs={"structural_tag": tag}))[0].outputs[0]
+    assert out.finish_reason == "stop"
+    body = re.fullmatch(r"<answer>(.*)</answer>", out.text, re.DOTALL)
+    assert body and jsonschema.validate(json.loads(body[1]), CITY) is None
+
+
+def test_a_structural_tags_trigger_opens_a_segment_held_to_its_schema(smol_llm):
+    """vLLM's form (structures and triggers): free text until a trigger, then the structure's
+    begin, its schema's JSON and its end; checked token by token on the compiled grammar."""
+    params = StructuredOutputsParams(structural_tag={
+        "structures": [{"begin": "<f>", "schema": CITY, "end": "</f>"}], "triggers": ["<f>"]})
+    structured, tokenizer = smol_llm.engine.structured, smol_llm.tokenizer
+    matcher = structured.matcher(params)
+    vocab = smol_llm.engine.model_config.vocab_size
+
+    def allowed() -> torch.Tensor:
+        return bitmask.fill([(0, matcher)], 1, vocab, torch.device("cpu"))[0]
+
+    letters = tokenizer.encode("Hello", add_special_tokens=False)
+    assert bitmask.allows_any(allowed(), letters)  # free text first
+    for token in tokenizer.encode("Sure: <f>{", add_special_tokens=False):
+        assert matcher.accept(token)
+    # Inside the segment: "city" is required, so the object cannot close yet.
+    assert not bitmask.allows_any(allowed(), tokenizer.encode("}", add_special_tokens=False))
+    for token in tokenizer.encode('"city": "Paris"}</f>', add_special_tokens=False):
+        assert matcher.accept(token)
+    assert bitmask.allows_any(allowed(), letters)  # free text again after the end
+    with pytest.raises(StructuredOutputsError, match="structures\\[0\\] needs begin and end"):
+        StructuredOutputsParams(structural_tag={"structures": [{"begin": "<f>"}],
+                                                "triggers": ["<f>"]})
+
+
 @pytest.mark.parametrize("constraint, says", [
     (StructuredOutputsParams(regex="(ab"), "the regex does not compile"),
     (StructuredOutputsParams(grammar="root ::= missing"), "the grammar does not compile"),

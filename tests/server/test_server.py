@@ -230,7 +230,7 @@ BAD_REQUESTS = [
     ("/v1/completions", {"model": MODEL, "prompt_embeds": "AAAA"}, 400),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "logits_processors": ["m.P"]}, 400),
     ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION,
-                              "structural_tag": "{}"}, 400),
+                              "structural_tag": "{}"}, 400),  # neither form of a tag
     ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION,
                               "guided_whitespace_pattern": " "}, 400),
     ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION,

@@ -64,6 +64,24 @@ def test_json_object_reply_parses_as_an_object(client):
     assert text.choices[0].finish_reason == "length"  # text: no constraint
 
 
+def test_a_structural_tag_through_each_field_name(client):
+    """vLLM's structural tags over HTTP: response_format {"type": "structural_tag"} and the
+    structural_tag field, in xgrammar's format form; the reply is the tag around the JSON."""
+    city = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    fmt = {"type": "tag", "begin": "<answer>", "end": "</answer>",
+           "content": {"type": "json_schema", "json_schema": city}}
+    ask = [{"role": "user", "content": "What is the capital of France? Reply with JSON."}]
+    for extra in ({"response_format": {"type": "structural_tag", "format": fmt}},
+                  {"structural_tag": json.dumps({"type": "structural_tag", "format": fmt})},
+                  {"structured_outputs": {"structural_tag": {"type": "structural_tag",
+                                                             "format": fmt}}}):
+        r = client.chat.completions.create(model=MODEL, messages=ask, temperature=0,
+                                           max_tokens=40, extra_body=extra)
+        body = re.fullmatch(r"<answer>(.*)</answer>", r.choices[0].message.content, re.DOTALL)
+        assert body and r.choices[0].finish_reason == "stop", r.choices[0].message.content
+        jsonschema.validate(json.loads(body[1]), city)
+
+
 def test_json_schema_on_completions_through_each_field_name(client):
     prompt = "A person, as JSON:"
     for extra in ({"response_format": PERSON_FORMAT}, {"guided_json": PERSON},
@@ -119,7 +137,11 @@ def test_grammar_replies_follow_it(client):
      "response_format", "needs json_schema.schema"),
     ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice", "only one of"),
     ({"structured_outputs": {"json": {}, "regex": "a"}}, "structured_outputs", "exactly one"),
-    ({"structured_outputs": {"structural_tag": "x"}}, "structured_outputs", "structural_tag"),
+    ({"structured_outputs": {"structural_tag": "x"}}, "structured_outputs",
+     "the structural tag is not valid JSON"),
+    ({"structural_tag": {"triggers": ["<f>"]}}, "structural_tag",
+     "a structural tag is an object with structures and triggers, or with a format"),
+    ({"structured_outputs": {"yaml": "x"}}, "structured_outputs", "yaml is not supported"),
     ({"response_format": {"type": "yaml"}}, "response_format", "json_schema"),
 ])
 def test_unsupported_or_invalid_constraints_are_400s_naming_them(client, extra, param, says):

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import threading
+import warnings
 from collections import OrderedDict
 from typing import Any
 
@@ -115,6 +116,8 @@ class StructuredOutputs:
                 alternatives = " | ".join(json.dumps(c, ensure_ascii=False)
                                           for c in json.loads(text))
                 return compiler.compile_grammar(f"root ::= {alternatives}")
+            if kind == "structural_tag":
+                return _compile_structural_tag(self._xgr, compiler, json.loads(text))
             return compiler.compile_grammar(text)
         except Exception as exc:  # the constraint is the caller's: whatever fails is theirs
             raise GrammarError(f"the {_NAMES[kind]} does not compile: {_clean(exc)}") from None
@@ -139,7 +142,19 @@ class StructuredOutputs:
 
 
 _NAMES = {"json": "JSON schema", "json_object": "JSON object grammar", "regex": "regex",
-          "choice": "choice", "grammar": "grammar"}
+          "choice": "choice", "grammar": "grammar", "structural_tag": "structural tag"}
+
+
+def _compile_structural_tag(xgr: Any, compiler: Any, tag: dict[str, Any]) -> Any:
+    """vLLM's form (structures and triggers) through xgrammar's tag items, as vLLM compiles
+    it; xgrammar's own form (a format) as it is."""
+    if "structures" not in tag:
+        return compiler.compile_structural_tag(tag)
+    items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s.get("schema", True)),
+                                   end=s["end"]) for s in tag["structures"]]
+    with warnings.catch_warnings():  # xgrammar calls this form deprecated; vLLM sends it
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return compiler.compile_structural_tag(items, tag["triggers"])
 
 
 def _clean(exc: BaseException) -> str:

@@ -24,6 +24,9 @@ class StructuredOutputsParams:
     regex: the whole output matches it.
     choice: the output is exactly one of these strings.
     grammar: an EBNF grammar (xgrammar / GBNF syntax, start rule `root`).
+    structural_tag: vLLM's structural tag (a dict, or its JSON text): free text in which each
+        trigger opens a tagged segment held to its schema (`structures` and `triggers`), or
+        xgrammar's `format` of tags the whole output follows.
 
     A schema feature the grammar can't enforce raises StructuredOutputsError naming it.
     Equal constraints compile once: `key` identifies a constraint in the engine's cache.
@@ -34,6 +37,7 @@ class StructuredOutputsParams:
     regex: str | None = None
     choice: list[str] | tuple[str, ...] | None = None
     grammar: str | None = None
+    structural_tag: dict[str, Any] | str | None = None
     key: tuple[str, str] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -41,11 +45,13 @@ class StructuredOutputsParams:
                                        ("json_object", self.json_object),
                                        ("regex", self.regex is not None),
                                        ("choice", self.choice is not None),
-                                       ("grammar", self.grammar is not None)) if on]
+                                       ("grammar", self.grammar is not None),
+                                       ("structural_tag", self.structural_tag is not None))
+                 if on]
         if len(given) != 1:
             raise StructuredOutputsError(
-                "exactly one of json, json_object, regex, choice, grammar must be given, got "
-                f"{', '.join(given) or 'none'}")
+                "exactly one of json, json_object, regex, choice, grammar, structural_tag "
+                f"must be given, got {', '.join(given) or 'none'}")
         kind = given[0]
         if kind == "json":
             schema = _parse_schema(self.json)
@@ -71,6 +77,8 @@ class StructuredOutputsParams:
                                              "strings")
             object.__setattr__(self, "choice", tuple(choices))
             text = json.dumps(list(self.choice))
+        elif kind == "structural_tag":
+            text = json.dumps(_structural_tag(self.structural_tag))
         else:
             if not isinstance(self.grammar, str) or not self.grammar.strip():
                 raise StructuredOutputsError("grammar must be a non-empty string")
@@ -101,4 +109,32 @@ def _parse_schema(value: Any) -> dict[str, Any] | bool:
     if not isinstance(value, dict | bool):
         raise StructuredOutputsError(
             f"a JSON schema must be an object or a boolean, got {type(value).__name__}")
+    return value
+
+
+def _structural_tag(value: Any) -> dict[str, Any]:
+    """A structural tag as a dict: vLLM's `structures` (each {begin, schema, end}) with
+    `triggers`, or xgrammar's `format`; each schema held to what the grammar enforces."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise StructuredOutputsError(f"the structural tag is not valid JSON: {exc}") from None
+    if not isinstance(value, dict) or ("structures" not in value and "format" not in value):
+        raise StructuredOutputsError("a structural tag is an object with structures and "
+                                     "triggers, or with a format")
+    if "structures" in value:
+        structures, triggers = value.get("structures"), value.get("triggers")
+        if (not isinstance(structures, list) or not structures or not isinstance(triggers, list)
+                or not all(isinstance(t, str) and t for t in triggers)):
+            raise StructuredOutputsError("a structural tag's structures must be a non-empty "
+                                         "list and its triggers a list of non-empty strings")
+        for i, item in enumerate(structures):
+            if not isinstance(item, dict) or not all(
+                    isinstance(item.get(k), str) for k in ("begin", "end")):
+                raise StructuredOutputsError(f"structures[{i}] needs begin and end strings")
+            problems = unsupported_features(_parse_schema(item.get("schema", True)))
+            if problems:
+                raise StructuredOutputsError(f"structures[{i}]: unsupported JSON Schema "
+                                             f"features: {'; '.join(problems)}")
     return value
