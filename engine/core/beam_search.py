@@ -58,7 +58,7 @@ class BeamSearchParams:
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise SamplingParamsError(f"min_tokens: must be in [0, max_tokens] "
                                       f"([0, {self.max_tokens}]), got {self.min_tokens}")
-        if self.early_stopping not in EARLY_STOPPING or self.early_stopping is None:
+        if self.early_stopping not in EARLY_STOPPING:
             raise SamplingParamsError(f"early_stopping: must be true, false or \"never\", "
                                       f"got {self.early_stopping!r}")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))

@@ -15,6 +15,14 @@ def truncated(ids: list[int], keep: int | None, tokenizer: Any,
     return [ids[i] for i in kept_positions(ids, keep, tokenizer, max_model_len)]
 
 
+KEEP_RULE = "must be -1 (the context length) or at least 1"
+
+
+def valid_keep(keep: int | None) -> bool:
+    """Whether `keep` is a truncate_prompt_tokens value (None: no truncation)."""
+    return keep is None or keep == -1 or keep >= 1
+
+
 def token_limit(keep: int | None, max_model_len: int) -> int | None:
     """truncate_prompt_tokens as a count of tokens (-1: the context length; None: no limit)."""
     return max_model_len if keep == -1 else keep

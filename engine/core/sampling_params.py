@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenmill.engine.core.prompt_truncation import KEEP_RULE, valid_keep
 from tokenmill.engine.core.structured.params import StructuredOutputsError, StructuredOutputsParams
 
 LOGIT_BIAS_LIMIT = 100.0
@@ -165,10 +166,8 @@ class SamplingParams:
         self.logit_bias = _logit_bias(self.logit_bias) or None
         _require(self.detokenize or not self.stop, "stop",
                  "stop strings are looked for in the text: they need detokenize=True")
-        _require(self.truncate_prompt_tokens is None or self.truncate_prompt_tokens == -1
-                 or self.truncate_prompt_tokens >= 1, "truncate_prompt_tokens",
-                 f"must be -1 (the context length) or at least 1, got "
-                 f"{self.truncate_prompt_tokens}")
+        _require(valid_keep(self.truncate_prompt_tokens), "truncate_prompt_tokens",
+                 f"{KEEP_RULE}, got {self.truncate_prompt_tokens}")
         if self.guided_decoding is not None:
             _require(self.structured_outputs is None, "guided_decoding",
                      "give structured_outputs or its older name guided_decoding, not both")

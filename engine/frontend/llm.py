@@ -217,9 +217,7 @@ class LLM:
 
     def _truncated(self, batch: list[Prompt], keep: int | None) -> list[Prompt]:
         """Each prompt's last `keep` tokens (vLLM's truncate_prompt_tokens; None: whole)."""
-        if keep is not None and keep != -1 and keep < 1:
-            raise ValueError(f"truncate_prompt_tokens: must be -1 (the context length) or at "
-                             f"least 1, got {keep}")
+        _check_keep(keep)
         if keep is None:
             return batch
         return [prompt_truncation.truncated(
@@ -236,7 +234,7 @@ class LLM:
         scores the cosine similarity of the two vectors. `truncate_prompt_tokens` cuts a
         cross-encoder's pair as its tokenizer cuts one (each text from the left), and each
         text an embedding model embeds, as the server's score API does."""
-        self._truncated([], truncate_prompt_tokens)  # checks the value
+        _check_keep(truncate_prompt_tokens)
         pairs = score_pairs(data_1, data_2)
         if self.engine.task == "classify":
             classifier = self.engine.pooler.classifier
@@ -312,6 +310,8 @@ class LLM:
             raise ValueError(f"chat_template_content_format: {chat_template_content_format!r} "
                              f"is not one of {', '.join(CONTENT_FORMATS)}")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        placeholder = (None if self.engine.images is None else
+                       self.tokenizer.convert_ids_to_tokens(self.engine.images.placeholder))
         prompts: list[Prompt | PromptDict] = []
         for conversation in conversations:
             pictures = [_part_image(part) for part in _parts(conversation)
@@ -319,8 +319,6 @@ class LLM:
             form = chat_template_content_format
             if form == "auto":
                 form = self._content_format(chat_template, bool(pictures))
-            placeholder = (None if self.engine.images is None else
-                           self.tokenizer.convert_ids_to_tokens(self.engine.images.placeholder))
             text = self.apply_chat_template(
                 in_content_format(_template_messages(conversation), form, placeholder),
                 chat_template=chat_template,
@@ -407,6 +405,11 @@ def _as_lora_list(lora: str | Sequence[str | None] | None, count: int) -> list[s
     if len(names) != count:
         raise ValueError(f"got {len(names)} LoRA adapter names for {count} prompts")
     return names
+
+
+def _check_keep(keep: int | None) -> None:
+    if not prompt_truncation.valid_keep(keep):
+        raise ValueError(f"truncate_prompt_tokens: {prompt_truncation.KEEP_RULE}, got {keep}")
 
 
 def _as_params_list(params: SamplingParams | Sequence[SamplingParams],

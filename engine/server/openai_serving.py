@@ -59,8 +59,9 @@ async def create_completion(body: CompletionRequest, request: Request,
         prompts = [list(p) for p in ids]
     max_tokens = body.max_tokens if body.max_tokens is not None else _room(state, ids, "prompt")
     params = _params(body, 1 if body.prompt_only else max_tokens, body.logprobs, state)
-    beam = beam_params(body, params, body.constraint_field())
-    await _compile_constraint(state, params, body.constraint_field())
+    constraint_field = body.constraint_field()
+    beam = beam_params(body, params, constraint_field)
+    await _compile_constraint(state, params, constraint_field)
     model = adapter or state.options.served_model_name
     call = Call("completion", f"cmpl-{uuid.uuid4().hex}", model, body.n,
                 [p if isinstance(p, str) else None for p in prompts], ids, params,
@@ -84,12 +85,13 @@ async def chat_call(body: ChatCompletionRequest, state: ServerState,
     Responses API runs its requests through here too)."""
     adapter = check_serving(state, body.model)
     plan = _tool_plan(body, state)
+    variables = body.template_variables()
     try:
         ids = chat_ids(state, body.conversation(), plan.template_tools,
                        add_generation_prompt=body.add_generation_prompt,
                        continue_final_message=body.continue_final_message,
                        add_special_tokens=body.add_special_tokens,
-                       template_kwargs=body.template_variables(),
+                       template_kwargs=variables,
                        chat_template=request_template(body, state), documents=body.documents)
     except ValueError as exc:
         raise APIError(400, f"messages: {exc}", param="messages") from exc
@@ -105,12 +107,14 @@ async def chat_call(body: ChatCompletionRequest, state: ServerState,
     except RequestError as exc:
         raise APIError(400, str(exc), param=exc.param) from exc
     params = _sampling_for_tools(_params(body, max_tokens, logprobs, state), plan)
-    beam = beam_params(body, params, body.constraint_field() or "tool_choice")
-    await _compile_constraint(state, params, body.constraint_field() or "tool_choice")
+    constraint_field = body.constraint_field() or "tool_choice"
+    beam = beam_params(body, params, constraint_field)
+    await _compile_constraint(state, params, constraint_field)
     model = adapter or state.options.served_model_name
-    reasoning = _reasoning(state, params, body.template_variables())
+    reasoning = _reasoning(state, params, variables)
     if reasoning is not None and reasoning.thinking.keeps_special_tokens:
         params = dataclasses.replace(params, skip_special_tokens=False)
+    role = _reply_role(body, state)
     return Call("chat", f"{id_prefix}{uuid.uuid4().hex}", model, body.n, [None], [ids], params,
                 cache_salt=body.cache_salt, lora_name=adapter,
                 tools=ReplyToolCalls(plan) if plan.parser is not None else None,
@@ -118,8 +122,8 @@ async def chat_call(body: ChatCompletionRequest, state: ServerState,
                 prompt_logprobs=body.prompt_logprobs,
                 continuous_usage=body.continuous_usage,
                 tokens_as_ids=_tokens_as_ids(body, state), priority=body.priority,
-                return_token_ids=bool(body.return_token_ids), role=_reply_role(body, state),
-                echoed=body.echoed(_reply_role(body, state)), images=images, beam=beam)
+                return_token_ids=bool(body.return_token_ids), role=role,
+                echoed=body.echoed(role), images=images, beam=beam)
 
 
 def with_images(state: ServerState, ids: list[int], images: list[Any],
