@@ -56,6 +56,12 @@ def add_server_arguments(parser: argparse.ArgumentParser,
                              "and metrics use the first (as vLLM).")
     parser.add_argument("--max-waiting-requests", type=int, default=1024,
                         help="Answer 503 with Retry-After once this many requests wait.")
+    parser.add_argument("--max-stored-responses", type=_non_negative_int, default=1000,
+                        metavar="N",
+                        help="Keep the last N responses of /v1/responses in memory, for GET "
+                             "/v1/responses/{id}, previous_response_id and background "
+                             "responses; the least recently used is forgotten first. 0: keep "
+                             "none (store is answered false). Default: 1000.")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="Seconds running requests may take to finish after SIGTERM.")
     parser.add_argument("--api-key", type=_api_key, default=environ.get("TOKENMILL_API_KEY"),
@@ -385,6 +391,12 @@ def _structured_outputs_config(value: str) -> dict[str, Any]:
         raise argparse.ArgumentTypeError(f"backend {config['backend']!r} is not available: "
                                          "structured outputs run on xgrammar (auto or xgrammar)")
     return config
+
+
+def _non_negative_int(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more, got {value!r}")
+    return int(value)
 
 
 def _positive_int(value: str) -> int:

@@ -7,8 +7,9 @@ import json
 import time
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated, Literal
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
@@ -23,7 +24,7 @@ from tokenmill.engine.server.embeddings_protocol import (
     EmbeddingRequest,
     PoolingRequest,
 )
-from tokenmill.engine.server.errors import APIError, install_error_handlers
+from tokenmill.engine.server.errors import install_error_handlers
 from tokenmill.engine.server.invocations import invoke
 from tokenmill.engine.server.middleware import ApiKey, BodyLimit, RequestId
 from tokenmill.engine.server.openai_serving import create_chat_completion, create_completion
@@ -34,7 +35,13 @@ from tokenmill.engine.server.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from tokenmill.engine.server.responses import create_response
+from tokenmill.engine.server.responses import (
+    cancel_response,
+    create_response,
+    delete_response,
+    list_input_items,
+    retrieve_response,
+)
 from tokenmill.engine.server.responses_protocol import ResponsesRequest
 from tokenmill.engine.server.scores import create_rerank, create_score
 from tokenmill.engine.server.scores_protocol import RerankRequest, ScoreRequest
@@ -93,6 +100,7 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
         if load_model and state.engine is None:
             start_loading(state)
         yield
+        state.responses.cancel_all()
         if state.engine is not None:
             state.engine.shutdown()
 
@@ -158,10 +166,23 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
         app.post(path)(rerank)
 
     @app.get("/v1/responses/{response_id}")
-    async def retrieve_response(response_id: str):
-        raise APIError(404, f"no response {response_id!r}: this server does not store "
-                            "responses (they are answered with store false)",
-                       param="response_id", code="not_found")
+    async def get_response(response_id: str, state: State):
+        return retrieve_response(response_id, state)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def forget_response(response_id: str, state: State):
+        return delete_response(response_id, state)
+
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def stop_response(response_id: str, state: State):
+        return await cancel_response(response_id, state)
+
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def input_items(response_id: str, state: State,
+                          order: Literal["asc", "desc"] = "desc",
+                          limit: Annotated[int, Query(ge=1, le=100)] = 20,
+                          after: str | None = None):
+        return list_input_items(response_id, state, order, limit, after)
 
     @app.post("/tokenize")
     async def tokenize_route(body: TokenizeRequest, state: State):

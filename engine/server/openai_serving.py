@@ -350,9 +350,10 @@ async def start(call: Call, stream: bool, state: ServerState) -> list[RequestStr
     return streams
 
 
-async def collect(streams: list[RequestStream], request: Request,
+async def collect(streams: list[RequestStream], request: Request | None,
                   state: ServerState) -> list[RequestOutput] | None:
-    """The final outputs of started requests, or None if the client went away."""
+    """The final outputs of started requests, or None if the client went away (with no
+    `request`, a background run's, nobody is watched: cancelling the caller aborts them)."""
     try:
         return await _collect(streams, request)
     except EngineDeadError as exc:  # the loop died under this request; the server exits
@@ -411,7 +412,7 @@ async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Requ
 
 
 async def _collect(streams: list[RequestStream],
-                   request: Request) -> list[RequestOutput] | None:
+                   request: Request | None) -> list[RequestOutput] | None:
     """Final outputs in prompt order, or None if the client went away (requests aborted)."""
     finals: dict[int, RequestOutput] = {}
 
@@ -420,6 +421,9 @@ async def _collect(streams: list[RequestStream],
             if out.finished:
                 finals[i] = out
 
+    if request is None:
+        await consume()
+        return [finals[i] for i in range(len(streams))]
     task = asyncio.create_task(consume())
     while not task.done():
         await asyncio.wait({task}, timeout=0.5)

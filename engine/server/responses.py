@@ -1,6 +1,9 @@
 """POST /v1/responses (OpenAI's Responses API): the request runs as a chat completion
 (responses_protocol.py translates it), and its reply is answered as a response object, whole
-or as the Responses API's stream of typed events (responses_stream.py).
+or as the Responses API's stream of typed events (responses_stream.py). Unless the request says
+`store: false`, the finished response is kept (responses_store.py) for GET, for a follow-up's
+`previous_response_id`, and, with `background: true`, while it runs after the POST has
+answered.
 
 Errors name the Responses request's own fields (`input`, `max_output_tokens`, `text.format`,
 `tools[0].name`), never the chat fields it was translated into.
@@ -8,9 +11,11 @@ Errors name the Responses request's own fields (`input`, `max_output_tokens`, `t
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request
@@ -22,8 +27,11 @@ from tokenmill.engine.server.openai_serving import chat_call, chat_chunks, colle
 from tokenmill.engine.server.rendering import Call, full_response
 from tokenmill.engine.server.responses_items import finished_response
 from tokenmill.engine.server.responses_protocol import RequestFormatError, ResponsesRequest
+from tokenmill.engine.server.responses_store import StoredResponse
 from tokenmill.engine.server.responses_stream import ResponseEvents
 from tokenmill.engine.server.state import ServerState
+
+log = logging.getLogger(__name__)
 
 # Chat request fields -> the Responses field the user set, for error messages and params.
 _USER_TERMS = [
@@ -39,31 +47,84 @@ _USER_TERMS = [
 
 async def create_response(body: ResponsesRequest, request: Request,
                           state: ServerState) -> Any:
+    store = state.responses
+    kept = store.enabled and body.store is not False
+    _check_storing(body, kept)
+    history = (store.get(body.previous_response_id, "previous_response_id").conversation
+               if body.previous_response_id is not None else [])
+    if history is None:
+        raise APIError(400, f"response {body.previous_response_id!r} has not finished; "
+                            "continue it once it has", param="previous_response_id")
     try:
-        chat = body.to_chat()
+        chat = body.to_chat(history)
         call = await chat_call(chat, state, id_prefix="resp_")
         streams = await start(call, body.stream, state)
     except RequestFormatError as exc:
         raise _in_user_terms(APIError(400, str(exc), param=exc.param)) from exc
     except APIError as exc:
         raise _in_user_terms(exc) from exc
-    shell = response_shell(body, call)
+    shell = response_shell(body, call, kept)
+    entry = StoredResponse(shell, body.input_items())
 
     def count_tokens(text: str) -> int:
         return len(state.tokenizer.encode(text, add_special_tokens=False))
 
+    def finished(response: dict[str, Any]) -> dict[str, Any]:
+        if kept:
+            entry.response = response
+            entry.conversation = [*history, *entry.input_items, *response["output"]]
+            store.put(entry)
+        return response
+
+    if body.background:
+        entry.response = {**shell, "status": "queued"}
+        store.put(entry)
+        store.run(entry, asyncio.create_task(
+            _background(entry, call, streams, state, count_tokens, finished)))
+        return JSONResponse(entry.response)
     if body.stream:
         bodies = chat_chunks(call, streams, include_usage=True, state=state)
-        return StreamingResponse(_events(ResponseEvents(shell, count_tokens), bodies),
+        return StreamingResponse(_events(ResponseEvents(shell, count_tokens), bodies, finished),
                                  media_type="text/event-stream")
     finals = await collect(streams, request, state)
     if finals is None:
         return client_closed()
-    return JSONResponse(finished_response(shell, full_response(call, finals, state),
-                                          count_tokens))
+    return JSONResponse(finished(finished_response(shell, full_response(call, finals, state),
+                                                   count_tokens)))
 
 
-def response_shell(body: ResponsesRequest, call: Call) -> dict[str, Any]:
+def _check_storing(body: ResponsesRequest, kept: bool) -> None:
+    if body.background and not kept:
+        raise APIError(400, "a background response must be stored: set store true (the "
+                            "default) on a server that stores responses "
+                            "(--max-stored-responses above 0)", param="background")
+    if body.background and body.stream:
+        raise APIError(400, "a background response is not streamed: poll GET "
+                            "/v1/responses/{id} until its status is final", param="stream")
+
+
+async def _background(entry: StoredResponse, call: Call, streams: list, state: ServerState,
+                      count_tokens: Callable[[str], int],
+                      finished: Callable[[dict[str, Any]], Any]) -> None:
+    """A background response's run: in progress until its reply is collected, then finished
+    (stored with its output); failed with the error, or cancelled (the requests aborted)."""
+    entry.response = {**entry.response, "status": "in_progress"}
+    try:
+        finals = await collect(streams, None, state)
+    except asyncio.CancelledError:
+        entry.response = {**entry.response, "status": "cancelled"}
+        raise
+    except Exception as exc:  # no client waits: the response says what failed
+        if not isinstance(exc, (APIError, RequestError, EngineDeadError)):
+            log.exception("background response failed", extra={"id": call.id})
+        entry.response = {**entry.response, "status": "failed",
+                          "error": {"code": "server_error", "message": str(exc)}}
+        return
+    finished(finished_response(entry.response, full_response(call, finals, state),
+                               count_tokens))
+
+
+def response_shell(body: ResponsesRequest, call: Call, stored: bool) -> dict[str, Any]:
     """The response object before any output: the request's settings as they were applied."""
     return {
         "id": call.id, "object": "response", "created_at": call.created,
@@ -74,15 +135,18 @@ def response_shell(body: ResponsesRequest, call: Call) -> dict[str, Any]:
         "tools": body.tools or [], "tool_choice": body.tool_choice or "auto",
         "parallel_tool_calls": body.parallel_tool_calls, "text": body.text_format(),
         "reasoning": body.reasoning or {"effort": None, "summary": None},
-        "previous_response_id": None, "store": False, "background": False,
+        "previous_response_id": body.previous_response_id, "store": stored,
+        "background": bool(body.background),
         "truncation": "disabled", "metadata": body.metadata or {}, "user": body.user,
         "usage": None,
     }
 
 
-async def _events(events: ResponseEvents, bodies: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+async def _events(events: ResponseEvents, bodies: AsyncIterator[dict],
+                  finished: Callable[[dict[str, Any]], Any]) -> AsyncIterator[bytes]:
     """The stream: created and in_progress, the output's events as the reply comes, then
-    completed (or incomplete); an error mid-way ends it with an error event."""
+    completed (or incomplete), the response handed to `finished` first; an error mid-way ends
+    it with an error event."""
     try:
         for event in events.opening():
             yield event
@@ -90,7 +154,7 @@ async def _events(events: ResponseEvents, bodies: AsyncIterator[dict]) -> AsyncI
             async for body in bodies:
                 for event in events.chat_chunk(body):
                     yield event
-        for event in events.closing():
+        for event in events.closing(finished):
             yield event
     except (APIError, RequestError, EngineDeadError) as exc:
         yield events.error(str(exc))
@@ -102,3 +166,48 @@ def _in_user_terms(err: APIError) -> APIError:
         message = pattern.sub(term, message)
         param = pattern.sub(term, param) if param else param
     return APIError(err.status, message, param=param, code=err.code, headers=err.headers)
+
+
+def retrieve_response(response_id: str, state: ServerState) -> dict[str, Any]:
+    return state.responses.get(response_id).response
+
+
+def delete_response(response_id: str, state: ServerState) -> dict[str, Any]:
+    """Forget a stored response (a background one still running is cancelled)."""
+    entry = state.responses.delete(response_id)
+    if entry.task is not None:
+        entry.task.cancel()
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+
+async def cancel_response(response_id: str, state: ServerState) -> dict[str, Any]:
+    """Stop a background response (its requests aborted); one that has already ended is
+    answered as it is."""
+    entry = state.responses.get(response_id)
+    if entry.task is None:
+        raise APIError(400, f"response {response_id!r} was not created in the background; "
+                            "only background responses can be cancelled",
+                       param="response_id")
+    if not entry.task.done():
+        entry.task.cancel()
+        await asyncio.wait({entry.task})
+    return entry.response
+
+
+def list_input_items(response_id: str, state: ServerState, order: str, limit: int,
+                     after: str | None) -> dict[str, Any]:
+    """A stored response's input items, a page at a time (OpenAI's list shape)."""
+    items = state.responses.get(response_id).input_items
+    if order == "desc":
+        items = items[::-1]
+    if after is not None:
+        ids = [item["id"] for item in items]
+        if after not in ids:
+            raise APIError(400, f"no input item {after!r} in response {response_id!r}",
+                           param="after")
+        items = items[ids.index(after) + 1:]
+    page = items[:limit]
+    return {"object": "list", "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(items) > limit}

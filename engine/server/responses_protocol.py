@@ -5,9 +5,9 @@ system message first, `text.format` the response_format, Responses-style functio
 chat shape. The vLLM sampling extensions of chat completions (top_k, min_p, seed, stop, ...)
 are taken as they are.
 
-Responses are not stored (`store` is answered false), so `previous_response_id` and item
-references are refused: the client sends the whole conversation in `input`, as it does with
-chat completions.
+A follow-up (`previous_response_id`) is the stored conversation's items with this `input`
+after them; the route looks the conversation up (responses_store.py). Item references, stored
+conversations and stored prompts are refused: the client sends the items themselves.
 """
 
 from __future__ import annotations
@@ -23,9 +23,14 @@ from tokenmill.engine.server.protocol import (
     RequestModel,
     SamplingFields,
 )
+from tokenmill.engine.server.responses_items import new_item_id
 
 # The `include` entry that asks for the output text's logprobs.
 OUTPUT_LOGPROBS = "message.output_text.logprobs"
+
+# The id prefix of an input item the client sent without one, by its type.
+_ITEM_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
+                   "reasoning": "rs"}
 
 # Content part types that carry text; besides them input_image is read (an image URL), the
 # others (files, audio) are refused.
@@ -101,14 +106,15 @@ class ResponsesRequest(SamplingFields, ChatTemplateFields):
             raise ValueError("must not be empty")
         return value
 
-    def to_chat(self) -> ChatCompletionRequest:
-        """The same request as a chat completion. RequestFormatError names the field of
-        this request that can't be served."""
+    def to_chat(self, history: list[dict[str, Any]] = ()) -> ChatCompletionRequest:
+        """The same request as a chat completion, continuing the items of `history` (a stored
+        conversation). RequestFormatError names the field of this request that can't be
+        served."""
         self._check_servable()
         fields = set(SamplingFields.model_fields) | set(ChatTemplateFields.model_fields)
         chat: dict[str, Any] = self.model_dump(by_alias=True, exclude_unset=True,
                                                include=fields)
-        chat["messages"] = input_messages(self.input, self.instructions)
+        chat["messages"] = input_messages(self.input, self.instructions, history)
         if self.max_output_tokens is not None:
             chat["max_completion_tokens"] = self.max_output_tokens
         if self.tools:
@@ -130,16 +136,21 @@ class ResponsesRequest(SamplingFields, ChatTemplateFields):
             where = ".".join(str(p) for p in first["loc"]) or "input"
             raise RequestFormatError(where, first["msg"]) from None
 
+    def input_items(self) -> list[dict[str, Any]]:
+        """`input` as items, each with an id (a string is one user message), as the response's
+        input items are listed and a follow-up continues them."""
+        items = ([{"type": "message", "role": "user",
+                   "content": [{"type": "input_text", "text": self.input}]}]
+                 if isinstance(self.input, str) else self.input)
+        return [item if "id" in item else
+                {"id": new_item_id(_ITEM_ID_PREFIX.get(item.get("type", "message"), "item")),
+                 **item} for item in items]
+
     def _check_servable(self) -> None:
-        if self.previous_response_id is not None:
-            raise RequestFormatError("previous_response_id", "this server does not store "
-                                     "responses; send the conversation so far in input")
         for name in ("conversation", "prompt"):
             if getattr(self, name) is not None:
                 raise RequestFormatError(name, "stored conversations and prompts are not "
                                          "kept by this server; send the conversation in input")
-        if self.background:
-            raise RequestFormatError("background", "background responses are not supported")
         if self.truncation == "auto":
             raise RequestFormatError("truncation", "'auto' is not supported; an input longer "
                                      "than the context is refused")
@@ -154,18 +165,21 @@ class ResponsesRequest(SamplingFields, ChatTemplateFields):
         return {"format": self.text.format.model_dump(by_alias=True, exclude_none=True)}
 
 
-def input_messages(items: str | list[dict[str, Any]],
-                   instructions: str | None = None) -> list[dict[str, Any]]:
-    """`input` (and `instructions`) as chat messages."""
+def input_messages(items: str | list[dict[str, Any]], instructions: str | None = None,
+                   history: list[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    """`input` (and `instructions`) as chat messages, after the items of `history` (an earlier
+    response's conversation, whose own instructions are not carried over, as OpenAI's are
+    not)."""
     messages: list[dict[str, Any]] = []
     if instructions:
         messages.append({"role": "system", "content": instructions})
     if isinstance(items, str):
-        return [*messages, {"role": "user", "content": items}]
+        items = [{"role": "user", "content": items}]
     names: dict[str, str] = {}  # call_id -> function name, for the tool messages
     thought: str | None = None  # a reasoning item's text, for the assistant turn after it
-    for i, item in enumerate(items):
-        where = f"input[{i}]"
+    for i, item in enumerate([*history, *items]):
+        where = (f"input[{i - len(history)}]" if i >= len(history)
+                 else f"previous_response_id (its item {i})")
         kind = item.get("type", "message")
         if kind == "message":
             message = _message(where, item)
@@ -190,8 +204,9 @@ def input_messages(items: str | list[dict[str, Any]],
         elif kind == "reasoning":
             thought = _reasoning_text(where, item)
         elif kind == "item_reference":
-            raise RequestFormatError(f"{where}.type", "item references need stored responses, "
-                                     "which this server does not keep; send the item itself")
+            raise RequestFormatError(f"{where}.type", "item references are not supported; "
+                                     "send the item itself, or continue a stored response "
+                                     "with previous_response_id")
         else:
             raise RequestFormatError(f"{where}.type", f"input items of type {kind!r} are not "
                                      "supported (message, function_call, "

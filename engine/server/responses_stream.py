@@ -66,7 +66,10 @@ class ResponseEvents:
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
 
-    def closing(self) -> Iterator[bytes]:
+    def closing(self, finished: Callable[[dict[str, Any]], Any] | None = None
+                ) -> Iterator[bytes]:
+        """The last items' end and response.completed, its response handed to `finished`
+        first (to be stored before the client can ask for it)."""
         yield from self._close()
         if not self.output:  # an empty reply is still one (empty) message
             yield from self._open("message")
@@ -78,6 +81,8 @@ class ResponseEvents:
                           for part in item["content"])
         final = shapes.finish(self.shell, self.output, usage, incomplete,
                               self.count_tokens(thought) if thought else 0)
+        if finished is not None:
+            finished(final)
         yield self._event("response.completed", response=final)
 
     def error(self, message: str) -> bytes:

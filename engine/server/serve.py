@@ -128,6 +128,7 @@ def server_state(config, args: argparse.Namespace) -> ServerState:
         options=ServerOptions(served_model_name=name, model_aliases=tuple(aliases),
                               freeze_startup_heap=True,
                               max_waiting_requests=args.max_waiting_requests,
+                              max_stored_responses=args.max_stored_responses,
                               shutdown_timeout=args.shutdown_timeout,
                               api_key=args.api_key,
                               max_request_body_bytes=args.max_request_body_bytes,

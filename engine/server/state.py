@@ -21,6 +21,7 @@ from tokenmill.engine.frontend.async_engine import AsyncEngine
 from tokenmill.engine.frontend.content_format import detect_content_format
 from tokenmill.engine.server.errors import APIError
 from tokenmill.engine.server.metrics import EngineMetrics
+from tokenmill.engine.server.responses_store import ResponseStore
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ class ServerOptions:
     # gc.freeze() once loaded: for a process that serves until it exits (tokenmill serve),
     # not for a state built and dropped in a longer-lived process.
     freeze_startup_heap: bool = False
+    # Responses kept for GET, previous_response_id and background runs (0: none).
+    max_stored_responses: int = 1000
 
     @property
     def served_model_names(self) -> tuple[str, ...]:
@@ -90,6 +93,10 @@ class ServerState:
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     # How each chat template seen reads message content (auto), by the template's text.
     content_formats: dict[str, str] = field(default_factory=dict)
+    responses: ResponseStore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.responses = ResponseStore(self.options.max_stored_responses)
 
     @property
     def ready(self) -> bool:

@@ -11,7 +11,6 @@ import time
 from typing import Literal
 
 import httpx
-import openai
 import pytest
 from pydantic import BaseModel
 from server_support import in_process_server
@@ -204,7 +203,6 @@ def test_a_named_tool_choice_forces_the_call(tiny_server):
     ({"input": "Hi", "max_output_tokens": 500}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
      "input[0].content[0].type"),
-    ({"input": "Hi", "previous_response_id": "resp_1"}, "previous_response_id"),
     ({"input": "Hi", "tools": [{"type": "function", "name": "bad name"}]}, "tools[0].name"),
     ({"input": "Hi", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "f"}},
      "tool_choice.name"),
@@ -234,15 +232,6 @@ def test_errors_word_what_a_responses_request_sends(tiny_server, body, param, sa
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert error["param"] == param and says in error["message"], error
-
-
-def test_responses_are_not_stored(tiny_server):
-    response = tiny_server.client.responses.create(model="tiny", input="Hi", max_output_tokens=2)
-    assert response.store is False
-    with pytest.raises(openai.NotFoundError):
-        tiny_server.client.responses.retrieve(response.id)
-    with pytest.raises(openai.NotFoundError):
-        tiny_server.client.responses.create(model="nope", input="Hi")
 
 
 def test_usage_counts_the_prompt_tokens_found_cached(tiny_server):

@@ -115,8 +115,6 @@ def test_the_request_as_a_chat_request():
 
 
 @pytest.mark.parametrize(("fields", "param"), [
-    ({"previous_response_id": "resp_1"}, "previous_response_id"),
-    ({"background": True}, "background"),
     ({"conversation": "conv_1"}, "conversation"),
     ({"prompt": {"id": "pmpt_1"}}, "prompt"),
     ({"truncation": "auto"}, "truncation"),
