@@ -94,6 +94,7 @@ def delta_choice(call: Call, prompt_index: int, c: CompletionOutput,
         if first and call.return_token_ids:
             choice["prompt_token_ids"] = call.prompts_ids[prompt_index]
     if finish is not None:
+        choice["stop_reason"] = c.stop_reason
         call.finished.add(key)
     return _with_ids(call, key, c, choice)
 
@@ -165,10 +166,10 @@ def full_response(call: Call, finals: list[RequestOutput], state: ServerState) -
             if call.kind == "chat":
                 message, finish = _chat_message(call, c.text, c.finish_reason)
                 choice = {"index": key, "message": message, "logprobs": logprobs,
-                          "finish_reason": finish}
+                          "finish_reason": finish, "stop_reason": c.stop_reason}
             else:
                 choice = {"index": key, "text": echoed + c.text, "logprobs": logprobs,
-                          "finish_reason": c.finish_reason}
+                          "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
                 if call.prompt_logprobs is not None:
                     choice["prompt_logprobs"] = _vllm_prompt_logprobs(state, out,
                                                                       call.prompt_logprobs)

@@ -91,6 +91,38 @@ def test_stop_string_cuts_the_text(client):
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "The capital"
 
 
+def test_stop_reason_names_what_stopped_the_choice(client):
+    """vLLM's stop_reason: the stop string or stop token id that ended a choice, whole and on
+    a stream's finishing chunk; None where the model's end token or the length ended it."""
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=30,
+                                       temperature=0, stop=["Paris", "Rome"])
+    assert r.choices[0].model_extra["stop_reason"] == "Paris"
+    natural = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=30,
+                                             temperature=0)
+    assert natural.choices[0].finish_reason == "stop"
+    assert natural.choices[0].model_extra["stop_reason"] is None
+    [paris] = client.completions.create(model=MODEL, prompt="The capital of France is",
+                                        max_tokens=1, temperature=0).choices[0].text.split()
+    paris_id = client.completions.create(model=MODEL, prompt="The capital of France is",
+                                         max_tokens=1, temperature=0,
+                                         extra_body={"return_token_ids": True}
+                                         ).choices[0].model_extra["token_ids"][0]
+    by_id = client.completions.create(model=MODEL, prompt="The capital of France is",
+                                      max_tokens=5, temperature=0,
+                                      extra_body={"stop_token_ids": [paris_id]})
+    assert (by_id.choices[0].finish_reason,
+            by_id.choices[0].model_extra["stop_reason"]) == ("stop", paris_id)
+    chunks = list(client.completions.create(model=MODEL, prompt="The capital of France is",
+                                            max_tokens=5, temperature=0, stream=True,
+                                            stop=[paris]))
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert chunks[-1].choices[0].model_extra["stop_reason"] == paris
+    cut = client.completions.create(model=MODEL, prompt="The capital of France is",
+                                    max_tokens=1, temperature=0)
+    assert (cut.choices[0].finish_reason, cut.choices[0].model_extra["stop_reason"]) == (
+        "length", None)
+
+
 def test_min_tokens_and_include_stop_str_in_output(client):
     """vLLM's sampling extensions, through the openai client's extra_body: the answer that
     ends by itself after 8 tokens runs to min_tokens, and a kept stop string ends the text."""
