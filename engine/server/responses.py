@@ -27,7 +27,7 @@ from tokenmill.engine.server.openai_serving import chat_call, chat_chunks, colle
 from tokenmill.engine.server.rendering import Call, full_response
 from tokenmill.engine.server.responses_items import finished_response
 from tokenmill.engine.server.responses_protocol import RequestFormatError, ResponsesRequest
-from tokenmill.engine.server.responses_store import StoredResponse
+from tokenmill.engine.server.responses_store import ResponseStore, StoredResponse
 from tokenmill.engine.server.responses_stream import ResponseEvents
 from tokenmill.engine.server.state import ServerState
 
@@ -55,6 +55,8 @@ async def create_response(body: ResponsesRequest, request: Request,
     if history is None:
         raise APIError(400, f"response {body.previous_response_id!r} has not finished; "
                             "continue it once it has", param="previous_response_id")
+    if isinstance(body.input, list):
+        body.input = _referenced(body.input, store)
     try:
         chat = body.to_chat(history)
         call = await chat_call(chat, state, id_prefix="resp_")
@@ -91,6 +93,21 @@ async def create_response(body: ResponsesRequest, request: Request,
         return client_closed()
     return JSONResponse(finished(finished_response(shell, full_response(call, finals, state),
                                                    count_tokens)))
+
+
+def _referenced(items: list[dict[str, Any]], store: ResponseStore) -> list[dict[str, Any]]:
+    """The items, each item_reference replaced by the stored item it names."""
+    resolved = []
+    for i, item in enumerate(items):
+        if item.get("type") == "item_reference":
+            found = store.find_item(item.get("id"))
+            if found is None:
+                raise APIError(400, f"input[{i}]: no stored item {item.get('id')!r} (items "
+                                    "are found in the responses this server keeps)",
+                               param=f"input[{i}].id")
+            item = found
+        resolved.append(item)
+    return resolved
 
 
 def _check_storing(body: ResponsesRequest, kept: bool) -> None:

@@ -6,8 +6,9 @@ chat shape. The vLLM sampling extensions of chat completions (top_k, min_p, seed
 are taken as they are.
 
 A follow-up (`previous_response_id`) is the stored conversation's items with this `input`
-after them; the route looks the conversation up (responses_store.py). Item references, stored
-conversations and stored prompts are refused: the client sends the items themselves.
+after them; the route looks the conversation up, and the items that item references name
+(responses_store.py). Stored conversations and stored prompts are refused: the client sends
+the items themselves.
 """
 
 from __future__ import annotations
@@ -204,9 +205,8 @@ def input_messages(items: str | list[dict[str, Any]], instructions: str | None =
         elif kind == "reasoning":
             thought = _reasoning_text(where, item)
         elif kind == "item_reference":
-            raise RequestFormatError(f"{where}.type", "item references are not supported; "
-                                     "send the item itself, or continue a stored response "
-                                     "with previous_response_id")
+            raise RequestFormatError(f"{where}.type", "an item reference is read from the "
+                                     "responses the server keeps; send the item itself")
         else:
             raise RequestFormatError(f"{where}.type", f"input items of type {kind!r} are not "
                                      "supported (message, function_call, "

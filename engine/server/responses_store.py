@@ -64,6 +64,14 @@ class ResponseStore:
         self._entries.move_to_end(response_id)
         return entry
 
+    def find_item(self, item_id: str) -> dict[str, Any] | None:
+        """An input or output item of a stored response, by its id (an item_reference's)."""
+        for entry in reversed(self._entries.values()):
+            for item in (*entry.input_items, *entry.response.get("output", ())):
+                if item.get("id") == item_id:
+                    return item
+        return None
+
     def delete(self, response_id: str) -> StoredResponse:
         entry = self.get(response_id)
         del self._entries[response_id]

@@ -1,6 +1,7 @@
 """Stored responses over real HTTP with the official openai client: a follow-up through
 previous_response_id reads the same prompt as the whole conversation sent in input, a stored
-response is what GET returns (streamed ones too), its input items page as OpenAI's list does,
+response is what GET returns (streamed ones too), its input items page as OpenAI's list does
+and item references read them,
 background responses run after the POST has answered and can be cancelled without leaving a
 request behind, and a server that stores nothing says so."""
 
@@ -65,6 +66,29 @@ def test_a_follow_up_continues_the_stored_conversation(server):
     third = client.responses.create(model="tiny", input="eight", previous_response_id=follow.id,
                                     **GREEDY)
     assert third.usage.input_tokens > follow.usage.input_tokens + follow.usage.output_tokens
+
+
+def test_item_references_read_the_stored_items(server):
+    """An item_reference stands for the stored input or output item it names."""
+    client = server.client
+    first = client.responses.create(model="tiny", input="one two", **GREEDY)
+    [said] = client.responses.input_items.list(first.id).data
+    [reply] = first.output
+    referenced = client.responses.create(
+        model="tiny", store=False, **GREEDY,
+        input=[{"type": "item_reference", "id": said.id},
+               {"type": "item_reference", "id": reply.id},
+               {"role": "user", "content": "three"}])
+    whole = client.responses.create(
+        model="tiny", store=False, **GREEDY,
+        input=[{"role": "user", "content": "one two"}, reply.model_dump(),
+               {"role": "user", "content": "three"}])
+    assert referenced.usage.input_tokens == whole.usage.input_tokens
+    assert referenced.output_text == whole.output_text
+    reply = httpx.post(f"{server.url}/v1/responses", json={
+        "model": "tiny", "input": [{"role": "user", "content": "x"},
+                                   {"type": "item_reference", "id": "msg_nope"}]})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "input[1].id"
 
 
 def test_get_returns_the_stored_response_whole_or_streamed(server):
