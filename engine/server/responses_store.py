@@ -58,8 +58,9 @@ class ResponseStore:
             code = ("previous_response_not_found" if param == "previous_response_id"
                     else "not_found")
             why = ("this server keeps no responses (--max-stored-responses 0)"
-                   if not self.enabled else "it was not stored, was deleted, or was "
-                   "forgotten as the least recently used")
+                   if not self.enabled else "it was not stored, was deleted, was "
+                   "forgotten as the least recently used, or another replica answered it "
+                   "(stored responses live in the memory of the server that answered)")
             raise APIError(404, f"no response {response_id!r}: {why}", param=param, code=code)
         self._entries.move_to_end(response_id)
         return entry
