@@ -65,7 +65,8 @@ def add_server_arguments(parser: argparse.ArgumentParser,
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="Seconds running requests may take to finish after SIGTERM.")
     parser.add_argument("--api-key", type=_api_key, default=environ.get("TOKENMILL_API_KEY"),
-                        help="Require `Authorization: Bearer KEY` on every path but /health, "
+                        help="Require `Authorization: Bearer KEY` (or `x-api-key: KEY`, as "
+                             "Anthropic's clients send it) on every path but /health, "
                              "/ping, /metrics, /load, /version and the OpenAPI docs (default: "
                              "$TOKENMILL_API_KEY; none: no key needed). The variable keeps the "
                              "key out of the process list.")

@@ -26,6 +26,8 @@ from tokenmill.engine.server.embeddings_protocol import (
 )
 from tokenmill.engine.server.errors import install_error_handlers
 from tokenmill.engine.server.invocations import invoke
+from tokenmill.engine.server.messages import count_message_tokens, create_message
+from tokenmill.engine.server.messages_protocol import MessagesRequest
 from tokenmill.engine.server.middleware import ApiKey, BodyLimit, RequestId
 from tokenmill.engine.server.openai_serving import create_chat_completion, create_completion
 from tokenmill.engine.server.pooling import create_pooling
@@ -164,6 +166,14 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
         app.post(path)(score)
     for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
         app.post(path)(rerank)
+
+    @app.post("/v1/messages")  # Anthropic's
+    async def messages(body: MessagesRequest, request: Request, state: State):
+        return await create_message(body, request, state)
+
+    @app.post("/v1/messages/count_tokens")
+    async def messages_count_tokens(body: MessagesRequest, state: State):
+        return await count_message_tokens(body, state)
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str, state: State):

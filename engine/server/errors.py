@@ -1,6 +1,9 @@
-"""OpenAI-style error responses: {"error": {"message", "type", "param", "code"}}."""
+"""OpenAI-style error responses: {"error": {"message", "type", "param", "code"}}; on the
+Messages API's paths, Anthropic's: {"type": "error", "error": {"type", "message"}}."""
 
 from __future__ import annotations
+
+import re
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -12,6 +15,12 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
                413: "invalid_request_error", 500: "internal_server_error",
                503: "service_unavailable"}
 
+
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                   403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                   429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error"}
+# The Messages API's routes, whose errors take Anthropic's shape.
+ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 
 # pydantic's error types for a body that is not an object (bytes, a list, a number).
 NOT_AN_OBJECT = ("model_attributes_type", "dict_type", "model_type")
@@ -48,15 +57,31 @@ def admission_error(exc: BaseException, field: str) -> APIError | None:
     return None
 
 
+def reworded(err: APIError, terms: list[tuple[re.Pattern, str]]) -> APIError:
+    """The error with its message and param in the words of the API the client spoke (each
+    pattern replaced by its term): a translated request's errors name the fields it sent."""
+    message, param = err.message, err.param
+    for pattern, term in terms:
+        message = pattern.sub(term, message)
+        param = pattern.sub(term, param) if param else param
+    return APIError(err.status, message, param=param, code=err.code, headers=err.headers)
+
+
 def error_body(status: int, message: str, param: str | None = None,
                code: str | None = None) -> dict:
     return {"error": {"message": message, "type": ERROR_TYPES.get(status, "error"),
                       "param": param, "code": code}}
 
 
-def error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(error_body(err.status, err.message, err.param, err.code),
-                        status_code=err.status, headers=err.headers)
+def error_response(err: APIError, request: Request | None = None) -> JSONResponse:
+    """The error in OpenAI's shape, or Anthropic's where `request` came to the Messages API."""
+    if request is not None and request.url.path.endswith(ANTHROPIC_PATHS):
+        kind = ANTHROPIC_TYPES.get(err.status, "api_error" if err.status >= 500
+                                   else "invalid_request_error")
+        body = {"type": "error", "error": {"type": kind, "message": err.message}}
+    else:
+        body = error_body(err.status, err.message, err.param, err.code)
+    return JSONResponse(body, status_code=err.status, headers=err.headers)
 
 
 def client_closed() -> JSONResponse:
@@ -64,8 +89,8 @@ def client_closed() -> JSONResponse:
     return JSONResponse(error_body(499, "client closed the request"), status_code=499)
 
 
-async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-    return error_response(exc)
+async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+    return error_response(exc, request)
 
 
 def _most_telling(errors: list[dict]) -> dict:
@@ -108,7 +133,7 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
         message = "the request needs a JSON body"
     elif param:
         message = f"{param}: {message}"
-    return error_response(APIError(400, message, param=param))
+    return error_response(APIError(400, message, param=param), request)
 
 
 def _is_json(content_type: str | None) -> bool:
@@ -127,7 +152,7 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     elif exc.status_code == 405:
         allowed = next((v for k, v in headers.items() if k.lower() == "allow"), None)
         message = f"Method not allowed ({where})" + (f": it takes {allowed}" if allowed else "")
-    return error_response(APIError(exc.status_code, message, headers=headers or None))
+    return error_response(APIError(exc.status_code, message, headers=headers or None), request)
 
 
 def install_error_handlers(app) -> None:

@@ -77,8 +77,8 @@ def route_path(scope: Scope) -> str:
 
 
 class ApiKey:
-    """With options.api_key set, `Authorization: Bearer <key>` on every path but OPEN_PATHS;
-    401 in OpenAI's shape."""
+    """With options.api_key set, `Authorization: Bearer <key>` (or `x-api-key: <key>`, as
+    Anthropic's clients send it) on every path but OPEN_PATHS; 401 in OpenAI's shape."""
 
     def __init__(self, app: ASGIApp, options: ServerOptions):
         self.app = app
@@ -89,10 +89,11 @@ class ApiKey:
         if key is None or scope["type"] != "http" or route_path(scope) in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        header = Headers(scope=scope).get("authorization") or ""
-        scheme, _, token = header.strip().partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
+        headers = Headers(scope=scope)
+        scheme, _, token = (headers.get("authorization") or "").strip().partition(" ")
+        token = token.strip() if scheme.lower() == "bearer" else ""
+        token = token or (headers.get("x-api-key") or "").strip()  # Anthropic's clients' header
+        if not token:
             # OpenAI's words and shape for a request without a key (its code is null).
             error = APIError(401, "You didn't provide an API key. You need to provide your API "
                                   "key in an Authorization header using Bearer auth (i.e. "

@@ -12,17 +12,16 @@ Errors name the Responses request's own fields (`input`, `max_output_tokens`, `t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from tokenmill.engine.core.errors import EngineDeadError, RequestError
-from tokenmill.engine.server.errors import APIError, client_closed
+from tokenmill.engine.server.errors import APIError, client_closed, reworded
 from tokenmill.engine.server.openai_serving import chat_call, chat_chunks, collect, start
 from tokenmill.engine.server.rendering import Call, full_response
 from tokenmill.engine.server.responses_items import finished_response
@@ -30,6 +29,7 @@ from tokenmill.engine.server.responses_protocol import RequestFormatError, Respo
 from tokenmill.engine.server.responses_store import ResponseStore, StoredResponse
 from tokenmill.engine.server.responses_stream import ResponseEvents
 from tokenmill.engine.server.state import ServerState
+from tokenmill.engine.server.translated_stream import translated_events
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +62,9 @@ async def create_response(body: ResponsesRequest, request: Request,
         call = await chat_call(chat, state, id_prefix="resp_")
         streams = await start(call, body.stream, state)
     except RequestFormatError as exc:
-        raise _in_user_terms(APIError(400, str(exc), param=exc.param)) from exc
+        raise reworded(APIError(400, str(exc), param=exc.param), _USER_TERMS) from exc
     except APIError as exc:
-        raise _in_user_terms(exc) from exc
+        raise reworded(exc, _USER_TERMS) from exc
     shell = response_shell(body, call, kept)
     entry = StoredResponse(shell, body.input_items())
 
@@ -86,8 +86,10 @@ async def create_response(body: ResponsesRequest, request: Request,
         return JSONResponse(entry.response)
     if body.stream:
         bodies = chat_chunks(call, streams, include_usage=True, state=state)
-        return StreamingResponse(_events(ResponseEvents(shell, count_tokens), bodies, finished),
-                                 media_type="text/event-stream")
+        events = ResponseEvents(shell, count_tokens)
+        return StreamingResponse(
+            translated_events(events, bodies, lambda: events.closing(finished)),
+            media_type="text/event-stream")
     finals = await collect(streams, request, state)
     if finals is None:
         return client_closed()
@@ -157,32 +159,6 @@ def response_shell(body: ResponsesRequest, call: Call, stored: bool) -> dict[str
         "truncation": "disabled", "metadata": body.metadata or {}, "user": body.user,
         "usage": None,
     }
-
-
-async def _events(events: ResponseEvents, bodies: AsyncIterator[dict],
-                  finished: Callable[[dict[str, Any]], Any]) -> AsyncIterator[bytes]:
-    """The stream: created and in_progress, the output's events as the reply comes, then
-    completed (or incomplete), the response handed to `finished` first; an error mid-way ends
-    it with an error event."""
-    try:
-        for event in events.opening():
-            yield event
-        async with contextlib.aclosing(bodies):
-            async for body in bodies:
-                for event in events.chat_chunk(body):
-                    yield event
-        for event in events.closing(finished):
-            yield event
-    except (APIError, RequestError, EngineDeadError) as exc:
-        yield events.error(str(exc))
-
-
-def _in_user_terms(err: APIError) -> APIError:
-    message, param = err.message, err.param
-    for pattern, term in _USER_TERMS:
-        message = pattern.sub(term, message)
-        param = pattern.sub(term, param) if param else param
-    return APIError(err.status, message, param=param, code=err.code, headers=err.headers)
 
 
 def retrieve_response(response_id: str, state: ServerState) -> dict[str, Any]:

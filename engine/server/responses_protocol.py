@@ -129,13 +129,7 @@ class ResponsesRequest(SamplingFields, ChatTemplateFields):
             chat["reasoning_effort"] = self.reasoning["effort"]
         if self.top_logprobs is not None or OUTPUT_LOGPROBS in (self.include or ()):
             chat.update(logprobs=True, top_logprobs=self.top_logprobs or 0)
-        try:
-            return ChatCompletionRequest.model_validate(chat)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            # A chat field's name: the route words it as the Responses field it came from.
-            where = ".".join(str(p) for p in first["loc"]) or "input"
-            raise RequestFormatError(where, first["msg"]) from None
+        return checked_chat(chat, "input")
 
     def input_items(self) -> list[dict[str, Any]]:
         """`input` as items, each with an id (a string is one user message), as the response's
@@ -164,6 +158,20 @@ class ResponsesRequest(SamplingFields, ChatTemplateFields):
         if self.text is None or self.text.format is None:
             return {"format": {"type": "text"}}
         return {"format": self.text.format.model_dump(by_alias=True, exclude_none=True)}
+
+
+def checked_chat(chat: dict[str, Any], whole: str) -> ChatCompletionRequest:
+    """A translated request as a chat request; RequestFormatError names the chat field at
+    fault (the route words it as the field the client sent), or `whole` for the body."""
+    try:
+        return ChatCompletionRequest.model_validate(chat)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        error = first.get("ctx", {}).get("error")
+        if isinstance(error, FieldError):  # a check across fields, naming the one at fault
+            raise RequestFormatError(error.field, str(error)) from None
+        where = ".".join(str(p) for p in first["loc"]) or whole
+        raise RequestFormatError(where, first["msg"]) from None
 
 
 def input_messages(items: str | list[dict[str, Any]], instructions: str | None = None,
