@@ -39,6 +39,7 @@ from tokenmill.engine.server.protocol import (
 )
 from tokenmill.engine.server.responses import (
     cancel_response,
+    count_input_tokens,
     create_response,
     delete_response,
     list_input_items,
@@ -174,6 +175,10 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
     @app.post("/v1/messages/count_tokens")
     async def messages_count_tokens(body: MessagesRequest, state: State):
         return await count_message_tokens(body, state)
+
+    @app.post("/v1/responses/input_tokens")
+    async def responses_input_tokens(body: ResponsesRequest, state: State):
+        return await count_input_tokens(body, state)
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str, state: State):

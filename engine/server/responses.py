@@ -50,19 +50,9 @@ async def create_response(body: ResponsesRequest, request: Request,
     store = state.responses
     kept = store.enabled and body.store is not False
     _check_storing(body, kept)
-    history = (store.get(body.previous_response_id, "previous_response_id").conversation
-               if body.previous_response_id is not None else [])
-    if history is None:
-        raise APIError(400, f"response {body.previous_response_id!r} has not finished; "
-                            "continue it once it has", param="previous_response_id")
-    if isinstance(body.input, list):
-        body.input = _referenced(body.input, store)
+    history, call = await _call(body, state)
     try:
-        chat = body.to_chat(history)
-        call = await chat_call(chat, state, id_prefix="resp_")
         streams = await start(call, body.stream, state)
-    except RequestFormatError as exc:
-        raise reworded(APIError(400, str(exc), param=exc.param), _USER_TERMS) from exc
     except APIError as exc:
         raise reworded(exc, _USER_TERMS) from exc
     shell = response_shell(body, call, kept)
@@ -95,6 +85,32 @@ async def create_response(body: ResponsesRequest, request: Request,
         return client_closed()
     return JSONResponse(finished(finished_response(shell, full_response(call, finals, state),
                                                    count_tokens)))
+
+
+async def count_input_tokens(body: ResponsesRequest, state: ServerState) -> dict[str, Any]:
+    """The prompt's tokens as POST /v1/responses would render it (OpenAI's
+    /v1/responses/input_tokens, the openai client's `responses.input_tokens.count`)."""
+    _, call = await _call(body, state)
+    return {"object": "response.input_tokens", "input_tokens": len(call.prompts_ids[0])}
+
+
+async def _call(body: ResponsesRequest, state: ServerState) -> tuple[list[dict], Call]:
+    """The conversation the request continues, and the request as a checked chat call (its
+    prompt rendered), not started."""
+    store = state.responses
+    history = (store.get(body.previous_response_id, "previous_response_id").conversation
+               if body.previous_response_id is not None else [])
+    if history is None:
+        raise APIError(400, f"response {body.previous_response_id!r} has not finished; "
+                            "continue it once it has", param="previous_response_id")
+    if isinstance(body.input, list):
+        body.input = _referenced(body.input, store)
+    try:
+        return history, await chat_call(body.to_chat(history), state, id_prefix="resp_")
+    except RequestFormatError as exc:
+        raise reworded(APIError(400, str(exc), param=exc.param), _USER_TERMS) from exc
+    except APIError as exc:
+        raise reworded(exc, _USER_TERMS) from exc
 
 
 def _referenced(items: list[dict[str, Any]], store: ResponseStore) -> list[dict[str, Any]]:

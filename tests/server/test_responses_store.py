@@ -1,7 +1,7 @@
 """Stored responses over real HTTP with the official openai client: a follow-up through
 previous_response_id reads the same prompt as the whole conversation sent in input, a stored
 response is what GET returns (streamed ones too), its input items page as OpenAI's list does
-and item references read them,
+and item references read them, input tokens are counted as the response counts them,
 background responses run after the POST has answered and can be cancelled without leaving a
 request behind, and a server that stores nothing says so."""
 
@@ -89,6 +89,26 @@ def test_item_references_read_the_stored_items(server):
         "model": "tiny", "input": [{"role": "user", "content": "x"},
                                    {"type": "item_reference", "id": "msg_nope"}]})
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "input[1].id"
+
+
+def test_input_tokens_counts_the_prompt_a_response_reads(server):
+    """OpenAI's /v1/responses/input_tokens: the prompt's tokens, a stored conversation's
+    included, as the response itself reports them."""
+    client = server.client
+    first = client.responses.create(model="tiny", input="one two", instructions="three",
+                                    **GREEDY)
+    counted = client.responses.input_tokens.count(model="tiny", input="one two",
+                                                  instructions="three")
+    assert (counted.object, counted.input_tokens) == ("response.input_tokens",
+                                                      first.usage.input_tokens)
+    follow = client.responses.create(model="tiny", input="four", previous_response_id=first.id,
+                                     **GREEDY)
+    assert client.responses.input_tokens.count(
+        model="tiny", input="four", previous_response_id=first.id
+    ).input_tokens == follow.usage.input_tokens
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_tokens.count(model="tiny", input="x",
+                                            previous_response_id="resp_nope")
 
 
 def test_get_returns_the_stored_response_whole_or_streamed(server):
