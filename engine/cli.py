@@ -151,6 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_arguments(batch)
     batch.set_defaults(func=_run_batch)
 
+    for name, chat, helped in (("chat", True, "Chat with a running server (vLLM's `vllm "
+                                                "chat`)."),
+                               ("complete", False, "Complete prompts on a running server "
+                                                   "(vLLM's `vllm complete`).")):
+        client = commands.add_parser(name, help=helped, description=helped)
+        _add_client_arguments(client, chat)
+
     commands.add_parser("download", help=DOWNLOAD_HELP + " See `tokenmill download --help`.",
                         add_help=False)
     commands.add_parser("operator", help="Run the Kubernetes operator (see `tokenmill "
@@ -235,6 +242,14 @@ def _config_file_flags(serve: argparse.ArgumentParser, path: str,
         elif value is not None:
             flags += [flag, str(value)]
     return flags
+
+
+def _add_client_arguments(parser: argparse.ArgumentParser, chat: bool) -> None:
+    """`tokenmill chat` / `complete`: the client's flags; it imports only httpx."""
+    from tokenmill.engine.server import chat_client
+
+    chat_client.add_arguments(parser, chat)
+    parser.set_defaults(func=lambda args: chat_client.run(args, chat))
 
 
 def _add_bench(commands: argparse._SubParsersAction, name: str, module: Any,
