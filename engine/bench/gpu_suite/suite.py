@@ -10,6 +10,8 @@
   kernels  the Triton kernels' launch settings swept at the 8B shapes; the fastest correct ones
            written as a launch-config file for this GPU (TOKENMILL_KERNEL_CONFIGS)
   summary  the table for docs/benchmarks.md, from the JSON the stages wrote
+  session  a session's first device call: the stages that matter most, in order, each a
+           command of its own, inside --budget seconds
 
 Each stage writes <prefix>-<stage or part>.json under --out as each part ends, so a stage cut
 short keeps what it finished. --dry-run runs every stage on a tiny random Llama on the CPU with
@@ -31,7 +33,8 @@ from tokenmill.engine.bench.gpu_suite.context import (
 
 # Stage name -> module in this package with run(ctx, args).
 STAGES = {"tests": "tests_stage", "bench": "bench_stage", "profile": "profile_stage",
-          "startup": "startup_stage", "kernels": "kernels_stage", "summary": "summary"}
+          "startup": "startup_stage", "kernels": "kernels_stage", "summary": "summary",
+          "session": "session_stage"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="bench stage: comma-separated engine modes to run in each part "
                              "(default: all of the part's; the first one run is the ratios' "
                              "reference).")
+    parser.add_argument("--budget", type=float, default=540.0,
+                        help="session stage: seconds for all its steps (default 540, inside "
+                             "the device tool's ten minutes a command).")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                         help="Show progress bars.")
 
