@@ -181,8 +181,8 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
         return await count_input_tokens(body, state)
 
     @app.get("/v1/responses/{response_id}")
-    async def get_response(response_id: str, state: State):
-        return retrieve_response(response_id, state)
+    async def get_response(response_id: str, state: State, stream: bool = False):
+        return retrieve_response(response_id, state, stream)
 
     @app.delete("/v1/responses/{response_id}")
     async def forget_response(response_id: str, state: State):

@@ -3,7 +3,8 @@ chat completion request: `system` becomes a system message first, each message's
 blocks the chat shape (text and images as parts, an assistant's `tool_use` blocks its tool
 calls and its `thinking` its reasoning, a user's `tool_result` blocks tool messages), `tools`
 with their `input_schema` function tools, `tool_choice` the chat's, `stop_sequences` the stop
-strings. The vLLM sampling extensions of chat completions (min_p, seed, repetition_penalty,
+strings; a last message from the assistant is continued (Anthropic's prefill). The vLLM
+sampling extensions of chat completions (min_p, seed, repetition_penalty,
 chat_template_kwargs, ...) are taken as they are.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field
 
 from tokenmill.engine.server.protocol import (
     ChatCompletionRequest,
@@ -42,13 +43,6 @@ class MessagesRequest(SamplingFields, ChatTemplateFields):
     mcp_servers: Any = None
     container: Any = None
 
-    @field_validator("system")
-    @classmethod
-    def _system_text(cls, value: str | list[dict[str, Any]] | None) -> str | None:
-        if value is None or isinstance(value, str):
-            return value
-        return _text_blocks("system", value)
-
     def to_chat(self, max_tokens: int | None = None) -> ChatCompletionRequest:
         """The same request as a chat completion (with `max_tokens` in place of the body's,
         for counting tokens). RequestFormatError names the field that can't be served."""
@@ -59,7 +53,14 @@ class MessagesRequest(SamplingFields, ChatTemplateFields):
         fields = set(SamplingFields.model_fields) | set(ChatTemplateFields.model_fields)
         chat: dict[str, Any] = self.model_dump(by_alias=True, exclude_unset=True,
                                                include=fields - {"stop", "n"})
-        chat["messages"] = chat_messages(self.system, self.messages)
+        system = (self.system if self.system is None or isinstance(self.system, str)
+                  else _text_blocks("system", self.system))
+        chat["messages"] = chat_messages(system, self.messages)
+        prefilled = self.messages[-1].get("role") == "assistant"
+        if prefilled and not {"add_generation_prompt",
+                              "continue_final_message"} & self.model_fields_set:
+            # Anthropic's prefill: the reply continues the last, assistant, message.
+            chat.update(add_generation_prompt=False, continue_final_message=True)
         chat["max_completion_tokens"] = max_tokens or self.max_tokens
         if self.stop_sequences:
             chat["stop"] = self.stop_sequences

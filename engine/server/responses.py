@@ -177,7 +177,12 @@ def response_shell(body: ResponsesRequest, call: Call, stored: bool) -> dict[str
     }
 
 
-def retrieve_response(response_id: str, state: ServerState) -> dict[str, Any]:
+def retrieve_response(response_id: str, state: ServerState, stream: bool = False
+                      ) -> dict[str, Any]:
+    if stream:  # OpenAI's resumption of a background response's events
+        raise APIError(400, "a stored response is not streamed again: GET it without stream "
+                            "(a background response's status shows how far it is)",
+                       param="stream")
     return state.responses.get(response_id).response
 
 

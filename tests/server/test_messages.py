@@ -170,6 +170,19 @@ def test_stop_sequences_end_the_text(agent):
     assert (short.stop_reason, short.usage.output_tokens) == ("max_tokens", 2)
 
 
+def test_a_prefilled_reply_is_continued(agent, client):
+    """Anthropic's prefill: a last assistant message is continued, and the reply holds only
+    what follows it, as the chat completion's continue_final_message gives it."""
+    said = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Let me"}]
+    message = client.messages.create(model="agent", max_tokens=4, messages=said,
+                                     extra_body=GREEDY)
+    chat = chat_client(agent).chat.completions.create(
+        model="agent", max_tokens=4, temperature=0, messages=said,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    assert shape(message.content) == [("text", chat.choices[0].message.content)]
+    assert message.usage.output_tokens == chat.usage.completion_tokens
+
+
 def test_the_api_key_comes_in_x_api_key(agent):
     wrong = anthropic.Anthropic(base_url=agent.url, api_key="sk-wrong", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError):

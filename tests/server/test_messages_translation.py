@@ -58,6 +58,19 @@ def test_the_settings_in_chat_terms():
     assert body.to_chat(max_tokens=1).max_completion_tokens == 1
 
 
+def test_a_last_assistant_message_is_continued():
+    """Anthropic's prefill: the reply continues the assistant's last message, unless the
+    request says otherwise in vLLM's own fields."""
+    said = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "{"}]
+    body = {"model": "m", "max_tokens": 5, "messages": said}
+    chat = MessagesRequest.model_validate(body).to_chat()
+    assert (chat.add_generation_prompt, chat.continue_final_message) == (False, True)
+    plain = MessagesRequest.model_validate({**body, "messages": said[:1]}).to_chat()
+    assert (plain.add_generation_prompt, plain.continue_final_message) == (True, False)
+    chosen = MessagesRequest.model_validate({**body, "add_generation_prompt": True}).to_chat()
+    assert (chosen.add_generation_prompt, chosen.continue_final_message) == (True, False)
+
+
 @pytest.mark.parametrize(("fields", "param"), [
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {
         "type": "file", "file_id": "f"}}]}]}, "messages[0].content[0].source.type"),
@@ -69,6 +82,7 @@ def test_the_settings_in_chat_terms():
      "messages[0].content[0].type"),
     ({"tool_choice": {"type": "tool"}}, "tool_choice.name"),
     ({"mcp_servers": [{"url": "x"}]}, "mcp_servers"),
+    ({"system": [{"type": "image"}]}, "system[0].type"),
 ])
 def test_what_cannot_be_served_names_its_field(fields, param):
     body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}],

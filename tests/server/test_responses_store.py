@@ -144,6 +144,8 @@ def test_input_items_page_newest_first_by_default(server):
     reply = httpx.get(f"{server.url}/v1/responses/{text.id}/input_items",
                       params={"after": "msg_nope"})
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "after"
+    reply = httpx.get(f"{server.url}/v1/responses/{text.id}", params={"stream": "true"})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "stream"
 
 
 def test_store_false_and_delete_keep_nothing(server):
