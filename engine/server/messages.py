@@ -40,7 +40,11 @@ _USER_TERMS = [
 async def create_message(body: MessagesRequest, request: Request, state: ServerState) -> Any:
     if body.max_tokens is None:
         raise APIError(400, "max_tokens: Field required", param="max_tokens")
-    call, streams = await _started(body, state, body.max_tokens, body.stream)
+    call = await _call(body, state, body.max_tokens)
+    try:
+        streams = await start(call, body.stream, state)
+    except APIError as exc:
+        raise reworded(exc, _USER_TERMS) from exc
     shell = message_shell(call.id, call.model, len(call.prompts_ids[0]))
     if body.stream:
         bodies = chat_chunks(call, streams, include_usage=True, state=state)
@@ -56,18 +60,15 @@ async def create_message(body: MessagesRequest, request: Request, state: ServerS
 
 async def count_message_tokens(body: MessagesRequest, state: ServerState) -> dict[str, int]:
     """The prompt's tokens as /v1/messages would render it (its max_tokens not needed)."""
-    call, _ = await _started(body, state, 1, stream=None)
+    call = await _call(body, state, 1)
     return {"input_tokens": len(call.prompts_ids[0])}
 
 
-async def _started(body: MessagesRequest, state: ServerState, max_tokens: int,
-                   stream: bool | None) -> tuple[Call, list]:
-    """The request as a checked chat call, started unless `stream` is None."""
+async def _call(body: MessagesRequest, state: ServerState, max_tokens: int) -> Call:
+    """The request as a checked chat call (its prompt rendered), not started."""
     try:
-        call = await chat_call(body.to_chat(max_tokens), state, id_prefix="msg_")
-        streams = [] if stream is None else await start(call, stream, state)
+        return await chat_call(body.to_chat(max_tokens), state, id_prefix="msg_")
     except RequestFormatError as exc:
         raise reworded(APIError(400, str(exc), param=exc.param), _USER_TERMS) from exc
     except APIError as exc:
         raise reworded(exc, _USER_TERMS) from exc
-    return call, streams

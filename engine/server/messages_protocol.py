@@ -20,7 +20,11 @@ from tokenmill.engine.server.protocol import (
     ChatTemplateFields,
     SamplingFields,
 )
-from tokenmill.engine.server.responses_protocol import RequestFormatError, checked_chat
+from tokenmill.engine.server.responses_protocol import (
+    RequestFormatError,
+    checked_chat,
+    text_field,
+)
 
 
 class MessagesRequest(SamplingFields, ChatTemplateFields):
@@ -105,14 +109,14 @@ def _assistant(where: str, blocks: list[Any], names: dict[str, str]) -> dict[str
     for j, block in enumerate(blocks):
         kind = _kind(f"{where}[{j}]", block)
         if kind == "text":
-            texts.append(_string(f"{where}[{j}]", block, "text"))
+            texts.append(text_field(f"{where}[{j}]", block, "text"))
         elif kind == "thinking":
-            thoughts.append(_string(f"{where}[{j}]", block, "thinking"))
+            thoughts.append(text_field(f"{where}[{j}]", block, "thinking"))
         elif kind == "redacted_thinking":
             continue  # another model's encrypted thinking: nothing this model can read
         elif kind == "tool_use":
-            call_id = _string(f"{where}[{j}]", block, "id")
-            name = names[call_id] = _string(f"{where}[{j}]", block, "name")
+            call_id = text_field(f"{where}[{j}]", block, "id")
+            name = names[call_id] = text_field(f"{where}[{j}]", block, "name")
             message.setdefault("tool_calls", []).append(
                 {"id": call_id, "type": "function",
                  "function": {"name": name, "arguments": json.dumps(block.get("input") or {})}})
@@ -143,12 +147,12 @@ def _user(where: str, blocks: list[Any], names: dict[str, str]) -> list[dict[str
         at = f"{where}[{j}]"
         kind = _kind(at, block)
         if kind == "text":
-            parts.append({"type": "text", "text": _string(at, block, "text")})
+            parts.append({"type": "text", "text": text_field(at, block, "text")})
         elif kind == "image":
             parts.append({"type": "image_url", "image_url": {"url": _image_url(at, block)}})
         elif kind == "tool_result":
             flush()
-            call_id = _string(at, block, "tool_use_id")
+            call_id = text_field(at, block, "tool_use_id")
             result = block.get("content", "")
             text = result if isinstance(result, str) else _text_blocks(f"{at}.content", result)
             out.append({"role": "tool", "tool_call_id": call_id, "content": text,
@@ -164,10 +168,10 @@ def _image_url(where: str, block: dict[str, Any]) -> str:
     source = block.get("source")
     kind = source.get("type") if isinstance(source, dict) else None
     if kind == "base64":
-        media = _string(f"{where}.source", source, "media_type")
-        return f"data:{media};base64,{_string(f'{where}.source', source, 'data')}"
+        media = text_field(f"{where}.source", source, "media_type")
+        return f"data:{media};base64,{text_field(f'{where}.source', source, 'data')}"
     if kind == "url":
-        return _string(f"{where}.source", source, "url")
+        return text_field(f"{where}.source", source, "url")
     raise RequestFormatError(f"{where}.source.type", "must be 'base64' or 'url' (files are "
                              "not kept by this server)")
 
@@ -181,7 +185,7 @@ def _text_blocks(where: str, blocks: Any) -> str:
         if _kind(f"{where}[{j}]", block) != "text":
             raise RequestFormatError(f"{where}[{j}].type", "only text blocks are supported "
                                      "here")
-        texts.append(_string(f"{where}[{j}]", block, "text"))
+        texts.append(text_field(f"{where}[{j}]", block, "text"))
     return "\n".join(texts)
 
 
@@ -189,13 +193,6 @@ def _kind(where: str, block: Any) -> str:
     if not isinstance(block, dict) or not isinstance(block.get("type"), str):
         raise RequestFormatError(f"{where}.type", "a content block needs a type")
     return block["type"]
-
-
-def _string(where: str, block: dict[str, Any], key: str) -> str:
-    value = block.get(key)
-    if not isinstance(value, str):
-        raise RequestFormatError(f"{where}.{key}", "is required and must be a string")
-    return value
 
 
 def _chat_tool(i: int, tool: dict[str, Any]) -> dict[str, Any]:

@@ -9,13 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import orjson
-
 from tokenmill.engine.server.messages_items import anthropic_usage, stop_reason
+from tokenmill.engine.server.rendering import sse
 
 
 def event(kind: str, body: dict[str, Any]) -> bytes:
-    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **body}) + b"\n\n"
+    return b"event: " + kind.encode() + b"\n" + sse({"type": kind, **body})
 
 
 class MessageEvents:

@@ -421,18 +421,18 @@ async def _collect(streams: list[RequestStream],
             if out.finished:
                 finals[i] = out
 
-    if request is None:
+    if request is None:  # nobody to watch: cancelling the caller cancels the reading
         await consume()
-        return [finals[i] for i in range(len(streams))]
-    task = asyncio.create_task(consume())
-    while not task.done():
-        await asyncio.wait({task}, timeout=0.5)
-        if not task.done() and await request.is_disconnected():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            return None
-    task.result()
+    else:
+        task = asyncio.create_task(consume())
+        while not task.done():
+            await asyncio.wait({task}, timeout=0.5)
+            if not task.done() and await request.is_disconnected():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                return None
+        task.result()
     return [finals[i] for i in range(len(streams))]
 
 

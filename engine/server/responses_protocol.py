@@ -206,7 +206,7 @@ def input_messages(items: str | list[dict[str, Any]], instructions: str | None =
                 last["reasoning"], thought = thought, None
             last.setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
-            call_id = _text_field(where, item, "call_id")
+            call_id = text_field(where, item, "call_id")
             messages.append({"role": "tool", "tool_call_id": call_id,
                              "content": _content_text(f"{where}.output", item.get("output")),
                              **({"name": names[call_id]} if call_id in names else {})})
@@ -266,14 +266,14 @@ def _content_text(where: str, content: Any) -> str:
         if kind not in _TEXT_PARTS:
             raise RequestFormatError(f"{where}[{j}].type", f"content of type {kind!r} is not "
                                      "supported: this server's model reads text only")
-        texts.append(_text_field(f"{where}[{j}]", part, _TEXT_PARTS[kind]))
+        texts.append(text_field(f"{where}[{j}]", part, _TEXT_PARTS[kind]))
     return "\n".join(texts)  # as the chat completions' parts are joined
 
 
 def _function_call(where: str, item: dict[str, Any]) -> dict[str, Any]:
-    return {"id": _text_field(where, item, "call_id"), "type": "function",
-            "function": {"name": _text_field(where, item, "name"),
-                         "arguments": _text_field(where, item, "arguments")}}
+    return {"id": text_field(where, item, "call_id"), "type": "function",
+            "function": {"name": text_field(where, item, "name"),
+                         "arguments": text_field(where, item, "arguments")}}
 
 
 def _reasoning_text(where: str, item: dict[str, Any]) -> str | None:
@@ -284,7 +284,7 @@ def _reasoning_text(where: str, item: dict[str, Any]) -> str | None:
     return None
 
 
-def _text_field(where: str, item: dict[str, Any], key: str) -> str:
+def text_field(where: str, item: dict[str, Any], key: str) -> str:
     value = item.get(key)
     if not isinstance(value, str):
         raise RequestFormatError(f"{where}.{key}", "is required and must be a string")
