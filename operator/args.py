@@ -25,13 +25,10 @@ from tokenmill.engine.contract.config import (
 from tokenmill.engine.contract.server_flags import add_server_arguments, check_server_flags
 from tokenmill.engine.contract.speculative import KEYS as SPECULATIVE_KEYS
 
+from .pod_layout import ADAPTER_PVC_MOUNT, CACHE_MOUNT, DRAFT_PVC_MOUNT, PVC_MOUNT
 from .spec import ADAPTERS, SPECULATIVE, InferenceServiceSpec, SpecError
 
 PORT = 8000
-PVC_MOUNT = "/mnt/models"
-CACHE_MOUNT = "/model-cache"  # where the init container downloads hf:// and s3:// models
-DRAFT_PVC_MOUNT = "/mnt/draft-model"  # a draft model's claim, where it is not the model's
-ADAPTER_PVC_MOUNT = "/mnt/adapters"  # /mnt/adapters/CLAIM: an adapter claim no model uses
 
 # Options the spec sets through its own fields; extraArgs may not set them again.
 _SPEC_OPTIONS = {

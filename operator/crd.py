@@ -48,6 +48,22 @@ KUBERNETES_ENUMS = {
         "In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"],
     ("io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelectorRequirement", "operator"): [
         "In", "NotIn", "Exists", "DoesNotExist"],
+    ("io.k8s.api.core.v1.TopologySpreadConstraint", "whenUnsatisfiable"): [
+        "DoNotSchedule", "ScheduleAnyway"],
+    ("io.k8s.api.core.v1.TopologySpreadConstraint", "nodeAffinityPolicy"): ["Honor", "Ignore"],
+    ("io.k8s.api.core.v1.TopologySpreadConstraint", "nodeTaintsPolicy"): ["Honor", "Ignore"],
+    ("io.k8s.api.core.v1.VolumeMount", "mountPropagation"): [
+        "None", "HostToContainer", "Bidirectional"],
+    ("io.k8s.api.core.v1.VolumeMount", "recursiveReadOnly"): ["Disabled", "IfPossible",
+                                                              "Enabled"],
+}
+# Bounds the Kubernetes API enforces in code (a volume's name is a DNS label; a path longer
+# than Linux's PATH_MAX cannot be mounted), written into the schema so that the CEL rules over
+# these strings are costed as the short strings they are.
+KUBERNETES_BOUNDS = {
+    ("io.k8s.api.core.v1.Volume", "name"): {"maxLength": 63},
+    ("io.k8s.api.core.v1.VolumeMount", "name"): {"maxLength": 63},
+    ("io.k8s.api.core.v1.VolumeMount", "mountPath"): {"maxLength": 4096},
 }
 _KUBERNETES_KEEP = {"type", "format", "items", "properties", "required", "additionalProperties",
                     "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
@@ -87,7 +103,8 @@ def kubernetes_schema(name: str) -> dict[str, Any]:
                 value = {prop: {**(_first_sentence(sub) if depth == 0 else {}),
                                 **convert(sub, depth=depth + 1), **(
                     {"enum": KUBERNETES_ENUMS[definition, prop]}
-                    if (definition, prop) in KUBERNETES_ENUMS else {})}
+                    if (definition, prop) in KUBERNETES_ENUMS else {}),
+                                **KUBERNETES_BOUNDS.get((definition, prop), {})}
                     for prop, sub in value.items()}
             elif key in ("items", "additionalProperties"):
                 value = convert(value, depth=depth)

@@ -21,7 +21,8 @@ from kubernetes.client.exceptions import ApiException
 
 from . import autoscaler, bookkeeping, events, metrics, scraper, status
 from .kube import MANAGER, Kube, api_message, load_config
-from .manifests import MANAGED_BY, OWNER_LABEL, selector
+from .manifests import selector
+from .pod_layout import MANAGED_BY, OWNER_LABEL
 from .reconcile import TOO_LARGE, Outcome, load, reconcile
 from .spec import GROUP, PLURAL, VERSION, SpecError
 from .user_paths import stable

@@ -12,27 +12,35 @@ from typing import Any
 from kubernetes.utils import parse_quantity
 
 from .args import (
-    ADAPTER_PVC_MOUNT,
-    CACHE_MOUNT,
-    DRAFT_PVC_MOUNT,
     PORT,
-    PVC_MOUNT,
     adapter_claims,
     download_command,
     draft_claim,
     hub_sources,
     serve_command,
 )
+from .pod_layout import (
+    ADAPTER_PVC_MOUNT,
+    ADAPTER_VOLUME,
+    CACHE_MOUNT,
+    CACHE_VOLUME,
+    DRAFT_PVC_MOUNT,
+    DRAFT_VOLUME,
+    MODEL_VOLUME,
+    OWNER_LABEL,
+    PVC_MOUNT,
+    REPLACEABLE_MOUNTS,
+    SCRATCH,
+    SCRATCH_VOLUME,
+    SHM,
+    SHM_VOLUME,
+    labels,
+)
 from .spec import API_KEY_ENV, GROUP, KIND, VERSION, InferenceServiceSpec, api_key_ref
 
 GIB = 1 << 30
-OWNER_LABEL = "tokenmill.io/inferenceservice"
-MANAGED_BY = {"app.kubernetes.io/managed-by": "tokenmill-operator"}
 CONTAINER = "engine"
 MODEL_DOWNLOAD = "model-download"  # the init container: hf:// and s3:// models and adapters
-CACHE_VOLUME = "model-cache"
-DRAFT_VOLUME = "draft-model"  # a speculative draft model's claim, other than the model's
-ADAPTER_VOLUME = "adapters"  # adapters-0, adapters-1, ...: one per claim only adapters use
 # The download moves bytes and checks them; the pod's effective request is the larger of this
 # and the engine's, so it adds nothing to a replica that requests resources of its own.
 DOWNLOAD_RESOURCES = {"requests": {"cpu": "250m", "memory": "512Mi"}}
@@ -43,7 +51,6 @@ STARTUP_PERIOD_SECONDS = 10
 STARTUP_FAILURES = 180  # 30 minutes to download and load a large model
 PRE_STOP_SECONDS = 5  # lets endpoints drop the pod before the server starts draining
 ENGINE_UID = 1000  # the image's `tokenmill` user
-SCRATCH = "/tmp"  # the one writable path of the read-only root filesystem
 # Pod Security Standards "restricted", so engines run in namespaces that enforce it. fsGroup
 # lets the engine read model files on volumes that honour it (PVCs).
 POD_SECURITY_CONTEXT = {
@@ -74,16 +81,6 @@ SCRATCH_ENV = [
 SHM_GIB_PER_RANK = 1
 # NCCL prints nothing by default; at WARN a failed collective explains itself in the log.
 NCCL_ENV = [{"name": "NCCL_DEBUG", "value": "WARN"}]
-
-
-def labels(name: str) -> dict[str, str]:
-    return {
-        "app.kubernetes.io/name": "tokenmill",
-        "app.kubernetes.io/instance": name,
-        "app.kubernetes.io/component": "inference",
-        **MANAGED_BY,
-        OWNER_LABEL: name,
-    }
 
 
 def selector(name: str) -> dict[str, str]:
@@ -153,19 +150,23 @@ def _volumes(spec: InferenceServiceSpec) -> tuple[list[dict], list[dict]]:
     """Volumes and the engine's mounts: writable scratch, shared memory for TP workers, the
     model's PVC, or the cache a remote model was downloaded into (read-only: the engine only
     reads it), a speculative draft model's PVC where it is another claim, and each claim of
-    pvc:// adapters that no model is on, once however many adapters it holds."""
-    volumes: list[dict] = [{"name": "scratch", "emptyDir": {}}]
-    mounts: list[dict] = [{"name": "scratch", "mountPath": SCRATCH}]
+    pvc:// adapters that no model is on, once however many adapters it holds; then the spec's
+    own. A spec mount at /tmp or /dev/shm takes the place of the operator's (the scratch volume
+    stays for the download)."""
+    replaced = {m.get("mountPath") for m in spec.volume_mounts} & set(REPLACEABLE_MOUNTS)
+    volumes: list[dict] = [{"name": SCRATCH_VOLUME, "emptyDir": {}}]
+    mounts: list[dict] = [] if SCRATCH in replaced else [
+        {"name": SCRATCH_VOLUME, "mountPath": SCRATCH}]
     tp = spec.engine.tensor_parallel_size
-    if tp > 1:
-        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory",
-                                                     "sizeLimit": f"{tp * SHM_GIB_PER_RANK}Gi"}})
-        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    if tp > 1 and SHM not in replaced:
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {
+            "medium": "Memory", "sizeLimit": f"{tp * SHM_GIB_PER_RANK}Gi"}})
+        mounts.append({"name": SHM_VOLUME, "mountPath": SHM})
     if spec.model.uri.startswith("pvc://"):
         claim = spec.model.uri.removeprefix("pvc://").partition("/")[0]
-        volumes.append({"name": "model",
+        volumes.append({"name": MODEL_VOLUME,
                         "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
-        mounts.append({"name": "model", "mountPath": PVC_MOUNT, "readOnly": True})
+        mounts.append({"name": MODEL_VOLUME, "mountPath": PVC_MOUNT, "readOnly": True})
     if claim := draft_claim(spec):
         volumes.append({"name": DRAFT_VOLUME,
                         "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
@@ -179,7 +180,14 @@ def _volumes(spec: InferenceServiceSpec) -> tuple[list[dict], list[dict]]:
     if spec.downloads:
         volumes.append(_cache_volume(spec))
         mounts.append({"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT, "readOnly": True})
-    return volumes, mounts
+    return volumes + spec.volumes, mounts + spec.volume_mounts
+
+
+def user_volume_offsets(spec: InferenceServiceSpec) -> tuple[int, int]:
+    """Where the spec's first volume is in the pod's volumes, and its first mount in the
+    engine container's (the operator's come first)."""
+    volumes, mounts = _volumes(spec)
+    return len(volumes) - len(spec.volumes), len(mounts) - len(spec.volume_mounts)
 
 
 def _api_key_env(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
@@ -268,13 +276,18 @@ def _download_container(spec: InferenceServiceSpec, image: str) -> dict[str, Any
         "env": _with_spec_env(SCRATCH_ENV, spec),
         "envFrom": [{"secretRef": {"name": ref.name}}] if ref else [],
         "resources": DOWNLOAD_RESOURCES,
-        "volumeMounts": [{"name": "scratch", "mountPath": SCRATCH},
+        "volumeMounts": [{"name": SCRATCH_VOLUME, "mountPath": SCRATCH},
                          {"name": CACHE_VOLUME, "mountPath": CACHE_MOUNT}],
         "securityContext": _container_security_context(spec),
         # A failed download's last log line (`cannot fetch MODEL: CAUSE`) reaches the status.
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     return {k: v for k, v in container.items() if v not in (None, [], {})}
+
+
+def image_pull_secrets(spec: InferenceServiceSpec) -> list[dict[str, str]]:
+    """The pod's imagePullSecrets: the spec's Secrets, by name."""
+    return [{"name": ref.name} for ref in spec.image_pull_secrets]
 
 
 def _pod_security_defaults() -> dict[str, Any]:
@@ -289,9 +302,13 @@ def deployment(name: str, namespace: str, uid: str, spec: InferenceServiceSpec,
     """The Deployment running `tokenmill serve`; every spec change lands in its pod template."""
     pod: dict[str, Any] = {
         "serviceAccountName": spec.service_account_name,
+        "imagePullSecrets": image_pull_secrets(spec),
+        "priorityClassName": spec.priority_class_name,
+        "runtimeClassName": spec.runtime_class_name,
         "nodeSelector": spec.node_selector,
         "tolerations": spec.tolerations,
         "affinity": spec.affinity,
+        "topologySpreadConstraints": spec.topology_spread_constraints,
         "securityContext": {**_pod_security_defaults(), **(spec.pod_security_context or {})},
         # preStop, then the server's drain, then a margin for the process to exit.
         "terminationGracePeriodSeconds": PRE_STOP_SECONDS + spec.shutdown_timeout_seconds + 10,
@@ -313,7 +330,8 @@ def deployment(name: str, namespace: str, uid: str, spec: InferenceServiceSpec,
             "progressDeadlineSeconds": STARTUP_PERIOD_SECONDS * STARTUP_FAILURES + 600,
             "revisionHistoryLimit": 3,
             "template": {
-                "metadata": {"labels": labels(name), "annotations": annotations},
+                "metadata": {"labels": {**spec.pod_labels, **labels(name)},
+                             "annotations": annotations},
                 "spec": {k: v for k, v in pod.items() if v not in (None, [], {})},
             },
         },

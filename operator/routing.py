@@ -18,6 +18,7 @@ from .args import PORT
 from .manifests import (
     CONTAINER_SECURITY_CONTEXT,
     cluster_ip_service,
+    image_pull_secrets,
     owned_metadata,
     selector,
 )
@@ -147,6 +148,10 @@ def picker_deployment(name: str, namespace: str, uid: str,
         "readinessProbe": _grpc_probe(5, 2),
         "securityContext": CONTAINER_SECURITY_CONTEXT,
     }
+    pod = {"serviceAccountName": picker_name(name),
+           "securityContext": PICKER_POD_SECURITY_CONTEXT, "containers": [container]}
+    if secrets := image_pull_secrets(spec):  # a mirror of the picker's image may need them
+        pod["imagePullSecrets"] = secrets
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -156,9 +161,7 @@ def picker_deployment(name: str, namespace: str, uid: str,
             "selector": {"matchLabels": picker_selector(name)},
             "template": {
                 "metadata": {"labels": template_labels},
-                "spec": {"serviceAccountName": picker_name(name),
-                         "securityContext": PICKER_POD_SECURITY_CONTEXT,
-                         "containers": [container]},
+                "spec": pod,
             },
         },
     }

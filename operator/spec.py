@@ -35,6 +35,7 @@ from tokenmill.engine.contract.speculative import (
 )
 
 from .model_shapes import KNOWN_MODELS, tp_problem, tp_rules
+from .pod_layout import ADAPTER_VOLUME_PATTERN, OWN_LABELS, OWN_MOUNTS, OWN_VOLUMES
 
 GROUP = "tokenmill.io"
 VERSION = "v1alpha1"
@@ -129,10 +130,18 @@ def _cel(rule: str, message: str) -> dict[str, str]:
     return {"rule": rule, "message": message}
 
 
-def kubernetes_type(definition: str) -> WithJsonSchema:
+def _list_map(key: str) -> dict[str, Any]:
+    """A list keyed by one field of its items: the API server refuses a key given twice,
+    naming the entry, and a server-side apply merges the list by key."""
+    return {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": [key]}
+
+
+def kubernetes_type(definition: str, *rules: dict[str, str]) -> WithJsonSchema:
     """A field typed by a Kubernetes API definition (io.k8s.api.core.v1.Toleration, ...): the
-    CRD generator inlines the definition's schema, so the API server checks it at apply."""
-    return WithJsonSchema({"type": "object", "x-tokenmill-kubernetes-type": definition})
+    CRD generator inlines the definition's schema, so the API server checks it at apply; `rules`
+    are CEL rules of ours on each value."""
+    extra = {"x-kubernetes-validations": list(rules)} if rules else {}
+    return WithJsonSchema({"type": "object", "x-tokenmill-kubernetes-type": definition, **extra})
 
 
 Toleration = Annotated[dict[str, Any], kubernetes_type("io.k8s.api.core.v1.Toleration")]
@@ -141,6 +150,33 @@ EnvVarSource = Annotated[dict[str, Any], kubernetes_type("io.k8s.api.core.v1.Env
 PodSecurityContext = Annotated[
     dict[str, Any], kubernetes_type("io.k8s.api.core.v1.PodSecurityContext")]
 SecurityContext = Annotated[dict[str, Any], kubernetes_type("io.k8s.api.core.v1.SecurityContext")]
+TopologySpreadConstraint = Annotated[
+    dict[str, Any], kubernetes_type("io.k8s.api.core.v1.TopologySpreadConstraint")]
+
+# spec.volumes and spec.volumeMounts: the user's own, beside the operator's (pod_layout.py).
+MAX_VOLUMES = 32
+OWN_VOLUME_MESSAGE = (f"volumes[].name must not be one of the operator's own volumes "
+                      f"({', '.join(OWN_VOLUMES)}, adapters-N)")
+OWN_MOUNT_MESSAGE = (f"volumeMounts[].mountPath must not be {', '.join(OWN_MOUNTS)} or beneath "
+                     "them: the operator mounts the model, its download and the adapters there")
+MOUNTED_VOLUME_MESSAGE = "volumeMounts[].name must be the name of one of spec.volumes"
+OWN_LABEL_MESSAGE = (f"podLabels must not set the operator's own labels ({', '.join(OWN_LABELS)})"
+                     ": the Service, the PodDisruptionBudget and the autoscaler select the "
+                     "engine pods by them")
+
+
+def _quoted(values: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+Volume = Annotated[dict[str, Any], kubernetes_type(
+    "io.k8s.api.core.v1.Volume",
+    _cel(f"!(self.name in {_quoted(OWN_VOLUMES)}) && "
+         f"!self.name.matches('{ADAPTER_VOLUME_PATTERN}')", OWN_VOLUME_MESSAGE))]
+VolumeMount = Annotated[dict[str, Any], kubernetes_type(
+    "io.k8s.api.core.v1.VolumeMount",
+    _cel(" && ".join(f"self.mountPath != '{p}' && !self.mountPath.startsWith('{p}/')"
+                     for p in OWN_MOUNTS), OWN_MOUNT_MESSAGE))]
 
 
 def one_of(values: tuple[Any, ...], message: str) -> Any:
@@ -725,6 +761,8 @@ class InferenceServiceSpec(_Spec):
         _cel("!has(self.engine) || (!has(self.engine.maxLoras) && !has(self.engine.maxLoraRank) "
              "&& !has(self.engine.maxCpuLoras)) || (has(self.adapters) && size(self.adapters) > 0)",
              LORA_OPTIONS_MESSAGE),
+        _cel("!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.volumes) && "
+             "self.volumes.exists(v, v.name == m.name))", MOUNTED_VOLUME_MESSAGE),
         _cel("!has(self.engine) || !has(self.engine.maxCpuLoras) || self.engine.maxCpuLoras >= "
              "(has(self.engine.maxLoras) ? self.engine.maxLoras : (has(self.adapters) && "
              "size(self.adapters) > 0 ? size(self.adapters) : 1))", CPU_LORAS_MESSAGE),
@@ -736,10 +774,7 @@ class InferenceServiceSpec(_Spec):
         default_factory=list, max_length=MAX_ADAPTERS,
         description="LoRA adapters served over the model (the engine's --lora-modules); a "
                     "request selects one by its name in model. Names are unique.",
-        # A map keyed by name: the API server refuses a name given twice, naming the entry, and
-        # a server-side apply merges adapters by name.
-        json_schema_extra={"x-kubernetes-list-type": "map",
-                           "x-kubernetes-list-map-keys": ["name"]})
+        json_schema_extra=_list_map("name"))
     engine: EngineSpec = Field(default_factory=EngineSpec, json_schema_extra={"default": {}},
                                description=EngineSpec.__doc__)
     replicas: int = Field(
@@ -781,6 +816,41 @@ class InferenceServiceSpec(_Spec):
         description="Annotations of the engine pods, besides the operator's own.",
         json_schema_extra={"x-kubernetes-validations": [
             _keys_rule(QUALIFIED_NAME_PATTERN, "podAnnotations key")]})
+    pod_labels: dict[str, LabelValue] = Field(
+        default_factory=dict, max_length=MAX_MAP_ENTRIES,
+        description="Labels of the engine pods, besides the operator's own (which they may not "
+                    "set).",
+        json_schema_extra={"x-kubernetes-validations": [
+            _keys_rule(QUALIFIED_NAME_PATTERN, "podLabels key"),
+            _cel(f"self.all(k, !(k in {_quoted(OWN_LABELS)}))", OWN_LABEL_MESSAGE)]})
+    image_pull_secrets: list[SecretRef] = Field(
+        default_factory=list, max_length=MAX_MAP_ENTRIES,
+        description="Secrets (kubernetes.io/dockerconfigjson) in the namespace that the kubelet "
+                    "pulls the engine's image with, and the endpoint picker's.",
+        json_schema_extra=_list_map("name"))
+    priority_class_name: str | None = Field(
+        None, pattern=DNS_SUBDOMAIN_PATTERN, max_length=253,
+        description="PriorityClass of the engine pods; it must exist in the cluster.")
+    runtime_class_name: str | None = Field(
+        None, pattern=DNS_SUBDOMAIN_PATTERN, max_length=253,
+        description="RuntimeClass of the engine pods (e.g. nvidia, where the GPU container "
+                    "runtime is not the nodes' default); it must exist in the cluster.")
+    topology_spread_constraints: list[TopologySpreadConstraint] = Field(
+        default_factory=list, max_length=MAX_LIST_ITEMS,
+        description="How the engine pods spread over zones or nodes (Kubernetes "
+                    "TopologySpreadConstraint); they carry the label "
+                    "tokenmill.io/inferenceservice: NAME.")
+    volumes: list[Volume] = Field(
+        default_factory=list, max_length=MAX_VOLUMES,
+        description="Volumes of the engine pods besides the operator's (Kubernetes Volume), "
+                    "for spec.volumeMounts: a chat template from a ConfigMap, a CA bundle, a "
+                    "larger /dev/shm.",
+        json_schema_extra=_list_map("name"))
+    volume_mounts: list[VolumeMount] = Field(
+        default_factory=list, max_length=MAX_VOLUMES,
+        description="Where the engine container mounts spec.volumes (Kubernetes VolumeMount); "
+                    "one at /tmp or /dev/shm takes the place of the operator's.",
+        json_schema_extra=_list_map("mountPath"))
     pod_security_context: PodSecurityContext | None = Field(
         None, description="Overrides fields of the engine pod's securityContext (the default "
                           "passes Pod Security Standards restricted).")
@@ -791,7 +861,7 @@ class InferenceServiceSpec(_Spec):
         description="How long a replica drains in-flight requests after SIGTERM.",
     )
 
-    @field_validator("node_selector", "pod_annotations")
+    @field_validator("node_selector", "pod_annotations", "pod_labels")
     @classmethod
     def _qualified_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
         bad = [k for k in value
@@ -965,11 +1035,39 @@ def _adapters_problem(spec: InferenceServiceSpec, served_name: str | None) -> st
     return None
 
 
+def _pod_problem(spec: InferenceServiceSpec) -> str | None:
+    """The CEL rules on spec.volumes, volumeMounts and podLabels, naming the entry, and the
+    API server's own (a volume name or a mount path given twice) for emulators without it."""
+    volumes: dict[Any, int] = {}
+    for i, volume in enumerate(spec.volumes):
+        name, where = volume.get("name"), f"spec.volumes[{i}].name"
+        if name in OWN_VOLUMES or re.match(ADAPTER_VOLUME_PATTERN, str(name)):
+            return f"{where}: {name!r} is the operator's; spec.{OWN_VOLUME_MESSAGE}"
+        if name in volumes:
+            return f"{where}: {name!r} is given twice (also spec.volumes[{volumes[name]}].name)"
+        volumes[name] = i
+    paths: dict[str, int] = {}
+    for i, mount in enumerate(spec.volume_mounts):
+        path, where = str(mount.get("mountPath", "")), f"spec.volumeMounts[{i}]"
+        if any(path == own or path.startswith(own + "/") for own in OWN_MOUNTS):
+            return f"{where}.mountPath: {path!r}: spec.{OWN_MOUNT_MESSAGE}"
+        if path in paths:
+            return (f"{where}.mountPath: {path!r} is given twice (also "
+                    f"spec.volumeMounts[{paths[path]}].mountPath)")
+        paths[path] = i
+        if mount.get("name") not in volumes:
+            return f"{where}.name: {mount.get('name')!r}: spec.{MOUNTED_VOLUME_MESSAGE}"
+    if own := [key for key in spec.pod_labels if key in OWN_LABELS]:
+        return f"spec.podLabels: {', '.join(own)}: spec.{OWN_LABEL_MESSAGE}"
+    return None
+
+
 def check(spec: InferenceServiceSpec, served_name: str | None = None) -> None:
     """SpecError for a spec the engine or the cluster would reject (the CEL rules and more);
     `served_name` is the model name clients send (the object's name unless the spec sets
     one)."""
-    if problem := _adapters_problem(spec, spec.model.served_name or served_name):
+    if problem := (_adapters_problem(spec, spec.model.served_name or served_name)
+                   or _pod_problem(spec)):
         raise SpecError(problem)
     if spec.inference_pool and served_name and len(served_name) > MAX_ROUTED_NAME:
         raise SpecError(f"{ROUTED_NAME_MESSAGE} ({served_name!r} has {len(served_name)})")

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from .cluster_domain import cluster_domain
-from .manifests import OWNER_LABEL, url
+from .manifests import url
+from .pod_layout import OWNER_LABEL
 from .pods import needs_action
 
 

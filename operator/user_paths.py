@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any
 
-from .manifests import user_env_offset
+from .manifests import user_env_offset, user_volume_offsets
 from .spec import InferenceServiceSpec
 
 POD = "spec.template.spec."
@@ -28,12 +28,19 @@ COPIED = sorted([
     (POD + "nodeSelector", "spec.nodeSelector"),
     (POD + "securityContext", "spec.podSecurityContext"),
     (POD + "serviceAccountName", "spec.serviceAccountName"),
+    (POD + "imagePullSecrets", "spec.imagePullSecrets"),
+    (POD + "priorityClassName", "spec.priorityClassName"),
+    (POD + "runtimeClassName", "spec.runtimeClassName"),
+    (POD + "topologySpreadConstraints", "spec.topologySpreadConstraints"),
     (CONTAINER + "securityContext", "spec.containerSecurityContext"),
     (CONTAINER + "imagePullPolicy", "spec.imagePullPolicy"),
     (CONTAINER + "image", "spec.image"),
     ("spec.template.metadata.annotations", "spec.podAnnotations"),
+    ("spec.template.metadata.labels", "spec.podLabels"),
 ], key=lambda pair: -len(pair[0]))
 ENV = re.compile(re.escape(CONTAINER) + r"env\[(\d+)\]")
+VOLUME = re.compile(re.escape(POD) + r"volumes\[(\d+)\]")
+MOUNT = re.compile(re.escape(CONTAINER) + r"volumeMounts\[(\d+)\]")
 RESOURCE = re.compile(re.escape(CONTAINER) + r"resources\.(?:requests|limits)"
                       r"(?:\[([^\]]+)\]|\.([\w./-]+))")
 # A path of the Deployment as field.Path prints it: names, [index] and [map key].
@@ -56,10 +63,16 @@ def user_path(path: str, spec: InferenceServiceSpec) -> str | None:
     for ours, theirs in COPIED:
         if path.startswith(ours) and _boundary(path[len(ours):]):
             return theirs + path[len(ours):]
-    if match := ENV.match(path):
-        index = int(match.group(1)) - user_env_offset(spec)
-        rest = path[match.end():]
-        return f"spec.env[{index}]{rest}" if index >= 0 and _boundary(rest) else None
+    volume_offset, mount_offset = user_volume_offsets(spec)
+    for pattern, field, offset, count in (
+            (ENV, "env", user_env_offset(spec), len(spec.env)),
+            (VOLUME, "volumes", volume_offset, len(spec.volumes)),
+            (MOUNT, "volumeMounts", mount_offset, len(spec.volume_mounts))):
+        if match := pattern.match(path):
+            index = int(match.group(1)) - offset
+            rest = path[match.end():]
+            return (f"spec.{field}[{index}]{rest}" if 0 <= index < count and _boundary(rest)
+                    else None)
     if match := RESOURCE.match(path):
         name = match.group(1) or match.group(2)
         fields = {"cpu": "cpu", "memory": "memory", spec.resources.gpu_resource_name: "gpus"}

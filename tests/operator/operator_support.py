@@ -27,6 +27,7 @@ from apiserver_model.versions import drop_unknown, warning_header
 from apiserver_model.writes import (
     TOO_LONG,
     canonicalize,
+    default_volumes,
     event_errors,
     merge_patch,
     omit_empty,
@@ -384,6 +385,7 @@ class Emulator(kmock.KubernetesEmulator):
         except ValueError as e:  # the JSON decoder's refusal of a malformed quantity
             raise kmock.KubernetesError(status=400, reason="BadRequest", message=str(e)) from None
         omit_empty(kind, request.data, patch=request.action == kmock.action.UPDATE)
+        default_volumes(kind, request.data)
         after = request.data
         if request.action == kmock.action.UPDATE:
             key = (request.resource, request.namespace, request.name)

@@ -404,7 +404,8 @@ def test_our_own_fields_carry_no_enum():
 
 
 KUBERNETES_TYPED = {"tolerations", "affinity", "valueFrom", "podSecurityContext",
-                    "containerSecurityContext"}
+                    "containerSecurityContext", "topologySpreadConstraints", "volumes",
+                    "volumeMounts"}
 
 
 def _our_models():

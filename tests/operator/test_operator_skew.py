@@ -140,6 +140,24 @@ async def test_apparmor_below_1_30_is_refused(tmp_path, field):
 
 
 @pytest.mark.asyncio
+async def test_recursive_read_only_mounts_below_1_31_are_refused(tmp_path):
+    """Gated off before 1.31, recursiveReadOnly would be dropped silently and the submounts of
+    a read-only mount left writable."""
+    mount = {"name": "data", "mountPath": "/data", "readOnly": True,
+             "recursiveReadOnly": "Enabled"}
+    async with running_operator(tmp_path, minor=30) as k:
+        await k.request("POST", ISVCS, inference_service("chat", {
+            "resources": {"gpus": 0}, "volumes": [{"name": "data", "emptyDir": {}}],
+            "volumeMounts": [{"name": "data", "mountPath": "/etc/x"}, mount]}))
+        isvc = await k.eventually(lambda: _with(
+            k, f"{ISVCS}/chat", lambda o: condition(o, "Ready").get("reason") == "InvalidSpec"))
+        message = condition(isvc, "Ready")["message"]
+        assert "spec.volumeMounts[1].recursiveReadOnly: needs Kubernetes v1.31" in message
+        assert "v1.30" in message
+        assert await k.get(DEPLOY) is None
+
+
+@pytest.mark.asyncio
 async def test_apparmor_from_1_30_is_deployed_quietly(tmp_path):
     async with running_operator(tmp_path, env={"TOKENMILL_RESYNC_SECONDS": "1"}, minor=30) as k:
         await k.request("POST", ISVCS, inference_service("chat", {

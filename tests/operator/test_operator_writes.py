@@ -237,3 +237,35 @@ async def test_empty_values_the_server_leaves_out_are_not_patched_again(tmp_path
         await asyncio.sleep(8 * RESYNC)
         assert _deployment_writes(k) == writes
         assert not await _reasons(k, "Updated")
+
+
+@pytest.mark.asyncio
+async def test_volumes_the_server_fills_in_are_not_patched_again(tmp_path):
+    """The server gives a configMap or secret volume defaultMode 0644 and a volume naming no
+    source an emptyDir: the spec's volumes, compared as written, would patch every pass."""
+    async with running_operator(tmp_path, env={"TOKENMILL_RESYNC_SECONDS": str(RESYNC)}) as k:
+        await k.request("POST", ISVCS, inference_service("chat", {
+            "resources": {"gpus": 0},
+            "volumes": [{"name": "templates", "configMap": {"name": "chat-templates"}},
+                        {"name": "ca", "secret": {"secretName": "corporate-ca"}},
+                        {"name": "work"}],
+            "volumeMounts": [{"name": "templates", "mountPath": "/etc/templates"},
+                             {"name": "ca", "mountPath": "/etc/ssl/corporate"},
+                             {"name": "work", "mountPath": "/work"}]}))
+        deployment = await k.eventually(lambda: k.get(DEPLOY))
+        volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+        assert volumes["templates"]["configMap"] == {"name": "chat-templates", "defaultMode": 420}
+        assert volumes["ca"]["secret"]["defaultMode"] == 420
+        assert volumes["work"]["emptyDir"] == {}
+        await asyncio.sleep(4 * RESYNC)  # settles
+        writes = _deployment_writes(k)
+        await asyncio.sleep(8 * RESYNC)
+        assert _deployment_writes(k) == writes
+        assert not await _reasons(k, "Updated")
+
+        # Removing a volume and its mount rolls out.
+        await k.request("PATCH", f"{ISVCS}/chat", {"metadata": {"generation": 2}, "spec": {
+            "volumes": [{"name": "ca", "secret": {"secretName": "corporate-ca"}}],
+            "volumeMounts": [{"name": "ca", "mountPath": "/etc/ssl/corporate"}]}})
+        await k.eventually(lambda: _found(k, DEPLOY, lambda d: "templates" not in [
+            v["name"] for v in d["spec"]["template"]["spec"]["volumes"]]))

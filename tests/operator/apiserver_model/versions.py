@@ -48,6 +48,9 @@ FIELDS = [
     # MatchLabelKeysInPodAffinity off), beta and on by default in 1.31.
     *[VersionedField((*term, key), 29, 31) for term in AFFINITY_TERMS
       for key in ("matchLabelKeys", "mismatchLabelKeys")],
+    # KEP-3857: a mount's recursiveReadOnly, alpha in 1.30 (gate RecursiveReadOnlyMounts off),
+    # beta and on by default in 1.31.
+    VersionedField((*POD, "containers", "*", "volumeMounts", "*", "recursiveReadOnly"), 30, 31),
 ]
 
 

@@ -1,6 +1,7 @@
 """What the API server does to every object written to it, whatever the resource: quantities of
 built-in types stored canonically (quantity.py), empty optional strings and lists of a pod spec
-left out, the total size of metadata.annotations capped, and an Event's text within its limits.
+left out, a pod's volumes defaulted, the total size of metadata.annotations capped, and an
+Event's text within its limits.
 
 Empty values: the core/v1 types tag their optional string and slice fields `omitempty`, so an
 empty one is stored and read back as no key at all (`env: [{name: X, value: ""}]` comes back as
@@ -63,6 +64,27 @@ def canonicalize(kind: str, obj: dict[str, Any]) -> None:
             empty_dir = volume.get("emptyDir") if isinstance(volume, dict) else None
             if isinstance(empty_dir, dict) and empty_dir.get("sizeLimit") is not None:
                 empty_dir["sizeLimit"] = canonical(empty_dir["sizeLimit"])
+
+
+# pkg/apis/core/v1/defaults.go: the mode of a volume's files when its source names none (0644).
+DEFAULT_FILE_MODE = 0o644
+_MODE_DEFAULTED = ("secret", "configMap", "projected", "downwardAPI")
+
+
+def default_volumes(kind: str, obj: dict[str, Any]) -> None:
+    """Write in place the defaults the API server gives a pod's volumes: a volume naming no
+    source is an emptyDir (SetDefaults_Volume); secret, configMap, projected and downwardAPI
+    sources get defaultMode 0644 (their SetDefaults_*). A merge patch replaces the list whole,
+    so the same holds for a patch."""
+    for pod in _pod_specs(kind, obj):
+        for volume in pod.get("volumes") or []:
+            if not isinstance(volume, dict):
+                continue
+            if set(volume) <= {"name"}:
+                volume["emptyDir"] = {}
+            for source in _MODE_DEFAULTED:
+                if isinstance(volume.get(source), dict):
+                    volume[source].setdefault("defaultMode", DEFAULT_FILE_MODE)
 
 
 def _omit_empty(value: Any, patch: bool) -> Any:
