@@ -48,7 +48,6 @@ DOWNLOAD_RESOURCES = {"requests": {"cpu": "250m", "memory": "512Mi"}}
 # cache's refs, with no network, no token and no write (the cache is mounted read-only).
 OFFLINE_HUB_ENV = [{"name": "HF_HUB_OFFLINE", "value": "1"}]
 STARTUP_PERIOD_SECONDS = 10
-STARTUP_FAILURES = 180  # 30 minutes to download and load a large model
 PRE_STOP_SECONDS = 5  # lets endpoints drop the pod before the server starts draining
 ENGINE_UID = 1000  # the image's `tokenmill` user
 # Pod Security Standards "restricted", so engines run in namespaces that enforce it. fsGroup
@@ -239,6 +238,12 @@ def _container_security_context(spec: InferenceServiceSpec) -> dict[str, Any]:
     return merged
 
 
+def startup_failures(spec: InferenceServiceSpec) -> int:
+    """The startup probe's failureThreshold: spec.startupTimeoutSeconds in probe periods,
+    rounded up."""
+    return -(-spec.startup_timeout_seconds // STARTUP_PERIOD_SECONDS)
+
+
 def _container(name: str, spec: InferenceServiceSpec, image: str) -> dict[str, Any]:
     volumes_and_mounts = _volumes(spec)
     container: dict[str, Any] = {
@@ -248,7 +253,7 @@ def _container(name: str, spec: InferenceServiceSpec, image: str) -> dict[str, A
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
         "env": _env(spec),
         "resources": _resources(spec),
-        "startupProbe": _probe(STARTUP_PERIOD_SECONDS, STARTUP_FAILURES, 5),
+        "startupProbe": _probe(STARTUP_PERIOD_SECONDS, startup_failures(spec), 5),
         "readinessProbe": _probe(5, 2, 5),
         "livenessProbe": _probe(15, 4, 10),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_SECONDS)]}}},
@@ -327,7 +332,7 @@ def deployment(name: str, namespace: str, uid: str, spec: InferenceServiceSpec,
             "selector": {"matchLabels": selector(name)},
             "strategy": {"type": "RollingUpdate",
                          "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-            "progressDeadlineSeconds": STARTUP_PERIOD_SECONDS * STARTUP_FAILURES + 600,
+            "progressDeadlineSeconds": STARTUP_PERIOD_SECONDS * startup_failures(spec) + 600,
             "revisionHistoryLimit": 3,
             "template": {
                 "metadata": {"labels": {**spec.pod_labels, **labels(name)},

@@ -856,6 +856,10 @@ class InferenceServiceSpec(_Spec):
                           "passes Pod Security Standards restricted).")
     container_security_context: SecurityContext | None = Field(
         None, description="Overrides fields of the engine container's securityContext.")
+    startup_timeout_seconds: int = Field(
+        1800, ge=60, le=86400,
+        description="How long a replica may take to load its model before the kubelet restarts "
+                    "it (the startup probe), after any download.")
     shutdown_timeout_seconds: int = Field(
         30, ge=0, le=3600,
         description="How long a replica drains in-flight requests after SIGTERM.",

@@ -182,6 +182,23 @@ def test_probes_and_drain():
     assert pod({})["terminationGracePeriodSeconds"] > 30  # longer than the default drain
 
 
+@pytest.mark.parametrize(("timeout", "failures"), [(None, 180), (7200, 720), (65, 7)])
+def test_the_startup_probe_allows_the_specs_load_time(timeout, failures):
+    """A 70B model from a slow claim may take longer than the default half hour to load; the
+    rollout's progress deadline follows, so a slow start is not reported as stuck."""
+    spec = {} if timeout is None else {"startupTimeoutSeconds": timeout}
+    startup = container(spec)["startupProbe"]
+    assert (startup["periodSeconds"], startup["failureThreshold"]) == (10, failures)
+    deadline = build(spec)[0]["spec"]["progressDeadlineSeconds"]
+    assert deadline > startup["periodSeconds"] * startup["failureThreshold"]
+
+
+@pytest.mark.parametrize("timeout", [59, 86401, "1h"])
+def test_a_startup_timeout_out_of_bounds_is_refused(timeout):
+    with pytest.raises(SpecError, match="startupTimeoutSeconds"):
+        load("svc", {"startupTimeoutSeconds": timeout})
+
+
 def test_children_have_owner_references_labels_and_selector():
     for child in build({"replicas": 2}):
         meta = child["metadata"]
