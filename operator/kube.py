@@ -25,6 +25,7 @@ PLURALS = {
     "PodDisruptionBudget": "poddisruptionbudgets",
     "InferenceService": "inferenceservices",
     "Pod": "pods",
+    "Event": "events",
     # routing.inferencePool and autoscaling mode keda
     "ServiceAccount": "serviceaccounts",
     "Role": "roles",
@@ -176,6 +177,15 @@ class Kube:
         items = self._call("GET", f"{path(api_version, kind, namespace)}?{query}").get("items")
         return [item for item in items or []
                 if labels.items() <= (item.get("metadata", {}).get("labels") or {}).items()]
+
+    def events(self, namespace: str, kind: str, reason: str) -> list[dict[str, Any]]:
+        """The namespace's core Events with this reason about objects of this kind (checked
+        here too, whatever the server filters)."""
+        query = urllib.parse.urlencode(
+            {"fieldSelector": f"involvedObject.kind={kind},reason={reason}"})
+        items = self._call("GET", f"{path('v1', 'Event', namespace)}?{query}").get("items")
+        return [item for item in items or [] if item.get("reason") == reason
+                and (item.get("involvedObject") or {}).get("kind") == kind]
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj["metadata"]

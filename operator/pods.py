@@ -19,8 +19,8 @@ from .manifests import CONTAINER, MODEL_DOWNLOAD
 # Most urgent first. Everything before "Loading" needs a person (it sets Degraded).
 ORDER = (
     "InvalidImageName", "ImagePullBackOff", "CreateContainerConfigError", "CreateContainerError",
-    "ModelDownloadFailed", "ModelLoadFailed", "OOMKilled", "CrashLoopBackOff", "ContainerFailed",
-    "EngineStopped", "Unschedulable",
+    "VolumeMountFailed", "ModelDownloadFailed", "ModelLoadFailed", "OOMKilled",
+    "CrashLoopBackOff", "ContainerFailed", "EngineStopped", "Unschedulable",
     "Loading", "Downloading", "Starting", "NotReady", "Draining",
 )
 
@@ -140,12 +140,17 @@ def _condition(pod: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in conditions if c.get("type") == type_), {})
 
 
-def why_not_ready(pod: dict[str, Any], health: str | None = None) -> tuple[str, str] | None:
-    """(reason, detail) of one pod's most urgent problem; None if it is ready or going away."""
+def why_not_ready(pod: dict[str, Any], health: str | None = None,
+                  mount: str | None = None) -> tuple[str, str] | None:
+    """(reason, detail) of one pod's most urgent problem; None if it is ready or going away.
+    `mount` is the kubelet's last FailedMount message about the pod, which counts while the
+    pod has not started (after that, the volume was mounted)."""
     status = pod.get("status") or {}
     if _gone(pod) or _condition(pod, "Ready").get("status") == "True":
         return None
     found = []
+    if mount and mounting(pod):
+        found.append(("VolumeMountFailed", _said("FailedMount", _short(mount))))
     scheduled = _condition(pod, "PodScheduled")
     if scheduled.get("status") == "False":
         why = scheduled.get("reason") or "Pending"
@@ -172,20 +177,50 @@ def why_not_ready(pod: dict[str, Any], health: str | None = None) -> tuple[str, 
     return min(found, key=lambda problem: _rank(problem[0]))
 
 
-def pod_problem(pods: list[dict[str, Any]],
-                health: Mapping[str, str] | None = None) -> tuple[str, str] | None:
+def mounting(pod: dict[str, Any]) -> bool:
+    """Whether the pod is on a node and its containers have not started: where the kubelet
+    mounts its volumes (and says FailedMount when it cannot)."""
+    status = pod.get("status") or {}
+    return (not _gone(pod) and status.get("phase", "Pending") == "Pending"
+            and _condition(pod, "PodScheduled").get("status") == "True")
+
+
+def _when(event: dict[str, Any]) -> str:
+    meta = event.get("metadata") or {}
+    return (event.get("lastTimestamp") or event.get("eventTime")
+            or meta.get("creationTimestamp") or "")
+
+
+def mount_failures(events: list[dict[str, Any]]) -> dict[str, str]:
+    """Pod name -> the message of the last FailedMount Event about it: the kubelet's only word
+    on a volume it cannot mount (a ConfigMap or Secret that does not exist), while the pod
+    waits in ContainerCreating."""
+    found: dict[str, tuple[str, str]] = {}
+    for event in events:
+        involved = event.get("involvedObject") or {}
+        if event.get("reason") != "FailedMount" or involved.get("kind") != "Pod":
+            continue
+        name, when = involved.get("name", ""), _when(event)
+        if name not in found or when >= found[name][0]:
+            found[name] = when, event.get("message") or ""
+    return {name: message for name, (_, message) in found.items()}
+
+
+def pod_problem(pods: list[dict[str, Any]], health: Mapping[str, str] | None = None,
+                mounts: Mapping[str, str] | None = None) -> tuple[str, str] | None:
     """(reason, message) of the most urgent reason the pods are not ready, or None if none is.
 
-    `health` maps pod names to the engine's /health reason (see scraper.health_reasons). The
-    message names the first pod (by name) with that reason and how many of the live pods
-    share it: "pod a: ..." or "2/3 pods, e.g. a: ...".
+    `health` maps pod names to the engine's /health reason (see scraper.health_reasons),
+    `mounts` to the kubelet's FailedMount message (mount_failures). The message names the first
+    pod (by name) with that reason and how many of the live pods share it: "pod a: ..." or
+    "2/3 pods, e.g. a: ...".
     """
-    health = health or {}
+    health, mounts = health or {}, mounts or {}
     live = [p for p in pods if not _gone(p)]
     problems = {}
     for pod in sorted(live, key=_name):
         name = _name(pod)
-        if found := why_not_ready(pod, health.get(name)):
+        if found := why_not_ready(pod, health.get(name), mounts.get(name)):
             problems[name] = found
     if not problems:
         return None

@@ -21,7 +21,7 @@ from . import status as status_
 from .args import check_engine
 from .bookkeeping import skeleton
 from .kube import PLURALS, Kube, api_message
-from .pods import adapter_failures, pod_problem
+from .pods import adapter_failures, mount_failures, mounting, pod_problem
 from .server_versions import check_server
 from .spec import InferenceServiceSpec, SpecError, check, parse
 from .user_paths import user_message, user_path
@@ -220,12 +220,26 @@ def observe_pods(kube: Kube, namespace: str, name: str, spec: InferenceServiceSp
     not ready) the engines' own /health; and the states of the spec's adapters, from the Pod
     objects (an engine that stopped on one) and the ready engines' /metrics (those they hold)."""
     pods = kube.list("v1", "Pod", namespace, manifests.selector(name))
-    problem = pod_problem(pods, asyncio.run(scraper.health_reasons(pods)))
+    problem = pod_problem(pods, asyncio.run(scraper.health_reasons(pods)),
+                          _mount_failures(kube, namespace, pods))
     if spec is None or not spec.adapters:
         return problem, []
     loaded, ready = asyncio.run(scraper.loaded_adapters(pods))
     names = [a.name for a in spec.adapters]
     return problem, status_.adapters(names, loaded, ready, adapter_failures(pods))
+
+
+def _mount_failures(kube: Kube, namespace: str, pods: list[dict[str, Any]]) -> dict[str, str]:
+    """The kubelet's FailedMount messages about pods that wait for their volumes; read only
+    while one does, and nothing where the operator may not list Events (an older chart)."""
+    if not any(mounting(pod) for pod in pods):
+        return {}
+    try:
+        return mount_failures(kube.events(namespace, "Pod", "FailedMount"))
+    except ApiException as e:
+        if e.status == 403:
+            return {}
+        raise
 
 
 def _too_large(error: ApiException) -> bool:

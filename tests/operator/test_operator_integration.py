@@ -202,6 +202,52 @@ def _pod(name: str, status: dict) -> dict:
             "status": status}
 
 
+MISSING_MAP = ('MountVolume.SetUp failed for volume "templates" : configmap "chat-templates" not '
+               'found')
+
+
+@pytest.mark.parametrize("may_list", [True, False], ids=["events-listed", "older-chart"])
+async def test_a_volume_that_cannot_be_mounted_is_reported(tmp_path, may_list):
+    """A ConfigMap named by spec.volumes that does not exist: the pod waits in ContainerCreating
+    for ever, and only the kubelet's FailedMount Event says why. An operator that may not list
+    Events (an older chart's role) says what the pod says."""
+    refuse = {} if may_list else {("events", "list"): (403, 'events is forbidden: User '
+                                                       '"system:serviceaccount:x" cannot list')}
+    async with running_operator(tmp_path, refuse=refuse) as k:
+        await k.request("POST", ISVCS, inference_service("chat", {
+            "resources": {"gpus": 0},
+            "volumes": [{"name": "templates", "configMap": {"name": "chat-templates"}}],
+            "volumeMounts": [{"name": "templates", "mountPath": "/etc/templates"}]}))
+        await k.eventually(lambda: k.get(DEPLOY))
+        # The kubelet's part: its Event, then the pod it cannot start.
+        await k.request("POST", f"/api/v1/namespaces/{NS}/events", {
+            "apiVersion": "v1", "kind": "Event", "type": "Warning", "reason": "FailedMount",
+            "message": MISSING_MAP, "count": 4, "lastTimestamp": "2026-01-01T00:02:00Z",
+            "metadata": {"name": "chat-5d8f-x2k.1", "namespace": NS},
+            "involvedObject": {"kind": "Pod", "name": "chat-5d8f-x2k", "namespace": NS},
+            "source": {"component": "kubelet", "host": "node-1"}})
+        await k.request("POST", f"/api/v1/namespaces/{NS}/pods", _pod("chat-5d8f-x2k", {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "True"}],
+            "containerStatuses": [{"name": "engine", "restartCount": 0, "ready": False,
+                                   "state": {"waiting": {"reason": "ContainerCreating"}}}]}))
+        if not may_list:
+            isvc = await k.eventually(lambda: _with(
+                k, f"{ISVCS}/chat", lambda o: "ContainerCreating" in condition(
+                    o, "Ready").get("message", "")))
+            assert condition(isvc, "Ready")["reason"] == "Starting"
+            return
+        isvc = await k.eventually(lambda: _with(
+            k, f"{ISVCS}/chat", lambda o: condition(o, "Ready").get("reason")
+            == "VolumeMountFailed"))
+        assert MISSING_MAP in condition(isvc, "Ready")["message"]
+        assert condition(isvc, "Degraded")["reason"] == "VolumeMountFailed"
+        (warning,) = await k.eventually(lambda: _events(k, "VolumeMountFailed"))
+        assert "chat-templates" in warning["message"]
+    assert ("", "events", "list") in set(k.calls)
+    assert not set(k.calls) - granted(render_chart())
+
+
 SA_MISSING = ('pods "chat-5d8f9-" is forbidden: error looking up service account default/engine: '
               'serviceaccount "engine" not found')
 

@@ -10,7 +10,13 @@ from aiohttp import web
 from operator_support import http_server
 from process_support import free_port
 
-from tokenmill.operator.pods import MESSAGE_CHARS, needs_action, pod_problem, why_not_ready
+from tokenmill.operator.pods import (
+    MESSAGE_CHARS,
+    mount_failures,
+    needs_action,
+    pod_problem,
+    why_not_ready,
+)
 from tokenmill.operator.scraper import health_reasons
 
 GPU_FULL = ("0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are "
@@ -235,6 +241,7 @@ def test_ready_pods_have_no_problem_whatever_health_says():
     ("CreateContainerError", True), ("RunContainerError", True), ("CrashLoopBackOff", True),
     ("OOMKilled", True), ("ContainerFailed", True), ("Unschedulable", True),
     ("ModelLoadFailed", True), ("EngineStopped", True), ("ModelDownloadFailed", True),
+    ("VolumeMountFailed", True),
     ("Loading", False), ("Downloading", False), ("Starting", False), ("NotReady", False),
     ("Draining", False)])
 def test_needs_action(reason, degraded):
@@ -279,3 +286,45 @@ async def test_health_reasons_over_http():
     assert pod_problem(pods, reasons) == ("ModelLoadFailed",
                                           "pod failed: model failed to load: boom")
     assert await health_reasons([]) == {}
+
+
+MISSING_MAP = ('MountVolume.SetUp failed for volume "templates" : configmap "chat-templates" not '
+               'found')
+
+
+def failed_mount(pod_name: str, message: str, when: str, kind: str = "Pod",
+                 reason: str = "FailedMount") -> dict:
+    """A core/v1 Event as the kubelet writes it."""
+    return {"apiVersion": "v1", "kind": "Event", "type": "Warning", "reason": reason,
+            "message": message, "count": 3, "lastTimestamp": when,
+            "metadata": {"name": f"{pod_name}.17a", "namespace": "default",
+                         "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "involvedObject": {"kind": kind, "name": pod_name, "namespace": "default"},
+            "source": {"component": "kubelet", "host": "node-1"}}
+
+
+def creating(name: str) -> dict:
+    return pod(name, phase="Pending", containers=[status(waiting=("ContainerCreating", None))])
+
+
+def test_a_volume_the_kubelet_cannot_mount_is_named():
+    """Without the Event the pod says only ContainerCreating, for ever."""
+    assert pod_problem([creating("a")]) == ("Starting", "pod a: ContainerCreating")
+    mounts = mount_failures([
+        failed_mount("a", "MountVolume.SetUp failed: timed out", "2026-01-01T00:01:00Z"),
+        failed_mount("a", MISSING_MAP, "2026-01-01T00:03:00Z"),
+        failed_mount("a", "older", "2026-01-01T00:02:00Z"),
+        failed_mount("a", "not a mount", "2026-01-01T00:09:00Z", reason="BackOff"),
+        failed_mount("a", "a node's", "2026-01-01T00:09:00Z", kind="Node")])
+    assert mounts == {"a": MISSING_MAP}
+    reason, message = pod_problem([creating("a"), creating("b")], mounts=mounts)
+    assert (reason, message) == ("VolumeMountFailed", f"pod a: FailedMount: {MISSING_MAP}")
+    assert needs_action(reason)
+
+
+def test_a_mount_failure_counts_only_while_the_pod_waits_for_its_volumes():
+    mounts = {"a": MISSING_MAP}
+    assert why_not_ready(loading("a"), "loading", MISSING_MAP)[0] == "Loading"  # mounted since
+    unscheduled = pod("a", phase="Pending", unschedulable=GPU_FULL)
+    assert pod_problem([unscheduled], mounts=mounts)[0] == "Unschedulable"
+    assert pod_problem([healthy("a")], mounts=mounts) is None

@@ -75,9 +75,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, list, watch, create, patch, delete]
+# Events: the operator's own; and the kubelet's FailedMount about engine pods, read while a
+# pod waits for its volumes.
 - apiGroups: [""]
   resources: [events]
-  verbs: [create]
+  verbs: [create, list]
 # Engine pods: their state goes into the status (why not ready); the built-in autoscaler reads
 # which are ready and their IPs. Pods are never written.
 - apiGroups: [""]
