@@ -3,8 +3,9 @@
 The load gauges (waiting, running, KV-cache usage) are read from the engine at scrape time, so
 the waiting-queue gauge the operator autoscales on is exact at every scrape. With `vllm_names`
 they, the LoRA batch info and the cache configuration are also exported under the vLLM names
-that the Gateway API inference extension's endpoint picker reads (load_gauges.py). Counters
-and histograms are fed after each engine step from the outputs of that step.
+that the Gateway API inference extension's endpoint picker reads (load_gauges.py), and the
+counters and histograms under vLLM's names too (vllm_aliases.py). Counters and histograms are
+fed after each engine step from the outputs of that step.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from tokenmill.engine.core import RequestOutput
 from tokenmill.engine.server.load_gauges import LoadGauges
 from tokenmill.engine.server.lora_metrics import LoRAMetrics
+from tokenmill.engine.server.vllm_aliases import VLLMAliases
 
 if TYPE_CHECKING:
     from tokenmill.engine.core import LLMEngine
@@ -129,6 +131,12 @@ class EngineMetrics:
         for source in RESUME_SOURCES:
             self.preempted_tokens.labels(model_name, source)
         self.lora = LoRAMetrics(model_name, r, vllm_names)
+        if vllm_names:
+            VLLMAliases([self.prompt_tokens, self.generation_tokens, self.preemptions,
+                         self.prefix_queries, self.prefix_hits, self.success, self.ttft,
+                         self.itl, self.e2e, self.queue_time, self.spec_drafts,
+                         self.spec_draft_tokens, self.spec_accepted,
+                         self.spec_accepted_per_pos], r)
         # The series every step updates, looked up once (labels() takes a lock and a lookup).
         self._step_generation_tokens = self.generation_tokens.labels(model_name)
         self._step_itl = self.itl.labels(model_name)

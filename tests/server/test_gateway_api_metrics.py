@@ -301,3 +301,36 @@ def test_without_vllm_metrics_only_tokenmills_names(server):
     serve = ["serve", "--model", "m"]
     assert build_parser().parse_args(serve).vllm_metrics is True
     assert build_parser().parse_args([*serve, "--no-vllm-metrics"]).vllm_metrics is False
+
+
+def _series(family) -> dict[tuple[str, frozenset], float]:
+    """(sample suffix, labels but vLLM's engine) -> value, of one family."""
+    return {(s.name[len(family.name):], frozenset((k, v) for k, v in s.labels.items()
+                                                  if k != "engine")): s.value
+            for s in family.samples}
+
+
+def test_serving_counters_and_histograms_under_vllms_names(server):
+    """vLLM's dashboards and autoscaling queries (`vllm:prompt_tokens_total`,
+    `vllm:time_to_first_token_seconds_bucket`, ...) read the same series as tokenmill's names,
+    from the same reading, with vLLM's `engine` label."""
+    from tokenmill.engine.server.vllm_aliases import ALIASES
+
+    openai_client(f"{server.url}/v1").completions.create(model="tiny", prompt=PROMPT,
+                                                         max_tokens=3)
+    text = _scrape(server)
+    parse_exposition(text)  # one TYPE line per name: a repeated one fails a real scrape
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for ours, theirs in ALIASES.items():
+        for alias in theirs:
+            assert families[alias].type == families[ours].type, alias
+            assert _series(families[alias]) == _series(families[ours]), alias
+            assert all(s.labels["engine"] == "0" for s in families[alias].samples), alias
+    prompt = {s.name: s.value for s in families["vllm:prompt_tokens"].samples}
+    assert prompt["vllm:prompt_tokens_total"] >= len(PROMPT)
+    success = [s for s in families["vllm:request_success"].samples
+               if s.name == "vllm:request_success_total"
+               and s.labels["finished_reason"] == "length"]
+    assert success and success[0].value >= 1
+    ttft = {s.name: s.value for s in families["vllm:time_to_first_token_seconds"].samples}
+    assert ttft["vllm:time_to_first_token_seconds_count"] >= 1
