@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from tokenmill.engine.frontend.async_engine import AsyncEngine
 
 RESUME_SOURCES = ("device", "host", "recomputed")  # fields of scheduler.ResumedTokens
+# Tokens per request: 1, 2, 5, 10, 20, 50, ... as vLLM's request_prompt_tokens buckets.
+TOKEN_BUCKETS = tuple(m * 10 ** e for e in range(7) for m in (1, 2, 5))
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                    7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
 
@@ -117,12 +119,20 @@ class EngineMetrics:
                                    "Arrival to last token.")
         self.queue_time = self._histogram("tokenmill_request_queue_time_seconds",
                                           "Arrival to first scheduling.")
+        self.request_prompt_tokens = Histogram(
+            "tokenmill_request_prompt_tokens", "Prompt tokens of each finished request.",
+            labels, buckets=TOKEN_BUCKETS, registry=r)
+        self.request_generation_tokens = Histogram(
+            "tokenmill_request_generation_tokens",
+            "Generated tokens of each finished request, all its sequences.", labels,
+            buckets=TOKEN_BUCKETS, registry=r)
         # Every series exists from the first scrape, at zero.
         for metric in (self.spec_drafts, self.spec_draft_tokens, self.spec_accepted):
             metric.labels(model_name)
         for metric in (self.prompt_tokens, self.generation_tokens, self.preemptions,
                        self.prefix_queries, self.prefix_hits, self.ttft, self.itl, self.e2e,
-                       self.queue_time):
+                       self.queue_time, self.request_prompt_tokens,
+                       self.request_generation_tokens):
             metric.labels(model_name)
         for tier in ("device", "host"):
             self.offload_hits.labels(model_name, tier)
@@ -134,7 +144,8 @@ class EngineMetrics:
         if vllm_names:
             VLLMAliases([self.prompt_tokens, self.generation_tokens, self.preemptions,
                          self.prefix_queries, self.prefix_hits, self.success, self.ttft,
-                         self.itl, self.e2e, self.queue_time, self.spec_drafts,
+                         self.itl, self.e2e, self.queue_time, self.request_prompt_tokens,
+                         self.request_generation_tokens, self.spec_drafts,
                          self.spec_draft_tokens, self.spec_accepted,
                          self.spec_accepted_per_pos], r)
         # The series every step updates, looked up once (labels() takes a lock and a lookup).
@@ -244,8 +255,11 @@ class EngineMetrics:
 
     def _finish(self, out: RequestOutput) -> None:
         name = self.model_name
-        for completion in out.outputs:
-            self._last_token.pop((out.request_id, completion.index), None)
+        generated = sum(self._last_token.pop((out.request_id, completion.index), (0, 0))[1]
+                        for completion in out.outputs)
+        if out.request_id in self._started:  # admitted: it has a prompt it was counted for
+            self.request_prompt_tokens.labels(name).observe(len(out.prompt_token_ids))
+            self.request_generation_tokens.labels(name).observe(generated)
         self._started.discard(out.request_id)
         reason = out.outputs[0].finish_reason if out.outputs else "abort"
         self.success.labels(name, reason or "abort").inc()

@@ -32,6 +32,8 @@ ALIASES = {
                                               "vllm:time_per_output_token_seconds"),
     "tokenmill_e2e_request_latency_seconds": ("vllm:e2e_request_latency_seconds",),
     "tokenmill_request_queue_time_seconds": ("vllm:request_queue_time_seconds",),
+    "tokenmill_request_prompt_tokens": ("vllm:request_prompt_tokens",),
+    "tokenmill_request_generation_tokens": ("vllm:request_generation_tokens",),
     "tokenmill_spec_decode_num_drafts": ("vllm:spec_decode_num_drafts",),
     "tokenmill_spec_decode_num_draft_tokens": ("vllm:spec_decode_num_draft_tokens",),
     "tokenmill_spec_decode_num_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens",),
