@@ -119,6 +119,13 @@ class EngineMetrics:
                                    "Arrival to last token.")
         self.queue_time = self._histogram("tokenmill_request_queue_time_seconds",
                                           "Arrival to first scheduling.")
+        # A request's time once scheduled: to its first token, after it, and in all.
+        self.prefill_time = self._histogram("tokenmill_request_prefill_time_seconds",
+                                            "First scheduling to first token.")
+        self.decode_time = self._histogram("tokenmill_request_decode_time_seconds",
+                                           "First token to last token.")
+        self.inference_time = self._histogram("tokenmill_request_inference_time_seconds",
+                                              "First scheduling to last token.")
         self.request_prompt_tokens = Histogram(
             "tokenmill_request_prompt_tokens", "Prompt tokens of each finished request.",
             labels, buckets=TOKEN_BUCKETS, registry=r)
@@ -131,7 +138,8 @@ class EngineMetrics:
             metric.labels(model_name)
         for metric in (self.prompt_tokens, self.generation_tokens, self.preemptions,
                        self.prefix_queries, self.prefix_hits, self.ttft, self.itl, self.e2e,
-                       self.queue_time, self.request_prompt_tokens,
+                       self.queue_time, self.prefill_time, self.decode_time,
+                       self.inference_time, self.request_prompt_tokens,
                        self.request_generation_tokens):
             metric.labels(model_name)
         for tier in ("device", "host"):
@@ -144,7 +152,8 @@ class EngineMetrics:
         if vllm_names:
             VLLMAliases([self.prompt_tokens, self.generation_tokens, self.preemptions,
                          self.prefix_queries, self.prefix_hits, self.success, self.ttft,
-                         self.itl, self.e2e, self.queue_time, self.request_prompt_tokens,
+                         self.itl, self.e2e, self.queue_time, self.prefill_time,
+                         self.decode_time, self.inference_time, self.request_prompt_tokens,
                          self.request_generation_tokens, self.spec_drafts,
                          self.spec_draft_tokens, self.spec_accepted,
                          self.spec_accepted_per_pos], r)
@@ -253,6 +262,17 @@ class EngineMetrics:
         self._last_token[key] = (now, count)
         return count - last_count
 
+    def _observe_phases(self, out: RequestOutput) -> None:
+        """Prefill, decode and inference time of a request that was scheduled and answered."""
+        timings = out.timings
+        scheduled, first, last = timings.first_scheduled, timings.first_token, timings.finished
+        if scheduled is None or first is None or last is None:
+            return
+        name = self.model_name
+        self.prefill_time.labels(name).observe(first - scheduled)
+        self.decode_time.labels(name).observe(last - first)
+        self.inference_time.labels(name).observe(last - scheduled)
+
     def _finish(self, out: RequestOutput) -> None:
         name = self.model_name
         generated = sum(self._last_token.pop((out.request_id, completion.index), (0, 0))[1]
@@ -265,3 +285,4 @@ class EngineMetrics:
         self.success.labels(name, reason or "abort").inc()
         if out.timings.e2e_latency is not None:
             self.e2e.labels(name).observe(out.timings.e2e_latency)
+        self._observe_phases(out)

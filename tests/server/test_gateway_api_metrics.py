@@ -316,19 +316,24 @@ def test_serving_counters_and_histograms_under_vllms_names(server):
     from the same reading, with vLLM's `engine` label."""
     from tokenmill.engine.server.vllm_aliases import ALIASES
 
-    def sums(text: str) -> tuple[float, float]:
-        found = {s.name: s.value for f in text_string_to_metric_families(text)
-                 for s in f.samples}
-        return (found["vllm:request_prompt_tokens_sum"],
-                found["vllm:request_generation_tokens_sum"])
+    def found(text: str) -> dict[str, float]:
+        return {s.name: s.value for f in text_string_to_metric_families(text)
+                for s in f.samples if not s.labels.get("le")}
 
-    before = sums(_scrape(server))
+    before = found(_scrape(server))
     usage = openai_client(f"{server.url}/v1").completions.create(
         model="tiny", prompt=PROMPT, max_tokens=3).usage
     text = _scrape(server)
-    after = sums(text)
-    assert after[0] - before[0] == usage.prompt_tokens == len(PROMPT)
-    assert after[1] - before[1] == usage.completion_tokens
+    grew = {name: value - before.get(name, 0) for name, value in found(text).items()}
+    assert grew["vllm:request_prompt_tokens_sum"] == usage.prompt_tokens == len(PROMPT)
+    assert grew["vllm:request_generation_tokens_sum"] == usage.completion_tokens
+    phases = ("prefill", "decode", "inference")
+    assert all(grew[f"vllm:request_{p}_time_seconds_count"] == 1 for p in phases)
+    prefill, decode, inference = (grew[f"vllm:request_{p}_time_seconds_sum"] for p in phases)
+    assert prefill > 0 and decode >= 0 and inference == pytest.approx(prefill + decode)
+    queue, e2e = (grew[f"vllm:{n}_seconds_sum"] for n in ("request_queue_time",
+                                                          "e2e_request_latency"))
+    assert e2e == pytest.approx(queue + inference)
     parse_exposition(text)  # one TYPE line per name: a repeated one fails a real scrape
     families = {f.name: f for f in text_string_to_metric_families(text)}
     for ours, theirs in ALIASES.items():
