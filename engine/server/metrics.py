@@ -126,13 +126,12 @@ class EngineMetrics:
                                            "First token to last token.")
         self.inference_time = self._histogram("tokenmill_request_inference_time_seconds",
                                               "First scheduling to last token.")
-        self.request_prompt_tokens = Histogram(
+        self.request_prompt_tokens = self._histogram(
             "tokenmill_request_prompt_tokens", "Prompt tokens of each finished request.",
-            labels, buckets=TOKEN_BUCKETS, registry=r)
-        self.request_generation_tokens = Histogram(
+            TOKEN_BUCKETS)
+        self.request_generation_tokens = self._histogram(
             "tokenmill_request_generation_tokens",
-            "Generated tokens of each finished request, all its sequences.", labels,
-            buckets=TOKEN_BUCKETS, registry=r)
+            "Generated tokens of each finished request, all its sequences.", TOKEN_BUCKETS)
         # Every series exists from the first scrape, at zero.
         for metric in (self.spec_drafts, self.spec_draft_tokens, self.spec_accepted):
             metric.labels(model_name)
@@ -164,8 +163,9 @@ class EngineMetrics:
         self._last_token: dict[tuple[str, int], tuple[float, int]] = {}
         self._started: set[str] = set()
 
-    def _histogram(self, name: str, documentation: str) -> Histogram:
-        return Histogram(name, documentation, ["model_name"], buckets=LATENCY_BUCKETS,
+    def _histogram(self, name: str, documentation: str,
+                   buckets: tuple[float, ...] = LATENCY_BUCKETS) -> Histogram:
+        return Histogram(name, documentation, ["model_name"], buckets=buckets,
                          registry=self.registry)
 
     def bind(self, engine: AsyncEngine) -> None:
