@@ -438,8 +438,9 @@ async def _collect(streams: list[RequestStream],
 
 async def chat_chunks(call: Call, streams: list[RequestStream], include_usage: bool,
                       state: ServerState) -> AsyncIterator[dict]:
-    """The bodies of a started call's streamed chunks, as they come (a chat call's first
-    chunk of each choice carries the role; with include_usage the last carries the usage)."""
+    """The bodies of a started call's streamed chunks, as they come, each with one choice
+    (clients read `chunk.choices[0]`); a chat call's first chunk of each choice carries the
+    role; with include_usage the last carries the usage and no choice."""
     finals: dict[int, RequestOutput] = {}
     latest: dict[int, RequestOutput] = {}  # each prompt's newest output, for usage so far
 
@@ -458,10 +459,10 @@ async def chat_chunks(call: Call, streams: list[RequestStream], include_usage: b
                 yield first
         async for i, out in _merged(streams):
             latest[i] = out
-            choices = [delta_choice(call, i, c, state, out) for c in out.outputs]
-            choices = [c for c in choices if c is not None]
-            if choices:
-                yield chunk(call, choices, usage=running_usage())
+            for output in out.outputs:  # one choice a chunk, as OpenAI and vLLM send them
+                choice = delta_choice(call, i, output, state, out)
+                if choice is not None:
+                    yield chunk(call, [choice], usage=running_usage())
             if out.finished:
                 finals[i] = out
         if include_usage:
