@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -46,7 +47,8 @@ def add_server_arguments(parser: argparse.ArgumentParser,
     """The server's flags on `parser`; `environ` holds TOKENMILL_API_KEY, --api-key's default
     (the operator passes none: the key of a pod comes from its Secret)."""
     parser.add_argument("--host", default="0.0.0.0")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=_port, default=8000,
+                        help="TCP port, 0 to 65535 (0: one the system picks; default 8000).")
     parser.add_argument("--uds", default=None, metavar="PATH",
                         help="Listen on this Unix domain socket instead of --host and --port "
                              "(vLLM's flag).")
@@ -54,7 +56,7 @@ def add_server_arguments(parser: argparse.ArgumentParser,
                         help="The model's name in the API (default: the --model value). "
                              "Given several, a request's `model` may be any of them; replies "
                              "and metrics use the first (as vLLM).")
-    parser.add_argument("--max-waiting-requests", type=int, default=1024,
+    parser.add_argument("--max-waiting-requests", type=_positive_int, default=1024,
                         help="Answer 503 with Retry-After once this many requests wait.")
     parser.add_argument("--max-stored-responses", type=_non_negative_int, default=1000,
                         metavar="N",
@@ -62,7 +64,7 @@ def add_server_arguments(parser: argparse.ArgumentParser,
                              "/v1/responses/{id}, previous_response_id and background "
                              "responses; the least recently used is forgotten first. 0: keep "
                              "none (store is answered false). Default: 1000.")
-    parser.add_argument("--shutdown-timeout", type=float, default=30.0,
+    parser.add_argument("--shutdown-timeout", type=_seconds, default=30.0,
                         help="Seconds running requests may take to finish after SIGTERM.")
     parser.add_argument("--api-key", type=_api_key, default=environ.get("TOKENMILL_API_KEY"),
                         help="Require `Authorization: Bearer KEY` (or `x-api-key: KEY`, as "
@@ -392,6 +394,24 @@ def _structured_outputs_config(value: str) -> dict[str, Any]:
         raise argparse.ArgumentTypeError(f"backend {config['backend']!r} is not available: "
                                          "structured outputs run on xgrammar (auto or xgrammar)")
     return config
+
+
+def _port(value: str) -> int:
+    # Checked here: the socket layer takes a larger number modulo 65536 and listens elsewhere.
+    if not value.isdigit() or int(value) > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number, 0 to 65535, got {value!r}")
+    return int(value)
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more, got "
+                                         f"{value!r}")
+    return seconds
 
 
 def _non_negative_int(value: str) -> int:
