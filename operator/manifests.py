@@ -244,8 +244,8 @@ def startup_failures(spec: InferenceServiceSpec) -> int:
     return -(-spec.startup_timeout_seconds // STARTUP_PERIOD_SECONDS)
 
 
-def _container(name: str, spec: InferenceServiceSpec, image: str) -> dict[str, Any]:
-    volumes_and_mounts = _volumes(spec)
+def _container(name: str, spec: InferenceServiceSpec, image: str,
+               mounts: list[dict]) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": spec.image or image,
@@ -257,7 +257,7 @@ def _container(name: str, spec: InferenceServiceSpec, image: str) -> dict[str, A
         "readinessProbe": _probe(5, 2, 5),
         "livenessProbe": _probe(15, 4, 10),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_SECONDS)]}}},
-        "volumeMounts": volumes_and_mounts[1],
+        "volumeMounts": mounts,
         "securityContext": _container_security_context(spec),
         # A crash's last log lines become the termination message the status reports.
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -305,6 +305,7 @@ def _pod_security_defaults() -> dict[str, Any]:
 def deployment(name: str, namespace: str, uid: str, spec: InferenceServiceSpec,
                image: str) -> dict[str, Any]:
     """The Deployment running `tokenmill serve`; every spec change lands in its pod template."""
+    volumes, mounts = _volumes(spec)
     pod: dict[str, Any] = {
         "serviceAccountName": spec.service_account_name,
         "imagePullSecrets": image_pull_secrets(spec),
@@ -318,8 +319,8 @@ def deployment(name: str, namespace: str, uid: str, spec: InferenceServiceSpec,
         # preStop, then the server's drain, then a margin for the process to exit.
         "terminationGracePeriodSeconds": PRE_STOP_SECONDS + spec.shutdown_timeout_seconds + 10,
         "initContainers": [_download_container(spec, image)] if spec.downloads else [],
-        "containers": [_container(name, spec, image)],
-        "volumes": _volumes(spec)[0],
+        "containers": [_container(name, spec, image, mounts)],
+        "volumes": volumes,
     }
     annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(PORT),
                    "prometheus.io/path": "/metrics", **spec.pod_annotations}
