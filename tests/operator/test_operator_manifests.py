@@ -500,7 +500,9 @@ def test_extra_args_serve_an_embedding_model():
     (["--enable-auto-tool-choice"],
      "spec.engine.extraArgs: --enable-auto-tool-choice: needs --tool-call-parser"),
     (["--tool-call-parser", "jamba"], "argument --tool-call-parser: invalid choice: 'jamba'"),
-    (["--max-waiting-requests", "many"], "argument --max-waiting-requests: invalid int"),
+    (["--max-waiting-requests", "many"], "argument --max-waiting-requests: must be a positive "
+     "integer, got 'many'"),
+    (["--max-waiting-requests", "0"], "argument --max-waiting-requests: must be a positive"),
     (["--served-model-name", "x"], "--served-model-name is set by the operator"),
     (["--ssl-keyfile", "/k.pem", "--ssl-certfile", "/c.pem"],
      "spec.engine.extraArgs: --ssl-keyfile: the pod's probes, its Service and the autoscaler "
