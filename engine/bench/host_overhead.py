@@ -52,6 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(RequestOutputKind): its tokens added (delta, the default: what "
                              "the server asks for), its whole output so far (cumulative), or "
                              "nothing until it finishes (final-only, as LLM.generate).")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="Every request's temperature (default 0: greedy).")
+    parser.add_argument("--top-p", type=float, default=1.0, help="Every request's top_p.")
+    parser.add_argument("--top-k", type=int, default=-1, help="Every request's top_k.")
+    parser.add_argument("--min-p", type=float, default=0.0, help="Every request's min_p.")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (default 1: tiny matrices gain nothing "
                              "from more, and idle threads spinning against other load make the "
@@ -66,9 +71,21 @@ def _batch_sizes(text: str) -> list[int]:
     return sizes
 
 
+def _sampling(args: argparse.Namespace) -> dict[str, Any]:
+    """Every request's sampling options."""
+    return {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+            "min_p": args.min_p}
+
+
 def run(args: argparse.Namespace) -> int:
     from tokenmill.engine.bench.report import write_json
+    from tokenmill.engine.core.sampling_params import SamplingParams, SamplingParamsError
 
+    try:  # before the model is built
+        SamplingParams(**_sampling(args))
+    except SamplingParamsError as exc:
+        print(f"tokenmill bench host-overhead: error: {exc}", file=sys.stderr)
+        return 2
     payload = benchmark(args)
     print(format_table(payload))
     if args.json:
@@ -112,7 +129,7 @@ def _measure_all(args: argparse.Namespace) -> dict[str, Any]:
             engine = llm.engine
             num_layers = engine.model_config.num_hidden_layers
             results = [measure(engine, size, args.steps, args.warmup_steps, args.prompt_len,
-                               args.output_kind)
+                               args.output_kind, _sampling(args))
                        for size in args.batch_sizes]
             device = str(engine.device)
     for result in results:
@@ -123,10 +140,12 @@ def _measure_all(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def measure(engine: Any, batch_size: int, steps: int, warmup: int,
-            prompt_len: int, output_kind: str = "delta") -> dict[str, Any]:
+            prompt_len: int, output_kind: str = "delta",
+            sampling: dict[str, Any] | None = None) -> dict[str, Any]:
     """`batch_size` distinct prompts (one step, or as many as the token budget needs), then
     `warmup` untimed decode steps, `steps` timed ones and COUNTED_STEPS with the ops counted;
-    the requests are then aborted."""
+    the requests are then aborted. `sampling`: SamplingParams fields of every request
+    (default: greedy)."""
     from tokenmill.engine.bench.engine_run import decode_step
     from tokenmill.engine.core.sampling_params import RequestOutputKind, SamplingParams
     from tokenmill.engine.frontend.heap import frozen_heap
@@ -137,7 +156,8 @@ def measure(engine: Any, batch_size: int, steps: int, warmup: int,
     # already prefilled decode: their budget leaves room for those steps, and the requests
     # are aborted once measured.
     kind = RequestOutputKind[output_kind.replace("-", "_").upper()]
-    params = SamplingParams(temperature=0.0, ignore_eos=True, output_kind=kind,
+    params = SamplingParams(**{"temperature": 0.0, **(sampling or {})}, ignore_eos=True,
+                            output_kind=kind,
                             max_tokens=engine.max_model_len - prompt_len)
     ids = [f"host-overhead-{batch_size}-{i}" for i in range(batch_size)]
     for request_id in ids:

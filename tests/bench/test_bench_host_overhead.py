@@ -87,3 +87,26 @@ def test_each_output_kind_runs_and_is_named(tmp_path, capsys):
         assert args.func(args) == 0
         assert json.loads(path.read_text())["args"]["output_kind"] == kind
         assert f"{kind} outputs" in capsys.readouterr().out
+
+
+def test_requests_sample_with_the_options_given(tmp_path, monkeypatch):
+    """--temperature, --top-p, --top-k and --min-p reach every request; a value the engine
+    refuses stops the run before the model is built, naming the option."""
+    from tokenmill.engine.core import engine as engine_module
+
+    seen = []
+    original = engine_module.LLMEngine.add_request
+
+    def record(self, request_id, prompt, params=None, *args, **kwargs):
+        seen.append(params)
+        return original(self, request_id, prompt, params, *args, **kwargs)
+
+    monkeypatch.setattr(engine_module.LLMEngine, "add_request", record)
+    args = build_parser().parse_args([
+        "bench", "host-overhead", "--num-layers", "1", "--temperature", "0.7", "--top-p", "0.9",
+        "--top-k", "20", "--min-p", "0.05", *TINY])
+    assert args.func(args) == 0
+    assert seen and {(p.temperature, p.top_p, p.top_k, p.min_p) for p in seen} == {
+        (0.7, 0.9, 20, 0.05)}
+    bad = build_parser().parse_args(["bench", "host-overhead", "--top-p", "0", *TINY])
+    assert bad.func(bad) == 2
