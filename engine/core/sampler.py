@@ -8,7 +8,8 @@ scheduling: the host works on the previous step while the device computes this o
 Random draws use the exponential-race form of categorical sampling (argmax of p / Exp(1)). A
 seeded request draws from its own generator: every step consumes the same number of draws from
 it whatever else is in the batch, so it reproduces exactly. Unseeded requests share the engine's
-generator and draw their noise in one call.
+generator and draw their noise in one call. Temperature, top-k, top-p and min-p narrow a row to
+its candidate tokens first (sampling_filters.py), whose noise alone an unseeded row draws.
 
 Before sampling, rows that ask for it get their logit_bias added, their penalties applied,
 their banned tokens masked (stop tokens while short of min_tokens, the next token of a bad
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 
 from tokenmill.engine.core.request import RequestTimings, Sequence
+from tokenmill.engine.core.sampling_filters import candidates, filters_any
 from tokenmill.engine.core.sampling_params import SamplingParams
 from tokenmill.engine.core.structured import bitmask
 from tokenmill.engine.layers.to_device import list_to_device
@@ -100,16 +102,23 @@ def _draw(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator
     tokens = logits.argmax(dim=-1)
     drawn_from = logits  # a greedy row's: processed, no temperature
     randoms = [i for i, s in enumerate(seqs) if not s.params.greedy]
-    if randoms:
-        chosen = [seqs[i] for i in randoms]
-        every_row = len(randoms) == len(seqs)
-        rows = None if every_row else list_to_device(randoms, torch.long, logits.device)
-        filtered = filtered_logits(logits if rows is None else logits[rows], chosen)
-        probs = filtered.softmax(dim=-1)
-        drawn = (probs / _exponential_noise(probs, chosen, generator)).argmax(dim=-1)
+    # Rows with top-k, top-p or min-p draw from their candidates, the others from the whole
+    # vocabulary: a group each, so a row without filters makes no other row sort the vocabulary.
+    groups = [[i for i in randoms if filters_any(seqs[i].params) == filtered]
+              for filtered in (False, True)]
+    for group in (g for g in groups if g):
+        every_row = len(group) == len(seqs)
+        rows = None if every_row else list_to_device(group, torch.long, logits.device)
+        chosen = [seqs[i] for i in group]
+        kept = candidates(logits if rows is None else logits[rows], [s.params for s in chosen])
+        probs = kept.logits.softmax(dim=-1)
+        column = (probs / _exponential_noise(probs, kept.ids, chosen, generator,
+                                             logits.shape[1])).argmax(dim=-1)
+        drawn = column if kept.ids is None else kept.ids.gather(1, column.unsqueeze(1))[:, 0]
         tokens = drawn if rows is None else tokens.index_copy(0, rows, drawn)
         if asked and logprobs_mode.startswith("processed_"):
-            drawn_from = filtered if rows is None else logits.index_copy(0, rows, filtered)
+            filtered = kept.scattered(logits.shape[1])
+            drawn_from = filtered if rows is None else drawn_from.index_copy(0, rows, filtered)
     if asked and logprobs_mode == "processed_logits":
         reported = drawn_from
     elif asked and logprobs_mode == "processed_logprobs":
@@ -194,8 +203,11 @@ def banned_tokens(seq: Sequence, eos_token_ids: Collection[int]) -> list[int]:
     return sorted(banned)
 
 
-def _exponential_noise(probs: torch.Tensor, seqs: list[Sequence],
-                       generator: torch.Generator | None) -> torch.Tensor:
+def _exponential_noise(probs: torch.Tensor, ids: torch.Tensor | None, seqs: list[Sequence],
+                       generator: torch.Generator | None, vocab: int) -> torch.Tensor:
+    """Exp(1) noise for each row's candidates (`ids`: their token ids; None: the whole
+    vocabulary). A seeded row draws one value per token of the vocabulary from its own
+    generator, however few its candidates, so its draws never depend on the batch."""
     noise = torch.empty_like(probs)
     shared = [j for j, s in enumerate(seqs) if s.generator is None]
     if len(shared) == len(seqs):
@@ -206,7 +218,8 @@ def _exponential_noise(probs: torch.Tensor, seqs: list[Sequence],
         noise.index_copy_(0, rows, block.exponential_(generator=generator))
     for j, seq in enumerate(seqs):
         if seq.generator is not None:
-            noise[j].exponential_(generator=seq.generator)
+            own = torch.empty(vocab, device=probs.device).exponential_(generator=seq.generator)
+            noise[j] = own if ids is None else own[ids[j]]
     return noise
 
 
@@ -224,37 +237,6 @@ def apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
         ones = torch.ones_like(out, dtype=logits.dtype)
         counts = torch.zeros_like(logits).scatter_add_(0, out, ones)
         logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
-
-
-def filtered_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-    """Temperature, then top-k, top-p and min-p masks; returns renormalized probabilities."""
-    return filtered_logits(logits, seqs).softmax(dim=-1)
-
-
-def filtered_logits(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-    """The logits over temperature, those top-k, top-p and min-p rule out at -inf."""
-    device = logits.device
-    vocab = logits.shape[1]
-    settings = [(s.params.temperature, min(s.params.top_k, vocab) if s.params.top_k > 0
-                 else vocab, s.params.top_p, s.params.min_p) for s in seqs]
-    table = list_to_device(settings, torch.float32, device)
-    temperature, top_k, top_p, min_p = table.unbind(1)
-    # A logit past float32's range (a strong repetition penalty, a low temperature) stays the
-    # largest one: softmax of an infinite logit has no distribution.
-    logits = torch.nan_to_num(logits / temperature.unsqueeze(1), nan=float("-inf"),
-                              posinf=torch.finfo(logits.dtype).max, neginf=float("-inf"))
-    if all(k == vocab and p >= 1.0 and m <= 0.0 for _, k, p, m in settings):
-        return logits  # nothing to mask: skip the sort over the vocabulary
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    sorted_probs = sorted_logits.softmax(dim=-1)
-    rank = torch.arange(vocab, device=device).unsqueeze(0)
-    drop = rank >= top_k.unsqueeze(1)
-    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    drop |= mass_before >= top_p.unsqueeze(1)
-    drop |= sorted_probs < min_p.unsqueeze(1) * sorted_probs[:, :1]
-    drop[:, 0] = False
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
 def _pack(tokens: torch.Tensor, raw: torch.Tensor | None,
@@ -294,10 +276,11 @@ def _unpack(flat: list[Any], seqs: list[Sequence], max_k: int) -> SampleResult:
 
 
 def sample_worst_case(logits: torch.Tensor) -> None:
-    """Sample every row with the options that hold the most memory (top-k, top-p and min-p sort
-    the vocabulary, logprobs keep a log-softmax): the profiling step runs this on its logits, so
+    """Sample every row with the options that hold the most memory (top-p and min-p without
+    top-k sort the vocabulary on a GPU, seeded rows draw noise for all of it, logprobs keep a
+    log-softmax): the profiling step runs this on its logits, so
     the sampler's workspace counts in the KV pool's sizing."""
-    params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, min_p=0.01, logprobs=20)
+    params = SamplingParams(temperature=1.0, top_p=0.9, min_p=0.01, logprobs=20)
     seqs = [Sequence(-1 - row, "profile", 0, [0], params,
                      torch.Generator(device=logits.device).manual_seed(row), None,
                      RequestTimings())

@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_support import record_host_reads
+from sampling_support import hf_filtered
 
+from tokenmill.engine.core import sampling_filters
 from tokenmill.engine.core.request import RequestTimings, Sequence
-from tokenmill.engine.core.sampler import apply_penalties, filtered_probs, sample
+from tokenmill.engine.core.sampler import apply_penalties, sample
 from tokenmill.engine.core.sampling_params import SamplingParams
 
 VOCAB = 300
@@ -36,7 +38,8 @@ def _seqs(params: list[SamplingParams]) -> list[Sequence]:
 
 
 def _one_row(logits: torch.Tensor, seq: Sequence) -> tuple[int, dict[int, float] | None]:
-    """The plain per-row form of the same rules: the oracle."""
+    """The plain per-row form of the same rules, with transformers' logits warpers for
+    temperature, top-k, top-p and min-p: the oracle."""
     raw = torch.log_softmax(logits, dim=-1)
     logits = logits.clone()
     if seq.params.has_penalties:
@@ -44,7 +47,7 @@ def _one_row(logits: torch.Tensor, seq: Sequence) -> tuple[int, dict[int, float]
     if seq.params.greedy:
         token = int(logits.argmax())
     else:
-        probs = filtered_probs(logits.unsqueeze(0), [seq])[0]
+        probs = hf_filtered(logits, seq.params).softmax(dim=-1)
         noise = torch.empty(VOCAB).exponential_(generator=seq.generator)
         token = int((probs / noise).argmax())
     k = seq.params.logprobs
@@ -80,6 +83,8 @@ def test_unseeded_rows_share_the_given_generator_and_reproduce_with_it():
 
 @pytest.mark.parametrize("with_logprobs", [False, True])
 def test_one_host_transfer_per_step(monkeypatch, with_logprobs):
+    # As on a GPU: the candidates of rows without top-k do not grow by reading the kept sets.
+    monkeypatch.setattr(sampling_filters, "ADAPTIVE_DEVICES", ())
     reads = record_host_reads(monkeypatch)
     params = [p if with_logprobs else p.__class__(**{**vars(p), "logprobs": None})
               for p in PARAMS]
