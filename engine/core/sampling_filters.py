@@ -1,10 +1,11 @@
 """Temperature, top-k, top-p and min-p: each sampled row's candidate tokens, without sorting the
 vocabulary where a few candidates hold the row's kept set.
 
-The filters apply in Hugging Face's order (its logits warpers, which vLLM follows): top-k keeps
-the k most likely tokens; top-p keeps the smallest set of those whose probability, renormalized
-over the top-k set, reaches p; min-p drops a token less likely than min_p times the most likely
-one (a ratio, so renormalizing does not change it). The most likely token is always kept.
+The filters apply in Hugging Face's order (its logits warpers; vLLM's top-k and top-p agree):
+top-k keeps the k most likely tokens; top-p keeps the smallest set of those whose probability,
+renormalized over the top-k set, reaches p; min-p drops a token less likely than min_p times
+the most likely one (a ratio, so renormalizing does not change it). The most likely token is
+always kept.
 
 Every kept token of a row is among its most likely ones, so the filters need only the top K
 logits (`torch.topk`), not the whole vocabulary sorted: K is the largest top_k asked. Rows with
@@ -77,7 +78,9 @@ def candidates(logits: torch.Tensor, params: list[SamplingParams]) -> Candidates
     open_rows = list_to_device(open_ended, torch.bool, device) \
         if adaptive and any(open_ended) else None
     while True:
-        values, ids = scaled.topk(size, dim=-1)
+        # The whole vocabulary is sorted, not selected: topk of every element costs more.
+        values, ids = (scaled.sort(dim=-1, descending=True) if size == vocab
+                       else scaled.topk(size, dim=-1))
         keep = _kept(values, top_k, top_p, min_p, whole, vocab)
         if size == vocab or open_rows is None or not bool((keep[:, -1] & open_rows).any()):
             return Candidates(values.masked_fill(~keep, float("-inf")), ids)
