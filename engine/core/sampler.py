@@ -5,11 +5,12 @@ request asks for them) come back to the host in one transfer: on a GPU each tran
 all the work queued before it. `sample_later` starts that transfer without waiting for it (async
 scheduling: the host works on the previous step while the device computes this one).
 
-Random draws use the exponential-race form of categorical sampling (argmax of p / Exp(1)). A
-seeded request draws from its own generator: every step consumes the same number of draws from
-it whatever else is in the batch, so it reproduces exactly. Unseeded requests share the engine's
-generator and draw their noise in one call. Temperature, top-k, top-p and min-p narrow a row to
-its candidate tokens first (sampling_filters.py), whose noise alone an unseeded row draws.
+Random draws use the exponential-race form of categorical sampling (argmax of p / Exp(1)) on a
+GPU, and the inverse of the cumulative distribution (one uniform a row) on a CPU. A seeded
+request draws from its own generator: every step consumes the same number of draws from it
+whatever else is in the batch, so it reproduces exactly. Unseeded requests share the engine's
+generator and draw in one call. Temperature, top-k, top-p and min-p narrow a row to its
+candidate tokens first (sampling_filters.py), whose noise alone an unseeded row draws.
 
 Before sampling, rows that ask for it get their logit_bias added, their penalties applied,
 their banned tokens masked (stop tokens while short of min_tokens, the next token of a bad
@@ -32,6 +33,9 @@ from tokenmill.engine.core.sampling_filters import candidates, filters_any
 from tokenmill.engine.core.sampling_params import SamplingParams
 from tokenmill.engine.core.structured import bitmask
 from tokenmill.engine.layers.to_device import list_to_device
+
+# Devices that draw a row by the inverse of its cumulative distribution (_drawn_columns).
+INVERSE_CDF_DEVICES = ("cpu",)
 
 
 @dataclass
@@ -111,10 +115,8 @@ def _draw(logits: torch.Tensor, seqs: list[Sequence], generator: torch.Generator
         rows = None if every_row else list_to_device(group, torch.long, logits.device)
         chosen = [seqs[i] for i in group]
         kept = candidates(logits if rows is None else logits[rows], [s.params for s in chosen])
-        probs = kept.logits.softmax(dim=-1)
-        column = (probs / _exponential_noise(probs, kept.ids, chosen, generator,
-                                             logits.shape[1])).argmax(dim=-1)
-        drawn = column if kept.ids is None else kept.ids.gather(1, column.unsqueeze(1))[:, 0]
+        drawn = _drawn_tokens(kept.logits.softmax(dim=-1), kept.ids, chosen, generator,
+                              logits.shape[1])
         tokens = drawn if rows is None else tokens.index_copy(0, rows, drawn)
         if asked and logprobs_mode.startswith("processed_"):
             filtered = kept.scattered(logits.shape[1])
@@ -201,6 +203,37 @@ def banned_tokens(seq: Sequence, eos_token_ids: Collection[int]) -> list[int]:
         if before == 0 or seq.output_token_ids[-before:] == word[:-1]:
             banned.add(word[-1])
     return sorted(banned)
+
+
+def _drawn_tokens(probs: torch.Tensor, ids: torch.Tensor | None, seqs: list[Sequence],
+                  generator: torch.Generator | None, vocab: int) -> torch.Tensor:
+    """Each row's token drawn from its candidates' probabilities (`ids`: their token ids; None:
+    the whole vocabulary in order). On a CPU by the inverse of the cumulative distribution over
+    the candidates in token order, so the draw does not depend on how many candidates a batch
+    took (one uniform a row: an exponential costs a logarithm, and the race draws one for every
+    candidate); elsewhere by the exponential race, whose noise a GPU draws in microseconds."""
+    if probs.device.type not in INVERSE_CDF_DEVICES:
+        noise = _exponential_noise(probs, ids, seqs, generator, vocab)
+        column = (probs / noise).argmax(dim=-1, keepdim=True)
+        return column[:, 0] if ids is None else ids.gather(1, column)[:, 0]
+    if ids is not None and ids.shape[1] == vocab:  # sorted by probability: back in place
+        probs, ids = probs.new_zeros(probs.shape).scatter_(1, ids, probs), None
+    elif ids is not None:
+        order = ids.argsort(dim=-1)
+        probs, ids = probs.gather(1, order), ids.gather(1, order)
+    uniform = torch.empty(len(seqs), dtype=torch.float64)
+    shared = [j for j, s in enumerate(seqs) if s.generator is None]
+    if shared:
+        uniform[shared] = torch.rand(len(shared), generator=generator, dtype=torch.float64)
+    for j, seq in enumerate(seqs):
+        if seq.generator is not None:
+            uniform[j] = torch.rand(1, generator=seq.generator, dtype=torch.float64)
+    # In float64, so rounding neither skews the draw nor reaches past the last token; a token of
+    # probability 0 adds exactly 0, so no point falls on it.
+    cumulative = probs.double().cumsum(dim=-1)
+    points = (uniform * cumulative[:, -1]).unsqueeze(1)
+    column = torch.searchsorted(cumulative, points, right=True).clamp(max=probs.shape[1] - 1)
+    return column[:, 0] if ids is None else ids.gather(1, column)[:, 0]
 
 
 def _exponential_noise(probs: torch.Tensor, ids: torch.Tensor | None, seqs: list[Sequence],

@@ -8,7 +8,7 @@ import torch
 from engine_support import record_host_reads
 from sampling_support import hf_filtered
 
-from tokenmill.engine.core import sampling_filters
+from tokenmill.engine.core import sampler, sampling_filters
 from tokenmill.engine.core.request import RequestTimings, Sequence
 from tokenmill.engine.core.sampler import apply_penalties, sample
 from tokenmill.engine.core.sampling_params import SamplingParams
@@ -37,7 +37,8 @@ def _seqs(params: list[SamplingParams]) -> list[Sequence]:
     return seqs
 
 
-def _one_row(logits: torch.Tensor, seq: Sequence) -> tuple[int, dict[int, float] | None]:
+def _one_row(logits: torch.Tensor, seq: Sequence,
+             inverse_cdf: bool) -> tuple[int, dict[int, float] | None]:
     """The plain per-row form of the same rules, with transformers' logits warpers for
     temperature, top-k, top-p and min-p: the oracle."""
     raw = torch.log_softmax(logits, dim=-1)
@@ -48,8 +49,13 @@ def _one_row(logits: torch.Tensor, seq: Sequence) -> tuple[int, dict[int, float]
         token = int(logits.argmax())
     else:
         probs = hf_filtered(logits, seq.params).softmax(dim=-1)
-        noise = torch.empty(VOCAB).exponential_(generator=seq.generator)
-        token = int((probs / noise).argmax())
+        if inverse_cdf:  # the first token whose cumulative probability passes a uniform point
+            cumulative = probs.double().cumsum(dim=0)
+            point = torch.rand(1, generator=seq.generator, dtype=torch.float64) * cumulative[-1]
+            token = int((cumulative <= point).sum())
+        else:  # the exponential race
+            noise = torch.empty(VOCAB).exponential_(generator=seq.generator)
+            token = int((probs / noise).argmax())
     k = seq.params.logprobs
     if k is None:
         return token, None
@@ -59,10 +65,13 @@ def _one_row(logits: torch.Tensor, seq: Sequence) -> tuple[int, dict[int, float]
     return token, dict(sorted(entry.items(), key=lambda kv: -kv[1]))
 
 
-def test_batched_sampling_equals_each_row_alone():
+@pytest.mark.parametrize("inverse_cdf", [True, False], ids=["cpu-inverse-cdf", "gpu-race"])
+def test_batched_sampling_equals_each_row_alone(monkeypatch, inverse_cdf):
+    if not inverse_cdf:
+        monkeypatch.setattr(sampler, "INVERSE_CDF_DEVICES", ())
     logits = torch.randn(len(PARAMS), VOCAB, generator=torch.Generator().manual_seed(0)) * 3
     result = sample(logits, _seqs(PARAMS))
-    expected = [_one_row(logits[i], s) for i, s in enumerate(_seqs(PARAMS))]
+    expected = [_one_row(logits[i], s, inverse_cdf) for i, s in enumerate(_seqs(PARAMS))]
     assert result.token_ids == [t for t, _ in expected]
     assert result.logprobs == [lp for _, lp in expected]
     # Greedy rows (temperature 0, top_k 1) take the argmax of the penalized logits.
@@ -83,8 +92,10 @@ def test_unseeded_rows_share_the_given_generator_and_reproduce_with_it():
 
 @pytest.mark.parametrize("with_logprobs", [False, True])
 def test_one_host_transfer_per_step(monkeypatch, with_logprobs):
-    # As on a GPU: the candidates of rows without top-k do not grow by reading the kept sets.
+    # As on a GPU: the candidates of rows without top-k do not grow by reading the kept sets,
+    # and rows draw by the exponential race.
     monkeypatch.setattr(sampling_filters, "ADAPTIVE_DEVICES", ())
+    monkeypatch.setattr(sampler, "INVERSE_CDF_DEVICES", ())
     reads = record_host_reads(monkeypatch)
     params = [p if with_logprobs else p.__class__(**{**vars(p), "logprobs": None})
               for p in PARAMS]

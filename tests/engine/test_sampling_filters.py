@@ -9,7 +9,7 @@ import pytest
 import torch
 from sampling_support import hf_filtered
 
-from tokenmill.engine.core import sampling_filters
+from tokenmill.engine.core import sampler, sampling_filters
 from tokenmill.engine.core.request import RequestTimings, Sequence
 from tokenmill.engine.core.sampler import sample
 from tokenmill.engine.core.sampling_filters import candidates
@@ -73,14 +73,19 @@ def test_a_row_without_filters_keeps_the_whole_vocabulary_in_order():
     torch.testing.assert_close(kept.logits, logits / 0.5)
 
 
-@pytest.mark.parametrize("adaptive", [True, False], ids=["cpu-growing", "gpu-sorting"])
-def test_draws_follow_the_warped_distribution(monkeypatch, adaptive):
-    """20,000 draws of one row under top-k and top-p (unseeded rows share a generator): each
-    token's frequency is its probability after the warpers, within five standard errors."""
-    if not adaptive:
+@pytest.mark.parametrize("device_like", ["cpu", "gpu"])
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.8, top_k=6, top_p=0.9),
+                                    SamplingParams(temperature=1.3)],
+                         ids=["top-k-top-p", "temperature"])
+def test_draws_follow_the_warped_distribution(monkeypatch, device_like, params):
+    """20,000 draws of one row (unseeded rows share a generator), with the CPU's candidates and
+    draw (inverse of the cumulative distribution) and the GPU's (the whole vocabulary sorted,
+    the exponential race): each token's frequency is its probability after the warpers, within
+    five standard errors."""
+    if device_like == "gpu":
         monkeypatch.setattr(sampling_filters, "ADAPTIVE_DEVICES", ())
+        monkeypatch.setattr(sampler, "INVERSE_CDF_DEVICES", ())
     draws = 20_000
-    params = SamplingParams(temperature=0.8, top_k=6, top_p=0.9)
     logits = torch.tensor([[2.0, 1.5, 1.2, 1.0, 0.2, 0.1, 0.0, -1.0] + [-3.0] * 24])
     seqs = [Sequence(i, f"r{i}", 0, [1], params, None, None, RequestTimings())
             for i in range(draws)]
