@@ -34,7 +34,7 @@ from tokenmill.engine.core.sampling_params import SamplingParams
 from tokenmill.engine.core.structured import bitmask
 from tokenmill.engine.layers.to_device import list_to_device
 
-# Devices that draw a row by the inverse of its cumulative distribution (_drawn_columns).
+# Devices that draw a row by the inverse of its cumulative distribution (_drawn_tokens).
 INVERSE_CDF_DEVICES = ("cpu",)
 
 
@@ -311,8 +311,8 @@ def _unpack(flat: list[Any], seqs: list[Sequence], max_k: int) -> SampleResult:
 def sample_worst_case(logits: torch.Tensor) -> None:
     """Sample every row with the options that hold the most memory (top-p and min-p without
     top-k sort the vocabulary on a GPU, seeded rows draw noise for all of it, logprobs keep a
-    log-softmax): the profiling step runs this on its logits, so
-    the sampler's workspace counts in the KV pool's sizing."""
+    log-softmax): the profiling step runs this on its logits, so the sampler's workspace counts
+    in the KV pool's sizing."""
     params = SamplingParams(temperature=1.0, top_p=0.9, min_p=0.01, logprobs=20)
     seqs = [Sequence(-1 - row, "profile", 0, [0], params,
                      torch.Generator(device=logits.device).manual_seed(row), None,
