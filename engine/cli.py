@@ -223,7 +223,9 @@ def _config_file_flags(serve: argparse.ArgumentParser, path: str,
         return []
     if not isinstance(options, dict):
         serve.error(f"--config: {path} must map flag names to values (`max-num-seqs: 64`)")
-    actions = {a.option_strings[0]: a for a in serve._actions if a.option_strings}
+    # Every name of a flag (vLLM's --kv-cache-memory-bytes too), but a switch's --no- form.
+    actions = {name: a for a in serve._actions for name in a.option_strings
+               if name == a.option_strings[0] or not name.startswith("--no-")}
     flags: list[str] = []
     for key, value in options.items():
         flag = "--" + str(key).replace("_", "-")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -49,8 +50,38 @@ class ConfigError(ValueError):
         self.option = option
 
 
-def _opt(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
+def _opt(default: Any, help: str, parse: Any = None, aliases: tuple[str, ...] = ()) -> Any:
+    """An option's field: its default, help, the flag's value parser when not its type's,
+    and the flag's other names."""
+    return field(default=default, metadata={"help": help, "parse": parse, "aliases": aliases})
+
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)")
+_SCALES = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+           "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def size_argument(value: str) -> int:
+    """An integer flag as vLLM reads its sizes: 8192; 32k (a lowercase suffix multiplies by a
+    power of 1000, and may follow a decimal: 25.6k); 32K (uppercase: a power of 1024)."""
+    match = _SIZE.fullmatch(value.strip())
+    if match is None or ("." in match[1] and not match[2].islower()):
+        hint = "; a decimal takes a lowercase suffix (25.6k)" if match else ""
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a size such as 8192, 32k (32,000) or 32K (32,768){hint}")
+    number, suffix = match.groups()
+    if not suffix:
+        return int(number)
+    scale = _SCALES[suffix]
+    return int(float(number) * scale) if suffix.islower() else int(number) * scale
+
+
+def context_length_argument(value: str) -> int | None:
+    """--max-model-len: a size, or auto (vLLM's -1 too): None, the model's context length as
+    far as the KV pool holds it."""
+    if value.strip().lower() in ("auto", "-1"):
+        return None
+    return size_argument(value)
 
 
 @dataclass
@@ -100,12 +131,15 @@ class EngineConfig:
                               "half and float are read as float16 and float32).")
     device: str = _opt("auto", "auto, cpu, cuda or cuda:N.")
     max_model_len: int | None = _opt(
-        None, "Longest sequence (prompt + output) in tokens; default: the model's context length."
-    )
+        None, "Longest sequence (prompt + output) in tokens: 8192, 32k (32,000) or 32K "
+              "(32,768), as vLLM reads it. Default (or auto, -1): the model's context length, "
+              "lowered to what the KV-cache pool holds for one sequence where that is less "
+              "(logged at start-up). A length the pool cannot hold stops the start-up, "
+              "naming the longest that fits.", parse=context_length_argument)
     max_num_seqs: int = _opt(256, "Most sequences in one batch.")
     max_num_batched_tokens: int = _opt(
-        2048, "Token budget of one engine step (prompt chunks plus decodes)."
-    )
+        2048, "Token budget of one engine step (prompt chunks plus decodes); 8k or 8K as "
+              "for --max-model-len.", parse=size_argument)
     enable_chunked_prefill: bool = _opt(
         True, "Split a prompt longer than what is left of a step's --max-num-batched-tokens "
               "over several steps, next to running decodes (vLLM's default). "
@@ -134,9 +168,10 @@ class EngineConfig:
     block_size: int = _opt(16, "Tokens per KV-cache block.")
     kv_cache_memory: int | None = _opt(
         None,
-        "Bytes for the KV-cache pool. Default on CPU: 1 GiB; on CUDA: what "
+        "Bytes for the KV-cache pool: 4G (4 GiB) or 4g (4,000,000,000) as vLLM's "
+        "--kv-cache-memory-bytes, its other name. Default on CPU: 1 GiB; on CUDA: what "
         "--gpu-memory-utilization leaves. When given it wins and nothing is profiled.",
-    )
+        parse=size_argument, aliases=("--kv-cache-memory-bytes",))
     gpu_memory_utilization: float = _opt(
         0.9, "Fraction of each GPU's memory the engine may use. At start-up a profiling step "
              "runs the largest batch (max-num-batched-tokens, max-num-seqs) and measures the "
@@ -263,6 +298,8 @@ class EngineConfig:
             self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
             "device", f"{self.device!r} is not auto, cpu, cuda or cuda:N",
         )
+        if self.max_model_len == -1:  # vLLM's spelling of auto
+            self.max_model_len = None
         _check(self.max_model_len is None or self.max_model_len >= 1,
                "max_model_len", f"must be at least 1, got {self.max_model_len}")
         _check(self.max_num_seqs >= 1, "max_num_seqs",
@@ -466,7 +503,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per EngineConfig field, with its type, default and help."""
     hints = typing.get_type_hints(EngineConfig)
     for f in dataclasses.fields(EngineConfig):
-        kind = _base_type(hints[f.name])
+        kind = f.metadata.get("parse") or _base_type(hints[f.name])
+        flags = (cli_flag(f.name), *f.metadata.get("aliases", ()))
         help_text = f.metadata.get("help", "")
         if kind is bool:
             parser.add_argument(cli_flag(f.name), dest=f.name, default=f.default,
@@ -475,7 +513,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(cli_flag(f.name), dest=f.name, nargs="+", default=f.default,
                                 help=help_text)
         else:
-            parser.add_argument(cli_flag(f.name), dest=f.name, type=kind, default=f.default,
+            parser.add_argument(*flags, dest=f.name, type=kind, default=f.default,
                                 help=f"{help_text} (default: {f.default})")
 
 

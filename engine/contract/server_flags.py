@@ -276,6 +276,17 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
                         default=None, action=_RunnerAlias,
                         help="Older vLLM's: generate is --runner generate; embed, classify "
                              "and score are --runner pooling.")
+    parser.add_argument("-O", "--optimization-level", type=_optimization_level, default=None,
+                        metavar="0-3", action=_GraphsOff,
+                        help="vLLM's: 0 runs every step eagerly, as --enforce-eager; 1 to 3 "
+                             "keep the decode CUDA graphs (there are no compiler passes to "
+                             "choose between here).")
+    parser.add_argument("--compilation-config", type=_compilation_config, default=None,
+                        metavar="JSON", action=_GraphsOff,
+                        help='vLLM\'s: {"cudagraph_mode": "NONE"} runs every step eagerly, as '
+                             "--enforce-eager; its other keys (capture sizes, compiler "
+                             "passes) and a bare level are accepted and change nothing: the "
+                             "decode step is captured per batch-size bucket, uncompiled.")
 
 
 class _RunnerAlias(argparse.Action):
@@ -289,6 +300,25 @@ class _RunnerAlias(argparse.Action):
         setattr(namespace, self.dest, values)
         if values in self.RUNNERS:
             namespace.runner = self.RUNNERS[values]
+
+
+class _GraphsOff(argparse.Action):
+    """vLLM's -O and --compilation-config: stored, and --enforce-eager set where they turn
+    CUDA graphs off."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        if graphs_off(values):
+            namespace.enforce_eager = True
+
+
+def graphs_off(setting: int | dict[str, Any] | None) -> bool:
+    """Whether vLLM's optimization level (an int) or compilation config (a dict) turns its
+    CUDA graphs off: level 0, or cudagraph_mode NONE."""
+    if isinstance(setting, dict):
+        return str(setting.get("cudagraph_mode", "")).upper() == "NONE"
+    return setting == 0
 
 
 def add_tool_arguments(parser: argparse.ArgumentParser) -> None:
@@ -379,6 +409,22 @@ def _generation_overrides(value: str) -> dict[str, float]:
     if overrides.get("max_new_tokens", 1) < 1:
         raise argparse.ArgumentTypeError("max_new_tokens must be at least 1")
     return overrides
+
+
+def _optimization_level(value: str) -> int:
+    if value.strip() not in ("0", "1", "2", "3"):
+        raise argparse.ArgumentTypeError(f"must be 0, 1, 2 or 3 (vLLM's levels), got {value!r}")
+    return int(value)
+
+
+def _compilation_config(value: str) -> dict[str, Any] | int:
+    config = _json_or_none(value)
+    if isinstance(config, int) and not isinstance(config, bool) and 0 <= config <= 3:
+        return config  # older vLLM's bare level
+    if not isinstance(config, dict):
+        raise argparse.ArgumentTypeError(f'must be a JSON object such as {{"cudagraph_mode": '
+                                         f'"NONE"}} or a level 0 to 3, got {value!r}')
+    return config
 
 
 def _structured_outputs_config(value: str) -> dict[str, Any]:

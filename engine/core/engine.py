@@ -185,6 +185,12 @@ class LLMEngine:
         self._download_seconds = source.download_seconds
         log.info("model loaded", extra={"model": config.model, **self._load_log_fields()})
         num_blocks = self.runner.num_blocks
+        try:
+            self.max_model_len = _fit_pool(config, self.max_model_len, num_blocks,
+                                           self.device.type)
+        except ConfigError:
+            self.shutdown()
+            raise
         # MEAN and CLS pooling read every prompt token's hidden state: nothing can be skipped.
         prefix_caching = config.enable_prefix_caching and not self.encoder and (
             self.pooler is None or self.pooler.pooling_type == "LAST")
@@ -911,13 +917,6 @@ class LLMEngine:
                 f"{total} in the prompt; shorten it"
             raise RequestError(f"this model's maximum context length is {self.max_model_len} "
                                f"tokens, but the request asks for {asked}")
-        needed = self.kv.blocks_needed(total)
-        if needed > self.kv.allocator.num_blocks:
-            raise RequestError(
-                f"the request needs {needed} KV-cache blocks ({total} tokens) but the pool "
-                f"holds only {self.kv.allocator.num_blocks}; raise kv_cache_memory or lower "
-                "max_tokens"
-            )
 
 
 def _pooler(config: EngineConfig, model_config: Any, directory: str) -> Pooler | None:
@@ -1009,6 +1008,27 @@ def _max_model_len(config: EngineConfig, model_config: Any) -> int:
                           "prefill, where a prompt is prefilled in one step; raise it, lower "
                           "--max-model-len, or turn chunked prefill back on")
     return length
+
+
+def _fit_pool(config: EngineConfig, length: int, num_blocks: int, device_type: str) -> int:
+    """The context length one sequence can fill in a pool of num_blocks: `length` where the
+    pool holds it. Otherwise the default (the model's length) is lowered to the pool's tokens,
+    with a warning, so that a request leaving out max_tokens still fits; a --max-model-len
+    the pool can't hold is a ConfigError naming what fits, as in vLLM."""
+    capacity = num_blocks * config.block_size
+    if length <= capacity:
+        return length
+    more = ("raise --gpu-memory-utilization" if device_type == "cuda"
+            and config.kv_cache_memory is None else "raise --kv-cache-memory")
+    if config.max_model_len is not None:
+        raise ConfigError("max_model_len", f"{length} tokens do not fit the KV-cache pool, "
+                          f"which holds {capacity} ({num_blocks} blocks of "
+                          f"{config.block_size}); lower --max-model-len to at most {capacity} "
+                          f"(or leave it out to get that), or {more}")
+    log.warning("context length lowered to fit the KV-cache pool", extra={
+        "model_context_length": length, "max_model_len": capacity, "kv_blocks": num_blocks,
+        "to_keep_the_model_length": more})
+    return capacity
 
 
 def _check_devices(option: str, device: torch.device, tp_size: int) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenmill.engine.contract.config import EngineConfig
-from tokenmill.engine.contract.server_flags import GENERATION_CONFIG_KEYS
+from tokenmill.engine.contract.server_flags import GENERATION_CONFIG_KEYS, graphs_off
 from tokenmill.engine.core.generation_config import checked_source, sampling_defaults
 
 ANY = None
@@ -20,7 +20,6 @@ NO_EFFECT: dict[str, Any] = {
     "enable_expert_parallel": ANY,     # experts are split by width over the TP ranks
     "swap_space": ANY,                 # a preempted request is recomputed, not swapped
     "max_seq_len_to_capture": ANY,     # decode graphs capture steps whatever the length
-    "compilation_config": ANY,         # the step runs eagerly or as a decode CUDA graph
     "allowed_local_media_path": ANY,   # LLM.chat reads the local images it is given
     "use_tqdm_on_load": ANY,           # loading shows its progress under show_progress
     "tokenizer_mode": {"auto", "hf", "slow", "mistral"},  # Hugging Face's files are read
@@ -30,6 +29,8 @@ NO_EFFECT: dict[str, Any] = {
     "pipeline_parallel_size": {1},
     "data_parallel_size": {1},
 }
+# vLLM's names of options EngineConfig calls otherwise.
+RENAMED = {"kv_cache_memory_bytes": "kv_cache_memory"}
 # vLLM's older --task and newer --convert name the runner.
 RUNNER_OF = {"auto": None, "generate": "generate", "none": None, "embed": "pooling",
              "classify": "pooling", "score": "pooling", "reward": "pooling"}
@@ -54,6 +55,13 @@ def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], Defaults]:
             if accepted is not ANY and value not in accepted:
                 raise ValueError(f"{name}={value!r} is not supported; this engine takes "
                                  f"{' or '.join(repr(v) for v in sorted(accepted, key=str))}")
+    # The step runs eagerly or as a decode CUDA graph: these settings can only turn graphs off.
+    for name in ("compilation_config", "optimization_level"):
+        if graphs_off(options.pop(name, None)):
+            options["enforce_eager"] = True
+    for vllm_name, name in RENAMED.items():
+        if vllm_name in options:
+            options[name] = options.pop(vllm_name)
     for name in ("task", "convert"):
         if name in options:
             value = options.pop(name)

@@ -64,19 +64,44 @@ def test_prompt_too_long_is_rejected_and_others_still_run(tiny_llama_dir):
     assert len(out.token_ids) == 8
 
 
-def test_request_larger_than_the_kv_pool_is_rejected_at_admission(tiny_llama_dir, tiny_llama):
+def test_a_pool_smaller_than_the_context_lowers_the_default_length(tiny_llama_dir, tiny_llama,
+                                                                    caplog):
+    """The model's 1,024 tokens do not fit 4 blocks of 8: the context becomes the 32 tokens
+    the pool holds (logged), so a request may fill the pool, and one that asks for more is
+    refused naming that length."""
     from tokenmill.engine.execution.kv_layout import KVCacheLayout
 
     engine = tiny_llama.engine
     block = KVCacheLayout.for_model(engine.model_config, 8, engine.dtype).bytes_per_block
     with pytest.raises(ConfigError, match="kv_cache_memory"):
         LLM(tiny_llama_dir, show_progress=False, block_size=8, kv_cache_memory=block - 1)
-    llm = LLM(tiny_llama_dir, show_progress=False, block_size=8, kv_cache_memory=4 * block)
-    with pytest.raises(RequestError, match="needs 5 KV-cache blocks.*only 4"):
+    with caplog.at_level("WARNING", logger="tokenmill.engine.core.engine"):
+        llm = LLM(tiny_llama_dir, show_progress=False, block_size=8, kv_cache_memory=4 * block)
+    assert llm.engine.max_model_len == 32
+    lowered = [r for r in caplog.records if "lowered to fit the KV-cache pool" in r.message]
+    assert [(r.model_context_length, r.max_model_len) for r in lowered] == [(1024, 32)]
+    with pytest.raises(RequestError, match=r"maximum context length is 32 tokens.*40 \(30"):
         llm.generate([[7] * 30], SamplingParams(max_tokens=10))
-    out = llm.generate([[7] * 20], SamplingParams(max_tokens=10, ignore_eos=True))[0]
-    assert len(out.outputs[0].token_ids) == 10
+    out = llm.generate([[7] * 20], SamplingParams(max_tokens=12, ignore_eos=True))[0]
+    assert len(out.outputs[0].token_ids) == 12  # to the end of the context
     llm.engine.kv.allocator.check_all_free()
+
+
+def test_a_max_model_len_the_pool_cannot_hold_stops_the_start_naming_what_fits(
+        tiny_llama_dir, tiny_llama):
+    from tokenmill.engine.execution.kv_layout import KVCacheLayout
+
+    engine = tiny_llama.engine
+    block = KVCacheLayout.for_model(engine.model_config, 8, engine.dtype).bytes_per_block
+    with pytest.raises(ConfigError, match=r"max_model_len: 64 tokens do not fit the KV-cache "
+                                          r"pool, which holds 32 \(4 blocks of 8\); lower "
+                                          r"--max-model-len to at most 32"):
+        LLM(tiny_llama_dir, show_progress=False, block_size=8, kv_cache_memory=4 * block,
+            max_model_len=64)
+    for fits in (32, -1):  # what the pool holds; -1 is vLLM's auto
+        llm = LLM(tiny_llama_dir, show_progress=False, block_size=8,
+                  kv_cache_memory_bytes=4 * block, max_model_len=fits)
+        assert llm.engine.max_model_len == 32
 
 
 def test_bad_token_ids_and_empty_prompts_are_rejected(tiny_llama):

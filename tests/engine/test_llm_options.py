@@ -12,6 +12,7 @@ import shutil
 import pytest
 
 from tokenmill.engine import LLM, SamplingParams
+from tokenmill.engine.frontend.llm_options import split_options
 
 PROMPTS = [[1, 450, 7314, 310, 3444], [1, 9038, 2501, 263]]
 
@@ -80,6 +81,23 @@ def test_vllms_options_that_change_nothing_are_taken(tiny_llama_dir):
              distributed_executor_backend="mp", compilation_config={"level": 0},
              pipeline_parallel_size=1, cpu_offload_gb=0, task="generate") as llm:
         assert llm.generate(PROMPTS[:1], SamplingParams(max_tokens=2))[0].outputs[0].token_ids
+
+
+@pytest.mark.parametrize("options,eager", [
+    ({"compilation_config": {"cudagraph_mode": "NONE"}}, True),
+    ({"compilation_config": {"cudagraph_capture_sizes": [1, 2, 4]}}, False),
+    ({"compilation_config": 0}, True),
+    ({"compilation_config": 3}, False),
+    ({"optimization_level": 0}, True),
+    ({"optimization_level": 2}, False),
+])
+def test_vllms_compilation_settings_turn_graphs_off_where_they_say_so(options, eager):
+    engine_options, _ = split_options({"model": "m", **options})
+    assert engine_options == ({"model": "m", "enforce_eager": True} if eager else {"model": "m"})
+
+
+def test_kv_cache_memory_bytes_is_vllms_name_of_kv_cache_memory():
+    assert split_options({"kv_cache_memory_bytes": 1 << 20})[0] == {"kv_cache_memory": 1 << 20}
 
 
 def test_task_embed_is_the_pooling_runner(tiny_llama_dir):

@@ -22,6 +22,8 @@ from server_support import ServeProcess, running_server, server_state
     ("bad-json", [], "config.json' is not a valid JSON file"),
     ("no-model-type", [], "Should have a `model_type` key"),
     ("bad-weights", [], "cannot read the weights in"),
+    ("tiny", ["--kv-cache-memory", "200K", "--max-model-len", "1k"],
+     "max_model_len: 1000 tokens do not fit the KV-cache pool"),
 ])
 def test_a_model_that_cannot_load_exits_1_with_the_reason(tmp_path, tiny_llama_dir, model,
                                                           flags, reason):
@@ -48,6 +50,22 @@ def test_an_invalid_option_value_exits_2_naming_it():
     assert code == 2
     assert stderr.startswith("tokenmill serve: error: block_size: 7 ")
     assert len(stderr.strip().splitlines()) == 1, stderr
+
+
+def test_a_pool_short_of_the_context_serves_requests_that_set_no_max_tokens(tiny_llama_dir):
+    """The tiny model's 1,024 tokens do not fit a 64 KiB pool: the server's context is what
+    the pool holds, which /v1/models reports and a request without max_tokens fills."""
+    with running_server(server_state(tiny_llama_dir, "tiny", kv_cache_memory=64 << 10)) as served:
+        length = served.state.max_model_len
+        blocks = served.state.engine.engine.kv.allocator.num_blocks
+        assert length == blocks * 16 < 1024
+        model = served.client.models.list().data[0]
+        assert model.max_model_len == length
+        reply = served.client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Hi"}],
+            extra_body={"ignore_eos": True})
+        assert reply.choices[0].finish_reason == "length"
+        assert reply.usage.prompt_tokens + reply.usage.completion_tokens == length
 
 
 def test_a_port_in_use_exits_non_zero(tiny_llama_dir):

@@ -22,6 +22,7 @@ from cryptography.x509.oid import NameOID
 from server_support import ServeProcess, openai_client
 
 from tokenmill.engine.cli import main, parse_args
+from tokenmill.engine.contract.config import engine_config_from_args
 
 KEY = "sk-flags"
 ORIGIN = "https://ui.example"
@@ -249,6 +250,12 @@ def test_each_request_is_logged_cut_to_max_log_len_and_the_access_log_is_off(vll
     (["--tokenizer-mode", "custom"], "argument --tokenizer-mode: invalid choice: 'custom'"),
     (["--distributed-executor-backend", "ray"],
      "argument --distributed-executor-backend: invalid choice: 'ray'"),
+    (["--max-model-len", "1.5K"], "argument --max-model-len: '1.5K' is not a size such as "
+     "8192, 32k (32,000) or 32K (32,768); a decimal takes a lowercase suffix (25.6k)"),
+    (["--kv-cache-memory-bytes", "4Gi"], "--kv-cache-memory-bytes: '4Gi' is not a size"),
+    (["--max-num-batched-tokens", "lots"], "--max-num-batched-tokens: 'lots' is not a size"),
+    (["-O5"], "argument -O/--optimization-level: must be 0, 1, 2 or 3 (vLLM's levels)"),
+    (["--compilation-config", "[1]"], "argument --compilation-config: must be a JSON object"),
 ])
 def test_server_flags_that_cannot_work_exit_2_naming_one(flags, error, tls, capsys):
     """Before the model loads: the model named does not exist."""
@@ -285,6 +292,38 @@ def test_a_config_file_gives_flags_the_command_line_overrides(tmp_path):
     assert parse_args(["serve", "Org/given", "--config", str(config)]).model_tag == "Org/given"
     assert parse_args(["serve", "Org/given", "--config", str(config)]).model != "Org/from-file"
     assert parse_args(["serve", "--config", str(config), "--model", "m"]).model == "m"
+
+
+def test_sizes_take_vllms_suffixes_and_the_context_length_takes_auto(tmp_path):
+    """vLLM's human-readable integers: a lowercase suffix counts in thousands (decimals
+    allowed), an uppercase one in 1,024s; --kv-cache-memory-bytes is vLLM's name of
+    --kv-cache-memory, in a config file too."""
+    args = parse_args(["serve", "--max-model-len", "32k", "--max-num-batched-tokens", "8K",
+                       "--kv-cache-memory-bytes", "2G"])
+    assert (args.max_model_len, args.max_num_batched_tokens, args.kv_cache_memory) == (
+        32000, 8192, 2 << 30)
+    assert parse_args(["serve", "--kv-cache-memory", "1500000"]).kv_cache_memory == 1500000
+    for auto in ("auto", "-1", "AUTO"):  # the model's length, as far as the pool holds it
+        assert parse_args(["serve", "--max-model-len", auto]).max_model_len is None
+    config = tmp_path / "serve.yaml"
+    config.write_text("kv-cache-memory-bytes: 1G\nmax-model-len: 25.6k\n")
+    args = parse_args(["serve", "--config", str(config)])
+    assert (args.kv_cache_memory, args.max_model_len) == (1 << 30, 25600)
+
+
+@pytest.mark.parametrize("flags,eager", [
+    (["-O0"], True),
+    (["-O", "3"], False),
+    (["--optimization-level", "0"], True),
+    (["--compilation-config", '{"cudagraph_mode": "NONE"}'], True),
+    (["--compilation-config", '{"cudagraph_capture_sizes": [1, 2, 4], "level": 3}'], False),
+    (["--compilation-config", "3"], False),
+    ([], False),
+])
+def test_vllms_compilation_flags_turn_graphs_off_where_they_say_so(flags, eager):
+    """vLLM's -O0 and cudagraph_mode NONE run without CUDA graphs: --enforce-eager here; its
+    other compilation settings have nothing to change and are taken."""
+    assert engine_config_from_args(parse_args(["serve", *flags])).enforce_eager is eager
 
 
 @pytest.mark.parametrize("text, error", [
