@@ -25,6 +25,7 @@ from tokenmill.engine.bench.report import (
     machine_info,
     write_json,
 )
+from tokenmill.engine.contract.server_flags import seconds_argument
 from tokenmill.engine.core.sampling_params import SamplingParams
 
 
@@ -35,22 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Tokens of the system prompt every conversation shares.")
     parser.add_argument("--user-len", type=int, default=48, help="Tokens of each user turn.")
     parser.add_argument("--answer-len", type=int, default=32, help="Tokens of each answer.")
-    parser.add_argument("--think-time", type=_seconds, default=0.0,
+    parser.add_argument("--think-time", type=seconds_argument, default=0.0,
                         help="Mean seconds a user waits before each turn, the first included "
                              "(exponential, seeded, the same in both modes); 0 sends every turn "
                              "the moment the previous answer is complete (default).")
     parser.add_argument("--workload-seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="Write the raw results here.")
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected seconds >= 0, got {text!r}")
-    return value
 
 
 def make_conversations(args: argparse.Namespace, vocab_size: int) -> tuple[list[int],

@@ -64,7 +64,7 @@ def add_server_arguments(parser: argparse.ArgumentParser,
                              "/v1/responses/{id}, previous_response_id and background "
                              "responses; the least recently used is forgotten first. 0: keep "
                              "none (store is answered false). Default: 1000.")
-    parser.add_argument("--shutdown-timeout", type=_seconds, default=30.0,
+    parser.add_argument("--shutdown-timeout", type=seconds_argument, default=30.0,
                         help="Seconds running requests may take to finish after SIGTERM.")
     parser.add_argument("--api-key", type=_api_key, default=environ.get("TOKENMILL_API_KEY"),
                         help="Require `Authorization: Bearer KEY` (or `x-api-key: KEY`, as "
@@ -449,7 +449,8 @@ def _port(value: str) -> int:
     return int(value)
 
 
-def _seconds(value: str) -> float:
+def seconds_argument(value: str) -> float:
+    """A flag's duration: a finite number of seconds, 0 or more."""
     try:
         seconds = float(value)
     except ValueError:
