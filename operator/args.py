@@ -204,11 +204,16 @@ class _ExtraArgsParser(argparse.ArgumentParser):
 def check_engine(spec: InferenceServiceSpec) -> None:
     """SpecError if the engine would reject these options, an extra flag or its value, exactly
     as `tokenmill serve` parses and checks them at start-up."""
+    parser = _ExtraArgsParser(prog="tokenmill serve", add_help=False)
+    add_engine_arguments(parser)
+    add_server_arguments(parser, environ={})
+    # Every name of every flag (--no-X, vLLM's other names) -> its option.
+    options = {name: a.dest for a in parser._actions for name in a.option_strings}
     for arg in spec.engine.extra_args:
         if not arg.startswith("--"):
             continue
         flag = arg[2:].partition("=")[0]
-        option = flag.removeprefix("no-").replace("-", "_")
+        option = options.get(f"--{flag}", flag.removeprefix("no-").replace("-", "_"))
         if flag == "api-key":
             raise SpecError("spec.engine.extraArgs: --api-key would show the key to anyone who "
                             "can read the Deployment; use spec.auth.apiKeySecretRef")
@@ -220,9 +225,6 @@ def check_engine(spec: InferenceServiceSpec) -> None:
             raise SpecError(f"spec.engine.extraArgs: --{flag} is set by {_SPEC_OPTIONS[option]}")
         if option not in EngineConfig.option_names() and option not in _USER_SERVER_OPTIONS:
             raise SpecError(f"spec.engine.extraArgs: --{flag} is not a tokenmill engine flag")
-    parser = _ExtraArgsParser(prog="tokenmill serve", add_help=False)
-    add_engine_arguments(parser)
-    add_server_arguments(parser, environ={})
     args = parser.parse_args([*engine_args(**engine_options(spec)), *spec.engine.extra_args])
     if args.tokenizer is not None and not args.tokenizer.startswith("/"):
         raise SpecError(f"spec.engine.extraArgs: --tokenizer {args.tokenizer}: the pod has only "

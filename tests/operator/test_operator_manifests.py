@@ -482,7 +482,9 @@ def test_extra_args_take_a_vllm_command_lines_flags():
              "--scheduling-policy", "priority", "--hf-overrides",
              '{"max_position_embeddings": 65536}', "--rope-scaling",
              '{"rope_type": "yarn", "factor": 4.0}', "--rope-theta", "1000000",
-             "--long-prefill-token-threshold", "512", "--dtype", "half"]
+             "--long-prefill-token-threshold", "512", "--dtype", "half",
+             "--kv-cache-memory-bytes", "8G", "-O0", "--compilation-config",
+             '{"cudagraph_capture_sizes": [1, 2, 4]}']
     spec = load("svc", {"model": {"uri": "/models/llama"}, "engine": {"extraArgs": flags}})
     assert serve_command(spec, "llama")[-len(flags):] == flags
 
