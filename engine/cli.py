@@ -12,6 +12,7 @@ from typing import Any
 from tokenmill.engine.contract.config import (
     DEFAULT_MODEL,
     ConfigError,
+    EngineConfig,
     add_engine_arguments,
     engine_config_from_args,
 )
@@ -49,18 +50,32 @@ def _serve(args: argparse.Namespace) -> int:
             raise ConfigError("model", f"given twice, as {args.model_tag!r} and as --model "
                                        f"{args.model!r}; give one")
         args.model = args.model_tag
-    config = engine_config_from_args(args)  # a bad option fails before the server imports
-    if config.revision is not None:  # exit 2 now, not once the server loads the model
-        from tokenmill.engine.models.fetch.uri import pinned
-
-        pinned(config.model, config.revision)
+    config = _server_config(args)
     from tokenmill.engine.server.serve import serve
 
     return serve(config, args)
 
 
+def _server_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine options of `serve` and `run-batch`, checked before the server imports (a
+    revision of a model that has none too: exit 2 now, not once the model loads); vLLM's
+    --hf-token becomes the HF_TOKEN the hub client reads."""
+    config = engine_config_from_args(args)
+    if config.revision or config.tokenizer_revision:
+        from tokenmill.engine.models.fetch.uri import pinned
+
+        if config.revision is not None:
+            pinned(config.model, config.revision)
+        if config.tokenizer_revision is not None:
+            pinned(config.tokenizer or config.model, config.tokenizer_revision,
+                   "tokenizer_revision")
+    if isinstance(args.hf_token, str):
+        os.environ["HF_TOKEN"] = args.hf_token
+    return config
+
+
 def _run_batch(args: argparse.Namespace) -> int:
-    config = engine_config_from_args(args)  # a bad option fails before the server imports
+    config = _server_config(args)
     from tokenmill.engine.server.run_batch import run_batch
 
     return run_batch(config, args)
@@ -71,7 +86,6 @@ def _download(argv: list[str]) -> int:
     torch is imported, so an init container needs only the light dependencies. One init
     container fetches a pod's model and its LoRA adapters, in order, stopping at the first
     failure."""
-    from tokenmill.engine.contract.config import EngineConfig
     from tokenmill.engine.log import configure_logging
 
     options = {f.name: f.metadata["help"] for f in dataclasses.fields(EngineConfig)}

@@ -214,6 +214,9 @@ def check_engine(spec: InferenceServiceSpec) -> None:
             continue
         flag = arg[2:].partition("=")[0]
         option = options.get(f"--{flag}", flag.removeprefix("no-").replace("-", "_"))
+        if flag == "hf-token":
+            raise SpecError("spec.engine.extraArgs: --hf-token would show the token to anyone "
+                            "who can read the Deployment; use spec.model.credentialsSecretRef")
         if flag == "api-key":
             raise SpecError("spec.engine.extraArgs: --api-key would show the key to anyone who "
                             "can read the Deployment; use spec.auth.apiKeySecretRef")

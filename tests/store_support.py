@@ -106,11 +106,14 @@ def hub_that_finds_nothing(asked: list[str] | None = None) -> Iterator[str]:
 
 @contextlib.contextmanager
 def hub_serving(repo_id: str, directory: str, asked: list[str] | None = None,
-                commit: str = COMMIT) -> Iterator[str]:
+                commit: str = COMMIT,
+                authorizations: list[tuple[str, str | None]] | None = None
+                ) -> Iterator[str]:
     """A loopback server answering the hub client's calls for `repo_id` at `commit` with the
     files of `directory`, as the hub answers them (the repository's revision and file tree,
     then each file by HEAD for its metadata and GET for its bytes): its URL, for HF_ENDPOINT.
-    `asked` collects the files whose bytes were sent."""
+    `asked` collects the files whose bytes were sent, `authorizations` every request's path
+    and Authorization header (None where it had none)."""
     files = {}
     for name in sorted(os.listdir(directory)):
         with open(os.path.join(directory, name), "rb") as f:
@@ -130,6 +133,8 @@ def hub_serving(repo_id: str, directory: str, asked: list[str] | None = None,
             self._send(200, json.dumps(value).encode(), {"Content-Type": "application/json"})
 
         def do_GET(self) -> None:
+            if authorizations is not None:
+                authorizations.append((self.path, self.headers.get("Authorization")))
             path = self.path.split("?")[0]
             if path.startswith(api + "revision/"):
                 self._json({"id": repo_id, "sha": commit,

@@ -104,6 +104,10 @@ class EngineConfig:
         None, "Take the tokenizer (and chat template) from here instead of from the model: a "
               "directory with tokenizer files, or anything --model takes (vLLM's flag, e.g. "
               "for a GGUF model). Its vocabulary must fit the model's.")
+    tokenizer_revision: str | None = _opt(
+        None, "The revision of a hub tokenizer (--tokenizer ORG/NAME, or the model's own "
+              "tokenizer when --tokenizer is not given), as hf://ORG/NAME@REVISION gives it "
+              "(vLLM's flag).")
     runner: str = _opt(
         "auto", "What the model is served for: generate (completions, chat, responses) or "
                 "pooling (embeddings: POST /v1/embeddings and LLM.embed; a sequence "

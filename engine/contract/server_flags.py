@@ -72,6 +72,11 @@ def add_server_arguments(parser: argparse.ArgumentParser,
                              "/ping, /metrics, /load, /version and the OpenAPI docs (default: "
                              "$TOKENMILL_API_KEY; none: no key needed). The variable keeps the "
                              "key out of the process list.")
+    parser.add_argument("--hf-token", nargs="?", const=True, default=None, metavar="TOKEN",
+                        help="The hub token for a gated or private hf:// model or adapter "
+                             "(vLLM's flag): the value becomes HF_TOKEN for this process's "
+                             "downloads; without a value, the token the hub client already "
+                             "finds (HF_TOKEN, or `hf auth login`'s) is used, as it always is.")
     parser.add_argument("--max-request-body-bytes", type=_positive_int, default=10 << 20,
                         help="Answer 413 to a larger request body, before reading it "
                              "(default 10 MiB).")
@@ -249,6 +254,19 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Accepted for vLLM's command lines: a preempted request's KV cache "
                              "is recomputed, not swapped (--kv-offloading-size keeps a CPU "
                              "tier of evicted prefix blocks).")
+    parser.add_argument("--cuda-graph-sizes", type=_positive_int, nargs="+", default=None,
+                        metavar="N", help="Accepted for vLLM's command lines: decode steps "
+                                          "are captured per batch-size bucket up to "
+                                          "--max-num-seqs.")
+    parser.add_argument("--prefix-caching-hash-algo", default=None,
+                        choices=("builtin", "sha256", "sha256_cbor", "sha256_cbor_64bit",
+                                 "xxhash", "xxhash_cbor"),
+                        help="Accepted for vLLM's command lines: a cached block is used only "
+                             "once its tokens are compared, so no hash collision can serve "
+                             "another prompt's KV, whatever the hash.")
+    parser.add_argument("--code-revision", default=None, metavar="REVISION",
+                        help="Accepted for vLLM's command lines: no code from a model's "
+                             "repository is ever run.")
     parser.add_argument("--max-seq-len-to-capture", type=_positive_int, default=None,
                         help="Accepted for vLLM's command lines: CUDA graphs capture decode "
                              "steps, whatever the context length.")

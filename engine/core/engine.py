@@ -118,10 +118,13 @@ class LLMEngine:
         config_start = time.perf_counter()
         self.model_config = load_config(source)
         tokenizer_start = time.perf_counter()
-        self.tokenizer = load_tokenizer(resolve_tokenizer(config.tokenizer, config.download_dir)
-                                        if config.tokenizer else source)
-        if config.tokenizer:
-            check_tokenizer_fits(self.tokenizer, self.model_config, config.tokenizer)
+        # vLLM's --tokenizer-revision alone pins the model's own tokenizer.
+        tokenizer = config.tokenizer or (config.model if config.tokenizer_revision else None)
+        self.tokenizer = load_tokenizer(resolve_tokenizer(tokenizer, config.download_dir,
+                                                          config.tokenizer_revision)
+                                        if tokenizer else source)
+        if tokenizer:
+            check_tokenizer_fits(self.tokenizer, self.model_config, tokenizer)
         # Start-up phases done here; the runner times its own (rank.py).
         self._phase_seconds = {"config": tokenizer_start - config_start,
                                "tokenizer": time.perf_counter() - tokenizer_start}

@@ -66,11 +66,16 @@ def resolve_model(model: str, download_dir: str | None = None,
     return _local(model)
 
 
-def resolve_tokenizer(tokenizer: str, download_dir: str | None = None) -> ModelSource:
-    """Where --tokenizer's files are: anything resolve_model takes, or a directory holding only
-    a tokenizer (no config.json)."""
+def resolve_tokenizer(tokenizer: str, download_dir: str | None = None,
+                      revision: str | None = None) -> ModelSource:
+    """Where --tokenizer's files are: anything resolve_model takes (a hub one at `revision`,
+    --tokenizer-revision, when given), or a directory holding only a tokenizer (no
+    config.json)."""
     from tokenmill.engine.models.fetch import fetch_model
+    from tokenmill.engine.models.fetch.uri import pinned
 
+    if revision is not None:
+        tokenizer = pinned(tokenizer, revision, "tokenizer_revision")
     path = os.path.expanduser(fetch_model(tokenizer, download_dir) or tokenizer)
     if os.path.isdir(path) and any(os.path.isfile(os.path.join(path, name))
                                    for name in TOKENIZER_FILES):

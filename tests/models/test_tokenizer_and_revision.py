@@ -82,17 +82,29 @@ def test_serve_refuses_a_revision_of_a_local_model_before_loading_it(tiny_llama_
                                        f"{tiny_llama_dir!r}\n")
 
 
-def test_generate_loads_the_hub_model_at_its_revision(tiny_llama_dir, tiny_llama, tmp_path):
-    """From an offline hub cache, as the engine reads it in a pod; a new process, since the
-    hub client reads HF_HUB_OFFLINE once, at import."""
-    cache = str(tmp_path / "hub")
-    write_hub_cache(cache, "tokenmill-test/tiny-llama", tiny_llama_dir)
+def test_serve_refuses_a_tokenizer_revision_of_a_local_tokenizer_before_loading(
+        tiny_llama_dir, capsys):
+    """vLLM's --tokenizer-revision pins a hub tokenizer: --tokenizer's, or the model's own."""
+    for flags, named in ((["--tokenizer", "/models/tok"], "the tokenizer is '/models/tok'"),
+                         ([], f"the tokenizer is {tiny_llama_dir!r}")):
+        assert main(["serve", "--model", tiny_llama_dir, *flags,
+                     "--tokenizer-revision", "v2"]) == 2
+        assert capsys.readouterr().err == (f"tokenmill serve: error: tokenizer_revision: only "
+                                           f"a hub model (hf://ORG/NAME or ORG/NAME) has "
+                                           f"revisions; {named}\n")
+
+
+def _pinned_runs(tiny_llama, cache: str, *flags: str) -> None:
+    """`tokenmill generate` over an offline hub cache (a new process: the hub client reads
+    HF_HUB_OFFLINE once, at import), `flags` with REVISION standing for the revision: at the
+    cache's commit it answers as the tiny model does; at a revision not there it exits 1
+    saying so."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
 
     def generate(revision: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-P", "-m", "tokenmill.engine.cli", "generate", "--model",
-             "tokenmill-test/tiny-llama", "--revision", revision, "--download-dir", cache,
+            [sys.executable, "-P", "-m", "tokenmill.engine.cli", "generate",
+             *[revision if f == "REVISION" else f for f in flags], "--download-dir", cache,
              "--raw", "--json", "--max-tokens", "6", "the quick brown fox"],
             capture_output=True, text=True, env=env, cwd="/", timeout=120)
 
@@ -104,3 +116,21 @@ def test_generate_loads_the_hub_model_at_its_revision(tiny_llama_dir, tiny_llama
     missing = generate("v9")
     assert missing.returncode == 1
     assert "revision 'v9' is not in the cache" in missing.stderr
+
+
+def test_generate_loads_a_hub_tokenizer_at_its_revision(tiny_llama_dir, tiny_llama, tmp_path):
+    """The weights from a directory, the tokenizer from the hub cache at the revision
+    --tokenizer-revision names."""
+    weights, tokenizer = _split(tiny_llama_dir, tmp_path)
+    cache = str(tmp_path / "hub")
+    write_hub_cache(cache, "tokenmill-test/tok", tokenizer)
+    _pinned_runs(tiny_llama, cache, "--model", weights, "--tokenizer", "tokenmill-test/tok",
+                 "--tokenizer-revision", "REVISION")
+
+
+def test_generate_loads_the_hub_model_at_its_revision(tiny_llama_dir, tiny_llama, tmp_path):
+    """From an offline hub cache, as the engine reads it in a pod."""
+    cache = str(tmp_path / "hub")
+    write_hub_cache(cache, "tokenmill-test/tiny-llama", tiny_llama_dir)
+    _pinned_runs(tiny_llama, cache, "--model", "tokenmill-test/tiny-llama", "--revision",
+                 "REVISION")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from model_support import hf_greedy
 from server_support import ServeProcess, load_metrics, openai_client
-from store_support import BUCKET, TINY_PREFIX, write_hub_cache
+from store_support import BUCKET, TINY_PREFIX, hub_serving, write_hub_cache
 
 MAX_NEW = 8
 
@@ -24,11 +24,13 @@ def reference(tiny_llama_dir, smol_tokenizer):
 
 
 def _served_text(model: str, env: dict[str, str], download_dir: str, prompt: list[int],
-                 metrics: dict[str, float] | None = None, positional: bool = False) -> str:
+                 metrics: dict[str, float] | None = None, positional: bool = False,
+                 extra: tuple[str, ...] = ()) -> str:
     """The server's greedy continuation of `prompt`; its model load metrics go to `metrics`.
-    `positional`: `tokenmill serve MODEL`, as vLLM takes it, instead of --model."""
+    `positional`: `tokenmill serve MODEL`, as vLLM takes it, instead of --model. `extra`:
+    more flags."""
     flags = ("--served-model-name", "tiny", "--download-dir", download_dir, "--max-num-seqs",
-             "4", "--block-size", "8")
+             "4", "--block-size", "8", *extra)
     proc = (ServeProcess.positional(model, *flags, env=env) if positional
             else ServeProcess(model, *flags, env=env))
     try:
@@ -64,6 +66,22 @@ def test_serves_a_model_from_an_offline_hub_cache_with_hf_greedy_output(tmp_path
     # finds both at the same snapshot).
     assert _served_text("tokenmill-test/tiny-llama", env, cache, prompt,
                         positional=True) == expected
+
+
+def test_hf_token_reaches_the_hub_with_every_request(tmp_path, tiny_llama_dir, reference):
+    """vLLM's --hf-token: the hub (a loopback one serving the repository) sees the token on
+    every call of the download, and the server then answers as from any other source."""
+    prompt, expected = reference
+    seen: list[tuple[str, str | None]] = []
+    with hub_serving("tokenmill-test/tiny-llama", tiny_llama_dir,
+                     authorizations=seen) as hub:
+        env = {"HF_ENDPOINT": hub, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_XET": "1",
+               "HF_TOKEN": ""}
+        assert _served_text("hf://tokenmill-test/tiny-llama", env, str(tmp_path / "hub"),
+                            prompt, extra=("--hf-token", "hf_from_the_flag")) == expected
+    # The client's own calls that are not about the repository may go without it.
+    calls = [auth for path, auth in seen if "/tokenmill-test/tiny-llama/" in path]
+    assert len(calls) >= 3 and set(calls) == {"Bearer hf_from_the_flag"}
 
 
 def test_a_model_that_cannot_be_fetched_ends_the_server_with_one_line(s3_env, tmp_path):

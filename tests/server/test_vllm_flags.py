@@ -80,7 +80,9 @@ def vllm_server(tiny_llama_dir, tls, tmp_path_factory):
         "--swap-space", "16", "--disable-custom-all-reduce", "--max-seq-len-to-capture", "8192",
         "--root-path", "/llm", "--max-logprobs", "30", "--enable-force-include-usage",
         "--enable-prompt-tokens-details", "--scheduling-policy", "priority",
-        "--stream-interval", "3",
+        "--stream-interval", "3", "--cuda-graph-sizes", "1", "2", "4",
+        "--prefix-caching-hash-algo", "sha256_cbor", "--code-revision", "main", "-O3",
+        "--compilation-config", '{"cudagraph_capture_sizes": [1, 2]}',
         "--allowed-origins", f'["{ORIGIN}"]', "--ssl-keyfile", key, "--ssl-certfile", cert,
         env={"TOKENMILL_API_KEY": KEY})
     proc.url = proc.url.replace("http://", "https://")

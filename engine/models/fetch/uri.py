@@ -60,14 +60,16 @@ def _bare_hub_id(model: str) -> HubModel | None:
     return HubModel(f"hf://{model}", model, None)
 
 
-def pinned(model: str, revision: str) -> str:
-    """`model` at `revision` (vLLM's --revision): a hub model as hf://ORG/NAME@REVISION;
-    ConfigError for any other model, or for one that names another revision already."""
+def pinned(model: str, revision: str, option: str = "revision") -> str:
+    """`model` at `revision` (vLLM's --revision, or `option`: --tokenizer-revision): a hub
+    model as hf://ORG/NAME@REVISION; ConfigError for any other model, or for one that names
+    another revision already."""
     remote = parse_model_uri(model)
+    what = "tokenizer" if option == "tokenizer_revision" else "model"
     if not isinstance(remote, HubModel):
-        raise ConfigError("revision", f"only a hub model (hf://ORG/NAME or ORG/NAME) has "
-                                      f"revisions; the model is {model!r}")
+        raise ConfigError(option, f"only a hub model (hf://ORG/NAME or ORG/NAME) has "
+                                  f"revisions; the {what} is {model!r}")
     if remote.revision not in (None, revision):
-        raise ConfigError("revision", f"{revision!r}, but the model {model!r} names revision "
-                                      f"{remote.revision!r}; give one")
+        raise ConfigError(option, f"{revision!r}, but the {what} {model!r} names revision "
+                                  f"{remote.revision!r}; give one")
     return f"hf://{remote.repo_id}@{revision}"
