@@ -60,6 +60,8 @@ _PLAIN_HTTP = ("the pod's probes, its Service and the autoscaler speak plain HTT
                "engine; terminate TLS at a Gateway or a service mesh")
 _REFUSED_FLAGS = {
     "config": "the pod has no such file; put its flags in extraArgs",
+    "tokenizer-revision": "the pod reads its tokenizer from the files the operator mounts or "
+                          "downloads; pin the model with spec.model.uri hf://ORG/NAME@REVISION",
     "uds": f"the pod's probes, its Service and the autoscaler reach the engine on port {PORT}",
     **dict.fromkeys(("ssl-keyfile", "ssl-certfile", "ssl-ca-certs", "ssl-cert-reqs"),
                     _PLAIN_HTTP),
