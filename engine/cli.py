@@ -67,8 +67,7 @@ def _server_config(args: argparse.Namespace) -> EngineConfig:
         if config.revision is not None:
             pinned(config.model, config.revision)
         if config.tokenizer_revision is not None:
-            pinned(config.tokenizer or config.model, config.tokenizer_revision,
-                   "tokenizer_revision")
+            pinned(config.tokenizer_source(), config.tokenizer_revision, "tokenizer_revision")
     if isinstance(args.hf_token, str):
         os.environ["HF_TOKEN"] = args.hf_token
     return config

@@ -462,6 +462,11 @@ class EngineConfig:
         except HFOverridesError as e:
             raise ConfigError(e.option, str(e)) from None
 
+    def tokenizer_source(self) -> str | None:
+        """Where the tokenizer is read from when not from the model's files: --tokenizer, or
+        the model itself when --tokenizer-revision alone pins its tokenizer (vLLM's)."""
+        return self.tokenizer or (self.model if self.tokenizer_revision else None)
+
     @classmethod
     def option_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
@@ -511,10 +516,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         flags = (cli_flag(f.name), *f.metadata.get("aliases", ()))
         help_text = f.metadata.get("help", "")
         if kind is bool:
-            parser.add_argument(cli_flag(f.name), dest=f.name, default=f.default,
+            parser.add_argument(*flags, dest=f.name, default=f.default,
                                 action=argparse.BooleanOptionalAction, help=help_text)
         elif kind is tuple:  # tuple[str, ...]: one or more values after the flag
-            parser.add_argument(cli_flag(f.name), dest=f.name, nargs="+", default=f.default,
+            parser.add_argument(*flags, dest=f.name, nargs="+", default=f.default,
                                 help=help_text)
         else:
             parser.add_argument(*flags, dest=f.name, type=kind, default=f.default,

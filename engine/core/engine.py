@@ -118,8 +118,7 @@ class LLMEngine:
         config_start = time.perf_counter()
         self.model_config = load_config(source)
         tokenizer_start = time.perf_counter()
-        # vLLM's --tokenizer-revision alone pins the model's own tokenizer.
-        tokenizer = config.tokenizer or (config.model if config.tokenizer_revision else None)
+        tokenizer = config.tokenizer_source()
         self.tokenizer = load_tokenizer(resolve_tokenizer(tokenizer, config.download_dir,
                                                           config.tokenizer_revision)
                                         if tokenizer else source)
@@ -175,6 +174,8 @@ class LLMEngine:
                 on_logits=sample_worst_case,
                 extra_bytes_per_block=draft.layout.bytes_per_block if draft else 0,
                 largest_images=None if self.images is None else self._largest_images)
+            self.max_model_len = _fit_pool(config, self.max_model_len, self.runner.num_blocks,
+                                           self.device.type)
         except BaseException as exc:
             failure = self.workers.failure if self.workers is not None else None
             self.shutdown()
@@ -188,12 +189,6 @@ class LLMEngine:
         self._download_seconds = source.download_seconds
         log.info("model loaded", extra={"model": config.model, **self._load_log_fields()})
         num_blocks = self.runner.num_blocks
-        try:
-            self.max_model_len = _fit_pool(config, self.max_model_len, num_blocks,
-                                           self.device.type)
-        except ConfigError:
-            self.shutdown()
-            raise
         # MEAN and CLS pooling read every prompt token's hidden state: nothing can be skipped.
         prefix_caching = config.enable_prefix_caching and not self.encoder and (
             self.pooler is None or self.pooler.pooling_type == "LAST")
@@ -906,8 +901,8 @@ class LLMEngine:
             raise RequestError(str(exc), param="structured_outputs") from None
 
     def _check_fits(self, token_ids: list[int], n: int = 1, new_tokens: int = 0) -> None:
-        """n sequences of the prompt and new_tokens (max_tokens) more fit the batch, the context
-        and the pool."""
+        """n sequences of the prompt and new_tokens (max_tokens) more fit the batch and the
+        context, which the pool holds (_fit_pool)."""
         if not token_ids:
             raise RequestError("the prompt is empty")
         if n > self.config.max_num_seqs:
