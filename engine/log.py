@@ -1,7 +1,8 @@
 """Structured, quiet-by-default logging: one logfmt line per event, extra fields included.
 
 Level from TOKENMILL_LOG_LEVEL (default WARNING); set it to INFO to see model loading,
-engine start-up and one line per HTTP request.
+engine start-up and one line per HTTP request. A server's --log-config-file replaces all of
+this with the user's own logging.config.dictConfig (apply_log_config).
 
 `log_fields(request_id=...)` adds fields to every line logged in its context (the task or
 thread that entered it): the server tags each request's lines with its request id this way.
@@ -13,6 +14,7 @@ import contextlib
 import contextvars
 import json
 import logging
+import logging.config
 import os
 import sys
 from collections.abc import Iterator
@@ -65,3 +67,23 @@ def configure_logging(level: str | None = None) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     root.propagate = False
+
+
+def apply_log_config(path: str) -> None:
+    """Configure logging from a JSON file of logging.config.dictConfig's schema (vLLM's
+    --log-config-file): tokenmill's loggers and uvicorn's alike. ValueError naming what is
+    wrong with the file; `LogfmtFormatter` may be named as a formatter's "()"."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            config = json.load(file)
+    except OSError as exc:
+        raise ValueError(f"can't read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise ValueError(f"{path} is not JSON: {exc}") from None
+    if not isinstance(config, dict) or "version" not in config:
+        raise ValueError(f"{path} must hold a JSON object in logging.config.dictConfig's "
+                         'schema, such as {"version": 1, "loggers": {...}}')
+    try:
+        logging.config.dictConfig(config)
+    except (ValueError, TypeError, AttributeError, ImportError) as exc:
+        raise ValueError(f"{path}: {exc}") from None

@@ -176,6 +176,10 @@ class EngineConfig:
         "--kv-cache-memory-bytes, its other name. Default on CPU: 1 GiB; on CUDA: what "
         "--gpu-memory-utilization leaves. When given it wins and nothing is profiled.",
         parse=size_argument, aliases=("--kv-cache-memory-bytes",))
+    num_gpu_blocks_override: int | None = _opt(
+        None, "KV-cache blocks in each device's pool, whatever --kv-cache-memory or the "
+              "profile says (vLLM's flag: a small pool, to see preemption); nothing is "
+              "profiled. The pool must still fit the device's memory.")
     gpu_memory_utilization: float = _opt(
         0.9, "Fraction of each GPU's memory the engine may use. At start-up a profiling step "
              "runs the largest batch (max-num-batched-tokens, max-num-seqs) and measures the "
@@ -336,6 +340,9 @@ class EngineConfig:
                f"{self.block_size} is not one of {BLOCK_SIZES}")
         _check(self.kv_cache_memory is None or self.kv_cache_memory > 0,
                "kv_cache_memory", f"must be a positive number of bytes, got {self.kv_cache_memory}")
+        _check(self.num_gpu_blocks_override is None or self.num_gpu_blocks_override > 0,
+               "num_gpu_blocks_override",
+               f"must be a positive number of blocks, got {self.num_gpu_blocks_override}")
         _check(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
                f"must be in (0, 1], got {self.gpu_memory_utilization}")
         _check(self.tensor_parallel_size >= 1, "tensor_parallel_size",

@@ -164,13 +164,19 @@ def add_http_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ssl-cert-reqs", type=int, choices=(0, 1, 2), default=0,
                         help="Client certificates: 0 not asked for, 1 optional, 2 required "
                              "(Python's ssl.CERT_NONE, CERT_OPTIONAL, CERT_REQUIRED).")
-    parser.add_argument("--uvicorn-log-level", default="warning",
+    parser.add_argument("--uvicorn-log-level", default=None,
                         choices=("critical", "error", "warning", "info", "debug", "trace"),
-                        help="uvicorn's own log level (default: warning; at info it logs a "
-                             "line per request unless --disable-uvicorn-access-log). "
-                             "tokenmill's logs take TOKENMILL_LOG_LEVEL.")
+                        help="uvicorn's own log level (default: warning, or what "
+                             "--log-config-file sets; at info it logs a line per request "
+                             "unless --disable-uvicorn-access-log). tokenmill's logs take "
+                             "TOKENMILL_LOG_LEVEL.")
     parser.add_argument("--disable-uvicorn-access-log", action="store_true",
                         help="No uvicorn access log lines, whatever its log level.")
+    parser.add_argument("--log-config-file", default=None, metavar="FILE",
+                        help="A JSON file in logging.config.dictConfig's schema that "
+                             "configures tokenmill's loggers and uvicorn's in this process "
+                             "(vLLM's flag), in place of the logfmt lines on stderr; its "
+                             "formatters may name tokenmill.engine.log.LogfmtFormatter.")
     parser.add_argument("--disable-fastapi-docs", action="store_true",
                         help="Serve no /docs, /redoc or /openapi.json.")
     parser.add_argument("--root-path", default="", metavar="PATH",
@@ -180,16 +186,22 @@ def add_http_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_request_log_arguments(parser: argparse.ArgumentParser) -> None:
-    """vLLM's request-log flags: one line per generation request when asked for."""
+    """vLLM's request-log flags: one line per generation request, and one per finished
+    generation, when asked for."""
     parser.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction,
                         default=False,
                         help="Log each generation request at admission (INFO, logger "
                              "tokenmill.requests, whatever TOKENMILL_LOG_LEVEL): its id, "
                              "model, prompt length, sampling parameters and prompt (cut to "
                              "--max-log-len).")
+    parser.add_argument("--enable-log-outputs", action=argparse.BooleanOptionalAction,
+                        default=False,
+                        help="Log each generation once it finishes (INFO, logger "
+                             "tokenmill.requests, under its request's id): its finish reason, "
+                             "text and token ids (cut to --max-log-len).")
     parser.add_argument("--max-log-len", type=_positive_int, default=None,
-                        help="Most characters of a prompt that a request's log line shows "
-                             "(default: all).")
+                        help="Most characters of a prompt or an output, or token ids of an "
+                             "output, that a log line shows (default: all).")
 
 
 # vLLM's on/off flags that change nothing here, and why.

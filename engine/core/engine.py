@@ -1016,8 +1016,12 @@ def _fit_pool(config: EngineConfig, length: int, num_blocks: int, device_type: s
     capacity = num_blocks * config.block_size
     if length <= capacity:
         return length
-    more = ("raise --gpu-memory-utilization" if device_type == "cuda"
-            and config.kv_cache_memory is None else "raise --kv-cache-memory")
+    if config.num_gpu_blocks_override is not None:
+        more = "raise --num-gpu-blocks-override"
+    elif device_type == "cuda" and config.kv_cache_memory is None:
+        more = "raise --gpu-memory-utilization"
+    else:
+        more = "raise --kv-cache-memory"
     if config.max_model_len is not None:
         raise ConfigError("max_model_len", f"{length} tokens do not fit the KV-cache pool, "
                           f"which holds {capacity} ({num_blocks} blocks of "

@@ -1,6 +1,7 @@
-"""How many KV blocks one device's pool holds: --kv-cache-memory when given, 1 GiB on CPU, and
-on CUDA what --gpu-memory-utilization leaves once a profiled worst-case step has shown what the
-weights, activations and memory outside torch's allocator take (engine/execution/profile_run.py).
+"""How many KV blocks one device's pool holds: --num-gpu-blocks-override or --kv-cache-memory
+when given, 1 GiB on CPU, and on CUDA what --gpu-memory-utilization leaves once a profiled
+worst-case step has shown what the weights, activations and memory outside torch's allocator
+take (engine/execution/profile_run.py).
 
 The arithmetic is plain numbers in, numbers out, so it is tested on known figures."""
 
@@ -65,10 +66,12 @@ class KVSizing:
     profile: MemoryProfile | None = None  # None: the budget was given, not measured
     utilization: float | None = None
 
+    source: str = "kv_cache_memory"  # the flag that gave the budget, when not profiled
+
     def log_fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {"budget_bytes": self.budget, "blocks": self.blocks}
         if self.profile is None:
-            return {"source": "kv_cache_memory", **fields}
+            return {"source": self.source, **fields}
         p = self.profile
         return {"source": "profiled", "total_bytes": p.total,
                 "gpu_memory_utilization": self.utilization, "weights_bytes": p.weights,
@@ -78,8 +81,12 @@ class KVSizing:
 
 def kv_sizing(config: EngineConfig, bytes_per_block: int, device_type: str,
               profile: Callable[[], MemoryProfile]) -> KVSizing:
-    """--kv-cache-memory wins (nothing is profiled); CPU has no allocator statistics and keeps
-    its 1 GiB default; on CUDA `profile` runs the worst-case step and the budget is measured."""
+    """--num-gpu-blocks-override, then --kv-cache-memory win (nothing is profiled); CPU has no
+    allocator statistics and keeps its 1 GiB default; on CUDA `profile` runs the worst-case
+    step and the budget is measured."""
+    if config.num_gpu_blocks_override is not None:
+        blocks = config.num_gpu_blocks_override
+        return KVSizing(blocks, blocks * bytes_per_block, source="num_gpu_blocks_override")
     if config.kv_cache_memory is None and device_type == "cuda":
         measured = profile()
         blocks = profiled_blocks(measured, config.gpu_memory_utilization, bytes_per_block)

@@ -35,7 +35,7 @@ from tokenmill.engine.server.images import request_images
 from tokenmill.engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from tokenmill.engine.server.reasoning import REASONING_PARSERS, ReplyReasoning, RequestedThinking
 from tokenmill.engine.server.rendering import Call, chunk, delta_choice, full_response, sse, usage
-from tokenmill.engine.server.request_log import log_request
+from tokenmill.engine.server.request_log import log_output, log_request
 from tokenmill.engine.server.request_template import request_template
 from tokenmill.engine.server.state import ServerState, check_ready
 from tokenmill.engine.server.tools import (
@@ -355,17 +355,18 @@ async def collect(streams: list[RequestStream], request: Request | None,
     """The final outputs of started requests, or None if the client went away (with no
     `request`, a background run's, nobody is watched: cancelling the caller aborts them)."""
     try:
-        return await _collect(streams, request)
+        return await _collect(streams, request, state)
     except EngineDeadError as exc:  # the loop died under this request; the server exits
         raise APIError(503, str(exc)) from exc
     finally:
         state.request_ended()
 
 
-async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def _merged(streams: list[RequestStream],
+                  state: ServerState) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Each prompt's output so far, as its streams report: deltas joined in place into one
     object a prompt (read it before the next), or a request's one final output; closes every
-    stream on exit."""
+    stream on exit. A finished output is logged with --enable-log-outputs."""
     sofar: dict[int, RequestOutput] = {}
 
     def joined(i: int, delta: RequestOutput) -> RequestOutput:
@@ -373,6 +374,8 @@ async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Requ
             sofar[i].extend(delta)
         else:
             sofar[i] = delta
+        if sofar[i].finished:
+            log_output(sofar[i], state)
         return sofar[i]
 
     if len(streams) == 1:  # one prompt, the usual call: no task and queue in between
@@ -411,13 +414,13 @@ async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Requ
             await s.aclose()
 
 
-async def _collect(streams: list[RequestStream],
-                   request: Request | None) -> list[RequestOutput] | None:
+async def _collect(streams: list[RequestStream], request: Request | None,
+                   state: ServerState) -> list[RequestOutput] | None:
     """Final outputs in prompt order, or None if the client went away (requests aborted)."""
     finals: dict[int, RequestOutput] = {}
 
     async def consume() -> None:
-        async for i, out in _merged(streams):
+        async for i, out in _merged(streams, state):
             if out.finished:
                 finals[i] = out
 
@@ -457,7 +460,7 @@ async def chat_chunks(call: Call, streams: list[RequestStream], include_usage: b
                 if call.return_token_ids and c == 0:  # vLLM's: on the first chunk
                     first["prompt_token_ids"] = call.prompts_ids[0]
                 yield first
-        async for i, out in _merged(streams):
+        async for i, out in _merged(streams, state):
             latest[i] = out
             for output in out.outputs:  # one choice a chunk, as OpenAI and vLLM send them
                 choice = delta_choice(call, i, output, state, out)

@@ -1,6 +1,8 @@
 """--enable-log-requests: one INFO line per engine request at admission, as vLLM's request log:
 its id, model, prompt length, the sampling parameters a request changed and its prompt text (a
-chat's as its template rendered it), cut to --max-log-len.
+chat's as its template rendered it), cut to --max-log-len. --enable-log-outputs: one line per
+generation once it finishes, under the same id: its finish reason, text and token ids, cut the
+same way.
 
 The lines go to the `tokenmill.requests` logger, which the flag sets to INFO whatever
 TOKENMILL_LOG_LEVEL says: turning request logs on should not turn on every other INFO line.
@@ -12,7 +14,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from tokenmill.engine.core import SamplingParams
+from tokenmill.engine.core import RequestOutput, SamplingParams
 from tokenmill.engine.server.rendering import Call, prompt_text
 from tokenmill.engine.server.state import ServerState
 
@@ -34,6 +36,21 @@ def log_request(call: Call, state: ServerState) -> None:
             "id": f"{call.id}-{i}", "model": call.model, "prompt_tokens": len(ids),
             "params": changed_params(call.params),
             "prompt": prompt[:options.max_log_len] if options.max_log_len else prompt,
+        })
+
+
+def log_output(out: RequestOutput, state: ServerState) -> None:
+    """A finished request's generations (an embedding's vector is not logged)."""
+    options = state.options
+    if not options.log_outputs or out.embedding is not None:
+        return
+    cut = options.max_log_len
+    for c in out.outputs:
+        log.info("response finished", extra={
+            "id": out.request_id, **({"index": c.index} if len(out.outputs) > 1 else {}),
+            "finish_reason": c.finish_reason, "output_tokens": len(c.token_ids),
+            "output": c.text[:cut] if cut else c.text,
+            "output_token_ids": c.token_ids[:cut] if cut else c.token_ids,
         })
 
 

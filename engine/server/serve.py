@@ -25,6 +25,7 @@ import uvicorn
 from tokenmill.engine.contract.server_flags import check_server_flags
 from tokenmill.engine.core import generation_config
 from tokenmill.engine.core.errors import ConfigError
+from tokenmill.engine.log import apply_log_config
 from tokenmill.engine.server.app import create_app
 from tokenmill.engine.server.metrics import EngineMetrics
 from tokenmill.engine.server.request_log import enable_request_log
@@ -120,8 +121,14 @@ def check_tls_files(args: argparse.Namespace) -> None:
 
 def server_state(config, args: argparse.Namespace) -> ServerState:
     """The server's state from `tokenmill serve`'s flags (`tokenmill run-batch` takes them
-    too), once check_server_flags has passed them; the model is not loaded yet."""
-    if args.enable_log_requests:
+    too), once check_server_flags has passed them; the model is not loaded yet. Logging is
+    configured here: --log-config-file, then the request-log flags over it."""
+    if args.log_config_file is not None:
+        try:
+            apply_log_config(args.log_config_file)
+        except ValueError as exc:
+            raise ConfigError("--log-config-file", str(exc)) from None
+    if args.enable_log_requests or args.enable_log_outputs:
         enable_request_log()
     name, *aliases = args.served_model_name or [config.model]
     return ServerState(
@@ -150,6 +157,7 @@ def server_state(config, args: argparse.Namespace) -> ServerState:
                               allow_credentials=args.allow_credentials,
                               fastapi_docs=not args.disable_fastapi_docs,
                               log_requests=args.enable_log_requests,
+                              log_outputs=args.enable_log_outputs,
                               max_log_len=args.max_log_len,
                               return_tokens_as_token_ids=args.return_tokens_as_token_ids,
                               force_include_usage=args.enable_force_include_usage,
@@ -170,6 +178,13 @@ def check_media_path(args: argparse.Namespace) -> None:
         raise ConfigError("--allowed-local-media-path", f"{path} is not a directory")
 
 
+def uvicorn_log_level(args: argparse.Namespace) -> str | None:
+    """--uvicorn-log-level; left out, warning, or the --log-config-file's levels (None)."""
+    if args.uvicorn_log_level is None and args.log_config_file is None:
+        return "warning"
+    return args.uvicorn_log_level
+
+
 def serve(config, args: argparse.Namespace) -> int:
     check_server_flags(args)
     check_tls_files(args)
@@ -177,7 +192,9 @@ def serve(config, args: argparse.Namespace) -> int:
     state = server_state(config, args)
     app = create_app(state)
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, uds=args.uds,
-                               log_level=args.uvicorn_log_level,
+                               log_level=uvicorn_log_level(args),
+                               # the file configured uvicorn's loggers too: no defaults over it
+                               **({"log_config": None} if args.log_config_file else {}),
                                access_log=not args.disable_uvicorn_access_log,
                                ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
                                ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,

@@ -53,7 +53,8 @@ class ServerOptions:
     allow_credentials: bool = False
     fastapi_docs: bool = True  # /docs, /redoc and /openapi.json
     log_requests: bool = False  # a line per generation request (--enable-log-requests)
-    max_log_len: int | None = None  # characters or token ids of a prompt in that line
+    log_outputs: bool = False  # a line per finished generation (--enable-log-outputs)
+    max_log_len: int | None = None  # characters (or token ids) of a text in those lines
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:ID"
     force_include_usage: bool = False  # every stream ends with a usage chunk
     root_path: str = ""  # the prefix a path-based proxy serves this server under

@@ -34,6 +34,7 @@ def test_invalid_sampling_params_name_the_option(options, named):
     ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
     ({"quantization": "awq"}, "quantization"),
     ({"kv_cache_memory": 0}, "kv_cache_memory"),
+    ({"num_gpu_blocks_override": 0}, "num_gpu_blocks_override: must be a positive number"),
     ({"kv_cache_dtype": "fp8_e3m4"}, "kv_cache_dtype: 'fp8_e3m4' is not one of"),
 ])
 def test_invalid_engine_options_fail_at_construction(options, named):
@@ -102,6 +103,24 @@ def test_a_max_model_len_the_pool_cannot_hold_stops_the_start_naming_what_fits(
         llm = LLM(tiny_llama_dir, show_progress=False, block_size=8,
                   kv_cache_memory_bytes=4 * block, max_model_len=fits)
         assert llm.engine.max_model_len == 32
+
+
+def test_a_block_count_override_sizes_the_pool_and_preempts_when_it_fills(tiny_llama_dir):
+    """vLLM's --num-gpu-blocks-override: 6 blocks of 8 whatever the 1 GiB default; two
+    sequences needing 4 blocks each cannot both run, so one is preempted, and both end with
+    the tokens they get alone. A length beyond the pool names the flag to raise."""
+    with pytest.raises(ConfigError, match="raise --num-gpu-blocks-override"):
+        LLM(tiny_llama_dir, show_progress=False, block_size=8, num_gpu_blocks_override=6,
+            max_model_len=64)
+    llm = LLM(tiny_llama_dir, show_progress=False, block_size=8, num_gpu_blocks_override=6)
+    assert (llm.engine.runner.num_blocks, llm.engine.max_model_len) == (6, 48)
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    prompts = [[5, 6, 7] * 4, [9, 10, 11] * 4]
+    alone = [llm.generate([p], params)[0].outputs[0].token_ids for p in prompts]
+    together = llm.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in together] == alone
+    assert sum(o.num_preemptions for o in together) >= 1
+    llm.engine.kv.allocator.check_all_free()
 
 
 def test_bad_token_ids_and_empty_prompts_are_rejected(tiny_llama):

@@ -64,6 +64,14 @@ def test_kv_cache_memory_wins_and_cpu_keeps_its_default_without_profiling():
         kv_sizing(EngineConfig(kv_cache_memory=MIB - 1), MIB, "cuda", _never)
 
 
+def test_a_block_count_override_wins_over_memory_and_profile():
+    for device, memory in (("cuda", None), ("cpu", 10 * MIB), ("cpu", None)):
+        sizing = kv_sizing(EngineConfig(num_gpu_blocks_override=3, kv_cache_memory=memory),
+                           MIB, device, _never)
+        assert (sizing.blocks, sizing.budget, sizing.profile) == (3, 3 * MIB, None)
+        assert sizing.log_fields()["source"] == "num_gpu_blocks_override"
+
+
 def test_cuda_sizing_uses_the_profile_and_logs_its_figures():
     sizing = kv_sizing(EngineConfig(gpu_memory_utilization=0.9), BLOCK_8B, "cuda", lambda: H100)
     assert sizing.blocks == 26_880

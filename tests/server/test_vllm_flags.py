@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import json
+import re
 import signal
 import ssl
 import time
@@ -65,6 +66,7 @@ def vllm_server(tiny_llama_dir, tls, tmp_path_factory):
     proc = ServeProcess(
         tiny_llama_dir, "--config", str(config), "--trust-remote-code",
         "--enable-chunked-prefill", "--disable-log-requests", "--disable-log-stats",
+        "--enable-log-outputs",
         "--uvicorn-log-level", "info",
         "--disable-uvicorn-access-log", "--disable-fastapi-docs",
         "--disable-frontend-multiprocessing", "--distributed-executor-backend", "mp",
@@ -172,22 +174,35 @@ def test_the_api_docs_are_off(vllm_server):
             assert http.get(vllm_server.url + path).status_code == 404, path
 
 
-def test_each_request_is_logged_cut_to_max_log_len_and_the_access_log_is_off(vllm_server,
-                                                                               https_client):
+def test_each_request_and_its_output_are_logged_cut_to_max_log_len_and_no_access_log(
+        vllm_server, https_client):
     """Last in this module: it stops the server to read its log."""
-    https_client.completions.create(model="tiny", prompt="the quick brown fox jumps",
-                                    max_tokens=2, temperature=0, seed=7)
+    reply = https_client.completions.create(
+        model="tiny", prompt="the quick brown fox jumps", max_tokens=2, temperature=0, seed=7,
+        extra_body={"return_token_ids": True})
     vllm_server.send_signal(signal.SIGTERM)
     code, stderr = vllm_server.finish()
     assert code == 0, stderr
     logged = [line for line in stderr.splitlines() if "logger=tokenmill.requests" in line]
+    received = [line for line in logged if 'msg="request received"' in line]
+    finished = [line for line in logged if 'msg="response finished"' in line]
     # The chats of the first test and of the root-path test, the stream-interval test's two
-    # completions, and this completion.
-    assert len(logged) == 5, stderr
-    line = logged[-1]
-    assert 'msg="request received"' in line and "model=tiny" in line
+    # completions, and this completion; each finished once, streamed or not.
+    assert len(received) == 5 == len(finished), stderr
+    line = received[-1]
+    assert "model=tiny" in line
     assert "prompt_tokens=" in line and 'prompt="the quick br"' in line
     assert "'max_tokens': 2" in line and "'seed': 7" in line and "'temperature': 0.0" in line
+    request_id = re.search(r" id=(\S+)", line)[1]
+    assert [re.search(r" id=(\S+)", f)[1] for f in finished].count(request_id) == 1
+    output = next(f for f in finished if f" id={request_id} " in f)
+    assert "finish_reason=length output_tokens=2" in output
+    assert f'output_token_ids="{reply.choices[0].token_ids}"' in output
+    # The stream-interval test's 20 tokens, streamed and not: joined, then cut to 12 ids.
+    long = [f for f in finished if "output_tokens=20" in f]
+    assert len(long) == 2
+    assert all(len(json.loads(re.search(r'output_token_ids="(\[.*?\])"', f)[1])) == 12
+               for f in long)
     assert "Uvicorn running on https://127.0.0.1" in stderr  # uvicorn's INFO lines are on
     assert "HTTP/1.1" not in stderr  # but not its access log
 
