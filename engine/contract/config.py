@@ -180,6 +180,11 @@ class EngineConfig:
         None, "KV-cache blocks in each device's pool, whatever --kv-cache-memory or the "
               "profile says (vLLM's flag: a small pool, to see preemption); nothing is "
               "profiled. The pool must still fit the device's memory.")
+    enable_sleep_mode: bool = _opt(
+        False, "vLLM's sleep mode: the engine may give its device memory back while idle "
+               "(LLM.sleep(), or the server's POST /sleep) and take it again (wake_up, "
+               "POST /wake_up). Asleep, the weights are in host memory and the KV cache "
+               "is freed; requests are refused until it wakes.")
     gpu_memory_utilization: float = _opt(
         0.9, "Fraction of each GPU's memory the engine may use. At start-up a profiling step "
              "runs the largest batch (max-num-batched-tokens, max-num-seqs) and measures the "

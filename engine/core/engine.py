@@ -7,7 +7,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +16,13 @@ import torch
 from tokenmill.engine.contract.config import ConfigError, EngineConfig
 from tokenmill.engine.contract.pooling import TASK_LACKS, TASK_SERVED, Pooler
 from tokenmill.engine.core.detokenizer import IncrementalDetokenizer
-from tokenmill.engine.core.errors import LoRAAdapterError, RequestError, UnknownAdapterError
+from tokenmill.engine.core.errors import (
+    EngineAsleepError,
+    LoRAAdapterError,
+    RequestError,
+    SleepModeError,
+    UnknownAdapterError,
+)
 from tokenmill.engine.core.generation_config import generation_defaults, load_generation_config
 from tokenmill.engine.core.images import ImageInput, ImageSpan, PromptImages
 from tokenmill.engine.core.kv_cache import KVCacheManager, KVCacheStats
@@ -75,6 +81,8 @@ from tokenmill.engine.models.quantize import step_weight_bytes, weight_bytes
 from tokenmill.engine.models.source import ModelLoadError, resolve_model, resolve_tokenizer
 
 log = logging.getLogger(__name__)
+# What sleep mode takes off the device, by vLLM's wake_up tags.
+SLEEP_TAGS = ("weights", "kv_cache")
 
 
 @dataclass
@@ -227,6 +235,7 @@ class LLMEngine:
         self.last_advanced: list[_Request] = []
         self.async_scheduling = config.async_scheduling
         self._pending: _PendingStep | None = None  # async scheduling: tokens not read back
+        self._asleep: set[str] = set()  # sleep mode: which of SLEEP_TAGS are off the device
         self._add_startup_loras()
         self._startup_seconds = time.perf_counter() - started
         log.info("engine ready", extra={
@@ -345,6 +354,9 @@ class LLMEngine:
         # bookkeeping that of any prompt.
         params = SamplingParams(max_tokens=1) if pooling is not None else \
             params or SamplingParams()
+        if self._asleep:
+            raise EngineAsleepError("the engine is asleep (sleep mode); wake it up first "
+                                    "(wake_up, or POST /wake_up)")
         if request_id in self._requests:
             raise RequestError(f"request id {request_id!r} is already in use")
         self.check_priority(priority)
@@ -589,6 +601,63 @@ class LLMEngine:
     def offload_block_bytes(self) -> int:
         """Bytes one block copy between the tiers moves, over every tensor-parallel rank."""
         return self.runner.layout.bytes_per_block * self.config.tensor_parallel_size
+
+    # ---- sleep mode ------------------------------------------------------------------------
+
+    @property
+    def is_sleeping(self) -> bool:
+        return bool(self._asleep)
+
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep mode (--enable-sleep-mode), for a device another process needs for a
+        while: level 1 moves the weights to host memory (on a GPU) and frees the KV cache,
+        whose cached prefixes are forgotten, until wake_up. Requests are refused
+        (EngineAsleepError) meanwhile. Level 2, which would drop the weights for a trainer
+        to load new ones, is not offered: nothing loads weights into a running engine here.
+        SleepModeError while a request is unfinished; asleep already, nothing changes."""
+        if not self.config.enable_sleep_mode:
+            raise ConfigError("enable_sleep_mode", "sleep mode is off; start the engine with "
+                                                   "--enable-sleep-mode")
+        if level != 1:
+            raise ValueError(f"level {level} is not supported: level 1 moves the weights to "
+                             "host memory and frees the KV cache (level 2 would drop the "
+                             "weights, and nothing loads new ones into a running engine)")
+        if self.has_unfinished_requests():
+            raise SleepModeError(f"{len(self._requests)} request(s) are unfinished; sleep "
+                                 "mode waits for an idle engine")
+        self.reset_prefix_cache()
+        if "kv_cache" not in self._asleep:
+            self._on_every_rank("release_kv")
+        if "weights" not in self._asleep:
+            self._on_every_rank("offload_weights")
+        self._asleep = set(SLEEP_TAGS)
+        host = self.runner.host_weights
+        log.info("engine asleep", extra={"level": level,
+                                         "host_weights_bytes": host.nbytes if host else 0})
+
+    def wake_up(self, tags: Iterable[str] | None = None) -> None:
+        """Bring back what sleep took: `tags` "weights", "kv_cache" or both (the default), as
+        vLLM's; requests are served again once both are back (the decode graphs are captured
+        again then). ValueError for another tag."""
+        tags = SLEEP_TAGS if tags is None else tuple(tags)
+        unknown = [t for t in tags if t not in SLEEP_TAGS]
+        if unknown:
+            raise ValueError(f"tags: {unknown[0]!r} is not one of {', '.join(SLEEP_TAGS)}")
+        for tag, method in (("weights", "restore_weights"), ("kv_cache", "restore_kv")):
+            if tag in tags and tag in self._asleep:
+                self._on_every_rank(method)
+                self._asleep.discard(tag)
+        if not self._asleep:
+            log.info("engine awake")
+
+    def _on_every_rank(self, method: str) -> None:
+        """One of the runner's sleep-mode methods, on every tensor-parallel rank and on the
+        draft model's runner."""
+        if self.workers is not None:
+            self.workers.call(method)
+        for runner in (self.runner, getattr(self.scheduler.proposer, "runner", None)):
+            if runner is not None:
+                getattr(runner, method)()
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix (vLLM's reset_prefix_cache: after the weights change,

@@ -12,9 +12,9 @@ from tokenmill.engine.execution.workers import WorkerFailed
 from tokenmill.engine.models.lora_adapter import LoRAAdapterError
 from tokenmill.engine.models.source import ModelLoadError
 
-__all__ = ["ConfigError", "EngineDeadError", "GrammarError", "LoRAAdapterError",
-           "ModelLoadError", "RequestError", "SamplingParamsError", "StructuredOutputsError",
-           "UnknownAdapterError", "WorkerFailed"]
+__all__ = ["ConfigError", "EngineAsleepError", "EngineDeadError", "GrammarError",
+           "LoRAAdapterError", "ModelLoadError", "RequestError", "SamplingParamsError",
+           "SleepModeError", "StructuredOutputsError", "UnknownAdapterError", "WorkerFailed"]
 
 
 class RequestError(ValueError):
@@ -32,3 +32,12 @@ class UnknownAdapterError(RequestError):
 
 class EngineDeadError(RuntimeError):
     """The engine loop stopped on an error; no request can be served."""
+
+
+class EngineAsleepError(RuntimeError):
+    """A request came while sleep mode holds the engine (LLMEngine.sleep): wake it up first.
+    A 503 to the server."""
+
+
+class SleepModeError(RuntimeError):
+    """Sleep mode cannot be entered now: requests are unfinished. A 409 to the server."""

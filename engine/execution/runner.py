@@ -19,6 +19,7 @@ from tokenmill.engine.execution.pooled_rows import sum_spans
 from tokenmill.engine.execution.prompt_scores import score_rows
 from tokenmill.engine.execution.step_buffers import StepBuffers
 from tokenmill.engine.execution.step_inputs import StepInputs
+from tokenmill.engine.execution.weight_offload import HostWeights
 from tokenmill.engine.execution.zeroed import zeroed
 from tokenmill.engine.layers.kv_layer import KVLayer
 from tokenmill.engine.layers.to_device import list_to_device
@@ -36,14 +37,8 @@ class ModelRunner:
         self.layout = layout
         self.num_blocks = num_blocks
         self.block_size = layout.block_size
-        # Zeroed, not empty: attention reads masked-out slots too (0 * NaN would be NaN).
-        self.kv_pool = zeroed(layout.values_shape(num_blocks), layout.dtype, device)
-        self.kv_scales = (zeroed(layout.scales_shape(num_blocks), SCALE_DTYPE, device)
-                          if layout.quantized else None)
-        self.kv_caches = [self._layer_view(i) for i in range(layout.num_layers)]
         self.num_host_blocks = num_host_blocks
-        self.offload = KVOffload(self._pool_tensors(), num_host_blocks, device) \
-            if num_host_blocks else None
+        self._allocate_kv()
         # Called with each step's inputs before it runs: rank 0 sends them to the other ranks.
         self.on_step: Callable[[StepInputs], None] | None = None
         self.buffers = StepBuffers(device)
@@ -51,6 +46,10 @@ class ModelRunner:
         # The LoRA adapters' device slots (--enable-lora), set before graphs are captured.
         self.lora = lora
         self.verify_graphs: DecodeGraphs | None = None  # speculative verify steps' graphs
+        # What capture_decode_graphs was given, to capture again after sleep mode.
+        self._graph_shape: tuple[int, ...] | None = None
+        # Sleep mode: the weights while they are in host memory (weight_offload.py).
+        self.host_weights: HostWeights | None = None
         # The latest step's prompt-token scores (prompt_scores.py), None without any.
         self.prompt_scores: torch.Tensor | None = None
         # The latest step's pooled hidden states, [len(pool_spans), hidden] float32 on the host
@@ -63,6 +62,59 @@ class ModelRunner:
         self.startup_seconds: dict[str, float] = {}
         # The image encoder of a checkpoint that reads images (models/images.py), rank 0's.
         self.image_encoder: torch.nn.Module | None = None
+
+    def _allocate_kv(self) -> None:
+        """The KV pool (with its scales when quantized), its per-layer views and host tier."""
+        layout, num_blocks, device = self.layout, self.num_blocks, self.device
+        # Zeroed, not empty: attention reads masked-out slots too (0 * NaN would be NaN).
+        self.kv_pool = zeroed(layout.values_shape(num_blocks), layout.dtype, device)
+        self.kv_scales = (zeroed(layout.scales_shape(num_blocks), SCALE_DTYPE, device)
+                          if layout.quantized else None)
+        self.kv_caches = [self._layer_view(i) for i in range(layout.num_layers)]
+        self.offload = KVOffload(self._pool_tensors(), self.num_host_blocks, device) \
+            if self.num_host_blocks else None
+
+    # ---- sleep mode: each call comes to every tensor-parallel rank ------------------------
+
+    def release_kv(self) -> None:
+        """Free the KV pool, its host tier and the graphs that address them; the contents are
+        gone (the prefix cache must have forgotten every block)."""
+        self.graphs = self.verify_graphs = None
+        self.kv_pool = self.kv_scales = self.offload = None
+        self.kv_caches = []
+        self._free_device_cache()
+
+    def restore_kv(self) -> None:
+        """A zeroed pool of the same size; graphs again once the weights are back too."""
+        if self.kv_pool is None:
+            self._allocate_kv()
+        self._capture_again()
+
+    def offload_weights(self) -> None:
+        """Move the weights to host memory; a CPU model's already are (nothing changes)."""
+        if self.device.type == "cpu" or self.host_weights is not None:
+            return
+        self.graphs = self.verify_graphs = None
+        self.host_weights = HostWeights(self.model, self.device)
+
+    def restore_weights(self) -> None:
+        if self.host_weights is not None:
+            self.host_weights.restore()
+            self.host_weights = None
+        self._capture_again()
+
+    def _capture_again(self) -> None:
+        """Capture the decode graphs again, over the new addresses, once weights and pool are
+        both on the device (a runner that never captured any captures none)."""
+        if self._graph_shape is None or self.graphs is not None or self.kv_pool is None \
+                or self.host_weights is not None:
+            return
+        self.buffers.frozen = False
+        self.capture_decode_graphs(*self._graph_shape)
+
+    def _free_device_cache(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     @torch.inference_mode()
     def encode_images(self, pixels: list[torch.Tensor],
@@ -114,6 +166,8 @@ class ModelRunner:
         graphs keep their addresses."""
         if self.attention_backend != "triton":
             raise ValueError("decode graphs need the Triton attention backend")
+        self._graph_shape = (max_num_seqs, max_num_batched_tokens, max_model_len,
+                             verify_query_len, verify_max_seqs)
         max_blocks = -(-max_model_len // self.block_size) + 1
         verify_sizes = graph_batch_sizes(verify_max_seqs) if verify_query_len > 1 else []
         verify_tokens = verify_sizes[-1] * verify_query_len if verify_sizes else 0

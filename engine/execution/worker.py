@@ -41,6 +41,14 @@ class WorkerSpec:
     setup: object  # rank.RankSetup; typed loosely so this module imports without torch
 
 
+@dataclass(frozen=True)
+class RunnerCall:
+    """A call of one of the runner's own methods (sleep mode's), sent to every rank between
+    steps in place of a step."""
+
+    method: str
+
+
 def serve(spec: WorkerSpec, steps: Connection) -> None:
     """The worker process's body: it exits 0 at end of input, 1 on any error."""
     # Ctrl-C reaches the whole process group; rank 0 decides how the engine ends.
@@ -77,7 +85,10 @@ def run(spec: WorkerSpec, steps: Connection) -> None:
             inputs = pickle.loads(steps.recv_bytes())
         except EOFError:  # rank 0 shut down (or died): leave quietly
             break
-        runner.run(inputs)
+        if isinstance(inputs, RunnerCall):
+            getattr(runner, inputs.method)()
+        else:
+            runner.run(inputs)
     tp.leave()
 
 

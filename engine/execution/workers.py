@@ -84,6 +84,10 @@ class Workers:
         for pipe in self._pipes:
             self._send(pipe, data)
 
+    def call(self, method: str) -> None:
+        """Have every worker call its runner's `method` (RunnerCall), in order with steps."""
+        self.send_step(worker.RunnerCall(method))
+
     def raise_if_failed(self, wait_s: float = 0.0) -> None:
         """WorkerFailed if a worker died (waiting up to wait_s for the watcher to notice:
         a collective can fail a moment before the worker's exit is reaped)."""

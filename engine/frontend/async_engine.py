@@ -169,6 +169,17 @@ class AsyncEngine:
         """Stop serving an adapter to new requests (LLMEngine.remove_lora), between steps."""
         await self._call(self.engine.remove_lora, name)
 
+    async def sleep(self, level: int) -> None:
+        """Sleep mode (LLMEngine.sleep), between steps; raises what it raised."""
+        await self._call(self.engine.sleep, level)
+
+    async def wake_up(self, tags: list[str] | None) -> None:
+        await self._call(self.engine.wake_up, tags)
+
+    @property
+    def is_sleeping(self) -> bool:
+        return self.engine.is_sleeping
+
     def lora_adapters(self) -> dict[str, str]:
         """{name: path} of the served adapters; a snapshot, read from any thread."""
         return self.engine.lora_adapters()

@@ -87,6 +87,15 @@ class LLM:
         """vLLM's: forget every cached prefix; False while a request is unfinished."""
         return self.engine.reset_prefix_cache()
 
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep mode (enable_sleep_mode=True): the weights to host memory and the KV
+        cache freed until wake_up (LLMEngine.sleep)."""
+        self.engine.sleep(level)
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Back from sleep: "weights", "kv_cache" or both (the default)."""
+        self.engine.wake_up(tags)
+
     def shutdown(self) -> None:
         """End the tensor-parallel worker processes (if any); also runs at interpreter exit."""
         self.engine.shutdown()

@@ -48,6 +48,7 @@ from tokenmill.engine.server.responses import (
 from tokenmill.engine.server.responses_protocol import ResponsesRequest
 from tokenmill.engine.server.scores import create_rerank, create_score
 from tokenmill.engine.server.scores_protocol import RerankRequest, ScoreRequest
+from tokenmill.engine.server.sleep_routes import add_sleep_routes
 from tokenmill.engine.server.state import ServerState, State, start_loading
 from tokenmill.engine.server.tokenization import detokenize, tokenize
 
@@ -220,6 +221,8 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
 
     if state.config.enable_lora and state.config.allow_runtime_lora_updating:
         add_runtime_routes(app)
+    if state.config.enable_sleep_mode:
+        add_sleep_routes(app)
 
     @app.get("/health")
     @app.get("/ping")  # vLLM's (SageMaker's probe path), answered as /health

@@ -12,7 +12,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
                404: "not_found_error", 405: "invalid_request_error",
-               413: "invalid_request_error", 500: "internal_server_error",
+               409: "invalid_request_error", 413: "invalid_request_error",
+               500: "internal_server_error",
                503: "service_unavailable"}
 
 
@@ -46,13 +47,18 @@ class APIError(Exception):
 def admission_error(exc: BaseException, field: str) -> APIError | None:
     """The HTTP error for a request the engine would not admit (None: not the engine's
     refusal): a RequestError names `field` unless it names its own."""
-    from tokenmill.engine.core.errors import EngineDeadError, RequestError, UnknownAdapterError
+    from tokenmill.engine.core.errors import (
+        EngineAsleepError,
+        EngineDeadError,
+        RequestError,
+        UnknownAdapterError,
+    )
 
     if isinstance(exc, UnknownAdapterError):  # removed since the request was checked
         return APIError(404, str(exc), param="model", code="model_not_found")
     if isinstance(exc, RequestError):
         return APIError(400, str(exc), param=exc.param or field)
-    if isinstance(exc, EngineDeadError):
+    if isinstance(exc, EngineDeadError | EngineAsleepError):
         return APIError(503, str(exc))
     return None
 

@@ -1,0 +1,78 @@
+"""Sleep mode over HTTP (vLLM's routes): POST /sleep, POST /wake_up, GET /is_sleeping, with
+--enable-sleep-mode only; asleep, the official client's requests get a 503 and /health a 200."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from server_support import in_process_server, openai_client
+
+KEY = "sleep-key"
+ASK = dict(model="tiny", prompt="hello there", max_tokens=6, temperature=0,
+           extra_body={"ignore_eos": True})
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama_dir):
+    with in_process_server(tiny_llama_dir, "tiny", options={"api_key": KEY},
+                           kv_cache_memory=16 << 20, max_model_len=512,
+                           enable_sleep_mode=True) as server:
+        yield server
+
+
+def _http(server) -> httpx.Client:
+    return httpx.Client(base_url=server.url, timeout=30,
+                        headers={"Authorization": f"Bearer {KEY}"})
+
+
+def test_asleep_requests_get_503_and_after_wake_up_the_same_answer(server):
+    client = openai_client(f"{server.url}/v1", KEY)
+    before = client.completions.create(**ASK).choices[0].text
+    with _http(server) as http:
+        assert http.get("/is_sleeping").json() == {"is_sleeping": False}
+        assert http.post("/sleep", params={"level": 1}).status_code == 200
+        assert http.get("/is_sleeping").json() == {"is_sleeping": True}
+        assert server.state.engine.engine.runner.kv_pool is None
+        assert http.get("/health").status_code == 200
+        with pytest.raises(openai.InternalServerError) as refused:
+            client.completions.create(**ASK)
+        assert refused.value.status_code == 503
+        assert "the engine is asleep" in refused.value.message
+        assert http.post("/wake_up", params={"tags": "weights"}).status_code == 200
+        assert http.get("/is_sleeping").json() == {"is_sleeping": True}
+        assert http.post("/wake_up", params={"tags": "kv_cache"}).status_code == 200
+        assert http.get("/is_sleeping").json() == {"is_sleeping": False}
+    assert client.completions.create(**ASK).choices[0].text == before
+
+
+def test_bad_levels_and_tags_are_400_and_the_key_guards_the_routes(server):
+    with _http(server) as http:
+        level = http.post("/sleep", params={"level": 2})
+        assert level.status_code == 400 and level.json()["error"]["param"] == "level"
+        assert "level 2 is not supported" in level.json()["error"]["message"]
+        tags = http.post("/wake_up", params={"tags": "everything"})
+        assert tags.status_code == 400 and tags.json()["error"]["param"] == "tags"
+        assert http.get("/is_sleeping").json() == {"is_sleeping": False}
+    assert httpx.post(server.url + "/sleep", timeout=30).status_code == 401
+
+
+def test_sleep_while_a_stream_runs_is_409_and_the_stream_goes_on(server):
+    body = {**ASK, "max_tokens": 300, "stream": True, "ignore_eos": True}
+    del body["extra_body"]
+    with _http(server) as http, http.stream("POST", "/v1/completions", json=body) as stream:
+        lines = stream.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+        busy = http.post("/sleep")
+        assert busy.status_code == 409, busy.text
+        assert "request(s) are unfinished" in busy.json()["error"]["message"]
+        rest = [line for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]"
+    assert not server.state.engine.is_sleeping
+
+
+def test_without_the_flag_the_routes_do_not_exist(tiny_llama_dir):
+    with in_process_server(tiny_llama_dir, "tiny", kv_cache_memory=16 << 20,
+                           max_model_len=512) as server:
+        assert httpx.post(server.url + "/sleep", timeout=30).status_code == 404
+        assert httpx.get(server.url + "/is_sleeping", timeout=30).status_code == 404
