@@ -140,6 +140,10 @@ class EngineConfig:
               "lowered to what the KV-cache pool holds for one sequence where that is less "
               "(logged at start-up). A length the pool cannot hold stops the start-up, "
               "naming the longest that fits.", parse=context_length_argument)
+    disable_sliding_window: bool = _opt(
+        False, "vLLM's: a model with sliding-window layers (Mistral 7B v0.1, Gemma 2 and 3) "
+               "gets its window as the context length, within which sliding and full "
+               "attention are the same. Other models are unchanged.")
     max_num_seqs: int = _opt(256, "Most sequences in one batch.")
     max_num_batched_tokens: int = _opt(
         2048, "Token budget of one engine step (prompt chunks plus decodes); 8k or 8K as "

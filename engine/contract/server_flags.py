@@ -179,6 +179,10 @@ def add_http_arguments(parser: argparse.ArgumentParser) -> None:
                              "formatters may name tokenmill.engine.log.LogfmtFormatter.")
     parser.add_argument("--disable-fastapi-docs", action="store_true",
                         help="Serve no /docs, /redoc or /openapi.json.")
+    parser.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                        help="Serve vLLM's GET /tokenizer_info: the tokenizer's settings, "
+                             "class and chat template (off by default: it shows the "
+                             "template).")
     parser.add_argument("--root-path", default="", metavar="PATH",
                         help="The path prefix a path-based proxy serves this server under "
                              "(vLLM's flag, FastAPI's root_path): requests may come with or "
@@ -224,6 +228,8 @@ _NO_EFFECT_SWITCHES = (
     ("--exclude-tools-when-tool-choice-none",
      'tool_choice "none" renders no tools into the prompt here'),
     ("--use-tqdm-on-load", "loading the weights always shows its progress"),
+    ("--disable-cascade-attn",
+     "attention has no cascade path for shared prefixes to turn off here"),
 )
 
 
@@ -266,6 +272,10 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Accepted for vLLM's command lines: a preempted request's KV cache "
                              "is recomputed, not swapped (--kv-offloading-size keeps a CPU "
                              "tier of evicted prefix blocks).")
+    parser.add_argument("--kv-offloading-backend", choices=("native", "lmcache"),
+                        default="native",
+                        help="Accepted for vLLM's command lines with native only: "
+                             "--kv-offloading-size's host tier is tokenmill's own.")
     parser.add_argument("--cuda-graph-sizes", type=_positive_int, nargs="+", default=None,
                         metavar="N", help="Accepted for vLLM's command lines: decode steps "
                                           "are captured per batch-size bucket up to "
@@ -381,6 +391,10 @@ def check_server_flags(args: argparse.Namespace) -> None:
              "one HTTP server shares the engine's process; run more replicas")):
         if size != 1:
             raise ConfigError(flag, f"{size} is not supported; {how}")
+    if args.kv_offloading_backend != "native":
+        raise ConfigError("--kv-offloading-backend", f"{args.kv_offloading_backend} is not "
+                          "available; the host tier of --kv-offloading-size is tokenmill's "
+                          "own (native)")
     if args.ssl_cert_reqs and args.ssl_keyfile is None:
         raise ConfigError("--ssl-cert-reqs", "client certificates need HTTPS (--ssl-keyfile "
                                              "and --ssl-certfile)")

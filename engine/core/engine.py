@@ -65,6 +65,7 @@ from tokenmill.engine.models.architecture import (
     encoder_of,
     flags_of,
     is_bare_decoder,
+    sliding_window_of,
 )
 from tokenmill.engine.models.images import (
     image_grid,
@@ -1063,11 +1064,15 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
 
 def _max_model_len(config: EngineConfig, model_config: Any) -> int:
     """The context length: the model's (or --max-model-len, within it). Sliding-window layers
-    attend over their window at any length, so the window does not bound it."""
-    limit = context_length_of(model_config)
+    attend over their window at any length, so the window does not bound it, unless
+    --disable-sliding-window asks for it as the limit (vLLM's)."""
+    limit, what = context_length_of(model_config), "the model's context length"
+    window = sliding_window_of(model_config) if config.disable_sliding_window else None
+    if window is not None and window < limit:
+        limit, what = window, "the model's sliding window, which --disable-sliding-window " \
+                              "makes the context length"
     if config.max_model_len is not None and config.max_model_len > limit:
-        raise ConfigError("max_model_len", f"{config.max_model_len} exceeds the model's context "
-                                           f"length ({limit})")
+        raise ConfigError("max_model_len", f"{config.max_model_len} exceeds {what} ({limit})")
     length = limit if config.max_model_len is None else config.max_model_len
     if not config.enable_chunked_prefill and config.max_num_batched_tokens < length:
         raise ConfigError("max_num_batched_tokens", f"({config.max_num_batched_tokens}) must "

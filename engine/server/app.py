@@ -50,7 +50,7 @@ from tokenmill.engine.server.scores import create_rerank, create_score
 from tokenmill.engine.server.scores_protocol import RerankRequest, ScoreRequest
 from tokenmill.engine.server.sleep_routes import add_sleep_routes
 from tokenmill.engine.server.state import ServerState, State, start_loading
-from tokenmill.engine.server.tokenization import detokenize, tokenize
+from tokenmill.engine.server.tokenization import detokenize, tokenize, tokenizer_info
 
 
 def tokenmill_version() -> str:
@@ -207,6 +207,11 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
     @app.post("/detokenize")
     async def detokenize_route(body: DetokenizeRequest, state: State):
         return detokenize(body, state)
+
+    if options.tokenizer_info_endpoint:
+        @app.get("/tokenizer_info")
+        async def tokenizer_info_route(state: State):
+            return tokenizer_info(state)
 
     @app.get("/v1/models")
     async def models(state: State):

@@ -156,6 +156,7 @@ def server_state(config, args: argparse.Namespace) -> ServerState:
                               allowed_headers=tuple(args.allowed_headers),
                               allow_credentials=args.allow_credentials,
                               fastapi_docs=not args.disable_fastapi_docs,
+                              tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
                               log_requests=args.enable_log_requests,
                               log_outputs=args.enable_log_outputs,
                               max_log_len=args.max_log_len,

@@ -52,6 +52,7 @@ class ServerOptions:
     allowed_headers: tuple[str, ...] = ("*",)
     allow_credentials: bool = False
     fastapi_docs: bool = True  # /docs, /redoc and /openapi.json
+    tokenizer_info_endpoint: bool = False  # GET /tokenizer_info (it shows the chat template)
     log_requests: bool = False  # a line per generation request (--enable-log-requests)
     log_outputs: bool = False  # a line per finished generation (--enable-log-outputs)
     max_log_len: int | None = None  # characters (or token ids) of a text in those lines

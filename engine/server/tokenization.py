@@ -7,7 +7,7 @@ from tokenmill.engine.server.images import request_images
 from tokenmill.engine.server.openai_serving import chat_ids, check_model, with_images
 from tokenmill.engine.server.protocol import DetokenizeRequest, TokenizeRequest
 from tokenmill.engine.server.request_template import request_template
-from tokenmill.engine.server.state import ServerState
+from tokenmill.engine.server.state import ServerState, check_ready
 from tokenmill.engine.server.tools import ToolRequestError, template_tools
 
 
@@ -51,3 +51,30 @@ def detokenize(body: DetokenizeRequest, state: ServerState) -> dict:
         raise APIError(400, f"tokens: {bad} is not a token id of this model (0 to {vocab - 1})",
                        param="tokens")
     return {"prompt": state.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+
+
+def tokenizer_info(state: ServerState) -> dict:
+    """vLLM's GET /tokenizer_info (--enable-tokenizer-info-endpoint): what the tokenizer was
+    loaded with (its init kwargs, special tokens as their text), its class and the chat
+    template the server renders with, for a client that tokenizes as the server does."""
+    check_ready(state)
+    tokenizer = state.tokenizer
+    info = {key: _plain(value) for key, value in tokenizer.init_kwargs.items()}
+    info["tokenizer_class"] = type(tokenizer).__name__
+    template = state.options.chat_template or getattr(tokenizer, "chat_template", None)
+    if template:
+        info["chat_template"] = template
+    return info
+
+
+def _plain(value: object) -> object:
+    """A JSON value: special tokens (AddedToken) as their text, anything else not JSON's as
+    its string."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    content = getattr(value, "content", None)
+    return content if isinstance(content, str) else str(value)

@@ -10,6 +10,8 @@ import transformers
 from model_support import hf_greedy, make_random_model
 
 from tokenmill.engine import LLM, SamplingParams
+from tokenmill.engine.contract.config import ConfigError
+from tokenmill.engine.core.errors import RequestError
 from tokenmill.engine.models.architecture import sliding_window_of
 
 WINDOW = 40
@@ -64,3 +66,27 @@ def test_past_the_window_the_output_equals_the_models_own(mistral_dir, smol_toke
         params = SamplingParams(temperature=0.0, max_tokens=2 * WINDOW, ignore_eos=True)
         outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert outs == [hf_greedy(reference, p, 2 * WINDOW) for p in prompts]
+
+
+def test_disable_sliding_window_makes_the_window_the_context_length(mistral_dir, smol_tokenizer,
+                                                                    tiny_llama_dir):
+    """vLLM's --disable-sliding-window: the window becomes the context, where full attention
+    is the model's; a longer --max-model-len is refused naming the flag, and a model without
+    a window keeps its length."""
+    with pytest.raises(ConfigError, match=r"max_model_len: 64 exceeds the model's sliding "
+                                          r"window, which --disable-sliding-window makes the "
+                                          r"context length \(40\)"):
+        LLM(mistral_dir, show_progress=False, disable_sliding_window=True, max_model_len=64)
+    with LLM(mistral_dir, show_progress=False, disable_sliding_window=True,
+             block_size=8) as llm:
+        assert llm.engine.max_model_len == WINDOW
+        prompt = smol_tokenizer.encode("one two three four five six seven")
+        params = SamplingParams(temperature=0.0, max_tokens=WINDOW - len(prompt),
+                                ignore_eos=True)
+        out = llm.generate([prompt], params)[0].outputs[0].token_ids
+        reference = transformers.AutoModelForCausalLM.from_pretrained(mistral_dir).eval()
+        assert out == hf_greedy(reference, prompt, WINDOW - len(prompt))
+        with pytest.raises(RequestError, match="maximum context length is 40 tokens"):
+            llm.generate([prompt], SamplingParams(max_tokens=WINDOW))
+    with LLM(tiny_llama_dir, show_progress=False, disable_sliding_window=True) as llm:
+        assert llm.engine.max_model_len == 1024

@@ -71,8 +71,10 @@ def test_sleep_while_a_stream_runs_is_409_and_the_stream_goes_on(server):
     assert not server.state.engine.is_sleeping
 
 
-def test_without_the_flag_the_routes_do_not_exist(tiny_llama_dir):
+def test_without_their_flags_the_optional_routes_do_not_exist(tiny_llama_dir):
     with in_process_server(tiny_llama_dir, "tiny", kv_cache_memory=16 << 20,
                            max_model_len=512) as server:
         assert httpx.post(server.url + "/sleep", timeout=30).status_code == 404
         assert httpx.get(server.url + "/is_sleeping", timeout=30).status_code == 404
+        # --enable-tokenizer-info-endpoint's (test_vllm_flags.py serves it)
+        assert httpx.get(server.url + "/tokenizer_info", timeout=30).status_code == 404

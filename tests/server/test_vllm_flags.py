@@ -66,7 +66,8 @@ def vllm_server(tiny_llama_dir, tls, tmp_path_factory):
     proc = ServeProcess(
         tiny_llama_dir, "--config", str(config), "--trust-remote-code",
         "--enable-chunked-prefill", "--disable-log-requests", "--disable-log-stats",
-        "--enable-log-outputs",
+        "--enable-log-outputs", "--enable-tokenizer-info-endpoint",
+        "--kv-offloading-backend", "native", "--disable-cascade-attn",
         "--uvicorn-log-level", "info",
         "--disable-uvicorn-access-log", "--disable-fastapi-docs",
         "--disable-frontend-multiprocessing", "--distributed-executor-backend", "mp",
@@ -166,6 +167,22 @@ def test_a_browser_preflight_passes_for_the_allowed_origin_only(vllm_server):
     # The page can read why it was refused.
     assert unauthorized.status_code == 401
     assert unauthorized.headers["access-control-allow-origin"] == ORIGIN
+
+
+def test_tokenizer_info_shows_how_the_server_tokenizes(vllm_server, tiny_llama_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    with httpx.Client(verify=vllm_server.verify, timeout=10) as http:
+        info = http.get(vllm_server.url + "/tokenizer_info",
+                        headers={"Authorization": f"Bearer {KEY}"})
+        assert http.get(vllm_server.url + "/tokenizer_info").status_code == 401
+    assert info.status_code == 200, info.text
+    body = info.json()
+    assert body["tokenizer_class"] == type(tokenizer).__name__
+    assert body["chat_template"] == tokenizer.chat_template
+    assert body["eos_token"] == tokenizer.eos_token  # a special token as its text
+    assert body["model_max_length"] == tokenizer.model_max_length
 
 
 def test_the_api_docs_are_off(vllm_server):
@@ -273,6 +290,8 @@ def test_each_request_and_its_output_are_logged_cut_to_max_log_len_and_no_access
     (["--max-num-batched-tokens", "lots"], "--max-num-batched-tokens: 'lots' is not a size"),
     (["-O5"], "argument -O/--optimization-level: must be 0, 1, 2 or 3 (vLLM's levels)"),
     (["--compilation-config", "[1]"], "argument --compilation-config: must be a JSON object"),
+    (["--kv-offloading-backend", "lmcache"], "--kv-offloading-backend: lmcache is not "
+     "available; the host tier of --kv-offloading-size is tokenmill's own (native)"),
 ])
 def test_server_flags_that_cannot_work_exit_2_naming_one(flags, error, tls, capsys):
     """Before the model loads: the model named does not exist."""
