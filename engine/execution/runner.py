@@ -91,11 +91,14 @@ class ModelRunner:
         self._capture_again()
 
     def offload_weights(self) -> None:
-        """Move the weights to host memory; a CPU model's already are (nothing changes)."""
+        """Move the weights (LoRA slots and an image encoder included) to host memory; a CPU
+        model's already are (nothing changes)."""
         if self.device.type == "cpu" or self.host_weights is not None:
             return
         self.graphs = self.verify_graphs = None
-        self.host_weights = HostWeights(self.model, self.device)
+        # An image encoder, where the checkpoint has one, is a module of its own.
+        modules = [m for m in (self.model, self.image_encoder) if m is not None]
+        self.host_weights = HostWeights(modules, self.device)
 
     def restore_weights(self) -> None:
         if self.host_weights is not None:

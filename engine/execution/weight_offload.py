@@ -9,21 +9,20 @@ again.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
 
 
 class HostWeights:
-    """A module's device tensors held in host memory (pinned where the device is a GPU) while
+    """Modules' device tensors held in host memory (pinned where the device is a GPU) while
     their device storages are empty; restore() refills those same storages."""
 
-    def __init__(self, model: nn.Module, device: torch.device):
-        self._device = device
+    def __init__(self, modules: Iterable[nn.Module], device: torch.device):
         self._saved: list[tuple[torch.UntypedStorage, torch.Tensor]] = []
         seen: set[int] = set()
-        for storage in _storages(model, device):
+        for storage in (s for module in modules for s in _storages(module, device)):
             if storage.data_ptr() in seen:
                 continue
             seen.add(storage.data_ptr())

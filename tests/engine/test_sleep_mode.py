@@ -82,7 +82,7 @@ def test_the_weights_leave_the_device_and_come_back_whole(tiny_llama_dir):
     model = llm.engine.runner.model = copy.deepcopy(llm.engine.runner.model)
     assert _greedy(llm) == before
     weights = {name: t.clone() for name, t in model.state_dict().items()}
-    held = HostWeights(model, torch.device("cpu"))
+    held = HostWeights([model], torch.device("cpu"))
     assert held.nbytes >= sum(t.nbytes for t in weights.values()) // 2
     assert all(t.untyped_storage().nbytes() == 0 for t in model.parameters())
     held.restore()
