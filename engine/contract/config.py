@@ -76,6 +76,13 @@ def size_argument(value: str) -> int:
     return int(float(number) * scale) if suffix.islower() else int(number) * scale
 
 
+def positive_int_argument(value: str) -> int:
+    """A flag's count: a whole number, 1 or more."""
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}")
+    return int(value)
+
+
 def context_length_argument(value: str) -> int | None:
     """--max-model-len: a size, or auto (vLLM's -1 too): None, the model's context length as
     far as the KV pool holds it."""
@@ -140,6 +147,14 @@ class EngineConfig:
               "lowered to what the KV-cache pool holds for one sequence where that is less "
               "(logged at start-up). A length the pool cannot hold stops the start-up, "
               "naming the longest that fits.", parse=context_length_argument)
+    cuda_graph_sizes: tuple[int, ...] | None = _opt(
+        None, "Decode batch sizes captured as CUDA graphs (vLLM's flag): one value N captures "
+              "1, 2, 4, 8, 16, 24, ... up to N; several capture exactly those. Larger batches "
+              "run eagerly. Default: up to --max-num-seqs (at most 512). vLLM's "
+              "--max-cudagraph-capture-size N is one value; its --compilation-config's "
+              "cudagraph_capture_sizes and max_cudagraph_capture_size set it too.",
+        parse=positive_int_argument,
+        aliases=("--max-cudagraph-capture-size",))
     disable_sliding_window: bool = _opt(
         False, "vLLM's: a model with sliding-window layers (Mistral 7B v0.1, Gemma 2 and 3) "
                "gets its window as the context length, within which sliding and full "
@@ -423,6 +438,11 @@ class EngineConfig:
             raise ConfigError("pooler_config", str(e)) from None
 
     def _check_lora(self) -> None:
+        if self.cuda_graph_sizes is not None:
+            self.cuda_graph_sizes = tuple(sorted(set(self.cuda_graph_sizes)))
+            _check(all(isinstance(n, int) and n >= 1 for n in self.cuda_graph_sizes),
+                   "cuda_graph_sizes", f"must be positive batch sizes, got "
+                                       f"{list(self.cuda_graph_sizes)}")
         if isinstance(self.lora_modules, str):
             self.lora_modules = (self.lora_modules,)
         self.lora_modules = tuple(self.lora_modules)
@@ -534,9 +554,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         if kind is bool:
             parser.add_argument(*flags, dest=f.name, default=f.default,
                                 action=argparse.BooleanOptionalAction, help=help_text)
-        elif kind is tuple:  # tuple[str, ...]: one or more values after the flag
-            parser.add_argument(*flags, dest=f.name, nargs="+", default=f.default,
-                                help=help_text)
+        elif _base_type(hints[f.name]) is tuple:  # one or more values after the flag, each
+            parser.add_argument(*flags, dest=f.name, nargs="+", default=f.default,  # parsed
+                                type=f.metadata.get("parse") or str, help=help_text)
         else:
             parser.add_argument(*flags, dest=f.name, type=kind, default=f.default,
                                 help=f"{help_text} (default: {f.default})")
@@ -548,5 +568,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
 
 def _base_type(hint: Any) -> type:
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        return next(a for a in typing.get_args(hint) if a is not type(None))
+        return _base_type(next(a for a in typing.get_args(hint) if a is not type(None)))
     return typing.get_origin(hint) or hint

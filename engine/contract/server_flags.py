@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from tokenmill.engine.contract.config import ConfigError
+from tokenmill.engine.contract.config import ConfigError, positive_int_argument
 
 # The tool-call formats the server parses (server/tool_parsers.py, whose table a test holds to
 # these names).
@@ -56,7 +56,7 @@ def add_server_arguments(parser: argparse.ArgumentParser,
                         help="The model's name in the API (default: the --model value). "
                              "Given several, a request's `model` may be any of them; replies "
                              "and metrics use the first (as vLLM).")
-    parser.add_argument("--max-waiting-requests", type=_positive_int, default=1024,
+    parser.add_argument("--max-waiting-requests", type=positive_int_argument, default=1024,
                         help="Answer 503 with Retry-After once this many requests wait.")
     parser.add_argument("--max-stored-responses", type=_non_negative_int, default=1000,
                         metavar="N",
@@ -77,7 +77,7 @@ def add_server_arguments(parser: argparse.ArgumentParser,
                              "(vLLM's flag): the value becomes HF_TOKEN for this process's "
                              "downloads; without a value, the token the hub client already "
                              "finds (HF_TOKEN, or `hf auth login`'s) is used, as it always is.")
-    parser.add_argument("--max-request-body-bytes", type=_positive_int, default=10 << 20,
+    parser.add_argument("--max-request-body-bytes", type=positive_int_argument, default=10 << 20,
                         help="Answer 413 to a larger request body, before reading it "
                              "(default 10 MiB).")
     parser.add_argument("--vllm-metrics", action=argparse.BooleanOptionalAction, default=True,
@@ -203,7 +203,7 @@ def add_request_log_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Log each generation once it finishes (INFO, logger "
                              "tokenmill.requests, under its request's id): its finish reason, "
                              "text and token ids (cut to --max-log-len).")
-    parser.add_argument("--max-log-len", type=_positive_int, default=None,
+    parser.add_argument("--max-log-len", type=positive_int_argument, default=None,
                         help="Most characters of a prompt or an output, or token ids of an "
                              "output, that a log line shows (default: all).")
 
@@ -243,16 +243,16 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--distributed-executor-backend", choices=("mp",), default="mp",
                         help="Accepted for vLLM's command lines: tensor-parallel ranks are "
                              "local processes (mp).")
-    parser.add_argument("--pipeline-parallel-size", type=_positive_int, default=1,
+    parser.add_argument("--pipeline-parallel-size", type=positive_int_argument, default=1,
                         help="Accepted for vLLM's command lines with 1 only: a replica shards "
                              "its model with --tensor-parallel-size.")
-    parser.add_argument("--data-parallel-size", type=_positive_int, default=1,
+    parser.add_argument("--data-parallel-size", type=positive_int_argument, default=1,
                         help="Accepted for vLLM's command lines with 1 only: more replicas "
                              "(the operator's replicas and autoscaling) serve in parallel.")
-    parser.add_argument("--api-server-count", type=_positive_int, default=1,
+    parser.add_argument("--api-server-count", type=positive_int_argument, default=1,
                         help="Accepted for vLLM's command lines with 1 only: one HTTP server "
                              "shares the engine's process.")
-    parser.add_argument("--max-parallel-loading-workers", type=_positive_int, default=None,
+    parser.add_argument("--max-parallel-loading-workers", type=positive_int_argument, default=None,
                         help="Accepted for vLLM's command lines: the weights are read by the "
                              "serving process itself, file by file.")
     # Mistral's recipes ask for its own formats; its repositories carry Hugging Face's too.
@@ -276,10 +276,6 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
                         default="native",
                         help="Accepted for vLLM's command lines with native only: "
                              "--kv-offloading-size's host tier is tokenmill's own.")
-    parser.add_argument("--cuda-graph-sizes", type=_positive_int, nargs="+", default=None,
-                        metavar="N", help="Accepted for vLLM's command lines: decode steps "
-                                          "are captured per batch-size bucket up to "
-                                          "--max-num-seqs.")
     parser.add_argument("--prefix-caching-hash-algo", default=None,
                         choices=("builtin", "sha256", "sha256_cbor", "sha256_cbor_64bit",
                                  "xxhash", "xxhash_cbor"),
@@ -289,7 +285,7 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--code-revision", default=None, metavar="REVISION",
                         help="Accepted for vLLM's command lines: no code from a model's "
                              "repository is ever run.")
-    parser.add_argument("--max-seq-len-to-capture", type=_positive_int, default=None,
+    parser.add_argument("--max-seq-len-to-capture", type=positive_int_argument, default=None,
                         help="Accepted for vLLM's command lines: CUDA graphs capture decode "
                              "steps, whatever the context length.")
     parser.add_argument("--allowed-local-media-path", default=None, metavar="DIR",
@@ -343,22 +339,30 @@ class _RunnerAlias(argparse.Action):
 
 
 class _GraphsOff(argparse.Action):
-    """vLLM's -O and --compilation-config: stored, and --enforce-eager set where they turn
-    CUDA graphs off."""
+    """vLLM's -O and --compilation-config: stored, and the engine options they imply
+    (graph_options) set."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: str | None = None) -> None:
         setattr(namespace, self.dest, values)
-        if graphs_off(values):
-            namespace.enforce_eager = True
+        for name, value in graph_options(values).items():
+            setattr(namespace, name, value)
 
 
-def graphs_off(setting: int | dict[str, Any] | None) -> bool:
-    """Whether vLLM's optimization level (an int) or compilation config (a dict) turns its
-    CUDA graphs off: level 0, or cudagraph_mode NONE."""
-    if isinstance(setting, dict):
-        return str(setting.get("cudagraph_mode", "")).upper() == "NONE"
-    return setting == 0
+def graph_options(setting: int | dict[str, Any] | None) -> dict[str, Any]:
+    """The engine options vLLM's optimization level (an int) or compilation config (a dict)
+    implies: enforce_eager at level 0 or with cudagraph_mode NONE; cuda_graph_sizes from
+    cudagraph_capture_sizes, or max_cudagraph_capture_size as its one value."""
+    if not isinstance(setting, dict):
+        return {"enforce_eager": True} if setting == 0 else {}
+    options: dict[str, Any] = {}
+    if str(setting.get("cudagraph_mode", "")).upper() == "NONE":
+        options["enforce_eager"] = True
+    if setting.get("cudagraph_capture_sizes"):
+        options["cuda_graph_sizes"] = tuple(setting["cudagraph_capture_sizes"])
+    elif setting.get("max_cudagraph_capture_size"):
+        options["cuda_graph_sizes"] = (setting["max_cudagraph_capture_size"],)
+    return options
 
 
 def add_tool_arguments(parser: argparse.ArgumentParser) -> None:
@@ -468,7 +472,16 @@ def _compilation_config(value: str) -> dict[str, Any] | int:
     if not isinstance(config, dict):
         raise argparse.ArgumentTypeError(f'must be a JSON object such as {{"cudagraph_mode": '
                                          f'"NONE"}} or a level 0 to 3, got {value!r}')
+    sizes = config.get("cudagraph_capture_sizes", [])
+    largest = config.get("max_cudagraph_capture_size", 1)
+    if not isinstance(sizes, list) or not all(_count(n) for n in [*sizes, largest]):
+        raise argparse.ArgumentTypeError("cudagraph_capture_sizes must be a list of positive "
+                                         "integers and max_cudagraph_capture_size one")
     return config
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _structured_outputs_config(value: str) -> dict[str, Any]:
@@ -511,7 +524,3 @@ def _non_negative_int(value: str) -> int:
     return int(value)
 
 
-def _positive_int(value: str) -> int:
-    if not value.isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}")
-    return int(value)

@@ -40,9 +40,15 @@ GRAPH_TARGET_PROGRAMS = 1024  # (sequence, K/V head, split) programs a graphed d
 Forward = Callable[[int, int], torch.Tensor]
 
 
-def graph_batch_sizes(max_num_seqs: int) -> list[int]:
-    """1, 2, 4, 8, 16, 24, ... up to max_num_seqs (itself included), at most MAX_GRAPH_BATCH."""
+def graph_batch_sizes(max_num_seqs: int, chosen: tuple[int, ...] | None = None) -> list[int]:
+    """1, 2, 4, 8, 16, 24, ... up to max_num_seqs (itself included), at most MAX_GRAPH_BATCH.
+    With --cuda-graph-sizes (`chosen`, sorted): one value lowers that top to it; several are
+    the sizes themselves, those a batch can reach (none: every step runs eagerly)."""
     top = min(max_num_seqs, MAX_GRAPH_BATCH)
+    if chosen is not None and len(chosen) > 1:
+        return [n for n in chosen if n <= top]
+    if chosen is not None:
+        top = min(top, chosen[0])
     sizes = [b for b in (1, 2, 4) if b <= top] + list(range(8, top + 1, 8))
     if sizes[-1] != top:
         sizes.append(top)

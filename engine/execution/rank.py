@@ -115,7 +115,8 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
         with phases.phase("graph_capture"):
             runner.capture_decode_graphs(config.max_num_seqs, config.max_num_batched_tokens,
                                          setup.max_model_len,
-                                         *verify_graph_shape(config, device.type))
+                                         *verify_graph_shape(config, device.type),
+                                         sizes=config.cuda_graph_sizes)
     runner.startup_seconds = phases.seconds
     return runner
 

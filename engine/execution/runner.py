@@ -162,7 +162,8 @@ class ModelRunner:
     @torch.inference_mode()
     def capture_decode_graphs(self, max_num_seqs: int, max_num_batched_tokens: int,
                               max_model_len: int, verify_query_len: int = 0,
-                              verify_max_seqs: int = 0) -> None:
+                              verify_max_seqs: int = 0,
+                              sizes: tuple[int, ...] | None = None) -> None:
         """Capture the decode step for every batch-size bucket (decode_graphs.py), and with
         verify_query_len (K+1 of speculative decoding) the verify step for buckets up to
         verify_max_seqs sequences. The input buffers are sized for the largest step first:
@@ -170,7 +171,7 @@ class ModelRunner:
         if self.attention_backend != "triton":
             raise ValueError("decode graphs need the Triton attention backend")
         self._graph_shape = (max_num_seqs, max_num_batched_tokens, max_model_len,
-                             verify_query_len, verify_max_seqs)
+                             verify_query_len, verify_max_seqs, sizes)
         max_blocks = -(-max_model_len // self.block_size) + 1
         verify_sizes = graph_batch_sizes(verify_max_seqs) if verify_query_len > 1 else []
         verify_tokens = verify_sizes[-1] * verify_query_len if verify_sizes else 0
@@ -189,8 +190,9 @@ class ModelRunner:
                                          unowned_rows=query_len > 1)
             return self.model(views.input_ids, views.positions, self.kv_caches, meta)
 
-        self.graphs = DecodeGraphs(self.buffers, forward, graph_batch_sizes(max_num_seqs),
-                                   self.device)
+        decode_sizes = graph_batch_sizes(max_num_seqs, sizes)
+        self.graphs = DecodeGraphs(self.buffers, forward, decode_sizes, self.device) \
+            if decode_sizes else None
         if verify_sizes:
             self.buffers.frozen = False  # the verify graphs' views lie in the same buffers
             self.verify_graphs = DecodeGraphs(self.buffers, forward, verify_sizes, self.device,

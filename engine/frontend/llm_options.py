@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenmill.engine.contract.config import EngineConfig
-from tokenmill.engine.contract.server_flags import GENERATION_CONFIG_KEYS, graphs_off
+from tokenmill.engine.contract.server_flags import GENERATION_CONFIG_KEYS, graph_options
 from tokenmill.engine.core.generation_config import checked_source, sampling_defaults
 
 ANY = None
@@ -55,10 +55,10 @@ def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], Defaults]:
             if accepted is not ANY and value not in accepted:
                 raise ValueError(f"{name}={value!r} is not supported; this engine takes "
                                  f"{' or '.join(repr(v) for v in sorted(accepted, key=str))}")
-    # The step runs eagerly or as a decode CUDA graph: these settings can only turn graphs off.
+    # The step runs eagerly or as a decode CUDA graph: these settings turn graphs off, or
+    # choose the batch sizes captured.
     for name in ("compilation_config", "optimization_level"):
-        if graphs_off(options.pop(name, None)):
-            options["enforce_eager"] = True
+        options.update(graph_options(options.pop(name, None)))
     for vllm_name, name in RENAMED.items():
         if vllm_name in options:
             options[name] = options.pop(vllm_name)

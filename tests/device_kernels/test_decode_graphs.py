@@ -29,6 +29,40 @@ def test_batch_sizes_are_vllm_buckets_up_to_max_num_seqs():
     assert graph_batch_sizes(4096)[-1] == decode_graphs.MAX_GRAPH_BATCH
 
 
+def test_chosen_graph_sizes_lower_the_top_or_are_the_buckets():
+    """vLLM's --cuda-graph-sizes: one value is the largest bucket, several the buckets
+    themselves, those a batch of --max-num-seqs can reach."""
+    assert graph_batch_sizes(256, (16,)) == [1, 2, 4, 8, 16]
+    assert graph_batch_sizes(256, (20,)) == [1, 2, 4, 8, 16, 20]
+    assert graph_batch_sizes(4, (16,)) == [1, 2, 4]
+    assert graph_batch_sizes(8, (1, 2, 64)) == [1, 2]
+    assert graph_batch_sizes(8, (64, 128)) == []
+
+
+def test_the_chosen_sizes_are_what_start_up_captures(tiny_llama_dir, monkeypatch):
+    """--cuda-graph-sizes 1 3 through the engine's start-up (graphs wanted on this device
+    too): buckets 1 and 3; a batch of 4 runs eagerly, 2 and 3 replay the graph of 3, and the
+    tokens are the eager engine's."""
+    from tokenmill.engine.execution import rank
+
+    monkeypatch.setattr(rank, "graphs_wanted",
+                        lambda device, backend, *rest: backend == "triton")
+    options = {"show_progress": False, "dtype": "float32", "max_num_seqs": 4,
+               "device": DEVICE.type, "kv_cache_memory": KV_CACHE_MEMORY,
+               "max_model_len": MAX_MODEL_LEN}
+    graphed = LLM(tiny_llama_dir, attention_backend="triton", cuda_graph_sizes=(3, 1),
+                  **options)
+    runner = graphed.engine.runner
+    assert sorted(runner.graphs.graphs) == [1, 3]
+    eager = LLM(tiny_llama_dir, attention_backend="torch", **options)
+    prompts = _prompts(4, 11)
+    params = [SamplingParams(temperature=0.0, max_tokens=2 + i, ignore_eos=True)
+              for i in range(4)]
+    expected = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
+    assert [o.outputs[0].token_ids for o in graphed.generate(prompts, params)] == expected
+    assert runner.graphs.replays > 0
+
+
 def test_every_view_starts_on_16_bytes_whatever_the_steps_shape():
     """Triton compiles a kernel per alignment class of its pointers: steps of odd and even
     sizes must not each compile their own."""

@@ -83,17 +83,20 @@ def test_vllms_options_that_change_nothing_are_taken(tiny_llama_dir):
         assert llm.generate(PROMPTS[:1], SamplingParams(max_tokens=2))[0].outputs[0].token_ids
 
 
-@pytest.mark.parametrize("options,eager", [
-    ({"compilation_config": {"cudagraph_mode": "NONE"}}, True),
-    ({"compilation_config": {"cudagraph_capture_sizes": [1, 2, 4]}}, False),
-    ({"compilation_config": 0}, True),
-    ({"compilation_config": 3}, False),
-    ({"optimization_level": 0}, True),
-    ({"optimization_level": 2}, False),
+@pytest.mark.parametrize("options,implied", [
+    ({"compilation_config": {"cudagraph_mode": "NONE"}}, {"enforce_eager": True}),
+    ({"compilation_config": {"cudagraph_capture_sizes": [1, 2, 4]}},
+     {"cuda_graph_sizes": (1, 2, 4)}),
+    ({"compilation_config": {"max_cudagraph_capture_size": 8, "level": 3}},
+     {"cuda_graph_sizes": (8,)}),
+    ({"compilation_config": 0}, {"enforce_eager": True}),
+    ({"compilation_config": 3}, {}),
+    ({"optimization_level": 0}, {"enforce_eager": True}),
+    ({"optimization_level": 2}, {}),
 ])
-def test_vllms_compilation_settings_turn_graphs_off_where_they_say_so(options, eager):
+def test_vllms_compilation_settings_set_eager_steps_and_graph_sizes(options, implied):
     engine_options, _ = split_options({"model": "m", **options})
-    assert engine_options == ({"model": "m", "enforce_eager": True} if eager else {"model": "m"})
+    assert engine_options == {"model": "m", **implied}
 
 
 def test_kv_cache_memory_bytes_is_vllms_name_of_kv_cache_memory():

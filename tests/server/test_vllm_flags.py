@@ -290,6 +290,10 @@ def test_each_request_and_its_output_are_logged_cut_to_max_log_len_and_no_access
     (["--max-num-batched-tokens", "lots"], "--max-num-batched-tokens: 'lots' is not a size"),
     (["-O5"], "argument -O/--optimization-level: must be 0, 1, 2 or 3 (vLLM's levels)"),
     (["--compilation-config", "[1]"], "argument --compilation-config: must be a JSON object"),
+    (["--cuda-graph-sizes", "0"], "argument --cuda-graph-sizes/--max-cudagraph-capture-size: "
+     "must be a positive integer, got '0'"),
+    (["--compilation-config", '{"cudagraph_capture_sizes": [0]}'], "argument "
+     "--compilation-config: cudagraph_capture_sizes must be a list of positive integers"),
     (["--kv-offloading-backend", "lmcache"], "--kv-offloading-backend: lmcache is not "
      "available; the host tier of --kv-offloading-size is tokenmill's own (native)"),
 ])
@@ -347,19 +351,26 @@ def test_sizes_take_vllms_suffixes_and_the_context_length_takes_auto(tmp_path):
     assert (args.kv_cache_memory, args.max_model_len) == (1 << 30, 25600)
 
 
-@pytest.mark.parametrize("flags,eager", [
-    (["-O0"], True),
-    (["-O", "3"], False),
-    (["--optimization-level", "0"], True),
-    (["--compilation-config", '{"cudagraph_mode": "NONE"}'], True),
-    (["--compilation-config", '{"cudagraph_capture_sizes": [1, 2, 4], "level": 3}'], False),
-    (["--compilation-config", "3"], False),
-    ([], False),
+@pytest.mark.parametrize("flags,eager,sizes", [
+    (["-O0"], True, None),
+    (["-O", "3"], False, None),
+    (["--optimization-level", "0"], True, None),
+    (["--compilation-config", '{"cudagraph_mode": "NONE"}'], True, None),
+    (["--compilation-config", '{"cudagraph_capture_sizes": [4, 1, 2], "level": 3}'], False,
+     (1, 2, 4)),
+    (["--compilation-config", '{"max_cudagraph_capture_size": 16}'], False, (16,)),
+    (["--compilation-config", "3"], False, None),
+    (["--cuda-graph-sizes", "8"], False, (8,)),
+    (["--cuda-graph-sizes", "1", "2", "64"], False, (1, 2, 64)),
+    (["--max-cudagraph-capture-size", "32"], False, (32,)),
+    ([], False, None),
 ])
-def test_vllms_compilation_flags_turn_graphs_off_where_they_say_so(flags, eager):
+def test_vllms_compilation_flags_set_eager_steps_and_graph_sizes(flags, eager, sizes):
     """vLLM's -O0 and cudagraph_mode NONE run without CUDA graphs: --enforce-eager here; its
-    other compilation settings have nothing to change and are taken."""
-    assert engine_config_from_args(parse_args(["serve", *flags])).enforce_eager is eager
+    capture sizes are --cuda-graph-sizes; its other compilation settings have nothing to
+    change and are taken."""
+    config = engine_config_from_args(parse_args(["serve", *flags]))
+    assert (config.enforce_eager, config.cuda_graph_sizes) == (eager, sizes)
 
 
 @pytest.mark.parametrize("text, error", [
