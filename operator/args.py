@@ -63,7 +63,8 @@ _REFUSED_FLAGS = {
     "tokenizer-revision": "the pod reads its tokenizer from the files the operator mounts or "
                           "downloads; pin the model with spec.model.uri hf://ORG/NAME@REVISION",
     "uds": f"the pod's probes, its Service and the autoscaler reach the engine on port {PORT}",
-    **dict.fromkeys(("ssl-keyfile", "ssl-certfile", "ssl-ca-certs", "ssl-cert-reqs"),
+    **dict.fromkeys(("ssl-keyfile", "ssl-certfile", "ssl-ca-certs", "ssl-cert-reqs",
+                     "ssl-ciphers", "enable-ssl-refresh"),
                     _PLAIN_HTTP),
 }
 

@@ -161,6 +161,13 @@ def add_http_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ssl-ca-certs", default=None,
                         help="CA certificates (PEM) that client certificates are checked "
                              "against (with --ssl-cert-reqs 2).")
+    parser.add_argument("--enable-ssl-refresh", action="store_true",
+                        help="Serve a renewed key, certificate or CA file without a restart: "
+                             "they are looked at once a second and loaded again when one "
+                             "changes (new connections get the new certificate).")
+    parser.add_argument("--ssl-ciphers", default=None, metavar="CIPHERS",
+                        help="The ciphers HTTPS may use, in OpenSSL's cipher list format "
+                             "(default: uvicorn's, TLSv1).")
     parser.add_argument("--ssl-cert-reqs", type=int, choices=(0, 1, 2), default=0,
                         help="Client certificates: 0 not asked for, 1 optional, 2 required "
                              "(Python's ssl.CERT_NONE, CERT_OPTIONAL, CERT_REQUIRED).")
@@ -203,6 +210,15 @@ def add_request_log_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Log each generation once it finishes (INFO, logger "
                              "tokenmill.requests, under its request's id): its finish reason, "
                              "text and token ids (cut to --max-log-len).")
+    parser.add_argument("--enable-log-deltas", action=argparse.BooleanOptionalAction,
+                        default=True,
+                        help="With --enable-log-outputs, also log what each step of a stream "
+                             "adds (vLLM's default; --no-enable-log-deltas: finished "
+                             "generations only).")
+    parser.add_argument("--log-error-stack", action="store_true",
+                        help="Log each error response the API raised (4xx and 5xx) with "
+                             "the traceback that made it (a WARNING line, logger "
+                             "tokenmill.engine.server.errors).")
     parser.add_argument("--max-log-len", type=positive_int_argument, default=None,
                         help="Most characters of a prompt or an output, or token ids of an "
                              "output, that a log line shows (default: all).")
@@ -402,6 +418,12 @@ def check_server_flags(args: argparse.Namespace) -> None:
     if args.ssl_cert_reqs and args.ssl_keyfile is None:
         raise ConfigError("--ssl-cert-reqs", "client certificates need HTTPS (--ssl-keyfile "
                                              "and --ssl-certfile)")
+    if args.enable_ssl_refresh and args.ssl_keyfile is None:
+        raise ConfigError("--enable-ssl-refresh", "needs HTTPS (--ssl-keyfile and "
+                                                  "--ssl-certfile)")
+    if args.ssl_ciphers is not None and args.ssl_keyfile is None:
+        raise ConfigError("--ssl-ciphers", "ciphers need HTTPS (--ssl-keyfile and "
+                                           "--ssl-certfile)")
 
 
 def _api_key(value: str) -> str:

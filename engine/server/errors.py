@@ -3,6 +3,7 @@ Messages API's paths, Anthropic's: {"type": "error", "error": {"type", "message"
 
 from __future__ import annotations
 
+import logging
 import re
 
 from fastapi import Request
@@ -10,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+log = logging.getLogger(__name__)
 ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
                404: "not_found_error", 405: "invalid_request_error",
                409: "invalid_request_error", 413: "invalid_request_error",
@@ -96,6 +98,9 @@ def client_closed() -> JSONResponse:
 
 
 async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+    if request.app.state.tokenmill.options.log_error_stack:  # --log-error-stack
+        log.warning("error response", exc_info=exc,
+                 extra={"status": exc.status, "error": exc.message})
     return error_response(exc, request)
 
 

@@ -362,14 +362,17 @@ async def collect(streams: list[RequestStream], request: Request | None,
         state.request_ended()
 
 
-async def _merged(streams: list[RequestStream],
-                  state: ServerState) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def _merged(streams: list[RequestStream], state: ServerState,
+                  deltas: bool = False) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Each prompt's output so far, as its streams report: deltas joined in place into one
     object a prompt (read it before the next), or a request's one final output; closes every
-    stream on exit. A finished output is logged with --enable-log-outputs."""
+    stream on exit. With --enable-log-outputs a finished output is logged, and each of a
+    stream's `deltas` too."""
     sofar: dict[int, RequestOutput] = {}
 
     def joined(i: int, delta: RequestOutput) -> RequestOutput:
+        if deltas:
+            log_output(delta, state, delta=True)
         if i in sofar:
             sofar[i].extend(delta)
         else:
@@ -460,7 +463,7 @@ async def chat_chunks(call: Call, streams: list[RequestStream], include_usage: b
                 if call.return_token_ids and c == 0:  # vLLM's: on the first chunk
                     first["prompt_token_ids"] = call.prompts_ids[0]
                 yield first
-        async for i, out in _merged(streams, state):
+        async for i, out in _merged(streams, state, deltas=True):
             latest[i] = out
             for output in out.outputs:  # one choice a chunk, as OpenAI and vLLM send them
                 choice = delta_choice(call, i, output, state, out)

@@ -2,7 +2,7 @@
 its id, model, prompt length, the sampling parameters a request changed and its prompt text (a
 chat's as its template rendered it), cut to --max-log-len. --enable-log-outputs: one line per
 generation once it finishes, under the same id: its finish reason, text and token ids, cut the
-same way.
+same way; and a line for what each step of a stream added, unless --no-enable-log-deltas.
 
 The lines go to the `tokenmill.requests` logger, which the flag sets to INFO whatever
 TOKENMILL_LOG_LEVEL says: turning request logs on should not turn on every other INFO line.
@@ -39,14 +39,16 @@ def log_request(call: Call, state: ServerState) -> None:
         })
 
 
-def log_output(out: RequestOutput, state: ServerState) -> None:
-    """A finished request's generations (an embedding's vector is not logged)."""
+def log_output(out: RequestOutput, state: ServerState, delta: bool = False) -> None:
+    """A finished request's generations (an embedding's vector is not logged), or with
+    `delta` what one step of a stream added (--enable-log-deltas, on by default as vLLM's)."""
     options = state.options
-    if not options.log_outputs or out.embedding is not None:
+    if not options.log_outputs or out.embedding is not None or (delta and not
+                                                                 options.log_deltas):
         return
     cut = options.max_log_len
     for c in out.outputs:
-        log.info("response finished", extra={
+        log.info("response delta" if delta else "response finished", extra={
             "id": out.request_id, **({"index": c.index} if len(out.outputs) > 1 else {}),
             "finish_reason": c.finish_reason, "output_tokens": len(c.token_ids),
             "output": c.text[:cut] if cut else c.text,

@@ -30,19 +30,30 @@ from tokenmill.engine.server.app import create_app
 from tokenmill.engine.server.metrics import EngineMetrics
 from tokenmill.engine.server.request_log import enable_request_log
 from tokenmill.engine.server.state import ServerOptions, ServerState
+from tokenmill.engine.server.tls_refresh import CertificateWatch
 
 log = logging.getLogger(__name__)
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, state: ServerState):
+    def __init__(self, config: uvicorn.Config, state: ServerState,
+                 refresh_tls: bool = False):
         super().__init__(config)
         self.tokenmill = state
         self._drain_task: asyncio.Task | None = None
         self.failure: BaseException | None = None
+        self.refresh_tls = refresh_tls  # --enable-ssl-refresh
+        self._certificates: CertificateWatch | None = None
 
     async def on_tick(self, counter: int) -> bool:
-        """uvicorn's 0.1 s tick; also stops the server once it can never serve."""
+        """uvicorn's 0.1 s tick; also stops the server once it can never serve, and with
+        --enable-ssl-refresh looks at the TLS files once a second."""
+        if self.refresh_tls and self.config.ssl is not None and counter % 10 == 0:
+            if self._certificates is None:
+                self._certificates = CertificateWatch(self.config.ssl, self.config.ssl_keyfile,
+                                                      self.config.ssl_certfile,
+                                                      self.config.ssl_ca_certs)
+            self._certificates.check()
         fatal = self.tokenmill.fatal_error() if self.failure is None else None
         if fatal is not None:
             what, self.failure = fatal
@@ -102,8 +113,8 @@ def read_chat_template(value: str | None) -> str | None:
 
 
 def check_tls_files(args: argparse.Namespace) -> None:
-    """ConfigError (exit 2) naming the flag when the key, certificate or CA file can't be used;
-    uvicorn would only fail with a traceback once the model had loaded."""
+    """ConfigError (exit 2) naming the flag when the key, certificate, CA file or cipher list
+    can't be used; uvicorn would only fail with a traceback once the model had loaded."""
     if args.ssl_keyfile is None:
         return
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -117,6 +128,12 @@ def check_tls_files(args: argparse.Namespace) -> None:
             context.load_verify_locations(args.ssl_ca_certs)
         except (OSError, ssl.SSLError) as exc:
             raise ConfigError("--ssl-ca-certs", f"can't load {args.ssl_ca_certs}: {exc}") from None
+    if args.ssl_ciphers is not None:
+        try:
+            context.set_ciphers(args.ssl_ciphers)
+        except ssl.SSLError:
+            raise ConfigError("--ssl-ciphers", f"{args.ssl_ciphers!r} selects no cipher "
+                                               "OpenSSL knows") from None
 
 
 def server_state(config, args: argparse.Namespace) -> ServerState:
@@ -159,6 +176,8 @@ def server_state(config, args: argparse.Namespace) -> ServerState:
                               tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
                               log_requests=args.enable_log_requests,
                               log_outputs=args.enable_log_outputs,
+                              log_deltas=args.enable_log_deltas,
+                              log_error_stack=args.log_error_stack,
                               max_log_len=args.max_log_len,
                               return_tokens_as_token_ids=args.return_tokens_as_token_ids,
                               force_include_usage=args.enable_force_include_usage,
@@ -199,8 +218,9 @@ def serve(config, args: argparse.Namespace) -> int:
                                access_log=not args.disable_uvicorn_access_log,
                                ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
                                ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,
+                               **({"ssl_ciphers": args.ssl_ciphers} if args.ssl_ciphers else {}),
                                timeout_graceful_shutdown=5)
-    server = DrainingServer(uv_config, state)
+    server = DrainingServer(uv_config, state, refresh_tls=args.enable_ssl_refresh)
     try:
         server.run()
     finally:

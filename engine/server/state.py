@@ -55,6 +55,8 @@ class ServerOptions:
     tokenizer_info_endpoint: bool = False  # GET /tokenizer_info (it shows the chat template)
     log_requests: bool = False  # a line per generation request (--enable-log-requests)
     log_outputs: bool = False  # a line per finished generation (--enable-log-outputs)
+    log_deltas: bool = True  # with log_outputs, a line per streamed step too
+    log_error_stack: bool = False  # an error response logs the traceback that made it
     max_log_len: int | None = None  # characters (or token ids) of a text in those lines
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:ID"
     force_include_usage: bool = False  # every stream ends with a usage chunk

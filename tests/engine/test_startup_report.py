@@ -31,7 +31,7 @@ def test_every_phase_is_timed_and_the_phases_fit_in_the_total(tiny_llama_dir):
 
 
 def test_graph_capture_is_its_own_phase(tiny_llama_dir, monkeypatch):
-    def capture(self, *args):
+    def capture(self, *args, **kwargs):
         time.sleep(0.05)
 
     monkeypatch.setattr(rank, "graphs_wanted", lambda *args: True)

@@ -513,6 +513,8 @@ def test_extra_args_serve_an_embedding_model():
     (["--ssl-keyfile", "/k.pem", "--ssl-certfile", "/c.pem"],
      "spec.engine.extraArgs: --ssl-keyfile: the pod's probes, its Service and the autoscaler "
      "speak plain HTTP"),
+    (["--ssl-ciphers", "ECDHE+AESGCM"], "spec.engine.extraArgs: --ssl-ciphers: the pod's "
+     "probes, its Service and the autoscaler speak plain HTTP"),
     (["--allowed-origins", "*"], "argument --allowed-origins: must be a JSON list of strings"),
     (["--revision", "v2"], "--revision is set by spec.model.uri (hf://ORG/NAME@REVISION)"),
     (["--pipeline-parallel-size", "2"],

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import json
+import os
 import re
 import signal
 import ssl
@@ -66,7 +67,8 @@ def vllm_server(tiny_llama_dir, tls, tmp_path_factory):
     proc = ServeProcess(
         tiny_llama_dir, "--config", str(config), "--trust-remote-code",
         "--enable-chunked-prefill", "--disable-log-requests", "--disable-log-stats",
-        "--enable-log-outputs", "--enable-tokenizer-info-endpoint",
+        "--enable-log-outputs", "--enable-tokenizer-info-endpoint", "--log-error-stack",
+        "--ssl-ciphers", "ECDHE+AESGCM",
         "--kv-offloading-backend", "native", "--disable-cascade-attn",
         "--uvicorn-log-level", "info",
         "--disable-uvicorn-access-log", "--disable-fastapi-docs",
@@ -148,6 +150,41 @@ def test_a_request_may_use_any_served_name_and_replies_use_the_first(https_clien
         https_client.completions.create(model="other", prompt="hello", max_tokens=1)
 
 
+def test_a_renewed_certificate_is_served_without_a_restart(tiny_llama_dir, tmp_path):
+    """--enable-ssl-refresh: the files replaced under the running server (as cert-manager
+    renews a Secret's), new connections get the new certificate."""
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    key, cert = _self_signed(tmp_path / "old")
+    proc = ServeProcess(tiny_llama_dir, "--ssl-keyfile", key, "--ssl-certfile", cert,
+                        "--enable-ssl-refresh")
+    proc.url = proc.url.replace("http://", "https://")
+    proc.verify = ssl.create_default_context(cafile=cert)
+    try:
+        proc.wait_healthy(timeout=60)
+        served = ssl.get_server_certificate(("127.0.0.1", proc.port))
+        assert ssl.PEM_cert_to_DER_cert(served) == _der(cert)
+        new_key, new_cert = _self_signed(tmp_path / "new")
+        renewed = _der(new_cert)
+        os.replace(new_key, key)
+        os.replace(new_cert, cert)
+        deadline = time.monotonic() + 15
+        while ssl.PEM_cert_to_DER_cert(
+                ssl.get_server_certificate(("127.0.0.1", proc.port))) != renewed:
+            assert time.monotonic() < deadline, "the renewed certificate was not served"
+            time.sleep(0.2)
+        trusting_new = ssl.create_default_context(cafile=cert)
+        assert httpx.get(proc.url + "/health", verify=trusting_new, timeout=5).status_code == 200
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _der(pem_path: str) -> bytes:
+    with open(pem_path, encoding="ascii") as f:
+        return ssl.PEM_cert_to_DER_cert(f.read())
+
+
 def test_plain_http_gets_no_answer(vllm_server):
     with pytest.raises(httpx.TransportError):
         httpx.get(vllm_server.url.replace("https://", "http://") + "/health", timeout=5)
@@ -220,6 +257,19 @@ def test_each_request_and_its_output_are_logged_cut_to_max_log_len_and_no_access
     assert len(long) == 2
     assert all(len(json.loads(re.search(r'output_token_ids="(\[.*?\])"', f)[1])) == 12
                for f in long)
+    # --enable-log-deltas (on by default): what each step of a stream added, which adds up.
+    deltas = [line for line in logged if 'msg="response delta"' in line]
+    streamed = {re.search(r" id=(\S+)", d)[1] for d in deltas}
+    for stream_id in streamed:
+        mine = [d for d in deltas if f" id={stream_id} " in d]
+        whole = next(f for f in finished if f" id={stream_id} " in f)
+        total = int(re.search(r"output_tokens=(\d+)", whole)[1])
+        assert sum(int(re.search(r"output_tokens=(\d+)", d)[1]) for d in mine) == total
+    assert any("output_tokens=20" in f for f in finished if re.search(r" id=(\S+)", f)[1]
+               in streamed)
+    # --log-error-stack: the root-path test's 400 (31 logprobs), with its traceback.
+    assert 'msg="error response"' in stderr and "status=400" in stderr
+    assert "Traceback (most recent call last)" in stderr
     assert "Uvicorn running on https://127.0.0.1" in stderr  # uvicorn's INFO lines are on
     assert "HTTP/1.1" not in stderr  # but not its access log
 
@@ -233,6 +283,10 @@ def test_each_request_and_its_output_are_logged_cut_to_max_log_len_and_no_access
     (["--ssl-keyfile", "KEY", "--ssl-certfile", "CERT", "--ssl-ca-certs", "/no/ca.pem"],
      "--ssl-ca-certs: can't load /no/ca.pem"),
     (["--ssl-cert-reqs", "2"], "--ssl-cert-reqs: client certificates need HTTPS"),
+    (["--ssl-ciphers", "ECDHE+AESGCM"], "--ssl-ciphers: ciphers need HTTPS"),
+    (["--enable-ssl-refresh"], "--enable-ssl-refresh: needs HTTPS"),
+    (["--ssl-keyfile", "KEY", "--ssl-certfile", "CERT", "--ssl-ciphers", "NOPE"],
+     "--ssl-ciphers: 'NOPE' selects no cipher OpenSSL knows"),
     (["--allowed-origins", "*"], "argument --allowed-origins: must be a JSON list of strings"),
     (["--allowed-methods", '["GET", 1]'], "argument --allowed-methods: must be a JSON list"),
     (["--uvicorn-log-level", "loud"], "argument --uvicorn-log-level: invalid choice: 'loud'"),
