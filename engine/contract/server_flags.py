@@ -190,6 +190,18 @@ def add_http_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Serve vLLM's GET /tokenizer_info: the tokenizer's settings, "
                              "class and chat template (off by default: it shows the "
                              "template).")
+    parser.add_argument("--middleware", action="append", default=[], metavar="IMPORT_PATH",
+                        help="vLLM's: an ASGI middleware class, or an async function taking "
+                             "(request, call_next), at package.module.name, added outside the "
+                             "server's own; repeat the flag for more.")
+    parser.add_argument("--h11-max-header-count", type=positive_int_argument, default=256,
+                        help="Most headers a request may carry; more is a 431 (vLLM's flag "
+                             "and default).")
+    parser.add_argument("--h11-max-incomplete-event-size", type=positive_int_argument,
+                        default=4 << 20, metavar="BYTES",
+                        help="Most bytes of a request's head uvicorn's h11 parser buffers "
+                             "(vLLM's flag and default); this install parses with httptools, "
+                             "whose own limits apply instead.")
     parser.add_argument("--root-path", default="", metavar="PATH",
                         help="The path prefix a path-based proxy serves this server under "
                              "(vLLM's flag, FastAPI's root_path): requests may come with or "

@@ -28,7 +28,13 @@ from tokenmill.engine.server.errors import install_error_handlers
 from tokenmill.engine.server.invocations import invoke
 from tokenmill.engine.server.messages import count_message_tokens, create_message
 from tokenmill.engine.server.messages_protocol import MessagesRequest
-from tokenmill.engine.server.middleware import ApiKey, BodyLimit, RequestId
+from tokenmill.engine.server.middleware import (
+    ApiKey,
+    BodyLimit,
+    HeaderLimit,
+    RequestId,
+    add_user_middleware,
+)
 from tokenmill.engine.server.openai_serving import create_chat_completion, create_completion
 from tokenmill.engine.server.pooling import create_pooling
 from tokenmill.engine.server.protocol import (
@@ -117,7 +123,8 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
     app.router.route_class = StrictJSONRoute
     app.state.tokenmill = state
     install_error_handlers(app)
-    # Added innermost first: a request meets RequestId, then CORS, then ApiKey, then BodyLimit.
+    # Added innermost first: a request meets --middleware's, RequestId, HeaderLimit, then
+    # CORS, then ApiKey, then BodyLimit.
     # CORS sits outside the key check: a browser's preflight carries no key, and a 401 must
     # carry the CORS headers for the page to read it.
     app.add_middleware(BodyLimit, options=options)
@@ -126,7 +133,10 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
                        allow_methods=list(options.allowed_methods),
                        allow_headers=list(options.allowed_headers),
                        allow_credentials=options.allow_credentials)
+    app.add_middleware(HeaderLimit, options=options)
     app.add_middleware(RequestId)
+    for path in options.middleware:  # outermost, as vLLM adds them
+        add_user_middleware(app, path)
     created = int(time.time())
 
     @app.post("/v1/completions")

@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
                404: "not_found_error", 405: "invalid_request_error",
                409: "invalid_request_error", 413: "invalid_request_error",
-               500: "internal_server_error",
+               431: "invalid_request_error", 500: "internal_server_error",
                503: "service_unavailable"}
 
 

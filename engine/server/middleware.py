@@ -1,6 +1,8 @@
-"""What every HTTP request passes before a route: its request id, the API key, the body limit.
+"""What every HTTP request passes before a route: its request id, the header count limit, the
+API key, the body limit; and the middleware --middleware names.
 
-Plain ASGI wrappers, outermost first: RequestId, (Starlette's CORS,) ApiKey, BodyLimit. None
+Plain ASGI wrappers, outermost first: (--middleware's,) RequestId, HeaderLimit, (Starlette's
+CORS,) ApiKey, BodyLimit. None
 of them buffers a response, so streams pass through as they are sent; the request id stays set
 (a context variable, see log.log_fields) for every line logged while its request runs.
 """
@@ -9,13 +11,17 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import importlib
+import inspect
 import logging
 import time
 import uuid
 
+from fastapi import FastAPI
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tokenmill.engine.core.errors import ConfigError
 from tokenmill.engine.log import log_fields
 from tokenmill.engine.server.errors import APIError, error_response
 from tokenmill.engine.server.state import ServerOptions
@@ -111,6 +117,41 @@ def _digest(key: bytes) -> bytes:
     # Digests of equal length, compared in constant time: neither the key's bytes nor its
     # length show in how long a wrong guess takes. (A header's bytes arrive as latin-1 text.)
     return hashlib.sha256(key).digest()
+
+
+class HeaderLimit:
+    """431 for a request with more headers than options.max_header_count (vLLM's
+    --h11-max-header-count: a bound on what one request makes the server parse and keep)."""
+
+    def __init__(self, app: ASGIApp, options: ServerOptions):
+        self.app = app
+        self.options = options
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        limit = self.options.max_header_count
+        if scope["type"] == "http" and len(scope["headers"]) > limit:
+            error = APIError(431, f"the request has {len(scope['headers'])} headers, more than "
+                                  f"this server's limit of {limit} (--h11-max-header-count)")
+            await error_response(error)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def add_user_middleware(app: FastAPI, path: str) -> None:
+    """--middleware (vLLM's): the class or async function at `path` (package.module.name, or
+    package.module:name), a class added as ASGI middleware, a function as FastAPI's
+    @app.middleware("http"); ConfigError naming the flag for anything else."""
+    module_name, _, name = path.rpartition(":") if ":" in path else path.rpartition(".")
+    try:
+        target = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError("--middleware", f"can't import {path}: {exc}") from None
+    if inspect.isclass(target):
+        app.add_middleware(target)
+    elif inspect.iscoroutinefunction(target):
+        app.middleware("http")(target)
+    else:
+        raise ConfigError("--middleware", f"{path} is neither a class nor an async function")
 
 
 class BodyLimit:

@@ -173,6 +173,8 @@ def server_state(config, args: argparse.Namespace) -> ServerState:
                               allowed_headers=tuple(args.allowed_headers),
                               allow_credentials=args.allow_credentials,
                               fastapi_docs=not args.disable_fastapi_docs,
+                              max_header_count=args.h11_max_header_count,
+                              middleware=tuple(args.middleware),
                               tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
                               log_requests=args.enable_log_requests,
                               log_outputs=args.enable_log_outputs,
@@ -216,6 +218,8 @@ def serve(config, args: argparse.Namespace) -> int:
                                # the file configured uvicorn's loggers too: no defaults over it
                                **({"log_config": None} if args.log_config_file else {}),
                                access_log=not args.disable_uvicorn_access_log,
+                               h11_max_incomplete_event_size=(
+                                   args.h11_max_incomplete_event_size),
                                ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
                                ssl_ca_certs=args.ssl_ca_certs, ssl_cert_reqs=args.ssl_cert_reqs,
                                **({"ssl_ciphers": args.ssl_ciphers} if args.ssl_ciphers else {}),

@@ -52,6 +52,8 @@ class ServerOptions:
     allowed_headers: tuple[str, ...] = ("*",)
     allow_credentials: bool = False
     fastapi_docs: bool = True  # /docs, /redoc and /openapi.json
+    max_header_count: int = 256  # more headers are a 431 (vLLM's --h11-max-header-count)
+    middleware: tuple[str, ...] = ()  # --middleware's import paths, outermost last
     tokenizer_info_endpoint: bool = False  # GET /tokenizer_info (it shows the chat template)
     log_requests: bool = False  # a line per generation request (--enable-log-requests)
     log_outputs: bool = False  # a line per finished generation (--enable-log-outputs)
