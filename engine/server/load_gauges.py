@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 WAITING = "tokenmill_num_requests_waiting"
 RUNNING = "tokenmill_num_requests_running"
 KV_USAGE = "tokenmill_kv_cache_usage_ratio"
+SLEEPING = "tokenmill_engine_sleeping"  # with --enable-sleep-mode only
 VLLM_WAITING = "vllm:num_requests_waiting"
 VLLM_RUNNING = "vllm:num_requests_running"
 VLLM_KV_USAGE = "vllm:kv_cache_usage_perc"  # a fraction, 0 to 1, despite the name
@@ -40,7 +41,8 @@ HELP = {WAITING: "Requests waiting to be scheduled.",
 
 
 class LoadGauges:
-    """A collector: waiting and running requests and KV-cache usage, read at scrape time."""
+    """A collector: waiting and running requests and KV-cache usage, read at scrape time (and
+    with sleep mode whether the engine sleeps)."""
 
     def __init__(self, model_name: str, registry: CollectorRegistry, vllm_names: bool = True):
         self.model_name = model_name
@@ -75,6 +77,9 @@ class LoadGauges:
         yield self._family(WAITING, HELP[WAITING], waiting)
         yield self._family(RUNNING, HELP[RUNNING], running)
         yield self._family(KV_USAGE, HELP[KV_USAGE], usage)
+        if engine.engine.config.enable_sleep_mode:
+            yield self._family(SLEEPING, "1 while sleep mode holds the engine (POST /sleep), "
+                                         "0 awake.", float(engine.is_sleeping))
         if not self.vllm_names:
             return
         yield self._family(VLLM_WAITING, f"Alias of {WAITING} under vLLM's name.", waiting,

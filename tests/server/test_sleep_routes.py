@@ -21,6 +21,15 @@ def server(tiny_llama_dir):
         yield server
 
 
+def _sleeping_gauge(server) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    [value] = [sample.value for family in text_string_to_metric_families(text)
+               for sample in family.samples if sample.name == "tokenmill_engine_sleeping"]
+    return value
+
+
 def _http(server) -> httpx.Client:
     return httpx.Client(base_url=server.url, timeout=30,
                         headers={"Authorization": f"Bearer {KEY}"})
@@ -31,8 +40,10 @@ def test_asleep_requests_get_503_and_after_wake_up_the_same_answer(server):
     before = client.completions.create(**ASK).choices[0].text
     with _http(server) as http:
         assert http.get("/is_sleeping").json() == {"is_sleeping": False}
+        assert _sleeping_gauge(server) == 0
         assert http.post("/sleep", params={"level": 1}).status_code == 200
         assert http.get("/is_sleeping").json() == {"is_sleeping": True}
+        assert _sleeping_gauge(server) == 1
         assert server.state.engine.engine.runner.kv_pool is None
         assert http.get("/health").status_code == 200
         with pytest.raises(openai.InternalServerError) as refused:
@@ -43,6 +54,7 @@ def test_asleep_requests_get_503_and_after_wake_up_the_same_answer(server):
         assert http.get("/is_sleeping").json() == {"is_sleeping": True}
         assert http.post("/wake_up", params={"tags": "kv_cache"}).status_code == 200
         assert http.get("/is_sleeping").json() == {"is_sleeping": False}
+        assert _sleeping_gauge(server) == 0
     assert client.completions.create(**ASK).choices[0].text == before
 
 
@@ -78,3 +90,5 @@ def test_without_their_flags_the_optional_routes_do_not_exist(tiny_llama_dir):
         assert httpx.get(server.url + "/is_sleeping", timeout=30).status_code == 404
         # --enable-tokenizer-info-endpoint's (test_vllm_flags.py serves it)
         assert httpx.get(server.url + "/tokenizer_info", timeout=30).status_code == 404
+        assert "tokenmill_engine_sleeping" not in httpx.get(server.url + "/metrics",
+                                                            timeout=30).text
