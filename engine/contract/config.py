@@ -76,6 +76,11 @@ def size_argument(value: str) -> int:
     return int(float(number) * scale) if suffix.islower() else int(number) * scale
 
 
+def is_count(value: object) -> bool:
+    """Whether a JSON or Python value is a whole number, 1 or more (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def positive_int_argument(value: str) -> int:
     """A flag's count: a whole number, 1 or more."""
     if not value.isdigit() or int(value) < 1:
@@ -367,6 +372,10 @@ class EngineConfig:
         _check(self.num_gpu_blocks_override is None or self.num_gpu_blocks_override > 0,
                "num_gpu_blocks_override",
                f"must be a positive number of blocks, got {self.num_gpu_blocks_override}")
+        if self.cuda_graph_sizes is not None:
+            _check(all(is_count(n) for n in self.cuda_graph_sizes), "cuda_graph_sizes",
+                   f"must be positive batch sizes, got {list(self.cuda_graph_sizes)}")
+            self.cuda_graph_sizes = tuple(sorted(set(self.cuda_graph_sizes)))
         _check(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
                f"must be in (0, 1], got {self.gpu_memory_utilization}")
         _check(self.tensor_parallel_size >= 1, "tensor_parallel_size",
@@ -438,11 +447,6 @@ class EngineConfig:
             raise ConfigError("pooler_config", str(e)) from None
 
     def _check_lora(self) -> None:
-        if self.cuda_graph_sizes is not None:
-            self.cuda_graph_sizes = tuple(sorted(set(self.cuda_graph_sizes)))
-            _check(all(isinstance(n, int) and n >= 1 for n in self.cuda_graph_sizes),
-                   "cuda_graph_sizes", f"must be positive batch sizes, got "
-                                       f"{list(self.cuda_graph_sizes)}")
         if isinstance(self.lora_modules, str):
             self.lora_modules = (self.lora_modules,)
         self.lora_modules = tuple(self.lora_modules)
@@ -548,17 +552,17 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per EngineConfig field, with its type, default and help."""
     hints = typing.get_type_hints(EngineConfig)
     for f in dataclasses.fields(EngineConfig):
-        kind = f.metadata.get("parse") or _base_type(hints[f.name])
+        base, parse = _base_type(hints[f.name]), f.metadata.get("parse")
         flags = (cli_flag(f.name), *f.metadata.get("aliases", ()))
         help_text = f.metadata.get("help", "")
-        if kind is bool:
+        if base is bool:
             parser.add_argument(*flags, dest=f.name, default=f.default,
                                 action=argparse.BooleanOptionalAction, help=help_text)
-        elif _base_type(hints[f.name]) is tuple:  # one or more values after the flag, each
-            parser.add_argument(*flags, dest=f.name, nargs="+", default=f.default,  # parsed
-                                type=f.metadata.get("parse") or str, help=help_text)
+        elif base is tuple:  # one or more values after the flag, each parsed
+            parser.add_argument(*flags, dest=f.name, nargs="+", default=f.default,
+                                type=parse or str, help=help_text)
         else:
-            parser.add_argument(*flags, dest=f.name, type=kind, default=f.default,
+            parser.add_argument(*flags, dest=f.name, type=parse or base, default=f.default,
                                 help=f"{help_text} (default: {f.default})")
 
 

@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from tokenmill.engine.contract.config import ConfigError, positive_int_argument
+from tokenmill.engine.contract.config import ConfigError, is_count, positive_int_argument
 
 # The tool-call formats the server parses (server/tool_parsers.py, whose table a test holds to
 # these names).
@@ -341,16 +341,17 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Older vLLM's: generate is --runner generate; embed, classify "
                              "and score are --runner pooling.")
     parser.add_argument("-O", "--optimization-level", type=_optimization_level, default=None,
-                        metavar="0-3", action=_GraphsOff,
+                        metavar="0-3", action=_GraphOptions,
                         help="vLLM's: 0 runs every step eagerly, as --enforce-eager; 1 to 3 "
                              "keep the decode CUDA graphs (there are no compiler passes to "
                              "choose between here).")
     parser.add_argument("--compilation-config", type=_compilation_config, default=None,
-                        metavar="JSON", action=_GraphsOff,
+                        metavar="JSON", action=_GraphOptions,
                         help='vLLM\'s: {"cudagraph_mode": "NONE"} runs every step eagerly, as '
-                             "--enforce-eager; its other keys (capture sizes, compiler "
-                             "passes) and a bare level are accepted and change nothing: the "
-                             "decode step is captured per batch-size bucket, uncompiled.")
+                             "--enforce-eager; cudagraph_capture_sizes and "
+                             "max_cudagraph_capture_size are --cuda-graph-sizes; its other keys "
+                             "(compiler passes) and a bare level are accepted and change "
+                             "nothing: the decode step is captured uncompiled.")
 
 
 class _RunnerAlias(argparse.Action):
@@ -366,7 +367,7 @@ class _RunnerAlias(argparse.Action):
             namespace.runner = self.RUNNERS[values]
 
 
-class _GraphsOff(argparse.Action):
+class _GraphOptions(argparse.Action):
     """vLLM's -O and --compilation-config: stored, and the engine options they imply
     (graph_options) set."""
 
@@ -508,14 +509,10 @@ def _compilation_config(value: str) -> dict[str, Any] | int:
                                          f'"NONE"}} or a level 0 to 3, got {value!r}')
     sizes = config.get("cudagraph_capture_sizes", [])
     largest = config.get("max_cudagraph_capture_size", 1)
-    if not isinstance(sizes, list) or not all(_count(n) for n in [*sizes, largest]):
+    if not isinstance(sizes, list) or not all(is_count(n) for n in [*sizes, largest]):
         raise argparse.ArgumentTypeError("cudagraph_capture_sizes must be a list of positive "
                                          "integers and max_cudagraph_capture_size one")
     return config
-
-
-def _count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _structured_outputs_config(value: str) -> dict[str, Any]:
@@ -556,5 +553,3 @@ def _non_negative_int(value: str) -> int:
     if not value.isdigit():
         raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more, got {value!r}")
     return int(value)
-
-

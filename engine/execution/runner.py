@@ -99,6 +99,7 @@ class ModelRunner:
         # An image encoder, where the checkpoint has one, is a module of its own.
         modules = [m for m in (self.model, self.image_encoder) if m is not None]
         self.host_weights = HostWeights(modules, self.device)
+        self._free_device_cache()
 
     def restore_weights(self) -> None:
         if self.host_weights is not None:
@@ -116,6 +117,7 @@ class ModelRunner:
         self.capture_decode_graphs(*self._graph_shape)
 
     def _free_device_cache(self) -> None:
+        """Hand what torch's allocator caches back to the device, for another process."""
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 

@@ -32,8 +32,6 @@ class HostWeights:
             self._saved.append((storage, host))
         for storage, _ in self._saved:
             storage.resize_(0)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
 
     @property
     def nbytes(self) -> int:

@@ -100,7 +100,7 @@ def client_closed() -> JSONResponse:
 async def _api_error(request: Request, exc: APIError) -> JSONResponse:
     if request.app.state.tokenmill.options.log_error_stack:  # --log-error-stack
         log.warning("error response", exc_info=exc,
-                 extra={"status": exc.status, "error": exc.message})
+                    extra={"status": exc.status, "error": exc.message})
     return error_response(exc, request)
 
 

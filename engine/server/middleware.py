@@ -2,9 +2,9 @@
 API key, the body limit; and the middleware --middleware names.
 
 Plain ASGI wrappers, outermost first: (--middleware's,) RequestId, HeaderLimit, (Starlette's
-CORS,) ApiKey, BodyLimit. None
-of them buffers a response, so streams pass through as they are sent; the request id stays set
-(a context variable, see log.log_fields) for every line logged while its request runs.
+CORS,) ApiKey, BodyLimit. None of them buffers a response, so streams pass through as they are
+sent; the request id stays set (a context variable, see log.log_fields) for every line logged
+while its request runs.
 """
 
 from __future__ import annotations

@@ -35,6 +35,8 @@ def test_invalid_sampling_params_name_the_option(options, named):
     ({"quantization": "awq"}, "quantization"),
     ({"kv_cache_memory": 0}, "kv_cache_memory"),
     ({"num_gpu_blocks_override": 0}, "num_gpu_blocks_override: must be a positive number"),
+    ({"cuda_graph_sizes": ("8", 1)}, "cuda_graph_sizes: must be positive batch sizes"),
+    ({"cuda_graph_sizes": (0,)}, "cuda_graph_sizes: must be positive batch sizes"),
     ({"kv_cache_dtype": "fp8_e3m4"}, "kv_cache_dtype: 'fp8_e3m4' is not one of"),
 ])
 def test_invalid_engine_options_fail_at_construction(options, named):
