@@ -281,20 +281,27 @@ class HFLlavaNext(HFLlava):
 MISTRAL_TOKENS = ("[IMG]", "[IMG_BREAK]", "[IMG_END]")
 
 
-def make_mistral3(directory: str, tokenizer, pixtral_12b: bool = False) -> str:
+def make_mistral3(directory: str, tokenizer, pixtral_12b: bool = False,
+                  ministral3: bool = False) -> str:
     """A Mistral 3 checkpoint: Pixtral's tower (2-D rotary, 7-pixel patches merged 2 x 2) over
     a small Mistral, images read at their own size up to 56 pixels a side; or Pixtral 12B's
-    layout (LLaVA over Pixtral's tower: a row per patch, nothing merged)."""
+    layout (LLaVA over Pixtral's tower: a row per patch, nothing merged); or, with
+    `ministral3`, Ministral 3's (its queries scaled by position past a context of 8)."""
     import transformers
 
     tokenizer = copy.deepcopy(tokenizer)
     tokenizer.add_special_tokens({"additional_special_tokens": list(MISTRAL_TOKENS)})
     tokenizer.chat_template = CHAT_TEMPLATE.replace("<image>", "[IMG]")
     parts = dict(
-        text_config=dict(model_type="mistral", vocab_size=len(tokenizer), hidden_size=64,
+        text_config=dict(model_type="ministral3" if ministral3 else "mistral",
+                         vocab_size=len(tokenizer), hidden_size=64,
                          intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0),
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                         **({"rope_parameters": {
+                             "rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0,
+                             "original_max_position_embeddings": 8,
+                             "llama_4_scaling_beta": 0.5}} if ministral3 else {})),
         vision_config=dict(model_type="pixtral", hidden_size=32, intermediate_size=64,
                            num_hidden_layers=2, num_attention_heads=2, head_dim=16,
                            image_size=56, patch_size=PATCH),

@@ -1,5 +1,6 @@
 """Rotary position embedding (half-rotation layout) on the whole head or its first part
-(partial_rotary_factor), with linear, Llama-3, YaRN and LongRoPE frequency scaling."""
+(partial_rotary_factor), with linear, Llama-3, YaRN and LongRoPE frequency scaling, and Llama 4's
+attention temperature (queries scaled by position, as Ministral 3 has it)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,7 @@ def check_rope(params: dict, head_dim: int) -> None:
             if len(params.get(name) or ()) != dim // 2:
                 raise ValueError(f"longrope {name} needs {dim // 2} numbers (one per rotary "
                                  f"frequency), got {len(params.get(name) or ())}")
+    query_temperature(params)
 
 
 def inverse_frequencies(head_dim: int, params: dict,
@@ -271,6 +273,41 @@ class RopeKernel(NamedTuple):
             return _kernel()(q, k, self.positions, self.cos, self.sin)
         _kernel()(q[..., :dim], k[..., :dim], self.positions, self.cos, self.sin)
         return q, k
+
+
+class ScaledQueries(NamedTuple):
+    """Llama 4's attention temperature (`llama_4_scaling_beta` in the rope settings of
+    Ministral 3): after rotating, each query is multiplied by 1 + beta * log(1 + floor(position
+    / original_max_position_embeddings)), 1 within the pretraining context."""
+
+    rope: RopeRows | RopeKernel
+    scale: torch.Tensor  # [T, 1, 1] in the model dtype
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k = self.rope.rotate(q, k)
+        return q * self.scale, k
+
+
+def query_temperature(params: dict) -> tuple[float, int] | None:
+    """(beta, original_max_position_embeddings) of Llama 4's attention temperature where these
+    rope settings ask for it, else None."""
+    beta = params.get("llama_4_scaling_beta")
+    if not beta:
+        return None
+    original = params.get("original_max_position_embeddings")
+    if not original:
+        raise ValueError("llama_4_scaling_beta needs original_max_position_embeddings in the "
+                         "rope settings")
+    return float(beta), int(original)
+
+
+def scaled_queries(rope: RopeRows | RopeKernel, positions: torch.Tensor, dtype: torch.dtype,
+                   temperature: tuple[float, int]) -> ScaledQueries:
+    """The step's rotary inputs with Llama 4's query scale by position, computed in float32
+    and rounded to the model dtype as transformers does."""
+    beta, original = temperature
+    scale = 1 + beta * torch.log(1 + torch.floor(positions / original))
+    return ScaledQueries(rope, scale.to(dtype)[:, None, None])
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

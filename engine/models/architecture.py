@@ -49,6 +49,11 @@ class ArchitectureFlags:
 SUPPORTED = {
     "LlamaForCausalLM": ArchitectureFlags(),
     "MistralForCausalLM": ArchitectureFlags(),
+    # Ministral 8B (2410): Mistral with sliding and full layers listed in layer_types.
+    "MinistralForCausalLM": ArchitectureFlags(),
+    # Ministral 3 (3B-14B, 2512) and the language model of its multimodal checkpoints:
+    # Mistral with YaRN and Llama 4's query scale by position (layers/rotary.py).
+    "Ministral3ForCausalLM": ArchitectureFlags(),
     "Qwen2ForCausalLM": ArchitectureFlags(qkv_bias=True),
     "Qwen3ForCausalLM": ArchitectureFlags(qk_norm=True),
     "MixtralForCausalLM": ArchitectureFlags(moe="mixtral"),
@@ -141,6 +146,7 @@ ENCODER_MODEL_TYPES = {"bert": "BertModel", "roberta": "RobertaModel",
                        "xlm-roberta": "XLMRobertaModel", "distilbert": "DistilBertModel",
                        "modernbert": "ModernBertModel"}
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+               "ministral": "MinistralForCausalLM", "ministral3": "Ministral3ForCausalLM",
                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                "qwen3_moe": "Qwen3MoeForCausalLM", "gemma": "GemmaForCausalLM",

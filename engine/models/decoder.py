@@ -20,7 +20,14 @@ from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.kv_layer import KVLayer
 from tokenmill.engine.layers.linear import MergedLinear
 from tokenmill.engine.layers.norm import RMSNorm
-from tokenmill.engine.layers.rotary import RopeKernel, RopeRows, RotaryEmbedding, rope_parameters
+from tokenmill.engine.layers.rotary import (
+    RopeKernel,
+    RopeRows,
+    RotaryEmbedding,
+    query_temperature,
+    rope_parameters,
+    scaled_queries,
+)
 from tokenmill.engine.layers.vocab_parallel import VocabParallelEmbedding
 from tokenmill.engine.models.architecture import (
     MoeShape,
@@ -252,6 +259,8 @@ class DecoderModel(nn.Module):
         self.local_rope = [window is not None and self.rotary_local is not None
                            for window in windows]
         self.rotates = [rotates_at(config, i) for i in range(config.num_hidden_layers)]
+        # Ministral 3: queries scaled by position past the pretraining context (Llama 4's).
+        self.temperature = query_temperature(rope_parameters(config))
 
     def rotary_tables(self) -> tuple[RotaryEmbedding, RotaryEmbedding | None]:
         """The rotary tables of full-attention layers, and of sliding ones where they differ
@@ -282,6 +291,10 @@ class DecoderModel(nn.Module):
         rope = self.rotary(positions, x.dtype, meta.backend)
         rope_local = (None if self.rotary_local is None
                       else self.rotary_local(positions, x.dtype, meta.backend))
+        if self.temperature is not None:
+            rope = scaled_queries(rope, positions, x.dtype, self.temperature)
+            if rope_local is not None:
+                rope_local = scaled_queries(rope_local, positions, x.dtype, self.temperature)
         residual = None
         for index, (layer, local, rotates, kv_cache) in enumerate(zip(
                 self.layers, self.local_rope, self.rotates, kv_caches, strict=True)):

@@ -4,7 +4,8 @@ The engine reads two kinds, dequantizing each weight at load into the model's dt
 every such value is exact) and then serving it as any weight (`--quantization fp8` stores it
 in 8 bits again, per channel):
 - FP8 (`quant_method` `fp8`, transformers' fine-grained FP8: Qwen3-*-FP8, with
-  `weight_scale_inv` per block of `weight_block_size`; or `compressed-tensors` with 8-bit
+  `weight_scale_inv` per block of `weight_block_size`, or one per tensor without it as
+  Mistral publishes Ministral 3; or `compressed-tensors` with 8-bit
   float weights: RedHatAI's and Neural Magic's *-FP8 models, with `weight_scale` per tensor or
   per output channel). Activation and KV-cache scales (`input_scale`, `k_scale`, ...) are not
   read: activations stay in the model's dtype, and `--kv-cache-dtype` scales the cache per
@@ -39,8 +40,9 @@ from tokenmill.engine.models.packed_int import (
 from tokenmill.engine.models.source import ModelLoadError
 
 FP8_SCALES = ("weight_scale_inv", "weight_scale")
-# Scales of what the engine quantizes on the fly, or not at all: activations and the KV cache.
-UNNEEDED_SCALES = ("input_scale", "output_scale", "k_scale", "v_scale")
+# Scales of what the engine quantizes on the fly, or not at all: activations (compressed-tensors'
+# input_scale, transformers' static FP8 activation_scale) and the KV cache.
+UNNEEDED_SCALES = ("input_scale", "activation_scale", "output_scale", "k_scale", "v_scale")
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 # A checkpoint's 8-bit weights stored as they are, by kind, and each one's value dtypes.
 SCALED_DTYPES = {"fp8": FP8_DTYPES, "int8": (torch.int8,)}

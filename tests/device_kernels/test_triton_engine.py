@@ -151,3 +151,32 @@ def test_images_run_through_the_kernels(tmp_path, vocab_tokenizer, family):
         assert [s[t] for s, t in zip(got.logprobs, got.token_ids, strict=True)] == \
             pytest.approx([s[t] for s, t in zip(expected.logprobs, expected.token_ids,
                                                 strict=True)], abs=1e-4)
+
+
+def test_ministral3s_query_scale_runs_through_the_kernels_and_graphs(tmp_path, vocab_tokenizer):
+    """Ministral 3's queries scaled by position (past a pretraining context of 4 here) on the
+    Triton path, in prompt chunks and in captured decode steps, whose positions change from
+    one replay to the next."""
+    import transformers
+    from model_support import make_random_model
+
+    config = transformers.Ministral3Config(
+        vocab_size=len(vocab_tokenizer), hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        max_position_embeddings=256, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0,
+                         "original_max_position_embeddings": 4, "llama_4_scaling_beta": 0.5})
+    directory = make_random_model(str(tmp_path / "ministral3"), config, vocab_tokenizer)
+    rng = random.Random(9)
+    prompts = [[rng.randrange(100, 40000) for _ in range(n)] for n in (3, 26)]
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    options = {"show_progress": False, "dtype": "float32", "max_num_batched_tokens": 16,
+               "max_num_seqs": 2, "block_size": 8, "device": DEVICE.type,
+               "kv_cache_memory": KV_CACHE_MEMORY, "max_model_len": 64}
+    with LLM(directory, attention_backend="torch", **options) as reference:
+        expected = _outputs(reference, prompts, params)
+    with LLM(directory, attention_backend="triton", **options) as kernels:
+        runner = kernels.engine.runner
+        runner.capture_decode_graphs(2, 16, kernels.engine.max_model_len)
+        assert _outputs(kernels, prompts, params) == expected
+        assert runner.graphs.replays > 0

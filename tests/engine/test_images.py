@@ -54,6 +54,7 @@ FAMILIES = {
     "llava_onevision": (make_llava_onevision, HFLlavaOnevision),
     "gemma3": (make_gemma3, HFGemma3),
     "mistral3": (make_mistral3, HFMistral3),
+    "ministral3": (functools.partial(make_mistral3, ministral3=True), HFMistral3),
     "internvl": (make_internvl, HFInternVL),
     "idefics3": (make_idefics3, HFIdefics3),
     "smolvlm": (functools.partial(make_idefics3, smolvlm=True), HFIdefics3),
@@ -65,8 +66,8 @@ FAMILIES = {
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def llava(request, tmp_path_factory, vocab_tokenizer):
     """A checkpoint that reads images, and transformers' model on it: LLaVA with either
-    tower, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, Mistral 3, Pixtral 12B, InternVL, Idefics 3,
-    SmolVLM, Qwen2-VL, Qwen2.5-VL, Qwen3-VL or Qwen3-VL-MoE."""
+    tower, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, Mistral 3, Ministral 3, Pixtral 12B, InternVL,
+    Idefics 3, SmolVLM, Qwen2-VL, Qwen2.5-VL, Qwen3-VL or Qwen3-VL-MoE."""
     make, reference = FAMILIES[request.param]
     directory = make(str(tmp_path_factory.mktemp(request.param)), vocab_tokenizer)
     return directory, reference(directory)

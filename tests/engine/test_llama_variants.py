@@ -10,7 +10,10 @@ parallelism) for:
   use_bias a bias on every projection;
 - GLM-4 (`Glm4ForCausalLM`): four norms per layer, half of each head turned over interleaved
   pairs, biases on q, k and v only, gate and up stored fused;
-- Arcee (`ArceeForCausalLM`): an MLP without a gate, of squared ReLU."""
+- Arcee (`ArceeForCausalLM`): an MLP without a gate, of squared ReLU;
+- Ministral 3 (`Ministral3ForCausalLM`): YaRN, and queries scaled by position past the
+  pretraining context (Llama 4's attention temperature);
+- Ministral 8B (`MinistralForCausalLM`): sliding and full layers by layer_types."""
 
 from __future__ import annotations
 
@@ -53,6 +56,16 @@ def _config(kind: str, vocab: int):
                                        tie_word_embeddings=False, **SHAPE)
     if kind == "arcee":  # an MLP without a gate, of squared ReLU
         return transformers.ArceeConfig(vocab_size=vocab, tie_word_embeddings=False, **SHAPE)
+    if kind == "ministral3":  # a short pretraining context, so that the prompts pass it
+        return transformers.Ministral3Config(
+            vocab_size=vocab, head_dim=16, tie_word_embeddings=False,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0,
+                             "original_max_position_embeddings": 4, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "llama_4_scaling_beta": 0.5}, **SHAPE)
+    if kind == "ministral":
+        return transformers.MinistralConfig(
+            vocab_size=vocab, head_dim=16, sliding_window=6, tie_word_embeddings=False,
+            layer_types=["sliding_attention", "full_attention"] * 2, **SHAPE)
     if kind == "seed_oss":
         return transformers.SeedOssConfig(vocab_size=vocab, head_dim=16, attention_bias=True,
                                           attention_out_bias=False, **SHAPE)
@@ -60,7 +73,8 @@ def _config(kind: str, vocab: int):
 
 
 @pytest.fixture(scope="module",
-                params=["granite", "smollm3", "seed_oss", "ernie4_5", "glm4", "arcee"])
+                params=["granite", "smollm3", "seed_oss", "ernie4_5", "glm4", "arcee",
+                        "ministral3", "ministral"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     # Seed-OSS's, ERNIE's and GLM's biases and norms drawn, so that a missing (or misplaced)
     # one shows.

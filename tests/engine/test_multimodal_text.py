@@ -1,5 +1,5 @@
-"""The language model of a multimodal checkpoint (Gemma 3 4B-27B, Mistral Small 3.1, LLaVA,
-LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE) served text-only: greedy output
+"""The language model of a multimodal checkpoint (Gemma 3 4B-27B, Mistral Small 3.1, Ministral 3,
+LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE) served text-only: greedy output
 equals transformers' multimodal model on the same text token for token, from either weight
 layout (and either layout of Qwen3-VL-MoE's experts), with the head
 tied or not as transformers decides; the other towers are not read; what cannot be served is
@@ -49,9 +49,14 @@ def _config(kind: str, vocab: int):
                                           "sliding_attention"]),
             vision_config=VISION, mm_tokens_per_image=4, image_token_index=image,
             boi_token_index=image - 2, eoi_token_index=image - 1)
-    if kind == "mistral3":
+    if kind in ("mistral3", "ministral3"):  # Mistral Small 3.1; Ministral 3 (YaRN, Llama 4's
+        # query scale past a short pretraining context)
+        rope = {} if kind == "mistral3" else dict(rope_parameters={
+            "rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0,
+            "original_max_position_embeddings": 4, "llama_4_scaling_beta": 0.5})
         return transformers.Mistral3Config(
-            text_config=dict(text, model_type="mistral"),
+            text_config=dict(text, model_type="mistral" if kind == "mistral3" else kind,
+                             **rope),
             vision_config=dict(VISION, head_dim=16), image_token_index=image)
     qwen_vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
                        out_hidden_size=TEXT["hidden_size"])
@@ -110,7 +115,8 @@ def _weights(directory: str) -> dict[str, torch.Tensor]:
     return load_file(os.path.join(directory, "model.safetensors"))
 
 
-@pytest.fixture(scope="module", params=["gemma3", "mistral3", "llava", "llava_next",
+@pytest.fixture(scope="module", params=["gemma3", "mistral3", "ministral3", "llava",
+                                        "llava_next",
                                         "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
 def multimodal_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))

@@ -1,5 +1,6 @@
 """Checkpoints published already quantized: FP8 weights with their scales (transformers'
-fine-grained FP8, per block; compressed-tensors, per output channel) are dequantized at load,
+fine-grained FP8, per block; its static scheme, one scale a tensor, as Mistral publishes
+Ministral 3; compressed-tensors, per output channel) are dequantized at load,
 and greedy output equals transformers' on the same dequantized weights, whole or requantized
 to 8 bits; a format the engine does not read is refused by name before any weight is."""
 
@@ -28,6 +29,8 @@ SETTINGS = {
                 "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
                     "type": "float", "num_bits": 8, "strategy": "channel"}}},
                 "ignore": ["lm_head"]},
+    "tensor": {"quant_method": "fp8", "activation_scheme": "static", "dequantize": False,
+               "weight_block_size": None},
 }
 
 
@@ -36,6 +39,9 @@ def _quantize(weight: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tens
     rows, columns = weight.shape
     if kind == "channel":
         scale = weight.abs().amax(dim=1, keepdim=True) / FP8_MAX
+        return (weight / scale).to(torch.float8_e4m3fn), scale
+    if kind == "tensor":
+        scale = weight.abs().max() / FP8_MAX
         return (weight / scale).to(torch.float8_e4m3fn), scale
     grid = (-(-rows // BLOCK[0]), -(-columns // BLOCK[1]))
     scale = torch.empty(grid)
@@ -57,14 +63,16 @@ def _fp8_pair(directory: str, out: str, kind: str) -> tuple[str, str]:
         if name.rpartition(".")[0].rpartition(".")[2] not in PROJECTIONS:
             continue
         values, scale = _quantize(weight, kind)
-        tiled = scale if kind == "channel" else scale.repeat_interleave(BLOCK[0], 0)[
-            :weight.shape[0]].repeat_interleave(BLOCK[1], 1)[:, :weight.shape[1]]
+        tiled = scale if kind in ("channel", "tensor") else scale.repeat_interleave(
+            BLOCK[0], 0)[:weight.shape[0]].repeat_interleave(BLOCK[1], 1)[:, :weight.shape[1]]
         tensors[name] = values.float() * tiled
         packed[name] = values
         suffix = "weight_scale" if kind == "channel" else "weight_scale_inv"
         packed[f"{name.rpartition('.')[0]}.{suffix}"] = scale
         if kind == "channel":  # a static activation scale, which the engine does not need
             packed[f"{name.rpartition('.')[0]}.input_scale"] = torch.ones(1)
+        if kind == "tensor":  # transformers' name for it
+            packed[f"{name.rpartition('.')[0]}.activation_scale"] = torch.ones(())
         if name.endswith("k_proj.weight"):  # and a KV-cache scale
             packed[name.replace("k_proj.weight", "k_scale")] = torch.ones(())
     save_file(tensors, path, metadata={"format": "pt"})
@@ -88,7 +96,7 @@ def _llama(directory: str, tokenizer) -> str:
     return make_random_model(directory, config, tokenizer)
 
 
-@pytest.mark.parametrize("kind", ["block", "channel"])
+@pytest.mark.parametrize("kind", ["block", "channel", "tensor"])
 def test_fp8_checkpoints_equal_their_dequantized_weights(tmp_path, vocab_tokenizer, kind):
     from transformers import AutoModelForCausalLM
 
