@@ -3,6 +3,7 @@ attention over a 32-wide latent and an 8-wide rotary key, eight experts of which
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import torch
@@ -17,7 +18,8 @@ def deepseek_config(kind: str, vocab: int, **changes: Any) -> Any:
     scaled, rotary over interleaved pairs. GLM-4.7-Flash (glm4_moe_lite): V3's layers, the
     dense ones named by mlp_layer_types. V2 (as V2-Lite): a full-rank query, softmax routing
     within the best groups (by each one's best), YaRN stretching the rotary 4x with
-    mscale_all_dim scaling the softmax."""
+    mscale_all_dim scaling the softmax. Mistral 4: V3's layers, softmax routing with no
+    correction bias, and each query scaled by its position past a short pretraining context."""
     import transformers
 
     common = dict(vocab_size=vocab, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
@@ -31,6 +33,16 @@ def deepseek_config(kind: str, vocab: int, **changes: Any) -> Any:
         return transformers.DeepseekV3Config(
             q_lora_rank=48, n_group=4, topk_group=2, routed_scaling_factor=2.5,
             norm_topk_prob=True, rope_interleave=True, **common)
+    if kind == "mistral4":  # V3's layers, softmax routing within the 2 best of 4 groups,
+        # YaRN and Llama 4's query scale past a pretraining context of 4
+        return transformers.Mistral4Config(
+            q_lora_rank=48, n_group=4, topk_group=2, routed_scaling_factor=2.0,
+            norm_topk_prob=True, rope_interleave=True,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                             "original_max_position_embeddings": 4, "mscale": 1.0,
+                             "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1,
+                             "llama_4_scaling_beta": 0.5},
+            **common)
     if kind == "glm4_moe_lite":  # V3's layers; the dense ones listed, one group of experts
         common.pop("first_k_dense_replace")
         return transformers.Glm4MoeLiteConfig(
@@ -45,11 +57,21 @@ def deepseek_config(kind: str, vocab: int, **changes: Any) -> Any:
         **common)
 
 
+# transformers' class of a kind no auto class maps to its causal model.
+HF_CLASSES = {"mistral4": "Mistral4ForCausalLM"}
+
+
+def hf_class(directory: str) -> str:
+    """The transformers class (or auto class) that reads the checkpoint in `directory`."""
+    with open(f"{directory}/config.json") as f:
+        return HF_CLASSES.get(json.load(f)["model_type"], "AutoModelForCausalLM")
+
+
 def make_deepseek(directory: str, kind: str, tokenizer: Any, **changes: Any) -> str:
     """The checkpoint, its norms drawn (so each one's weight matters) and V3's correction bias
     too (transformers starts it at zero; drawn, it decides which experts are chosen)."""
     make_random_model(directory, deepseek_config(kind, len(tokenizer), **changes), tokenizer,
-                      draw_norms=True)
+                      draw_norms=True, auto_class=HF_CLASSES.get(kind, "AutoModelForCausalLM"))
     path = f"{directory}/model.safetensors"
     tensors = load_file(path)
     gen = torch.Generator().manual_seed(3)

@@ -97,13 +97,17 @@ def mixed_prompts(tokenizer, shared_steps: int = 12, repeats: int = 6) -> list[l
 
 def make_random_model(directory: str, config, tokenizer, draw_norms: bool = False,
                       auto_class: str = "AutoModelForCausalLM") -> str:
-    """A random-weight model saved as a real HF checkpoint (config, tokenizer, safetensors).
-    `draw_norms` draws the norms' weights too (Gemma initialises them to zero, which would
-    hide how the norm applies its weight)."""
+    """A random-weight model saved as a real HF checkpoint (config, tokenizer, safetensors);
+    `auto_class` names transformers' auto class, or a model class. `draw_norms` draws the
+    norms' weights too (Gemma initialises them to zero, which would hide how the norm applies
+    its weight)."""
     import transformers
 
     torch.manual_seed(0)
-    model = getattr(transformers, auto_class).from_config(config, dtype=torch.float32)
+    cls = getattr(transformers, auto_class)
+    # A model class of its own where no auto class maps the config (transformers' Mistral 4).
+    build = getattr(cls, "from_config", None) or cls._from_config
+    model = build(config, dtype=torch.float32)
     with torch.no_grad():
         # Larger weights than the default init so logits have clear winners (no near-ties).
         for p in model.parameters():

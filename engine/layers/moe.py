@@ -26,22 +26,23 @@ def route(logits: torch.Tensor, top_k: int,
 
 def route_grouped(logits: torch.Tensor, correction: torch.Tensor | None, top_k: int,
                   groups: int, topk_group: int, renormalize: bool, scale: float,
-                  softmax: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  softmax: bool = False, group_top: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek-V3's routing (GLM-4.5's), as transformers computes it: each expert's sigmoid
     score plus its correction bias ranks it; the experts are in `groups` groups, each group
-    ranked by its two best, and only the topk_group best groups' experts may be chosen. The
-    weights are the chosen experts' scores (without the bias), divided by their sum where
-    `renormalize`, times `scale`.
+    ranked by the sum of its `group_top` best (two), and only the topk_group best groups'
+    experts may be chosen. The weights are the chosen experts' scores (without the bias),
+    divided by their sum where `renormalize`, times `scale`.
 
-    DeepSeek-V2's (`softmax`): the scores are the softmax over all experts, with no bias, and
-    a group ranks by its best; ERNIE 4.5's adds its correction bias to the softmax."""
+    DeepSeek-V2's (`softmax`, `group_top` 1): the scores are the softmax over all experts,
+    with no bias, and a group ranks by its best; ERNIE 4.5's adds its correction bias to the
+    softmax; Mistral 4's ranks a group of softmax scores by its two best, as V3."""
     scores = torch.softmax(logits, dim=-1, dtype=torch.float32) if softmax else \
         torch.sigmoid(logits.float())
     choice = scores if correction is None else scores + correction.float().reshape(-1)
     rows, experts = choice.shape
     per_group = choice.view(rows, groups, experts // groups)
-    group_scores = per_group.amax(dim=-1) if softmax else \
-        per_group.topk(2, dim=-1).values.sum(dim=-1)
+    group_scores = per_group.amax(dim=-1) if group_top == 1 else \
+        per_group.topk(group_top, dim=-1).values.sum(dim=-1)
     best_groups = group_scores.topk(topk_group, dim=-1).indices
     allowed = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best_groups, True)
     allowed = allowed.unsqueeze(-1).expand(-1, -1, experts // groups).reshape(rows, experts)

@@ -110,6 +110,9 @@ SUPPORTED = {
     "DeepseekV3ForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True),
     # GLM-4.7-Flash: DeepSeek-V3's layers, its dense ones named by mlp_layer_types.
     "Glm4MoeLiteForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True),
+    # Mistral Small 4: DeepSeek-V3's layers, experts chosen by softmax score (no correction
+    # bias), and Ministral 3's query scale by position.
+    "Mistral4ForCausalLM": ArchitectureFlags(moe="mistral4", latent_attention=True),
     # ERNIE 4.5's mixtures of experts: ERNIE's attention, and experts chosen by softmax score
     # plus a correction bias (moe_statics), renormalized, beside shared experts, in the layers
     # moe_layer_start_index .. moe_layer_end_index (every moe_layer_interval-th).
@@ -147,6 +150,7 @@ ENCODER_MODEL_TYPES = {"bert": "BertModel", "roberta": "RobertaModel",
                        "modernbert": "ModernBertModel"}
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "ministral": "MinistralForCausalLM", "ministral3": "Ministral3ForCausalLM",
+               "mistral4": "Mistral4ForCausalLM",
                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                "qwen3_moe": "Qwen3MoeForCausalLM", "gemma": "GemmaForCausalLM",
@@ -204,6 +208,7 @@ MOE_NAMES = {"qwen": MoeNames("mlp", "gate_proj", "up_proj", "down_proj"),
 MOE_NAMES["deepseek_v2"] = MOE_NAMES["deepseek"]
 MOE_NAMES["minimax"] = MOE_NAMES["mixtral"]
 MOE_NAMES["ernie"] = MOE_NAMES["deepseek"]
+MOE_NAMES["mistral4"] = MOE_NAMES["deepseek"]
 
 
 @dataclass(frozen=True)
@@ -211,13 +216,15 @@ class GroupedRouting:
     """DeepSeek's routing: experts in `groups` groups, only the topk_group best groups'
     eligible, the chosen weights times routed_scale. V3 (GLM-4.5) scores by sigmoid plus a
     correction bias and ranks a group by its two best; V2 by softmax and its best
-    (`softmax`), with no bias; ERNIE 4.5 by softmax plus a correction bias."""
+    (`softmax`, `group_top` 1), with no bias; ERNIE 4.5 by softmax plus a correction bias;
+    Mistral 4 by softmax, ranking a group by its two best."""
 
     groups: int
     topk_group: int
     routed_scale: float
     softmax: bool = False
     correction: tuple[int, ...] | None = None  # the correction bias's shape, as stored
+    group_top: int = 2  # how many of a group's best scores rank it
 
 
 @dataclass(frozen=True)
@@ -432,22 +439,26 @@ def _dense_layers(config: Any) -> frozenset[int]:
 def _grouped_routing(config: Any, style: str) -> GroupedRouting | None:
     """DeepSeek's routing as the config sets it; V2's greedy top_k, MiniMax-M2's and ERNIE
     4.5's are one group."""
-    if style not in ("deepseek", "deepseek_v2", "minimax", "ernie"):
+    if style not in ("deepseek", "deepseek_v2", "minimax", "ernie", "mistral4"):
         return None
     scale = float(getattr(config, "routed_scaling_factor", 1.0) or 1.0)
     experts = num_experts_of(config)
     if style == "minimax":
         return GroupedRouting(1, 1, scale, correction=(experts,))
     if style == "ernie":  # ERNIE keeps its bias as [1, experts]
-        return GroupedRouting(1, 1, scale, softmax=True, correction=(1, experts))
+        return GroupedRouting(1, 1, scale, softmax=True, correction=(1, experts), group_top=1)
+    if style == "mistral4":
+        return GroupedRouting(int(config.n_group or 1), int(config.topk_group or 1), scale,
+                              softmax=True)
     if style == "deepseek_v2":
         method = getattr(config, "topk_method", "greedy")
         if method not in ("greedy", "group_limited_greedy"):
             raise ModelLoadError(f"topk_method {method!r} is not supported (greedy, "
                                  "group_limited_greedy)")
         if method == "greedy":
-            return GroupedRouting(1, 1, scale, softmax=True)
-        return GroupedRouting(int(config.n_group), int(config.topk_group), scale, softmax=True)
+            return GroupedRouting(1, 1, scale, softmax=True, group_top=1)
+        return GroupedRouting(int(config.n_group), int(config.topk_group), scale, softmax=True,
+                              group_top=1)
     return GroupedRouting(int(config.n_group), int(config.topk_group), scale,
                           correction=(experts,))
 

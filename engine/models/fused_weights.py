@@ -8,7 +8,8 @@ GraniteMoE stores every expert of a layer in one tensor (`block_sparse_moe.input
 width]) and its router as `block_sparse_moe.router.layer`: each expert's parts are placed under
 the names of an ordinary expert's projections; so are GPT-OSS's (`mlp.experts.gate_up_proj`,
 [experts, hidden, 2 * width] with gate and up columns interleaved, `down_proj`, and their
-biases) and Qwen3-VL-MoE's (`mlp.experts.gate_up_proj`, gate then up, and `down_proj`).
+biases) and Qwen3-VL-MoE's and Mistral 4's (`mlp.experts.gate_up_proj`, gate then up, and
+`down_proj`).
 GLM-4's norms are renamed to Gemma 2's."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 
+from tokenmill.engine.contract.model_shape import num_experts_of
 from tokenmill.engine.models.architecture import QWEN3_VL_MOE
 from tokenmill.engine.models.decoder import head_dim_of, num_kv_heads_of
 
@@ -114,8 +116,8 @@ def expert_parts(config: Any, name: str) -> list[tuple[str, Take]] | None:
         return [(f"{parent}.{e}.down_proj.{attr}", lambda w, e=e: w[e])
                 for e in range(config.num_local_experts)]
     if module.endswith(QWEN_EXPERTS) and attr in QWEN_PARTS and \
-            getattr(config, "model_type", None) == QWEN3_VL_MOE:
-        return _qwen_vl_parts(config, name)
+            getattr(config, "model_type", None) in STACKED_EXPERT_TYPES:
+        return _stacked_parts(config, name)
     if module.endswith(GPT_OSS_EXPERTS) and attr in GPT_OSS_PARTS:
         return _gpt_oss_parts(name, config.num_local_experts)
     return None
@@ -123,9 +125,10 @@ def expert_parts(config: Any, name: str) -> list[tuple[str, Take]] | None:
 
 # Qwen3-VL-MoE keeps a layer's experts in two tensors under mlp.experts: gate then up, and
 # down, each [experts, in, out] as first published, [experts, out, in] as transformers 5
-# saves them.
+# saves them; Mistral 4's checkpoints, published by transformers 5, in its layout.
 QWEN_EXPERTS = "mlp.experts"
 QWEN_PARTS = ("gate_up_proj", "down_proj")
+STACKED_EXPERT_TYPES = (QWEN3_VL_MOE, "mistral4")
 
 
 def _saved_by_transformers_5(config: Any) -> bool:
@@ -134,9 +137,10 @@ def _saved_by_transformers_5(config: Any) -> bool:
     return major.isdigit() and int(major) >= 5
 
 
-def _qwen_vl_parts(config: Any, name: str) -> list[tuple[str, Take]]:
+def _stacked_parts(config: Any, name: str) -> list[tuple[str, Take]]:
     parent, _, attr = name.rpartition(".")
     width, hidden = config.moe_intermediate_size, config.hidden_size
+    experts = num_experts_of(config)
     newer = _saved_by_transformers_5(config)
 
     def rows(w: torch.Tensor, out: int) -> torch.Tensor:
@@ -147,8 +151,8 @@ def _qwen_vl_parts(config: Any, name: str) -> list[tuple[str, Take]]:
 
     if attr == "down_proj":
         return [(f"{parent}.{e}.down_proj.weight", lambda w, e=e: rows(w, hidden)[e])
-                for e in range(config.num_experts)]
-    return [part for e in range(config.num_experts) for part in (
+                for e in range(experts)]
+    return [part for e in range(experts) for part in (
         (f"{parent}.{e}.gate_proj.weight", lambda w, e=e: rows(w, 2 * width)[e, :width]),
         (f"{parent}.{e}.up_proj.weight", lambda w, e=e: rows(w, 2 * width)[e, width:]))]
 

@@ -27,7 +27,13 @@ from tokenmill.engine.layers.attention import Scores, attention, store_kv
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.kv_layer import KVLayer
 from tokenmill.engine.layers.norm import RMSNorm
-from tokenmill.engine.layers.rotary import RopeKernel, RopeRows, rope_parameters, yarn_mscale
+from tokenmill.engine.layers.rotary import (
+    RopeKernel,
+    RopeRows,
+    ScaledQueries,
+    rope_parameters,
+    yarn_mscale,
+)
 
 # transformers builds the latent's norms with RMSNorm's default epsilon, not rms_norm_eps.
 LATENT_NORM_EPS = 1e-6
@@ -88,7 +94,7 @@ class LatentSelfAttention(nn.Module):
         # DeepSeek-V2 always, and V3 with rope_interleave, rotate adjacent pairs (2i, 2i+1).
         self.interleaved = bool(getattr(config, "rope_interleave", True))
 
-    def forward(self, x: torch.Tensor, rope: RopeRows | RopeKernel | None,
+    def forward(self, x: torch.Tensor, rope: RopeRows | RopeKernel | ScaledQueries,
                 kv_cache: KVLayer, meta: AttentionMetadata) -> torch.Tensor:
         latent, tokens = self.latent, x.shape[0]
         if latent.q_lora_rank is None:
@@ -101,11 +107,18 @@ class LatentSelfAttention(nn.Module):
         kv, k_rot = compressed.split([latent.kv_lora_rank, latent.rope_dim], dim=-1)
         kv = self.kv_a_layernorm(kv.contiguous(), backend=meta.backend)[0]
         q_rot, k_rot = self._halves(q_rot), self._halves(k_rot.reshape(tokens, 1, -1))
+        # Mistral 4 scales the whole query (both parts) by position; the latent part's scale
+        # carries through its projection.
+        scale = rope.scale if isinstance(rope, ScaledQueries) else None
+        if scale is not None:
+            rope = rope.rope
         q_rot, k_rot = rope.rotate(q_rot, k_rot)
         key_half, value_half = self.kv_b_proj.halves()
         # Each head's query in the latent's space: q_nope · (W_k c) == (q_nope W_k) · c.
         q_latent = torch.einsum("thn,hnr->thr", q_nope, key_half)
         query = torch.cat([q_latent, q_rot], dim=-1)
+        if scale is not None:
+            query = query * scale
         row = torch.cat([kv, k_rot.reshape(tokens, -1)], dim=-1).unsqueeze(1)
         store_kv(row, row, kv_cache, meta)
         o = attention(query, kv_cache, meta, self.scores)[..., :latent.kv_lora_rank]

@@ -94,7 +94,7 @@ class SparseMoeBlock(nn.Module):
             weights, ids = route_grouped(router(x), router.e_score_correction_bias,
                                          self.shape.top_k, grouped.groups, grouped.topk_group,
                                          self.shape.renormalize, grouped.routed_scale,
-                                         grouped.softmax)
+                                         grouped.softmax, grouped.group_top)
         out = experts_sum(x, weights, ids, len(self.experts),
                           lambda e, rows: self.experts[e](rows, backend))
         if self.shape.shared_width:

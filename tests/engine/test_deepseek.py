@@ -1,7 +1,8 @@
-"""DeepSeek-V2 and V3, and GLM-4.7-Flash (multi-head latent attention, DeepSeek's expert
-routing): greedy output equals Hugging Face token for token (batched, chunked, from the prefix
-cache, under tensor parallelism; a quantized model's within its tolerance), and the KV cache
-keeps one latent row per token and layer."""
+"""DeepSeek-V2 and V3, GLM-4.7-Flash and Mistral Small 4 (multi-head latent attention,
+DeepSeek's expert routing; Mistral 4's by softmax, its queries scaled by position): greedy
+output equals Hugging Face token for token (batched, chunked, from the prefix cache, under
+tensor parallelism; a quantized model's within its tolerance), and the KV cache keeps one
+latent row per token and layer."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from deepseek_support import KV_LORA_RANK, ROPE_DIM, make_deepseek
+from deepseek_support import KV_LORA_RANK, ROPE_DIM, hf_class, make_deepseek
 from model_support import (
     greedy_three_ways,
     greedy_with_hf_logprobs,
@@ -29,7 +30,8 @@ MAX_NEW = 12
 ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=8, max_num_batched_tokens=32)
 
 
-@pytest.fixture(scope="module", params=["deepseek_v3", "deepseek_v2", "glm4_moe_lite"])
+@pytest.fixture(scope="module",
+                params=["deepseek_v3", "deepseek_v2", "glm4_moe_lite", "mistral4"])
 def deepseek_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     return make_deepseek(str(tmp_path_factory.mktemp(request.param)), request.param,
                          vocab_tokenizer)
@@ -42,7 +44,7 @@ def _greedy(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def reference(deepseek_dir) -> Any:
-    return hf_reference(deepseek_dir)
+    return hf_reference(deepseek_dir, hf_class(deepseek_dir))
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +105,7 @@ def test_v2_routing_picks_by_softmax_within_the_best_groups():
     torch.manual_seed(2)
     logits = torch.randn(6, 8)
     weights, ids = route_grouped(logits, None, top_k=3, groups=4, topk_group=2,
-                                 renormalize=False, scale=1.5, softmax=True)
+                                 renormalize=False, scale=1.5, softmax=True, group_top=1)
     probs = torch.softmax(logits, dim=-1)
     for row in range(6):
         best_groups = set(probs[row].view(4, 2).amax(dim=1).topk(2).indices.tolist())

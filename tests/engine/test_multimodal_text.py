@@ -1,9 +1,9 @@
-"""The language model of a multimodal checkpoint (Gemma 3 4B-27B, Mistral Small 3.1, Ministral 3,
-LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE) served text-only: greedy output
-equals transformers' multimodal model on the same text token for token, from either weight
-layout (and either layout of Qwen3-VL-MoE's experts), with the head
-tied or not as transformers decides; the other towers are not read; what cannot be served is
-refused by name."""
+"""The language model of a multimodal checkpoint (Gemma 3 4B-27B, Mistral Small 3.1 and 4,
+Ministral 3, LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE) served text-only:
+greedy output equals transformers' multimodal model on the same text token for token, from
+either weight layout (and either layout of Qwen3-VL-MoE's experts), with the head tied or not
+as transformers decides; the other towers are not read; what cannot be served is refused by
+name."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import os
 
 import pytest
 import torch
+from deepseek_support import deepseek_config
 from model_support import (
     hf_greedy,
     hf_reference,
@@ -57,6 +58,10 @@ def _config(kind: str, vocab: int):
         return transformers.Mistral3Config(
             text_config=dict(text, model_type="mistral" if kind == "mistral3" else kind,
                              **rope),
+            vision_config=dict(VISION, head_dim=16), image_token_index=image)
+    if kind == "mistral4":  # Mistral Small 4: DeepSeek-V3's layers, experts stacked per layer
+        return transformers.Mistral3Config(
+            text_config=deepseek_config("mistral4", vocab).to_dict(),
             vision_config=dict(VISION, head_dim=16), image_token_index=image)
     qwen_vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
                        out_hidden_size=TEXT["hidden_size"])
@@ -115,8 +120,8 @@ def _weights(directory: str) -> dict[str, torch.Tensor]:
     return load_file(os.path.join(directory, "model.safetensors"))
 
 
-@pytest.fixture(scope="module", params=["gemma3", "mistral3", "ministral3", "llava",
-                                        "llava_next",
+@pytest.fixture(scope="module", params=["gemma3", "mistral3", "ministral3", "mistral4",
+                                        "llava", "llava_next",
                                         "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
 def multimodal_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
