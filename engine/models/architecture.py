@@ -44,6 +44,9 @@ class ArchitectureFlags:
     attention_sinks: bool = False
     # DeepSeek-V2/V3: multi-head latent attention (models/latent_attention.py).
     latent_attention: bool = False
+    # Cohere: LayerNorm (layers/norm.py) for RMSNorm, attention and the MLP in parallel off one
+    # norm per layer, logits times logit_scale.
+    cohere: bool = False
 
 
 SUPPORTED = {
@@ -81,6 +84,12 @@ SUPPORTED = {
     # Seed-OSS: Llama's layers with biases on q, k and v (attention_bias), not on the output
     # projection (attention_out_bias).
     "SeedOssForCausalLM": ArchitectureFlags(),
+    # Cohere's Command R (CohereForCausalLM): rotary over interleaved pairs in every layer.
+    "CohereForCausalLM": ArchitectureFlags(cohere=True, interleaved_rope=True),
+    # Command R7B and Command A (Cohere2ForCausalLM): three sliding layers in four, the
+    # full-attention ones with no positional encoding.
+    "Cohere2ForCausalLM": ArchitectureFlags(cohere=True, interleaved_rope=True,
+                                            full_layers_nope=True),
     "Olmo2ForCausalLM": ArchitectureFlags(olmo=True, projection_qk_norm=True),
     # OLMo 3: OLMo 2's layers, three in four sliding (layer_types), each kind with its rope.
     "Olmo3ForCausalLM": ArchitectureFlags(olmo=True, projection_qk_norm=True),
@@ -150,7 +159,8 @@ ENCODER_MODEL_TYPES = {"bert": "BertModel", "roberta": "RobertaModel",
                        "modernbert": "ModernBertModel"}
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "ministral": "MinistralForCausalLM", "ministral3": "Ministral3ForCausalLM",
-               "mistral4": "Mistral4ForCausalLM",
+               "mistral4": "Mistral4ForCausalLM", "cohere": "CohereForCausalLM",
+               "cohere2": "Cohere2ForCausalLM",
                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                "qwen3_moe": "Qwen3MoeForCausalLM", "gemma": "GemmaForCausalLM",
@@ -308,6 +318,15 @@ def architecture_of(config: Any) -> str:
         f"{', '.join(BARE_DECODERS)}; and their *{CLASSIFIER_SUFFIX} classifiers), and the "
         f"encoders {', '.join(ENCODERS)}"
     )
+
+
+def check_features(config: Any) -> None:
+    """ModelLoadError for what a supported architecture's config asks that is not computed
+    here: Command R+'s per-head q/k LayerNorm (Cohere's use_qk_norm)."""
+    cohere = getattr(config, "model_type", None) in ("cohere", "cohere2")
+    if cohere and getattr(config, "use_qk_norm", False):
+        raise ModelLoadError("use_qk_norm (Command R+'s per-head LayerNorm of q and k) is not "
+                             "supported; Cohere checkpoints without it are (Command R, R7B, A)")
 
 
 def _classified_decoder(name: str) -> str | None:

@@ -1,4 +1,4 @@
-"""Decoder-only transformer (Llama, Mistral, Qwen2, Qwen3, Gemma 1/2/3, and the
+"""Decoder-only transformer (Llama, Mistral, Qwen2, Qwen3, Gemma 1/2/3, Cohere, and the
 mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek's latent attention, ...) over the
 paged KV cache.
 
@@ -19,7 +19,7 @@ from tokenmill.engine.layers.attention import Scores, attention, store_kv
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.kv_layer import KVLayer
 from tokenmill.engine.layers.linear import MergedLinear
-from tokenmill.engine.layers.norm import RMSNorm
+from tokenmill.engine.layers.norm import LayerNorm, RMSNorm
 from tokenmill.engine.layers.rotary import (
     RopeKernel,
     RopeRows,
@@ -48,6 +48,15 @@ def head_dim_of(config: Any) -> int:
 
 def num_kv_heads_of(config: Any) -> int:
     return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+
+
+def decoder_norm(config: Any, size: int) -> RMSNorm | LayerNorm:
+    """A norm of the residual stream: Cohere's LayerNorm, else RMSNorm (Gemma's scales by
+    1 + weight)."""
+    flags = flags_of(config)
+    if flags.cohere:
+        return LayerNorm(size, config.layer_norm_eps)
+    return RMSNorm(size, config.rms_norm_eps, flags.gemma)
 
 
 class Attention(nn.Module):
@@ -181,15 +190,17 @@ class DecoderLayer(nn.Module):
         super().__init__()
         flags = flags_of(config)
 
-        def norm() -> RMSNorm:
-            return RMSNorm(config.hidden_size, config.rms_norm_eps, flags.gemma)
+        def norm() -> RMSNorm | LayerNorm:
+            return decoder_norm(config, config.hidden_size)
 
         self.post_norms_only = flags.olmo
+        self.parallel = flags.cohere
         if not flags.olmo:
             self.input_layernorm = norm()
         self.self_attn = LatentSelfAttention(config, plan, tp) if flags.latent_attention \
             else Attention(config, plan, tp, window)
-        self.post_attention_layernorm = norm()
+        if not self.parallel:
+            self.post_attention_layernorm = norm()
         self.sandwich = flags.sandwich_norms
         if self.sandwich:
             self.pre_feedforward_layernorm = norm()
@@ -212,6 +223,8 @@ class DecoderLayer(nn.Module):
         and no residual yet). Returns this layer's MLP output and the stream before it."""
         if self.post_norms_only:
             return self._post_norms_forward(x, residual, rope, kv_cache, meta)
+        if self.parallel:
+            return self._parallel_forward(x, residual, rope, kv_cache, meta)
         x, residual = self.input_layernorm(x, residual, meta.backend)
         x = self.self_attn(x, rope, kv_cache, meta)
         if not self.sandwich:
@@ -231,6 +244,15 @@ class DecoderLayer(nn.Module):
         residual = residual + self.post_attention_layernorm(x, None, meta.backend)[0]
         x = getattr(self, self.feed_forward)(residual, meta.backend)
         return self.post_feedforward_layernorm(x, None, meta.backend)[0], residual
+
+    def _parallel_forward(self, x: torch.Tensor, residual: torch.Tensor | None,
+                          rope: RopeRows | RopeKernel | None, kv_cache: KVLayer,
+                          meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cohere: attention and the MLP read the same normalized stream; attention's output
+        joins it here, the MLP's at the next norm, in transformers' order of the adds."""
+        x, residual = self.input_layernorm(x, residual, meta.backend)
+        attended = self.self_attn(x, rope, kv_cache, meta)
+        return getattr(self, self.feed_forward)(x, meta.backend), residual + attended
 
     def _joining(self, branch: torch.Tensor) -> torch.Tensor:
         """A branch's output as it joins the residual stream (Granite scales it)."""
@@ -252,7 +274,7 @@ class DecoderModel(nn.Module):
             DecoderLayer(config, plan, tp, moe if moe is not None and moe.is_sparse(i) else None,
                          windows[i])
             for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, flags.gemma)
+        self.norm = decoder_norm(config, config.hidden_size)
         self.config, self.max_positions = config, max_positions
         self.rotary, self.rotary_local = self.rotary_tables()
         # Sliding layers rotate with their own base where the config gives one (Gemma 3).
@@ -333,6 +355,8 @@ class CausalLM(nn.Module):
         # Granite divides its logits by logits_scaling.
         self.logits_divisor = (float(config.logits_scaling) if flags_of(config).granite
                                else None)
+        # Cohere multiplies them by logit_scale.
+        self.logit_scale = float(config.logit_scale) if flags_of(config).cohere else None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[KVLayer], meta: AttentionMetadata,
@@ -347,4 +371,6 @@ class CausalLM(nn.Module):
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         if self.logits_divisor is not None:
             logits = logits / self.logits_divisor
+        if self.logit_scale is not None:
+            logits = logits * self.logit_scale
         return logits

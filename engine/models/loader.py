@@ -30,6 +30,7 @@ from tokenmill.engine.layers.rotary import (
 )
 from tokenmill.engine.models.architecture import (
     architecture_of,
+    check_features,
     classifier_of,
     encoder_of,
     flags_of,
@@ -119,6 +120,7 @@ def load_config(source: ModelSource) -> Any:
             check_rope(rope_parameters(config, kind), head_dim_of(config))
         except ValueError as exc:
             raise ModelLoadError(f"{_where(source)}: {exc}") from exc
+    check_features(config)
     return config
 
 
@@ -315,6 +317,8 @@ def _safetensors_only_family(config: Any) -> str | None:
         return "Granite"
     if architecture_of(config) == "Exaone4ForCausalLM":
         return "EXAONE 4"
+    if flags.cohere:
+        return "Cohere"
     if flags.interleaved_rope:
         return "GLM-4" if flags.bias_on_qkv_only else "ERNIE 4.5"
     if flags.projection_qk_norm:

@@ -13,7 +13,11 @@ parallelism) for:
 - Arcee (`ArceeForCausalLM`): an MLP without a gate, of squared ReLU;
 - Ministral 3 (`Ministral3ForCausalLM`): YaRN, and queries scaled by position past the
   pretraining context (Llama 4's attention temperature);
-- Ministral 8B (`MinistralForCausalLM`): sliding and full layers by layer_types."""
+- Ministral 8B (`MinistralForCausalLM`): sliding and full layers by layer_types;
+- Cohere's Command R (`CohereForCausalLM`): LayerNorm, attention and the MLP in parallel off one
+  norm, rotary over interleaved pairs, logits times logit_scale; Command R7B and A
+  (`Cohere2ForCausalLM`): the same, three sliding layers in four and the full one with no
+  positional encoding."""
 
 from __future__ import annotations
 
@@ -66,6 +70,12 @@ def _config(kind: str, vocab: int):
         return transformers.MinistralConfig(
             vocab_size=vocab, head_dim=16, sliding_window=6, tie_word_embeddings=False,
             layer_types=["sliding_attention", "full_attention"] * 2, **SHAPE)
+    if kind == "cohere":  # biases on every projection, reordered with q's and k's rows
+        return transformers.CohereConfig(vocab_size=vocab, logit_scale=0.5, attention_bias=True,
+                                         **SHAPE)
+    if kind == "cohere2":
+        return transformers.Cohere2Config(vocab_size=vocab, logit_scale=0.5, sliding_window=6,
+                                          head_dim=16, **SHAPE)
     if kind == "seed_oss":
         return transformers.SeedOssConfig(vocab_size=vocab, head_dim=16, attention_bias=True,
                                           attention_out_bias=False, **SHAPE)
@@ -74,13 +84,14 @@ def _config(kind: str, vocab: int):
 
 @pytest.fixture(scope="module",
                 params=["granite", "smollm3", "seed_oss", "ernie4_5", "glm4", "arcee",
-                        "ministral3", "ministral"])
+                        "ministral3", "ministral", "cohere", "cohere2"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
-    # Seed-OSS's, ERNIE's and GLM's biases and norms drawn, so that a missing (or misplaced)
-    # one shows.
+    # Seed-OSS's, ERNIE's, GLM's and Cohere's biases and norms drawn, so that a missing (or
+    # misplaced) one shows.
     return make_random_model(str(tmp_path_factory.mktemp(request.param)),
                              _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
-                             draw_norms=request.param in ("seed_oss", "ernie4_5", "glm4"))
+                             draw_norms=request.param in ("seed_oss", "ernie4_5", "glm4", "cohere",
+                                                          "cohere2"))
 
 
 def _reference(directory: str):
@@ -151,3 +162,13 @@ def test_lora_on_an_mlp_without_a_gate_is_refused_by_name(tmp_path, vocab_tokeni
     with pytest.raises(ConfigError, match="enable_lora: LoRA adapters are not served on "
                                           "ArceeForCausalLM's MLP without a gate"):
         LLM(path, enable_lora=True, **ENGINE)
+
+
+def test_command_r_plus_q_and_k_norms_are_refused_by_name(tmp_path, vocab_tokenizer):
+    import transformers
+
+    config = transformers.CohereConfig(vocab_size=len(vocab_tokenizer), use_qk_norm=True,
+                                       **SHAPE)
+    path = make_random_model(str(tmp_path), config, vocab_tokenizer)
+    with pytest.raises(ModelLoadError, match="use_qk_norm .*not supported"):
+        LLM(path, **ENGINE)
