@@ -1,6 +1,7 @@
 """RMSNorm with the decoder's residual add fused in, in Hugging Face's op order (Llama's, or
-Gemma's, which scales by 1 + weight in float32 before rounding); and Cohere's LayerNorm
-(mean-centred, a weight and no bias), with the same calling convention.
+Gemma's, which scales by 1 + weight in float32 before rounding); and LayerNorms with the same
+calling convention: Cohere's (mean-centred in float32, a weight and no bias) and torch's (a
+weight and a bias: StarCoder 2).
 
 `rms_norm` is the torch reference and the CPU path; on the Triton backend one kernel
 (`kernels/rms_norm.py`) does the add and the norm. The kernel module imports triton, so it is
@@ -68,7 +69,7 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps, residual, backend, self.unit_offset)
 
 
-class LayerNorm(nn.Module):
+class CohereLayerNorm(nn.Module):
     """Cohere's LayerNorm: the mean subtracted and the variance divided out in float32, the
     weight applied in float32, then rounded to the input dtype (CohereLayerNorm). Called as
     RMSNorm is: the residual stream's add comes first. Torch ops on every backend."""
@@ -86,3 +87,20 @@ class LayerNorm(nn.Module):
         centred = h - h.mean(-1, keepdim=True)
         h = centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.weight.float() * h).to(x.dtype), x
+
+
+class LayerNorm(nn.Module):
+    """torch's LayerNorm (nn.LayerNorm: a weight and a bias, in the input dtype), called as
+    RMSNorm is: the residual stream's add comes first."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.bias = nn.Parameter(torch.zeros(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is not None:
+            x = x + residual
+        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps), x

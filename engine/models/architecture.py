@@ -47,6 +47,8 @@ class ArchitectureFlags:
     # Cohere: LayerNorm (layers/norm.py) for RMSNorm, attention and the MLP in parallel off one
     # norm per layer, logits times logit_scale.
     cohere: bool = False
+    # StarCoder 2: torch's LayerNorm, with a bias, for RMSNorm.
+    layer_norm: bool = False
 
 
 SUPPORTED = {
@@ -84,6 +86,9 @@ SUPPORTED = {
     # Seed-OSS: Llama's layers with biases on q, k and v (attention_bias), not on the output
     # projection (attention_out_bias).
     "SeedOssForCausalLM": ArchitectureFlags(),
+    # StarCoder 2: LayerNorm with biases, an MLP without a gate (c_fc, GeLU, c_proj) and biases
+    # on every projection; it slides in every layer where sliding_window is set.
+    "Starcoder2ForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True),
     # Cohere's Command R (CohereForCausalLM): rotary over interleaved pairs in every layer.
     "CohereForCausalLM": ArchitectureFlags(cohere=True, interleaved_rope=True),
     # Command R7B and Command A (Cohere2ForCausalLM): three sliding layers in four, the
@@ -160,7 +165,7 @@ ENCODER_MODEL_TYPES = {"bert": "BertModel", "roberta": "RobertaModel",
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "ministral": "MinistralForCausalLM", "ministral3": "Ministral3ForCausalLM",
                "mistral4": "Mistral4ForCausalLM", "cohere": "CohereForCausalLM",
-               "cohere2": "Cohere2ForCausalLM",
+               "cohere2": "Cohere2ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                "qwen3_moe": "Qwen3MoeForCausalLM", "gemma": "GemmaForCausalLM",

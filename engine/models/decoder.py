@@ -1,4 +1,5 @@
-"""Decoder-only transformer (Llama, Mistral, Qwen2, Qwen3, Gemma 1/2/3, Cohere, and the
+"""Decoder-only transformer (Llama, Mistral, Qwen2, Qwen3, Gemma 1/2/3, Cohere, StarCoder 2,
+and the
 mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek's latent attention, ...) over the
 paged KV cache.
 
@@ -19,7 +20,7 @@ from tokenmill.engine.layers.attention import Scores, attention, store_kv
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.kv_layer import KVLayer
 from tokenmill.engine.layers.linear import MergedLinear
-from tokenmill.engine.layers.norm import LayerNorm, RMSNorm
+from tokenmill.engine.layers.norm import CohereLayerNorm, LayerNorm, RMSNorm
 from tokenmill.engine.layers.rotary import (
     RopeKernel,
     RopeRows,
@@ -50,12 +51,14 @@ def num_kv_heads_of(config: Any) -> int:
     return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
 
 
-def decoder_norm(config: Any, size: int) -> RMSNorm | LayerNorm:
-    """A norm of the residual stream: Cohere's LayerNorm, else RMSNorm (Gemma's scales by
-    1 + weight)."""
+def decoder_norm(config: Any, size: int) -> RMSNorm | CohereLayerNorm | LayerNorm:
+    """A norm of the residual stream: Cohere's LayerNorm, StarCoder 2's (torch's, with a
+    bias), else RMSNorm (Gemma's scales by 1 + weight)."""
     flags = flags_of(config)
     if flags.cohere:
-        return LayerNorm(size, config.layer_norm_eps)
+        return CohereLayerNorm(size, config.layer_norm_eps)
+    if flags.layer_norm:
+        return LayerNorm(size, config.norm_epsilon)
     return RMSNorm(size, config.rms_norm_eps, flags.gemma)
 
 
@@ -190,7 +193,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         flags = flags_of(config)
 
-        def norm() -> RMSNorm | LayerNorm:
+        def norm() -> RMSNorm | CohereLayerNorm | LayerNorm:
             return decoder_norm(config, config.hidden_size)
 
         self.post_norms_only = flags.olmo

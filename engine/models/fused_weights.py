@@ -10,7 +10,7 @@ the names of an ordinary expert's projections; so are GPT-OSS's (`mlp.experts.ga
 [experts, hidden, 2 * width] with gate and up columns interleaved, `down_proj`, and their
 biases) and Qwen3-VL-MoE's and Mistral 4's (`mlp.experts.gate_up_proj`, gate then up, and
 `down_proj`).
-GLM-4's norms are renamed to Gemma 2's."""
+GLM-4's norms are renamed to Gemma 2's, StarCoder 2's MLP (c_fc, c_proj) to Arcee's."""
 
 from __future__ import annotations
 
@@ -76,6 +76,10 @@ GLM4_NORMS = {"post_self_attn_layernorm": "post_attention_layernorm",
               "post_mlp_layernorm": "post_feedforward_layernorm"}
 
 
+# StarCoder 2's MLP without a gate, under the names of Arcee's.
+STARCODER2_MLP = {"c_fc": "up_proj", "c_proj": "down_proj"}
+
+
 # MiniMax-M2 and ERNIE 4.5 keep their routing's correction bias beside the router, not in it.
 BLOCK_CORRECTION_BIAS = "block_sparse_moe.e_score_correction_bias"
 ERNIE_CORRECTION_BIAS = "mlp.moe_statics.e_score_correction_bias"
@@ -83,13 +87,17 @@ ERNIE_CORRECTION_BIAS = "mlp.moe_statics.e_score_correction_bias"
 
 def renamed(config: Any, name: str) -> str:
     """A checkpoint name under the model's own, where they differ (GraniteMoE's router,
-    GLM-4's norms, MiniMax-M2's correction bias)."""
+    GLM-4's norms, MiniMax-M2's correction bias, StarCoder 2's MLP)."""
     if name.endswith(GRANITE_ROUTER):
         return name[:-len(GRANITE_ROUTER)] + "block_sparse_moe.gate.weight"
     if name.endswith(BLOCK_CORRECTION_BIAS):
         return name[:-len(BLOCK_CORRECTION_BIAS)] + "block_sparse_moe.gate.e_score_correction_bias"
     if name.endswith(ERNIE_CORRECTION_BIAS):
         return name[:-len(ERNIE_CORRECTION_BIAS)] + "mlp.gate.e_score_correction_bias"
+    if getattr(config, "model_type", None) == "starcoder2":
+        for stored, ours in STARCODER2_MLP.items():
+            if f".mlp.{stored}." in name:
+                return name.replace(f".mlp.{stored}.", f".mlp.{ours}.")
     if getattr(config, "model_type", None) == "glm4":
         module, _, attr = name.rpartition(".")
         parent, _, kind = module.rpartition(".")

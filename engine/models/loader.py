@@ -319,6 +319,8 @@ def _safetensors_only_family(config: Any) -> str | None:
         return "EXAONE 4"
     if flags.cohere:
         return "Cohere"
+    if flags.layer_norm:
+        return "StarCoder 2"
     if flags.interleaved_rope:
         return "GLM-4" if flags.bias_on_qkv_only else "ERNIE 4.5"
     if flags.projection_qk_norm:

@@ -17,7 +17,9 @@ parallelism) for:
 - Cohere's Command R (`CohereForCausalLM`): LayerNorm, attention and the MLP in parallel off one
   norm, rotary over interleaved pairs, logits times logit_scale; Command R7B and A
   (`Cohere2ForCausalLM`): the same, three sliding layers in four and the full one with no
-  positional encoding."""
+  positional encoding;
+- StarCoder 2 (`Starcoder2ForCausalLM`): LayerNorm with biases, an MLP without a gate (c_fc,
+  GeLU, c_proj), biases on every projection, a sliding window in every layer."""
 
 from __future__ import annotations
 
@@ -76,6 +78,9 @@ def _config(kind: str, vocab: int):
     if kind == "cohere2":
         return transformers.Cohere2Config(vocab_size=vocab, logit_scale=0.5, sliding_window=6,
                                           head_dim=16, **SHAPE)
+    if kind == "starcoder2":
+        return transformers.Starcoder2Config(vocab_size=vocab, sliding_window=6, use_bias=True,
+                                             tie_word_embeddings=False, **SHAPE)
     if kind == "seed_oss":
         return transformers.SeedOssConfig(vocab_size=vocab, head_dim=16, attention_bias=True,
                                           attention_out_bias=False, **SHAPE)
@@ -84,14 +89,14 @@ def _config(kind: str, vocab: int):
 
 @pytest.fixture(scope="module",
                 params=["granite", "smollm3", "seed_oss", "ernie4_5", "glm4", "arcee",
-                        "ministral3", "ministral", "cohere", "cohere2"])
+                        "ministral3", "ministral", "cohere", "cohere2", "starcoder2"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
-    # Seed-OSS's, ERNIE's, GLM's and Cohere's biases and norms drawn, so that a missing (or
-    # misplaced) one shows.
+    # Seed-OSS's, ERNIE's, GLM's, Cohere's and StarCoder's biases and norms drawn, so that a
+    # missing (or misplaced) one shows.
     return make_random_model(str(tmp_path_factory.mktemp(request.param)),
                              _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
                              draw_norms=request.param in ("seed_oss", "ernie4_5", "glm4", "cohere",
-                                                          "cohere2"))
+                                                          "cohere2", "starcoder2"))
 
 
 def _reference(directory: str):
