@@ -28,6 +28,12 @@ def rope_parameters(config: Any, layer_type: str = "full_attention") -> dict:
         params = dict(scaling)
         params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
     params.setdefault("rope_type", params.get("type", "default"))
+    if params["rope_type"] == "dynamic" and params.get("alpha"):
+        # Hunyuan's NTK scaling by a fixed alpha: a larger base, the same at every length.
+        dim = getattr(config, "head_dim", None) or \
+            config.hidden_size // config.num_attention_heads
+        params["rope_theta"] = params["rope_theta"] * params["alpha"] ** (dim / (dim - 2))
+        params["rope_type"] = "default"
     if getattr(config, "partial_rotary_factor", None) is not None:
         params.setdefault("partial_rotary_factor", config.partial_rotary_factor)
     if params["rope_type"] in ("llama3", "yarn", "longrope"):

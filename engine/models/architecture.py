@@ -16,6 +16,7 @@ from tokenmill.engine.models.source import ModelLoadError
 class ArchitectureFlags:
     qkv_bias: bool = False       # Qwen2: bias on q/k/v projections only
     qk_norm: bool = False        # Qwen3: RMSNorm over each head of q and k before rotary
+    qk_norm_after_rope: bool = False  # Hunyuan: that norm after the rotary turn
     moe: str | None = None       # mixture-of-experts naming: "qwen" or "mixtral" (MOE_NAMES)
     # Gemma: norms scale by 1 + weight, embeddings are multiplied by sqrt(hidden_size), the
     # MLP's activation is GeLU (tanh), and the attention scale may come from
@@ -89,6 +90,9 @@ SUPPORTED = {
     # StarCoder 2: LayerNorm with biases, an MLP without a gate (c_fc, GeLU, c_proj) and biases
     # on every projection; it slides in every layer where sliding_window is set.
     "Starcoder2ForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True),
+    # Tencent's Hunyuan dense models (Hunyuan-7B, Hunyuan-MT): q and k normalized per head
+    # after the rotary turn (query_layernorm, key_layernorm).
+    "HunYuanDenseV1ForCausalLM": ArchitectureFlags(qk_norm=True, qk_norm_after_rope=True),
     # Cohere's Command R (CohereForCausalLM): rotary over interleaved pairs in every layer.
     "CohereForCausalLM": ArchitectureFlags(cohere=True, interleaved_rope=True),
     # Command R7B and Command A (Cohere2ForCausalLM): three sliding layers in four, the
@@ -166,6 +170,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "ministral": "MinistralForCausalLM", "ministral3": "Ministral3ForCausalLM",
                "mistral4": "Mistral4ForCausalLM", "cohere": "CohereForCausalLM",
                "cohere2": "Cohere2ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
+               "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                "qwen3_moe": "Qwen3MoeForCausalLM", "gemma": "GemmaForCausalLM",

@@ -92,6 +92,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, flags.gemma)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, flags.gemma)
         self.qk_norm = qk_norm
+        self.qk_norm_after_rope = flags.qk_norm_after_rope
         self.projection_norm = flags.projection_qk_norm
         # OLMo 2/3 apply the norm's weight in float32, OLMoE after the cast back.
         self.weight_in_float32 = flags.olmo
@@ -125,14 +126,20 @@ class Attention(nn.Module):
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, _ = self.q_norm(q, backend=meta.backend)
-            k, _ = self.k_norm(k, backend=meta.backend)
+        if self.qk_norm and not self.qk_norm_after_rope:
+            q, k = self._norm_heads(q, k, meta.backend)
         if rope is not None:  # None: a layer without positional encoding (SmolLM3's NoPE)
             q, k = rope.rotate(q, k)
+        if self.qk_norm and self.qk_norm_after_rope:
+            q, k = self._norm_heads(q, k, meta.backend)
         store_kv(k, v, kv_cache, meta)
         o = attention(q, kv_cache, meta, self.scores, self.sinks)
         return self.tp.all_reduce(self.o_proj(o.reshape(tokens, -1)))
+
+    def _norm_heads(self, q: torch.Tensor, k: torch.Tensor,
+                    backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each head of q and of k through its RMSNorm (Qwen3's q_norm and k_norm)."""
+        return self.q_norm(q, backend=backend)[0], self.k_norm(k, backend=backend)[0]
 
     def _norm_projection(self, x: torch.Tensor, norm: RMSNorm, width: int,
                          copies: int) -> torch.Tensor:

@@ -76,6 +76,10 @@ GLM4_NORMS = {"post_self_attn_layernorm": "post_attention_layernorm",
               "post_mlp_layernorm": "post_feedforward_layernorm"}
 
 
+# Hunyuan's q and k norms, under the names of Qwen3's.
+HUNYUAN_QK_NORMS = {"query_layernorm": "q_norm", "key_layernorm": "k_norm"}
+
+
 # StarCoder 2's MLP without a gate, under the names of Arcee's.
 STARCODER2_MLP = {"c_fc": "up_proj", "c_proj": "down_proj"}
 
@@ -87,13 +91,18 @@ ERNIE_CORRECTION_BIAS = "mlp.moe_statics.e_score_correction_bias"
 
 def renamed(config: Any, name: str) -> str:
     """A checkpoint name under the model's own, where they differ (GraniteMoE's router,
-    GLM-4's norms, MiniMax-M2's correction bias, StarCoder 2's MLP)."""
+    GLM-4's norms, MiniMax-M2's correction bias, StarCoder 2's MLP, Hunyuan's q and k
+    norms)."""
     if name.endswith(GRANITE_ROUTER):
         return name[:-len(GRANITE_ROUTER)] + "block_sparse_moe.gate.weight"
     if name.endswith(BLOCK_CORRECTION_BIAS):
         return name[:-len(BLOCK_CORRECTION_BIAS)] + "block_sparse_moe.gate.e_score_correction_bias"
     if name.endswith(ERNIE_CORRECTION_BIAS):
         return name[:-len(ERNIE_CORRECTION_BIAS)] + "mlp.gate.e_score_correction_bias"
+    if getattr(config, "model_type", None) == "hunyuan_v1_dense":
+        for stored, ours in HUNYUAN_QK_NORMS.items():
+            if f".self_attn.{stored}." in name:
+                return name.replace(f".self_attn.{stored}.", f".self_attn.{ours}.")
     if getattr(config, "model_type", None) == "starcoder2":
         for stored, ours in STARCODER2_MLP.items():
             if f".mlp.{stored}." in name:

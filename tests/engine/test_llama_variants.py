@@ -19,7 +19,9 @@ parallelism) for:
   (`Cohere2ForCausalLM`): the same, three sliding layers in four and the full one with no
   positional encoding;
 - StarCoder 2 (`Starcoder2ForCausalLM`): LayerNorm with biases, an MLP without a gate (c_fc,
-  GeLU, c_proj), biases on every projection, a sliding window in every layer."""
+  GeLU, c_proj), biases on every projection, a sliding window in every layer;
+- Hunyuan (`HunYuanDenseV1ForCausalLM`): q and k normalized per head after the rotary turn,
+  whose base a fixed NTK alpha stretches."""
 
 from __future__ import annotations
 
@@ -81,6 +83,12 @@ def _config(kind: str, vocab: int):
     if kind == "starcoder2":
         return transformers.Starcoder2Config(vocab_size=vocab, sliding_window=6, use_bias=True,
                                              tie_word_embeddings=False, **SHAPE)
+    if kind == "hunyuan":
+        return transformers.HunYuanDenseV1Config(
+            vocab_size=vocab, head_dim=16, tie_word_embeddings=False,
+            rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 50.0,
+                             "factor": 1.0},
+            **SHAPE)
     if kind == "seed_oss":
         return transformers.SeedOssConfig(vocab_size=vocab, head_dim=16, attention_bias=True,
                                           attention_out_bias=False, **SHAPE)
@@ -89,14 +97,15 @@ def _config(kind: str, vocab: int):
 
 @pytest.fixture(scope="module",
                 params=["granite", "smollm3", "seed_oss", "ernie4_5", "glm4", "arcee",
-                        "ministral3", "ministral", "cohere", "cohere2", "starcoder2"])
+                        "ministral3", "ministral", "cohere", "cohere2", "starcoder2",
+                        "hunyuan"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
-    # Seed-OSS's, ERNIE's, GLM's, Cohere's and StarCoder's biases and norms drawn, so that a
-    # missing (or misplaced) one shows.
+    # Seed-OSS's, ERNIE's, GLM's, Cohere's, StarCoder's and Hunyuan's biases and norms drawn,
+    # so that a missing (or misplaced) one shows.
     return make_random_model(str(tmp_path_factory.mktemp(request.param)),
                              _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
                              draw_norms=request.param in ("seed_oss", "ernie4_5", "glm4", "cohere",
-                                                          "cohere2", "starcoder2"))
+                                                          "cohere2", "starcoder2", "hunyuan"))
 
 
 def _reference(directory: str):
