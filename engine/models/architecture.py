@@ -93,6 +93,9 @@ SUPPORTED = {
     # Tencent's Hunyuan dense models (Hunyuan-7B, Hunyuan-MT): q and k normalized per head
     # after the rotary turn (query_layernorm, key_layernorm).
     "HunYuanDenseV1ForCausalLM": ArchitectureFlags(qk_norm=True, qk_norm_after_rope=True),
+    # Upstage's Solar Open: Llama's attention (biases on q, k and v where attention_bias)
+    # over GLM-4.5's experts in every layer.
+    "SolarOpenForCausalLM": ArchitectureFlags(moe="deepseek", bias_on_qkv_only=True),
     # Cohere's Command R (CohereForCausalLM): rotary over interleaved pairs in every layer.
     "CohereForCausalLM": ArchitectureFlags(cohere=True, interleaved_rope=True),
     # Command R7B and Command A (Cohere2ForCausalLM): three sliding layers in four, the
@@ -171,6 +174,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "mistral4": "Mistral4ForCausalLM", "cohere": "CohereForCausalLM",
                "cohere2": "Cohere2ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
                "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
+               "solar_open": "SolarOpenForCausalLM",
                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                "qwen3_moe": "Qwen3MoeForCausalLM", "gemma": "GemmaForCausalLM",

@@ -1,7 +1,7 @@
 """Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE, GLM-4.5, MiniMax-M2,
-dots.llm1, ERNIE 4.5): greedy output equals Hugging Face token for token (batched, chunked, from the
-prefix cache, under tensor parallelism), the router math equals a dense reference, and what a
-sparse layer cannot take is refused by name."""
+dots.llm1, ERNIE 4.5, Solar Open): greedy output equals Hugging Face token for token (batched,
+chunked, from the prefix cache, under tensor parallelism), the router math equals a dense
+reference, and what a sparse layer cannot take is refused by name."""
 
 from __future__ import annotations
 
@@ -61,6 +61,12 @@ def _config(kind: str, vocab: int, **changes):
             n_shared_experts=1, routed_scaling_factor=2.5, head_dim=16,
             partial_rotary_factor=0.5, use_qk_norm=True, attention_bias=True,
             num_nextn_predict_layers=1, **common)
+    if kind == "solar_open":
+        # Llama's attention (biases on q, k and v) over GLM-4.5's routing, no dense layer.
+        return transformers.SolarOpenConfig(
+            moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_group=4,
+            topk_group=2, n_shared_experts=1, routed_scaling_factor=2.5, head_dim=16,
+            attention_bias=True, **common)
     if kind == "ernie4_5_moe":
         # ERNIE's attention (rotary over interleaved pairs); softmax scores plus a correction
         # bias choose, renormalized; a shared expert; layer 0 dense (moe_layer_start_index).
@@ -93,26 +99,28 @@ def _config(kind: str, vocab: int, **changes):
 
 
 @pytest.fixture(scope="module", params=["qwen3_moe", "mixtral", "qwen2_moe", "granitemoe",
-                                        "glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe"])
+                                        "glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe",
+                                        "solar_open"])
 def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
     make_random_model(directory, _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
                       draw_norms=request.param in ("minimax_m2", "dots1", "ernie4_5_moe"))
-    if request.param in ("glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe"):
-        _draw_biases(directory)
+    if request.param in ("glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe", "solar_open"):
+        _draw_biases(directory, prediction_layer=request.param != "solar_open")
     return directory
 
 
-def _draw_biases(directory: str) -> None:
+def _draw_biases(directory: str, prediction_layer: bool = True) -> None:
     """Draw the biases transformers starts at zero (GLM's and MiniMax-M2's correction bias
-    among them, which then decides which experts are chosen), so where each lands shows."""
+    among them, which then decides which experts are chosen), so where each lands shows; and
+    with `prediction_layer`, add GLM-4.5's multi-token-prediction layer."""
     path = f"{directory}/model.safetensors"
     tensors = load_file(path)
     gen = torch.Generator().manual_seed(3)
     for name, tensor in tensors.items():
         if name.endswith(("bias", "e_score_correction_bias")):
             tensors[name] = torch.randn(tensor.shape, generator=gen) * 0.3
-    if "model.layers.0.mlp.gate.weight" in tensors:
+    if prediction_layer and "model.layers.0.mlp.gate.weight" in tensors:
         # As GLM-4.5's checkpoints, a multi-token-prediction layer after the last decoder
         # layer, which neither transformers nor the engine runs.
         tensors["model.layers.3.eh_proj.weight"] = torch.randn(64, 128, generator=gen)
@@ -167,7 +175,7 @@ def test_speculative_decoding_keeps_the_greedy_output(moe_dir, expected, vocab_t
 # Two ranks where the sharding differs: a gated shared expert (Qwen2-MoE), experts stored fused
 # (GraniteMoE), always-on shared experts, dense layers and a float32 router (GLM-4.5). Qwen3-MoE's
 # and Mixtral's plain experts split as those do (and as any MLP).
-TP_FAMILIES = ("qwen2_moe", "granitemoe", "glm4_moe")
+TP_FAMILIES = ("qwen2_moe", "granitemoe", "glm4_moe", "solar_open")
 
 
 @pytest.mark.parametrize("size", [2])
