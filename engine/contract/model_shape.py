@@ -49,6 +49,21 @@ def latent_attention_of(config: Any) -> LatentAttention | None:
                            int(config.v_head_dim))
 
 
+def layer_attention_shapes(config: Any) -> list[tuple[int, int]] | None:
+    """Each decoder layer's (KV heads, head size) where the layers differ (Gemma 4's
+    full-attention layers: fewer, wider heads, as transformers' per_layer_config gives them);
+    None where every layer has the config's own."""
+    if not getattr(config, "per_layer_config", None):
+        return None
+    shapes = []
+    for layer in range(config.num_hidden_layers):
+        own = config.per_layer_config[layer]
+        heads = own.num_attention_heads
+        shapes.append((int(getattr(own, "num_key_value_heads", None) or heads),
+                       int(getattr(own, "head_dim", None) or own.hidden_size // heads)))
+    return None if len(set(shapes)) == 1 else shapes
+
+
 @dataclass(frozen=True)
 class ModelShape:
     heads: int

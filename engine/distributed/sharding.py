@@ -20,7 +20,11 @@ from typing import Any
 import torch
 
 from tokenmill.engine.contract.config import ConfigError
-from tokenmill.engine.contract.model_shape import ModelShape, latent_attention_of
+from tokenmill.engine.contract.model_shape import (
+    ModelShape,
+    latent_attention_of,
+    layer_attention_shapes,
+)
 
 COLUMN_PARALLEL = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1", "w3",
                    "q_b_proj", "kv_b_proj"}
@@ -39,6 +43,10 @@ def check_tensor_parallel(config: Any, size: int) -> None:
     """ConfigError naming --tensor-parallel-size when the model can't be split `size` ways."""
     if size == 1:
         return
+    if layer_attention_shapes(config):
+        raise ConfigError("tensor_parallel_size",
+                          f"{size}: a model whose layers have heads of two sizes (Gemma 4) is "
+                          "served on one rank; use 1")
     problems = ModelShape.of(config).problems(size)
     if problems:
         raise ConfigError("tensor_parallel_size",

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from tokenmill.engine.contract.model_shape import latent_attention_of
+from tokenmill.engine.contract.model_shape import latent_attention_of, layer_attention_shapes
 from tokenmill.engine.distributed.sharding import ShardPlan
 from tokenmill.engine.layers.kv_quant import is_quantized, kv_storage_dtype
 
@@ -23,7 +23,11 @@ class KVCacheLayout:
 
     A model whose keys and values are one stored row (DeepSeek's latent attention: the values
     are the latent's first part) has one plane instead of two, K and V views of it
-    (`planes` 1)."""
+    (`planes` 1).
+
+    Where layers differ in KV heads and head size (Gemma 4), `layer_shapes` lists each
+    layer's; the pool's rows are the widest layer's (kv_heads, head_dim), and a narrower
+    layer uses the first part of each row (runner's per-layer views)."""
 
     num_layers: int
     num_kv_heads: int
@@ -31,6 +35,7 @@ class KVCacheLayout:
     block_size: int
     dtype: torch.dtype
     planes: int = 2
+    layer_shapes: tuple[tuple[int, int], ...] | None = None
 
     @classmethod
     def for_model(cls, model_config: Any, block_size: int, model_dtype: torch.dtype,
@@ -40,9 +45,20 @@ class KVCacheLayout:
         if latent is not None:
             return cls(model_config.num_hidden_layers, 1, latent.latent_dim, block_size, dtype,
                        planes=1)
+        shapes = layer_attention_shapes(model_config)
+        if shapes:
+            heads, dim = max(shapes, key=lambda shape: (shape[0] * shape[1], shape[0]))
+            return cls(model_config.num_hidden_layers, heads, dim, block_size, dtype,
+                       layer_shapes=tuple(shapes))
         plan = ShardPlan.for_model(model_config, 0, tp_size)
         return cls(model_config.num_hidden_layers, plan.num_kv_heads, plan.head_dim, block_size,
                    dtype)
+
+    def layer_shape(self, layer: int) -> tuple[int, int]:
+        """Layer `layer`'s (KV heads, head size)."""
+        if self.layer_shapes is None:
+            return self.num_kv_heads, self.head_dim
+        return self.layer_shapes[layer]
 
     @property
     def quantized(self) -> bool:
@@ -53,12 +69,19 @@ class KVCacheLayout:
         return str(self.dtype).removeprefix("torch.")
 
     @property
+    def scale_heads(self) -> int:
+        """KV heads of the layer with the most: a quantized pool's scales per token."""
+        if self.layer_shapes is None:
+            return self.num_kv_heads
+        return max(heads for heads, _ in self.layer_shapes)
+
+    @property
     def bytes_per_token(self) -> int:
         """K and V of every layer for one token, scales included."""
-        per_row = self.head_dim * self.dtype.itemsize
+        per_layer = self.num_kv_heads * self.head_dim * self.dtype.itemsize
         if self.quantized:
-            per_row += SCALE_DTYPE.itemsize
-        return self.planes * self.num_layers * self.num_kv_heads * per_row
+            per_layer += self.scale_heads * SCALE_DTYPE.itemsize
+        return self.planes * self.num_layers * per_layer
 
     @property
     def bytes_per_block(self) -> int:
@@ -69,4 +92,4 @@ class KVCacheLayout:
                 self.head_dim)
 
     def scales_shape(self, num_blocks: int) -> tuple[int, ...]:
-        return (self.num_layers, self.planes, num_blocks, self.block_size, self.num_kv_heads)
+        return (self.num_layers, self.planes, num_blocks, self.block_size, self.scale_heads)

@@ -129,12 +129,16 @@ class ModelRunner:
         return encode_images(self.image_encoder, [p.to(self.device) for p in pixels], sizes)
 
     def _layer_view(self, layer: int) -> KVLayer:
-        """K and V of one layer; one plane (latent attention) is both."""
+        """K and V of one layer; one plane (latent attention) is both. A layer narrower than
+        the pool's rows (Gemma 4's) sees the first part of each row as its heads."""
         k, v = self.kv_pool[layer].expand(2, *self.kv_pool.shape[2:])
+        heads, dim = self.layout.layer_shape(layer)
+        if (heads, dim) != tuple(k.shape[-2:]):
+            k, v = (t.flatten(-2)[..., :heads * dim].unflatten(-1, (heads, dim)) for t in (k, v))
         if self.kv_scales is None:
             return KVLayer(k, v)
         k_scale, v_scale = self.kv_scales[layer].expand(2, *self.kv_scales.shape[2:])
-        return KVLayer(k, v, k_scale, v_scale)
+        return KVLayer(k, v, k_scale[..., :heads], v_scale[..., :heads])
 
     def _pool_tensors(self) -> list[torch.Tensor]:
         """The pool's values (as bytes when quantized: index kernels do not cover float8

@@ -50,12 +50,15 @@ def rope_parameters(config: Any, layer_type: str = "full_attention") -> dict:
     return params
 
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "proportional")
 
 
 def rotary_dim(head_dim: int, params: dict) -> int:
     """How many of a head's leading dimensions rotate: all, or partial_rotary_factor of them
-    (Phi-4-mini three quarters), rounded down as transformers does."""
+    (Phi-4-mini three quarters), rounded down as transformers does. Proportional rotary
+    (Gemma 4) turns the whole head, its frequencies past the proportion zero."""
+    if params["rope_type"] == "proportional":
+        return head_dim
     return int(head_dim * float(params.get("partial_rotary_factor", 1.0)))
 
 
@@ -91,6 +94,8 @@ def inverse_frequencies(head_dim: int, params: dict,
     kind = params["rope_type"]
     if kind == "default":
         return inv_freq
+    if kind == "proportional":
+        return _proportional(head_dim, params)
     if kind == "linear":
         return inv_freq / float(params["factor"])
     if kind == "llama3":
@@ -101,6 +106,17 @@ def inverse_frequencies(head_dim: int, params: dict,
         factors = params["long_factor" if long else "short_factor"]
         return 1.0 / (torch.tensor(factors, dtype=torch.float32) * base ** exponents)
     return _yarn_scaled(dim, params)
+
+
+def _proportional(head_dim: int, params: dict) -> torch.Tensor:
+    """Gemma 4's full-attention rotary: the first partial_rotary_factor of the frequencies
+    are the usual ones over the whole head size, the rest zero (those pairs never turn)."""
+    angles = int(float(params.get("partial_rotary_factor", 1.0)) * head_dim // 2)
+    base = float(params["rope_theta"])
+    turned = 1.0 / (base ** (torch.arange(0, 2 * angles, 2, dtype=torch.int64).float()
+                             / head_dim))
+    return torch.cat([turned, torch.zeros(head_dim // 2 - angles)]) / float(
+        params.get("factor", 1.0))
 
 
 def attention_scaling(params: dict) -> float:

@@ -50,6 +50,11 @@ class ArchitectureFlags:
     cohere: bool = False
     # StarCoder 2: torch's LayerNorm, with a bias, for RMSNorm.
     layer_norm: bool = False
+    # Gemma 4: embeddings times sqrt(hidden_size) but norms that scale by their weight (not
+    # 1 + weight); its full-attention layers' own head size and KV heads (per_layer_config),
+    # their values the keys' projection (attention_k_eq_v); q, k and v normalized per head (v
+    # without a weight), scores unscaled; each layer's output times a learned scalar.
+    gemma4: bool = False
 
 
 SUPPORTED = {
@@ -68,6 +73,7 @@ SUPPORTED = {
     "GemmaForCausalLM": ArchitectureFlags(gemma=True),
     "Gemma2ForCausalLM": ArchitectureFlags(gemma=True, sandwich_norms=True),
     "Gemma3ForCausalLM": ArchitectureFlags(gemma=True, sandwich_norms=True, qk_norm=True),
+    "Gemma4ForCausalLM": ArchitectureFlags(gemma4=True, sandwich_norms=True, qk_norm=True),
     # Phi-3 and Phi-4: Llama's layers, stored fused (models/fused_weights.py).
     "Phi3ForCausalLM": ArchitectureFlags(),
     "GraniteForCausalLM": ArchitectureFlags(granite=True),
@@ -179,6 +185,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                "qwen3_moe": "Qwen3MoeForCausalLM", "gemma": "GemmaForCausalLM",
                "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+               "gemma4_text": "Gemma4ForCausalLM",
                "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
                "granitemoe": "GraniteMoeForCausalLM",
                "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
@@ -199,7 +206,8 @@ QWEN3_VL_MOE = "qwen3_vl_moe_text"
 # Multimodal architectures whose language model attends causally over text alone, so that on
 # text it is exactly its causal decoder: served text-only (models/multimodal.py). PaliGemma's
 # prompt attends both ways: not here.
-MULTIMODAL_TEXT_MODELS = ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
+MULTIMODAL_TEXT_MODELS = ("Gemma3ForConditionalGeneration", "Gemma4ForConditionalGeneration",
+                          "Mistral3ForConditionalGeneration",
                           "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
                           "LlavaOnevisionForConditionalGeneration",
                           "InternVLForConditionalGeneration",
@@ -308,7 +316,8 @@ def position_offset(config: Any) -> int:
 def architecture_of(config: Any) -> str:
     if encoder := encoder_of(config):
         return encoder
-    if getattr(config, "use_bidirectional_attention", False):
+    # Gemma 4's "vision" lets an image's rows see each other; its text stays causal.
+    if getattr(config, "use_bidirectional_attention", False) not in (False, None, "vision"):
         raise ModelLoadError("the model attends in both directions (an encoder, such as "
                              "EmbeddingGemma); tokenmill runs causal decoders only")
     names = list(getattr(config, "architectures", None) or [])
@@ -337,10 +346,27 @@ def architecture_of(config: Any) -> str:
 def check_features(config: Any) -> None:
     """ModelLoadError for what a supported architecture's config asks that is not computed
     here: Command R+'s per-head q/k LayerNorm (Cohere's use_qk_norm)."""
+    if getattr(config, "model_type", None) == "gemma4_text":
+        _check_gemma4(config)
     cohere = getattr(config, "model_type", None) in ("cohere", "cohere2")
     if cohere and getattr(config, "use_qk_norm", False):
         raise ModelLoadError("use_qk_norm (Command R+'s per-head LayerNorm of q and k) is not "
                              "supported; Cohere checkpoints without it are (Command R, R7B, A)")
+
+
+def _check_gemma4(config: Any) -> None:
+    """Gemma 4's parts that are not computed here, refused by name: the per-layer input
+    embeddings and shared KV of E2B and E4B, and 26B-A4B's experts."""
+    refused = [what for what, asked in (
+        ("per-layer input embeddings (hidden_size_per_layer_input, Gemma 4 E2B and E4B)",
+         getattr(config, "hidden_size_per_layer_input", 0)),
+        ("KV shared across layers (num_kv_shared_layers)",
+         getattr(config, "num_kv_shared_layers", 0)),
+        ("a mixture of experts beside the MLP (enable_moe_block, Gemma 4 26B-A4B)",
+         getattr(config, "enable_moe_block", False))) if asked]
+    if refused:
+        raise ModelLoadError(f"Gemma 4's {'; '.join(refused)} are not supported; Gemma 4 "
+                             "checkpoints without them (31B) are")
 
 
 def _classified_decoder(name: str) -> str | None:

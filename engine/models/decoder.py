@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tokenmill.engine.contract.model_shape import layer_attention_shapes
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.distributed.sharding import ShardPlan
 from tokenmill.engine.layers.activation import act_and_mul, ungated_act
@@ -22,6 +23,7 @@ from tokenmill.engine.layers.kv_layer import KVLayer
 from tokenmill.engine.layers.linear import MergedLinear
 from tokenmill.engine.layers.norm import CohereLayerNorm, LayerNorm, RMSNorm
 from tokenmill.engine.layers.rotary import (
+    LAYER_TYPES,
     RopeKernel,
     RopeRows,
     RotaryEmbedding,
@@ -43,12 +45,27 @@ from tokenmill.engine.models.latent_attention import LatentSelfAttention
 from tokenmill.engine.models.moe import SparseMoeBlock
 
 
-def head_dim_of(config: Any) -> int:
+def head_dim_of(config: Any, layer_type: str | None = None) -> int:
+    """The head size of the config, or of its layers of `layer_type` where layers differ
+    (Gemma 4's full-attention layers)."""
+    shapes = layer_attention_shapes(config) if layer_type else None
+    if shapes:
+        window_kinds = getattr(config, "layer_types", None) or []
+        sizes = [dim for (_, dim), kind in zip(shapes, window_kinds, strict=False)
+                 if kind == layer_type]
+        if sizes:
+            return sizes[0]
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 def num_kv_heads_of(config: Any) -> int:
     return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+
+
+def unit_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm without a weight, in float32, rounded back (Gemma 4's values)."""
+    h = x.float()
+    return (h * torch.pow(h.pow(2).mean(-1, keepdim=True) + eps, -0.5)).to(x.dtype)
 
 
 def decoder_norm(config: Any, size: int) -> RMSNorm | CohereLayerNorm | LayerNorm:
@@ -64,23 +81,29 @@ def decoder_norm(config: Any, size: int) -> RMSNorm | CohereLayerNorm | LayerNor
 
 class Attention(nn.Module):
     """This rank's heads; o_proj's partial sums are added across ranks. `window`: the sliding
-    window this layer attends over (None: the whole context)."""
+    window this layer attends over (None: the whole context); `shape`: this layer's (KV heads,
+    head size) where layers differ (Gemma 4, on one rank)."""
 
-    def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup, window: int | None = None):
+    def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup, window: int | None = None,
+                 shape: tuple[int, int] | None = None):
         super().__init__()
         flags = flags_of(config)
         self.tp = tp
         self.num_heads = plan.num_heads
-        self.num_kv_heads = plan.num_kv_heads
-        self.head_dim = plan.head_dim
+        self.num_kv_heads, self.head_dim = shape or (plan.num_kv_heads, plan.head_dim)
+        # Gemma 4's full-attention layers take their values from the keys' projection.
+        self.values_from_keys = flags.gemma4 and window is None and \
+            bool(getattr(config, "attention_k_eq_v", False))
+        self.value_norm_eps = config.rms_norm_eps if flags.gemma4 else None
         # ERNIE 4.5's use_bias puts a bias on every projection, attention's and the MLP's.
         bias = bool(getattr(config, "attention_bias", False) or getattr(config, "use_bias", False))
         qkv_bias = bias or flags.qkv_bias
         hidden = config.hidden_size
         kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = MergedLinear(
-            hidden, {"q_proj": self.num_heads * self.head_dim, "k_proj": kv_size,
-                     "v_proj": kv_size}, bias=qkv_bias)
+        parts = {"q_proj": self.num_heads * self.head_dim, "k_proj": kv_size, "v_proj": kv_size}
+        if self.values_from_keys:
+            del parts["v_proj"]
+        self.qkv_proj = MergedLinear(hidden, parts, bias=qkv_bias)
         # Seed-OSS sets the output projection's bias apart (attention_out_bias); GLM-4 has none.
         out_bias = bool(getattr(config, "attention_out_bias", bias)) and \
             not flags.bias_on_qkv_only
@@ -109,6 +132,8 @@ class Attention(nn.Module):
         # Granite by its attention_multiplier.
         scaled_by = getattr(config, "query_pre_attn_scalar", None) or self.head_dim
         scale = float(config.attention_multiplier) if flags.granite else scaled_by ** -0.5
+        if flags.gemma4:  # its q and k norms set the scale
+            scale = 1.0
         self.scores = Scores(scale, window, getattr(config, "attn_logit_softcapping", None))
         # GPT-OSS: this rank's heads' sink logits.
         self.sinks = nn.Parameter(torch.empty(self.num_heads)) if flags.attention_sinks \
@@ -117,7 +142,11 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: RopeRows | RopeKernel | None,
                 kv_cache: KVLayer, meta: AttentionMetadata) -> torch.Tensor:
         tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x)
+        if self.values_from_keys:
+            q, k = self.qkv_proj(x)
+            v = k
+        else:
+            q, k, v = self.qkv_proj(x)
         if self.projection_norm:
             q = self._norm_projection(q, self.q_norm, self.q_width, 1)
             k = self._norm_projection(k, self.k_norm, self.k_width, self.k_copies)
@@ -126,6 +155,8 @@ class Attention(nn.Module):
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        if self.value_norm_eps is not None:  # a new tensor: the keys may turn in place
+            v = unit_rms_norm(v, self.value_norm_eps)
         if self.qk_norm and not self.qk_norm_after_rope:
             q, k = self._norm_heads(q, k, meta.backend)
         if rope is not None:  # None: a layer without positional encoding (SmolLM3's NoPE)
@@ -194,9 +225,10 @@ class DecoderLayer(nn.Module):
     then takes the add, and post_feedforward_layernorm normalizes the MLP's."""
 
     def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup, sparse: MoeShape | None,
-                 window: int | None = None):
+                 window: int | None = None, shape: tuple[int, int] | None = None):
         """`sparse`: the mixture of experts this layer's feed-forward block is, None: a dense
-        MLP. `window`: the sliding window its attention covers, None: the whole context."""
+        MLP. `window`: the sliding window its attention covers, None: the whole context.
+        `shape`: its attention's (KV heads, head size) where layers differ."""
         super().__init__()
         flags = flags_of(config)
 
@@ -208,7 +240,7 @@ class DecoderLayer(nn.Module):
         if not flags.olmo:
             self.input_layernorm = norm()
         self.self_attn = LatentSelfAttention(config, plan, tp) if flags.latent_attention \
-            else Attention(config, plan, tp, window)
+            else Attention(config, plan, tp, window, shape)
         if not self.parallel:
             self.post_attention_layernorm = norm()
         self.sandwich = flags.sandwich_norms
@@ -225,12 +257,15 @@ class DecoderLayer(nn.Module):
             self.mlp = MLP(config, plan, tp)
         # Granite scales each branch's output as it joins the residual stream.
         self.branch_scale = float(config.residual_multiplier) if flags.granite else None
+        # Gemma 4 multiplies the stream by a learned scalar at the end of each layer.
+        self.layer_scalar = nn.Parameter(torch.ones(1)) if flags.gemma4 else None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
                 rope: RopeRows | RopeKernel | None, kv_cache: KVLayer,
-                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: the previous layer's MLP output, not yet in `residual` (layer 0: the embeddings,
-        and no residual yet). Returns this layer's MLP output and the stream before it."""
+        and no residual yet). Returns this layer's MLP output and the stream before it (Gemma
+        4: the stream after it, and None)."""
         if self.post_norms_only:
             return self._post_norms_forward(x, residual, rope, kv_cache, meta)
         if self.parallel:
@@ -243,7 +278,10 @@ class DecoderLayer(nn.Module):
         x, _ = self.post_attention_layernorm(x, None, meta.backend)
         x, residual = self.pre_feedforward_layernorm(x, residual, meta.backend)
         x = getattr(self, self.feed_forward)(x, meta.backend)
-        return self.post_feedforward_layernorm(x, None, meta.backend)[0], residual
+        x = self.post_feedforward_layernorm(x, None, meta.backend)[0]
+        if self.layer_scalar is not None:  # the stream whole, scaled: no residual carried
+            return (residual + x) * self.layer_scalar, None
+        return x, residual
 
     def _post_norms_forward(self, x: torch.Tensor, residual: torch.Tensor | None,
                             rope: RopeRows | RopeKernel | None, kv_cache: KVLayer,
@@ -276,13 +314,14 @@ class DecoderModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(plan, config.hidden_size, tp)
         # Gemma multiplies the embeddings by sqrt(hidden_size), rounded to the model dtype;
         # Granite by its embedding_multiplier, as it is.
-        self.embed_scale = config.hidden_size ** 0.5 if flags.gemma else None
+        self.embed_scale = config.hidden_size ** 0.5 if flags.gemma or flags.gemma4 else None
         self.embed_multiplier = float(config.embedding_multiplier) if flags.granite else None
         moe = moe_shape_of(config)
         windows = [layer_window_of(config, i) for i in range(config.num_hidden_layers)]
+        shapes = layer_attention_shapes(config)
         self.layers = nn.ModuleList(
             DecoderLayer(config, plan, tp, moe if moe is not None and moe.is_sparse(i) else None,
-                         windows[i])
+                         windows[i], shapes[i] if shapes else None)
             for i in range(config.num_hidden_layers))
         self.norm = decoder_norm(config, config.hidden_size)
         self.config, self.max_positions = config, max_positions
@@ -296,12 +335,13 @@ class DecoderModel(nn.Module):
 
     def rotary_tables(self) -> tuple[RotaryEmbedding, RotaryEmbedding | None]:
         """The rotary tables of full-attention layers, and of sliding ones where they differ
-        (else None)."""
-        head_dim = head_dim_of(self.config)
+        (else None), each over its layers' head size."""
+        full_dim, local_dim = (head_dim_of(self.config, kind) for kind in LAYER_TYPES)
         full = rope_parameters(self.config)
         local = rope_parameters(self.config, "sliding_attention")
-        return (RotaryEmbedding(head_dim, self.max_positions, full),
-                None if local == full else RotaryEmbedding(head_dim, self.max_positions, local))
+        return (RotaryEmbedding(full_dim, self.max_positions, full),
+                None if (local, local_dim) == (full, full_dim)
+                else RotaryEmbedding(local_dim, self.max_positions, local))
 
     def forward(self, input_ids, positions, kv_caches, meta, image_rows=()):
         """image_rows: (row, rows) pairs whose embeddings an image encoder's output replaces

@@ -7,6 +7,7 @@ import contextlib
 import copy
 import functools
 import json
+import logging
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -115,13 +116,32 @@ def load_config(source: ModelSource) -> Any:
             config = apply_config_overrides(config, json.loads(source.config_overrides))
         except ConfigOverrideError as exc:
             raise ModelLoadError(f"--hf-overrides: {exc}") from exc
+    if getattr(config, "per_layer_config", None):
+        # Layers of their own shapes (Gemma 4): read per layer where they differ
+        # (layer_attention_shapes); the config's own values are the other layers'.
+        config.allow_global_per_layer_attribute_access = True
+        _quiet_global_reads()
     for kind in LAYER_TYPES:  # refused now, in one line, rather than half-way through building
         try:
-            check_rope(rope_parameters(config, kind), head_dim_of(config))
+            check_rope(rope_parameters(config, kind), head_dim_of(config, kind))
         except ValueError as exc:
             raise ModelLoadError(f"{_where(source)}: {exc}") from exc
     check_features(config)
     return config
+
+
+class _GlobalReadsAllowed(logging.Filter):
+    """Drops transformers' warning on reading a per-layer attribute globally: the engine reads
+    those per layer where layers differ, so the warning would only alarm the user."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Reading global config value")
+
+
+def _quiet_global_reads() -> None:
+    logger = logging.getLogger("transformers.integrations.heterogeneity.configuration_utils")
+    if not any(isinstance(f, _GlobalReadsAllowed) for f in logger.filters):
+        logger.addFilter(_GlobalReadsAllowed())
 
 
 # Where a multimodal checkpoint's processor keeps its chat template (transformers' legacy file).

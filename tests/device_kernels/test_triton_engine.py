@@ -167,7 +167,26 @@ def test_ministral3s_query_scale_runs_through_the_kernels_and_graphs(tmp_path, v
         rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0,
                          "original_max_position_embeddings": 4, "llama_4_scaling_beta": 0.5})
     directory = make_random_model(str(tmp_path / "ministral3"), config, vocab_tokenizer)
-    rng = random.Random(9)
+    _graphed_kernels_equal_torch(directory, seed=9)
+
+
+def test_gemma4s_layers_of_two_head_sizes_run_through_the_kernels_and_graphs(tmp_path,
+                                                                            vocab_tokenizer):
+    """Gemma 4's full-attention layers read narrower views of the pool's rows (one KV head
+    of 32 where the sliding layers' rows hold two of 16): the kernels follow their strides, in
+    prompt chunks, sliding windows and captured decode steps, as the torch path does."""
+    from gemma4_support import gemma4_config
+    from model_support import make_random_model
+
+    directory = make_random_model(str(tmp_path / "gemma4"), gemma4_config(len(vocab_tokenizer)),
+                                  vocab_tokenizer, draw_norms=True)
+    _graphed_kernels_equal_torch(directory, seed=11)
+
+
+def _graphed_kernels_equal_torch(directory: str, seed: int) -> None:
+    """Greedy output through the Triton kernels with decode graphs captured equals the torch
+    path's, for a short prompt and one of several chunks (16-token steps, 8-token blocks)."""
+    rng = random.Random(seed)
     prompts = [[rng.randrange(100, 40000) for _ in range(n)] for n in (3, 26)]
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     options = {"show_progress": False, "dtype": "float32", "max_num_batched_tokens": 16,

@@ -1,4 +1,4 @@
-"""The language model of a multimodal checkpoint (Gemma 3 4B-27B, Mistral Small 3.1 and 4,
+"""The language model of a multimodal checkpoint (Gemma 3 4B-27B, Gemma 4, Mistral Small 3.1 and 4,
 Ministral 3, LLaVA, LLaVA-NeXT, Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE) served text-only:
 greedy output equals transformers' multimodal model on the same text token for token, from
 either weight layout (and either layout of Qwen3-VL-MoE's experts), with the head tied or not
@@ -13,6 +13,7 @@ import os
 import pytest
 import torch
 from deepseek_support import deepseek_config
+from gemma4_support import gemma4_config
 from model_support import (
     hf_greedy,
     hf_reference,
@@ -59,6 +60,11 @@ def _config(kind: str, vocab: int):
             text_config=dict(text, model_type="mistral" if kind == "mistral3" else kind,
                              **rope),
             vision_config=dict(VISION, head_dim=16), image_token_index=image)
+    if kind == "gemma4":  # two head sizes, values from the keys on the full layers
+        return transformers.Gemma4Config(
+            text_config=gemma4_config(vocab).to_dict(), audio_config=None,
+            vision_config=dict(VISION, num_key_value_heads=2, head_dim=16),
+            image_token_id=image)
     if kind == "mistral4":  # Mistral Small 4: DeepSeek-V3's layers, experts stacked per layer
         return transformers.Mistral3Config(
             text_config=deepseek_config("mistral4", vocab).to_dict(),
@@ -120,8 +126,8 @@ def _weights(directory: str) -> dict[str, torch.Tensor]:
     return load_file(os.path.join(directory, "model.safetensors"))
 
 
-@pytest.fixture(scope="module", params=["gemma3", "mistral3", "ministral3", "mistral4",
-                                        "llava", "llava_next",
+@pytest.fixture(scope="module", params=["gemma3", "gemma4", "mistral3", "ministral3",
+                                        "mistral4", "llava", "llava_next",
                                         "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
 def multimodal_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))

@@ -1,0 +1,117 @@
+"""Gemma 4's text model (`Gemma4ForCausalLM`, and the language model of
+`Gemma4ForConditionalGeneration`): sliding layers of one head size and full-attention layers of
+another, with fewer KV heads whose values are the keys' projection; q, k and v normalized per
+head, scores unscaled, proportional rotary on the full layers, a learned scalar per layer.
+Greedy output and log-probabilities equal transformers (batched, chunked, from the prefix
+cache); each layer's KV view has its own shape in one pool; what is not computed is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gemma4_support import LAYERS, gemma4_config
+from model_support import (
+    greedy_three_ways,
+    greedy_with_hf_logprobs,
+    hf_greedy,
+    hf_logprobs,
+    hf_reference,
+    make_random_model,
+    mixed_prompts,
+)
+from safetensors.torch import load_file, save_file
+
+from tokenmill.engine import LLM, SamplingParams
+from tokenmill.engine.contract.config import ConfigError
+from tokenmill.engine.models.source import ModelLoadError
+
+MAX_NEW = 8
+ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=8, max_num_batched_tokens=32,
+              dtype="float32")
+@pytest.fixture(scope="module")
+def gemma4_dir(tmp_path_factory, vocab_tokenizer) -> str:
+    """Norms drawn, and each layer's scalar too (a buffer transformers starts at 1, which
+    would hide a missing one)."""
+    directory = str(tmp_path_factory.mktemp("gemma4"))
+    make_random_model(directory, gemma4_config(len(vocab_tokenizer)), vocab_tokenizer,
+                      draw_norms=True)
+    path = f"{directory}/model.safetensors"
+    tensors = load_file(path)
+    scalars = [name for name in tensors if name.endswith("layer_scalar")]
+    assert len(scalars) == len(LAYERS)
+    for i, name in enumerate(scalars):
+        tensors[name] = torch.tensor([0.6 + 0.3 * i])
+    save_file(tensors, path, metadata={"format": "pt"})
+    return directory
+
+
+@pytest.fixture(scope="module")
+def reference(gemma4_dir):
+    return hf_reference(gemma4_dir)
+
+
+def test_greedy_and_logprobs_equal_transformers(gemma4_dir, reference, vocab_tokenizer):
+    prompts = mixed_prompts(vocab_tokenizer)
+    expected = [hf_greedy(reference, p, MAX_NEW) for p in prompts]
+    with LLM(gemma4_dir, **ENGINE) as llm:
+        assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected
+        runs = greedy_three_ways(llm, prompts, MAX_NEW)
+    assert runs == {"batched": expected, "again": expected, "alone": expected[-2:]}
+
+
+def test_each_layer_sees_its_own_heads_in_one_pool(gemma4_dir):
+    with LLM(gemma4_dir, **ENGINE) as llm:
+        runner = llm.engine.runner
+        assert runner.kv_pool.shape[-2:] == (2, 16)  # the widest rows: the sliding layers'
+        shapes = [tuple(cache.k.shape[-2:]) for cache in runner.kv_caches]
+        assert shapes == [(2, 16), (1, 32), (2, 16), (1, 32)]
+        assert all(c.k.data_ptr() == runner.kv_pool[i, 0].data_ptr()
+                   for i, c in enumerate(runner.kv_caches))
+        layer = runner.model.model.layers[1].self_attn
+        assert layer.values_from_keys and not hasattr(layer.qkv_proj, "v_proj")
+
+
+def test_an_int8_kv_cache_stays_close(gemma4_dir, reference, vocab_tokenizer):
+    """Scales per token and head in the narrower layers' views too: each token the engine
+    picks has, under the reference model, a log-probability within 0.15 of the engine's."""
+    prompts = mixed_prompts(vocab_tokenizer)[-2:]
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
+    with LLM(gemma4_dir, kv_cache_dtype="int8", **ENGINE) as llm:
+        outputs = [o.outputs[0] for o in llm.generate(prompts, params)]
+    for prompt, out in zip(prompts, outputs, strict=True):
+        got = [step[t] for step, t in zip(out.logprobs, out.token_ids, strict=True)]
+        assert got == pytest.approx(hf_logprobs(reference, prompt, out.token_ids), abs=0.15)
+
+
+@pytest.mark.parametrize(("changes", "named"), [
+    (dict(hidden_size_per_layer_input=16, vocab_size_per_layer_input=64),
+     "per-layer input embeddings"),
+    (dict(num_kv_shared_layers=2), "KV shared across layers"),
+    (dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32),
+     "mixture of experts"),
+])
+def test_what_is_not_computed_is_refused_by_name(tmp_path, vocab_tokenizer, changes, named):
+    config = gemma4_config(len(vocab_tokenizer), **changes)
+    config.architectures = ["Gemma4ForCausalLM"]
+    config.save_pretrained(str(tmp_path))
+    vocab_tokenizer.save_pretrained(str(tmp_path))
+    with pytest.raises(ModelLoadError, match=f"Gemma 4's .*{named}.* not supported"):
+        LLM(str(tmp_path), **ENGINE)
+
+
+def test_tensor_parallelism_is_refused(gemma4_dir):
+    with pytest.raises(ConfigError, match="tensor_parallel_size.*heads of two sizes"):
+        LLM(gemma4_dir, tensor_parallel_size=2, **ENGINE)
+
+
+def test_the_pool_is_sized_by_its_widest_rows(gemma4_dir):
+    from tokenmill.engine.execution.kv_layout import KVCacheLayout
+    from tokenmill.engine.models.loader import load_config
+    from tokenmill.engine.models.source import ModelSource
+
+    config = load_config(ModelSource(directory=gemma4_dir))
+    layout = KVCacheLayout.for_model(config, 8, torch.float32)
+    assert (layout.num_kv_heads, layout.head_dim) == (2, 16)
+    assert layout.bytes_per_token == 2 * 4 * 2 * 16 * 4
+    quantized = KVCacheLayout.for_model(config, 8, torch.float32, "int8")
+    assert quantized.bytes_per_token == 2 * 4 * (2 * 16 + 2 * 4)
