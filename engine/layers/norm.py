@@ -49,6 +49,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     return weight * h, x
 
 
+def unit_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm without a weight, in float32 with a power of -1/2 as transformers' Gemma 4
+    computes it, rounded back (its values and its router's input)."""
+    h = x.float()
+    return (h * torch.pow(h.pow(2).mean(-1, keepdim=True) + eps, -0.5)).to(x.dtype)
+
+
 @functools.cache
 def _kernel() -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     from tokenmill.engine.kernels.rms_norm import rms_norm as kernel

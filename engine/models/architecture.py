@@ -356,17 +356,15 @@ def check_features(config: Any) -> None:
 
 def _check_gemma4(config: Any) -> None:
     """Gemma 4's parts that are not computed here, refused by name: the per-layer input
-    embeddings and shared KV of E2B and E4B, and 26B-A4B's experts."""
+    embeddings and shared KV of E2B and E4B."""
     refused = [what for what, asked in (
         ("per-layer input embeddings (hidden_size_per_layer_input, Gemma 4 E2B and E4B)",
          getattr(config, "hidden_size_per_layer_input", 0)),
         ("KV shared across layers (num_kv_shared_layers)",
-         getattr(config, "num_kv_shared_layers", 0)),
-        ("a mixture of experts beside the MLP (enable_moe_block, Gemma 4 26B-A4B)",
-         getattr(config, "enable_moe_block", False))) if asked]
+         getattr(config, "num_kv_shared_layers", 0))) if asked]
     if refused:
         raise ModelLoadError(f"Gemma 4's {'; '.join(refused)} are not supported; Gemma 4 "
-                             "checkpoints without them (31B) are")
+                             "checkpoints without them (31B, 26B-A4B) are")
 
 
 def _classified_decoder(name: str) -> str | None:

@@ -21,7 +21,7 @@ from tokenmill.engine.layers.attention import Scores, attention, store_kv
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.kv_layer import KVLayer
 from tokenmill.engine.layers.linear import MergedLinear
-from tokenmill.engine.layers.norm import CohereLayerNorm, LayerNorm, RMSNorm
+from tokenmill.engine.layers.norm import CohereLayerNorm, LayerNorm, RMSNorm, unit_rms_norm
 from tokenmill.engine.layers.rotary import (
     LAYER_TYPES,
     RopeKernel,
@@ -41,6 +41,7 @@ from tokenmill.engine.models.architecture import (
     moe_shape_of,
     rotates_at,
 )
+from tokenmill.engine.models.gemma4_experts import Gemma4Experts
 from tokenmill.engine.models.latent_attention import LatentSelfAttention
 from tokenmill.engine.models.moe import SparseMoeBlock
 
@@ -60,12 +61,6 @@ def head_dim_of(config: Any, layer_type: str | None = None) -> int:
 
 def num_kv_heads_of(config: Any) -> int:
     return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-
-
-def unit_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm without a weight, in float32, rounded back (Gemma 4's values)."""
-    h = x.float()
-    return (h * torch.pow(h.pow(2).mean(-1, keepdim=True) + eps, -0.5)).to(x.dtype)
 
 
 def decoder_norm(config: Any, size: int) -> RMSNorm | CohereLayerNorm | LayerNorm:
@@ -259,6 +254,11 @@ class DecoderLayer(nn.Module):
         self.branch_scale = float(config.residual_multiplier) if flags.granite else None
         # Gemma 4 multiplies the stream by a learned scalar at the end of each layer.
         self.layer_scalar = nn.Parameter(torch.ones(1)) if flags.gemma4 else None
+        # Gemma 4 26B-A4B: experts beside the MLP, their output added to its normalized one.
+        self.moe = Gemma4Experts(config) if flags.gemma4 and \
+            getattr(config, "enable_moe_block", False) else None
+        if self.moe is not None:
+            self.post_feedforward_layernorm_1 = norm()
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
                 rope: RopeRows | RopeKernel | None, kv_cache: KVLayer,
@@ -278,6 +278,9 @@ class DecoderLayer(nn.Module):
         x, _ = self.post_attention_layernorm(x, None, meta.backend)
         x, residual = self.pre_feedforward_layernorm(x, residual, meta.backend)
         x = getattr(self, self.feed_forward)(x, meta.backend)
+        if self.moe is not None:
+            x = self.post_feedforward_layernorm_1(x, None, meta.backend)[0] + \
+                self.moe(residual, meta.backend)
         x = self.post_feedforward_layernorm(x, None, meta.backend)[0]
         if self.layer_scalar is not None:  # the stream whole, scaled: no residual carried
             return (residual + x) * self.layer_scalar, None

@@ -76,6 +76,11 @@ GLM4_NORMS = {"post_self_attn_layernorm": "post_attention_layernorm",
               "post_mlp_layernorm": "post_feedforward_layernorm"}
 
 
+# Gemma 4's expert block, kept on the layer, read under its `moe` (models/gemma4_experts.py).
+GEMMA4_EXPERT_BLOCK = ("router.", "experts.", "pre_feedforward_layernorm_2.",
+                       "post_feedforward_layernorm_2.")
+
+
 # Hunyuan's q and k norms, under the names of Qwen3's.
 HUNYUAN_QK_NORMS = {"query_layernorm": "q_norm", "key_layernorm": "k_norm"}
 
@@ -99,6 +104,11 @@ def renamed(config: Any, name: str) -> str:
         return name[:-len(BLOCK_CORRECTION_BIAS)] + "block_sparse_moe.gate.e_score_correction_bias"
     if name.endswith(ERNIE_CORRECTION_BIAS):
         return name[:-len(ERNIE_CORRECTION_BIAS)] + "mlp.gate.e_score_correction_bias"
+    if getattr(config, "model_type", None) == "gemma4_text":
+        layer, sep, rest = name.partition(".layers.")
+        index, _, part = rest.partition(".")
+        if sep and part.startswith(GEMMA4_EXPERT_BLOCK):
+            return f"{layer}.layers.{index}.moe.{part}"
     if getattr(config, "model_type", None) == "hunyuan_v1_dense":
         for stored, ours in HUNYUAN_QK_NORMS.items():
             if f".self_attn.{stored}." in name:
@@ -132,7 +142,7 @@ def expert_parts(config: Any, name: str) -> list[tuple[str, Take]] | None:
         parent = module[:-len(GRANITE_EXPERTS_OUT)] + "block_sparse_moe.experts"
         return [(f"{parent}.{e}.down_proj.{attr}", lambda w, e=e: w[e])
                 for e in range(config.num_local_experts)]
-    if module.endswith(QWEN_EXPERTS) and attr in QWEN_PARTS and \
+    if module.endswith(STACKED_EXPERTS) and attr in QWEN_PARTS and \
             getattr(config, "model_type", None) in STACKED_EXPERT_TYPES:
         return _stacked_parts(config, name)
     if module.endswith(GPT_OSS_EXPERTS) and attr in GPT_OSS_PARTS:
@@ -142,10 +152,11 @@ def expert_parts(config: Any, name: str) -> list[tuple[str, Take]] | None:
 
 # Qwen3-VL-MoE keeps a layer's experts in two tensors under mlp.experts: gate then up, and
 # down, each [experts, in, out] as first published, [experts, out, in] as transformers 5
-# saves them; Mistral 4's checkpoints, published by transformers 5, in its layout.
-QWEN_EXPERTS = "mlp.experts"
+# saves them; Mistral 4's and Gemma 4's checkpoints, published by transformers 5, in its
+# layout (Gemma 4's on the layer, read under its `moe`).
+STACKED_EXPERTS = ("mlp.experts", "moe.experts")
 QWEN_PARTS = ("gate_up_proj", "down_proj")
-STACKED_EXPERT_TYPES = (QWEN3_VL_MOE, "mistral4")
+STACKED_EXPERT_TYPES = (QWEN3_VL_MOE, "mistral4", "gemma4_text")
 
 
 def _saved_by_transformers_5(config: Any) -> bool:

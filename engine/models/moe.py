@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn import functional
 
 from tokenmill.engine.distributed.group import TPGroup
-from tokenmill.engine.layers.activation import clamped_swiglu, silu_and_mul
+from tokenmill.engine.layers.activation import act_and_mul, clamped_swiglu
 from tokenmill.engine.layers.linear import MergedLinear
 from tokenmill.engine.layers.moe import experts_sum, route, route_grouped
 from tokenmill.engine.models.architecture import MoeNames, MoeShape
@@ -47,17 +47,19 @@ class Expert(nn.Module):
     (`swiglu`: alpha, limit)."""
 
     def __init__(self, hidden: int, width: int, names: MoeNames, bias: bool = False,
-                 swiglu: tuple[float, float] | None = None):
+                 swiglu: tuple[float, float] | None = None, activation: str = "silu"):
+        """`activation`: of the gate, one of ACTIVATIONS (Gemma 4's experts: GeLU)."""
         super().__init__()
         self.gate_up_proj = MergedLinear(hidden, {names.gate: width, names.up: width},
                                          bias=bias)
         self.down_name = names.down
         setattr(self, names.down, nn.Linear(width, hidden, bias=bias))
         self.swiglu = swiglu
+        self.activation = activation
 
     def forward(self, x: torch.Tensor, backend: str) -> torch.Tensor:
         gate, up = self.gate_up_proj(x)
-        mixed = silu_and_mul(gate, up, backend) if self.swiglu is None else \
+        mixed = act_and_mul(gate, up, self.activation, backend) if self.swiglu is None else \
             clamped_swiglu(gate, up, *self.swiglu)
         return getattr(self, self.down_name)(mixed)
 

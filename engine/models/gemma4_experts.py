@@ -1,0 +1,66 @@
+"""Gemma 4's expert block (26B-A4B): beside each layer's dense MLP, experts chosen per token
+from the residual stream, their sum normalized and added to the MLP's output.
+
+The router normalizes the stream (no weight), scales it by its own `scale` over the square
+root of the hidden size, projects it to one logit per expert, and keeps the top_k of the
+softmax, renormalized and each times its expert's `per_expert_scale`. The experts read the
+stream through pre_feedforward_layernorm_2; transformers keeps them as two stacked tensors
+per layer, read here as ordinary experts (fused_weights.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from tokenmill.engine.layers.moe import experts_sum
+from tokenmill.engine.layers.norm import RMSNorm, unit_rms_norm
+from tokenmill.engine.models.architecture import MoeNames
+from tokenmill.engine.models.moe import Expert, Router
+
+NAMES = MoeNames("experts", "gate_proj", "up_proj", "down_proj")
+
+
+class Gemma4Router(nn.Module):
+    def __init__(self, config: Any):
+        super().__init__()
+        hidden, experts = config.hidden_size, config.num_experts
+        self.proj = Router(hidden, experts)
+        self.scale = nn.Parameter(torch.ones(hidden))
+        self.per_expert_scale = nn.Parameter(torch.ones(experts))
+        self.eps, self.top_k, self.root = config.rms_norm_eps, config.top_k_experts, hidden ** -0.5
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [rows, top_k] float32, expert ids [rows, top_k])."""
+        h = unit_rms_norm(x, self.eps) * self.scale * self.root
+        probs = torch.softmax(self.proj(h), dim=-1, dtype=torch.float32)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights * self.per_expert_scale[ids], ids
+
+
+class Gemma4Experts(nn.Module):
+    """The router and the experts of one layer, and the norms around them; the checkpoint
+    keeps them on the layer itself (router, experts, pre_feedforward_layernorm_2,
+    post_feedforward_layernorm_2), read under the layer's `moe` (fused_weights.py)."""
+
+    def __init__(self, config: Any):
+        super().__init__()
+        hidden = config.hidden_size
+        self.router = Gemma4Router(config)
+        self.experts = nn.ModuleList(
+            Expert(hidden, config.moe_intermediate_size, NAMES,
+                   activation=config.hidden_activation)
+            for _ in range(config.num_experts))
+        self.pre_feedforward_layernorm_2 = RMSNorm(hidden, config.rms_norm_eps)
+        self.post_feedforward_layernorm_2 = RMSNorm(hidden, config.rms_norm_eps)
+
+    def forward(self, stream: torch.Tensor, backend: str) -> torch.Tensor:
+        """The experts' normalized sum for each row of the residual stream."""
+        weights, ids = self.router(stream)
+        x = self.pre_feedforward_layernorm_2(stream, None, backend)[0]
+        out = experts_sum(x, weights, ids, len(self.experts),
+                          lambda e, rows: self.experts[e](rows, backend))
+        return self.post_feedforward_layernorm_2(out, None, backend)[0]
