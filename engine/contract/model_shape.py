@@ -64,6 +64,26 @@ def layer_attention_shapes(config: Any) -> list[tuple[int, int]] | None:
     return None if len(set(shapes)) == 1 else shapes
 
 
+def kv_sources(config: Any) -> list[int] | None:
+    """Each decoder layer's source of keys and values where some layers read an earlier one's
+    (Gemma 4 E2B and E4B: the last num_kv_shared_layers layers read the last layer of their
+    kind before them); None where every layer has its own."""
+    shared = int(getattr(config, "num_kv_shared_layers", 0) or 0)
+    if not shared:
+        return None
+    layers = config.num_hidden_layers
+    first = layers - shared
+    kinds = list(config.layer_types)
+    sources = list(range(layers))
+    for layer in range(first, layers):
+        earlier = [i for i in range(first) if kinds[i] == kinds[layer]]
+        if not earlier:
+            raise ValueError(f"layer {layer} reads the keys and values of an earlier "
+                             f"{kinds[layer]} layer, and there is none")
+        sources[layer] = earlier[-1]
+    return sources
+
+
 @dataclass(frozen=True)
 class ModelShape:
     heads: int

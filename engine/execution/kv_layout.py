@@ -7,7 +7,11 @@ from typing import Any
 
 import torch
 
-from tokenmill.engine.contract.model_shape import latent_attention_of, layer_attention_shapes
+from tokenmill.engine.contract.model_shape import (
+    kv_sources,
+    latent_attention_of,
+    layer_attention_shapes,
+)
 from tokenmill.engine.distributed.sharding import ShardPlan
 from tokenmill.engine.layers.kv_quant import is_quantized, kv_storage_dtype
 
@@ -36,6 +40,9 @@ class KVCacheLayout:
     dtype: torch.dtype
     planes: int = 2
     layer_shapes: tuple[tuple[int, int], ...] | None = None
+    # Each model layer's layer of the pool, where some read an earlier layer's keys and values
+    # (Gemma 4's shared KV): the pool holds `num_layers` layers, the storing ones.
+    pool_layers: tuple[int, ...] | None = None
 
     @classmethod
     def for_model(cls, model_config: Any, block_size: int, model_dtype: torch.dtype,
@@ -46,10 +53,17 @@ class KVCacheLayout:
             return cls(model_config.num_hidden_layers, 1, latent.latent_dim, block_size, dtype,
                        planes=1)
         shapes = layer_attention_shapes(model_config)
-        if shapes:
+        sources = kv_sources(model_config)
+        if shapes or sources:
+            layers = model_config.num_hidden_layers
+            if not shapes:
+                plan = ShardPlan.for_model(model_config, 0, tp_size)
+                shapes = [(plan.num_kv_heads, plan.head_dim)] * layers
             heads, dim = max(shapes, key=lambda shape: (shape[0] * shape[1], shape[0]))
-            return cls(model_config.num_hidden_layers, heads, dim, block_size, dtype,
-                       layer_shapes=tuple(shapes))
+            storing = sorted(set(sources or range(layers)))
+            pool = tuple(storing.index(source) for source in sources) if sources else None
+            return cls(len(storing), heads, dim, block_size, dtype, layer_shapes=tuple(shapes),
+                       pool_layers=pool)
         plan = ShardPlan.for_model(model_config, 0, tp_size)
         return cls(model_config.num_hidden_layers, plan.num_kv_heads, plan.head_dim, block_size,
                    dtype)
@@ -59,6 +73,15 @@ class KVCacheLayout:
         if self.layer_shapes is None:
             return self.num_kv_heads, self.head_dim
         return self.layer_shapes[layer]
+
+    @property
+    def model_layers(self) -> int:
+        """The model's decoder layers (more than the pool's where some share)."""
+        return self.num_layers if self.pool_layers is None else len(self.pool_layers)
+
+    def pool_layer(self, layer: int) -> int:
+        """The pool layer holding model layer `layer`'s keys and values."""
+        return layer if self.pool_layers is None else self.pool_layers[layer]
 
     @property
     def quantized(self) -> bool:

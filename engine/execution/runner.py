@@ -70,7 +70,7 @@ class ModelRunner:
         self.kv_pool = zeroed(layout.values_shape(num_blocks), layout.dtype, device)
         self.kv_scales = (zeroed(layout.scales_shape(num_blocks), SCALE_DTYPE, device)
                           if layout.quantized else None)
-        self.kv_caches = [self._layer_view(i) for i in range(layout.num_layers)]
+        self.kv_caches = [self._layer_view(i) for i in range(layout.model_layers)]
         self.offload = KVOffload(self._pool_tensors(), self.num_host_blocks, device) \
             if self.num_host_blocks else None
 
@@ -130,14 +130,16 @@ class ModelRunner:
 
     def _layer_view(self, layer: int) -> KVLayer:
         """K and V of one layer; one plane (latent attention) is both. A layer narrower than
-        the pool's rows (Gemma 4's) sees the first part of each row as its heads."""
-        k, v = self.kv_pool[layer].expand(2, *self.kv_pool.shape[2:])
+        the pool's rows (Gemma 4's) sees the first part of each row as its heads; a layer that
+        reads an earlier one's keys and values (Gemma 4's shared KV) sees that one's."""
+        pooled = self.layout.pool_layer(layer)  # an earlier layer's, where they share
+        k, v = self.kv_pool[pooled].expand(2, *self.kv_pool.shape[2:])
         heads, dim = self.layout.layer_shape(layer)
         if (heads, dim) != tuple(k.shape[-2:]):
             k, v = (t.flatten(-2)[..., :heads * dim].unflatten(-1, (heads, dim)) for t in (k, v))
         if self.kv_scales is None:
             return KVLayer(k, v)
-        k_scale, v_scale = self.kv_scales[layer].expand(2, *self.kv_scales.shape[2:])
+        k_scale, v_scale = self.kv_scales[pooled].expand(2, *self.kv_scales.shape[2:])
         return KVLayer(k, v, k_scale[..., :heads], v_scale[..., :heads])
 
     def _pool_tensors(self) -> list[torch.Tensor]:

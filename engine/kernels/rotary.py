@@ -58,7 +58,8 @@ def _rotary_kernel(
 
 def rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
            sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate q [T, heads, dim] and k [T, kv_heads, dim] in place and return them.
+    """Rotate q [T, heads, dim] and k [T, kv_heads, dim] (kv_heads may be 0) in place and
+    return them.
 
     cos, sin: [max_positions, dim / 2] float32, one column per frequency (any row stride);
     positions: [T]. q and k may be views with any token and head strides (the split of the
@@ -75,7 +76,8 @@ def rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos: torch
         q, k, positions, cos, sin,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
         num_q_heads, k.shape[1], half,
-        BLOCK_QH=triton.next_power_of_2(num_q_heads), BLOCK_KH=triton.next_power_of_2(k.shape[1]),
+        BLOCK_QH=triton.next_power_of_2(num_q_heads),
+        BLOCK_KH=triton.next_power_of_2(max(k.shape[1], 1)),  # no keys: Gemma 4's shared KV
         BLOCK_D=triton.next_power_of_2(half),
         # No fused multiply-adds: the float32 result then equals torch's mul-then-add exactly.
         enable_fp_fusion=False,

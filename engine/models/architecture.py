@@ -346,25 +346,10 @@ def architecture_of(config: Any) -> str:
 def check_features(config: Any) -> None:
     """ModelLoadError for what a supported architecture's config asks that is not computed
     here: Command R+'s per-head q/k LayerNorm (Cohere's use_qk_norm)."""
-    if getattr(config, "model_type", None) == "gemma4_text":
-        _check_gemma4(config)
     cohere = getattr(config, "model_type", None) in ("cohere", "cohere2")
     if cohere and getattr(config, "use_qk_norm", False):
         raise ModelLoadError("use_qk_norm (Command R+'s per-head LayerNorm of q and k) is not "
                              "supported; Cohere checkpoints without it are (Command R, R7B, A)")
-
-
-def _check_gemma4(config: Any) -> None:
-    """Gemma 4's parts that are not computed here, refused by name: the per-layer input
-    embeddings and shared KV of E2B and E4B."""
-    refused = [what for what, asked in (
-        ("per-layer input embeddings (hidden_size_per_layer_input, Gemma 4 E2B and E4B)",
-         getattr(config, "hidden_size_per_layer_input", 0)),
-        ("KV shared across layers (num_kv_shared_layers)",
-         getattr(config, "num_kv_shared_layers", 0))) if asked]
-    if refused:
-        raise ModelLoadError(f"Gemma 4's {'; '.join(refused)} are not supported; Gemma 4 "
-                             "checkpoints without them (31B, 26B-A4B) are")
 
 
 def _classified_decoder(name: str) -> str | None:

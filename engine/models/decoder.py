@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tokenmill.engine.contract.model_shape import layer_attention_shapes
+from tokenmill.engine.contract.model_shape import kv_sources, layer_attention_shapes
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.distributed.sharding import ShardPlan
 from tokenmill.engine.layers.activation import act_and_mul, ungated_act
@@ -41,7 +41,7 @@ from tokenmill.engine.models.architecture import (
     moe_shape_of,
     rotates_at,
 )
-from tokenmill.engine.models.gemma4_experts import Gemma4Experts
+from tokenmill.engine.models.gemma4 import Gemma4Experts, per_layer_inputs
 from tokenmill.engine.models.latent_attention import LatentSelfAttention
 from tokenmill.engine.models.moe import SparseMoeBlock
 
@@ -80,10 +80,13 @@ class Attention(nn.Module):
     head size) where layers differ (Gemma 4, on one rank)."""
 
     def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup, window: int | None = None,
-                 shape: tuple[int, int] | None = None):
+                 shape: tuple[int, int] | None = None, reads_earlier_kv: bool = False):
+        """`reads_earlier_kv`: the layer's keys and values are an earlier layer's (Gemma 4's
+        shared KV), in the cache view it is given: it has a query projection only."""
         super().__init__()
         flags = flags_of(config)
         self.tp = tp
+        self.reads_earlier_kv = reads_earlier_kv
         self.num_heads = plan.num_heads
         self.num_kv_heads, self.head_dim = shape or (plan.num_kv_heads, plan.head_dim)
         # Gemma 4's full-attention layers take their values from the keys' projection.
@@ -96,8 +99,10 @@ class Attention(nn.Module):
         hidden = config.hidden_size
         kv_size = self.num_kv_heads * self.head_dim
         parts = {"q_proj": self.num_heads * self.head_dim, "k_proj": kv_size, "v_proj": kv_size}
-        if self.values_from_keys:
+        if self.values_from_keys or reads_earlier_kv:
             del parts["v_proj"]
+        if reads_earlier_kv:
+            del parts["k_proj"]
         self.qkv_proj = MergedLinear(hidden, parts, bias=qkv_bias)
         # Seed-OSS sets the output projection's bias apart (attention_out_bias); GLM-4 has none.
         out_bias = bool(getattr(config, "attention_out_bias", bias)) and \
@@ -108,7 +113,8 @@ class Attention(nn.Module):
                                     bool(getattr(config, "use_qk_norm", False)))
         if qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, flags.gemma)
-            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, flags.gemma)
+            if not reads_earlier_kv:
+                self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, flags.gemma)
         self.qk_norm = qk_norm
         self.qk_norm_after_rope = flags.qk_norm_after_rope
         self.projection_norm = flags.projection_qk_norm
@@ -137,6 +143,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: RopeRows | RopeKernel | None,
                 kv_cache: KVLayer, meta: AttentionMetadata) -> torch.Tensor:
         tokens = x.shape[0]
+        if self.reads_earlier_kv:
+            return self._read_earlier_kv(x, rope, kv_cache, meta)
         if self.values_from_keys:
             q, k = self.qkv_proj(x)
             v = k
@@ -159,6 +167,18 @@ class Attention(nn.Module):
         if self.qk_norm and self.qk_norm_after_rope:
             q, k = self._norm_heads(q, k, meta.backend)
         store_kv(k, v, kv_cache, meta)
+        o = attention(q, kv_cache, meta, self.scores, self.sinks)
+        return self.tp.all_reduce(self.o_proj(o.reshape(tokens, -1)))
+
+    def _read_earlier_kv(self, x: torch.Tensor, rope: RopeRows | RopeKernel | None,
+                         kv_cache: KVLayer, meta: AttentionMetadata) -> torch.Tensor:
+        """Queries only, over the keys and values an earlier layer stored this step."""
+        tokens = x.shape[0]
+        q = self.qkv_proj(x)[0].view(tokens, self.num_heads, self.head_dim)
+        if self.qk_norm:
+            q = self.q_norm(q, backend=meta.backend)[0]
+        if rope is not None:  # no keys of its own: an empty slice of q stands in
+            q, _ = rope.rotate(q, q[:, :0])
         o = attention(q, kv_cache, meta, self.scores, self.sinks)
         return self.tp.all_reduce(self.o_proj(o.reshape(tokens, -1)))
 
@@ -187,12 +207,13 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """This rank's slice of the MLP width; down_proj's partial sums are added across ranks."""
 
-    def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup):
+    def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup, widen: int = 1):
+        """`widen`: times the config's width (Gemma 4's double-wide MLP in shared-KV layers)."""
         super().__init__()
         self.activation = activation_of(config)
         self.tp = tp
         bias = bool(getattr(config, "mlp_bias", False) or getattr(config, "use_bias", False))
-        width = plan.intermediate_size
+        width = plan.intermediate_size * widen
         self.gated = not flags_of(config).ungated_mlp
         if self.gated:
             self.gate_up_proj = MergedLinear(
@@ -220,10 +241,12 @@ class DecoderLayer(nn.Module):
     then takes the add, and post_feedforward_layernorm normalizes the MLP's."""
 
     def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup, sparse: MoeShape | None,
-                 window: int | None = None, shape: tuple[int, int] | None = None):
+                 window: int | None = None, shape: tuple[int, int] | None = None,
+                 reads_earlier_kv: bool = False):
         """`sparse`: the mixture of experts this layer's feed-forward block is, None: a dense
         MLP. `window`: the sliding window its attention covers, None: the whole context.
-        `shape`: its attention's (KV heads, head size) where layers differ."""
+        `shape`: its attention's (KV heads, head size) where layers differ;
+        `reads_earlier_kv`: its keys and values are an earlier layer's (Gemma 4)."""
         super().__init__()
         flags = flags_of(config)
 
@@ -235,7 +258,7 @@ class DecoderLayer(nn.Module):
         if not flags.olmo:
             self.input_layernorm = norm()
         self.self_attn = LatentSelfAttention(config, plan, tp) if flags.latent_attention \
-            else Attention(config, plan, tp, window, shape)
+            else Attention(config, plan, tp, window, shape, reads_earlier_kv)
         if not self.parallel:
             self.post_attention_layernorm = norm()
         self.sandwich = flags.sandwich_norms
@@ -249,7 +272,8 @@ class DecoderLayer(nn.Module):
             self.feed_forward = sparse.names.block
             setattr(self, sparse.names.block, SparseMoeBlock(config.hidden_size, sparse, tp))
         else:
-            self.mlp = MLP(config, plan, tp)
+            double = reads_earlier_kv and bool(getattr(config, "use_double_wide_mlp", False))
+            self.mlp = MLP(config, plan, tp, widen=2 if double else 1)
         # Granite scales each branch's output as it joins the residual stream.
         self.branch_scale = float(config.residual_multiplier) if flags.granite else None
         # Gemma 4 multiplies the stream by a learned scalar at the end of each layer.
@@ -259,10 +283,20 @@ class DecoderLayer(nn.Module):
             getattr(config, "enable_moe_block", False) else None
         if self.moe is not None:
             self.post_feedforward_layernorm_1 = norm()
+        # Gemma 4 E2B and E4B: each layer's input embedding, gated by the stream, added to it.
+        per_layer = int(getattr(config, "hidden_size_per_layer_input", 0) or 0) \
+            if flags.gemma4 else 0
+        self.per_layer_input_gate = nn.Linear(config.hidden_size, per_layer, bias=False) \
+            if per_layer else None
+        if per_layer:
+            self.per_layer_projection = nn.Linear(per_layer, config.hidden_size, bias=False)
+            self.post_per_layer_input_norm = norm()
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
                 rope: RopeRows | RopeKernel | None, kv_cache: KVLayer,
-                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
+                meta: AttentionMetadata,
+                per_layer_input: torch.Tensor | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: the previous layer's MLP output, not yet in `residual` (layer 0: the embeddings,
         and no residual yet). Returns this layer's MLP output and the stream before it (Gemma
         4: the stream after it, and None)."""
@@ -283,7 +317,10 @@ class DecoderLayer(nn.Module):
                 self.moe(residual, meta.backend)
         x = self.post_feedforward_layernorm(x, None, meta.backend)[0]
         if self.layer_scalar is not None:  # the stream whole, scaled: no residual carried
-            return (residual + x) * self.layer_scalar, None
+            stream = residual + x
+            if self.per_layer_input_gate is not None:
+                stream = stream + self._per_layer_input(stream, per_layer_input, meta.backend)
+            return stream * self.layer_scalar, None
         return x, residual
 
     def _post_norms_forward(self, x: torch.Tensor, residual: torch.Tensor | None,
@@ -295,6 +332,13 @@ class DecoderLayer(nn.Module):
         residual = residual + self.post_attention_layernorm(x, None, meta.backend)[0]
         x = getattr(self, self.feed_forward)(residual, meta.backend)
         return self.post_feedforward_layernorm(x, None, meta.backend)[0], residual
+
+    def _per_layer_input(self, stream: torch.Tensor, per_layer_input: torch.Tensor,
+                         backend: str) -> torch.Tensor:
+        """Gemma 4's per-layer input: gated by the stream, projected back, normalized."""
+        gated = ungated_act(self.per_layer_input_gate(stream), self.mlp.activation)
+        projected = self.per_layer_projection(gated * per_layer_input)
+        return self.post_per_layer_input_norm(projected, None, backend)[0]
 
     def _parallel_forward(self, x: torch.Tensor, residual: torch.Tensor | None,
                           rope: RopeRows | RopeKernel | None, kv_cache: KVLayer,
@@ -322,10 +366,22 @@ class DecoderModel(nn.Module):
         moe = moe_shape_of(config)
         windows = [layer_window_of(config, i) for i in range(config.num_hidden_layers)]
         shapes = layer_attention_shapes(config)
+        sources = kv_sources(config) or range(config.num_hidden_layers)
         self.layers = nn.ModuleList(
             DecoderLayer(config, plan, tp, moe if moe is not None and moe.is_sparse(i) else None,
-                         windows[i], shapes[i] if shapes else None)
+                         windows[i], shapes[i] if shapes else None, sources[i] != i)
             for i in range(config.num_hidden_layers))
+        # Gemma 4 E2B and E4B: a small input embedding per layer (models/gemma4.py).
+        per_layer = int(getattr(config, "hidden_size_per_layer_input", 0) or 0) \
+            if flags.gemma4 else 0
+        self.per_layer = per_layer > 0
+        if self.per_layer:
+            layers = config.num_hidden_layers
+            self.embed_tokens_per_layer = nn.Embedding(config.vocab_size_per_layer_input,
+                                                       layers * per_layer)
+            self.per_layer_model_projection = nn.Linear(config.hidden_size, layers * per_layer,
+                                                        bias=False)
+            self.per_layer_projection_norm = RMSNorm(per_layer, config.rms_norm_eps)
         self.norm = decoder_norm(config, config.hidden_size)
         self.config, self.max_positions = config, max_positions
         self.rotary, self.rotary_local = self.rotary_tables()
@@ -370,11 +426,13 @@ class DecoderModel(nn.Module):
             rope = scaled_queries(rope, positions, x.dtype, self.temperature)
             if rope_local is not None:
                 rope_local = scaled_queries(rope_local, positions, x.dtype, self.temperature)
+        own = per_layer_inputs(self, input_ids, x) if self.per_layer else None
         residual = None
         for index, (layer, local, rotates, kv_cache) in enumerate(zip(
                 self.layers, self.local_rope, self.rotates, kv_caches, strict=True)):
             turn = (rope_local if local else rope) if rotates else None
-            x, residual = layer(x, residual, turn, kv_cache, meta)
+            x, residual = layer(x, residual, turn, kv_cache, meta,
+                                None if own is None else own[:, index])
             for row, rows in deep:  # x is the layer's output not yet in the residual stream
                 if rows.shape[1] > index * width:
                     x[row:row + rows.shape[0]] += rows[:, index * width:(index + 1) * width]

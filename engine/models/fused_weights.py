@@ -76,7 +76,7 @@ GLM4_NORMS = {"post_self_attn_layernorm": "post_attention_layernorm",
               "post_mlp_layernorm": "post_feedforward_layernorm"}
 
 
-# Gemma 4's expert block, kept on the layer, read under its `moe` (models/gemma4_experts.py).
+# Gemma 4's expert block, kept on the layer, read under its `moe` (models/gemma4.py).
 GEMMA4_EXPERT_BLOCK = ("router.", "experts.", "pre_feedforward_layernorm_2.",
                        "post_feedforward_layernorm_2.")
 

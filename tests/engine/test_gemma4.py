@@ -1,10 +1,10 @@
 """Gemma 4's text model (`Gemma4ForCausalLM`, and the language model of
 `Gemma4ForConditionalGeneration`): sliding layers of one head size and full-attention layers of
 another, with fewer KV heads whose values are the keys' projection; q, k and v normalized per
-head, scores unscaled, proportional rotary on the full layers, a learned scalar per layer; and
-26B-A4B's experts beside the MLP.
+head, scores unscaled, proportional rotary on the full layers, a learned scalar per layer;
+26B-A4B's experts beside the MLP; E2B's and E4B's per-layer inputs and shared KV.
 Greedy output and log-probabilities equal transformers (batched, chunked, from the prefix
-cache); each layer's KV view has its own shape in one pool; what is not computed is refused."""
+cache); each layer's KV view has its own shape in one pool; tensor parallelism is refused."""
 
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from safetensors.torch import load_file, save_file
 
 from tokenmill.engine import LLM, SamplingParams
 from tokenmill.engine.contract.config import ConfigError
-from tokenmill.engine.models.source import ModelLoadError
 
 MAX_NEW = 8
 ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=8, max_num_batched_tokens=32,
@@ -36,7 +35,7 @@ def _make(directory: str, config, tokenizer) -> str:
     path = f"{directory}/model.safetensors"
     tensors = load_file(path)
     scalars = [name for name in tensors if name.endswith("layer_scalar")]
-    assert len(scalars) == len(LAYERS)
+    assert len(scalars) == config.num_hidden_layers
     for i, name in enumerate(scalars):
         tensors[name] = torch.tensor([0.6 + 0.3 * i])
     save_file(tensors, path, metadata={"format": "pt"})
@@ -104,18 +103,26 @@ def test_an_int8_kv_cache_stays_close(gemma4_dir, reference, vocab_tokenizer):
         assert got == pytest.approx(hf_logprobs(reference, prompt, out.token_ids), abs=0.15)
 
 
-@pytest.mark.parametrize(("changes", "named"), [
-    (dict(hidden_size_per_layer_input=16, vocab_size_per_layer_input=64),
-     "per-layer input embeddings"),
-    (dict(num_kv_shared_layers=2), "KV shared across layers"),
-])
-def test_what_is_not_computed_is_refused_by_name(tmp_path, vocab_tokenizer, changes, named):
-    config = gemma4_config(len(vocab_tokenizer), **changes)
-    config.architectures = ["Gemma4ForCausalLM"]
-    config.save_pretrained(str(tmp_path))
-    vocab_tokenizer.save_pretrained(str(tmp_path))
-    with pytest.raises(ModelLoadError, match=f"Gemma 4's .*{named}.* not supported"):
-        LLM(str(tmp_path), **ENGINE)
+def test_per_layer_inputs_and_shared_kv_equal_transformers(tmp_path, vocab_tokenizer):
+    """E2B's and E4B's layers: a small input embedding per layer gated into the stream, the
+    last two layers reading the keys and values of the last layer of their kind before them
+    (no pool rows of their own) with an MLP twice as wide."""
+    config = gemma4_config(len(vocab_tokenizer), num_hidden_layers=6,
+                           layer_types=LAYERS + LAYERS[:2], hidden_size_per_layer_input=8,
+                           vocab_size_per_layer_input=len(vocab_tokenizer),
+                           num_kv_shared_layers=2, use_double_wide_mlp=True)
+    directory = _make(str(tmp_path), config, vocab_tokenizer)
+    reference = hf_reference(directory)
+    prompts = mixed_prompts(vocab_tokenizer)
+    expected = [hf_greedy(reference, p, MAX_NEW) for p in prompts]
+    with LLM(directory, **ENGINE) as llm:
+        runner = llm.engine.runner
+        assert runner.kv_pool.shape[0] == 4  # the storing layers only
+        caches = runner.kv_caches
+        assert [c.k.data_ptr() for c in caches[4:]] == [c.k.data_ptr() for c in caches[2:4]]
+        assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected
+        runs = greedy_three_ways(llm, prompts, MAX_NEW)
+    assert runs == {"batched": expected, "again": expected, "alone": expected[-2:]}
 
 
 def test_tensor_parallelism_is_refused(gemma4_dir):

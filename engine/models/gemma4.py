@@ -1,11 +1,18 @@
-"""Gemma 4's expert block (26B-A4B): beside each layer's dense MLP, experts chosen per token
-from the residual stream, their sum normalized and added to the MLP's output.
+"""Gemma 4's parts of its own: the expert block of 26B-A4B and the per-layer inputs of E2B
+and E4B.
+
+The expert block: beside each layer's dense MLP, experts chosen per token from the residual
+stream, their sum normalized and added to the MLP's output.
 
 The router normalizes the stream (no weight), scales it by its own `scale` over the square
 root of the hidden size, projects it to one logit per expert, and keeps the top_k of the
 softmax, renormalized and each times its expert's `per_expert_scale`. The experts read the
 stream through pre_feedforward_layernorm_2; transformers keeps them as two stacked tensors
 per layer, read here as ordinary experts (fused_weights.py).
+
+The per-layer inputs: a second embedding table gives each token one small vector per layer;
+added to a projection of the token's embedding (normalized per layer), each layer gates it by
+its stream and adds it back (decoder.py).
 """
 
 from __future__ import annotations
@@ -64,3 +71,17 @@ class Gemma4Experts(nn.Module):
         out = experts_sum(x, weights, ids, len(self.experts),
                           lambda e, rows: self.experts[e](rows, backend))
         return self.post_feedforward_layernorm_2(out, None, backend)[0]
+
+
+def per_layer_inputs(model: nn.Module, input_ids: torch.Tensor,
+                     embeddings: torch.Tensor) -> torch.Tensor:
+    """[tokens, layers, width] of a model holding embed_tokens_per_layer,
+    per_layer_model_projection and per_layer_projection_norm; `embeddings` the main ones,
+    scaled."""
+    table = model.embed_tokens_per_layer
+    layers = model.config.num_hidden_layers
+    width = table.weight.shape[1] // layers
+    own = table(input_ids) * torch.tensor(width ** 0.5, dtype=table.weight.dtype).item()
+    projected = model.per_layer_model_projection(embeddings) * embeddings.shape[-1] ** -0.5
+    projected = model.per_layer_projection_norm(projected.view(-1, layers, width))[0]
+    return (projected + own.view(-1, layers, width)) * 2 ** -0.5
