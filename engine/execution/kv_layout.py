@@ -52,21 +52,18 @@ class KVCacheLayout:
         if latent is not None:
             return cls(model_config.num_hidden_layers, 1, latent.latent_dim, block_size, dtype,
                        planes=1)
+        plan = ShardPlan.for_model(model_config, 0, tp_size)
+        layers = model_config.num_hidden_layers
         shapes = layer_attention_shapes(model_config)
         sources = kv_sources(model_config)
-        if shapes or sources:
-            layers = model_config.num_hidden_layers
-            if not shapes:
-                plan = ShardPlan.for_model(model_config, 0, tp_size)
-                shapes = [(plan.num_kv_heads, plan.head_dim)] * layers
-            heads, dim = max(shapes, key=lambda shape: (shape[0] * shape[1], shape[0]))
-            storing = sorted(set(sources or range(layers)))
-            pool = tuple(storing.index(source) for source in sources) if sources else None
-            return cls(len(storing), heads, dim, block_size, dtype, layer_shapes=tuple(shapes),
-                       pool_layers=pool)
-        plan = ShardPlan.for_model(model_config, 0, tp_size)
-        return cls(model_config.num_hidden_layers, plan.num_kv_heads, plan.head_dim, block_size,
-                   dtype)
+        if not (shapes or sources):
+            return cls(layers, plan.num_kv_heads, plan.head_dim, block_size, dtype)
+        shapes = shapes or [(plan.num_kv_heads, plan.head_dim)] * layers
+        heads, dim = max(shapes, key=lambda shape: (shape[0] * shape[1], shape[0]))
+        storing = sorted(set(sources or range(layers)))
+        pool = tuple(storing.index(source) for source in sources) if sources else None
+        return cls(len(storing), heads, dim, block_size, dtype, layer_shapes=tuple(shapes),
+                   pool_layers=pool)
 
     def layer_shape(self, layer: int) -> tuple[int, int]:
         """Layer `layer`'s (KV heads, head size)."""

@@ -41,7 +41,11 @@ from tokenmill.engine.models.architecture import (
     moe_shape_of,
     rotates_at,
 )
-from tokenmill.engine.models.gemma4 import Gemma4Experts, per_layer_inputs
+from tokenmill.engine.models.gemma4 import (
+    Gemma4Experts,
+    per_layer_input_width,
+    per_layer_inputs,
+)
 from tokenmill.engine.models.latent_attention import LatentSelfAttention
 from tokenmill.engine.models.moe import SparseMoeBlock
 
@@ -284,8 +288,7 @@ class DecoderLayer(nn.Module):
         if self.moe is not None:
             self.post_feedforward_layernorm_1 = norm()
         # Gemma 4 E2B and E4B: each layer's input embedding, gated by the stream, added to it.
-        per_layer = int(getattr(config, "hidden_size_per_layer_input", 0) or 0) \
-            if flags.gemma4 else 0
+        per_layer = per_layer_input_width(config) if flags.gemma4 else 0
         self.per_layer_input_gate = nn.Linear(config.hidden_size, per_layer, bias=False) \
             if per_layer else None
         if per_layer:
@@ -372,8 +375,7 @@ class DecoderModel(nn.Module):
                          windows[i], shapes[i] if shapes else None, sources[i] != i)
             for i in range(config.num_hidden_layers))
         # Gemma 4 E2B and E4B: a small input embedding per layer (models/gemma4.py).
-        per_layer = int(getattr(config, "hidden_size_per_layer_input", 0) or 0) \
-            if flags.gemma4 else 0
+        per_layer = per_layer_input_width(config) if flags.gemma4 else 0
         self.per_layer = per_layer > 0
         if self.per_layer:
             layers = config.num_hidden_layers

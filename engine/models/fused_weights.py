@@ -81,12 +81,11 @@ GEMMA4_EXPERT_BLOCK = ("router.", "experts.", "pre_feedforward_layernorm_2.",
                        "post_feedforward_layernorm_2.")
 
 
-# Hunyuan's q and k norms, under the names of Qwen3's.
-HUNYUAN_QK_NORMS = {"query_layernorm": "q_norm", "key_layernorm": "k_norm"}
-
-
-# StarCoder 2's MLP without a gate, under the names of Arcee's.
-STARCODER2_MLP = {"c_fc": "up_proj", "c_proj": "down_proj"}
+# Modules a family names its own way, by model type: (their parent, {its name: ours}).
+# Hunyuan's q and k norms under Qwen3's names; StarCoder 2's MLP without a gate under Arcee's.
+MODULE_NAMES = {"hunyuan_v1_dense": ("self_attn", {"query_layernorm": "q_norm",
+                                                   "key_layernorm": "k_norm"}),
+                "starcoder2": ("mlp", {"c_fc": "up_proj", "c_proj": "down_proj"})}
 
 
 # MiniMax-M2 and ERNIE 4.5 keep their routing's correction bias beside the router, not in it.
@@ -109,14 +108,10 @@ def renamed(config: Any, name: str) -> str:
         index, _, part = rest.partition(".")
         if sep and part.startswith(GEMMA4_EXPERT_BLOCK):
             return f"{layer}.layers.{index}.moe.{part}"
-    if getattr(config, "model_type", None) == "hunyuan_v1_dense":
-        for stored, ours in HUNYUAN_QK_NORMS.items():
-            if f".self_attn.{stored}." in name:
-                return name.replace(f".self_attn.{stored}.", f".self_attn.{ours}.")
-    if getattr(config, "model_type", None) == "starcoder2":
-        for stored, ours in STARCODER2_MLP.items():
-            if f".mlp.{stored}." in name:
-                return name.replace(f".mlp.{stored}.", f".mlp.{ours}.")
+    parent, names = MODULE_NAMES.get(getattr(config, "model_type", None), ("", {}))
+    for stored, ours in names.items():
+        if f".{parent}.{stored}." in name:
+            return name.replace(f".{parent}.{stored}.", f".{parent}.{ours}.")
     if getattr(config, "model_type", None) == "glm4":
         module, _, attr = name.rpartition(".")
         parent, _, kind = module.rpartition(".")

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tokenmill.engine.layers.moe import experts_sum
+from tokenmill.engine.layers.moe import experts_sum, route
 from tokenmill.engine.layers.norm import RMSNorm, unit_rms_norm
 from tokenmill.engine.models.architecture import MoeNames
 from tokenmill.engine.models.moe import Expert, Router
@@ -42,9 +42,7 @@ class Gemma4Router(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [rows, top_k] float32, expert ids [rows, top_k])."""
         h = unit_rms_norm(x, self.eps) * self.scale * self.root
-        probs = torch.softmax(self.proj(h), dim=-1, dtype=torch.float32)
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights, ids = route(self.proj(h), self.top_k, renormalize=True)
         return weights * self.per_expert_scale[ids], ids
 
 
@@ -71,6 +69,11 @@ class Gemma4Experts(nn.Module):
         out = experts_sum(x, weights, ids, len(self.experts),
                           lambda e, rows: self.experts[e](rows, backend))
         return self.post_feedforward_layernorm_2(out, None, backend)[0]
+
+
+def per_layer_input_width(config: Any) -> int:
+    """The width of each layer's input embedding (E2B's and E4B's), 0 where there is none."""
+    return int(getattr(config, "hidden_size_per_layer_input", 0) or 0)
 
 
 def per_layer_inputs(model: nn.Module, input_ids: torch.Tensor,
