@@ -64,6 +64,44 @@ def layer_attention_shapes(config: Any) -> list[tuple[int, int]] | None:
     return None if len(set(shapes)) == 1 else shapes
 
 
+@dataclass(frozen=True)
+class LinearAttention:
+    """A gated delta net's shape (Qwen3.5's and Qwen3-Next's linear-attention layers): keys
+    and queries of `num_k_heads` heads of `key_dim`, values of `num_v_heads` heads of
+    `value_dim` (each key head serves num_v_heads // num_k_heads of them), through a causal
+    convolution of `conv_kernel` taps. Each sequence carries a state per such layer in place
+    of keys and values: the convolution's last conv_kernel - 1 inputs and one
+    [key_dim, value_dim] matrix per value head."""
+
+    num_k_heads: int
+    num_v_heads: int
+    key_dim: int
+    value_dim: int
+    conv_kernel: int
+
+    @property
+    def conv_channels(self) -> int:
+        """What the convolution mixes: the queries, keys and values side by side."""
+        return 2 * self.num_k_heads * self.key_dim + self.num_v_heads * self.value_dim
+
+
+def linear_attention_of(config: Any) -> LinearAttention | None:
+    """The gated delta net of a config whose layer_types name "linear_attention" layers, None
+    for any other."""
+    if "linear_attention" not in (getattr(config, "layer_types", None) or ()):
+        return None
+    return LinearAttention(int(config.linear_num_key_heads), int(config.linear_num_value_heads),
+                           int(config.linear_key_head_dim), int(config.linear_value_head_dim),
+                           int(config.linear_conv_kernel_dim))
+
+
+def linear_attention_layers(config: Any) -> list[int]:
+    """The decoder layers that are gated delta nets (no keys and values cached)."""
+    if linear_attention_of(config) is None:
+        return []
+    return [i for i, kind in enumerate(config.layer_types) if kind == "linear_attention"]
+
+
 def kv_sources(config: Any) -> list[int] | None:
     """Each decoder layer's source of keys and values where some layers read an earlier one's
     (Gemma 4 E2B and E4B: the last num_kv_shared_layers layers read the last layer of their

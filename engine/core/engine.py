@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from tokenmill.engine.contract.config import ConfigError, EngineConfig
+from tokenmill.engine.contract.model_shape import linear_attention_of
 from tokenmill.engine.contract.pooling import TASK_LACKS, TASK_SERVED, Pooler
 from tokenmill.engine.core.detokenizer import IncrementalDetokenizer
 from tokenmill.engine.core.errors import (
@@ -149,6 +150,10 @@ class LLMEngine:
         if config.enable_lora and flags_of(self.model_config).latent_attention:
             raise ConfigError("enable_lora", f"LoRA adapters are not served on "
                               f"{architecture_of(self.model_config)}'s latent attention")
+        if config.speculative() is not None and linear_attention_of(self.model_config):
+            raise ConfigError("speculative_config", "speculative decoding is not served on "
+                              f"{architecture_of(self.model_config)}'s linear-attention "
+                              "layers (their state cannot take back a rejected token)")
         tp_size = config.tensor_parallel_size
         if not self.encoder:
             check_tensor_parallel(self.model_config, tp_size)
@@ -198,12 +203,18 @@ class LLMEngine:
         self._download_seconds = source.download_seconds
         log.info("model loaded", extra={"model": config.model, **self._load_log_fields()})
         num_blocks = self.runner.num_blocks
-        # MEAN and CLS pooling read every prompt token's hidden state: nothing can be skipped.
+        # MEAN and CLS pooling read every prompt token's hidden state: nothing can be skipped;
+        # nor can a linear-attention layer's state be resumed from cached blocks.
+        recurrent = self.runner.states is not None
         prefix_caching = config.enable_prefix_caching and not self.encoder and (
-            self.pooler is None or self.pooler.pooling_type == "LAST")
+            self.pooler is None or self.pooler.pooling_type == "LAST") and not recurrent
+        if recurrent and config.enable_prefix_caching:
+            log.info("prefix caching off: linear-attention layers keep a state per sequence, "
+                     "not per block", extra={"model": config.model})
         self.kv = KVCacheManager(num_blocks, config.block_size, prefix_caching,
                                  layout=self.runner.layout,
-                                 num_host_blocks=self.runner.num_host_blocks)
+                                 num_host_blocks=self.runner.num_host_blocks,
+                                 state_slots=config.max_num_seqs if recurrent else 0)
         proposer = make_proposer(speculative, draft, num_blocks, self.max_model_len,
                                  config.max_num_batched_tokens)
         self.speculation_stats = proposer.stats if proposer else SpeculationStats()
@@ -565,8 +576,9 @@ class LLMEngine:
         return self.kv.stats(slots)
 
     def memory_report(self) -> dict[str, Any]:
-        """What the weights and the KV pool take (one rank's shard of each under tensor
-        parallelism): the figures quantization changes."""
+        """What the weights, the KV pool and a linear-attention model's recurrent states take
+        (one rank's shard of each under tensor parallelism): the figures quantization
+        changes."""
         stats = self.kv.stats()
         return {"tensor_parallel_size": self.config.tensor_parallel_size,
                 "quantization": self.quantization,
@@ -576,7 +588,9 @@ class LLMEngine:
                 "kv_bytes_per_token": stats.bytes_per_token,
                 "kv_tokens_per_gib": stats.tokens_per_gib,
                 "kv_capacity_tokens": stats.num_blocks * self.config.block_size,
-                "kv_pool_bytes": stats.num_blocks * self.runner.layout.bytes_per_block}
+                "kv_pool_bytes": stats.num_blocks * self.runner.layout.bytes_per_block,
+                "recurrent_state_bytes": self.runner.states.nbytes if self.runner.states
+                else 0}
 
     def load_report(self) -> dict[str, float]:
         """What fetching and loading the model took (rank 0's shard under tensor
@@ -694,7 +708,8 @@ class LLMEngine:
             inputs = build_step_inputs(plan.scheduled, self.config.block_size,
                                        block_copies=plan.block_copies,
                                        transfers=(plan.kv_to_host, plan.kv_to_device),
-                                       lora_loads=plan.lora_loads)
+                                       lora_loads=plan.lora_loads,
+                                       state_copies=plan.state_copies)
             logits = self.runner.execute(inputs)
         except RuntimeError:
             if self.workers is not None:  # a collective failed: name the worker that died

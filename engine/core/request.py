@@ -104,6 +104,9 @@ class Sequence:
         # the device slot holding it (-1 otherwise).
         self.lora = lora
         self.lora_slot = -1
+        # Its recurrent-state slot while it holds one (a model with linear-attention layers,
+        # kv_cache/state_slots.py), -1 otherwise.
+        self.state_slot = -1
         # Token ids of params.bad_words (each spelling), set by the engine when it tokenizes.
         self.bad_word_ids: list[list[int]] = []
         # An embedding request's pooling.SequencePooling (how it pools, its sums so far); None

@@ -85,6 +85,8 @@ class SchedulerOutput:
     kv_to_host: list[tuple[int, int]] = field(default_factory=list)
     kv_to_device: list[tuple[int, int]] = field(default_factory=list)
     lora_loads: list[tuple[int, str]] = field(default_factory=list)  # (slot, adapter directory)
+    # Recurrent-state copies (source slot, fork's slot) of forks since the last step.
+    state_copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -168,6 +170,7 @@ class Scheduler:
         if len(out.preempted) == preempted_for_waiting:  # no running sequence short of blocks
             self._admit(out, budget)
         out.kv_to_host, out.kv_to_device = self.kv.take_transfers()
+        out.state_copies = self.kv.take_state_copies()
         if self.lora is not None:
             out.lora_loads = self.lora.take_loads()
         return out

@@ -16,14 +16,17 @@ def build_step_inputs(scheduled: list[tuple[Sequence, int]], block_size: int,
                       all_logits: bool = False,
                       block_copies: list[tuple[int, int]] | None = None,
                       transfers: tuple[list[tuple[int, int]], list[tuple[int, int]]] = ([], []),
-                      lora_loads: list[tuple[int, str]] | None = None) -> StepInputs:
+                      lora_loads: list[tuple[int, str]] | None = None,
+                      state_copies: list[tuple[int, int]] | None = None) -> StepInputs:
     """Sequences with their number of new tokens, in the order the runner lays out rows.
     all_logits asks for every new token's logits (scoring a text), not only the last's;
     transfers are the host tier's (to host, to device) copies (KVCacheManager.take_transfers);
-    lora_loads the adapters to put in device slots first (LoRASlotTable.take_loads)."""
+    lora_loads the adapters to put in device slots first (LoRASlotTable.take_loads);
+    state_copies the recurrent states to copy to forks first (KVCacheManager.take_state_copies)."""
     inputs = StepInputs(block_copies=list(block_copies or []), all_logits=all_logits,
                         kv_to_host=list(transfers[0]), kv_to_device=list(transfers[1]),
-                        lora_loads=list(lora_loads or []))
+                        lora_loads=list(lora_loads or []),
+                        state_copies=list(state_copies or []))
     rare = False  # a sequence with images, pooling or prompt logprobs: the rows below
     for seq, num_new in scheduled:
         start = seq.num_computed_tokens
@@ -33,7 +36,8 @@ def build_step_inputs(scheduled: list[tuple[Sequence, int]], block_size: int,
         if seq.spec_tokens:  # its last token, then its proposals: a logit row for each
             inputs.add_sequence(seq.token_slice(start, start + 1) + seq.spec_tokens, start,
                                 seq.block_table, block_size, num_logits=num_new,
-                                lora_slot=seq.lora_slot, position_shift=shift)
+                                lora_slot=seq.lora_slot, position_shift=shift,
+                                state_slot=seq.state_slot)
             continue
         first_row = len(inputs.input_ids)
         inputs.sampled_ids |= seq.awaits_token
@@ -42,7 +46,8 @@ def build_step_inputs(scheduled: list[tuple[Sequence, int]], block_size: int,
         samples = seq.pooling is None and start + num_new == seq.num_tokens
         inputs.add_sequence(seq.token_slice(start, start + num_new), start, seq.block_table,
                             block_size, num_logits=int(samples),
-                            lora_slot=seq.lora_slot, position_shift=shift)
+                            lora_slot=seq.lora_slot, position_shift=shift,
+                            state_slot=seq.state_slot)
         if seq.images:
             inputs.image_rows += rows_in_step(seq.images, start, start + num_new, first_row)
         rows = pooled_rows(seq, num_new)

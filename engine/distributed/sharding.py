@@ -24,6 +24,7 @@ from tokenmill.engine.contract.model_shape import (
     ModelShape,
     latent_attention_of,
     layer_attention_shapes,
+    linear_attention_of,
 )
 
 COLUMN_PARALLEL = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1", "w3",
@@ -47,6 +48,10 @@ def check_tensor_parallel(config: Any, size: int) -> None:
         raise ConfigError("tensor_parallel_size",
                           f"{size}: a model whose layers have heads of two sizes (Gemma 4) is "
                           "served on one rank; use 1")
+    if linear_attention_of(config) is not None:
+        raise ConfigError("tensor_parallel_size",
+                          f"{size}: a model with linear-attention layers (Qwen3.5, Qwen3-Next) "
+                          "is served on one rank; use 1")
     problems = ModelShape.of(config).problems(size)
     if problems:
         raise ConfigError("tensor_parallel_size",

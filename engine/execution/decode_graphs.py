@@ -13,7 +13,9 @@ to K+1: the step's tokens are packed first, and the rows after them, which no se
 are padding (slot -1, attention output zero, outputs dropped); padding sequences have no rows.
 
 Everything a graph reads lives at fixed addresses (step_buffers.py), each token row's LoRA
-adapter slot too (padding rows -1: no adapter), so one graph serves any mix of adapters.
+adapter slot too (padding rows -1: no adapter), so one graph serves any mix of adapters, and
+each sequence's recurrent-state slot (a linear-attention model's; padding sequences -1, the
+slot of no sequence).
 Where CUDA graphs do not exist (CPU), `ReplayedEagerly` keeps their contract, so the
 bucketed, padded, fixed-buffer path runs and is tested on every machine.
 """
@@ -122,7 +124,7 @@ class DecodeGraphs:
         start = time.perf_counter()
         # Largest first: the smaller graphs reuse its memory pool.
         for size in reversed(sizes):
-            self._fill(size, [], [], [], [], [], [])
+            self._fill(size, [], [], [], [], [], [], state_slots=[])
             self.graphs[size] = kind(lambda size=size: forward(size, query_len), pool)
         buffers.frozen = True
         log.info("captured step graphs", extra={
@@ -131,7 +133,8 @@ class DecodeGraphs:
 
     def _fill(self, size: int, input_ids: list[int], positions: list[int], slots: list[int],
               seq_lens: list[int], query_lens: list[int], block_tables: list[list[int]],
-              lora_slots: list[int] | None = None, sampled: torch.Tensor | None = None) -> None:
+              lora_slots: list[int] | None = None, sampled: torch.Tensor | None = None,
+              state_slots: list[int] | None = None) -> None:
         pad_seqs = size - len(seq_lens)
         pad_rows = size * self.query_len - len(input_ids)
         # Decode: a padding sequence owns its one padding row. Verify: padding rows are owned
@@ -141,7 +144,8 @@ class DecodeGraphs:
                           slots + [PAD_SLOT] * pad_rows, seq_lens + [1] * pad_seqs,
                           query_lens + [pad_query] * pad_seqs, block_tables + [[0]] * pad_seqs,
                           (lora_slots or [PAD_SLOT] * len(input_ids)) + [PAD_SLOT] * pad_rows,
-                          sampled)
+                          sampled,
+                          (state_slots or [PAD_SLOT] * len(seq_lens)) + [PAD_SLOT] * pad_seqs)
 
     def holds(self, query_lens: list[int]) -> bool:
         """Whether a step of these query lengths fits a graph of this set."""
@@ -151,15 +155,17 @@ class DecodeGraphs:
     def run(self, input_ids: list[int], positions: list[int], slots: list[int],
             seq_lens: list[int], query_lens: list[int], block_tables: list[list[int]],
             lora_slots: list[int] | None = None,
-            sampled: torch.Tensor | None = None) -> torch.Tensor | None:
+            sampled: torch.Tensor | None = None,
+            state_slots: list[int] | None = None) -> torch.Tensor | None:
         """Hidden states of the step's tokens, or None when no graph holds the step.
         lora_slots: each token row's adapter slot (None: none has one; padding rows none);
-        sampled: as StepBuffers.fill's."""
+        sampled, state_slots: as StepBuffers.fill's (padding sequences hold the slot of no
+        sequence)."""
         if not self.holds(query_lens):
             return None
         size = bucket_for(len(seq_lens), self.sizes)
         self._fill(size, input_ids, positions, slots, seq_lens, query_lens, block_tables,
-                   lora_slots, sampled)
+                   lora_slots, sampled, state_slots)
         graph = self.graphs[size]
         graph.replay()
         self.replays += 1

@@ -11,6 +11,7 @@ from tokenmill.engine.contract.model_shape import (
     kv_sources,
     latent_attention_of,
     layer_attention_shapes,
+    linear_attention_layers,
 )
 from tokenmill.engine.distributed.sharding import ShardPlan
 from tokenmill.engine.layers.kv_quant import is_quantized, kv_storage_dtype
@@ -41,8 +42,10 @@ class KVCacheLayout:
     planes: int = 2
     layer_shapes: tuple[tuple[int, int], ...] | None = None
     # Each model layer's layer of the pool, where some read an earlier layer's keys and values
-    # (Gemma 4's shared KV): the pool holds `num_layers` layers, the storing ones.
-    pool_layers: tuple[int, ...] | None = None
+    # (Gemma 4's shared KV) or keep none (None: a linear-attention layer, whose state lives
+    # beside the pool, models/recurrent_state.py): the pool holds `num_layers` layers, the
+    # storing ones.
+    pool_layers: tuple[int | None, ...] | None = None
 
     @classmethod
     def for_model(cls, model_config: Any, block_size: int, model_dtype: torch.dtype,
@@ -56,8 +59,14 @@ class KVCacheLayout:
         layers = model_config.num_hidden_layers
         shapes = layer_attention_shapes(model_config)
         sources = kv_sources(model_config)
-        if not (shapes or sources):
+        linear = set(linear_attention_layers(model_config))
+        if not (shapes or sources or linear):
             return cls(layers, plan.num_kv_heads, plan.head_dim, block_size, dtype)
+        if not (shapes or sources):  # linear-attention layers only: one shape
+            storing = [i for i in range(layers) if i not in linear]
+            pool = tuple(None if i in linear else storing.index(i) for i in range(layers))
+            return cls(len(storing), plan.num_kv_heads, plan.head_dim, block_size, dtype,
+                       pool_layers=pool)
         shapes = shapes or [(plan.num_kv_heads, plan.head_dim)] * layers
         heads, dim = max(shapes, key=lambda shape: (shape[0] * shape[1], shape[0]))
         storing = sorted(set(sources or range(layers)))
@@ -76,8 +85,9 @@ class KVCacheLayout:
         """The model's decoder layers (more than the pool's where some share)."""
         return self.num_layers if self.pool_layers is None else len(self.pool_layers)
 
-    def pool_layer(self, layer: int) -> int:
-        """The pool layer holding model layer `layer`'s keys and values."""
+    def pool_layer(self, layer: int) -> int | None:
+        """The pool layer holding model layer `layer`'s keys and values (None: it keeps
+        none, a linear-attention layer)."""
         return layer if self.pool_layers is None else self.pool_layers[layer]
 
     @property

@@ -98,6 +98,9 @@ def profile_memory(model: CausalLM, layout: KVCacheLayout, device: torch.device,
     `on_images` (rank 0 of a model that reads images) encodes the largest batch of images
     one step may, its activations joining the peak.
 
+    A model with linear-attention layers also holds its recurrent states for max_num_seqs
+    sequences in the step (they join the peak, as the real pool's will take that room).
+
     The temporary pool is freed (and the allocator's cache emptied) before this returns, so
     the real pool is allocated into memory nothing else holds. The model is only read.
     """
@@ -109,7 +112,7 @@ def profile_memory(model: CausalLM, layout: KVCacheLayout, device: torch.device,
         if on_images is not None:
             on_images()  # its rows are let go before the step: only its peak stays
         runner = ModelRunner(model, num_blocks, layout, device,
-                             attention_backend=attention_backend)
+                             attention_backend=attention_backend, state_slots=max_num_seqs)
         logits = runner.run(step)
         if on_logits is not None:
             on_logits(logits)

@@ -107,7 +107,8 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
     with phases.phase("kv_allocate"):
         runner = ModelRunner(model, num_blocks, layout, device,
                              attention_backend=setup.attention_backend,
-                             num_host_blocks=host_blocks, lora=lora)
+                             num_host_blocks=host_blocks, lora=lora,
+                             state_slots=config.max_num_seqs)
         runner.image_encoder = image_encoder
     phases.seconds["graph_capture"] = 0.0
     if graphs_wanted(device.type, setup.attention_backend, config.enforce_eager,

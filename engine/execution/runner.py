@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from tokenmill.engine.contract.model_shape import linear_attention_layers, linear_attention_of
 from tokenmill.engine.execution.decode_graphs import (
     DecodeGraphs,
     graph_batch_sizes,
@@ -17,6 +18,7 @@ from tokenmill.engine.execution.kv_offload import KVOffload
 from tokenmill.engine.execution.lora_slots import LoRASlots
 from tokenmill.engine.execution.pooled_rows import sum_spans
 from tokenmill.engine.execution.prompt_scores import score_rows
+from tokenmill.engine.execution.recurrent_states import RecurrentStates
 from tokenmill.engine.execution.step_buffers import StepBuffers
 from tokenmill.engine.execution.step_inputs import StepInputs
 from tokenmill.engine.execution.weight_offload import HostWeights
@@ -30,8 +32,12 @@ from tokenmill.engine.models.images import encode_images
 class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, layout: KVCacheLayout,
                  device: torch.device, attention_backend: str = "torch",
-                 num_host_blocks: int = 0, lora: LoRASlots | None = None):
+                 num_host_blocks: int = 0, lora: LoRASlots | None = None,
+                 state_slots: int = 0):
+        """`state_slots`: sequences whose recurrent states the pool holds at once, for a
+        model with linear-attention layers (--max-num-seqs; execution/recurrent_states.py)."""
         self.model = model
+        self.state_slots = state_slots
         self.attention_backend = attention_backend  # "torch" or "triton", already resolved
         self.device = device
         self.layout = layout
@@ -70,7 +76,12 @@ class ModelRunner:
         self.kv_pool = zeroed(layout.values_shape(num_blocks), layout.dtype, device)
         self.kv_scales = (zeroed(layout.scales_shape(num_blocks), SCALE_DTYPE, device)
                           if layout.quantized else None)
-        self.kv_caches = [self._layer_view(i) for i in range(layout.model_layers)]
+        linear = linear_attention_layers(self.model.config)
+        self.states = RecurrentStates(linear_attention_of(self.model.config), len(linear),
+                                      max(self.state_slots, 1), self.model.lm_head.weight.dtype,
+                                      device) if linear else None
+        self.kv_caches = [self._layer_view(i) if i not in linear else
+                          self.states.layer(linear.index(i)) for i in range(layout.model_layers)]
         self.offload = KVOffload(self._pool_tensors(), self.num_host_blocks, device) \
             if self.num_host_blocks else None
 
@@ -80,7 +91,7 @@ class ModelRunner:
         """Free the KV pool, its host tier and the graphs that address them; the contents are
         gone (the prefix cache must have forgotten every block)."""
         self.graphs = self.verify_graphs = None
-        self.kv_pool = self.kv_scales = self.offload = None
+        self.kv_pool = self.kv_scales = self.offload = self.states = None
         self.kv_caches = []
         self._free_device_cache()
 
@@ -185,7 +196,8 @@ class ModelRunner:
         verify_tokens = verify_sizes[-1] * verify_query_len if verify_sizes else 0
         self.buffers.reserve(max(max_num_batched_tokens, verify_tokens), max_num_seqs,
                              max_blocks)
-        kv_heads = min(cache.k.shape[2] for cache in self.kv_caches)
+        kv_heads = min(cache.k.shape[2] for cache in self.kv_caches
+                       if isinstance(cache, KVLayer))
 
         def forward(num_seqs: int, query_len: int) -> torch.Tensor:
             views = self.buffers.views(num_seqs * query_len, num_seqs)
@@ -221,6 +233,12 @@ class ModelRunner:
         if self.offload is not None:
             self.offload.run(inputs.kv_to_host, inputs.kv_to_device)
         self.copy_blocks(inputs.block_copies)
+        states = None
+        if self.states is not None:  # sequences starting in this step start from zero
+            states = inputs.state_slots
+            self.states.prepare([slot for slot, context, new in zip(
+                states, inputs.seq_lens, inputs.query_lens, strict=True)
+                if context == new], inputs.state_copies)
         if self.lora is not None:
             self.lora.apply(inputs.lora_loads)
         lora_slots = inputs.token_lora_slots()
@@ -236,11 +254,11 @@ class ModelRunner:
             if graphs is not None:
                 hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.slots,
                                     inputs.seq_lens, inputs.query_lens, inputs.block_tables,
-                                    lora_slots, sampled)
+                                    lora_slots, sampled, states)
         if hidden is None:
             views = self.buffers.fill(inputs.input_ids, inputs.positions, inputs.slots,
                                       inputs.seq_lens, inputs.query_lens, inputs.block_tables,
-                                      lora_slots, sampled)
+                                      lora_slots, sampled, states)
             if self.lora is not None:
                 self.lora.set_step(views.lora_slots, active=lora_slots is not None)
             meta = self.buffers.metadata(views, inputs.seq_lens, inputs.query_lens,
@@ -248,6 +266,7 @@ class ModelRunner:
             if inputs.visible_until:
                 meta.visible_until = list_to_device(inputs.visible_until, torch.long,
                                                     self.device)
+            meta.state_slots_list = inputs.state_slots
             typed = {} if not inputs.token_types else {"token_types": list_to_device(
                 inputs.token_types, torch.long, self.device)}
             if inputs.image_rows:

@@ -41,6 +41,7 @@ class StepTensors:
     query_start: torch.Tensor
     block_tables: torch.Tensor
     lora_slots: torch.Tensor  # each token row's LoRA adapter slot, PAD_SLOT for none
+    state_slots: torch.Tensor  # each sequence's recurrent-state slot, PAD_SLOT for none
 
 
 class StepBuffers:
@@ -59,9 +60,9 @@ class StepBuffers:
                                f"{max_blocks} blocks each exceeds the captured input buffers")
         max_blocks = aligned(max_blocks, TABLE_WIDTH_MULTIPLE)
         self.max_tokens, self.max_seqs, self.max_blocks = max_tokens, max_seqs, max_blocks
-        # ids, positions, KV slots and LoRA slots per token; context length and query start
-        # per sequence; each segment padded to an even length.
-        flat = 4 * aligned(max_tokens) + aligned(max_seqs) + max_seqs + 1
+        # ids, positions, KV slots and LoRA slots per token; context length, recurrent-state
+        # slot and query start per sequence; each segment padded to an even length.
+        flat = 4 * aligned(max_tokens) + 2 * aligned(max_seqs) + max_seqs + 1
         self._flat = torch.zeros(flat, dtype=torch.long, device=self.device)
         self._flat_host = torch.zeros(flat, dtype=torch.long, pin_memory=self._pin)
         self._tables = torch.zeros(max_seqs, max_blocks, dtype=torch.long, device=self.device)
@@ -85,16 +86,19 @@ class StepBuffers:
         return StepTensors(
             input_ids=flat[:n], positions=flat[t:t + n], slots=flat[2 * t:2 * t + n],
             lora_slots=flat[3 * t:3 * t + n], seq_lens=flat[4 * t:4 * t + num_seqs],
-            query_start=flat[4 * t + s:4 * t + s + num_seqs + 1],
+            state_slots=flat[4 * t + s:4 * t + s + num_seqs],
+            query_start=flat[4 * t + 2 * s:4 * t + 2 * s + num_seqs + 1],
             block_tables=self._tables[:num_seqs],
         )
 
     def fill(self, input_ids: list[int], positions: list[int], slots: list[int],
              seq_lens: list[int], query_lens: list[int], block_tables: list[list[int]],
              lora_slots: list[int] | None = None,
-             sampled: torch.Tensor | None = None) -> StepTensors:
+             sampled: torch.Tensor | None = None,
+             state_slots: list[int] | None = None) -> StepTensors:
         """Copy one step's lists in (two host-to-device copies) and return its views.
-        lora_slots: each token row's adapter slot (None: no row has one). sampled: the previous
+        lora_slots: each token row's adapter slot (None: no row has one); state_slots: each
+        sequence's recurrent-state slot (None: no model layer keeps one). sampled: the previous
         step's sampled tokens, still on the device, for input ids written as -1 - row (their
         row in it); their host copy need not have arrived (StepInputs.sampled_ids).
 
@@ -114,9 +118,10 @@ class StepBuffers:
         flat[2 * a:2 * a + t] = slots
         flat[3 * a:3 * a + t] = PAD_SLOT if lora_slots is None else lora_slots
         flat[4 * a:4 * a + s] = seq_lens
-        flat[4 * a + q] = 0
-        flat[4 * a + q + 1:4 * a + q + 1 + s] = list(accumulate(query_lens))
-        used = 4 * a + q + s + 1
+        flat[4 * a + q:4 * a + q + s] = PAD_SLOT if state_slots is None else state_slots
+        flat[4 * a + 2 * q] = 0
+        flat[4 * a + 2 * q + 1:4 * a + 2 * q + 1 + s] = list(accumulate(query_lens))
+        used = 4 * a + 2 * q + s + 1
         self._flat[:used].copy_(self._flat_host[:used], non_blocking=self._pin)
         rows = self._tables_host.numpy()  # row by row through numpy: a fraction of building
         written = self._written            # a tensor from padded nested lists
@@ -147,4 +152,5 @@ class StepBuffers:
             query_lens_list=query_lens, backend=backend,
             max_seq_len=max_seq_len if max_seq_len is not None else max(seq_lens),
             decode_splits=decode_splits, unowned_rows=unowned_rows,
+            state_slots=views.state_slots,
         )

@@ -66,16 +66,22 @@ class StepInputs:
     # and how many tokens it sampled (rank 0 broadcasts them to the other ranks).
     sampled_ids: bool = False
     num_sampled: int = 0
+    # Each sequence's recurrent-state slot (a model with linear-attention layers; -1: the
+    # slot of no sequence), and the copies (source, destination) of forks' states to run
+    # first.
+    state_slots: list[int] = field(default_factory=list)
+    state_copies: list[tuple[int, int]] = field(default_factory=list)
 
     def add_sequence(self, token_ids: list[int], start: int, block_table: list[int],
                      block_size: int, num_logits: int = 1, lora_slot: int = -1,
-                     position_shift: int = 0) -> None:
+                     position_shift: int = 0, state_slot: int = -1) -> None:
         """A sequence whose new tokens `token_ids` sit at positions start.. (its context ends
         with them), with logits for its last num_logits of them. position_shift: how far
         their rotary positions lie from their indices (images with 3-D positions before
         them)."""
         self.num_logits.append(num_logits)
         self.lora_slots.append(lora_slot)
+        self.state_slots.append(state_slot)
         end = start + len(token_ids)
         self.input_ids += token_ids
         if end - start == 1:  # a decode

@@ -37,6 +37,10 @@ class AttentionMetadata:
     # [num_tokens] int64: the last position each query sees, where some see past themselves
     # (an image's tokens attend to the whole image, both ways: Gemma 3); None: causal.
     visible_until: torch.Tensor | None = None
+    # [num_seqs] int64, and as a host list: each sequence's recurrent-state slot, where the
+    # model has linear-attention layers (layers/state_layer.py); None: no such layer.
+    state_slots: torch.Tensor | None = None
+    state_slots_list: list[int] = field(default_factory=list)
     # Per-step work that every layer shares (e.g. the torch path's decode buckets), built by the
     # first layer that needs it; keyed by whoever builds it.
     step_cache: dict[str, Any] = field(default_factory=dict, repr=False)

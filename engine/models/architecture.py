@@ -55,6 +55,17 @@ class ArchitectureFlags:
     # their values the keys' projection (attention_k_eq_v); q, k and v normalized per head (v
     # without a weight), scores unscaled; each layer's output times a learned scalar.
     gemma4: bool = False
+    # Qwen3.5 and Qwen3-Next: q_proj holds a gate per head beside its query; attention's
+    # output is multiplied by the gate's sigmoid before o_proj.
+    gated_attention: bool = False
+    # Qwen3.5 and Qwen3-Next: norms scale by 1 + weight, as Gemma's (and nothing else of
+    # Gemma's).
+    unit_offset_norms: bool = False
+
+    @property
+    def norms_add_one(self) -> bool:
+        """Whether RMSNorm weights are stored as offsets from 1."""
+        return self.gemma or self.unit_offset_norms
 
 
 SUPPORTED = {
@@ -150,6 +161,12 @@ SUPPORTED = {
     # of each head, and in every layer experts under Mixtral's names chosen by sigmoid score
     # plus a correction bias, renormalized.
     "MiniMaxM2ForCausalLM": ArchitectureFlags(moe="minimax", projection_qk_norm=True),
+    # Qwen3.5 (dense): three layers in four a gated delta net (linear attention with a
+    # state per sequence, models/gated_delta_net.py), the fourth gated attention with
+    # Qwen3's per-head q/k norms and rotary on a part of each head; norms scale by
+    # 1 + weight.
+    "Qwen3_5ForCausalLM": ArchitectureFlags(qk_norm=True, gated_attention=True,
+                                            unit_offset_norms=True),
 }
 # A supported decoder with a classification head instead of its LM head, as transformers names
 # it: LlamaForSequenceClassification, Qwen3ForSequenceClassification, ... (the pooling runner).
@@ -197,6 +214,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
                "glm4_moe_lite": "Glm4MoeLiteForCausalLM", "minimax_m2": "MiniMaxM2ForCausalLM",
                "dots1": "Dots1ForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
+               "qwen3_5_text": "Qwen3_5ForCausalLM",
                # The text models of Qwen's vision-language models: on text alone their
                # multimodal rotary embedding turns every section by the same position, which
                # is the ordinary one.
@@ -215,7 +233,8 @@ MULTIMODAL_TEXT_MODELS = ("Gemma3ForConditionalGeneration", "Gemma4ForConditiona
                           "Qwen2VLForConditionalGeneration",
                           "Qwen2_5_VLForConditionalGeneration",
                           "Qwen3VLForConditionalGeneration",
-                          "Qwen3VLMoeForConditionalGeneration")
+                          "Qwen3VLMoeForConditionalGeneration",
+                          "Qwen3_5ForConditionalGeneration")
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from tokenmill.engine.contract.model_shape import kv_sources, layer_attention_shapes
+from tokenmill.engine.contract.model_shape import (
+    kv_sources,
+    layer_attention_shapes,
+    linear_attention_layers,
+)
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.distributed.sharding import ShardPlan
 from tokenmill.engine.layers.activation import act_and_mul, ungated_act
@@ -31,6 +35,7 @@ from tokenmill.engine.layers.rotary import (
     rope_parameters,
     scaled_queries,
 )
+from tokenmill.engine.layers.state_layer import StateLayer
 from tokenmill.engine.layers.vocab_parallel import VocabParallelEmbedding
 from tokenmill.engine.models.architecture import (
     MoeShape,
@@ -41,6 +46,7 @@ from tokenmill.engine.models.architecture import (
     moe_shape_of,
     rotates_at,
 )
+from tokenmill.engine.models.gated_delta_net import GatedDeltaNet
 from tokenmill.engine.models.gemma4 import (
     Gemma4Experts,
     per_layer_input_width,
@@ -75,7 +81,7 @@ def decoder_norm(config: Any, size: int) -> RMSNorm | CohereLayerNorm | LayerNor
         return CohereLayerNorm(size, config.layer_norm_eps)
     if flags.layer_norm:
         return LayerNorm(size, config.norm_epsilon)
-    return RMSNorm(size, config.rms_norm_eps, flags.gemma)
+    return RMSNorm(size, config.rms_norm_eps, flags.norms_add_one)
 
 
 class Attention(nn.Module):
@@ -102,7 +108,10 @@ class Attention(nn.Module):
         qkv_bias = bias or flags.qkv_bias
         hidden = config.hidden_size
         kv_size = self.num_kv_heads * self.head_dim
-        parts = {"q_proj": self.num_heads * self.head_dim, "k_proj": kv_size, "v_proj": kv_size}
+        # Qwen3.5's q_proj: each head's query, then its output gate.
+        self.gated = flags.gated_attention
+        queries = self.num_heads * self.head_dim * (2 if self.gated else 1)
+        parts = {"q_proj": queries, "k_proj": kv_size, "v_proj": kv_size}
         if self.values_from_keys or reads_earlier_kv:
             del parts["v_proj"]
         if reads_earlier_kv:
@@ -116,9 +125,9 @@ class Attention(nn.Module):
         qk_norm = flags.qk_norm or (flags.moe == "deepseek" and
                                     bool(getattr(config, "use_qk_norm", False)))
         if qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, flags.gemma)
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, flags.norms_add_one)
             if not reads_earlier_kv:
-                self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, flags.gemma)
+                self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, flags.norms_add_one)
         self.qk_norm = qk_norm
         self.qk_norm_after_rope = flags.qk_norm_after_rope
         self.projection_norm = flags.projection_qk_norm
@@ -154,6 +163,10 @@ class Attention(nn.Module):
             v = k
         else:
             q, k, v = self.qkv_proj(x)
+        gate = None
+        if self.gated:
+            q, gate = q.view(tokens, self.num_heads, 2, self.head_dim).unbind(2)
+            q = q.contiguous()
         if self.projection_norm:
             q = self._norm_projection(q, self.q_norm, self.q_width, 1)
             k = self._norm_projection(k, self.k_norm, self.k_width, self.k_copies)
@@ -171,8 +184,10 @@ class Attention(nn.Module):
         if self.qk_norm and self.qk_norm_after_rope:
             q, k = self._norm_heads(q, k, meta.backend)
         store_kv(k, v, kv_cache, meta)
-        o = attention(q, kv_cache, meta, self.scores, self.sinks)
-        return self.tp.all_reduce(self.o_proj(o.reshape(tokens, -1)))
+        o = attention(q, kv_cache, meta, self.scores, self.sinks).reshape(tokens, -1)
+        if gate is not None:
+            o = o * torch.sigmoid(gate.reshape(tokens, -1))
+        return self.tp.all_reduce(self.o_proj(o))
 
     def _read_earlier_kv(self, x: torch.Tensor, rope: RopeRows | RopeKernel | None,
                          kv_cache: KVLayer, meta: AttentionMetadata) -> torch.Tensor:
@@ -246,11 +261,12 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup, sparse: MoeShape | None,
                  window: int | None = None, shape: tuple[int, int] | None = None,
-                 reads_earlier_kv: bool = False):
+                 reads_earlier_kv: bool = False, linear: bool = False):
         """`sparse`: the mixture of experts this layer's feed-forward block is, None: a dense
         MLP. `window`: the sliding window its attention covers, None: the whole context.
         `shape`: its attention's (KV heads, head size) where layers differ;
-        `reads_earlier_kv`: its keys and values are an earlier layer's (Gemma 4)."""
+        `reads_earlier_kv`: its keys and values are an earlier layer's (Gemma 4); `linear`:
+        its token mixer is a gated delta net (Qwen3.5), not attention."""
         super().__init__()
         flags = flags_of(config)
 
@@ -261,8 +277,12 @@ class DecoderLayer(nn.Module):
         self.parallel = flags.cohere
         if not flags.olmo:
             self.input_layernorm = norm()
-        self.self_attn = LatentSelfAttention(config, plan, tp) if flags.latent_attention \
-            else Attention(config, plan, tp, window, shape, reads_earlier_kv)
+        self.linear = linear
+        if linear:
+            self.linear_attn = GatedDeltaNet(config)
+        else:
+            self.self_attn = LatentSelfAttention(config, plan, tp) if flags.latent_attention \
+                else Attention(config, plan, tp, window, shape, reads_earlier_kv)
         if not self.parallel:
             self.post_attention_layernorm = norm()
         self.sandwich = flags.sandwich_norms
@@ -296,19 +316,21 @@ class DecoderLayer(nn.Module):
             self.post_per_layer_input_norm = norm()
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
-                rope: RopeRows | RopeKernel | None, kv_cache: KVLayer,
+                rope: RopeRows | RopeKernel | None, kv_cache: KVLayer | StateLayer,
                 meta: AttentionMetadata,
                 per_layer_input: torch.Tensor | None = None,
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: the previous layer's MLP output, not yet in `residual` (layer 0: the embeddings,
-        and no residual yet). Returns this layer's MLP output and the stream before it (Gemma
-        4: the stream after it, and None)."""
+        and no residual yet); kv_cache: a linear-attention layer's states instead. Returns
+        this layer's MLP output and the stream before it (Gemma 4: the stream after it, and
+        None)."""
         if self.post_norms_only:
             return self._post_norms_forward(x, residual, rope, kv_cache, meta)
         if self.parallel:
             return self._parallel_forward(x, residual, rope, kv_cache, meta)
         x, residual = self.input_layernorm(x, residual, meta.backend)
-        x = self.self_attn(x, rope, kv_cache, meta)
+        x = self.linear_attn(x, kv_cache, meta) if self.linear else \
+            self.self_attn(x, rope, kv_cache, meta)
         if not self.sandwich:
             x, residual = self.post_attention_layernorm(self._joining(x), residual, meta.backend)
             return self._joining(getattr(self, self.feed_forward)(x, meta.backend)), residual
@@ -370,9 +392,11 @@ class DecoderModel(nn.Module):
         windows = [layer_window_of(config, i) for i in range(config.num_hidden_layers)]
         shapes = layer_attention_shapes(config)
         sources = kv_sources(config) or range(config.num_hidden_layers)
+        linear = set(linear_attention_layers(config))
         self.layers = nn.ModuleList(
             DecoderLayer(config, plan, tp, moe if moe is not None and moe.is_sparse(i) else None,
-                         windows[i], shapes[i] if shapes else None, sources[i] != i)
+                         windows[i], shapes[i] if shapes else None, sources[i] != i,
+                         i in linear)
             for i in range(config.num_hidden_layers))
         # Gemma 4 E2B and E4B: a small input embedding per layer (models/gemma4.py).
         per_layer = per_layer_input_width(config) if flags.gemma4 else 0

@@ -189,6 +189,20 @@ def test_gemma4s_layers_of_two_head_sizes_run_through_the_kernels_and_graphs(
     _graphed_kernels_equal_torch(directory, seed=11)
 
 
+def test_qwen3_5s_linear_attention_runs_beside_the_kernels_and_graphs(tmp_path,
+                                                                    vocab_tokenizer):
+    """Qwen3.5's gated delta nets (torch ops, reading and writing each sequence's state slot)
+    between gated attention layers on the kernels: captured decode steps gather and scatter
+    the states of the slots the buffers name (padding sequences the slot of none)."""
+    from model_support import make_random_model
+    from qwen3_5_support import qwen3_5_config
+
+    directory = make_random_model(str(tmp_path / "qwen3_5"),
+                                  qwen3_5_config(len(vocab_tokenizer)), vocab_tokenizer,
+                                  draw_norms=True)
+    _graphed_kernels_equal_torch(directory, seed=13)
+
+
 def _graphed_kernels_equal_torch(directory: str, seed: int) -> None:
     """Greedy output through the Triton kernels with decode graphs captured equals the torch
     path's, for a short prompt and one of several chunks (16-token steps, 8-token blocks)."""

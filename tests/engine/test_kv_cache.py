@@ -357,3 +357,27 @@ def test_without_prefix_caching_there_is_no_host_tier():
     kv = KVCacheManager(num_blocks=4, block_size=4, num_host_blocks=8)
     assert kv.host is None and kv.take_transfers() == ([], [])
     assert kv.stats().host_blocks == 0
+
+
+def test_recurrent_state_slots_follow_sequences_and_forks():
+    """A linear-attention model's sequences each hold a state slot from admission to their
+    end; a fork takes its own, with a copy of its parent's queued; admission waits for a free
+    slot as it waits for blocks."""
+    kv = KVCacheManager(num_blocks=16, block_size=4, state_slots=2)
+    first, second, child = _Seq(tokens=[1, 2, 3]), _Seq(tokens=[4, 5]), _Seq()
+    for seq in (first, second, child):
+        seq.state_slot = -1
+    assert kv.can_admit(first, kv.match_prefix(first), 3)
+    kv.admit(first, [])
+    assert first.state_slot == 0 and kv.states.num_free == 1
+    kv.fork(first, child)
+    assert child.state_slot == 1
+    assert kv.take_state_copies() == [(0, 1)] and kv.take_state_copies() == []
+    assert not kv.can_admit(second, kv.match_prefix(second), 2)  # no slot left
+    kv.free(first)
+    assert first.state_slot == -1 and kv.can_admit(second, kv.match_prefix(second), 2)
+    kv.admit(second, [])
+    assert second.state_slot == 0
+    kv.free(second)
+    kv.free(child)
+    assert kv.states.num_free == 2

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from tokenmill.engine.core.kv_cache.block_allocator import BlockAllocator
 from tokenmill.engine.core.kv_cache.host_tier import HostTier
 from tokenmill.engine.core.kv_cache.prefix_cache import NO_PARENT, PrefixCache, PrefixMatch
+from tokenmill.engine.core.kv_cache.state_slots import StateSlots
 from tokenmill.engine.core.prompt_logprobs import needs_scoring
 from tokenmill.engine.core.request import Sequence
 from tokenmill.engine.execution.step_inputs import slot_index
@@ -56,8 +57,12 @@ class KVCacheManager:
     """Owns which blocks each sequence's tokens occupy. Tensors live in the model runner."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
-                 layout: KVCacheLayout | None = None, num_host_blocks: int = 0):
+                 layout: KVCacheLayout | None = None, num_host_blocks: int = 0,
+                 state_slots: int = 0):
+        """`state_slots`: recurrent-state slots of a model with linear-attention layers (one
+        per sequence it may run), 0 for any other."""
         self.block_size = block_size
+        self.states = StateSlots(state_slots) if state_slots else None
         self.layout = layout  # the pool's storage, reported in stats()
         self.allocator = BlockAllocator(num_blocks)
         # The host tier holds what the prefix cache evicts: without the cache it has no use.
@@ -89,6 +94,8 @@ class KVCacheManager:
         start = cached.num_blocks * self.block_size
         new_blocks = self.blocks_needed(start + num_new_tokens) - len(cached.device)
         revived = sum(1 for b in cached.device if self.allocator.ref_count(b) == 0)
+        if self.states is not None and not self.states.num_free:
+            return False
         return new_blocks + revived <= self.allocator.num_free
 
     def admit(self, seq: Sequence, cached: PrefixMatch | list[int]) -> None:
@@ -108,6 +115,8 @@ class KVCacheManager:
                 seq.block_table.append(block)
         seq.num_computed_tokens = cached.num_blocks * self.block_size
         seq.num_cached_blocks = cached.num_blocks
+        if self.states is not None:
+            seq.state_slot = self.states.acquire()
         if self.prefix_cache is not None:
             self.prefix_queries += seq.num_tokens
             self.prefix_hits += seq.num_computed_tokens
@@ -182,13 +191,22 @@ class KVCacheManager:
             self.allocator.share(block)
         child.block_table = list(parent.block_table)
         child.num_cached_blocks = parent.num_cached_blocks
+        if self.states is not None:
+            child.state_slot = self.states.fork(parent.state_slot)
         self._tables[child.seq_id] = child
+
+    def take_state_copies(self) -> list[tuple[int, int]]:
+        """Recurrent-state copies (source slot, fork's slot) to run before the next step."""
+        return self.states.take_copies() if self.states is not None else []
 
     def free(self, seq: Sequence) -> None:
         for block in reversed(seq.block_table):
             self.allocator.release(block)
         seq.block_table = []
         seq.num_cached_blocks = 0
+        if self.states is not None and seq.state_slot >= 0:
+            self.states.release(seq.state_slot)
+            seq.state_slot = -1
         self._tables.pop(seq.seq_id, None)
 
     def slot(self, seq: Sequence, position: int) -> int:

@@ -1,0 +1,55 @@
+"""The recurrent-state pool of a model with linear-attention layers (Qwen3.5, Qwen3-Next):
+per such layer, a slot per running sequence (--max-num-seqs of them, and one for rows of no
+sequence) holding its convolution inputs and delta-rule state. Unlike keys and values a
+state does not grow with the context: a sequence holds one slot from admission to its end
+(core/kv_cache/state_slots.py), which is zeroed as it starts and copied as it forks (n > 1)."""
+
+from __future__ import annotations
+
+import torch
+
+from tokenmill.engine.contract.model_shape import LinearAttention
+from tokenmill.engine.execution.zeroed import zeroed
+from tokenmill.engine.layers.state_layer import StateLayer
+from tokenmill.engine.layers.to_device import list_to_device
+
+SSM_DTYPE = torch.float32  # the delta rule's state, as transformers keeps it
+
+
+class RecurrentStates:
+    def __init__(self, shape: LinearAttention, num_layers: int, num_slots: int,
+                 dtype: torch.dtype, device: torch.device):
+        self.num_slots = num_slots
+        self.device = device
+        rows = num_slots + 1  # the last: rows of no sequence
+        self.conv = zeroed((num_layers, rows, shape.conv_channels, shape.conv_kernel - 1),
+                           dtype, device)
+        self.ssm = zeroed((num_layers, rows, shape.num_v_heads, shape.key_dim,
+                           shape.value_dim), SSM_DTYPE, device)
+
+    @staticmethod
+    def bytes_per_slot(shape: LinearAttention, num_layers: int, dtype: torch.dtype) -> int:
+        conv = shape.conv_channels * (shape.conv_kernel - 1) * dtype.itemsize
+        ssm = shape.num_v_heads * shape.key_dim * shape.value_dim * SSM_DTYPE.itemsize
+        return num_layers * (conv + ssm)
+
+    @property
+    def nbytes(self) -> int:
+        return self.conv.nbytes + self.ssm.nbytes
+
+    def layer(self, index: int) -> StateLayer:
+        """The index-th linear-attention layer's states."""
+        return StateLayer(self.conv[index], self.ssm[index])
+
+    def prepare(self, fresh: list[int], copies: list[tuple[int, int]]) -> None:
+        """Before a step: copy forked sequences' states (source slot, new slot), then zero
+        the slots of sequences that start in it (no state carried from a previous owner)."""
+        if copies:
+            src = list_to_device([s for s, _ in copies], torch.long, self.device)
+            dst = list_to_device([d for _, d in copies], torch.long, self.device)
+            for pool in (self.conv, self.ssm):
+                pool[:, dst] = pool[:, src]
+        if fresh:
+            slots = list_to_device(fresh, torch.long, self.device)
+            for pool in (self.conv, self.ssm):
+                pool[:, slots] = 0

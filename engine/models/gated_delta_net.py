@@ -1,0 +1,153 @@
+"""Qwen3.5's and Qwen3-Next's linear-attention layer (transformers' GatedDeltaNet): the
+token mixer of three layers in four, which keeps a fixed-size state per sequence instead of
+keys and values (layers/gated_delta.py has the rule and its convolution).
+
+The input is projected to queries, keys and values (one causal convolution over all three),
+an output gate z, and per value head a write strength beta (sigmoid of b) and a decay g
+(-exp(A_log) * softplus(a + dt_bias)). Queries and keys are L2-normalized per head, the
+queries scaled by key_dim ** -0.5; each value head's output is normalized and gated by
+SiLU(z) before the output projection. Decoding sequences are computed together, each prompt
+(or prompt chunk) by itself, every one from its slot of the state pool."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tokenmill.engine.contract.model_shape import linear_attention_of
+from tokenmill.engine.layers.attention_metadata import AttentionMetadata
+from tokenmill.engine.layers.gated_delta import (
+    conv_prompt,
+    conv_step,
+    delta_prompt,
+    delta_step,
+    gated_rms_norm,
+    l2_normalized,
+)
+from tokenmill.engine.layers.linear import MergedLinear
+from tokenmill.engine.layers.state_layer import StateLayer
+from tokenmill.engine.layers.to_device import list_to_device
+
+
+@dataclass(frozen=True)
+class SequenceRuns:
+    """A step's rows as the state-keeping layers take them: the decoding sequences' rows
+    (None: every row, one per sequence, in order) and slots, and each longer run's (start,
+    end, slot)."""
+
+    decode_rows: torch.Tensor | None
+    decode_slots: torch.Tensor | None
+    prompts: list[tuple[int, int, int]]
+
+
+def sequence_runs(meta: AttentionMetadata) -> SequenceRuns:
+    """The step's runs, built once per step (every such layer reads the same)."""
+    runs = meta.step_cache.get("sequence_runs")
+    if runs is None:
+        runs = meta.step_cache["sequence_runs"] = _runs(meta)
+    return runs
+
+
+def _runs(meta: AttentionMetadata) -> SequenceRuns:
+    lengths, slots = meta.query_lens_list, meta.state_slots_list
+    if all(n == 1 for n in lengths):
+        return SequenceRuns(None, meta.state_slots, [])
+    starts = list(accumulate(lengths, initial=0))
+    decodes = [i for i, n in enumerate(lengths) if n == 1]
+    device = meta.query_start_loc.device
+    rows = list_to_device([starts[i] for i in decodes], torch.long, device) if decodes \
+        else None
+    decode_slots = list_to_device([slots[i] for i in decodes], torch.long, device) \
+        if decodes else None
+    prompts = [(starts[i], starts[i + 1], slots[i]) for i, n in enumerate(lengths) if n > 1]
+    return SequenceRuns(rows, decode_slots, prompts)
+
+
+class GatedNorm(nn.Module):
+    """Each value head's RMSNorm (weight over value_dim), times SiLU of its gate."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return gated_rms_norm(x, gate, self.weight, self.eps)
+
+
+class GatedDeltaNet(nn.Module):
+    """Parameters under transformers' Qwen3.5 names (in_proj_qkv, in_proj_z, in_proj_b and
+    in_proj_a merged into one matmul; Qwen3-Next's fused in_proj_qkvz and in_proj_ba are
+    reordered into them at load, models/fused_weights.py)."""
+
+    def __init__(self, config: Any):
+        super().__init__()
+        shape = linear_attention_of(config)
+        self.shape = shape
+        keys = shape.num_k_heads * shape.key_dim
+        values = shape.num_v_heads * shape.value_dim
+        heads = shape.num_v_heads
+        self.in_proj = MergedLinear(config.hidden_size, {
+            "in_proj_qkv": 2 * keys + values, "in_proj_z": values, "in_proj_b": heads,
+            "in_proj_a": heads}, bias=False)
+        channels = shape.conv_channels
+        self.conv1d = nn.Conv1d(channels, channels, shape.conv_kernel, groups=channels,
+                                bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(heads))
+        self.A_log = nn.Parameter(torch.zeros(heads))
+        self.norm = GatedNorm(shape.value_dim, config.rms_norm_eps)
+        self.out_proj = nn.Linear(values, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, states: StateLayer,
+                meta: AttentionMetadata) -> torch.Tensor:
+        shape, tokens = self.shape, x.shape[0]
+        qkv, z, b, a = self.in_proj(x)
+        runs = sequence_runs(meta)
+        mixed = self._convolve(qkv, states, runs)
+        keys = shape.num_k_heads * shape.key_dim
+        q, k, v = mixed.split([keys, keys, shape.num_v_heads * shape.value_dim], dim=-1)
+        q = l2_normalized(q.reshape(tokens, shape.num_k_heads, shape.key_dim).float())
+        k = l2_normalized(k.reshape(tokens, shape.num_k_heads, shape.key_dim).float())
+        q = q * shape.key_dim ** -0.5
+        repeats = shape.num_v_heads // shape.num_k_heads
+        if repeats > 1:  # each key head serves that many consecutive value heads
+            q, k = q.repeat_interleave(repeats, dim=1), k.repeat_interleave(repeats, dim=1)
+        v = v.reshape(tokens, shape.num_v_heads, shape.value_dim).float()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        beta = b.sigmoid().float()
+        o = self._delta(q, k, v, g, beta, states, runs).to(x.dtype)
+        o = self.norm(o, z.reshape(tokens, shape.num_v_heads, shape.value_dim))
+        return self.out_proj(o.reshape(tokens, -1))
+
+    def _convolve(self, qkv: torch.Tensor, states: StateLayer,
+                  runs: SequenceRuns) -> torch.Tensor:
+        weight = self.conv1d.weight[:, 0]
+        if runs.decode_rows is None and not runs.prompts:
+            return conv_step(qkv, states.conv, runs.decode_slots, weight)
+        out = torch.empty_like(qkv)
+        if runs.decode_rows is not None:
+            out[runs.decode_rows] = conv_step(qkv[runs.decode_rows], states.conv,
+                                              runs.decode_slots, weight)
+        for start, end, slot in runs.prompts:
+            out[start:end] = conv_prompt(qkv[start:end], states.conv[slot], weight)
+        return out
+
+    def _delta(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+               beta: torch.Tensor, states: StateLayer, runs: SequenceRuns) -> torch.Tensor:
+        if runs.decode_rows is None and not runs.prompts:
+            return delta_step(q, k, v, g, beta, states.ssm, runs.decode_slots)
+        out = torch.empty_like(v)
+        if runs.decode_rows is not None:
+            rows = runs.decode_rows
+            out[rows] = delta_step(q[rows], k[rows], v[rows], g[rows], beta[rows],
+                                   states.ssm, runs.decode_slots)
+        for start, end, slot in runs.prompts:
+            window = slice(start, end)
+            out[window] = delta_prompt(q[window], k[window], v[window], g[window],
+                                       beta[window], states.ssm[slot])
+        return out

@@ -1,0 +1,196 @@
+"""Qwen3.5's text model (`Qwen3_5ForCausalLM`, and on text the language model of
+`Qwen3_5ForConditionalGeneration`): gated delta nets (linear attention, a state per sequence
+in place of keys and values) and gated full attention. Greedy output and log-probabilities
+equal transformers batched, chunked (a chunk past the delta rule's own chunk of 64 too),
+alone, when sequences reuse each other's state slots, when they are preempted, forked
+(n > 1) and under async scheduling; prefix caching is off; tensor parallelism and
+speculative decoding are refused by their options."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from model_support import (
+    greedy_with_hf_logprobs,
+    hf_greedy,
+    hf_reference,
+    make_random_model,
+    mixed_prompts,
+)
+from qwen3_5_support import qwen3_5_config
+from safetensors.torch import load_file, save_file
+
+from tokenmill.engine import LLM, SamplingParams
+from tokenmill.engine.contract.config import ConfigError
+from tokenmill.engine.layers.gated_delta import delta_prompt, delta_step, l2_normalized
+
+MAX_NEW = 8
+ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=8, max_num_batched_tokens=32,
+              dtype="float32")
+
+
+def _make(directory: str, config, tokenizer, auto_class: str = "AutoModelForCausalLM") -> str:
+    """Norms drawn (transformers starts Qwen3.5's at zero: 1 + weight), and A_log and
+    dt_bias too, so that each head decays and writes at its own rate."""
+    make_random_model(directory, config, tokenizer, draw_norms=True, auto_class=auto_class)
+    path = f"{directory}/model.safetensors"
+    tensors = load_file(path)
+    for name in tensors:
+        if name.endswith(("A_log", "dt_bias")):
+            tensors[name] = torch.rand(tensors[name].shape) * 2 - 1
+    tensors["mtp.fc.weight"] = torch.zeros(4, 4)  # a draft head the engine does not read
+    save_file(tensors, path, metadata={"format": "pt"})
+    return directory
+
+
+@pytest.fixture(scope="module")
+def qwen3_5_dir(tmp_path_factory, vocab_tokenizer) -> str:
+    return _make(str(tmp_path_factory.mktemp("qwen3_5")), qwen3_5_config(len(vocab_tokenizer)),
+                 vocab_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def reference(qwen3_5_dir):
+    return hf_reference(qwen3_5_dir)
+
+
+@pytest.fixture(scope="module")
+def prompts(vocab_tokenizer) -> list[list[int]]:
+    return mixed_prompts(vocab_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def expected(reference, prompts) -> list[list[int]]:
+    return [hf_greedy(reference, p, MAX_NEW) for p in prompts]
+
+
+def _greedy(llm: LLM, prompts: list[list[int]], n: int = 1) -> list[list[list[int]]]:
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, n=n)
+    return [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params)]
+
+
+def _all_released(llm: LLM) -> None:
+    kv = llm.engine.kv
+    kv.allocator.check_all_free()
+    assert kv.states.num_free == kv.states.num_slots
+
+
+def test_greedy_and_logprobs_equal_transformers(qwen3_5_dir, reference, prompts, expected):
+    with LLM(qwen3_5_dir, **ENGINE) as llm:
+        assert llm.engine.kv.prefix_cache is None  # a state per sequence, not per block
+        assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected
+        again = [out[0] for out in _greedy(llm, prompts)]
+        alone = [_greedy(llm, [p])[0][0] for p in prompts[-2:]]
+        _all_released(llm)
+    assert again == expected
+    assert alone == expected[-2:]
+
+
+def test_slots_reused_preempted_and_forked_equal_transformers(qwen3_5_dir, prompts,
+                                                              expected):
+    """Two slots for five prompts (each new owner starts from zero), a pool too small for
+    all of them at once (preemption recomputes a state from the tokens), and n = 3 (each
+    fork gets a copy of its parent's state after the prompt)."""
+    with LLM(qwen3_5_dir, **dict(ENGINE, max_num_seqs=2)) as llm:
+        assert [out[0] for out in _greedy(llm, prompts)] == expected
+        _all_released(llm)
+    with LLM(qwen3_5_dir, **dict(ENGINE, num_gpu_blocks_override=14)) as llm:
+        assert [out[0] for out in _greedy(llm, prompts)] == expected
+        assert llm.engine.scheduler.num_preemptions > 0
+        _all_released(llm)
+    with LLM(qwen3_5_dir, **ENGINE) as llm:
+        assert _greedy(llm, prompts[:2], n=3) == [[e] * 3 for e in expected[:2]]
+        _all_released(llm)
+
+
+def test_async_scheduling_equals_transformers(qwen3_5_dir, prompts, expected):
+    with LLM(qwen3_5_dir, async_scheduling=True, **ENGINE) as llm:
+        assert [out[0] for out in _greedy(llm, prompts)] == expected
+
+
+def test_a_prompt_longer_than_the_rules_chunk(qwen3_5_dir, reference, vocab_tokenizer):
+    """A prompt of more than 64 tokens in one step: the delta rule solves it in two chunks."""
+    prompt = vocab_tokenizer.encode("the river runs past the mill and on to the sea " * 9)
+    assert len(prompt) > 64
+    with LLM(qwen3_5_dir, **dict(ENGINE, max_num_batched_tokens=256)) as llm:
+        assert _greedy(llm, [prompt])[0][0] == hf_greedy(reference, prompt, MAX_NEW)
+
+
+def test_the_kv_pool_holds_the_attention_layers_only(qwen3_5_dir):
+    with LLM(qwen3_5_dir, **ENGINE) as llm:
+        runner = llm.engine.runner
+        assert runner.kv_pool.shape[0] == 1  # one full-attention layer of four
+        assert runner.states.ssm.shape == (3, 9, 4, 8, 16)  # 3 layers, 8 slots and padding's
+        assert runner.states.conv.shape == (3, 9, 2 * 2 * 8 + 4 * 16, 3)
+        assert runner.kv_caches[2].k.data_ptr() == runner.kv_pool[0, 0].data_ptr()
+
+
+def test_the_profiled_step_runs_and_leaves_the_states_untouched(qwen3_5_dir, prompts,
+                                                                expected):
+    """The profile of the KV pool runs the largest step over a temporary runner holding
+    states for max_num_seqs sequences of its own; the engine's states are not written."""
+    from tokenmill.engine.execution.profile_run import MemoryReading, profile_memory
+
+    class Probe:
+        def reset(self) -> None:
+            pass
+
+        def read(self) -> MemoryReading:
+            return MemoryReading(8 << 30, 4 << 30, 0, 0, 0)
+
+    with LLM(qwen3_5_dir, **ENGINE) as llm:
+        runner = llm.engine.runner
+        states = (runner.states.conv.clone(), runner.states.ssm.clone())
+        profile_memory(runner.model, runner.layout, runner.device, runner.attention_backend,
+                       Probe(), max_num_batched_tokens=32, max_num_seqs=8,
+                       max_model_len=llm.engine.max_model_len)
+        assert torch.equal(runner.states.conv, states[0])
+        assert torch.equal(runner.states.ssm, states[1])
+        assert llm.engine.memory_report()["recurrent_state_bytes"] == \
+            sum(t.numel() * t.element_size() for t in states)
+        assert [out[0] for out in _greedy(llm, prompts)] == expected
+
+
+def test_the_language_model_of_the_multimodal_checkpoint(tmp_path, vocab_tokenizer, prompts):
+    import transformers
+
+    vocab = len(vocab_tokenizer)
+    config = transformers.Qwen3_5Config(
+        text_config=qwen3_5_config(vocab).to_dict(),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                           out_hidden_size=64),
+        image_token_id=vocab - 1, video_token_id=vocab - 2, vision_start_token_id=vocab - 3)
+    directory = _make(str(tmp_path), config, vocab_tokenizer,
+                      auto_class="AutoModelForImageTextToText")
+    model = hf_reference(directory, "AutoModelForImageTextToText")
+    expected = [hf_greedy(model, p, MAX_NEW) for p in prompts]
+    with LLM(directory, **ENGINE) as llm:
+        assert [out[0] for out in _greedy(llm, prompts)] == expected
+
+
+def test_tensor_parallelism_and_speculation_are_refused(qwen3_5_dir):
+    with pytest.raises(ConfigError, match="tensor_parallel_size.*linear-attention"):
+        LLM(qwen3_5_dir, tensor_parallel_size=2, **ENGINE)
+    with pytest.raises(ConfigError, match="speculative_config.*linear-attention"):
+        LLM(qwen3_5_dir, speculative_config={"method": "ngram", "num_speculative_tokens": 2},
+            **ENGINE)
+
+
+def test_the_chunked_rule_equals_the_rule_token_by_token():
+    """150 tokens (three chunks) from a state already holding something, against the
+    recurrence one token at a time: the same outputs and the same final state."""
+    torch.manual_seed(0)
+    length, heads, key_dim, value_dim = 150, 3, 8, 5
+    q = l2_normalized(torch.randn(length, heads, key_dim)) * key_dim ** -0.5
+    k = l2_normalized(torch.randn(length, heads, key_dim))
+    v = torch.randn(length, heads, value_dim)
+    g, beta = -torch.rand(length, heads) * 2, torch.rand(length, heads)
+    start = torch.randn(heads, key_dim, value_dim)
+    chunked = start.clone()
+    out = delta_prompt(q, k, v, g, beta, chunked)
+    states, slot = start[None].repeat(2, 1, 1, 1), torch.tensor([1])
+    steps = torch.cat([delta_step(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1],
+                                  beta[t:t + 1], states, slot) for t in range(length)])
+    assert torch.allclose(out, steps, atol=1e-5)
+    assert torch.allclose(chunked, states[1], atol=1e-5)
+    assert torch.equal(states[0], start)  # another slot untouched
