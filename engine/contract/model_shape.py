@@ -79,6 +79,12 @@ class LinearAttention:
     value_dim: int
     conv_kernel: int
 
+    def sharded(self, size: int) -> LinearAttention:
+        """One of `size` tensor-parallel ranks' share: whole key heads, each with the value
+        heads it serves."""
+        return LinearAttention(self.num_k_heads // size, self.num_v_heads // size,
+                               self.key_dim, self.value_dim, self.conv_kernel)
+
     @property
     def conv_channels(self) -> int:
         """What the convolution mixes: the queries, keys and values side by side."""
@@ -93,6 +99,16 @@ def linear_attention_of(config: Any) -> LinearAttention | None:
     return LinearAttention(int(config.linear_num_key_heads), int(config.linear_num_value_heads),
                            int(config.linear_key_head_dim), int(config.linear_value_head_dim),
                            int(config.linear_conv_kernel_dim))
+
+
+# Families whose q_proj holds, per head, its query and then a gate of attention's output.
+GATED_QUERY_TYPES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
+
+
+def gated_queries(config: Any) -> bool:
+    """Whether attention's output is multiplied by the sigmoid of a gate q_proj computes
+    beside each head's query (Qwen3.5, Qwen3-Next): q_proj is twice as tall."""
+    return getattr(config, "model_type", None) in GATED_QUERY_TYPES
 
 
 def linear_attention_layers(config: Any) -> list[int]:
@@ -129,6 +145,7 @@ class ModelShape:
     intermediate_size: int
     expert_intermediate_size: int = 0         # a mixture of experts' routed expert width
     shared_expert_intermediate_size: int = 0  # and its shared expert's (Qwen2-MoE)
+    linear_key_heads: int = 0  # a gated delta net's key heads (Qwen3.5), 0 without one
 
     @classmethod
     def of(cls, config: Any) -> ModelShape:
@@ -143,8 +160,10 @@ class ModelShape:
         shared = getattr(config, "shared_expert_intermediate_size", None) or \
             expert_width * int(getattr(config, "n_shared_experts", None) or
                                getattr(config, "moe_num_shared_experts", None) or 0)
+        linear = linear_attention_of(config)
         return cls(heads, getattr(config, "num_key_value_heads", None) or heads,
-                   getattr(config, "intermediate_size", 0), expert_width, shared)
+                   getattr(config, "intermediate_size", 0), expert_width, shared,
+                   linear.num_k_heads if linear else 0)
 
     def problems(self, tp: int) -> list[str]:
         """What `tp` ranks cannot split: every rank needs whole attention heads and an equal
@@ -161,6 +180,8 @@ class ModelShape:
             found.append(f"an expert MLP width of {self.expert_intermediate_size}")
         if self.shared_expert_intermediate_size % tp:
             found.append(f"a shared expert MLP width of {self.shared_expert_intermediate_size}")
+        if self.linear_key_heads % tp:
+            found.append(f"{self.linear_key_heads} linear-attention key heads")
         return found
 
     def allows(self, tp: int) -> bool:

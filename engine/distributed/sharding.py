@@ -21,7 +21,9 @@ import torch
 
 from tokenmill.engine.contract.config import ConfigError
 from tokenmill.engine.contract.model_shape import (
+    LinearAttention,
     ModelShape,
+    gated_queries,
     latent_attention_of,
     layer_attention_shapes,
     linear_attention_of,
@@ -48,10 +50,6 @@ def check_tensor_parallel(config: Any, size: int) -> None:
         raise ConfigError("tensor_parallel_size",
                           f"{size}: a model whose layers have heads of two sizes (Gemma 4) is "
                           "served on one rank; use 1")
-    if linear_attention_of(config) is not None:
-        raise ConfigError("tensor_parallel_size",
-                          f"{size}: a model with linear-attention layers (Qwen3.5, Qwen3-Next) "
-                          "is served on one rank; use 1")
     problems = ModelShape.of(config).problems(size)
     if problems:
         raise ConfigError("tensor_parallel_size",
@@ -78,6 +76,10 @@ class ShardPlan:
     # query's), and the rows of kv_b_proj per head; the cache's one "KV head" is the latent.
     value_head_dim: int = 0
     kv_b_rows_per_head: int = 0
+    # Qwen3.5: q_proj's rows per head are its query's and its output gate's.
+    gated_queries: bool = False
+    # A gated delta net's heads on this rank (Qwen3.5), None without one.
+    linear: LinearAttention | None = None
 
     @classmethod
     def for_model(cls, config: Any, rank: int = 0, size: int = 1) -> ShardPlan:
@@ -89,6 +91,7 @@ class ShardPlan:
         vocab = getattr(config, "vocab_size", 0)
         shape = ModelShape.of(config)
         latent = latent_attention_of(config)
+        linear = linear_attention_of(config)
         if latent is not None:
             local_kv, first_kv, head_dim = 1, 0, latent.qk_dim
         return cls(rank, size, heads // size, local_kv, first_kv, head_dim,
@@ -96,7 +99,8 @@ class ShardPlan:
                    shape.expert_intermediate_size // size,
                    shape.shared_expert_intermediate_size // size,
                    latent.value_dim if latent else 0,
-                   latent.nope_dim + latent.value_dim if latent else 0)
+                   latent.nope_dim + latent.value_dim if latent else 0,
+                   gated_queries(config), linear.sharded(size) if linear else None)
 
     @property
     def output_head_dim(self) -> int:
@@ -119,6 +123,8 @@ class ShardPlan:
         kind, attr = parts[-2], parts[-1]
         if kind in VOCAB_PARALLEL:
             return self._vocab_rows(tensor)
+        if self.linear is not None and "linear_attn" in parts:
+            return self._linear_attention_part(kind, attr, tensor)
         if kind in COLUMN_PARALLEL:
             start, stop = self._output_rows(kind, parts)
             return tensor[start:stop]
@@ -140,13 +146,34 @@ class ShardPlan:
     def _output_rows(self, kind: str, parts: list[str]) -> tuple[int, int]:
         if kind in ("q_proj", "q_b_proj", "kv_b_proj"):
             per = self.num_heads * (self.kv_b_rows_per_head if kind == "kv_b_proj"
-                                    else self.head_dim)
+                                    else self.head_dim * (2 if self.gated_queries else 1))
             return self.rank * per, (self.rank + 1) * per
         if kind in ("k_proj", "v_proj"):
             per = self.num_kv_heads * self.head_dim
             return self.first_kv_head * self.head_dim, self.first_kv_head * self.head_dim + per
         per = self._width(parts)  # gate_proj, up_proj (w1, w3)
         return self.rank * per, (self.rank + 1) * per
+
+    def _linear_attention_part(self, kind: str, attr: str, tensor: Any) -> torch.Tensor:
+        """A gated delta net's tensor on this rank: its key heads' queries and keys and
+        their value heads' values (rows of in_proj_qkv and of the convolution, each kind
+        from its own block), its value heads' gates, write strengths and decays, and
+        out_proj's columns for them; the norm over a value head is whole on every rank."""
+        local, rank = self.linear, self.rank
+        keys, values = local.num_k_heads * local.key_dim, local.num_v_heads * local.value_dim
+        if kind in ("in_proj_qkv", "conv1d"):
+            all_keys = keys * self.size
+            starts = (rank * keys, all_keys + rank * keys, 2 * all_keys + rank * values)
+            return torch.cat([tensor[start:start + rows]
+                              for start, rows in zip(starts, (keys, keys, values), strict=True)])
+        if kind == "in_proj_z":
+            return tensor[rank * values:(rank + 1) * values]
+        heads = local.num_v_heads
+        if kind in ("in_proj_b", "in_proj_a") or attr in ("A_log", "dt_bias"):
+            return tensor[rank * heads:(rank + 1) * heads]
+        if kind == "out_proj":
+            return tensor[:, rank * values:(rank + 1) * values]
+        return _read(tensor)
 
     def _width(self, parts: list[str]) -> int:
         """The local width of the MLP a tensor belongs to: a routed expert's, the shared

@@ -77,7 +77,9 @@ class ModelRunner:
         self.kv_scales = (zeroed(layout.scales_shape(num_blocks), SCALE_DTYPE, device)
                           if layout.quantized else None)
         linear = linear_attention_layers(self.model.config)
-        self.states = RecurrentStates(linear_attention_of(self.model.config), len(linear),
+        ranks = self.model.tp.size if linear else 1
+        self.states = RecurrentStates(linear_attention_of(self.model.config).sharded(ranks),
+                                      len(linear),
                                       max(self.state_slots, 1), self.model.lm_head.weight.dtype,
                                       device) if linear else None
         self.kv_caches = [self._layer_view(i) if i not in linear else

@@ -55,9 +55,6 @@ class ArchitectureFlags:
     # their values the keys' projection (attention_k_eq_v); q, k and v normalized per head (v
     # without a weight), scores unscaled; each layer's output times a learned scalar.
     gemma4: bool = False
-    # Qwen3.5 and Qwen3-Next: q_proj holds a gate per head beside its query; attention's
-    # output is multiplied by the gate's sigmoid before o_proj.
-    gated_attention: bool = False
     # Qwen3.5 and Qwen3-Next: norms scale by 1 + weight, as Gemma's (and nothing else of
     # Gemma's).
     unit_offset_norms: bool = False
@@ -162,11 +159,19 @@ SUPPORTED = {
     # plus a correction bias, renormalized.
     "MiniMaxM2ForCausalLM": ArchitectureFlags(moe="minimax", projection_qk_norm=True),
     # Qwen3.5 (dense): three layers in four a gated delta net (linear attention with a
-    # state per sequence, models/gated_delta_net.py), the fourth gated attention with
+    # state per sequence, models/gated_delta_net.py), the fourth attention gated by q_proj's
+    # second half (contract/model_shape.py: gated_queries), with
     # Qwen3's per-head q/k norms and rotary on a part of each head; norms scale by
     # 1 + weight.
-    "Qwen3_5ForCausalLM": ArchitectureFlags(qk_norm=True, gated_attention=True,
-                                            unit_offset_norms=True),
+    "Qwen3_5ForCausalLM": ArchitectureFlags(qk_norm=True, unit_offset_norms=True),
+    # Qwen3.5's mixtures of experts (35B-A3B, 122B-A10B, 397B-A17B): its layers over
+    # Qwen2-MoE's experts (renormalized, a shared expert gated by a sigmoid) in every layer.
+    "Qwen3_5MoeForCausalLM": ArchitectureFlags(qk_norm=True, unit_offset_norms=True,
+                                               moe="qwen"),
+    # Qwen3-Next (80B-A3B): Qwen3.5-MoE's layers before it, its gated delta nets' projections
+    # stored fused per key head (in_proj_qkvz, in_proj_ba; models/fused_weights.py).
+    "Qwen3NextForCausalLM": ArchitectureFlags(qk_norm=True, unit_offset_norms=True,
+                                              moe="qwen"),
 }
 # A supported decoder with a classification head instead of its LM head, as transformers names
 # it: LlamaForSequenceClassification, Qwen3ForSequenceClassification, ... (the pooling runner).
@@ -215,12 +220,15 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "glm4_moe_lite": "Glm4MoeLiteForCausalLM", "minimax_m2": "MiniMaxM2ForCausalLM",
                "dots1": "Dots1ForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
                "qwen3_5_text": "Qwen3_5ForCausalLM",
+               "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+               "qwen3_next": "Qwen3NextForCausalLM",
                # The text models of Qwen's vision-language models: on text alone their
                # multimodal rotary embedding turns every section by the same position, which
                # is the ordinary one.
                "qwen2_vl_text": "Qwen2ForCausalLM", "qwen2_5_vl_text": "Qwen2ForCausalLM",
                "qwen3_vl_text": "Qwen3ForCausalLM", "qwen3_vl_moe_text": "Qwen3MoeForCausalLM"}
 QWEN3_VL_MOE = "qwen3_vl_moe_text"
+QWEN3_5_MOE = "qwen3_5_moe_text"
 # Multimodal architectures whose language model attends causally over text alone, so that on
 # text it is exactly its causal decoder: served text-only (models/multimodal.py). PaliGemma's
 # prompt attends both ways: not here.
@@ -234,7 +242,8 @@ MULTIMODAL_TEXT_MODELS = ("Gemma3ForConditionalGeneration", "Gemma4ForConditiona
                           "Qwen2_5_VLForConditionalGeneration",
                           "Qwen3VLForConditionalGeneration",
                           "Qwen3VLMoeForConditionalGeneration",
-                          "Qwen3_5ForConditionalGeneration")
+                          "Qwen3_5ForConditionalGeneration",
+                          "Qwen3_5MoeForConditionalGeneration")
 
 
 @dataclass(frozen=True)
@@ -461,10 +470,11 @@ def moe_shape_of(config: Any) -> MoeShape | None:
         width=widths.expert_intermediate_size,
         shared_width=widths.shared_expert_intermediate_size,
         # Mixtral's, Granite's and GPT-OSS's routers softmax the chosen logits alone;
-        # MiniMax-M2's, ERNIE's and Qwen3-VL's divide the chosen scores by their sum.
+        # MiniMax-M2's, ERNIE's, Qwen3-VL's and Qwen3.5's divide the chosen scores by their
+        # sum.
         renormalize=style in ("mixtral", "granite", "gptoss", "minimax", "ernie") or
         bool(getattr(config, "norm_topk_prob", False)) or
-        getattr(config, "model_type", None) == QWEN3_VL_MOE,
+        getattr(config, "model_type", None) in (QWEN3_VL_MOE, QWEN3_5_MOE),
         sparse_step=int(getattr(config, "decoder_sparse_step", None) or
                         getattr(config, "moe_layer_interval", None) or 1),
         dense_layers=_dense_layers(config),

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from tokenmill.engine.contract.model_shape import (
+    gated_queries,
     kv_sources,
     layer_attention_shapes,
     linear_attention_layers,
@@ -109,7 +110,7 @@ class Attention(nn.Module):
         hidden = config.hidden_size
         kv_size = self.num_kv_heads * self.head_dim
         # Qwen3.5's q_proj: each head's query, then its output gate.
-        self.gated = flags.gated_attention
+        self.gated = gated_queries(config)
         queries = self.num_heads * self.head_dim * (2 if self.gated else 1)
         parts = {"q_proj": queries, "k_proj": kv_size, "v_proj": kv_size}
         if self.values_from_keys or reads_earlier_kv:
@@ -279,7 +280,7 @@ class DecoderLayer(nn.Module):
             self.input_layernorm = norm()
         self.linear = linear
         if linear:
-            self.linear_attn = GatedDeltaNet(config)
+            self.linear_attn = GatedDeltaNet(config, tp)
         else:
             self.self_attn = LatentSelfAttention(config, plan, tp) if flags.latent_attention \
                 else Attention(config, plan, tp, window, shape, reads_earlier_kv)

@@ -9,7 +9,7 @@ width]) and its router as `block_sparse_moe.router.layer`: each expert's parts a
 the names of an ordinary expert's projections; so are GPT-OSS's (`mlp.experts.gate_up_proj`,
 [experts, hidden, 2 * width] with gate and up columns interleaved, `down_proj`, and their
 biases) and Qwen3-VL-MoE's and Mistral 4's (`mlp.experts.gate_up_proj`, gate then up, and
-`down_proj`).
+`down_proj`); so are Qwen3-Next's gated delta nets' input projections, fused per key head.
 GLM-4's norms are renamed to Gemma 2's, StarCoder 2's MLP (c_fc, c_proj) to Arcee's."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from tokenmill.engine.contract.model_shape import num_experts_of
-from tokenmill.engine.models.architecture import QWEN3_VL_MOE
+from tokenmill.engine.contract.model_shape import linear_attention_of, num_experts_of
+from tokenmill.engine.models.architecture import QWEN3_5_MOE, QWEN3_VL_MOE
 from tokenmill.engine.models.decoder import head_dim_of, num_kv_heads_of
 
 
@@ -142,7 +142,36 @@ def expert_parts(config: Any, name: str) -> list[tuple[str, Take]] | None:
         return _stacked_parts(config, name)
     if module.endswith(GPT_OSS_EXPERTS) and attr in GPT_OSS_PARTS:
         return _gpt_oss_parts(name, config.num_local_experts)
+    if module.endswith(QWEN3_NEXT_FUSED):
+        return _qwen3_next_parts(config, module)
     return None
+
+
+# Qwen3-Next keeps a gated delta net's input projections in two tensors, grouped by key
+# head: in_proj_qkvz holds, for each key head, its query and key rows, then the value and
+# gate (z) rows of the value heads it serves; in_proj_ba their b rows, then their a rows.
+# Qwen3.5 stores each kind whole (in_proj_qkv: every query head, every key head, every
+# value head; in_proj_z, in_proj_b, in_proj_a), which the model's merged projection holds.
+QWEN3_NEXT_FUSED = ("linear_attn.in_proj_qkvz", "linear_attn.in_proj_ba")
+
+
+def _qwen3_next_parts(config: Any, module: str) -> list[tuple[str, Take]]:
+    shape = linear_attention_of(config)
+    groups, per_group = shape.num_k_heads, shape.num_v_heads // shape.num_k_heads
+    parent = module.rpartition(".")[0]
+
+    def grouped(w: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, ...]:
+        """Each kind's rows of every group, in group order: [rows of the kind, in]."""
+        kinds = w.reshape(groups, sum(sizes), -1).split(sizes, dim=1)
+        return tuple(kind.reshape(-1, w.shape[-1]) for kind in kinds)
+
+    if module.endswith("in_proj_ba"):
+        return [(f"{parent}.in_proj_b.weight", lambda w: grouped(w, [per_group] * 2)[0]),
+                (f"{parent}.in_proj_a.weight", lambda w: grouped(w, [per_group] * 2)[1])]
+    sizes = [shape.key_dim, shape.key_dim, per_group * shape.value_dim,
+             per_group * shape.value_dim]
+    return [(f"{parent}.in_proj_qkv.weight", lambda w: torch.cat(grouped(w, sizes)[:3])),
+            (f"{parent}.in_proj_z.weight", lambda w: grouped(w, sizes)[3])]
 
 
 # Qwen3-VL-MoE keeps a layer's experts in two tensors under mlp.experts: gate then up, and
@@ -151,7 +180,7 @@ def expert_parts(config: Any, name: str) -> list[tuple[str, Take]] | None:
 # layout (Gemma 4's on the layer, read under its `moe`).
 STACKED_EXPERTS = ("mlp.experts", "moe.experts")
 QWEN_PARTS = ("gate_up_proj", "down_proj")
-STACKED_EXPERT_TYPES = (QWEN3_VL_MOE, "mistral4", "gemma4_text")
+STACKED_EXPERT_TYPES = (QWEN3_VL_MOE, QWEN3_5_MOE, "mistral4", "gemma4_text")
 
 
 def _saved_by_transformers_5(config: Any) -> bool:

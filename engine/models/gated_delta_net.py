@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenmill.engine.contract.model_shape import linear_attention_of
+from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.gated_delta import (
     conv_prompt,
@@ -85,10 +86,12 @@ class GatedDeltaNet(nn.Module):
     in_proj_a merged into one matmul; Qwen3-Next's fused in_proj_qkvz and in_proj_ba are
     reordered into them at load, models/fused_weights.py)."""
 
-    def __init__(self, config: Any):
+    def __init__(self, config: Any, tp: TPGroup):
+        """This rank's key heads and the value heads they serve; out_proj's partial sums are
+        added across ranks."""
         super().__init__()
-        shape = linear_attention_of(config)
-        self.shape = shape
+        shape = linear_attention_of(config).sharded(tp.size)
+        self.shape, self.tp = shape, tp
         keys = shape.num_k_heads * shape.key_dim
         values = shape.num_v_heads * shape.value_dim
         heads = shape.num_v_heads
@@ -122,7 +125,7 @@ class GatedDeltaNet(nn.Module):
         beta = b.sigmoid().float()
         o = self._delta(q, k, v, g, beta, states, runs).to(x.dtype)
         o = self.norm(o, z.reshape(tokens, shape.num_v_heads, shape.value_dim))
-        return self.out_proj(o.reshape(tokens, -1))
+        return self.tp.all_reduce(self.out_proj(o.reshape(tokens, -1)))
 
     def _convolve(self, qkv: torch.Tensor, states: StateLayer,
                   runs: SequenceRuns) -> torch.Tensor:

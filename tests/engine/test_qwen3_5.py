@@ -1,10 +1,10 @@
 """Qwen3.5's text model (`Qwen3_5ForCausalLM`, and on text the language model of
-`Qwen3_5ForConditionalGeneration`): gated delta nets (linear attention, a state per sequence
-in place of keys and values) and gated full attention. Greedy output and log-probabilities
-equal transformers batched, chunked (a chunk past the delta rule's own chunk of 64 too),
-alone, when sequences reuse each other's state slots, when they are preempted, forked
-(n > 1) and under async scheduling; prefix caching is off; tensor parallelism and
-speculative decoding are refused by their options."""
+`Qwen3_5ForConditionalGeneration`), its mixtures of experts and Qwen3-Next: gated delta nets
+(linear attention, a state per sequence in place of keys and values) and gated full
+attention. Greedy output and log-probabilities equal transformers batched, chunked (a chunk
+past the delta rule's own chunk of 64 too), alone, when sequences reuse each other's state
+slots, when they are preempted, forked (n > 1), under async scheduling and over two
+tensor-parallel ranks; prefix caching is off; speculative decoding is refused by its option."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from model_support import (
     make_random_model,
     mixed_prompts,
 )
-from qwen3_5_support import qwen3_5_config
+from qwen3_5_support import qwen3_5_config, qwen3_5_moe_config, qwen3_next_config
 from safetensors.torch import load_file, save_file
 
 from tokenmill.engine import LLM, SamplingParams
@@ -151,6 +151,26 @@ def test_the_profiled_step_runs_and_leaves_the_states_untouched(qwen3_5_dir, pro
         assert [out[0] for out in _greedy(llm, prompts)] == expected
 
 
+@pytest.mark.parametrize("kind", ["qwen3_5_moe", "qwen3_5_moe_stacked", "qwen3_next"])
+def test_the_mixtures_of_experts_equal_transformers(tmp_path, vocab_tokenizer, prompts, kind):
+    """Qwen3.5-MoE (its experts as transformers writes them, one tensor per expert's part,
+    and as it holds them, two stacked tensors per layer) and Qwen3-Next (a gated delta net's
+    projections fused per key head, a dense layer among the sparse ones)."""
+    vocab = len(vocab_tokenizer)
+    config = qwen3_next_config(vocab) if kind == "qwen3_next" else qwen3_5_moe_config(vocab)
+    directory = _make(str(tmp_path), config, vocab_tokenizer)
+    reference = hf_reference(directory)
+    if kind == "qwen3_5_moe_stacked":
+        tensors = {k: v.contiguous() for k, v in reference.state_dict().items()}
+        assert "model.layers.0.mlp.experts.gate_up_proj" in tensors
+        save_file(tensors, f"{directory}/model.safetensors", metadata={"format": "pt"})
+    expected = [hf_greedy(reference, p, MAX_NEW) for p in prompts]
+    with LLM(directory, **ENGINE) as llm:
+        assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected
+        assert [out[0] for out in _greedy(llm, prompts)] == expected
+        _all_released(llm)
+
+
 def test_the_language_model_of_the_multimodal_checkpoint(tmp_path, vocab_tokenizer, prompts):
     import transformers
 
@@ -168,9 +188,29 @@ def test_the_language_model_of_the_multimodal_checkpoint(tmp_path, vocab_tokeniz
         assert [out[0] for out in _greedy(llm, prompts)] == expected
 
 
-def test_tensor_parallelism_and_speculation_are_refused(qwen3_5_dir):
-    with pytest.raises(ConfigError, match="tensor_parallel_size.*linear-attention"):
-        LLM(qwen3_5_dir, tensor_parallel_size=2, **ENGINE)
+def test_tensor_parallel_equals_transformers(qwen3_5_dir, reference, prompts, expected):
+    """Two ranks: each holds one key head of the gated delta nets with the two value heads
+    it serves (their rows of in_proj_qkv and of the convolution taken from each kind's
+    block) and its states, and half the attention heads, each with its gate."""
+    with LLM(qwen3_5_dir, tensor_parallel_size=2, **ENGINE) as llm:
+        layer = llm.engine.runner.model.model.layers[0].linear_attn
+        assert (layer.shape.num_k_heads, layer.shape.num_v_heads) == (1, 2)
+        assert llm.engine.runner.states.ssm.shape[2] == 2
+        assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected
+
+
+def test_tensor_parallel_splits_the_experts_and_qwen3_nexts_fused_projections(
+        tmp_path, vocab_tokenizer, prompts):
+    directory = _make(str(tmp_path), qwen3_next_config(len(vocab_tokenizer)), vocab_tokenizer)
+    reference = hf_reference(directory)
+    expected = [hf_greedy(reference, p, MAX_NEW) for p in prompts]
+    with LLM(directory, tensor_parallel_size=2, **ENGINE) as llm:
+        assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected
+
+
+def test_tensor_parallelism_needs_whole_key_heads_and_speculation_is_refused(qwen3_5_dir):
+    with pytest.raises(ConfigError, match="tensor_parallel_size.*2 linear-attention key heads"):
+        LLM(qwen3_5_dir, tensor_parallel_size=4, **ENGINE)
     with pytest.raises(ConfigError, match="speculative_config.*linear-attention"):
         LLM(qwen3_5_dir, speculative_config={"method": "ngram", "num_speculative_tokens": 2},
             **ENGINE)
