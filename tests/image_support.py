@@ -356,7 +356,8 @@ QWEN_TEMPLATE = CHAT_TEMPLATE.replace("<image>\n", "".join(QWEN_TOKENS))
 def make_qwen_vl(directory: str, tokenizer, kind: str = "qwen2_vl") -> str:
     """A Qwen2-VL (or Qwen2.5-VL: RMSNorm, gated MLP, windows of 2 x 2 merged blocks with one
     block over the whole image; or Qwen3-VL: a learned 4 x 4 position table, DeepStack, over
-    a Qwen3, or Qwen3-VL-MoE over experts) checkpoint: 7-pixel patches merged 2 x 2, images
+    a Qwen3, or Qwen3-VL-MoE over experts; or Qwen3.5: that tower without DeepStack over
+    Qwen3.5's layers) checkpoint: 7-pixel patches merged 2 x 2, images
     read at their own size up to 56 x 70 pixels, over a small language model whose rotary
     frequencies split 2 / 3 / 3 between frame, row and column."""
     import transformers
@@ -390,6 +391,18 @@ def make_qwen_vl(directory: str, tokenizer, kind: str = "qwen2_vl") -> str:
             text_config=text, vision_config=dict(
                 vision, hidden_size=32, intermediate_size=48, out_hidden_size=64,
                 num_position_embeddings=16, deepstack_visual_indexes=[0, 1]), **ids)
+    elif kind == "qwen3_5":  # Qwen3.5: Qwen3-VL's tower without DeepStack, over gated
+        # delta nets and gated attention turning whole heads
+        from qwen3_5_support import LAYERS
+
+        text["rope_parameters"].update(mrope_interleaved=True, partial_rotary_factor=1.0)
+        text.update(head_dim=16, num_hidden_layers=4, layer_types=LAYERS,
+                    linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=16,
+                    linear_num_key_heads=2, linear_num_value_heads=4)
+        config = transformers.Qwen3_5Config(
+            text_config=text, vision_config=dict(
+                vision, hidden_size=32, intermediate_size=48, out_hidden_size=64,
+                num_position_embeddings=16), **ids)
     else:
         config = transformers.Qwen2_5_VLConfig(
             text_config=text, vision_config=dict(

@@ -42,7 +42,9 @@ ENCODERS = {"LlavaForConditionalGeneration": LlavaImageEncoder,
             "Qwen2VLForConditionalGeneration": QwenImageEncoder,
             "Qwen2_5_VLForConditionalGeneration": QwenImageEncoder,
             "Qwen3VLForConditionalGeneration": QwenImageEncoder,
-            "Qwen3VLMoeForConditionalGeneration": QwenImageEncoder}
+            "Qwen3VLMoeForConditionalGeneration": QwenImageEncoder,
+            "Qwen3_5ForConditionalGeneration": QwenImageEncoder,
+            "Qwen3_5MoeForConditionalGeneration": QwenImageEncoder}
 # The vision towers each architecture's encoder runs.
 TOWERS_OF = {"LlavaForConditionalGeneration": (*TOWERS, "pixtral"),
              "LlavaNextForConditionalGeneration": TOWERS,
@@ -55,7 +57,9 @@ TOWERS_OF = {"LlavaForConditionalGeneration": (*TOWERS, "pixtral"),
              "Qwen2VLForConditionalGeneration": qwen_vision.QWEN2_VL,
              "Qwen2_5_VLForConditionalGeneration": qwen_vision.QWEN2_5_VL,
              "Qwen3VLForConditionalGeneration": qwen_vision.QWEN3_VL,
-             "Qwen3VLMoeForConditionalGeneration": qwen_vision.QWEN3_VL}
+             "Qwen3VLMoeForConditionalGeneration": qwen_vision.QWEN3_VL,
+             "Qwen3_5ForConditionalGeneration": qwen_vision.QWEN3_5,
+             "Qwen3_5MoeForConditionalGeneration": qwen_vision.QWEN3_5}
 INTERNVL = "InternVLForConditionalGeneration"
 # Architectures whose prompt writes an image out with tags that follow its grid of tiles.
 TILE_TAGGED = ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration")
@@ -63,7 +67,8 @@ TILE_TAGGED = ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGenerat
 TILED = ("LlavaNextForConditionalGeneration", "LlavaOnevisionForConditionalGeneration")
 # Architectures whose image rows take 3-D (frame, row, column) rotary positions (M-RoPE).
 GRID_POSITIONS = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
-                  "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration")
+                  "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
+                  "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
 # Where checkpoints keep the tower and the projector: as first published and as transformers
 # has saved them since 4.52 (under `model.`); the tower's tensors under `vision_model.` or not
 # (transformers 5); Qwen's under `visual.` (or `model.visual.`); Idefics 3's under

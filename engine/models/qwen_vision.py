@@ -24,6 +24,8 @@ from tokenmill.engine.models.vision_encoder import RMSNorm, activation
 QWEN2_VL = ("qwen2_vl_vision", "qwen2_vl")
 QWEN2_5_VL = ("qwen2_5_vl_vision", "qwen2_5_vl")
 QWEN3_VL = ("qwen3_vl_vision", "qwen3_vl", "qwen3_vl_moe_vision", "qwen3_vl_moe")
+# Qwen3.5's tower is Qwen3-VL's without DeepStack.
+QWEN3_5 = ("qwen3_5_vision", "qwen3_5_moe_vision")
 EPS = 1e-6
 
 
@@ -232,7 +234,7 @@ class QwenVisionTower(nn.Module):
             self.pos_embed = nn.Embedding(config.num_position_embeddings, dim)
             self.side = int(config.num_position_embeddings ** 0.5)
             self.merger = Qwen3Merger(dim, out, self.merge, after_concat=False)
-            self.deepstack = list(config.deepstack_visual_indexes)
+            self.deepstack = list(getattr(config, "deepstack_visual_indexes", None) or [])
             self.deepstack_merger_list = nn.ModuleList(
                 Qwen3Merger(dim, out, self.merge, after_concat=True) for _ in self.deepstack)
         else:
@@ -297,7 +299,7 @@ class QwenImageEncoder(nn.Module):
         super().__init__()
         vision = config.vision_config
         kind = "qwen2_5" if vision.model_type in QWEN2_5_VL else \
-            "qwen3" if vision.model_type in QWEN3_VL else "qwen2"
+            "qwen3" if vision.model_type in QWEN3_VL + QWEN3_5 else "qwen2"
         out = vision.hidden_size if kind == "qwen2" else vision.out_hidden_size
         self.visual = QwenVisionTower(vision, out, kind)
 
