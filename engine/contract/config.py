@@ -26,6 +26,7 @@ DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 KV_CACHE_DTYPE_ALIASES = {"fp8_e4m3": "fp8"}
 QUANTIZATIONS = (None, "none", "int8", "fp8", "gguf")
 KV_CACHE_DTYPES = ("auto", "int8", "fp8", "fp8_e5m2")
+SSM_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # The GPUs per replica the CRD offers; the engine itself runs any size that divides the model.
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 BLOCK_SIZES = (8, 16, 32, 64, 128)
@@ -235,6 +236,12 @@ class EngineConfig:
         "per token and KV head: about 2x the tokens of bfloat16 in the same memory. fp8 and "
         "fp8_e5m2 with the Triton backend need a GPU of compute capability 8.9 or newer.",
     )
+    mamba_ssm_cache_dtype: str = _opt(
+        "auto",
+        "dtype of the recurrent state a linear-attention layer (Qwen3.5's, Qwen3-Next's gated "
+        "delta nets) keeps per sequence: auto (float32, as transformers keeps it), float32, "
+        "bfloat16 or float16 (half the memory per --max-num-seqs slot).",
+    )
     enable_prefix_caching: bool = _opt(
         True, "Reuse the KV cache of earlier requests that share a prompt prefix."
     )
@@ -384,6 +391,8 @@ class EngineConfig:
                f"{self.quantization!r} is not one of none, int8, fp8, gguf (or unset)")
         _check(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype",
                f"{self.kv_cache_dtype!r} is not one of {KV_CACHE_DTYPES}")
+        _check(self.mamba_ssm_cache_dtype in SSM_CACHE_DTYPES, "mamba_ssm_cache_dtype",
+               f"{self.mamba_ssm_cache_dtype!r} is not one of {SSM_CACHE_DTYPES}")
         _check(self.kv_offloading_size >= 0, "kv_offloading_size",
                f"must be a number of GiB >= 0, got {self.kv_offloading_size}")
         _check(not self.kv_offloading_size or self.enable_prefix_caching, "kv_offloading_size",

@@ -93,13 +93,15 @@ def profile_memory(model: CausalLM, layout: KVCacheLayout, device: torch.device,
                    attention_backend: str, memory: MemoryProbe, *, max_num_batched_tokens: int,
                    max_num_seqs: int, max_model_len: int,
                    on_logits: Callable[[torch.Tensor], object] | None = None,
-                   on_images: Callable[[], object] | None = None) -> MemoryProfile:
+                   on_images: Callable[[], object] | None = None,
+                   state_dtype: torch.dtype = torch.float32) -> MemoryProfile:
     """Run the worst-case step on the loaded model over a temporary pool and measure it;
     `on_images` (rank 0 of a model that reads images) encodes the largest batch of images
     one step may, its activations joining the peak.
 
-    A model with linear-attention layers also holds its recurrent states for max_num_seqs
-    sequences in the step (they join the peak, as the real pool's will take that room).
+    A model with linear-attention layers also holds its recurrent states (in `state_dtype`)
+    for max_num_seqs sequences in the step (they join the peak, as the real pool's will take
+    that room).
 
     The temporary pool is freed (and the allocator's cache emptied) before this returns, so
     the real pool is allocated into memory nothing else holds. The model is only read.
@@ -112,7 +114,8 @@ def profile_memory(model: CausalLM, layout: KVCacheLayout, device: torch.device,
         if on_images is not None:
             on_images()  # its rows are let go before the step: only its peak stays
         runner = ModelRunner(model, num_blocks, layout, device,
-                             attention_backend=attention_backend, state_slots=max_num_seqs)
+                             attention_backend=attention_backend, state_slots=max_num_seqs,
+                             state_dtype=state_dtype)
         logits = runner.run(step)
         if on_logits is not None:
             on_logits(logits)

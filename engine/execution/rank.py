@@ -17,6 +17,7 @@ from tokenmill.engine.execution.kv_layout import KVCacheLayout
 from tokenmill.engine.execution.kv_sizing import MemoryProfile, host_tier_blocks, kv_sizing
 from tokenmill.engine.execution.lora_slots import LoRASlots
 from tokenmill.engine.execution.profile_run import CudaMemory, profile_memory
+from tokenmill.engine.execution.recurrent_states import ssm_dtype
 from tokenmill.engine.execution.runner import ModelRunner
 from tokenmill.engine.execution.startup_phases import StartupPhases
 from tokenmill.engine.models.architecture import encoder_of, moe_shape_of
@@ -93,7 +94,8 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
                               max_model_len=setup.max_model_len,
                               on_logits=on_logits,
                               on_images=encode_largest if image_encoder is not None
-                              and largest_images is not None else None)
+                              and largest_images is not None else None,
+                              state_dtype=ssm_dtype(config.mamba_ssm_cache_dtype))
 
     with phases.phase("kv_profile"):
         sizing = kv_sizing(config, layout.bytes_per_block + extra_bytes_per_block, device.type,
@@ -108,7 +110,8 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
         runner = ModelRunner(model, num_blocks, layout, device,
                              attention_backend=setup.attention_backend,
                              num_host_blocks=host_blocks, lora=lora,
-                             state_slots=config.max_num_seqs)
+                             state_slots=config.max_num_seqs,
+                             state_dtype=ssm_dtype(config.mamba_ssm_cache_dtype))
         runner.image_encoder = image_encoder
     phases.seconds["graph_capture"] = 0.0
     if graphs_wanted(device.type, setup.attention_backend, config.enforce_eager,

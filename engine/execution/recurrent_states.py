@@ -13,25 +13,25 @@ from tokenmill.engine.execution.zeroed import zeroed
 from tokenmill.engine.layers.state_layer import StateLayer
 from tokenmill.engine.layers.to_device import list_to_device
 
-SSM_DTYPE = torch.float32  # the delta rule's state, as transformers keeps it
+
+def ssm_dtype(name: str) -> torch.dtype:
+    """--mamba-ssm-cache-dtype: auto keeps the delta rule's state in float32, as
+    transformers does."""
+    return torch.float32 if name == "auto" else getattr(torch, name)
 
 
 class RecurrentStates:
     def __init__(self, shape: LinearAttention, num_layers: int, num_slots: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device,
+                 state_dtype: torch.dtype = torch.float32):
+        """`dtype`: the convolution's inputs' (the model's); `state_dtype`: the rule's."""
         self.num_slots = num_slots
         self.device = device
         rows = num_slots + 1  # the last: rows of no sequence
         self.conv = zeroed((num_layers, rows, shape.conv_channels, shape.conv_kernel - 1),
                            dtype, device)
         self.ssm = zeroed((num_layers, rows, shape.num_v_heads, shape.key_dim,
-                           shape.value_dim), SSM_DTYPE, device)
-
-    @staticmethod
-    def bytes_per_slot(shape: LinearAttention, num_layers: int, dtype: torch.dtype) -> int:
-        conv = shape.conv_channels * (shape.conv_kernel - 1) * dtype.itemsize
-        ssm = shape.num_v_heads * shape.key_dim * shape.value_dim * SSM_DTYPE.itemsize
-        return num_layers * (conv + ssm)
+                           shape.value_dim), state_dtype, device)
 
     @property
     def nbytes(self) -> int:

@@ -33,11 +33,12 @@ class ModelRunner:
     def __init__(self, model: CausalLM, num_blocks: int, layout: KVCacheLayout,
                  device: torch.device, attention_backend: str = "torch",
                  num_host_blocks: int = 0, lora: LoRASlots | None = None,
-                 state_slots: int = 0):
+                 state_slots: int = 0, state_dtype: torch.dtype = torch.float32):
         """`state_slots`: sequences whose recurrent states the pool holds at once, for a
-        model with linear-attention layers (--max-num-seqs; execution/recurrent_states.py)."""
+        model with linear-attention layers (--max-num-seqs; execution/recurrent_states.py),
+        in `state_dtype` (--mamba-ssm-cache-dtype)."""
         self.model = model
-        self.state_slots = state_slots
+        self.state_slots, self.state_dtype = state_slots, state_dtype
         self.attention_backend = attention_backend  # "torch" or "triton", already resolved
         self.device = device
         self.layout = layout
@@ -81,7 +82,7 @@ class ModelRunner:
         self.states = RecurrentStates(linear_attention_of(self.model.config).sharded(ranks),
                                       len(linear),
                                       max(self.state_slots, 1), self.model.lm_head.weight.dtype,
-                                      device) if linear else None
+                                      device, self.state_dtype) if linear else None
         self.kv_caches = [self._layer_view(i) if i not in linear else
                           self.states.layer(linear.index(i)) for i in range(layout.model_layers)]
         self.offload = KVOffload(self._pool_tensors(), self.num_host_blocks, device) \

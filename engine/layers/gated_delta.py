@@ -52,12 +52,12 @@ def delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
                beta: torch.Tensor, states: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """One token per sequence (q, k [B, heads, key_dim], v [B, heads, value_dim], g and beta
     [B, heads], float32) through the rule from each one's state (states [slots, heads,
-    key_dim, value_dim], float32), updated in place; returns o [B, heads, value_dim]."""
-    state = states[slots] * g.exp()[..., None, None]
+    key_dim, value_dim]), updated in place, in float32; returns o [B, heads, value_dim]."""
+    state = states[slots].float() * g.exp()[..., None, None]
     remembered = torch.einsum("bhkv,bhk->bhv", state, k)
     write = (v - remembered) * beta[..., None]
     state = state + k[..., :, None] * write[..., None, :]
-    states[slots] = state
+    states[slots] = state.to(states.dtype)
     return torch.einsum("bhkv,bhk->bhv", state, q)
 
 
@@ -65,10 +65,11 @@ def delta_prompt(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Ten
                  beta: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
     """One sequence's L tokens (q, k [L, heads, key_dim], v [L, heads, value_dim], g and
     beta [L, heads], float32) through the rule from `state` [heads, key_dim, value_dim]
-    (float32, updated in place), CHUNK tokens at a time; returns o [L, heads, value_dim]."""
+    (updated in place), CHUNK tokens at a time, in float32; returns o [L, heads,
+    value_dim]."""
     q, k, v = (t.transpose(0, 1) for t in (q, k, v))
     g, beta = g.t(), beta.t()
-    s = state.clone()
+    s = state.float()  # the pool may keep it in 16 bits
     outputs = []
     for start in range(0, q.shape[1], CHUNK):
         window = slice(start, start + CHUNK)

@@ -13,6 +13,7 @@ import torch
 from model_support import (
     greedy_with_hf_logprobs,
     hf_greedy,
+    hf_logprobs,
     hf_reference,
     make_random_model,
     mixed_prompts,
@@ -106,6 +107,20 @@ def test_slots_reused_preempted_and_forked_equal_transformers(qwen3_5_dir, promp
 def test_async_scheduling_equals_transformers(qwen3_5_dir, prompts, expected):
     with LLM(qwen3_5_dir, async_scheduling=True, **ENGINE) as llm:
         assert [out[0] for out in _greedy(llm, prompts)] == expected
+
+
+def test_states_kept_in_bfloat16_stay_close(qwen3_5_dir, reference, prompts):
+    """--mamba-ssm-cache-dtype bfloat16: half the memory per slot; each token the engine
+    picks has, under the reference model, a log-probability within 0.05 of the engine's."""
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
+    with LLM(qwen3_5_dir, mamba_ssm_cache_dtype="bfloat16", **ENGINE) as llm:
+        assert llm.engine.runner.states.ssm.dtype == torch.bfloat16
+        outputs = [o.outputs[0] for o in llm.generate(prompts[-2:], params)]
+    for prompt, out in zip(prompts[-2:], outputs, strict=True):
+        got = [step[t] for step, t in zip(out.logprobs, out.token_ids, strict=True)]
+        assert got == pytest.approx(hf_logprobs(reference, prompt, out.token_ids), abs=0.05)
+    with pytest.raises(ConfigError, match="mamba_ssm_cache_dtype"):
+        LLM(qwen3_5_dir, mamba_ssm_cache_dtype="int8", **ENGINE)
 
 
 def test_a_prompt_longer_than_the_rules_chunk(qwen3_5_dir, reference, vocab_tokenizer):
