@@ -160,10 +160,14 @@ class ModelShape:
         shared = getattr(config, "shared_expert_intermediate_size", None) or \
             expert_width * int(getattr(config, "n_shared_experts", None) or
                                getattr(config, "moe_num_shared_experts", None) or 0)
+        dense = getattr(config, "intermediate_size", 0)
+        if getattr(config, "model_type", None) == "llama4_text":
+            # Llama 4: intermediate_size is an expert's width and its shared expert's, the
+            # dense layers' MLP is intermediate_size_mlp wide.
+            dense, shared = int(config.intermediate_size_mlp), expert_width
         linear = linear_attention_of(config)
         return cls(heads, getattr(config, "num_key_value_heads", None) or heads,
-                   getattr(config, "intermediate_size", 0), expert_width, shared,
-                   linear.num_k_heads if linear else 0)
+                   dense, expert_width, shared, linear.num_k_heads if linear else 0)
 
     def problems(self, tp: int) -> list[str]:
         """What `tp` ranks cannot split: every rank needs whole attention heads and an equal

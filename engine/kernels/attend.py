@@ -56,17 +56,19 @@ def dim_block(head_dim: int) -> int:
 def attend_context(
     q, q_pos, q_last, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr, kv_head, start,
     end, qk_scale, window, softcap, block_size, stride_cb, stride_ct, stride_ch, stride_sb,
-    stride_st, head_dim,
+    stride_st, head_dim, chunk,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, QUANTIZED: tl.constexpr, WINDOWED: tl.constexpr,
-    SOFTCAPPED: tl.constexpr,
+    SOFTCAPPED: tl.constexpr, CHUNKED: tl.constexpr,
 ):
     """Rows q [BLOCK_M, BLOCK_D] at positions q_pos attend to keys start..end-1 up to q_last
 (q_pos: causally; beyond it for rows that see a whole image both ways).
 
     WINDOWED: a row sees only its last `window` positions (sliding-window layers), so a tile
-    may hold no key some row sees. SOFTCAPPED: scores become softcap * tanh(score / softcap)
-    before the softmax (Gemma 2). Returns (acc, denom, m). Without a window every row must see
+    may hold no key some row sees; CHUNKED: likewise, a row sees only the positions of its
+    own chunk (Llama 4's chunked attention: from its position // chunk * chunk).
+    SOFTCAPPED: scores become softcap * tanh(score / softcap) before the softmax (Gemma 2).
+    Returns (acc, denom, m). Without a window every row must see
     a key in the first tile (m stays finite after it); the callers' ranges guarantee that. An
     empty range returns denom 0 and m -inf.
     """
@@ -100,10 +102,12 @@ def attend_context(
         visible = pos_ok[None, :] & (pos[None, :] <= q_last[:, None])
         if WINDOWED:
             visible = visible & (pos[None, :] > q_pos[:, None] - window)
+        if CHUNKED:
+            visible = visible & (pos[None, :] >= (q_pos[:, None] // chunk) * chunk)
         scores = tl.where(visible, scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, 1))
         m_use = m_new
-        if WINDOWED:
+        if WINDOWED or CHUNKED:
             # A row that has seen no key yet keeps m = -inf: offset by 0 so exp2 gives 0s.
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp2(scores - m_use[:, None])

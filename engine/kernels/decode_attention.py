@@ -33,7 +33,7 @@ MIN_SPLIT_TOKENS = 256  # shorter splits would cost more to merge than they save
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, seq_lens_ptr,
     part_out_ptr, part_lse_ptr,
-    qk_scale, window, softcap,
+    qk_scale, window, softcap, chunk,
     stride_qs, stride_qh,
     stride_cb, stride_ct, stride_ch, stride_sb, stride_st,
     stride_bt,
@@ -41,7 +41,7 @@ def _decode_split_kernel(
     block_size, group, head_dim, split_tokens,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, QUANTIZED: tl.constexpr, WINDOWED: tl.constexpr,
-    SOFTCAPPED: tl.constexpr,
+    SOFTCAPPED: tl.constexpr, CHUNKED: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -51,6 +51,8 @@ def _decode_split_kernel(
     end = tl.minimum(start + split_tokens, seq_len)
     if WINDOWED:  # the query sees its last `window` positions: earlier splits end up empty
         start = tl.maximum(start, seq_len - window)
+    if CHUNKED:  # the query sees its own chunk's positions only
+        start = tl.maximum(start, ((seq_len - 1) // chunk) * chunk)
 
     rows = tl.arange(0, BLOCK_G)  # query heads of this K/V head's group
     dims = tl.arange(0, BLOCK_D)
@@ -64,8 +66,8 @@ def _decode_split_kernel(
     acc, denom, m = attend_context(
         q, seq_end, seq_end, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
         block_tables_ptr + seq * stride_bt, kv_head, start, end, qk_scale, window, softcap,
-        block_size, stride_cb, stride_ct, stride_ch, stride_sb, stride_st, head_dim,
-        BLOCK_G, BLOCK_N, BLOCK_D, DOT_PRECISION, QUANTIZED, WINDOWED, SOFTCAPPED,
+        block_size, stride_cb, stride_ct, stride_ch, stride_sb, stride_st, head_dim, chunk,
+        BLOCK_G, BLOCK_N, BLOCK_D, DOT_PRECISION, QUANTIZED, WINDOWED, SOFTCAPPED, CHUNKED,
     )
 
     # An empty split (its sequence is shorter) leaves lse = -inf and weighs nothing in the merge.
@@ -114,16 +116,18 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      k_scale: torch.Tensor | None = None,
                      v_scale: torch.Tensor | None = None, window: int | None = None,
                      softcap: float | None = None,
-                     sinks: torch.Tensor | None = None, **settings: Any) -> torch.Tensor:
+                     sinks: torch.Tensor | None = None, chunk: int | None = None,
+                     **settings: Any) -> torch.Tensor:
     """q: [seqs, heads, dim], one query per sequence, at position seq_lens[i] - 1 -> same shape.
 
     Caches are [blocks, block_size, kv_heads, dim]; block_tables[i] lists sequence i's blocks.
     int8/fp8 caches come with their float32 scales [blocks, block_size, kv_heads].
     max_seq_len (a host int, so no device sync) sizes the splits; num_splits defaults to enough
     programs to fill a large GPU, with splits of at least MIN_SPLIT_TOKENS tokens.
-    window: the query sees only its last `window` positions; softcap: scores pass through
-    softcap * tanh(score / softcap); sinks: [heads], a logit per head in the softmax's
-    denominator (attention sinks), added when the splits merge. settings
+    window: the query sees only its last `window` positions; chunk: only those of its own
+    chunk of `chunk` positions; softcap: scores pass through softcap * tanh(score / softcap);
+    sinks: [heads], a logit per head in the softmax's denominator (attention sinks), added
+    when the splits merge. settings
     (launch_configs.KERNEL_DEFAULTS' names) override the device's measured launch config for
     this shape (the split kernel's).
     """
@@ -148,7 +152,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     k_scales, v_scales, scale_sb, scale_st = scale_args(k_cache, k_scale, v_scale)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, k_scales, v_scales, block_tables, seq_lens, part_out, part_lse,
-        scale * LOG2E, window or 0, (softcap or 0.0) * LOG2E,
+        scale * LOG2E, window or 0, (softcap or 0.0) * LOG2E, chunk or 0,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale_sb, scale_st,
         block_tables.stride(0),
@@ -157,7 +161,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         k_cache.shape[1], group, head_dim, split_tokens,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
         DOT_PRECISION=dot_precision(q.dtype), QUANTIZED=k_scale is not None,
-        WINDOWED=bool(window), SOFTCAPPED=bool(softcap),
+        WINDOWED=bool(window), SOFTCAPPED=bool(softcap), CHUNKED=bool(chunk),
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
     _merge_splits_kernel[(num_seqs, num_heads)](

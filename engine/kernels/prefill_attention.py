@@ -39,7 +39,7 @@ from tokenmill.engine.kernels.launch_configs import attention_key, launch_config
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, block_tables_ptr,
     seq_lens_ptr, query_start_ptr, sinks_ptr, last_ptr,
-    qk_scale, window, softcap,
+    qk_scale, window, softcap, chunk,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_ct, stride_ch, stride_sb, stride_st,
     stride_bt,
@@ -47,6 +47,7 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, QUANTIZED: tl.constexpr, WINDOWED: tl.constexpr,
     SOFTCAPPED: tl.constexpr, SINKS: tl.constexpr, LIMITED: tl.constexpr,
+    CHUNKED: tl.constexpr,
 ):
     program = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -88,11 +89,13 @@ def _prefill_kernel(
     start = 0
     if WINDOWED:  # keys before the tile's first query's window are masked for every row
         start = tl.maximum(prefix + (tile_m * BLOCK_M) // group - window + 1, 0)
+    if CHUNKED:  # and those before the chunk of the tile's first query
+        start = tl.maximum(start, ((prefix + (tile_m * BLOCK_M) // group) // chunk) * chunk)
     acc, denom, m = attend_context(
         q, q_pos, q_last, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
         block_tables_ptr + seq * stride_bt, kv_head, start, end, qk_scale, window, softcap,
-        block_size, stride_cb, stride_ct, stride_ch, stride_sb, stride_st, head_dim,
-        BLOCK_M, BLOCK_N, BLOCK_D, DOT_PRECISION, QUANTIZED, WINDOWED, SOFTCAPPED,
+        block_size, stride_cb, stride_ct, stride_ch, stride_sb, stride_st, head_dim, chunk,
+        BLOCK_M, BLOCK_N, BLOCK_D, DOT_PRECISION, QUANTIZED, WINDOWED, SOFTCAPPED, CHUNKED,
     )
     if SINKS:  # each head's sink logit (base 2) joins the denominator, adding no value
         sink = tl.load(sinks_ptr + heads, mask=row_ok, other=0.0)
@@ -116,14 +119,15 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       softcap: float | None = None,
                       sinks: torch.Tensor | None = None,
                       visible_until: torch.Tensor | None = None,
-                      **settings: Any) -> torch.Tensor:
+                      chunk: int | None = None, **settings: Any) -> torch.Tensor:
     """q: [tokens, heads, dim] of every sequence's new tokens -> attention output, same shape.
 
     Caches are [blocks, block_size, kv_heads, dim]; the new tokens' K/V must already be in them.
     int8/fp8 caches come with their float32 scales [blocks, block_size, kv_heads].
     The grid follows from the shapes alone (no device sync). zero_unowned: rows
     after the last sequence's are padding, left zero (the kernel writes only owned rows).
-    window: each query sees only its last `window` positions; softcap: scores pass through
+    window: each query sees only its last `window` positions; chunk: only those of its own
+    chunk of `chunk` positions (Llama 4); softcap: scores pass through
     softcap * tanh(score / softcap); sinks: [heads], a logit per head in every softmax's
     denominator (attention sinks); visible_until: [tokens], the last position each query
     sees (None: its own, causal attention), which an image's rows extend to the image's end.
@@ -146,7 +150,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     _prefill_kernel[grid](
         q, k_cache, v_cache, k_scales, v_scales, out, block_tables, seq_lens, query_start_loc,
         base2_sinks(sinks, q), seq_lens if visible_until is None else visible_until,
-        scale * LOG2E, window or 0, (softcap or 0.0) * LOG2E,
+        scale * LOG2E, window or 0, (softcap or 0.0) * LOG2E, chunk or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale_sb, scale_st,
         block_tables.stride(0),
@@ -154,7 +158,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         BLOCK_M=block_m, BLOCK_N=config["block_n"], BLOCK_D=dim_block(head_dim),
         DOT_PRECISION=dot_precision(q.dtype), QUANTIZED=k_scale is not None,
         WINDOWED=bool(window), SOFTCAPPED=bool(softcap), SINKS=sinks is not None,
-        LIMITED=visible_until is not None,
+        LIMITED=visible_until is not None, CHUNKED=bool(chunk),
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
     return out

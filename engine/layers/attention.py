@@ -85,7 +85,7 @@ def attention(q: torch.Tensor, cache: KVLayer, meta: AttentionMetadata,
                                 meta.max_seq_len, scores.scale,
                                 num_splits=meta.decode_splits, k_scale=cache.k_scale,
                                 v_scale=cache.v_scale, window=scores.window,
-                                softcap=scores.softcap, sinks=sinks)
+                                softcap=scores.softcap, sinks=sinks, chunk=scores.chunk)
     from tokenmill.engine.kernels.prefill_attention import prefill_attention
 
     return prefill_attention(q, cache.k, cache.v, meta.block_tables, meta.seq_lens,
@@ -93,4 +93,4 @@ def attention(q: torch.Tensor, cache: KVLayer, meta: AttentionMetadata,
                              k_scale=cache.k_scale, v_scale=cache.v_scale,
                              zero_unowned=meta.unowned_rows, window=scores.window,
                              softcap=scores.softcap, sinks=sinks,
-                             visible_until=meta.visible_until)
+                             visible_until=meta.visible_until, chunk=scores.chunk)

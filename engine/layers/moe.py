@@ -24,6 +24,12 @@ def route(logits: torch.Tensor, top_k: int,
     return weights, ids
 
 
+def route_top_sigmoid(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Llama 4's routing: the top_k logits, each weighted by its sigmoid (float32)."""
+    values, ids = torch.topk(logits, top_k, dim=-1)
+    return torch.sigmoid(values.float()), ids
+
+
 def route_grouped(logits: torch.Tensor, correction: torch.Tensor | None, top_k: int,
                   groups: int, topk_group: int, renormalize: bool, scale: float,
                   softmax: bool = False, group_top: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,8 +61,10 @@ def route_grouped(logits: torch.Tensor, correction: torch.Tensor | None, top_k: 
 
 def experts_sum(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                 num_experts: int,
-                run: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """For every row of x: the sum over its chosen experts of weight * expert(row), in x's
+                run: Callable[[int, torch.Tensor], torch.Tensor],
+                scale_inputs: bool = False) -> torch.Tensor:
+    """For every row of x: the sum over its chosen experts of weight * expert(row) (with
+    `scale_inputs`, Llama 4's, of expert(weight * row), the product in x's dtype), in x's
     dtype; `run(e, rows)` is expert e's output for those rows. The rows are sorted by expert
     once and the per-expert counts read on the host (one copy per call), so an expert no row
     chose costs nothing."""
@@ -72,7 +80,11 @@ def experts_sum(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
         if count:
             stop = start + count
             picked = rows[start:stop]
-            y = run(expert, x.index_select(0, picked)).float() * chosen_weights[start:stop, None]
+            weight = chosen_weights[start:stop, None]
+            if scale_inputs:
+                y = run(expert, x.index_select(0, picked) * weight.to(x.dtype)).float()
+            else:
+                y = run(expert, x.index_select(0, picked)).float() * weight
             out.index_add_(0, picked, y)
             start = stop
     return out.to(x.dtype)

@@ -67,12 +67,15 @@ class DecodeBucket:
 @dataclass(frozen=True)
 class Scores:
     """How a layer turns q.k into attention weights: the scale, the sliding window (each query
-    sees its last `window` positions; None: the whole context) and Gemma 2's soft cap
-    (softcap * tanh(score / softcap) before the softmax; None: none)."""
+    sees its last `window` positions; None: the whole context), Gemma 2's soft cap
+    (softcap * tanh(score / softcap) before the softmax; None: none) and Llama 4's chunks
+    (each query sees the positions of its own chunk of `chunk`, from position // chunk *
+    chunk; None: no chunks)."""
 
     scale: float
     window: int | None = None
     softcap: float | None = None
+    chunk: int | None = None
 
 
 def paged_attention(
@@ -198,7 +201,7 @@ def _prefill_one(q, cache: KVLayer, meta, i, scores: Scores, sinks: torch.Tensor
     # 4-D inputs: with 3-D ones CPU SDPA falls back to its unfused math path (about 3x slower).
     qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
     if ctx == q_len and scores.window is None and scores.softcap is None and sinks is None \
-            and last is None:
+            and last is None and scores.chunk is None:
         o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scores.scale,
                                            enable_gqa=True)
     else:
@@ -207,6 +210,8 @@ def _prefill_one(q, cache: KVLayer, meta, i, scores: Scores, sinks: torch.Tensor
         visible = key_pos <= (query_pos if last is None else last)
         if scores.window is not None:
             visible &= key_pos > query_pos - scores.window
+        if scores.chunk is not None:
+            visible &= key_pos >= query_pos // scores.chunk * scores.chunk
         o = _attend(qh, kh, vh, visible, scores, None if sinks is None else sinks.view(-1, 1, 1))
     return o[0].transpose(0, 1)
 
@@ -251,10 +256,17 @@ def _decode_bucket(q, cache: KVLayer, bucket: DecodeBucket, scores: Scores,
     mask = bucket.mask
     if mask is None:
         start = 0 if scores.window is None else max(bucket.length - scores.window, 0)
+        if scores.chunk is not None:  # the query at length - 1 sees its own chunk
+            start = max(start, (bucket.length - 1) // scores.chunk * scores.chunk)
         k, v = k[:, start:bucket.length], v[:, start:bucket.length]
-    elif scores.window is not None:
+    else:
         positions = torch.arange(length, device=k.device)
-        mask = mask & (positions >= bucket.lengths.unsqueeze(1) - scores.window)[:, None, None]
+        if scores.window is not None:
+            mask = mask & (positions >= bucket.lengths.unsqueeze(1)
+                           - scores.window)[:, None, None]
+        if scores.chunk is not None:
+            first = (bucket.lengths - 1) // scores.chunk * scores.chunk
+            mask = mask & (positions >= first.unsqueeze(1))[:, None, None]
     rows = q if q.shape[0] == batch == 1 else q.index_select(0, bucket.rows)
     grouped = rows.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     o = _attend(grouped, k.transpose(1, 2), v.transpose(1, 2), mask, scores,

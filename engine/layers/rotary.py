@@ -310,6 +310,24 @@ class ScaledQueries(NamedTuple):
         return q * self.scale, k
 
 
+class QueryScale(NamedTuple):
+    """Llama 4's attention temperature in its layers without positional encoding
+    (attn_temperature_tuning): no turn, each query times its position's scale (float32, the
+    product rounded to the model dtype as transformers does)."""
+
+    scale: torch.Tensor  # [T, 1, 1] float32
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (q * self.scale).to(q.dtype), k
+
+
+def nope_query_scale(positions: torch.Tensor, floor_scale: int,
+                     attn_scale: float) -> QueryScale:
+    """1 + attn_scale * log(1 + floor((position + 1) / floor_scale)) per row."""
+    scale = torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0
+    return QueryScale(scale[:, None, None])
+
+
 def query_temperature(params: dict) -> tuple[float, int] | None:
     """(beta, original_max_position_embeddings) of Llama 4's attention temperature where these
     rope settings ask for it, else None."""

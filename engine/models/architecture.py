@@ -58,6 +58,10 @@ class ArchitectureFlags:
     # Qwen3.5 and Qwen3-Next: norms scale by 1 + weight, as Gemma's (and nothing else of
     # Gemma's).
     unit_offset_norms: bool = False
+    # Llama 4: q and k normalized (no weight) after the rotary turn where use_qk_norm, the
+    # rotating layers attending within chunks of attention_chunk_size, the others (no
+    # positional encoding) scaling queries by position (attn_temperature_tuning).
+    llama4: bool = False
 
     @property
     def norms_add_one(self) -> bool:
@@ -172,6 +176,11 @@ SUPPORTED = {
     # stored fused per key head (in_proj_qkvz, in_proj_ba; models/fused_weights.py).
     "Qwen3NextForCausalLM": ArchitectureFlags(qk_norm=True, unit_offset_norms=True,
                                               moe="qwen"),
+    # Llama 4 (Scout, Maverick): rotary over interleaved pairs (Llama 4's complex rotary), three
+    # layers in four rotating and attending within chunks, the fourth with no positional
+    # encoding over the whole context; experts chosen by their top logit's sigmoid, which
+    # scales the expert's input, beside an always-on shared expert, in the moe_layers.
+    "Llama4ForCausalLM": ArchitectureFlags(interleaved_rope=True, moe="llama4", llama4=True),
 }
 # A supported decoder with a classification head instead of its LM head, as transformers names
 # it: LlamaForSequenceClassification, Qwen3ForSequenceClassification, ... (the pooling runner).
@@ -219,7 +228,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
                "glm4_moe_lite": "Glm4MoeLiteForCausalLM", "minimax_m2": "MiniMaxM2ForCausalLM",
                "dots1": "Dots1ForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
-               "qwen3_5_text": "Qwen3_5ForCausalLM",
+               "qwen3_5_text": "Qwen3_5ForCausalLM", "llama4_text": "Llama4ForCausalLM",
                "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
                "qwen3_next": "Qwen3NextForCausalLM",
                # The text models of Qwen's vision-language models: on text alone their
@@ -243,7 +252,8 @@ MULTIMODAL_TEXT_MODELS = ("Gemma3ForConditionalGeneration", "Gemma4ForConditiona
                           "Qwen3VLForConditionalGeneration",
                           "Qwen3VLMoeForConditionalGeneration",
                           "Qwen3_5ForConditionalGeneration",
-                          "Qwen3_5MoeForConditionalGeneration")
+                          "Qwen3_5MoeForConditionalGeneration",
+                          "Llama4ForConditionalGeneration")
 
 
 @dataclass(frozen=True)
@@ -269,6 +279,8 @@ MOE_NAMES["deepseek_v2"] = MOE_NAMES["deepseek"]
 MOE_NAMES["minimax"] = MOE_NAMES["mixtral"]
 MOE_NAMES["ernie"] = MOE_NAMES["deepseek"]
 MOE_NAMES["mistral4"] = MOE_NAMES["deepseek"]
+MOE_NAMES["llama4"] = MoeNames("feed_forward", "gate_proj", "up_proj", "down_proj", "router",
+                               shared_gated=False)
 
 
 @dataclass(frozen=True)
@@ -308,6 +320,8 @@ class MoeShape:
     swiglu: tuple[float, float] | None = None
     # DeepSeek-V2/V3 and GLM-4.5: chosen within the best groups, scaled (GroupedRouting).
     grouped: GroupedRouting | None = None
+    # Llama 4: the top_k logits' sigmoids weigh the experts' inputs, not their outputs.
+    scales_inputs: bool = False
 
     def is_sparse(self, layer: int) -> bool:
         """Whether decoder layer `layer` has the sparse block (else a dense MLP of the
@@ -480,6 +494,7 @@ def moe_shape_of(config: Any) -> MoeShape | None:
         dense_layers=_dense_layers(config),
         biased=style == "gptoss",
         grouped=_grouped_routing(config, style),
+        scales_inputs=style == "llama4",
         swiglu=_gptoss_swiglu(config) if style == "gptoss" else None)
 
 
@@ -498,6 +513,8 @@ def _dense_layers(config: Any) -> frozenset[int]:
     dense = (frozenset(getattr(config, "mlp_only_layers", None) or ()) |
              frozenset(range(int(getattr(config, "first_k_dense_replace", 0) or 0))) |
              frozenset(i for i, kind in enumerate(kinds) if kind == "dense"))
+    if getattr(config, "model_type", None) == "llama4_text":  # Llama 4: its moe_layers
+        dense |= frozenset(range(config.num_hidden_layers)) - frozenset(config.moe_layers)
     first = getattr(config, "moe_layer_start_index", None)
     if first is not None:  # ERNIE 4.5: experts from first to last (-1: the last layer)
         layers = config.num_hidden_layers
@@ -553,6 +570,15 @@ def layer_window_of(config: Any, layer: int) -> int | None:
     if window is None or (layer_types is not None and layer_types[layer] != "sliding_attention"):
         return None
     return window
+
+
+def attention_chunk_of(config: Any, layer: int) -> int | None:
+    """The chunk decoder layer `layer` attends within (Llama 4's chunked_attention layers:
+    each query sees its own chunk of attention_chunk_size positions), None for any other."""
+    kinds = getattr(config, "layer_types", None) or ()
+    if not flags_of(config).llama4 or layer >= len(kinds) or kinds[layer] != "chunked_attention":
+        return None
+    return int(config.attention_chunk_size)
 
 
 def rotates_at(config: Any, layer: int) -> bool:

@@ -32,6 +32,7 @@ from tokenmill.engine.layers.rotary import (
     RopeKernel,
     RopeRows,
     RotaryEmbedding,
+    nope_query_scale,
     query_temperature,
     rope_parameters,
     scaled_queries,
@@ -41,6 +42,7 @@ from tokenmill.engine.layers.vocab_parallel import VocabParallelEmbedding
 from tokenmill.engine.models.architecture import (
     MoeShape,
     activation_of,
+    attention_chunk_of,
     classifier_of,
     flags_of,
     layer_window_of,
@@ -91,9 +93,12 @@ class Attention(nn.Module):
     head size) where layers differ (Gemma 4, on one rank)."""
 
     def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup, window: int | None = None,
-                 shape: tuple[int, int] | None = None, reads_earlier_kv: bool = False):
+                 shape: tuple[int, int] | None = None, reads_earlier_kv: bool = False,
+                 chunk: int | None = None, rotates: bool = True):
         """`reads_earlier_kv`: the layer's keys and values are an earlier layer's (Gemma 4's
-        shared KV), in the cache view it is given: it has a query projection only."""
+        shared KV), in the cache view it is given: it has a query projection only. `chunk`:
+        each query sees its own chunk of that many positions (Llama 4); `rotates`: the layer
+        turns q and k by position."""
         super().__init__()
         flags = flags_of(config)
         self.tp = tp
@@ -149,7 +154,11 @@ class Attention(nn.Module):
         scale = float(config.attention_multiplier) if flags.granite else scaled_by ** -0.5
         if flags.gemma4:  # its q and k norms set the scale
             scale = 1.0
-        self.scores = Scores(scale, window, getattr(config, "attn_logit_softcapping", None))
+        self.scores = Scores(scale, window, getattr(config, "attn_logit_softcapping", None),
+                             chunk)
+        # Llama 4: q and k normalized per head, without a weight, after the turn.
+        self.l2_qk_norm_eps = config.rms_norm_eps if flags.llama4 and rotates and \
+            bool(getattr(config, "use_qk_norm", False)) else None
         # GPT-OSS: this rank's heads' sink logits.
         self.sinks = nn.Parameter(torch.empty(self.num_heads)) if flags.attention_sinks \
             else None
@@ -184,6 +193,8 @@ class Attention(nn.Module):
             q, k = rope.rotate(q, k)
         if self.qk_norm and self.qk_norm_after_rope:
             q, k = self._norm_heads(q, k, meta.backend)
+        if self.l2_qk_norm_eps is not None:
+            q, k = (unit_rms_norm(t, self.l2_qk_norm_eps) for t in (q, k))
         store_kv(k, v, kv_cache, meta)
         o = attention(q, kv_cache, meta, self.scores, self.sinks).reshape(tokens, -1)
         if gate is not None:
@@ -262,12 +273,14 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup, sparse: MoeShape | None,
                  window: int | None = None, shape: tuple[int, int] | None = None,
-                 reads_earlier_kv: bool = False, linear: bool = False):
+                 reads_earlier_kv: bool = False, linear: bool = False,
+                 chunk: int | None = None, rotates: bool = True):
         """`sparse`: the mixture of experts this layer's feed-forward block is, None: a dense
         MLP. `window`: the sliding window its attention covers, None: the whole context.
         `shape`: its attention's (KV heads, head size) where layers differ;
         `reads_earlier_kv`: its keys and values are an earlier layer's (Gemma 4); `linear`:
-        its token mixer is a gated delta net (Qwen3.5), not attention."""
+        its token mixer is a gated delta net (Qwen3.5), not attention; `chunk`, `rotates`: as
+        Attention's."""
         super().__init__()
         flags = flags_of(config)
 
@@ -283,7 +296,7 @@ class DecoderLayer(nn.Module):
             self.linear_attn = GatedDeltaNet(config, tp)
         else:
             self.self_attn = LatentSelfAttention(config, plan, tp) if flags.latent_attention \
-                else Attention(config, plan, tp, window, shape, reads_earlier_kv)
+                else Attention(config, plan, tp, window, shape, reads_earlier_kv, chunk, rotates)
         if not self.parallel:
             self.post_attention_layernorm = norm()
         self.sandwich = flags.sandwich_norms
@@ -292,9 +305,9 @@ class DecoderLayer(nn.Module):
         if self.sandwich or flags.olmo:
             self.post_feedforward_layernorm = norm()
         # The feed-forward block, under the checkpoint's name (Mixtral: block_sparse_moe).
-        self.feed_forward = "mlp"
+        self.feed_forward_name = "mlp"
         if sparse is not None:
-            self.feed_forward = sparse.names.block
+            self.feed_forward_name = sparse.names.block
             setattr(self, sparse.names.block, SparseMoeBlock(config.hidden_size, sparse, tp))
         else:
             double = reads_earlier_kv and bool(getattr(config, "use_double_wide_mlp", False))
@@ -334,10 +347,10 @@ class DecoderLayer(nn.Module):
             self.self_attn(x, rope, kv_cache, meta)
         if not self.sandwich:
             x, residual = self.post_attention_layernorm(self._joining(x), residual, meta.backend)
-            return self._joining(getattr(self, self.feed_forward)(x, meta.backend)), residual
+            return self._joining(getattr(self, self.feed_forward_name)(x, meta.backend)), residual
         x, _ = self.post_attention_layernorm(x, None, meta.backend)
         x, residual = self.pre_feedforward_layernorm(x, residual, meta.backend)
-        x = getattr(self, self.feed_forward)(x, meta.backend)
+        x = getattr(self, self.feed_forward_name)(x, meta.backend)
         if self.moe is not None:
             x = self.post_feedforward_layernorm_1(x, None, meta.backend)[0] + \
                 self.moe(residual, meta.backend)
@@ -356,7 +369,7 @@ class DecoderLayer(nn.Module):
         residual = x if residual is None else residual + x
         x = self.self_attn(residual, rope, kv_cache, meta)
         residual = residual + self.post_attention_layernorm(x, None, meta.backend)[0]
-        x = getattr(self, self.feed_forward)(residual, meta.backend)
+        x = getattr(self, self.feed_forward_name)(residual, meta.backend)
         return self.post_feedforward_layernorm(x, None, meta.backend)[0], residual
 
     def _per_layer_input(self, stream: torch.Tensor, per_layer_input: torch.Tensor,
@@ -373,7 +386,7 @@ class DecoderLayer(nn.Module):
         joins it here, the MLP's at the next norm, in transformers' order of the adds."""
         x, residual = self.input_layernorm(x, residual, meta.backend)
         attended = self.self_attn(x, rope, kv_cache, meta)
-        return getattr(self, self.feed_forward)(x, meta.backend), residual + attended
+        return getattr(self, self.feed_forward_name)(x, meta.backend), residual + attended
 
     def _joining(self, branch: torch.Tensor) -> torch.Tensor:
         """A branch's output as it joins the residual stream (Granite scales it)."""
@@ -394,10 +407,11 @@ class DecoderModel(nn.Module):
         shapes = layer_attention_shapes(config)
         sources = kv_sources(config) or range(config.num_hidden_layers)
         linear = set(linear_attention_layers(config))
+        self.rotates = [rotates_at(config, i) for i in range(config.num_hidden_layers)]
         self.layers = nn.ModuleList(
             DecoderLayer(config, plan, tp, moe if moe is not None and moe.is_sparse(i) else None,
                          windows[i], shapes[i] if shapes else None, sources[i] != i,
-                         i in linear)
+                         i in linear, attention_chunk_of(config, i), self.rotates[i])
             for i in range(config.num_hidden_layers))
         # Gemma 4 E2B and E4B: a small input embedding per layer (models/gemma4.py).
         per_layer = per_layer_input_width(config) if flags.gemma4 else 0
@@ -415,9 +429,11 @@ class DecoderModel(nn.Module):
         # Sliding layers rotate with their own base where the config gives one (Gemma 3).
         self.local_rope = [window is not None and self.rotary_local is not None
                            for window in windows]
-        self.rotates = [rotates_at(config, i) for i in range(config.num_hidden_layers)]
         # Ministral 3: queries scaled by position past the pretraining context (Llama 4's).
         self.temperature = query_temperature(rope_parameters(config))
+        # Llama 4: the layers without positional encoding scale queries by position.
+        self.nope_temperature = (int(config.floor_scale), float(config.attn_scale)) \
+            if flags.llama4 and getattr(config, "attn_temperature_tuning", False) else None
 
     def rotary_tables(self) -> tuple[RotaryEmbedding, RotaryEmbedding | None]:
         """The rotary tables of full-attention layers, and of sliding ones where they differ
@@ -454,10 +470,12 @@ class DecoderModel(nn.Module):
             if rope_local is not None:
                 rope_local = scaled_queries(rope_local, positions, x.dtype, self.temperature)
         own = per_layer_inputs(self, input_ids, x) if self.per_layer else None
+        nope = None if self.nope_temperature is None else \
+            nope_query_scale(positions, *self.nope_temperature)
         residual = None
         for index, (layer, local, rotates, kv_cache) in enumerate(zip(
                 self.layers, self.local_rope, self.rotates, kv_caches, strict=True)):
-            turn = (rope_local if local else rope) if rotates else None
+            turn = (rope_local if local else rope) if rotates else nope
             x, residual = layer(x, residual, turn, kv_cache, meta,
                                 None if own is None else own[:, index])
             for row, rows in deep:  # x is the layer's output not yet in the residual stream

@@ -19,7 +19,11 @@ from typing import Any
 
 import torch
 
-from tokenmill.engine.contract.model_shape import linear_attention_of, num_experts_of
+from tokenmill.engine.contract.model_shape import (
+    ModelShape,
+    linear_attention_of,
+    num_experts_of,
+)
 from tokenmill.engine.models.architecture import QWEN3_5_MOE, QWEN3_VL_MOE
 from tokenmill.engine.models.decoder import head_dim_of, num_kv_heads_of
 
@@ -96,7 +100,7 @@ ERNIE_CORRECTION_BIAS = "mlp.moe_statics.e_score_correction_bias"
 def renamed(config: Any, name: str) -> str:
     """A checkpoint name under the model's own, where they differ (GraniteMoE's router,
     GLM-4's norms, MiniMax-M2's correction bias, StarCoder 2's MLP, Hunyuan's q and k
-    norms)."""
+    norms, Llama 4's dense MLP under feed_forward)."""
     if name.endswith(GRANITE_ROUTER):
         return name[:-len(GRANITE_ROUTER)] + "block_sparse_moe.gate.weight"
     if name.endswith(BLOCK_CORRECTION_BIAS):
@@ -108,6 +112,9 @@ def renamed(config: Any, name: str) -> str:
         index, _, part = rest.partition(".")
         if sep and part.startswith(GEMMA4_EXPERT_BLOCK):
             return f"{layer}.layers.{index}.moe.{part}"
+    if getattr(config, "model_type", None) == LLAMA4:  # a dense layer's MLP
+        for part in ("gate_proj", "up_proj", "down_proj"):
+            name = name.replace(f".feed_forward.{part}.", f".mlp.{part}.")
     parent, names = MODULE_NAMES.get(getattr(config, "model_type", None), ("", {}))
     for stored, ours in names.items():
         if f".{parent}.{stored}." in name:
@@ -178,9 +185,11 @@ def _qwen3_next_parts(config: Any, module: str) -> list[tuple[str, Take]]:
 # down, each [experts, in, out] as first published, [experts, out, in] as transformers 5
 # saves them; Mistral 4's and Gemma 4's checkpoints, published by transformers 5, in its
 # layout (Gemma 4's on the layer, read under its `moe`).
-STACKED_EXPERTS = ("mlp.experts", "moe.experts")
+STACKED_EXPERTS = ("mlp.experts", "moe.experts", "feed_forward.experts")
 QWEN_PARTS = ("gate_up_proj", "down_proj")
-STACKED_EXPERT_TYPES = (QWEN3_VL_MOE, QWEN3_5_MOE, "mistral4", "gemma4_text")
+# Llama 4 keeps them [experts, in, out] whichever transformers wrote them.
+LLAMA4 = "llama4_text"
+STACKED_EXPERT_TYPES = (QWEN3_VL_MOE, QWEN3_5_MOE, "mistral4", "gemma4_text", LLAMA4)
 
 
 def _saved_by_transformers_5(config: Any) -> bool:
@@ -191,9 +200,9 @@ def _saved_by_transformers_5(config: Any) -> bool:
 
 def _stacked_parts(config: Any, name: str) -> list[tuple[str, Take]]:
     parent, _, attr = name.rpartition(".")
-    width, hidden = config.moe_intermediate_size, config.hidden_size
+    width, hidden = ModelShape.of(config).expert_intermediate_size, config.hidden_size
     experts = num_experts_of(config)
-    newer = _saved_by_transformers_5(config)
+    newer = _saved_by_transformers_5(config) and config.model_type != LLAMA4
 
     def rows(w: torch.Tensor, out: int) -> torch.Tensor:
         """[experts, out, in] whichever way the checkpoint stores it (a square shape: by the

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from tokenmill.engine.contract.model_shape import linear_attention_of
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.distributed.sharding import ShardPlan
 from tokenmill.engine.layers.int4_linear import Int4Weight
@@ -333,6 +334,8 @@ def _safetensors_only_family(config: Any) -> str | None:
     flags = flags_of(config)
     if flags.gemma:
         return "Gemma"
+    if linear_attention_of(config) is not None:
+        return "Qwen3.5 or Qwen3-Next"
     if flags.granite:
         return "Granite"
     if architecture_of(config) == "Exaone4ForCausalLM":

@@ -15,7 +15,7 @@ from torch.nn import functional
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.layers.activation import act_and_mul, clamped_swiglu
 from tokenmill.engine.layers.linear import MergedLinear
-from tokenmill.engine.layers.moe import experts_sum, route, route_grouped
+from tokenmill.engine.layers.moe import experts_sum, route, route_grouped, route_top_sigmoid
 from tokenmill.engine.models.architecture import MoeNames, MoeShape
 
 
@@ -90,7 +90,9 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor, backend: str) -> torch.Tensor:
         router = getattr(self, self.router_name)
         grouped = self.shape.grouped
-        if grouped is None:
+        if self.shape.scales_inputs:
+            weights, ids = route_top_sigmoid(router(x), self.shape.top_k)
+        elif grouped is None:
             weights, ids = route(router(x), self.shape.top_k, self.shape.renormalize)
         else:
             weights, ids = route_grouped(router(x), router.e_score_correction_bias,
@@ -98,7 +100,8 @@ class SparseMoeBlock(nn.Module):
                                          self.shape.renormalize, grouped.routed_scale,
                                          grouped.softmax, grouped.group_top)
         out = experts_sum(x, weights, ids, len(self.experts),
-                          lambda e, rows: self.experts[e](rows, backend))
+                          lambda e, rows: self.experts[e](rows, backend),
+                          scale_inputs=self.shape.scales_inputs)
         if self.shape.shared_width:
             shared = getattr(self, self.shared_name)(x, backend)
             if self.shape.names.shared_gated:

@@ -9,11 +9,12 @@ from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.paged_attention import Scores, paged_attention, write_kv
 
 
-def _dense(q, k, v, scale, window=None, softcap=None, sinks=None):
+def _dense(q, k, v, scale, window=None, softcap=None, sinks=None, chunk=None):
     """Causal attention of the last len(q) positions over all of k/v (GQA by repetition); with
     a window, each position sees its last `window` positions; with a soft cap, scores pass
     through softcap * tanh(score / softcap); with sinks, each head's logit joins the softmax
-    as one more column, then is dropped (transformers' GPT-OSS eager attention)."""
+    as one more column, then is dropped (transformers' GPT-OSS eager attention); with chunks,
+    each position sees those of its own chunk (Llama 4)."""
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
@@ -25,6 +26,8 @@ def _dense(q, k, v, scale, window=None, softcap=None, sinks=None):
     hidden = k_pos > q_pos
     if window is not None:
         hidden |= k_pos <= q_pos - window
+    if chunk is not None:
+        hidden |= k_pos < q_pos // chunk * chunk
     scores = scores.masked_fill(hidden, float("-inf"))
     if sinks is not None:
         column = sinks.view(-1, 1, 1).expand(-1, scores.shape[1], 1)
@@ -33,17 +36,12 @@ def _dense(q, k, v, scale, window=None, softcap=None, sinks=None):
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
-@pytest.mark.parametrize("block_size", [4, 16])
-@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (8, 1)])
-@pytest.mark.parametrize("window,softcap,sinks", [(None, None, False), (5, None, False),
-                                                  (None, 2.0, False), (16, 2.0, False),
-                                                  (None, None, True), (5, None, True)])
-def test_mixed_batch_of_prefill_chunks_and_decodes(block_size, heads, kv_heads, window,
-                                                   softcap, sinks):
+def _batch(shapes: list[tuple[int, int]], block_size: int, heads: int, kv_heads: int,
+           dim: int = 8, num_blocks: int = 64):
+    """Sequences of (cached tokens, new tokens) in a paged cache with scattered blocks: the
+    caches, the step's metadata, each sequence's queries and whole keys and values, and the
+    step's row starts."""
     torch.manual_seed(0)
-    dim, num_blocks = 8, 64
-    # (cached tokens, new tokens): fresh prefill, chunk after a prefix, decodes, partial blocks.
-    shapes = [(0, 13), (9, 7), (20, 1), (3, 1), (0, 1), (31, 2)]
     k_cache = torch.zeros(num_blocks, block_size, kv_heads, dim)
     v_cache = torch.zeros_like(k_cache)
     free = list(torch.randperm(num_blocks).tolist())
@@ -77,12 +75,39 @@ def test_mixed_batch_of_prefill_chunks_and_decodes(block_size, heads, kv_heads, 
     new_k = torch.cat([k[c:] for k, (c, _) in zip(full_k, shapes, strict=True)])
     new_v = torch.cat([v[c:] for v, (c, _) in zip(full_v, shapes, strict=True)])
     write_kv(new_k, new_v, k_cache, v_cache, meta.slot_mapping)
+    return k_cache, v_cache, meta, qs, list(zip(full_k, full_v, strict=True)), starts
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2), (8, 1)])
+@pytest.mark.parametrize("window,softcap,sinks", [(None, None, False), (5, None, False),
+                                                  (None, 2.0, False), (16, 2.0, False),
+                                                  (None, None, True), (5, None, True)])
+def test_mixed_batch_of_prefill_chunks_and_decodes(block_size, heads, kv_heads, window,
+                                                   softcap, sinks):
+    dim = 8
+    # (cached tokens, new tokens): fresh prefill, chunk after a prefix, decodes, partial blocks.
+    shapes = [(0, 13), (9, 7), (20, 1), (3, 1), (0, 1), (31, 2)]
+    k_cache, v_cache, meta, qs, full, starts = _batch(shapes, block_size, heads, kv_heads, dim)
     scale = dim ** -0.5
     sink_logits = torch.randn(heads) * 2 if sinks else None
     out = paged_attention(torch.cat(qs), k_cache, v_cache, meta, Scores(scale, window, softcap),
                           sinks=sink_logits)
     for i, q in enumerate(qs):
-        expected = _dense(q, full_k[i], full_v[i], scale, window, softcap, sink_logits)
+        expected = _dense(q, *full[i], scale, window, softcap, sink_logits)
+        torch.testing.assert_close(out[starts[i]:starts[i + 1]], expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize("chunk", [4, 10])
+def test_chunked_attention_sees_each_querys_own_chunk(block_size, chunk):
+    """Llama 4's chunks: prompt chunks crossing chunk boundaries, and decodes (batched, and a
+    lone one) at a chunk's first position and further in."""
+    shapes = [(0, 13), (9, 7), (20, 1), (19, 1), (0, 1), (31, 2)]
+    k_cache, v_cache, meta, qs, full, starts = _batch(shapes, block_size, 4, 2)
+    out = paged_attention(torch.cat(qs), k_cache, v_cache, meta, Scores(0.5, chunk=chunk))
+    for i, q in enumerate(qs):
+        expected = _dense(q, *full[i], 0.5, chunk=chunk)
         torch.testing.assert_close(out[starts[i]:starts[i + 1]], expected, atol=1e-5, rtol=1e-5)
 
 

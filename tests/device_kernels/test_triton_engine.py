@@ -203,6 +203,18 @@ def test_qwen3_5s_linear_attention_runs_beside_the_kernels_and_graphs(tmp_path,
     _graphed_kernels_equal_torch(directory, seed=13)
 
 
+def test_llama4s_chunked_attention_runs_through_the_kernels_and_graphs(tmp_path,
+                                                                     vocab_tokenizer):
+    """Llama 4's rotating layers attend within chunks of 8 positions (prompt chunks and
+    captured decode steps cross them), its other layers over the whole context."""
+    from llama4_support import llama4_config
+    from model_support import make_random_model
+
+    directory = make_random_model(str(tmp_path / "llama4"), llama4_config(len(vocab_tokenizer)),
+                                  vocab_tokenizer, draw_norms=True)
+    _graphed_kernels_equal_torch(directory, seed=17)
+
+
 def _graphed_kernels_equal_torch(directory: str, seed: int) -> None:
     """Greedy output through the Triton kernels with decode graphs captured equals the torch
     path's, for a short prompt and one of several chunks (16-token steps, 8-token blocks)."""

@@ -64,6 +64,36 @@ def test_prefill_with_a_window_or_soft_cap_equals_torch(window, softcap):
     torch.testing.assert_close(out, expected, **FP32)
 
 
+@pytest.mark.parametrize("chunk", [5, 32])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_in_chunks_equals_torch(chunk, num_splits):
+    """Llama 4's chunked attention: each query sees its own chunk, shorter than a tile or
+    spanning tiles, from its first position (40 = a chunk's start under 5) on."""
+    batch = paged_batch([(0, 1), (16, 1), (40, 1), (70, 1)], 6, 2, 16, 16)
+    scores = Scores(0.7, chunk=chunk)
+    expected = _reference(batch, scores)
+    _fill(batch)
+    meta = batch.meta
+    out = decode_attention(batch.q, batch.k_cache, batch.v_cache, meta.block_tables,
+                           meta.seq_lens, max(meta.seq_lens_list), scores.scale,
+                           num_splits=num_splits, block_n=16, chunk=chunk)
+    torch.testing.assert_close(out, expected, **FP32)
+
+
+@pytest.mark.parametrize("chunk", [5, 32])
+def test_prefill_in_chunks_equals_torch(chunk):
+    """Prompt chunks crossing attention chunks, so a tile's rows start in different ones."""
+    batch = paged_batch([(0, 45), (19, 30), (32, 5), (45, 1)], 6, 2, 16, 16)
+    scores = Scores(0.7, chunk=chunk)
+    expected = _reference(batch, scores)
+    _fill(batch)
+    meta = batch.meta
+    out = prefill_attention(batch.q, batch.k_cache, batch.v_cache, meta.block_tables,
+                            meta.seq_lens, meta.query_start_loc, scores.scale, block_m=16,
+                            block_n=16, chunk=chunk)
+    torch.testing.assert_close(out, expected, **FP32)
+
+
 def _with_sinks(shapes, window):
     """A paged batch, a sink logit per head, and the torch reference's output with them."""
     batch = paged_batch(shapes, 6, 2, 16, 16)
