@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 
+from tokenmill.engine.contract.model_shape import ModelShape, gated_queries
 from tokenmill.engine.models.architecture import moe_shape_of
-from tokenmill.engine.models.fused_weights import fused_parts
+from tokenmill.engine.models.fused_weights import fused_parts, renamed
 from tokenmill.engine.models.multimodal import (
     is_language_model_of_multimodal,
     language_model_weight,
@@ -66,8 +67,10 @@ def module_shapes(config: Any) -> dict[str, tuple[int, int]]:
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     kv = (getattr(config, "num_key_value_heads", None) or heads) * head_dim
-    hidden, q, inter = config.hidden_size, heads * head_dim, config.intermediate_size
-    return {"q_proj": (q, hidden), "k_proj": (kv, hidden), "v_proj": (kv, hidden),
+    hidden, q, inter = config.hidden_size, heads * head_dim, ModelShape.of(config).intermediate_size
+    # Qwen3.5's q_proj computes each head's output gate beside its query.
+    queries = q * (2 if gated_queries(config) else 1)
+    return {"q_proj": (queries, hidden), "k_proj": (kv, hidden), "v_proj": (kv, hidden),
             "o_proj": (hidden, q), "gate_proj": (inter, hidden), "up_proj": (inter, hidden),
             "down_proj": (hidden, inter)}
 
@@ -188,6 +191,7 @@ def _pairs(tensors: dict[str, torch.Tensor], config: Any,
             if causal is None:
                 continue
             name = causal.removesuffix(".weight")
+        name = renamed(config, f"{name}.weight").removesuffix(".weight")  # Llama 4's MLP
         module = _MODULE.match(name)
         kind = module["kind"] if module else name.rpartition(".")[2]
         block = module["block"] if module else None

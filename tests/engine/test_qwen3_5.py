@@ -249,3 +249,20 @@ def test_the_chunked_rule_equals_the_rule_token_by_token():
     assert torch.allclose(out, steps, atol=1e-5)
     assert torch.allclose(chunked, states[1], atol=1e-5)
     assert torch.equal(states[0], start)  # another slot untouched
+
+
+def test_a_lora_adapter_equals_peft(qwen3_5_dir, tmp_path, prompts):
+    """An adapter on every projection PEFT finds: the gated q_proj (its rows twice as many
+    as the queries'), k, v, o and the MLPs of every layer."""
+    from lora_support import ALL_TARGETS, Adapter, make_adapter, peft_greedy
+
+    from tokenmill.engine import LoRARequest
+
+    adapter = make_adapter(qwen3_5_dir, str(tmp_path / "adapter"),
+                           Adapter("gated", 4, 8, ALL_TARGETS))
+    expected = peft_greedy(qwen3_5_dir, adapter, prompts[:3], MAX_NEW)
+    assert expected != peft_greedy(qwen3_5_dir, None, prompts[:3], MAX_NEW)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    with LLM(qwen3_5_dir, enable_lora=True, max_lora_rank=8, **ENGINE) as llm:
+        outputs = llm.generate(prompts[:3], params, lora_request=LoRARequest("gated", 1, adapter))
+    assert [o.outputs[0].token_ids for o in outputs] == expected
