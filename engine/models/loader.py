@@ -28,7 +28,6 @@ from tokenmill.engine.layers.rotary import (
     LAYER_TYPES,
     check_rope,
     rope_parameters,
-    rotary_dim,
 )
 from tokenmill.engine.models.architecture import (
     architecture_of,
@@ -69,6 +68,7 @@ from tokenmill.engine.models.quantize import (
     keep_gguf_quantization,
     quantize_model,
 )
+from tokenmill.engine.models.rope_order import ROTATED, pairs_to_halves, rotary_halves
 from tokenmill.engine.models.safetensors_files import Checkpoint, StoredTensor
 from tokenmill.engine.models.source import ModelLoadError, ModelSource
 
@@ -374,7 +374,6 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
     tied = model.lm_head.weight is model.model.embed_tokens.weight
     multimodal = is_language_model_of_multimodal(model.config)
     interleaved = flags_of(model.config).interleaved_rope
-    rotated = rotary_dim(head_dim_of(model.config), rope_parameters(model.config))
     loaded: set[str] = set()
 
     def place(name: str, stored: Any) -> list[str]:
@@ -390,9 +389,8 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
             name = f"model.{name}"
         name = renamed(model.config, name)
         if interleaved and name.endswith(ROTATED):  # pairs (2i, 2i+1) to halves, per head
-            heads = (model.config.num_attention_heads if ".q_proj." in name
-                     else num_kv_heads_of(model.config))
-            stored = _undo_rope_permute(stored_for(stored, None)[:], heads, rotated)
+            stored = rotary_halves(model.config, name.split(".")[-2],
+                                   stored_for(stored, None)[:])
         experts = None if name in params else expert_parts(model.config, name)
         if experts:  # one tensor holding a layer's experts: read once, placed part by part
             whole = stored_for(stored, None)[:]
@@ -481,7 +479,7 @@ def _gguf_named(source: ModelSource, config: Any) -> Iterator[tuple[str, torch.T
     for name, tensor, total in gguf_tensors(source.gguf_path):
         kind = name.split(".")[-2]
         if unpermute and kind in heads:
-            tensor = _undo_rope_permute(tensor, heads[kind])
+            tensor = pairs_to_halves(tensor, heads[kind])
         yield name, tensor, total
 
 
@@ -492,27 +490,9 @@ def _gguf_int4_named(source: ModelSource, config: Any) -> Iterator[tuple[str, In
     for name, codes in gguf_int4_tensors(source.gguf_path):
         kind = name.split(".")[-2]
         if unpermute and kind in heads:
-            codes = Int4Weight(*(_undo_rope_permute(t, heads[kind])
+            codes = Int4Weight(*(pairs_to_halves(t, heads[kind])
                                  for t in (codes.codes, codes.scale, codes.zero)))
         yield name, codes
-
-
-# The tensors whose rows a rotary embedding over interleaved pairs reorders.
-ROTATED = ("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")
-
-
-def _undo_rope_permute(w: torch.Tensor, num_heads: int,
-                       rotated: int | None = None) -> torch.Tensor:
-    """Each head's rows from interleaved rotary pairs (2i, 2i+1) to the two halves (i,
-    i + rotated / 2) that the engine's rotary turns: llama.cpp stores Q/K rows interleaved, and
-    ERNIE 4.5 and GLM-4 rotate interleaved pairs (GLM-4 over the first `rotated` rows of a head
-    only; None: all). q and k reordered alike keep their dot product."""
-    rest = w.shape[1:]
-    heads = w.reshape(num_heads, w.shape[0] // num_heads, *rest)
-    rotated = rotated or heads.shape[1]
-    turned = (heads[:, :rotated].reshape(num_heads, rotated // 2, 2, *rest).transpose(1, 2)
-              .reshape(num_heads, rotated, *rest))
-    return torch.cat([turned, heads[:, rotated:]], dim=1).reshape(w.shape)
 
 
 def checkpoint_tensors(model: nn.Module) -> dict[str, torch.Tensor]:

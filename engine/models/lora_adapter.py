@@ -19,12 +19,13 @@ from typing import Any
 import torch
 
 from tokenmill.engine.contract.model_shape import ModelShape, gated_queries
-from tokenmill.engine.models.architecture import moe_shape_of
+from tokenmill.engine.models.architecture import flags_of, moe_shape_of
 from tokenmill.engine.models.fused_weights import fused_parts, renamed
 from tokenmill.engine.models.multimodal import (
     is_language_model_of_multimodal,
     language_model_weight,
 )
+from tokenmill.engine.models.rope_order import rotary_halves
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -93,6 +94,7 @@ def load_adapter(name: str, directory: str, config: Any, max_rank: int) -> LoRAW
     pairs = _pairs(tensors, config, fail)
     shapes = module_shapes(config)
     moe = moe_shape_of(config)
+    interleaved = flags_of(config).interleaved_rope
     modules: dict[tuple[int, str], ModuleLoRA] = {}
     for (layer, kind), (a, b) in sorted(pairs.items()):
         if kind in MLP_MODULES and moe is not None and moe.is_sparse(layer):
@@ -108,6 +110,8 @@ def load_adapter(name: str, directory: str, config: Any, max_rank: int) -> LoRAW
             if tuple(tensor.shape) != want[part]:
                 fail(f"layer {layer} {kind}.{part} has shape {tuple(tensor.shape)}, expected "
                      f"{want[part]} for this base model (an adapter trained for another base?)")
+        if kind in ("q_proj", "k_proj") and interleaved:  # as the base's rows are
+            b = rotary_halves(config, kind, b)
         alpha = _pattern_value(settings.get("alpha_pattern") or {}, layer, kind,
                                settings.get("lora_alpha", 8))
         root = math.sqrt(rank) if settings.get("use_rslora") else rank

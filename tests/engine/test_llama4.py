@@ -84,3 +84,22 @@ def test_the_language_model_of_the_multimodal_checkpoint(tmp_path, vocab_tokeniz
     expected = [hf_greedy(model, p, MAX_NEW) for p in prompts]
     with LLM(directory, **ENGINE) as llm:
         assert greedy_with_hf_logprobs(llm, model, prompts, MAX_NEW) == expected
+
+
+def test_a_lora_adapter_on_attention_and_the_dense_mlps_equals_peft(llama4_dir, tmp_path,
+                                                                   prompts):
+    """q and k rows reordered from Llama 4's adjacent rotary pairs, B's alike; the dense
+    layers' MLP read under feed_forward."""
+    from lora_support import Adapter, make_adapter, peft_greedy
+
+    from tokenmill.engine import LoRARequest, SamplingParams
+
+    targets = r".*layers\.\d+\.(self_attn\.(q|k|v|o)_proj|feed_forward\.(gate|up|down)_proj)"
+    adapter = make_adapter(llama4_dir, str(tmp_path / "adapter"),
+                           Adapter("llama4", 4, 8, targets))
+    expected = peft_greedy(llama4_dir, adapter, prompts[:3], MAX_NEW)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    with LLM(llama4_dir, enable_lora=True, max_lora_rank=4, **ENGINE) as llm:
+        outputs = llm.generate(prompts[:3], params,
+                               lora_request=LoRARequest("llama4", 1, adapter))
+    assert [o.outputs[0].token_ids for o in outputs] == expected

@@ -186,3 +186,26 @@ def test_command_r_plus_q_and_k_norms_are_refused_by_name(tmp_path, vocab_tokeni
     path = make_random_model(str(tmp_path), config, vocab_tokenizer)
     with pytest.raises(ModelLoadError, match="use_qk_norm .*not supported"):
         LLM(path, **ENGINE)
+
+
+@pytest.mark.parametrize("kind", ["ernie4_5", "glm4", "cohere"])
+def test_a_lora_adapter_on_rotary_pairs_equals_peft(tmp_path, vocab_tokenizer, kind):
+    """Families that rotate adjacent pairs have q's and k's rows reordered at load (GLM-4's
+    over the rotated part of each head only): an adapter's B rows on q_proj and k_proj are
+    reordered alike, so its update lands on the rows it was trained for."""
+    from lora_support import Adapter, make_adapter, peft_greedy
+
+    from tokenmill.engine import LoRARequest, SamplingParams
+
+    base = make_random_model(str(tmp_path / "base"), _config(kind, len(vocab_tokenizer)),
+                             vocab_tokenizer)
+    adapter = make_adapter(base, str(tmp_path / "adapter"),
+                           Adapter("pairs", 4, 8, ["q_proj", "k_proj"]))
+    prompts = [vocab_tokenizer.encode(t) for t in ("The quick brown fox", "one two three")]
+    expected = peft_greedy(base, adapter, prompts, 6)
+    assert expected != peft_greedy(base, None, prompts, 6)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    with LLM(base, enable_lora=True, max_lora_rank=4, show_progress=False,
+             dtype="float32") as llm:
+        outputs = llm.generate(prompts, params, lora_request=LoRARequest("pairs", 1, adapter))
+    assert [o.outputs[0].token_ids for o in outputs] == expected
