@@ -6,8 +6,9 @@ The input is projected to queries, keys and values (one causal convolution over 
 an output gate z, and per value head a write strength beta (sigmoid of b) and a decay g
 (-exp(A_log) * softplus(a + dt_bias)). Queries and keys are L2-normalized per head, the
 queries scaled by key_dim ** -0.5; each value head's output is normalized and gated by
-SiLU(z) before the output projection. Decoding sequences are computed together, each prompt
-(or prompt chunk) by itself, every one from its slot of the state pool."""
+SiLU(z) before the output projection. Decoding sequences are computed together, and so are
+the step's prompt chunks (padded to the longest), every one from its slot of the state
+pool."""
 
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ from tokenmill.engine.contract.model_shape import linear_attention_of
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.gated_delta import (
-    conv_prompt,
+    conv_prompts,
     conv_step,
-    delta_prompt,
+    delta_prompts,
     delta_step,
     gated_rms_norm,
     l2_normalized,
@@ -36,14 +37,35 @@ from tokenmill.engine.layers.to_device import list_to_device
 
 
 @dataclass(frozen=True)
+class PromptRuns:
+    """The step's longer runs (prompt chunks), padded to the longest: each run's rows as a
+    [runs, longest] index into the step's rows (padding repeats its last row), which of them
+    are its own, their flat rows in run order, each run's length and slot."""
+
+    index: torch.Tensor
+    mask: torch.Tensor
+    rows: torch.Tensor
+    lengths: torch.Tensor
+    slots: torch.Tensor
+
+    def padded(self, x: torch.Tensor) -> torch.Tensor:
+        """x [rows, ...] as [runs, longest, ...]."""
+        return x[self.index]
+
+
+@dataclass(frozen=True)
 class SequenceRuns:
     """A step's rows as the state-keeping layers take them: the decoding sequences' rows
-    (None: every row, one per sequence, in order) and slots, and each longer run's (start,
-    end, slot)."""
+    (None: every row, one per sequence, in order) and slots, and the prompt chunks (None:
+    none)."""
 
     decode_rows: torch.Tensor | None
     decode_slots: torch.Tensor | None
-    prompts: list[tuple[int, int, int]]
+    prompts: PromptRuns | None
+
+    @property
+    def decodes_only(self) -> bool:
+        return self.decode_rows is None and self.prompts is None
 
 
 def sequence_runs(meta: AttentionMetadata) -> SequenceRuns:
@@ -57,7 +79,7 @@ def sequence_runs(meta: AttentionMetadata) -> SequenceRuns:
 def _runs(meta: AttentionMetadata) -> SequenceRuns:
     lengths, slots = meta.query_lens_list, meta.state_slots_list
     if all(n == 1 for n in lengths):
-        return SequenceRuns(None, meta.state_slots, [])
+        return SequenceRuns(None, meta.state_slots, None)
     starts = list(accumulate(lengths, initial=0))
     decodes = [i for i, n in enumerate(lengths) if n == 1]
     device = meta.query_start_loc.device
@@ -65,7 +87,16 @@ def _runs(meta: AttentionMetadata) -> SequenceRuns:
         else None
     decode_slots = list_to_device([slots[i] for i in decodes], torch.long, device) \
         if decodes else None
-    prompts = [(starts[i], starts[i + 1], slots[i]) for i, n in enumerate(lengths) if n > 1]
+    longer = [i for i, n in enumerate(lengths) if n > 1]
+    longest = max(lengths[i] for i in longer)
+    index = [[starts[i] + min(j, lengths[i] - 1) for j in range(longest)] for i in longer]
+    own = [[j < lengths[i] for j in range(longest)] for i in longer]
+    prompts = PromptRuns(
+        list_to_device(index, torch.long, device), list_to_device(own, torch.bool, device),
+        list_to_device([r for i in longer for r in range(starts[i], starts[i + 1])],
+                       torch.long, device),
+        list_to_device([lengths[i] for i in longer], torch.long, device),
+        list_to_device([slots[i] for i in longer], torch.long, device))
     return SequenceRuns(rows, decode_slots, prompts)
 
 
@@ -130,27 +161,33 @@ class GatedDeltaNet(nn.Module):
     def _convolve(self, qkv: torch.Tensor, states: StateLayer,
                   runs: SequenceRuns) -> torch.Tensor:
         weight = self.conv1d.weight[:, 0]
-        if runs.decode_rows is None and not runs.prompts:
+        if runs.decodes_only:
             return conv_step(qkv, states.conv, runs.decode_slots, weight)
         out = torch.empty_like(qkv)
         if runs.decode_rows is not None:
             out[runs.decode_rows] = conv_step(qkv[runs.decode_rows], states.conv,
                                               runs.decode_slots, weight)
-        for start, end, slot in runs.prompts:
-            out[start:end] = conv_prompt(qkv[start:end], states.conv[slot], weight)
+        prompts = runs.prompts
+        if prompts is not None:
+            mixed = conv_prompts(prompts.padded(qkv), prompts.lengths, states.conv,
+                                 prompts.slots, weight)
+            out[prompts.rows] = mixed[prompts.mask]
         return out
 
     def _delta(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                beta: torch.Tensor, states: StateLayer, runs: SequenceRuns) -> torch.Tensor:
-        if runs.decode_rows is None and not runs.prompts:
+        if runs.decodes_only:
             return delta_step(q, k, v, g, beta, states.ssm, runs.decode_slots)
         out = torch.empty_like(v)
         if runs.decode_rows is not None:
             rows = runs.decode_rows
             out[rows] = delta_step(q[rows], k[rows], v[rows], g[rows], beta[rows],
                                    states.ssm, runs.decode_slots)
-        for start, end, slot in runs.prompts:
-            window = slice(start, end)
-            out[window] = delta_prompt(q[window], k[window], v[window], g[window],
-                                       beta[window], states.ssm[slot])
+        prompts = runs.prompts
+        if prompts is not None:  # padding neither decays nor writes
+            own = prompts.mask[..., None]
+            o = delta_prompts(prompts.padded(q), prompts.padded(k), prompts.padded(v),
+                              prompts.padded(g) * own, prompts.padded(beta) * own,
+                              states.ssm, prompts.slots)
+            out[prompts.rows] = o[prompts.mask]
         return out

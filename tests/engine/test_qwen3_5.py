@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from tokenmill.engine import LLM, SamplingParams
 from tokenmill.engine.contract.config import ConfigError
-from tokenmill.engine.layers.gated_delta import delta_prompt, delta_step, l2_normalized
+from tokenmill.engine.layers.gated_delta import delta_prompts, delta_step, l2_normalized
 
 MAX_NEW = 8
 ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=8, max_num_batched_tokens=32,
@@ -232,23 +232,30 @@ def test_tensor_parallelism_needs_whole_key_heads_and_speculation_is_refused(qwe
 
 
 def test_the_chunked_rule_equals_the_rule_token_by_token():
-    """150 tokens (three chunks) from a state already holding something, against the
-    recurrence one token at a time: the same outputs and the same final state."""
+    """Two prompt chunks of 150 tokens (three chunks of the rule) and 70, padded together,
+    from states already holding something, against the recurrence one token at a time: the
+    same outputs and the same final states; padding neither decays nor writes, and the
+    other slots are untouched."""
     torch.manual_seed(0)
-    length, heads, key_dim, value_dim = 150, 3, 8, 5
-    q = l2_normalized(torch.randn(length, heads, key_dim)) * key_dim ** -0.5
-    k = l2_normalized(torch.randn(length, heads, key_dim))
-    v = torch.randn(length, heads, value_dim)
-    g, beta = -torch.rand(length, heads) * 2, torch.rand(length, heads)
-    start = torch.randn(heads, key_dim, value_dim)
-    chunked = start.clone()
-    out = delta_prompt(q, k, v, g, beta, chunked)
-    states, slot = start[None].repeat(2, 1, 1, 1), torch.tensor([1])
-    steps = torch.cat([delta_step(q[t:t + 1], k[t:t + 1], v[t:t + 1], g[t:t + 1],
-                                  beta[t:t + 1], states, slot) for t in range(length)])
-    assert torch.allclose(out, steps, atol=1e-5)
-    assert torch.allclose(chunked, states[1], atol=1e-5)
-    assert torch.equal(states[0], start)  # another slot untouched
+    heads, key_dim, value_dim, lengths = 3, 8, 5, [150, 70]
+    longest = max(lengths)
+    q = l2_normalized(torch.randn(2, longest, heads, key_dim)) * key_dim ** -0.5
+    k = l2_normalized(torch.randn(2, longest, heads, key_dim))
+    v = torch.randn(2, longest, heads, value_dim)
+    g, beta = -torch.rand(2, longest, heads) * 2, torch.rand(2, longest, heads)
+    own = (torch.arange(longest)[None, :] < torch.tensor(lengths)[:, None])[..., None]
+    start = torch.randn(4, heads, key_dim, value_dim)
+    chunked, slots = start.clone(), torch.tensor([2, 0])
+    out = delta_prompts(q, k, v, g * own, beta * own, chunked, slots)
+    for i, length in enumerate(lengths):
+        states = start.clone()
+        slot = slots[i:i + 1]
+        steps = torch.cat([delta_step(q[i, t:t + 1], k[i, t:t + 1], v[i, t:t + 1],
+                                      g[i, t:t + 1], beta[i, t:t + 1], states, slot)
+                           for t in range(length)])
+        assert torch.allclose(out[i, :length], steps, atol=1e-5)
+        assert torch.allclose(chunked[slot], states[slot], atol=1e-5)
+    assert torch.equal(chunked[[1, 3]], start[[1, 3]])
 
 
 def test_a_lora_adapter_equals_peft(qwen3_5_dir, tmp_path, prompts):
