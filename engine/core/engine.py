@@ -150,10 +150,8 @@ class LLMEngine:
         if config.enable_lora and flags_of(self.model_config).latent_attention:
             raise ConfigError("enable_lora", f"LoRA adapters are not served on "
                               f"{architecture_of(self.model_config)}'s latent attention")
-        if config.speculative() is not None and linear_attention_of(self.model_config):
-            raise ConfigError("speculative_config", "speculative decoding is not served on "
-                              f"{architecture_of(self.model_config)}'s linear-attention "
-                              "layers (their state cannot take back a rejected token)")
+        if linear_attention_of(self.model_config):
+            _check_linear_attention_options(config, architecture_of(self.model_config))
         tp_size = config.tensor_parallel_size
         if not self.encoder:
             check_tensor_parallel(self.model_config, tp_size)
@@ -1120,6 +1118,21 @@ def _fit_pool(config: EngineConfig, length: int, num_blocks: int, device_type: s
         "model_context_length": length, "max_model_len": capacity, "kv_blocks": num_blocks,
         "to_keep_the_model_length": more})
     return capacity
+
+
+def _check_linear_attention_options(config: EngineConfig, architecture: str) -> None:
+    """ConfigError for what a model with linear-attention layers cannot serve: speculative
+    decoding (a layer's state cannot take back a rejected token) and the KV host tier (it
+    holds what the prefix cache evicts, and prefix caching is off for such a model: a state
+    is per sequence, not per block)."""
+    if config.speculative() is not None:
+        raise ConfigError("speculative_config", "speculative decoding is not served on "
+                          f"{architecture}'s linear-attention layers (their state cannot "
+                          "take back a rejected token)")
+    if config.kv_offloading_size:
+        raise ConfigError("kv_offloading_size", "the host tier holds blocks the prefix cache "
+                          f"evicts, and prefix caching is off for {architecture}'s "
+                          "linear-attention layers (a state per sequence, not per block)")
 
 
 def _check_devices(option: str, device: torch.device, tp_size: int) -> None:

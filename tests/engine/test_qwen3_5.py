@@ -223,12 +223,14 @@ def test_tensor_parallel_splits_the_experts_and_qwen3_nexts_fused_projections(
         assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected
 
 
-def test_tensor_parallelism_needs_whole_key_heads_and_speculation_is_refused(qwen3_5_dir):
+def test_tp_needs_whole_key_heads_and_speculation_and_the_host_tier_are_refused(qwen3_5_dir):
     with pytest.raises(ConfigError, match="tensor_parallel_size.*2 linear-attention key heads"):
         LLM(qwen3_5_dir, tensor_parallel_size=4, **ENGINE)
     with pytest.raises(ConfigError, match="speculative_config.*linear-attention"):
         LLM(qwen3_5_dir, speculative_config={"method": "ngram", "num_speculative_tokens": 2},
             **ENGINE)
+    with pytest.raises(ConfigError, match="kv_offloading_size.*prefix caching is off"):
+        LLM(qwen3_5_dir, kv_offloading_size=0.01, **ENGINE)
 
 
 def test_the_chunked_rule_equals_the_rule_token_by_token():
