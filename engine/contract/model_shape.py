@@ -64,6 +64,11 @@ def layer_attention_shapes(config: Any) -> list[tuple[int, int]] | None:
     return None if len(set(shapes)) == 1 else shapes
 
 
+# Qwen3.5's and Qwen3-Next's model types: their q_proj holds, per head, its query and then a
+# gate of attention's output, and their "linear_attention" layers are gated delta nets.
+GATED_QUERY_TYPES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
+
+
 @dataclass(frozen=True)
 class LinearAttention:
     """A gated delta net's shape (Qwen3.5's and Qwen3-Next's linear-attention layers): keys
@@ -92,17 +97,15 @@ class LinearAttention:
 
 
 def linear_attention_of(config: Any) -> LinearAttention | None:
-    """The gated delta net of a config whose layer_types name "linear_attention" layers, None
-    for any other."""
-    if "linear_attention" not in (getattr(config, "layer_types", None) or ()):
+    """The gated delta net of a Qwen3.5 or Qwen3-Next config (its layer_types name the
+    "linear_attention" layers), None for any other: other families name their own recurrent
+    layers so (Mamba's, Kimi's), which are not gated delta nets."""
+    if getattr(config, "model_type", None) not in GATED_QUERY_TYPES or \
+            "linear_attention" not in (getattr(config, "layer_types", None) or ()):
         return None
     return LinearAttention(int(config.linear_num_key_heads), int(config.linear_num_value_heads),
                            int(config.linear_key_head_dim), int(config.linear_value_head_dim),
                            int(config.linear_conv_kernel_dim))
-
-
-# Families whose q_proj holds, per head, its query and then a gate of attention's output.
-GATED_QUERY_TYPES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 
 
 def gated_queries(config: Any) -> bool:

@@ -275,3 +275,23 @@ def test_a_lora_adapter_equals_peft(qwen3_5_dir, tmp_path, prompts):
     with LLM(qwen3_5_dir, enable_lora=True, max_lora_rank=8, **ENGINE) as llm:
         outputs = llm.generate(prompts[:3], params, lora_request=LoRARequest("gated", 1, adapter))
     assert [o.outputs[0].token_ids for o in outputs] == expected
+
+
+def test_a_hybrid_of_other_recurrent_layers_is_refused_by_name(tmp_path, vocab_tokenizer):
+    """Granite 4.0-H names its Mamba-2 layers "linear_attention" too: not a gated delta net,
+    so the model is refused as unsupported, not read as one."""
+    import transformers
+
+    from tokenmill.engine.contract.model_shape import linear_attention_of
+    from tokenmill.engine.models.source import ModelLoadError
+
+    config = transformers.GraniteMoeHybridConfig(
+        vocab_size=len(vocab_tokenizer), hidden_size=64, num_hidden_layers=2,
+        num_attention_heads=4, mamba_n_heads=4, mamba_d_state=8,
+        layer_types=["linear_attention", "attention"],
+        architectures=["GraniteMoeHybridForCausalLM"])
+    assert linear_attention_of(config) is None
+    config.save_pretrained(tmp_path)
+    vocab_tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError, match="GraniteMoeHybridForCausalLM.*not supported"):
+        LLM(str(tmp_path), **ENGINE)
