@@ -95,6 +95,62 @@ class LinearAttention:
         """What the convolution mixes: the queries, keys and values side by side."""
         return 2 * self.num_k_heads * self.key_dim + self.num_v_heads * self.value_dim
 
+    @property
+    def state_shape(self) -> tuple[int, int, int]:
+        """One sequence's state per layer: a [key_dim, value_dim] matrix per value head."""
+        return self.num_v_heads, self.key_dim, self.value_dim
+
+
+@dataclass(frozen=True)
+class Mamba2:
+    """A Mamba-2 layer's shape (Granite 4.0-H's): `num_heads` heads of `head_dim` channels,
+    whose input and output projections B and C (`state_size` wide) are shared by the heads
+    of each of `groups` groups, through a causal convolution of `conv_kernel` taps. Each
+    sequence carries the convolution's last inputs and a [state_size, head_dim] state per
+    head."""
+
+    num_heads: int
+    head_dim: int
+    groups: int
+    state_size: int
+    conv_kernel: int
+
+    def sharded(self, size: int) -> Mamba2:
+        return self  # one rank only (check_tensor_parallel)
+
+    @property
+    def inner(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_channels(self) -> int:
+        """What the convolution mixes: the heads' inputs, then B and C of every group."""
+        return self.inner + 2 * self.groups * self.state_size
+
+    @property
+    def state_shape(self) -> tuple[int, int, int]:
+        return self.num_heads, self.state_size, self.head_dim
+
+
+MAMBA2_TYPES = ("granitemoehybrid",)
+
+
+def mamba2_of(config: Any) -> Mamba2 | None:
+    """The Mamba-2 layers of a Granite 4.0-H config (its layer_types name them
+    "linear_attention"), None for any other."""
+    if getattr(config, "model_type", None) not in MAMBA2_TYPES or \
+            "linear_attention" not in (getattr(config, "layer_types", None) or ()):
+        return None
+    return Mamba2(int(config.mamba_n_heads), int(config.mamba_d_head),
+                  int(config.mamba_n_groups), int(config.mamba_d_state),
+                  int(config.mamba_d_conv))
+
+
+def recurrent_shape_of(config: Any) -> LinearAttention | Mamba2 | None:
+    """The shape of the layers that keep a state per sequence instead of keys and values
+    (a gated delta net's or Mamba-2's), None for a model without any."""
+    return linear_attention_of(config) or mamba2_of(config)
+
 
 def linear_attention_of(config: Any) -> LinearAttention | None:
     """The gated delta net of a Qwen3.5 or Qwen3-Next config (its layer_types name the
@@ -115,8 +171,9 @@ def gated_queries(config: Any) -> bool:
 
 
 def linear_attention_layers(config: Any) -> list[int]:
-    """The decoder layers that are gated delta nets (no keys and values cached)."""
-    if linear_attention_of(config) is None:
+    """The decoder layers that keep a state per sequence (gated delta nets, Mamba-2) and no
+    keys and values."""
+    if recurrent_shape_of(config) is None:
         return []
     return [i for i, kind in enumerate(config.layer_types) if kind == "linear_attention"]
 
@@ -164,6 +221,10 @@ class ModelShape:
             expert_width * int(getattr(config, "n_shared_experts", None) or
                                getattr(config, "moe_num_shared_experts", None) or 0)
         dense = getattr(config, "intermediate_size", 0)
+        if getattr(config, "model_type", None) == "granitemoehybrid":
+            # Granite 4.0-H: its shared MLP is the dense one where it has no experts.
+            width = int(config.shared_intermediate_size)
+            dense, shared = width, width if expert_width else 0
         if getattr(config, "model_type", None) == "llama4_text":
             # Llama 4: intermediate_size is an expert's width and its shared expert's, the
             # dense layers' MLP is intermediate_size_mlp wide.

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from tokenmill.engine.contract.config import ConfigError, EngineConfig
-from tokenmill.engine.contract.model_shape import linear_attention_of
+from tokenmill.engine.contract.model_shape import recurrent_shape_of
 from tokenmill.engine.contract.pooling import TASK_LACKS, TASK_SERVED, Pooler
 from tokenmill.engine.core.detokenizer import IncrementalDetokenizer
 from tokenmill.engine.core.errors import (
@@ -150,7 +150,7 @@ class LLMEngine:
         if config.enable_lora and flags_of(self.model_config).latent_attention:
             raise ConfigError("enable_lora", f"LoRA adapters are not served on "
                               f"{architecture_of(self.model_config)}'s latent attention")
-        if linear_attention_of(self.model_config):
+        if recurrent_shape_of(self.model_config):
             _check_linear_attention_options(config, architecture_of(self.model_config))
         tp_size = config.tensor_parallel_size
         if not self.encoder:

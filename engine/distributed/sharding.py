@@ -27,6 +27,7 @@ from tokenmill.engine.contract.model_shape import (
     latent_attention_of,
     layer_attention_shapes,
     linear_attention_of,
+    mamba2_of,
 )
 
 COLUMN_PARALLEL = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1", "w3",
@@ -50,6 +51,10 @@ def check_tensor_parallel(config: Any, size: int) -> None:
         raise ConfigError("tensor_parallel_size",
                           f"{size}: a model whose layers have heads of two sizes (Gemma 4) is "
                           "served on one rank; use 1")
+    if mamba2_of(config) is not None:
+        raise ConfigError("tensor_parallel_size",
+                          f"{size}: a model with Mamba-2 layers (Granite 4.0-H) is served on "
+                          "one rank; use 1")
     problems = ModelShape.of(config).problems(size)
     if problems:
         raise ConfigError("tensor_parallel_size",

@@ -1,4 +1,5 @@
-"""The recurrent-state pool of a model with linear-attention layers (Qwen3.5, Qwen3-Next):
+"""The recurrent-state pool of a model with linear-attention layers (Qwen3.5's and Qwen3-Next's
+gated delta nets, Granite 4.0-H's Mamba-2):
 per such layer, a slot per running sequence (--max-num-seqs of them, and one for rows of no
 sequence) holding its convolution inputs and delta-rule state. Unlike keys and values a
 state does not grow with the context: a sequence holds one slot from admission to its end
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from tokenmill.engine.contract.model_shape import LinearAttention
+from tokenmill.engine.contract.model_shape import LinearAttention, Mamba2
 from tokenmill.engine.execution.zeroed import zeroed
 from tokenmill.engine.layers.state_layer import StateLayer
 from tokenmill.engine.layers.to_device import list_to_device
@@ -21,7 +22,7 @@ def ssm_dtype(name: str) -> torch.dtype:
 
 
 class RecurrentStates:
-    def __init__(self, shape: LinearAttention, num_layers: int, num_slots: int,
+    def __init__(self, shape: LinearAttention | Mamba2, num_layers: int, num_slots: int,
                  dtype: torch.dtype, device: torch.device,
                  state_dtype: torch.dtype = torch.float32):
         """`dtype`: the convolution's inputs' (the model's); `state_dtype`: the rule's."""
@@ -30,8 +31,7 @@ class RecurrentStates:
         rows = num_slots + 1  # the last: rows of no sequence
         self.conv = zeroed((num_layers, rows, shape.conv_channels, shape.conv_kernel - 1),
                            dtype, device)
-        self.ssm = zeroed((num_layers, rows, shape.num_v_heads, shape.key_dim,
-                           shape.value_dim), state_dtype, device)
+        self.ssm = zeroed((num_layers, rows, *shape.state_shape), state_dtype, device)
 
     @property
     def nbytes(self) -> int:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from tokenmill.engine.contract.model_shape import linear_attention_layers, linear_attention_of
+from tokenmill.engine.contract.model_shape import linear_attention_layers, recurrent_shape_of
 from tokenmill.engine.execution.decode_graphs import (
     DecodeGraphs,
     graph_batch_sizes,
@@ -79,7 +79,7 @@ class ModelRunner:
                           if layout.quantized else None)
         linear = linear_attention_layers(self.model.config)
         ranks = self.model.tp.size if linear else 1
-        self.states = RecurrentStates(linear_attention_of(self.model.config).sharded(ranks),
+        self.states = RecurrentStates(recurrent_shape_of(self.model.config).sharded(ranks),
                                       len(linear),
                                       max(self.state_slots, 1), self.model.lm_head.weight.dtype,
                                       device, self.state_dtype) if linear else None

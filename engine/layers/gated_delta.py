@@ -18,6 +18,8 @@ The states live in the runner's pool (layers/state_layer.py); sequences name the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -30,7 +32,8 @@ def l2_normalized(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def conv_prompts(x: torch.Tensor, lengths: torch.Tensor, states: torch.Tensor,
-                 slots: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+                 slots: torch.Tensor, weight: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
     """Prompt chunks of B sequences, x [B, L, channels] right-padded (sequence i's first
     lengths[i] rows hold its new rows), through the depthwise causal convolution (weight
     [channels, taps]) and SiLU, each from its state (states [slots, channels, taps - 1]: the
@@ -38,7 +41,7 @@ def conv_prompts(x: torch.Tensor, lengths: torch.Tensor, states: torch.Tensor,
     sequence's last inputs. Returns [B, L, channels]; padding rows hold no meaning."""
     taps = weight.shape[-1]
     window = torch.cat([states[slots].to(x.dtype), x.transpose(1, 2)], dim=-1)
-    out = F.conv1d(window.to(weight.dtype), weight[:, None, :], groups=weight.shape[0])
+    out = F.conv1d(window.to(weight.dtype), weight[:, None, :], bias, groups=weight.shape[0])
     # Sequence i's last taps - 1 inputs end where its rows do: columns len_i .. len_i + taps - 2.
     last = lengths[:, None] + torch.arange(taps - 1, device=x.device)
     states[slots] = window.gather(2, last[:, None, :].expand(-1, window.shape[1], -1)) \
@@ -47,12 +50,14 @@ def conv_prompts(x: torch.Tensor, lengths: torch.Tensor, states: torch.Tensor,
 
 
 def conv_step(x: torch.Tensor, states: torch.Tensor, slots: torch.Tensor,
-              weight: torch.Tensor) -> torch.Tensor:
-    """One new row per sequence, x [B, channels], through the convolution from each one's
-    state (states [slots, channels, taps - 1], sequence i in slots[i]), updated in place."""
+              weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """One new row per sequence, x [B, channels], through the convolution (with Mamba-2's
+    `bias`) from each one's state (states [slots, channels, taps - 1], sequence i in
+    slots[i]), updated in place."""
     window = torch.cat([states[slots].to(x.dtype), x[:, :, None]], dim=-1)
     states[slots] = window[..., 1:].to(states.dtype)
-    return F.silu((window.to(weight.dtype) * weight).sum(-1)).to(x.dtype)
+    out = (window.to(weight.dtype) * weight).sum(-1)
+    return F.silu(out if bias is None else out + bias).to(x.dtype)
 
 
 def delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -75,40 +80,53 @@ def delta_prompts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
     g and beta [B, L, heads], float32, right-padded with g and beta 0 so that padding neither
     decays nor writes) through the rule from each one's state (states [slots, heads,
     key_dim, value_dim], updated in place), CHUNK tokens at a time for all of them together,
-    in float32; returns o [B, L, heads, value_dim]."""
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    g, beta = g.transpose(1, 2), beta.transpose(1, 2)
+    in float32; returns o [B, L, heads, value_dim].
+
+    Within a chunk, with b the cumulative log decays, token j's write u_j solves
+    u_j + beta_j sum_{m<j} e^(b_j - b_m) (k_j . k_m) u_m = beta_j (v_j - e^(b_j) s^T k_j)."""
+    v, beta = v.transpose(1, 2), beta.transpose(1, 2)
+
+    def writes(window: slice, k: torch.Tensor, b: torch.Tensor, decay: torch.Tensor,
+               s: torch.Tensor) -> torch.Tensor:
+        strength = beta[:, :, window]
+        earlier = (strength[..., :, None] * (k @ k.transpose(-1, -2)) * decay).tril(-1)
+        system = earlier + torch.eye(k.shape[-2], dtype=k.dtype, device=k.device)
+        right = strength[..., None] * (v[:, :, window] - b.exp()[..., None] * (k @ s))
+        return torch.linalg.solve_triangular(system, right, upper=False, unitriangular=True)
+
+    return decayed_scan(q, k, g, states, slots, writes)
+
+
+Writes = Callable[[slice, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+                  torch.Tensor]
+
+
+def decayed_scan(q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, states: torch.Tensor,
+                 slots: torch.Tensor, writes: Writes) -> torch.Tensor:
+    """A decayed linear recurrence S <- e^(g_t) S + k_t u_t^T, o_t = S^T q_t over padded
+    prompt chunks (q, k [B, L, heads, key_dim], g [B, L, heads] float32), from each
+    sequence's state in `states` (updated in place), CHUNK tokens at a time. `writes(window,
+    k, b, decay, s)` gives the chunk's writes u [B, heads, c, value_dim] from its keys, its
+    cumulative log decays b, the decay matrix (e^(b_i - b_j) for j <= i, else 0) and the
+    state before it (the delta rule solves for them; Mamba-2's are given). Then
+    o_i = e^(b_i) s^T q_i + sum_{j<=i} e^(b_i - b_j) (q_i . k_j) u_j, and the state after
+    the chunk is e^(b_c) s + sum_j e^(b_c - b_j) k_j u_j^T."""
+    q, k, g = q.transpose(1, 2), k.transpose(1, 2), g.transpose(1, 2)
     s = states[slots].float()
     outputs = []
     for start in range(0, q.shape[2], CHUNK):
         window = slice(start, start + CHUNK)
-        o, s = _chunk(q[:, :, window], k[:, :, window], v[:, :, window], g[:, :, window],
-                      beta[:, :, window], s)
-        outputs.append(o)
+        qc, kc = q[:, :, window], k[:, :, window]
+        b = g[:, :, window].cumsum(-1)
+        size = b.shape[-1]
+        seen = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
+        decay = (b[..., :, None] - b[..., None, :]).masked_fill(~seen, float("-inf")).exp()
+        u = writes(window, kc, b, decay, s)
+        outputs.append(b.exp()[..., None] * (qc @ s) + ((qc @ kc.transpose(-1, -2)) * decay) @ u)
+        last = b[..., -1:]
+        s = last.exp()[..., None] * s + (kc * (last - b).exp()[..., None]).transpose(-1, -2) @ u
     states[slots] = s.to(states.dtype)
     return torch.cat(outputs, dim=2).transpose(1, 2)
-
-
-def _chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-           beta: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One chunk, per sequence and head (leading dimensions): q, k [..., c, key_dim], v [...,
-    c, value_dim], g, beta [..., c], s the state before it. With b the cumulative log
-    decays, token j's write u_j solves
-    u_j + beta_j sum_{m<j} e^(b_j - b_m) (k_j . k_m) u_m = beta_j (v_j - e^(b_j) s^T k_j);
-    then o_i = e^(b_i) s^T q_i + sum_{j<=i} e^(b_i - b_j) (q_i . k_j) u_j, and the state
-    after the chunk is e^(b_c) s + sum_j e^(b_c - b_j) k_j u_j^T."""
-    size = q.shape[-2]
-    b = g.cumsum(-1)
-    seen = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
-    decay = (b[..., :, None] - b[..., None, :]).masked_fill(~seen, float("-inf")).exp()
-    earlier = (beta[..., :, None] * (k @ k.transpose(-1, -2)) * decay).tril(-1)
-    system = earlier + torch.eye(size, dtype=q.dtype, device=q.device)
-    right = beta[..., None] * (v - b.exp()[..., None] * (k @ s))
-    u = torch.linalg.solve_triangular(system, right, upper=False, unitriangular=True)
-    o = b.exp()[..., None] * (q @ s) + ((q @ k.transpose(-1, -2)) * decay) @ u
-    last = b[..., -1:]
-    s = last.exp()[..., None] * s + (k * (last - b).exp()[..., None]).transpose(-1, -2) @ u
-    return o, s
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor,

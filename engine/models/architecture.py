@@ -181,6 +181,11 @@ SUPPORTED = {
     # encoding over the whole context; experts chosen by their top logit's sigmoid, which
     # scales the expert's input, beside an always-on shared expert, in the moe_layers.
     "Llama4ForCausalLM": ArchitectureFlags(interleaved_rope=True, moe="llama4", llama4=True),
+    # IBM's Granite 4.0-H: Granite's multipliers over Mamba-2 layers (models/mamba2_mixer.py)
+    # with an attention layer in several, no positional encoding unless
+    # position_embedding_type is "rope"; experts stored as GraniteMoE's beside a shared MLP
+    # (shared_mlp, fused gate and up), which is the whole MLP of a model without experts.
+    "GraniteMoeHybridForCausalLM": ArchitectureFlags(granite=True, moe="granite_hybrid"),
 }
 # A supported decoder with a classification head instead of its LM head, as transformers names
 # it: LlamaForSequenceClassification, Qwen3ForSequenceClassification, ... (the pooling runner).
@@ -219,6 +224,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "gemma4_text": "Gemma4ForCausalLM",
                "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
                "granitemoe": "GraniteMoeForCausalLM",
+               "granitemoehybrid": "GraniteMoeHybridForCausalLM",
                "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
                "seed_oss": "SeedOssForCausalLM", "exaone4": "Exaone4ForCausalLM",
                "ernie4_5": "Ernie4_5ForCausalLM", "glm4": "Glm4ForCausalLM",
@@ -279,6 +285,8 @@ MOE_NAMES["deepseek_v2"] = MOE_NAMES["deepseek"]
 MOE_NAMES["minimax"] = MOE_NAMES["mixtral"]
 MOE_NAMES["ernie"] = MOE_NAMES["deepseek"]
 MOE_NAMES["mistral4"] = MOE_NAMES["deepseek"]
+MOE_NAMES["granite_hybrid"] = MoeNames("block_sparse_moe", "gate_proj", "up_proj", "down_proj",
+                                       shared="shared_mlp", shared_gated=False)
 MOE_NAMES["llama4"] = MoeNames("feed_forward", "gate_proj", "up_proj", "down_proj", "router",
                                shared_gated=False)
 
@@ -486,7 +494,8 @@ def moe_shape_of(config: Any) -> MoeShape | None:
         # Mixtral's, Granite's and GPT-OSS's routers softmax the chosen logits alone;
         # MiniMax-M2's, ERNIE's, Qwen3-VL's and Qwen3.5's divide the chosen scores by their
         # sum.
-        renormalize=style in ("mixtral", "granite", "gptoss", "minimax", "ernie") or
+        renormalize=style in ("mixtral", "granite", "granite_hybrid", "gptoss", "minimax",
+                              "ernie") or
         bool(getattr(config, "norm_topk_prob", False)) or
         getattr(config, "model_type", None) in (QWEN3_VL_MOE, QWEN3_5_MOE),
         sparse_step=int(getattr(config, "decoder_sparse_step", None) or
@@ -587,6 +596,8 @@ def rotates_at(config: Any, layer: int) -> bool:
     full-attention layers do not where it has sliding ones."""
     if flags_of(config).full_layers_nope and getattr(config, "sliding_window", None):
         return layer_window_of(config, layer) is not None
+    if getattr(config, "model_type", None) == "granitemoehybrid":  # Granite 4.0-H: opt-in
+        return getattr(config, "position_embedding_type", None) == "rope"
     marks = getattr(config, "no_rope_layers", None)
     return True if marks is None else bool(marks[layer])
 

@@ -18,6 +18,7 @@ from tokenmill.engine.contract.model_shape import (
     kv_sources,
     layer_attention_shapes,
     linear_attention_layers,
+    mamba2_of,
 )
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.distributed.sharding import ShardPlan
@@ -56,6 +57,7 @@ from tokenmill.engine.models.gemma4 import (
     per_layer_inputs,
 )
 from tokenmill.engine.models.latent_attention import LatentSelfAttention
+from tokenmill.engine.models.mamba2_mixer import Mamba2Mixer
 from tokenmill.engine.models.moe import SparseMoeBlock
 
 
@@ -292,7 +294,12 @@ class DecoderLayer(nn.Module):
         if not flags.olmo:
             self.input_layernorm = norm()
         self.linear = linear
-        if linear:
+        # Its state-keeping token mixer, under the checkpoint's name: Granite 4.0-H's Mamba-2
+        # (mamba), else Qwen3.5's gated delta net (linear_attn).
+        self.recurrent_name = "mamba" if mamba2_of(config) else "linear_attn"
+        if linear and mamba2_of(config):
+            self.mamba = Mamba2Mixer(config)
+        elif linear:
             self.linear_attn = GatedDeltaNet(config, tp)
         else:
             self.self_attn = LatentSelfAttention(config, plan, tp) if flags.latent_attention \
@@ -343,7 +350,7 @@ class DecoderLayer(nn.Module):
         if self.parallel:
             return self._parallel_forward(x, residual, rope, kv_cache, meta)
         x, residual = self.input_layernorm(x, residual, meta.backend)
-        x = self.linear_attn(x, kv_cache, meta) if self.linear else \
+        x = getattr(self, self.recurrent_name)(x, kv_cache, meta) if self.linear else \
             self.self_attn(x, rope, kv_cache, meta)
         if not self.sandwich:
             x, residual = self.post_attention_layernorm(self._joining(x), residual, meta.backend)

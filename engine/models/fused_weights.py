@@ -38,7 +38,10 @@ def fused_parts(config: Any, name: str) -> list[tuple[str, int, int]] | None:
         kv = num_kv_heads_of(config) * head_dim_of(config)
         sizes = [("q_proj", q), ("k_proj", kv), ("v_proj", kv)]
     elif kind == "gate_up_proj":
-        sizes = [("gate_proj", config.intermediate_size), ("up_proj", config.intermediate_size)]
+        widths = ModelShape.of(config)
+        width = widths.shared_expert_intermediate_size if parent.endswith(".shared_mlp") else \
+            widths.intermediate_size
+        sizes = [("gate_proj", width), ("up_proj", width)]
     else:
         return None
     parts, start = [], 0
@@ -112,6 +115,8 @@ def renamed(config: Any, name: str) -> str:
         index, _, part = rest.partition(".")
         if sep and part.startswith(GEMMA4_EXPERT_BLOCK):
             return f"{layer}.layers.{index}.moe.{part}"
+    if getattr(config, "model_type", None) == GRANITE_HYBRID and ".shared_mlp." in name:
+        return _granite_shared_mlp(config, name)
     if getattr(config, "model_type", None) == LLAMA4:  # a dense layer's MLP
         for part in ("gate_proj", "up_proj", "down_proj"):
             name = name.replace(f".feed_forward.{part}.", f".mlp.{part}.")
@@ -125,6 +130,17 @@ def renamed(config: Any, name: str) -> str:
         if kind in GLM4_NORMS:
             return f"{parent}.{GLM4_NORMS[kind]}.{attr}"
     return name
+
+
+# Granite 4.0-H's shared MLP (shared_mlp: input_linear holds gate then up, output_linear is
+# down): the shared expert of its experts' block, or the layer's MLP where it has none.
+GRANITE_HYBRID = "granitemoehybrid"
+
+
+def _granite_shared_mlp(config: Any, name: str) -> str:
+    block = "block_sparse_moe.shared_mlp" if num_experts_of(config) else "mlp"
+    name = name.replace(".shared_mlp.input_linear.", f".{block}.gate_up_proj.")
+    return name.replace(".shared_mlp.output_linear.", f".{block}.down_proj.")
 
 
 Take = Callable[[torch.Tensor], torch.Tensor]

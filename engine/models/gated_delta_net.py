@@ -100,6 +100,25 @@ def _runs(meta: AttentionMetadata) -> SequenceRuns:
     return SequenceRuns(rows, decode_slots, prompts)
 
 
+def convolve(x: torch.Tensor, states: StateLayer, runs: SequenceRuns, weight: torch.Tensor,
+             bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The step's rows [T, channels] through the causal convolution (weight [channels,
+    taps], Mamba-2's bias) and SiLU, each sequence from its state: the decoding ones
+    together, the prompt chunks together."""
+    if runs.decodes_only:
+        return conv_step(x, states.conv, runs.decode_slots, weight, bias)
+    out = torch.empty_like(x)
+    if runs.decode_rows is not None:
+        out[runs.decode_rows] = conv_step(x[runs.decode_rows], states.conv, runs.decode_slots,
+                                          weight, bias)
+    prompts = runs.prompts
+    if prompts is not None:
+        mixed = conv_prompts(prompts.padded(x), prompts.lengths, states.conv, prompts.slots,
+                             weight, bias)
+        out[prompts.rows] = mixed[prompts.mask]
+    return out
+
+
 class GatedNorm(nn.Module):
     """Each value head's RMSNorm (weight over value_dim), times SiLU of its gate."""
 
@@ -142,7 +161,7 @@ class GatedDeltaNet(nn.Module):
         shape, tokens = self.shape, x.shape[0]
         qkv, z, b, a = self.in_proj(x)
         runs = sequence_runs(meta)
-        mixed = self._convolve(qkv, states, runs)
+        mixed = convolve(qkv, states, runs, self.conv1d.weight[:, 0])
         keys = shape.num_k_heads * shape.key_dim
         q, k, v = mixed.split([keys, keys, shape.num_v_heads * shape.value_dim], dim=-1)
         q = l2_normalized(q.reshape(tokens, shape.num_k_heads, shape.key_dim).float())
@@ -157,22 +176,6 @@ class GatedDeltaNet(nn.Module):
         o = self._delta(q, k, v, g, beta, states, runs).to(x.dtype)
         o = self.norm(o, z.reshape(tokens, shape.num_v_heads, shape.value_dim))
         return self.tp.all_reduce(self.out_proj(o.reshape(tokens, -1)))
-
-    def _convolve(self, qkv: torch.Tensor, states: StateLayer,
-                  runs: SequenceRuns) -> torch.Tensor:
-        weight = self.conv1d.weight[:, 0]
-        if runs.decodes_only:
-            return conv_step(qkv, states.conv, runs.decode_slots, weight)
-        out = torch.empty_like(qkv)
-        if runs.decode_rows is not None:
-            out[runs.decode_rows] = conv_step(qkv[runs.decode_rows], states.conv,
-                                              runs.decode_slots, weight)
-        prompts = runs.prompts
-        if prompts is not None:
-            mixed = conv_prompts(prompts.padded(qkv), prompts.lengths, states.conv,
-                                 prompts.slots, weight)
-            out[prompts.rows] = mixed[prompts.mask]
-        return out
 
     def _delta(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                beta: torch.Tensor, states: StateLayer, runs: SequenceRuns) -> torch.Tensor:

@@ -203,6 +203,18 @@ def test_qwen3_5s_linear_attention_runs_beside_the_kernels_and_graphs(tmp_path,
     _graphed_kernels_equal_torch(directory, seed=13)
 
 
+def test_granite_4_hs_mamba_layers_run_beside_the_kernels_and_graphs(tmp_path, vocab_tokenizer):
+    """Granite 4.0-H's Mamba-2 layers (torch ops over each sequence's state slot, gathered and
+    scattered in captured decode steps) between attention on the kernels."""
+    from granite_hybrid_support import granite_hybrid_config
+    from model_support import make_random_model
+
+    config = granite_hybrid_config(len(vocab_tokenizer), num_local_experts=0)
+    directory = make_random_model(str(tmp_path / "granite"), config, vocab_tokenizer,
+                                  draw_norms=True)
+    _graphed_kernels_equal_torch(directory, seed=19)
+
+
 def test_llama4s_chunked_attention_runs_through_the_kernels_and_graphs(tmp_path,
                                                                      vocab_tokenizer):
     """Llama 4's rotating layers attend within chunks of 8 positions (prompt chunks and

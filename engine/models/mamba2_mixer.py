@@ -1,0 +1,87 @@
+"""Granite 4.0-H's Mamba-2 layer (transformers' GraniteMoeHybridMambaLayer): the token mixer
+of most of its layers, keeping a state per sequence instead of keys and values
+(layers/mamba2.py has the scan).
+
+in_proj gives the output gate z, the heads' inputs with their groups' B and C (one causal
+convolution over those three, with a bias), and each head's dt; the scan's output, gated by
+SiLU(z) and normalized per group, goes through out_proj. Decoding sequences are computed
+together, and so are the step's prompt chunks (padded to the longest)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tokenmill.engine.contract.model_shape import mamba2_of
+from tokenmill.engine.layers.attention_metadata import AttentionMetadata
+from tokenmill.engine.layers.mamba2 import grouped_gated_rms_norm, ssm_prompts, ssm_step
+from tokenmill.engine.layers.state_layer import StateLayer
+from tokenmill.engine.models.gated_delta_net import convolve, sequence_runs
+
+
+class GroupedGatedNorm(nn.Module):
+    def __init__(self, size: int, groups: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.groups, self.eps = groups, eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return grouped_gated_rms_norm(x, gate, self.weight, self.groups, self.eps)
+
+
+class Mamba2Mixer(nn.Module):
+    """Parameters under transformers' names (in_proj, conv1d, dt_bias, A_log, D, norm,
+    out_proj), on one rank."""
+
+    def __init__(self, config: Any):
+        super().__init__()
+        shape = mamba2_of(config)
+        self.shape = shape
+        bias = bool(getattr(config, "mamba_proj_bias", False))
+        self.in_proj = nn.Linear(config.hidden_size,
+                                 shape.inner + shape.conv_channels + shape.num_heads, bias=bias)
+        channels = shape.conv_channels
+        self.conv1d = nn.Conv1d(channels, channels, shape.conv_kernel, groups=channels,
+                                bias=bool(getattr(config, "mamba_conv_bias", True)))
+        self.dt_bias = nn.Parameter(torch.ones(shape.num_heads))
+        self.A_log = nn.Parameter(torch.zeros(shape.num_heads))
+        self.D = nn.Parameter(torch.ones(shape.num_heads))
+        self.norm = GroupedGatedNorm(shape.inner, shape.groups, config.rms_norm_eps)
+        self.out_proj = nn.Linear(shape.inner, config.hidden_size, bias=bias)
+        low, high = getattr(config, "time_step_limit", None) or (0.0, float("inf"))
+        self.dt_limit = (float(low), float(high))
+
+    def forward(self, x: torch.Tensor, states: StateLayer,
+                meta: AttentionMetadata) -> torch.Tensor:
+        shape, tokens = self.shape, x.shape[0]
+        z, inputs, dt = self.in_proj(x).split(
+            [shape.inner, shape.conv_channels, shape.num_heads], dim=-1)
+        runs = sequence_runs(meta)
+        conv = self.conv1d
+        mixed = convolve(inputs, states, runs, conv.weight[:, 0], conv.bias)
+        groups = shape.groups * shape.state_size
+        heads, b, c = mixed.split([shape.inner, groups, groups], dim=-1)
+        heads = heads.reshape(tokens, shape.num_heads, shape.head_dim)
+        b = b.reshape(tokens, shape.groups, shape.state_size)
+        c = c.reshape(tokens, shape.groups, shape.state_size)
+        dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(*self.dt_limit)
+        a = -self.A_log.float().exp()
+        if runs.decodes_only:
+            y = ssm_step(heads, dt, a, b, c, self.D, states.ssm, runs.decode_slots)
+        else:
+            y = torch.empty(tokens, shape.num_heads, shape.head_dim, device=x.device)
+            if runs.decode_rows is not None:
+                rows = runs.decode_rows
+                y[rows] = ssm_step(heads[rows], dt[rows], a, b[rows], c[rows], self.D,
+                                   states.ssm, runs.decode_slots)
+            prompts = runs.prompts
+            if prompts is not None:  # padding neither decays nor writes: dt 0 there
+                padded = prompts.padded
+                out = ssm_prompts(padded(heads), padded(dt) * prompts.mask[..., None], a,
+                                  padded(b), padded(c), self.D, states.ssm, prompts.slots)
+                y[prompts.rows] = out[prompts.mask]
+        y = self.norm(y.reshape(tokens, shape.inner).to(x.dtype), z)
+        return self.out_proj(y)

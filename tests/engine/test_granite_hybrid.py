@@ -1,0 +1,88 @@
+"""IBM's Granite 4.0-H (`GraniteMoeHybridForCausalLM`): Mamba-2 layers (a state per sequence
+in place of keys and values) with an attention layer among them, Granite's multipliers,
+experts stored as GraniteMoE's beside a shared MLP (the whole MLP of a model without
+experts), rotary embeddings only where position_embedding_type asks. Greedy output and
+log-probabilities equal transformers batched, chunked, with state slots reused, forked
+(n > 1) and through the Triton kernels with decode graphs; tensor parallelism is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from granite_hybrid_support import granite_hybrid_config
+from model_support import (
+    greedy_with_hf_logprobs,
+    hf_greedy,
+    hf_reference,
+    make_random_model,
+    mixed_prompts,
+)
+
+from tokenmill.engine import LLM, SamplingParams
+from tokenmill.engine.contract.config import ConfigError
+from tokenmill.engine.layers.mamba2 import ssm_prompts, ssm_step
+
+MAX_NEW = 8
+ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=8, max_num_batched_tokens=32,
+              dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def prompts(vocab_tokenizer) -> list[list[int]]:
+    return mixed_prompts(vocab_tokenizer)
+
+
+def _greedy(llm: LLM, prompts: list[list[int]], n: int = 1) -> list[list[list[int]]]:
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, n=n)
+    return [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params)]
+
+
+@pytest.mark.parametrize("kind", ["experts", "dense", "rope"])
+def test_greedy_and_logprobs_equal_transformers(tmp_path, vocab_tokenizer, prompts, kind):
+    """With experts beside the shared MLP, without (the shared MLP is the MLP), and with
+    rotary embeddings in the attention layer (position_embedding_type "rope")."""
+    changes = {"dense": dict(num_local_experts=0),
+               "rope": dict(position_embedding_type="rope")}.get(kind, {})
+    directory = make_random_model(str(tmp_path), granite_hybrid_config(
+        len(vocab_tokenizer), **changes), vocab_tokenizer, draw_norms=True)
+    reference = hf_reference(directory)
+    expected = [hf_greedy(reference, p, MAX_NEW) for p in prompts]
+    with LLM(directory, **ENGINE) as llm:
+        assert llm.engine.runner.kv_pool.shape[0] == 1  # the attention layer's only
+        assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected
+        assert [out[0] for out in _greedy(llm, prompts)] == expected
+    with LLM(directory, **dict(ENGINE, max_num_seqs=2)) as llm:  # slots reused
+        assert [out[0] for out in _greedy(llm, prompts)] == expected
+        assert _greedy(llm, prompts[:1], n=2) == [[expected[0]] * 2]
+        llm.engine.kv.allocator.check_all_free()
+        assert llm.engine.kv.states.num_free == 2
+
+
+def test_tensor_parallelism_is_refused(tmp_path, vocab_tokenizer):
+    directory = make_random_model(str(tmp_path), granite_hybrid_config(len(vocab_tokenizer)),
+                                  vocab_tokenizer)
+    with pytest.raises(ConfigError, match="tensor_parallel_size.*Mamba-2"):
+        LLM(directory, tensor_parallel_size=2, **ENGINE)
+
+
+def test_the_chunked_scan_equals_the_scan_token_by_token():
+    """Two prompt chunks of 100 and 40 tokens padded together (dt 0 in the padding), from
+    states holding something, against the recurrence one token at a time."""
+    torch.manual_seed(0)
+    heads, head_dim, groups, size, lengths = 4, 6, 2, 5, [100, 40]
+    longest = max(lengths)
+    x = torch.randn(2, longest, heads, head_dim)
+    dt = torch.rand(2, longest, heads) * 0.5
+    b, c = torch.randn(2, longest, groups, size), torch.randn(2, longest, groups, size)
+    a, d = -torch.rand(heads) * 2, torch.randn(heads)
+    own = (torch.arange(longest)[None, :] < torch.tensor(lengths)[:, None])[..., None]
+    start = torch.randn(3, heads, size, head_dim)
+    chunked, slots = start.clone(), torch.tensor([2, 0])
+    out = ssm_prompts(x, dt * own, a, b, c, d, chunked, slots)
+    for i, length in enumerate(lengths):
+        states, slot = start.clone(), slots[i:i + 1]
+        steps = torch.cat([ssm_step(x[i, t:t + 1], dt[i, t:t + 1], a, b[i, t:t + 1],
+                                    c[i, t:t + 1], d, states, slot) for t in range(length)])
+        assert torch.allclose(out[i, :length], steps, atol=1e-4)
+        assert torch.allclose(chunked[slot], states[slot], atol=1e-4)
+    assert torch.equal(chunked[1], start[1])
