@@ -41,11 +41,22 @@ def kv_budget(profile: MemoryProfile, utilization: float, margin: int = CUDA_GRA
     return int(profile.total * utilization) - profile.peak - profile.non_torch - margin
 
 
-def profiled_blocks(profile: MemoryProfile, utilization: float, bytes_per_block: int) -> int:
-    """Whole blocks in the budget; ConfigError naming gpu_memory_utilization when none fits."""
+def profiled_blocks(profile: MemoryProfile, utilization: float, bytes_per_block: int,
+                    state_bytes: int = 0) -> int:
+    """Whole blocks in the budget; ConfigError naming gpu_memory_utilization when none fits,
+    or max_num_seqs where the recurrent states held for that many sequences (`state_bytes`,
+    counted in the peak: Qwen3.5's, Granite 4.0-H's) would leave room for blocks without
+    them."""
     budget = kv_budget(profile, utilization)
     if budget < bytes_per_block:
         gib = 1 << 30
+        if state_bytes and budget + state_bytes >= bytes_per_block:
+            raise ConfigError(
+                "max_num_seqs",
+                f"the recurrent states of the linear-attention layers, one per sequence the "
+                f"batch may hold, take {state_bytes / gib:.2f} GiB and leave no room for a KV "
+                f"block under gpu_memory_utilization {utilization}; lower max_num_seqs, or "
+                "keep them in 16 bits (mamba_ssm_cache_dtype bfloat16)")
         raise ConfigError(
             "gpu_memory_utilization",
             f"{utilization} of {profile.total / gib:.2f} GiB leaves no room for a KV block "
@@ -80,16 +91,18 @@ class KVSizing:
 
 
 def kv_sizing(config: EngineConfig, bytes_per_block: int, device_type: str,
-              profile: Callable[[], MemoryProfile]) -> KVSizing:
+              profile: Callable[[], MemoryProfile], state_bytes: int = 0) -> KVSizing:
     """--num-gpu-blocks-override, then --kv-cache-memory win (nothing is profiled); CPU has no
     allocator statistics and keeps its 1 GiB default; on CUDA `profile` runs the worst-case
-    step and the budget is measured."""
+    step and the budget is measured. `state_bytes`: what the recurrent states of a
+    linear-attention model take (in the profile's peak), for the refusal's reason."""
     if config.num_gpu_blocks_override is not None:
         blocks = config.num_gpu_blocks_override
         return KVSizing(blocks, blocks * bytes_per_block, source="num_gpu_blocks_override")
     if config.kv_cache_memory is None and device_type == "cuda":
         measured = profile()
-        blocks = profiled_blocks(measured, config.gpu_memory_utilization, bytes_per_block)
+        blocks = profiled_blocks(measured, config.gpu_memory_utilization, bytes_per_block,
+                                 state_bytes)
         return KVSizing(blocks, kv_budget(measured, config.gpu_memory_utilization), measured,
                         config.gpu_memory_utilization)
     budget = config.kv_cache_memory or DEFAULT_CPU_KV_CACHE_MEMORY

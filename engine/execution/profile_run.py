@@ -16,6 +16,7 @@ from typing import Protocol
 import torch
 
 from tokenmill.engine.contract.config import ConfigError
+from tokenmill.engine.contract.model_shape import linear_attention_layers
 from tokenmill.engine.execution.kv_layout import KVCacheLayout
 from tokenmill.engine.execution.kv_sizing import MemoryProfile
 from tokenmill.engine.execution.runner import ModelRunner
@@ -121,11 +122,13 @@ def profile_memory(model: CausalLM, layout: KVCacheLayout, device: torch.device,
             on_logits(logits)
         after = memory.read()
     except torch.OutOfMemoryError as exc:
+        states = " and the recurrent states of as many sequences (or keep them in 16 bits: " \
+            "mamba_ssm_cache_dtype bfloat16)" if linear_attention_layers(model.config) else ""
         raise ConfigError(
             "max_num_batched_tokens",
-            f"the largest step ({max_num_batched_tokens} tokens, {max_num_seqs} sequences) "
-            f"ran out of device memory next to the weights: lower max_num_batched_tokens or "
-            f"max_num_seqs ({exc})") from None
+            f"the largest step ({max_num_batched_tokens} tokens, {max_num_seqs} sequences"
+            f"{states}) ran out of device memory next to the weights: lower "
+            f"max_num_batched_tokens or max_num_seqs ({exc})") from None
     del runner, logits
     memory.reset()
     pool = num_blocks * layout.bytes_per_block

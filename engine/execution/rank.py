@@ -11,13 +11,14 @@ from typing import Any
 import torch
 
 from tokenmill.engine.contract.config import EngineConfig
+from tokenmill.engine.contract.model_shape import linear_attention_layers, recurrent_shape_of
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.execution.decode_graphs import graphs_wanted
 from tokenmill.engine.execution.kv_layout import KVCacheLayout
 from tokenmill.engine.execution.kv_sizing import MemoryProfile, host_tier_blocks, kv_sizing
 from tokenmill.engine.execution.lora_slots import LoRASlots
 from tokenmill.engine.execution.profile_run import CudaMemory, profile_memory
-from tokenmill.engine.execution.recurrent_states import ssm_dtype
+from tokenmill.engine.execution.recurrent_states import ssm_dtype, state_pool_bytes
 from tokenmill.engine.execution.runner import ModelRunner
 from tokenmill.engine.execution.startup_phases import StartupPhases
 from tokenmill.engine.models.architecture import encoder_of, moe_shape_of
@@ -99,7 +100,7 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
 
     with phases.phase("kv_profile"):
         sizing = kv_sizing(config, layout.bytes_per_block + extra_bytes_per_block, device.type,
-                           profile)
+                           profile, _state_bytes(model_config, config, setup.dtype, tp.size))
         num_blocks = tp.min_int(sizing.blocks, device)
         host_blocks = tp.min_int(host_tier_blocks(config, layout.bytes_per_block, tp.size),
                                  device)
@@ -123,6 +124,16 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
                                          sizes=config.cuda_graph_sizes)
     runner.startup_seconds = phases.seconds
     return runner
+
+
+def _state_bytes(model_config: Any, config: EngineConfig, dtype: torch.dtype,
+                 tp_size: int) -> int:
+    """What this rank's recurrent states take (0 for a model without them)."""
+    shape = recurrent_shape_of(model_config)
+    if shape is None:
+        return 0
+    return state_pool_bytes(shape.sharded(tp_size), len(linear_attention_layers(model_config)),
+                            config.max_num_seqs, dtype, ssm_dtype(config.mamba_ssm_cache_dtype))
 
 
 def _encoder_runner(setup: RankSetup, model: Any, device: torch.device,

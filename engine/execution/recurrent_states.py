@@ -7,6 +7,8 @@ state does not grow with the context: a sequence holds one slot from admission t
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from tokenmill.engine.contract.model_shape import LinearAttention, Mamba2
@@ -19,6 +21,14 @@ def ssm_dtype(name: str) -> torch.dtype:
     """--mamba-ssm-cache-dtype: auto keeps the delta rule's state in float32, as
     transformers does."""
     return torch.float32 if name == "auto" else getattr(torch, name)
+
+
+def state_pool_bytes(shape: LinearAttention | Mamba2, num_layers: int, num_slots: int,
+                     dtype: torch.dtype, state_dtype: torch.dtype) -> int:
+    """What RecurrentStates of these sizes allocate."""
+    per_slot = shape.conv_channels * (shape.conv_kernel - 1) * dtype.itemsize + \
+        math.prod(shape.state_shape) * state_dtype.itemsize
+    return num_layers * (num_slots + 1) * per_slot
 
 
 class RecurrentStates:

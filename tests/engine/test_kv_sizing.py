@@ -191,3 +191,32 @@ def test_every_rank_logs_its_sizing(tiny_llama_dir, caplog):
     record = next(r for r in caplog.records if r.getMessage() == "kv cache sizing")
     assert record.source == "kv_cache_memory" and record.budget_bytes == 4 * MIB
     assert record.blocks == llm.engine.runner.num_blocks == record.rank_blocks
+
+
+def test_recurrent_states_that_leave_no_block_name_max_num_seqs():
+    """A linear-attention model's states for max_num_seqs sequences are in the profile's
+    peak: where they take the room a block needs, the refusal says so and names
+    max_num_seqs and the 16-bit states; where even without them no block fits, it names
+    gpu_memory_utilization as for any model."""
+    heavy = MemoryProfile(total=80 * GIB, weights=16 * GIB, peak=71 * GIB, non_torch=GIB)
+    with pytest.raises(ConfigError) as err:
+        profiled_blocks(heavy, 0.9, BLOCK_8B, state_bytes=38 * GIB)
+    assert err.value.option == "max_num_seqs"
+    assert "38.00 GiB" in str(err.value) and "mamba_ssm_cache_dtype bfloat16" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        profiled_blocks(heavy, 0.9, BLOCK_8B, state_bytes=MIB)
+    assert err.value.option == "gpu_memory_utilization"
+
+
+def test_the_state_pool_size_is_what_the_runner_allocates():
+    import transformers
+
+    from tokenmill.engine.contract.model_shape import recurrent_shape_of
+    from tokenmill.engine.execution.recurrent_states import RecurrentStates, state_pool_bytes
+
+    config = transformers.Qwen3_5TextConfig(
+        hidden_size=64, num_hidden_layers=4, linear_key_head_dim=8, linear_value_head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4)
+    shape = recurrent_shape_of(config)
+    states = RecurrentStates(shape, 3, 5, torch.bfloat16, torch.device("cpu"), torch.float32)
+    assert state_pool_bytes(shape, 3, 5, torch.bfloat16, torch.float32) == states.nbytes
