@@ -132,11 +132,11 @@ class Mamba2:
         return self.num_heads, self.state_size, self.head_dim
 
 
-MAMBA2_TYPES = ("granitemoehybrid",)
+MAMBA2_TYPES = ("granitemoehybrid", "bamba")
 
 
 def mamba2_of(config: Any) -> Mamba2 | None:
-    """The Mamba-2 layers of a Granite 4.0-H config (its layer_types name them
+    """The Mamba-2 layers of a Granite 4.0-H or Bamba config (its layer_types name them
     "linear_attention"), None for any other."""
     if getattr(config, "model_type", None) not in MAMBA2_TYPES or \
             "linear_attention" not in (getattr(config, "layer_types", None) or ()):

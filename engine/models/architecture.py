@@ -186,6 +186,9 @@ SUPPORTED = {
     # position_embedding_type is "rope"; experts stored as GraniteMoE's beside a shared MLP
     # (shared_mlp, fused gate and up), which is the whole MLP of a model without experts.
     "GraniteMoeHybridForCausalLM": ArchitectureFlags(granite=True, moe="granite_hybrid"),
+    # IBM's Bamba: Granite 4.0-H's Mamba-2 layers with Llama's attention (rotary over a part
+    # of each head) in the attn_layer_indices, and a dense MLP in every layer.
+    "BambaForCausalLM": ArchitectureFlags(),
 }
 # A supported decoder with a classification head instead of its LM head, as transformers names
 # it: LlamaForSequenceClassification, Qwen3ForSequenceClassification, ... (the pooling runner).
@@ -224,7 +227,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "gemma4_text": "Gemma4ForCausalLM",
                "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
                "granitemoe": "GraniteMoeForCausalLM",
-               "granitemoehybrid": "GraniteMoeHybridForCausalLM",
+               "granitemoehybrid": "GraniteMoeHybridForCausalLM", "bamba": "BambaForCausalLM",
                "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
                "seed_oss": "SeedOssForCausalLM", "exaone4": "Exaone4ForCausalLM",
                "ernie4_5": "Ernie4_5ForCausalLM", "glm4": "Glm4ForCausalLM",

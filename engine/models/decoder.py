@@ -294,8 +294,8 @@ class DecoderLayer(nn.Module):
         if not flags.olmo:
             self.input_layernorm = norm()
         self.linear = linear
-        # Its state-keeping token mixer, under the checkpoint's name: Granite 4.0-H's Mamba-2
-        # (mamba), else Qwen3.5's gated delta net (linear_attn).
+        # Its state-keeping token mixer, under the checkpoint's name: Granite 4.0-H's and
+        # Bamba's Mamba-2 (mamba), else Qwen3.5's gated delta net (linear_attn).
         self.recurrent_name = "mamba" if mamba2_of(config) else "linear_attn"
         if linear and mamba2_of(config):
             self.mamba = Mamba2Mixer(config)

@@ -95,6 +95,13 @@ MODULE_NAMES = {"hunyuan_v1_dense": ("self_attn", {"query_layernorm": "q_norm",
                 "starcoder2": ("mlp", {"c_fc": "up_proj", "c_proj": "down_proj"})}
 
 
+# Parts a family names its own way wherever they are, by model type: Bamba's MLP, the norm
+# before it and the final norm under Llama's names.
+RENAMED_PARTS = {"bamba": {".feed_forward.": ".mlp.",
+                           ".pre_ff_layernorm.": ".post_attention_layernorm.",
+                           "model.final_layernorm.": "model.norm."}}
+
+
 # MiniMax-M2 and ERNIE 4.5 keep their routing's correction bias beside the router, not in it.
 BLOCK_CORRECTION_BIAS = "block_sparse_moe.e_score_correction_bias"
 ERNIE_CORRECTION_BIAS = "mlp.moe_statics.e_score_correction_bias"
@@ -103,7 +110,7 @@ ERNIE_CORRECTION_BIAS = "mlp.moe_statics.e_score_correction_bias"
 def renamed(config: Any, name: str) -> str:
     """A checkpoint name under the model's own, where they differ (GraniteMoE's router,
     GLM-4's norms, MiniMax-M2's correction bias, StarCoder 2's MLP, Hunyuan's q and k
-    norms, Llama 4's dense MLP under feed_forward)."""
+    norms, Llama 4's dense MLP under feed_forward, Bamba's MLP and norms)."""
     if name.endswith(GRANITE_ROUTER):
         return name[:-len(GRANITE_ROUTER)] + "block_sparse_moe.gate.weight"
     if name.endswith(BLOCK_CORRECTION_BIAS):
@@ -120,6 +127,8 @@ def renamed(config: Any, name: str) -> str:
     if getattr(config, "model_type", None) == LLAMA4:  # a dense layer's MLP
         for part in ("gate_proj", "up_proj", "down_proj"):
             name = name.replace(f".feed_forward.{part}.", f".mlp.{part}.")
+    for stored, ours in RENAMED_PARTS.get(getattr(config, "model_type", None), {}).items():
+        name = name.replace(stored, ours)
     parent, names = MODULE_NAMES.get(getattr(config, "model_type", None), ("", {}))
     for stored, ours in names.items():
         if f".{parent}.{stored}." in name:

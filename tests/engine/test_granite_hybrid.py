@@ -86,3 +86,22 @@ def test_the_chunked_scan_equals_the_scan_token_by_token():
         assert torch.allclose(out[i, :length], steps, atol=1e-4)
         assert torch.allclose(chunked[slot], states[slot], atol=1e-4)
     assert torch.equal(chunked[1], start[1])
+
+
+def test_bamba_equals_transformers(tmp_path, vocab_tokenizer, prompts):
+    """IBM's Bamba: the same Mamba-2 layers, Llama's attention turning half of each head, a
+    dense MLP under feed_forward after pre_ff_layernorm, final_layernorm."""
+    import transformers
+
+    config = transformers.BambaConfig(
+        vocab_size=len(vocab_tokenizer), hidden_size=64, intermediate_size=96,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, mamba_n_heads=4,
+        mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
+        mamba_chunk_size=16, attn_layer_indices=[1], max_position_embeddings=512,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    directory = make_random_model(str(tmp_path), config, vocab_tokenizer, draw_norms=True)
+    reference = hf_reference(directory)
+    expected = [hf_greedy(reference, p, MAX_NEW) for p in prompts]
+    with LLM(directory, **ENGINE) as llm:
+        assert llm.engine.runner.kv_pool.shape[0] == 1
+        assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected
