@@ -5,8 +5,10 @@ Random-weight Llama and Qwen3 go through what a GPU run turns on: decode CUDA gr
 default there; asserted captured and replayed), ragged prompts in one batch, prefill in
 chunks, async scheduling, a prefix-cache hit, n-gram speculation (its verify steps graphed),
 and tensor parallelism over two GPUs where two are visible (on the CPU,
-tests/engine/test_tensor_parallel.py covers it). HF runs on the same device in float32;
-its reference is computed once per model.
+tests/engine/test_tensor_parallel.py covers it). A random Qwen3.5 (a gated delta net beside
+gated attention) runs ragged, chunked and async with its per-sequence states inside the
+decode graphs. HF runs on the same device in float32; its reference is computed once per
+model.
 """
 
 from __future__ import annotations
@@ -154,4 +156,35 @@ def test_tensor_parallel_equals_hf(model):
         hits = llm.engine.kv.prefix_hits
         assert _greedy(llm, SHARING[1:]) == _expected(model, SHARING[1:])
         assert llm.engine.kv.prefix_hits > hits
+        _check_graphs(llm, 0)
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory) -> tuple[str, dict[tuple[int, ...], list[int]]]:
+    """A random-weight Qwen3.5 (a gated delta net, then gated attention) and HF's greedy
+    continuation of every ragged prompt: its recurrent states in captured decode graphs."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    config = transformers.Qwen3_5TextConfig(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=4, head_dim=32,
+        layer_types=["linear_attention", "full_attention"], linear_key_head_dim=32,
+        linear_value_head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+        max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
+    directory = make_random_model(str(tmp_path_factory.mktemp("qwen3_5")), config,
+                                  word_level_tokenizer(VOCAB), draw_norms=True)
+    hf = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).to(DEVICE).eval()
+    expected = {tuple(p): hf_greedy(hf, p, MAX_NEW) for p in RAGGED}
+    del hf
+    return directory, expected
+
+
+@pytest.mark.parametrize("options", [{}, {"max_num_batched_tokens": CHUNK},
+                                     {"max_num_batched_tokens": CHUNK, "async_scheduling": True}])
+def test_linear_attention_equals_hf_with_decode_graphs(hybrid, options):
+    """Whole prompts, prompts in chunks beside decodes, and async scheduling: each sequence's
+    state slot gathered and scattered inside the captured decode steps."""
+    with LLM(hybrid[0], **options, **ENGINE) as llm:
+        assert _greedy(llm, RAGGED) == _expected(hybrid, RAGGED)
         _check_graphs(llm, 0)
