@@ -88,18 +88,18 @@ GEMMA4_EXPERT_BLOCK = ("router.", "experts.", "pre_feedforward_layernorm_2.",
                        "post_feedforward_layernorm_2.")
 
 
-# Modules a family names its own way, by model type: (their parent, {its name: ours}).
-# Hunyuan's q and k norms under Qwen3's names; StarCoder 2's MLP without a gate under Arcee's.
-MODULE_NAMES = {"hunyuan_v1_dense": ("self_attn", {"query_layernorm": "q_norm",
-                                                   "key_layernorm": "k_norm"}),
-                "starcoder2": ("mlp", {"c_fc": "up_proj", "c_proj": "down_proj"})}
-
-
-# Parts a family names its own way wherever they are, by model type: Bamba's MLP, the norm
-# before it and the final norm under Llama's names.
-RENAMED_PARTS = {"bamba": {".feed_forward.": ".mlp.",
-                           ".pre_ff_layernorm.": ".post_attention_layernorm.",
-                           "model.final_layernorm.": "model.norm."}}
+# Parts of a checkpoint name a family spells its own way, by model type, and ours: Hunyuan's
+# q and k norms under Qwen3's names; StarCoder 2's MLP without a gate under Arcee's; Bamba's
+# MLP, the norm before it and the final norm, and Llama 4's dense layers' MLP (its sparse
+# blocks keep feed_forward), under Llama's.
+RENAMED_PARTS = {
+    "hunyuan_v1_dense": {".self_attn.query_layernorm.": ".self_attn.q_norm.",
+                         ".self_attn.key_layernorm.": ".self_attn.k_norm."},
+    "starcoder2": {".mlp.c_fc.": ".mlp.up_proj.", ".mlp.c_proj.": ".mlp.down_proj."},
+    "bamba": {".feed_forward.": ".mlp.", ".pre_ff_layernorm.": ".post_attention_layernorm.",
+              "model.final_layernorm.": "model.norm."},
+    "llama4_text": {f".feed_forward.{part}.": f".mlp.{part}."
+                    for part in ("gate_proj", "up_proj", "down_proj")}}
 
 
 # MiniMax-M2 and ERNIE 4.5 keep their routing's correction bias beside the router, not in it.
@@ -124,15 +124,8 @@ def renamed(config: Any, name: str) -> str:
             return f"{layer}.layers.{index}.moe.{part}"
     if getattr(config, "model_type", None) == GRANITE_HYBRID and ".shared_mlp." in name:
         return _granite_shared_mlp(config, name)
-    if getattr(config, "model_type", None) == LLAMA4:  # a dense layer's MLP
-        for part in ("gate_proj", "up_proj", "down_proj"):
-            name = name.replace(f".feed_forward.{part}.", f".mlp.{part}.")
     for stored, ours in RENAMED_PARTS.get(getattr(config, "model_type", None), {}).items():
         name = name.replace(stored, ours)
-    parent, names = MODULE_NAMES.get(getattr(config, "model_type", None), ("", {}))
-    for stored, ours in names.items():
-        if f".{parent}.{stored}." in name:
-            return name.replace(f".{parent}.{stored}.", f".{parent}.{ours}.")
     if getattr(config, "model_type", None) == "glm4":
         module, _, attr = name.rpartition(".")
         parent, _, kind = module.rpartition(".")

@@ -12,6 +12,7 @@ pool."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
@@ -48,9 +49,23 @@ class PromptRuns:
     lengths: torch.Tensor
     slots: torch.Tensor
 
+    @classmethod
+    def build(cls, starts: list[int], lengths: list[int], slots: list[int],
+              device: torch.device) -> PromptRuns:
+        """From each run's first row, length and slot (one host copy each); the rest is
+        derived on the device."""
+        first, count = (list_to_device(v, torch.long, device) for v in (starts, lengths))
+        offsets = torch.arange(max(lengths), device=device)
+        index = first[:, None] + torch.minimum(offsets[None, :], count[:, None] - 1)
+        mask = offsets[None, :] < count[:, None]
+        return cls(index, mask, index[mask], count, list_to_device(slots, torch.long, device))
+
     def padded(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, ...] as [runs, longest, ...]."""
         return x[self.index]
+
+
+Step = Callable[[torch.Tensor | None, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -66,6 +81,20 @@ class SequenceRuns:
     @property
     def decodes_only(self) -> bool:
         return self.decode_rows is None and self.prompts is None
+
+    def mix(self, step: Step, prompts: Callable[[PromptRuns], torch.Tensor],
+            out: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """The step's rows through a state-keeping op: `step(rows, slots)` for the decoding
+        sequences together (rows None: every row), `prompts(runs)` for the prompt chunks
+        together (padded: [runs, longest, ...]), scattered into `out()`'s rows."""
+        if self.decodes_only:
+            return step(None, self.decode_slots)
+        result = out()
+        if self.decode_rows is not None:
+            result[self.decode_rows] = step(self.decode_rows, self.decode_slots)
+        if self.prompts is not None:
+            result[self.prompts.rows] = prompts(self.prompts)[self.prompts.mask]
+        return result
 
 
 def sequence_runs(meta: AttentionMetadata) -> SequenceRuns:
@@ -88,15 +117,8 @@ def _runs(meta: AttentionMetadata) -> SequenceRuns:
     decode_slots = list_to_device([slots[i] for i in decodes], torch.long, device) \
         if decodes else None
     longer = [i for i, n in enumerate(lengths) if n > 1]
-    longest = max(lengths[i] for i in longer)
-    index = [[starts[i] + min(j, lengths[i] - 1) for j in range(longest)] for i in longer]
-    own = [[j < lengths[i] for j in range(longest)] for i in longer]
-    prompts = PromptRuns(
-        list_to_device(index, torch.long, device), list_to_device(own, torch.bool, device),
-        list_to_device([r for i in longer for r in range(starts[i], starts[i + 1])],
-                       torch.long, device),
-        list_to_device([lengths[i] for i in longer], torch.long, device),
-        list_to_device([slots[i] for i in longer], torch.long, device))
+    prompts = PromptRuns.build([starts[i] for i in longer], [lengths[i] for i in longer],
+                               [slots[i] for i in longer], device)
     return SequenceRuns(rows, decode_slots, prompts)
 
 
@@ -105,18 +127,11 @@ def convolve(x: torch.Tensor, states: StateLayer, runs: SequenceRuns, weight: to
     """The step's rows [T, channels] through the causal convolution (weight [channels,
     taps], Mamba-2's bias) and SiLU, each sequence from its state: the decoding ones
     together, the prompt chunks together."""
-    if runs.decodes_only:
-        return conv_step(x, states.conv, runs.decode_slots, weight, bias)
-    out = torch.empty_like(x)
-    if runs.decode_rows is not None:
-        out[runs.decode_rows] = conv_step(x[runs.decode_rows], states.conv, runs.decode_slots,
-                                          weight, bias)
-    prompts = runs.prompts
-    if prompts is not None:
-        mixed = conv_prompts(prompts.padded(x), prompts.lengths, states.conv, prompts.slots,
-                             weight, bias)
-        out[prompts.rows] = mixed[prompts.mask]
-    return out
+    return runs.mix(
+        lambda rows, slots: conv_step(x if rows is None else x[rows], states.conv, slots,
+                                      weight, bias),
+        lambda p: conv_prompts(p.padded(x), p.lengths, states.conv, p.slots, weight, bias),
+        lambda: torch.empty_like(x))
 
 
 class GatedNorm(nn.Module):
@@ -179,18 +194,16 @@ class GatedDeltaNet(nn.Module):
 
     def _delta(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                beta: torch.Tensor, states: StateLayer, runs: SequenceRuns) -> torch.Tensor:
-        if runs.decodes_only:
-            return delta_step(q, k, v, g, beta, states.ssm, runs.decode_slots)
-        out = torch.empty_like(v)
-        if runs.decode_rows is not None:
-            rows = runs.decode_rows
-            out[rows] = delta_step(q[rows], k[rows], v[rows], g[rows], beta[rows],
-                                   states.ssm, runs.decode_slots)
-        prompts = runs.prompts
-        if prompts is not None:  # padding neither decays nor writes
-            own = prompts.mask[..., None]
-            o = delta_prompts(prompts.padded(q), prompts.padded(k), prompts.padded(v),
-                              prompts.padded(g) * own, prompts.padded(beta) * own,
-                              states.ssm, prompts.slots)
-            out[prompts.rows] = o[prompts.mask]
-        return out
+        def step(rows: torch.Tensor | None, slots: torch.Tensor) -> torch.Tensor:
+            def pick(t: torch.Tensor) -> torch.Tensor:
+                return t if rows is None else t[rows]
+
+            return delta_step(pick(q), pick(k), pick(v), pick(g), pick(beta), states.ssm,
+                              slots)
+
+        def prompts(p: PromptRuns) -> torch.Tensor:  # padding neither decays nor writes
+            own = p.mask[..., None]
+            return delta_prompts(p.padded(q), p.padded(k), p.padded(v), p.padded(g) * own,
+                                 p.padded(beta) * own, states.ssm, p.slots)
+
+        return runs.mix(step, prompts, lambda: torch.empty_like(v))

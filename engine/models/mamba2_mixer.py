@@ -19,7 +19,7 @@ from tokenmill.engine.contract.model_shape import mamba2_of
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.mamba2 import grouped_gated_rms_norm, ssm_prompts, ssm_step
 from tokenmill.engine.layers.state_layer import StateLayer
-from tokenmill.engine.models.gated_delta_net import convolve, sequence_runs
+from tokenmill.engine.models.gated_delta_net import PromptRuns, convolve, sequence_runs
 
 
 class GroupedGatedNorm(nn.Module):
@@ -69,19 +69,18 @@ class Mamba2Mixer(nn.Module):
         c = c.reshape(tokens, shape.groups, shape.state_size)
         dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(*self.dt_limit)
         a = -self.A_log.float().exp()
-        if runs.decodes_only:
-            y = ssm_step(heads, dt, a, b, c, self.D, states.ssm, runs.decode_slots)
-        else:
-            y = torch.empty(tokens, shape.num_heads, shape.head_dim, device=x.device)
-            if runs.decode_rows is not None:
-                rows = runs.decode_rows
-                y[rows] = ssm_step(heads[rows], dt[rows], a, b[rows], c[rows], self.D,
-                                   states.ssm, runs.decode_slots)
-            prompts = runs.prompts
-            if prompts is not None:  # padding neither decays nor writes: dt 0 there
-                padded = prompts.padded
-                out = ssm_prompts(padded(heads), padded(dt) * prompts.mask[..., None], a,
-                                  padded(b), padded(c), self.D, states.ssm, prompts.slots)
-                y[prompts.rows] = out[prompts.mask]
+        def step(rows: torch.Tensor | None, slots: torch.Tensor) -> torch.Tensor:
+            def pick(t: torch.Tensor) -> torch.Tensor:
+                return t if rows is None else t[rows]
+
+            return ssm_step(pick(heads), pick(dt), a, pick(b), pick(c), self.D, states.ssm,
+                            slots)
+
+        def prompts(p: PromptRuns) -> torch.Tensor:  # dt 0 in padding: no decay, no write
+            return ssm_prompts(p.padded(heads), p.padded(dt) * p.mask[..., None], a,
+                               p.padded(b), p.padded(c), self.D, states.ssm, p.slots)
+
+        y = runs.mix(step, prompts, lambda: torch.empty(
+            tokens, shape.num_heads, shape.head_dim, device=x.device))
         y = self.norm(y.reshape(tokens, shape.inner).to(x.dtype), z)
         return self.out_proj(y)
