@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import torch
-from model_support import make_random_model
-from safetensors.torch import load_file, save_file
+from model_support import draw_correction_bias, make_random_model
 
 KV_LORA_RANK, ROPE_DIM = 32, 8
 
@@ -72,11 +70,4 @@ def make_deepseek(directory: str, kind: str, tokenizer: Any, **changes: Any) -> 
     too (transformers starts it at zero; drawn, it decides which experts are chosen)."""
     make_random_model(directory, deepseek_config(kind, len(tokenizer), **changes), tokenizer,
                       draw_norms=True, auto_class=HF_CLASSES.get(kind, "AutoModelForCausalLM"))
-    path = f"{directory}/model.safetensors"
-    tensors = load_file(path)
-    gen = torch.Generator().manual_seed(3)
-    for name, tensor in tensors.items():
-        if name.endswith("e_score_correction_bias"):
-            tensors[name] = torch.randn(tensor.shape, generator=gen) * 0.3
-    save_file(tensors, path, metadata={"format": "pt"})
-    return directory
+    return draw_correction_bias(directory)

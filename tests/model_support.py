@@ -121,6 +121,22 @@ def make_random_model(directory: str, config, tokenizer, draw_norms: bool = Fals
     return directory
 
 
+def draw_correction_bias(directory: str, scale: float = 0.3) -> str:
+    """The routers' correction bias of a saved checkpoint drawn (transformers starts it at
+    zero, which would hide whether routing adds it; drawn, it decides which experts and
+    groups are chosen)."""
+    from safetensors.torch import load_file, save_file
+
+    path = f"{directory}/model.safetensors"
+    tensors = load_file(path)
+    generator = torch.Generator().manual_seed(3)
+    for name, tensor in tensors.items():
+        if name.endswith("e_score_correction_bias"):
+            tensors[name] = torch.randn(tensor.shape, generator=generator) * scale
+    save_file(tensors, path, metadata={"format": "pt"})
+    return directory
+
+
 def smollm2_checkpoint(directory: Path, model: Any = None, tokenizer: Any = None) -> Path:
     """SmolLM2 written as a float32 safetensors checkpoint (config, tokenizer, weights), from the
     built-in GGUF through transformers (or from the given, already loaded model and tokenizer).

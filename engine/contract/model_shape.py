@@ -132,18 +132,36 @@ class Mamba2:
         return self.num_heads, self.state_size, self.head_dim
 
 
-MAMBA2_TYPES = ("granitemoehybrid", "bamba")
+# The config fields of a Mamba-2 layer's shape (heads, head size, groups, state size,
+# convolution taps), by model type: Granite 4.0-H's and Bamba's, Nemotron-H's.
+GRANITE_MAMBA2_FIELDS = ("mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state",
+                         "mamba_d_conv")
+MAMBA2_FIELDS = {"granitemoehybrid": GRANITE_MAMBA2_FIELDS, "bamba": GRANITE_MAMBA2_FIELDS,
+                 "nemotron_h": ("mamba_num_heads", "mamba_head_dim", "n_groups",
+                                "ssm_state_size", "conv_kernel")}
 
 
 def mamba2_of(config: Any) -> Mamba2 | None:
-    """The Mamba-2 layers of a Granite 4.0-H or Bamba config (its layer_types name them
-    "linear_attention"), None for any other."""
-    if getattr(config, "model_type", None) not in MAMBA2_TYPES or \
-            "linear_attention" not in (getattr(config, "layer_types", None) or ()):
+    """The Mamba-2 layers of a Granite 4.0-H, Bamba or Nemotron-H config (its layer_types
+    name them "linear_attention"), None for any other."""
+    fields = MAMBA2_FIELDS.get(getattr(config, "model_type", None))
+    if fields is None or "linear_attention" not in (getattr(config, "layer_types", None) or ()):
         return None
-    return Mamba2(int(config.mamba_n_heads), int(config.mamba_d_head),
-                  int(config.mamba_n_groups), int(config.mamba_d_state),
-                  int(config.mamba_d_conv))
+    return Mamba2(*(int(getattr(config, field)) for field in fields))
+
+
+# Nemotron-H's layers are one block each: a Mamba-2 layer, attention, an MLP or a mixture of
+# experts, named so in its layer_types.
+FEED_FORWARD_KINDS = ("mlp", "moe")
+MIXER_BLOCK_TYPES = ("nemotron_h",)
+
+
+def feed_forward_layers(config: Any) -> list[int]:
+    """The decoder layers that are a feed-forward block alone (Nemotron-H's MLP and expert
+    layers): they keep neither keys and values nor a state."""
+    if getattr(config, "model_type", None) not in MIXER_BLOCK_TYPES:
+        return []
+    return [i for i, kind in enumerate(config.layer_types) if kind in FEED_FORWARD_KINDS]
 
 
 def recurrent_shape_of(config: Any) -> LinearAttention | Mamba2 | None:
@@ -225,6 +243,8 @@ class ModelShape:
             # Granite 4.0-H: its shared MLP is the dense one where it has no experts.
             width = int(config.shared_intermediate_size)
             dense, shared = width, width if expert_width else 0
+        if getattr(config, "model_type", None) == "nemotron_h":
+            shared = int(config.moe_shared_expert_intermediate_size) if expert_width else 0
         if getattr(config, "model_type", None) == "llama4_text":
             # Llama 4: intermediate_size is an expert's width and its shared expert's, the
             # dense layers' MLP is intermediate_size_mlp wide.

@@ -53,8 +53,8 @@ def check_tensor_parallel(config: Any, size: int) -> None:
                           "served on one rank; use 1")
     if mamba2_of(config) is not None:
         raise ConfigError("tensor_parallel_size",
-                          f"{size}: a model with Mamba-2 layers (Granite 4.0-H) is served on "
-                          "one rank; use 1")
+                          f"{size}: a model with Mamba-2 layers (Granite 4.0-H, Nemotron-H) "
+                          "is served on one rank; use 1")
     problems = ModelShape.of(config).problems(size)
     if problems:
         raise ConfigError("tensor_parallel_size",

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from tokenmill.engine.contract.model_shape import (
+    feed_forward_layers,
     kv_sources,
     latent_attention_of,
     layer_attention_shapes,
@@ -43,8 +44,8 @@ class KVCacheLayout:
     layer_shapes: tuple[tuple[int, int], ...] | None = None
     # Each model layer's layer of the pool, where some read an earlier layer's keys and values
     # (Gemma 4's shared KV) or keep none (None: a linear-attention layer, whose state lives
-    # beside the pool, models/recurrent_state.py): the pool holds `num_layers` layers, the
-    # storing ones.
+    # beside the pool, execution/recurrent_states.py, or a feed-forward block alone,
+    # Nemotron-H's): the pool holds `num_layers` layers, the storing ones.
     pool_layers: tuple[int | None, ...] | None = None
 
     @classmethod
@@ -59,12 +60,14 @@ class KVCacheLayout:
         layers = model_config.num_hidden_layers
         shapes = layer_attention_shapes(model_config)
         sources = kv_sources(model_config)
-        linear = set(linear_attention_layers(model_config))
-        if not (shapes or sources or linear):
+        keeping_none = set(linear_attention_layers(model_config)) | \
+            set(feed_forward_layers(model_config))
+        if not (shapes or sources or keeping_none):
             return cls(layers, plan.num_kv_heads, plan.head_dim, block_size, dtype)
-        if not (shapes or sources):  # linear-attention layers only: one shape
-            storing = [i for i in range(layers) if i not in linear]
-            pool = tuple(None if i in linear else storing.index(i) for i in range(layers))
+        if not (shapes or sources):  # layers without keys and values: one shape
+            storing = [i for i in range(layers) if i not in keeping_none]
+            pool = tuple(None if i in keeping_none else storing.index(i)
+                         for i in range(layers))
             return cls(len(storing), plan.num_kv_heads, plan.head_dim, block_size, dtype,
                        pool_layers=pool)
         shapes = shapes or [(plan.num_kv_heads, plan.head_dim)] * layers
@@ -87,7 +90,7 @@ class KVCacheLayout:
 
     def pool_layer(self, layer: int) -> int | None:
         """The pool layer holding model layer `layer`'s keys and values (None: it keeps
-        none, a linear-attention layer)."""
+        none, a linear-attention or feed-forward layer)."""
         return layer if self.pool_layers is None else self.pool_layers[layer]
 
     @property

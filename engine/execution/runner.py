@@ -83,8 +83,9 @@ class ModelRunner:
                                       len(linear),
                                       max(self.state_slots, 1), self.model.lm_head.weight.dtype,
                                       device, self.state_dtype) if linear else None
-        self.kv_caches = [self._layer_view(i) if i not in linear else
-                          self.states.layer(linear.index(i)) for i in range(layout.model_layers)]
+        self.kv_caches = [self.states.layer(linear.index(i)) if i in linear else
+                          None if layout.pool_layer(i) is None else self._layer_view(i)
+                          for i in range(layout.model_layers)]
         self.offload = KVOffload(self._pool_tensors(), self.num_host_blocks, device) \
             if self.num_host_blocks else None
 

@@ -62,6 +62,10 @@ class ArchitectureFlags:
     # rotating layers attending within chunks of attention_chunk_size, the others (no
     # positional encoding) scaling queries by position (attn_temperature_tuning).
     llama4: bool = False
+    # Nemotron-H: each layer is one block, a norm and one mixer (a Mamba-2 layer, attention
+    # without positional encoding, an MLP or experts), as its layer_types list them
+    # (models/mixer_block.py).
+    mixer_blocks: bool = False
 
     @property
     def norms_add_one(self) -> bool:
@@ -189,6 +193,11 @@ SUPPORTED = {
     # IBM's Bamba: Granite 4.0-H's Mamba-2 layers with Llama's attention (rotary over a part
     # of each head) in the attn_layer_indices, and a dense MLP in every layer.
     "BambaForCausalLM": ArchitectureFlags(),
+    # NVIDIA's Nemotron-H (Nemotron-H, Nemotron Nano 2, Nemotron 3): Mamba-2 layers, a few
+    # attention layers, MLPs of squared ReLU without a gate, and (Nemotron 3) experts of the
+    # same, routed as DeepSeek-V3's, beside a shared one; one block per layer.
+    "NemotronHForCausalLM": ArchitectureFlags(moe="nemotron_h", ungated_mlp=True,
+                                              mixer_blocks=True),
 }
 # A supported decoder with a classification head instead of its LM head, as transformers names
 # it: LlamaForSequenceClassification, Qwen3ForSequenceClassification, ... (the pooling runner).
@@ -228,6 +237,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
                "granitemoe": "GraniteMoeForCausalLM",
                "granitemoehybrid": "GraniteMoeHybridForCausalLM", "bamba": "BambaForCausalLM",
+               "nemotron_h": "NemotronHForCausalLM",
                "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
                "seed_oss": "SeedOssForCausalLM", "exaone4": "Exaone4ForCausalLM",
                "ernie4_5": "Ernie4_5ForCausalLM", "glm4": "Glm4ForCausalLM",
@@ -270,7 +280,7 @@ class MoeNames:
     """Where a mixture-of-experts checkpoint keeps its parts, under each decoder layer."""
 
     block: str   # the sparse block: {block}.{router}, {block}.experts.{e}.{part}
-    gate: str    # each expert's projections
+    gate: str | None  # each expert's projections (no gate: up, the activation, down)
     up: str
     down: str
     router: str = "gate"
@@ -290,6 +300,9 @@ MOE_NAMES["ernie"] = MOE_NAMES["deepseek"]
 MOE_NAMES["mistral4"] = MOE_NAMES["deepseek"]
 MOE_NAMES["granite_hybrid"] = MoeNames("block_sparse_moe", "gate_proj", "up_proj", "down_proj",
                                        shared="shared_mlp", shared_gated=False)
+# Nemotron 3: each expert and the shared one an MLP without a gate, the block the layer's mixer.
+MOE_NAMES["nemotron_h"] = MoeNames("mixer", None, "up_proj", "down_proj",
+                                   shared="shared_experts", shared_gated=False)
 MOE_NAMES["llama4"] = MoeNames("feed_forward", "gate_proj", "up_proj", "down_proj", "router",
                                shared_gated=False)
 
@@ -333,6 +346,11 @@ class MoeShape:
     grouped: GroupedRouting | None = None
     # Llama 4: the top_k logits' sigmoids weigh the experts' inputs, not their outputs.
     scales_inputs: bool = False
+    # The experts' activation: of the gate (ACTIVATIONS), or of up where they have none.
+    activation: str = "silu"
+    # Nemotron 3 Super: the experts work in a narrower space, projected into and out of it
+    # (fc1_latent_proj, fc2_latent_proj); None: in the model's width.
+    latent_size: int | None = None
 
     def is_sparse(self, layer: int) -> bool:
         """Whether decoder layer `layer` has the sparse block (else a dense MLP of the
@@ -486,12 +504,13 @@ def moe_shape_of(config: Any) -> MoeShape | None:
     experts = num_experts_of(config)
     if style is None or not experts:
         return None
-    if activation_of(config) != "silu":
-        raise ModelLoadError(f"activation {activation_of(config)!r} is not supported in "
-                             "experts (silu)")
+    names = MOE_NAMES[style]
+    activation = activation_of(config)
+    if names.gate is not None and activation != "silu":
+        raise ModelLoadError(f"activation {activation!r} is not supported in experts (silu)")
     widths = ModelShape.of(config)
     return MoeShape(
-        names=MOE_NAMES[style], num_experts=experts, top_k=int(config.num_experts_per_tok),
+        names=names, num_experts=experts, top_k=int(config.num_experts_per_tok),
         width=widths.expert_intermediate_size,
         shared_width=widths.shared_expert_intermediate_size,
         # Mixtral's, Granite's and GPT-OSS's routers softmax the chosen logits alone;
@@ -507,7 +526,9 @@ def moe_shape_of(config: Any) -> MoeShape | None:
         biased=style == "gptoss",
         grouped=_grouped_routing(config, style),
         scales_inputs=style == "llama4",
-        swiglu=_gptoss_swiglu(config) if style == "gptoss" else None)
+        swiglu=_gptoss_swiglu(config) if style == "gptoss" else None,
+        activation=activation,
+        latent_size=getattr(config, "moe_latent_size", None))
 
 
 def _gptoss_swiglu(config: Any) -> tuple[float, float]:
@@ -539,7 +560,7 @@ def _dense_layers(config: Any) -> frozenset[int]:
 def _grouped_routing(config: Any, style: str) -> GroupedRouting | None:
     """DeepSeek's routing as the config sets it; V2's greedy top_k, MiniMax-M2's and ERNIE
     4.5's are one group."""
-    if style not in ("deepseek", "deepseek_v2", "minimax", "ernie", "mistral4"):
+    if style not in ("deepseek", "deepseek_v2", "minimax", "ernie", "mistral4", "nemotron_h"):
         return None
     scale = float(getattr(config, "routed_scaling_factor", 1.0) or 1.0)
     experts = num_experts_of(config)
@@ -564,12 +585,20 @@ def _grouped_routing(config: Any, style: str) -> GroupedRouting | None:
 
 
 def activation_of(config: Any) -> str:
-    """The MLP's activation, as transformers names it (Gemma 2/3 call it hidden_activation)."""
-    name = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
+    """The MLP's activation, as transformers names it (Gemma 2/3 call it hidden_activation,
+    Nemotron-H mlp_hidden_act)."""
+    name = getattr(config, "hidden_activation", None) or \
+        getattr(config, "mlp_hidden_act", None) or getattr(config, "hidden_act", "silu")
     known = UNGATED_ACTIVATIONS if flags_of(config).ungated_mlp else ACTIVATIONS
     if name not in known:
         raise ModelLoadError(f"activation {name!r} is not supported ({', '.join(known)})")
     return name
+
+
+def rms_norm_eps_of(config: Any) -> float:
+    """The epsilon of the model's RMSNorms (Nemotron-H calls it layer_norm_epsilon)."""
+    eps = getattr(config, "rms_norm_eps", None)
+    return float(config.layer_norm_epsilon if eps is None else eps)
 
 
 def layer_window_of(config: Any, layer: int) -> int | None:
@@ -599,6 +628,8 @@ def rotates_at(config: Any, layer: int) -> bool:
     full-attention layers do not where it has sliding ones."""
     if flags_of(config).full_layers_nope and getattr(config, "sliding_window", None):
         return layer_window_of(config, layer) is not None
+    if flags_of(config).mixer_blocks:  # Nemotron-H: no positional encoding
+        return False
     if getattr(config, "model_type", None) == "granitemoehybrid":  # Granite 4.0-H: opt-in
         return getattr(config, "position_embedding_type", None) == "rope"
     marks = getattr(config, "no_rope_layers", None)

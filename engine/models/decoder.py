@@ -1,7 +1,6 @@
 """Decoder-only transformer (Llama, Mistral, Qwen2, Qwen3, Gemma 1/2/3, Cohere, StarCoder 2,
-and the
-mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek's latent attention, ...) over the
-paged KV cache.
+and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek's latent attention, ...;
+the hybrids Qwen3.5, Granite 4.0-H, Nemotron-H) over the paged KV cache.
 
 Parameter names equal Hugging Face's, so checkpoints load without renaming.
 """
@@ -48,6 +47,7 @@ from tokenmill.engine.models.architecture import (
     flags_of,
     layer_window_of,
     moe_shape_of,
+    rms_norm_eps_of,
     rotates_at,
 )
 from tokenmill.engine.models.gated_delta_net import GatedDeltaNet
@@ -58,7 +58,9 @@ from tokenmill.engine.models.gemma4 import (
 )
 from tokenmill.engine.models.latent_attention import LatentSelfAttention
 from tokenmill.engine.models.mamba2_mixer import Mamba2Mixer
+from tokenmill.engine.models.mixer_block import ATTENTION, RECURRENT, MixerBlock
 from tokenmill.engine.models.moe import SparseMoeBlock
+from tokenmill.engine.models.source import ModelLoadError
 
 
 def head_dim_of(config: Any, layer_type: str | None = None) -> int:
@@ -86,7 +88,7 @@ def decoder_norm(config: Any, size: int) -> RMSNorm | CohereLayerNorm | LayerNor
         return CohereLayerNorm(size, config.layer_norm_eps)
     if flags.layer_norm:
         return LayerNorm(size, config.norm_epsilon)
-    return RMSNorm(size, config.rms_norm_eps, flags.norms_add_one)
+    return RMSNorm(size, rms_norm_eps_of(config), flags.norms_add_one)
 
 
 class Attention(nn.Module):
@@ -400,6 +402,25 @@ class DecoderLayer(nn.Module):
         return branch if self.branch_scale is None else branch * self.branch_scale
 
 
+def mixer_blocks(config: Any, plan: ShardPlan, tp: TPGroup,
+                 moe: MoeShape | None) -> list[MixerBlock]:
+    """Nemotron-H's layers, each the one mixer its layer_types name (models/mixer_block.py)."""
+    def mixer(kind: str) -> nn.Module:
+        if kind == RECURRENT:
+            return Mamba2Mixer(config)
+        if kind == ATTENTION:
+            return Attention(config, plan, tp, rotates=False)
+        if kind == "moe" and moe is not None:
+            return SparseMoeBlock(config.hidden_size, moe, tp)
+        if kind == "mlp":
+            return MLP(config, plan, tp)
+        raise ModelLoadError(f"layer kind {kind!r} is not supported (layer_types: "
+                             f"{RECURRENT}, {ATTENTION}, mlp, moe)")
+
+    return [MixerBlock(kind, mixer(kind), config.hidden_size, rms_norm_eps_of(config))
+            for kind in config.layer_types]
+
+
 class DecoderModel(nn.Module):
     def __init__(self, config: Any, max_positions: int, plan: ShardPlan, tp: TPGroup):
         super().__init__()
@@ -416,10 +437,11 @@ class DecoderModel(nn.Module):
         linear = set(linear_attention_layers(config))
         self.rotates = [rotates_at(config, i) for i in range(config.num_hidden_layers)]
         self.layers = nn.ModuleList(
-            DecoderLayer(config, plan, tp, moe if moe is not None and moe.is_sparse(i) else None,
-                         windows[i], shapes[i] if shapes else None, sources[i] != i,
-                         i in linear, attention_chunk_of(config, i), self.rotates[i])
-            for i in range(config.num_hidden_layers))
+            mixer_blocks(config, plan, tp, moe) if flags.mixer_blocks else
+            (DecoderLayer(config, plan, tp, moe if moe is not None and moe.is_sparse(i) else None,
+                          windows[i], shapes[i] if shapes else None, sources[i] != i,
+                          i in linear, attention_chunk_of(config, i), self.rotates[i])
+             for i in range(config.num_hidden_layers)))
         # Gemma 4 E2B and E4B: a small input embedding per layer (models/gemma4.py).
         per_layer = per_layer_input_width(config) if flags.gemma4 else 0
         self.per_layer = per_layer > 0

@@ -91,7 +91,8 @@ GEMMA4_EXPERT_BLOCK = ("router.", "experts.", "pre_feedforward_layernorm_2.",
 # Parts of a checkpoint name a family spells its own way, by model type, and ours: Hunyuan's
 # q and k norms under Qwen3's names; StarCoder 2's MLP without a gate under Arcee's; Bamba's
 # MLP, the norm before it and the final norm, and Llama 4's dense layers' MLP (its sparse
-# blocks keep feed_forward), under Llama's.
+# blocks keep feed_forward), under Llama's; Nemotron-H's backbone under model, its embeddings
+# and final norm under Llama's names.
 RENAMED_PARTS = {
     "hunyuan_v1_dense": {".self_attn.query_layernorm.": ".self_attn.q_norm.",
                          ".self_attn.key_layernorm.": ".self_attn.k_norm."},
@@ -99,7 +100,9 @@ RENAMED_PARTS = {
     "bamba": {".feed_forward.": ".mlp.", ".pre_ff_layernorm.": ".post_attention_layernorm.",
               "model.final_layernorm.": "model.norm."},
     "llama4_text": {f".feed_forward.{part}.": f".mlp.{part}."
-                    for part in ("gate_proj", "up_proj", "down_proj")}}
+                    for part in ("gate_proj", "up_proj", "down_proj")},
+    "nemotron_h": {"backbone.embeddings.": "model.embed_tokens.",
+                   "backbone.norm_f.": "model.norm.", "backbone.layers.": "model.layers."}}
 
 
 # MiniMax-M2 and ERNIE 4.5 keep their routing's correction bias beside the router, not in it.

@@ -1,6 +1,6 @@
-"""Granite 4.0-H's Mamba-2 layer (transformers' GraniteMoeHybridMambaLayer): the token mixer
-of most of its layers, keeping a state per sequence instead of keys and values
-(layers/mamba2.py has the scan).
+"""The Mamba-2 layer of Granite 4.0-H, Bamba and Nemotron-H (transformers'
+GraniteMoeHybridMambaLayer, NemotronHMamba2Mixer): the token mixer of most of their layers,
+keeping a state per sequence instead of keys and values (layers/mamba2.py has the scan).
 
 in_proj gives the output gate z, the heads' inputs with their groups' B and C (one causal
 convolution over those three, with a bias), and each head's dt; the scan's output, gated by
@@ -19,6 +19,7 @@ from tokenmill.engine.contract.model_shape import mamba2_of
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.mamba2 import grouped_gated_rms_norm, ssm_prompts, ssm_step
 from tokenmill.engine.layers.state_layer import StateLayer
+from tokenmill.engine.models.architecture import rms_norm_eps_of
 from tokenmill.engine.models.gated_delta_net import PromptRuns, convolve, sequence_runs
 
 
@@ -40,18 +41,23 @@ class Mamba2Mixer(nn.Module):
         super().__init__()
         shape = mamba2_of(config)
         self.shape = shape
-        bias = bool(getattr(config, "mamba_proj_bias", False))
+        nemotron = config.model_type == "nemotron_h"
+        # Nemotron-H's projections take use_bias, its convolution use_conv_bias.
+        bias = bool(getattr(config, "use_bias" if nemotron else "mamba_proj_bias", False))
         self.in_proj = nn.Linear(config.hidden_size,
                                  shape.inner + shape.conv_channels + shape.num_heads, bias=bias)
         channels = shape.conv_channels
+        conv_bias = getattr(config, "use_conv_bias" if nemotron else "mamba_conv_bias", True)
         self.conv1d = nn.Conv1d(channels, channels, shape.conv_kernel, groups=channels,
-                                bias=bool(getattr(config, "mamba_conv_bias", True)))
+                                bias=bool(conv_bias))
         self.dt_bias = nn.Parameter(torch.ones(shape.num_heads))
         self.A_log = nn.Parameter(torch.zeros(shape.num_heads))
         self.D = nn.Parameter(torch.ones(shape.num_heads))
-        self.norm = GroupedGatedNorm(shape.inner, shape.groups, config.rms_norm_eps)
+        self.norm = GroupedGatedNorm(shape.inner, shape.groups, rms_norm_eps_of(config))
         self.out_proj = nn.Linear(shape.inner, config.hidden_size, bias=bias)
         low, high = getattr(config, "time_step_limit", None) or (0.0, float("inf"))
+        if nemotron:  # transformers' Nemotron-H floors dt at time_step_min, without a ceiling
+            low, high = config.time_step_min, float("inf")
         self.dt_limit = (float(low), float(high))
 
     def forward(self, x: torch.Tensor, states: StateLayer,

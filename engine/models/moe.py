@@ -1,4 +1,4 @@
-"""The sparse (mixture-of-experts) block of Mixtral, Qwen2-MoE and Qwen3-MoE layers.
+"""The sparse (mixture-of-experts) block of Mixtral, Qwen2-MoE, Qwen3-MoE, ... layers.
 
 Every expert is an MLP of its own linear layers, named as the checkpoint names them
 (`mlp.experts.3.gate_proj`, Mixtral's `block_sparse_moe.experts.3.w1`), so weights load, shard
@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn import functional
 
 from tokenmill.engine.distributed.group import TPGroup
-from tokenmill.engine.layers.activation import act_and_mul, clamped_swiglu
+from tokenmill.engine.layers.activation import act_and_mul, clamped_swiglu, ungated_act
 from tokenmill.engine.layers.linear import MergedLinear
 from tokenmill.engine.layers.moe import experts_sum, route, route_grouped, route_top_sigmoid
 from tokenmill.engine.models.architecture import MoeNames, MoeShape
@@ -44,20 +44,28 @@ class Router(nn.Module):
 class Expert(nn.Module):
     """One expert's MLP over this rank's slice of its width (no all-reduce: the block adds
     the experts first and reduces once). GPT-OSS's have biases and a clamped SwiGLU
-    (`swiglu`: alpha, limit)."""
+    (`swiglu`: alpha, limit); Nemotron 3's no gate (names.gate None)."""
 
     def __init__(self, hidden: int, width: int, names: MoeNames, bias: bool = False,
                  swiglu: tuple[float, float] | None = None, activation: str = "silu"):
-        """`activation`: of the gate, one of ACTIVATIONS (Gemma 4's experts: GeLU)."""
+        """`activation`: of the gate, one of ACTIVATIONS (Gemma 4's experts: GeLU), or of
+        up, one of UNGATED_ACTIVATIONS, without a gate."""
         super().__init__()
-        self.gate_up_proj = MergedLinear(hidden, {names.gate: width, names.up: width},
-                                         bias=bias)
-        self.down_name = names.down
+        self.gated = names.gate is not None
+        if self.gated:
+            self.gate_up_proj = MergedLinear(hidden, {names.gate: width, names.up: width},
+                                             bias=bias)
+        else:
+            setattr(self, names.up, nn.Linear(hidden, width, bias=bias))
+        self.up_name, self.down_name = names.up, names.down
         setattr(self, names.down, nn.Linear(width, hidden, bias=bias))
         self.swiglu = swiglu
         self.activation = activation
 
     def forward(self, x: torch.Tensor, backend: str) -> torch.Tensor:
+        if not self.gated:
+            up = ungated_act(getattr(self, self.up_name)(x), self.activation)
+            return getattr(self, self.down_name)(up)
         gate, up = self.gate_up_proj(x)
         mixed = act_and_mul(gate, up, self.activation, backend) if self.swiglu is None else \
             clamped_swiglu(gate, up, *self.swiglu)
@@ -78,12 +86,17 @@ class SparseMoeBlock(nn.Module):
         setattr(self, names.router, Router(hidden, shape.num_experts, bias=shape.biased,
                                            grouped=grouped is not None,
                                            correction=grouped and grouped.correction))
-        self.experts = nn.ModuleList(Expert(hidden, shape.width // tp.size, names, shape.biased,
-                                            shape.swiglu)
+        latent = shape.latent_size
+        if latent is not None:  # Nemotron 3 Super: the experts' narrower space
+            self.fc1_latent_proj = nn.Linear(hidden, latent, bias=False)
+            self.fc2_latent_proj = nn.Linear(latent, hidden, bias=False)
+        self.experts = nn.ModuleList(Expert(latent or hidden, shape.width // tp.size, names,
+                                            shape.biased, shape.swiglu, shape.activation)
                                      for _ in range(shape.num_experts))
         self.shared_name = names.shared
         if shape.shared_width:
-            setattr(self, names.shared, Expert(hidden, shape.shared_width // tp.size, names))
+            setattr(self, names.shared, Expert(hidden, shape.shared_width // tp.size, names,
+                                               activation=shape.activation))
             if names.shared_gated:
                 self.shared_expert_gate = Router(hidden, 1)
 
@@ -99,9 +112,12 @@ class SparseMoeBlock(nn.Module):
                                          self.shape.top_k, grouped.groups, grouped.topk_group,
                                          self.shape.renormalize, grouped.routed_scale,
                                          grouped.softmax, grouped.group_top)
-        out = experts_sum(x, weights, ids, len(self.experts),
+        inputs = x if self.shape.latent_size is None else self.fc1_latent_proj(x)
+        out = experts_sum(inputs, weights, ids, len(self.experts),
                           lambda e, rows: self.experts[e](rows, backend),
                           scale_inputs=self.shape.scales_inputs)
+        if self.shape.latent_size is not None:
+            out = self.fc2_latent_proj(out)
         if self.shape.shared_width:
             shared = getattr(self, self.shared_name)(x, backend)
             if self.shape.names.shared_gated:

@@ -6,9 +6,9 @@ default there; asserted captured and replayed), ragged prompts in one batch, pre
 chunks, async scheduling, a prefix-cache hit, n-gram speculation (its verify steps graphed),
 and tensor parallelism over two GPUs where two are visible (on the CPU,
 tests/engine/test_tensor_parallel.py covers it). A random Qwen3.5 (a gated delta net beside
-gated attention) runs ragged, chunked and async with its per-sequence states inside the
-decode graphs. HF runs on the same device in float32; its reference is computed once per
-model.
+gated attention) and a random Nemotron-H (Mamba-2 beside attention) run ragged, chunked and
+async with their per-sequence states inside the decode graphs. HF runs on the same device in
+float32; its reference is computed once per model.
 """
 
 from __future__ import annotations
@@ -159,21 +159,34 @@ def test_tensor_parallel_equals_hf(model):
         _check_graphs(llm, 0)
 
 
-@pytest.fixture(scope="module")
-def hybrid(tmp_path_factory) -> tuple[str, dict[tuple[int, ...], list[int]]]:
-    """A random-weight Qwen3.5 (a gated delta net, then gated attention) and HF's greedy
-    continuation of every ragged prompt: its recurrent states in captured decode graphs."""
+def _hybrid_config(kind: str):
     import transformers
-    from transformers import AutoModelForCausalLM
 
-    config = transformers.Qwen3_5TextConfig(
+    if kind == "nemotron_h":  # Mamba-2, an MLP, attention, an MLP
+        return transformers.NemotronHConfig(
+            vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_attention_heads=8,
+            num_key_value_heads=4, head_dim=32, mamba_num_heads=8, mamba_head_dim=16,
+            n_groups=2, ssm_state_size=16, chunk_size=16, max_position_embeddings=256,
+            layers_block_type=["linear_attention", "mlp", "full_attention", "mlp"],
+            bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    return transformers.Qwen3_5TextConfig(
         vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
         num_attention_heads=8, num_key_value_heads=4, head_dim=32,
         layer_types=["linear_attention", "full_attention"], linear_key_head_dim=32,
         linear_value_head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
         max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
-    directory = make_random_model(str(tmp_path_factory.mktemp("qwen3_5")), config,
-                                  word_level_tokenizer(VOCAB), draw_norms=True)
+
+
+@pytest.fixture(scope="module", params=["qwen3_5", "nemotron_h"])
+def hybrid(request, tmp_path_factory) -> tuple[str, dict[tuple[int, ...], list[int]]]:
+    """A random-weight Qwen3.5 (a gated delta net, then gated attention) or Nemotron-H
+    (Mamba-2 and attention among MLP blocks) and HF's greedy continuation of every ragged
+    prompt: its recurrent states in captured decode graphs."""
+    from transformers import AutoModelForCausalLM
+
+    directory = make_random_model(str(tmp_path_factory.mktemp(request.param)),
+                                  _hybrid_config(request.param), word_level_tokenizer(VOCAB),
+                                  draw_norms=True)
     hf = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).to(DEVICE).eval()
     expected = {tuple(p): hf_greedy(hf, p, MAX_NEW) for p in RAGGED}
     del hf

@@ -215,6 +215,19 @@ def test_granite_4_hs_mamba_layers_run_beside_the_kernels_and_graphs(tmp_path, v
     _graphed_kernels_equal_torch(directory, seed=19)
 
 
+def test_nemotron_hs_blocks_run_beside_the_kernels_and_graphs(tmp_path, vocab_tokenizer):
+    """Nemotron-H's one-mixer blocks (Mamba-2 layers, MLPs, attention on the kernels, which
+    alone holds keys and values) in captured decode steps."""
+    from model_support import make_random_model
+    from nemotron_h_support import LAYERS, nemotron_h_config
+
+    config = nemotron_h_config(len(vocab_tokenizer), layers_block_type=[
+        "mlp" if kind == "moe" else kind for kind in LAYERS])
+    directory = make_random_model(str(tmp_path / "nemotron_h"), config, vocab_tokenizer,
+                                  draw_norms=True)
+    _graphed_kernels_equal_torch(directory, seed=23)
+
+
 def test_llama4s_chunked_attention_runs_through_the_kernels_and_graphs(tmp_path,
                                                                      vocab_tokenizer):
     """Llama 4's rotating layers attend within chunks of 8 positions (prompt chunks and

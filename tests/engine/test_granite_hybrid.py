@@ -10,31 +10,17 @@ from __future__ import annotations
 import pytest
 import torch
 from granite_hybrid_support import granite_hybrid_config
-from model_support import (
-    greedy_with_hf_logprobs,
-    hf_greedy,
-    hf_reference,
-    make_random_model,
-    mixed_prompts,
-)
+from hybrid_support import ENGINE, check_equals_transformers
+from model_support import make_random_model, mixed_prompts
 
-from tokenmill.engine import LLM, SamplingParams
+from tokenmill.engine import LLM
 from tokenmill.engine.contract.config import ConfigError
 from tokenmill.engine.layers.mamba2 import ssm_prompts, ssm_step
-
-MAX_NEW = 8
-ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=8, max_num_batched_tokens=32,
-              dtype="float32")
 
 
 @pytest.fixture(scope="module")
 def prompts(vocab_tokenizer) -> list[list[int]]:
     return mixed_prompts(vocab_tokenizer)
-
-
-def _greedy(llm: LLM, prompts: list[list[int]], n: int = 1) -> list[list[list[int]]]:
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, n=n)
-    return [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params)]
 
 
 @pytest.mark.parametrize("kind", ["experts", "dense", "rope"])
@@ -45,17 +31,7 @@ def test_greedy_and_logprobs_equal_transformers(tmp_path, vocab_tokenizer, promp
                "rope": dict(position_embedding_type="rope")}.get(kind, {})
     directory = make_random_model(str(tmp_path), granite_hybrid_config(
         len(vocab_tokenizer), **changes), vocab_tokenizer, draw_norms=True)
-    reference = hf_reference(directory)
-    expected = [hf_greedy(reference, p, MAX_NEW) for p in prompts]
-    with LLM(directory, **ENGINE) as llm:
-        assert llm.engine.runner.kv_pool.shape[0] == 1  # the attention layer's only
-        assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected
-        assert [out[0] for out in _greedy(llm, prompts)] == expected
-    with LLM(directory, **dict(ENGINE, max_num_seqs=2)) as llm:  # slots reused
-        assert [out[0] for out in _greedy(llm, prompts)] == expected
-        assert _greedy(llm, prompts[:1], n=2) == [[expected[0]] * 2]
-        llm.engine.kv.allocator.check_all_free()
-        assert llm.engine.kv.states.num_free == 2
+    check_equals_transformers(directory, prompts, attention_layers=1)
 
 
 def test_tensor_parallelism_is_refused(tmp_path, vocab_tokenizer):
@@ -100,8 +76,4 @@ def test_bamba_equals_transformers(tmp_path, vocab_tokenizer, prompts):
         mamba_chunk_size=16, attn_layer_indices=[1], max_position_embeddings=512,
         bos_token_id=1, eos_token_id=2, pad_token_id=0)
     directory = make_random_model(str(tmp_path), config, vocab_tokenizer, draw_norms=True)
-    reference = hf_reference(directory)
-    expected = [hf_greedy(reference, p, MAX_NEW) for p in prompts]
-    with LLM(directory, **ENGINE) as llm:
-        assert llm.engine.runner.kv_pool.shape[0] == 1
-        assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected
+    check_equals_transformers(directory, prompts, attention_layers=1)
