@@ -11,7 +11,11 @@ from typing import Any
 
 def num_experts_of(config: Any) -> int:
     """The routed experts of a mixture-of-experts config (transformers calls them
-    num_local_experts or num_experts); 0 for a dense model."""
+    num_local_experts or num_experts); 0 for a dense model (a Nemotron-H whose layer_types
+    name no expert layer, though its config counts experts)."""
+    if getattr(config, "model_type", None) in MIXER_BLOCK_TYPES and \
+            "moe" not in config.layer_types:
+        return 0
     return int(getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
                or 0)
 
@@ -116,7 +120,16 @@ class Mamba2:
     conv_kernel: int
 
     def sharded(self, size: int) -> Mamba2:
-        return self  # one rank only (check_tensor_parallel)
+        """One of `size` tensor-parallel ranks' share: its heads, with the B and C of their
+        groups (a group split across ranks is on each of them)."""
+        return Mamba2(self.num_heads // size, self.head_dim, max(self.groups // size, 1),
+                      self.state_size, self.conv_kernel)
+
+    def first_group(self, rank: int, size: int) -> int:
+        """The first group whose B and C rank `rank` of `size` holds: its heads' groups."""
+        if self.groups >= size:
+            return rank * self.groups // size
+        return rank // (size // self.groups)
 
     @property
     def inner(self) -> int:
@@ -224,6 +237,8 @@ class ModelShape:
     expert_intermediate_size: int = 0         # a mixture of experts' routed expert width
     shared_expert_intermediate_size: int = 0  # and its shared expert's (Qwen2-MoE)
     linear_key_heads: int = 0  # a gated delta net's key heads (Qwen3.5), 0 without one
+    mamba_heads: int = 0   # a Mamba-2 layer's heads and groups of B and C (Granite 4.0-H,
+    mamba_groups: int = 0  # Nemotron-H), 0 without one
 
     @classmethod
     def of(cls, config: Any) -> ModelShape:
@@ -249,9 +264,10 @@ class ModelShape:
             # Llama 4: intermediate_size is an expert's width and its shared expert's, the
             # dense layers' MLP is intermediate_size_mlp wide.
             dense, shared = int(config.intermediate_size_mlp), expert_width
-        linear = linear_attention_of(config)
+        linear, mamba = linear_attention_of(config), mamba2_of(config)
         return cls(heads, getattr(config, "num_key_value_heads", None) or heads,
-                   dense, expert_width, shared, linear.num_k_heads if linear else 0)
+                   dense, expert_width, shared, linear.num_k_heads if linear else 0,
+                   mamba.num_heads if mamba else 0, mamba.groups if mamba else 0)
 
     def problems(self, tp: int) -> list[str]:
         """What `tp` ranks cannot split: every rank needs whole attention heads and an equal
@@ -270,6 +286,11 @@ class ModelShape:
             found.append(f"a shared expert MLP width of {self.shared_expert_intermediate_size}")
         if self.linear_key_heads % tp:
             found.append(f"{self.linear_key_heads} linear-attention key heads")
+        if self.mamba_heads % tp:
+            found.append(f"{self.mamba_heads} Mamba-2 heads")
+        if self.mamba_groups and self.mamba_groups % tp and tp % self.mamba_groups:
+            found.append(f"{self.mamba_groups} Mamba-2 groups (a size must divide them or be "
+                         "a multiple of them)")
         return found
 
     def allows(self, tp: int) -> bool:

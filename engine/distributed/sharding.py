@@ -10,6 +10,10 @@ replicated on the ranks whose query heads read it. Norms and rotary tables are r
 DeepSeek's latent attention splits its heads the same way (q_proj or q_b_proj, kv_b_proj,
 o_proj); the latent's own projections (q_a_proj, kv_a_proj_with_mqa) and the one latent per
 token its cache keeps are whole on every rank.
+A Mamba-2 layer splits its heads: each rank's rows of in_proj (the gate and the inputs of its
+heads, the B and C of their groups, their dt), of the convolution, A_log, D and dt_bias, its
+part of the gated norm's weight, and out_proj's columns (row-parallel); where there are fewer
+groups than ranks, each group's B and C are on every rank holding heads of it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 from tokenmill.engine.contract.config import ConfigError
 from tokenmill.engine.contract.model_shape import (
     LinearAttention,
+    Mamba2,
     ModelShape,
     gated_queries,
     latent_attention_of,
@@ -51,10 +56,6 @@ def check_tensor_parallel(config: Any, size: int) -> None:
         raise ConfigError("tensor_parallel_size",
                           f"{size}: a model whose layers have heads of two sizes (Gemma 4) is "
                           "served on one rank; use 1")
-    if mamba2_of(config) is not None:
-        raise ConfigError("tensor_parallel_size",
-                          f"{size}: a model with Mamba-2 layers (Granite 4.0-H, Nemotron-H) "
-                          "is served on one rank; use 1")
     problems = ModelShape.of(config).problems(size)
     if problems:
         raise ConfigError("tensor_parallel_size",
@@ -85,6 +86,8 @@ class ShardPlan:
     gated_queries: bool = False
     # A gated delta net's heads on this rank (Qwen3.5), None without one.
     linear: LinearAttention | None = None
+    # A Mamba-2 layer's whole shape (Granite 4.0-H, Nemotron-H), None without one.
+    mamba: Mamba2 | None = None
 
     @classmethod
     def for_model(cls, config: Any, rank: int = 0, size: int = 1) -> ShardPlan:
@@ -105,7 +108,8 @@ class ShardPlan:
                    shape.shared_expert_intermediate_size // size,
                    latent.value_dim if latent else 0,
                    latent.nope_dim + latent.value_dim if latent else 0,
-                   gated_queries(config), linear.sharded(size) if linear else None)
+                   gated_queries(config), linear.sharded(size) if linear else None,
+                   mamba2_of(config))
 
     @property
     def output_head_dim(self) -> int:
@@ -130,6 +134,8 @@ class ShardPlan:
             return self._vocab_rows(tensor)
         if self.linear is not None and "linear_attn" in parts:
             return self._linear_attention_part(kind, attr, tensor)
+        if self.mamba is not None and _in_mamba_layer(parts):
+            return self._mamba_part(kind, attr, tensor)
         if kind in COLUMN_PARALLEL:
             start, stop = self._output_rows(kind, parts)
             return tensor[start:stop]
@@ -180,6 +186,36 @@ class ShardPlan:
             return tensor[:, rank * values:(rank + 1) * values]
         return _read(tensor)
 
+    def _mamba_part(self, kind: str, attr: str, tensor: Any) -> torch.Tensor:
+        """A Mamba-2 layer's tensor on this rank (the class docstring's split)."""
+        whole, rank = self.mamba, self.rank
+        local = whole.sharded(self.size)
+        inner, heads = local.inner, local.num_heads
+        group_rows = local.groups * whole.state_size
+        first_b = whole.first_group(rank, self.size) * whole.state_size
+        all_b = whole.groups * whole.state_size
+        # (start, rows) of each part of the convolution's channels: x, B, C.
+        mixed = ((rank * inner, inner), (whole.inner + first_b, group_rows),
+                 (whole.inner + all_b + first_b, group_rows))
+        if kind == "in_proj":  # z, then the convolution's channels, then dt
+            parts = ((rank * inner, inner),
+                     *((whole.inner + start, rows) for start, rows in mixed),
+                     (2 * whole.inner + 2 * all_b + rank * heads, heads))
+        elif kind == "conv1d":
+            parts = mixed
+        elif kind == "norm":
+            parts = ((rank * inner, inner),)
+        elif kind == "out_proj":
+            if attr == "bias":
+                full = _read(tensor)
+                return full if rank == 0 else torch.zeros_like(full)
+            return tensor[:, rank * inner:(rank + 1) * inner]
+        elif attr in ("A_log", "D", "dt_bias"):
+            parts = ((rank * heads, heads),)
+        else:
+            return _read(tensor)
+        return torch.cat([tensor[start:start + rows] for start, rows in parts])
+
     def _width(self, parts: list[str]) -> int:
         """The local width of the MLP a tensor belongs to: a routed expert's, the shared
         expert's, or the dense MLP's."""
@@ -197,6 +233,19 @@ class ShardPlan:
         if missing:  # the last rank's padding rows: zero, never sampled (logits are cut)
             rows = torch.cat([rows, rows.new_zeros(missing, *rows.shape[1:])])
         return rows
+
+
+# A Mamba-2 layer's tensors: under `mamba` (Granite 4.0-H, Bamba), or these under `mixer`
+# (Nemotron-H, whose attention and MLP blocks are `mixer` too).
+MAMBA_KINDS = ("in_proj", "conv1d", "out_proj", "norm")
+MAMBA_ATTRS = ("A_log", "D", "dt_bias")
+
+
+def _in_mamba_layer(parts: list[str]) -> bool:
+    if "mamba" in parts:
+        return True
+    return len(parts) > 2 and (parts[-3] == "mixer" and parts[-2] in MAMBA_KINDS or
+                               parts[-2] == "mixer" and parts[-1] in MAMBA_ATTRS)
 
 
 def _length(tensor: Any) -> int:

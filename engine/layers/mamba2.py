@@ -12,6 +12,8 @@ time_step_limit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -55,10 +57,17 @@ def ssm_prompts(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Ten
 
 
 def grouped_gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor,
-                           groups: int, eps: float) -> torch.Tensor:
+                           groups: int, eps: float,
+                           mean_of: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                           ) -> torch.Tensor:
     """x times SiLU of its gate, then RMSNorm over each of `groups` equal parts (in float32),
-    the weight applied in x's dtype: transformers' GraniteMoeHybridRMSNormGated."""
+    the weight applied in x's dtype: transformers' GraniteMoeHybridRMSNormGated. Where a
+    part is a piece of a group other ranks hold the rest of, `mean_of` turns the part's sum
+    of squares ([..., groups, 1]) into the group's mean square."""
     h = x.float() * F.silu(gate.float())
     parts = h.view(*h.shape[:-1], groups, -1)
-    parts = parts * torch.rsqrt(parts.pow(2).mean(-1, keepdim=True) + eps)
+    squares = parts.pow(2)
+    mean = squares.mean(-1, keepdim=True) if mean_of is None else \
+        mean_of(squares.sum(-1, keepdim=True))
+    parts = parts * torch.rsqrt(mean + eps)
     return weight * parts.view(h.shape).to(x.dtype)

@@ -300,7 +300,7 @@ class DecoderLayer(nn.Module):
         # Bamba's Mamba-2 (mamba), else Qwen3.5's gated delta net (linear_attn).
         self.recurrent_name = "mamba" if mamba2_of(config) else "linear_attn"
         if linear and mamba2_of(config):
-            self.mamba = Mamba2Mixer(config)
+            self.mamba = Mamba2Mixer(config, tp)
         elif linear:
             self.linear_attn = GatedDeltaNet(config, tp)
         else:
@@ -407,7 +407,7 @@ def mixer_blocks(config: Any, plan: ShardPlan, tp: TPGroup,
     """Nemotron-H's layers, each the one mixer its layer_types name (models/mixer_block.py)."""
     def mixer(kind: str) -> nn.Module:
         if kind == RECURRENT:
-            return Mamba2Mixer(config)
+            return Mamba2Mixer(config, tp)
         if kind == ATTENTION:
             return Attention(config, plan, tp, rotates=False)
         if kind == "moe" and moe is not None:

@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenmill.engine.contract.model_shape import mamba2_of
+from tokenmill.engine.contract.model_shape import Mamba2, mamba2_of
+from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.mamba2 import grouped_gated_rms_norm, ssm_prompts, ssm_step
 from tokenmill.engine.layers.state_layer import StateLayer
@@ -24,23 +25,43 @@ from tokenmill.engine.models.gated_delta_net import PromptRuns, convolve, sequen
 
 
 class GroupedGatedNorm(nn.Module):
-    def __init__(self, size: int, groups: int, eps: float):
+    """This rank's part of the gated norm over each group. Where ranks outnumber groups, a
+    group's channels are split across ranks: each adds its part's sum of squares into its
+    group's slot of a vector every rank sums (an all-reduce of one float per group and
+    token), so the norm divides by the whole group's."""
+
+    def __init__(self, size: int, shape: Mamba2, eps: float, tp: TPGroup):
+        """`shape`: the layer's whole shape."""
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
-        self.groups, self.eps = groups, eps
+        self.eps, self.tp = eps, tp
+        self.groups = shape.sharded(tp.size).groups
+        self.split = shape.groups < tp.size
+        self.whole_groups, self.group = shape.groups, shape.first_group(tp.rank, tp.size)
+        self.group_width = shape.inner // shape.groups
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        return grouped_gated_rms_norm(x, gate, self.weight, self.groups, self.eps)
+        return grouped_gated_rms_norm(x, gate, self.weight, self.groups, self.eps,
+                                      self._group_mean if self.split else None)
+
+    def _group_mean(self, sums: torch.Tensor) -> torch.Tensor:
+        """[tokens, 1, 1] sums of this rank's part of its group -> the group's mean square."""
+        slots = sums.new_zeros(sums.shape[0], self.whole_groups)
+        slots[:, self.group] = sums[:, 0, 0]
+        slots = self.tp.all_reduce(slots)
+        return slots[:, self.group, None, None] / self.group_width
 
 
 class Mamba2Mixer(nn.Module):
     """Parameters under transformers' names (in_proj, conv1d, dt_bias, A_log, D, norm,
-    out_proj), on one rank."""
+    out_proj): this rank's heads (distributed/sharding.py); out_proj's partial sums are
+    added across ranks."""
 
-    def __init__(self, config: Any):
+    def __init__(self, config: Any, tp: TPGroup):
         super().__init__()
-        shape = mamba2_of(config)
-        self.shape = shape
+        whole = mamba2_of(config)
+        shape = whole.sharded(tp.size)
+        self.shape, self.tp = shape, tp
         nemotron = config.model_type == "nemotron_h"
         # Nemotron-H's projections take use_bias, its convolution use_conv_bias.
         bias = bool(getattr(config, "use_bias" if nemotron else "mamba_proj_bias", False))
@@ -53,7 +74,7 @@ class Mamba2Mixer(nn.Module):
         self.dt_bias = nn.Parameter(torch.ones(shape.num_heads))
         self.A_log = nn.Parameter(torch.zeros(shape.num_heads))
         self.D = nn.Parameter(torch.ones(shape.num_heads))
-        self.norm = GroupedGatedNorm(shape.inner, shape.groups, rms_norm_eps_of(config))
+        self.norm = GroupedGatedNorm(shape.inner, whole, rms_norm_eps_of(config), tp)
         self.out_proj = nn.Linear(shape.inner, config.hidden_size, bias=bias)
         low, high = getattr(config, "time_step_limit", None) or (0.0, float("inf"))
         if nemotron:  # transformers' Nemotron-H floors dt at time_step_min, without a ceiling
@@ -89,4 +110,4 @@ class Mamba2Mixer(nn.Module):
         y = runs.mix(step, prompts, lambda: torch.empty(
             tokens, shape.num_heads, shape.head_dim, device=x.device))
         y = self.norm(y.reshape(tokens, shape.inner).to(x.dtype), z)
-        return self.out_proj(y)
+        return self.tp.all_reduce(self.out_proj(y))

@@ -3,18 +3,23 @@ in place of keys and values) with an attention layer among them, Granite's multi
 experts stored as GraniteMoE's beside a shared MLP (the whole MLP of a model without
 experts), rotary embeddings only where position_embedding_type asks. Greedy output and
 log-probabilities equal transformers batched, chunked, with state slots reused, forked
-(n > 1) and through the Triton kernels with decode graphs; tensor parallelism is refused."""
+(n > 1), through the Triton kernels with decode graphs and over two tensor-parallel ranks."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from granite_hybrid_support import granite_hybrid_config
-from hybrid_support import ENGINE, check_equals_transformers
-from model_support import make_random_model, mixed_prompts
+from hybrid_support import ENGINE, MAX_NEW, check_equals_transformers
+from model_support import (
+    greedy_with_hf_logprobs,
+    hf_greedy,
+    hf_reference,
+    make_random_model,
+    mixed_prompts,
+)
 
 from tokenmill.engine import LLM
-from tokenmill.engine.contract.config import ConfigError
 from tokenmill.engine.layers.mamba2 import ssm_prompts, ssm_step
 
 
@@ -34,11 +39,18 @@ def test_greedy_and_logprobs_equal_transformers(tmp_path, vocab_tokenizer, promp
     check_equals_transformers(directory, prompts, attention_layers=1)
 
 
-def test_tensor_parallelism_is_refused(tmp_path, vocab_tokenizer):
-    directory = make_random_model(str(tmp_path), granite_hybrid_config(len(vocab_tokenizer)),
-                                  vocab_tokenizer)
-    with pytest.raises(ConfigError, match="tensor_parallel_size.*Mamba-2"):
-        LLM(directory, tensor_parallel_size=2, **ENGINE)
+def test_tensor_parallel_equals_transformers(tmp_path, vocab_tokenizer, prompts):
+    """Two ranks, two heads each of the Mamba-2 layers' four, in two groups: each rank's
+    heads one group's; with one group (Granite 4.0-H's own), both ranks hold its B and C and
+    its norm sums their parts."""
+    for groups in (2, 1):
+        directory = make_random_model(str(tmp_path / str(groups)), granite_hybrid_config(
+            len(vocab_tokenizer), mamba_n_groups=groups), vocab_tokenizer, draw_norms=True)
+        reference = hf_reference(directory)
+        expected = [hf_greedy(reference, p, MAX_NEW) for p in prompts]
+        with LLM(directory, tensor_parallel_size=2, **ENGINE) as llm:
+            assert llm.engine.runner.model.model.layers[0].mamba.norm.split == (groups == 1)
+            assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected
 
 
 def test_the_chunked_scan_equals_the_scan_token_by_token():

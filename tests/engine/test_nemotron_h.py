@@ -4,14 +4,21 @@ per sequence), attention without positional encoding, MLPs of squared ReLU witho
 and experts of the same routed as DeepSeek-V3's (sigmoid scores, a correction bias, groups)
 beside a shared one, in an optional narrower space (Nemotron 3 Super's latent). Greedy output
 and log-probabilities equal transformers' batched, chunked, with state slots reused and forked
-(n > 1); only the attention layers hold keys and values; tensor parallelism and LoRA are
-refused."""
+(n > 1) and over two and four tensor-parallel ranks; only the attention layers hold keys
+and values; LoRA is refused."""
 
 from __future__ import annotations
 
 import pytest
-from hybrid_support import ENGINE, check_equals_transformers
-from model_support import draw_correction_bias, make_random_model, mixed_prompts
+from hybrid_support import ENGINE, MAX_NEW, check_equals_transformers
+from model_support import (
+    draw_correction_bias,
+    greedy_with_hf_logprobs,
+    hf_greedy,
+    hf_reference,
+    make_random_model,
+    mixed_prompts,
+)
 from nemotron_h_support import LAYERS, nemotron_h_config
 
 from tokenmill.engine import LLM
@@ -36,10 +43,27 @@ def test_greedy_and_logprobs_equal_transformers(tmp_path, vocab_tokenizer, promp
     check_equals_transformers(draw_correction_bias(directory), prompts, attention_layers=1)
 
 
-def test_tensor_parallelism_and_lora_are_refused(tmp_path, vocab_tokenizer):
-    directory = make_random_model(str(tmp_path), nemotron_h_config(len(vocab_tokenizer)),
-                                  vocab_tokenizer)
-    with pytest.raises(ConfigError, match="tensor_parallel_size.*Mamba-2"):
+@pytest.mark.parametrize("size", [2, 4])
+def test_tensor_parallel_equals_transformers(tmp_path, vocab_tokenizer, prompts, size):
+    """Two ranks: each holds four Mamba-2 heads and their whole group; four: two heads each,
+    two ranks to a group, whose norm sums its parts across them. Attention, the MLP, every
+    expert and the shared one split too, the latent projections whole on every rank."""
+    directory = draw_correction_bias(make_random_model(str(tmp_path), nemotron_h_config(
+        len(vocab_tokenizer), moe_latent_size=32), vocab_tokenizer, draw_norms=True))
+    reference = hf_reference(directory)
+    expected = [hf_greedy(reference, p, MAX_NEW) for p in prompts]
+    with LLM(directory, tensor_parallel_size=size, **ENGINE) as llm:
+        mixer = llm.engine.runner.model.model.layers[0].mixer
+        assert (mixer.shape.num_heads, mixer.norm.split) == (8 // size, size == 4)
+        assert llm.engine.runner.states.ssm.shape[2] == 8 // size
+        assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected
+
+
+def test_tensor_parallel_sizes_that_split_no_head_and_lora_are_refused(tmp_path,
+                                                                       vocab_tokenizer):
+    directory = make_random_model(str(tmp_path), nemotron_h_config(
+        len(vocab_tokenizer), mamba_num_heads=6, n_groups=3), vocab_tokenizer)
+    with pytest.raises(ConfigError, match="tensor_parallel_size.*3 Mamba-2 groups"):
         LLM(directory, tensor_parallel_size=2, **ENGINE)
     with pytest.raises(ConfigError, match="enable_lora.*NemotronHForCausalLM"):
         LLM(directory, enable_lora=True, **ENGINE)
