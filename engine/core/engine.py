@@ -56,6 +56,7 @@ from tokenmill.engine.distributed.sharding import check_tensor_parallel
 from tokenmill.engine.execution.cpu_dtype import DTYPES, default_cpu_dtype
 from tokenmill.engine.execution.kv_sizing import check_host_memory
 from tokenmill.engine.execution.rank import RankSetup, build_runner, rank_device
+from tokenmill.engine.execution.recurrent_states import checkpoint_slots
 from tokenmill.engine.execution.workers import WorkerFailed, Workers
 from tokenmill.engine.layers.attention import check_kv_cache_dtype, resolve_backend
 from tokenmill.engine.layers.to_device import list_to_device
@@ -201,18 +202,18 @@ class LLMEngine:
         self._download_seconds = source.download_seconds
         log.info("model loaded", extra={"model": config.model, **self._load_log_fields()})
         num_blocks = self.runner.num_blocks
-        # MEAN and CLS pooling read every prompt token's hidden state: nothing can be skipped;
-        # nor can a linear-attention layer's state be resumed from cached blocks.
+        # MEAN and CLS pooling read every prompt token's hidden state: nothing can be skipped.
         recurrent = self.runner.states is not None
         prefix_caching = config.enable_prefix_caching and not self.encoder and (
-            self.pooler is None or self.pooler.pooling_type == "LAST") and not recurrent
-        if recurrent and config.enable_prefix_caching:
-            log.info("prefix caching off: linear-attention layers keep a state per sequence, "
-                     "not per block", extra={"model": config.model})
+            self.pooler is None or self.pooler.pooling_type == "LAST")
+        # A model with linear-attention layers resumes a cached prefix only where the prefix
+        # cache keeps their state (core/kv_cache/state_checkpoints.py).
         self.kv = KVCacheManager(num_blocks, config.block_size, prefix_caching,
                                  layout=self.runner.layout,
                                  num_host_blocks=self.runner.num_host_blocks,
-                                 state_slots=config.max_num_seqs if recurrent else 0)
+                                 state_slots=config.max_num_seqs if recurrent else 0,
+                                 checkpoint_slots=checkpoint_slots(
+                                     config.max_num_seqs, prefix_caching) if recurrent else 0)
         proposer = make_proposer(speculative, draft, num_blocks, self.max_model_len,
                                  config.max_num_batched_tokens)
         self.speculation_stats = proposer.stats if proposer else SpeculationStats()
@@ -677,8 +678,7 @@ class LLMEngine:
         or to measure without it); False, changing nothing, while a request is unfinished."""
         if self.has_unfinished_requests():
             return False
-        if self.kv.prefix_cache is not None:
-            self.kv.prefix_cache.reset()
+        self.kv.reset_prefix_cache()
         return True
 
     @property
@@ -1122,17 +1122,11 @@ def _fit_pool(config: EngineConfig, length: int, num_blocks: int, device_type: s
 
 def _check_linear_attention_options(config: EngineConfig, architecture: str) -> None:
     """ConfigError for what a model with linear-attention layers cannot serve: speculative
-    decoding (a layer's state cannot take back a rejected token) and the KV host tier (it
-    holds what the prefix cache evicts, and prefix caching is off for such a model: a state
-    is per sequence, not per block)."""
+    decoding (a layer's state cannot take back a rejected token)."""
     if config.speculative() is not None:
         raise ConfigError("speculative_config", "speculative decoding is not served on "
                           f"{architecture}'s linear-attention layers (their state cannot "
                           "take back a rejected token)")
-    if config.kv_offloading_size:
-        raise ConfigError("kv_offloading_size", "the host tier holds blocks the prefix cache "
-                          f"evicts, and prefix caching is off for {architecture}'s "
-                          "linear-attention layers (a state per sequence, not per block)")
 
 
 def _check_devices(option: str, device: torch.device, tp_size: int) -> None:

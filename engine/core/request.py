@@ -95,6 +95,9 @@ class Sequence:
         self.spec_tokens: list[int] = []  # proposed next tokens this step verifies
         self.cache_salt = cache_salt
         self.num_cached_blocks = 0  # leading blocks already indexed by the prefix cache
+        # (key, node) of the last of them in the prefix cache (kv_cache/prefix_cache.py),
+        # None while there is none.
+        self.cached_prefix: tuple[int, int] | None = None
         self.num_cached_prompt_tokens = 0  # prompt tokens the prefix cache had at admission
         self.times_bypassed = 0     # admissions that went to a later arrival first
         self.priority = 0           # --scheduling-policy priority: lower runs first
@@ -107,6 +110,9 @@ class Sequence:
         # Its recurrent-state slot while it holds one (a model with linear-attention layers,
         # kv_cache/state_slots.py), -1 otherwise.
         self.state_slot = -1
+        # Where the prefix found cached for it at admission ended, in tokens: its recurrent
+        # state is kept there (kv_cache/state_checkpoints.py).
+        self.state_junction = 0
         # Token ids of params.bad_words (each spelling), set by the engine when it tokenizes.
         self.bad_word_ids: list[list[int]] = []
         # An embedding request's pooling.SequencePooling (how it pools, its sums so far); None

@@ -153,7 +153,8 @@ class Scheduler:
             left = seq.num_uncomputed_tokens
             if not self.chunked_prefill and left > budget:
                 continue
-            num_new = min(left, budget, self.prefill_cap)
+            num_new = self._cut(seq, seq.num_computed_tokens, min(left, budget,
+                                                                  self.prefill_cap))
             if seq.images:
                 num_new = whole_images(seq.images, seq.num_computed_tokens, num_new)
             if num_new == 0:
@@ -164,16 +165,24 @@ class Scheduler:
                 if not self._make_room(seq, num_new, chosen, out):
                     continue
                 out.block_copies += self.kv.grow(seq, num_new)
+            self.kv.keep_state(seq, seq.num_computed_tokens, num_new)
             out.scheduled.append((seq, num_new))
             chosen.add(seq.seq_id)
             budget -= num_new
         if len(out.preempted) == preempted_for_waiting:  # no running sequence short of blocks
             self._admit(out, budget)
         out.kv_to_host, out.kv_to_device = self.kv.take_transfers()
-        out.state_copies = self.kv.take_state_copies()
+        if out.scheduled:  # else no step runs: the copies wait for one
+            out.state_copies = self.kv.take_state_copies()
         if self.lora is not None:
             out.lora_loads = self.lora.take_loads()
         return out
+
+    def _cut(self, seq: Sequence, start: int, num_new: int) -> int:
+        """A chunk of a model with recurrent states, cut where its state is to be kept
+        (KVCacheManager.checkpoint_cut); without chunked prefill a prompt is never cut."""
+        cut = self.kv.checkpoint_cut(seq, start) if self.chunked_prefill else None
+        return num_new if cut is None or cut >= start + num_new else cut - start
 
     def _speculate(self, seq: Sequence, proposals: list[int], budget: int) -> int:
         """Give a decoding seq its proposals for this step, as many as the budget and the free
@@ -208,8 +217,9 @@ class Scheduler:
             if self.running and len(self.running) + _seats(seq) > self.max_num_seqs:
                 break
             start = cached.num_blocks * self.kv.block_size
-            num_new = whole_images(seq.images, start,
-                                   min(seq.num_tokens - start, budget, self.prefill_cap))
+            seq.state_junction = cached.junction * self.kv.block_size
+            num_new = whole_images(seq.images, start, self._cut(
+                seq, start, min(seq.num_tokens - start, budget, self.prefill_cap)))
             if num_new == 0 or (not self.chunked_prefill and num_new < seq.num_tokens - start):
                 break  # the rest of the prompt (or an image) does not fit this step's budget
             if not self.kv.can_admit(seq, cached, num_new):
@@ -229,6 +239,7 @@ class Scheduler:
             else:
                 seq.num_cached_prompt_tokens = min(start, len(seq.prompt_token_ids))
             out.block_copies += self.kv.grow(seq, num_new)
+            self.kv.keep_state(seq, start, num_new)
             out.scheduled.append((seq, num_new))
             self.running.append(seq)
             budget -= num_new

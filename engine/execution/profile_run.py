@@ -95,14 +95,16 @@ def profile_memory(model: CausalLM, layout: KVCacheLayout, device: torch.device,
                    max_num_seqs: int, max_model_len: int,
                    on_logits: Callable[[torch.Tensor], object] | None = None,
                    on_images: Callable[[], object] | None = None,
-                   state_dtype: torch.dtype = torch.float32) -> MemoryProfile:
+                   state_dtype: torch.dtype = torch.float32,
+                   state_slots: int | None = None) -> MemoryProfile:
     """Run the worst-case step on the loaded model over a temporary pool and measure it;
     `on_images` (rank 0 of a model that reads images) encodes the largest batch of images
     one step may, its activations joining the peak.
 
     A model with linear-attention layers also holds its recurrent states (in `state_dtype`)
-    for max_num_seqs sequences in the step (they join the peak, as the real pool's will take
-    that room).
+    in the step, `state_slots` of them (default max_num_seqs: one per sequence; the engine
+    adds the prefix cache's checkpoints): they join the peak, as the real pool's will take
+    that room.
 
     The temporary pool is freed (and the allocator's cache emptied) before this returns, so
     the real pool is allocated into memory nothing else holds. The model is only read.
@@ -115,7 +117,8 @@ def profile_memory(model: CausalLM, layout: KVCacheLayout, device: torch.device,
         if on_images is not None:
             on_images()  # its rows are let go before the step: only its peak stays
         runner = ModelRunner(model, num_blocks, layout, device,
-                             attention_backend=attention_backend, state_slots=max_num_seqs,
+                             attention_backend=attention_backend,
+                             state_slots=max_num_seqs if state_slots is None else state_slots,
                              state_dtype=state_dtype)
         logits = runner.run(step)
         if on_logits is not None:

@@ -18,7 +18,11 @@ from tokenmill.engine.execution.kv_layout import KVCacheLayout
 from tokenmill.engine.execution.kv_sizing import MemoryProfile, host_tier_blocks, kv_sizing
 from tokenmill.engine.execution.lora_slots import LoRASlots
 from tokenmill.engine.execution.profile_run import CudaMemory, profile_memory
-from tokenmill.engine.execution.recurrent_states import ssm_dtype, state_pool_bytes
+from tokenmill.engine.execution.recurrent_states import (
+    checkpoint_slots,
+    ssm_dtype,
+    state_pool_bytes,
+)
 from tokenmill.engine.execution.runner import ModelRunner
 from tokenmill.engine.execution.startup_phases import StartupPhases
 from tokenmill.engine.models.architecture import encoder_of, moe_shape_of
@@ -96,7 +100,8 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
                               on_logits=on_logits,
                               on_images=encode_largest if image_encoder is not None
                               and largest_images is not None else None,
-                              state_dtype=ssm_dtype(config.mamba_ssm_cache_dtype))
+                              state_dtype=ssm_dtype(config.mamba_ssm_cache_dtype),
+                              state_slots=_state_slots(config))
 
     with phases.phase("kv_profile"):
         sizing = kv_sizing(config, layout.bytes_per_block + extra_bytes_per_block, device.type,
@@ -111,7 +116,7 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
         runner = ModelRunner(model, num_blocks, layout, device,
                              attention_backend=setup.attention_backend,
                              num_host_blocks=host_blocks, lora=lora,
-                             state_slots=config.max_num_seqs,
+                             state_slots=_state_slots(config),
                              state_dtype=ssm_dtype(config.mamba_ssm_cache_dtype))
         runner.image_encoder = image_encoder
     phases.seconds["graph_capture"] = 0.0
@@ -133,7 +138,13 @@ def _state_bytes(model_config: Any, config: EngineConfig, dtype: torch.dtype,
     if shape is None:
         return 0
     return state_pool_bytes(shape.sharded(tp_size), len(linear_attention_layers(model_config)),
-                            config.max_num_seqs, dtype, ssm_dtype(config.mamba_ssm_cache_dtype))
+                            _state_slots(config), dtype, ssm_dtype(config.mamba_ssm_cache_dtype))
+
+
+def _state_slots(config: EngineConfig) -> int:
+    """Recurrent-state slots: one per sequence, and the prefix cache's checkpoints."""
+    return config.max_num_seqs + checkpoint_slots(config.max_num_seqs,
+                                                  config.enable_prefix_caching)
 
 
 def _encoder_runner(setup: RankSetup, model: Any, device: torch.device,

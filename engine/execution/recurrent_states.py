@@ -1,9 +1,10 @@
 """The recurrent-state pool of a model with linear-attention layers (Qwen3.5's and Qwen3-Next's
-gated delta nets, Granite 4.0-H's Mamba-2):
-per such layer, a slot per running sequence (--max-num-seqs of them, and one for rows of no
-sequence) holding its convolution inputs and delta-rule state. Unlike keys and values a
-state does not grow with the context: a sequence holds one slot from admission to its end
-(core/kv_cache/state_slots.py), which is zeroed as it starts and copied as it forks (n > 1)."""
+gated delta nets, the Mamba-2 layers of Granite 4.0-H and Nemotron-H): per such layer, a slot
+per running sequence (--max-num-seqs of them), the prefix cache's checkpoints, and one for
+rows of no sequence, each holding a convolution's inputs and a delta rule's or scan's state.
+Unlike keys and values a state does not grow with the context: a sequence holds one slot from
+admission to its end (core/kv_cache/state_slots.py), which is zeroed as it starts, copied as
+it forks (n > 1) and copied from a checkpoint where it resumes from a cached prefix."""
 
 from __future__ import annotations
 
@@ -21,6 +22,12 @@ def ssm_dtype(name: str) -> torch.dtype:
     """--mamba-ssm-cache-dtype: auto keeps the delta rule's state in float32, as
     transformers does."""
     return torch.float32 if name == "auto" else getattr(torch, name)
+
+
+def checkpoint_slots(max_num_seqs: int, prefix_caching: bool) -> int:
+    """State slots for the prefix cache's checkpoints (core/kv_cache/state_checkpoints.py):
+    one per four sequence slots, at least one, where prefix caching is on."""
+    return max(1, max_num_seqs // 4) if prefix_caching else 0
 
 
 def state_pool_bytes(shape: LinearAttention | Mamba2, num_layers: int, num_slots: int,

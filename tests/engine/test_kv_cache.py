@@ -19,6 +19,7 @@ class _Seq:
         self.block_table: list[int] = []
         self.num_computed_tokens = computed
         self.num_cached_blocks = 0
+        self.cached_prefix = None
         self.params = SamplingParams()
         self.token_ids = tokens or []
         self.cache_salt = salt

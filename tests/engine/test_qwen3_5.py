@@ -78,7 +78,6 @@ def _all_released(llm: LLM) -> None:
 
 def test_greedy_and_logprobs_equal_transformers(qwen3_5_dir, reference, prompts, expected):
     with LLM(qwen3_5_dir, **ENGINE) as llm:
-        assert llm.engine.kv.prefix_cache is None  # a state per sequence, not per block
         assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected
         again = [out[0] for out in _greedy(llm, prompts)]
         alone = [_greedy(llm, [p])[0][0] for p in prompts[-2:]]
@@ -135,8 +134,9 @@ def test_the_kv_pool_holds_the_attention_layers_only(qwen3_5_dir):
     with LLM(qwen3_5_dir, **ENGINE) as llm:
         runner = llm.engine.runner
         assert runner.kv_pool.shape[0] == 1  # one full-attention layer of four
-        assert runner.states.ssm.shape == (3, 9, 4, 8, 16)  # 3 layers, 8 slots and padding's
-        assert runner.states.conv.shape == (3, 9, 2 * 2 * 8 + 4 * 16, 3)
+        # 3 layers, 8 sequences' slots, 2 checkpoints' and padding's
+        assert runner.states.ssm.shape == (3, 11, 4, 8, 16)
+        assert runner.states.conv.shape == (3, 11, 2 * 2 * 8 + 4 * 16, 3)
         assert runner.kv_caches[2].k.data_ptr() == runner.kv_pool[0, 0].data_ptr()
 
 
@@ -223,14 +223,12 @@ def test_tensor_parallel_splits_the_experts_and_qwen3_nexts_fused_projections(
         assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected
 
 
-def test_tp_needs_whole_key_heads_and_speculation_and_the_host_tier_are_refused(qwen3_5_dir):
+def test_tp_needs_whole_key_heads_and_speculation_is_refused(qwen3_5_dir):
     with pytest.raises(ConfigError, match="tensor_parallel_size.*2 linear-attention key heads"):
         LLM(qwen3_5_dir, tensor_parallel_size=4, **ENGINE)
     with pytest.raises(ConfigError, match="speculative_config.*linear-attention"):
         LLM(qwen3_5_dir, speculative_config={"method": "ngram", "num_speculative_tokens": 2},
             **ENGINE)
-    with pytest.raises(ConfigError, match="kv_offloading_size.*prefix caching is off"):
-        LLM(qwen3_5_dir, kv_offloading_size=0.01, **ENGINE)
 
 
 def test_the_chunked_rule_equals_the_rule_token_by_token():

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 from tokenmill.engine.core.kv_cache.block_allocator import BlockAllocator
 from tokenmill.engine.core.kv_cache.host_tier import HostTier
-from tokenmill.engine.core.kv_cache.prefix_cache import NO_PARENT, PrefixCache, PrefixMatch
+from tokenmill.engine.core.kv_cache.prefix_cache import PrefixCache, PrefixMatch
+from tokenmill.engine.core.kv_cache.state_checkpoints import StateCheckpoints
 from tokenmill.engine.core.kv_cache.state_slots import StateSlots
 from tokenmill.engine.core.prompt_logprobs import needs_scoring
 from tokenmill.engine.core.request import Sequence
@@ -58,9 +59,10 @@ class KVCacheManager:
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
                  layout: KVCacheLayout | None = None, num_host_blocks: int = 0,
-                 state_slots: int = 0):
+                 state_slots: int = 0, checkpoint_slots: int = 0):
         """`state_slots`: recurrent-state slots of a model with linear-attention layers (one
-        per sequence it may run), 0 for any other."""
+        per sequence it may run), 0 for any other; `checkpoint_slots`: the slots after them,
+        which hold the states the prefix cache keeps (state_checkpoints.py)."""
         self.block_size = block_size
         self.states = StateSlots(state_slots) if state_slots else None
         self.layout = layout  # the pool's storage, reported in stats()
@@ -70,6 +72,9 @@ class KVCacheManager:
             else None
         self.prefix_cache = PrefixCache(self.allocator, block_size, self.host) \
             if enable_prefix_caching else None
+        self.checkpoints = StateCheckpoints(state_slots, checkpoint_slots, block_size,
+                                            self.prefix_cache.node_of) \
+            if self.prefix_cache is not None and state_slots and checkpoint_slots else None
         self._tables: dict[int, Sequence] = {}
         self.prefix_queries = 0  # prompt tokens looked up in the prefix cache
         self.prefix_hits = 0     # of those, tokens found (on the device or in the host tier)
@@ -86,8 +91,17 @@ class KVCacheManager:
         if (self.prefix_cache is None or seq.num_computed_tokens or seq.block_table
                 or needs_scoring(seq)):
             return PrefixMatch()
-        return self.prefix_cache.match(seq.cache_token_ids()[:seq.num_tokens - 1],
-                                       seq.cache_salt)
+        found = self.prefix_cache.match(seq.cache_token_ids()[:seq.num_tokens - 1],
+                                        seq.cache_salt)
+        if self.states is None:
+            return found
+        # Recurrent layers resume only where a state is kept: the prefix is cut there.
+        kept = self.checkpoints.find(found.nodes) if self.checkpoints is not None else None
+        if kept is None:
+            return found.cut(0)
+        cached = found.cut(kept[0])
+        cached.restore_slot = kept[1]
+        return cached
 
     def can_admit(self, seq: Sequence, cached: PrefixMatch, num_new_tokens: int) -> bool:
         """Blocks for the new tokens and for the host-tier blocks copied back all fit."""
@@ -115,8 +129,11 @@ class KVCacheManager:
                 seq.block_table.append(block)
         seq.num_computed_tokens = cached.num_blocks * self.block_size
         seq.num_cached_blocks = cached.num_blocks
+        seq.cached_prefix = cached.last
         if self.states is not None:
             seq.state_slot = self.states.acquire()
+            if cached.restore_slot >= 0:
+                self.checkpoints.restore(cached.restore_slot, seq.state_slot)
         if self.prefix_cache is not None:
             self.prefix_queries += seq.num_tokens
             self.prefix_hits += seq.num_computed_tokens
@@ -136,9 +153,9 @@ class KVCacheManager:
         tokens = seq.cache_token_ids()
         bs = self.block_size
         for i in range(seq.num_cached_blocks, full):
-            parent = seq.block_table[i - 1] if i else NO_PARENT
-            self.prefix_cache.insert(seq.block_table[i], tuple(tokens[i * bs:(i + 1) * bs]),
-                                     seq.cache_salt, parent)
+            seq.cached_prefix = self.prefix_cache.insert(
+                seq.block_table[i], tuple(tokens[i * bs:(i + 1) * bs]), seq.cache_salt,
+                seq.cached_prefix)
         seq.num_cached_blocks = max(seq.num_cached_blocks, full)
 
     # ---- growth, forks, release -----------------------------------------------------------
@@ -191,19 +208,57 @@ class KVCacheManager:
             self.allocator.share(block)
         child.block_table = list(parent.block_table)
         child.num_cached_blocks = parent.num_cached_blocks
+        child.cached_prefix = parent.cached_prefix
         if self.states is not None:
             child.state_slot = self.states.fork(parent.state_slot)
         self._tables[child.seq_id] = child
 
     def take_state_copies(self) -> list[tuple[int, int]]:
-        """Recurrent-state copies (source slot, fork's slot) to run before the next step."""
-        return self.states.take_copies() if self.states is not None else []
+        """Recurrent-state copies (source slot, destination slot) to run before the step
+        being handed out: into forks, from checkpoints into the sequences resuming from them,
+        into checkpoints (state_checkpoints.py). One batch: every copy reads the slots as
+        they were before it."""
+        if self.states is None:
+            return []
+        copies = self.states.take_copies()
+        return copies + self.checkpoints.take_copies() if self.checkpoints else copies
+
+    # ---- checkpoints of recurrent states --------------------------------------------------
+
+    def checkpoint_cut(self, seq: Sequence, start: int) -> int | None:
+        """The first point past `start` where seq's state is to be kept: the junction (where
+        the prefix found cached for it ended), then its last block boundary; None where
+        the model keeps no checkpoints or seq reaches neither."""
+        if self.checkpoints is None:
+            return None
+        last = (seq.num_tokens - 1) // self.block_size * self.block_size
+        cuts = [cut for cut in (seq.state_junction, last) if cut > start]
+        return min(cuts) if cuts else None
+
+    def keep_state(self, seq: Sequence, start: int, num_new: int) -> None:
+        """After scheduling seq's next `num_new` tokens from `start`: keep its state where
+        they end at its checkpoint cut."""
+        end = start + num_new
+        if self.checkpoints is None or end != self.checkpoint_cut(seq, start):
+            return
+        # At the junction the prefix is cached: another sequence may be keeping it already.
+        node = self.prefix_cache.node_of(seq.cache_token_ids()[:end], seq.cache_salt) \
+            if end == seq.state_junction else None
+        self.checkpoints.save(seq, end, node)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix and kept state. Only while no sequence holds a block."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.reset()
+        if self.checkpoints is not None:
+            self.checkpoints.clear()
 
     def free(self, seq: Sequence) -> None:
         for block in reversed(seq.block_table):
             self.allocator.release(block)
         seq.block_table = []
         seq.num_cached_blocks = 0
+        seq.cached_prefix = None
         if self.states is not None and seq.state_slot >= 0:
             self.states.release(seq.state_slot)
             seq.state_slot = -1

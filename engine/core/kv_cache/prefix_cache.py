@@ -38,14 +38,33 @@ class CachedBlock:
 
 @dataclass
 class PrefixMatch:
-    """A prompt's cached prefix: device blocks first, then host-tier blocks to copy back."""
+    """A prompt's cached prefix: device blocks first, then host-tier blocks to copy back,
+    and each block's node. For a model with recurrent states it is cut to the longest prefix
+    whose state is kept (state_checkpoints.py): `restore_slot` holds that state (-1: none),
+    `junction` is how many blocks were found before the cut."""
 
     device: list[int] = field(default_factory=list)
     host: list[int] = field(default_factory=list)
+    nodes: list[int] = field(default_factory=list)
+    keys: list[int] = field(default_factory=list)
+    restore_slot: int = -1
+    junction: int = 0
 
     @property
     def num_blocks(self) -> int:
         return len(self.device) + len(self.host)
+
+    def cut(self, num_blocks: int) -> PrefixMatch:
+        """The first `num_blocks` blocks, the junction where this match ended."""
+        device = self.device[:num_blocks]
+        return PrefixMatch(device, self.host[:num_blocks - len(device)],
+                           self.nodes[:num_blocks], self.keys[:num_blocks],
+                           junction=self.num_blocks)
+
+    @property
+    def last(self) -> tuple[int, int] | None:
+        """(key, node) of the prefix's last block, None for an empty match."""
+        return (self.keys[-1], self.nodes[-1]) if self.nodes else None
 
 
 def confirmed(candidates: Iterable[int], entries: Mapping[int, CachedBlock],
@@ -101,24 +120,36 @@ class PrefixCache:
                     break
                 found.host.append(host_block)
                 parent = self.host.entry(host_block).node
+            found.nodes.append(parent)
+            found.keys.append(key)
             parent_key = key
         return found
 
-    def insert(self, block: int, tokens: tuple[int, ...], salt: str | None, parent: int) -> None:
-        """Index a full, computed block whose predecessor in its sequence is block `parent`."""
+    def node_of(self, token_ids: list[int], salt: str | None) -> int | None:
+        """The node of the last block of `token_ids` (whole blocks), None unless every
+        block of it is cached."""
+        found = self.match(token_ids, salt)
+        whole = found.num_blocks * self.block_size == len(token_ids) and found.nodes
+        return found.nodes[-1] if whole else None
+
+    def insert(self, block: int, tokens: tuple[int, ...], salt: str | None,
+               parent: tuple[int, int] | None) -> tuple[int, int]:
+        """Index a full, computed block after the prefix `parent` ((key, node) of the block
+        before it, None for a prompt's first block); return this prefix's (key, node). A
+        prefix cached already in another block (a sequence that computed the same tokens at
+        the same time) keeps that block, and the blocks after it chain on from it."""
         if block in self._blocks:
-            return
-        if parent != NO_PARENT and parent not in self._blocks:
-            return  # the chain above is not cached, so this block could never be reached
-        parent_node = self._blocks[parent].node if parent != NO_PARENT else NO_PARENT
-        parent_key = self._blocks[parent].key if parent != NO_PARENT else 0
+            return self._blocks[block].key, self._blocks[block].node
+        parent_key, parent_node = parent or (0, NO_PARENT)
         key = self.block_key(parent_key, tokens, salt)
-        if self._confirmed(key, tokens, salt, parent_node) is not None:
-            return  # the same prefix is already cached in another block
+        same = self._confirmed(key, tokens, salt, parent_node)
+        if same is not None:
+            return key, self._blocks[same].node
         in_host = self.host.find(key, tokens, salt, parent_node) if self.host else None
         # The same prefix in the host tier keeps its node: offloading it again copies nothing.
         node = self.host.entry(in_host).node if in_host is not None else next(self._nodes)
         self.adopt(block, CachedBlock(key, tokens, salt, parent_node, node))
+        return key, node
 
     def adopt(self, block: int, entry: CachedBlock) -> None:
         """Index a held device block under `entry` (a new one, or one copied back from host)."""

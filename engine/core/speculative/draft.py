@@ -34,6 +34,7 @@ class DraftState:
     block_table: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_blocks: int = 0
+    cached_prefix: tuple[int, int] | None = None
 
 
 @dataclass
