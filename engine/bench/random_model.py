@@ -62,11 +62,22 @@ TINY_DEEP = ("LlamaConfig", dict(
     hidden_size=64, intermediate_size=128, num_hidden_layers=32, num_attention_heads=4,
     num_key_value_heads=2, max_position_embeddings=4096))
 
+# No real model's shape either: Qwen3.5's layers (three gated delta nets to one gated
+# attention layer) at a size a CPU runs, for what a recurrent state changes (the prefix
+# cache's checkpoints: bench multiturn).
+HYBRID_SMALL = ("Qwen3_5TextConfig", dict(
+    hidden_size=1024, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=8,
+    num_key_value_heads=2, head_dim=128, linear_conv_kernel_dim=4, linear_key_head_dim=128,
+    linear_value_head_dim=128, linear_num_key_heads=8, linear_num_value_heads=16,
+    layer_types=["linear_attention"] * 3 + ["full_attention"], max_position_embeddings=8192))
+OWN_SHAPES = {"tiny-deep": TINY_DEEP, "hybrid-small": HYBRID_SMALL}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("shape", choices=sorted(SHAPES) + ["tiny-deep"],
+    parser.add_argument("shape", choices=sorted(SHAPES) + sorted(OWN_SHAPES),
                         help="Whose config to copy (tiny-deep: hidden size 64, 32 layers, so "
-                             "that a step is nearly all host work, as in bench host-overhead).")
+                             "that a step is nearly all host work, as in bench host-overhead; "
+                             "hybrid-small: Qwen3.5's layers at 300M parameters).")
     parser.add_argument("output", help="Directory to write (config, tokenizer, safetensors).")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
                         help="Weight dtype on disk (default bfloat16).")
@@ -90,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         print("error: --vocab-size needs --tokenizer word-level (the built-in tokenizer has "
               f"{BUILTIN_VOCAB_SIZE} tokens)", file=sys.stderr)
         return 2
-    shape = TINY_DEEP if args.shape == "tiny-deep" else args.shape
+    shape = OWN_SHAPES.get(args.shape, args.shape)
     make_model(shape, args.output, args.dtype, max_shard_size=args.max_shard_size,
                tokenizer=args.tokenizer, device=args.device, vocab_size=args.vocab_size,
                **overrides)
@@ -104,8 +115,13 @@ def shape_config(shape: str | tuple[str, dict], vocab_size: int, **overrides: ob
     import transformers
 
     kind, sizes = SHAPES[shape] if isinstance(shape, str) else shape
+    sizes = {**sizes, **overrides}
+    if "layer_types" in sizes:  # a pattern repeated over the layers
+        pattern = sizes["layer_types"]
+        sizes["layer_types"] = (pattern * sizes["num_hidden_layers"])[
+            :sizes["num_hidden_layers"]]
     return getattr(transformers, kind)(vocab_size=vocab_size, bos_token_id=1, eos_token_id=2,
-                                       **{**sizes, **overrides})
+                                       **sizes)
 
 
 def make_model(shape: str | tuple[str, dict], output: str, dtype: str = "bfloat16",

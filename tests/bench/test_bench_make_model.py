@@ -57,6 +57,25 @@ def test_the_tiny_deep_shape_with_a_word_level_vocabulary_of_any_size(tmp_path):
         assert len(llm.engine.tokenizer) == 300
 
 
+def test_the_hybrid_small_shape_repeats_its_layer_pattern_over_fewer_layers(tmp_path):
+    """Qwen3.5's three gated delta nets to one attention layer, cut to six layers: the engine
+    serves it with a KV pool for its one attention layer."""
+    import json
+
+    from tokenmill.engine.cli import main
+
+    out = tmp_path / "hybrid"
+    assert main(["bench", "make-model", "hybrid-small", str(out), "--num-layers", "6",
+                 "--dtype", "float32", "--tokenizer", "word-level", "--vocab-size", "300"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["layer_types"] == ["linear_attention"] * 3 + ["full_attention"] + \
+        ["linear_attention"] * 2
+    with LLM(str(out), show_progress=False, kv_cache_memory=8 << 20) as llm:
+        assert llm.engine.runner.kv_pool.shape[0] == 1
+        out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2, ignore_eos=True))[0]
+        assert len(out.outputs[0].token_ids) == 2
+
+
 def test_a_vocabulary_size_without_the_word_level_tokenizer_exits_2(tmp_path, capsys):
     from tokenmill.engine.cli import main
 
