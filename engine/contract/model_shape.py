@@ -68,6 +68,24 @@ def layer_attention_shapes(config: Any) -> list[tuple[int, int]] | None:
     return None if len(set(shapes)) == 1 else shapes
 
 
+def sharded_layer_shapes(config: Any, size: int) -> list[tuple[int, int]] | None:
+    """layer_attention_shapes on one of `size` tensor-parallel ranks: each layer's KV heads
+    split, or one where there are fewer than ranks (replicated on the ranks that read it)."""
+    shapes = layer_attention_shapes(config)
+    if shapes is None:
+        return None
+    return [(max(heads // size, 1), dim) for heads, dim in shapes]
+
+
+def double_wide_layers(config: Any) -> frozenset[int]:
+    """The layers whose MLP is twice intermediate_size wide: Gemma 4's that read an earlier
+    layer's keys and values, where use_double_wide_mlp."""
+    sources = kv_sources(config)
+    if not sources or not getattr(config, "use_double_wide_mlp", False):
+        return frozenset()
+    return frozenset(i for i, source in enumerate(sources) if source != i)
+
+
 # Qwen3.5's and Qwen3-Next's model types: their q_proj holds, per head, its query and then a
 # gate of attention's output, and their "linear_attention" layers are gated delta nets.
 GATED_QUERY_TYPES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
@@ -239,6 +257,8 @@ class ModelShape:
     linear_key_heads: int = 0  # a gated delta net's key heads (Qwen3.5), 0 without one
     mamba_heads: int = 0   # a Mamba-2 layer's heads and groups of B and C (Granite 4.0-H,
     mamba_groups: int = 0  # Nemotron-H), 0 without one
+    # The KV heads of the layers whose heads differ from kv_heads (Gemma 4's full layers).
+    other_kv_heads: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, config: Any) -> ModelShape:
@@ -265,9 +285,12 @@ class ModelShape:
             # dense layers' MLP is intermediate_size_mlp wide.
             dense, shared = int(config.intermediate_size_mlp), expert_width
         linear, mamba = linear_attention_of(config), mamba2_of(config)
-        return cls(heads, getattr(config, "num_key_value_heads", None) or heads,
-                   dense, expert_width, shared, linear.num_k_heads if linear else 0,
-                   mamba.num_heads if mamba else 0, mamba.groups if mamba else 0)
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        others = sorted({layer_heads for layer_heads, _ in layer_attention_shapes(config) or ()
+                         if layer_heads != kv_heads})
+        return cls(heads, kv_heads, dense, expert_width, shared,
+                   linear.num_k_heads if linear else 0, mamba.num_heads if mamba else 0,
+                   mamba.groups if mamba else 0, tuple(others))
 
     def problems(self, tp: int) -> list[str]:
         """What `tp` ranks cannot split: every rank needs whole attention heads and an equal
@@ -275,9 +298,10 @@ class ModelShape:
         found = []
         if self.heads % tp:
             found.append(f"{self.heads} attention heads")
-        if self.kv_heads % tp and tp % self.kv_heads:
-            found.append(f"{self.kv_heads} KV heads (a size must divide them or be a multiple "
-                         "of them)")
+        for kv_heads in (self.kv_heads, *self.other_kv_heads):
+            if kv_heads % tp and tp % kv_heads:
+                found.append(f"{kv_heads} KV heads (a size must divide them or be a multiple "
+                             "of them)")
         if self.intermediate_size % tp:
             found.append(f"an MLP width of {self.intermediate_size}")
         if self.expert_intermediate_size % tp:

@@ -18,7 +18,7 @@ groups than ranks, each group's B and C are on every rank holding heads of it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -28,6 +28,7 @@ from tokenmill.engine.contract.model_shape import (
     LinearAttention,
     Mamba2,
     ModelShape,
+    double_wide_layers,
     gated_queries,
     latent_attention_of,
     layer_attention_shapes,
@@ -52,10 +53,6 @@ def check_tensor_parallel(config: Any, size: int) -> None:
     """ConfigError naming --tensor-parallel-size when the model can't be split `size` ways."""
     if size == 1:
         return
-    if layer_attention_shapes(config):
-        raise ConfigError("tensor_parallel_size",
-                          f"{size}: a model whose layers have heads of two sizes (Gemma 4) is "
-                          "served on one rank; use 1")
     problems = ModelShape.of(config).problems(size)
     if problems:
         raise ConfigError("tensor_parallel_size",
@@ -88,14 +85,16 @@ class ShardPlan:
     linear: LinearAttention | None = None
     # A Mamba-2 layer's whole shape (Granite 4.0-H, Nemotron-H), None without one.
     mamba: Mamba2 | None = None
+    # Each layer's whole (KV heads, head size) where layers differ (Gemma 4), and the layers
+    # whose MLP is twice as wide: for_layer() is then a layer's own plan.
+    layer_shapes: tuple[tuple[int, int], ...] | None = None
+    wide_layers: frozenset[int] = frozenset()
 
     @classmethod
     def for_model(cls, config: Any, rank: int = 0, size: int = 1) -> ShardPlan:
         check_tensor_parallel(config, size)
         heads, kv_heads, head_dim = _heads(config)
-        local_kv = max(kv_heads // size, 1)
-        # With fewer KV heads than ranks, size // kv_heads consecutive ranks share one.
-        first_kv = rank * kv_heads // size if kv_heads >= size else rank // (size // kv_heads)
+        local_kv, first_kv = _kv_split(kv_heads, rank, size)
         vocab = getattr(config, "vocab_size", 0)
         shape = ModelShape.of(config)
         latent = latent_attention_of(config)
@@ -109,7 +108,22 @@ class ShardPlan:
                    latent.value_dim if latent else 0,
                    latent.nope_dim + latent.value_dim if latent else 0,
                    gated_queries(config), linear.sharded(size) if linear else None,
-                   mamba2_of(config))
+                   mamba2_of(config), _tuple(layer_attention_shapes(config)),
+                   double_wide_layers(config))
+
+    def for_layer(self, layer: int) -> ShardPlan:
+        """Decoder layer `layer`'s plan: its own KV heads and head size, and MLP width, where
+        layers differ (Gemma 4); this plan where they do not."""
+        if self.layer_shapes is None and not self.wide_layers:
+            return self
+        local, first, head_dim = self.num_kv_heads, self.first_kv_head, self.head_dim
+        if self.layer_shapes is not None:
+            heads, head_dim = self.layer_shapes[layer]
+            local, first = _kv_split(heads, self.rank, self.size)
+        wide = 2 if layer in self.wide_layers else 1
+        return replace(self, num_kv_heads=local, first_kv_head=first, head_dim=head_dim,
+                       intermediate_size=self.intermediate_size * wide, layer_shapes=None,
+                       wide_layers=frozenset())
 
     @property
     def output_head_dim(self) -> int:
@@ -129,6 +143,9 @@ class ShardPlan:
         if self.size == 1:
             return _read(tensor)
         parts = name.split(".")
+        layer = _layer_index(parts)
+        if layer is not None and (self.layer_shapes is not None or self.wide_layers):
+            return self.for_layer(layer).shard(name, tensor)
         kind, attr = parts[-2], parts[-1]
         if kind in VOCAB_PARALLEL:
             return self._vocab_rows(tensor)
@@ -246,6 +263,26 @@ def _in_mamba_layer(parts: list[str]) -> bool:
         return True
     return len(parts) > 2 and (parts[-3] == "mixer" and parts[-2] in MAMBA_KINDS or
                                parts[-2] == "mixer" and parts[-1] in MAMBA_ATTRS)
+
+
+def _kv_split(kv_heads: int, rank: int, size: int) -> tuple[int, int]:
+    """(KV heads on rank `rank` of `size`, the first one's index): with fewer KV heads than
+    ranks, size // kv_heads consecutive ranks share one."""
+    if kv_heads >= size:
+        return kv_heads // size, rank * kv_heads // size
+    return 1, rank // (size // kv_heads)
+
+
+def _layer_index(parts: list[str]) -> int | None:
+    """The decoder layer a tensor name's parts put it in (layers.{i}), None outside one."""
+    for before, part in zip(parts, parts[1:], strict=False):
+        if before == "layers" and part.isdigit():
+            return int(part)
+    return None
+
+
+def _tuple(shapes: list[tuple[int, int]] | None) -> tuple[tuple[int, int], ...] | None:
+    return None if shapes is None else tuple(shapes)
 
 
 def _length(tensor: Any) -> int:

@@ -11,8 +11,8 @@ from tokenmill.engine.contract.model_shape import (
     feed_forward_layers,
     kv_sources,
     latent_attention_of,
-    layer_attention_shapes,
     linear_attention_layers,
+    sharded_layer_shapes,
 )
 from tokenmill.engine.distributed.sharding import ShardPlan
 from tokenmill.engine.layers.kv_quant import is_quantized, kv_storage_dtype
@@ -58,7 +58,7 @@ class KVCacheLayout:
                        planes=1)
         plan = ShardPlan.for_model(model_config, 0, tp_size)
         layers = model_config.num_hidden_layers
-        shapes = layer_attention_shapes(model_config)
+        shapes = sharded_layer_shapes(model_config, tp_size)
         sources = kv_sources(model_config)
         keeping_none = set(linear_attention_layers(model_config)) | \
             set(feed_forward_layers(model_config))

@@ -18,6 +18,7 @@ from tokenmill.engine.contract.model_shape import (
     layer_attention_shapes,
     linear_attention_layers,
     mamba2_of,
+    sharded_layer_shapes,
 )
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.distributed.sharding import ShardPlan
@@ -281,7 +282,7 @@ class DecoderLayer(nn.Module):
                  chunk: int | None = None, rotates: bool = True):
         """`sparse`: the mixture of experts this layer's feed-forward block is, None: a dense
         MLP. `window`: the sliding window its attention covers, None: the whole context.
-        `shape`: its attention's (KV heads, head size) where layers differ;
+        `shape`: its attention's (KV heads, head size) on this rank where layers differ;
         `reads_earlier_kv`: its keys and values are an earlier layer's (Gemma 4); `linear`:
         its token mixer is a gated delta net (Qwen3.5), not attention; `chunk`, `rotates`: as
         Attention's."""
@@ -326,7 +327,7 @@ class DecoderLayer(nn.Module):
         # Gemma 4 multiplies the stream by a learned scalar at the end of each layer.
         self.layer_scalar = nn.Parameter(torch.ones(1)) if flags.gemma4 else None
         # Gemma 4 26B-A4B: experts beside the MLP, their output added to its normalized one.
-        self.moe = Gemma4Experts(config) if flags.gemma4 and \
+        self.moe = Gemma4Experts(config, tp) if flags.gemma4 and \
             getattr(config, "enable_moe_block", False) else None
         if self.moe is not None:
             self.post_feedforward_layernorm_1 = norm()
@@ -432,7 +433,7 @@ class DecoderModel(nn.Module):
         self.embed_multiplier = float(config.embedding_multiplier) if flags.granite else None
         moe = moe_shape_of(config)
         windows = [layer_window_of(config, i) for i in range(config.num_hidden_layers)]
-        shapes = layer_attention_shapes(config)
+        shapes = sharded_layer_shapes(config, tp.size)
         sources = kv_sources(config) or range(config.num_hidden_layers)
         linear = set(linear_attention_layers(config))
         self.rotates = [rotates_at(config, i) for i in range(config.num_hidden_layers)]

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.layers.moe import experts_sum, route
 from tokenmill.engine.layers.norm import RMSNorm, unit_rms_norm
 from tokenmill.engine.models.architecture import MoeNames
@@ -51,12 +52,15 @@ class Gemma4Experts(nn.Module):
     keeps them on the layer itself (router, experts, pre_feedforward_layernorm_2,
     post_feedforward_layernorm_2), read under the layer's `moe` (fused_weights.py)."""
 
-    def __init__(self, config: Any):
+    def __init__(self, config: Any, tp: TPGroup):
+        """Under tensor parallelism each rank holds a slice of every expert's width; the
+        partial sums are added before the norm after them."""
         super().__init__()
         hidden = config.hidden_size
+        self.tp = tp
         self.router = Gemma4Router(config)
         self.experts = nn.ModuleList(
-            Expert(hidden, config.moe_intermediate_size, NAMES,
+            Expert(hidden, config.moe_intermediate_size // tp.size, NAMES,
                    activation=config.hidden_activation)
             for _ in range(config.num_experts))
         self.pre_feedforward_layernorm_2 = RMSNorm(hidden, config.rms_norm_eps)
@@ -68,7 +72,7 @@ class Gemma4Experts(nn.Module):
         x = self.pre_feedforward_layernorm_2(stream, None, backend)[0]
         out = experts_sum(x, weights, ids, len(self.experts),
                           lambda e, rows: self.experts[e](rows, backend))
-        return self.post_feedforward_layernorm_2(out, None, backend)[0]
+        return self.post_feedforward_layernorm_2(self.tp.all_reduce(out), None, backend)[0]
 
 
 def per_layer_input_width(config: Any) -> int:

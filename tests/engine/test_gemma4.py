@@ -4,7 +4,7 @@ another, with fewer KV heads whose values are the keys' projection; q, k and v n
 head, scores unscaled, proportional rotary on the full layers, a learned scalar per layer;
 26B-A4B's experts beside the MLP; E2B's and E4B's per-layer inputs and shared KV.
 Greedy output and log-probabilities equal transformers (batched, chunked, from the prefix
-cache); each layer's KV view has its own shape in one pool; tensor parallelism is refused."""
+cache, over two tensor-parallel ranks); each layer's KV view has its own shape in one pool."""
 
 from __future__ import annotations
 
@@ -125,9 +125,37 @@ def test_per_layer_inputs_and_shared_kv_equal_transformers(tmp_path, vocab_token
     assert runs == {"batched": expected, "again": expected, "alone": expected[-2:]}
 
 
-def test_tensor_parallelism_is_refused(gemma4_dir):
-    with pytest.raises(ConfigError, match="tensor_parallel_size.*heads of two sizes"):
-        LLM(gemma4_dir, tensor_parallel_size=2, **ENGINE)
+@pytest.mark.parametrize("kind", ["base", "experts", "per_layer_inputs"])
+def test_tensor_parallel_equals_transformers(tmp_path, vocab_tokenizer, kind):
+    """Two ranks: each holds two of the four query heads in every layer, one of the sliding
+    layers' two KV heads and the full layers' one (on both), half of the MLP (twice as wide in
+    the shared-KV layers) and of every expert, whose sum joins across ranks before its norm;
+    the per-layer inputs whole on each."""
+    changes = {"experts": dict(enable_moe_block=True, num_experts=4, top_k_experts=2,
+                               moe_intermediate_size=32),
+               "per_layer_inputs": dict(num_hidden_layers=6, layer_types=LAYERS + LAYERS[:2],
+                                        hidden_size_per_layer_input=8,
+                                        vocab_size_per_layer_input=len(vocab_tokenizer),
+                                        num_kv_shared_layers=2, use_double_wide_mlp=True),
+               }.get(kind, {})
+    directory = _make(str(tmp_path), gemma4_config(len(vocab_tokenizer), **changes),
+                      vocab_tokenizer)
+    reference = hf_reference(directory)
+    prompts = mixed_prompts(vocab_tokenizer)
+    expected = [hf_greedy(reference, p, MAX_NEW) for p in prompts]
+    with LLM(directory, tensor_parallel_size=2, **ENGINE) as llm:
+        runner = llm.engine.runner
+        assert [tuple(c.k.shape[-2:]) for c in runner.kv_caches[:4]] == [(1, 16), (1, 32)] * 2
+        assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected
+
+
+def test_tensor_parallel_sizes_that_split_a_layers_kv_heads_unevenly_are_refused(
+        tmp_path, vocab_tokenizer):
+    directory = _make(str(tmp_path), gemma4_config(len(vocab_tokenizer), num_attention_heads=6,
+                                                   num_global_key_value_heads=3),
+                      vocab_tokenizer)
+    with pytest.raises(ConfigError, match="tensor_parallel_size.*3 KV heads"):
+        LLM(directory, tensor_parallel_size=2, **ENGINE)
 
 
 def test_the_pool_is_sized_by_its_widest_rows(gemma4_dir):
