@@ -195,10 +195,42 @@ def feed_forward_layers(config: Any) -> list[int]:
     return [i for i, kind in enumerate(config.layer_types) if kind in FEED_FORWARD_KINDS]
 
 
-def recurrent_shape_of(config: Any) -> LinearAttention | Mamba2 | None:
+@dataclass(frozen=True)
+class ShortConv:
+    """LFM2's convolution layers: a gated depthwise causal convolution of `conv_kernel` taps
+    over `channels` (the hidden size). A sequence carries the convolution's last inputs and
+    no other state."""
+
+    channels: int
+    conv_kernel: int
+
+    def sharded(self, size: int) -> ShortConv:
+        """One of `size` tensor-parallel ranks' share: a slice of the channels."""
+        return ShortConv(self.channels // size, self.conv_kernel)
+
+    @property
+    def conv_channels(self) -> int:
+        return self.channels
+
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        return (1,)  # nothing past the convolution's inputs: one unused number per slot
+
+
+def short_conv_of(config: Any) -> ShortConv | None:
+    """The convolution layers of an LFM2 config (its layer_types name them "conv"), None for
+    any other."""
+    if getattr(config, "model_type", None) != "lfm2" or \
+            "conv" not in (getattr(config, "layer_types", None) or ()):
+        return None
+    return ShortConv(int(config.hidden_size), int(config.conv_L_cache))
+
+
+def recurrent_shape_of(config: Any) -> LinearAttention | Mamba2 | ShortConv | None:
     """The shape of the layers that keep a state per sequence instead of keys and values
-    (a gated delta net's or Mamba-2's), None for a model without any."""
-    return linear_attention_of(config) or mamba2_of(config)
+    (a gated delta net's, Mamba-2's or LFM2's convolution's), None for a model without
+    any."""
+    return linear_attention_of(config) or mamba2_of(config) or short_conv_of(config)
 
 
 def linear_attention_of(config: Any) -> LinearAttention | None:
@@ -219,12 +251,16 @@ def gated_queries(config: Any) -> bool:
     return getattr(config, "model_type", None) in GATED_QUERY_TYPES
 
 
+# How layer_types name the layers that keep a state per sequence: LFM2 calls them "conv".
+RECURRENT_KINDS = ("linear_attention", "conv")
+
+
 def linear_attention_layers(config: Any) -> list[int]:
-    """The decoder layers that keep a state per sequence (gated delta nets, Mamba-2) and no
-    keys and values."""
+    """The decoder layers that keep a state per sequence (gated delta nets, Mamba-2, LFM2's
+    convolutions) and no keys and values."""
     if recurrent_shape_of(config) is None:
         return []
-    return [i for i, kind in enumerate(config.layer_types) if kind == "linear_attention"]
+    return [i for i, kind in enumerate(config.layer_types) if kind in RECURRENT_KINDS]
 
 
 def kv_sources(config: Any) -> list[int] | None:
@@ -245,6 +281,21 @@ def kv_sources(config: Any) -> list[int] | None:
                              f"{kinds[layer]} layer, and there is none")
         sources[layer] = earlier[-1]
     return sources
+
+
+def lfm2_mlp_width(config: Any) -> int:
+    """LFM2's MLP width: with block_auto_adjust_ff_dim, two thirds of intermediate_size,
+    times block_ffn_dim_multiplier, rounded up to a multiple of block_multiple_of."""
+    width = int(config.intermediate_size)
+    if not getattr(config, "block_auto_adjust_ff_dim", False):
+        return width
+    width = int(2 * width / 3)
+    multiplier = getattr(config, "block_ffn_dim_multiplier", None)
+    if multiplier is None:
+        return width
+    width = int(multiplier * width)
+    step = int(config.block_multiple_of)
+    return step * ((width + step - 1) // step)
 
 
 @dataclass(frozen=True)
@@ -280,6 +331,8 @@ class ModelShape:
             dense, shared = width, width if expert_width else 0
         if getattr(config, "model_type", None) == "nemotron_h":
             shared = int(config.moe_shared_expert_intermediate_size) if expert_width else 0
+        if getattr(config, "model_type", None) == "lfm2":
+            dense = lfm2_mlp_width(config)
         if getattr(config, "model_type", None) == "llama4_text":
             # Llama 4: intermediate_size is an expert's width and its shared expert's, the
             # dense layers' MLP is intermediate_size_mlp wide.

@@ -13,7 +13,8 @@ token its cache keeps are whole on every rank.
 A Mamba-2 layer splits its heads: each rank's rows of in_proj (the gate and the inputs of its
 heads, the B and C of their groups, their dt), of the convolution, A_log, D and dt_bias, its
 part of the gated norm's weight, and out_proj's columns (row-parallel); where there are fewer
-groups than ranks, each group's B and C are on every rank holding heads of it.
+groups than ranks, each group's B and C are on every rank holding heads of it. LFM2's
+convolution layers split their channels the same way.
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ from tokenmill.engine.contract.model_shape import (
     LinearAttention,
     Mamba2,
     ModelShape,
+    ShortConv,
     double_wide_layers,
     gated_queries,
     latent_attention_of,
     layer_attention_shapes,
     linear_attention_of,
     mamba2_of,
+    short_conv_of,
 )
 
 COLUMN_PARALLEL = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1", "w3",
@@ -89,6 +92,8 @@ class ShardPlan:
     # whose MLP is twice as wide: for_layer() is then a layer's own plan.
     layer_shapes: tuple[tuple[int, int], ...] | None = None
     wide_layers: frozenset[int] = frozenset()
+    # LFM2's convolution layers' whole shape, None without them.
+    short_conv: ShortConv | None = None
 
     @classmethod
     def for_model(cls, config: Any, rank: int = 0, size: int = 1) -> ShardPlan:
@@ -109,7 +114,7 @@ class ShardPlan:
                    latent.nope_dim + latent.value_dim if latent else 0,
                    gated_queries(config), linear.sharded(size) if linear else None,
                    mamba2_of(config), _tuple(layer_attention_shapes(config)),
-                   double_wide_layers(config))
+                   double_wide_layers(config), short_conv_of(config))
 
     def for_layer(self, layer: int) -> ShardPlan:
         """Decoder layer `layer`'s plan: its own KV heads and head size, and MLP width, where
@@ -153,6 +158,8 @@ class ShardPlan:
             return self._linear_attention_part(kind, attr, tensor)
         if self.mamba is not None and _in_mamba_layer(parts):
             return self._mamba_part(kind, attr, tensor)
+        if self.short_conv is not None and len(parts) > 2 and parts[-3] == "conv":
+            return self._short_conv_part(kind, attr, tensor)
         if kind in COLUMN_PARALLEL:
             start, stop = self._output_rows(kind, parts)
             return tensor[start:stop]
@@ -232,6 +239,24 @@ class ShardPlan:
         else:
             return _read(tensor)
         return torch.cat([tensor[start:start + rows] for start, rows in parts])
+
+    def _short_conv_part(self, kind: str, attr: str, tensor: Any) -> torch.Tensor:
+        """An LFM2 convolution layer's tensor on this rank: its channels' rows of each of
+        in_proj's three parts (B, C, x) and of the convolution, out_proj's columns for
+        them."""
+        whole, rank = self.short_conv.channels, self.rank
+        local = whole // self.size
+        if kind == "in_proj":
+            return torch.cat([tensor[part * whole + rank * local:part * whole + (rank + 1) * local]
+                              for part in range(3)])
+        if kind == "conv":
+            return tensor[rank * local:(rank + 1) * local]
+        if kind == "out_proj" and attr == "bias":
+            full = _read(tensor)
+            return full if rank == 0 else torch.zeros_like(full)
+        if kind == "out_proj":
+            return tensor[:, rank * local:(rank + 1) * local]
+        return _read(tensor)
 
     def _width(self, parts: list[str]) -> int:
         """The local width of the MLP a tensor belongs to: a routed expert's, the shared

@@ -33,12 +33,13 @@ def l2_normalized(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 def conv_prompts(x: torch.Tensor, lengths: torch.Tensor, states: torch.Tensor,
                  slots: torch.Tensor, weight: torch.Tensor,
-                 bias: torch.Tensor | None = None) -> torch.Tensor:
+                 bias: torch.Tensor | None = None, silu: bool = True) -> torch.Tensor:
     """Prompt chunks of B sequences, x [B, L, channels] right-padded (sequence i's first
     lengths[i] rows hold its new rows), through the depthwise causal convolution (weight
-    [channels, taps]) and SiLU, each from its state (states [slots, channels, taps - 1]: the
-    inputs before its chunk, zero for a new sequence); each state is left holding its
-    sequence's last inputs. Returns [B, L, channels]; padding rows hold no meaning."""
+    [channels, taps]) and SiLU (none where not `silu`: LFM2's), each from its state (states
+    [slots, channels, taps - 1]: the inputs before its chunk, zero for a new sequence); each
+    state is left holding its sequence's last inputs. Returns [B, L, channels]; padding rows
+    hold no meaning."""
     taps = weight.shape[-1]
     window = torch.cat([states[slots].to(x.dtype), x.transpose(1, 2)], dim=-1)
     out = F.conv1d(window.to(weight.dtype), weight[:, None, :], bias, groups=weight.shape[0])
@@ -46,18 +47,20 @@ def conv_prompts(x: torch.Tensor, lengths: torch.Tensor, states: torch.Tensor,
     last = lengths[:, None] + torch.arange(taps - 1, device=x.device)
     states[slots] = window.gather(2, last[:, None, :].expand(-1, window.shape[1], -1)) \
         .to(states.dtype)
-    return F.silu(out).transpose(1, 2).to(x.dtype)
+    return (F.silu(out) if silu else out).transpose(1, 2).to(x.dtype)
 
 
 def conv_step(x: torch.Tensor, states: torch.Tensor, slots: torch.Tensor,
-              weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+              weight: torch.Tensor, bias: torch.Tensor | None = None,
+              silu: bool = True) -> torch.Tensor:
     """One new row per sequence, x [B, channels], through the convolution (with Mamba-2's
-    `bias`) from each one's state (states [slots, channels, taps - 1], sequence i in
-    slots[i]), updated in place."""
+    `bias`; SiLU where `silu`) from each one's state (states [slots, channels, taps - 1],
+    sequence i in slots[i]), updated in place."""
     window = torch.cat([states[slots].to(x.dtype), x[:, :, None]], dim=-1)
     states[slots] = window[..., 1:].to(states.dtype)
     out = (window.to(weight.dtype) * weight).sum(-1)
-    return F.silu(out if bias is None else out + bias).to(x.dtype)
+    out = out if bias is None else out + bias
+    return (F.silu(out) if silu else out).to(x.dtype)
 
 
 def delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,

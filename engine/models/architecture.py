@@ -198,6 +198,9 @@ SUPPORTED = {
     # same, routed as DeepSeek-V3's, beside a shared one; one block per layer.
     "NemotronHForCausalLM": ArchitectureFlags(moe="nemotron_h", ungated_mlp=True,
                                               mixer_blocks=True),
+    # Liquid AI's LFM2: gated short convolutions (models/short_conv.py) in most layers,
+    # attention with q and k normalized per head in the others; Llama's MLP.
+    "Lfm2ForCausalLM": ArchitectureFlags(qk_norm=True),
 }
 # A supported decoder with a classification head instead of its LM head, as transformers names
 # it: LlamaForSequenceClassification, Qwen3ForSequenceClassification, ... (the pooling runner).
@@ -237,7 +240,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
                "granitemoe": "GraniteMoeForCausalLM",
                "granitemoehybrid": "GraniteMoeHybridForCausalLM", "bamba": "BambaForCausalLM",
-               "nemotron_h": "NemotronHForCausalLM",
+               "nemotron_h": "NemotronHForCausalLM", "lfm2": "Lfm2ForCausalLM",
                "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
                "seed_oss": "SeedOssForCausalLM", "exaone4": "Exaone4ForCausalLM",
                "ernie4_5": "Ernie4_5ForCausalLM", "glm4": "Glm4ForCausalLM",
@@ -596,9 +599,13 @@ def activation_of(config: Any) -> str:
 
 
 def rms_norm_eps_of(config: Any) -> float:
-    """The epsilon of the model's RMSNorms (Nemotron-H calls it layer_norm_epsilon)."""
-    eps = getattr(config, "rms_norm_eps", None)
-    return float(config.layer_norm_epsilon if eps is None else eps)
+    """The epsilon of the model's RMSNorms (Nemotron-H calls it layer_norm_epsilon, LFM2
+    norm_eps)."""
+    for name in ("rms_norm_eps", "layer_norm_epsilon", "norm_eps"):
+        eps = getattr(config, name, None)
+        if eps is not None:
+            return float(eps)
+    raise ModelLoadError("the config gives no RMSNorm epsilon (rms_norm_eps)")
 
 
 def layer_window_of(config: Any, layer: int) -> int | None:

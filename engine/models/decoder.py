@@ -1,6 +1,6 @@
 """Decoder-only transformer (Llama, Mistral, Qwen2, Qwen3, Gemma 1/2/3, Cohere, StarCoder 2,
 and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek's latent attention, ...;
-the hybrids Qwen3.5, Granite 4.0-H, Nemotron-H) over the paged KV cache.
+the hybrids Qwen3.5, Granite 4.0-H, Nemotron-H, LFM2) over the paged KV cache.
 
 Parameter names equal Hugging Face's, so checkpoints load without renaming.
 """
@@ -19,6 +19,7 @@ from tokenmill.engine.contract.model_shape import (
     linear_attention_layers,
     mamba2_of,
     sharded_layer_shapes,
+    short_conv_of,
 )
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.distributed.sharding import ShardPlan
@@ -61,6 +62,7 @@ from tokenmill.engine.models.latent_attention import LatentSelfAttention
 from tokenmill.engine.models.mamba2_mixer import Mamba2Mixer
 from tokenmill.engine.models.mixer_block import ATTENTION, RECURRENT, MixerBlock
 from tokenmill.engine.models.moe import SparseMoeBlock
+from tokenmill.engine.models.short_conv import ShortConvMixer
 from tokenmill.engine.models.source import ModelLoadError
 
 
@@ -113,7 +115,7 @@ class Attention(nn.Module):
         # Gemma 4's full-attention layers take their values from the keys' projection.
         self.values_from_keys = flags.gemma4 and window is None and \
             bool(getattr(config, "attention_k_eq_v", False))
-        self.value_norm_eps = config.rms_norm_eps if flags.gemma4 else None
+        self.value_norm_eps = rms_norm_eps_of(config) if flags.gemma4 else None
         # ERNIE 4.5's use_bias puts a bias on every projection, attention's and the MLP's.
         bias = bool(getattr(config, "attention_bias", False) or getattr(config, "use_bias", False))
         qkv_bias = bias or flags.qkv_bias
@@ -136,9 +138,9 @@ class Attention(nn.Module):
         qk_norm = flags.qk_norm or (flags.moe == "deepseek" and
                                     bool(getattr(config, "use_qk_norm", False)))
         if qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, flags.norms_add_one)
+            self.q_norm = RMSNorm(self.head_dim, rms_norm_eps_of(config), flags.norms_add_one)
             if not reads_earlier_kv:
-                self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, flags.norms_add_one)
+                self.k_norm = RMSNorm(self.head_dim, rms_norm_eps_of(config), flags.norms_add_one)
         self.qk_norm = qk_norm
         self.qk_norm_after_rope = flags.qk_norm_after_rope
         self.projection_norm = flags.projection_qk_norm
@@ -147,8 +149,8 @@ class Attention(nn.Module):
         # OLMoE's clip_qkv: q, k and v clamped to [-clip, clip] after the norms.
         self.clip = getattr(config, "clip_qkv", None)
         if flags.projection_qk_norm:  # this rank's part of the weights over the whole q and k
-            self.q_norm = RMSNorm(self.num_heads * self.head_dim, config.rms_norm_eps)
-            self.k_norm = RMSNorm(kv_size, config.rms_norm_eps)
+            self.q_norm = RMSNorm(self.num_heads * self.head_dim, rms_norm_eps_of(config))
+            self.k_norm = RMSNorm(kv_size, rms_norm_eps_of(config))
             heads, kv_heads = config.num_attention_heads, num_kv_heads_of(config)
             self.q_width, self.k_width = heads * self.head_dim, kv_heads * self.head_dim
             # With fewer KV heads than ranks, each KV head's squares arrive from this many.
@@ -162,7 +164,7 @@ class Attention(nn.Module):
         self.scores = Scores(scale, window, getattr(config, "attn_logit_softcapping", None),
                              chunk)
         # Llama 4: q and k normalized per head, without a weight, after the turn.
-        self.l2_qk_norm_eps = config.rms_norm_eps if flags.llama4 and rotates and \
+        self.l2_qk_norm_eps = rms_norm_eps_of(config) if flags.llama4 and rotates and \
             bool(getattr(config, "use_qk_norm", False)) else None
         # GPT-OSS: this rank's heads' sink logits.
         self.sinks = nn.Parameter(torch.empty(self.num_heads)) if flags.attention_sinks \
@@ -298,10 +300,14 @@ class DecoderLayer(nn.Module):
             self.input_layernorm = norm()
         self.linear = linear
         # Its state-keeping token mixer, under the checkpoint's name: Granite 4.0-H's and
-        # Bamba's Mamba-2 (mamba), else Qwen3.5's gated delta net (linear_attn).
-        self.recurrent_name = "mamba" if mamba2_of(config) else "linear_attn"
+        # Bamba's Mamba-2 (mamba), LFM2's convolution (conv), else Qwen3.5's gated delta net
+        # (linear_attn).
+        self.recurrent_name = "mamba" if mamba2_of(config) else \
+            "conv" if short_conv_of(config) else "linear_attn"
         if linear and mamba2_of(config):
             self.mamba = Mamba2Mixer(config, tp)
+        elif linear and short_conv_of(config):
+            self.conv = ShortConvMixer(config, tp)
         elif linear:
             self.linear_attn = GatedDeltaNet(config, tp)
         else:
@@ -452,7 +458,7 @@ class DecoderModel(nn.Module):
                                                        layers * per_layer)
             self.per_layer_model_projection = nn.Linear(config.hidden_size, layers * per_layer,
                                                         bias=False)
-            self.per_layer_projection_norm = RMSNorm(per_layer, config.rms_norm_eps)
+            self.per_layer_projection_norm = RMSNorm(per_layer, rms_norm_eps_of(config))
         self.norm = decoder_norm(config, config.hidden_size)
         self.config, self.max_positions = config, max_positions
         self.rotary, self.rotary_local = self.rotary_tables()

@@ -92,7 +92,8 @@ GEMMA4_EXPERT_BLOCK = ("router.", "experts.", "pre_feedforward_layernorm_2.",
 # q and k norms under Qwen3's names; StarCoder 2's MLP without a gate under Arcee's; Bamba's
 # MLP, the norm before it and the final norm, and Llama 4's dense layers' MLP (its sparse
 # blocks keep feed_forward), under Llama's; Nemotron-H's backbone under model, its embeddings
-# and final norm under Llama's names.
+# and final norm under Llama's names; LFM2's norms, MLP and attention's under Llama's and
+# Qwen3's.
 RENAMED_PARTS = {
     "hunyuan_v1_dense": {".self_attn.query_layernorm.": ".self_attn.q_norm.",
                          ".self_attn.key_layernorm.": ".self_attn.k_norm."},
@@ -102,7 +103,13 @@ RENAMED_PARTS = {
     "llama4_text": {f".feed_forward.{part}.": f".mlp.{part}."
                     for part in ("gate_proj", "up_proj", "down_proj")},
     "nemotron_h": {"backbone.embeddings.": "model.embed_tokens.",
-                   "backbone.norm_f.": "model.norm.", "backbone.layers.": "model.layers."}}
+                   "backbone.norm_f.": "model.norm.", "backbone.layers.": "model.layers."},
+    "lfm2": {".operator_norm.": ".input_layernorm.", ".ffn_norm.": ".post_attention_layernorm.",
+             ".feed_forward.w1.": ".mlp.gate_proj.", ".feed_forward.w3.": ".mlp.up_proj.",
+             ".feed_forward.w2.": ".mlp.down_proj.", ".self_attn.out_proj.": ".self_attn.o_proj.",
+             ".self_attn.q_layernorm.": ".self_attn.q_norm.",
+             ".self_attn.k_layernorm.": ".self_attn.k_norm.",
+             "model.embedding_norm.": "model.norm."}}
 
 
 # MiniMax-M2 and ERNIE 4.5 keep their routing's correction bias beside the router, not in it.

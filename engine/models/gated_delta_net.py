@@ -123,14 +123,15 @@ def _runs(meta: AttentionMetadata) -> SequenceRuns:
 
 
 def convolve(x: torch.Tensor, states: StateLayer, runs: SequenceRuns, weight: torch.Tensor,
-             bias: torch.Tensor | None = None) -> torch.Tensor:
+             bias: torch.Tensor | None = None, silu: bool = True) -> torch.Tensor:
     """The step's rows [T, channels] through the causal convolution (weight [channels,
-    taps], Mamba-2's bias) and SiLU, each sequence from its state: the decoding ones
-    together, the prompt chunks together."""
+    taps], Mamba-2's bias) and SiLU (none where not `silu`), each sequence from its state:
+    the decoding ones together, the prompt chunks together."""
     return runs.mix(
         lambda rows, slots: conv_step(x if rows is None else x[rows], states.conv, slots,
-                                      weight, bias),
-        lambda p: conv_prompts(p.padded(x), p.lengths, states.conv, p.slots, weight, bias),
+                                      weight, bias, silu),
+        lambda p: conv_prompts(p.padded(x), p.lengths, states.conv, p.slots, weight, bias,
+                               silu),
         lambda: torch.empty_like(x))
 
 

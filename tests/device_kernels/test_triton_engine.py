@@ -228,6 +228,17 @@ def test_nemotron_hs_blocks_run_beside_the_kernels_and_graphs(tmp_path, vocab_to
     _graphed_kernels_equal_torch(directory, seed=23)
 
 
+def test_lfm2s_convolutions_run_beside_the_kernels_and_graphs(tmp_path, vocab_tokenizer):
+    """LFM2's short convolutions (torch ops over each sequence's state slot) between
+    attention layers on the kernels, in captured decode steps."""
+    from lfm2_support import lfm2_config
+    from model_support import make_random_model
+
+    directory = make_random_model(str(tmp_path / "lfm2"), lfm2_config(len(vocab_tokenizer)),
+                                  vocab_tokenizer, draw_norms=True)
+    _graphed_kernels_equal_torch(directory, seed=29)
+
+
 def test_llama4s_chunked_attention_runs_through_the_kernels_and_graphs(tmp_path,
                                                                      vocab_tokenizer):
     """Llama 4's rotating layers attend within chunks of 8 positions (prompt chunks and

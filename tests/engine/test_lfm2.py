@@ -1,0 +1,54 @@
+"""Liquid AI's LFM2 (`Lfm2ForCausalLM`): gated short convolutions (B * x through a depthwise
+causal convolution of three taps, times C), which keep a sequence's last inputs in place of
+keys and values, and attention layers with q and k normalized per head; the MLP's width
+adjusted from intermediate_size; the final norm named embedding_norm; embeddings tied.
+Greedy output and log-probabilities equal transformers batched, chunked, with state slots
+reused and forked, over two tensor-parallel ranks, and resuming from the prefix cache's
+checkpoints."""
+
+from __future__ import annotations
+
+import pytest
+from hybrid_support import ENGINE, MAX_NEW, check_equals_transformers, greedy
+from lfm2_support import lfm2_config
+from model_support import (
+    greedy_with_hf_logprobs,
+    hf_greedy,
+    hf_reference,
+    make_random_model,
+    mixed_prompts,
+)
+
+from tokenmill.engine import LLM
+
+
+@pytest.fixture(scope="module")
+def prompts(vocab_tokenizer) -> list[list[int]]:
+    return mixed_prompts(vocab_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def lfm2_dir(tmp_path_factory, vocab_tokenizer) -> str:
+    return make_random_model(str(tmp_path_factory.mktemp("lfm2")),
+                             lfm2_config(len(vocab_tokenizer)), vocab_tokenizer,
+                             draw_norms=True)
+
+
+def test_greedy_and_logprobs_equal_transformers(lfm2_dir, prompts):
+    check_equals_transformers(lfm2_dir, prompts, attention_layers=1)
+    with LLM(lfm2_dir, **ENGINE) as llm:
+        mlp = llm.engine.runner.model.model.layers[0].mlp
+        assert mlp.down_proj.in_features == 96  # 2/3 of 144, a multiple of 32
+
+
+def test_tensor_parallel_and_prefix_cached_equal_transformers(lfm2_dir, prompts):
+    """Two ranks, each with half of every convolution's channels (its rows of B, C and x);
+    then the prompts again, resuming from the checkpoints the first run kept."""
+    reference = hf_reference(lfm2_dir)
+    expected = [hf_greedy(reference, p, MAX_NEW) for p in prompts]
+    with LLM(lfm2_dir, tensor_parallel_size=2, **ENGINE) as llm:
+        assert llm.engine.runner.model.model.layers[0].conv.channels == 32
+        assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected
+        hits = llm.engine.kv.prefix_hits
+        assert [out[0] for out in greedy(llm, prompts)] == expected
+        assert llm.engine.kv.prefix_hits > hits

@@ -1,0 +1,21 @@
+"""A small LFM2 config, for the engine's tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+LAYERS = ["conv", "conv", "full_attention", "conv"]
+
+
+def lfm2_config(vocab: int, **changes: Any) -> Any:
+    """Convolution layers of three taps over the 64 channels, one attention layer of 4
+    heads (2 KV) of 16; an MLP of 2/3 of intermediate_size rounded up to a multiple of 32."""
+    import transformers
+
+    options = dict(vocab_size=vocab, hidden_size=64, intermediate_size=144,
+                   num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                   layer_types=list(LAYERS), conv_L_cache=3, block_multiple_of=32,
+                   block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=True,
+                   max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    options.update(changes)
+    return transformers.Lfm2Config(**options)
