@@ -19,3 +19,18 @@ def lfm2_config(vocab: int, **changes: Any) -> Any:
                    max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     options.update(changes)
     return transformers.Lfm2Config(**options)
+
+
+def lfm2_moe_config(vocab: int, **changes: Any) -> Any:
+    """LFM2's layers with a dense MLP in the first and four experts, two per token, chosen
+    with a bias, in the others."""
+    import transformers
+
+    options = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96,
+                   moe_intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
+                   num_key_value_heads=2, layer_types=list(LAYERS), conv_L_cache=3,
+                   num_dense_layers=1, num_experts=4, num_experts_per_tok=2,
+                   use_expert_bias=True, routed_scaling_factor=1.5,
+                   max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    options.update(changes)
+    return transformers.Lfm2MoeConfig(**options)

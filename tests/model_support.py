@@ -131,7 +131,7 @@ def draw_correction_bias(directory: str, scale: float = 0.3) -> str:
     tensors = load_file(path)
     generator = torch.Generator().manual_seed(3)
     for name, tensor in tensors.items():
-        if name.endswith("e_score_correction_bias"):
+        if name.endswith(("e_score_correction_bias", "expert_bias")):  # LFM2's: expert_bias
             tensors[name] = torch.randn(tensor.shape, generator=generator) * scale
     save_file(tensors, path, metadata={"format": "pt"})
     return directory

@@ -201,6 +201,9 @@ SUPPORTED = {
     # Liquid AI's LFM2: gated short convolutions (models/short_conv.py) in most layers,
     # attention with q and k normalized per head in the others; Llama's MLP.
     "Lfm2ForCausalLM": ArchitectureFlags(qk_norm=True),
+    # LFM2's mixtures of experts (LFM2-8B-A1B): the same layers, experts after the first
+    # num_dense_layers, chosen by sigmoid scores plus a bias (expert_bias), renormalized.
+    "Lfm2MoeForCausalLM": ArchitectureFlags(qk_norm=True, moe="lfm2"),
 }
 # A supported decoder with a classification head instead of its LM head, as transformers names
 # it: LlamaForSequenceClassification, Qwen3ForSequenceClassification, ... (the pooling runner).
@@ -241,6 +244,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "granitemoe": "GraniteMoeForCausalLM",
                "granitemoehybrid": "GraniteMoeHybridForCausalLM", "bamba": "BambaForCausalLM",
                "nemotron_h": "NemotronHForCausalLM", "lfm2": "Lfm2ForCausalLM",
+               "lfm2_moe": "Lfm2MoeForCausalLM",
                "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
                "seed_oss": "SeedOssForCausalLM", "exaone4": "Exaone4ForCausalLM",
                "ernie4_5": "Ernie4_5ForCausalLM", "glm4": "Glm4ForCausalLM",
@@ -303,6 +307,7 @@ MOE_NAMES["ernie"] = MOE_NAMES["deepseek"]
 MOE_NAMES["mistral4"] = MOE_NAMES["deepseek"]
 MOE_NAMES["granite_hybrid"] = MoeNames("block_sparse_moe", "gate_proj", "up_proj", "down_proj",
                                        shared="shared_mlp", shared_gated=False)
+MOE_NAMES["lfm2"] = MoeNames("feed_forward", "w1", "w3", "w2")
 # Nemotron 3: each expert and the shared one an MLP without a gate, the block the layer's mixer.
 MOE_NAMES["nemotron_h"] = MoeNames("mixer", None, "up_proj", "down_proj",
                                    shared="shared_experts", shared_gated=False)
@@ -546,8 +551,10 @@ def _dense_layers(config: Any) -> frozenset[int]:
     DeepSeek's first first_k_dense_replace, GLM-4.7-Flash's "dense" mlp_layer_types, those
     outside ERNIE 4.5's moe_layer_start_index .. moe_layer_end_index."""
     kinds = getattr(config, "mlp_layer_types", None) or ()
+    first_dense = getattr(config, "first_k_dense_replace", None) or \
+        getattr(config, "num_dense_layers", None) or 0  # LFM2's
     dense = (frozenset(getattr(config, "mlp_only_layers", None) or ()) |
-             frozenset(range(int(getattr(config, "first_k_dense_replace", 0) or 0))) |
+             frozenset(range(int(first_dense))) |
              frozenset(i for i, kind in enumerate(kinds) if kind == "dense"))
     if getattr(config, "model_type", None) == "llama4_text":  # Llama 4: its moe_layers
         dense |= frozenset(range(config.num_hidden_layers)) - frozenset(config.moe_layers)
@@ -563,10 +570,14 @@ def _dense_layers(config: Any) -> frozenset[int]:
 def _grouped_routing(config: Any, style: str) -> GroupedRouting | None:
     """DeepSeek's routing as the config sets it; V2's greedy top_k, MiniMax-M2's and ERNIE
     4.5's are one group."""
-    if style not in ("deepseek", "deepseek_v2", "minimax", "ernie", "mistral4", "nemotron_h"):
+    if style not in ("deepseek", "deepseek_v2", "minimax", "ernie", "mistral4", "nemotron_h",
+                     "lfm2"):
         return None
     scale = float(getattr(config, "routed_scaling_factor", 1.0) or 1.0)
     experts = num_experts_of(config)
+    if style == "lfm2":  # one group; the bias where use_expert_bias
+        return GroupedRouting(1, 1, scale, correction=(experts,) if getattr(
+            config, "use_expert_bias", False) else None)
     if style == "minimax":
         return GroupedRouting(1, 1, scale, correction=(experts,))
     if style == "ernie":  # ERNIE keeps its bias as [1, experts]

@@ -110,6 +110,10 @@ RENAMED_PARTS = {
              ".self_attn.q_layernorm.": ".self_attn.q_norm.",
              ".self_attn.k_layernorm.": ".self_attn.k_norm.",
              "model.embedding_norm.": "model.norm."}}
+# LFM2's mixtures of experts: its dense layers', norms' and attention's names as LFM2's, the
+# routing bias beside the router read into it.
+RENAMED_PARTS["lfm2_moe"] = {**RENAMED_PARTS["lfm2"], ".feed_forward.expert_bias": (
+    ".feed_forward.gate.e_score_correction_bias")}
 
 
 # MiniMax-M2 and ERNIE 4.5 keep their routing's correction bias beside the router, not in it.

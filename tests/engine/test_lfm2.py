@@ -1,7 +1,8 @@
 """Liquid AI's LFM2 (`Lfm2ForCausalLM`): gated short convolutions (B * x through a depthwise
 causal convolution of three taps, times C), which keep a sequence's last inputs in place of
 keys and values, and attention layers with q and k normalized per head; the MLP's width
-adjusted from intermediate_size; the final norm named embedding_norm; embeddings tied.
+adjusted from intermediate_size; the final norm named embedding_norm; embeddings tied; and
+its mixtures of experts.
 Greedy output and log-probabilities equal transformers batched, chunked, with state slots
 reused and forked, over two tensor-parallel ranks, and resuming from the prefix cache's
 checkpoints."""
@@ -10,8 +11,9 @@ from __future__ import annotations
 
 import pytest
 from hybrid_support import ENGINE, MAX_NEW, check_equals_transformers, greedy
-from lfm2_support import lfm2_config
+from lfm2_support import lfm2_config, lfm2_moe_config
 from model_support import (
+    draw_correction_bias,
     greedy_with_hf_logprobs,
     hf_greedy,
     hf_reference,
@@ -52,3 +54,17 @@ def test_tensor_parallel_and_prefix_cached_equal_transformers(lfm2_dir, prompts)
         hits = llm.engine.kv.prefix_hits
         assert [out[0] for out in greedy(llm, prompts)] == expected
         assert llm.engine.kv.prefix_hits > hits
+
+
+def test_the_mixture_of_experts_equals_transformers(tmp_path, vocab_tokenizer, prompts):
+    """LFM2-8B-A1B's layers: a dense MLP in the first, experts chosen by sigmoid scores plus
+    a drawn bias, renormalized and scaled, in the others; alone and over two ranks."""
+    directory = draw_correction_bias(make_random_model(
+        str(tmp_path), lfm2_moe_config(len(vocab_tokenizer)), vocab_tokenizer,
+        draw_norms=True))
+    check_equals_transformers(directory, prompts, attention_layers=1)
+    reference = hf_reference(directory)
+    expected = [hf_greedy(reference, p, MAX_NEW) for p in prompts]
+    with LLM(directory, tensor_parallel_size=2, **ENGINE) as llm:
+        assert len(llm.engine.runner.model.model.layers[1].feed_forward.experts) == 4
+        assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected
