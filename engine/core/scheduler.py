@@ -153,10 +153,8 @@ class Scheduler:
             left = seq.num_uncomputed_tokens
             if not self.chunked_prefill and left > budget:
                 continue
-            num_new = self._cut(seq, seq.num_computed_tokens, min(left, budget,
-                                                                  self.prefill_cap))
-            if seq.images:
-                num_new = whole_images(seq.images, seq.num_computed_tokens, num_new)
+            num_new = self._chunk(seq, seq.num_computed_tokens,
+                                  min(left, budget, self.prefill_cap))
             if num_new == 0:
                 continue
             if num_new == 1 and self.proposer is not None:
@@ -178,11 +176,17 @@ class Scheduler:
             out.lora_loads = self.lora.take_loads()
         return out
 
-    def _cut(self, seq: Sequence, start: int, num_new: int) -> int:
-        """A chunk of a model with recurrent states, cut where its state is to be kept
-        (KVCacheManager.checkpoint_cut); without chunked prefill a prompt is never cut."""
+    def _chunk(self, seq: Sequence, start: int, num_new: int) -> int:
+        """How many of `num_new` tokens from `start` seq computes this step: a chunk of a
+        model with recurrent states is cut where its state is to be kept
+        (KVCacheManager.checkpoint_cut; never without chunked prefill), and no chunk cuts an
+        image seen both ways (whole_images; where the cut would, the chunk is not cut)."""
         cut = self.kv.checkpoint_cut(seq, start) if self.chunked_prefill else None
-        return num_new if cut is None or cut >= start + num_new else cut - start
+        chunk = num_new if cut is None or cut >= start + num_new else cut - start
+        if not seq.images:
+            return chunk
+        return whole_images(seq.images, start, chunk) or whole_images(seq.images, start,
+                                                                      num_new)
 
     def _speculate(self, seq: Sequence, proposals: list[int], budget: int) -> int:
         """Give a decoding seq its proposals for this step, as many as the budget and the free
@@ -218,8 +222,8 @@ class Scheduler:
                 break
             start = cached.num_blocks * self.kv.block_size
             seq.state_junction = cached.junction * self.kv.block_size
-            num_new = whole_images(seq.images, start, self._cut(
-                seq, start, min(seq.num_tokens - start, budget, self.prefill_cap)))
+            num_new = self._chunk(seq, start,
+                                  min(seq.num_tokens - start, budget, self.prefill_cap))
             if num_new == 0 or (not self.chunked_prefill and num_new < seq.num_tokens - start):
                 break  # the rest of the prompt (or an image) does not fit this step's budget
             if not self.kv.can_admit(seq, cached, num_new):

@@ -174,3 +174,31 @@ def test_a_checkpoint_is_found_only_after_its_copy_is_handed_out_and_lru_goes_fi
     assert checkpoints.find([102]) is None and checkpoints.find([103]) == (1, 5)
     checkpoints.clear()
     assert checkpoints.find([101]) is None and checkpoints.num_kept == 0
+
+
+class _Cuts:
+    """A KV cache manager whose checkpoint cut is fixed."""
+
+    def __init__(self, cut: int | None):
+        self.cut = cut
+
+    def checkpoint_cut(self, seq, start: int) -> int | None:
+        return self.cut
+
+
+def test_a_chunk_is_cut_where_a_state_is_kept_unless_that_cuts_an_image_seen_both_ways():
+    """From token 10 with 30 to go: cut at 24; with an image seen both ways over 10..40 the
+    cut would split it, so the chunk runs whole (0 would stall the sequence)."""
+    from types import SimpleNamespace
+
+    from tokenmill.engine.core.images import ImageSpan
+    from tokenmill.engine.core.scheduler import Scheduler
+
+    plain = SimpleNamespace(images=[])
+    image = SimpleNamespace(images=[ImageSpan(image=None, offset=10, length=30,
+                                              both_ways=True)])
+    scheduler = Scheduler(_Cuts(24), max_num_seqs=4, max_num_batched_tokens=64)
+    assert scheduler._chunk(plain, 10, 30) == 14
+    assert scheduler._chunk(image, 10, 30) == 30
+    assert Scheduler(_Cuts(None), 4, 64)._chunk(plain, 10, 30) == 30
+    assert Scheduler(_Cuts(24), 4, 64, chunked_prefill=False)._chunk(plain, 10, 30) == 30
