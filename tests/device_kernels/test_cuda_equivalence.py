@@ -197,7 +197,12 @@ def hybrid(request, tmp_path_factory) -> tuple[str, dict[tuple[int, ...], list[i
                                      {"max_num_batched_tokens": CHUNK, "async_scheduling": True}])
 def test_linear_attention_equals_hf_with_decode_graphs(hybrid, options):
     """Whole prompts, prompts in chunks beside decodes, and async scheduling: each sequence's
-    state slot gathered and scattered inside the captured decode steps."""
+    state slot gathered and scattered inside the captured decode steps; then the prompts
+    again, resuming from the prefix cache's checkpoints of their states."""
     with LLM(hybrid[0], **options, **ENGINE) as llm:
         assert _greedy(llm, RAGGED) == _expected(hybrid, RAGGED)
         _check_graphs(llm, 0)
+        hits, replays = llm.engine.kv.prefix_hits, _replays(llm)
+        assert _greedy(llm, RAGGED) == _expected(hybrid, RAGGED)
+        assert llm.engine.kv.prefix_hits > hits
+        _check_graphs(llm, replays)
