@@ -125,6 +125,23 @@ def test_conversations_resume_from_the_host_tier(model, vocab_tokenizer):
         llm.engine.kv.allocator.check_all_free()
 
 
+def test_beam_search_rounds_resume_from_checkpoints(model, vocab_tokenizer):
+    """Each round of beam search asks again for its beams' whole tokens: it resumes from the
+    checkpoints the rounds before kept, and the beams equal transformers' generate."""
+    from tokenmill.engine.core.beam_search import BeamSearchParams
+
+    directory, _ = model
+    prompt = _words(vocab_tokenizer, "the mill turns", 36)
+    out = hf_reference(directory).generate(
+        torch.tensor([prompt]), num_beams=3, num_return_sequences=3, do_sample=False,
+        max_new_tokens=10, early_stopping=False, pad_token_id=0)
+    with LLM(directory, **ENGINE) as llm:
+        found = llm.beam_search([prompt], BeamSearchParams(beam_width=3, max_tokens=10))
+        assert llm.engine.kv.prefix_hits > 0
+    assert [s.tokens[len(prompt):] for s in found[0].sequences] == \
+        [row[len(prompt):].tolist() for row in out]
+
+
 def test_without_prefix_caching_nothing_is_kept(model, vocab_tokenizer):
     directory, expected = model
     prompt = _words(vocab_tokenizer, "the mill turns", 37)
