@@ -233,11 +233,16 @@ def recurrent_shape_of(config: Any) -> LinearAttention | Mamba2 | ShortConv | No
     return linear_attention_of(config) or mamba2_of(config) or short_conv_of(config)
 
 
+# The model types whose "linear_attention" layers are gated delta nets: Qwen3.5's and
+# Qwen3-Next's, and OLMo Hybrid's.
+GATED_DELTA_TYPES = (*GATED_QUERY_TYPES, "olmo_hybrid")
+
+
 def linear_attention_of(config: Any) -> LinearAttention | None:
-    """The gated delta net of a Qwen3.5 or Qwen3-Next config (its layer_types name the
-    "linear_attention" layers), None for any other: other families name their own recurrent
-    layers so (Mamba's, Kimi's), which are not gated delta nets."""
-    if getattr(config, "model_type", None) not in GATED_QUERY_TYPES or \
+    """The gated delta net of a Qwen3.5, Qwen3-Next or OLMo Hybrid config (its layer_types
+    name the "linear_attention" layers), None for any other: other families name their own
+    recurrent layers so (Mamba's, Kimi's), which are not gated delta nets."""
+    if getattr(config, "model_type", None) not in GATED_DELTA_TYPES or \
             "linear_attention" not in (getattr(config, "layer_types", None) or ()):
         return None
     return LinearAttention(int(config.linear_num_key_heads), int(config.linear_num_value_heads),

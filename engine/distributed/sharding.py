@@ -201,12 +201,16 @@ class ShardPlan:
             starts = (rank * keys, all_keys + rank * keys, 2 * all_keys + rank * values)
             return torch.cat([tensor[start:start + rows]
                               for start, rows in zip(starts, (keys, keys, values), strict=True)])
-        if kind == "in_proj_z":
+        # OLMo Hybrid keeps each of q, k, v and the gate apart.
+        if kind in ("q_proj", "k_proj", "q_conv1d", "k_conv1d"):
+            return tensor[rank * keys:(rank + 1) * keys]
+        if kind in ("in_proj_z", "v_proj", "g_proj", "v_conv1d"):
             return tensor[rank * values:(rank + 1) * values]
         heads = local.num_v_heads
-        if kind in ("in_proj_b", "in_proj_a") or attr in ("A_log", "dt_bias"):
+        if kind in ("in_proj_b", "in_proj_a", "b_proj", "a_proj") or \
+                attr in ("A_log", "dt_bias"):
             return tensor[rank * heads:(rank + 1) * heads]
-        if kind == "out_proj":
+        if kind in ("out_proj", "o_proj"):
             return tensor[:, rank * values:(rank + 1) * values]
         return _read(tensor)
 

@@ -201,6 +201,10 @@ SUPPORTED = {
     # Liquid AI's LFM2: gated short convolutions (models/short_conv.py) in most layers,
     # attention with q and k normalized per head in the others; Llama's MLP.
     "Lfm2ForCausalLM": ArchitectureFlags(qk_norm=True),
+    # AI2's OLMo Hybrid: gated delta nets (Qwen3.5's, their projections apart) with Llama's
+    # norms in most layers, OLMo 3's attention layers among them, rotary only where its
+    # config gives rope_theta.
+    "OlmoHybridForCausalLM": ArchitectureFlags(olmo=True, projection_qk_norm=True),
     # LFM2's mixtures of experts (LFM2-8B-A1B): the same layers, experts after the first
     # num_dense_layers, chosen by sigmoid scores plus a bias (expert_bias), renormalized.
     "Lfm2MoeForCausalLM": ArchitectureFlags(qk_norm=True, moe="lfm2"),
@@ -244,7 +248,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "granitemoe": "GraniteMoeForCausalLM",
                "granitemoehybrid": "GraniteMoeHybridForCausalLM", "bamba": "BambaForCausalLM",
                "nemotron_h": "NemotronHForCausalLM", "lfm2": "Lfm2ForCausalLM",
-               "lfm2_moe": "Lfm2MoeForCausalLM",
+               "lfm2_moe": "Lfm2MoeForCausalLM", "olmo_hybrid": "OlmoHybridForCausalLM",
                "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
                "seed_oss": "SeedOssForCausalLM", "exaone4": "Exaone4ForCausalLM",
                "ernie4_5": "Ernie4_5ForCausalLM", "glm4": "Glm4ForCausalLM",
@@ -648,6 +652,8 @@ def rotates_at(config: Any, layer: int) -> bool:
         return layer_window_of(config, layer) is not None
     if flags_of(config).mixer_blocks:  # Nemotron-H: no positional encoding
         return False
+    if getattr(config, "model_type", None) == "olmo_hybrid":  # rotary where a base is given
+        return bool((getattr(config, "rope_parameters", None) or {}).get("rope_theta"))
     if getattr(config, "model_type", None) == "granitemoehybrid":  # Granite 4.0-H: opt-in
         return getattr(config, "position_embedding_type", None) == "rope"
     marks = getattr(config, "no_rope_layers", None)

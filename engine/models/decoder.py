@@ -294,9 +294,10 @@ class DecoderLayer(nn.Module):
         def norm() -> RMSNorm | CohereLayerNorm | LayerNorm:
             return decoder_norm(config, config.hidden_size)
 
-        self.post_norms_only = flags.olmo
+        # OLMo's norms after each branch; OLMo Hybrid's gated delta net layers have Llama's.
+        self.post_norms_only = flags.olmo and not linear
         self.parallel = flags.cohere
-        if not flags.olmo:
+        if not self.post_norms_only:
             self.input_layernorm = norm()
         self.linear = linear
         # Its state-keeping token mixer, under the checkpoint's name: Granite 4.0-H's and
@@ -318,7 +319,7 @@ class DecoderLayer(nn.Module):
         self.sandwich = flags.sandwich_norms
         if self.sandwich:
             self.pre_feedforward_layernorm = norm()
-        if self.sandwich or flags.olmo:
+        if self.sandwich or self.post_norms_only:
             self.post_feedforward_layernorm = norm()
         # The feed-forward block, under the checkpoint's name (Mixtral: block_sparse_moe).
         self.feed_forward_name = "mlp"

@@ -110,6 +110,10 @@ RENAMED_PARTS = {
              ".self_attn.q_layernorm.": ".self_attn.q_norm.",
              ".self_attn.k_layernorm.": ".self_attn.k_norm.",
              "model.embedding_norm.": "model.norm."}}
+# OLMo Hybrid's checkpoints name the norm before each layer's token mixer and the one after
+# it (before the MLP, or after attention in its attention layers) their own way.
+RENAMED_PARTS["olmo_hybrid"] = {".attention_layer_norm.": ".input_layernorm.",
+                                ".feedforward_layer_norm.": ".post_attention_layernorm."}
 # LFM2's mixtures of experts: its dense layers', norms' and attention's names as LFM2's, the
 # routing bias beside the router read into it.
 RENAMED_PARTS["lfm2_moe"] = {**RENAMED_PARTS["lfm2"], ".feed_forward.expert_bias": (

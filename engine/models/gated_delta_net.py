@@ -150,7 +150,9 @@ class GatedNorm(nn.Module):
 class GatedDeltaNet(nn.Module):
     """Parameters under transformers' Qwen3.5 names (in_proj_qkv, in_proj_z, in_proj_b and
     in_proj_a merged into one matmul; Qwen3-Next's fused in_proj_qkvz and in_proj_ba are
-    reordered into them at load, models/fused_weights.py)."""
+    reordered into them at load, models/fused_weights.py; OLMo Hybrid's q_proj, k_proj,
+    v_proj, g_proj, b_proj and a_proj are the same rows in that order, its convolution
+    three, its out_proj o_proj, its norm o_norm)."""
 
     def __init__(self, config: Any, tp: TPGroup):
         """This rank's key heads and the value heads they serve; out_proj's partial sums are
@@ -161,23 +163,40 @@ class GatedDeltaNet(nn.Module):
         keys = shape.num_k_heads * shape.key_dim
         values = shape.num_v_heads * shape.value_dim
         heads = shape.num_v_heads
-        self.in_proj = MergedLinear(config.hidden_size, {
+        olmo = config.model_type == "olmo_hybrid"
+        parts = {"q_proj": keys, "k_proj": keys, "v_proj": values, "g_proj": values,
+                 "b_proj": heads, "a_proj": heads} if olmo else {
             "in_proj_qkv": 2 * keys + values, "in_proj_z": values, "in_proj_b": heads,
-            "in_proj_a": heads}, bias=False)
-        channels = shape.conv_channels
-        self.conv1d = nn.Conv1d(channels, channels, shape.conv_kernel, groups=channels,
-                                bias=False)
+            "in_proj_a": heads}
+        self.in_proj = MergedLinear(config.hidden_size, parts, bias=False)
+        self.widths = [2 * keys + values, values, heads, heads]
+        # OLMo Hybrid convolves q, k and v each with its own weights (q_conv1d, k_conv1d,
+        # v_conv1d), the same depthwise convolution as one over them side by side.
+        self.convs = ("q_conv1d", "k_conv1d", "v_conv1d") if olmo else ("conv1d",)
+        sizes = (keys, keys, values) if olmo else (shape.conv_channels,)
+        for name, channels in zip(self.convs, sizes, strict=True):
+            setattr(self, name, nn.Conv1d(channels, channels, shape.conv_kernel,
+                                          groups=channels, bias=False))
         self.dt_bias = nn.Parameter(torch.ones(heads))
         self.A_log = nn.Parameter(torch.zeros(heads))
-        self.norm = GatedNorm(shape.value_dim, config.rms_norm_eps)
-        self.out_proj = nn.Linear(values, config.hidden_size, bias=False)
+        # OLMo Hybrid's norm has its own epsilon, and its write strengths reach 2
+        # (linear_allow_neg_eigval: the update may flip a direction of the state).
+        self.norm_name, self.out_name = ("o_norm", "o_proj") if olmo else ("norm", "out_proj")
+        setattr(self, self.norm_name,
+                GatedNorm(shape.value_dim, 1e-5 if olmo else config.rms_norm_eps))
+        setattr(self, self.out_name, nn.Linear(values, config.hidden_size, bias=False))
+        self.beta_scale = 2.0 if olmo and getattr(config, "linear_allow_neg_eigval", False) \
+            else 1.0
 
     def forward(self, x: torch.Tensor, states: StateLayer,
                 meta: AttentionMetadata) -> torch.Tensor:
         shape, tokens = self.shape, x.shape[0]
-        qkv, z, b, a = self.in_proj(x)
+        qkv, z, b, a = torch.cat(self.in_proj(x), dim=-1).split(self.widths, dim=-1) \
+            if len(self.in_proj.parts) > 4 else self.in_proj(x)
         runs = sequence_runs(meta)
-        mixed = convolve(qkv, states, runs, self.conv1d.weight[:, 0])
+        weight = torch.cat([getattr(self, name).weight for name in self.convs]) \
+            if len(self.convs) > 1 else self.conv1d.weight
+        mixed = convolve(qkv, states, runs, weight[:, 0])
         keys = shape.num_k_heads * shape.key_dim
         q, k, v = mixed.split([keys, keys, shape.num_v_heads * shape.value_dim], dim=-1)
         q = l2_normalized(q.reshape(tokens, shape.num_k_heads, shape.key_dim).float())
@@ -189,9 +208,12 @@ class GatedDeltaNet(nn.Module):
         v = v.reshape(tokens, shape.num_v_heads, shape.value_dim).float()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         beta = b.sigmoid().float()
+        if self.beta_scale != 1.0:
+            beta = beta * self.beta_scale
         o = self._delta(q, k, v, g, beta, states, runs).to(x.dtype)
-        o = self.norm(o, z.reshape(tokens, shape.num_v_heads, shape.value_dim))
-        return self.tp.all_reduce(self.out_proj(o.reshape(tokens, -1)))
+        o = getattr(self, self.norm_name)(o, z.reshape(tokens, shape.num_v_heads,
+                                                       shape.value_dim))
+        return self.tp.all_reduce(getattr(self, self.out_name)(o.reshape(tokens, -1)))
 
     def _delta(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                beta: torch.Tensor, states: StateLayer, runs: SequenceRuns) -> torch.Tensor:
