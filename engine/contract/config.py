@@ -27,6 +27,9 @@ KV_CACHE_DTYPE_ALIASES = {"fp8_e4m3": "fp8"}
 QUANTIZATIONS = (None, "none", "int8", "fp8", "gguf")
 KV_CACHE_DTYPES = ("auto", "int8", "fp8", "fp8_e5m2")
 SSM_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+# How the prefix cache keeps recurrent states (vLLM's --mamba-cache-mode; its "all", a state
+# for every block, is not served).
+MAMBA_CACHE_MODES = ("align", "none")
 # The GPUs per replica the CRD offers; the engine itself runs any size that divides the model.
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8)
 BLOCK_SIZES = (8, 16, 32, 64, 128)
@@ -242,6 +245,13 @@ class EngineConfig:
         "delta nets) keeps per sequence: auto (float32, as transformers keeps it), float32, "
         "bfloat16 or float16 (half the memory per --max-num-seqs slot).",
     )
+    mamba_cache_mode: str = _opt(
+        "align",
+        "How the prefix cache keeps the per-sequence states of a model with linear-attention "
+        "or Mamba-2 layers (which cached keys and values cannot rebuild): align (at block "
+        "boundaries where a prompt's chunk is cut: its last block, and where a cached prefix "
+        "it found ended) or none (no state kept: such a model's prompts are computed whole).",
+    )
     enable_prefix_caching: bool = _opt(
         True, "Reuse the KV cache of earlier requests that share a prompt prefix."
     )
@@ -393,6 +403,9 @@ class EngineConfig:
                f"{self.kv_cache_dtype!r} is not one of {KV_CACHE_DTYPES}")
         _check(self.mamba_ssm_cache_dtype in SSM_CACHE_DTYPES, "mamba_ssm_cache_dtype",
                f"{self.mamba_ssm_cache_dtype!r} is not one of {SSM_CACHE_DTYPES}")
+        _check(self.mamba_cache_mode in MAMBA_CACHE_MODES, "mamba_cache_mode",
+               f"{self.mamba_cache_mode!r} is not one of {MAMBA_CACHE_MODES} (all, a state "
+               "for every block, is not served)")
         _check(self.kv_offloading_size >= 0, "kv_offloading_size",
                f"must be a number of GiB >= 0, got {self.kv_offloading_size}")
         _check(not self.kv_offloading_size or self.enable_prefix_caching, "kv_offloading_size",

@@ -213,7 +213,8 @@ class LLMEngine:
                                  num_host_blocks=self.runner.num_host_blocks,
                                  state_slots=config.max_num_seqs if recurrent else 0,
                                  checkpoint_slots=checkpoint_slots(
-                                     config.max_num_seqs, prefix_caching) if recurrent else 0)
+                                     config.max_num_seqs, prefix_caching,
+                                     config.mamba_cache_mode) if recurrent else 0)
         proposer = make_proposer(speculative, draft, num_blocks, self.max_model_len,
                                  config.max_num_batched_tokens)
         self.speculation_stats = proposer.stats if proposer else SpeculationStats()

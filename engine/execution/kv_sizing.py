@@ -57,7 +57,8 @@ def profiled_blocks(profile: MemoryProfile, utilization: float, bytes_per_block:
                 f"batch may hold and the prefix cache's (one per four sequences), take "
                 f"{state_bytes / gib:.2f} GiB and leave no room for a KV block under "
                 f"gpu_memory_utilization {utilization}; lower max_num_seqs, keep them in 16 "
-                "bits (mamba_ssm_cache_dtype bfloat16), or turn prefix caching off")
+                "bits (mamba_ssm_cache_dtype bfloat16), or keep none for the prefix cache "
+                "(mamba_cache_mode none)")
         raise ConfigError(
             "gpu_memory_utilization",
             f"{utilization} of {profile.total / gib:.2f} GiB leaves no room for a KV block "

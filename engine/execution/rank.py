@@ -143,8 +143,8 @@ def _state_bytes(model_config: Any, config: EngineConfig, dtype: torch.dtype,
 
 def _state_slots(config: EngineConfig) -> int:
     """Recurrent-state slots: one per sequence, and the prefix cache's checkpoints."""
-    return config.max_num_seqs + checkpoint_slots(config.max_num_seqs,
-                                                  config.enable_prefix_caching)
+    return config.max_num_seqs + checkpoint_slots(
+        config.max_num_seqs, config.enable_prefix_caching, config.mamba_cache_mode)
 
 
 def _encoder_runner(setup: RankSetup, model: Any, device: torch.device,

@@ -24,10 +24,11 @@ def ssm_dtype(name: str) -> torch.dtype:
     return torch.float32 if name == "auto" else getattr(torch, name)
 
 
-def checkpoint_slots(max_num_seqs: int, prefix_caching: bool) -> int:
+def checkpoint_slots(max_num_seqs: int, prefix_caching: bool, mode: str = "align") -> int:
     """State slots for the prefix cache's checkpoints (core/kv_cache/state_checkpoints.py):
-    one per four sequence slots, at least one, where prefix caching is on."""
-    return max(1, max_num_seqs // 4) if prefix_caching else 0
+    one per four sequence slots, at least one, where prefix caching is on and
+    --mamba-cache-mode is align."""
+    return max(1, max_num_seqs // 4) if prefix_caching and mode == "align" else 0
 
 
 def state_pool_bytes(shape: LinearAttention | Mamba2, num_layers: int, num_slots: int,

@@ -19,6 +19,7 @@ from qwen3_5_support import qwen3_5_config
 from transformers import AutoConfig
 
 from tokenmill.engine import LLM
+from tokenmill.engine.contract.config import ConfigError
 from tokenmill.engine.core.kv_cache.state_checkpoints import StateCheckpoints
 from tokenmill.engine.execution.kv_layout import KVCacheLayout
 
@@ -142,13 +143,21 @@ def test_beam_search_rounds_resume_from_checkpoints(model, vocab_tokenizer):
         [row[len(prompt):].tolist() for row in out]
 
 
-def test_without_prefix_caching_nothing_is_kept(model, vocab_tokenizer):
+@pytest.mark.parametrize("options", [dict(enable_prefix_caching=False),
+                                     dict(mamba_cache_mode="none")])
+def test_without_prefix_caching_or_with_mamba_cache_mode_none_nothing_is_kept(
+        model, vocab_tokenizer, options):
+    """No state slot is set aside for checkpoints, and a prompt seen before is computed
+    whole again (vLLM's --mamba-cache-mode none; its "all" is refused)."""
     directory, expected = model
     prompt = _words(vocab_tokenizer, "the mill turns", 37)
-    with LLM(directory, enable_prefix_caching=False, **ENGINE) as llm:
+    with LLM(directory, **options, **ENGINE) as llm:
         assert llm.engine.kv.checkpoints is None
+        assert llm.engine.runner.states.ssm.shape[1] == ENGINE["max_num_seqs"] + 1
         assert _hits(llm, prompt) == (expected(prompt), 0)
         assert _hits(llm, prompt) == (expected(prompt), 0)
+    with pytest.raises(ConfigError, match="mamba_cache_mode.*'all'.*not served"):
+        LLM(directory, mamba_cache_mode="all", **ENGINE)
 
 
 @dataclass
