@@ -21,7 +21,7 @@ from model_support import (
     mixed_prompts,
 )
 
-from tokenmill.engine import LLM
+from tokenmill.engine import LLM, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +68,25 @@ def test_the_mixture_of_experts_equals_transformers(tmp_path, vocab_tokenizer, p
     with LLM(directory, tensor_parallel_size=2, **ENGINE) as llm:
         assert len(llm.engine.runner.model.model.layers[1].feed_forward.experts) == 4
         assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected
+
+
+def test_lora_on_attention_equals_peft_and_lfm2s_own_names_are_refused(lfm2_dir, tmp_path):
+    """An adapter on q_proj and v_proj equals peft's greedy output; one naming LFM2's own
+    projections (out_proj) is refused with the targets the engine serves."""
+    from lora_support import Adapter, make_adapter, peft_greedy
+
+    from tokenmill.engine.contract.config import ConfigError
+
+    options = dict(ENGINE, enable_lora=True, max_lora_rank=8)
+    served = make_adapter(lfm2_dir, str(tmp_path / "qv"), Adapter("qv", 4, 8,
+                                                                  ["q_proj", "v_proj"]))
+    prompt = [5, 6, 7, 8, 9]
+    with LLM(lfm2_dir, lora_modules=(f"qv={served}",), **options) as llm:
+        out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=MAX_NEW,
+                                                    ignore_eos=True), lora="qv")
+    adapted = peft_greedy(lfm2_dir, served, [prompt], MAX_NEW)
+    assert [out[0].outputs[0].token_ids] == adapted != peft_greedy(lfm2_dir, None, [prompt],
+                                                                   MAX_NEW)
+    own = make_adapter(lfm2_dir, str(tmp_path / "own"), Adapter("own", 4, 8, ["out_proj"]))
+    with pytest.raises(ConfigError, match="target module 'out_proj' is not one of"):
+        LLM(lfm2_dir, lora_modules=(f"own={own}",), **options)
