@@ -166,12 +166,9 @@ class ShardPlan:
         if attr == "sinks":  # one per query head: this rank's heads'
             return tensor[self.rank * self.num_heads:(self.rank + 1) * self.num_heads]
         if kind in ROW_PARALLEL:
-            if attr == "bias":
-                full = _read(tensor)
-                return full if self.rank == 0 else torch.zeros_like(full)
             per = self.num_heads * self.output_head_dim if kind == "o_proj" else \
                 self._width(parts)
-            return tensor[:, self.rank * per:(self.rank + 1) * per]
+            return self._input_columns(tensor, attr, per)
         if kind in ("q_norm", "k_norm") and _length(tensor) > self.head_dim:
             # OLMo's norms over the whole projection: the rows of q_proj's or k_proj's output.
             start, stop = self._output_rows(kind.replace("norm", "proj"), parts)
@@ -211,7 +208,7 @@ class ShardPlan:
                 attr in ("A_log", "dt_bias"):
             return tensor[rank * heads:(rank + 1) * heads]
         if kind in ("out_proj", "o_proj"):
-            return tensor[:, rank * values:(rank + 1) * values]
+            return self._input_columns(tensor, attr, values)
         return _read(tensor)
 
     def _mamba_part(self, kind: str, attr: str, tensor: Any) -> torch.Tensor:
@@ -234,10 +231,7 @@ class ShardPlan:
         elif kind == "norm":
             parts = ((rank * inner, inner),)
         elif kind == "out_proj":
-            if attr == "bias":
-                full = _read(tensor)
-                return full if rank == 0 else torch.zeros_like(full)
-            return tensor[:, rank * inner:(rank + 1) * inner]
+            return self._input_columns(tensor, attr, inner)
         elif attr in ("A_log", "D", "dt_bias"):
             parts = ((rank * heads, heads),)
         else:
@@ -255,12 +249,17 @@ class ShardPlan:
                               for part in range(3)])
         if kind == "conv":
             return tensor[rank * local:(rank + 1) * local]
-        if kind == "out_proj" and attr == "bias":
-            full = _read(tensor)
-            return full if rank == 0 else torch.zeros_like(full)
         if kind == "out_proj":
-            return tensor[:, rank * local:(rank + 1) * local]
+            return self._input_columns(tensor, attr, local)
         return _read(tensor)
+
+    def _input_columns(self, tensor: Any, attr: str, per: int) -> torch.Tensor:
+        """A row-parallel projection's part on this rank: its `per` input columns, or its
+        bias on rank 0 only (zeros elsewhere), so the sum across ranks adds it once."""
+        if attr == "bias":
+            full = _read(tensor)
+            return full if self.rank == 0 else torch.zeros_like(full)
+        return tensor[:, self.rank * per:(self.rank + 1) * per]
 
     def _width(self, parts: list[str]) -> int:
         """The local width of the MLP a tensor belongs to: a routed expert's, the shared

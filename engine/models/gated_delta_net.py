@@ -169,7 +169,7 @@ class GatedDeltaNet(nn.Module):
             "in_proj_qkv": 2 * keys + values, "in_proj_z": values, "in_proj_b": heads,
             "in_proj_a": heads}
         self.in_proj = MergedLinear(config.hidden_size, parts, bias=False)
-        self.widths = [2 * keys + values, values, heads, heads]
+        self.widths = [2 * keys + values, values, heads, heads]  # q, k and v together
         # OLMo Hybrid convolves q, k and v each with its own weights (q_conv1d, k_conv1d,
         # v_conv1d), the same depthwise convolution as one over them side by side.
         self.convs = ("q_conv1d", "k_conv1d", "v_conv1d") if olmo else ("conv1d",)
@@ -191,8 +191,7 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, states: StateLayer,
                 meta: AttentionMetadata) -> torch.Tensor:
         shape, tokens = self.shape, x.shape[0]
-        qkv, z, b, a = torch.cat(self.in_proj(x), dim=-1).split(self.widths, dim=-1) \
-            if len(self.in_proj.parts) > 4 else self.in_proj(x)
+        qkv, z, b, a = self.in_proj.forward_merged(x).split(self.widths, dim=-1)
         runs = sequence_runs(meta)
         weight = torch.cat([getattr(self, name).weight for name in self.convs]) \
             if len(self.convs) > 1 else self.conv1d.weight
