@@ -62,9 +62,9 @@ def layer_attention_shapes(config: Any) -> list[tuple[int, int]] | None:
     shapes = []
     for layer in range(config.num_hidden_layers):
         own = config.per_layer_config[layer]
-        heads = own.num_attention_heads
+        heads = getattr(own, "num_attention_heads", 0)  # none: attention-free (Mamba-2)
         shapes.append((int(getattr(own, "num_key_value_heads", None) or heads),
-                       int(getattr(own, "head_dim", None) or own.hidden_size // heads)))
+                       int(getattr(own, "head_dim", None) or own.hidden_size // max(heads, 1))))
     return None if len(set(shapes)) == 1 else shapes
 
 
@@ -164,12 +164,13 @@ class Mamba2:
 
 
 # The config fields of a Mamba-2 layer's shape (heads, head size, groups, state size,
-# convolution taps), by model type: Granite 4.0-H's and Bamba's, Nemotron-H's.
+# convolution taps), by model type: Granite 4.0-H's and Bamba's, Nemotron-H's, Mamba-2's.
 GRANITE_MAMBA2_FIELDS = ("mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state",
                          "mamba_d_conv")
 MAMBA2_FIELDS = {"granitemoehybrid": GRANITE_MAMBA2_FIELDS, "bamba": GRANITE_MAMBA2_FIELDS,
                  "nemotron_h": ("mamba_num_heads", "mamba_head_dim", "n_groups",
-                                "ssm_state_size", "conv_kernel")}
+                                "ssm_state_size", "conv_kernel"),
+                 "mamba2": ("num_heads", "head_dim", "n_groups", "state_size", "conv_kernel")}
 
 
 def mamba2_of(config: Any) -> Mamba2 | None:
@@ -184,7 +185,7 @@ def mamba2_of(config: Any) -> Mamba2 | None:
 # Nemotron-H's layers are one block each: a Mamba-2 layer, attention, an MLP or a mixture of
 # experts, named so in its layer_types.
 FEED_FORWARD_KINDS = ("mlp", "moe")
-MIXER_BLOCK_TYPES = ("nemotron_h",)
+MIXER_BLOCK_TYPES = ("nemotron_h", "mamba2")
 
 
 def feed_forward_layers(config: Any) -> list[int]:
@@ -319,7 +320,7 @@ class ModelShape:
     @classmethod
     def of(cls, config: Any) -> ModelShape:
         """The shape of a transformers config."""
-        heads = config.num_attention_heads
+        heads = getattr(config, "num_attention_heads", 0)  # none: attention-free (Mamba-2)
         expert_width = 0
         if num_experts_of(config):  # Qwen's experts are moe_intermediate_size wide, Mixtral's
             expert_width = getattr(config, "moe_intermediate_size", None) or \

@@ -46,9 +46,10 @@ VOCAB_PARALLEL = {"embed_tokens", "lm_head"}
 
 
 def _heads(config: Any) -> tuple[int, int, int]:
-    heads = config.num_attention_heads
+    """(attention heads, KV heads, head size); none of them for an attention-free model."""
+    heads = getattr(config, "num_attention_heads", 0)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else 0)
     return heads, kv_heads, head_dim
 
 
@@ -295,8 +296,8 @@ def _in_mamba_layer(parts: list[str]) -> bool:
 
 def _kv_split(kv_heads: int, rank: int, size: int) -> tuple[int, int]:
     """(KV heads on rank `rank` of `size`, the first one's index): with fewer KV heads than
-    ranks, size // kv_heads consecutive ranks share one."""
-    if kv_heads >= size:
+    ranks, size // kv_heads consecutive ranks share one; none for an attention-free model."""
+    if kv_heads >= size or not kv_heads:
         return kv_heads // size, rank * kv_heads // size
     return 1, rank // (size // kv_heads)
 

@@ -93,14 +93,25 @@ class KVSizing:
 
 
 def kv_sizing(config: EngineConfig, bytes_per_block: int, device_type: str,
-              profile: Callable[[], MemoryProfile], state_bytes: int = 0) -> KVSizing:
+              profile: Callable[[], MemoryProfile], state_bytes: int = 0,
+              max_model_len: int = 0) -> KVSizing:
     """--num-gpu-blocks-override, then --kv-cache-memory win (nothing is profiled); CPU has no
     allocator statistics and keeps its 1 GiB default; on CUDA `profile` runs the worst-case
     step and the budget is measured. `state_bytes`: what the recurrent states of a
-    linear-attention model take (in the profile's peak), for the refusal's reason."""
+    linear-attention model take (in the profile's peak), for the refusal's reason.
+
+    An attention-free model (Mamba-2's: `bytes_per_block` 0) keeps nothing in its blocks: they
+    are the scheduler's count of tokens only, as many as max_num_seqs sequences of
+    `max_model_len` twice over (the second for the prefix cache); on CUDA the profile still
+    checks that the states fit."""
     if config.num_gpu_blocks_override is not None:
         blocks = config.num_gpu_blocks_override
         return KVSizing(blocks, blocks * bytes_per_block, source="num_gpu_blocks_override")
+    if bytes_per_block == 0:
+        if config.kv_cache_memory is None and device_type == "cuda":
+            _check_states_fit(profile(), config.gpu_memory_utilization, state_bytes)
+        blocks = 2 * config.max_num_seqs * -(-max_model_len // config.block_size)
+        return KVSizing(max(blocks, 1), 0, source="attention_free")
     if config.kv_cache_memory is None and device_type == "cuda":
         measured = profile()
         blocks = profiled_blocks(measured, config.gpu_memory_utilization, bytes_per_block,
@@ -114,11 +125,29 @@ def kv_sizing(config: EngineConfig, bytes_per_block: int, device_type: str,
     return KVSizing(budget // bytes_per_block, budget)
 
 
+def _check_states_fit(profile: MemoryProfile, utilization: float, state_bytes: int) -> None:
+    """ConfigError naming max_num_seqs where an attention-free model's weights, activations
+    and states (in the profile's peak) exceed gpu_memory_utilization."""
+    if kv_budget(profile, utilization) >= 0:
+        return
+    raise ConfigError(
+        "max_num_seqs",
+        f"the weights, the largest step's activations and the recurrent states (one per "
+        f"sequence the batch may hold and the prefix cache's, {state_bytes / GIB:.2f} GiB) "
+        f"peak at {profile.peak / GIB:.2f} GiB, over gpu_memory_utilization {utilization} of "
+        f"{profile.total / GIB:.2f} GiB; lower max_num_seqs or max_num_batched_tokens, or "
+        "raise gpu_memory_utilization")
+
+
 def host_tier_blocks(config: EngineConfig, bytes_per_block: int, tp_size: int) -> int:
     """Blocks of one rank's host tier: --kv-offloading-size is shared by the ranks, each
     storing blocks of its own shard (bytes_per_block)."""
     if not config.kv_offloading_size:
         return 0
+    if not bytes_per_block:
+        raise ConfigError("kv_offloading_size", "this model keeps no keys and values (it has "
+                                                "no attention layer): there is nothing to "
+                                                "offload")
     per_rank = int(config.kv_offloading_size * GIB) // tp_size
     if per_rank < bytes_per_block:
         raise ConfigError("kv_offloading_size",

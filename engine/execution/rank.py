@@ -105,7 +105,8 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
 
     with phases.phase("kv_profile"):
         sizing = kv_sizing(config, layout.bytes_per_block + extra_bytes_per_block, device.type,
-                           profile, _state_bytes(model_config, config, setup.dtype, tp.size))
+                           profile, _state_bytes(model_config, config, setup.dtype, tp.size),
+                           setup.max_model_len)
         num_blocks = tp.min_int(sizing.blocks, device)
         host_blocks = tp.min_int(host_tier_blocks(config, layout.bytes_per_block, tp.size),
                                  device)

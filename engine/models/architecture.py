@@ -198,6 +198,8 @@ SUPPORTED = {
     # same, routed as DeepSeek-V3's, beside a shared one; one block per layer.
     "NemotronHForCausalLM": ArchitectureFlags(moe="nemotron_h", ungated_mlp=True,
                                               mixer_blocks=True),
+    # Mamba-2 (Mamba-Codestral): Nemotron-H's blocks, every one a Mamba-2 layer; no attention.
+    "Mamba2ForCausalLM": ArchitectureFlags(mixer_blocks=True),
     # Liquid AI's LFM2: gated short convolutions (models/short_conv.py) in most layers,
     # attention with q and k normalized per head in the others; Llama's MLP.
     "Lfm2ForCausalLM": ArchitectureFlags(qk_norm=True),
@@ -247,7 +249,8 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
                "granitemoe": "GraniteMoeForCausalLM",
                "granitemoehybrid": "GraniteMoeHybridForCausalLM", "bamba": "BambaForCausalLM",
-               "nemotron_h": "NemotronHForCausalLM", "lfm2": "Lfm2ForCausalLM",
+               "nemotron_h": "NemotronHForCausalLM", "mamba2": "Mamba2ForCausalLM",
+               "lfm2": "Lfm2ForCausalLM",
                "lfm2_moe": "Lfm2MoeForCausalLM", "olmo_hybrid": "OlmoHybridForCausalLM",
                "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
                "seed_oss": "SeedOssForCausalLM", "exaone4": "Exaone4ForCausalLM",
@@ -424,6 +427,15 @@ def architecture_of(config: Any) -> str:
         f"{', '.join(BARE_DECODERS)}; and their *{CLASSIFIER_SUFFIX} classifiers), and the "
         f"encoders {', '.join(ENCODERS)}"
     )
+
+
+def declare_attention_free(config: Any) -> None:
+    """Give an attention-free config (Mamba-2's: every layer a state, no attention heads
+    named) zero attention heads and KV heads, the engine's reading of having none."""
+    kinds = getattr(config, "layer_types", None) or ()
+    if hasattr(config, "num_attention_heads") or not kinds or "full_attention" in kinds:
+        return
+    config.num_attention_heads = config.num_key_value_heads = 0
 
 
 def check_features(config: Any) -> None:

@@ -33,6 +33,7 @@ from tokenmill.engine.models.architecture import (
     architecture_of,
     check_features,
     classifier_of,
+    declare_attention_free,
     encoder_of,
     flags_of,
     moe_shape_of,
@@ -117,6 +118,7 @@ def load_config(source: ModelSource) -> Any:
             config = apply_config_overrides(config, json.loads(source.config_overrides))
         except ConfigOverrideError as exc:
             raise ModelLoadError(f"--hf-overrides: {exc}") from exc
+    declare_attention_free(config)
     if getattr(config, "per_layer_config", None):
         # Layers of their own shapes (Gemma 4): read per layer where they differ
         # (layer_attention_shapes); the config's own values are the other layers'.

@@ -63,12 +63,13 @@ class Mamba2Mixer(nn.Module):
         shape = whole.sharded(tp.size)
         self.shape, self.tp = shape, tp
         nemotron = config.model_type == "nemotron_h"
-        # Nemotron-H's projections take use_bias, its convolution use_conv_bias.
-        bias = bool(getattr(config, "use_bias" if nemotron else "mamba_proj_bias", False))
+        # Nemotron-H's and Mamba-2's projections take use_bias, their convolution use_conv_bias.
+        own_names = nemotron or config.model_type == "mamba2"
+        bias = bool(getattr(config, "use_bias" if own_names else "mamba_proj_bias", False))
         self.in_proj = nn.Linear(config.hidden_size,
                                  shape.inner + shape.conv_channels + shape.num_heads, bias=bias)
         channels = shape.conv_channels
-        conv_bias = getattr(config, "use_conv_bias" if nemotron else "mamba_conv_bias", True)
+        conv_bias = getattr(config, "use_conv_bias" if own_names else "mamba_conv_bias", True)
         self.conv1d = nn.Conv1d(channels, channels, shape.conv_kernel, groups=channels,
                                 bias=bool(conv_bias))
         self.dt_bias = nn.Parameter(torch.ones(shape.num_heads))
