@@ -72,6 +72,20 @@ def test_a_block_count_override_wins_over_memory_and_profile():
         assert sizing.log_fields()["source"] == "num_gpu_blocks_override"
 
 
+def test_an_attention_free_pool_counts_tokens_and_cuda_checks_that_the_states_fit():
+    """Blocks of no bytes (Mamba-2): enough for max_num_seqs sequences of max_model_len twice
+    over; on CUDA the profile (the states in its peak) must fit under the utilization."""
+    config = EngineConfig(max_num_seqs=4, block_size=16)
+    cpu = kv_sizing(config, 0, "cpu", _never, max_model_len=100)
+    assert (cpu.blocks, cpu.budget, cpu.log_fields()["source"]) == (2 * 4 * 7, 0,
+                                                                     "attention_free")
+    assert kv_sizing(config, 0, "cuda", lambda: H100, max_model_len=100).blocks == 56
+    with pytest.raises(ConfigError) as err:
+        kv_sizing(EngineConfig(gpu_memory_utilization=0.2), 0, "cuda", lambda: H100,
+                  state_bytes=GIB, max_model_len=100)
+    assert err.value.option == "max_num_seqs" and "1.00 GiB" in str(err.value)
+
+
 def test_cuda_sizing_uses_the_profile_and_logs_its_figures():
     sizing = kv_sizing(EngineConfig(gpu_memory_utilization=0.9), BLOCK_8B, "cuda", lambda: H100)
     assert sizing.blocks == 26_880
