@@ -34,3 +34,14 @@ def check_equals_transformers(directory: str, prompts: list[list[int]],
         assert greedy(llm, prompts[:1], n=2) == [[expected[0]] * 2]
         llm.engine.kv.allocator.check_all_free()
         assert llm.engine.kv.states.num_free == 2
+
+
+def check_tensor_parallel_equals_transformers(directory: str, prompts: list[list[int]],
+                                              size: int, state_heads: int) -> None:
+    """Over `size` ranks, each holding `state_heads` // size heads of the state pool, greedy
+    output and log-probabilities equal transformers'."""
+    reference = hf_reference(directory)
+    expected = [hf_greedy(reference, p, MAX_NEW) for p in prompts]
+    with LLM(directory, tensor_parallel_size=size, **ENGINE) as llm:
+        assert llm.engine.runner.states.ssm.shape[2] == state_heads // size
+        assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected

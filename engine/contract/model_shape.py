@@ -170,17 +170,24 @@ GRANITE_MAMBA2_FIELDS = ("mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mam
 MAMBA2_FIELDS = {"granitemoehybrid": GRANITE_MAMBA2_FIELDS, "bamba": GRANITE_MAMBA2_FIELDS,
                  "nemotron_h": ("mamba_num_heads", "mamba_head_dim", "n_groups",
                                 "ssm_state_size", "conv_kernel"),
-                 "mamba2": ("num_heads", "head_dim", "n_groups", "state_size", "conv_kernel")}
+                 "mamba2": ("num_heads", "head_dim", "n_groups", "state_size", "conv_kernel"),
+                 "falcon_h1": ("mamba_n_heads", "mamba_d_head", "mamba_n_groups",
+                               "mamba_d_state", "mamba_d_conv")}
 
 
 def mamba2_of(config: Any) -> Mamba2 | None:
-    """The Mamba-2 layers of a Granite 4.0-H, Bamba or Nemotron-H config (its layer_types
-    name them "linear_attention"), None for any other."""
+    """The Mamba-2 layers of a Granite 4.0-H, Bamba, Nemotron-H, Mamba-2 or Falcon-H1 config
+    (its layer_types name them "linear_attention", Falcon-H1's "hybrid"), None for any
+    other."""
     fields = MAMBA2_FIELDS.get(getattr(config, "model_type", None))
-    if fields is None or "linear_attention" not in (getattr(config, "layer_types", None) or ()):
+    kinds = getattr(config, "layer_types", None) or ()
+    if fields is None or not ({"linear_attention", PARALLEL_KIND} & set(kinds)):
         return None
     return Mamba2(*(int(getattr(config, field)) for field in fields))
 
+
+# Falcon-H1's layers: attention and a Mamba-2 layer side by side, each keeping its cache.
+PARALLEL_KIND = "hybrid"
 
 # Nemotron-H's layers are one block each: a Mamba-2 layer, attention, an MLP or a mixture of
 # experts, named so in its layer_types.
@@ -257,16 +264,25 @@ def gated_queries(config: Any) -> bool:
     return getattr(config, "model_type", None) in GATED_QUERY_TYPES
 
 
-# How layer_types name the layers that keep a state per sequence: LFM2 calls them "conv".
-RECURRENT_KINDS = ("linear_attention", "conv")
+# How layer_types name the layers that keep a state per sequence: LFM2 calls them "conv";
+# Falcon-H1's "hybrid" layers attend too, beside their Mamba-2 layer.
+RECURRENT_KINDS = ("linear_attention", "conv", PARALLEL_KIND)
 
 
 def linear_attention_layers(config: Any) -> list[int]:
     """The decoder layers that keep a state per sequence (gated delta nets, Mamba-2, LFM2's
-    convolutions) and no keys and values."""
+    convolutions; Falcon-H1's keys and values too)."""
     if recurrent_shape_of(config) is None:
         return []
     return [i for i, kind in enumerate(config.layer_types) if kind in RECURRENT_KINDS]
+
+
+def kv_free_layers(config: Any) -> list[int]:
+    """The decoder layers that keep no keys and values: a state alone, or a feed-forward block
+    alone (Nemotron-H's)."""
+    kinds = getattr(config, "layer_types", None) or ()
+    return sorted([i for i in linear_attention_layers(config) if kinds[i] != PARALLEL_KIND] +
+                  feed_forward_layers(config))
 
 
 def kv_sources(config: Any) -> list[int] | None:

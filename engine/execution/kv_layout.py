@@ -8,10 +8,9 @@ from typing import Any
 import torch
 
 from tokenmill.engine.contract.model_shape import (
-    feed_forward_layers,
+    kv_free_layers,
     kv_sources,
     latent_attention_of,
-    linear_attention_layers,
     sharded_layer_shapes,
 )
 from tokenmill.engine.distributed.sharding import ShardPlan
@@ -60,8 +59,7 @@ class KVCacheLayout:
         layers = model_config.num_hidden_layers
         shapes = sharded_layer_shapes(model_config, tp_size)
         sources = kv_sources(model_config)
-        keeping_none = set(linear_attention_layers(model_config)) | \
-            set(feed_forward_layers(model_config))
+        keeping_none = set(kv_free_layers(model_config))
         if not (shapes or sources or keeping_none):
             return cls(layers, plan.num_kv_heads, plan.head_dim, block_size, dtype)
         if not (shapes or sources):  # layers without keys and values: one shape

@@ -24,6 +24,7 @@ from tokenmill.engine.execution.step_inputs import StepInputs
 from tokenmill.engine.execution.weight_offload import HostWeights
 from tokenmill.engine.execution.zeroed import zeroed
 from tokenmill.engine.layers.kv_layer import KVLayer
+from tokenmill.engine.layers.state_layer import KVAndState, StateLayer
 from tokenmill.engine.layers.to_device import list_to_device
 from tokenmill.engine.models.decoder import CausalLM
 from tokenmill.engine.models.images import encode_images
@@ -83,11 +84,19 @@ class ModelRunner:
                                       len(linear),
                                       max(self.state_slots, 1), self.model.lm_head.weight.dtype,
                                       device, self.state_dtype) if linear else None
-        self.kv_caches = [self.states.layer(linear.index(i)) if i in linear else
-                          None if layout.pool_layer(i) is None else self._layer_view(i)
-                          for i in range(layout.model_layers)]
+        self.kv_caches = [self._layer_caches(i, linear) for i in range(layout.model_layers)]
         self.offload = KVOffload(self._pool_tensors(), self.num_host_blocks, device) \
             if self.num_host_blocks else None
+
+    def _layer_caches(self, layer: int, linear: list[int]) -> KVLayer | StateLayer | \
+            KVAndState | None:
+        """Layer `layer`'s view of the KV pool, of the state pool (a state-keeping layer's),
+        both (Falcon-H1's) or none (a feed-forward block alone)."""
+        kv = None if self.layout.pool_layer(layer) is None else self._layer_view(layer)
+        if layer not in linear:
+            return kv
+        state = self.states.layer(linear.index(layer))
+        return state if kv is None else KVAndState(kv, state)
 
     # ---- sleep mode: each call comes to every tensor-parallel rank ------------------------
 
@@ -200,8 +209,9 @@ class ModelRunner:
         verify_tokens = verify_sizes[-1] * verify_query_len if verify_sizes else 0
         self.buffers.reserve(max(max_num_batched_tokens, verify_tokens), max_num_seqs,
                              max_blocks)
-        kv_heads = min(cache.k.shape[2] for cache in self.kv_caches
-                       if isinstance(cache, KVLayer))
+        kv_heads = min(cache.k.shape[2] for cache in (
+            c.kv if isinstance(c, KVAndState) else c for c in self.kv_caches)
+            if isinstance(cache, KVLayer))
 
         def forward(num_seqs: int, query_len: int) -> torch.Tensor:
             views = self.buffers.views(num_seqs * query_len, num_seqs)

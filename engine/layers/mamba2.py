@@ -59,15 +59,17 @@ def ssm_prompts(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Ten
 def grouped_gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor,
                            groups: int, eps: float,
                            mean_of: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                           ) -> torch.Tensor:
+                           gate_first: bool = True) -> torch.Tensor:
     """x times SiLU of its gate, then RMSNorm over each of `groups` equal parts (in float32),
     the weight applied in x's dtype: transformers' GraniteMoeHybridRMSNormGated. Where a
     part is a piece of a group other ranks hold the rest of, `mean_of` turns the part's sum
-    of squares ([..., groups, 1]) into the group's mean square."""
-    h = x.float() * F.silu(gate.float())
+    of squares ([..., groups, 1]) into the group's mean square. Not `gate_first` (Falcon-H1's
+    mamba_norm_before_gate): x normalized first, then gated."""
+    h = x.float() * F.silu(gate.float()) if gate_first else x.float()
     parts = h.view(*h.shape[:-1], groups, -1)
     squares = parts.pow(2)
     mean = squares.mean(-1, keepdim=True) if mean_of is None else \
         mean_of(squares.sum(-1, keepdim=True))
     parts = parts * torch.rsqrt(mean + eps)
-    return weight * parts.view(h.shape).to(x.dtype)
+    normed = weight * parts.view(h.shape).to(x.dtype)
+    return normed if gate_first else (normed * F.silu(gate.float())).to(x.dtype)

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tokenmill.engine.layers.kv_layer import KVLayer
+
 
 @dataclass(frozen=True)
 class StateLayer:
@@ -17,3 +19,12 @@ class StateLayer:
 
     conv: torch.Tensor
     ssm: torch.Tensor
+
+
+@dataclass(frozen=True)
+class KVAndState:
+    """The caches of a layer that attends and keeps a state side by side (Falcon-H1's): its
+    view of the KV pool and of the recurrent-state pool."""
+
+    kv: KVLayer
+    state: StateLayer

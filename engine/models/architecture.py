@@ -66,6 +66,9 @@ class ArchitectureFlags:
     # without positional encoding, an MLP or experts), as its layer_types list them
     # (models/mixer_block.py).
     mixer_blocks: bool = False
+    # Falcon-H1: attention and a Mamba-2 layer side by side in every layer, muP multipliers
+    # (models/falcon_h1.py).
+    falcon_h1: bool = False
 
     @property
     def norms_add_one(self) -> bool:
@@ -198,6 +201,8 @@ SUPPORTED = {
     # same, routed as DeepSeek-V3's, beside a shared one; one block per layer.
     "NemotronHForCausalLM": ArchitectureFlags(moe="nemotron_h", ungated_mlp=True,
                                               mixer_blocks=True),
+    # TII's Falcon-H1: Llama's attention beside a Mamba-2 layer in every layer, Llama's MLP.
+    "FalconH1ForCausalLM": ArchitectureFlags(falcon_h1=True),
     # Mamba-2 (Mamba-Codestral): Nemotron-H's blocks, every one a Mamba-2 layer; no attention.
     "Mamba2ForCausalLM": ArchitectureFlags(mixer_blocks=True),
     # Liquid AI's LFM2: gated short convolutions (models/short_conv.py) in most layers,
@@ -250,6 +255,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "granitemoe": "GraniteMoeForCausalLM",
                "granitemoehybrid": "GraniteMoeHybridForCausalLM", "bamba": "BambaForCausalLM",
                "nemotron_h": "NemotronHForCausalLM", "mamba2": "Mamba2ForCausalLM",
+               "falcon_h1": "FalconH1ForCausalLM",
                "lfm2": "Lfm2ForCausalLM",
                "lfm2_moe": "Lfm2MoeForCausalLM", "olmo_hybrid": "OlmoHybridForCausalLM",
                "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",

@@ -52,6 +52,7 @@ from tokenmill.engine.models.architecture import (
     rms_norm_eps_of,
     rotates_at,
 )
+from tokenmill.engine.models.falcon_h1 import FalconH1Layer, FalconH1Mixer
 from tokenmill.engine.models.gated_delta_net import GatedDeltaNet
 from tokenmill.engine.models.gemma4 import (
     Gemma4Experts,
@@ -159,6 +160,8 @@ class Attention(nn.Module):
         # Granite by its attention_multiplier.
         scaled_by = getattr(config, "query_pre_attn_scalar", None) or self.head_dim
         scale = float(config.attention_multiplier) if flags.granite else scaled_by ** -0.5
+        if flags.falcon_h1:  # its keys times key_multiplier: the scores take it
+            scale *= float(config.key_multiplier)
         if flags.gemma4:  # its q and k norms set the scale
             scale = 1.0
         self.scores = Scores(scale, window, getattr(config, "attn_logit_softcapping", None),
@@ -429,6 +432,12 @@ def mixer_blocks(config: Any, plan: ShardPlan, tp: TPGroup,
             for kind in config.layer_types]
 
 
+def falcon_h1_layers(config: Any, plan: ShardPlan, tp: TPGroup) -> list[FalconH1Layer]:
+    """Falcon-H1's layers: attention and its Mamba-2 layer side by side, then the MLP."""
+    return [FalconH1Layer(config, Attention(config, plan, tp), FalconH1Mixer(config, tp),
+                          MLP(config, plan, tp)) for _ in range(config.num_hidden_layers)]
+
+
 class DecoderModel(nn.Module):
     def __init__(self, config: Any, max_positions: int, plan: ShardPlan, tp: TPGroup):
         super().__init__()
@@ -437,7 +446,8 @@ class DecoderModel(nn.Module):
         # Gemma multiplies the embeddings by sqrt(hidden_size), rounded to the model dtype;
         # Granite by its embedding_multiplier, as it is.
         self.embed_scale = config.hidden_size ** 0.5 if flags.gemma or flags.gemma4 else None
-        self.embed_multiplier = float(config.embedding_multiplier) if flags.granite else None
+        self.embed_multiplier = float(config.embedding_multiplier) \
+            if flags.granite or flags.falcon_h1 else None
         moe = moe_shape_of(config)
         windows = [layer_window_of(config, i) for i in range(config.num_hidden_layers)]
         shapes = sharded_layer_shapes(config, tp.size)
@@ -446,6 +456,7 @@ class DecoderModel(nn.Module):
         self.rotates = [rotates_at(config, i) for i in range(config.num_hidden_layers)]
         self.layers = nn.ModuleList(
             mixer_blocks(config, plan, tp, moe) if flags.mixer_blocks else
+            falcon_h1_layers(config, plan, tp) if flags.falcon_h1 else
             (DecoderLayer(config, plan, tp, moe if moe is not None and moe.is_sparse(i) else None,
                           windows[i], shapes[i] if shapes else None, sources[i] != i,
                           i in linear, attention_chunk_of(config, i), self.rotates[i])
@@ -548,8 +559,9 @@ class CausalLM(nn.Module):
         # Granite divides its logits by logits_scaling.
         self.logits_divisor = (float(config.logits_scaling) if flags_of(config).granite
                                else None)
-        # Cohere multiplies them by logit_scale.
-        self.logit_scale = float(config.logit_scale) if flags_of(config).cohere else None
+        # Cohere multiplies them by logit_scale, Falcon-H1 by lm_head_multiplier.
+        self.logit_scale = float(config.logit_scale) if flags_of(config).cohere else \
+            float(config.lm_head_multiplier) if flags_of(config).falcon_h1 else None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[KVLayer], meta: AttentionMetadata,

@@ -115,10 +115,12 @@ RENAMED_PARTS = {
 RENAMED_PARTS["olmo_hybrid"] = {".attention_layer_norm.": ".input_layernorm.",
                                 ".feedforward_layer_norm.": ".post_attention_layernorm."}
 # LFM2's mixtures of experts: its dense layers', norms' and attention's names as LFM2's, the
-# routing bias beside the router read into it. Mamba-2's backbone is named as Nemotron-H's.
+# routing bias beside the router read into it. Mamba-2's backbone is named as Nemotron-H's,
+# Falcon-H1's MLP and norms as Bamba's.
 RENAMED_PARTS["lfm2_moe"] = {**RENAMED_PARTS["lfm2"], ".feed_forward.expert_bias": (
     ".feed_forward.gate.e_score_correction_bias")}
 RENAMED_PARTS["mamba2"] = RENAMED_PARTS["nemotron_h"]
+RENAMED_PARTS["falcon_h1"] = RENAMED_PARTS["bamba"]
 
 
 # MiniMax-M2 and ERNIE 4.5 keep their routing's correction bias beside the router, not in it.

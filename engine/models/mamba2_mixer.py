@@ -30,11 +30,13 @@ class GroupedGatedNorm(nn.Module):
     group's slot of a vector every rank sums (an all-reduce of one float per group and
     token), so the norm divides by the whole group's."""
 
-    def __init__(self, size: int, shape: Mamba2, eps: float, tp: TPGroup):
-        """`shape`: the layer's whole shape."""
+    def __init__(self, size: int, shape: Mamba2, eps: float, tp: TPGroup,
+                 gate_first: bool = True):
+        """`shape`: the layer's whole shape; `gate_first`: gated before the norm, else after
+        (grouped_gated_rms_norm)."""
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
-        self.eps, self.tp = eps, tp
+        self.eps, self.tp, self.gate_first = eps, tp, gate_first
         self.groups = shape.sharded(tp.size).groups
         self.split = shape.groups < tp.size
         self.whole_groups, self.group = shape.groups, shape.first_group(tp.rank, tp.size)
@@ -42,7 +44,8 @@ class GroupedGatedNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         return grouped_gated_rms_norm(x, gate, self.weight, self.groups, self.eps,
-                                      self._group_mean if self.split else None)
+                                      self._group_mean if self.split else None,
+                                      self.gate_first)
 
     def _group_mean(self, sums: torch.Tensor) -> torch.Tensor:
         """[tokens, 1, 1] sums of this rank's part of its group -> the group's mean square."""
@@ -61,7 +64,7 @@ class Mamba2Mixer(nn.Module):
         super().__init__()
         whole = mamba2_of(config)
         shape = whole.sharded(tp.size)
-        self.shape, self.tp = shape, tp
+        self.shape, self.whole, self.tp = shape, whole, tp
         nemotron = config.model_type == "nemotron_h"
         # Nemotron-H's and Mamba-2's projections take use_bias, their convolution use_conv_bias.
         own_names = nemotron or config.model_type == "mamba2"
@@ -85,7 +88,7 @@ class Mamba2Mixer(nn.Module):
     def forward(self, x: torch.Tensor, states: StateLayer,
                 meta: AttentionMetadata) -> torch.Tensor:
         shape, tokens = self.shape, x.shape[0]
-        z, inputs, dt = self.in_proj(x).split(
+        z, inputs, dt = self.project(x).split(
             [shape.inner, shape.conv_channels, shape.num_heads], dim=-1)
         runs = sequence_runs(meta)
         conv = self.conv1d
@@ -112,3 +115,7 @@ class Mamba2Mixer(nn.Module):
             tokens, shape.num_heads, shape.head_dim, device=x.device))
         y = self.norm(y.reshape(tokens, shape.inner).to(x.dtype), z)
         return self.tp.all_reduce(self.out_proj(y))
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """in_proj's output: z, the convolution's inputs, dt (Falcon-H1 scales them)."""
+        return self.in_proj(x)

@@ -16,16 +16,10 @@ from model_support import (
     hf_greedy,
     hf_reference,
     make_random_model,
-    mixed_prompts,
 )
 
 from tokenmill.engine import LLM
 from tokenmill.engine.layers.mamba2 import ssm_prompts, ssm_step
-
-
-@pytest.fixture(scope="module")
-def prompts(vocab_tokenizer) -> list[list[int]]:
-    return mixed_prompts(vocab_tokenizer)
 
 
 @pytest.mark.parametrize("kind", ["experts", "dense", "rope"])

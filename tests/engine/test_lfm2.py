@@ -18,15 +18,9 @@ from model_support import (
     hf_greedy,
     hf_reference,
     make_random_model,
-    mixed_prompts,
 )
 
 from tokenmill.engine import LLM, SamplingParams
-
-
-@pytest.fixture(scope="module")
-def prompts(vocab_tokenizer) -> list[list[int]]:
-    return mixed_prompts(vocab_tokenizer)
 
 
 @pytest.fixture(scope="module")

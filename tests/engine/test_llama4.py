@@ -17,7 +17,6 @@ from model_support import (
     hf_greedy,
     hf_reference,
     make_random_model,
-    mixed_prompts,
 )
 
 from tokenmill.engine import LLM
@@ -35,11 +34,6 @@ def llama4_dir(tmp_path_factory, vocab_tokenizer) -> str:
 @pytest.fixture(scope="module")
 def reference(llama4_dir):
     return hf_reference(llama4_dir)
-
-
-@pytest.fixture(scope="module")
-def prompts(vocab_tokenizer) -> list[list[int]]:
-    return mixed_prompts(vocab_tokenizer)
 
 
 @pytest.fixture(scope="module")

@@ -7,23 +7,16 @@ tensor-parallel ranks."""
 from __future__ import annotations
 
 import pytest
-from hybrid_support import ENGINE, MAX_NEW, check_equals_transformers
-from mamba2_support import mamba2_config
-from model_support import (
-    greedy_with_hf_logprobs,
-    hf_greedy,
-    hf_reference,
-    make_random_model,
-    mixed_prompts,
+from hybrid_support import (
+    ENGINE,
+    check_equals_transformers,
+    check_tensor_parallel_equals_transformers,
 )
+from mamba2_support import mamba2_config
+from model_support import make_random_model
 
 from tokenmill.engine import LLM
 from tokenmill.engine.contract.config import ConfigError
-
-
-@pytest.fixture(scope="module")
-def prompts(vocab_tokenizer) -> list[list[int]]:
-    return mixed_prompts(vocab_tokenizer)
 
 
 @pytest.mark.parametrize("changes", [{}, dict(use_bias=True, use_conv_bias=False)],
@@ -38,11 +31,7 @@ def test_greedy_and_logprobs_equal_transformers(tmp_path, vocab_tokenizer, promp
 def test_tensor_parallel_equals_transformers(tmp_path, vocab_tokenizer, prompts, size):
     directory = make_random_model(str(tmp_path), mamba2_config(len(vocab_tokenizer)),
                                   vocab_tokenizer, draw_norms=True)
-    reference = hf_reference(directory)
-    expected = [hf_greedy(reference, p, MAX_NEW) for p in prompts]
-    with LLM(directory, tensor_parallel_size=size, **ENGINE) as llm:
-        assert llm.engine.runner.states.ssm.shape[2] == 16 // size
-        assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected
+    check_tensor_parallel_equals_transformers(directory, prompts, size, state_heads=16)
 
 
 def test_what_an_attention_free_model_cannot_do_is_refused(tmp_path, vocab_tokenizer):

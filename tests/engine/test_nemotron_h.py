@@ -17,17 +17,11 @@ from model_support import (
     hf_greedy,
     hf_reference,
     make_random_model,
-    mixed_prompts,
 )
 from nemotron_h_support import LAYERS, nemotron_h_config
 
 from tokenmill.engine import LLM
 from tokenmill.engine.contract.config import ConfigError
-
-
-@pytest.fixture(scope="module")
-def prompts(vocab_tokenizer) -> list[list[int]]:
-    return mixed_prompts(vocab_tokenizer)
 
 
 @pytest.mark.parametrize("kind", ["experts", "dense", "latent"])

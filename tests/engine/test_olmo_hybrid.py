@@ -15,7 +15,6 @@ from model_support import (
     hf_greedy,
     hf_reference,
     make_random_model,
-    mixed_prompts,
 )
 
 from tokenmill.engine import LLM
@@ -38,11 +37,6 @@ def olmo_hybrid_config(vocab: int, **changes):
                    bos_token_id=1, eos_token_id=2, pad_token_id=0)
     options.update(changes)
     return transformers.OlmoHybridConfig(**options)
-
-
-@pytest.fixture(scope="module")
-def prompts(vocab_tokenizer) -> list[list[int]]:
-    return mixed_prompts(vocab_tokenizer)
 
 
 @pytest.mark.parametrize("kind", ["rope", "nope", "positive_writes"])

@@ -16,7 +16,6 @@ from model_support import (
     hf_logprobs,
     hf_reference,
     make_random_model,
-    mixed_prompts,
 )
 from qwen3_5_support import qwen3_5_config, qwen3_5_moe_config, qwen3_next_config
 from safetensors.torch import load_file, save_file
@@ -53,11 +52,6 @@ def qwen3_5_dir(tmp_path_factory, vocab_tokenizer) -> str:
 @pytest.fixture(scope="module")
 def reference(qwen3_5_dir):
     return hf_reference(qwen3_5_dir)
-
-
-@pytest.fixture(scope="module")
-def prompts(vocab_tokenizer) -> list[list[int]]:
-    return mixed_prompts(vocab_tokenizer)
 
 
 @pytest.fixture(scope="module")
