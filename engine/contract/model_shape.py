@@ -163,6 +163,45 @@ class Mamba2:
         return self.num_heads, self.state_size, self.head_dim
 
 
+@dataclass(frozen=True)
+class Mamba1:
+    """A Mamba (Mamba-1) layer's shape: `channels` channels (expand times the hidden size),
+    each with its own `state_size` states, its own decay per state and its own dt (from a
+    `dt_rank`-wide projection), through a causal convolution of `conv_kernel` taps. Each
+    sequence carries the convolution's last inputs and a [channels, state_size] state."""
+
+    channels: int
+    state_size: int
+    dt_rank: int
+    conv_kernel: int
+
+    def sharded(self, size: int) -> Mamba1:
+        """One of `size` tensor-parallel ranks' share: a slice of the channels."""
+        return Mamba1(self.channels // size, self.state_size, self.dt_rank, self.conv_kernel)
+
+    @property
+    def conv_channels(self) -> int:
+        return self.channels
+
+    @property
+    def state_shape(self) -> tuple[int, int]:
+        return self.channels, self.state_size
+
+
+# Model types whose layers are Mamba-1's: Mamba's, Falcon Mamba's.
+MAMBA1_TYPES = ("mamba", "falcon_mamba")
+
+
+def mamba1_of(config: Any) -> Mamba1 | None:
+    """The Mamba-1 layers of a Mamba or Falcon Mamba config (its layer_types name them
+    "linear_attention"), None for any other."""
+    if getattr(config, "model_type", None) not in MAMBA1_TYPES or \
+            "linear_attention" not in (getattr(config, "layer_types", None) or ()):
+        return None
+    return Mamba1(int(config.intermediate_size), int(config.state_size),
+                  int(config.time_step_rank), int(config.conv_kernel))
+
+
 # The config fields of a Mamba-2 layer's shape (heads, head size, groups, state size,
 # convolution taps), by model type: Granite 4.0-H's and Bamba's, Nemotron-H's, Mamba-2's.
 GRANITE_MAMBA2_FIELDS = ("mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state",
@@ -192,7 +231,7 @@ PARALLEL_KIND = "hybrid"
 # Nemotron-H's layers are one block each: a Mamba-2 layer, attention, an MLP or a mixture of
 # experts, named so in its layer_types.
 FEED_FORWARD_KINDS = ("mlp", "moe")
-MIXER_BLOCK_TYPES = ("nemotron_h", "mamba2")
+MIXER_BLOCK_TYPES = ("nemotron_h", "mamba2", *MAMBA1_TYPES)
 
 
 def feed_forward_layers(config: Any) -> list[int]:
@@ -234,11 +273,12 @@ def short_conv_of(config: Any) -> ShortConv | None:
     return ShortConv(int(config.hidden_size), int(config.conv_L_cache))
 
 
-def recurrent_shape_of(config: Any) -> LinearAttention | Mamba2 | ShortConv | None:
+def recurrent_shape_of(config: Any) -> LinearAttention | Mamba2 | Mamba1 | ShortConv | None:
     """The shape of the layers that keep a state per sequence instead of keys and values
-    (a gated delta net's, Mamba-2's or LFM2's convolution's), None for a model without
-    any."""
-    return linear_attention_of(config) or mamba2_of(config) or short_conv_of(config)
+    (a gated delta net's, Mamba-2's, Mamba-1's or LFM2's convolution's), None for a model
+    without any."""
+    return linear_attention_of(config) or mamba2_of(config) or mamba1_of(config) or \
+        short_conv_of(config)
 
 
 # The model types whose "linear_attention" layers are gated delta nets: Qwen3.5's and
@@ -332,6 +372,7 @@ class ModelShape:
     mamba_groups: int = 0  # Nemotron-H), 0 without one
     # The KV heads of the layers whose heads differ from kv_heads (Gemma 4's full layers).
     other_kv_heads: tuple[int, ...] = ()
+    mamba1_channels: int = 0  # a Mamba-1 layer's channels (Mamba), 0 without one
 
     @classmethod
     def of(cls, config: Any) -> ModelShape:
@@ -365,7 +406,8 @@ class ModelShape:
                          if layer_heads != kv_heads})
         return cls(heads, kv_heads, dense, expert_width, shared,
                    linear.num_k_heads if linear else 0, mamba.num_heads if mamba else 0,
-                   mamba.groups if mamba else 0, tuple(others))
+                   mamba.groups if mamba else 0, tuple(others),
+                   mamba1.channels if (mamba1 := mamba1_of(config)) else 0)
 
     def problems(self, tp: int) -> list[str]:
         """What `tp` ranks cannot split: every rank needs whole attention heads and an equal
@@ -387,6 +429,8 @@ class ModelShape:
             found.append(f"{self.linear_key_heads} linear-attention key heads")
         if self.mamba_heads % tp:
             found.append(f"{self.mamba_heads} Mamba-2 heads")
+        if self.mamba1_channels % tp:
+            found.append(f"{self.mamba1_channels} Mamba channels")
         if self.mamba_groups and self.mamba_groups % tp and tp % self.mamba_groups:
             found.append(f"{self.mamba_groups} Mamba-2 groups (a size must divide them or be "
                          "a multiple of them)")

@@ -14,7 +14,8 @@ A Mamba-2 layer splits its heads: each rank's rows of in_proj (the gate and the 
 heads, the B and C of their groups, their dt), of the convolution, A_log, D and dt_bias, its
 part of the gated norm's weight, and out_proj's columns (row-parallel); where there are fewer
 groups than ranks, each group's B and C are on every rank holding heads of it. LFM2's
-convolution layers split their channels the same way.
+convolution layers split their channels the same way, and so do Mamba-1 layers (x_proj, which
+reads the channels, is row-parallel as out_proj is).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 from tokenmill.engine.contract.config import ConfigError
 from tokenmill.engine.contract.model_shape import (
     LinearAttention,
+    Mamba1,
     Mamba2,
     ModelShape,
     ShortConv,
@@ -35,6 +37,7 @@ from tokenmill.engine.contract.model_shape import (
     latent_attention_of,
     layer_attention_shapes,
     linear_attention_of,
+    mamba1_of,
     mamba2_of,
     short_conv_of,
 )
@@ -95,6 +98,8 @@ class ShardPlan:
     wide_layers: frozenset[int] = frozenset()
     # LFM2's convolution layers' whole shape, None without them.
     short_conv: ShortConv | None = None
+    # A Mamba-1 layer's whole shape (Mamba, Falcon Mamba), None without one.
+    mamba1: Mamba1 | None = None
 
     @classmethod
     def for_model(cls, config: Any, rank: int = 0, size: int = 1) -> ShardPlan:
@@ -115,7 +120,7 @@ class ShardPlan:
                    latent.nope_dim + latent.value_dim if latent else 0,
                    gated_queries(config), linear.sharded(size) if linear else None,
                    mamba2_of(config), _tuple(layer_attention_shapes(config)),
-                   double_wide_layers(config), short_conv_of(config))
+                   double_wide_layers(config), short_conv_of(config), mamba1_of(config))
 
     def for_layer(self, layer: int) -> ShardPlan:
         """Decoder layer `layer`'s plan: its own KV heads and head size, and MLP width, where
@@ -159,6 +164,8 @@ class ShardPlan:
             return self._linear_attention_part(kind, attr, tensor)
         if self.mamba is not None and _in_mamba_layer(parts):
             return self._mamba_part(kind, attr, tensor)
+        if self.mamba1 is not None and _in_mamba_layer(parts, MAMBA1_KINDS, MAMBA1_ATTRS):
+            return self._mamba1_part(kind, attr, tensor)
         if self.short_conv is not None and len(parts) > 2 and parts[-3] == "conv":
             return self._short_conv_part(kind, attr, tensor)
         if kind in COLUMN_PARALLEL:
@@ -239,6 +246,22 @@ class ShardPlan:
             return _read(tensor)
         return torch.cat([tensor[start:start + rows] for start, rows in parts])
 
+    def _mamba1_part(self, kind: str, attr: str, tensor: Any) -> torch.Tensor:
+        """A Mamba-1 layer's tensor on this rank: its channels' rows of in_proj's two halves
+        (the inputs, the gate), of the convolution, dt_proj, A_log and D; x_proj's and
+        out_proj's columns for them (row-parallel)."""
+        whole = self.mamba1.channels
+        per = whole // self.size
+        start = self.rank * per
+        if kind == "in_proj":
+            return torch.cat([tensor[start:start + per],
+                              tensor[whole + start:whole + start + per]])
+        if kind in ("conv1d", "dt_proj") or attr in MAMBA1_ATTRS:
+            return tensor[start:start + per]
+        if kind in ("x_proj", "out_proj"):
+            return self._input_columns(tensor, attr, per)
+        return _read(tensor)
+
     def _short_conv_part(self, kind: str, attr: str, tensor: Any) -> torch.Tensor:
         """An LFM2 convolution layer's tensor on this rank: its channels' rows of each of
         in_proj's three parts (B, C, x) and of the convolution, out_proj's columns for
@@ -287,11 +310,17 @@ MAMBA_KINDS = ("in_proj", "conv1d", "out_proj", "norm")
 MAMBA_ATTRS = ("A_log", "D", "dt_bias")
 
 
-def _in_mamba_layer(parts: list[str]) -> bool:
+# A Mamba-1 layer's (Mamba's, Falcon Mamba's, under `mixer`).
+MAMBA1_KINDS = ("in_proj", "conv1d", "x_proj", "dt_proj", "out_proj")
+MAMBA1_ATTRS = ("A_log", "D")
+
+
+def _in_mamba_layer(parts: list[str], kinds: tuple[str, ...] = MAMBA_KINDS,
+                    attrs: tuple[str, ...] = MAMBA_ATTRS) -> bool:
     if "mamba" in parts:
         return True
-    return len(parts) > 2 and (parts[-3] == "mixer" and parts[-2] in MAMBA_KINDS or
-                               parts[-2] == "mixer" and parts[-1] in MAMBA_ATTRS)
+    return len(parts) > 2 and (parts[-3] == "mixer" and parts[-2] in kinds or
+                               parts[-2] == "mixer" and parts[-1] in attrs)
 
 
 def _kv_split(kv_heads: int, rank: int, size: int) -> tuple[int, int]:

@@ -205,6 +205,9 @@ SUPPORTED = {
     "FalconH1ForCausalLM": ArchitectureFlags(falcon_h1=True),
     # Mamba-2 (Mamba-Codestral): Nemotron-H's blocks, every one a Mamba-2 layer; no attention.
     "Mamba2ForCausalLM": ArchitectureFlags(mixer_blocks=True),
+    # Mamba and TII's Falcon Mamba: the same blocks, every one a Mamba-1 layer.
+    "MambaForCausalLM": ArchitectureFlags(mixer_blocks=True),
+    "FalconMambaForCausalLM": ArchitectureFlags(mixer_blocks=True),
     # Liquid AI's LFM2: gated short convolutions (models/short_conv.py) in most layers,
     # attention with q and k normalized per head in the others; Llama's MLP.
     "Lfm2ForCausalLM": ArchitectureFlags(qk_norm=True),
@@ -255,6 +258,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "granitemoe": "GraniteMoeForCausalLM",
                "granitemoehybrid": "GraniteMoeHybridForCausalLM", "bamba": "BambaForCausalLM",
                "nemotron_h": "NemotronHForCausalLM", "mamba2": "Mamba2ForCausalLM",
+               "mamba": "MambaForCausalLM", "falcon_mamba": "FalconMambaForCausalLM",
                "falcon_h1": "FalconH1ForCausalLM",
                "lfm2": "Lfm2ForCausalLM",
                "lfm2_moe": "Lfm2MoeForCausalLM", "olmo_hybrid": "OlmoHybridForCausalLM",

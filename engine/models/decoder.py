@@ -17,6 +17,7 @@ from tokenmill.engine.contract.model_shape import (
     kv_sources,
     layer_attention_shapes,
     linear_attention_layers,
+    mamba1_of,
     mamba2_of,
     sharded_layer_shapes,
     short_conv_of,
@@ -60,6 +61,7 @@ from tokenmill.engine.models.gemma4 import (
     per_layer_inputs,
 )
 from tokenmill.engine.models.latent_attention import LatentSelfAttention
+from tokenmill.engine.models.mamba1_mixer import Mamba1Mixer
 from tokenmill.engine.models.mamba2_mixer import Mamba2Mixer
 from tokenmill.engine.models.mixer_block import ATTENTION, RECURRENT, MixerBlock
 from tokenmill.engine.models.moe import SparseMoeBlock
@@ -77,7 +79,8 @@ def head_dim_of(config: Any, layer_type: str | None = None) -> int:
                  if kind == layer_type]
         if sizes:
             return sizes[0]
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    heads = config.num_attention_heads  # none: attention-free (Mamba)
+    return getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else 0)
 
 
 def num_kv_heads_of(config: Any) -> int:
@@ -415,10 +418,11 @@ class DecoderLayer(nn.Module):
 
 def mixer_blocks(config: Any, plan: ShardPlan, tp: TPGroup,
                  moe: MoeShape | None) -> list[MixerBlock]:
-    """Nemotron-H's layers, each the one mixer its layer_types name (models/mixer_block.py)."""
+    """Nemotron-H's layers, each the one mixer its layer_types name (models/mixer_block.py);
+    Mamba-2's, Mamba's and Falcon Mamba's, every one a Mamba layer."""
     def mixer(kind: str) -> nn.Module:
         if kind == RECURRENT:
-            return Mamba2Mixer(config, tp)
+            return Mamba1Mixer(config, tp) if mamba1_of(config) else Mamba2Mixer(config, tp)
         if kind == ATTENTION:
             return Attention(config, plan, tp, rotates=False)
         if kind == "moe" and moe is not None:
@@ -483,10 +487,12 @@ class DecoderModel(nn.Module):
         self.nope_temperature = (int(config.floor_scale), float(config.attn_scale)) \
             if flags.llama4 and getattr(config, "attn_temperature_tuning", False) else None
 
-    def rotary_tables(self) -> tuple[RotaryEmbedding, RotaryEmbedding | None]:
+    def rotary_tables(self) -> tuple[RotaryEmbedding | None, RotaryEmbedding | None]:
         """The rotary tables of full-attention layers, and of sliding ones where they differ
-        (else None), each over its layers' head size."""
+        (else None), each over its layers' head size; none for an attention-free model."""
         full_dim, local_dim = (head_dim_of(self.config, kind) for kind in LAYER_TYPES)
+        if not full_dim:
+            return None, None
         full = rope_parameters(self.config)
         local = rope_parameters(self.config, "sliding_attention")
         return (RotaryEmbedding(full_dim, self.max_positions, full),
@@ -510,7 +516,7 @@ class DecoderModel(nn.Module):
             x[row:row + rows.shape[0]] = rows[:, :width]
             if rows.shape[1] > width:
                 deep.append((row, rows[:, width:]))
-        rope = self.rotary(positions, x.dtype, meta.backend)
+        rope = None if self.rotary is None else self.rotary(positions, x.dtype, meta.backend)
         rope_local = (None if self.rotary_local is None
                       else self.rotary_local(positions, x.dtype, meta.backend))
         if self.temperature is not None:

@@ -115,11 +115,13 @@ RENAMED_PARTS = {
 RENAMED_PARTS["olmo_hybrid"] = {".attention_layer_norm.": ".input_layernorm.",
                                 ".feedforward_layer_norm.": ".post_attention_layernorm."}
 # LFM2's mixtures of experts: its dense layers', norms' and attention's names as LFM2's, the
-# routing bias beside the router read into it. Mamba-2's backbone is named as Nemotron-H's,
+# routing bias beside the router read into it. Mamba-2's, Mamba's and Falcon Mamba's backbones
+# are named as Nemotron-H's,
 # Falcon-H1's MLP and norms as Bamba's.
 RENAMED_PARTS["lfm2_moe"] = {**RENAMED_PARTS["lfm2"], ".feed_forward.expert_bias": (
     ".feed_forward.gate.e_score_correction_bias")}
-RENAMED_PARTS["mamba2"] = RENAMED_PARTS["nemotron_h"]
+RENAMED_PARTS["mamba2"] = RENAMED_PARTS["mamba"] = RENAMED_PARTS["falcon_mamba"] = \
+    RENAMED_PARTS["nemotron_h"]
 RENAMED_PARTS["falcon_h1"] = RENAMED_PARTS["bamba"]
 
 

@@ -124,7 +124,8 @@ def load_config(source: ModelSource) -> Any:
         # (layer_attention_shapes); the config's own values are the other layers'.
         config.allow_global_per_layer_attribute_access = True
         _quiet_global_reads()
-    for kind in LAYER_TYPES:  # refused now, in one line, rather than half-way through building
+    attends = getattr(config, "num_attention_heads", None) != 0  # 0: attention-free
+    for kind in LAYER_TYPES if attends else ():  # refused now, in one line, not half-way in
         try:
             check_rope(rope_parameters(config, kind), head_dim_of(config, kind))
         except ValueError as exc:
@@ -284,7 +285,8 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
             module.float()
     # Rotary tables are computed, not loaded: rebuild them on the device in float32.
     full, local = model.model.rotary_tables()
-    model.model.rotary, model.model.rotary_local = full.to(device), local and local.to(device)
+    model.model.rotary, model.model.rotary_local = full and full.to(device), \
+        local and local.to(device)
     checkpoint = None if source.gguf_file else Checkpoint(source.directory)
     with checkpoint or contextlib.nullcontext():
         stored = None if checkpoint is None else [t.name for t in checkpoint.tensors]
