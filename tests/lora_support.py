@@ -73,3 +73,19 @@ def peft_logprobs(base_dir: str, adapter_dir: str, ids: list[int]) -> torch.Tens
 def edit_config(directory: str, **changes) -> None:
     """Change fields of an adapter's adapter_config.json in place."""
     update_json_file(os.path.join(directory, "adapter_config.json"), **changes)
+
+
+def check_adapter_equals_peft(directory: str, adapter_dir: str, targets: list[str]) -> None:
+    """A random rank-4 adapter on `targets`, served by the engine: its greedy output equals
+    peft's and differs from the base model's."""
+    from tokenmill.engine import LLM, SamplingParams
+
+    served = make_adapter(directory, adapter_dir, Adapter("mixed", 4, 8, targets))
+    prompt, new = [5, 6, 7, 8, 9], 8
+    with LLM(directory, lora_modules=(f"mixed={served}",), enable_lora=True, max_lora_rank=8,
+             show_progress=False, dtype="float32") as llm:
+        out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=new,
+                                                    ignore_eos=True), lora="mixed")
+    adapted = peft_greedy(directory, served, [prompt], new)
+    assert [out[0].outputs[0].token_ids] == adapted != peft_greedy(directory, None, [prompt],
+                                                                   new)

@@ -188,16 +188,20 @@ class Mamba1:
         return self.channels, self.state_size
 
 
-# Model types whose layers are Mamba-1's: Mamba's, Falcon Mamba's.
-MAMBA1_TYPES = ("mamba", "falcon_mamba")
+# Model types whose recurrent layers are Mamba-1's: Mamba's, Falcon Mamba's, Jamba's.
+MAMBA1_TYPES = ("mamba", "falcon_mamba", "jamba")
 
 
 def mamba1_of(config: Any) -> Mamba1 | None:
-    """The Mamba-1 layers of a Mamba or Falcon Mamba config (its layer_types name them
-    "linear_attention"), None for any other."""
-    if getattr(config, "model_type", None) not in MAMBA1_TYPES or \
+    """The Mamba-1 layers of a Mamba, Falcon Mamba or Jamba config (its layer_types name
+    them "linear_attention"), None for any other."""
+    kind = getattr(config, "model_type", None)
+    if kind not in MAMBA1_TYPES or \
             "linear_attention" not in (getattr(config, "layer_types", None) or ()):
         return None
+    if kind == "jamba":
+        return Mamba1(int(config.mamba_expand * config.hidden_size), int(config.mamba_d_state),
+                      int(config.mamba_dt_rank), int(config.mamba_d_conv))
     return Mamba1(int(config.intermediate_size), int(config.state_size),
                   int(config.time_step_rank), int(config.conv_kernel))
 
@@ -231,7 +235,7 @@ PARALLEL_KIND = "hybrid"
 # Nemotron-H's layers are one block each: a Mamba-2 layer, attention, an MLP or a mixture of
 # experts, named so in its layer_types.
 FEED_FORWARD_KINDS = ("mlp", "moe")
-MIXER_BLOCK_TYPES = ("nemotron_h", "mamba2", *MAMBA1_TYPES)
+MIXER_BLOCK_TYPES = ("nemotron_h", "mamba2", "mamba", "falcon_mamba")
 
 
 def feed_forward_layers(config: Any) -> list[int]:

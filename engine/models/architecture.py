@@ -201,6 +201,9 @@ SUPPORTED = {
     # same, routed as DeepSeek-V3's, beside a shared one; one block per layer.
     "NemotronHForCausalLM": ArchitectureFlags(moe="nemotron_h", ungated_mlp=True,
                                               mixer_blocks=True),
+    # AI21's Jamba: Mamba-1 layers with a few of Llama's attention layers (no positional
+    # encoding), experts in every other layer (a softmax's top-k, not renormalized).
+    "JambaForCausalLM": ArchitectureFlags(moe="jamba"),
     # TII's Falcon-H1: Llama's attention beside a Mamba-2 layer in every layer, Llama's MLP.
     "FalconH1ForCausalLM": ArchitectureFlags(falcon_h1=True),
     # Mamba-2 (Mamba-Codestral): Nemotron-H's blocks, every one a Mamba-2 layer; no attention.
@@ -259,7 +262,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "granitemoehybrid": "GraniteMoeHybridForCausalLM", "bamba": "BambaForCausalLM",
                "nemotron_h": "NemotronHForCausalLM", "mamba2": "Mamba2ForCausalLM",
                "mamba": "MambaForCausalLM", "falcon_mamba": "FalconMambaForCausalLM",
-               "falcon_h1": "FalconH1ForCausalLM",
+               "falcon_h1": "FalconH1ForCausalLM", "jamba": "JambaForCausalLM",
                "lfm2": "Lfm2ForCausalLM",
                "lfm2_moe": "Lfm2MoeForCausalLM", "olmo_hybrid": "OlmoHybridForCausalLM",
                "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
@@ -328,6 +331,8 @@ MOE_NAMES["lfm2"] = MoeNames("feed_forward", "w1", "w3", "w2")
 # Nemotron 3: each expert and the shared one an MLP without a gate, the block the layer's mixer.
 MOE_NAMES["nemotron_h"] = MoeNames("mixer", None, "up_proj", "down_proj",
                                    shared="shared_experts", shared_gated=False)
+# Jamba: its feed_forward read as mlp (models/fused_weights.py), the router named router.
+MOE_NAMES["jamba"] = MoeNames("mlp", "gate_proj", "up_proj", "down_proj", "router")
 MOE_NAMES["llama4"] = MoeNames("feed_forward", "gate_proj", "up_proj", "down_proj", "router",
                                shared_gated=False)
 
@@ -582,6 +587,8 @@ def _dense_layers(config: Any) -> frozenset[int]:
     dense = (frozenset(getattr(config, "mlp_only_layers", None) or ()) |
              frozenset(range(int(first_dense))) |
              frozenset(i for i, kind in enumerate(kinds) if kind == "dense"))
+    if getattr(config, "model_type", None) == "jamba":  # one expert: a dense MLP
+        dense |= frozenset(i for i, n in enumerate(config.layers_num_experts) if n == 1)
     if getattr(config, "model_type", None) == "llama4_text":  # Llama 4: its moe_layers
         dense |= frozenset(range(config.num_hidden_layers)) - frozenset(config.moe_layers)
     first = getattr(config, "moe_layer_start_index", None)
@@ -672,8 +679,8 @@ def rotates_at(config: Any, layer: int) -> bool:
     full-attention layers do not where it has sliding ones."""
     if flags_of(config).full_layers_nope and getattr(config, "sliding_window", None):
         return layer_window_of(config, layer) is not None
-    if flags_of(config).mixer_blocks:  # Nemotron-H: no positional encoding
-        return False
+    if flags_of(config).mixer_blocks or getattr(config, "model_type", None) == "jamba":
+        return False  # Nemotron-H's and Jamba's attention: no positional encoding
     if getattr(config, "model_type", None) == "olmo_hybrid":  # rotary where a base is given
         return bool((getattr(config, "rope_parameters", None) or {}).get("rope_theta"))
     if getattr(config, "model_type", None) == "granitemoehybrid":  # Granite 4.0-H: opt-in

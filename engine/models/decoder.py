@@ -309,10 +309,12 @@ class DecoderLayer(nn.Module):
         # Its state-keeping token mixer, under the checkpoint's name: Granite 4.0-H's and
         # Bamba's Mamba-2 (mamba), LFM2's convolution (conv), else Qwen3.5's gated delta net
         # (linear_attn).
-        self.recurrent_name = "mamba" if mamba2_of(config) else \
+        self.recurrent_name = "mamba" if mamba2_of(config) or mamba1_of(config) else \
             "conv" if short_conv_of(config) else "linear_attn"
         if linear and mamba2_of(config):
             self.mamba = Mamba2Mixer(config, tp)
+        elif linear and mamba1_of(config):  # Jamba's
+            self.mamba = Mamba1Mixer(config, tp)
         elif linear and short_conv_of(config):
             self.conv = ShortConvMixer(config, tp)
         elif linear:

@@ -117,12 +117,12 @@ RENAMED_PARTS["olmo_hybrid"] = {".attention_layer_norm.": ".input_layernorm.",
 # LFM2's mixtures of experts: its dense layers', norms' and attention's names as LFM2's, the
 # routing bias beside the router read into it. Mamba-2's, Mamba's and Falcon Mamba's backbones
 # are named as Nemotron-H's,
-# Falcon-H1's MLP and norms as Bamba's.
+# Falcon-H1's and Jamba's MLP and norms as Bamba's.
 RENAMED_PARTS["lfm2_moe"] = {**RENAMED_PARTS["lfm2"], ".feed_forward.expert_bias": (
     ".feed_forward.gate.e_score_correction_bias")}
 RENAMED_PARTS["mamba2"] = RENAMED_PARTS["mamba"] = RENAMED_PARTS["falcon_mamba"] = \
     RENAMED_PARTS["nemotron_h"]
-RENAMED_PARTS["falcon_h1"] = RENAMED_PARTS["bamba"]
+RENAMED_PARTS["falcon_h1"] = RENAMED_PARTS["jamba"] = RENAMED_PARTS["bamba"]
 
 
 # MiniMax-M2 and ERNIE 4.5 keep their routing's correction bias beside the router, not in it.

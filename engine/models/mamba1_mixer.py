@@ -1,13 +1,14 @@
-"""The Mamba (Mamba-1) layer of Mamba and Falcon Mamba (transformers' MambaMixer,
-FalconMambaMixer): keeps a state per sequence instead of keys and values (layers/mamba1.py
-has the scan).
+"""The Mamba (Mamba-1) layer of Mamba, Falcon Mamba and Jamba (transformers' MambaMixer,
+FalconMambaMixer, JambaMambaMixer): keeps a state per sequence instead of keys and values
+(layers/mamba1.py has the scan).
 
 in_proj gives each channel's input and its output gate z; the input goes through a causal
 depthwise convolution and SiLU; x_proj turns it into dt's low-rank input and the token's B
 and C (Falcon Mamba normalizes the three, without weights), dt_proj into each channel's dt;
 the scan's output, gated by SiLU(z), goes through out_proj. Under tensor parallelism each rank
 holds a slice of the channels: x_proj's partial sums are added across ranks (every rank needs
-the whole dt input, B and C), as are out_proj's."""
+the whole dt input, B and C), as are out_proj's. Jamba normalizes dt's input, B and C with
+weights."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from tokenmill.engine.contract.model_shape import mamba1_of
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.mamba1 import selective_prompts, selective_step
-from tokenmill.engine.layers.norm import unit_rms_norm
+from tokenmill.engine.layers.norm import RMSNorm, unit_rms_norm
 from tokenmill.engine.layers.state_layer import StateLayer
 from tokenmill.engine.models.gated_delta_net import PromptRuns, convolve, sequence_runs
 
@@ -35,19 +36,27 @@ class Mamba1Mixer(nn.Module):
         whole = mamba1_of(config)
         shape = whole.sharded(tp.size)
         self.shape, self.tp = shape, tp
-        bias = bool(getattr(config, "use_bias", False))
+        jamba = config.model_type == "jamba"  # Jamba's fields are named mamba_*
+        bias = bool(getattr(config, "mamba_proj_bias" if jamba else "use_bias", False))
+        conv_bias = bool(getattr(config, "mamba_conv_bias" if jamba else "use_conv_bias", True))
         channels, states = shape.channels, shape.state_size
         self.in_proj = nn.Linear(config.hidden_size, 2 * channels, bias=bias)
         self.conv1d = nn.Conv1d(channels, channels, shape.conv_kernel, groups=channels,
-                                bias=bool(getattr(config, "use_conv_bias", True)))
+                                bias=conv_bias)
         self.x_proj = nn.Linear(channels, shape.dt_rank + 2 * states, bias=False)
         self.dt_proj = nn.Linear(shape.dt_rank, channels, bias=True)
         self.A_log = nn.Parameter(torch.zeros(channels, states))
         self.D = nn.Parameter(torch.ones(channels))
         self.out_proj = nn.Linear(channels, config.hidden_size, bias=bias)
-        # Falcon Mamba: dt's input, B and C each normalized (RMS, no weight).
+        # Falcon Mamba: dt's input, B and C each normalized (RMS, no weight); Jamba: the
+        # same with weights.
         self.bcdt_eps = float(config.mixer_rms_eps) \
             if config.model_type == "falcon_mamba" else None
+        self.weighted_norms = jamba
+        if jamba:
+            eps = float(config.rms_norm_eps)
+            self.dt_layernorm = RMSNorm(shape.dt_rank, eps)
+            self.b_layernorm, self.c_layernorm = RMSNorm(states, eps), RMSNorm(states, eps)
 
     def forward(self, x: torch.Tensor, states: StateLayer,
                 meta: AttentionMetadata) -> torch.Tensor:
@@ -60,6 +69,10 @@ class Mamba1Mixer(nn.Module):
         dt, b, c = projected.split([shape.dt_rank, shape.state_size, shape.state_size], dim=-1)
         if self.bcdt_eps is not None:
             dt, b, c = (unit_rms_norm(t, self.bcdt_eps) for t in (dt, b, c))
+        if self.weighted_norms:
+            norms = (self.dt_layernorm, self.b_layernorm, self.c_layernorm)
+            dt, b, c = (norm(t.contiguous(), None, meta.backend)[0]
+                        for norm, t in zip(norms, (dt, b, c), strict=True))
         dt = F.softplus(self.dt_proj(dt).float())
         a = -self.A_log.float().exp()
 

@@ -11,14 +11,10 @@ from __future__ import annotations
 import pytest
 from falcon_h1_support import falcon_h1_config
 from hybrid_support import (
-    ENGINE,
-    MAX_NEW,
     check_equals_transformers,
     check_tensor_parallel_equals_transformers,
 )
 from model_support import make_random_model
-
-from tokenmill.engine import LLM, SamplingParams
 
 NORMS = {"no-norm": dict(mamba_rms_norm=False),
          "norm-then-gate": dict(mamba_rms_norm=True, mamba_norm_before_gate=True),
@@ -45,17 +41,9 @@ def test_tensor_parallel_equals_transformers(tmp_path, vocab_tokenizer, prompts,
 def test_lora_on_attention_and_the_mlp_equals_peft(tmp_path, vocab_tokenizer):
     """An adapter on q_proj, v_proj, gate_proj and down_proj (the MLP's, which Falcon-H1
     scales) equals peft's greedy output and differs from the base model's."""
-    from lora_support import Adapter, make_adapter, peft_greedy
+    from lora_support import check_adapter_equals_peft
 
     directory = make_random_model(str(tmp_path / "model"), falcon_h1_config(
         len(vocab_tokenizer)), vocab_tokenizer, draw_norms=True)
-    served = make_adapter(directory, str(tmp_path / "adapter"), Adapter(
-        "mixed", 4, 8, ["q_proj", "v_proj", "gate_proj", "down_proj"]))
-    prompt = [5, 6, 7, 8, 9]
-    with LLM(directory, lora_modules=(f"mixed={served}",), enable_lora=True, max_lora_rank=8,
-             **ENGINE) as llm:
-        out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=MAX_NEW,
-                                                    ignore_eos=True), lora="mixed")
-    adapted = peft_greedy(directory, served, [prompt], MAX_NEW)
-    assert [out[0].outputs[0].token_ids] == adapted != peft_greedy(directory, None, [prompt],
-                                                                   MAX_NEW)
+    check_adapter_equals_peft(directory, str(tmp_path / "adapter"),
+                              ["q_proj", "v_proj", "gate_proj", "down_proj"])
