@@ -209,9 +209,9 @@ class ModelRunner:
         verify_tokens = verify_sizes[-1] * verify_query_len if verify_sizes else 0
         self.buffers.reserve(max(max_num_batched_tokens, verify_tokens), max_num_seqs,
                              max_blocks)
-        kv_heads = min(cache.k.shape[2] for cache in (
+        kv_heads = min((cache.k.shape[2] for cache in (
             c.kv if isinstance(c, KVAndState) else c for c in self.kv_caches)
-            if isinstance(cache, KVLayer))
+            if isinstance(cache, KVLayer)), default=1)  # 1: attention-free, nothing to split
 
         def forward(num_seqs: int, query_len: int) -> torch.Tensor:
             views = self.buffers.views(num_seqs * query_len, num_seqs)

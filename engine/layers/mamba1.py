@@ -6,12 +6,23 @@ the channel's dt; token t writes its input x_t (times dt_t) under B_t and reads 
     h <- exp(dt_t A) * h + dt_t x_t B_t;   y_t = h C_t + D x_t
 
 A prompt chunk runs token by token (the decay differs per channel and state, so the chunked
-form of Mamba-2's scan, one decay per head, does not apply); the step's chunks run together.
+form of Mamba-2's scan, one decay per head, does not apply); the step's chunks run together,
+in one Triton launch on the triton backend.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
+
+
+@functools.cache
+def _kernel() -> Callable[..., torch.Tensor]:
+    from tokenmill.engine.kernels.selective_scan import selective_scan
+
+    return selective_scan
 
 
 def _advance(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor,
@@ -36,10 +47,14 @@ def selective_step(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.
 
 def selective_prompts(x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                       c: torch.Tensor, d: torch.Tensor, states: torch.Tensor,
-                      slots: torch.Tensor) -> torch.Tensor:
+                      slots: torch.Tensor, lengths: torch.Tensor,
+                      backend: str = "torch") -> torch.Tensor:
     """Prompt chunks of B sequences padded to the longest: x and dt [B, L, C] (dt float32, 0
-    in padding: it neither decays nor writes), b and c [B, L, N]; returns y [B, L, C] in
-    float32."""
+    in padding: it neither decays nor writes), b and c [B, L, N], each chunk's length;
+    returns y [B, L, C] in float32. The triton backend scans in one launch
+    (kernels/selective_scan.py)."""
+    if backend == "triton":
+        return _kernel()(x, dt, a, b, c, d, states, slots, lengths)
     state = states[slots].float()
     ys = []
     for t in range(x.shape[1]):

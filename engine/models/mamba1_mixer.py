@@ -85,7 +85,8 @@ class Mamba1Mixer(nn.Module):
 
         def prompts(p: PromptRuns) -> torch.Tensor:  # dt 0 in padding: no decay, no write
             return selective_prompts(p.padded(inputs), p.padded(dt) * p.mask[..., None], a,
-                                     p.padded(b), p.padded(c), self.D, states.ssm, p.slots)
+                                     p.padded(b), p.padded(c), self.D, states.ssm, p.slots,
+                                     p.lengths, meta.backend)
 
         y = runs.mix(step, prompts, lambda: torch.empty(
             tokens, shape.channels, device=x.device))

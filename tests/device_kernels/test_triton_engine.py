@@ -239,6 +239,25 @@ def test_lfm2s_convolutions_run_beside_the_kernels_and_graphs(tmp_path, vocab_to
     _graphed_kernels_equal_torch(directory, seed=29)
 
 
+@pytest.mark.parametrize("family", ["jamba", "falcon_mamba", "falcon_h1"])
+def test_mamba_layers_run_beside_the_kernels_and_graphs(tmp_path, vocab_tokenizer, family):
+    """Mamba-1 layers whose prompt chunks scan on the selective-scan kernel, beside Jamba's
+    attention and experts, and alone (Falcon Mamba: no attention, no KV); Falcon-H1's
+    attention and Mamba-2 side by side in every layer; all in captured decode steps."""
+    from falcon_h1_support import falcon_h1_config
+    from jamba_support import jamba_config
+    from mamba1_support import mamba1_config
+    from model_support import make_random_model
+
+    vocab = len(vocab_tokenizer)
+    config = {"jamba": lambda: jamba_config(vocab),
+              "falcon_mamba": lambda: mamba1_config(vocab, falcon=True),
+              "falcon_h1": lambda: falcon_h1_config(vocab)}[family]()
+    directory = make_random_model(str(tmp_path / family), config, vocab_tokenizer,
+                                  draw_norms=True)
+    _graphed_kernels_equal_torch(directory, seed=37)
+
+
 def test_llama4s_chunked_attention_runs_through_the_kernels_and_graphs(tmp_path,
                                                                      vocab_tokenizer):
     """Llama 4's rotating layers attend within chunks of 8 positions (prompt chunks and
