@@ -104,6 +104,8 @@ SUPPORTED = {
     # plain RMSNorm, rotary over interleaved pairs of a part of each head, fused gate_up_proj.
     "Glm4ForCausalLM": ArchitectureFlags(sandwich_norms=True, interleaved_rope=True,
                                          bias_on_qkv_only=True),
+    # GLM-4 (glm-4-9b in transformers' layout): GLM-4-0414's layers with two norms, Llama's.
+    "GlmForCausalLM": ArchitectureFlags(interleaved_rope=True, bias_on_qkv_only=True),
     # Arcee (AFM): Llama's layers with an ungated MLP of squared ReLU.
     "ArceeForCausalLM": ArchitectureFlags(ungated_mlp=True),
     # ERNIE 4.5 (dense): Llama's layers, rotary over interleaved pairs, use_bias on every
@@ -268,6 +270,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
                "seed_oss": "SeedOssForCausalLM", "exaone4": "Exaone4ForCausalLM",
                "ernie4_5": "Ernie4_5ForCausalLM", "glm4": "Glm4ForCausalLM",
+               "glm": "GlmForCausalLM",
                "arcee": "ArceeForCausalLM",
                "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM",
                "gpt_oss": "GptOssForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",

@@ -9,7 +9,8 @@ parallelism) for:
 - ERNIE 4.5 (`Ernie4_5ForCausalLM`): rotary over interleaved pairs of dimensions, and with
   use_bias a bias on every projection;
 - GLM-4 (`Glm4ForCausalLM`): four norms per layer, half of each head turned over interleaved
-  pairs, biases on q, k and v only, gate and up stored fused;
+  pairs, biases on q, k and v only, gate and up stored fused; GLM-4 9B (`GlmForCausalLM`): the
+  same with Llama's two norms;
 - Arcee (`ArceeForCausalLM`): an MLP without a gate, of squared ReLU;
 - Ministral 3 (`Ministral3ForCausalLM`): YaRN, and queries scaled by position past the
   pretraining context (Llama 4's attention temperature);
@@ -62,6 +63,9 @@ def _config(kind: str, vocab: int):
     if kind == "glm4":  # half of each head rotates, over interleaved pairs; four norms
         return transformers.Glm4Config(vocab_size=vocab, head_dim=16, attention_bias=True,
                                        tie_word_embeddings=False, **SHAPE)
+    if kind == "glm":  # GLM-4's rotary and fused MLP, two norms per layer
+        return transformers.GlmConfig(vocab_size=vocab, head_dim=16, attention_bias=True,
+                                      tie_word_embeddings=False, **SHAPE)
     if kind == "arcee":  # an MLP without a gate, of squared ReLU
         return transformers.ArceeConfig(vocab_size=vocab, tie_word_embeddings=False, **SHAPE)
     if kind == "ministral3":  # a short pretraining context, so that the prompts pass it
@@ -96,7 +100,7 @@ def _config(kind: str, vocab: int):
 
 
 @pytest.fixture(scope="module",
-                params=["granite", "smollm3", "seed_oss", "ernie4_5", "glm4", "arcee",
+                params=["granite", "smollm3", "seed_oss", "ernie4_5", "glm4", "glm", "arcee",
                         "ministral3", "ministral", "cohere", "cohere2", "starcoder2",
                         "hunyuan"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
@@ -104,8 +108,9 @@ def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     # so that a missing (or misplaced) one shows.
     return make_random_model(str(tmp_path_factory.mktemp(request.param)),
                              _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
-                             draw_norms=request.param in ("seed_oss", "ernie4_5", "glm4", "cohere",
-                                                          "cohere2", "starcoder2", "hunyuan"))
+                             draw_norms=request.param in ("seed_oss", "ernie4_5", "glm4", "glm",
+                                                          "cohere", "cohere2", "starcoder2",
+                                                          "hunyuan"))
 
 
 def _reference(directory: str):
