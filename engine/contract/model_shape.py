@@ -16,8 +16,10 @@ def num_experts_of(config: Any) -> int:
     if getattr(config, "model_type", None) in MIXER_BLOCK_TYPES and \
             "moe" not in config.layer_types:
         return 0
-    return int(getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
-               or 0)
+    count = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
+    if isinstance(count, (list, tuple)):  # per layer (Hunyuan's): the same in every layer,
+        count = count[0]                  # or refused at load (check_features)
+    return int(count or 0)
 
 
 @dataclass(frozen=True)
@@ -398,6 +400,8 @@ class ModelShape:
             dense, shared = width, width if expert_width else 0
         if getattr(config, "model_type", None) == "nemotron_h":
             shared = int(config.moe_shared_expert_intermediate_size) if expert_width else 0
+        if getattr(config, "model_type", None) == "hunyuan_v1_moe":  # as wide as an expert
+            shared = expert_width
         if getattr(config, "model_type", None) == "lfm2":
             dense = lfm2_mlp_width(config)
         if getattr(config, "model_type", None) == "llama4_text":

@@ -120,6 +120,10 @@ SUPPORTED = {
     # Tencent's Hunyuan dense models (Hunyuan-7B, Hunyuan-MT): q and k normalized per head
     # after the rotary turn (query_layernorm, key_layernorm).
     "HunYuanDenseV1ForCausalLM": ArchitectureFlags(qk_norm=True, qk_norm_after_rope=True),
+    # Hunyuan-A13B: the same attention over experts (softmax, top-k renormalized, the router
+    # in float32) beside a shared MLP as wide as each expert.
+    "HunYuanMoEV1ForCausalLM": ArchitectureFlags(qk_norm=True, qk_norm_after_rope=True,
+                                                 moe="hunyuan"),
     # Upstage's Solar Open: Llama's attention (biases on q, k and v where attention_bias)
     # over GLM-4.5's experts in every layer.
     "SolarOpenForCausalLM": ArchitectureFlags(moe="deepseek", bias_on_qkv_only=True),
@@ -253,6 +257,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "mistral4": "Mistral4ForCausalLM", "cohere": "CohereForCausalLM",
                "cohere2": "Cohere2ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
                "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
+               "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM",
                "solar_open": "SolarOpenForCausalLM",
                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
@@ -336,6 +341,8 @@ MOE_NAMES["nemotron_h"] = MoeNames("mixer", None, "up_proj", "down_proj",
                                    shared="shared_experts", shared_gated=False)
 # Jamba: its feed_forward read as mlp (models/fused_weights.py), the router named router.
 MOE_NAMES["jamba"] = MoeNames("mlp", "gate_proj", "up_proj", "down_proj", "router")
+MOE_NAMES["hunyuan"] = MoeNames("mlp", "gate_proj", "up_proj", "down_proj", shared="shared_mlp",
+                                shared_gated=False)
 MOE_NAMES["llama4"] = MoeNames("feed_forward", "gate_proj", "up_proj", "down_proj", "router",
                                shared_gated=False)
 
@@ -384,6 +391,8 @@ class MoeShape:
     # Nemotron 3 Super: the experts work in a narrower space, projected into and out of it
     # (fc1_latent_proj, fc2_latent_proj); None: in the model's width.
     latent_size: int | None = None
+    # Hunyuan: the router computes in float32 (DeepSeek's grouped routers always do).
+    float32_router: bool = False
 
     def is_sparse(self, layer: int) -> bool:
         """Whether decoder layer `layer` has the sparse block (else a dense MLP of the
@@ -459,6 +468,9 @@ def declare_attention_free(config: Any) -> None:
 def check_features(config: Any) -> None:
     """ModelLoadError for what a supported architecture's config asks that is not computed
     here: Command R+'s per-head q/k LayerNorm (Cohere's use_qk_norm)."""
+    for field in ("num_experts", "moe_topk"):  # per layer (Hunyuan's): one value for all
+        if isinstance(getattr(config, field, None), (list, tuple)):
+            _per_model(getattr(config, field), field)
     cohere = getattr(config, "model_type", None) in ("cohere", "cohere2")
     if cohere and getattr(config, "use_qk_norm", False):
         raise ModelLoadError("use_qk_norm (Command R+'s per-head LayerNorm of q and k) is not "
@@ -552,14 +564,15 @@ def moe_shape_of(config: Any) -> MoeShape | None:
         raise ModelLoadError(f"activation {activation!r} is not supported in experts (silu)")
     widths = ModelShape.of(config)
     return MoeShape(
-        names=names, num_experts=experts, top_k=int(config.num_experts_per_tok),
+        names=names, num_experts=experts,
+        top_k=_per_model(config.num_experts_per_tok, "moe_topk"),
         width=widths.expert_intermediate_size,
         shared_width=widths.shared_expert_intermediate_size,
         # Mixtral's, Granite's and GPT-OSS's routers softmax the chosen logits alone;
         # MiniMax-M2's, ERNIE's, Qwen3-VL's and Qwen3.5's divide the chosen scores by their
         # sum.
         renormalize=style in ("mixtral", "granite", "granite_hybrid", "gptoss", "minimax",
-                              "ernie") or
+                              "ernie", "hunyuan") or
         bool(getattr(config, "norm_topk_prob", False)) or
         getattr(config, "model_type", None) in (QWEN3_VL_MOE, QWEN3_5_MOE),
         sparse_step=int(getattr(config, "decoder_sparse_step", None) or
@@ -570,7 +583,19 @@ def moe_shape_of(config: Any) -> MoeShape | None:
         scales_inputs=style == "llama4",
         swiglu=_gptoss_swiglu(config) if style == "gptoss" else None,
         activation=activation,
-        latent_size=getattr(config, "moe_latent_size", None))
+        latent_size=getattr(config, "moe_latent_size", None),
+        float32_router=style == "hunyuan")
+
+
+def _per_model(value: Any, field: str) -> int:
+    """A count a config may give per layer (Hunyuan's moe_topk): its one value; layers that
+    differ are refused."""
+    if isinstance(value, (list, tuple)):
+        if len(set(value)) != 1:
+            raise ModelLoadError(f"{field} differs between layers ({sorted(set(value))}), "
+                                 "which is not supported")
+        value = value[0]
+    return int(value)
 
 
 def _gptoss_swiglu(config: Any) -> tuple[float, float]:

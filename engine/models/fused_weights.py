@@ -120,6 +120,9 @@ RENAMED_PARTS["olmo_hybrid"] = {".attention_layer_norm.": ".input_layernorm.",
 # Falcon-H1's and Jamba's MLP and norms as Bamba's.
 RENAMED_PARTS["lfm2_moe"] = {**RENAMED_PARTS["lfm2"], ".feed_forward.expert_bias": (
     ".feed_forward.gate.e_score_correction_bias")}
+# Hunyuan-A13B: the dense model's norms, its router's projection (wg) as the router itself.
+RENAMED_PARTS["hunyuan_v1_moe"] = {**RENAMED_PARTS["hunyuan_v1_dense"],
+                                   ".mlp.gate.wg.": ".mlp.gate."}
 RENAMED_PARTS["mamba2"] = RENAMED_PARTS["mamba"] = RENAMED_PARTS["falcon_mamba"] = \
     RENAMED_PARTS["nemotron_h"]
 RENAMED_PARTS["falcon_h1"] = RENAMED_PARTS["jamba"] = RENAMED_PARTS["bamba"]

@@ -84,7 +84,7 @@ class SparseMoeBlock(nn.Module):
         self.router_name = names.router
         grouped = shape.grouped
         setattr(self, names.router, Router(hidden, shape.num_experts, bias=shape.biased,
-                                           grouped=grouped is not None,
+                                           grouped=grouped is not None or shape.float32_router,
                                            correction=grouped and grouped.correction))
         latent = shape.latent_size
         if latent is not None:  # Nemotron 3 Super: the experts' narrower space

@@ -1,7 +1,7 @@
 """Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE, GLM-4.5, MiniMax-M2,
-dots.llm1, ERNIE 4.5, Solar Open): greedy output equals Hugging Face token for token (batched,
-chunked, from the prefix cache, under tensor parallelism), the router math equals a dense
-reference, and what a sparse layer cannot take is refused by name."""
+dots.llm1, ERNIE 4.5, Solar Open, Hunyuan-A13B): greedy output equals Hugging Face token for
+token (batched, chunked, from the prefix cache, under tensor parallelism), the router math
+equals a dense reference, and what a sparse layer cannot take is refused by name."""
 
 from __future__ import annotations
 
@@ -88,6 +88,11 @@ def _config(kind: str, vocab: int, **changes):
         return transformers.MiniMaxM2Config(
             intermediate_size=32, num_local_experts=8, num_experts_per_tok=2, head_dim=16,
             rotary_dim=8, **common)
+    if kind == "hunyuan_v1_moe":
+        # Hunyuan's q and k norms after the turn; experts beside a shared MLP as wide, the
+        # router in float32.
+        return transformers.HunYuanMoEV1Config(
+            intermediate_size=32, num_experts=4, head_dim=16, **{"moe_topk": [2, 2, 2], **common})
     if kind == "granitemoe":
         # Granite's multipliers; the experts stored as one tensor per layer.
         return transformers.GraniteMoeConfig(
@@ -100,11 +105,12 @@ def _config(kind: str, vocab: int, **changes):
 
 @pytest.fixture(scope="module", params=["qwen3_moe", "mixtral", "qwen2_moe", "granitemoe",
                                         "glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe",
-                                        "solar_open"])
+                                        "solar_open", "hunyuan_v1_moe"])
 def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
     make_random_model(directory, _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
-                      draw_norms=request.param in ("minimax_m2", "dots1", "ernie4_5_moe"))
+                      draw_norms=request.param in ("minimax_m2", "dots1", "ernie4_5_moe",
+                                                   "hunyuan_v1_moe"))
     if request.param in ("glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe", "solar_open"):
         _draw_biases(directory, prediction_layer=request.param != "solar_open")
     return directory
@@ -349,3 +355,12 @@ def test_a_decode_steps_weight_floor_counts_the_chosen_experts_only(moe_dir):
     embeddings = model.model.embed_tokens.weight.nbytes  # not tied: a step reads a few rows
     assert report["step_weights_bytes"] == weight_bytes(model) - embeddings - unchosen
     assert unchosen > 0
+
+
+def test_a_top_k_that_differs_between_layers_is_refused(tmp_path, vocab_tokenizer):
+    """Hunyuan's config may give moe_topk per layer: the same in every layer is served (the
+    moe_dir case), layers that differ are refused naming the field."""
+    directory = make_random_model(str(tmp_path), _config(
+        "hunyuan_v1_moe", len(vocab_tokenizer), moe_topk=[2, 1, 2]), vocab_tokenizer)
+    with pytest.raises(ModelLoadError, match=r"moe_topk differs between layers \(\[1, 2\]\)"):
+        LLM(directory, **ENGINE)
