@@ -98,16 +98,18 @@ class CohereLayerNorm(nn.Module):
 
 class LayerNorm(nn.Module):
     """torch's LayerNorm (nn.LayerNorm: a weight and a bias, in the input dtype), called as
-    RMSNorm is: the residual stream's add comes first."""
+    RMSNorm is: the residual stream's add comes first. `unit_offset`: the weight is stored as
+    an offset from 1 (Nemotron's LayerNorm1P)."""
 
-    def __init__(self, size: int, eps: float):
+    def __init__(self, size: int, eps: float, unit_offset: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.bias = nn.Parameter(torch.zeros(size))
-        self.eps = eps
+        self.eps, self.unit_offset = eps, unit_offset
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
                 backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
         if residual is not None:
             x = x + residual
-        return F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps), x
+        weight = self.weight + 1.0 if self.unit_offset else self.weight
+        return F.layer_norm(x, (x.shape[-1],), weight, self.bias, self.eps), x

@@ -117,6 +117,9 @@ SUPPORTED = {
     # StarCoder 2: LayerNorm with biases, an MLP without a gate (c_fc, GeLU, c_proj) and biases
     # on every projection; it slides in every layer where sliding_window is set.
     "Starcoder2ForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True),
+    # NVIDIA's Nemotron (Nemotron-4, Minitron): LayerNorm whose weight is stored as an offset
+    # from 1, rotary over part of each head, an MLP of squared ReLU without a gate.
+    "NemotronForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True),
     # Tencent's Hunyuan dense models (Hunyuan-7B, Hunyuan-MT): q and k normalized per head
     # after the rotary turn (query_layernorm, key_layernorm).
     "HunYuanDenseV1ForCausalLM": ArchitectureFlags(qk_norm=True, qk_norm_after_rope=True),
@@ -256,6 +259,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "ministral": "MinistralForCausalLM", "ministral3": "Ministral3ForCausalLM",
                "mistral4": "Mistral4ForCausalLM", "cohere": "CohereForCausalLM",
                "cohere2": "Cohere2ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
+               "nemotron": "NemotronForCausalLM",
                "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
                "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM",
                "solar_open": "SolarOpenForCausalLM",

@@ -88,13 +88,14 @@ def num_kv_heads_of(config: Any) -> int:
 
 
 def decoder_norm(config: Any, size: int) -> RMSNorm | CohereLayerNorm | LayerNorm:
-    """A norm of the residual stream: Cohere's LayerNorm, StarCoder 2's (torch's, with a
-    bias), else RMSNorm (Gemma's scales by 1 + weight)."""
+    """A norm of the residual stream: Cohere's LayerNorm, StarCoder 2's and Nemotron's (torch's,
+    with a bias), else RMSNorm (Gemma's scales by 1 + weight)."""
     flags = flags_of(config)
     if flags.cohere:
         return CohereLayerNorm(size, config.layer_norm_eps)
-    if flags.layer_norm:
-        return LayerNorm(size, config.norm_epsilon)
+    if flags.layer_norm:  # StarCoder 2's norm_epsilon, Nemotron's norm_eps (and 1 + weight)
+        eps = getattr(config, "norm_epsilon", None) or config.norm_eps
+        return LayerNorm(size, eps, unit_offset=config.model_type == "nemotron")
     return RMSNorm(size, rms_norm_eps_of(config), flags.norms_add_one)
 
 

@@ -22,7 +22,9 @@ parallelism) for:
 - StarCoder 2 (`Starcoder2ForCausalLM`): LayerNorm with biases, an MLP without a gate (c_fc,
   GeLU, c_proj), biases on every projection, a sliding window in every layer;
 - Hunyuan (`HunYuanDenseV1ForCausalLM`): q and k normalized per head after the rotary turn,
-  whose base a fixed NTK alpha stretches."""
+  whose base a fixed NTK alpha stretches;
+- Nemotron (`NemotronForCausalLM`): LayerNorm with 1 + weight, rotary over half of each head,
+  an MLP of squared ReLU without a gate."""
 
 from __future__ import annotations
 
@@ -87,6 +89,8 @@ def _config(kind: str, vocab: int):
     if kind == "starcoder2":
         return transformers.Starcoder2Config(vocab_size=vocab, sliding_window=6, use_bias=True,
                                              tie_word_embeddings=False, **SHAPE)
+    if kind == "nemotron":  # LayerNorm1P, rotary over half of each head, squared ReLU
+        return transformers.NemotronConfig(vocab_size=vocab, head_dim=16, **SHAPE)
     if kind == "hunyuan":
         return transformers.HunYuanDenseV1Config(
             vocab_size=vocab, head_dim=16, tie_word_embeddings=False,
@@ -102,7 +106,7 @@ def _config(kind: str, vocab: int):
 @pytest.fixture(scope="module",
                 params=["granite", "smollm3", "seed_oss", "ernie4_5", "glm4", "glm", "arcee",
                         "ministral3", "ministral", "cohere", "cohere2", "starcoder2",
-                        "hunyuan"])
+                        "hunyuan", "nemotron"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     # Seed-OSS's, ERNIE's, GLM's, Cohere's, StarCoder's and Hunyuan's biases and norms drawn,
     # so that a missing (or misplaced) one shows.
@@ -110,7 +114,7 @@ def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
                              _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
                              draw_norms=request.param in ("seed_oss", "ernie4_5", "glm4", "glm",
                                                           "cohere", "cohere2", "starcoder2",
-                                                          "hunyuan"))
+                                                          "hunyuan", "nemotron"))
 
 
 def _reference(directory: str):
