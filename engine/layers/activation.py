@@ -27,14 +27,14 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor, backend: str = "torch") -
 # transformers' names for the activations, as configs spell them (hidden_act, or Gemma's
 # hidden_activation).
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
-# Activations of an MLP without a gate (up, act, down): Arcee's squared ReLU, StarCoder 2's GeLU
-# (tanh).
-UNGATED_ACTIVATIONS = ("relu2", "gelu_pytorch_tanh")
+# Activations of an MLP without a gate (up, act, down): Arcee's squared ReLU, StarCoder 2's and
+# Phi-2's GeLU (tanh).
+UNGATED_ACTIVATIONS = ("relu2", "gelu_pytorch_tanh", "gelu_new")
 
 
 def ungated_act(x: torch.Tensor, activation: str) -> torch.Tensor:
     """act(x) for one of UNGATED_ACTIVATIONS."""
-    if activation == "gelu_pytorch_tanh":
+    if activation in ("gelu_pytorch_tanh", "gelu_new"):  # gelu_new: the same tanh form
         return F.gelu(x, approximate="tanh")
     if activation != "relu2":
         raise ValueError(f"activation {activation!r} is not one of {UNGATED_ACTIVATIONS}")

@@ -15,6 +15,9 @@ from tokenmill.engine.models.source import ModelLoadError
 @dataclass(frozen=True)
 class ArchitectureFlags:
     qkv_bias: bool = False       # Qwen2: bias on q/k/v projections only
+    # Phi-2: a bias on every projection, the LM head's too, and attention and the MLP in
+    # parallel off one norm (Cohere's layer, without Cohere's norm and rotary).
+    phi: bool = False
     qk_norm: bool = False        # Qwen3: RMSNorm over each head of q and k before rotary
     qk_norm_after_rope: bool = False  # Hunyuan: that norm after the rotary turn
     moe: str | None = None       # mixture-of-experts naming: "qwen" or "mixtral" (MOE_NAMES)
@@ -117,6 +120,9 @@ SUPPORTED = {
     # StarCoder 2: LayerNorm with biases, an MLP without a gate (c_fc, GeLU, c_proj) and biases
     # on every projection; it slides in every layer where sliding_window is set.
     "Starcoder2ForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True),
+    # Microsoft's Phi-1.5 and Phi-2: LayerNorm, rotary over part of each head, an MLP of GeLU
+    # without a gate (fc1, fc2), biases everywhere.
+    "PhiForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True, phi=True),
     # NVIDIA's Nemotron (Nemotron-4, Minitron): LayerNorm whose weight is stored as an offset
     # from 1, rotary over part of each head, an MLP of squared ReLU without a gate.
     "NemotronForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True),
@@ -259,7 +265,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "ministral": "MinistralForCausalLM", "ministral3": "Ministral3ForCausalLM",
                "mistral4": "Mistral4ForCausalLM", "cohere": "CohereForCausalLM",
                "cohere2": "Cohere2ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
-               "nemotron": "NemotronForCausalLM",
+               "nemotron": "NemotronForCausalLM", "phi": "PhiForCausalLM",
                "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
                "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM",
                "solar_open": "SolarOpenForCausalLM",
@@ -476,6 +482,9 @@ def check_features(config: Any) -> None:
         if isinstance(getattr(config, field, None), (list, tuple)):
             _per_model(getattr(config, field), field)
     cohere = getattr(config, "model_type", None) in ("cohere", "cohere2")
+    if getattr(config, "model_type", None) == "phi" and getattr(config, "qk_layernorm", False):
+        raise ModelLoadError("qk_layernorm (a LayerNorm over each head of q and k) is not "
+                             "supported; Phi-1.5 and Phi-2 have none")
     if cohere and getattr(config, "use_qk_norm", False):
         raise ModelLoadError("use_qk_norm (Command R+'s per-head LayerNorm of q and k) is not "
                              "supported; Cohere checkpoints without it are (Command R, R7B, A)")

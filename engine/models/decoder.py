@@ -94,7 +94,8 @@ def decoder_norm(config: Any, size: int) -> RMSNorm | CohereLayerNorm | LayerNor
     if flags.cohere:
         return CohereLayerNorm(size, config.layer_norm_eps)
     if flags.layer_norm:  # StarCoder 2's norm_epsilon, Nemotron's norm_eps (and 1 + weight)
-        eps = getattr(config, "norm_epsilon", None) or config.norm_eps
+        eps = getattr(config, "norm_epsilon", None) or getattr(config, "layer_norm_eps", None) \
+            or config.norm_eps  # Phi's layer_norm_eps
         return LayerNorm(size, eps, unit_offset=config.model_type == "nemotron")
     return RMSNorm(size, rms_norm_eps_of(config), flags.norms_add_one)
 
@@ -122,7 +123,8 @@ class Attention(nn.Module):
             bool(getattr(config, "attention_k_eq_v", False))
         self.value_norm_eps = rms_norm_eps_of(config) if flags.gemma4 else None
         # ERNIE 4.5's use_bias puts a bias on every projection, attention's and the MLP's.
-        bias = bool(getattr(config, "attention_bias", False) or getattr(config, "use_bias", False))
+        bias = bool(getattr(config, "attention_bias", False) or getattr(config, "use_bias", False)
+                    or flags.phi)
         qkv_bias = bias or flags.qkv_bias
         hidden = config.hidden_size
         kv_size = self.num_kv_heads * self.head_dim
@@ -257,7 +259,8 @@ class MLP(nn.Module):
         super().__init__()
         self.activation = activation_of(config)
         self.tp = tp
-        bias = bool(getattr(config, "mlp_bias", False) or getattr(config, "use_bias", False))
+        bias = bool(getattr(config, "mlp_bias", False) or getattr(config, "use_bias", False)
+                    or flags_of(config).phi)
         width = plan.intermediate_size * widen
         self.gated = not flags_of(config).ungated_mlp
         if self.gated:
@@ -303,7 +306,7 @@ class DecoderLayer(nn.Module):
 
         # OLMo's norms after each branch; OLMo Hybrid's gated delta net layers have Llama's.
         self.post_norms_only = flags.olmo and not linear
-        self.parallel = flags.cohere
+        self.parallel = flags.cohere or flags.phi
         if not self.post_norms_only:
             self.input_layernorm = norm()
         self.linear = linear
@@ -556,7 +559,8 @@ class CausalLM(nn.Module):
         self.plan = plan or ShardPlan.for_model(config)
         self.tp = tp or TPGroup()
         self.model = DecoderModel(config, max_positions, self.plan, self.tp)
-        self.lm_head = nn.Linear(config.hidden_size, self.plan.vocab_per_rank, bias=False)
+        self.lm_head = nn.Linear(config.hidden_size, self.plan.vocab_per_rank,
+                                 bias=flags_of(config).phi)
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
         # A sequence classifier's head: one row per label, whole on every rank.

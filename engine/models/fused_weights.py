@@ -126,6 +126,9 @@ RENAMED_PARTS["hunyuan_v1_moe"] = {**RENAMED_PARTS["hunyuan_v1_dense"],
 RENAMED_PARTS["mamba2"] = RENAMED_PARTS["mamba"] = RENAMED_PARTS["falcon_mamba"] = \
     RENAMED_PARTS["nemotron_h"]
 RENAMED_PARTS["falcon_h1"] = RENAMED_PARTS["jamba"] = RENAMED_PARTS["bamba"]
+# Phi-2: its output projection (dense) and MLP (fc1, fc2) under Llama's names.
+RENAMED_PARTS["phi"] = {".self_attn.dense.": ".self_attn.o_proj.", ".mlp.fc1.": ".mlp.up_proj.",
+                        ".mlp.fc2.": ".mlp.down_proj.", "model.final_layernorm.": "model.norm."}
 
 
 # MiniMax-M2 and ERNIE 4.5 keep their routing's correction bias beside the router, not in it.

@@ -24,7 +24,9 @@ parallelism) for:
 - Hunyuan (`HunYuanDenseV1ForCausalLM`): q and k normalized per head after the rotary turn,
   whose base a fixed NTK alpha stretches;
 - Nemotron (`NemotronForCausalLM`): LayerNorm with 1 + weight, rotary over half of each head,
-  an MLP of squared ReLU without a gate."""
+  an MLP of squared ReLU without a gate;
+- Phi-2 (`PhiForCausalLM`): LayerNorm, attention and the MLP in parallel off one norm, a bias
+  on every projection and the LM head, rotary over two fifths of each head."""
 
 from __future__ import annotations
 
@@ -91,6 +93,9 @@ def _config(kind: str, vocab: int):
                                              tie_word_embeddings=False, **SHAPE)
     if kind == "nemotron":  # LayerNorm1P, rotary over half of each head, squared ReLU
         return transformers.NemotronConfig(vocab_size=vocab, head_dim=16, **SHAPE)
+    if kind == "phi":  # LayerNorm, parallel branches, biases everywhere, rotary on 2/5
+        return transformers.PhiConfig(vocab_size=vocab, partial_rotary_factor=0.4,
+                                      hidden_act="gelu_new", **SHAPE)
     if kind == "hunyuan":
         return transformers.HunYuanDenseV1Config(
             vocab_size=vocab, head_dim=16, tie_word_embeddings=False,
@@ -106,7 +111,7 @@ def _config(kind: str, vocab: int):
 @pytest.fixture(scope="module",
                 params=["granite", "smollm3", "seed_oss", "ernie4_5", "glm4", "glm", "arcee",
                         "ministral3", "ministral", "cohere", "cohere2", "starcoder2",
-                        "hunyuan", "nemotron"])
+                        "hunyuan", "nemotron", "phi"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     # Seed-OSS's, ERNIE's, GLM's, Cohere's, StarCoder's and Hunyuan's biases and norms drawn,
     # so that a missing (or misplaced) one shows.
@@ -114,7 +119,7 @@ def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
                              _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
                              draw_norms=request.param in ("seed_oss", "ernie4_5", "glm4", "glm",
                                                           "cohere", "cohere2", "starcoder2",
-                                                          "hunyuan", "nemotron"))
+                                                          "hunyuan", "nemotron", "phi"))
 
 
 def _reference(directory: str):
