@@ -109,6 +109,13 @@ SUPPORTED = {
                                          bias_on_qkv_only=True),
     # GLM-4 (glm-4-9b in transformers' layout): GLM-4-0414's layers with two norms, Llama's.
     "GlmForCausalLM": ArchitectureFlags(interleaved_rope=True, bias_on_qkv_only=True),
+    # Kyutai's Helium: Llama's layers, rotary over interleaved pairs, no bias on attention's
+    # output projection.
+    "HeliumForCausalLM": ArchitectureFlags(interleaved_rope=True, bias_on_qkv_only=True),
+    # LG's EXAONE 3 and 3.5 (Llama's layers under GPT-2's names, fused_weights.py) and
+    # Shanghai AI Lab's InternLM3: Llama's layers.
+    "ExaoneForCausalLM": ArchitectureFlags(),
+    "InternLM3ForCausalLM": ArchitectureFlags(),
     # Arcee (AFM): Llama's layers with an ungated MLP of squared ReLU.
     "ArceeForCausalLM": ArchitectureFlags(ungated_mlp=True),
     # ERNIE 4.5 (dense): Llama's layers, rotary over interleaved pairs, use_bias on every
@@ -285,7 +292,8 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
                "seed_oss": "SeedOssForCausalLM", "exaone4": "Exaone4ForCausalLM",
                "ernie4_5": "Ernie4_5ForCausalLM", "glm4": "Glm4ForCausalLM",
-               "glm": "GlmForCausalLM",
+               "glm": "GlmForCausalLM", "helium": "HeliumForCausalLM",
+               "exaone": "ExaoneForCausalLM", "internlm3": "InternLM3ForCausalLM",
                "arcee": "ArceeForCausalLM",
                "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM",
                "gpt_oss": "GptOssForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",

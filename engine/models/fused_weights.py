@@ -126,6 +126,14 @@ RENAMED_PARTS["hunyuan_v1_moe"] = {**RENAMED_PARTS["hunyuan_v1_dense"],
 RENAMED_PARTS["mamba2"] = RENAMED_PARTS["mamba"] = RENAMED_PARTS["falcon_mamba"] = \
     RENAMED_PARTS["nemotron_h"]
 RENAMED_PARTS["falcon_h1"] = RENAMED_PARTS["jamba"] = RENAMED_PARTS["bamba"]
+# EXAONE 3 and 3.5: Llama's layers under GPT-2's names.
+RENAMED_PARTS["exaone"] = {"transformer.wte.": "model.embed_tokens.", "transformer.h.":
+                           "model.layers.", "transformer.ln_f.": "model.norm.",
+                           ".attn.attention.out_proj.": ".self_attn.o_proj.",
+                           ".attn.attention.": ".self_attn.", ".ln_1.": ".input_layernorm.",
+                           ".ln_2.": ".post_attention_layernorm.", ".mlp.c_fc_0.":
+                           ".mlp.gate_proj.", ".mlp.c_fc_1.": ".mlp.up_proj.",
+                           ".mlp.c_proj.": ".mlp.down_proj."}
 # Phi-2: its output projection (dense) and MLP (fc1, fc2) under Llama's names.
 RENAMED_PARTS["phi"] = {".self_attn.dense.": ".self_attn.o_proj.", ".mlp.fc1.": ".mlp.up_proj.",
                         ".mlp.fc2.": ".mlp.down_proj.", "model.final_layernorm.": "model.norm."}

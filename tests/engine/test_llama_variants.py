@@ -26,7 +26,10 @@ parallelism) for:
 - Nemotron (`NemotronForCausalLM`): LayerNorm with 1 + weight, rotary over half of each head,
   an MLP of squared ReLU without a gate;
 - Phi-2 (`PhiForCausalLM`): LayerNorm, attention and the MLP in parallel off one norm, a bias
-  on every projection and the LM head, rotary over two fifths of each head."""
+  on every projection and the LM head, rotary over two fifths of each head;
+- Helium (`HeliumForCausalLM`): rotary over interleaved pairs, biases on q, k and v only;
+  EXAONE 3.5 (`ExaoneForCausalLM`): Llama's layers under GPT-2's names; InternLM3
+  (`InternLM3ForCausalLM`): Llama's, with biases where its config asks."""
 
 from __future__ import annotations
 
@@ -96,6 +99,14 @@ def _config(kind: str, vocab: int):
     if kind == "phi":  # LayerNorm, parallel branches, biases everywhere, rotary on 2/5
         return transformers.PhiConfig(vocab_size=vocab, partial_rotary_factor=0.4,
                                       hidden_act="gelu_new", **SHAPE)
+    if kind == "helium":  # rotary over interleaved pairs, biases on q, k and v only
+        return transformers.HeliumConfig(vocab_size=vocab, head_dim=16, attention_bias=True,
+                                         **SHAPE)
+    if kind == "exaone":  # Llama under GPT-2's names
+        return transformers.ExaoneConfig(vocab_size=vocab, **SHAPE)
+    if kind == "internlm3":  # biases on every projection (qkv_bias and bias)
+        return transformers.InternLM3Config(vocab_size=vocab, qkv_bias=True, bias=True,
+                                            **SHAPE)
     if kind == "hunyuan":
         return transformers.HunYuanDenseV1Config(
             vocab_size=vocab, head_dim=16, tie_word_embeddings=False,
@@ -111,7 +122,7 @@ def _config(kind: str, vocab: int):
 @pytest.fixture(scope="module",
                 params=["granite", "smollm3", "seed_oss", "ernie4_5", "glm4", "glm", "arcee",
                         "ministral3", "ministral", "cohere", "cohere2", "starcoder2",
-                        "hunyuan", "nemotron", "phi"])
+                        "hunyuan", "nemotron", "phi", "helium", "exaone", "internlm3"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     # Seed-OSS's, ERNIE's, GLM's, Cohere's, StarCoder's and Hunyuan's biases and norms drawn,
     # so that a missing (or misplaced) one shows.
@@ -119,7 +130,8 @@ def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
                              _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
                              draw_norms=request.param in ("seed_oss", "ernie4_5", "glm4", "glm",
                                                           "cohere", "cohere2", "starcoder2",
-                                                          "hunyuan", "nemotron", "phi"))
+                                                          "hunyuan", "nemotron", "phi",
+                                                          "helium", "internlm3"))
 
 
 def _reference(directory: str):
