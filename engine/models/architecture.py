@@ -94,6 +94,9 @@ SUPPORTED = {
     "Qwen3MoeForCausalLM": ArchitectureFlags(qk_norm=True, moe="qwen"),
     "GemmaForCausalLM": ArchitectureFlags(gemma=True),
     "Gemma2ForCausalLM": ArchitectureFlags(gemma=True, sandwich_norms=True),
+    # Google's VaultGemma: Gemma 2 with Llama's two norms (its pre_feedforward_layernorm read
+    # as the second).
+    "VaultGemmaForCausalLM": ArchitectureFlags(gemma=True),
     "Gemma3ForCausalLM": ArchitectureFlags(gemma=True, sandwich_norms=True, qk_norm=True),
     "Gemma4ForCausalLM": ArchitectureFlags(gemma4=True, sandwich_norms=True, qk_norm=True),
     # Phi-3 and Phi-4: Llama's layers, stored fused (models/fused_weights.py).
@@ -279,7 +282,8 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                "qwen3_moe": "Qwen3MoeForCausalLM", "gemma": "GemmaForCausalLM",
-               "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+               "gemma2": "Gemma2ForCausalLM", "vaultgemma": "VaultGemmaForCausalLM",
+               "gemma3_text": "Gemma3ForCausalLM",
                "gemma4_text": "Gemma4ForCausalLM",
                "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
                "granitemoe": "GraniteMoeForCausalLM",

@@ -1,6 +1,7 @@
-"""Gemma 1, 2 and 3 (text): greedy output equals Hugging Face token for token (batched, chunked,
-from the prefix cache, past the sliding window, under tensor parallelism), Gemma 2's soft-capped
-logits give HF's log-probabilities, and what the engine does not read is refused by name."""
+"""Gemma 1, 2 and 3 (text) and VaultGemma: greedy output equals Hugging Face token for token
+(batched, chunked, from the prefix cache, past the sliding window, under tensor parallelism),
+Gemma 2's soft-capped logits give HF's log-probabilities, and what the engine does not read is
+refused by name."""
 
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ def _config(kind: str, vocab: int):
         return transformers.Gemma2Config(
             sliding_window=WINDOW, attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
             query_pre_attn_scalar=24, **common)
+    if kind == "vaultgemma":  # Gemma 2's attention and soft caps, two norms per layer
+        return transformers.VaultGemmaConfig(
+            sliding_window=WINDOW, attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
+            query_pre_attn_scalar=24, **common)
     # Gemma 3: two sliding layers to one full; the full layers' rope is stretched (linear) on
     # another base than the sliding layers'.
     return transformers.Gemma3TextConfig(
@@ -54,7 +59,7 @@ def _make(directory: str, config, tokenizer) -> str:
     return make_random_model(directory, config, tokenizer, draw_norms=True)
 
 
-@pytest.fixture(scope="module", params=["gemma", "gemma2", "gemma3"])
+@pytest.fixture(scope="module", params=["gemma", "gemma2", "gemma3", "vaultgemma"])
 def gemma_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
     return _make(directory, _config(request.param, len(vocab_tokenizer)), vocab_tokenizer)
