@@ -161,6 +161,8 @@ SUPPORTED = {
     # OLMoE: Llama's norms, OLMo's q/k norms (q, k and v clamped where clip_qkv is set), and
     # Qwen-style experts, not renormalized.
     "OlmoeForCausalLM": ArchitectureFlags(projection_qk_norm=True, moe="qwen"),
+    # AI2's FlexOlmo: OLMo 2's layers (norms after each branch) over OLMoE's experts.
+    "FlexOlmoForCausalLM": ArchitectureFlags(olmo=True, projection_qk_norm=True, moe="qwen"),
     # GPT-OSS: attention sinks, biases on every projection (attention_bias), sliding and full
     # layers alternating (layer_types), experts of a clamped SwiGLU with biases behind a
     # router with a bias, stored as one tensor per layer (models/fused_weights.py), in MXFP4
@@ -300,6 +302,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "exaone": "ExaoneForCausalLM", "internlm3": "InternLM3ForCausalLM",
                "arcee": "ArceeForCausalLM",
                "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM",
+               "flex_olmo": "FlexOlmoForCausalLM",
                "gpt_oss": "GptOssForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
                "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
                "glm4_moe_lite": "Glm4MoeLiteForCausalLM", "minimax_m2": "MiniMaxM2ForCausalLM",

@@ -1,7 +1,7 @@
 """Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE, GLM-4.5, MiniMax-M2,
-dots.llm1, ERNIE 4.5, Solar Open, Hunyuan-A13B): greedy output equals Hugging Face token for
-token (batched, chunked, from the prefix cache, under tensor parallelism), the router math
-equals a dense reference, and what a sparse layer cannot take is refused by name."""
+dots.llm1, ERNIE 4.5, Solar Open, Hunyuan-A13B, FlexOlmo): greedy output equals Hugging Face
+token for token (batched, chunked, from the prefix cache, under tensor parallelism), the router
+math equals a dense reference, and what a sparse layer cannot take is refused by name."""
 
 from __future__ import annotations
 
@@ -93,6 +93,9 @@ def _config(kind: str, vocab: int, **changes):
         # router in float32.
         return transformers.HunYuanMoEV1Config(
             intermediate_size=32, num_experts=4, head_dim=16, **{"moe_topk": [2, 2, 2], **common})
+    if kind == "flex_olmo":  # OLMo 2's norms after each branch, q and k normalized whole
+        return transformers.FlexOlmoConfig(intermediate_size=32, num_experts=4,
+                                           num_experts_per_tok=2, pad_token_id=0, **common)
     if kind == "granitemoe":
         # Granite's multipliers; the experts stored as one tensor per layer.
         return transformers.GraniteMoeConfig(
@@ -105,12 +108,12 @@ def _config(kind: str, vocab: int, **changes):
 
 @pytest.fixture(scope="module", params=["qwen3_moe", "mixtral", "qwen2_moe", "granitemoe",
                                         "glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe",
-                                        "solar_open", "hunyuan_v1_moe"])
+                                        "solar_open", "hunyuan_v1_moe", "flex_olmo"])
 def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
     make_random_model(directory, _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
                       draw_norms=request.param in ("minimax_m2", "dots1", "ernie4_5_moe",
-                                                   "hunyuan_v1_moe"))
+                                                   "hunyuan_v1_moe", "flex_olmo"))
     if request.param in ("glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe", "solar_open"):
         _draw_biases(directory, prediction_layer=request.param != "solar_open")
     return directory
