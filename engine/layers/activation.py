@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor, backend: str = "torch") -> torch.Tensor:
@@ -28,8 +29,8 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor, backend: str = "torch") -
 # hidden_activation).
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 # Activations of an MLP without a gate (up, act, down): Arcee's squared ReLU, StarCoder 2's and
-# Phi-2's GeLU (tanh).
-UNGATED_ACTIVATIONS = ("relu2", "gelu_pytorch_tanh", "gelu_new")
+# Phi-2's GeLU (tanh), Apertus's xIELU (its parameters learned per layer: XIELU).
+UNGATED_ACTIVATIONS = ("relu2", "gelu_pytorch_tanh", "gelu_new", "xielu")
 
 
 def ungated_act(x: torch.Tensor, activation: str) -> torch.Tensor:
@@ -39,6 +40,26 @@ def ungated_act(x: torch.Tensor, activation: str) -> torch.Tensor:
     if activation != "relu2":
         raise ValueError(f"activation {activation!r} is not one of {UNGATED_ACTIVATIONS}")
     return torch.square(F.relu(x))
+
+
+class XIELU(nn.Module):
+    """Apertus's xIELU, under transformers' names: quadratic above zero, an exponential below,
+    both slopes learned per layer (alpha_p, alpha_n through softplus), beta and eps as the
+    checkpoint stores them."""
+
+    def __init__(self):
+        super().__init__()
+        self.alpha_p = nn.Parameter(torch.zeros(1))
+        self.alpha_n = nn.Parameter(torch.zeros(1))
+        self.beta = nn.Parameter(torch.zeros(()))
+        self.eps = nn.Parameter(torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        alpha_p = F.softplus(self.alpha_p)
+        alpha_n = self.beta + F.softplus(self.alpha_n)
+        return torch.where(x > 0, alpha_p * x * x + self.beta * x,
+                           (torch.expm1(torch.minimum(x, self.eps)) - x) * alpha_n +
+                           self.beta * x)
 
 
 def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, alpha: float,

@@ -112,6 +112,9 @@ SUPPORTED = {
                                          bias_on_qkv_only=True),
     # GLM-4 (glm-4-9b in transformers' layout): GLM-4-0414's layers with two norms, Llama's.
     "GlmForCausalLM": ArchitectureFlags(interleaved_rope=True, bias_on_qkv_only=True),
+    # Swiss AI's Apertus: Llama's layers with q and k normalized per head (Qwen3's), an MLP
+    # without a gate of xIELU (its parameters learned per layer).
+    "ApertusForCausalLM": ArchitectureFlags(qk_norm=True, ungated_mlp=True),
     # Kyutai's Helium: Llama's layers, rotary over interleaved pairs, no bias on attention's
     # output projection.
     "HeliumForCausalLM": ArchitectureFlags(interleaved_rope=True, bias_on_qkv_only=True),
@@ -299,6 +302,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "seed_oss": "SeedOssForCausalLM", "exaone4": "Exaone4ForCausalLM",
                "ernie4_5": "Ernie4_5ForCausalLM", "glm4": "Glm4ForCausalLM",
                "glm": "GlmForCausalLM", "helium": "HeliumForCausalLM",
+               "apertus": "ApertusForCausalLM",
                "exaone": "ExaoneForCausalLM", "internlm3": "InternLM3ForCausalLM",
                "arcee": "ArceeForCausalLM",
                "olmo3": "Olmo3ForCausalLM", "olmoe": "OlmoeForCausalLM",

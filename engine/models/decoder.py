@@ -24,7 +24,7 @@ from tokenmill.engine.contract.model_shape import (
 )
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.distributed.sharding import ShardPlan
-from tokenmill.engine.layers.activation import act_and_mul, ungated_act
+from tokenmill.engine.layers.activation import XIELU, act_and_mul, ungated_act
 from tokenmill.engine.layers.attention import Scores, attention, store_kv
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.kv_layer import KVLayer
@@ -269,8 +269,12 @@ class MLP(nn.Module):
         else:
             self.up_proj = nn.Linear(config.hidden_size, width, bias=bias)
         self.down_proj = nn.Linear(width, config.hidden_size, bias=bias)
+        if self.activation == "xielu":  # Apertus: an activation with learned parameters
+            self.act_fn = XIELU()
 
     def forward(self, x: torch.Tensor, backend: str) -> torch.Tensor:
+        if self.activation == "xielu":
+            return self.tp.all_reduce(self.down_proj(self.act_fn(self.up_proj(x))))
         if not self.gated:
             return self.tp.all_reduce(self.down_proj(ungated_act(self.up_proj(x),
                                                                  self.activation)))

@@ -29,7 +29,9 @@ parallelism) for:
   on every projection and the LM head, rotary over two fifths of each head;
 - Helium (`HeliumForCausalLM`): rotary over interleaved pairs, biases on q, k and v only;
   EXAONE 3.5 (`ExaoneForCausalLM`): Llama's layers under GPT-2's names; InternLM3
-  (`InternLM3ForCausalLM`): Llama's, with biases where its config asks."""
+  (`InternLM3ForCausalLM`): Llama's, with biases where its config asks;
+- Apertus (`ApertusForCausalLM`): q and k normalized per head, an MLP without a gate of xIELU,
+  whose parameters each layer learns."""
 
 from __future__ import annotations
 
@@ -107,6 +109,8 @@ def _config(kind: str, vocab: int):
     if kind == "internlm3":  # biases on every projection (qkv_bias and bias)
         return transformers.InternLM3Config(vocab_size=vocab, qkv_bias=True, bias=True,
                                             **SHAPE)
+    if kind == "apertus":  # q and k normalized per head, an ungated MLP of xIELU
+        return transformers.ApertusConfig(vocab_size=vocab, head_dim=16, **SHAPE)
     if kind == "hunyuan":
         return transformers.HunYuanDenseV1Config(
             vocab_size=vocab, head_dim=16, tie_word_embeddings=False,
@@ -122,7 +126,8 @@ def _config(kind: str, vocab: int):
 @pytest.fixture(scope="module",
                 params=["granite", "smollm3", "seed_oss", "ernie4_5", "glm4", "glm", "arcee",
                         "ministral3", "ministral", "cohere", "cohere2", "starcoder2",
-                        "hunyuan", "nemotron", "phi", "helium", "exaone", "internlm3"])
+                        "hunyuan", "nemotron", "phi", "helium", "exaone", "internlm3",
+                        "apertus"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     # Seed-OSS's, ERNIE's, GLM's, Cohere's, StarCoder's and Hunyuan's biases and norms drawn,
     # so that a missing (or misplaced) one shows.
@@ -131,7 +136,7 @@ def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
                              draw_norms=request.param in ("seed_oss", "ernie4_5", "glm4", "glm",
                                                           "cohere", "cohere2", "starcoder2",
                                                           "hunyuan", "nemotron", "phi",
-                                                          "helium", "internlm3"))
+                                                          "helium", "internlm3", "apertus"))
 
 
 def _reference(directory: str):
