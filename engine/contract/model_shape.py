@@ -400,6 +400,8 @@ class ModelShape:
             dense, shared = width, width if expert_width else 0
         if getattr(config, "model_type", None) == "nemotron_h":
             shared = int(config.moe_shared_expert_intermediate_size) if expert_width else 0
+        if getattr(config, "model_type", None) == "granitemoeshared":  # 0: none
+            shared = int(config.shared_intermediate_size or 0)
         if getattr(config, "model_type", None) == "hunyuan_v1_moe":  # as wide as an expert
             shared = expert_width
         if getattr(config, "model_type", None) == "lfm2":

@@ -290,8 +290,8 @@ class ShardPlan:
         expert's, or the dense MLP's."""
         if "experts" in parts:
             return self.expert_size
-        if "shared_expert" in parts or "shared_experts" in parts:  # Qwen2-MoE's, GLM-4.5's
-            return self.shared_expert_size
+        if {"shared_expert", "shared_experts", "shared_mlp"} & set(parts):
+            return self.shared_expert_size  # Qwen2-MoE's, GLM-4.5's, Granite's, Hunyuan's
         return self.intermediate_size
 
     def _vocab_rows(self, tensor: Any) -> torch.Tensor:

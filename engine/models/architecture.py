@@ -104,6 +104,8 @@ SUPPORTED = {
     "GraniteForCausalLM": ArchitectureFlags(granite=True),
     # Granite's multipliers over a mixture of experts (stored fused, models/fused_weights.py).
     "GraniteMoeForCausalLM": ArchitectureFlags(granite=True, moe="granite"),
+    # GraniteMoeShared: GraniteMoE's experts beside a shared MLP, stored as Granite 4.0-H's.
+    "GraniteMoeSharedForCausalLM": ArchitectureFlags(granite=True, moe="granite_hybrid"),
     # SmolLM3: Llama's layers, every fourth without rotary embeddings (rotates_at).
     "SmolLM3ForCausalLM": ArchitectureFlags(),
     # GLM-4 (0414, Z1): Gemma 2's four norms per layer under GLM's names (fused_weights.py),
@@ -292,6 +294,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "gemma4_text": "Gemma4ForCausalLM",
                "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
                "granitemoe": "GraniteMoeForCausalLM",
+               "granitemoeshared": "GraniteMoeSharedForCausalLM",
                "granitemoehybrid": "GraniteMoeHybridForCausalLM", "bamba": "BambaForCausalLM",
                "nemotron_h": "NemotronHForCausalLM", "mamba2": "Mamba2ForCausalLM",
                "mamba": "MambaForCausalLM", "falcon_mamba": "FalconMambaForCausalLM",

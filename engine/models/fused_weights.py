@@ -162,7 +162,7 @@ def renamed(config: Any, name: str) -> str:
         index, _, part = rest.partition(".")
         if sep and part.startswith(GEMMA4_EXPERT_BLOCK):
             return f"{layer}.layers.{index}.moe.{part}"
-    if getattr(config, "model_type", None) == GRANITE_HYBRID and ".shared_mlp." in name:
+    if getattr(config, "model_type", None) in GRANITE_SHARED_MLP and ".shared_mlp." in name:
         return _granite_shared_mlp(config, name)
     for stored, ours in RENAMED_PARTS.get(getattr(config, "model_type", None), {}).items():
         name = name.replace(stored, ours)
@@ -177,6 +177,8 @@ def renamed(config: Any, name: str) -> str:
 # Granite 4.0-H's shared MLP (shared_mlp: input_linear holds gate then up, output_linear is
 # down): the shared expert of its experts' block, or the layer's MLP where it has none.
 GRANITE_HYBRID = "granitemoehybrid"
+# The model types whose shared MLP is stored so: Granite 4.0-H's and GraniteMoeShared's.
+GRANITE_SHARED_MLP = (GRANITE_HYBRID, "granitemoeshared")
 
 
 def _granite_shared_mlp(config: Any, name: str) -> str:

@@ -1,7 +1,8 @@
-"""Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE, GLM-4.5, MiniMax-M2,
-dots.llm1, ERNIE 4.5, Solar Open, Hunyuan-A13B, FlexOlmo): greedy output equals Hugging Face
-token for token (batched, chunked, from the prefix cache, under tensor parallelism), the router
-math equals a dense reference, and what a sparse layer cannot take is refused by name."""
+"""Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE and GraniteMoeShared,
+GLM-4.5, MiniMax-M2, dots.llm1, ERNIE 4.5, Solar Open, Hunyuan-A13B, FlexOlmo): greedy output
+equals Hugging Face token for token (batched, chunked, from the prefix cache, under tensor
+parallelism), the router math equals a dense reference, and what a sparse layer cannot take is
+refused by name."""
 
 from __future__ import annotations
 
@@ -93,6 +94,12 @@ def _config(kind: str, vocab: int, **changes):
         # router in float32.
         return transformers.HunYuanMoEV1Config(
             intermediate_size=32, num_experts=4, head_dim=16, **{"moe_topk": [2, 2, 2], **common})
+    if kind == "granitemoeshared":
+        # GraniteMoE's multipliers and experts beside a shared MLP of another width.
+        return transformers.GraniteMoeSharedConfig(
+            intermediate_size=32, shared_intermediate_size=48, num_local_experts=4,
+            num_experts_per_tok=2, embedding_multiplier=2.0, attention_multiplier=0.25,
+            residual_multiplier=0.8, logits_scaling=2.0, **common)
     if kind == "flex_olmo":  # OLMo 2's norms after each branch, q and k normalized whole
         return transformers.FlexOlmoConfig(intermediate_size=32, num_experts=4,
                                            num_experts_per_tok=2, pad_token_id=0, **common)
@@ -108,7 +115,8 @@ def _config(kind: str, vocab: int, **changes):
 
 @pytest.fixture(scope="module", params=["qwen3_moe", "mixtral", "qwen2_moe", "granitemoe",
                                         "glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe",
-                                        "solar_open", "hunyuan_v1_moe", "flex_olmo"])
+                                        "solar_open", "hunyuan_v1_moe", "flex_olmo",
+                                        "granitemoeshared"])
 def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
     make_random_model(directory, _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
