@@ -1,11 +1,11 @@
 """Prefix caching for models whose layers keep a recurrent state (Qwen3.5's gated delta nets,
-Nemotron-H's Mamba-2 layers, Mamba-2 and Falcon Mamba with no attention at all, Falcon-H1's
-beside attention in every layer, Jamba's Mamba-1 layers): a cached prefix resumes only where
-the prefix cache kept the state after it (core/kv_cache/state_checkpoints.py). A prompt's
-chunk is cut at its last block boundary (a conversation's next turn resumes there) and where
-the prefix found cached for it ends (the next request sharing that prefix resumes there).
-Greedy output equals transformers' whether a request resumes or not, batched, preempted,
-under async scheduling and when the checkpoints are evicted."""
+Nemotron-H's Mamba-2 layers, Falcon-H1's beside attention in every layer, Falcon Mamba's
+Mamba-1 layers with no attention at all): a cached prefix resumes only where the prefix cache
+kept the state after it (core/kv_cache/state_checkpoints.py). A prompt's chunk is cut at its
+last block boundary (a conversation's next turn resumes there) and where the prefix found
+cached for it ends (the next request sharing that prefix resumes there). Greedy output equals
+transformers' whether a request resumes or not, batched, preempted, under async scheduling
+and when the checkpoints are evicted."""
 
 from __future__ import annotations
 
@@ -15,9 +15,7 @@ import pytest
 import torch
 from falcon_h1_support import falcon_h1_config
 from hybrid_support import ENGINE, MAX_NEW, greedy
-from jamba_support import jamba_config
 from mamba1_support import mamba1_config
-from mamba2_support import mamba2_config
 from model_support import hf_greedy, hf_reference, make_random_model
 from nemotron_h_support import nemotron_h_config
 from qwen3_5_support import qwen3_5_config
@@ -35,19 +33,15 @@ def _config(family: str, vocab: int):
     if family == "nemotron_h":  # Mamba-2 with MLPs and attention
         return nemotron_h_config(vocab, layers_block_type=[
             "linear_attention", "mlp", "full_attention", "mlp", "linear_attention", "mlp"])
-    if family == "mamba2":  # Mamba-2 alone: no layer keeps keys and values
-        return mamba2_config(vocab)
     if family == "falcon_h1":  # every layer keeps keys and values and a state
         return falcon_h1_config(vocab)
     if family == "falcon_mamba":  # Mamba-1 alone: a state per channel
         return mamba1_config(vocab, falcon=True)
-    if family == "jamba":  # Mamba-1 with attention and experts
-        return jamba_config(vocab)
     return qwen3_5_config(vocab)
 
 
-@pytest.fixture(scope="module", params=["qwen3_5", "nemotron_h", "mamba2",
-                                                     "falcon_h1", "falcon_mamba", "jamba"])
+@pytest.fixture(scope="module", params=["qwen3_5", "nemotron_h", "falcon_h1",
+                                                     "falcon_mamba"])
 def model(request, tmp_path_factory, vocab_tokenizer):
     """A random checkpoint and transformers' greedy continuation of a prompt."""
     directory = make_random_model(str(tmp_path_factory.mktemp(request.param)),

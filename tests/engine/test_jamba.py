@@ -2,8 +2,8 @@
 Mamba-1 layers whose dt input, B and C are normalized with weights, a few attention layers
 without positional encoding, experts (the top-k of a softmax, not renormalized) in every other
 layer and a dense MLP in the rest. Greedy output and log-probabilities equal transformers'
-batched, chunked, with state slots reused and forked (n > 1), and over two and four
-tensor-parallel ranks."""
+batched, chunked, with state slots reused and forked (n > 1), and over two tensor-parallel
+ranks."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def test_greedy_and_logprobs_equal_transformers(tmp_path, vocab_tokenizer, promp
     check_equals_transformers(directory, prompts, attention_layers=1)
 
 
-@pytest.mark.parametrize("size", [2, 4])
+@pytest.mark.parametrize("size", [2])
 def test_tensor_parallel_equals_transformers(tmp_path, vocab_tokenizer, prompts, size):
     directory = make_random_model(str(tmp_path), jamba_config(len(vocab_tokenizer)),
                                   vocab_tokenizer, draw_norms=True)

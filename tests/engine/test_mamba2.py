@@ -1,8 +1,8 @@
 """Mamba-2 (`Mamba2ForCausalLM`: Mistral's Mamba-Codestral, the mamba2 checkpoints in
 transformers' layout): every layer a Mamba-2 block, no attention, so no layer keeps keys and
 values, only a state per sequence. Greedy output and log-probabilities equal transformers'
-batched, chunked, with state slots reused and forked (n > 1), and over two and four
-tensor-parallel ranks."""
+batched, chunked, with state slots reused and forked (n > 1), and over two tensor-parallel
+ranks (groups split across ranks are Nemotron-H's tests)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def test_greedy_and_logprobs_equal_transformers(tmp_path, vocab_tokenizer, promp
     check_equals_transformers(directory, prompts, attention_layers=0)
 
 
-@pytest.mark.parametrize("size", [2, 4])
+@pytest.mark.parametrize("size", [2])
 def test_tensor_parallel_equals_transformers(tmp_path, vocab_tokenizer, prompts, size):
     directory = make_random_model(str(tmp_path), mamba2_config(len(vocab_tokenizer)),
                                   vocab_tokenizer, draw_norms=True)

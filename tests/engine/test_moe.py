@@ -190,8 +190,9 @@ def test_speculative_decoding_keeps_the_greedy_output(moe_dir, expected, vocab_t
 
 
 # Two ranks where the sharding differs: a gated shared expert (Qwen2-MoE), experts stored fused
-# (GraniteMoE), always-on shared experts, dense layers and a float32 router (GLM-4.5). Qwen3-MoE's
-# and Mixtral's plain experts split as those do (and as any MLP).
+# (GraniteMoE; GraniteMoeShared's shared MLP of its own width, matched by the prefix), always-on
+# shared experts, dense layers and a float32 router (GLM-4.5). Qwen3-MoE's and Mixtral's plain
+# experts split as those do (and as any MLP).
 TP_FAMILIES = ("qwen2_moe", "granitemoe", "glm4_moe", "solar_open")
 
 

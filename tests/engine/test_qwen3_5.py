@@ -270,18 +270,19 @@ def test_a_lora_adapter_equals_peft(qwen3_5_dir, tmp_path, prompts):
 
 
 def test_a_hybrid_of_other_recurrent_layers_is_refused_by_name(tmp_path, vocab_tokenizer):
-    """Jamba names its Mamba layers "linear_attention" too: not a gated delta net, so the
+    """Zamba2 names its Mamba layers "linear_attention" too: not a gated delta net, so the
     model is refused as unsupported, not read as one."""
     import transformers
 
     from tokenmill.engine.contract.model_shape import recurrent_shape_of
     from tokenmill.engine.models.source import ModelLoadError
 
-    config = transformers.JambaConfig(
+    config = transformers.Zamba2Config(
         vocab_size=len(vocab_tokenizer), hidden_size=64, num_hidden_layers=2,
-        num_attention_heads=4, architectures=["JambaForCausalLM"])
+        num_attention_heads=4, layers_block_type=["mamba", "hybrid"],
+        architectures=["Zamba2ForCausalLM"])
     assert "linear_attention" in config.layer_types and recurrent_shape_of(config) is None
     config.save_pretrained(tmp_path)
     vocab_tokenizer.save_pretrained(tmp_path)
-    with pytest.raises(ModelLoadError, match="JambaForCausalLM.*not supported"):
+    with pytest.raises(ModelLoadError, match="Zamba2ForCausalLM.*not supported"):
         LLM(str(tmp_path), **ENGINE)
