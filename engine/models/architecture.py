@@ -135,6 +135,10 @@ SUPPORTED = {
     # StarCoder 2: LayerNorm with biases, an MLP without a gate (c_fc, GeLU, c_proj) and biases
     # on every projection; it slides in every layer where sliding_window is set.
     "Starcoder2ForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True),
+    # Stability AI's StableLM 2 and StableLM-3B-4E1T: LayerNorm, rotary over a quarter of each
+    # head, biases on q, k and v where use_qkv_bias, attention and the MLP in parallel off one
+    # norm where use_parallel_residual.
+    "StableLmForCausalLM": ArchitectureFlags(layer_norm=True),
     # Microsoft's Phi-1.5 and Phi-2: LayerNorm, rotary over part of each head, an MLP of GeLU
     # without a gate (fc1, fc2), biases everywhere.
     "PhiForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True, phi=True),
@@ -283,6 +287,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "mistral4": "Mistral4ForCausalLM", "cohere": "CohereForCausalLM",
                "cohere2": "Cohere2ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
                "nemotron": "NemotronForCausalLM", "phi": "PhiForCausalLM",
+               "stablelm": "StableLmForCausalLM",
                "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
                "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM",
                "solar_open": "SolarOpenForCausalLM",
@@ -504,9 +509,10 @@ def check_features(config: Any) -> None:
         if isinstance(getattr(config, field, None), (list, tuple)):
             _per_model(getattr(config, field), field)
     cohere = getattr(config, "model_type", None) in ("cohere", "cohere2")
-    if getattr(config, "model_type", None) == "phi" and getattr(config, "qk_layernorm", False):
+    if getattr(config, "model_type", None) in ("phi", "stablelm") and \
+            getattr(config, "qk_layernorm", False):
         raise ModelLoadError("qk_layernorm (a LayerNorm over each head of q and k) is not "
-                             "supported; Phi-1.5 and Phi-2 have none")
+                             "supported; Phi-1.5, Phi-2 and StableLM 2 below 12B have none")
     if cohere and getattr(config, "use_qk_norm", False):
         raise ModelLoadError("use_qk_norm (Command R+'s per-head LayerNorm of q and k) is not "
                              "supported; Cohere checkpoints without it are (Command R, R7B, A)")

@@ -125,7 +125,7 @@ class Attention(nn.Module):
         # ERNIE 4.5's use_bias puts a bias on every projection, attention's and the MLP's.
         bias = bool(getattr(config, "attention_bias", False) or getattr(config, "use_bias", False)
                     or flags.phi)
-        qkv_bias = bias or flags.qkv_bias
+        qkv_bias = bias or flags.qkv_bias or bool(getattr(config, "use_qkv_bias", False))
         hidden = config.hidden_size
         kv_size = self.num_kv_heads * self.head_dim
         # Qwen3.5's q_proj: each head's query, then its output gate.
@@ -310,7 +310,10 @@ class DecoderLayer(nn.Module):
 
         # OLMo's norms after each branch; OLMo Hybrid's gated delta net layers have Llama's.
         self.post_norms_only = flags.olmo and not linear
-        self.parallel = flags.cohere or flags.phi
+        # Cohere's and Phi-2's branches read one norm's output side by side; StableLM's where
+        # its config says so.
+        self.parallel = flags.cohere or flags.phi or (
+            config.model_type == "stablelm" and bool(config.use_parallel_residual))
         if not self.post_norms_only:
             self.input_layernorm = norm()
         self.linear = linear

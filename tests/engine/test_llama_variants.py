@@ -31,7 +31,9 @@ parallelism) for:
   EXAONE 3.5 (`ExaoneForCausalLM`): Llama's layers under GPT-2's names; InternLM3
   (`InternLM3ForCausalLM`): Llama's, with biases where its config asks;
 - Apertus (`ApertusForCausalLM`): q and k normalized per head, an MLP without a gate of xIELU,
-  whose parameters each layer learns."""
+  whose parameters each layer learns;
+- StableLM (`StableLmForCausalLM`): LayerNorm, rotary over a quarter of each head, biases on q,
+  k and v, attention and the MLP in sequence or in parallel off one norm."""
 
 from __future__ import annotations
 
@@ -111,6 +113,10 @@ def _config(kind: str, vocab: int):
                                             **SHAPE)
     if kind == "apertus":  # q and k normalized per head, an ungated MLP of xIELU
         return transformers.ApertusConfig(vocab_size=vocab, head_dim=16, **SHAPE)
+    if kind in ("stablelm", "stablelm-parallel"):  # LayerNorm, rotary on a quarter, q/k/v bias
+        return transformers.StableLmConfig(
+            vocab_size=vocab, use_qkv_bias=True, partial_rotary_factor=0.25,
+            use_parallel_residual=kind == "stablelm-parallel", **SHAPE)
     if kind == "hunyuan":
         return transformers.HunYuanDenseV1Config(
             vocab_size=vocab, head_dim=16, tie_word_embeddings=False,
@@ -127,7 +133,7 @@ def _config(kind: str, vocab: int):
                 params=["granite", "smollm3", "seed_oss", "ernie4_5", "glm4", "glm", "arcee",
                         "ministral3", "ministral", "cohere", "cohere2", "starcoder2",
                         "hunyuan", "nemotron", "phi", "helium", "exaone", "internlm3",
-                        "apertus"])
+                        "apertus", "stablelm", "stablelm-parallel"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     # Seed-OSS's, ERNIE's, GLM's, Cohere's, StarCoder's and Hunyuan's biases and norms drawn,
     # so that a missing (or misplaced) one shows.
@@ -136,7 +142,8 @@ def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
                              draw_norms=request.param in ("seed_oss", "ernie4_5", "glm4", "glm",
                                                           "cohere", "cohere2", "starcoder2",
                                                           "hunyuan", "nemotron", "phi",
-                                                          "helium", "internlm3", "apertus"))
+                                                          "helium", "internlm3", "apertus",
+                                                          "stablelm", "stablelm-parallel"))
 
 
 def _reference(directory: str):
@@ -156,7 +163,16 @@ def test_greedy_equals_hf_batched_chunked_and_prefix_cached(variant_dir, expecte
     assert runs == {"batched": expected, "again": expected, "alone": expected[-2:]}
 
 
-def test_tensor_parallel_equals_hf(variant_dir, expected, vocab_tokenizer):
+# Families whose layers split over ranks exactly as another family's here do (Llama's, with
+# biases as Seed-OSS's and ERNIE's, LayerNorm as StarCoder 2's, GLM-4's rotary): their
+# tensor-parallel runs would repeat those.
+SHARDED_AS_ANOTHER = ("glm", "helium", "exaone", "internlm3", "nemotron", "stablelm",
+                      "stablelm-parallel")
+
+
+def test_tensor_parallel_equals_hf(request, variant_dir, expected, vocab_tokenizer):
+    if request.node.callspec.params["variant_dir"] in SHARDED_AS_ANOTHER:
+        pytest.skip("splits as another family here does (SHARDED_AS_ANOTHER)")
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
     with LLM(variant_dir, tensor_parallel_size=2, **ENGINE) as llm:
         got = [o.outputs[0].token_ids for o in llm.generate(mixed_prompts(vocab_tokenizer),
@@ -240,3 +256,14 @@ def test_a_lora_adapter_on_rotary_pairs_equals_peft(tmp_path, vocab_tokenizer, k
              dtype="float32") as llm:
         outputs = llm.generate(prompts, params, lora_request=LoRARequest("pairs", 1, adapter))
     assert [o.outputs[0].token_ids for o in outputs] == expected
+
+
+@pytest.mark.parametrize("kind", ["phi", "stablelm"])
+def test_per_head_layer_norms_of_q_and_k_are_refused_by_name(tmp_path, vocab_tokenizer, kind):
+    """Phi's and StableLM 2 12B's qk_layernorm (a LayerNorm of its own per head) is refused at
+    load rather than served without it."""
+    config = _config(kind, len(vocab_tokenizer))
+    config.qk_layernorm = True
+    path = make_random_model(str(tmp_path), config, vocab_tokenizer)
+    with pytest.raises(ModelLoadError, match="qk_layernorm .*not supported"):
+        LLM(path, **ENGINE)
