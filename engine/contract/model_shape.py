@@ -66,7 +66,8 @@ def layer_attention_shapes(config: Any) -> list[tuple[int, int]] | None:
         own = config.per_layer_config[layer]
         heads = getattr(own, "num_attention_heads", 0)  # none: attention-free (Mamba-2)
         shapes.append((int(getattr(own, "num_key_value_heads", None) or heads),
-                       int(getattr(own, "head_dim", None) or own.hidden_size // max(heads, 1))))
+                       int(getattr(own, "head_dim", None) or
+                           (own.hidden_size // heads if heads else 0))))
     return None if len(set(shapes)) == 1 else shapes
 
 

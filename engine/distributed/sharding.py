@@ -250,8 +250,7 @@ class ShardPlan:
         """A Mamba-1 layer's tensor on this rank: its channels' rows of in_proj's two halves
         (the inputs, the gate), of the convolution, dt_proj, A_log and D; x_proj's and
         out_proj's columns for them (row-parallel)."""
-        whole = self.mamba1.channels
-        per = whole // self.size
+        whole, per = self.mamba1.channels, self.mamba1.sharded(self.size).channels
         start = self.rank * per
         if kind == "in_proj":
             return torch.cat([tensor[start:start + per],

@@ -115,14 +115,14 @@ RENAMED_PARTS = {
 RENAMED_PARTS["olmo_hybrid"] = {".attention_layer_norm.": ".input_layernorm.",
                                 ".feedforward_layer_norm.": ".post_attention_layernorm."}
 # LFM2's mixtures of experts: its dense layers', norms' and attention's names as LFM2's, the
-# routing bias beside the router read into it. Mamba-2's, Mamba's and Falcon Mamba's backbones
-# are named as Nemotron-H's,
-# Falcon-H1's and Jamba's MLP and norms as Bamba's.
+# routing bias beside the router read into it.
 RENAMED_PARTS["lfm2_moe"] = {**RENAMED_PARTS["lfm2"], ".feed_forward.expert_bias": (
     ".feed_forward.gate.e_score_correction_bias")}
 # Hunyuan-A13B: the dense model's norms, its router's projection (wg) as the router itself.
 RENAMED_PARTS["hunyuan_v1_moe"] = {**RENAMED_PARTS["hunyuan_v1_dense"],
                                    ".mlp.gate.wg.": ".mlp.gate."}
+# Mamba-2's, Mamba's and Falcon Mamba's backbones are named as Nemotron-H's; Falcon-H1's and
+# Jamba's MLP and norms as Bamba's; Apertus's norms and VaultGemma's second under Llama's names.
 RENAMED_PARTS["mamba2"] = RENAMED_PARTS["mamba"] = RENAMED_PARTS["falcon_mamba"] = \
     RENAMED_PARTS["nemotron_h"]
 RENAMED_PARTS["falcon_h1"] = RENAMED_PARTS["jamba"] = RENAMED_PARTS["bamba"]
