@@ -72,6 +72,9 @@ class ArchitectureFlags:
     # Falcon-H1: attention and a Mamba-2 layer side by side in every layer, muP multipliers
     # (models/falcon_h1.py).
     falcon_h1: bool = False
+    # GPT-NeoX: q, k and v stored fused per head (query_key_value), biases on the MLP too, and
+    # attention and the MLP in parallel off a norm each where use_parallel_residual.
+    gpt_neox: bool = False
 
     @property
     def norms_add_one(self) -> bool:
@@ -142,6 +145,10 @@ SUPPORTED = {
     # Microsoft's Phi-1.5 and Phi-2: LayerNorm, rotary over part of each head, an MLP of GeLU
     # without a gate (fc1, fc2), biases everywhere.
     "PhiForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True, phi=True),
+    # EleutherAI's GPT-NeoX (Pythia, GPT-NeoX-20B, and the models trained with its code):
+    # LayerNorm, rotary over part of each head, an MLP of GeLU without a gate, biases on every
+    # projection, attention and the MLP side by side, each off its own norm.
+    "GPTNeoXForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True, gpt_neox=True),
     # NVIDIA's Nemotron (Nemotron-4, Minitron): LayerNorm whose weight is stored as an offset
     # from 1, rotary over part of each head, an MLP of squared ReLU without a gate.
     "NemotronForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True),
@@ -287,7 +294,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "mistral4": "Mistral4ForCausalLM", "cohere": "CohereForCausalLM",
                "cohere2": "Cohere2ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
                "nemotron": "NemotronForCausalLM", "phi": "PhiForCausalLM",
-               "stablelm": "StableLmForCausalLM",
+               "stablelm": "StableLmForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
                "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
                "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM",
                "solar_open": "SolarOpenForCausalLM",

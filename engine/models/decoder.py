@@ -260,7 +260,7 @@ class MLP(nn.Module):
         self.activation = activation_of(config)
         self.tp = tp
         bias = bool(getattr(config, "mlp_bias", False) or getattr(config, "use_bias", False)
-                    or flags_of(config).phi)
+                    or flags_of(config).phi or flags_of(config).gpt_neox)
         width = plan.intermediate_size * widen
         self.gated = not flags_of(config).ungated_mlp
         if self.gated:
@@ -311,9 +311,11 @@ class DecoderLayer(nn.Module):
         # OLMo's norms after each branch; OLMo Hybrid's gated delta net layers have Llama's.
         self.post_norms_only = flags.olmo and not linear
         # Cohere's and Phi-2's branches read one norm's output side by side; StableLM's where
-        # its config says so.
+        # its config says so; GPT-NeoX's, where it says so, each its own norm's.
         self.parallel = flags.cohere or flags.phi or (
-            config.model_type == "stablelm" and bool(config.use_parallel_residual))
+            (config.model_type == "stablelm" or flags.gpt_neox)
+            and bool(config.use_parallel_residual))
+        self.parallel_norms = self.parallel and flags.gpt_neox
         if not self.post_norms_only:
             self.input_layernorm = norm()
         self.linear = linear
@@ -333,7 +335,7 @@ class DecoderLayer(nn.Module):
         else:
             self.self_attn = LatentSelfAttention(config, plan, tp) if flags.latent_attention \
                 else Attention(config, plan, tp, window, shape, reads_earlier_kv, chunk, rotates)
-        if not self.parallel:
+        if not self.parallel or self.parallel_norms:
             self.post_attention_layernorm = norm()
         self.sandwich = flags.sandwich_norms
         if self.sandwich:
@@ -418,10 +420,13 @@ class DecoderLayer(nn.Module):
     def _parallel_forward(self, x: torch.Tensor, residual: torch.Tensor | None,
                           rope: RopeRows | RopeKernel | None, kv_cache: KVLayer,
                           meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cohere: attention and the MLP read the same normalized stream; attention's output
-        joins it here, the MLP's at the next norm, in transformers' order of the adds."""
+        """Cohere: attention and the MLP read the same normalized stream (GPT-NeoX: each its
+        own norm of it); attention's output joins it here, the MLP's at the next norm, in
+        transformers' order of the adds."""
         x, residual = self.input_layernorm(x, residual, meta.backend)
         attended = self.self_attn(x, rope, kv_cache, meta)
+        if self.parallel_norms:
+            x = self.post_attention_layernorm(residual, None, meta.backend)[0]
         return getattr(self, self.feed_forward_name)(x, meta.backend), residual + attended
 
     def _joining(self, branch: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,8 @@ width]) and its router as `block_sparse_moe.router.layer`: each expert's parts a
 the names of an ordinary expert's projections; so are GPT-OSS's (`mlp.experts.gate_up_proj`,
 [experts, hidden, 2 * width] with gate and up columns interleaved, `down_proj`, and their
 biases) and Qwen3-VL-MoE's and Mistral 4's (`mlp.experts.gate_up_proj`, gate then up, and
-`down_proj`); so are Qwen3-Next's gated delta nets' input projections, fused per key head.
+`down_proj`); so are Qwen3-Next's gated delta nets' input projections, fused per key head,
+and GPT-NeoX's q, k and v, fused per head.
 GLM-4's norms are renamed to Gemma 2's, StarCoder 2's MLP (c_fc, c_proj) to Arcee's."""
 
 from __future__ import annotations
@@ -137,6 +138,15 @@ RENAMED_PARTS["exaone"] = {"transformer.wte.": "model.embed_tokens.", "transform
                            ".ln_2.": ".post_attention_layernorm.", ".mlp.c_fc_0.":
                            ".mlp.gate_proj.", ".mlp.c_fc_1.": ".mlp.up_proj.",
                            ".mlp.c_proj.": ".mlp.down_proj."}
+# GPT-NeoX: its embeddings, layers, norms and projections under Llama's names (q, k and v
+# stay fused per head in query_key_value: _per_head_qkv_parts).
+RENAMED_PARTS["gpt_neox"] = {"gpt_neox.embed_in.": "model.embed_tokens.",
+                             "gpt_neox.layers.": "model.layers.",
+                             "gpt_neox.final_layer_norm.": "model.norm.",
+                             "embed_out.": "lm_head.", ".attention.dense.": ".self_attn.o_proj.",
+                             ".attention.query_key_value.": ".self_attn.query_key_value.",
+                             ".mlp.dense_h_to_4h.": ".mlp.up_proj.",
+                             ".mlp.dense_4h_to_h.": ".mlp.down_proj."}
 # Phi-2: its output projection (dense) and MLP (fc1, fc2) under Llama's names.
 RENAMED_PARTS["phi"] = {".self_attn.dense.": ".self_attn.o_proj.", ".mlp.fc1.": ".mlp.up_proj.",
                         ".mlp.fc2.": ".mlp.down_proj.", "model.final_layernorm.": "model.norm."}
@@ -192,7 +202,9 @@ Take = Callable[[torch.Tensor], torch.Tensor]
 
 def expert_parts(config: Any, name: str) -> list[tuple[str, Take]] | None:
     """(part name, what of the stored tensor it takes) of each expert's part of a tensor that
-    holds a layer's experts (GraniteMoE's, GPT-OSS's), or None for any other tensor."""
+    holds a layer's experts (GraniteMoE's, GPT-OSS's), or of each projection's part of one
+    that holds several in an order of their rows (Qwen3-Next's, GPT-NeoX's), or None for any
+    other tensor."""
     module, _, attr = name.rpartition(".")
     if module.endswith(GRANITE_EXPERTS_IN):
         parent = module[:-len(GRANITE_EXPERTS_IN)] + "block_sparse_moe.experts"
@@ -211,7 +223,26 @@ def expert_parts(config: Any, name: str) -> list[tuple[str, Take]] | None:
         return _gpt_oss_parts(name, config.num_local_experts)
     if module.endswith(QWEN3_NEXT_FUSED):
         return _qwen3_next_parts(config, module)
+    if module.endswith(PER_HEAD_QKV):
+        return _per_head_qkv_parts(config, module, attr)
     return None
+
+
+# GPT-NeoX keeps q, k and v in one tensor per layer, head by head: each head's query rows, its
+# key rows, then its value rows ([heads, 3, head size, hidden]).
+PER_HEAD_QKV = "self_attn.query_key_value"
+
+
+def _per_head_qkv_parts(config: Any, module: str, attr: str) -> list[tuple[str, Take]]:
+    heads, size = config.num_attention_heads, head_dim_of(config)
+    parent = module.rpartition(".")[0]
+
+    def part(w: torch.Tensor, index: int) -> torch.Tensor:
+        rows = w.reshape(heads, 3, size, *w.shape[1:])[:, index]
+        return rows.reshape(heads * size, *w.shape[1:])
+
+    return [(f"{parent}.{kind}_proj.{attr}", lambda w, i=i: part(w, i))
+            for i, kind in enumerate("qkv")]
 
 
 # Qwen3-Next keeps a gated delta net's input projections in two tensors, grouped by key

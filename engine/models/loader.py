@@ -73,7 +73,9 @@ from tokenmill.engine.models.rope_order import ROTATED, pairs_to_halves, rotary_
 from tokenmill.engine.models.safetensors_files import Checkpoint, StoredTensor
 from tokenmill.engine.models.source import ModelLoadError, ModelSource
 
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# Buffers older checkpoints saved beside the weights: rotary frequencies, and GPT-NeoX's causal
+# mask and its fill value.
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq", ".attention.bias", ".attention.masked_bias")
 # Tensors read at once: reads wait on the disk and copies (and first touches of the weights'
 # memory) release the GIL, so a thread per core, up to 4, overlaps them (docs/benchmarks.md,
 # "Model loading", compares counts).
@@ -332,6 +334,11 @@ def _checkpoint_tensors(checkpoint: Checkpoint, published: tuple[str, Any] | Non
     return dequantized_tensors(named, kind, detail, lambda t: checkpoint.slice(t)[:], dtype)
 
 
+# The families of LayerNorm models, by architecture, as a refusal names them.
+LAYER_NORM_FAMILIES = {"PhiForCausalLM": "Phi-2", "StableLmForCausalLM": "StableLM",
+                       "NemotronForCausalLM": "Nemotron", "GPTNeoXForCausalLM": "GPT-NeoX"}
+
+
 def _safetensors_only_family(config: Any) -> str | None:
     """The family of a model whose GGUF files the engine does not read (their norms, fused
     tensors or multipliers are stored in ways the GGUF reader does not map), or None."""
@@ -347,7 +354,7 @@ def _safetensors_only_family(config: Any) -> str | None:
     if flags.cohere:
         return "Cohere"
     if flags.layer_norm:
-        return "StarCoder 2"
+        return LAYER_NORM_FAMILIES.get(architecture_of(config), "StarCoder 2")
     if flags.interleaved_rope:
         return "GLM-4" if flags.bias_on_qkv_only else "ERNIE 4.5"
     if flags.projection_qk_norm:

@@ -33,7 +33,11 @@ parallelism) for:
 - Apertus (`ApertusForCausalLM`): q and k normalized per head, an MLP without a gate of xIELU,
   whose parameters each layer learns;
 - StableLM (`StableLmForCausalLM`): LayerNorm, rotary over a quarter of each head, biases on q,
-  k and v, attention and the MLP in sequence or in parallel off one norm."""
+  k and v, attention and the MLP in sequence or in parallel off one norm;
+- GPT-NeoX (`GPTNeoXForCausalLM`, Pythia): q, k and v fused head by head, rotary over a quarter
+  of each head, an MLP of GeLU without a gate, biases everywhere, attention and the MLP in
+  parallel off a norm each or in sequence; the causal-mask buffers older checkpoints carry are
+  skipped."""
 
 from __future__ import annotations
 
@@ -117,6 +121,11 @@ def _config(kind: str, vocab: int):
         return transformers.StableLmConfig(
             vocab_size=vocab, use_qkv_bias=True, partial_rotary_factor=0.25,
             use_parallel_residual=kind == "stablelm-parallel", **SHAPE)
+    if kind in ("gpt_neox", "gpt_neox-sequential"):  # Pythia's config keys (rotary_pct)
+        shape = {k: v for k, v in SHAPE.items() if k != "num_key_value_heads"}
+        return transformers.GPTNeoXConfig(
+            vocab_size=vocab, rotary_pct=0.25, rotary_emb_base=5000,
+            use_parallel_residual=kind == "gpt_neox", **shape)
     if kind == "hunyuan":
         return transformers.HunYuanDenseV1Config(
             vocab_size=vocab, head_dim=16, tie_word_embeddings=False,
@@ -133,17 +142,32 @@ def _config(kind: str, vocab: int):
                 params=["granite", "smollm3", "seed_oss", "ernie4_5", "glm4", "glm", "arcee",
                         "ministral3", "ministral", "cohere", "cohere2", "starcoder2",
                         "hunyuan", "nemotron", "phi", "helium", "exaone", "internlm3",
-                        "apertus", "stablelm", "stablelm-parallel"])
+                        "apertus", "stablelm", "stablelm-parallel", "gpt_neox",
+                        "gpt_neox-sequential"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
-    # Seed-OSS's, ERNIE's, GLM's, Cohere's, StarCoder's and Hunyuan's biases and norms drawn,
-    # so that a missing (or misplaced) one shows.
-    return make_random_model(str(tmp_path_factory.mktemp(request.param)),
-                             _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
-                             draw_norms=request.param in ("seed_oss", "ernie4_5", "glm4", "glm",
-                                                          "cohere", "cohere2", "starcoder2",
-                                                          "hunyuan", "nemotron", "phi",
-                                                          "helium", "internlm3", "apertus",
-                                                          "stablelm", "stablelm-parallel"))
+    # Biases and norms drawn (but for the families that have none or keep Llama's), so that a
+    # missing (or misplaced) one shows.
+    directory = make_random_model(
+        str(tmp_path_factory.mktemp(request.param)), _config(request.param, len(vocab_tokenizer)),
+        vocab_tokenizer, draw_norms=request.param not in ("granite", "smollm3", "arcee",
+                                                          "ministral3", "ministral", "exaone"))
+    if request.param == "gpt_neox":
+        _add_causal_mask_buffers(directory)
+    return directory
+
+
+def _add_causal_mask_buffers(directory: str) -> None:
+    """The buffers Pythia's published checkpoints hold beside each layer's weights."""
+    from safetensors.torch import load_file, save_file
+
+    path = f"{directory}/model.safetensors"
+    tensors = load_file(path)
+    for layer in range(SHAPE["num_hidden_layers"]):
+        prefix = f"gpt_neox.layers.{layer}.attention"
+        tensors[f"{prefix}.bias"] = torch.ones(1, 1, 8, 8, dtype=torch.bool).tril()
+        tensors[f"{prefix}.masked_bias"] = torch.tensor(-1e9)
+        tensors[f"{prefix}.rotary_emb.inv_freq"] = torch.ones(2)
+    save_file(tensors, path, metadata={"format": "pt"})
 
 
 def _reference(directory: str):
@@ -167,7 +191,7 @@ def test_greedy_equals_hf_batched_chunked_and_prefix_cached(variant_dir, expecte
 # biases as Seed-OSS's and ERNIE's, LayerNorm as StarCoder 2's, GLM-4's rotary): their
 # tensor-parallel runs would repeat those.
 SHARDED_AS_ANOTHER = ("glm", "helium", "exaone", "internlm3", "nemotron", "stablelm",
-                      "stablelm-parallel")
+                      "stablelm-parallel", "gpt_neox-sequential")
 
 
 def test_tensor_parallel_equals_hf(request, variant_dir, expected, vocab_tokenizer):
