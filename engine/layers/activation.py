@@ -29,9 +29,9 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor, backend: str = "torch") -
 # hidden_activation).
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 # Activations of an MLP without a gate (up, act, down): Arcee's squared ReLU, StarCoder 2's and
-# Phi-2's GeLU (tanh), GPT-NeoX's exact GeLU, Apertus's xIELU (its parameters learned per
-# layer: XIELU).
-UNGATED_ACTIVATIONS = ("relu2", "gelu_pytorch_tanh", "gelu_new", "gelu", "xielu")
+# Phi-2's and GPT-2's GeLU (tanh), GPT-NeoX's exact GeLU, OPT's ReLU, Apertus's xIELU (its
+# parameters learned per layer: XIELU).
+UNGATED_ACTIVATIONS = ("relu2", "gelu_pytorch_tanh", "gelu_new", "gelu", "relu", "xielu")
 
 
 def ungated_act(x: torch.Tensor, activation: str) -> torch.Tensor:
@@ -40,6 +40,8 @@ def ungated_act(x: torch.Tensor, activation: str) -> torch.Tensor:
         return F.gelu(x, approximate="tanh")
     if activation == "gelu":
         return F.gelu(x)
+    if activation == "relu":
+        return F.relu(x)
     if activation != "relu2":
         raise ValueError(f"activation {activation!r} is not one of {UNGATED_ACTIVATIONS}")
     return torch.square(F.relu(x))

@@ -75,6 +75,10 @@ class ArchitectureFlags:
     # GPT-NeoX: q, k and v stored fused per head (query_key_value), biases on the MLP too, and
     # attention and the MLP in parallel off a norm each where use_parallel_residual.
     gpt_neox: bool = False
+    # GPT-2, GPT-BigCode and OPT: a learned embedding per position added to the token's (no
+    # rotary), and their config's own names for the MLP's width and activation
+    # (declare_layer_names).
+    learned_positions: bool = False
 
     @property
     def norms_add_one(self) -> bool:
@@ -149,6 +153,16 @@ SUPPORTED = {
     # LayerNorm, rotary over part of each head, an MLP of GeLU without a gate, biases on every
     # projection, attention and the MLP side by side, each off its own norm.
     "GPTNeoXForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True, gpt_neox=True),
+    # OpenAI's GPT-2 (its Conv1D weights stored [in, out], transposed at load), BigCode's
+    # GPT-BigCode (StarCoder, SantaCoder: one KV head where multi_query) and Meta's OPT
+    # (positions counted from 2 in their table): LayerNorm before each branch, learned
+    # positions, an MLP without a gate, biases everywhere.
+    "GPT2LMHeadModel": ArchitectureFlags(ungated_mlp=True, layer_norm=True,
+                                         learned_positions=True),
+    "GPTBigCodeForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True,
+                                               learned_positions=True),
+    "OPTForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True,
+                                        learned_positions=True),
     # NVIDIA's Nemotron (Nemotron-4, Minitron): LayerNorm whose weight is stored as an offset
     # from 1, rotary over part of each head, an MLP of squared ReLU without a gate.
     "NemotronForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True),
@@ -295,6 +309,8 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "cohere2": "Cohere2ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
                "nemotron": "NemotronForCausalLM", "phi": "PhiForCausalLM",
                "stablelm": "StableLmForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
+               "gpt2": "GPT2LMHeadModel", "gpt_bigcode": "GPTBigCodeForCausalLM",
+               "opt": "OPTForCausalLM",
                "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
                "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM",
                "solar_open": "SolarOpenForCausalLM",
@@ -509,6 +525,30 @@ def declare_attention_free(config: Any) -> None:
     config.num_attention_heads = config.num_key_value_heads = 0
 
 
+# The model types whose configs name their layers GPT-2's way (or OPT's).
+LEARNED_POSITION_TYPES = ("gpt2", "gpt_bigcode", "opt")
+
+
+def declare_layer_names(config: Any) -> None:
+    """Give GPT-2's, GPT-BigCode's and OPT's configs the names the engine reads for what they
+    call their own way: the MLP's width (n_inner, else four times the hidden size; OPT's
+    ffn_dim), its activation (activation_function), the biases (OPT's enable_bias, the
+    others' always) and the LayerNorm epsilon."""
+    if getattr(config, "model_type", None) not in LEARNED_POSITION_TYPES:
+        return
+    opt = config.model_type == "opt"
+    width = config.ffn_dim if opt else getattr(config, "n_inner", None) or 4 * config.hidden_size
+    config.intermediate_size = int(width)
+    config.hidden_act = config.activation_function
+    config.attention_bias = config.mlp_bias = bool(config.enable_bias) if opt else True
+    config.layer_norm_eps = 1e-5 if opt else float(config.layer_norm_epsilon)
+
+
+def learned_position_offset(config: Any) -> int:
+    """The row of position 0 in a learned position table: OPT's counts from 2."""
+    return 2 if config.model_type == "opt" else 0
+
+
 def check_features(config: Any) -> None:
     """ModelLoadError for what a supported architecture's config asks that is not computed
     here: Command R+'s per-head q/k LayerNorm (Cohere's use_qk_norm)."""
@@ -520,9 +560,38 @@ def check_features(config: Any) -> None:
             getattr(config, "qk_layernorm", False):
         raise ModelLoadError("qk_layernorm (a LayerNorm over each head of q and k) is not "
                              "supported; Phi-1.5, Phi-2 and StableLM 2 below 12B have none")
+    if getattr(config, "model_type", None) in LEARNED_POSITION_TYPES:
+        _check_learned_position_family(config)
     if cohere and getattr(config, "use_qk_norm", False):
         raise ModelLoadError("use_qk_norm (Command R+'s per-head LayerNorm of q and k) is not "
                              "supported; Cohere checkpoints without it are (Command R, R7B, A)")
+
+
+def _check_learned_position_family(config: Any) -> None:
+    """Refuse what GPT-2's, GPT-BigCode's and OPT's configs can ask beyond the released
+    models' layers: OPT-350m's norms after each branch and its narrower embeddings, GPT-2's
+    scores unscaled or scaled by layer."""
+    if config.model_type == "opt":
+        if not config.do_layer_norm_before:
+            raise ModelLoadError("do_layer_norm_before false (OPT-350m's norms after each "
+                                 "branch) is not supported; the other OPT models norm before")
+        if config.word_embed_proj_dim != config.hidden_size:
+            raise ModelLoadError(f"word_embed_proj_dim {config.word_embed_proj_dim} (embeddings "
+                                 f"narrower than hidden_size {config.hidden_size}, OPT-350m's) "
+                                 "is not supported")
+        if not config.layer_norm_elementwise_affine:
+            raise ModelLoadError("layer_norm_elementwise_affine false (LayerNorm without a "
+                                 "weight) is not supported")
+        return
+    if getattr(config, "scale_attn_by_inverse_layer_idx", False):
+        raise ModelLoadError("scale_attn_by_inverse_layer_idx (scores scaled by 1 / layer) is "
+                             "not supported")
+    if not getattr(config, "scale_attn_weights", True):
+        raise ModelLoadError("scale_attn_weights false (unscaled attention scores) is not "
+                             "supported")
+    if getattr(config, "add_cross_attention", False):
+        raise ModelLoadError("add_cross_attention (a decoder attending to an encoder) is not "
+                             "supported")
 
 
 def _classified_decoder(name: str) -> str | None:
@@ -757,6 +826,8 @@ def rotates_at(config: Any, layer: int) -> bool:
         return layer_window_of(config, layer) is not None
     if flags_of(config).mixer_blocks or getattr(config, "model_type", None) == "jamba":
         return False  # Nemotron-H's and Jamba's attention: no positional encoding
+    if flags_of(config).learned_positions:
+        return False  # positions embedded with the tokens
     if getattr(config, "model_type", None) == "olmo_hybrid":  # rotary where a base is given
         return bool((getattr(config, "rope_parameters", None) or {}).get("rope_theta"))
     if getattr(config, "model_type", None) == "granitemoehybrid":  # Granite 4.0-H: opt-in

@@ -49,6 +49,7 @@ from tokenmill.engine.models.architecture import (
     classifier_of,
     flags_of,
     layer_window_of,
+    learned_position_offset,
     moe_shape_of,
     rms_norm_eps_of,
     rotates_at,
@@ -470,6 +471,11 @@ class DecoderModel(nn.Module):
         self.embed_scale = config.hidden_size ** 0.5 if flags.gemma or flags.gemma4 else None
         self.embed_multiplier = float(config.embedding_multiplier) \
             if flags.granite or flags.falcon_h1 else None
+        # GPT-2's, GPT-BigCode's and OPT's learned positions, whole on every rank.
+        self.position_offset = learned_position_offset(config)
+        self.embed_positions = nn.Embedding(
+            config.max_position_embeddings + self.position_offset, config.hidden_size) \
+            if flags.learned_positions else None
         moe = moe_shape_of(config)
         windows = [layer_window_of(config, i) for i in range(config.num_hidden_layers)]
         shapes = sharded_layer_shapes(config, tp.size)
@@ -509,7 +515,7 @@ class DecoderModel(nn.Module):
         """The rotary tables of full-attention layers, and of sliding ones where they differ
         (else None), each over its layers' head size; none for an attention-free model."""
         full_dim, local_dim = (head_dim_of(self.config, kind) for kind in LAYER_TYPES)
-        if not full_dim:
+        if not full_dim or not any(self.rotates):
             return None, None
         full = rope_parameters(self.config)
         local = rope_parameters(self.config, "sliding_attention")
@@ -527,6 +533,8 @@ class DecoderModel(nn.Module):
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype).item()
         if self.embed_multiplier is not None:
             x = x * self.embed_multiplier
+        if self.embed_positions is not None:
+            x = x + self.embed_positions(positions + self.position_offset)
         width = x.shape[-1]
         deep = []
         for row, rows in image_rows:

@@ -147,6 +147,24 @@ RENAMED_PARTS["gpt_neox"] = {"gpt_neox.embed_in.": "model.embed_tokens.",
                              ".attention.query_key_value.": ".self_attn.query_key_value.",
                              ".mlp.dense_h_to_4h.": ".mlp.up_proj.",
                              ".mlp.dense_4h_to_h.": ".mlp.down_proj."}
+# GPT-2 and GPT-BigCode: their embeddings, norms and projections under Llama's names; q, k and
+# v fused one after the other (qkv_proj), but per head in GPT-BigCode's without multi_query.
+RENAMED_PARTS["gpt2"] = {"transformer.wte.": "model.embed_tokens.",
+                         "transformer.wpe.": "model.embed_positions.",
+                         "transformer.h.": "model.layers.", "transformer.ln_f.": "model.norm.",
+                         ".ln_1.": ".input_layernorm.", ".ln_2.": ".post_attention_layernorm.",
+                         ".attn.c_attn.": ".self_attn.qkv_proj.",
+                         ".attn.c_proj.": ".self_attn.o_proj.", ".mlp.c_fc.": ".mlp.up_proj.",
+                         ".mlp.c_proj.": ".mlp.down_proj."}
+RENAMED_PARTS["gpt_bigcode"] = RENAMED_PARTS["gpt2"]
+# OPT: its decoder's embeddings, layers and norms under Llama's names (its checkpoints name the
+# decoder with or without model. before it).
+RENAMED_PARTS["opt"] = {"model.decoder.": "model.", "decoder.": "model.",
+                        ".self_attn_layer_norm.": ".input_layernorm.",
+                        "model.final_layer_norm.": "model.norm.",
+                        ".final_layer_norm.": ".post_attention_layernorm.",
+                        ".self_attn.out_proj.": ".self_attn.o_proj.",
+                        ".fc1.": ".mlp.up_proj.", ".fc2.": ".mlp.down_proj."}
 # Phi-2: its output projection (dense) and MLP (fc1, fc2) under Llama's names.
 RENAMED_PARTS["phi"] = {".self_attn.dense.": ".self_attn.o_proj.", ".mlp.fc1.": ".mlp.up_proj.",
                         ".mlp.fc2.": ".mlp.down_proj.", "model.final_layernorm.": "model.norm."}
@@ -174,8 +192,14 @@ def renamed(config: Any, name: str) -> str:
             return f"{layer}.layers.{index}.moe.{part}"
     if getattr(config, "model_type", None) in GRANITE_SHARED_MLP and ".shared_mlp." in name:
         return _granite_shared_mlp(config, name)
+    if getattr(config, "model_type", None) == "gpt2" and \
+            not name.startswith(("transformer.", "lm_head.")):
+        name = f"transformer.{name}"  # GPT-2's first checkpoints: GPT2Model's bare names
     for stored, ours in RENAMED_PARTS.get(getattr(config, "model_type", None), {}).items():
         name = name.replace(stored, ours)
+    if getattr(config, "model_type", None) == "gpt_bigcode" and \
+            not getattr(config, "multi_query", True):
+        name = name.replace(".self_attn.qkv_proj.", f".{PER_HEAD_QKV}.")
     if getattr(config, "model_type", None) == "glm4":
         module, _, attr = name.rpartition(".")
         parent, _, kind = module.rpartition(".")
@@ -228,8 +252,19 @@ def expert_parts(config: Any, name: str) -> list[tuple[str, Take]] | None:
     return None
 
 
-# GPT-NeoX keeps q, k and v in one tensor per layer, head by head: each head's query rows, its
-# key rows, then its value rows ([heads, 3, head size, hidden]).
+# GPT-2's projections are Conv1D weights, stored [in, out]: read transposed.
+CONV1D_WEIGHTS = (".self_attn.qkv_proj.weight", ".self_attn.o_proj.weight",
+                  ".mlp.up_proj.weight", ".mlp.down_proj.weight")
+
+
+def stored_transposed(config: Any, name: str) -> bool:
+    """Whether checkpoint tensor `name` (under the model's names) is stored as [in, out]."""
+    return getattr(config, "model_type", None) == "gpt2" and name.endswith(CONV1D_WEIGHTS)
+
+
+# GPT-NeoX (and GPT-BigCode without multi_query) keeps q, k and v in one tensor per layer,
+# head by head: each head's query rows, its key rows, then its value rows ([heads, 3, head
+# size, hidden]).
 PER_HEAD_QKV = "self_attn.query_key_value"
 
 

@@ -34,6 +34,7 @@ from tokenmill.engine.models.architecture import (
     check_features,
     classifier_of,
     declare_attention_free,
+    declare_layer_names,
     encoder_of,
     flags_of,
     moe_shape_of,
@@ -48,6 +49,7 @@ from tokenmill.engine.models.fused_weights import (
     expert_parts,
     fused_parts,
     renamed,
+    stored_transposed,
 )
 from tokenmill.engine.models.gguf_weights import (
     MOE_GGUF_REFUSAL,
@@ -73,9 +75,10 @@ from tokenmill.engine.models.rope_order import ROTATED, pairs_to_halves, rotary_
 from tokenmill.engine.models.safetensors_files import Checkpoint, StoredTensor
 from tokenmill.engine.models.source import ModelLoadError, ModelSource
 
-# Buffers older checkpoints saved beside the weights: rotary frequencies, and GPT-NeoX's causal
-# mask and its fill value.
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq", ".attention.bias", ".attention.masked_bias")
+# Buffers older checkpoints saved beside the weights: rotary frequencies, and GPT-NeoX's and
+# GPT-2's causal mask and its fill value.
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq", ".attention.bias", ".attention.masked_bias",
+                    ".attn.bias", ".attn.masked_bias")
 # Tensors read at once: reads wait on the disk and copies (and first touches of the weights'
 # memory) release the GIL, so a thread per core, up to 4, overlaps them (docs/benchmarks.md,
 # "Model loading", compares counts).
@@ -121,6 +124,7 @@ def load_config(source: ModelSource) -> Any:
         except ConfigOverrideError as exc:
             raise ModelLoadError(f"--hf-overrides: {exc}") from exc
     declare_attention_free(config)
+    declare_layer_names(config)
     if getattr(config, "per_layer_config", None):
         # Layers of their own shapes (Gemma 4): read per layer where they differ
         # (layer_attention_shapes); the config's own values are the other layers'.
@@ -336,7 +340,9 @@ def _checkpoint_tensors(checkpoint: Checkpoint, published: tuple[str, Any] | Non
 
 # The families of LayerNorm models, by architecture, as a refusal names them.
 LAYER_NORM_FAMILIES = {"PhiForCausalLM": "Phi-2", "StableLmForCausalLM": "StableLM",
-                       "NemotronForCausalLM": "Nemotron", "GPTNeoXForCausalLM": "GPT-NeoX"}
+                       "NemotronForCausalLM": "Nemotron", "GPTNeoXForCausalLM": "GPT-NeoX",
+                       "GPT2LMHeadModel": "GPT-2", "GPTBigCodeForCausalLM": "GPT-BigCode",
+                       "OPTForCausalLM": "OPT"}
 
 
 def _safetensors_only_family(config: Any) -> str | None:
@@ -402,6 +408,8 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
         if interleaved and name.endswith(ROTATED):  # pairs (2i, 2i+1) to halves, per head
             stored = rotary_halves(model.config, name.split(".")[-2],
                                    stored_for(stored, None)[:])
+        if stored_transposed(model.config, name):
+            stored = stored_for(stored, None)[:].t().contiguous()
         experts = None if name in params else expert_parts(model.config, name)
         if experts:  # one tensor holding a layer's experts: read once, placed part by part
             whole = stored_for(stored, None)[:]

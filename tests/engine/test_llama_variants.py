@@ -37,7 +37,11 @@ parallelism) for:
 - GPT-NeoX (`GPTNeoXForCausalLM`, Pythia): q, k and v fused head by head, rotary over a quarter
   of each head, an MLP of GeLU without a gate, biases everywhere, attention and the MLP in
   parallel off a norm each or in sequence; the causal-mask buffers older checkpoints carry are
-  skipped."""
+  skipped;
+- GPT-2 (`GPT2LMHeadModel`), GPT-BigCode (`GPTBigCodeForCausalLM`, one KV head or a KV head
+  per query head) and OPT (`OPTForCausalLM`): learned positions (OPT's counted from 2), no
+  rotary, LayerNorm, an MLP without a gate, biases everywhere; GPT-2's Conv1D weights stored
+  [in, out], under the bare names of its first checkpoints."""
 
 from __future__ import annotations
 
@@ -126,6 +130,17 @@ def _config(kind: str, vocab: int):
         return transformers.GPTNeoXConfig(
             vocab_size=vocab, rotary_pct=0.25, rotary_emb_base=5000,
             use_parallel_residual=kind == "gpt_neox", **shape)
+    if kind in ("gpt2", "gpt_bigcode", "gpt_bigcode-mha"):
+        gpt2 = dict(vocab_size=vocab, n_embd=64, n_layer=4, n_head=4, n_inner=128,
+                    n_positions=512, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+        if kind == "gpt2":
+            return transformers.GPT2Config(**gpt2)
+        return transformers.GPTBigCodeConfig(multi_query=kind == "gpt_bigcode", **gpt2)
+    if kind == "opt":
+        return transformers.OPTConfig(vocab_size=vocab, hidden_size=64, ffn_dim=128,
+                                      num_hidden_layers=4, num_attention_heads=4,
+                                      max_position_embeddings=512, bos_token_id=1,
+                                      eos_token_id=2, pad_token_id=0)
     if kind == "hunyuan":
         return transformers.HunYuanDenseV1Config(
             vocab_size=vocab, head_dim=16, tie_word_embeddings=False,
@@ -143,7 +158,7 @@ def _config(kind: str, vocab: int):
                         "ministral3", "ministral", "cohere", "cohere2", "starcoder2",
                         "hunyuan", "nemotron", "phi", "helium", "exaone", "internlm3",
                         "apertus", "stablelm", "stablelm-parallel", "gpt_neox",
-                        "gpt_neox-sequential"])
+                        "gpt_neox-sequential", "gpt2", "gpt_bigcode", "gpt_bigcode-mha", "opt"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     # Biases and norms drawn (but for the families that have none or keep Llama's), so that a
     # missing (or misplaced) one shows.
@@ -151,22 +166,27 @@ def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
         str(tmp_path_factory.mktemp(request.param)), _config(request.param, len(vocab_tokenizer)),
         vocab_tokenizer, draw_norms=request.param not in ("granite", "smollm3", "arcee",
                                                           "ministral3", "ministral", "exaone"))
-    if request.param == "gpt_neox":
-        _add_causal_mask_buffers(directory)
+    if request.param in ("gpt_neox", "gpt2"):
+        _as_first_published(directory, request.param)
     return directory
 
 
-def _add_causal_mask_buffers(directory: str) -> None:
-    """The buffers Pythia's published checkpoints hold beside each layer's weights."""
+def _as_first_published(directory: str, kind: str) -> None:
+    """The checkpoint as Pythia's and GPT-2's were published: the causal-mask buffers beside
+    each layer's weights; GPT-2's saved from GPT2Model, every name without `transformer.`."""
     from safetensors.torch import load_file, save_file
 
     path = f"{directory}/model.safetensors"
     tensors = load_file(path)
     for layer in range(SHAPE["num_hidden_layers"]):
-        prefix = f"gpt_neox.layers.{layer}.attention"
+        prefix = f"gpt_neox.layers.{layer}.attention" if kind == "gpt_neox" else \
+            f"transformer.h.{layer}.attn"
         tensors[f"{prefix}.bias"] = torch.ones(1, 1, 8, 8, dtype=torch.bool).tril()
         tensors[f"{prefix}.masked_bias"] = torch.tensor(-1e9)
-        tensors[f"{prefix}.rotary_emb.inv_freq"] = torch.ones(2)
+        if kind == "gpt_neox":
+            tensors[f"{prefix}.rotary_emb.inv_freq"] = torch.ones(2)
+    if kind == "gpt2":
+        tensors = {name.removeprefix("transformer."): t for name, t in tensors.items()}
     save_file(tensors, path, metadata={"format": "pt"})
 
 
@@ -191,7 +211,7 @@ def test_greedy_equals_hf_batched_chunked_and_prefix_cached(variant_dir, expecte
 # biases as Seed-OSS's and ERNIE's, LayerNorm as StarCoder 2's, GLM-4's rotary): their
 # tensor-parallel runs would repeat those.
 SHARDED_AS_ANOTHER = ("glm", "helium", "exaone", "internlm3", "nemotron", "stablelm",
-                      "stablelm-parallel", "gpt_neox-sequential")
+                      "stablelm-parallel", "gpt_neox-sequential", "gpt_bigcode-mha", "opt")
 
 
 def test_tensor_parallel_equals_hf(request, variant_dir, expected, vocab_tokenizer):
@@ -291,3 +311,20 @@ def test_per_head_layer_norms_of_q_and_k_are_refused_by_name(tmp_path, vocab_tok
     path = make_random_model(str(tmp_path), config, vocab_tokenizer)
     with pytest.raises(ModelLoadError, match="qk_layernorm .*not supported"):
         LLM(path, **ENGINE)
+
+
+@pytest.mark.parametrize("kind, field, value, message", [
+    ("opt", "do_layer_norm_before", False, "do_layer_norm_before false .*OPT-350m"),
+    ("opt", "word_embed_proj_dim", 32, "word_embed_proj_dim 32 .*not supported"),
+    ("gpt2", "scale_attn_by_inverse_layer_idx", True, "scale_attn_by_inverse_layer_idx"),
+    ("gpt_bigcode", "scale_attn_weights", False, "scale_attn_weights false")])
+def test_layers_beyond_the_released_ones_are_refused_by_name(tmp_path, vocab_tokenizer, kind,
+                                                             field, value, message):
+    """OPT-350m's post-norms and narrower embeddings, GPT-2's scores scaled by layer or left
+    unscaled: refused at load rather than served as the other layers."""
+    config = _config(kind, len(vocab_tokenizer))
+    setattr(config, field, value)
+    config.save_pretrained(str(tmp_path))
+    vocab_tokenizer.save_pretrained(str(tmp_path))
+    with pytest.raises(ModelLoadError, match=message):
+        LLM(str(tmp_path), **ENGINE)
