@@ -79,6 +79,9 @@ class ArchitectureFlags:
     # rotary), and their config's own names for the MLP's width and activation
     # (declare_layer_names).
     learned_positions: bool = False
+    # GPT-J: attention and the MLP in parallel off one norm (Phi-2's layer), biases on the MLP
+    # and the LM head but not on attention.
+    gptj: bool = False
 
     @property
     def norms_add_one(self) -> bool:
@@ -163,6 +166,11 @@ SUPPORTED = {
                                                learned_positions=True),
     "OPTForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True,
                                         learned_positions=True),
+    # EleutherAI's GPT-J (GPT-J-6B and its fine-tunes): LayerNorm, rotary over interleaved pairs
+    # of the first rotary_dim dimensions of each head, attention and an MLP of GeLU without a
+    # gate in parallel off one norm, under GPT-2's names.
+    "GPTJForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True,
+                                         interleaved_rope=True, gptj=True),
     # NVIDIA's Nemotron (Nemotron-4, Minitron): LayerNorm whose weight is stored as an offset
     # from 1, rotary over part of each head, an MLP of squared ReLU without a gate.
     "NemotronForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True),
@@ -310,7 +318,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "nemotron": "NemotronForCausalLM", "phi": "PhiForCausalLM",
                "stablelm": "StableLmForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
                "gpt2": "GPT2LMHeadModel", "gpt_bigcode": "GPTBigCodeForCausalLM",
-               "opt": "OPTForCausalLM",
+               "opt": "OPTForCausalLM", "gptj": "GPTJForCausalLM",
                "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
                "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM",
                "solar_open": "SolarOpenForCausalLM",
@@ -525,23 +533,31 @@ def declare_attention_free(config: Any) -> None:
     config.num_attention_heads = config.num_key_value_heads = 0
 
 
-# The model types whose configs name their layers GPT-2's way (or OPT's).
+# The model types whose configs name their layers GPT-2's way (or OPT's), and those of them
+# with learned positions.
+GPT2_NAMED_TYPES = ("gpt2", "gpt_bigcode", "opt", "gptj")
 LEARNED_POSITION_TYPES = ("gpt2", "gpt_bigcode", "opt")
 
 
 def declare_layer_names(config: Any) -> None:
-    """Give GPT-2's, GPT-BigCode's and OPT's configs the names the engine reads for what they
-    call their own way: the MLP's width (n_inner, else four times the hidden size; OPT's
-    ffn_dim), its activation (activation_function), the biases (OPT's enable_bias, the
-    others' always) and the LayerNorm epsilon."""
-    if getattr(config, "model_type", None) not in LEARNED_POSITION_TYPES:
+    """Give GPT-2's, GPT-BigCode's, OPT's and GPT-J's configs the names the engine reads for
+    what they call their own way: the MLP's width (n_inner, else four times the hidden size;
+    OPT's ffn_dim), its activation (activation_function), the biases (OPT's enable_bias, GPT-2's
+    and GPT-BigCode's always), the LayerNorm epsilon, and GPT-J's rotated part of each head
+    (rotary_dim, none: all of it)."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in GPT2_NAMED_TYPES:
         return
-    opt = config.model_type == "opt"
+    opt = model_type == "opt"
     width = config.ffn_dim if opt else getattr(config, "n_inner", None) or 4 * config.hidden_size
     config.intermediate_size = int(width)
     config.hidden_act = config.activation_function
-    config.attention_bias = config.mlp_bias = bool(config.enable_bias) if opt else True
     config.layer_norm_eps = 1e-5 if opt else float(config.layer_norm_epsilon)
+    if model_type == "gptj":
+        head_dim = config.hidden_size // config.num_attention_heads
+        config.partial_rotary_factor = (config.rotary_dim or head_dim) / head_dim
+        return
+    config.attention_bias = config.mlp_bias = bool(config.enable_bias) if opt else True
 
 
 def learned_position_offset(config: Any) -> int:

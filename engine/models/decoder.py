@@ -261,7 +261,7 @@ class MLP(nn.Module):
         self.activation = activation_of(config)
         self.tp = tp
         bias = bool(getattr(config, "mlp_bias", False) or getattr(config, "use_bias", False)
-                    or flags_of(config).phi or flags_of(config).gpt_neox)
+                    or flags_of(config).phi or flags_of(config).gpt_neox or flags_of(config).gptj)
         width = plan.intermediate_size * widen
         self.gated = not flags_of(config).ungated_mlp
         if self.gated:
@@ -313,7 +313,7 @@ class DecoderLayer(nn.Module):
         self.post_norms_only = flags.olmo and not linear
         # Cohere's and Phi-2's branches read one norm's output side by side; StableLM's where
         # its config says so; GPT-NeoX's, where it says so, each its own norm's.
-        self.parallel = flags.cohere or flags.phi or (
+        self.parallel = flags.cohere or flags.phi or flags.gptj or (
             (config.model_type == "stablelm" or flags.gpt_neox)
             and bool(config.use_parallel_residual))
         self.parallel_norms = self.parallel and flags.gpt_neox
@@ -580,7 +580,7 @@ class CausalLM(nn.Module):
         self.tp = tp or TPGroup()
         self.model = DecoderModel(config, max_positions, self.plan, self.tp)
         self.lm_head = nn.Linear(config.hidden_size, self.plan.vocab_per_rank,
-                                 bias=flags_of(config).phi)
+                                 bias=flags_of(config).phi or flags_of(config).gptj)
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
         # A sequence classifier's head: one row per label, whole on every rank.

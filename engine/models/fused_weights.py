@@ -157,6 +157,12 @@ RENAMED_PARTS["gpt2"] = {"transformer.wte.": "model.embed_tokens.",
                          ".attn.c_proj.": ".self_attn.o_proj.", ".mlp.c_fc.": ".mlp.up_proj.",
                          ".mlp.c_proj.": ".mlp.down_proj."}
 RENAMED_PARTS["gpt_bigcode"] = RENAMED_PARTS["gpt2"]
+# GPT-J: GPT-2's names but for q, k and v apart, its output projection and MLP.
+RENAMED_PARTS["gptj"] = {"transformer.wte.": "model.embed_tokens.",
+                         "transformer.h.": "model.layers.", "transformer.ln_f.": "model.norm.",
+                         ".ln_1.": ".input_layernorm.", ".attn.out_proj.": ".self_attn.o_proj.",
+                         ".attn.": ".self_attn.", ".mlp.fc_in.": ".mlp.up_proj.",
+                         ".mlp.fc_out.": ".mlp.down_proj."}
 # OPT: its decoder's embeddings, layers and norms under Llama's names (its checkpoints name the
 # decoder with or without model. before it).
 RENAMED_PARTS["opt"] = {"model.decoder.": "model.", "decoder.": "model.",

@@ -342,7 +342,7 @@ def _checkpoint_tensors(checkpoint: Checkpoint, published: tuple[str, Any] | Non
 LAYER_NORM_FAMILIES = {"PhiForCausalLM": "Phi-2", "StableLmForCausalLM": "StableLM",
                        "NemotronForCausalLM": "Nemotron", "GPTNeoXForCausalLM": "GPT-NeoX",
                        "GPT2LMHeadModel": "GPT-2", "GPTBigCodeForCausalLM": "GPT-BigCode",
-                       "OPTForCausalLM": "OPT"}
+                       "OPTForCausalLM": "OPT", "GPTJForCausalLM": "GPT-J"}
 
 
 def _safetensors_only_family(config: Any) -> str | None:

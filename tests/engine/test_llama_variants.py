@@ -41,7 +41,10 @@ parallelism) for:
 - GPT-2 (`GPT2LMHeadModel`), GPT-BigCode (`GPTBigCodeForCausalLM`, one KV head or a KV head
   per query head) and OPT (`OPTForCausalLM`): learned positions (OPT's counted from 2), no
   rotary, LayerNorm, an MLP without a gate, biases everywhere; GPT-2's Conv1D weights stored
-  [in, out], under the bare names of its first checkpoints."""
+  [in, out], under the bare names of its first checkpoints;
+- GPT-J (`GPTJForCausalLM`): rotary over interleaved pairs of the first rotary_dim dimensions
+  of each head, attention and the MLP in parallel off one norm, biases on the MLP and the LM
+  head only."""
 
 from __future__ import annotations
 
@@ -136,6 +139,10 @@ def _config(kind: str, vocab: int):
         if kind == "gpt2":
             return transformers.GPT2Config(**gpt2)
         return transformers.GPTBigCodeConfig(multi_query=kind == "gpt_bigcode", **gpt2)
+    if kind == "gptj":  # half of each head rotates
+        return transformers.GPTJConfig(vocab_size=vocab, n_embd=64, n_layer=4, n_head=4,
+                                       rotary_dim=8, n_inner=128, n_positions=512,
+                                       bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if kind == "opt":
         return transformers.OPTConfig(vocab_size=vocab, hidden_size=64, ffn_dim=128,
                                       num_hidden_layers=4, num_attention_heads=4,
@@ -158,7 +165,8 @@ def _config(kind: str, vocab: int):
                         "ministral3", "ministral", "cohere", "cohere2", "starcoder2",
                         "hunyuan", "nemotron", "phi", "helium", "exaone", "internlm3",
                         "apertus", "stablelm", "stablelm-parallel", "gpt_neox",
-                        "gpt_neox-sequential", "gpt2", "gpt_bigcode", "gpt_bigcode-mha", "opt"])
+                        "gpt_neox-sequential", "gpt2", "gpt_bigcode", "gpt_bigcode-mha", "opt",
+                        "gptj"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     # Biases and norms drawn (but for the families that have none or keep Llama's), so that a
     # missing (or misplaced) one shows.
