@@ -82,6 +82,9 @@ class ArchitectureFlags:
     # GPT-J: attention and the MLP in parallel off one norm (Phi-2's layer), biases on the MLP
     # and the LM head but not on attention.
     gptj: bool = False
+    # Falcon: q, k and v fused per KV head (query_key_value), attention and the MLP in parallel
+    # (off one norm, or ln_attn and ln_mlp) or in sequence, as parallel_norms_of reads it.
+    falcon: bool = False
 
     @property
     def norms_add_one(self) -> bool:
@@ -171,6 +174,9 @@ SUPPORTED = {
     # gate in parallel off one norm, under GPT-2's names.
     "GPTJForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True,
                                          interleaved_rope=True, gptj=True),
+    # TII's Falcon (7B, 40B, 180B, Falcon 2 11B): LayerNorm, rotary, an MLP of GeLU without a
+    # gate, one KV head (multi_query) or KV heads of their own (new_decoder_architecture).
+    "FalconForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True, falcon=True),
     # NVIDIA's Nemotron (Nemotron-4, Minitron): LayerNorm whose weight is stored as an offset
     # from 1, rotary over part of each head, an MLP of squared ReLU without a gate.
     "NemotronForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True),
@@ -319,6 +325,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "stablelm": "StableLmForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
                "gpt2": "GPT2LMHeadModel", "gpt_bigcode": "GPTBigCodeForCausalLM",
                "opt": "OPTForCausalLM", "gptj": "GPTJForCausalLM",
+               "falcon": "FalconForCausalLM",
                "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
                "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM",
                "solar_open": "SolarOpenForCausalLM",
@@ -560,6 +567,38 @@ def declare_layer_names(config: Any) -> None:
     config.attention_bias = config.mlp_bias = bool(config.enable_bias) if opt else True
 
 
+def declare_falcon_names(config: Any) -> None:
+    """Give Falcon's config the names the engine reads: its KV heads (one where multi_query,
+    num_kv_heads with new_decoder_architecture, else one per query head), MLP width,
+    activation, biases and LayerNorm epsilon."""
+    if getattr(config, "model_type", None) != "falcon":
+        return
+    heads = config.num_attention_heads
+    config.num_key_value_heads = int(config.num_kv_heads or heads) if \
+        config.new_decoder_architecture else 1 if config.multi_query else heads
+    config.intermediate_size = int(config.ffn_hidden_size or 4 * config.hidden_size)
+    config.hidden_act = config.activation
+    config.attention_bias = config.mlp_bias = bool(config.bias)
+    config.layer_norm_eps = float(config.layer_norm_epsilon)
+
+
+def parallel_norms_of(config: Any) -> int:
+    """How a layer's attention and MLP read the stream: 0 in sequence (the MLP after attention
+    joined it); 1 side by side off one norm (Cohere, Phi-2, GPT-J, StableLM and Falcon 7B
+    where their configs say so); 2 side by side, each off its own norm (GPT-NeoX where
+    use_parallel_residual, Falcon 40B/180B's ln_attn and ln_mlp)."""
+    flags = flags_of(config)
+    if flags.cohere or flags.phi or flags.gptj:
+        return 1
+    if flags.gpt_neox:
+        return 2 if config.use_parallel_residual else 0
+    if flags.falcon and config.new_decoder_architecture:
+        return 2 if (config.num_ln_in_parallel_attn or 2) == 2 else 1
+    if flags.falcon:
+        return 1 if config.parallel_attn else 0
+    return int(config.model_type == "stablelm" and bool(config.use_parallel_residual))
+
+
 def learned_position_offset(config: Any) -> int:
     """The row of position 0 in a learned position table: OPT's counts from 2."""
     return 2 if config.model_type == "opt" else 0
@@ -578,6 +617,9 @@ def check_features(config: Any) -> None:
                              "supported; Phi-1.5, Phi-2 and StableLM 2 below 12B have none")
     if getattr(config, "model_type", None) in LEARNED_POSITION_TYPES:
         _check_learned_position_family(config)
+    if getattr(config, "model_type", None) == "falcon" and config.alibi:
+        raise ModelLoadError("alibi (Falcon-RW's linear attention biases by distance) is not "
+                             "supported; Falcon's rotary models are")
     if cohere and getattr(config, "use_qk_norm", False):
         raise ModelLoadError("use_qk_norm (Command R+'s per-head LayerNorm of q and k) is not "
                              "supported; Cohere checkpoints without it are (Command R, R7B, A)")

@@ -51,6 +51,7 @@ from tokenmill.engine.models.architecture import (
     layer_window_of,
     learned_position_offset,
     moe_shape_of,
+    parallel_norms_of,
     rms_norm_eps_of,
     rotates_at,
 )
@@ -311,12 +312,9 @@ class DecoderLayer(nn.Module):
 
         # OLMo's norms after each branch; OLMo Hybrid's gated delta net layers have Llama's.
         self.post_norms_only = flags.olmo and not linear
-        # Cohere's and Phi-2's branches read one norm's output side by side; StableLM's where
-        # its config says so; GPT-NeoX's, where it says so, each its own norm's.
-        self.parallel = flags.cohere or flags.phi or flags.gptj or (
-            (config.model_type == "stablelm" or flags.gpt_neox)
-            and bool(config.use_parallel_residual))
-        self.parallel_norms = self.parallel and flags.gpt_neox
+        # Attention and the MLP side by side, off one norm or a norm each (parallel_norms_of).
+        norms = parallel_norms_of(config)
+        self.parallel, self.parallel_norms = norms > 0, norms == 2
         if not self.post_norms_only:
             self.input_layernorm = norm()
         self.linear = linear

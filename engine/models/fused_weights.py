@@ -171,6 +171,16 @@ RENAMED_PARTS["opt"] = {"model.decoder.": "model.", "decoder.": "model.",
                         ".final_layer_norm.": ".post_attention_layernorm.",
                         ".self_attn.out_proj.": ".self_attn.o_proj.",
                         ".fc1.": ".mlp.up_proj.", ".fc2.": ".mlp.down_proj."}
+# Falcon: its embeddings, layers, norms and projections under Llama's names (q, k and v stay
+# fused per KV head in query_key_value: _per_head_qkv_parts).
+RENAMED_PARTS["falcon"] = {"transformer.word_embeddings.": "model.embed_tokens.",
+                           "transformer.h.": "model.layers.", "transformer.ln_f.": "model.norm.",
+                           ".self_attention.dense.": ".self_attn.o_proj.",
+                           ".self_attention.query_key_value.": ".self_attn.query_key_value.",
+                           ".ln_attn.": ".input_layernorm.",
+                           ".ln_mlp.": ".post_attention_layernorm.",
+                           ".mlp.dense_h_to_4h.": ".mlp.up_proj.",
+                           ".mlp.dense_4h_to_h.": ".mlp.down_proj."}
 # Phi-2: its output projection (dense) and MLP (fc1, fc2) under Llama's names.
 RENAMED_PARTS["phi"] = {".self_attn.dense.": ".self_attn.o_proj.", ".mlp.fc1.": ".mlp.up_proj.",
                         ".mlp.fc2.": ".mlp.down_proj.", "model.final_layernorm.": "model.norm."}
@@ -268,22 +278,25 @@ def stored_transposed(config: Any, name: str) -> bool:
     return getattr(config, "model_type", None) == "gpt2" and name.endswith(CONV1D_WEIGHTS)
 
 
-# GPT-NeoX (and GPT-BigCode without multi_query) keeps q, k and v in one tensor per layer,
-# head by head: each head's query rows, its key rows, then its value rows ([heads, 3, head
-# size, hidden]).
+# GPT-NeoX, Falcon and GPT-BigCode without multi_query keep q, k and v in one tensor per
+# layer, KV head by KV head: the rows of the query heads it serves, its key rows, then its
+# value rows ([KV heads, queries per KV head + 2, head size, hidden]; GPT-NeoX's a query
+# head per KV head, Falcon 7B's one KV head for all).
 PER_HEAD_QKV = "self_attn.query_key_value"
 
 
 def _per_head_qkv_parts(config: Any, module: str, attr: str) -> list[tuple[str, Take]]:
-    heads, size = config.num_attention_heads, head_dim_of(config)
+    groups, size = num_kv_heads_of(config), head_dim_of(config)
+    queries = config.num_attention_heads // groups
     parent = module.rpartition(".")[0]
 
-    def part(w: torch.Tensor, index: int) -> torch.Tensor:
-        rows = w.reshape(heads, 3, size, *w.shape[1:])[:, index]
-        return rows.reshape(heads * size, *w.shape[1:])
+    def part(w: torch.Tensor, first: int, count: int) -> torch.Tensor:
+        rows = w.reshape(groups, queries + 2, size, *w.shape[1:])[:, first:first + count]
+        return rows.reshape(groups * count * size, *w.shape[1:])
 
-    return [(f"{parent}.{kind}_proj.{attr}", lambda w, i=i: part(w, i))
-            for i, kind in enumerate("qkv")]
+    return [(f"{parent}.q_proj.{attr}", lambda w: part(w, 0, queries)),
+            (f"{parent}.k_proj.{attr}", lambda w: part(w, queries, 1)),
+            (f"{parent}.v_proj.{attr}", lambda w: part(w, queries + 1, 1))]
 
 
 # Qwen3-Next keeps a gated delta net's input projections in two tensors, grouped by key

@@ -34,6 +34,7 @@ from tokenmill.engine.models.architecture import (
     check_features,
     classifier_of,
     declare_attention_free,
+    declare_falcon_names,
     declare_layer_names,
     encoder_of,
     flags_of,
@@ -125,6 +126,7 @@ def load_config(source: ModelSource) -> Any:
             raise ModelLoadError(f"--hf-overrides: {exc}") from exc
     declare_attention_free(config)
     declare_layer_names(config)
+    declare_falcon_names(config)
     if getattr(config, "per_layer_config", None):
         # Layers of their own shapes (Gemma 4): read per layer where they differ
         # (layer_attention_shapes); the config's own values are the other layers'.
@@ -342,7 +344,8 @@ def _checkpoint_tensors(checkpoint: Checkpoint, published: tuple[str, Any] | Non
 LAYER_NORM_FAMILIES = {"PhiForCausalLM": "Phi-2", "StableLmForCausalLM": "StableLM",
                        "NemotronForCausalLM": "Nemotron", "GPTNeoXForCausalLM": "GPT-NeoX",
                        "GPT2LMHeadModel": "GPT-2", "GPTBigCodeForCausalLM": "GPT-BigCode",
-                       "OPTForCausalLM": "OPT", "GPTJForCausalLM": "GPT-J"}
+                       "OPTForCausalLM": "OPT", "GPTJForCausalLM": "GPT-J",
+                       "FalconForCausalLM": "Falcon"}
 
 
 def _safetensors_only_family(config: Any) -> str | None:

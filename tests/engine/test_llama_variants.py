@@ -44,7 +44,10 @@ parallelism) for:
   [in, out], under the bare names of its first checkpoints;
 - GPT-J (`GPTJForCausalLM`): rotary over interleaved pairs of the first rotary_dim dimensions
   of each head, attention and the MLP in parallel off one norm, biases on the MLP and the LM
-  head only."""
+  head only;
+- Falcon (`FalconForCausalLM`): q, k and v fused per KV head: one KV head with attention and
+  the MLP in parallel off one norm (7B), KV heads of their own each off its own norm (40B,
+  180B), or a KV head per query head, in sequence, with biases."""
 
 from __future__ import annotations
 
@@ -143,6 +146,15 @@ def _config(kind: str, vocab: int):
         return transformers.GPTJConfig(vocab_size=vocab, n_embd=64, n_layer=4, n_head=4,
                                        rotary_dim=8, n_inner=128, n_positions=512,
                                        bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if kind.startswith("falcon"):
+        layout = {"falcon": dict(multi_query=True, parallel_attn=True),
+                  "falcon-new": dict(new_decoder_architecture=True, num_kv_heads=2),
+                  "falcon-sequential": dict(multi_query=False, parallel_attn=False,
+                                            bias=True)}[kind]
+        return transformers.FalconConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=4,
+                                         num_attention_heads=4, ffn_hidden_size=128,
+                                         max_position_embeddings=512, bos_token_id=1,
+                                         eos_token_id=2, pad_token_id=0, **layout)
     if kind == "opt":
         return transformers.OPTConfig(vocab_size=vocab, hidden_size=64, ffn_dim=128,
                                       num_hidden_layers=4, num_attention_heads=4,
@@ -166,7 +178,7 @@ def _config(kind: str, vocab: int):
                         "hunyuan", "nemotron", "phi", "helium", "exaone", "internlm3",
                         "apertus", "stablelm", "stablelm-parallel", "gpt_neox",
                         "gpt_neox-sequential", "gpt2", "gpt_bigcode", "gpt_bigcode-mha", "opt",
-                        "gptj"])
+                        "gptj", "falcon", "falcon-new", "falcon-sequential"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     # Biases and norms drawn (but for the families that have none or keep Llama's), so that a
     # missing (or misplaced) one shows.
@@ -219,7 +231,8 @@ def test_greedy_equals_hf_batched_chunked_and_prefix_cached(variant_dir, expecte
 # biases as Seed-OSS's and ERNIE's, LayerNorm as StarCoder 2's, GLM-4's rotary): their
 # tensor-parallel runs would repeat those.
 SHARDED_AS_ANOTHER = ("glm", "helium", "exaone", "internlm3", "nemotron", "stablelm",
-                      "stablelm-parallel", "gpt_neox-sequential", "gpt_bigcode-mha", "opt")
+                      "stablelm-parallel", "gpt_neox-sequential", "gpt_bigcode-mha", "opt",
+                      "falcon-sequential")
 
 
 def test_tensor_parallel_equals_hf(request, variant_dir, expected, vocab_tokenizer):
@@ -325,11 +338,12 @@ def test_per_head_layer_norms_of_q_and_k_are_refused_by_name(tmp_path, vocab_tok
     ("opt", "do_layer_norm_before", False, "do_layer_norm_before false .*OPT-350m"),
     ("opt", "word_embed_proj_dim", 32, "word_embed_proj_dim 32 .*not supported"),
     ("gpt2", "scale_attn_by_inverse_layer_idx", True, "scale_attn_by_inverse_layer_idx"),
-    ("gpt_bigcode", "scale_attn_weights", False, "scale_attn_weights false")])
+    ("gpt_bigcode", "scale_attn_weights", False, "scale_attn_weights false"),
+    ("falcon", "alibi", True, "alibi .*Falcon-RW")])
 def test_layers_beyond_the_released_ones_are_refused_by_name(tmp_path, vocab_tokenizer, kind,
                                                              field, value, message):
     """OPT-350m's post-norms and narrower embeddings, GPT-2's scores scaled by layer or left
-    unscaled: refused at load rather than served as the other layers."""
+    unscaled, Falcon-RW's ALiBi: refused at load rather than served as the other layers."""
     config = _config(kind, len(vocab_tokenizer))
     setattr(config, field, value)
     config.save_pretrained(str(tmp_path))
