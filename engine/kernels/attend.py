@@ -42,8 +42,8 @@ def scale_args(k_cache: torch.Tensor, k_scale: torch.Tensor | None,
 
 
 def base2_sinks(sinks: torch.Tensor | None, placeholder: torch.Tensor) -> torch.Tensor:
-    """Attention sinks as the kernels read them: float32 logits in base 2, as the scores are;
-    without sinks, `placeholder`, never read."""
+    """Attention sinks (or ALiBi slopes) as the kernels read them: float32 in base 2, as the
+    scores are; without them, `placeholder`, never read."""
     return placeholder if sinks is None else sinks.float() * LOG2E
 
 
@@ -56,10 +56,10 @@ def dim_block(head_dim: int) -> int:
 def attend_context(
     q, q_pos, q_last, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr, kv_head, start,
     end, qk_scale, window, softcap, block_size, stride_cb, stride_ct, stride_ch, stride_sb,
-    stride_st, head_dim, chunk,
+    stride_st, head_dim, chunk, slopes,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, QUANTIZED: tl.constexpr, WINDOWED: tl.constexpr,
-    SOFTCAPPED: tl.constexpr, CHUNKED: tl.constexpr,
+    SOFTCAPPED: tl.constexpr, CHUNKED: tl.constexpr, ALIBI: tl.constexpr,
 ):
     """Rows q [BLOCK_M, BLOCK_D] at positions q_pos attend to keys start..end-1 up to q_last
 (q_pos: causally; beyond it for rows that see a whole image both ways).
@@ -68,6 +68,8 @@ def attend_context(
     may hold no key some row sees; CHUNKED: likewise, a row sees only the positions of its
     own chunk (Llama 4's chunked attention: from its position // chunk * chunk).
     SOFTCAPPED: scores become softcap * tanh(score / softcap) before the softmax (Gemma 2).
+    ALIBI: each row's score of a key `distance` behind it drops by its slope (`slopes`
+    [BLOCK_M], in base 2) times the distance (BLOOM).
     Returns (acc, denom, m). Without a window every row must see
     a key in the first tile (m stays finite after it); the callers' ranges guarantee that. An
     empty range returns denom 0 and m -inf.
@@ -99,6 +101,8 @@ def attend_context(
             # softcap arrives in base 2 (times log2(e)), as the scores do; tanh(x) is
             # 2 sigmoid(2x) - 1.
             scores = softcap * (2.0 * tl.sigmoid(2.0 * scores / softcap) - 1.0)
+        if ALIBI:
+            scores += slopes[:, None] * (pos[None, :] - q_pos[:, None]).to(tl.float32)
         visible = pos_ok[None, :] & (pos[None, :] <= q_last[:, None])
         if WINDOWED:
             visible = visible & (pos[None, :] > q_pos[:, None] - window)

@@ -32,7 +32,7 @@ MIN_SPLIT_TOKENS = 256  # shorter splits would cost more to merge than they save
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, block_tables_ptr, seq_lens_ptr,
-    part_out_ptr, part_lse_ptr,
+    part_out_ptr, part_lse_ptr, alibi_ptr,
     qk_scale, window, softcap, chunk,
     stride_qs, stride_qh,
     stride_cb, stride_ct, stride_ch, stride_sb, stride_st,
@@ -41,7 +41,7 @@ def _decode_split_kernel(
     block_size, group, head_dim, split_tokens,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, QUANTIZED: tl.constexpr, WINDOWED: tl.constexpr,
-    SOFTCAPPED: tl.constexpr, CHUNKED: tl.constexpr,
+    SOFTCAPPED: tl.constexpr, CHUNKED: tl.constexpr, ALIBI: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -63,11 +63,15 @@ def _decode_split_kernel(
                 mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
 
     seq_end = tl.zeros([BLOCK_G], tl.int64) + (seq_len - 1)  # the query's own position
+    slopes = tl.zeros([BLOCK_G], tl.float32)
+    if ALIBI:
+        slopes = tl.load(alibi_ptr + heads, mask=row_ok, other=0.0)
     acc, denom, m = attend_context(
         q, seq_end, seq_end, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
         block_tables_ptr + seq * stride_bt, kv_head, start, end, qk_scale, window, softcap,
         block_size, stride_cb, stride_ct, stride_ch, stride_sb, stride_st, head_dim, chunk,
-        BLOCK_G, BLOCK_N, BLOCK_D, DOT_PRECISION, QUANTIZED, WINDOWED, SOFTCAPPED, CHUNKED,
+        slopes, BLOCK_G, BLOCK_N, BLOCK_D, DOT_PRECISION, QUANTIZED, WINDOWED, SOFTCAPPED,
+        CHUNKED, ALIBI,
     )
 
     # An empty split (its sequence is shorter) leaves lse = -inf and weighs nothing in the merge.
@@ -117,7 +121,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      v_scale: torch.Tensor | None = None, window: int | None = None,
                      softcap: float | None = None,
                      sinks: torch.Tensor | None = None, chunk: int | None = None,
-                     **settings: Any) -> torch.Tensor:
+                     alibi: torch.Tensor | None = None, **settings: Any) -> torch.Tensor:
     """q: [seqs, heads, dim], one query per sequence, at position seq_lens[i] - 1 -> same shape.
 
     Caches are [blocks, block_size, kv_heads, dim]; block_tables[i] lists sequence i's blocks.
@@ -127,7 +131,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     window: the query sees only its last `window` positions; chunk: only those of its own
     chunk of `chunk` positions; softcap: scores pass through softcap * tanh(score / softcap);
     sinks: [heads], a logit per head in the softmax's denominator (attention sinks), added
-    when the splits merge. settings
+    when the splits merge; alibi: [heads], each head's slope times a key's distance behind
+    the query taken off its score. settings
     (launch_configs.KERNEL_DEFAULTS' names) override the device's measured launch config for
     this shape (the split kernel's).
     """
@@ -152,6 +157,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     k_scales, v_scales, scale_sb, scale_st = scale_args(k_cache, k_scale, v_scale)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, k_scales, v_scales, block_tables, seq_lens, part_out, part_lse,
+        base2_sinks(alibi, part_lse),
         scale * LOG2E, window or 0, (softcap or 0.0) * LOG2E, chunk or 0,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale_sb, scale_st,
@@ -162,6 +168,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
         DOT_PRECISION=dot_precision(q.dtype), QUANTIZED=k_scale is not None,
         WINDOWED=bool(window), SOFTCAPPED=bool(softcap), CHUNKED=bool(chunk),
+        ALIBI=alibi is not None,
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
     _merge_splits_kernel[(num_seqs, num_heads)](

@@ -38,7 +38,7 @@ from tokenmill.engine.kernels.launch_configs import attention_key, launch_config
 @triton.jit(do_not_specialize=["num_seqs"])
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, out_ptr, block_tables_ptr,
-    seq_lens_ptr, query_start_ptr, sinks_ptr, last_ptr,
+    seq_lens_ptr, query_start_ptr, sinks_ptr, last_ptr, alibi_ptr,
     qk_scale, window, softcap, chunk,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_ct, stride_ch, stride_sb, stride_st,
@@ -47,7 +47,7 @@ def _prefill_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, QUANTIZED: tl.constexpr, WINDOWED: tl.constexpr,
     SOFTCAPPED: tl.constexpr, SINKS: tl.constexpr, LIMITED: tl.constexpr,
-    CHUNKED: tl.constexpr,
+    CHUNKED: tl.constexpr, ALIBI: tl.constexpr,
 ):
     program = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -91,11 +91,15 @@ def _prefill_kernel(
         start = tl.maximum(prefix + (tile_m * BLOCK_M) // group - window + 1, 0)
     if CHUNKED:  # and those before the chunk of the tile's first query
         start = tl.maximum(start, ((prefix + (tile_m * BLOCK_M) // group) // chunk) * chunk)
+    slopes = tl.zeros([BLOCK_M], tl.float32)
+    if ALIBI:
+        slopes = tl.load(alibi_ptr + heads, mask=row_ok, other=0.0)
     acc, denom, m = attend_context(
         q, q_pos, q_last, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
         block_tables_ptr + seq * stride_bt, kv_head, start, end, qk_scale, window, softcap,
         block_size, stride_cb, stride_ct, stride_ch, stride_sb, stride_st, head_dim, chunk,
-        BLOCK_M, BLOCK_N, BLOCK_D, DOT_PRECISION, QUANTIZED, WINDOWED, SOFTCAPPED, CHUNKED,
+        slopes, BLOCK_M, BLOCK_N, BLOCK_D, DOT_PRECISION, QUANTIZED, WINDOWED, SOFTCAPPED,
+        CHUNKED, ALIBI,
     )
     if SINKS:  # each head's sink logit (base 2) joins the denominator, adding no value
         sink = tl.load(sinks_ptr + heads, mask=row_ok, other=0.0)
@@ -119,7 +123,8 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       softcap: float | None = None,
                       sinks: torch.Tensor | None = None,
                       visible_until: torch.Tensor | None = None,
-                      chunk: int | None = None, **settings: Any) -> torch.Tensor:
+                      chunk: int | None = None, alibi: torch.Tensor | None = None,
+                      **settings: Any) -> torch.Tensor:
     """q: [tokens, heads, dim] of every sequence's new tokens -> attention output, same shape.
 
     Caches are [blocks, block_size, kv_heads, dim]; the new tokens' K/V must already be in them.
@@ -130,7 +135,9 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     chunk of `chunk` positions (Llama 4); softcap: scores pass through
     softcap * tanh(score / softcap); sinks: [heads], a logit per head in every softmax's
     denominator (attention sinks); visible_until: [tokens], the last position each query
-    sees (None: its own, causal attention), which an image's rows extend to the image's end.
+    sees (None: its own, causal attention), which an image's rows extend to the image's end;
+    alibi: [heads], each head's slope times a key's distance behind the query taken off its
+    score (BLOOM).
     settings (launch_configs.KERNEL_DEFAULTS' names) override the device's measured launch
     config for this shape.
     """
@@ -150,6 +157,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     _prefill_kernel[grid](
         q, k_cache, v_cache, k_scales, v_scales, out, block_tables, seq_lens, query_start_loc,
         base2_sinks(sinks, q), seq_lens if visible_until is None else visible_until,
+        base2_sinks(alibi, q),
         scale * LOG2E, window or 0, (softcap or 0.0) * LOG2E, chunk or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), scale_sb, scale_st,
@@ -158,7 +166,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         BLOCK_M=block_m, BLOCK_N=config["block_n"], BLOCK_D=dim_block(head_dim),
         DOT_PRECISION=dot_precision(q.dtype), QUANTIZED=k_scale is not None,
         WINDOWED=bool(window), SOFTCAPPED=bool(softcap), SINKS=sinks is not None,
-        LIMITED=visible_until is not None, CHUNKED=bool(chunk),
+        LIMITED=visible_until is not None, CHUNKED=bool(chunk), ALIBI=alibi is not None,
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
     return out

@@ -66,10 +66,12 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, cache: KVLayer, meta: AttentionMe
 
 
 def attention(q: torch.Tensor, cache: KVLayer, meta: AttentionMetadata,
-              scale: float | Scores, sinks: torch.Tensor | None = None) -> torch.Tensor:
+              scale: float | Scores, sinks: torch.Tensor | None = None,
+              alibi: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of every sequence's new queries ([tokens, heads, dim]) over its context
     (or its sliding window), scored as `scale` says; `sinks` ([heads]) join every softmax's
-    denominator (GPT-OSS).
+    denominator (GPT-OSS); `alibi` ([heads]): each head's slope, times how far behind the
+    query a key is, taken off its score (BLOOM's ALiBi).
 
     On Triton, an all-decode step takes the split-K decode kernel; any step with a longer chunk
     takes one launch of the prefill/extend kernel, which serves its decodes too.
@@ -77,7 +79,7 @@ def attention(q: torch.Tensor, cache: KVLayer, meta: AttentionMetadata,
     scores = scale if isinstance(scale, Scores) else Scores(scale)
     if meta.backend != "triton":
         return reference.paged_attention(q, cache.k, cache.v, meta, scores, cache.k_scale,
-                                         cache.v_scale, sinks)
+                                         cache.v_scale, sinks, alibi)
     if max(meta.query_lens_list) == 1:
         from tokenmill.engine.kernels.decode_attention import decode_attention
 
@@ -85,7 +87,8 @@ def attention(q: torch.Tensor, cache: KVLayer, meta: AttentionMetadata,
                                 meta.max_seq_len, scores.scale,
                                 num_splits=meta.decode_splits, k_scale=cache.k_scale,
                                 v_scale=cache.v_scale, window=scores.window,
-                                softcap=scores.softcap, sinks=sinks, chunk=scores.chunk)
+                                softcap=scores.softcap, sinks=sinks, chunk=scores.chunk,
+                                alibi=alibi)
     from tokenmill.engine.kernels.prefill_attention import prefill_attention
 
     return prefill_attention(q, cache.k, cache.v, meta.block_tables, meta.seq_lens,
@@ -93,4 +96,5 @@ def attention(q: torch.Tensor, cache: KVLayer, meta: AttentionMetadata,
                              k_scale=cache.k_scale, v_scale=cache.v_scale,
                              zero_unowned=meta.unowned_rows, window=scores.window,
                              softcap=scores.softcap, sinks=sinks,
-                             visible_until=meta.visible_until, chunk=scores.chunk)
+                             visible_until=meta.visible_until, chunk=scores.chunk,
+                             alibi=alibi)

@@ -82,6 +82,7 @@ def paged_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     meta: AttentionMetadata, scale: float | Scores, k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None, sinks: torch.Tensor | None = None,
+    alibi: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new queries over its cached context (the whole of
     it, or a sliding window of it).
@@ -89,23 +90,24 @@ def paged_attention(
     q: [tokens, heads, dim] -> [tokens, heads, dim]. Decode rows (one query each) run in padded
     batches of similar context length; prefill and chunked-prefill rows run one at a time.
     sinks: [heads], a logit per head that joins every softmax's denominator and adds nothing
-    to the output (GPT-OSS's attention sinks).
+    to the output (GPT-OSS's attention sinks). alibi: [heads], each head's slope: a key
+    `distance` positions behind the query scores slope * -distance more (ALiBi: BLOOM's).
     """
     scores = scale if isinstance(scale, Scores) else Scores(scale)
     cache = KVLayer(k_cache, v_cache, k_scale, v_scale)
     buckets = decode_buckets(meta, k_cache.shape[1])
     if q.shape[0] == 1 and buckets:  # one decoding sequence: its bucket's output is the output
-        return _decode_bucket(q, cache, buckets[0], scores, sinks)
+        return _decode_bucket(q, cache, buckets[0], scores, sinks, alibi)
     out = torch.empty_like(q)
     for bucket in buckets:
-        out.index_copy_(0, bucket.rows, _decode_bucket(q, cache, bucket, scores, sinks))
+        out.index_copy_(0, bucket.rows, _decode_bucket(q, cache, bucket, scores, sinks, alibi))
     for i, q_len in enumerate(meta.query_lens_list):
         if q_len > 1:
             start = int(meta.query_start_loc[i])
             last = None if meta.visible_until is None else \
                 meta.visible_until[start:start + q_len].unsqueeze(1)
             out[start:start + q_len] = _prefill_one(q[start:start + q_len], cache, meta, i,
-                                                    scores, sinks, last)
+                                                    scores, sinks, last, alibi)
     return out
 
 
@@ -191,7 +193,7 @@ def _gather(cache: torch.Tensor, scales: torch.Tensor | None, block_table: torch
 
 
 def _prefill_one(q, cache: KVLayer, meta, i, scores: Scores, sinks: torch.Tensor | None,
-                 last: torch.Tensor | None = None):
+                 last: torch.Tensor | None = None, alibi: torch.Tensor | None = None):
     """One sequence's chunk; `last` [q_len, 1]: the last position each query sees (None: its
     own)."""
     ctx = meta.seq_lens_list[i]
@@ -201,7 +203,7 @@ def _prefill_one(q, cache: KVLayer, meta, i, scores: Scores, sinks: torch.Tensor
     # 4-D inputs: with 3-D ones CPU SDPA falls back to its unfused math path (about 3x slower).
     qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
     if ctx == q_len and scores.window is None and scores.softcap is None and sinks is None \
-            and last is None and scores.chunk is None:
+            and last is None and scores.chunk is None and alibi is None:
         o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scores.scale,
                                            enable_gqa=True)
     else:
@@ -212,17 +214,21 @@ def _prefill_one(q, cache: KVLayer, meta, i, scores: Scores, sinks: torch.Tensor
             visible &= key_pos > query_pos - scores.window
         if scores.chunk is not None:
             visible &= key_pos >= query_pos // scores.chunk * scores.chunk
-        o = _attend(qh, kh, vh, visible, scores, None if sinks is None else sinks.view(-1, 1, 1))
+        bias = None if alibi is None else alibi.view(-1, 1, 1) * (key_pos - query_pos)
+        o = _attend(qh, kh, vh, visible, scores, None if sinks is None else sinks.view(-1, 1, 1),
+                    bias)
     return o[0].transpose(0, 1)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None,
-            scores: Scores, sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """SDPA over [..., heads, len, dim], or, with a soft cap or sinks (which SDPA cannot
-    apply), the same steps as the reference models' eager attention: weights in the input
-    dtype, the softmax in float32. `sinks` broadcasts to the weights' shape but the last
-    dimension (one logit per query row): a column each softmax takes and drops."""
-    if scores.softcap is None and sinks is None:
+            scores: Scores, sinks: torch.Tensor | None = None,
+            bias: torch.Tensor | None = None) -> torch.Tensor:
+    """SDPA over [..., heads, len, dim], or, with a soft cap, sinks or a bias (which SDPA
+    cannot apply as the reference models do), the same steps as their eager attention: weights
+    in the input dtype, the softmax in float32. `sinks` broadcasts to the weights' shape but
+    the last dimension (one logit per query row): a column each softmax takes and drops;
+    `bias` (ALiBi's) broadcasts to the weights' shape and is added after the scale."""
+    if scores.softcap is None and sinks is None and bias is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scores.scale,
                                               enable_gqa=True)
     group = q.shape[-3] // k.shape[-3]
@@ -231,6 +237,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Te
     weights = torch.matmul(q, k.transpose(-1, -2)) * scores.scale
     if scores.softcap is not None:
         weights = torch.tanh(weights / scores.softcap) * scores.softcap
+    if bias is not None:
+        weights = weights + bias.to(weights.dtype)
     if visible is not None:
         weights = weights.masked_fill(~visible, float("-inf"))
     if sinks is None:
@@ -243,7 +251,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Te
 
 
 def _decode_bucket(q, cache: KVLayer, bucket: DecodeBucket, scores: Scores,
-                   sinks: torch.Tensor | None = None):
+                   sinks: torch.Tensor | None = None, alibi: torch.Tensor | None = None):
     """One query per sequence over its padded context; the query heads that share a K/V head
     ride along its query axis, so K/V are gathered once and never repeated."""
     batch = bucket.rows.shape[0]
@@ -253,12 +261,16 @@ def _decode_bucket(q, cache: KVLayer, bucket: DecodeBucket, scores: Scores,
     k = _read_bucket(cache.k, cache.k_scale, bucket, q.dtype)
     v = _read_bucket(cache.v, cache.v_scale, bucket, q.dtype)
     k, v = (x.view(batch, length, num_kv_heads, head_dim) for x in (k, v))
-    mask = bucket.mask
+    mask, bias = bucket.mask, None
+    group = num_heads // num_kv_heads
     if mask is None:
         start = 0 if scores.window is None else max(bucket.length - scores.window, 0)
         if scores.chunk is not None:  # the query at length - 1 sees its own chunk
             start = max(start, (bucket.length - 1) // scores.chunk * scores.chunk)
         k, v = k[:, start:bucket.length], v[:, start:bucket.length]
+        if alibi is not None:  # [kv heads, group, keys]: each key's distance behind the query
+            behind = torch.arange(start - bucket.length + 1, 1, device=k.device)
+            bias = alibi.view(num_kv_heads, group, 1) * behind
     else:
         positions = torch.arange(length, device=k.device)
         if scores.window is not None:
@@ -267,8 +279,11 @@ def _decode_bucket(q, cache: KVLayer, bucket: DecodeBucket, scores: Scores,
         if scores.chunk is not None:
             first = (bucket.lengths - 1) // scores.chunk * scores.chunk
             mask = mask & (positions >= first.unsqueeze(1))[:, None, None]
+        if alibi is not None:  # [batch, kv heads, group, keys]
+            behind = positions - (bucket.lengths.unsqueeze(1) - 1)
+            bias = alibi.view(1, num_kv_heads, group, 1) * behind[:, None, None, :]
     rows = q if q.shape[0] == batch == 1 else q.index_select(0, bucket.rows)
-    grouped = rows.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    grouped = rows.view(batch, num_kv_heads, group, head_dim)
     o = _attend(grouped, k.transpose(1, 2), v.transpose(1, 2), mask, scores,
-                None if sinks is None else sinks.view(num_kv_heads, -1, 1))
+                None if sinks is None else sinks.view(num_kv_heads, -1, 1), bias)
     return o.reshape(batch, num_heads, head_dim)

@@ -85,6 +85,8 @@ class ArchitectureFlags:
     # Falcon: q, k and v fused per KV head (query_key_value), attention and the MLP in parallel
     # (off one norm, or ln_attn and ln_mlp) or in sequence, as parallel_norms_of reads it.
     falcon: bool = False
+    # BLOOM: ALiBi instead of rotary (layers/alibi.py), a LayerNorm over the embeddings.
+    alibi: bool = False
 
     @property
     def norms_add_one(self) -> bool:
@@ -177,6 +179,10 @@ SUPPORTED = {
     # TII's Falcon (7B, 40B, 180B, Falcon 2 11B): LayerNorm, rotary, an MLP of GeLU without a
     # gate, one KV head (multi_query) or KV heads of their own (new_decoder_architecture).
     "FalconForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True, falcon=True),
+    # BigScience's BLOOM (and BLOOMZ): ALiBi, a LayerNorm over the embeddings and before each
+    # branch, q, k and v fused per head, an MLP of GeLU (tanh) without a gate, biases
+    # everywhere.
+    "BloomForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True, alibi=True),
     # NVIDIA's Nemotron (Nemotron-4, Minitron): LayerNorm whose weight is stored as an offset
     # from 1, rotary over part of each head, an MLP of squared ReLU without a gate.
     "NemotronForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True),
@@ -325,7 +331,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "stablelm": "StableLmForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
                "gpt2": "GPT2LMHeadModel", "gpt_bigcode": "GPTBigCodeForCausalLM",
                "opt": "OPTForCausalLM", "gptj": "GPTJForCausalLM",
-               "falcon": "FalconForCausalLM",
+               "falcon": "FalconForCausalLM", "bloom": "BloomForCausalLM",
                "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
                "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM",
                "solar_open": "SolarOpenForCausalLM",
@@ -542,23 +548,24 @@ def declare_attention_free(config: Any) -> None:
 
 # The model types whose configs name their layers GPT-2's way (or OPT's), and those of them
 # with learned positions.
-GPT2_NAMED_TYPES = ("gpt2", "gpt_bigcode", "opt", "gptj")
+GPT2_NAMED_TYPES = ("gpt2", "gpt_bigcode", "opt", "gptj", "bloom")
 LEARNED_POSITION_TYPES = ("gpt2", "gpt_bigcode", "opt")
 
 
 def declare_layer_names(config: Any) -> None:
-    """Give GPT-2's, GPT-BigCode's, OPT's and GPT-J's configs the names the engine reads for
-    what they call their own way: the MLP's width (n_inner, else four times the hidden size;
-    OPT's ffn_dim), its activation (activation_function), the biases (OPT's enable_bias, GPT-2's
-    and GPT-BigCode's always), the LayerNorm epsilon, and GPT-J's rotated part of each head
-    (rotary_dim, none: all of it)."""
+    """Give GPT-2's, GPT-BigCode's, OPT's, GPT-J's and BLOOM's configs the names the engine
+    reads for what they call their own way: the MLP's width (n_inner, else four times the
+    hidden size; OPT's ffn_dim), its activation (activation_function; BLOOM's GeLU, tanh), the
+    biases (OPT's enable_bias, GPT-2's, GPT-BigCode's and BLOOM's always), the LayerNorm
+    epsilon, and GPT-J's rotated part of each head (rotary_dim, none: all of it)."""
     model_type = getattr(config, "model_type", None)
     if model_type not in GPT2_NAMED_TYPES:
         return
     opt = model_type == "opt"
     width = config.ffn_dim if opt else getattr(config, "n_inner", None) or 4 * config.hidden_size
     config.intermediate_size = int(width)
-    config.hidden_act = config.activation_function
+    config.hidden_act = "gelu_pytorch_tanh" if model_type == "bloom" else \
+        config.activation_function
     config.layer_norm_eps = 1e-5 if opt else float(config.layer_norm_epsilon)
     if model_type == "gptj":
         head_dim = config.hidden_size // config.num_attention_heads
@@ -617,6 +624,11 @@ def check_features(config: Any) -> None:
                              "supported; Phi-1.5, Phi-2 and StableLM 2 below 12B have none")
     if getattr(config, "model_type", None) in LEARNED_POSITION_TYPES:
         _check_learned_position_family(config)
+    if getattr(config, "model_type", None) == "bloom" and \
+            config.apply_residual_connection_post_layernorm:
+        raise ModelLoadError("apply_residual_connection_post_layernorm (the residual taken "
+                             "after each norm) is not supported; BLOOM's checkpoints take it "
+                             "before")
     if getattr(config, "model_type", None) == "falcon" and config.alibi:
         raise ModelLoadError("alibi (Falcon-RW's linear attention biases by distance) is not "
                              "supported; Falcon's rotary models are")
@@ -884,8 +896,8 @@ def rotates_at(config: Any, layer: int) -> bool:
         return layer_window_of(config, layer) is not None
     if flags_of(config).mixer_blocks or getattr(config, "model_type", None) == "jamba":
         return False  # Nemotron-H's and Jamba's attention: no positional encoding
-    if flags_of(config).learned_positions:
-        return False  # positions embedded with the tokens
+    if flags_of(config).learned_positions or flags_of(config).alibi:
+        return False  # positions embedded with the tokens, or biasing the scores (ALiBi)
     if getattr(config, "model_type", None) == "olmo_hybrid":  # rotary where a base is given
         return bool((getattr(config, "rope_parameters", None) or {}).get("rope_theta"))
     if getattr(config, "model_type", None) == "granitemoehybrid":  # Granite 4.0-H: opt-in

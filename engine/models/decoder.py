@@ -25,6 +25,7 @@ from tokenmill.engine.contract.model_shape import (
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.distributed.sharding import ShardPlan
 from tokenmill.engine.layers.activation import XIELU, act_and_mul, ungated_act
+from tokenmill.engine.layers.alibi import alibi_slopes
 from tokenmill.engine.layers.attention import Scores, attention, store_kv
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.kv_layer import KVLayer
@@ -118,7 +119,7 @@ class Attention(nn.Module):
         flags = flags_of(config)
         self.tp = tp
         self.reads_earlier_kv = reads_earlier_kv
-        self.num_heads = plan.num_heads
+        self.num_heads, self.config_heads = plan.num_heads, config.num_attention_heads
         self.num_kv_heads, self.head_dim = shape or (plan.num_kv_heads, plan.head_dim)
         # Gemma 4's full-attention layers take their values from the keys' projection.
         self.values_from_keys = flags.gemma4 and window is None and \
@@ -180,6 +181,17 @@ class Attention(nn.Module):
         # GPT-OSS: this rank's heads' sink logits.
         self.sinks = nn.Parameter(torch.empty(self.num_heads)) if flags.attention_sinks \
             else None
+        # BLOOM: this rank's heads' ALiBi slopes, computed (fill_computed_buffers), not loaded.
+        self.first_head = plan.rank * plan.num_heads
+        self.register_buffer("alibi", torch.empty(self.num_heads) if flags.alibi else None,
+                             persistent=False)
+
+    def fill_computed_buffers(self) -> None:
+        """Write the buffers computed from the config, not read from the checkpoint, on the
+        device the model was built on; the slopes in float32 whatever the model's dtype."""
+        if self.alibi is not None:
+            slopes = alibi_slopes(self.config_heads)[self.first_head:][:self.num_heads]
+            self.alibi = slopes.to(self.alibi.device)
 
     def forward(self, x: torch.Tensor, rope: RopeRows | RopeKernel | None,
                 kv_cache: KVLayer, meta: AttentionMetadata) -> torch.Tensor:
@@ -214,7 +226,7 @@ class Attention(nn.Module):
         if self.l2_qk_norm_eps is not None:
             q, k = (unit_rms_norm(t, self.l2_qk_norm_eps) for t in (q, k))
         store_kv(k, v, kv_cache, meta)
-        o = attention(q, kv_cache, meta, self.scores, self.sinks).reshape(tokens, -1)
+        o = attention(q, kv_cache, meta, self.scores, self.sinks, self.alibi).reshape(tokens, -1)
         if gate is not None:
             o = o * torch.sigmoid(gate.reshape(tokens, -1))
         return self.tp.all_reduce(self.o_proj(o))
@@ -469,6 +481,8 @@ class DecoderModel(nn.Module):
         self.embed_scale = config.hidden_size ** 0.5 if flags.gemma or flags.gemma4 else None
         self.embed_multiplier = float(config.embedding_multiplier) \
             if flags.granite or flags.falcon_h1 else None
+        # BLOOM normalizes the embeddings.
+        self.embed_norm = decoder_norm(config, config.hidden_size) if flags.alibi else None
         # GPT-2's, GPT-BigCode's and OPT's learned positions, whole on every rank.
         self.position_offset = learned_position_offset(config)
         self.embed_positions = nn.Embedding(
@@ -533,6 +547,8 @@ class DecoderModel(nn.Module):
             x = x * self.embed_multiplier
         if self.embed_positions is not None:
             x = x + self.embed_positions(positions + self.position_offset)
+        if self.embed_norm is not None:
+            x = self.embed_norm(x, None, meta.backend)[0]
         width = x.shape[-1]
         deep = []
         for row, rows in image_rows:

@@ -181,6 +181,9 @@ RENAMED_PARTS["falcon"] = {"transformer.word_embeddings.": "model.embed_tokens."
                            ".ln_mlp.": ".post_attention_layernorm.",
                            ".mlp.dense_h_to_4h.": ".mlp.up_proj.",
                            ".mlp.dense_4h_to_h.": ".mlp.down_proj."}
+# BLOOM: Falcon's names, with its embeddings' norm.
+RENAMED_PARTS["bloom"] = {**RENAMED_PARTS["falcon"],
+                          "transformer.word_embeddings_layernorm.": "model.embed_norm."}
 # Phi-2: its output projection (dense) and MLP (fc1, fc2) under Llama's names.
 RENAMED_PARTS["phi"] = {".self_attn.dense.": ".self_attn.o_proj.", ".mlp.fc1.": ".mlp.up_proj.",
                         ".mlp.fc2.": ".mlp.down_proj.", "model.final_layernorm.": "model.norm."}
@@ -208,9 +211,9 @@ def renamed(config: Any, name: str) -> str:
             return f"{layer}.layers.{index}.moe.{part}"
     if getattr(config, "model_type", None) in GRANITE_SHARED_MLP and ".shared_mlp." in name:
         return _granite_shared_mlp(config, name)
-    if getattr(config, "model_type", None) == "gpt2" and \
+    if getattr(config, "model_type", None) in ("gpt2", "bloom") and \
             not name.startswith(("transformer.", "lm_head.")):
-        name = f"transformer.{name}"  # GPT-2's first checkpoints: GPT2Model's bare names
+        name = f"transformer.{name}"  # GPT-2's and BLOOM's first checkpoints: bare names
     for stored, ours in RENAMED_PARTS.get(getattr(config, "model_type", None), {}).items():
         name = name.replace(stored, ours)
     if getattr(config, "model_type", None) == "gpt_bigcode" and \

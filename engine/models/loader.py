@@ -291,6 +291,10 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     for module in model.modules():  # weights a checkpoint keeps in float32 (GLM's router)
         if getattr(module, "keeps_float32", False):
             module.float()
+    for module in model.modules():  # computed from the config, not loaded (ALiBi's slopes)
+        fill = getattr(module, "fill_computed_buffers", None)
+        if fill is not None:
+            fill()
     # Rotary tables are computed, not loaded: rebuild them on the device in float32.
     full, local = model.model.rotary_tables()
     model.model.rotary, model.model.rotary_local = full and full.to(device), \
@@ -345,7 +349,7 @@ LAYER_NORM_FAMILIES = {"PhiForCausalLM": "Phi-2", "StableLmForCausalLM": "Stable
                        "NemotronForCausalLM": "Nemotron", "GPTNeoXForCausalLM": "GPT-NeoX",
                        "GPT2LMHeadModel": "GPT-2", "GPTBigCodeForCausalLM": "GPT-BigCode",
                        "OPTForCausalLM": "OPT", "GPTJForCausalLM": "GPT-J",
-                       "FalconForCausalLM": "Falcon"}
+                       "FalconForCausalLM": "Falcon", "BloomForCausalLM": "BLOOM"}
 
 
 def _safetensors_only_family(config: Any) -> str | None:

@@ -9,12 +9,14 @@ from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.paged_attention import Scores, paged_attention, write_kv
 
 
-def _dense(q, k, v, scale, window=None, softcap=None, sinks=None, chunk=None):
+def _dense(q, k, v, scale, window=None, softcap=None, sinks=None, chunk=None, alibi=None):
     """Causal attention of the last len(q) positions over all of k/v (GQA by repetition); with
     a window, each position sees its last `window` positions; with a soft cap, scores pass
     through softcap * tanh(score / softcap); with sinks, each head's logit joins the softmax
     as one more column, then is dropped (transformers' GPT-OSS eager attention); with chunks,
-    each position sees those of its own chunk (Llama 4)."""
+    each position sees those of its own chunk (Llama 4); with ALiBi slopes, each head's slope
+    times the key's position joins its scores (transformers' BLOOM, which softmax's shift
+    invariance makes the same as the distance behind the query)."""
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
@@ -23,6 +25,8 @@ def _dense(q, k, v, scale, window=None, softcap=None, sinks=None, chunk=None):
         scores = softcap * torch.tanh(scores / softcap)
     q_pos = torch.arange(k.shape[0] - q.shape[0], k.shape[0]).unsqueeze(1)
     k_pos = torch.arange(k.shape[0]).unsqueeze(0)
+    if alibi is not None:
+        scores = scores + alibi.view(-1, 1, 1) * k_pos
     hidden = k_pos > q_pos
     if window is not None:
         hidden |= k_pos <= q_pos - window
@@ -96,6 +100,22 @@ def test_mixed_batch_of_prefill_chunks_and_decodes(block_size, heads, kv_heads, 
     for i, q in enumerate(qs):
         expected = _dense(q, *full[i], scale, window, softcap, sink_logits)
         torch.testing.assert_close(out[starts[i]:starts[i + 1]], expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2)])
+def test_alibi_slopes_bias_each_head_by_distance(heads, kv_heads):
+    """BLOOM's ALiBi over prefill chunks, batched decodes and a lone one."""
+    shapes = [(0, 13), (9, 7), (20, 1), (3, 1), (31, 2)]
+    k_cache, v_cache, meta, qs, full, starts = _batch(shapes, 4, heads, kv_heads)
+    slopes = 2.0 ** -torch.arange(1, heads + 1, dtype=torch.float32)
+    out = paged_attention(torch.cat(qs), k_cache, v_cache, meta, Scores(0.5), alibi=slopes)
+    for i, q in enumerate(qs):
+        expected = _dense(q, *full[i], 0.5, alibi=slopes)
+        torch.testing.assert_close(out[starts[i]:starts[i + 1]], expected, atol=1e-5, rtol=1e-5)
+    lone = _batch([(21, 1)], 4, heads, kv_heads)
+    out = paged_attention(lone[3][0], *lone[:3], Scores(0.5), alibi=slopes)
+    torch.testing.assert_close(out, _dense(lone[3][0], *lone[4][0], 0.5, alibi=slopes),
+                               atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("block_size", [4, 16])

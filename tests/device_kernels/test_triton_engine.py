@@ -270,6 +270,20 @@ def test_llama4s_chunked_attention_runs_through_the_kernels_and_graphs(tmp_path,
     _graphed_kernels_equal_torch(directory, seed=17)
 
 
+def test_alibi_runs_through_the_kernels_and_graphs(tmp_path, vocab_tokenizer):
+    """BLOOM's ALiBi slopes (six heads: past the largest power of two) bias the kernels'
+    scores in prompt chunks and in captured decode steps."""
+    import transformers
+    from model_support import make_random_model
+
+    config = transformers.BloomConfig(vocab_size=len(vocab_tokenizer), hidden_size=96,
+                                      n_layer=2, n_head=6, bos_token_id=1, eos_token_id=2,
+                                      pad_token_id=0)
+    directory = make_random_model(str(tmp_path / "bloom"), config, vocab_tokenizer,
+                                  draw_norms=True)
+    _graphed_kernels_equal_torch(directory, seed=41)
+
+
 def _graphed_kernels_equal_torch(directory: str, seed: int) -> None:
     """Greedy output through the Triton kernels with decode graphs captured equals the torch
     path's, for a short prompt and one of several chunks (16-token steps, 8-token blocks)."""

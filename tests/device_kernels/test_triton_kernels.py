@@ -127,6 +127,36 @@ def test_prefill_with_sinks_equals_torch(window):
     torch.testing.assert_close(out, expected, **FP32)
 
 
+def _with_alibi(shapes):
+    """A paged batch, an ALiBi slope per head, and the torch reference's output with them."""
+    batch = paged_batch(shapes, 6, 2, 16, 16)
+    slopes = (2.0 ** -torch.arange(1, 7, dtype=torch.float32)).to(DEVICE)
+    k_cache, v_cache = batch.k_cache.clone(), batch.v_cache.clone()
+    write_kv(batch.new_k, batch.new_v, k_cache, v_cache, batch.meta.slot_mapping)
+    expected = paged_attention(batch.q, k_cache, v_cache, batch.meta, Scores(0.7), alibi=slopes)
+    _fill(batch)
+    return batch, slopes, expected
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_with_alibi_equals_torch(num_splits):
+    batch, slopes, expected = _with_alibi([(0, 1), (16, 1), (40, 1), (70, 1)])
+    meta = batch.meta
+    out = decode_attention(batch.q, batch.k_cache, batch.v_cache, meta.block_tables,
+                           meta.seq_lens, max(meta.seq_lens_list), 0.7, num_splits=num_splits,
+                           block_n=16, alibi=slopes)
+    torch.testing.assert_close(out, expected, **FP32)
+
+
+def test_prefill_with_alibi_equals_torch():
+    batch, slopes, expected = _with_alibi([(0, 45), (19, 30), (32, 5), (45, 1)])
+    meta = batch.meta
+    out = prefill_attention(batch.q, batch.k_cache, batch.v_cache, meta.block_tables,
+                            meta.seq_lens, meta.query_start_loc, 0.7, block_m=16, block_n=16,
+                            alibi=slopes)
+    torch.testing.assert_close(out, expected, **FP32)
+
+
 def _fill(batch):
     write_kv(batch.new_k, batch.new_v, batch.k_cache, batch.v_cache, batch.meta.slot_mapping)
 

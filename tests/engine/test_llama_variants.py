@@ -47,7 +47,10 @@ parallelism) for:
   head only;
 - Falcon (`FalconForCausalLM`): q, k and v fused per KV head: one KV head with attention and
   the MLP in parallel off one norm (7B), KV heads of their own each off its own norm (40B,
-  180B), or a KV head per query head, in sequence, with biases."""
+  180B), or a KV head per query head, in sequence, with biases;
+- BLOOM (`BloomForCausalLM`): ALiBi (no rotary; each head's scores biased by distance), a
+  LayerNorm over the embeddings, q, k and v fused per head, under the bare names of its first
+  checkpoints."""
 
 from __future__ import annotations
 
@@ -155,6 +158,9 @@ def _config(kind: str, vocab: int):
                                          num_attention_heads=4, ffn_hidden_size=128,
                                          max_position_embeddings=512, bos_token_id=1,
                                          eos_token_id=2, pad_token_id=0, **layout)
+    if kind == "bloom":  # six heads: ALiBi's slopes past the largest power of two
+        return transformers.BloomConfig(vocab_size=vocab, hidden_size=96, n_layer=4, n_head=6,
+                                        bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if kind == "opt":
         return transformers.OPTConfig(vocab_size=vocab, hidden_size=64, ffn_dim=128,
                                       num_hidden_layers=4, num_attention_heads=4,
@@ -178,7 +184,7 @@ def _config(kind: str, vocab: int):
                         "hunyuan", "nemotron", "phi", "helium", "exaone", "internlm3",
                         "apertus", "stablelm", "stablelm-parallel", "gpt_neox",
                         "gpt_neox-sequential", "gpt2", "gpt_bigcode", "gpt_bigcode-mha", "opt",
-                        "gptj", "falcon", "falcon-new", "falcon-sequential"])
+                        "gptj", "falcon", "falcon-new", "falcon-sequential", "bloom"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     # Biases and norms drawn (but for the families that have none or keep Llama's), so that a
     # missing (or misplaced) one shows.
@@ -186,26 +192,27 @@ def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
         str(tmp_path_factory.mktemp(request.param)), _config(request.param, len(vocab_tokenizer)),
         vocab_tokenizer, draw_norms=request.param not in ("granite", "smollm3", "arcee",
                                                           "ministral3", "ministral", "exaone"))
-    if request.param in ("gpt_neox", "gpt2"):
+    if request.param in ("gpt_neox", "gpt2", "bloom"):
         _as_first_published(directory, request.param)
     return directory
 
 
 def _as_first_published(directory: str, kind: str) -> None:
-    """The checkpoint as Pythia's and GPT-2's were published: the causal-mask buffers beside
-    each layer's weights; GPT-2's saved from GPT2Model, every name without `transformer.`."""
+    """The checkpoint as Pythia's, GPT-2's and BLOOM's were published: the causal-mask buffers
+    beside each layer's weights (not BLOOM's); GPT-2's and BLOOM's saved from their bare
+    decoders, every name without `transformer.`."""
     from safetensors.torch import load_file, save_file
 
     path = f"{directory}/model.safetensors"
     tensors = load_file(path)
-    for layer in range(SHAPE["num_hidden_layers"]):
+    for layer in range(SHAPE["num_hidden_layers"] if kind != "bloom" else 0):
         prefix = f"gpt_neox.layers.{layer}.attention" if kind == "gpt_neox" else \
             f"transformer.h.{layer}.attn"
         tensors[f"{prefix}.bias"] = torch.ones(1, 1, 8, 8, dtype=torch.bool).tril()
         tensors[f"{prefix}.masked_bias"] = torch.tensor(-1e9)
         if kind == "gpt_neox":
             tensors[f"{prefix}.rotary_emb.inv_freq"] = torch.ones(2)
-    if kind == "gpt2":
+    if kind in ("gpt2", "bloom"):
         tensors = {name.removeprefix("transformer."): t for name, t in tensors.items()}
     save_file(tensors, path, metadata={"format": "pt"})
 
