@@ -22,3 +22,15 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
                           torch.arange(1, 1 + 2 * remaining, 2, dtype=torch.int32))
         slopes = torch.cat([slopes, extra])
     return slopes.float()
+
+
+def mpt_alibi_slopes(num_heads: int, bias_max: float) -> torch.Tensor:
+    """MPT's slopes: 2^(-bias_max * i / m) for i = 1..m, m the smallest power of two at least
+    num_heads; for fewer heads than m, the odd terms then the even ones, the first num_heads
+    of them (MosaicML's order, which transformers keeps)."""
+    padded = 2 ** math.ceil(math.log2(num_heads))
+    exponents = torch.arange(1, padded + 1, dtype=torch.int64).float() * (bias_max / padded)
+    slopes = 1.0 / torch.pow(2, exponents)
+    if padded != num_heads:
+        slopes = torch.cat([slopes[1::2], slopes[::2]])[:num_heads]
+    return slopes

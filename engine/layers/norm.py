@@ -99,12 +99,12 @@ class CohereLayerNorm(nn.Module):
 class LayerNorm(nn.Module):
     """torch's LayerNorm (nn.LayerNorm: a weight and a bias, in the input dtype), called as
     RMSNorm is: the residual stream's add comes first. `unit_offset`: the weight is stored as
-    an offset from 1 (Nemotron's LayerNorm1P)."""
+    an offset from 1 (Nemotron's LayerNorm1P); `bias`: whether it has one (MPT's may not)."""
 
-    def __init__(self, size: int, eps: float, unit_offset: bool = False):
+    def __init__(self, size: int, eps: float, unit_offset: bool = False, bias: bool = True):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
-        self.bias = nn.Parameter(torch.zeros(size))
+        self.bias = nn.Parameter(torch.zeros(size)) if bias else None
         self.eps, self.unit_offset = eps, unit_offset
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,

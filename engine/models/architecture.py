@@ -85,7 +85,8 @@ class ArchitectureFlags:
     # Falcon: q, k and v fused per KV head (query_key_value), attention and the MLP in parallel
     # (off one norm, or ln_attn and ln_mlp) or in sequence, as parallel_norms_of reads it.
     falcon: bool = False
-    # BLOOM: ALiBi instead of rotary (layers/alibi.py), a LayerNorm over the embeddings.
+    # BLOOM and MPT: ALiBi instead of rotary (layers/alibi.py); BLOOM also normalizes its
+    # embeddings.
     alibi: bool = False
 
     @property
@@ -183,6 +184,10 @@ SUPPORTED = {
     # branch, q, k and v fused per head, an MLP of GeLU (tanh) without a gate, biases
     # everywhere.
     "BloomForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True, alibi=True),
+    # MosaicML's MPT (MPT-7B, MPT-30B and their chat and instruct models): ALiBi with its own
+    # slopes, LayerNorm (without biases where no_bias), q, k and v fused one after the other
+    # and clamped where clip_qkv, an MLP of GeLU without a gate.
+    "MptForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True, alibi=True),
     # NVIDIA's Nemotron (Nemotron-4, Minitron): LayerNorm whose weight is stored as an offset
     # from 1, rotary over part of each head, an MLP of squared ReLU without a gate.
     "NemotronForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True),
@@ -332,6 +337,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "gpt2": "GPT2LMHeadModel", "gpt_bigcode": "GPTBigCodeForCausalLM",
                "opt": "OPTForCausalLM", "gptj": "GPTJForCausalLM",
                "falcon": "FalconForCausalLM", "bloom": "BloomForCausalLM",
+               "mpt": "MptForCausalLM",
                "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
                "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM",
                "solar_open": "SolarOpenForCausalLM",
@@ -574,6 +580,22 @@ def declare_layer_names(config: Any) -> None:
     config.attention_bias = config.mlp_bias = bool(config.enable_bias) if opt else True
 
 
+def declare_mpt_names(config: Any) -> None:
+    """Give MPT's config the names the engine reads: the MLP's width (expansion_ratio times
+    d_model), activation (GeLU), biases (none where no_bias), LayerNorm epsilon, context
+    length (max_seq_len), and its attention's clip_qkv and softmax_scale."""
+    if getattr(config, "model_type", None) != "mpt":
+        return
+    attn = config.attn_config
+    config.intermediate_size = int(config.expansion_ratio * config.hidden_size)
+    config.hidden_act = "gelu"
+    config.attention_bias = config.mlp_bias = not config.no_bias
+    config.layer_norm_eps = float(config.layer_norm_epsilon)
+    config.max_position_embeddings = int(config.max_seq_len)
+    config.clip_qkv = attn.clip_qkv
+    config.softmax_scale = attn.softmax_scale
+
+
 def declare_falcon_names(config: Any) -> None:
     """Give Falcon's config the names the engine reads: its KV heads (one where multi_query,
     num_kv_heads with new_decoder_architecture, else one per query head), MLP width,
@@ -629,6 +651,8 @@ def check_features(config: Any) -> None:
         raise ModelLoadError("apply_residual_connection_post_layernorm (the residual taken "
                              "after each norm) is not supported; BLOOM's checkpoints take it "
                              "before")
+    if getattr(config, "model_type", None) == "mpt":
+        _check_mpt(config)
     if getattr(config, "model_type", None) == "falcon" and config.alibi:
         raise ModelLoadError("alibi (Falcon-RW's linear attention biases by distance) is not "
                              "supported; Falcon's rotary models are")
@@ -662,6 +686,18 @@ def _check_learned_position_family(config: Any) -> None:
     if getattr(config, "add_cross_attention", False):
         raise ModelLoadError("add_cross_attention (a decoder attending to an encoder) is not "
                              "supported")
+
+
+def _check_mpt(config: Any) -> None:
+    """Refuse what MPT's config can ask beyond its released models' layers."""
+    attn = config.attn_config
+    for field, wanted in (("attn_type", "multihead_attention"), ("qk_ln", False),
+                          ("prefix_lm", False), ("alibi", True)):
+        if getattr(attn, field) != wanted:
+            raise ModelLoadError(f"attn_config.{field} {getattr(attn, field)!r} is not "
+                                 f"supported (MPT's released models have {wanted!r})")
+    if config.logit_scale is not None:
+        raise ModelLoadError(f"logit_scale {config.logit_scale!r} is not supported")
 
 
 def _classified_decoder(name: str) -> str | None:

@@ -25,7 +25,7 @@ from tokenmill.engine.contract.model_shape import (
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.distributed.sharding import ShardPlan
 from tokenmill.engine.layers.activation import XIELU, act_and_mul, ungated_act
-from tokenmill.engine.layers.alibi import alibi_slopes
+from tokenmill.engine.layers.alibi import alibi_slopes, mpt_alibi_slopes
 from tokenmill.engine.layers.attention import Scores, attention, store_kv
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.kv_layer import KVLayer
@@ -99,7 +99,8 @@ def decoder_norm(config: Any, size: int) -> RMSNorm | CohereLayerNorm | LayerNor
     if flags.layer_norm:  # StarCoder 2's norm_epsilon, Nemotron's norm_eps (and 1 + weight)
         eps = getattr(config, "norm_epsilon", None) or getattr(config, "layer_norm_eps", None) \
             or config.norm_eps  # Phi's layer_norm_eps
-        return LayerNorm(size, eps, unit_offset=config.model_type == "nemotron")
+        return LayerNorm(size, eps, unit_offset=config.model_type == "nemotron",
+                         bias=not getattr(config, "no_bias", False))  # MPT's no_bias
     return RMSNorm(size, rms_norm_eps_of(config), flags.norms_add_one)
 
 
@@ -173,6 +174,8 @@ class Attention(nn.Module):
             scale *= float(config.key_multiplier)
         if flags.gemma4:  # its q and k norms set the scale
             scale = 1.0
+        if getattr(config, "softmax_scale", None):  # MPT's, where its config sets one
+            scale = float(config.softmax_scale)
         self.scores = Scores(scale, window, getattr(config, "attn_logit_softcapping", None),
                              chunk)
         # Llama 4: q and k normalized per head, without a weight, after the turn.
@@ -181,7 +184,10 @@ class Attention(nn.Module):
         # GPT-OSS: this rank's heads' sink logits.
         self.sinks = nn.Parameter(torch.empty(self.num_heads)) if flags.attention_sinks \
             else None
-        # BLOOM: this rank's heads' ALiBi slopes, computed (fill_computed_buffers), not loaded.
+        # BLOOM and MPT: this rank's heads' ALiBi slopes, computed (fill_computed_buffers),
+        # not loaded.
+        self.mpt_bias_max = float(config.attn_config.alibi_bias_max) \
+            if config.model_type == "mpt" else None
         self.first_head = plan.rank * plan.num_heads
         self.register_buffer("alibi", torch.empty(self.num_heads) if flags.alibi else None,
                              persistent=False)
@@ -190,7 +196,9 @@ class Attention(nn.Module):
         """Write the buffers computed from the config, not read from the checkpoint, on the
         device the model was built on; the slopes in float32 whatever the model's dtype."""
         if self.alibi is not None:
-            slopes = alibi_slopes(self.config_heads)[self.first_head:][:self.num_heads]
+            slopes = alibi_slopes(self.config_heads) if self.mpt_bias_max is None else \
+                mpt_alibi_slopes(self.config_heads, self.mpt_bias_max)
+            slopes = slopes[self.first_head:][:self.num_heads]
             self.alibi = slopes.to(self.alibi.device)
 
     def forward(self, x: torch.Tensor, rope: RopeRows | RopeKernel | None,
@@ -482,7 +490,8 @@ class DecoderModel(nn.Module):
         self.embed_multiplier = float(config.embedding_multiplier) \
             if flags.granite or flags.falcon_h1 else None
         # BLOOM normalizes the embeddings.
-        self.embed_norm = decoder_norm(config, config.hidden_size) if flags.alibi else None
+        self.embed_norm = decoder_norm(config, config.hidden_size) \
+            if config.model_type == "bloom" else None
         # GPT-2's, GPT-BigCode's and OPT's learned positions, whole on every rank.
         self.position_offset = learned_position_offset(config)
         self.embed_positions = nn.Embedding(

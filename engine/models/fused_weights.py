@@ -184,6 +184,14 @@ RENAMED_PARTS["falcon"] = {"transformer.word_embeddings.": "model.embed_tokens."
 # BLOOM: Falcon's names, with its embeddings' norm.
 RENAMED_PARTS["bloom"] = {**RENAMED_PARTS["falcon"],
                           "transformer.word_embeddings_layernorm.": "model.embed_norm."}
+# MPT: its embeddings, blocks, norms and projections under Llama's names (Wqkv holds q, k and
+# v one after the other: qkv_proj).
+RENAMED_PARTS["mpt"] = {"transformer.wte.": "model.embed_tokens.",
+                        "transformer.blocks.": "model.layers.",
+                        "transformer.norm_f.": "model.norm.", ".norm_1.": ".input_layernorm.",
+                        ".norm_2.": ".post_attention_layernorm.",
+                        ".attn.Wqkv.": ".self_attn.qkv_proj.",
+                        ".attn.out_proj.": ".self_attn.o_proj.", ".ffn.": ".mlp."}
 # Phi-2: its output projection (dense) and MLP (fc1, fc2) under Llama's names.
 RENAMED_PARTS["phi"] = {".self_attn.dense.": ".self_attn.o_proj.", ".mlp.fc1.": ".mlp.up_proj.",
                         ".mlp.fc2.": ".mlp.down_proj.", "model.final_layernorm.": "model.norm."}

@@ -36,6 +36,7 @@ from tokenmill.engine.models.architecture import (
     declare_attention_free,
     declare_falcon_names,
     declare_layer_names,
+    declare_mpt_names,
     encoder_of,
     flags_of,
     moe_shape_of,
@@ -127,6 +128,7 @@ def load_config(source: ModelSource) -> Any:
     declare_attention_free(config)
     declare_layer_names(config)
     declare_falcon_names(config)
+    declare_mpt_names(config)
     if getattr(config, "per_layer_config", None):
         # Layers of their own shapes (Gemma 4): read per layer where they differ
         # (layer_attention_shapes); the config's own values are the other layers'.
@@ -349,7 +351,8 @@ LAYER_NORM_FAMILIES = {"PhiForCausalLM": "Phi-2", "StableLmForCausalLM": "Stable
                        "NemotronForCausalLM": "Nemotron", "GPTNeoXForCausalLM": "GPT-NeoX",
                        "GPT2LMHeadModel": "GPT-2", "GPTBigCodeForCausalLM": "GPT-BigCode",
                        "OPTForCausalLM": "OPT", "GPTJForCausalLM": "GPT-J",
-                       "FalconForCausalLM": "Falcon", "BloomForCausalLM": "BLOOM"}
+                       "FalconForCausalLM": "Falcon", "BloomForCausalLM": "BLOOM",
+                       "MptForCausalLM": "MPT"}
 
 
 def _safetensors_only_family(config: Any) -> str | None:

@@ -102,6 +102,21 @@ def test_mixed_batch_of_prefill_chunks_and_decodes(block_size, heads, kv_heads, 
         torch.testing.assert_close(out[starts[i]:starts[i + 1]], expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("heads", [1, 6, 12, 32, 40, 71])
+def test_alibi_slopes_are_transformers(heads):
+    """BLOOM's slopes and MPT's (its bias_max: released models' 8 and another), against the
+    functions transformers builds their biases with."""
+    from transformers.models.bloom.modeling_bloom import _get_alibi_slopes
+    from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
+
+    from tokenmill.engine.layers.alibi import alibi_slopes, mpt_alibi_slopes
+
+    assert torch.equal(alibi_slopes(heads), _get_alibi_slopes(heads, "cpu"))
+    for bias_max in (8, 12):  # the bias of the key one behind the last: minus the slope
+        expected = -build_mpt_alibi_tensor(heads, 4, bias_max)[:, 0, -2]
+        assert torch.equal(mpt_alibi_slopes(heads, bias_max), expected)
+
+
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2)])
 def test_alibi_slopes_bias_each_head_by_distance(heads, kv_heads):
     """BLOOM's ALiBi over prefill chunks, batched decodes and a lone one."""

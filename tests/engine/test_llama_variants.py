@@ -50,7 +50,9 @@ parallelism) for:
   180B), or a KV head per query head, in sequence, with biases;
 - BLOOM (`BloomForCausalLM`): ALiBi (no rotary; each head's scores biased by distance), a
   LayerNorm over the embeddings, q, k and v fused per head, under the bare names of its first
-  checkpoints."""
+  checkpoints;
+- MPT (`MptForCausalLM`): ALiBi with its own slopes (six heads: past a power of two, in its
+  order), LayerNorm without biases, q, k and v fused and clamped, its own softmax scale."""
 
 from __future__ import annotations
 
@@ -161,6 +163,11 @@ def _config(kind: str, vocab: int):
     if kind == "bloom":  # six heads: ALiBi's slopes past the largest power of two
         return transformers.BloomConfig(vocab_size=vocab, hidden_size=96, n_layer=4, n_head=6,
                                         bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if kind == "mpt":
+        return transformers.MptConfig(
+            vocab_size=vocab, d_model=96, n_heads=6, n_layers=4,
+            max_seq_len=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+            attn_config={"clip_qkv": 1.5, "softmax_scale": 0.4})
     if kind == "opt":
         return transformers.OPTConfig(vocab_size=vocab, hidden_size=64, ffn_dim=128,
                                       num_hidden_layers=4, num_attention_heads=4,
@@ -184,7 +191,7 @@ def _config(kind: str, vocab: int):
                         "hunyuan", "nemotron", "phi", "helium", "exaone", "internlm3",
                         "apertus", "stablelm", "stablelm-parallel", "gpt_neox",
                         "gpt_neox-sequential", "gpt2", "gpt_bigcode", "gpt_bigcode-mha", "opt",
-                        "gptj", "falcon", "falcon-new", "falcon-sequential", "bloom"])
+                        "gptj", "falcon", "falcon-new", "falcon-sequential", "bloom", "mpt"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     # Biases and norms drawn (but for the families that have none or keep Llama's), so that a
     # missing (or misplaced) one shows.
@@ -346,7 +353,8 @@ def test_per_head_layer_norms_of_q_and_k_are_refused_by_name(tmp_path, vocab_tok
     ("opt", "word_embed_proj_dim", 32, "word_embed_proj_dim 32 .*not supported"),
     ("gpt2", "scale_attn_by_inverse_layer_idx", True, "scale_attn_by_inverse_layer_idx"),
     ("gpt_bigcode", "scale_attn_weights", False, "scale_attn_weights false"),
-    ("falcon", "alibi", True, "alibi .*Falcon-RW")])
+    ("falcon", "alibi", True, "alibi .*Falcon-RW"),
+    ("mpt", "logit_scale", 0.5, "logit_scale 0.5 is not supported")])
 def test_layers_beyond_the_released_ones_are_refused_by_name(tmp_path, vocab_tokenizer, kind,
                                                              field, value, message):
     """OPT-350m's post-norms and narrower embeddings, GPT-2's scores scaled by layer or left
