@@ -10,12 +10,13 @@ import json
 import logging
 import os
 import shutil
+import subprocess
 import threading
 from collections.abc import Iterator
 
 import boto3
 from moto.server import ThreadedMotoServer
-from process_support import free_port
+from process_support import download_command, free_port
 
 BUCKET = "models"
 TINY_PREFIX = "llama/tiny"
@@ -181,3 +182,17 @@ def _loopback(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str
     finally:
         server.shutdown()
         server.server_close()
+
+
+def download_from_hub(repo_id: str, directory: str, cache: str) -> tuple[str, list[str]]:
+    """`tokenmill download hf://REPO` through the hub's own client against a loopback hub
+    serving `directory` as the repository: the local snapshot directory and the files whose
+    bytes were sent."""
+    asked: list[str] = []
+    with hub_serving(repo_id, directory, asked) as hub:
+        env = {**os.environ, "HF_ENDPOINT": hub, "HF_HUB_OFFLINE": "0",
+               "HF_HUB_DISABLE_XET": "1"}
+        result = subprocess.run(download_command(f"hf://{repo_id}", "--download-dir", cache),
+                                cwd="/", env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip().splitlines()[-1], asked

@@ -291,9 +291,11 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
             ("--config-format", ("auto", "hf", "mistral"),
              "the config is read from config.json (which Mistral's repositories carry beside "
              "params.json)"),
-            ("--load-format", ("auto", "safetensors", "mistral", "gguf"),
+            ("--load-format", ("auto", "safetensors", "pt", "mistral", "gguf"),
              "the weights are read from the safetensors files in Hugging Face's layout "
-             "(Mistral's consolidated copy is passed over), or from the GGUF file given")):
+             "(Mistral's consolidated copy is passed over), from PyTorch's pickled files "
+             "(pytorch_model*.bin) where a model has no safetensors weights, or from the "
+             "GGUF file given")):
         parser.add_argument(flag, choices=choices, default="auto",
                             help=f"Accepted for vLLM's command lines: {what}.")
     parser.add_argument("--swap-space", type=float, default=None, metavar="GIB",

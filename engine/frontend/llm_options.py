@@ -23,7 +23,7 @@ NO_EFFECT: dict[str, Any] = {
     "allowed_local_media_path": ANY,   # LLM.chat reads the local images it is given
     "use_tqdm_on_load": ANY,           # loading shows its progress under show_progress
     "tokenizer_mode": {"auto", "hf", "slow", "mistral"},  # Hugging Face's files are read
-    "load_format": {"auto", "safetensors", "mistral", "gguf"},
+    "load_format": {"auto", "safetensors", "pt", "mistral", "gguf"},
     "distributed_executor_backend": {None, "mp"},  # TP ranks are local processes
     "cpu_offload_gb": {0},
     "pipeline_parallel_size": {1},

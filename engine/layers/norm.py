@@ -1,7 +1,7 @@
 """RMSNorm with the decoder's residual add fused in, in Hugging Face's op order (Llama's, or
 Gemma's, which scales by 1 + weight in float32 before rounding); and LayerNorms with the same
-calling convention: Cohere's (mean-centred in float32, a weight and no bias) and torch's (a
-weight and a bias: StarCoder 2).
+calling convention: Cohere's (mean-centred in float32, a weight and no bias), torch's (a
+weight and a bias: StarCoder 2) and OLMo's (neither).
 
 `rms_norm` is the torch reference and the CPU path; on the Triton backend one kernel
 (`kernels/rms_norm.py`) does the add and the norm. The kernel module imports triton, so it is
@@ -113,3 +113,17 @@ class LayerNorm(nn.Module):
             x = x + residual
         weight = self.weight + 1.0 if self.unit_offset else self.weight
         return F.layer_norm(x, (x.shape[-1],), weight, self.bias, self.eps), x
+
+
+class UnweightedLayerNorm(nn.Module):
+    """OLMo's LayerNorm: no weight, no bias, computed in float32 and cast back."""
+
+    def __init__(self, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is not None:
+            x = x + residual
+        return F.layer_norm(x.float(), (x.shape[-1],), None, None, self.eps).to(x.dtype), x

@@ -207,6 +207,9 @@ SUPPORTED = {
     # full-attention ones with no positional encoding.
     "Cohere2ForCausalLM": ArchitectureFlags(cohere=True, interleaved_rope=True,
                                             full_layers_nope=True),
+    # AI2's first OLMo (OLMo-1B and 7B, -hf): Llama's layers, LayerNorms without a weight, q,
+    # k and v clamped where clip_qkv is set.
+    "OlmoForCausalLM": ArchitectureFlags(),
     "Olmo2ForCausalLM": ArchitectureFlags(olmo=True, projection_qk_norm=True),
     # OLMo 3: OLMo 2's layers, three in four sliding (layer_types), each kind with its rope.
     "Olmo3ForCausalLM": ArchitectureFlags(olmo=True, projection_qk_norm=True),
@@ -337,7 +340,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "gpt2": "GPT2LMHeadModel", "gpt_bigcode": "GPTBigCodeForCausalLM",
                "opt": "OPTForCausalLM", "gptj": "GPTJForCausalLM",
                "falcon": "FalconForCausalLM", "bloom": "BloomForCausalLM",
-               "mpt": "MptForCausalLM",
+               "mpt": "MptForCausalLM", "olmo": "OlmoForCausalLM",
                "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
                "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM",
                "solar_open": "SolarOpenForCausalLM",
@@ -513,6 +516,10 @@ def position_offset(config: Any) -> int:
     return int(config.pad_token_id) + 1
 
 
+# Architectures some checkpoints name as their own remote code spells them (MosaicML's MPT).
+SPELLED_OTHERWISE = {"MPTForCausalLM": "MptForCausalLM"}
+
+
 def architecture_of(config: Any) -> str:
     if encoder := encoder_of(config):
         return encoder
@@ -522,6 +529,7 @@ def architecture_of(config: Any) -> str:
                              "EmbeddingGemma); tokenmill runs causal decoders only")
     names = list(getattr(config, "architectures", None) or [])
     for name in names:
+        name = SPELLED_OTHERWISE.get(name, name)
         if name in SUPPORTED:
             return name
         if name in BARE_DECODERS:

@@ -30,7 +30,13 @@ from tokenmill.engine.layers.attention import Scores, attention, store_kv
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.kv_layer import KVLayer
 from tokenmill.engine.layers.linear import MergedLinear
-from tokenmill.engine.layers.norm import CohereLayerNorm, LayerNorm, RMSNorm, unit_rms_norm
+from tokenmill.engine.layers.norm import (
+    CohereLayerNorm,
+    LayerNorm,
+    RMSNorm,
+    UnweightedLayerNorm,
+    unit_rms_norm,
+)
 from tokenmill.engine.layers.rotary import (
     LAYER_TYPES,
     RopeKernel,
@@ -90,10 +96,12 @@ def num_kv_heads_of(config: Any) -> int:
     return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
 
 
-def decoder_norm(config: Any, size: int) -> RMSNorm | CohereLayerNorm | LayerNorm:
+def decoder_norm(config: Any, size: int) -> nn.Module:
     """A norm of the residual stream: Cohere's LayerNorm, StarCoder 2's and Nemotron's (torch's,
-    with a bias), else RMSNorm (Gemma's scales by 1 + weight)."""
+    with a bias), OLMo's (without a weight), else RMSNorm (Gemma's scales by 1 + weight)."""
     flags = flags_of(config)
+    if config.model_type == "olmo":
+        return UnweightedLayerNorm()
     if flags.cohere:
         return CohereLayerNorm(size, config.layer_norm_eps)
     if flags.layer_norm:  # StarCoder 2's norm_epsilon, Nemotron's norm_eps (and 1 + weight)
@@ -327,7 +335,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         flags = flags_of(config)
 
-        def norm() -> RMSNorm | CohereLayerNorm | LayerNorm:
+        def norm() -> nn.Module:
             return decoder_norm(config, config.hidden_size)
 
         # OLMo's norms after each branch; OLMo Hybrid's gated delta net layers have Llama's.

@@ -76,6 +76,8 @@ from tokenmill.engine.models.quantize import (
 from tokenmill.engine.models.rope_order import ROTATED, pairs_to_halves, rotary_halves
 from tokenmill.engine.models.safetensors_files import Checkpoint, StoredTensor
 from tokenmill.engine.models.source import ModelLoadError, ModelSource
+from tokenmill.engine.models.torch_files import read_torch_weights, torch_files_bytes
+from tokenmill.engine.models.weight_files import torch_weight_files, weight_files
 
 # Buffers older checkpoints saved beside the weights: rotary frequencies, and GPT-NeoX's and
 # GPT-2's causal mask and its fill value.
@@ -301,13 +303,20 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     full, local = model.model.rotary_tables()
     model.model.rotary, model.model.rotary_local = full and full.to(device), \
         local and local.to(device)
-    checkpoint = None if source.gguf_file else Checkpoint(source.directory)
+    pickled = None if source.gguf_file else _pickled_weights(source.directory, published)
+    checkpoint = None if source.gguf_file or pickled else Checkpoint(source.directory)
     with checkpoint or contextlib.nullcontext():
-        stored = None if checkpoint is None else [t.name for t in checkpoint.tensors]
+        stored = list(pickled[1]) if pickled else \
+            None if checkpoint is None else [t.name for t in checkpoint.tensors]
         if (pooling and not head_token_ids) or _ties_head(config, stored):
             model.lm_head.weight = model.model.embed_tokens.weight
         built = {"score.weight"} if head_token_ids else set()
-        if checkpoint is None:
+        if pickled:
+            paths, tensors = pickled
+            _load(model, ((name, t, len(tensors)) for name, t in tensors.items()), plan,
+                  show_progress, built=built)
+            files, nbytes, workers = len(paths), torch_files_bytes(paths), 1
+        elif checkpoint is None:
             _load(model, _gguf_named(source, config), plan, show_progress, built=built)
             files, nbytes, workers = 1, os.path.getsize(source.gguf_path), 1
         else:
@@ -353,6 +362,21 @@ LAYER_NORM_FAMILIES = {"PhiForCausalLM": "Phi-2", "StableLmForCausalLM": "Stable
                        "OPTForCausalLM": "OPT", "GPTJForCausalLM": "GPT-J",
                        "FalconForCausalLM": "Falcon", "BloomForCausalLM": "BLOOM",
                        "MptForCausalLM": "MPT"}
+
+
+def _pickled_weights(directory: str, published: tuple[str, Any] | None,
+                     ) -> tuple[list[str], dict[str, torch.Tensor]] | None:
+    """(files, tensors by name) of a model published as PyTorch's pickled files only (no
+    safetensors weights), else None."""
+    if weight_files(directory):
+        return None
+    paths = torch_weight_files(directory)
+    if not paths:
+        return None
+    if published is not None:
+        raise ModelLoadError(f"{directory} holds {published[0]} weights in PyTorch's pickled "
+                             "files; pre-quantized checkpoints are read from safetensors")
+    return paths, read_torch_weights(paths)
 
 
 def _safetensors_only_family(config: Any) -> str | None:

@@ -170,19 +170,18 @@ def test_ministral3s_query_scale_runs_through_the_kernels_and_graphs(tmp_path, v
     _graphed_kernels_equal_torch(directory, seed=9)
 
 
-@pytest.mark.parametrize("shared", [False, True])
 def test_gemma4s_layers_of_two_head_sizes_run_through_the_kernels_and_graphs(
-        tmp_path, vocab_tokenizer, shared):
+        tmp_path, vocab_tokenizer):
     """Gemma 4's full-attention layers read narrower views of the pool's rows (one KV head
     of 32 where the sliding layers' rows hold two of 16): the kernels follow their strides, in
     prompt chunks, sliding windows and captured decode steps, as the torch path does; with
-    `shared`, E2B's per-layer inputs, and two last layers reading earlier layers' KV."""
+    E2B's per-layer inputs, and two last layers reading earlier layers' KV."""
     from gemma4_support import LAYERS, gemma4_config
     from model_support import make_random_model
 
     changes = dict(num_hidden_layers=6, layer_types=LAYERS + LAYERS[:2],
                    hidden_size_per_layer_input=8, vocab_size_per_layer_input=len(vocab_tokenizer),
-                   num_kv_shared_layers=2) if shared else {}
+                   num_kv_shared_layers=2)
     directory = make_random_model(str(tmp_path / "gemma4"),
                                   gemma4_config(len(vocab_tokenizer), **changes),
                                   vocab_tokenizer, draw_norms=True)

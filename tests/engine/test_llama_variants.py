@@ -52,7 +52,8 @@ parallelism) for:
   LayerNorm over the embeddings, q, k and v fused per head, under the bare names of its first
   checkpoints;
 - MPT (`MptForCausalLM`): ALiBi with its own slopes (six heads: past a power of two, in its
-  order), LayerNorm without biases, q, k and v fused and clamped, its own softmax scale."""
+  order), LayerNorm without biases, q, k and v fused and clamped, its own softmax scale;
+- OLMo (`OlmoForCausalLM`): Llama's layers, LayerNorms without a weight, q, k and v clamped."""
 
 from __future__ import annotations
 
@@ -168,6 +169,8 @@ def _config(kind: str, vocab: int):
             vocab_size=vocab, d_model=96, n_heads=6, n_layers=4,
             max_seq_len=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
             attn_config={"clip_qkv": 1.5, "softmax_scale": 0.4})
+    if kind == "olmo":  # clamped tightly enough that the clamp bites
+        return transformers.OlmoConfig(vocab_size=vocab, clip_qkv=0.3, **SHAPE)
     if kind == "opt":
         return transformers.OPTConfig(vocab_size=vocab, hidden_size=64, ffn_dim=128,
                                       num_hidden_layers=4, num_attention_heads=4,
@@ -191,7 +194,8 @@ def _config(kind: str, vocab: int):
                         "hunyuan", "nemotron", "phi", "helium", "exaone", "internlm3",
                         "apertus", "stablelm", "stablelm-parallel", "gpt_neox",
                         "gpt_neox-sequential", "gpt2", "gpt_bigcode", "gpt_bigcode-mha", "opt",
-                        "gptj", "falcon", "falcon-new", "falcon-sequential", "bloom", "mpt"])
+                        "gptj", "falcon", "falcon-new", "falcon-sequential", "bloom", "mpt",
+                        "olmo"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     # Biases and norms drawn (but for the families that have none or keep Llama's), so that a
     # missing (or misplaced) one shows.
@@ -199,16 +203,26 @@ def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
         str(tmp_path_factory.mktemp(request.param)), _config(request.param, len(vocab_tokenizer)),
         vocab_tokenizer, draw_norms=request.param not in ("granite", "smollm3", "arcee",
                                                           "ministral3", "ministral", "exaone"))
-    if request.param in ("gpt_neox", "gpt2", "bloom"):
+    if request.param in ("gpt_neox", "gpt2", "bloom", "mpt"):
         _as_first_published(directory, request.param)
     return directory
 
 
 def _as_first_published(directory: str, kind: str) -> None:
-    """The checkpoint as Pythia's, GPT-2's and BLOOM's were published: the causal-mask buffers
-    beside each layer's weights (not BLOOM's); GPT-2's and BLOOM's saved from their bare
-    decoders, every name without `transformer.`."""
+    """The checkpoint as Pythia's, GPT-2's, BLOOM's and MPT's were published: the causal-mask
+    buffers beside each layer's weights (Pythia's and GPT-2's); GPT-2's and BLOOM's saved from
+    their bare decoders, every name without `transformer.`; MPT's architecture named as its
+    remote code spells it."""
+    import json
+
     from safetensors.torch import load_file, save_file
+
+    if kind == "mpt":
+        with open(f"{directory}/config.json") as f:
+            config = json.load(f)
+        with open(f"{directory}/config.json", "w") as f:
+            json.dump({**config, "architectures": ["MPTForCausalLM"]}, f)
+        return
 
     path = f"{directory}/model.safetensors"
     tensors = load_file(path)
@@ -224,29 +238,43 @@ def _as_first_published(directory: str, kind: str) -> None:
     save_file(tensors, path, metadata={"format": "pt"})
 
 
-def _reference(directory: str):
-    return hf_reference(directory)
+@pytest.fixture(scope="module")
+def reference(variant_dir):
+    return hf_reference(variant_dir)
 
 
 @pytest.fixture(scope="module")
-def expected(variant_dir, vocab_tokenizer) -> list[list[int]]:
-    reference = _reference(variant_dir)
+def expected(reference, vocab_tokenizer) -> list[list[int]]:
     return [hf_greedy(reference, p, MAX_NEW) for p in mixed_prompts(vocab_tokenizer)]
 
 
-def test_greedy_equals_hf_batched_chunked_and_prefix_cached(variant_dir, expected,
-                                                            vocab_tokenizer):
+@pytest.fixture(scope="module")
+def served(variant_dir, vocab_tokenizer):
+    """One engine's greedy runs (batched, again from the prefix cache, alone) and its top
+    log-probabilities of the last prompt's next token."""
     with LLM(variant_dir, **ENGINE) as llm:
         runs = greedy_three_ways(llm, mixed_prompts(vocab_tokenizer), MAX_NEW)
+        params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=3)
+        logprobs = llm.generate([mixed_prompts(vocab_tokenizer)[-1]],
+                                params)[0].outputs[0].logprobs[0]
+    return runs, logprobs
+
+
+def test_greedy_equals_hf_batched_chunked_and_prefix_cached(served, expected):
+    runs, _ = served
     assert runs == {"batched": expected, "again": expected, "alone": expected[-2:]}
 
 
 # Families whose layers split over ranks exactly as another family's here do (Llama's, with
-# biases as Seed-OSS's and ERNIE's, LayerNorm as StarCoder 2's, GLM-4's rotary): their
-# tensor-parallel runs would repeat those.
+# biases as Seed-OSS's and ERNIE's, LayerNorm as StarCoder 2's, GLM-4's rotary over
+# interleaved pairs, one KV head for all as GPT-BigCode's, ALiBi's slopes as BLOOM's; q, k
+# and v read out of a fused tensor before they are split): their tensor-parallel runs would
+# repeat those.
 SHARDED_AS_ANOTHER = ("glm", "helium", "exaone", "internlm3", "nemotron", "stablelm",
-                      "stablelm-parallel", "gpt_neox-sequential", "gpt_bigcode-mha", "opt",
-                      "falcon-sequential")
+                      "stablelm-parallel", "gpt_neox", "gpt_neox-sequential",
+                      "gpt_bigcode-mha", "opt", "falcon", "falcon-sequential", "olmo", "mpt",
+                      "gptj", "smollm3", "seed_oss", "arcee", "ministral", "cohere2",
+                      "hunyuan")
 
 
 def test_tensor_parallel_equals_hf(request, variant_dir, expected, vocab_tokenizer):
@@ -265,18 +293,15 @@ def granite_dir(tmp_path_factory, vocab_tokenizer) -> str:
                              _config("granite", len(vocab_tokenizer)), vocab_tokenizer)
 
 
-def test_logprobs_are_transformers(variant_dir, vocab_tokenizer):
+def test_logprobs_are_transformers(served, reference, vocab_tokenizer):
     """Closer than greedy equality: a random model's argmax barely depends on its positions,
     so a rotary turned the wrong way (ERNIE's pairs) or a missing multiplier (Granite's logits
     divisor) shows here first."""
     prompt = mixed_prompts(vocab_tokenizer)[-1]
-    with LLM(variant_dir, **ENGINE) as llm:
-        out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1,
-                                                    logprobs=3))[0].outputs[0]
     with torch.no_grad():
-        logits = _reference(variant_dir)(torch.tensor([prompt])).logits[0, -1].float()
+        logits = reference(torch.tensor([prompt])).logits[0, -1].float()
     want = torch.log_softmax(logits, -1)
-    got = out.logprobs[0]
+    got = served[1]
     assert set(got) == set(want.topk(3).indices.tolist())
     for token, logprob in got.items():
         assert abs(logprob - want[token].item()) < 1e-4

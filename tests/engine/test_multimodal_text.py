@@ -209,12 +209,12 @@ def test_a_language_model_tokenmill_does_not_run_is_refused_by_name(tmp_path, vo
     import transformers
 
     config = transformers.LlavaConfig(
-        text_config=dict(TEXT, vocab_size=len(vocab_tokenizer), model_type="bloom"),
+        text_config=dict(TEXT, vocab_size=len(vocab_tokenizer), model_type="rwkv"),
         vision_config=dict(VISION, model_type="clip_vision_model"))
     directory = str(tmp_path / "m")
     config.architectures = ["LlavaForConditionalGeneration"]
     config.save_pretrained(directory)
-    with pytest.raises(ModelLoadError, match="LlavaForConditionalGeneration.*'bloom'"):
+    with pytest.raises(ModelLoadError, match="LlavaForConditionalGeneration.*'rwkv'"):
         load_config(ModelSource(directory=directory))
 
 

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 
 import pytest
 import torch
 from model_support import hf_greedy, hf_reference, mixed_prompts
-from process_support import download_command
 from safetensors.torch import load_file, save_file
-from store_support import BUCKET, hub_serving, s3_client, upload_directory
+from store_support import BUCKET, download_from_hub, s3_client, upload_directory
 
 from tokenmill.engine import LLM, SamplingParams
 from tokenmill.engine.models.fetch import fetch_model
@@ -94,15 +92,7 @@ def test_a_shard_the_index_names_but_the_directory_lacks_is_refused(mistral_styl
 def test_the_hub_download_skips_the_consolidated_copy(mistral_style_dir, tmp_path, expected,
                                                       vocab_tokenizer):
     """Through the hub's own client against a loopback hub serving the repository."""
-    asked: list[str] = []
-    with hub_serving(REPO, mistral_style_dir, asked) as hub:
-        env = {**os.environ, "HF_ENDPOINT": hub, "HF_HUB_OFFLINE": "0",
-               "HF_HUB_DISABLE_XET": "1"}
-        result = subprocess.run(download_command(f"hf://{REPO}", "--download-dir",
-                                                 str(tmp_path / "cache")),
-                                cwd="/", env=env, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    local = result.stdout.strip().splitlines()[-1]
+    local, asked = download_from_hub(REPO, mistral_style_dir, str(tmp_path / "cache"))
     assert "consolidated.safetensors" not in asked
     assert any(name.startswith("model-") for name in asked)
     assert sorted(os.listdir(local)) == sorted(n for n in os.listdir(mistral_style_dir)

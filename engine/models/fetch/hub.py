@@ -12,11 +12,12 @@ from tokenmill.engine.models.fetch.cache import check_free_space
 from tokenmill.engine.models.fetch.errors import ModelFetchError
 from tokenmill.engine.models.fetch.progress import hub_progress_class
 from tokenmill.engine.models.fetch.uri import HubModel
-from tokenmill.engine.models.weight_files import skipped_weight_files
+from tokenmill.engine.models.weight_files import TORCH_WEIGHTS, skipped_weight_files
 
-# What the engine loads: config, tokenizer, chat template and safetensors weights.
+# What the engine loads: config, tokenizer, chat template and safetensors weights (PyTorch's
+# pickled ones where a model has no others: skipped_weight_files passes over the rest).
 ALLOW_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt",
-                  "*.jinja"]
+                  "*.jinja", TORCH_WEIGHTS]
 
 
 def fetch_hub(model: HubModel, download_dir: str | None) -> str:
@@ -34,7 +35,7 @@ def fetch_hub(model: HubModel, download_dir: str | None) -> str:
             pass  # offline or unreachable: the real call finds the cache or says why
         else:
             skipped = skipped_weight_files(f.filename for f in plan)
-            if skipped:  # Mistral's second copy of the weights
+            if skipped:  # Mistral's second copy of the weights, PyTorch's pickled one
                 options["ignore_patterns"] = skipped
             needed = sum(f.file_size or 0 for f in plan
                          if f.will_download and f.filename not in skipped)
