@@ -241,14 +241,14 @@ def test_speculative_verify_steps_replay_their_graphs(tiny_llama_dir, monkeypatc
     graphed = LLM(tiny_llama_dir, attention_backend="triton", speculative_config=spec,
                   **options)
     runner = graphed.engine.runner
-    runner.capture_decode_graphs(8, 64, graphed.engine.max_model_len, verify_query_len=4,
-                                 verify_max_seqs=8)
-    assert sorted(runner.verify_graphs.graphs) == [1, 2, 4, 8]
+    runner.capture_decode_graphs(4, 64, graphed.engine.max_model_len, verify_query_len=4,
+                                 verify_max_seqs=4)
+    assert sorted(runner.verify_graphs.graphs) == [1, 2, 4]
     replayed: list[int] = []
     for size, graph in runner.verify_graphs.graphs.items():
         monkeypatch.setattr(graph, "replay", lambda r=graph.replay, size=size: (
             replayed.append(size), r()))
-    for count, seed in ((1, 11), (5, 13)):  # 5: a bucket of 8, padded
+    for count, seed in ((1, 11), (3, 13)):  # 3: a bucket of 4, padded
         prompts = _repeating_prompts(count, seed)
         params = [SamplingParams(temperature=0.0, max_tokens=8 + 2 * i, ignore_eos=True)
                   for i in range(count)]
@@ -408,7 +408,7 @@ def test_decode_graphs_serve_a_mix_of_lora_adapters(tiny_llama_dir, tmp_path):
     eager = LLM(tiny_llama_dir, attention_backend="torch", **options)
     graphed = LLM(tiny_llama_dir, attention_backend="triton", **options)
     runner = graphed.engine.runner
-    runner.capture_decode_graphs(8, 64, graphed.engine.max_model_len)
+    runner.capture_decode_graphs(4, 64, graphed.engine.max_model_len)
     prompts = _prompts(3, 7)  # three sequences padded to a bucket of four
     loras = ["sql", None, "chat"]
     params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)

@@ -288,7 +288,7 @@ def _graphed_kernels_equal_torch(directory: str, seed: int) -> None:
     path's, for a short prompt and one of several chunks (16-token steps, 8-token blocks)."""
     rng = random.Random(seed)
     prompts = [[rng.randrange(100, 40000) for _ in range(n)] for n in (3, 26)]
-    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
     options = {"show_progress": False, "dtype": "float32", "max_num_batched_tokens": 16,
                "max_num_seqs": 2, "block_size": 8, "device": DEVICE.type,
                "kv_cache_memory": KV_CACHE_MEMORY, "max_model_len": 64}

@@ -85,6 +85,20 @@ def test_a_pickled_file_that_is_not_a_state_dict_is_refused_naming_it(tiny_llama
         LLM(directory, show_progress=False)
 
 
+def test_pre_quantized_pickled_weights_are_refused(tiny_llama_dir, tmp_path):
+    directory = str(tmp_path / "pickled")
+    _pickle(tiny_llama_dir, directory, 1)
+    with open(os.path.join(directory, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config, f)
+    with pytest.raises(ModelLoadError, match="fp8 weights in PyTorch's pickled files; "
+                                             "pre-quantized checkpoints are read from "
+                                             "safetensors"):
+        LLM(directory, show_progress=False)
+
+
 @pytest.mark.parametrize("with_safetensors", [False, True])
 def test_the_hub_download_takes_pickled_weights_only_where_they_are_all(
         tiny_llama_dir, tmp_path, expected, vocab_tokenizer, with_safetensors):
