@@ -188,6 +188,10 @@ SUPPORTED = {
     # slopes, LayerNorm (without biases where no_bias), q, k and v fused one after the other
     # and clamped where clip_qkv, an MLP of GeLU without a gate.
     "MptForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True, alibi=True),
+    # Databricks' DBRX: MPT's attention (LayerNorm without biases, q, k and v fused and clamped)
+    # with KV heads of its own and rotary, over Mixtral's experts (softmax top-k,
+    # renormalized), each layer's stored as three tensors (models/fused_weights.py).
+    "DbrxForCausalLM": ArchitectureFlags(layer_norm=True, moe="dbrx"),
     # NVIDIA's Nemotron (Nemotron-4, Minitron): LayerNorm whose weight is stored as an offset
     # from 1, rotary over part of each head, an MLP of squared ReLU without a gate.
     "NemotronForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True),
@@ -340,7 +344,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "gpt2": "GPT2LMHeadModel", "gpt_bigcode": "GPTBigCodeForCausalLM",
                "opt": "OPTForCausalLM", "gptj": "GPTJForCausalLM",
                "falcon": "FalconForCausalLM", "bloom": "BloomForCausalLM",
-               "mpt": "MptForCausalLM", "olmo": "OlmoForCausalLM",
+               "mpt": "MptForCausalLM", "olmo": "OlmoForCausalLM", "dbrx": "DbrxForCausalLM",
                "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
                "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM",
                "solar_open": "SolarOpenForCausalLM",
@@ -420,7 +424,7 @@ MOE_NAMES = {"qwen": MoeNames("mlp", "gate_proj", "up_proj", "down_proj"),
              "deepseek": MoeNames("mlp", "gate_proj", "up_proj", "down_proj",
                                   shared="shared_experts", shared_gated=False)}
 MOE_NAMES["deepseek_v2"] = MOE_NAMES["deepseek"]
-MOE_NAMES["minimax"] = MOE_NAMES["mixtral"]
+MOE_NAMES["minimax"] = MOE_NAMES["dbrx"] = MOE_NAMES["mixtral"]
 MOE_NAMES["ernie"] = MOE_NAMES["deepseek"]
 MOE_NAMES["mistral4"] = MOE_NAMES["deepseek"]
 MOE_NAMES["granite_hybrid"] = MoeNames("block_sparse_moe", "gate_proj", "up_proj", "down_proj",
@@ -604,6 +608,27 @@ def declare_mpt_names(config: Any) -> None:
     config.softmax_scale = attn.softmax_scale
 
 
+def declare_dbrx_names(config: Any) -> None:
+    """Give DBRX's config the names the engine reads: its experts (ffn_config), their width
+    and activation, the clamp of q, k and v, norms without biases, the context length and the
+    rotary base."""
+    if getattr(config, "model_type", None) != "dbrx":
+        return
+    ffn = config.ffn_config
+    config.num_local_experts = int(ffn.moe_num_experts)
+    config.num_experts_per_tok = int(ffn.moe_top_k)
+    config.intermediate_size = int(ffn.ffn_hidden_size)
+    config.hidden_act = (ffn.ffn_act_fn or {}).get("name", "silu")
+    config.clip_qkv = config.attn_config.clip_qkv
+    config.no_bias = True
+    config.layer_norm_eps = 1e-5
+    config.max_position_embeddings = int(config.max_seq_len)
+    # Its rotary base is attn_config's (transformers 5 reads a default base in its place).
+    theta = getattr(config.attn_config, "rope_theta", None)
+    if theta is not None:
+        config.rope_parameters = {"rope_type": "default", "rope_theta": float(theta)}
+
+
 def declare_falcon_names(config: Any) -> None:
     """Give Falcon's config the names the engine reads: its KV heads (one where multi_query,
     num_kv_heads with new_decoder_architecture, else one per query head), MLP width,
@@ -661,6 +686,11 @@ def check_features(config: Any) -> None:
                              "before")
     if getattr(config, "model_type", None) == "mpt":
         _check_mpt(config)
+    if getattr(config, "model_type", None) == "dbrx" and \
+            config.ffn_config.moe_normalize_expert_weights not in (None, 1, 1.0):
+        raise ModelLoadError(f"moe_normalize_expert_weights "
+                             f"{config.ffn_config.moe_normalize_expert_weights} (an L-p norm "
+                             "of the chosen weights other than their sum) is not supported")
     if getattr(config, "model_type", None) == "falcon" and config.alibi:
         raise ModelLoadError("alibi (Falcon-RW's linear attention biases by distance) is not "
                              "supported; Falcon's rotary models are")
@@ -804,6 +834,7 @@ def moe_shape_of(config: Any) -> MoeShape | None:
         # sum.
         renormalize=style in ("mixtral", "granite", "granite_hybrid", "gptoss", "minimax",
                               "ernie", "hunyuan") or
+        (style == "dbrx" and config.ffn_config.moe_normalize_expert_weights is not None) or
         bool(getattr(config, "norm_topk_prob", False)) or
         getattr(config, "model_type", None) in (QWEN3_VL_MOE, QWEN3_5_MOE),
         sparse_step=int(getattr(config, "decoder_sparse_step", None) or

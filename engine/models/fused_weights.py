@@ -192,6 +192,16 @@ RENAMED_PARTS["mpt"] = {"transformer.wte.": "model.embed_tokens.",
                         ".norm_2.": ".post_attention_layernorm.",
                         ".attn.Wqkv.": ".self_attn.qkv_proj.",
                         ".attn.out_proj.": ".self_attn.o_proj.", ".ffn.": ".mlp."}
+# DBRX: MPT's names under norm_attn_norm, its router as Mixtral's (the experts are read by
+# _dbrx_expert_parts).
+RENAMED_PARTS["dbrx"] = {"transformer.wte.": "model.embed_tokens.",
+                         "transformer.blocks.": "model.layers.",
+                         "transformer.norm_f.": "model.norm.",
+                         ".norm_attn_norm.norm_1.": ".input_layernorm.",
+                         ".norm_attn_norm.norm_2.": ".post_attention_layernorm.",
+                         ".norm_attn_norm.attn.Wqkv.": ".self_attn.qkv_proj.",
+                         ".norm_attn_norm.attn.out_proj.": ".self_attn.o_proj.",
+                         ".ffn.router.layer.": ".block_sparse_moe.gate."}
 # Phi-2: its output projection (dense) and MLP (fc1, fc2) under Llama's names.
 RENAMED_PARTS["phi"] = {".self_attn.dense.": ".self_attn.o_proj.", ".mlp.fc1.": ".mlp.up_proj.",
                         ".mlp.fc2.": ".mlp.down_proj.", "model.final_layernorm.": "model.norm."}
@@ -276,7 +286,27 @@ def expert_parts(config: Any, name: str) -> list[tuple[str, Take]] | None:
         return _qwen3_next_parts(config, module)
     if module.endswith(PER_HEAD_QKV):
         return _per_head_qkv_parts(config, module, attr)
+    if module.endswith(DBRX_EXPERTS) and attr in DBRX_PARTS:
+        return _dbrx_expert_parts(config, module, attr)
     return None
+
+
+# DBRX keeps a layer's experts in three tensors under ffn.experts.mlp, each [experts * width,
+# hidden]: w1 the gates', v1 the ups', w2 the downs' (transposed).
+DBRX_EXPERTS = "ffn.experts.mlp"
+DBRX_PARTS = {"w1": "w1", "v1": "w3", "w2": "w2"}
+
+
+def _dbrx_expert_parts(config: Any, module: str, attr: str) -> list[tuple[str, Take]]:
+    parent = module[:-len(DBRX_EXPERTS)] + "block_sparse_moe.experts"
+    experts, width = config.num_local_experts, config.intermediate_size
+
+    def expert(w: torch.Tensor, e: int) -> torch.Tensor:
+        rows = w.reshape(experts, width, w.shape[-1])[e]
+        return rows.t() if attr == "w2" else rows
+
+    return [(f"{parent}.{e}.{DBRX_PARTS[attr]}.weight", lambda w, e=e: expert(w, e))
+            for e in range(experts)]
 
 
 # GPT-2's projections are Conv1D weights, stored [in, out]: read transposed.

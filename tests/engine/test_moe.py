@@ -1,5 +1,5 @@
 """Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE and GraniteMoeShared,
-GLM-4.5, MiniMax-M2, dots.llm1, ERNIE 4.5, Solar Open, Hunyuan-A13B, FlexOlmo): greedy output
+GLM-4.5, MiniMax-M2, dots.llm1, ERNIE 4.5, Solar Open, Hunyuan-A13B, FlexOlmo, DBRX): greedy output
 equals Hugging Face token for token (batched, chunked, from the prefix cache, under tensor
 parallelism), the router math equals a dense reference, and what a sparse layer cannot take is
 refused by name."""
@@ -109,6 +109,12 @@ def _config(kind: str, vocab: int, **changes):
             intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
             embedding_multiplier=2.0, attention_multiplier=0.25, residual_multiplier=0.8,
             logits_scaling=2.0, **common)
+    if kind == "dbrx":  # its own names; q, k and v fused and clamped, norms without biases
+        return transformers.DbrxConfig(
+            vocab_size=vocab, d_model=64, n_heads=4, n_layers=3, max_seq_len=512,
+            attn_config={"kv_n_heads": 2, "clip_qkv": 0.4, "rope_theta": 10000.0},
+            ffn_config={"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2},
+            bos_token_id=1, eos_token_id=2, **changes)
     return transformers.MixtralConfig(intermediate_size=32, num_local_experts=4,
                                       num_experts_per_tok=2, **common)
 
@@ -116,12 +122,12 @@ def _config(kind: str, vocab: int, **changes):
 @pytest.fixture(scope="module", params=["qwen3_moe", "mixtral", "qwen2_moe", "granitemoe",
                                         "glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe",
                                         "solar_open", "hunyuan_v1_moe", "flex_olmo",
-                                        "granitemoeshared"])
+                                        "granitemoeshared", "dbrx"])
 def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
     make_random_model(directory, _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
                       draw_norms=request.param in ("minimax_m2", "dots1", "ernie4_5_moe",
-                                                   "hunyuan_v1_moe", "flex_olmo"))
+                                                   "hunyuan_v1_moe", "flex_olmo", "dbrx"))
     if request.param in ("glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe", "solar_open"):
         _draw_biases(directory, prediction_layer=request.param != "solar_open")
     return directory
@@ -376,3 +382,17 @@ def test_a_top_k_that_differs_between_layers_is_refused(tmp_path, vocab_tokenize
         "hunyuan_v1_moe", len(vocab_tokenizer), moe_topk=[2, 1, 2]), vocab_tokenizer)
     with pytest.raises(ModelLoadError, match=r"moe_topk differs between layers \(\[1, 2\]\)"):
         LLM(directory, **ENGINE)
+
+
+def test_dbrxs_rotary_base_is_its_attention_configs(tmp_path, vocab_tokenizer):
+    """DBRX keeps its base in attn_config (500000 as published), which transformers 5 does
+    not carry into rope_parameters."""
+    from tokenmill.engine.layers.rotary import rope_parameters
+    from tokenmill.engine.models.loader import load_config
+
+    config = _config("dbrx", len(vocab_tokenizer))
+    config.attn_config.rope_theta = 500000.0
+    config.save_pretrained(str(tmp_path))
+    loaded = load_config(ModelSource(directory=str(tmp_path)))
+    assert rope_parameters(loaded)["rope_theta"] == 500000.0
+    assert (loaded.num_local_experts, loaded.num_experts_per_tok) == (4, 2)
