@@ -396,3 +396,12 @@ def test_dbrxs_rotary_base_is_its_attention_configs(tmp_path, vocab_tokenizer):
     loaded = load_config(ModelSource(directory=str(tmp_path)))
     assert rope_parameters(loaded)["rope_theta"] == 500000.0
     assert (loaded.num_local_experts, loaded.num_experts_per_tok) == (4, 2)
+
+
+def test_dbrxs_weights_normalized_by_another_norm_than_their_sum_are_refused(tmp_path,
+                                                                            vocab_tokenizer):
+    config = _config("dbrx", len(vocab_tokenizer))
+    config.ffn_config.moe_normalize_expert_weights = 2.0
+    config.save_pretrained(str(tmp_path))
+    with pytest.raises(ModelLoadError, match="moe_normalize_expert_weights 2.0"):
+        LLM(str(tmp_path), **ENGINE)
