@@ -77,7 +77,7 @@ class ArchitectureFlags:
     gpt_neox: bool = False
     # GPT-2, GPT-BigCode and OPT: a learned embedding per position added to the token's (no
     # rotary), and their config's own names for the MLP's width and activation
-    # (declare_layer_names).
+    # (declare_family_names).
     learned_positions: bool = False
     # GPT-J: attention and the MLP in parallel off one norm (Phi-2's layer), biases on the MLP
     # and the LM head but not on attention.
@@ -570,15 +570,12 @@ GPT2_NAMED_TYPES = ("gpt2", "gpt_bigcode", "opt", "gptj", "bloom")
 LEARNED_POSITION_TYPES = ("gpt2", "gpt_bigcode", "opt")
 
 
-def declare_layer_names(config: Any) -> None:
-    """Give GPT-2's, GPT-BigCode's, OPT's, GPT-J's and BLOOM's configs the names the engine
-    reads for what they call their own way: the MLP's width (n_inner, else four times the
-    hidden size; OPT's ffn_dim), its activation (activation_function; BLOOM's GeLU, tanh), the
-    biases (OPT's enable_bias, GPT-2's, GPT-BigCode's and BLOOM's always), the LayerNorm
-    epsilon, and GPT-J's rotated part of each head (rotary_dim, none: all of it)."""
-    model_type = getattr(config, "model_type", None)
-    if model_type not in GPT2_NAMED_TYPES:
-        return
+def _gpt2_family_names(config: Any) -> None:
+    """GPT-2's, GPT-BigCode's, OPT's, GPT-J's and BLOOM's: the MLP's width (n_inner, else four
+    times the hidden size; OPT's ffn_dim), its activation (activation_function; BLOOM's GeLU,
+    tanh), the biases (OPT's enable_bias, GPT-2's, GPT-BigCode's and BLOOM's always), the
+    LayerNorm epsilon, and GPT-J's rotated part of each head (rotary_dim, none: all of it)."""
+    model_type = config.model_type
     opt = model_type == "opt"
     width = config.ffn_dim if opt else getattr(config, "n_inner", None) or 4 * config.hidden_size
     config.intermediate_size = int(width)
@@ -592,12 +589,10 @@ def declare_layer_names(config: Any) -> None:
     config.attention_bias = config.mlp_bias = bool(config.enable_bias) if opt else True
 
 
-def declare_mpt_names(config: Any) -> None:
-    """Give MPT's config the names the engine reads: the MLP's width (expansion_ratio times
-    d_model), activation (GeLU), biases (none where no_bias), LayerNorm epsilon, context
-    length (max_seq_len), and its attention's clip_qkv and softmax_scale."""
-    if getattr(config, "model_type", None) != "mpt":
-        return
+def _mpt_names(config: Any) -> None:
+    """MPT's: the MLP's width (expansion_ratio times d_model), activation (GeLU), biases (none
+    where no_bias), LayerNorm epsilon, context length (max_seq_len), and its attention's
+    clip_qkv and softmax_scale."""
     attn = config.attn_config
     config.intermediate_size = int(config.expansion_ratio * config.hidden_size)
     config.hidden_act = "gelu"
@@ -608,12 +603,9 @@ def declare_mpt_names(config: Any) -> None:
     config.softmax_scale = attn.softmax_scale
 
 
-def declare_dbrx_names(config: Any) -> None:
-    """Give DBRX's config the names the engine reads: its experts (ffn_config), their width
-    and activation, the clamp of q, k and v, norms without biases, the context length and the
-    rotary base."""
-    if getattr(config, "model_type", None) != "dbrx":
-        return
+def _dbrx_names(config: Any) -> None:
+    """DBRX's: its experts (ffn_config), their width and activation, the clamp of q, k and v,
+    norms without biases, the context length and the rotary base."""
     ffn = config.ffn_config
     config.num_local_experts = int(ffn.moe_num_experts)
     config.num_experts_per_tok = int(ffn.moe_top_k)
@@ -629,12 +621,10 @@ def declare_dbrx_names(config: Any) -> None:
         config.rope_parameters = {"rope_type": "default", "rope_theta": float(theta)}
 
 
-def declare_falcon_names(config: Any) -> None:
-    """Give Falcon's config the names the engine reads: its KV heads (one where multi_query,
-    num_kv_heads with new_decoder_architecture, else one per query head), MLP width,
-    activation, biases and LayerNorm epsilon."""
-    if getattr(config, "model_type", None) != "falcon":
-        return
+def _falcon_names(config: Any) -> None:
+    """Falcon's: its KV heads (one where multi_query, num_kv_heads with
+    new_decoder_architecture, else one per query head), MLP width, activation, biases and
+    LayerNorm epsilon."""
     heads = config.num_attention_heads
     config.num_key_value_heads = int(config.num_kv_heads or heads) if \
         config.new_decoder_architecture else 1 if config.multi_query else heads
@@ -642,6 +632,19 @@ def declare_falcon_names(config: Any) -> None:
     config.hidden_act = config.activation
     config.attention_bias = config.mlp_bias = bool(config.bias)
     config.layer_norm_eps = float(config.layer_norm_epsilon)
+
+
+# Each family whose config names what the engine reads its own way, by model type, and how.
+FAMILY_NAMES = {**dict.fromkeys(GPT2_NAMED_TYPES, _gpt2_family_names), "mpt": _mpt_names,
+                "dbrx": _dbrx_names, "falcon": _falcon_names}
+
+
+def declare_family_names(config: Any) -> None:
+    """Give a config that names the MLP's width, its activation, biases, KV heads and the like
+    its own way (FAMILY_NAMES) the names the engine reads, at load."""
+    declare = FAMILY_NAMES.get(getattr(config, "model_type", None))
+    if declare is not None:
+        declare(config)
 
 
 def parallel_norms_of(config: Any) -> int:

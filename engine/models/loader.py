@@ -34,10 +34,7 @@ from tokenmill.engine.models.architecture import (
     check_features,
     classifier_of,
     declare_attention_free,
-    declare_dbrx_names,
-    declare_falcon_names,
-    declare_layer_names,
-    declare_mpt_names,
+    declare_family_names,
     encoder_of,
     flags_of,
     moe_shape_of,
@@ -129,10 +126,7 @@ def load_config(source: ModelSource) -> Any:
         except ConfigOverrideError as exc:
             raise ModelLoadError(f"--hf-overrides: {exc}") from exc
     declare_attention_free(config)
-    declare_layer_names(config)
-    declare_falcon_names(config)
-    declare_mpt_names(config)
-    declare_dbrx_names(config)
+    declare_family_names(config)
     if getattr(config, "per_layer_config", None):
         # Layers of their own shapes (Gemma 4): read per layer where they differ
         # (layer_attention_shapes); the config's own values are the other layers'.

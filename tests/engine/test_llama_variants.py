@@ -208,6 +208,10 @@ def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     return directory
 
 
+# Where Pythia's and GPT-2's published checkpoints keep each layer's causal-mask buffers.
+CAUSAL_MASK_BUFFERS = {"gpt_neox": "gpt_neox.layers.{}.attention", "gpt2": "transformer.h.{}.attn"}
+
+
 def _as_first_published(directory: str, kind: str) -> None:
     """The checkpoint as Pythia's, GPT-2's, BLOOM's and MPT's were published: the causal-mask
     buffers beside each layer's weights (Pythia's and GPT-2's); GPT-2's and BLOOM's saved from
@@ -226,9 +230,9 @@ def _as_first_published(directory: str, kind: str) -> None:
 
     path = f"{directory}/model.safetensors"
     tensors = load_file(path)
-    for layer in range(SHAPE["num_hidden_layers"] if kind != "bloom" else 0):
-        prefix = f"gpt_neox.layers.{layer}.attention" if kind == "gpt_neox" else \
-            f"transformer.h.{layer}.attn"
+    attention = CAUSAL_MASK_BUFFERS.get(kind)
+    for layer in range(SHAPE["num_hidden_layers"]) if attention else ():
+        prefix = attention.format(layer)
         tensors[f"{prefix}.bias"] = torch.ones(1, 1, 8, 8, dtype=torch.bool).tril()
         tensors[f"{prefix}.masked_bias"] = torch.tensor(-1e9)
         if kind == "gpt_neox":
