@@ -263,6 +263,11 @@ class EngineConfig:
              "on CUDA; the engine refuses to start if the host has less memory available. "
              "Needs --enable-prefix-caching.",
     )
+    enable_prompt_embeds: bool = _opt(
+        False, "Take prompts given as embeddings (vLLM's prompt_embeds: a tensor [tokens, "
+               "hidden size], in place of the token embeddings the model would look up) "
+               "besides text and token ids: offline as {\"prompt_embeds\": tensor}, on "
+               "/v1/completions as `prompt_embeds`, a base64 torch.save of the tensor.")
     attention_backend: str = _opt(
         "auto", "Paged-attention kernels: auto (Triton on CUDA when triton is installed, torch "
                 "otherwise), torch, or triton (on CPU only in Triton's interpreter, "

@@ -34,6 +34,8 @@ from tokenmill.engine.core.outputs import RequestOutput
 from tokenmill.engine.core.pooling import SequencePooling, embedding
 from tokenmill.engine.core.pooling import record as record_pooled
 from tokenmill.engine.core.pooling_params import PoolingParams
+from tokenmill.engine.core.prompt_embeds import PLACEHOLDER as PROMPT_EMBEDS_PLACEHOLDER
+from tokenmill.engine.core.prompt_embeds import PromptEmbeds
 from tokenmill.engine.core.prompt_logprobs import record as record_prompt_logprobs
 from tokenmill.engine.core.prompt_truncation import truncated
 from tokenmill.engine.core.request import RequestTimings, Sequence, placeholder
@@ -69,6 +71,7 @@ from tokenmill.engine.models.architecture import (
     is_bare_decoder,
     sliding_window_of,
 )
+from tokenmill.engine.models.decoder import prompt_embeds_refusal
 from tokenmill.engine.models.images import (
     image_grid,
     image_layout,
@@ -100,6 +103,7 @@ class _Request:
     finished: bool = False
     lora: LoRARef | None = None
     images: list[ImageSpan] = dataclasses.field(default_factory=list)
+    embeds: PromptEmbeds | None = None  # a prompt given as embeddings
 
 
 @dataclass
@@ -182,6 +186,7 @@ class LLMEngine:
             # How prompts carry images, for a checkpoint that reads them (None: text only);
             # the profile of the KV pool encodes its largest batch of images.
             self.images = self._prompt_images(source.directory) if reads else None
+            self._check_prompt_embeds()
             self.runner = build_runner(
                 setup, self.model_config, self.device, self.tp, show_progress,
                 on_logits=sample_worst_case,
@@ -255,6 +260,17 @@ class LLMEngine:
             "max_model_len": self.max_model_len,
             **{name: round(seconds, 3) for name, seconds in self.startup_report().items()}})
         log.info("memory", extra=self.memory_report())
+
+    def _check_prompt_embeds(self) -> None:
+        """ConfigError, before any weight loads, where --enable-prompt-embeds asks for what
+        this model cannot take."""
+        if not self.config.enable_prompt_embeds:
+            return
+        refusal = "a pooling model embeds prompts; it generates from none" \
+            if self.pooler is not None else prompt_embeds_refusal(self.model_config)
+        if refusal is not None:
+            raise ConfigError("enable_prompt_embeds", f"{architecture_of(self.model_config)} "
+                              f"cannot take prompts given as embeddings: {refusal}")
 
     def _prompt_images(self, directory: str) -> PromptImages:
         processor = self._image_processor(directory)
@@ -342,7 +358,7 @@ class LLMEngine:
 
     # ---- requests -------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt: str | list[int],
+    def add_request(self, request_id: str, prompt: str | list[int] | torch.Tensor,
                     params: SamplingParams | None = None, cache_salt: str | None = None,
                     lora_name: str | None = None, pooling: PoolingParams | None = None,
                     priority: int = 0, images: list[Any] | None = None) -> None:
@@ -361,6 +377,10 @@ class LLMEngine:
         `images` (PIL images, or prepare_images' ImageInputs) go where the prompt holds the
         model's image marker (LLaVA's `<image>`, Gemma 3's `<start_of_image>`): one per image,
         expanded here as the model's processor expands it, or already expanded.
+
+        A tensor [tokens, hidden size] is a prompt given as embeddings (vLLM's
+        prompt_embeds, under --enable-prompt-embeds): rows in place of the token embeddings
+        the model would look up (core/prompt_embeds.py).
         """
         # An embedding's sequence samples nothing; one token of room keeps the scheduler's
         # bookkeeping that of any prompt.
@@ -373,21 +393,23 @@ class LLMEngine:
             raise RequestError(f"request id {request_id!r} is already in use")
         self.check_priority(priority)
         lora = self.lora_ref(lora_name)
-        text, token_ids, spans = self._checked(prompt, params if pooling is None else None,
-                                               pooling, images)
+        text, token_ids, spans, embeds = self._checked(
+            prompt, params if pooling is None else None, pooling, images)
         if lora is not None:
             cache_salt = f"{cache_salt or ''}\x00{lora.cache_salt}"
         timings = RequestTimings()
         seq = self._new_sequence(request_id, 0, token_ids, params, timings, cache_salt, lora,
-                                 spans)
+                                 spans, embeds)
         seq.priority = priority
         if pooling is not None:
             seq.pooling = SequencePooling(self.pooler, pooling)
         self._requests[request_id] = _Request(request_id, text, token_ids, params, timings, [seq],
-                                              cache_salt, lora=lora, images=spans)
+                                              cache_salt, lora=lora, images=spans,
+                                              embeds=embeds)
         self.scheduler.add(seq)
 
-    def check_request(self, prompt: str | list[int], params: SamplingParams | None,
+    def check_request(self, prompt: str | list[int] | torch.Tensor,
+                      params: SamplingParams | None,
                       lora_name: str | None = None,
                       pooling: PoolingParams | None = None,
                       images: list[Any] | None = None) -> tuple[str | None, list[int]]:
@@ -397,10 +419,16 @@ class LLMEngine:
         self.lora_ref(lora_name)
         return self._checked(prompt, params, pooling, images)[:2]
 
-    def _checked(self, prompt: str | list[int], params: SamplingParams | None,
+    def _checked(self, prompt: str | list[int] | torch.Tensor, params: SamplingParams | None,
                  pooling: PoolingParams | None, images: list[Any] | None,
-                 ) -> tuple[str | None, list[int], list[ImageSpan]]:
+                 ) -> tuple[str | None, list[int], list[ImageSpan], PromptEmbeds | None]:
         self._check_runner(pooling)
+        if isinstance(prompt, torch.Tensor):
+            embeds = self._prompt_embeds(prompt, params, pooling, images)
+            token_ids = [PROMPT_EMBEDS_PLACEHOLDER] * len(embeds)
+            self._check_fits(token_ids, params.n, params.max_tokens)
+            self._check_sampling(params)
+            return None, token_ids, [], embeds
         if images and isinstance(prompt, str) and self.images is not None:
             prompt = self.images.expand_text(prompt)  # as the model's processor writes it
         text, token_ids = self._tokenize(prompt)
@@ -415,10 +443,30 @@ class LLMEngine:
             pooling.check(self.model_config.hidden_size)
             self._check_token_types(pooling.token_type_ids, len(token_ids))
             self._check_fits(token_ids)
-            return text, token_ids, spans
+            return text, token_ids, spans, None
         self._check_fits(token_ids, params.n, params.max_tokens)
         self._check_sampling(params)
-        return text, token_ids, spans
+        return text, token_ids, spans, None
+
+    def _prompt_embeds(self, value: torch.Tensor, params: SamplingParams | None,
+                       pooling: PoolingParams | None,
+                       images: list[Any] | None) -> PromptEmbeds:
+        """A prompt given as embeddings, checked (RequestError naming prompt_embeds)."""
+        if not self.config.enable_prompt_embeds:
+            raise RequestError("a prompt given as embeddings needs the server started with "
+                               "--enable-prompt-embeds", param="prompt_embeds")
+        if pooling is not None or images:
+            raise RequestError("a prompt given as embeddings is generated from, alone: it "
+                               "carries no images and is not embedded again",
+                               param="prompt_embeds")
+        if params.prompt_logprobs is not None:
+            raise RequestError("prompt_logprobs: a prompt given as embeddings has no tokens "
+                               "to score", param="prompt_logprobs")
+        embeds = PromptEmbeds.of(value, self.model_config.hidden_size, self.dtype)
+        if params.truncate_prompt_tokens is not None:
+            keep = params.truncate_prompt_tokens
+            embeds = embeds.last(self.max_model_len if keep == -1 else keep)
+        return embeds
 
     def prepare_images(self, images: list[Any],
                        settings: dict[str, Any] | None = None) -> list[ImageInput]:
@@ -858,7 +906,8 @@ class LLMEngine:
         members = [seq]
         for index in range(1, req.params.n):
             child = self._new_sequence(req.request_id, index, req.prompt_token_ids, req.params,
-                                       req.timings, req.cache_salt, req.lora, req.images)
+                                       req.timings, req.cache_salt, req.lora, req.images,
+                                       req.embeds)
             child.num_computed_tokens = seq.num_computed_tokens
             child.priority = seq.priority
             child.prompt_logprobs = seq.prompt_logprobs  # scored once, by the first
@@ -871,17 +920,21 @@ class LLMEngine:
     def _new_sequence(self, request_id: str, index: int, token_ids: list[int],
                       params: SamplingParams, timings: RequestTimings,
                       cache_salt: str | None, lora: LoRARef | None = None,
-                      images: list[ImageSpan] | None = None) -> Sequence:
+                      images: list[ImageSpan] | None = None,
+                      embeds: PromptEmbeds | None = None) -> Sequence:
         generator = None
         if not params.greedy and params.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(params.seed + index * 7919)
-        detok = IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens)
+        # The text of a prompt given as embeddings is nobody's: the output's starts afresh.
+        detok = IncrementalDetokenizer(self.tokenizer, [] if embeds is not None else token_ids,
+                                       params.skip_special_tokens)
         constraint = (self.structured.matcher(params.structured_outputs)
                       if params.structured_outputs is not None else None)
         seq = Sequence(next(self._seq_ids), request_id, index, token_ids, params, generator,
                        detok, timings, cache_salt, constraint, lora)
         seq.bad_word_ids = self._bad_word_ids(params.bad_words or [])
         seq.images = images or []
+        seq.prompt_embeds = embeds
         return seq
 
     def _bad_word_ids(self, words: list[str]) -> list[list[int]]:

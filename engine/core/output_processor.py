@@ -91,7 +91,8 @@ def request_output(req: Any) -> RequestOutput:
     return RequestOutput(
         request_id=req.request_id,
         prompt=req.prompt,
-        prompt_token_ids=req.prompt_token_ids,
+        prompt_token_ids=None if req.embeds is not None else req.prompt_token_ids,
+        num_prompt_embeds=0 if req.embeds is None else len(req.embeds),
         outputs=outputs,
         finished=req.finished,
         timings=req.timings,

@@ -39,7 +39,8 @@ class CompletionOutput:
 class RequestOutput:
     request_id: str
     prompt: str | None
-    prompt_token_ids: list[int]
+    # None for a prompt given as embeddings (vLLM's), which has no tokens.
+    prompt_token_ids: list[int] | None
     outputs: list[CompletionOutput]
     finished: bool
     timings: RequestTimings = field(default_factory=RequestTimings)
@@ -53,6 +54,14 @@ class RequestOutput:
     # An embedding request's vector (the pooling runner), once finished; a classifier's
     # probabilities, one per label.
     embedding: list[float] | None = None
+    # A prompt given as embeddings: its rows, each in a token's place.
+    num_prompt_embeds: int = 0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """The places the prompt took in the context: its tokens, or its embeddings' rows."""
+        return self.num_prompt_embeds if self.prompt_token_ids is None else \
+            len(self.prompt_token_ids)
 
     def extend(self, newer: RequestOutput) -> None:
         """Follow this delta output (RequestOutputKind.DELTA), or the outputs it has gathered,

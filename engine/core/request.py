@@ -121,11 +121,23 @@ class Sequence:
         self.embedding: list[float] | None = None
         # The prompt's images (images.ImageSpan), in order; shared by a request's sequences.
         self.images: list[Any] = []
+        # A prompt given as embeddings (prompt_embeds.PromptEmbeds; its token ids are
+        # placeholders), shared by a request's sequences; None for a prompt of tokens.
+        self.prompt_embeds: Any = None
 
     def cache_token_ids(self) -> list[int]:
         """The ids the prefix cache keys this sequence by: its tokens, each image's
-        placeholders replaced by that image's key (images.cache_token_ids)."""
+        placeholders replaced by that image's key (images.cache_token_ids), a prompt given
+        as embeddings its rows' keys."""
+        if self.prompt_embeds is not None:
+            return list(self.prompt_embeds.keys) + self.output_token_ids
         return cache_token_ids(self.token_ids, self.images)
+
+    @property
+    def known_token_ids(self) -> list[int]:
+        """The tokens it holds that are tokens: a prompt given as embeddings has none (its
+        placeholders are nobody's), as transformers' generate from inputs_embeds has none."""
+        return self.output_token_ids if self.prompt_embeds is not None else self.token_ids
 
     @property
     def token_ids(self) -> list[int]:

@@ -260,7 +260,7 @@ def apply_penalties(logits: torch.Tensor, seq: Sequence) -> None:
     """OpenAI presence/frequency penalties over the output; HF repetition penalty over all."""
     p = seq.params
     if p.repetition_penalty != 1.0:
-        seen = list_to_device(sorted(set(seq.token_ids)), torch.long, logits.device)
+        seen = list_to_device(sorted(set(seq.known_token_ids)), torch.long, logits.device)
         values = logits[seen]
         logits[seen] = torch.where(values > 0, values / p.repetition_penalty,
                                    values * p.repetition_penalty)

@@ -50,6 +50,9 @@ def build_step_inputs(scheduled: list[tuple[Sequence, int]], block_size: int,
                             state_slot=seq.state_slot)
         if seq.images:
             inputs.image_rows += rows_in_step(seq.images, start, start + num_new, first_row)
+        if seq.prompt_embeds is not None:
+            inputs.embed_rows += seq.prompt_embeds.rows_in_step(start, start + num_new,
+                                                                first_row)
         rows = pooled_rows(seq, num_new)
         if rows is not None:
             inputs.pool_spans.append((first_row + rows[0], first_row + rows[1]))

@@ -263,7 +263,8 @@ class ModelRunner:
             all(n == 1 for n in inputs.num_logits)
         hidden = last_rows = None
         if not (inputs.all_logits or inputs.prompt_rows.rows or inputs.pool_spans
-                or inputs.image_rows or inputs.visible_until or inputs.grid_positions):
+                or inputs.image_rows or inputs.embed_rows or inputs.visible_until
+                or inputs.grid_positions):
             graphs = self.graphs if decode_only else self.verify_graphs
             if graphs is not None:
                 hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.slots,
@@ -285,6 +286,8 @@ class ModelRunner:
                 inputs.token_types, torch.long, self.device)}
             if inputs.image_rows:
                 typed["image_rows"] = inputs.image_rows
+            if inputs.embed_rows:
+                typed["embed_rows"] = inputs.embed_rows
             positions = views.positions if not inputs.grid_positions else list_to_device(
                 inputs.grid_positions, torch.long, self.device)
             hidden = self.model(views.input_ids, positions, self.kv_caches, meta, **typed)

@@ -54,6 +54,9 @@ class StepInputs:
     # (flat row, rows [n, hidden]) of prompt images: the image encoder's rows replace the
     # embeddings of n placeholder tokens from that row on.
     image_rows: list[tuple[int, Any]] = field(default_factory=list)
+    # (flat row, rows [n, hidden]) of prompts given as embeddings: the decoder writes them
+    # over the embeddings of the n placeholder tokens from that row on.
+    embed_rows: list[tuple[int, Any]] = field(default_factory=list)
     # Each token row's last visible position, where some row sees past itself (an image's
     # rows see the whole image, both ways); empty: causal.
     visible_until: list[int] = field(default_factory=list)

@@ -9,6 +9,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from tqdm import tqdm
 
 from tokenmill.engine.contract.config import EngineConfig
@@ -30,6 +31,7 @@ from tokenmill.engine.core import (
     prompt_truncation,
     score_pairs,
 )
+from tokenmill.engine.core.errors import RequestError
 from tokenmill.engine.frontend.beam_search import run_offline
 from tokenmill.engine.frontend.content_format import (
     CONTENT_FORMATS,
@@ -43,7 +45,8 @@ from tokenmill.engine.frontend.media import read_image_url
 
 Prompt = str | list[int]
 # vLLM's prompt with images: {"prompt": str} or {"prompt_token_ids": [...]}, and
-# "multi_modal_data": {"image": a PIL image or a list of them}.
+# "multi_modal_data": {"image": a PIL image or a list of them}; or its prompt given as
+# embeddings: {"prompt_embeds": a tensor [tokens, hidden size]}.
 PromptDict = dict[str, Any]
 Message = dict[str, Any]
 
@@ -115,7 +118,8 @@ class LLM:
                  ) -> list[RequestOutput]:
         """Results come back in input order. A prompt is a string or a list of token ids, or
         vLLM's dict of either with `multi_modal_data`'s images (the model's image placeholder
-        token in the prompt, once per image).
+        token in the prompt, once per image), or its {"prompt_embeds": tensor} (needs
+        enable_prompt_embeds).
         `lora` names the LoRA adapter of every prompt, or gives one per prompt (None: the base
         model). `priority` gives one per prompt (lower first; needs
         scheduling_policy="priority"), as vLLM's LLM.generate takes it. `lora_request` (vLLM's
@@ -177,6 +181,16 @@ class LLM:
         """A prompt and its images, prepared once (a dict prompt's multi_modal_data)."""
         if not isinstance(prompt, dict):
             return prompt, None
+        if "prompt_embeds" in prompt:  # vLLM's EmbedsPrompt
+            others = sorted(set(prompt) - {"prompt_embeds"})
+            if others:
+                raise ValueError(f"a prompt given as embeddings takes nothing beside it, got "
+                                 f"{others}")
+            rows = prompt["prompt_embeds"]
+            if not isinstance(rows, torch.Tensor):
+                raise RequestError(f"must be a tensor [tokens, hidden size], got "
+                                   f"{type(rows).__name__}", param="prompt_embeds")
+            return rows, None
         data = dict(prompt.get("multi_modal_data") or {})
         image = data.pop("image", None)
         if data:

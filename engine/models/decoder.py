@@ -497,6 +497,9 @@ class DecoderModel(nn.Module):
         self.embed_scale = config.hidden_size ** 0.5 if flags.gemma or flags.gemma4 else None
         self.embed_multiplier = float(config.embedding_multiplier) \
             if flags.granite or flags.falcon_h1 else None
+        # Granite's multiplier scales transformers' inputs_embeds, Falcon-H1's only the
+        # embeddings it looks up itself.
+        self.multiplies_given_embeds = not flags.falcon_h1
         # BLOOM normalizes the embeddings.
         self.embed_norm = decoder_norm(config, config.hidden_size) \
             if config.model_type == "bloom" else None
@@ -552,15 +555,24 @@ class DecoderModel(nn.Module):
                 None if (local, local_dim) == (full, full_dim)
                 else RotaryEmbedding(local_dim, self.max_positions, local))
 
-    def forward(self, input_ids, positions, kv_caches, meta, image_rows=()):
+    def forward(self, input_ids, positions, kv_caches, meta, image_rows=(), embed_rows=()):
         """image_rows: (row, rows) pairs whose embeddings an image encoder's output replaces
         (after any embedding scale: the encoder's rows are the language model's inputs).
         Rows wider than the model carry, past its width, one more row per early layer that
-        joins that layer's output (Qwen3-VL's DeepStack)."""
+        joins that layer's output (Qwen3-VL's DeepStack).
+        embed_rows: (row, rows) pairs of a prompt given as embeddings, written where
+        transformers takes `inputs_embeds`: its embedding module's output (Gemma's scale
+        included), before what its model adds (Granite's multiplier, learned positions,
+        BLOOM's norm), after what it applies to looked-up tokens only (Falcon-H1's
+        multiplier)."""
         x = self.embed_tokens(input_ids)
         if self.embed_scale is not None:
             x = x * torch.tensor(self.embed_scale, dtype=x.dtype).item()
-        if self.embed_multiplier is not None:
+        if self.embed_multiplier is not None and not self.multiplies_given_embeds:
+            x = x * self.embed_multiplier
+        for row, rows in embed_rows:
+            x[row:row + rows.shape[0]] = rows.to(device=x.device, dtype=x.dtype)
+        if self.embed_multiplier is not None and self.multiplies_given_embeds:
             x = x * self.embed_multiplier
         if self.embed_positions is not None:
             x = x + self.embed_positions(positions + self.position_offset)
@@ -629,8 +641,10 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[KVLayer], meta: AttentionMetadata,
-                image_rows: list[tuple[int, torch.Tensor]] = ()) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, meta, image_rows)
+                image_rows: list[tuple[int, torch.Tensor]] = (),
+                embed_rows: list[tuple[int, torch.Tensor]] = ()) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, meta, image_rows, embed_rows)
+
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden).float()
@@ -643,3 +657,11 @@ class CausalLM(nn.Module):
         if self.logit_scale is not None:
             logits = logits * self.logit_scale
         return logits
+
+
+def prompt_embeds_refusal(config: Any) -> str | None:
+    """Why this model cannot take a prompt given as embeddings (None: it can)."""
+    if flags_of(config).gemma4 and per_layer_input_width(config):
+        return ("it reads an embedding per layer from each prompt token's id (Gemma 4's "
+                "per-layer inputs), which embeddings do not give")
+    return None

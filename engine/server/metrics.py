@@ -278,7 +278,7 @@ class EngineMetrics:
         generated = sum(self._last_token.pop((out.request_id, completion.index), (0, 0))[1]
                         for completion in out.outputs)
         if out.request_id in self._started:  # admitted: it has a prompt it was counted for
-            self.request_prompt_tokens.labels(name).observe(len(out.prompt_token_ids))
+            self.request_prompt_tokens.labels(name).observe(out.num_prompt_tokens)
             self.request_generation_tokens.labels(name).observe(generated)
         self._started.discard(out.request_id)
         reason = out.outputs[0].finish_reason if out.outputs else "abort"

@@ -32,6 +32,7 @@ from tokenmill.engine.server.adapters import resolve_model
 from tokenmill.engine.server.beam_requests import beam_params, start_beam_searches
 from tokenmill.engine.server.errors import APIError, admission_error, client_closed, error_body
 from tokenmill.engine.server.images import request_images
+from tokenmill.engine.server.prompt_embeds import decode_prompt_embeds
 from tokenmill.engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from tokenmill.engine.server.reasoning import REASONING_PARSERS, ReplyReasoning, RequestedThinking
 from tokenmill.engine.server.rendering import Call, chunk, delta_choice, full_response, sse, usage
@@ -52,19 +53,26 @@ log = logging.getLogger(__name__)
 async def create_completion(body: CompletionRequest, request: Request,
                             state: ServerState) -> Any:
     adapter = check_serving(state, body.model)
+    embeds = await _prompt_embeds(body, state)
     prompts = body.prompts()
     ids = [truncated(_tokenize(state, p, body.add_special_tokens), body.truncate_prompt_tokens,
                      state) for p in prompts]
     if body.truncate_prompt_tokens is not None:  # echo shows the prompt that ran
         prompts = [list(p) for p in ids]
+    # Each prompt given as embeddings holds a place per row (its token ids are nobody's).
+    ids = [[0] * len(rows) for rows in embeds] + ids
     max_tokens = body.max_tokens if body.max_tokens is not None else _room(state, ids, "prompt")
     params = _params(body, 1 if body.prompt_only else max_tokens, body.logprobs, state)
     constraint_field = body.constraint_field()
     beam = beam_params(body, params, constraint_field)
     await _compile_constraint(state, params, constraint_field)
     model = adapter or state.options.served_model_name
+    if embeds and beam is not None:
+        raise APIError(400, "use_beam_search: beam search takes prompts of tokens, not "
+                            "embeddings", param="use_beam_search")
     call = Call("completion", f"cmpl-{uuid.uuid4().hex}", model, body.n,
-                [p if isinstance(p, str) else None for p in prompts], ids, params,
+                [None] * len(embeds) + [p if isinstance(p, str) else None for p in prompts],
+                ids, params, prompts_embeds=[*embeds, *[None] * len(prompts)],
                 cache_salt=body.cache_salt, echo=body.echo, prompt_only=body.prompt_only,
                 prompt_logprobs=body.prompt_logprobs, lora_name=adapter,
                 continuous_usage=body.continuous_usage,
@@ -217,6 +225,17 @@ def check_model(state: ServerState, model: str | None) -> str | None:
     return resolve_model(state, model)
 
 
+async def _prompt_embeds(body: CompletionRequest, state: ServerState) -> list[Any]:
+    """The request's prompts given as embeddings, decoded off the event loop, each cut to its
+    last truncate_prompt_tokens rows."""
+    if body.prompt_embeds is None:
+        return []
+    enabled = state.engine.engine.config.enable_prompt_embeds
+    keep = body.truncate_prompt_tokens
+    keep = state.max_model_len if keep == -1 else keep
+    return await asyncio.to_thread(decode_prompt_embeds, body.prompt_embeds, enabled, keep)
+
+
 def truncated(ids: list[int], keep: int | None, state: ServerState) -> list[int]:
     """vLLM's truncate_prompt_tokens on the served model (core/prompt_truncation.py)."""
     return prompt_truncation.truncated(ids, keep, state.tokenizer, state.max_model_len)
@@ -340,8 +359,10 @@ async def start(call: Call, stream: bool, state: ServerState) -> list[RequestStr
                "cache_salt": call.cache_salt,
                "lora_name": call.lora_name, "priority": call.priority,
                **({"images": call.images} if call.images else {})}
+    prompts = [ids if embeds is None else embeds
+               for ids, embeds in zip(call.prompts_ids, call.embeds_or_none(), strict=True)]
     streams = await start_requests(
-        state, [(f"{call.id}-{i}", ids, options) for i, ids in enumerate(call.prompts_ids)],
+        state, [(f"{call.id}-{i}", prompt, options) for i, prompt in enumerate(prompts)],
         field)
     log_request(call, state)
     log.info("request admitted", extra={"id": call.id, "prompts": len(call.prompts_ids),

@@ -195,7 +195,8 @@ class SamplingFields(RequestModel, StructuredFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # Absent, "" or [] beside prompt_embeds: that request's prompts are its embeddings only.
+    prompt: str | list[str] | list[int] | list[list[int]] | None = None
     # 0 only with echo: the prompt alone comes back, its tokens scored where logprobs are asked
     # (OpenAI's legacy completions and vLLM answer it; evaluation harnesses score prompts so).
     max_tokens: Annotated[int, Field(ge=0)] | None = 16
@@ -207,17 +208,10 @@ class CompletionRequest(SamplingFields):
     prompt_logprobs: Annotated[int, Field(ge=0)] | None = None
     best_of: int | None = None
     suffix: str | None = None
-    # vLLM's (--enable-prompt-embeds): a prompt given as embeddings, which this server does
-    # not take; refused, with or without a prompt beside it, rather than ignored.
-    prompt_embeds: Any = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_prompt_embeds(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("prompt_embeds") is not None:
-            raise FieldError("prompt_embeds", "not supported: send the prompt as text or "
-                                              "token ids")
-        return data
+    # vLLM's (--enable-prompt-embeds): prompts given as embeddings, each a base64 string of
+    # a tensor [tokens, hidden size] saved by torch.save; they come before `prompt`'s, as
+    # vLLM orders them.
+    prompt_embeds: str | list[str] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> CompletionRequest:
@@ -225,7 +219,14 @@ class CompletionRequest(SamplingFields):
             raise FieldError("best_of", "only best_of equal to n is supported")
         if self.suffix:
             raise FieldError("suffix", "not supported")
-        if isinstance(self.prompt, list) and not self.prompt:
+        if self.prompt_embeds is not None:
+            if not self.prompt_embeds:
+                raise FieldError("prompt_embeds", "must not be empty")
+            if self.echo:
+                raise FieldError("echo", "a prompt given as embeddings has no text to echo")
+        elif self.prompt is None:
+            raise FieldError("prompt", "Field required")
+        elif isinstance(self.prompt, list) and not self.prompt:
             raise FieldError("prompt", "must not be empty")
         if self.max_tokens == 0 and not self.echo:
             raise FieldError("max_tokens", "must be at least 1; 0 is allowed only with echo, "
@@ -248,7 +249,11 @@ class CompletionRequest(SamplingFields):
         return replace(params, prompt_logprobs=max(asked)) if asked else params
 
     def prompts(self) -> list[str | list[int]]:
+        """The prompts given as text or token ids (none where `prompt` is absent, "" or []
+        beside prompt_embeds)."""
         p = self.prompt
+        if self.prompt_embeds is not None and not p:
+            return []
         if isinstance(p, str):
             return [p]
         if all(isinstance(t, int) for t in p):

@@ -45,6 +45,9 @@ class Call:
     echoed: str = ""  # a chat reply's text before its own (vLLM's echo)
     priority: int = 0  # under --scheduling-policy priority, lower runs first
     images: list[Any] = field(default_factory=list)  # a chat prompt's, prepared (ImageInputs)
+    # Each prompt's embeddings where it was given as embeddings (its ids are placeholders),
+    # None where it was given as text or tokens; empty where none was.
+    prompts_embeds: list[Any] = field(default_factory=list)
     beam: BeamSearchParams | None = None  # use_beam_search's (beam_requests.py)
     created: int = field(default_factory=lambda: int(time.time()))
     sent_text: dict[int, int] = field(default_factory=dict)
@@ -53,6 +56,10 @@ class Call:
     sent_ids: dict[int, int] = field(default_factory=dict)  # with return_token_ids
     offsets: dict[int, ReplyOffsets] = field(default_factory=dict)  # completions' logprobs
     finished: set[int] = field(default_factory=set)  # choices whose finish_reason is sent
+
+    def embeds_or_none(self) -> list[Any]:
+        """Each prompt's embeddings, None for a prompt of tokens."""
+        return self.prompts_embeds or [None] * len(self.prompts_ids)
 
 
 def delta_choice(call: Call, prompt_index: int, c: CompletionOutput,
@@ -92,7 +99,7 @@ def delta_choice(call: Call, prompt_index: int, c: CompletionOutput,
         if first and call.prompt_logprobs is not None:
             choice["prompt_logprobs"] = _vllm_prompt_logprobs(state, out, call.prompt_logprobs)
         if first and call.return_token_ids:
-            choice["prompt_token_ids"] = call.prompts_ids[prompt_index]
+            choice["prompt_token_ids"] = prompt_token_ids(call, prompt_index)
     if finish is not None:
         choice["stop_reason"] = c.stop_reason
         call.finished.add(key)
@@ -174,7 +181,7 @@ def full_response(call: Call, finals: list[RequestOutput], state: ServerState) -
                     choice["prompt_logprobs"] = _vllm_prompt_logprobs(state, out,
                                                                       call.prompt_logprobs)
                 if call.return_token_ids:
-                    choice["prompt_token_ids"] = call.prompts_ids[i]
+                    choice["prompt_token_ids"] = prompt_token_ids(call, i)
             if call.return_token_ids:
                 choice["token_ids"] = c.token_ids
             choices.append(choice)
@@ -254,8 +261,18 @@ def _reply_offsets(call: Call, state: ServerState, key: int, prompt_index: int, 
 
 def prompt_text(call: Call, state: ServerState, prompt_index: int) -> str:
     """A prompt's text: as the request gave it, or its token ids (a chat's rendered prompt)
-    decoded."""
+    decoded; none for a prompt given as embeddings."""
+    if call.embeds_or_none()[prompt_index] is not None:
+        return ""
     return call.prompts_text[prompt_index] or _decode(state, call.prompts_ids[prompt_index])
+
+
+def prompt_token_ids(call: Call, prompt_index: int) -> list[int] | None:
+    """A prompt's token ids as the reply shows them (None for one given as embeddings, as
+    vLLM shows it)."""
+    if call.embeds_or_none()[prompt_index] is not None:
+        return None
+    return call.prompts_ids[prompt_index]
 
 
 def _with_echo(call: Call, state: ServerState, out: RequestOutput, echoed: str,
