@@ -14,28 +14,29 @@ import pytest
 from server_support import ServeProcess, running_server, server_state
 
 
+def _broken(kind: str, directory, tiny_llama_dir: str) -> str:
+    """A model directory that cannot load, of this kind (or a path, or the tiny model)."""
+    if kind == "bad-gguf":
+        (directory / "model.gguf").write_bytes(b"not a gguf file at all")
+    elif kind in ("bad-json", "no-model-type"):
+        (directory / "config.json").write_text('{"model_type": "llama",' if kind == "bad-json"
+                                               else "{}")
+    elif kind == "bad-weights":  # the tiny model's config and tokenizer, garbage weights
+        shutil.copytree(tiny_llama_dir, directory, dirs_exist_ok=True)
+        (directory / "model.safetensors").write_bytes(b"\x00" * 64)
+    return {"tiny": tiny_llama_dir, "/nonexistent": kind}.get(kind, str(directory))
+
+
+# One failure before the weights, one in them, one after them: each exits 1 naming it.
 @pytest.mark.parametrize("model,flags,reason", [
     ("/nonexistent", [], "model '/nonexistent' not found"),
-    ("empty-dir", [], "has no config.json"),
-    ("tiny", ["--tensor-parallel-size", "3"], "tensor_parallel_size: 3 does not divide"),
-    ("bad-gguf", [], "model.gguf does not start with the GGUF magic bytes"),
-    ("bad-json", [], "config.json' is not a valid JSON file"),
-    ("no-model-type", [], "Should have a `model_type` key"),
     ("bad-weights", [], "cannot read the weights in"),
     ("tiny", ["--kv-cache-memory", "200K", "--max-model-len", "1k"],
      "max_model_len: 1000 tokens do not fit the KV-cache pool"),
 ])
 def test_a_model_that_cannot_load_exits_1_with_the_reason(tmp_path, tiny_llama_dir, model,
                                                           flags, reason):
-    if model == "bad-gguf":
-        (tmp_path / "model.gguf").write_bytes(b"not a gguf file at all")
-    elif model in ("bad-json", "no-model-type"):
-        (tmp_path / "config.json").write_text('{"model_type": "llama",' if model == "bad-json"
-                                              else "{}")
-    elif model == "bad-weights":  # the tiny model's config and tokenizer, garbage weights
-        shutil.copytree(tiny_llama_dir, tmp_path, dirs_exist_ok=True)
-        (tmp_path / "model.safetensors").write_bytes(b"\x00" * 64)
-    model = {"tiny": tiny_llama_dir, "/nonexistent": model}.get(model, str(tmp_path))
+    model = _broken(model, tmp_path, tiny_llama_dir)
     start = time.monotonic()
     code, stderr = ServeProcess(model, *flags).finish()
     assert time.monotonic() - start < 30, "a model that can't load must fail fast"
@@ -43,6 +44,26 @@ def test_a_model_that_cannot_load_exits_1_with_the_reason(tmp_path, tiny_llama_d
     line = next(line for line in stderr.splitlines() if "model failed to load" in line)
     assert reason in line and "level=error" in line
     assert "Traceback" not in stderr  # the option or path says it all
+
+
+@pytest.mark.parametrize("model,options,reason", [
+    ("empty-dir", {}, "has no config.json"),
+    ("tiny", {"tensor_parallel_size": 3}, "tensor_parallel_size: 3 does not divide"),
+    ("bad-gguf", {}, "model.gguf does not start with the GGUF magic bytes"),
+    ("bad-json", {}, "config.json' is not a valid JSON file"),
+    ("no-model-type", {}, "Should have a `model_type` key"),
+])
+def test_every_load_failure_is_one_the_server_exits_on_with_one_line(tmp_path, tiny_llama_dir,
+                                                                     model, options, reason):
+    """What the server's load raises for these: an error it reports in one line (no
+    traceback) before it exits 1, as the cases above show end to end."""
+    from tokenmill.engine.contract.config import ConfigError
+    from tokenmill.engine.models.source import ModelLoadError
+
+    state = server_state(_broken(model, tmp_path, tiny_llama_dir), load=False, **options)
+    with pytest.raises((ConfigError, ModelLoadError, OSError), match=reason.replace("`", ".")):
+        state.load(show_progress=False)
+    assert state.load_error is not None
 
 
 def test_an_invalid_option_value_exits_2_naming_it():
