@@ -120,6 +120,11 @@ class EngineConfig:
         None, "Take the tokenizer (and chat template) from here instead of from the model: a "
               "directory with tokenizer files, or anything --model takes (vLLM's flag, e.g. "
               "for a GGUF model). Its vocabulary must fit the model's.")
+    skip_tokenizer_init: bool = _opt(
+        False, "Load no tokenizer (vLLM's flag, as reinforcement-learning rollouts use it): "
+               "prompts come as token ids and replies carry token ids with empty text; what "
+               "needs text (text prompts, chat, stop strings, bad words, structured outputs, "
+               "images) is refused naming it. The model then needs no tokenizer files.")
     tokenizer_revision: str | None = _opt(
         None, "The revision of a hub tokenizer (--tokenizer ORG/NAME, or the model's own "
               "tokenizer when --tokenizer is not given), as hf://ORG/NAME@REVISION gives it "
@@ -417,7 +422,10 @@ class EngineConfig:
                "the host tier holds blocks the prefix cache evicts; it needs "
                "enable_prefix_caching")
         if self.speculative_config is not None:
-            self.speculative()  # raises ConfigError naming the option
+            speculative = self.speculative()  # raises ConfigError naming the option
+            _check(not self.skip_tokenizer_init or speculative.method != "draft",
+                   "skip_tokenizer_init", "a draft model is checked against the target's "
+                   "tokenizer, which is not loaded (n-gram speculation needs none)")
         _check(not self.async_scheduling or self.speculative_config is None, "async_scheduling",
                "does not combine with speculative_config: verifying proposals reads every "
                "token on the host before the next step")

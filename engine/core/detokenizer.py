@@ -34,10 +34,14 @@ class IncrementalDetokenizer:
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
         self.text = ""
-        self._backend, self._stream = _decode_stream(tokenizer, self._ids, skip_special_tokens)
+        self._backend, self._stream = (None, None) if tokenizer is None else \
+            _decode_stream(tokenizer, self._ids, skip_special_tokens)
 
     def append(self, token_id: int) -> str:
-        """Add one generated token; return the text it completes (possibly empty)."""
+        """Add one generated token; return the text it completes (possibly empty; always,
+        without a tokenizer: --skip-tokenizer-init)."""
+        if self._tokenizer is None:
+            return ""
         self._ids.append(token_id)
         if self._stream is not None:
             try:

@@ -87,6 +87,8 @@ from tokenmill.engine.models.quantize import step_weight_bytes, weight_bytes
 from tokenmill.engine.models.source import ModelLoadError, resolve_model, resolve_tokenizer
 
 log = logging.getLogger(__name__)
+# Why text is out of reach under --skip-tokenizer-init, in a refusal's words.
+NO_TOKENIZER = "this engine did not load (--skip-tokenizer-init)"
 # What sleep mode takes off the device, by vLLM's wake_up tags.
 SLEEP_TAGS = ("weights", "kv_cache")
 
@@ -134,10 +136,12 @@ class LLMEngine:
         self.model_config = load_config(source)
         tokenizer_start = time.perf_counter()
         tokenizer = config.tokenizer_source()
-        self.tokenizer = load_tokenizer(resolve_tokenizer(tokenizer, config.download_dir,
-                                                          config.tokenizer_revision)
-                                        if tokenizer else source)
-        if tokenizer:
+        # None under --skip-tokenizer-init: prompts are token ids and replies have no text.
+        self.tokenizer = None if config.skip_tokenizer_init else \
+            load_tokenizer(resolve_tokenizer(tokenizer, config.download_dir,
+                                             config.tokenizer_revision)
+                           if tokenizer else source)
+        if tokenizer and self.tokenizer is not None:
             check_tokenizer_fits(self.tokenizer, self.model_config, tokenizer)
         # Start-up phases done here; the runner times its own (rank.py).
         self._phase_seconds = {"config": tokenizer_start - config_start,
@@ -170,6 +174,11 @@ class LLMEngine:
                                          "runner": self.runner_kind})
         reads = self.pooler is None and config.image_limit() != 0 and \
             reads_images(self.model_config, source.directory)
+        if reads and self.tokenizer is None:
+            raise ConfigError("skip_tokenizer_init", f"{architecture_of(self.model_config)} "
+                              "reads images, whose prompt tokens its tokenizer and processor "
+                              "write; to serve its text alone without a tokenizer, add "
+                              "--limit-mm-per-prompt '{\"image\": 0}'")
         setup = RankSetup(config, source, self.device.type, self.dtype, backend,
                           self.max_model_len, pooling=self.pooler is not None,
                           head_token_ids=_head_token_ids(self.pooler, self.tokenizer),
@@ -528,6 +537,17 @@ class LLMEngine:
     def task(self) -> str:
         """What the model serves, by vLLM's names: generate, embed or classify."""
         return "generate" if self.pooler is None else self.pooler.task
+
+    @staticmethod
+    def _check_without_text(params: SamplingParams) -> None:
+        """RequestError for a setting that reads the reply's text or the tokenizer, under
+        --skip-tokenizer-init."""
+        needs = {"stop": params.stop, "bad_words": params.bad_words,
+                 "structured_outputs": params.structured_outputs}
+        for field, value in needs.items():
+            if value:
+                raise RequestError(f"{field} needs the tokenizer, which {NO_TOKENIZER}",
+                                   param=field)
 
     def _check_runner(self, pooling: PoolingParams | None) -> None:
         asked = "generate" if pooling is None else pooling.task
@@ -948,6 +968,9 @@ class LLMEngine:
 
     def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         vocab = self.model_config.vocab_size
+        if isinstance(prompt, str) and self.tokenizer is None:
+            raise RequestError(f"a text prompt needs the tokenizer, which {NO_TOKENIZER}: "
+                               "send token ids")
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt)
             if ids and max(ids) >= vocab:  # a tokenizer larger than the model's embeddings
@@ -967,6 +990,8 @@ class LLMEngine:
         """Logprobs within --max-logprobs; token ids in logit_bias exist; a constraint
         compiles."""
         vocab = self.model_config.vocab_size
+        if self.tokenizer is None:
+            self._check_without_text(params)
         self.check_logprobs(params.logprobs, "logprobs")
         self.check_logprobs(params.prompt_logprobs, "prompt_logprobs")
         for field in ("allowed_token_ids", "stop_token_ids"):
@@ -1032,6 +1057,8 @@ class LLMEngine:
         thread, and the checks and sequences that follow find it compiled."""
         if params.structured_outputs is None:
             return
+        if self.tokenizer is None:
+            self._check_without_text(params)
         try:
             self.structured.compile(params.structured_outputs)
         except GrammarError as exc:
@@ -1104,6 +1131,9 @@ def _head_token_ids(pooler: Pooler | None, tokenizer: Any) -> tuple[int, ...]:
     """The vocabulary ids of a classifier's classifier_from_token; ConfigError for a token
     the tokenizer does not hold whole."""
     tokens = pooler.classifier.from_tokens if pooler and pooler.classifier else ()
+    if tokens and tokenizer is None:
+        raise ConfigError("skip_tokenizer_init", "classifier_from_token names tokens of the "
+                                                 "tokenizer, which is not loaded")
     ids = []
     for token in tokens:
         found = tokenizer.convert_tokens_to_ids(token)
@@ -1201,7 +1231,8 @@ def _eos_ids(model_config: Any, tokenizer: Any, generation_config: Any,
     """The ids that end a reply, from the config, the tokenizer and the generation config; an
     id past the model's vocabulary (a checkpoint's mismatch) is never sampled, and masking it
     under min_tokens would index past the logits, so it is left out."""
-    values = [getattr(model_config, "eos_token_id", None), tokenizer.eos_token_id,
+    values = [getattr(model_config, "eos_token_id", None),
+              None if tokenizer is None else tokenizer.eos_token_id,
               getattr(generation_config, "eos_token_id", None)]
     ids: set[int] = set()
     for value in values:  # each is None, one id, or a list of ids

@@ -35,7 +35,7 @@ def kept_positions(ids: list[int], keep: int | None, tokenizer: Any,
     keep = token_limit(keep, max_model_len)
     if keep is None or n <= keep:
         return list(range(n))
-    head, tail = special_frame(tokenizer)
+    head, tail = special_frame(tokenizer) if tokenizer is not None else ([], [])
     h = len(head) if head and ids[:len(head)] == head else 0
     t = len(tail) if tail and ids[n - len(tail):] == tail else 0
     if keep <= h + t:  # no room for text between them: the last tokens, as they come

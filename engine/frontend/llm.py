@@ -74,7 +74,14 @@ class LLM:
         return self.engine
 
     def get_tokenizer(self) -> Any:
-        """The model's tokenizer (vLLM's LLM.get_tokenizer)."""
+        """The model's tokenizer (vLLM's LLM.get_tokenizer); None under skip_tokenizer_init."""
+        return self.tokenizer
+
+    def _text_tokenizer(self, what: str) -> Any:
+        """The tokenizer `what` needs; RequestError where skip_tokenizer_init left it out."""
+        if self.tokenizer is None:
+            raise RequestError(f"{what} needs the tokenizer, which this engine did not load "
+                               "(skip_tokenizer_init)")
         return self.tokenizer
 
     def get_default_sampling_params(self) -> SamplingParams:
@@ -244,8 +251,8 @@ class LLM:
         if keep is None:
             return batch
         return [prompt_truncation.truncated(
-            self.tokenizer.encode(p) if isinstance(p, str) else list(p), keep, self.tokenizer,
-            self.engine.max_model_len) for p in batch]
+            self._text_tokenizer("a text prompt").encode(p) if isinstance(p, str) else list(p),
+            keep, self.tokenizer, self.engine.max_model_len) for p in batch]
 
     def score(self, data_1: str | Sequence[str], data_2: str | Sequence[str],
               use_tqdm: bool = False,
@@ -257,6 +264,7 @@ class LLM:
         scores the cosine similarity of the two vectors. `truncate_prompt_tokens` cuts a
         cross-encoder's pair as its tokenizer cuts one (each text from the left), and each
         text an embedding model embeds, as the server's score API does."""
+        self._text_tokenizer("scoring text pairs")
         _check_keep(truncate_prompt_tokens)
         pairs = score_pairs(data_1, data_2)
         if self.engine.task == "classify":
@@ -329,6 +337,7 @@ class LLM:
         content reaches the template in the form it reads (vLLM's
         chat_template_content_format: "string", "openai" parts, or "auto", which asks the
         template), so OpenAI's list of text parts renders on a template that prints strings."""
+        self._text_tokenizer("a chat")
         if chat_template_content_format not in CONTENT_FORMATS:
             raise ValueError(f"chat_template_content_format: {chat_template_content_format!r} "
                              f"is not one of {', '.join(CONTENT_FORMATS)}")

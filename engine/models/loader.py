@@ -167,7 +167,9 @@ def load_tokenizer(source: ModelSource) -> Any:
                                                  *_file_stamp(source.gguf_path)))
         tokenizer = _tokenizer(source.directory, None)
     except Exception as exc:
-        raise ModelLoadError.reading(f"the tokenizer from {_where(source)}", exc) from exc
+        error = ModelLoadError.reading(f"the tokenizer from {_where(source)}", exc)
+        raise ModelLoadError(f"{error} (to serve token ids without a tokenizer: "
+                             "--skip-tokenizer-init)") from exc
     if not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = _processor_chat_template(source.directory)
     return tokenizer

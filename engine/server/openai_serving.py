@@ -53,6 +53,10 @@ log = logging.getLogger(__name__)
 async def create_completion(body: CompletionRequest, request: Request,
                             state: ServerState) -> Any:
     adapter = check_serving(state, body.model)
+    if not state.has_tokenizer and (body.echo or body.use_beam_search):
+        field = "echo" if body.echo else "use_beam_search"
+        raise APIError(400, f"{field} needs the tokenizer, which the server did not load "
+                            "(--skip-tokenizer-init)", param=field)
     embeds = await _prompt_embeds(body, state)
     prompts = body.prompts()
     ids = [truncated(_tokenize(state, p, body.add_special_tokens), body.truncate_prompt_tokens,
@@ -158,6 +162,8 @@ def _reply_role(body: ChatCompletionRequest, state: ServerState) -> str:
 def _tokens_as_ids(body: Any, state: ServerState) -> bool:
     """The request's return_tokens_as_token_ids, else the server's flag."""
     asked = body.return_tokens_as_token_ids
+    if not state.has_tokenizer:  # no token has a text: each is named by its id
+        return True
     return state.options.return_tokens_as_token_ids if asked is None else asked
 
 
@@ -238,7 +244,7 @@ async def _prompt_embeds(body: CompletionRequest, state: ServerState) -> list[An
 
 def truncated(ids: list[int], keep: int | None, state: ServerState) -> list[int]:
     """vLLM's truncate_prompt_tokens on the served model (core/prompt_truncation.py)."""
-    return prompt_truncation.truncated(ids, keep, state.tokenizer, state.max_model_len)
+    return prompt_truncation.truncated(ids, keep, state.loaded_tokenizer, state.max_model_len)
 
 
 def _tokenize(state: ServerState, prompt: str | list[int],
@@ -246,6 +252,10 @@ def _tokenize(state: ServerState, prompt: str | list[int],
     if isinstance(prompt, str):
         if not prompt:
             raise APIError(400, "prompt must not be empty", param="prompt")
+        if not state.has_tokenizer:
+            raise APIError(400, "prompt: a text prompt needs the tokenizer, which the server "
+                                "did not load (--skip-tokenizer-init): send token ids",
+                           param="prompt")
         return state.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
     return list(prompt)
 

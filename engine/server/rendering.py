@@ -76,7 +76,10 @@ def delta_choice(call: Call, prompt_index: int, c: CompletionOutput,
     if first:
         text = echoed + text
     new_tokens = c.token_ids[sent_tokens:]
-    if not text and not c.finish_reason and not (new_tokens and c.logprobs):
+    # Without a tokenizer (--skip-tokenizer-init) a reply has no text: each step's tokens
+    # are a chunk of their own.
+    if not text and not c.finish_reason and not (
+            new_tokens and (c.logprobs or not state.has_tokenizer)):
         return None
     call.sent_text[key] = len(c.text)
     logprobs = None
@@ -254,7 +257,7 @@ def _reply_offsets(call: Call, state: ServerState, key: int, prompt_index: int, 
     tracker = call.offsets.get(key)
     if tracker is None:
         tracker = call.offsets[key] = ReplyOffsets(
-            state.tokenizer, call.prompts_ids[prompt_index], len(echoed),
+            state.loaded_tokenizer, call.prompts_ids[prompt_index], len(echoed),
             call.params.skip_special_tokens)
     return tracker.next(token_ids)
 
@@ -264,6 +267,8 @@ def prompt_text(call: Call, state: ServerState, prompt_index: int) -> str:
     decoded; none for a prompt given as embeddings."""
     if call.embeds_or_none()[prompt_index] is not None:
         return ""
+    if call.prompts_text[prompt_index] is None and not state.has_tokenizer:
+        return ""  # --skip-tokenizer-init: token ids, which no text is known for
     return call.prompts_text[prompt_index] or _decode(state, call.prompts_ids[prompt_index])
 
 

@@ -82,7 +82,8 @@ class ServerState:
     config: EngineConfig
     metrics: EngineMetrics
     engine: AsyncEngine | None = None
-    tokenizer: Any = None
+    # The HTTP side's own tokenizer (None before loading, and under --skip-tokenizer-init).
+    loaded_tokenizer: Any = None
     max_model_len: int = 0
     # The text of the model's image placeholder token; None: the model reads no images.
     image_placeholder: str | None = None
@@ -103,6 +104,20 @@ class ServerState:
 
     def __post_init__(self) -> None:
         self.responses = ResponseStore(self.options.max_stored_responses)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer a request's text needs; a 400 saying so where the server loaded none
+        (--skip-tokenizer-init)."""
+        if self.loaded_tokenizer is None and self.config.skip_tokenizer_init:
+            raise APIError(400, "this needs the tokenizer, which the server did not load "
+                                "(--skip-tokenizer-init): send prompts as token ids to "
+                                "/v1/completions")
+        return self.loaded_tokenizer
+
+    @property
+    def has_tokenizer(self) -> bool:
+        return self.loaded_tokenizer is not None
 
     @property
     def ready(self) -> bool:
@@ -139,7 +154,7 @@ class ServerState:
                              on_worker_failure=self._worker_failed)
             # The HTTP side tokenizes on the event loop; the engine thread detokenizes.
             # Separate tokenizer objects keep the two threads from sharing one.
-            self.tokenizer = copy.deepcopy(core.tokenizer)
+            self.loaded_tokenizer = copy.deepcopy(core.tokenizer)
             self.max_model_len = core.max_model_len
             if core.images is not None:
                 self.image_placeholder = self.tokenizer.convert_ids_to_tokens(
