@@ -120,6 +120,11 @@ class EngineConfig:
         None, "Take the tokenizer (and chat template) from here instead of from the model: a "
               "directory with tokenizer files, or anything --model takes (vLLM's flag, e.g. "
               "for a GGUF model). Its vocabulary must fit the model's.")
+    hf_config_path: str | None = _opt(
+        None, "Read the model's config.json from here instead of from the model (vLLM's flag): "
+              "a directory holding it, or anything --model takes. A model directory of "
+              "weights without a config.json then loads, and a GGUF file is built from this "
+              "config instead of its own metadata.")
     skip_tokenizer_init: bool = _opt(
         False, "Load no tokenizer (vLLM's flag, as reinforcement-learning rollouts use it): "
                "prompts come as token ids and replies carry token ids with empty text; what "

@@ -129,7 +129,8 @@ class LLMEngine:
         self.dtype = _dtype(config.dtype, self.device)
         backend = resolve_backend(config.attention_backend, self.device)
         check_kv_cache_dtype(config.kv_cache_dtype, backend, self.device)
-        source = resolve_model(config.model, config.download_dir, config.revision)
+        source = resolve_model(config.model, config.download_dir, config.revision,
+                               config.hf_config_path)
         if overrides := config.config_overrides():
             source = dataclasses.replace(source, config_overrides=json.dumps(overrides))
         config_start = time.perf_counter()

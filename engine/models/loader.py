@@ -111,7 +111,9 @@ def load_config(source: ModelSource) -> Any:
     """The config of the model the engine runs: a multimodal checkpoint's language model's
     (models/multimodal.py), any other as the checkpoint gives it."""
     try:
-        if source.gguf_file:
+        if source.config_directory:  # --hf-config-path
+            config = language_model_config(_config(source.config_directory, None))
+        elif source.gguf_file:
             config = copy.deepcopy(_gguf_config(source.directory, source.gguf_file,
                                                 *_file_stamp(source.gguf_path)))
         else:

@@ -44,6 +44,8 @@ class ModelSource:
     # --hf-overrides (with --rope-scaling, --rope-theta) as canonical JSON: every rank's
     # load_config applies them.
     config_overrides: str | None = None
+    # --hf-config-path's directory: where config.json is read from instead (None: the model's).
+    config_directory: str | None = None
 
     @property
     def gguf_path(self) -> str | None:
@@ -51,9 +53,19 @@ class ModelSource:
 
 
 def resolve_model(model: str, download_dir: str | None = None,
-                  revision: str | None = None) -> ModelSource:
+                  revision: str | None = None, config_path: str | None = None) -> ModelSource:
     """The local files of `model`; a hf:// or s3:// model is downloaded into `download_dir`
-    (or found complete there) first, a hub model at `revision` when given."""
+    (or found complete there) first, a hub model at `revision` when given. `config_path`
+    (--hf-config-path) holds its config.json instead, fetched likewise."""
+    if config_path is not None:
+        source = _resolved(model, download_dir, revision, needs_config=False)
+        return dataclasses.replace(source, config_directory=_config_directory(config_path,
+                                                                              download_dir))
+    return _resolved(model, download_dir, revision)
+
+
+def _resolved(model: str, download_dir: str | None, revision: str | None,
+              needs_config: bool = True) -> ModelSource:
     from tokenmill.engine.models.fetch import fetch_model
     from tokenmill.engine.models.fetch.uri import pinned
 
@@ -62,8 +74,24 @@ def resolve_model(model: str, download_dir: str | None = None,
     start = time.perf_counter()
     local = fetch_model(model, download_dir)
     if local is not None:
-        return dataclasses.replace(_local(local), download_seconds=time.perf_counter() - start)
-    return _local(model)
+        return dataclasses.replace(_local(local, needs_config),
+                                   download_seconds=time.perf_counter() - start)
+    return _local(model, needs_config)
+
+
+def _config_directory(config_path: str, download_dir: str | None) -> str:
+    """The directory holding --hf-config-path's config.json (fetched first where it is a
+    hf:// or s3:// URI)."""
+    from tokenmill.engine.models.fetch import fetch_model
+
+    path = os.path.expanduser(fetch_model(config_path, download_dir) or config_path)
+    if os.path.basename(path) == "config.json" and os.path.isfile(path):
+        path = os.path.dirname(path)
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ModelNotFound(f"--hf-config-path {config_path!r} holds no config.json: pass the "
+                            "directory of a Hugging Face config, its config.json, "
+                            "hf://ORG/NAME[@REVISION] or s3://BUCKET/PREFIX")
+    return os.path.abspath(path)
 
 
 def resolve_tokenizer(tokenizer: str, download_dir: str | None = None,
@@ -88,7 +116,7 @@ def resolve_tokenizer(tokenizer: str, download_dir: str | None = None,
     return _local(path)
 
 
-def _local(model: str) -> ModelSource:
+def _local(model: str, needs_config: bool = True) -> ModelSource:
     if model in BUILTIN_MODELS:
         return _builtin(model)
     path = os.path.expanduser(model)
@@ -99,9 +127,12 @@ def _local(model: str) -> ModelSource:
             ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
             if len(ggufs) == 1:
                 return ModelSource(os.path.abspath(path), ggufs[0])
+            if not needs_config:
+                return ModelSource(os.path.abspath(path))
             raise ModelNotFound(
                 f"model directory {path!r} has no config.json: put a Hugging Face checkpoint "
-                "(config.json, tokenizer files, *.safetensors) there, or pass a .gguf file"
+                "(config.json, tokenizer files, *.safetensors) there, pass a .gguf file, or "
+                "give the config with --hf-config-path"
             )
         return ModelSource(os.path.abspath(path))
     raise ModelNotFound(
