@@ -81,7 +81,13 @@ from tokenmill.engine.models.images import (
     reads_images,
     reads_several_apart,
 )
-from tokenmill.engine.models.loader import check_tokenizer_fits, load_config, load_tokenizer
+from tokenmill.engine.models.loader import (
+    check_reload,
+    check_tokenizer_fits,
+    load_config,
+    load_tokenizer,
+    reload_refusal,
+)
 from tokenmill.engine.models.pooler_files import embedding_checkpoint, model_pooler
 from tokenmill.engine.models.quantize import step_weight_bytes, weight_bytes
 from tokenmill.engine.models.source import ModelLoadError, resolve_model, resolve_tokenizer
@@ -695,17 +701,21 @@ class LLMEngine:
     def sleep(self, level: int = 1) -> None:
         """vLLM's sleep mode (--enable-sleep-mode), for a device another process needs for a
         while: level 1 moves the weights to host memory (on a GPU) and frees the KV cache,
-        whose cached prefixes are forgotten, until wake_up. Requests are refused
-        (EngineAsleepError) meanwhile. Level 2, which would drop the weights for a trainer
-        to load new ones, is not offered: nothing loads weights into a running engine here.
-        SleepModeError while a request is unfinished; asleep already, nothing changes."""
+        whose cached prefixes are forgotten, until wake_up. Level 2 frees the weights outright
+        (on the CPU too), for a trainer that brings new ones: waking reads them from the
+        checkpoint again (the model's, or the latest reload_weights'). Requests are refused
+        (EngineAsleepError) meanwhile. SleepModeError while a request is unfinished; asleep
+        already, nothing changes; ValueError for another level, or level 2 of a model whose
+        weights are not read back in place (reload_weights')."""
         if not self.config.enable_sleep_mode:
             raise ConfigError("enable_sleep_mode", "sleep mode is off; start the engine with "
                                                    "--enable-sleep-mode")
-        if level != 1:
+        if level not in (1, 2):
             raise ValueError(f"level {level} is not supported: level 1 moves the weights to "
-                             "host memory and frees the KV cache (level 2 would drop the "
-                             "weights, and nothing loads new ones into a running engine)")
+                             "host memory and frees the KV cache; level 2 frees both")
+        if level == 2 and (refusal := self._reload_refusal()) is not None:
+            raise ValueError(f"level 2 reads the weights again when woken, but {refusal}; "
+                             "level 1 keeps them in host memory")
         if self.has_unfinished_requests():
             raise SleepModeError(f"{len(self._requests)} request(s) are unfinished; sleep "
                                  "mode waits for an idle engine")
@@ -713,11 +723,45 @@ class LLMEngine:
         if "kv_cache" not in self._asleep:
             self._on_every_rank("release_kv")
         if "weights" not in self._asleep:
-            self._on_every_rank("offload_weights")
+            if level == 2:
+                self._on_target_ranks("drop_weights")
+            else:
+                self._on_every_rank("offload_weights")
         self._asleep = set(SLEEP_TAGS)
-        host = self.runner.host_weights
+        host, dropped = self.runner.host_weights, self.runner.dropped_weights
         log.info("engine asleep", extra={"level": level,
-                                         "host_weights_bytes": host.nbytes if host else 0})
+                                         "host_weights_bytes": host.nbytes if host else 0,
+                                         "dropped_weights_bytes":
+                                             dropped.nbytes if dropped else 0})
+
+    def reload_weights(self, path: str | None = None) -> None:
+        """Read a checkpoint of the running model's shapes into its weights, in place, on
+        every tensor-parallel rank: `path` (anything --model takes: a trainer's new weights,
+        a fine-tune of the same base) or, None, the model's own again. Cached prefixes are
+        forgotten (their KV came from the old weights); decode graphs stay valid. Waits for
+        an idle engine (SleepModeError otherwise); asleep, the weights must be woken first.
+        ModelLoadError for a checkpoint of other shapes; ValueError for a model whose
+        weights are quantized after loading (they are not read back in place)."""
+        if (refusal := self._reload_refusal()) is not None:
+            raise ValueError(f"the weights cannot be reloaded: {refusal}")
+        if self.has_unfinished_requests():
+            raise SleepModeError(f"{len(self._requests)} request(s) are unfinished; reloading "
+                                 "the weights waits for an idle engine")
+        if "weights" in self._asleep:
+            raise SleepModeError("the weights are asleep; wake them up first (tags=weights)")
+        source = self.runner.weights_source if path is None else \
+            resolve_model(path, self.config.download_dir)
+        check_reload(self.model_config, source)
+        started = time.perf_counter()
+        self._on_target_ranks("reload_weights", source)
+        self.reset_prefix_cache()
+        log.info("weights reloaded", extra={"path": path or self.config.model,
+                                            "seconds": round(time.perf_counter() - started, 3)})
+
+    def _reload_refusal(self) -> str | None:
+        if self.config.enable_lora:
+            return "LoRA's slots wrap the layers a checkpoint's tensors are read into"
+        return reload_refusal(self.runner.model)
 
     def wake_up(self, tags: Iterable[str] | None = None) -> None:
         """Bring back what sleep took: `tags` "weights", "kv_cache" or both (the default), as
@@ -737,11 +781,16 @@ class LLMEngine:
     def _on_every_rank(self, method: str) -> None:
         """One of the runner's sleep-mode methods, on every tensor-parallel rank and on the
         draft model's runner."""
+        self._on_target_ranks(method)
+        draft = getattr(self.scheduler.proposer, "runner", None)
+        if draft is not None:
+            getattr(draft, method)()
+
+    def _on_target_ranks(self, method: str, *args: Any) -> None:
+        """One of the runner's methods on every tensor-parallel rank of the served model."""
         if self.workers is not None:
-            self.workers.call(method)
-        for runner in (self.runner, getattr(self.scheduler.proposer, "runner", None)):
-            if runner is not None:
-                getattr(runner, method)()
+            self.workers.call(method, *args)
+        getattr(self.runner, method)(*args)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix (vLLM's reset_prefix_cache: after the weights change,

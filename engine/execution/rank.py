@@ -120,6 +120,7 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
                              state_slots=_state_slots(config),
                              state_dtype=ssm_dtype(config.mamba_ssm_cache_dtype))
         runner.image_encoder = image_encoder
+        runner.weights_source = setup.source
     phases.seconds["graph_capture"] = 0.0
     if graphs_wanted(device.type, setup.attention_backend, config.enforce_eager,
                      moe_shape_of(model_config) is not None) and not setup.pooling:

@@ -21,13 +21,15 @@ from tokenmill.engine.execution.prompt_scores import score_rows
 from tokenmill.engine.execution.recurrent_states import RecurrentStates
 from tokenmill.engine.execution.step_buffers import StepBuffers
 from tokenmill.engine.execution.step_inputs import StepInputs
-from tokenmill.engine.execution.weight_offload import HostWeights
+from tokenmill.engine.execution.weight_offload import DroppedWeights, HostWeights
 from tokenmill.engine.execution.zeroed import zeroed
 from tokenmill.engine.layers.kv_layer import KVLayer
 from tokenmill.engine.layers.state_layer import KVAndState, StateLayer
 from tokenmill.engine.layers.to_device import list_to_device
 from tokenmill.engine.models.decoder import CausalLM
 from tokenmill.engine.models.images import encode_images
+from tokenmill.engine.models.loader import checkpoint_tensors, reload_weights
+from tokenmill.engine.models.source import ModelSource
 
 
 class ModelRunner:
@@ -58,6 +60,9 @@ class ModelRunner:
         self._graph_shape: tuple[int, ...] | None = None
         # Sleep mode: the weights while they are in host memory (weight_offload.py).
         self.host_weights: HostWeights | None = None
+        # Sleep level 2's freed weights, read again from `weights_source` when woken.
+        self.dropped_weights: DroppedWeights | None = None
+        self.weights_source: ModelSource | None = None  # the checkpoint the weights are from
         # The latest step's prompt-token scores (prompt_scores.py), None without any.
         self.prompt_scores: torch.Tensor | None = None
         # The latest step's pooled hidden states, [len(pool_spans), hidden] float32 on the host
@@ -125,17 +130,36 @@ class ModelRunner:
         self.host_weights = HostWeights(modules, self.device)
         self._free_device_cache()
 
+    def drop_weights(self) -> None:
+        """Sleep level 2: free the checkpoint's weights with no copy kept (on the CPU too);
+        restore_weights reads them from `weights_source` again."""
+        if self.dropped_weights is not None or self.host_weights is not None:
+            return
+        self.graphs = self.verify_graphs = None
+        self.dropped_weights = DroppedWeights(checkpoint_tensors(self.model).values())
+        self._free_device_cache()
+
     def restore_weights(self) -> None:
         if self.host_weights is not None:
             self.host_weights.restore()
             self.host_weights = None
+        if self.dropped_weights is not None:
+            self.dropped_weights.restore()
+            self.dropped_weights = None
+            reload_weights(self.model, self.weights_source)
         self._capture_again()
+
+    def reload_weights(self, source: ModelSource) -> None:
+        """Read another checkpoint of the same shapes into the weights, in place (graphs
+        captured over them stay valid); later level-2 wake-ups read it too."""
+        reload_weights(self.model, source)
+        self.weights_source = source
 
     def _capture_again(self) -> None:
         """Capture the decode graphs again, over the new addresses, once weights and pool are
         both on the device (a runner that never captured any captures none)."""
         if self._graph_shape is None or self.graphs is not None or self.kv_pool is None \
-                or self.host_weights is not None:
+                or self.host_weights is not None or self.dropped_weights is not None:
             return
         self.buffers.frozen = False
         self.capture_decode_graphs(*self._graph_shape)

@@ -46,6 +46,32 @@ class HostWeights:
         self._saved.clear()
 
 
+class DroppedWeights:
+    """Sleep level 2's weights: the storages of the tensors a checkpoint fills, freed with no
+    copy kept (the checkpoint holds them, or a trainer brings new ones); restore() allocates
+    them again, contents unset, for the checkpoint to be read into. Buffers computed at load
+    (rotary tables, ALiBi slopes) stay."""
+
+    def __init__(self, tensors: Iterable[torch.Tensor]):
+        self._sizes: dict[int, tuple[torch.UntypedStorage, int]] = {}
+        for tensor in tensors:
+            storage = tensor.untyped_storage()
+            if storage.nbytes() > 0 and storage.resizable():
+                self._sizes.setdefault(storage.data_ptr(), (storage, storage.nbytes()))
+        for storage, _ in self._sizes.values():
+            storage.resize_(0)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes freed."""
+        return sum(size for _, size in self._sizes.values())
+
+    def restore(self) -> None:
+        for storage, size in self._sizes.values():
+            storage.resize_(size)
+        self._sizes.clear()
+
+
 def _storages(model: nn.Module, device: torch.device) -> Iterator[torch.UntypedStorage]:
     """The non-empty storages on `device` of the model's parameters, buffers and the tensors
     its modules keep as plain attributes (prepacked or quantized weights). A storage torch

@@ -47,6 +47,7 @@ class RunnerCall:
     steps in place of a step."""
 
     method: str
+    args: tuple = ()
 
 
 def serve(spec: WorkerSpec, steps: Connection) -> None:
@@ -86,7 +87,7 @@ def run(spec: WorkerSpec, steps: Connection) -> None:
         except EOFError:  # rank 0 shut down (or died): leave quietly
             break
         if isinstance(inputs, RunnerCall):
-            getattr(runner, inputs.method)()
+            getattr(runner, inputs.method)(*inputs.args)
         else:
             runner.run(inputs)
     tp.leave()

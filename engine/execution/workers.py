@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from typing import Any
 
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.execution import worker
@@ -84,9 +85,10 @@ class Workers:
         for pipe in self._pipes:
             self._send(pipe, data)
 
-    def call(self, method: str) -> None:
-        """Have every worker call its runner's `method` (RunnerCall), in order with steps."""
-        self.send_step(worker.RunnerCall(method))
+    def call(self, method: str, *args: Any) -> None:
+        """Have every worker call its runner's `method` (RunnerCall) with `args`, in order
+        with steps."""
+        self.send_step(worker.RunnerCall(method, args))
 
     def raise_if_failed(self, wait_s: float = 0.0) -> None:
         """WorkerFailed if a worker died (waiting up to wait_s for the watcher to notice:

@@ -176,6 +176,10 @@ class AsyncEngine:
     async def wake_up(self, tags: list[str] | None) -> None:
         await self._call(self.engine.wake_up, tags)
 
+    async def reload_weights(self, path: str | None) -> None:
+        """LLMEngine.reload_weights, between steps; raises what it raised."""
+        await self._call(self.engine.reload_weights, path)
+
     @property
     def is_sleeping(self) -> bool:
         return self.engine.is_sleeping

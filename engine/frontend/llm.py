@@ -98,9 +98,15 @@ class LLM:
         return self.engine.reset_prefix_cache()
 
     def sleep(self, level: int = 1) -> None:
-        """vLLM's sleep mode (enable_sleep_mode=True): the weights to host memory and the KV
-        cache freed until wake_up (LLMEngine.sleep)."""
+        """vLLM's sleep mode (enable_sleep_mode=True): the weights to host memory (level 1) or
+        freed (level 2, read from the checkpoint again when woken) and the KV cache freed
+        until wake_up (LLMEngine.sleep)."""
         self.engine.sleep(level)
+
+    def reload_weights(self, path: str | None = None) -> None:
+        """Read a checkpoint of the same shapes (a trainer's new weights; None: the model's
+        own) into the running model, in place (LLMEngine.reload_weights)."""
+        self.engine.reload_weights(path)
 
     def wake_up(self, tags: Sequence[str] | None = None) -> None:
         """Back from sleep: "weights", "kv_cache" or both (the default)."""

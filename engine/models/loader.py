@@ -343,6 +343,58 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
     return model.eval()
 
 
+# What a reloaded checkpoint must agree on with the running model: the shapes it was built to.
+RELOAD_SHAPE_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                       "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size",
+                       "tie_word_embeddings")
+
+
+def reload_refusal(model: Any) -> str | None:
+    """Why the weights of this built model cannot be read again in place (None: they can)."""
+    if not isinstance(model, CausalLM) or model.score is not None:
+        return "only a generating model's weights are reloaded"
+    if getattr(model, "quantization", None):
+        return (f"its weights are quantized ({model.quantization}) after loading; only "
+                "unquantized weights are reloaded in place")
+    return None
+
+
+def check_reload(config: Any, source: ModelSource) -> None:
+    """ModelLoadError unless `source` is a checkpoint (safetensors or pickled) of the shapes
+    of the running model's `config`."""
+    if source.gguf_file:
+        raise ModelLoadError(f"{source.gguf_file}: weights are reloaded from safetensors or "
+                             "pickled checkpoints, not GGUF")
+    other = load_config(source)
+    differ = [f"{field} {getattr(config, field, None)} -> {getattr(other, field, None)}"
+              for field in RELOAD_SHAPE_FIELDS
+              if getattr(config, field, None) != getattr(other, field, None)]
+    if differ:
+        raise ModelLoadError(f"{_where(source)} is not a checkpoint of the running model's "
+                             f"shapes: {', '.join(differ)}")
+
+
+def reload_weights(model: CausalLM, source: ModelSource, show_progress: bool = False) -> None:
+    """Read the checkpoint at `source` into the model's parameters, in place: their storages
+    and addresses stay, so captured decode graphs still hold (a trainer's new weights, or what
+    a level-2 sleep dropped). check_reload first; a checkpoint that turns out to lack a tensor
+    raises ModelLoadError with the others already read."""
+    published = checkpoint_quantization(load_config(source))
+    dtype = model.model.embed_tokens.weight.dtype
+    pickled = _pickled_weights(source.directory, published)
+    checkpoint = None if pickled else Checkpoint(source.directory)
+    with checkpoint or contextlib.nullcontext():
+        if pickled:
+            tensors = pickled[1]
+            _load(model, ((name, t, len(tensors)) for name, t in tensors.items()), model.plan,
+                  show_progress)
+        else:
+            _load(model, _checkpoint_tensors(checkpoint, published, dtype), model.plan,
+                  show_progress, checkpoint, LOAD_WORKERS)
+    if model.lm_head.weight.device.type == "cuda":
+        torch.cuda.synchronize(model.lm_head.weight.device)
+
+
 def _checkpoint_tensors(checkpoint: Checkpoint, published: tuple[str, Any] | None,
                         dtype: torch.dtype) -> Iterator[tuple[str, Any, int]]:
     """(name, stored tensor, how many) of the checkpoint's tensors; a pre-quantized

@@ -56,7 +56,7 @@ def test_asleep_the_pool_is_freed_and_requests_refused_until_both_parts_wake(sle
     engine.kv.allocator.check_all_free()
 
 
-def test_sleep_is_refused_while_busy_at_level_2_and_when_off(sleepy, tiny_llama):
+def test_sleep_is_refused_while_busy_at_level_3_and_when_off(sleepy, tiny_llama):
     sleepy.engine.add_request("busy", [5, 6, 7], GREEDY)
     try:
         with pytest.raises(SleepModeError, match=r"1 request\(s\) are unfinished"):
@@ -64,8 +64,8 @@ def test_sleep_is_refused_while_busy_at_level_2_and_when_off(sleepy, tiny_llama)
     finally:
         sleepy.engine.abort_request("busy")
     assert not sleepy.engine.is_sleeping
-    with pytest.raises(ValueError, match="level 2 is not supported"):
-        sleepy.sleep(level=2)
+    with pytest.raises(ValueError, match="level 3 is not supported"):
+        sleepy.sleep(level=3)
     with pytest.raises(ValueError, match="tags: 'cache' is not one of weights, kv_cache"):
         sleepy.wake_up(["cache"])
     with pytest.raises(ConfigError, match="enable_sleep_mode: sleep mode is off"):
