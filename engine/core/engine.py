@@ -742,13 +742,7 @@ class LLMEngine:
         an idle engine (SleepModeError otherwise); asleep, the weights must be woken first.
         ModelLoadError for a checkpoint of other shapes; ValueError for a model whose
         weights are quantized after loading (they are not read back in place)."""
-        if (refusal := self._reload_refusal()) is not None:
-            raise ValueError(f"the weights cannot be reloaded: {refusal}")
-        if self.has_unfinished_requests():
-            raise SleepModeError(f"{len(self._requests)} request(s) are unfinished; reloading "
-                                 "the weights waits for an idle engine")
-        if "weights" in self._asleep:
-            raise SleepModeError("the weights are asleep; wake them up first (tags=weights)")
+        self._check_weights_change("reloading the weights")
         source = self.runner.weights_source if path is None else \
             resolve_model(path, self.config.download_dir)
         check_reload(self.model_config, source)
@@ -757,6 +751,32 @@ class LLMEngine:
         self.reset_prefix_cache()
         log.info("weights reloaded", extra={"path": path or self.config.model,
                                             "seconds": round(time.perf_counter() - started, 3)})
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy tensors under their Hugging Face names (a trainer's state dict, whole or some
+        of it) into the running model's weights, in place, on every tensor-parallel rank
+        (sharded there as the checkpoint's tensors are); the cached prefixes are forgotten.
+        As reload_weights, waits for an idle, awake engine of unquantized weights without
+        LoRA; ModelLoadError for a name the model has no place for or a shape that does not
+        fit, the tensors before it already copied."""
+        self._check_weights_change("loading weights")
+        weights = list(weights)
+        if self.workers is not None:  # sent to the other ranks' processes from the host
+            self.workers.call("load_weights", [(n, t.detach().cpu()) for n, t in weights])
+        self.runner.load_weights(weights)
+        self.reset_prefix_cache()
+        log.info("weights loaded", extra={"tensors": len(weights)})
+
+    def _check_weights_change(self, action: str) -> None:
+        """ValueError for weights not read back in place; SleepModeError while a request is
+        unfinished or the weights are asleep."""
+        if (refusal := self._reload_refusal()) is not None:
+            raise ValueError(f"the weights cannot be changed in place: {refusal}")
+        if self.has_unfinished_requests():
+            raise SleepModeError(f"{len(self._requests)} request(s) are unfinished; {action} "
+                                 "waits for an idle engine")
+        if "weights" in self._asleep:
+            raise SleepModeError("the weights are asleep; wake them up first (tags=weights)")
 
     def _reload_refusal(self) -> str | None:
         if self.config.enable_lora:

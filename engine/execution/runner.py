@@ -28,7 +28,11 @@ from tokenmill.engine.layers.state_layer import KVAndState, StateLayer
 from tokenmill.engine.layers.to_device import list_to_device
 from tokenmill.engine.models.decoder import CausalLM
 from tokenmill.engine.models.images import encode_images
-from tokenmill.engine.models.loader import checkpoint_tensors, reload_weights
+from tokenmill.engine.models.loader import (
+    checkpoint_tensors,
+    load_named_weights,
+    reload_weights,
+)
 from tokenmill.engine.models.source import ModelSource
 
 
@@ -148,6 +152,10 @@ class ModelRunner:
             self.dropped_weights = None
             reload_weights(self.model, self.weights_source)
         self._capture_again()
+
+    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        """Copy tensors named as the checkpoint names them into the weights, in place."""
+        load_named_weights(self.model, weights)
 
     def reload_weights(self, source: ModelSource) -> None:
         """Read another checkpoint of the same shapes into the weights, in place (graphs

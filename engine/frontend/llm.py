@@ -103,6 +103,12 @@ class LLM:
         until wake_up (LLMEngine.sleep)."""
         self.engine.sleep(level)
 
+    def load_weights(self, weights: Any) -> None:
+        """Copy (name, tensor) pairs under their Hugging Face names (a trainer's
+        `model.named_parameters()` or state dict items, whole or in part) into the running
+        model, in place (LLMEngine.load_weights)."""
+        self.engine.load_weights(weights)
+
     def reload_weights(self, path: str | None = None) -> None:
         """Read a checkpoint of the same shapes (a trainer's new weights; None: the model's
         own) into the running model, in place (LLMEngine.reload_weights)."""

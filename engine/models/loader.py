@@ -395,6 +395,18 @@ def reload_weights(model: CausalLM, source: ModelSource, show_progress: bool = F
         torch.cuda.synchronize(model.lm_head.weight.device)
 
 
+def load_named_weights(model: CausalLM, weights: list[tuple[str, torch.Tensor]]) -> int:
+    """Copy tensors under their Hugging Face names (a trainer's state dict, whole or in
+    part) into the model's parameters, in place, each sharded as the checkpoint's would be;
+    returns how many parameters were filled. ModelLoadError for a name the model has no
+    place for, or a shape that does not fit (the tensors before it already copied)."""
+    filled = _load(model, ((name, tensor, len(weights)) for name, tensor in weights),
+                   model.plan, show_progress=False, partial=True)
+    if model.lm_head.weight.device.type == "cuda":
+        torch.cuda.synchronize(model.lm_head.weight.device)
+    return len(filled)
+
+
 def _checkpoint_tensors(checkpoint: Checkpoint, published: tuple[str, Any] | None,
                         dtype: torch.dtype) -> Iterator[tuple[str, Any, int]]:
     """(name, stored tensor, how many) of the checkpoint's tensors; a pre-quantized
@@ -468,11 +480,12 @@ def _ties_head(config: Any, stored: list[str] | None) -> bool:
 
 def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardPlan,
           show_progress: bool, checkpoint: Checkpoint | None = None, workers: int = 1,
-          built: set[str] | None = None) -> None:
+          built: set[str] | None = None, partial: bool = False) -> set[str]:
     """Put every checkpoint tensor in its place. A `StoredTensor` of `checkpoint` is read
     straight into its parameter where it can (`workers` at once); other tensors (GGUF's,
     dequantized) arrive as torch tensors, one at a time. `built`: parameters made after
-    loading, from others, which the checkpoint need not hold."""
+    loading, from others, which the checkpoint need not hold; `partial`: some of the
+    parameters, the others kept. Returns the parameters filled."""
     params = checkpoint_tensors(model)
     tied = model.lm_head.weight is model.model.embed_tokens.weight
     multimodal = is_language_model_of_multimodal(model.config)
@@ -559,8 +572,9 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
     if tied:
         loaded.add("lm_head.weight")
     missing = sorted(set(params) - loaded - (built or set()))
-    if missing:
+    if missing and not partial:
         raise ModelLoadError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")
+    return loaded
 
 
 def prediction_layer(config: Any, name: str) -> bool:

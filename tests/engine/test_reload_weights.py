@@ -1,8 +1,9 @@
-"""The weights read again in place (LLMEngine.reload_weights, vLLM's sleep level 2): a
-trainer's new checkpoint of the same shapes is served at once, greedy output equal to
-transformers' on it, on every tensor-parallel rank, with the prefix cache forgotten; level 2
-frees the weights outright and waking reads them from the latest checkpoint; what cannot be
-read back is refused before anything changes."""
+"""The weights changed in place (LLMEngine.reload_weights and load_weights, vLLM's sleep
+level 2): a trainer's new checkpoint of the same shapes, or its tensors handed over by name,
+whole or in part, are served at once, greedy output equal to transformers' on them, on every
+tensor-parallel rank, with the prefix cache forgotten; level 2 frees the weights outright and
+waking reads them from the latest checkpoint; what cannot be read back is refused before
+anything changes."""
 
 from __future__ import annotations
 
@@ -54,8 +55,10 @@ def checkpoints(tmp_path_factory) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def expected(checkpoints) -> dict[str, list[list[int]]]:
-    return {name: [hf_greedy(hf_reference(path), p, 8) for p in PROMPTS]
-            for name, path in checkpoints.items()}
+    wanted = {name: [hf_greedy(hf_reference(path), p, 8) for p in PROMPTS]
+              for name, path in checkpoints.items()}
+    assert wanted["base"] != wanted["trained"]  # a change the engine must show
+    return wanted
 
 
 def _greedy(llm: LLM) -> list[list[int]]:
@@ -80,6 +83,23 @@ def test_a_new_checkpoint_is_served_in_place(checkpoints, expected, tp):
         assert _greedy(llm) == expected["trained"]
         llm.reload_weights(checkpoints["base"])
         assert _greedy(llm) == expected["base"]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_trainers_tensors_are_copied_in_by_name(checkpoints, expected, tp):
+    """The trained model's named parameters, as a trainer in the same process holds them:
+    all of them, then the base model's LM head alone over them."""
+    trained = hf_reference(checkpoints["trained"])
+    base = hf_reference(checkpoints["base"])
+    with LLM(checkpoints["base"], dtype="float32", tensor_parallel_size=tp, **ENGINE) as llm:
+        llm.load_weights(trained.named_parameters())
+        assert _greedy(llm) == expected["trained"]
+        llm.load_weights([("lm_head.weight", base.lm_head.weight)])
+        with torch.no_grad():
+            trained.lm_head.weight.copy_(base.lm_head.weight)
+        assert _greedy(llm) == [hf_greedy(trained, p, 8) for p in PROMPTS]
+        with pytest.raises(ModelLoadError, match="'model.nothing.weight' has no place"):
+            llm.load_weights([("model.nothing.weight", torch.zeros(3))])
 
 
 def test_level_2_frees_the_weights_and_waking_reads_them_again(checkpoints):
