@@ -24,6 +24,24 @@ def route(logits: torch.Tensor, top_k: int,
     return weights, ids
 
 
+def route_sparsemixer(logits: torch.Tensor,
+                      jitter_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """PhiMoE's sparsemixer at inference: the best expert, weighted by its share of a softmax
+    over the experts whose logits lie within 2 * jitter_eps (relative to the larger of the
+    two magnitudes) of its; then the best of the others, likewise (float32 weights)."""
+    scores = logits.float()
+    weights, ids = [], []
+    rest = scores
+    for _ in range(2):
+        top, chosen = rest.max(dim=-1, keepdim=True)
+        far = (top - scores) / scores.abs().clamp(min=top) > 2 * jitter_eps
+        shares = torch.softmax(rest.masked_fill(far, float("-inf")), dim=-1)
+        weights.append(shares.gather(-1, chosen))
+        ids.append(chosen)
+        rest = rest.scatter(-1, chosen, float("-inf"))
+    return torch.cat(weights, dim=-1), torch.cat(ids, dim=-1)
+
+
 def route_top_sigmoid(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Llama 4's routing: the top_k logits, each weighted by its sigmoid (float32)."""
     values, ids = torch.topk(logits, top_k, dim=-1)

@@ -106,6 +106,10 @@ SUPPORTED = {
     "Qwen2ForCausalLM": ArchitectureFlags(qkv_bias=True),
     "Qwen3ForCausalLM": ArchitectureFlags(qk_norm=True),
     "MixtralForCausalLM": ArchitectureFlags(moe="mixtral"),
+    # Phi-3.5-MoE: Mixtral's experts under its names, LayerNorm with biases, biases on the
+    # attention's projections and the LM head (attention_bias, lm_head_bias), and its
+    # sparsemixer routing (layers/moe.py: route_sparsemixer).
+    "PhimoeForCausalLM": ArchitectureFlags(layer_norm=True, moe="phimoe"),
     "Qwen2MoeForCausalLM": ArchitectureFlags(qkv_bias=True, moe="qwen"),
     "Qwen3MoeForCausalLM": ArchitectureFlags(qk_norm=True, moe="qwen"),
     "GemmaForCausalLM": ArchitectureFlags(gemma=True),
@@ -349,7 +353,8 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "hunyuan_v1_moe": "HunYuanMoEV1ForCausalLM",
                "solar_open": "SolarOpenForCausalLM",
                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-               "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+               "mixtral": "MixtralForCausalLM", "phimoe": "PhimoeForCausalLM",
+               "qwen2_moe": "Qwen2MoeForCausalLM",
                "qwen3_moe": "Qwen3MoeForCausalLM", "gemma": "GemmaForCausalLM",
                "gemma2": "Gemma2ForCausalLM", "vaultgemma": "VaultGemmaForCausalLM",
                "gemma3_text": "Gemma3ForCausalLM",
@@ -424,7 +429,7 @@ MOE_NAMES = {"qwen": MoeNames("mlp", "gate_proj", "up_proj", "down_proj"),
              "deepseek": MoeNames("mlp", "gate_proj", "up_proj", "down_proj",
                                   shared="shared_experts", shared_gated=False)}
 MOE_NAMES["deepseek_v2"] = MOE_NAMES["deepseek"]
-MOE_NAMES["minimax"] = MOE_NAMES["dbrx"] = MOE_NAMES["mixtral"]
+MOE_NAMES["minimax"] = MOE_NAMES["dbrx"] = MOE_NAMES["phimoe"] = MOE_NAMES["mixtral"]
 MOE_NAMES["ernie"] = MOE_NAMES["deepseek"]
 MOE_NAMES["mistral4"] = MOE_NAMES["deepseek"]
 MOE_NAMES["granite_hybrid"] = MoeNames("block_sparse_moe", "gate_proj", "up_proj", "down_proj",
@@ -487,6 +492,9 @@ class MoeShape:
     latent_size: int | None = None
     # Hunyuan: the router computes in float32 (DeepSeek's grouped routers always do).
     float32_router: bool = False
+    # PhiMoE: sparsemixer's routing of two experts, within this relative distance (its
+    # router_jitter_noise) of each one's logit; None: a softmax's top_k.
+    sparsemixer: float | None = None
 
     def is_sparse(self, layer: int) -> bool:
         """Whether decoder layer `layer` has the sparse block (else a dense MLP of the
@@ -635,8 +643,13 @@ def _falcon_names(config: Any) -> None:
 
 
 # Each family whose config names what the engine reads its own way, by model type, and how.
+def _phimoe_names(config: Any) -> None:
+    """PhiMoE's LayerNorm takes its epsilon from rms_norm_eps."""
+    config.layer_norm_eps = config.rms_norm_eps
+
+
 FAMILY_NAMES = {**dict.fromkeys(GPT2_NAMED_TYPES, _gpt2_family_names), "mpt": _mpt_names,
-                "dbrx": _dbrx_names, "falcon": _falcon_names}
+                "dbrx": _dbrx_names, "falcon": _falcon_names, "phimoe": _phimoe_names}
 
 
 def declare_family_names(config: Any) -> None:
@@ -849,7 +862,17 @@ def moe_shape_of(config: Any) -> MoeShape | None:
         swiglu=_gptoss_swiglu(config) if style == "gptoss" else None,
         activation=activation,
         latent_size=getattr(config, "moe_latent_size", None),
-        float32_router=style == "hunyuan")
+        float32_router=style == "hunyuan",
+        sparsemixer=_sparsemixer(config) if style == "phimoe" else None)
+
+
+def _sparsemixer(config: Any) -> float:
+    """PhiMoE's router_jitter_noise; ModelLoadError for other than two experts a token, the
+    only count its routing defines."""
+    if int(config.num_experts_per_tok) != 2:
+        raise ModelLoadError(f"num_experts_per_tok {config.num_experts_per_tok}: PhiMoE's "
+                             "sparsemixer routing chooses two experts")
+    return float(config.router_jitter_noise)
 
 
 def _per_model(value: Any, field: str) -> int:

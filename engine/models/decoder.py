@@ -623,7 +623,8 @@ class CausalLM(nn.Module):
         self.tp = tp or TPGroup()
         self.model = DecoderModel(config, max_positions, self.plan, self.tp)
         self.lm_head = nn.Linear(config.hidden_size, self.plan.vocab_per_rank,
-                                 bias=flags_of(config).phi or flags_of(config).gptj)
+                                 bias=flags_of(config).phi or flags_of(config).gptj or
+                                 bool(getattr(config, "lm_head_bias", False)))
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
         # A sequence classifier's head: one row per label, whole on every rank.

@@ -15,7 +15,13 @@ from torch.nn import functional
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.layers.activation import act_and_mul, clamped_swiglu, ungated_act
 from tokenmill.engine.layers.linear import MergedLinear
-from tokenmill.engine.layers.moe import experts_sum, route, route_grouped, route_top_sigmoid
+from tokenmill.engine.layers.moe import (
+    experts_sum,
+    route,
+    route_grouped,
+    route_sparsemixer,
+    route_top_sigmoid,
+)
 from tokenmill.engine.models.architecture import MoeNames, MoeShape
 
 
@@ -105,6 +111,8 @@ class SparseMoeBlock(nn.Module):
         grouped = self.shape.grouped
         if self.shape.scales_inputs:
             weights, ids = route_top_sigmoid(router(x), self.shape.top_k)
+        elif self.shape.sparsemixer is not None:
+            weights, ids = route_sparsemixer(router(x), self.shape.sparsemixer)
         elif grouped is None:
             weights, ids = route(router(x), self.shape.top_k, self.shape.renormalize)
         else:

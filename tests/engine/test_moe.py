@@ -115,6 +115,11 @@ def _config(kind: str, vocab: int, **changes):
             attn_config={"kv_n_heads": 2, "clip_qkv": 0.4, "rope_theta": 10000.0},
             ffn_config={"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2},
             bos_token_id=1, eos_token_id=2, **changes)
+    if kind == "phimoe":  # LayerNorm, biases on q, k, v, o and the LM head; sparsemixer's
+        # threshold wide enough that several experts share each softmax
+        return transformers.PhimoeConfig(intermediate_size=32, num_local_experts=4,
+                                         num_experts_per_tok=2, attention_bias=True,
+                                         lm_head_bias=True, router_jitter_noise=0.3, **common)
     return transformers.MixtralConfig(intermediate_size=32, num_local_experts=4,
                                       num_experts_per_tok=2, **common)
 
@@ -122,12 +127,13 @@ def _config(kind: str, vocab: int, **changes):
 @pytest.fixture(scope="module", params=["qwen3_moe", "mixtral", "qwen2_moe", "granitemoe",
                                         "glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe",
                                         "solar_open", "hunyuan_v1_moe", "flex_olmo",
-                                        "granitemoeshared", "dbrx"])
+                                        "granitemoeshared", "dbrx", "phimoe"])
 def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
     make_random_model(directory, _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
                       draw_norms=request.param in ("minimax_m2", "dots1", "ernie4_5_moe",
-                                                   "hunyuan_v1_moe", "flex_olmo", "dbrx"))
+                                                   "hunyuan_v1_moe", "flex_olmo", "dbrx",
+                                                   "phimoe"))
     if request.param in ("glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe", "solar_open"):
         _draw_biases(directory, prediction_layer=request.param != "solar_open")
     return directory
@@ -199,7 +205,7 @@ def test_speculative_decoding_keeps_the_greedy_output(moe_dir, expected, vocab_t
 # (GraniteMoE; GraniteMoeShared's shared MLP of its own width, matched by the prefix), always-on
 # shared experts, dense layers and a float32 router (GLM-4.5). Qwen3-MoE's and Mixtral's plain
 # experts split as those do (and as any MLP).
-TP_FAMILIES = ("qwen2_moe", "granitemoe", "glm4_moe", "solar_open")
+TP_FAMILIES = ("qwen2_moe", "granitemoe", "glm4_moe", "solar_open", "phimoe")
 
 
 @pytest.mark.parametrize("size", [2])
