@@ -101,9 +101,7 @@ def inverse_frequencies(head_dim: int, params: dict,
     if kind == "llama3":
         return _llama3_scaled(inv_freq, params)
     if kind == "longrope":
-        long = max_positions is not None and max_positions > params[
-            "original_max_position_embeddings"]
-        factors = params["long_factor" if long else "short_factor"]
+        factors = params["long_factor" if _long(params, max_positions) else "short_factor"]
         return 1.0 / (torch.tensor(factors, dtype=torch.float32) * base ** exponents)
     return _yarn_scaled(dim, params)
 
@@ -119,13 +117,22 @@ def _proportional(head_dim: int, params: dict) -> torch.Tensor:
         params.get("factor", 1.0))
 
 
-def attention_scaling(params: dict) -> float:
+def _long(params: dict, max_positions: int | None) -> bool:
+    """Whether LongRoPE takes its long factors: sequences may pass the original context."""
+    return max_positions is not None and max_positions > params[
+        "original_max_position_embeddings"]
+
+
+def attention_scaling(params: dict, max_positions: int | None = None) -> float:
     """The factor on cos and sin (YaRN's and LongRoPE's "attention factor": it sharpens
-    attention as the context stretches); 1 for the other kinds."""
+    attention as the context stretches; PhiMoE's LongRoPE gives it as short_mscale and
+    long_mscale, taken as its factors are); 1 for the other kinds."""
     if params["rope_type"] not in ("yarn", "longrope"):
         return 1.0
     if params.get("attention_factor") is not None:
         return float(params["attention_factor"])
+    if params["rope_type"] == "longrope" and params.get("short_mscale") is not None:
+        return float(params["long_mscale" if _long(params, max_positions) else "short_mscale"])
     if params["rope_type"] == "longrope":
         factor = float(params["factor"])
         original = float(params["original_max_position_embeddings"])
@@ -221,7 +228,7 @@ class RotaryEmbedding(nn.Module):
         axes = grid_axes(params, inv_freq.numel())
         self.register_buffer("axes", axes, persistent=False)
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        scaling = attention_scaling(params)
+        scaling = attention_scaling(params, max_positions)
         cos = angles.cos() * scaling
         self.register_buffer("cos", torch.cat([cos, cos], dim=-1), persistent=False)
         # sin with rotate_half's sign folded in: rotate_half(x) * sin == roll(x) * signed_sin.

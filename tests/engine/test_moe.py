@@ -411,3 +411,24 @@ def test_dbrxs_weights_normalized_by_another_norm_than_their_sum_are_refused(tmp
     config.save_pretrained(str(tmp_path))
     with pytest.raises(ModelLoadError, match="moe_normalize_expert_weights 2.0"):
         LLM(str(tmp_path), **ENGINE)
+
+
+def test_phimoe_long_rope_scales_by_its_short_mscale_within_the_original_context(
+        tmp_path, vocab_tokenizer):
+    """Phi-3.5-MoE's LongRoPE multiplies cos and sin by short_mscale (long_mscale past the
+    original context) in place of LongRoPE's attention factor: served within the original
+    context, its short factors and short_mscale equal transformers'."""
+    head = 16
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 32,
+            "short_factor": [1.0 + 0.1 * i for i in range(head // 2)],
+            "long_factor": [2.0 + 0.5 * i for i in range(head // 2)],
+            "short_mscale": 1.1, "long_mscale": 1.3}
+    config = _config("phimoe", len(vocab_tokenizer), max_position_embeddings=256,
+                     rope_parameters=rope, original_max_position_embeddings=32)
+    directory = make_random_model(str(tmp_path), config, vocab_tokenizer)
+    model = hf_reference(directory)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, len(vocab_tokenizer), (n,), generator=gen).tolist()
+               for n in (10, 20)]
+    with LLM(directory, max_model_len=32, **ENGINE) as llm:
+        assert _greedy(llm, prompts) == [hf_greedy(model, p, MAX_NEW) for p in prompts]
