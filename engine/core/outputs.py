@@ -86,6 +86,7 @@ class RequestOutput:
         self.num_preemptions = newer.num_preemptions
         self.num_cached_tokens = newer.num_cached_tokens
         self.embedding = newer.embedding
+        self.num_prompt_embeds = newer.num_prompt_embeds
         if newer.prompt_logprobs is not None:
             self.prompt_logprobs = newer.prompt_logprobs
             self.prompt_logprob_ranks = newer.prompt_logprob_ranks

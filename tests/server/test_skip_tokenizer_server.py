@@ -1,6 +1,7 @@
 """`tokenmill serve --skip-tokenizer-init`: a checkpoint without tokenizer files serves
 /v1/completions of token ids (the reply's tokens in `token_ids`, its text empty, logprobs
-naming tokens by id, a stream's chunk per step); what needs text is a 400 naming the flag."""
+naming tokens by id, a stream's chunks carrying them as they come); what needs text is a 400
+naming the flag."""
 
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def test_token_ids_in_token_ids_out(server, expected):
     chunks = [c.choices[0].model_extra["token_ids"] for c in client.completions.create(
         model="tiny", prompt=PROMPT, max_tokens=MAX_NEW, temperature=0.0, stream=True,
         extra_body=extra) if c.choices]
-    assert [t for chunk in chunks for t in chunk] == expected and len(chunks) == MAX_NEW
+    # A chunk per step the reader keeps up with (one that falls behind gets the steps joined).
+    assert [t for chunk in chunks for t in chunk] == expected and all(chunks)
 
 
 def test_what_needs_text_is_a_400_naming_the_flag(server):
