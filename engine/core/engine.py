@@ -716,9 +716,7 @@ class LLMEngine:
         if level == 2 and (refusal := self._reload_refusal()) is not None:
             raise ValueError(f"level 2 reads the weights again when woken, but {refusal}; "
                              "level 1 keeps them in host memory")
-        if self.has_unfinished_requests():
-            raise SleepModeError(f"{len(self._requests)} request(s) are unfinished; sleep "
-                                 "mode waits for an idle engine")
+        self._check_idle("sleep mode")
         self.reset_prefix_cache()
         if "kv_cache" not in self._asleep:
             self._on_every_rank("release_kv")
@@ -772,11 +770,15 @@ class LLMEngine:
         unfinished or the weights are asleep."""
         if (refusal := self._reload_refusal()) is not None:
             raise ValueError(f"the weights cannot be changed in place: {refusal}")
+        self._check_idle(action)
+        if "weights" in self._asleep:
+            raise SleepModeError("the weights are asleep; wake them up first (tags=weights)")
+
+    def _check_idle(self, action: str) -> None:
+        """SleepModeError naming `action` while a request is unfinished."""
         if self.has_unfinished_requests():
             raise SleepModeError(f"{len(self._requests)} request(s) are unfinished; {action} "
                                  "waits for an idle engine")
-        if "weights" in self._asleep:
-            raise SleepModeError("the weights are asleep; wake them up first (tags=weights)")
 
     def _reload_refusal(self) -> str | None:
         if self.config.enable_lora:

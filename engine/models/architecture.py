@@ -642,12 +642,12 @@ def _falcon_names(config: Any) -> None:
     config.layer_norm_eps = float(config.layer_norm_epsilon)
 
 
-# Each family whose config names what the engine reads its own way, by model type, and how.
 def _phimoe_names(config: Any) -> None:
     """PhiMoE's LayerNorm takes its epsilon from rms_norm_eps."""
     config.layer_norm_eps = config.rms_norm_eps
 
 
+# Each family whose config names what the engine reads its own way, by model type, and how.
 FAMILY_NAMES = {**dict.fromkeys(GPT2_NAMED_TYPES, _gpt2_family_names), "mpt": _mpt_names,
                 "dbrx": _dbrx_names, "falcon": _falcon_names, "phimoe": _phimoe_names}
 

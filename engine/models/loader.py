@@ -312,24 +312,19 @@ def build_model(config: Any, source: ModelSource, max_positions: int, dtype: tor
             model.lm_head.weight = model.model.embed_tokens.weight
         built = {"score.weight"} if head_token_ids else set()
         if pickled:
-            paths, tensors = pickled
-            _load(model, ((name, t, len(tensors)) for name, t in tensors.items()), plan,
-                  show_progress, built=built)
-            files, nbytes, workers = len(paths), torch_files_bytes(paths), 1
+            _read_checkpoint(model, pickled, None, published, show_progress, built=built)
+            files, nbytes, workers = len(pickled[0]), torch_files_bytes(pickled[0]), 1
         elif checkpoint is None:
             _load(model, _gguf_named(source, config), plan, show_progress, built=built)
             files, nbytes, workers = 1, os.path.getsize(source.gguf_path), 1
         else:
-            _load(model, _checkpoint_tensors(checkpoint, published, dtype), plan, show_progress,
-                  checkpoint, workers, built=built)
+            _read_checkpoint(model, None, checkpoint, published, show_progress, workers, built)
             files, nbytes = len(checkpoint.files), checkpoint.bytes_read
     if head_token_ids:
         with torch.no_grad():
             model.score.weight.copy_(token_head(model, head_token_ids,
                                                 classifier_of(config).two_way, plan, tp))
         model.lm_head.weight = model.model.embed_tokens.weight  # the read head let go
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)  # the last copies to the device are asynchronous
     model.load_report = LoadReport(time.perf_counter() - start, nbytes, files, workers)
     model.quantization = quantization if quantization != "none" else None
     if quantization == "gguf":
@@ -380,19 +375,10 @@ def reload_weights(model: CausalLM, source: ModelSource, show_progress: bool = F
     a level-2 sleep dropped). check_reload first; a checkpoint that turns out to lack a tensor
     raises ModelLoadError with the others already read."""
     published = checkpoint_quantization(load_config(source))
-    dtype = model.model.embed_tokens.weight.dtype
     pickled = _pickled_weights(source.directory, published)
     checkpoint = None if pickled else Checkpoint(source.directory)
     with checkpoint or contextlib.nullcontext():
-        if pickled:
-            tensors = pickled[1]
-            _load(model, ((name, t, len(tensors)) for name, t in tensors.items()), model.plan,
-                  show_progress)
-        else:
-            _load(model, _checkpoint_tensors(checkpoint, published, dtype), model.plan,
-                  show_progress, checkpoint, LOAD_WORKERS)
-    if model.lm_head.weight.device.type == "cuda":
-        torch.cuda.synchronize(model.lm_head.weight.device)
+        _read_checkpoint(model, pickled, checkpoint, published, show_progress, LOAD_WORKERS)
 
 
 def load_named_weights(model: CausalLM, weights: list[tuple[str, torch.Tensor]]) -> int:
@@ -402,9 +388,23 @@ def load_named_weights(model: CausalLM, weights: list[tuple[str, torch.Tensor]])
     place for, or a shape that does not fit (the tensors before it already copied)."""
     filled = _load(model, ((name, tensor, len(weights)) for name, tensor in weights),
                    model.plan, show_progress=False, partial=True)
-    if model.lm_head.weight.device.type == "cuda":
-        torch.cuda.synchronize(model.lm_head.weight.device)
     return len(filled)
+
+
+def _read_checkpoint(model: CausalLM, pickled: tuple[list[str], dict[str, Any]] | None,
+                     checkpoint: Checkpoint | None, published: tuple[str, Any] | None,
+                     show_progress: bool, workers: int = 1,
+                     built: set[str] | None = None) -> None:
+    """Every tensor of a checkpoint into the model: PyTorch's pickled files (`pickled`, as
+    _pickled_weights read them) or safetensors (`checkpoint`, open, `workers` read at once)."""
+    if pickled:
+        tensors = pickled[1]
+        _load(model, ((name, t, len(tensors)) for name, t in tensors.items()), model.plan,
+              show_progress, built=built)
+    else:
+        _load(model, _checkpoint_tensors(checkpoint, published,
+                                         model.model.embed_tokens.weight.dtype),
+              model.plan, show_progress, checkpoint, workers, built=built)
 
 
 def _checkpoint_tensors(checkpoint: Checkpoint, published: tuple[str, Any] | None,
@@ -571,6 +571,9 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
         progress.close()
     if tied:
         loaded.add("lm_head.weight")
+    device = model.lm_head.weight.device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # the last copies to the device are asynchronous
     missing = sorted(set(params) - loaded - (built or set()))
     if missing and not partial:
         raise ModelLoadError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")
