@@ -34,7 +34,6 @@ from tokenmill.engine.core.outputs import RequestOutput
 from tokenmill.engine.core.pooling import SequencePooling, embedding
 from tokenmill.engine.core.pooling import record as record_pooled
 from tokenmill.engine.core.pooling_params import PoolingParams
-from tokenmill.engine.core.prompt_embeds import PLACEHOLDER as PROMPT_EMBEDS_PLACEHOLDER
 from tokenmill.engine.core.prompt_embeds import PromptEmbeds
 from tokenmill.engine.core.prompt_logprobs import record as record_prompt_logprobs
 from tokenmill.engine.core.prompt_truncation import truncated
@@ -394,9 +393,9 @@ class LLMEngine:
         model's image marker (LLaVA's `<image>`, Gemma 3's `<start_of_image>`): one per image,
         expanded here as the model's processor expands it, or already expanded.
 
-        A tensor [tokens, hidden size] is a prompt given as embeddings (vLLM's
-        prompt_embeds, under --enable-prompt-embeds): rows in place of the token embeddings
-        the model would look up (core/prompt_embeds.py).
+        A tensor [tokens, hidden size], or prepare_prompt_embeds' PromptEmbeds, is a prompt
+        given as embeddings (vLLM's prompt_embeds, under --enable-prompt-embeds): rows in
+        place of the token embeddings the model would look up (core/prompt_embeds.py).
         """
         # An embedding's sequence samples nothing; one token of room keeps the scheduler's
         # bookkeeping that of any prompt.
@@ -439,12 +438,11 @@ class LLMEngine:
                  pooling: PoolingParams | None, images: list[Any] | None,
                  ) -> tuple[str | None, list[int], list[ImageSpan], PromptEmbeds | None]:
         self._check_runner(pooling)
-        if isinstance(prompt, torch.Tensor):
+        if isinstance(prompt, torch.Tensor | PromptEmbeds):
             embeds = self._prompt_embeds(prompt, params, pooling, images)
-            token_ids = [PROMPT_EMBEDS_PLACEHOLDER] * len(embeds)
-            self._check_fits(token_ids, params.n, params.max_tokens)
+            self._check_fits(embeds.token_ids, params.n, params.max_tokens)
             self._check_sampling(params)
-            return None, token_ids, [], embeds
+            return None, embeds.token_ids, [], embeds
         if images and isinstance(prompt, str) and self.images is not None:
             prompt = self.images.expand_text(prompt)  # as the model's processor writes it
         text, token_ids = self._tokenize(prompt)
@@ -464,13 +462,24 @@ class LLMEngine:
         self._check_sampling(params)
         return text, token_ids, spans, None
 
-    def _prompt_embeds(self, value: torch.Tensor, params: SamplingParams | None,
-                       pooling: PoolingParams | None,
-                       images: list[Any] | None) -> PromptEmbeds:
-        """A prompt given as embeddings, checked (RequestError naming prompt_embeds)."""
+    def prepare_prompt_embeds(self, value: Any, keep: int | None = None) -> PromptEmbeds:
+        """A prompt given as embeddings, checked against the model and in its dtype, once
+        (thread-safe: a server runs it off the engine's thread), its last `keep` rows where
+        truncate_prompt_tokens asks; RequestError naming prompt_embeds."""
         if not self.config.enable_prompt_embeds:
             raise RequestError("a prompt given as embeddings needs the server started with "
                                "--enable-prompt-embeds", param="prompt_embeds")
+        embeds = value if isinstance(value, PromptEmbeds) else \
+            PromptEmbeds.of(value, self.model_config.hidden_size, self.dtype)
+        return embeds if keep is None else \
+            embeds.last(self.max_model_len if keep == -1 else keep)
+
+    def _prompt_embeds(self, value: torch.Tensor | PromptEmbeds, params: SamplingParams | None,
+                       pooling: PoolingParams | None,
+                       images: list[Any] | None) -> PromptEmbeds:
+        """A prompt given as embeddings, checked (RequestError naming prompt_embeds)."""
+        embeds = self.prepare_prompt_embeds(
+            value, None if params is None else params.truncate_prompt_tokens)
         if pooling is not None or images:
             raise RequestError("a prompt given as embeddings is generated from, alone: it "
                                "carries no images and is not embedded again",
@@ -478,10 +487,6 @@ class LLMEngine:
         if params.prompt_logprobs is not None:
             raise RequestError("prompt_logprobs: a prompt given as embeddings has no tokens "
                                "to score", param="prompt_logprobs")
-        embeds = PromptEmbeds.of(value, self.model_config.hidden_size, self.dtype)
-        if params.truncate_prompt_tokens is not None:
-            keep = params.truncate_prompt_tokens
-            embeds = embeds.last(self.max_model_len if keep == -1 else keep)
         return embeds
 
     def prepare_images(self, images: list[Any],

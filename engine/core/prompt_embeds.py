@@ -58,6 +58,11 @@ class PromptEmbeds:
     def __len__(self) -> int:
         return self.rows.shape[0]
 
+    @property
+    def token_ids(self) -> list[int]:
+        """The placeholder tokens its rows stand on, one each."""
+        return [PLACEHOLDER] * len(self)
+
     def last(self, count: int) -> PromptEmbeds:
         """Its last `count` rows (vLLM's truncate_prompt_tokens)."""
         if count >= len(self):

@@ -9,7 +9,6 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from tqdm import tqdm
 
 from tokenmill.engine.contract.config import EngineConfig
@@ -205,11 +204,8 @@ class LLM:
             if others:
                 raise ValueError(f"a prompt given as embeddings takes nothing beside it, got "
                                  f"{others}")
-            rows = prompt["prompt_embeds"]
-            if not isinstance(rows, torch.Tensor):
-                raise RequestError(f"must be a tensor [tokens, hidden size], got "
-                                   f"{type(rows).__name__}", param="prompt_embeds")
-            return rows, None
+            # Checked and converted once, for the check and the request alike.
+            return self.engine.prepare_prompt_embeds(prompt["prompt_embeds"]), None
         data = dict(prompt.get("multi_modal_data") or {})
         image = data.pop("image", None)
         if data:

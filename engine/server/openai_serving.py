@@ -64,7 +64,7 @@ async def create_completion(body: CompletionRequest, request: Request,
     if body.truncate_prompt_tokens is not None:  # echo shows the prompt that ran
         prompts = [list(p) for p in ids]
     # Each prompt given as embeddings holds a place per row (its token ids are nobody's).
-    ids = [[0] * len(rows) for rows in embeds] + ids
+    ids = [rows.token_ids for rows in embeds] + ids
     max_tokens = body.max_tokens if body.max_tokens is not None else _room(state, ids, "prompt")
     params = _params(body, 1 if body.prompt_only else max_tokens, body.logprobs, state)
     constraint_field = body.constraint_field()
@@ -232,14 +232,12 @@ def check_model(state: ServerState, model: str | None) -> str | None:
 
 
 async def _prompt_embeds(body: CompletionRequest, state: ServerState) -> list[Any]:
-    """The request's prompts given as embeddings, decoded off the event loop, each cut to its
-    last truncate_prompt_tokens rows."""
+    """The request's prompts given as embeddings, decoded and prepared by the engine off the
+    event loop, each cut to its last truncate_prompt_tokens rows."""
     if body.prompt_embeds is None:
         return []
-    enabled = state.engine.engine.config.enable_prompt_embeds
-    keep = body.truncate_prompt_tokens
-    keep = state.max_model_len if keep == -1 else keep
-    return await asyncio.to_thread(decode_prompt_embeds, body.prompt_embeds, enabled, keep)
+    return await asyncio.to_thread(decode_prompt_embeds, body.prompt_embeds,
+                                   state.engine.engine, body.truncate_prompt_tokens)
 
 
 def truncated(ids: list[int], keep: int | None, state: ServerState) -> list[int]:

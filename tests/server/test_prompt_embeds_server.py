@@ -104,18 +104,18 @@ def test_truncation_keeps_the_last_rows(server, rows):
 
 
 def test_what_cannot_be_read_is_a_400_naming_the_field(server, rows):
-    bad = {
-        "not base64": "%%%",
-        "not a tensor saved by torch.save": base64.b64encode(b"plain bytes").decode(),
-        "holds a dict": _saved({"rows": rows[0]}),
-        "shape [tokens, 64]": _saved(rows[0][:, :10]),
-        "shape [tokens, hidden size]": _saved(rows[0][0]),
-        "dense": _saved(rows[0].to_sparse()),
-        "not finite": _saved(torch.full((3, 64), float("inf"))),
-        "not a tensor saved": _saved(_RunsCode()),
-    }
+    bad = [
+        ("not base64", "%%%"),
+        ("not a tensor saved by torch.save", base64.b64encode(b"plain bytes").decode()),
+        ("holds a dict", _saved({"rows": rows[0]})),
+        ("shape [tokens, 64]", _saved(rows[0][:, :10])),
+        ("shape [tokens, 64]", _saved(rows[0][0])),
+        ("dense", _saved(rows[0].to_sparse())),
+        ("not finite", _saved(torch.full((3, 64), float("inf")))),
+        ("not a tensor saved", _saved(_RunsCode())),
+    ]
     client = openai_client(f"{server.url}/v1")
-    for words, value in bad.items():
+    for words, value in bad:
         with pytest.raises(openai.BadRequestError) as refused:
             client.completions.create(model="tiny", prompt="", max_tokens=2,
                                       extra_body={"prompt_embeds": value})
