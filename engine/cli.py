@@ -91,11 +91,13 @@ def _download(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="tokenmill download", description=DOWNLOAD_HELP)
     parser.add_argument("model", nargs="+", metavar="SOURCE", help=options["model"])
     parser.add_argument("--download-dir", default=None, help=options["download_dir"])
+    parser.add_argument("--ignore-patterns", nargs="+", default=(), metavar="PATTERN",
+                        help=options["ignore_patterns"])
     args = parser.parse_args(argv)
     configure_logging()
     for source in args.model:
         try:
-            path = _downloaded(source, args.download_dir)
+            path = _downloaded(source, args.download_dir, tuple(args.ignore_patterns))
         except OSError as exc:  # a fetch or a missing path: one line naming the source and cause
             print(f"tokenmill download: error: {exc}", file=sys.stderr)
             return 1
@@ -103,14 +105,14 @@ def _download(argv: list[str]) -> int:
     return 0
 
 
-def _downloaded(source: str, download_dir: str | None) -> str:
+def _downloaded(source: str, download_dir: str | None, ignore_patterns: tuple[str, ...]) -> str:
     """The local path of one source, fetched first if it is in a store: a LoRA adapter's
     directory (adapter_config.json, what --lora-modules reads), else what `serve` would load
     as the model."""
     from tokenmill.engine.models.fetch import fetch_model
     from tokenmill.engine.models.source import resolve_model
 
-    path = fetch_model(source, download_dir) or source
+    path = fetch_model(source, download_dir, ignore_patterns) or source
     if os.path.isfile(os.path.join(path, "adapter_config.json")):
         return path
     model = resolve_model(path)  # a local path now: checked, not fetched again

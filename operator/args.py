@@ -204,12 +204,18 @@ class _ExtraArgsParser(argparse.ArgumentParser):
         raise SpecError(f"spec.engine.extraArgs: {message}")
 
 
-def check_engine(spec: InferenceServiceSpec) -> None:
-    """SpecError if the engine would reject these options, an extra flag or its value, exactly
-    as `tokenmill serve` parses and checks them at start-up."""
+def _serve_parser() -> argparse.ArgumentParser:
+    """`tokenmill serve`'s flags, failing with a SpecError."""
     parser = _ExtraArgsParser(prog="tokenmill serve", add_help=False)
     add_engine_arguments(parser)
     add_server_arguments(parser, environ={})
+    return parser
+
+
+def check_engine(spec: InferenceServiceSpec) -> None:
+    """SpecError if the engine would reject these options, an extra flag or its value, exactly
+    as `tokenmill serve` parses and checks them at start-up."""
+    parser = _serve_parser()
     # Every name of every flag (--no-X, vLLM's other names) -> its option.
     options = {name: a.dest for a in parser._actions for name in a.option_strings}
     for arg in spec.engine.extra_args:
@@ -252,8 +258,11 @@ def check_engine(spec: InferenceServiceSpec) -> None:
 
 def download_command(spec: InferenceServiceSpec) -> list[str]:
     """The init container's command: the hf:// and s3:// model and adapters into the cache,
-    where the engine finds them, one after the other."""
-    return ["tokenmill", "download", *spec.downloads, "--download-dir", CACHE_MOUNT]
+    where the engine finds them, one after the other; without the files extraArgs'
+    --ignore-patterns leave out, as the engine would fetch them."""
+    patterns = _serve_parser().parse_args(spec.engine.extra_args).ignore_patterns
+    return ["tokenmill", "download", *spec.downloads, "--download-dir", CACHE_MOUNT,
+            *(["--ignore-patterns", *patterns] if patterns else [])]
 
 
 def serve_command(spec: InferenceServiceSpec, served_name: str) -> list[str]:

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import threading
+import urllib.parse
 from collections.abc import Iterator
 
 import boto3
@@ -113,12 +114,15 @@ def hub_serving(repo_id: str, directory: str, asked: list[str] | None = None,
     """A loopback server answering the hub client's calls for `repo_id` at `commit` with the
     files of `directory`, as the hub answers them (the repository's revision and file tree,
     then each file by HEAD for its metadata and GET for its bytes): its URL, for HF_ENDPOINT.
-    `asked` collects the files whose bytes were sent, `authorizations` every request's path
-    and Authorization header (None where it had none)."""
+    Files in subdirectories are the repository's under their relative paths. `asked` collects
+    the files whose bytes were sent, `authorizations` every request's path and Authorization
+    header (None where it had none)."""
     files = {}
-    for name in sorted(os.listdir(directory)):
-        with open(os.path.join(directory, name), "rb") as f:
-            files[name] = f.read()
+    for root, _, names in sorted(os.walk(directory)):
+        for name in sorted(names):
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                files[os.path.relpath(path, directory)] = f.read()
     api = f"/api/models/{repo_id}/"
 
     class Handler(_QuietHandler):
@@ -145,7 +149,9 @@ def hub_serving(repo_id: str, directory: str, asked: list[str] | None = None,
                              "oid": hashlib.sha1(data).hexdigest()}
                             for name, data in files.items()])
             elif path.startswith(f"/{repo_id}/resolve/"):
-                name = path.rpartition("/")[2]
+                # /REPO/resolve/REVISION/PATH
+                name = urllib.parse.unquote(path.removeprefix(f"/{repo_id}/resolve/")
+                                            .partition("/")[2])
                 if name not in files:
                     self._send(404, b"", {"X-Error-Code": "EntryNotFound"})
                     return
@@ -184,15 +190,17 @@ def _loopback(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str
         server.server_close()
 
 
-def download_from_hub(repo_id: str, directory: str, cache: str) -> tuple[str, list[str]]:
-    """`tokenmill download hf://REPO` through the hub's own client against a loopback hub
-    serving `directory` as the repository: the local snapshot directory and the files whose
-    bytes were sent."""
+def download_from_hub(repo_id: str, directory: str, cache: str,
+                      *flags: str) -> tuple[str, list[str]]:
+    """`tokenmill download hf://REPO` (with `flags`) through the hub's own client against a
+    loopback hub serving `directory` as the repository: the local snapshot directory and the
+    files whose bytes were sent."""
     asked: list[str] = []
     with hub_serving(repo_id, directory, asked) as hub:
         env = {**os.environ, "HF_ENDPOINT": hub, "HF_HUB_OFFLINE": "0",
                "HF_HUB_DISABLE_XET": "1"}
-        result = subprocess.run(download_command(f"hf://{repo_id}", "--download-dir", cache),
+        result = subprocess.run(download_command(f"hf://{repo_id}", "--download-dir", cache,
+                                                 *flags),
                                 cwd="/", env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip().splitlines()[-1], asked

@@ -155,6 +155,12 @@ class EngineConfig:
               "($HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub) and "
               "$XDG_CACHE_HOME/tokenmill (~/.cache/tokenmill) for s3://.",
     )
+    ignore_patterns: tuple[str, ...] = _opt(
+        (), "Files of a hf:// or s3:// model (and of a draft model) not to download: "
+            "shell-style patterns over each file's path in the repository or under the "
+            "prefix, where * crosses directories (vLLM's flag), e.g. 'original/*' for Llama's "
+            "copy in Meta's format or '*.pth'. A LoRA adapter is always downloaded whole. "
+            "`tokenmill download` takes the same patterns.")
     dtype: str = _opt("auto", "Weight and activation dtype: auto (bfloat16 on CUDA and on "
                               "CPUs with native bfloat16: AVX512-BF16, AMX or Arm BF16; "
                               "float32 on other CPUs), float32, bfloat16, float16 (vLLM's "
@@ -408,6 +414,11 @@ class EngineConfig:
             _check(all(is_count(n) for n in self.cuda_graph_sizes), "cuda_graph_sizes",
                    f"must be positive batch sizes, got {list(self.cuda_graph_sizes)}")
             self.cuda_graph_sizes = tuple(sorted(set(self.cuda_graph_sizes)))
+        if isinstance(self.ignore_patterns, str):  # LLM(ignore_patterns="original/*")
+            self.ignore_patterns = (self.ignore_patterns,)
+        self.ignore_patterns = tuple(self.ignore_patterns)
+        _check(all(isinstance(p, str) and p for p in self.ignore_patterns), "ignore_patterns",
+               f"must be non-empty patterns, got {list(self.ignore_patterns)}")
         _check(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
                f"must be in (0, 1], got {self.gpu_memory_utilization}")
         _check(self.tensor_parallel_size >= 1, "tensor_parallel_size",

@@ -135,7 +135,7 @@ class LLMEngine:
         backend = resolve_backend(config.attention_backend, self.device)
         check_kv_cache_dtype(config.kv_cache_dtype, backend, self.device)
         source = resolve_model(config.model, config.download_dir, config.revision,
-                               config.hf_config_path)
+                               config.hf_config_path, config.ignore_patterns)
         if overrides := config.config_overrides():
             source = dataclasses.replace(source, config_overrides=json.dumps(overrides))
         config_start = time.perf_counter()
@@ -747,7 +747,8 @@ class LLMEngine:
         weights are quantized after loading (they are not read back in place)."""
         self._check_weights_change("reloading the weights")
         source = self.runner.weights_source if path is None else \
-            resolve_model(path, self.config.download_dir)
+            resolve_model(path, self.config.download_dir,
+                          ignore_patterns=self.config.ignore_patterns)
         check_reload(self.model_config, source)
         started = time.perf_counter()
         self._on_target_ranks("reload_weights", source)

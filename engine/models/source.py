@@ -53,26 +53,28 @@ class ModelSource:
 
 
 def resolve_model(model: str, download_dir: str | None = None,
-                  revision: str | None = None, config_path: str | None = None) -> ModelSource:
+                  revision: str | None = None, config_path: str | None = None,
+                  ignore_patterns: tuple[str, ...] = ()) -> ModelSource:
     """The local files of `model`; a hf:// or s3:// model is downloaded into `download_dir`
-    (or found complete there) first, a hub model at `revision` when given. `config_path`
-    (--hf-config-path) holds its config.json instead, fetched likewise."""
+    (or found complete there) first, a hub model at `revision` when given, without the files
+    `ignore_patterns` match. `config_path` (--hf-config-path) holds its config.json instead,
+    fetched likewise."""
     if config_path is not None:
-        source = _resolved(model, download_dir, revision, needs_config=False)
+        source = _resolved(model, download_dir, revision, ignore_patterns, needs_config=False)
         return dataclasses.replace(source, config_directory=_config_directory(config_path,
                                                                               download_dir))
-    return _resolved(model, download_dir, revision)
+    return _resolved(model, download_dir, revision, ignore_patterns)
 
 
 def _resolved(model: str, download_dir: str | None, revision: str | None,
-              needs_config: bool = True) -> ModelSource:
+              ignore_patterns: tuple[str, ...], needs_config: bool = True) -> ModelSource:
     from tokenmill.engine.models.fetch import fetch_model
     from tokenmill.engine.models.fetch.uri import pinned
 
     if revision is not None:
         model = pinned(model, revision)
     start = time.perf_counter()
-    local = fetch_model(model, download_dir)
+    local = fetch_model(model, download_dir, ignore_patterns)
     if local is not None:
         return dataclasses.replace(_local(local, needs_config),
                                    download_seconds=time.perf_counter() - start)

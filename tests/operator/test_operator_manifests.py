@@ -311,6 +311,20 @@ def test_remote_models_are_downloaded_by_an_init_container(spec):
     assert "ports" not in init and "startupProbe" not in init and "lifecycle" not in init
 
 
+@pytest.mark.parametrize("spec", [HF, S3], ids=["hf", "s3"])
+def test_the_download_leaves_out_what_extra_args_ignore_patterns_match(spec):
+    """The engine's --ignore-patterns reach the init container, which fetches what the engine
+    would; without them it fetches the whole model."""
+    extra = ["--ignore-patterns", "original/*", "*.pth", "--max-logprobs", "5"]
+    with_patterns = {**spec, "engine": {"extraArgs": extra}}
+    (init,) = init_containers(with_patterns)
+    assert init["command"] == ["tokenmill", "download", spec["model"]["uri"], "--download-dir",
+                               "/model-cache", "--ignore-patterns", "original/*", "*.pth"]
+    assert container(with_patterns)["command"][-5:] == extra
+    (init,) = init_containers({**spec, "engine": {"extraArgs": ["--ignore-patterns=*.pth"]}})
+    assert init["command"][-2:] == ["--ignore-patterns", "*.pth"]
+
+
 def test_the_engine_loads_hf_models_from_the_cache_without_the_hub():
     """hf:// would ask the hub for the revision's commit on every start (a network dependency,
     credentials, and writes the read-only cache refuses); offline it reads refs/ in the cache."""

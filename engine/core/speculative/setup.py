@@ -28,7 +28,8 @@ def open_draft(speculative: SpeculativeConfig | None, config: EngineConfig,
     if speculative is None or speculative.method != "draft":
         return None
     try:
-        source = resolve_model(speculative.model, config.download_dir)
+        source = resolve_model(speculative.model, config.download_dir,
+                               ignore_patterns=config.ignore_patterns)
         draft_config = load_config(source)
         draft_tokenizer = load_tokenizer(source)
     except (ModelNotFound, ModelLoadError) as exc:

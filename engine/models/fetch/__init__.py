@@ -13,16 +13,19 @@ from tokenmill.engine.models.fetch.uri import HubModel, S3Model, parse_model_uri
 __all__ = ["ModelFetchError", "default_download_dir", "fetch_model"]
 
 
-def fetch_model(model: str, download_dir: str | None = None) -> str | None:
-    """The local directory of a model named by a URI, downloaded if the cache lacks it;
-    None for a local path or a built-in name (nothing to fetch)."""
+def fetch_model(model: str, download_dir: str | None = None,
+                ignore_patterns: tuple[str, ...] = ()) -> str | None:
+    """The local directory of a model named by a URI, downloaded if the cache lacks it (but
+    the files `ignore_patterns` match, of anything but a LoRA adapter); None for a local path
+    or a built-in name (nothing to fetch)."""
     remote = parse_model_uri(model)
     if isinstance(remote, HubModel):
         from tokenmill.engine.models.fetch.hub import fetch_hub
 
-        return fetch_hub(remote, download_dir)
+        return fetch_hub(remote, download_dir, ignore_patterns)
     if isinstance(remote, S3Model):
         from tokenmill.engine.models.fetch.s3 import fetch_s3
 
-        return fetch_s3(remote, download_dir or default_download_dir())
+        return fetch_s3(remote, download_dir or default_download_dir(),
+                        ignore_patterns=ignore_patterns)
     return None

@@ -10,6 +10,7 @@ import os
 
 from tokenmill.engine.models.fetch.cache import check_free_space
 from tokenmill.engine.models.fetch.errors import ModelFetchError
+from tokenmill.engine.models.fetch.patterns import unwanted
 from tokenmill.engine.models.fetch.progress import hub_progress_class
 from tokenmill.engine.models.fetch.uri import HubModel
 from tokenmill.engine.models.weight_files import TORCH_WEIGHTS, skipped_weight_files
@@ -20,8 +21,10 @@ ALLOW_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoke
                   "*.jinja", TORCH_WEIGHTS]
 
 
-def fetch_hub(model: HubModel, download_dir: str | None) -> str:
-    """The local snapshot directory of the model, downloaded first if the cache lacks it."""
+def fetch_hub(model: HubModel, download_dir: str | None,
+              ignore_patterns: tuple[str, ...] = ()) -> str:
+    """The local snapshot directory of the model, downloaded first if the cache lacks it;
+    files matching `ignore_patterns` are left out, unless the repository is a LoRA adapter."""
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import DryRunError
 
@@ -34,8 +37,10 @@ def fetch_hub(model: HubModel, download_dir: str | None) -> str:
         except DryRunError:
             pass  # offline or unreachable: the real call finds the cache or says why
         else:
-            skipped = skipped_weight_files(f.filename for f in plan)
-            if skipped:  # Mistral's second copy of the weights, PyTorch's pickled one
+            names = [f.filename for f in plan]
+            # Mistral's second copy of the weights, PyTorch's pickled one, the user's patterns
+            skipped = skipped_weight_files(names) + unwanted(names, ignore_patterns)
+            if skipped:
                 options["ignore_patterns"] = skipped
             needed = sum(f.file_size or 0 for f in plan
                          if f.will_download and f.filename not in skipped)

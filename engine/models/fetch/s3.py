@@ -14,6 +14,7 @@ from typing import Any
 from tokenmill.engine.models.fetch.cache import check_free_space, model_lock
 from tokenmill.engine.models.fetch.errors import ModelFetchError
 from tokenmill.engine.models.fetch.partial import CHUNK_BYTES, PartialFile, RemoteFile
+from tokenmill.engine.models.fetch.patterns import unwanted
 from tokenmill.engine.models.fetch.progress import Progress
 from tokenmill.engine.models.fetch.uri import S3Model
 from tokenmill.engine.models.weight_files import skipped_weight_files
@@ -26,13 +27,14 @@ def s3_directory(model: S3Model, download_dir: str) -> str:
 
 
 def fetch_s3(model: S3Model, download_dir: str, chunk_bytes: int = CHUNK_BYTES,
-             workers: int = WORKERS) -> str:
-    """Download (or find complete) every object under the prefix; return the local directory."""
+             workers: int = WORKERS, ignore_patterns: tuple[str, ...] = ()) -> str:
+    """Download (or find complete) every object under the prefix but those `ignore_patterns`
+    match (all of a LoRA adapter's); return the local directory."""
     directory = s3_directory(model, download_dir)
     store = _store(model)
     with model_lock(directory, model.uri):
         files = [PartialFile(os.path.join(directory, *f.name.split("/")), f, chunk_bytes)
-                 for f in _list(store, model)]
+                 for f in _list(store, model, ignore_patterns)]
         todo = [f for f in files if not f.complete()]
         resumed = sum(f.written_bytes() for f in todo)
         check_free_space(directory, sum(f.remote.size for f in todo) - resumed, model.uri)
@@ -75,7 +77,7 @@ def _timedelta(seconds: float) -> Any:
     return datetime.timedelta(seconds=seconds)
 
 
-def _list(store: Any, model: S3Model) -> list[RemoteFile]:
+def _list(store: Any, model: S3Model, ignore_patterns: tuple[str, ...]) -> list[RemoteFile]:
     import obstore
 
     prefix = model.prefix + "/" if model.prefix else ""
@@ -85,11 +87,17 @@ def _list(store: Any, model: S3Model) -> list[RemoteFile]:
         raise _error(model, exc) from exc
     files = [RemoteFile(m["path"][len(prefix):], m["size"], m["e_tag"]) for m in metas
              if not m["path"].endswith("/")]
-    skipped = set(skipped_weight_files(f.name for f in files))  # Mistral's second copy
-    files = [f for f in files if f.name not in skipped]
     if not files:
         raise ModelFetchError(model.uri, f"no objects under the prefix {prefix or '/'!r} in "
                                          f"bucket {model.bucket!r}")
+    names = [f.name for f in files]
+    # Mistral's second copy of the weights, the user's patterns
+    skipped = set(skipped_weight_files(names) + unwanted(names, ignore_patterns))
+    files = [f for f in files if f.name not in skipped]
+    if not files:
+        raise ModelFetchError(model.uri, f"--ignore-patterns {' '.join(ignore_patterns)} "
+                                         f"leaves none of the {len(names)} objects under the "
+                                         f"prefix {prefix or '/'!r}")
     return files
 
 
