@@ -227,6 +227,19 @@ def add_request_log_arguments(parser: argparse.ArgumentParser) -> None:
                         help="With --enable-log-outputs, also log what each step of a stream "
                              "adds (vLLM's default; --no-enable-log-deltas: finished "
                              "generations only).")
+    parser.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
+                        help="Send a span per finished generation request to this "
+                             "OpenTelemetry collector (vLLM's flag and span: llm_request, "
+                             "with its gen_ai.* token counts and latencies, never the text): "
+                             "OTLP over gRPC (http://collector:4317), or over HTTP with "
+                             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf "
+                             "(http://collector:4318/v1/traces). A request's traceparent "
+                             "header puts its span in the caller's trace. The service is "
+                             "named tokenmill unless OTEL_SERVICE_NAME says otherwise.")
+    parser.add_argument("--collect-detailed-traces", default=None, metavar="MODULES",
+                        help="vLLM's: model, worker or all, comma-separated; needs "
+                             "--otlp-traces-endpoint. Every span already carries the "
+                             "model's prefill, decode and inference times.")
     parser.add_argument("--log-error-stack", action="store_true",
                         help="Log each error response the API raised (4xx and 5xx) with "
                              "the traceback that made it (a WARNING line, logger "
@@ -436,6 +449,13 @@ def check_server_flags(args: argparse.Namespace) -> None:
     if args.enable_ssl_refresh and args.ssl_keyfile is None:
         raise ConfigError("--enable-ssl-refresh", "needs HTTPS (--ssl-keyfile and "
                                                   "--ssl-certfile)")
+    if args.collect_detailed_traces is not None:
+        modules = set(args.collect_detailed_traces.split(","))
+        if not modules <= {"model", "worker", "all"}:
+            raise ConfigError("--collect-detailed-traces", f"{args.collect_detailed_traces!r} "
+                              "is not a comma-separated list of model, worker and all")
+        if args.otlp_traces_endpoint is None:
+            raise ConfigError("--collect-detailed-traces", "needs --otlp-traces-endpoint")
     if args.ssl_ciphers is not None and args.ssl_keyfile is None:
         raise ConfigError("--ssl-ciphers", "ciphers need HTTPS (--ssl-keyfile and "
                                            "--ssl-certfile)")

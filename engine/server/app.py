@@ -57,6 +57,7 @@ from tokenmill.engine.server.scores_protocol import RerankRequest, ScoreRequest
 from tokenmill.engine.server.sleep_routes import add_sleep_routes
 from tokenmill.engine.server.state import ServerState, State, start_loading
 from tokenmill.engine.server.tokenization import detokenize, tokenize, tokenizer_info
+from tokenmill.engine.server.tracing import TraceContextMiddleware
 
 
 def tokenmill_version() -> str:
@@ -124,9 +125,11 @@ def create_app(state: ServerState, load_model: bool = True) -> FastAPI:
     app.state.tokenmill = state
     install_error_handlers(app)
     # Added innermost first: a request meets --middleware's, RequestId, HeaderLimit, then
-    # CORS, then ApiKey, then BodyLimit.
+    # CORS, then ApiKey, then BodyLimit (then, tracing, TraceContextMiddleware).
     # CORS sits outside the key check: a browser's preflight carries no key, and a 401 must
     # carry the CORS headers for the page to read it.
+    if state.tracer is not None:  # innermost: in the task that serves the request
+        app.add_middleware(TraceContextMiddleware)
     app.add_middleware(BodyLimit, options=options)
     app.add_middleware(ApiKey, options=options)
     app.add_middleware(CORSMiddleware, allow_origins=list(options.allowed_origins),

@@ -372,6 +372,9 @@ async def start(call: Call, stream: bool, state: ServerState) -> list[RequestStr
     streams = await start_requests(
         state, [(f"{call.id}-{i}", prompt, options) for i, prompt in enumerate(prompts)],
         field)
+    if state.tracer is not None:
+        for s in streams:
+            state.tracer.begin(s.request_id, call.model, call.params)
     log_request(call, state)
     log.info("request admitted", extra={"id": call.id, "prompts": len(call.prompts_ids),
                                         "n": call.n, "max_tokens": call.params.max_tokens,
@@ -408,6 +411,8 @@ async def _merged(streams: list[RequestStream], state: ServerState,
             sofar[i] = delta
         if sofar[i].finished:
             log_output(sofar[i], state)
+            if state.tracer is not None:
+                state.tracer.end(sofar[i])
         return sofar[i]
 
     if len(streams) == 1:  # one prompt, the usual call: no task and queue in between
@@ -416,6 +421,7 @@ async def _merged(streams: list[RequestStream], state: ServerState,
                 yield 0, joined(0, out)
         finally:
             await streams[0].aclose()
+            _forget_traces(streams, state)
         return
     queue: asyncio.Queue = asyncio.Queue()
 
@@ -444,6 +450,14 @@ async def _merged(streams: list[RequestStream], state: ServerState,
             task.cancel()
         for s in streams:
             await s.aclose()
+        _forget_traces(streams, state)
+
+
+def _forget_traces(streams: list[RequestStream], state: ServerState) -> None:
+    """No span for a request that ended without a final output (its client went away)."""
+    if state.tracer is not None:
+        for s in streams:
+            state.tracer.forget(s.request_id)
 
 
 async def _collect(streams: list[RequestStream], request: Request | None,

@@ -31,6 +31,7 @@ from tokenmill.engine.server.metrics import EngineMetrics
 from tokenmill.engine.server.request_log import enable_request_log
 from tokenmill.engine.server.state import ServerOptions, ServerState
 from tokenmill.engine.server.tls_refresh import CertificateWatch
+from tokenmill.engine.server.tracing import check_protocol
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +181,7 @@ def server_state(config, args: argparse.Namespace) -> ServerState:
                               log_outputs=args.enable_log_outputs,
                               log_deltas=args.enable_log_deltas,
                               log_error_stack=args.log_error_stack,
+                              otlp_traces_endpoint=args.otlp_traces_endpoint,
                               max_log_len=args.max_log_len,
                               return_tokens_as_token_ids=args.return_tokens_as_token_ids,
                               force_include_usage=args.enable_force_include_usage,
@@ -190,6 +192,17 @@ def server_state(config, args: argparse.Namespace) -> ServerState:
                                   if args.allowed_media_domains else None)),
         config=config, metrics=EngineMetrics(name, vllm_names=args.vllm_metrics),
     )
+
+
+def check_tracing(args: argparse.Namespace) -> None:
+    """ConfigError (exit 2) naming the flag where spans could not be exported: the exporter's
+    protocol variable names one there is no exporter for."""
+    if args.otlp_traces_endpoint is None:
+        return
+    try:
+        check_protocol()
+    except ValueError as exc:
+        raise ConfigError("--otlp-traces-endpoint", str(exc)) from None
 
 
 def check_media_path(args: argparse.Namespace) -> None:
@@ -211,6 +224,7 @@ def serve(config, args: argparse.Namespace) -> int:
     check_server_flags(args)
     check_tls_files(args)
     check_media_path(args)
+    check_tracing(args)
     state = server_state(config, args)
     app = create_app(state)
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, uds=args.uds,

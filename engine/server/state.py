@@ -22,6 +22,7 @@ from tokenmill.engine.frontend.content_format import detect_content_format
 from tokenmill.engine.server.errors import APIError
 from tokenmill.engine.server.metrics import EngineMetrics
 from tokenmill.engine.server.responses_store import ResponseStore
+from tokenmill.engine.server.tracing import RequestTracer
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,8 @@ class ServerOptions:
     freeze_startup_heap: bool = False
     # Responses kept for GET, previous_response_id and background runs (0: none).
     max_stored_responses: int = 1000
+    # The OpenTelemetry collector finished requests' spans go to (None: no tracing).
+    otlp_traces_endpoint: str | None = None
 
     @property
     def served_model_names(self) -> tuple[str, ...]:
@@ -101,9 +104,12 @@ class ServerState:
     # How each chat template seen reads message content (auto), by the template's text.
     content_formats: dict[str, str] = field(default_factory=dict)
     responses: ResponseStore = field(init=False)
+    tracer: RequestTracer | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.responses = ResponseStore(self.options.max_stored_responses)
+        endpoint = self.options.otlp_traces_endpoint
+        self.tracer = RequestTracer(endpoint) if endpoint is not None else None
 
     @property
     def tokenizer(self) -> Any:
@@ -193,6 +199,8 @@ class ServerState:
             gc.unfreeze()
         if self.engine is not None:
             self.engine.shutdown(wait=self.fatal_error() is None)
+        if self.tracer is not None:
+            self.tracer.shutdown()  # the spans still queued go out
 
     def request_started(self) -> None:
         self.in_flight += 1

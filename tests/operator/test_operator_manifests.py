@@ -413,6 +413,8 @@ def test_examples_render_valid_children(path):
     ({"engine": {"extraArgs": ["--port", "9000"]}}, "--port is set by the operator"),
     ({"engine": {"extraArgs": ["--max-num-seqs=8"]}}, "set by spec.engine.maxNumSeqs"),
     ({"engine": {"extraArgs": ["--turbo"]}}, "--turbo is not a tokenmill engine flag"),
+    ({"engine": {"extraArgs": ["--collect-detailed-traces", "all"]}},
+     "spec.engine.extraArgs: --collect-detailed-traces: needs --otlp-traces-endpoint"),
     ({"engine": {"extraArgs": ["--tokenizer-revision", "v2"]}}, "--tokenizer-revision: the "
      "pod reads its tokenizer from the files the operator mounts or downloads"),
     ({"engine": {"extraArgs": ["--hf-token", "hf_x"]}}, "--hf-token would show the token to "
