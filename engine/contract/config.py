@@ -148,7 +148,8 @@ class EngineConfig:
               "{\"pooling_type\": \"LAST\" | \"MEAN\" | \"CLS\", \"normalize\": true | "
               "false}. Keys left out keep the model's sentence-transformers settings, else "
               "LAST and normalized. MEAN and CLS read every prompt token's hidden state, so "
-              "they turn the prefix cache off.")
+              "they turn the prefix cache off. vLLM's older --override-pooler-config is the "
+              "same flag.", aliases=("--override-pooler-config",))
     download_dir: str | None = _opt(
         None, "Cache that hf:// and s3:// models are downloaded into and loaded from; "
               "`tokenmill download` fills the same one. Default: the hub's cache for hf:// "

@@ -271,6 +271,17 @@ _NO_EFFECT_SWITCHES = (
     ("--use-tqdm-on-load", "loading the weights always shows its progress"),
     ("--disable-cascade-attn",
      "attention has no cascade path for shared prefixes to turn off here"),
+    ("--disable-mm-preprocessor-cache",
+     "each request's images are prepared as it arrives; there is no cache of processed "
+     "images to turn off"),
+    # vLLM's older engine's flags, still on many deployments' command lines.
+    ("--use-v2-block-manager", "the KV cache has one block manager here"),
+    ("--disable-async-output-proc",
+     "each step's outputs are made as it ends (--async-scheduling overlaps a step's host work "
+     "with the device's)"),
+    ("--multi-step-stream-outputs",
+     "a stream sends what each step added (--stream-interval sets how often)"),
+    ("--enable-reasoning", "--reasoning-parser alone splits a reply's thinking off"),
 )
 
 
@@ -325,6 +336,25 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Accepted for vLLM's command lines: a cached block is used only "
                              "once its tokens are compared, so no hash collision can serve "
                              "another prompt's KV, whatever the hash.")
+    parser.add_argument("--num-scheduler-steps", type=positive_int_argument, default=1,
+                        metavar="N",
+                        help="Accepted for vLLM's command lines (its older multi-step "
+                             "scheduling): every step is scheduled on its own here; "
+                             "--async-scheduling overlaps the host's work with the device's.")
+    parser.add_argument("--mm-processor-cache-gb", type=_non_negative_float, default=None,
+                        metavar="GIB",
+                        help="Accepted for vLLM's command lines: each request's images are "
+                             "prepared as it arrives (no cache of processed images).")
+    parser.add_argument("--mm-encoder-tp-mode", choices=("weights", "data"), default=None,
+                        help="Accepted for vLLM's command lines: under tensor parallelism the "
+                             "image encoder runs whole on rank 0.")
+    parser.add_argument("--model-impl", default="auto",
+                        choices=("auto", "vllm", "transformers", "terratorch"),
+                        help="auto or vllm (vLLM's flag): tokenmill runs its own implementation "
+                             "of each architecture it supports; transformers and terratorch "
+                             "exit 2.")
+    parser.add_argument("--show-hidden-metrics-for-version", default=None, metavar="VERSION",
+                        help="Accepted for vLLM's command lines: no metric is hidden here.")
     parser.add_argument("--code-revision", default=None, metavar="REVISION",
                         help="Accepted for vLLM's command lines: no code from a model's "
                              "repository is ever run.")
@@ -449,6 +479,12 @@ def check_server_flags(args: argparse.Namespace) -> None:
     if args.enable_ssl_refresh and args.ssl_keyfile is None:
         raise ConfigError("--enable-ssl-refresh", "needs HTTPS (--ssl-keyfile and "
                                                   "--ssl-certfile)")
+    if args.model_impl not in ("auto", "vllm"):
+        raise ConfigError("--model-impl", f"{args.model_impl} is not available: tokenmill runs "
+                          "its own implementation of each architecture it supports (auto)")
+    if args.enable_reasoning and args.reasoning_parser is None:
+        raise ConfigError("--enable-reasoning", "needs --reasoning-parser "
+                          f"({' or '.join(REASONING_PARSER_NAMES)})")
     if args.collect_detailed_traces is not None:
         modules = set(args.collect_detailed_traces.split(","))
         if not modules <= {"model", "worker", "all"}:
@@ -575,3 +611,13 @@ def _non_negative_int(value: str) -> int:
     if not value.isdigit():
         raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more, got {value!r}")
     return int(value)
+
+
+def _non_negative_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not math.isfinite(number) or number < 0:
+        raise argparse.ArgumentTypeError(f"must be a number, 0 or more, got {value!r}")
+    return number

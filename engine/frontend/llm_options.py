@@ -30,7 +30,7 @@ NO_EFFECT: dict[str, Any] = {
     "data_parallel_size": {1},
 }
 # vLLM's names of options EngineConfig calls otherwise.
-RENAMED = {"kv_cache_memory_bytes": "kv_cache_memory"}
+RENAMED = {"kv_cache_memory_bytes": "kv_cache_memory", "override_pooler_config": "pooler_config"}
 # vLLM's older --task and newer --convert name the runner.
 RUNNER_OF = {"auto": None, "generate": "generate", "none": None, "embed": "pooling",
              "classify": "pooling", "score": "pooling", "reward": "pooling"}

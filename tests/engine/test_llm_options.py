@@ -103,6 +103,11 @@ def test_kv_cache_memory_bytes_is_vllms_name_of_kv_cache_memory():
     assert split_options({"kv_cache_memory_bytes": 1 << 20})[0] == {"kv_cache_memory": 1 << 20}
 
 
+def test_override_pooler_config_is_vllms_older_name_of_pooler_config():
+    assert split_options({"override_pooler_config": {"pooling_type": "MEAN"}})[0] == {
+        "pooler_config": {"pooling_type": "MEAN"}}
+
+
 def test_task_embed_is_the_pooling_runner(tiny_llama_dir):
     with LLM(tiny_llama_dir, show_progress=False, task="embed") as llm:
         assert llm.engine.config.runner == "pooling"

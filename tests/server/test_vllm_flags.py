@@ -87,6 +87,10 @@ def vllm_server(tiny_llama_dir, tls, tmp_path_factory):
         "--enable-prompt-tokens-details", "--scheduling-policy", "priority",
         "--stream-interval", "3", "--cuda-graph-sizes", "1", "2", "4",
         "--prefix-caching-hash-algo", "sha256_cbor", "--code-revision", "main", "-O3",
+        "--num-scheduler-steps", "8", "--use-v2-block-manager", "--disable-async-output-proc",
+        "--multi-step-stream-outputs", "--disable-mm-preprocessor-cache",
+        "--mm-processor-cache-gb", "4", "--mm-encoder-tp-mode", "data", "--model-impl", "vllm",
+        "--show-hidden-metrics-for-version", "0.10",
         "--compilation-config", '{"cudagraph_capture_sizes": [1, 2]}',
         "--allowed-origins", f'["{ORIGIN}"]', "--ssl-keyfile", key, "--ssl-certfile", cert,
         env={"TOKENMILL_API_KEY": KEY})
@@ -350,6 +354,12 @@ def test_each_request_and_its_output_are_logged_cut_to_max_log_len_and_no_access
      "--compilation-config: cudagraph_capture_sizes must be a list of positive integers"),
     (["--kv-offloading-backend", "lmcache"], "--kv-offloading-backend: lmcache is not "
      "available; the host tier of --kv-offloading-size is tokenmill's own (native)"),
+    (["--model-impl", "transformers"], "--model-impl: transformers is not available: "
+     "tokenmill runs its own implementation of each architecture it supports"),
+    (["--enable-reasoning"], "--enable-reasoning: needs --reasoning-parser (deepseek_r1 or"),
+    (["--mm-processor-cache-gb", "-1"], "argument --mm-processor-cache-gb: must be a number, "
+     "0 or more, got '-1'"),
+    (["--num-scheduler-steps", "0"], "argument --num-scheduler-steps: must be a positive"),
 ])
 def test_server_flags_that_cannot_work_exit_2_naming_one(flags, error, tls, capsys):
     """Before the model loads: the model named does not exist."""
@@ -397,6 +407,8 @@ def test_sizes_take_vllms_suffixes_and_the_context_length_takes_auto(tmp_path):
     assert (args.max_model_len, args.max_num_batched_tokens, args.kv_cache_memory) == (
         32000, 8192, 2 << 30)
     assert parse_args(["serve", "--kv-cache-memory", "1500000"]).kv_cache_memory == 1500000
+    older = parse_args(["serve", "--override-pooler-config", '{"pooling_type": "MEAN"}'])
+    assert older.pooler_config == '{"pooling_type": "MEAN"}'  # vLLM's older name
     for auto in ("auto", "-1", "AUTO"):  # the model's length, as far as the pool holds it
         assert parse_args(["serve", "--max-model-len", auto]).max_model_len is None
     config = tmp_path / "serve.yaml"
