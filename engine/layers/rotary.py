@@ -28,6 +28,8 @@ def rope_parameters(config: Any, layer_type: str = "full_attention") -> dict:
         params = dict(scaling)
         params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
     params.setdefault("rope_type", params.get("type", "default"))
+    if (theta := layer_type_theta(config, layer_type)) is not None:
+        params["rope_theta"] = theta
     if params["rope_type"] == "dynamic" and params.get("alpha"):
         # Hunyuan's NTK scaling by a fixed alpha: a larger base, the same at every length.
         dim = getattr(config, "head_dim", None) or \
@@ -48,6 +50,22 @@ def rope_parameters(config: Any, layer_type: str = "full_attention") -> dict:
         params["factor"] = (config.max_position_embeddings
                             / params["original_max_position_embeddings"])
     return params
+
+
+def layer_type_theta(config: Any, layer_type: str) -> float | None:
+    """The rotary base of one kind of layer where the config gives one per layer (Granite
+    SWA's layer_rope_theta, 0 for a layer without positional encoding); ValueError where
+    layers of one kind rotate with different bases (one table a kind is kept)."""
+    thetas = getattr(config, "layer_rope_theta", None)
+    if thetas is None:
+        return None
+    kinds = getattr(config, "layer_types", None) or ["full_attention"] * len(thetas)
+    bases = {float(theta) for theta, kind in zip(thetas, kinds, strict=False)
+             if theta and kind == layer_type}
+    if len(bases) > 1:
+        raise ValueError(f"layer_rope_theta gives the {layer_type} layers several rotary bases "
+                         f"({sorted(bases)}); one base per kind of layer is supported")
+    return bases.pop() if bases else None
 
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "proportional")

@@ -8,7 +8,7 @@ from typing import Any
 from tokenmill.engine.contract.model_shape import ModelShape, num_experts_of
 from tokenmill.engine.contract.pooling import Classifier
 from tokenmill.engine.layers.activation import ACTIVATIONS, UNGATED_ACTIVATIONS
-from tokenmill.engine.layers.rotary import rope_parameters
+from tokenmill.engine.layers.rotary import LAYER_TYPES, layer_type_theta, rope_parameters
 from tokenmill.engine.models.source import ModelLoadError
 
 
@@ -126,6 +126,13 @@ SUPPORTED = {
     "GraniteMoeForCausalLM": ArchitectureFlags(granite=True, moe="granite"),
     # GraniteMoeShared: GraniteMoE's experts beside a shared MLP, stored as Granite 4.0-H's.
     "GraniteMoeSharedForCausalLM": ArchitectureFlags(granite=True, moe="granite_hybrid"),
+    # Granite SWA (granite-swash): Granite's with sliding layers by layer_types, GPT-OSS's
+    # attention sinks (transformers scales the output by sigmoid(logsumexp - sink): the same
+    # extra softmax logit) and a rotary base per layer (layer_rope_theta, 0: none); over
+    # GraniteMoeShared's experts as GraniteMoeSWA.
+    "GraniteSWAForCausalLM": ArchitectureFlags(granite=True, attention_sinks=True),
+    "GraniteMoeSWAForCausalLM": ArchitectureFlags(granite=True, moe="granite_hybrid",
+                                                  attention_sinks=True),
     # SmolLM3: Llama's layers, every fourth without rotary embeddings (rotates_at).
     "SmolLM3ForCausalLM": ArchitectureFlags(),
     # GLM-4 (0414, Z1): Gemma 2's four norms per layer under GLM's names (fused_weights.py),
@@ -362,6 +369,8 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
                "granitemoe": "GraniteMoeForCausalLM",
                "granitemoeshared": "GraniteMoeSharedForCausalLM",
+               "granite_swa": "GraniteSWAForCausalLM",
+               "granitemoe_swa": "GraniteMoeSWAForCausalLM",
                "granitemoehybrid": "GraniteMoeHybridForCausalLM", "bamba": "BambaForCausalLM",
                "nemotron_h": "NemotronHForCausalLM", "mamba2": "Mamba2ForCausalLM",
                "mamba": "MambaForCausalLM", "falcon_mamba": "FalconMambaForCausalLM",
@@ -713,6 +722,11 @@ def check_features(config: Any) -> None:
     if cohere and getattr(config, "use_qk_norm", False):
         raise ModelLoadError("use_qk_norm (Command R+'s per-head LayerNorm of q and k) is not "
                              "supported; Cohere checkpoints without it are (Command R, R7B, A)")
+    for kind in LAYER_TYPES:
+        try:
+            layer_type_theta(config, kind)
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from None
 
 
 def _check_learned_position_family(config: Any) -> None:
@@ -1003,6 +1017,9 @@ def rotates_at(config: Any, layer: int) -> bool:
         return bool((getattr(config, "rope_parameters", None) or {}).get("rope_theta"))
     if getattr(config, "model_type", None) == "granitemoehybrid":  # Granite 4.0-H: opt-in
         return getattr(config, "position_embedding_type", None) == "rope"
+    thetas = getattr(config, "layer_rope_theta", None)  # Granite SWA's bases (0: none)
+    if thetas is not None:
+        return bool(thetas[layer])
     marks = getattr(config, "no_rope_layers", None)
     return True if marks is None else bool(marks[layer])
 

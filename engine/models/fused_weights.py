@@ -76,6 +76,12 @@ class RowWindow:
 GRANITE_EXPERTS_IN, GRANITE_EXPERTS_OUT = "block_sparse_moe.input_linear", \
     "block_sparse_moe.output_linear"
 GRANITE_ROUTER = "block_sparse_moe.router.layer.weight"
+# The same tensors as transformers 5 names them, in the same layout (GraniteMoeSWA's
+# checkpoints, which have no older names): read under the older ones.
+GRANITE_NEWER_NAMES = {"block_sparse_moe.experts.gate_up_proj": f"{GRANITE_EXPERTS_IN}.weight",
+                       "block_sparse_moe.experts.down_proj": f"{GRANITE_EXPERTS_OUT}.weight",
+                       "block_sparse_moe.router.weight": GRANITE_ROUTER}
+GRANITE_MOE_TYPES = ("granitemoe", "granitemoeshared", "granitemoehybrid", "granitemoe_swa")
 
 
 # GLM-4's four norms per layer, under the names of Gemma 2's, which they are in order.
@@ -216,6 +222,10 @@ def renamed(config: Any, name: str) -> str:
     """A checkpoint name under the model's own, where they differ (GraniteMoE's router,
     GLM-4's norms, MiniMax-M2's correction bias, StarCoder 2's MLP, Hunyuan's q and k
     norms, Llama 4's dense MLP under feed_forward, Bamba's MLP and norms)."""
+    if getattr(config, "model_type", None) in GRANITE_MOE_TYPES:
+        for newer, older in GRANITE_NEWER_NAMES.items():
+            if name.endswith(newer):
+                name = name[:-len(newer)] + older
     if name.endswith(GRANITE_ROUTER):
         return name[:-len(GRANITE_ROUTER)] + "block_sparse_moe.gate.weight"
     if name.endswith(BLOCK_CORRECTION_BIAS):
@@ -249,7 +259,7 @@ def renamed(config: Any, name: str) -> str:
 # down): the shared expert of its experts' block, or the layer's MLP where it has none.
 GRANITE_HYBRID = "granitemoehybrid"
 # The model types whose shared MLP is stored so: Granite 4.0-H's and GraniteMoeShared's.
-GRANITE_SHARED_MLP = (GRANITE_HYBRID, "granitemoeshared")
+GRANITE_SHARED_MLP = (GRANITE_HYBRID, "granitemoeshared", "granitemoe_swa")
 
 
 def _granite_shared_mlp(config: Any, name: str) -> str:

@@ -4,6 +4,8 @@ parallelism) for:
 - Granite (`GraniteForCausalLM`, IBM's Granite 3.x): four multipliers (embeddings, attention
   scale, each branch's output as it joins the residual stream, a divisor of the logits); its
   log-probabilities are transformers' too (the divisor changes them, not the greedy choice);
+  Granite SWA (`GraniteSWAForCausalLM`): the same with sliding layers, attention sinks and a
+  rotary base per layer (layer_rope_theta; 0: no positional encoding);
 - SmolLM3 (`SmolLM3ForCausalLM`): every fourth layer with no positional encoding (NoPE);
 - Seed-OSS (`SeedOssForCausalLM`): biases on q, k and v but not on the output projection;
 - ERNIE 4.5 (`Ernie4_5ForCausalLM`): rotary over interleaved pairs of dimensions, and with
@@ -88,6 +90,15 @@ def _config(kind: str, vocab: int):
         return transformers.GraniteConfig(
             vocab_size=vocab, tie_word_embeddings=True, embedding_multiplier=6.0,
             attention_multiplier=0.5, residual_multiplier=0.3, logits_scaling=4.0, **SHAPE)
+    if kind == "granite_swa":
+        # Granite's multipliers (nearer 1 than Granite's above, which damp how much the
+        # positions show in the logprobs); sliding layers with a rotary base of their own (not
+        # the global one), the full layer without positional encoding; sinks drawn with the
+        # norms.
+        return transformers.GraniteSWAConfig(
+            vocab_size=vocab, tie_word_embeddings=True, embedding_multiplier=2.0,
+            attention_multiplier=0.5, residual_multiplier=0.9, logits_scaling=2.0,
+            sliding_window=6, layer_rope_theta=[0, 500.0, 500.0, 500.0], **SHAPE)
     if kind == "ernie4_5":  # biases on every projection, q's and k's reordered with rows
         return transformers.Ernie4_5Config(vocab_size=vocab, head_dim=16, use_bias=True,
                                            tie_word_embeddings=False, **SHAPE)
@@ -189,9 +200,9 @@ def _config(kind: str, vocab: int):
 
 
 @pytest.fixture(scope="module",
-                params=["granite", "smollm3", "seed_oss", "ernie4_5", "glm4", "glm", "arcee",
-                        "ministral3", "ministral", "cohere", "cohere2", "starcoder2",
-                        "hunyuan", "nemotron", "phi", "helium", "exaone", "internlm3",
+                params=["granite", "granite_swa", "smollm3", "seed_oss", "ernie4_5", "glm4",
+                        "glm", "arcee", "ministral3", "ministral", "cohere", "cohere2",
+                        "starcoder2", "hunyuan", "nemotron", "phi", "helium", "exaone", "internlm3",
                         "apertus", "stablelm", "stablelm-parallel", "gpt_neox",
                         "gpt_neox-sequential", "gpt2", "gpt_bigcode", "gpt_bigcode-mha", "opt",
                         "gptj", "falcon", "falcon-new", "falcon-sequential", "bloom", "mpt",
@@ -323,6 +334,19 @@ def test_a_granite_gguf_is_refused_by_name(granite_dir):
 def test_smollm3s_every_fourth_layer_has_no_positional_encoding():
     assert [rotates_at(_config("smollm3", 100), i) for i in range(4)] == [True, True, True,
                                                                            False]
+
+
+def test_granite_swa_layers_of_one_kind_with_two_rotary_bases_are_refused():
+    """One rotary table a kind of layer: two bases among the sliding layers is refused at
+    load, naming the field; the full layer's 0 is no positional encoding."""
+    from tokenmill.engine.models.architecture import check_features
+
+    config = _config("granite_swa", 100)
+    assert [rotates_at(config, i) for i in range(4)] == [False, True, True, True]
+    config.layer_rope_theta = [0, 500.0, 800.0, 500.0]
+    with pytest.raises(ModelLoadError, match=r"layer_rope_theta gives the sliding_attention "
+                                             r"layers several rotary bases \(\[500.0, 800.0\]\)"):
+        check_features(config)
 
 
 def test_lora_on_an_mlp_without_a_gate_is_refused_by_name(tmp_path, vocab_tokenizer):

@@ -100,6 +100,13 @@ def _config(kind: str, vocab: int, **changes):
             intermediate_size=32, shared_intermediate_size=48, num_local_experts=4,
             num_experts_per_tok=2, embedding_multiplier=2.0, attention_multiplier=0.25,
             residual_multiplier=0.8, logits_scaling=2.0, **common)
+    if kind == "granitemoe_swa":
+        # GraniteMoeShared's experts without the shared MLP (its default), sliding layers with
+        # a rotary base of their own, the full one without positional encoding, sinks drawn.
+        return transformers.GraniteMoeSWAConfig(
+            intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+            embedding_multiplier=2.0, attention_multiplier=0.25, residual_multiplier=0.8,
+            logits_scaling=2.0, sliding_window=6, layer_rope_theta=[0, 500.0, 500.0], **common)
     if kind == "flex_olmo":  # OLMo 2's norms after each branch, q and k normalized whole
         return transformers.FlexOlmoConfig(intermediate_size=32, num_experts=4,
                                            num_experts_per_tok=2, pad_token_id=0, **common)
@@ -127,13 +134,14 @@ def _config(kind: str, vocab: int, **changes):
 @pytest.fixture(scope="module", params=["qwen3_moe", "mixtral", "qwen2_moe", "granitemoe",
                                         "glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe",
                                         "solar_open", "hunyuan_v1_moe", "flex_olmo",
-                                        "granitemoeshared", "dbrx", "phimoe"])
+                                        "granitemoeshared", "granitemoe_swa", "dbrx",
+                                        "phimoe"])
 def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
     make_random_model(directory, _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
                       draw_norms=request.param in ("minimax_m2", "dots1", "ernie4_5_moe",
                                                    "hunyuan_v1_moe", "flex_olmo", "dbrx",
-                                                   "phimoe"))
+                                                   "phimoe", "granitemoe_swa"))
     if request.param in ("glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe", "solar_open"):
         _draw_biases(directory, prediction_layer=request.param != "solar_open")
     return directory
