@@ -49,6 +49,24 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     return weight * h, x
 
 
+class UnweightedRMSNorm(nn.Module):
+    """RMSNorm without a weight (NanoChat's, transformers' Llama4TextL2Norm). Called as
+    RMSNorm is: the residual stream's add comes first. Torch ops on every backend."""
+
+    def __init__(self, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is not None:
+            x = x + residual
+        return self.normalize(x), x
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return unit_rms_norm(x, self.eps)
+
+
 def unit_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm without a weight, in float32 with a power of -1/2 as transformers' Gemma 4
     computes it, rounded back (its values and its router's input)."""
@@ -115,15 +133,8 @@ class LayerNorm(nn.Module):
         return F.layer_norm(x, (x.shape[-1],), weight, self.bias, self.eps), x
 
 
-class UnweightedLayerNorm(nn.Module):
+class UnweightedLayerNorm(UnweightedRMSNorm):
     """OLMo's LayerNorm: no weight, no bias, computed in float32 and cast back."""
 
-    def __init__(self, eps: float = 1e-5):
-        super().__init__()
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
-                backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is not None:
-            x = x + residual
-        return F.layer_norm(x.float(), (x.shape[-1],), None, None, self.eps).to(x.dtype), x
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x.float(), (x.shape[-1],), None, None, self.eps).to(x.dtype)

@@ -250,7 +250,8 @@ class RotaryEmbedding(nn.Module):
         cos = angles.cos() * scaling
         self.register_buffer("cos", torch.cat([cos, cos], dim=-1), persistent=False)
         # sin with rotate_half's sign folded in: rotate_half(x) * sin == roll(x) * signed_sin.
-        sin = angles.sin() * scaling
+        # "backward": every angle negated (NanoChat's rotate_half is (x2, -x1)).
+        sin = angles.sin() * scaling * (-1.0 if params.get("backward") else 1.0)
         self.register_buffer("signed_sin", torch.cat([-sin, sin], dim=-1), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype,

@@ -46,6 +46,10 @@ class ArchitectureFlags:
     ungated_mlp: bool = False
     # GPT-OSS: a learned logit per attention head joins every softmax (attention sinks).
     attention_sinks: bool = False
+    # NanoChat: every RMSNorm without a weight, one over the embeddings too; q and k
+    # normalized so after the rotary turn, which turns the other way (its rotate_half is
+    # (x2, -x1)); logits soft-capped (final_logit_softcapping).
+    nanochat: bool = False
     # DeepSeek-V2/V3: multi-head latent attention (models/latent_attention.py).
     latent_attention: bool = False
     # Cohere: LayerNorm (layers/norm.py) for RMSNorm, attention and the MLP in parallel off one
@@ -131,6 +135,10 @@ SUPPORTED = {
     # extra softmax logit) and a rotary base per layer (layer_rope_theta, 0: none); over
     # GraniteMoeShared's experts as GraniteMoeSWA.
     "GraniteSWAForCausalLM": ArchitectureFlags(granite=True, attention_sinks=True),
+    # Karpathy's NanoChat: Llama's layers with weightless norms, an ungated MLP of squared
+    # ReLU stored as fc1 and fc2 (models/fused_weights.py), q and k normed after a backward
+    # rotary turn.
+    "NanoChatForCausalLM": ArchitectureFlags(nanochat=True, ungated_mlp=True),
     "GraniteMoeSWAForCausalLM": ArchitectureFlags(granite=True, moe="granite_hybrid",
                                                   attention_sinks=True),
     # SmolLM3: Llama's layers, every fourth without rotary embeddings (rotates_at).
@@ -369,7 +377,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
                "granitemoe": "GraniteMoeForCausalLM",
                "granitemoeshared": "GraniteMoeSharedForCausalLM",
-               "granite_swa": "GraniteSWAForCausalLM",
+               "granite_swa": "GraniteSWAForCausalLM", "nanochat": "NanoChatForCausalLM",
                "granitemoe_swa": "GraniteMoeSWAForCausalLM",
                "granitemoehybrid": "GraniteMoeHybridForCausalLM", "bamba": "BambaForCausalLM",
                "nemotron_h": "NemotronHForCausalLM", "mamba2": "Mamba2ForCausalLM",

@@ -35,6 +35,7 @@ from tokenmill.engine.layers.norm import (
     LayerNorm,
     RMSNorm,
     UnweightedLayerNorm,
+    UnweightedRMSNorm,
     unit_rms_norm,
 )
 from tokenmill.engine.layers.rotary import (
@@ -102,6 +103,8 @@ def decoder_norm(config: Any, size: int) -> nn.Module:
     flags = flags_of(config)
     if config.model_type == "olmo":
         return UnweightedLayerNorm()
+    if flags.nanochat:
+        return UnweightedRMSNorm(rms_norm_eps_of(config))
     if flags.cohere:
         return CohereLayerNorm(size, config.layer_norm_eps)
     if flags.layer_norm:  # StarCoder 2's norm_epsilon, Nemotron's norm_eps (and 1 + weight)
@@ -186,9 +189,9 @@ class Attention(nn.Module):
             scale = float(config.softmax_scale)
         self.scores = Scores(scale, window, getattr(config, "attn_logit_softcapping", None),
                              chunk)
-        # Llama 4: q and k normalized per head, without a weight, after the turn.
-        self.l2_qk_norm_eps = rms_norm_eps_of(config) if flags.llama4 and rotates and \
-            bool(getattr(config, "use_qk_norm", False)) else None
+        # Llama 4 and NanoChat: q and k normalized per head, without a weight, after the turn.
+        self.l2_qk_norm_eps = rms_norm_eps_of(config) if flags.nanochat or (
+            flags.llama4 and rotates and bool(getattr(config, "use_qk_norm", False))) else None
         # GPT-OSS: this rank's heads' sink logits.
         self.sinks = nn.Parameter(torch.empty(self.num_heads)) if flags.attention_sinks \
             else None
@@ -500,9 +503,9 @@ class DecoderModel(nn.Module):
         # Granite's multiplier scales transformers' inputs_embeds, Falcon-H1's only the
         # embeddings it looks up itself.
         self.multiplies_given_embeds = not flags.falcon_h1
-        # BLOOM normalizes the embeddings.
+        # BLOOM and NanoChat normalize the embeddings.
         self.embed_norm = decoder_norm(config, config.hidden_size) \
-            if config.model_type == "bloom" else None
+            if config.model_type == "bloom" or flags.nanochat else None
         # GPT-2's, GPT-BigCode's and OPT's learned positions, whole on every rank.
         self.position_offset = learned_position_offset(config)
         self.embed_positions = nn.Embedding(
@@ -551,6 +554,8 @@ class DecoderModel(nn.Module):
             return None, None
         full = rope_parameters(self.config)
         local = rope_parameters(self.config, "sliding_attention")
+        if flags_of(self.config).nanochat:  # NanoChat turns q and k the other way
+            full, local = ({**params, "backward": True} for params in (full, local))
         return (RotaryEmbedding(full_dim, self.max_positions, full),
                 None if (local, local_dim) == (full, full_dim)
                 else RotaryEmbedding(local_dim, self.max_positions, local))

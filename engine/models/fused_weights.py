@@ -209,6 +209,7 @@ RENAMED_PARTS["dbrx"] = {"transformer.wte.": "model.embed_tokens.",
                          ".norm_attn_norm.attn.out_proj.": ".self_attn.o_proj.",
                          ".ffn.router.layer.": ".block_sparse_moe.gate."}
 # Phi-2: its output projection (dense) and MLP (fc1, fc2) under Llama's names.
+RENAMED_PARTS["nanochat"] = {".mlp.fc1.": ".mlp.up_proj.", ".mlp.fc2.": ".mlp.down_proj."}
 RENAMED_PARTS["phi"] = {".self_attn.dense.": ".self_attn.o_proj.", ".mlp.fc1.": ".mlp.up_proj.",
                         ".mlp.fc2.": ".mlp.down_proj.", "model.final_layernorm.": "model.norm."}
 

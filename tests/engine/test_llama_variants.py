@@ -6,6 +6,9 @@ parallelism) for:
   log-probabilities are transformers' too (the divisor changes them, not the greedy choice);
   Granite SWA (`GraniteSWAForCausalLM`): the same with sliding layers, attention sinks and a
   rotary base per layer (layer_rope_theta; 0: no positional encoding);
+- NanoChat (`NanoChatForCausalLM`, Karpathy's nanochat): RMSNorms without a weight, one over
+  the embeddings too, q and k normed after a rotary turn the other way, an ungated MLP of
+  squared ReLU under fc1 and fc2, logits soft-capped;
 - SmolLM3 (`SmolLM3ForCausalLM`): every fourth layer with no positional encoding (NoPE);
 - Seed-OSS (`SeedOssForCausalLM`): biases on q, k and v but not on the output projection;
 - ERNIE 4.5 (`Ernie4_5ForCausalLM`): rotary over interleaved pairs of dimensions, and with
@@ -99,6 +102,9 @@ def _config(kind: str, vocab: int):
             vocab_size=vocab, tie_word_embeddings=True, embedding_multiplier=2.0,
             attention_multiplier=0.5, residual_multiplier=0.9, logits_scaling=2.0,
             sliding_window=6, layer_rope_theta=[0, 500.0, 500.0, 500.0], **SHAPE)
+    if kind == "nanochat":  # a soft cap low enough to bite on a random model's logits
+        return transformers.NanoChatConfig(vocab_size=vocab, final_logit_softcapping=2.0,
+                                           tie_word_embeddings=False, **SHAPE)
     if kind == "ernie4_5":  # biases on every projection, q's and k's reordered with rows
         return transformers.Ernie4_5Config(vocab_size=vocab, head_dim=16, use_bias=True,
                                            tie_word_embeddings=False, **SHAPE)
@@ -200,8 +206,8 @@ def _config(kind: str, vocab: int):
 
 
 @pytest.fixture(scope="module",
-                params=["granite", "granite_swa", "smollm3", "seed_oss", "ernie4_5", "glm4",
-                        "glm", "arcee", "ministral3", "ministral", "cohere", "cohere2",
+                params=["granite", "granite_swa", "nanochat", "smollm3", "seed_oss", "ernie4_5",
+                        "glm4", "glm", "arcee", "ministral3", "ministral", "cohere", "cohere2",
                         "starcoder2", "hunyuan", "nemotron", "phi", "helium", "exaone", "internlm3",
                         "apertus", "stablelm", "stablelm-parallel", "gpt_neox",
                         "gpt_neox-sequential", "gpt2", "gpt_bigcode", "gpt_bigcode-mha", "opt",
