@@ -135,12 +135,12 @@ SUPPORTED = {
     # extra softmax logit) and a rotary base per layer (layer_rope_theta, 0: none); over
     # GraniteMoeShared's experts as GraniteMoeSWA.
     "GraniteSWAForCausalLM": ArchitectureFlags(granite=True, attention_sinks=True),
+    "GraniteMoeSWAForCausalLM": ArchitectureFlags(granite=True, moe="granite_hybrid",
+                                                  attention_sinks=True),
     # Karpathy's NanoChat: Llama's layers with weightless norms, an ungated MLP of squared
     # ReLU stored as fc1 and fc2 (models/fused_weights.py), q and k normed after a backward
     # rotary turn.
     "NanoChatForCausalLM": ArchitectureFlags(nanochat=True, ungated_mlp=True),
-    "GraniteMoeSWAForCausalLM": ArchitectureFlags(granite=True, moe="granite_hybrid",
-                                                  attention_sinks=True),
     # SmolLM3: Llama's layers, every fourth without rotary embeddings (rotates_at).
     "SmolLM3ForCausalLM": ArchitectureFlags(),
     # GLM-4 (0414, Z1): Gemma 2's four norms per layer under GLM's names (fused_weights.py),
