@@ -271,6 +271,10 @@ _NO_EFFECT_SWITCHES = (
     ("--use-tqdm-on-load", "loading the weights always shows its progress"),
     ("--disable-cascade-attn",
      "attention has no cascade path for shared prefixes to turn off here"),
+    ("--fully-sharded-loras",
+     "under tensor parallelism an adapter is split as its layer is (B's rows with a "
+     "column-parallel layer's, A's columns with a row-parallel one's); the output is the same "
+     "as with vLLM's fully sharded layout"),
     ("--disable-mm-preprocessor-cache",
      "each request's images are prepared as it arrives; there is no cache of processed "
      "images to turn off"),

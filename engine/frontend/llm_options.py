@@ -18,6 +18,7 @@ NO_EFFECT: dict[str, Any] = {
     "disable_log_stats": ANY,          # no periodic statistics are logged
     "disable_custom_all_reduce": ANY,  # tensor-parallel ranks use torch.distributed only
     "enable_expert_parallel": ANY,     # experts are split by width over the TP ranks
+    "fully_sharded_loras": ANY,        # adapters are split over the TP ranks as their layers
     "swap_space": ANY,                 # a preempted request is recomputed, not swapped
     "max_seq_len_to_capture": ANY,     # decode graphs capture steps whatever the length
     "allowed_local_media_path": ANY,   # LLM.chat reads the local images it is given

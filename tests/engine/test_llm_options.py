@@ -79,7 +79,8 @@ def test_vllms_options_that_change_nothing_are_taken(tiny_llama_dir):
     with LLM(tiny_llama_dir, show_progress=False, disable_log_stats=True, swap_space=4,
              tokenizer_mode="auto", load_format="auto", max_seq_len_to_capture=8192,
              distributed_executor_backend="mp", compilation_config={"level": 0},
-             pipeline_parallel_size=1, cpu_offload_gb=0, task="generate") as llm:
+             pipeline_parallel_size=1, cpu_offload_gb=0, task="generate",
+             fully_sharded_loras=True) as llm:
         assert llm.generate(PROMPTS[:1], SamplingParams(max_tokens=2))[0].outputs[0].token_ids
 
 

@@ -90,7 +90,7 @@ def vllm_server(tiny_llama_dir, tls, tmp_path_factory):
         "--num-scheduler-steps", "8", "--use-v2-block-manager", "--disable-async-output-proc",
         "--multi-step-stream-outputs", "--disable-mm-preprocessor-cache",
         "--mm-processor-cache-gb", "4", "--mm-encoder-tp-mode", "data", "--model-impl", "vllm",
-        "--show-hidden-metrics-for-version", "0.10",
+        "--show-hidden-metrics-for-version", "0.10", "--fully-sharded-loras",
         "--compilation-config", '{"cudagraph_capture_sizes": [1, 2]}',
         "--allowed-origins", f'["{ORIGIN}"]', "--ssl-keyfile", key, "--ssl-certfile", cert,
         env={"TOKENMILL_API_KEY": KEY})
