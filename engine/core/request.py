@@ -49,6 +49,25 @@ class RequestTimings:
     def e2e_latency(self) -> float | None:
         return None if self.finished is None else self.finished - self.arrival
 
+    @property
+    def prefill_time(self) -> float | None:
+        """First scheduled to first token (vLLM's request prefill time)."""
+        return _between(self.first_scheduled, self.first_token)
+
+    @property
+    def decode_time(self) -> float | None:
+        """First token to the end."""
+        return _between(self.first_token, self.finished)
+
+    @property
+    def inference_time(self) -> float | None:
+        """First scheduled to the end."""
+        return _between(self.first_scheduled, self.finished)
+
+
+def _between(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else end - start
+
 
 class Sequence:
     """One generation stream. A request with n > 1 becomes n sequences sharing the prompt's KV.

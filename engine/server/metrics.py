@@ -265,13 +265,13 @@ class EngineMetrics:
     def _observe_phases(self, out: RequestOutput) -> None:
         """Prefill, decode and inference time of a request that was scheduled and answered."""
         timings = out.timings
-        scheduled, first, last = timings.first_scheduled, timings.first_token, timings.finished
-        if scheduled is None or first is None or last is None:
+        phases = timings.prefill_time, timings.decode_time, timings.inference_time
+        if None in phases:
             return
         name = self.model_name
-        self.prefill_time.labels(name).observe(first - scheduled)
-        self.decode_time.labels(name).observe(last - first)
-        self.inference_time.labels(name).observe(last - scheduled)
+        for histogram, seconds in zip((self.prefill_time, self.decode_time,
+                                       self.inference_time), phases, strict=True):
+            histogram.labels(name).observe(seconds)
 
     def _finish(self, out: RequestOutput) -> None:
         name = self.model_name

@@ -67,6 +67,8 @@ class RequestTracer:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.trace import SpanKind
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         named = os.environ.get("OTEL_SERVICE_NAME") or \
             "service.name=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
@@ -74,14 +76,14 @@ class RequestTracer:
         self._provider = TracerProvider(resource=resource)
         self._provider.add_span_processor(BatchSpanProcessor(_exporter(endpoint)))
         self._tracer = self._provider.get_tracer("tokenmill")
+        self._propagator = TraceContextTextMapPropagator()
+        self._server = SpanKind.SERVER
         self._begun: dict[str, tuple[Any, dict[str, Any]]] = {}
 
     def begin(self, request_id: str, model: str, params: SamplingParams) -> None:
         """Remember an admitted request's caller's trace and what it asked for."""
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
         headers = _incoming.get()
-        context = TraceContextTextMapPropagator().extract(headers) if headers else None
+        context = self._propagator.extract(headers) if headers else None
         asked = {"gen_ai.request.id": request_id, "gen_ai.response.model": model,
                  "gen_ai.request.n": params.n, "gen_ai.request.temperature": params.temperature,
                  "gen_ai.request.top_p": params.top_p}
@@ -94,14 +96,12 @@ class RequestTracer:
         begun = self._begun.pop(out.request_id, None)
         if begun is None:
             return
-        from opentelemetry.trace import SpanKind
-
         context, attributes = begun
         timings = out.timings
         attributes = {**attributes, **_usage(out), **_latencies(timings)}
         # Spans carry nanoseconds since the epoch; the timings are time.monotonic() instants.
         offset = time.time_ns() - int(time.monotonic() * 1e9)
-        span = self._tracer.start_span(SPAN_NAME, context=context, kind=SpanKind.SERVER,
+        span = self._tracer.start_span(SPAN_NAME, context=context, kind=self._server,
                                        attributes=attributes,
                                        start_time=offset + int(timings.arrival * 1e9))
         span.end(end_time=offset + int((timings.finished or time.monotonic()) * 1e9))
@@ -133,16 +133,11 @@ def _usage(out: RequestOutput) -> dict[str, Any]:
 
 def _latencies(timings: Any) -> dict[str, float]:
     """vLLM's latency attributes, in seconds, of those the request lived to have."""
-    scheduled, first, last = timings.first_scheduled, timings.first_token, timings.finished
     spans = {"gen_ai.latency.time_in_queue": timings.queue_time,
              "gen_ai.latency.time_to_first_token": timings.time_to_first_token,
              "gen_ai.latency.e2e": timings.e2e_latency,
-             "gen_ai.latency.time_in_model_prefill": _between(scheduled, first),
-             "gen_ai.latency.time_in_model_decode": _between(first, last),
-             "gen_ai.latency.time_in_model_inference": _between(scheduled, last)}
+             "gen_ai.latency.time_in_model_prefill": timings.prefill_time,
+             "gen_ai.latency.time_in_model_decode": timings.decode_time,
+             "gen_ai.latency.time_in_model_inference": timings.inference_time}
     return {name: seconds for name, seconds in spans.items() if seconds is not None}
-
-
-def _between(start: float | None, end: float | None) -> float | None:
-    return None if start is None or end is None else end - start
 
