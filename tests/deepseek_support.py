@@ -9,6 +9,7 @@ from typing import Any
 from model_support import draw_correction_bias, make_random_model
 
 KV_LORA_RANK, ROPE_DIM = 32, 8
+INDEX_TOPK, INDEX_DIM = 8, 16
 
 
 def deepseek_config(kind: str, vocab: int, **changes: Any) -> Any:
@@ -17,7 +18,10 @@ def deepseek_config(kind: str, vocab: int, **changes: Any) -> Any:
     dense ones named by mlp_layer_types. V2 (as V2-Lite): a full-rank query, softmax routing
     within the best groups (by each one's best), YaRN stretching the rotary 4x with
     mscale_all_dim scaling the softmax. Mistral 4: V3's layers, softmax routing with no
-    correction bias, and each query scaled by its position past a short pretraining context."""
+    correction bias, and each query scaled by its position past a short pretraining context.
+    DeepSeek-V3.2 and GLM-5 (glm_moe_dsa): V3's layers with sparse attention (an indexer
+    chooses the 8 positions each query sees), GLM-5's indexer over interleaved rotary pairs
+    and one layer reusing another's choice."""
     import transformers
 
     common = dict(vocab_size=vocab, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
@@ -41,6 +45,16 @@ def deepseek_config(kind: str, vocab: int, **changes: Any) -> Any:
                              "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1,
                              "llama_4_scaling_beta": 0.5},
             **common)
+    if kind in ("deepseek_v32", "glm_moe_dsa"):  # V3's layers, sparse attention past 8
+        # positions: an indexer of 16 heads (ties in its scores unlikely) 16 wide
+        sparse = dict(q_lora_rank=48, routed_scaling_factor=2.5, norm_topk_prob=True,
+                      index_topk=INDEX_TOPK, index_n_heads=16, index_head_dim=INDEX_DIM)
+        if kind == "deepseek_v32":
+            return transformers.DeepseekV32Config(n_group=4, topk_group=2, **sparse, **common)
+        # GLM-5: the middle layer reuses the first's choice
+        return transformers.GlmMoeDsaConfig(n_group=1, topk_group=1,
+                                            indexer_types=["full", "shared", "full"],
+                                            **sparse, **common)
     if kind == "glm4_moe_lite":  # V3's layers; the dense ones listed, one group of experts
         common.pop("first_k_dense_replace")
         return transformers.Glm4MoeLiteConfig(

@@ -26,13 +26,16 @@ def num_experts_of(config: Any) -> int:
 class LatentAttention:
     """DeepSeek's multi-head latent attention: each token's keys and values are one latent of
     `kv_lora_rank` (expanded per head by kv_b_proj) plus a rotary key of `rope_dim` shared by
-    every head. A query head is `nope_dim + rope_dim` wide, a value head `value_dim`."""
+    every head. A query head is `nope_dim + rope_dim` wide, a value head `value_dim`.
+    DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5) adds an indexer whose key, `index_dim`
+    wide, is cached beside them (0: no indexer)."""
 
     kv_lora_rank: int
     q_lora_rank: int | None
     nope_dim: int
     rope_dim: int
     value_dim: int
+    index_dim: int = 0
 
     @property
     def qk_dim(self) -> int:
@@ -43,6 +46,11 @@ class LatentAttention:
         """What the KV cache keeps per token and layer: the latent and the rotary key."""
         return self.kv_lora_rank + self.rope_dim
 
+    @property
+    def cache_dim(self) -> int:
+        """A cached row: the latent, the rotary key and the indexer's key, if any."""
+        return self.latent_dim + self.index_dim
+
 
 def latent_attention_of(config: Any) -> LatentAttention | None:
     """A DeepSeek-V2/V3 config's latent attention (it has kv_lora_rank); None for any other."""
@@ -50,9 +58,10 @@ def latent_attention_of(config: Any) -> LatentAttention | None:
     if not rank:
         return None
     q_rank = getattr(config, "q_lora_rank", None)
+    index_dim = int(config.index_head_dim) if getattr(config, "index_topk", None) else 0
     return LatentAttention(int(rank), int(q_rank) if q_rank else None,
                            int(config.qk_nope_head_dim), int(config.qk_rope_head_dim),
-                           int(config.v_head_dim))
+                           int(config.v_head_dim), index_dim)
 
 
 def layer_attention_shapes(config: Any) -> list[tuple[int, int]] | None:

@@ -75,13 +75,14 @@ def bucket_for(num_seqs: int, sizes: list[int]) -> int | None:
 
 
 def graphs_wanted(device_type: str, attention_backend: str, enforce_eager: bool,
-                  mixture_of_experts: bool = False) -> bool:
+                  mixture_of_experts: bool = False, sparse_attention: bool = False) -> bool:
     """CUDA graphs on CUDA with the Triton kernels (the torch attention reads host lists of
     the step, which a replay would not see), unless --enforce-eager. Not for a mixture of
     experts: its layers read each expert's row count on the host (layers/moe.py), which a
-    capture cannot."""
+    capture cannot; nor for sparse attention (DeepSeek-V3.2's), which chooses its path by the
+    step's context lengths on the host."""
     return device_type == "cuda" and attention_backend == "triton" and not enforce_eager \
-        and not mixture_of_experts
+        and not mixture_of_experts and not sparse_attention
 
 
 class ReplayedEagerly:

@@ -53,7 +53,7 @@ class KVCacheLayout:
         dtype = kv_storage_dtype(kv_cache_dtype, model_dtype)
         latent = latent_attention_of(model_config)
         if latent is not None:
-            return cls(model_config.num_hidden_layers, 1, latent.latent_dim, block_size, dtype,
+            return cls(model_config.num_hidden_layers, 1, latent.cache_dim, block_size, dtype,
                        planes=1)
         plan = ShardPlan.for_model(model_config, 0, tp_size)
         layers = model_config.num_hidden_layers

@@ -11,7 +11,11 @@ from typing import Any
 import torch
 
 from tokenmill.engine.contract.config import EngineConfig
-from tokenmill.engine.contract.model_shape import linear_attention_layers, recurrent_shape_of
+from tokenmill.engine.contract.model_shape import (
+    latent_attention_of,
+    linear_attention_layers,
+    recurrent_shape_of,
+)
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.execution.decode_graphs import graphs_wanted
 from tokenmill.engine.execution.kv_layout import KVCacheLayout
@@ -122,8 +126,10 @@ def build_runner(setup: RankSetup, model_config: Any, device: torch.device, tp: 
         runner.image_encoder = image_encoder
         runner.weights_source = setup.source
     phases.seconds["graph_capture"] = 0.0
+    latent = latent_attention_of(model_config)
     if graphs_wanted(device.type, setup.attention_backend, config.enforce_eager,
-                     moe_shape_of(model_config) is not None) and not setup.pooling:
+                     moe_shape_of(model_config) is not None,
+                     latent is not None and latent.index_dim > 0) and not setup.pooling:
         with phases.phase("graph_capture"):
             runner.capture_decode_graphs(config.max_num_seqs, config.max_num_batched_tokens,
                                          setup.max_model_len,

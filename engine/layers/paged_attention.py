@@ -184,7 +184,7 @@ def _read_bucket(cache: torch.Tensor, scales: torch.Tensor | None, bucket: Decod
                      dtype)
 
 
-def _gather(cache: torch.Tensor, scales: torch.Tensor | None, block_table: torch.Tensor,
+def gather_context(cache: torch.Tensor, scales: torch.Tensor | None, block_table: torch.Tensor,
             length: int, dtype: torch.dtype) -> torch.Tensor:
     """[length, kv_heads, dim] of one sequence's context, in token order."""
     num_blocks = -(-length // cache.shape[1])
@@ -198,8 +198,8 @@ def _prefill_one(q, cache: KVLayer, meta, i, scores: Scores, sinks: torch.Tensor
     own)."""
     ctx = meta.seq_lens_list[i]
     q_len = q.shape[0]
-    k = _gather(cache.k, cache.k_scale, meta.block_tables[i], ctx, q.dtype)
-    v = _gather(cache.v, cache.v_scale, meta.block_tables[i], ctx, q.dtype)
+    k = gather_context(cache.k, cache.k_scale, meta.block_tables[i], ctx, q.dtype)
+    v = gather_context(cache.v, cache.v_scale, meta.block_tables[i], ctx, q.dtype)
     # 4-D inputs: with 3-D ones CPU SDPA falls back to its unfused math path (about 3x slower).
     qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
     if ctx == q_len and scores.window is None and scores.softcap is None and sinks is None \

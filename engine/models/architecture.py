@@ -52,6 +52,9 @@ class ArchitectureFlags:
     nanochat: bool = False
     # DeepSeek-V2/V3: multi-head latent attention (models/latent_attention.py).
     latent_attention: bool = False
+    # GLM-5: its sparse attention's indexer turns adjacent rotary pairs, as its latent
+    # attention does (DeepSeek-V3.2's indexer turns two halves).
+    indexer_rope_interleaved: bool = False
     # Cohere: LayerNorm (layers/norm.py) for RMSNorm, attention and the MLP in parallel off one
     # norm per layer, logits times logit_scale.
     cohere: bool = False
@@ -262,6 +265,12 @@ SUPPORTED = {
     "DeepseekV2ForCausalLM": ArchitectureFlags(moe="deepseek_v2", latent_attention=True),
     # DeepSeek-V3, V3.1 and R1: V2's latent attention and V3's experts, as GLM-4.5's.
     "DeepseekV3ForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True),
+    # DeepSeek-V3.2: V3's layers, attention sparse past index_topk positions (DSA: an indexer
+    # chooses them, models/dsa_indexer.py).
+    "DeepseekV32ForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True),
+    # GLM-5: V3.2's layers, some reusing the last full layer's choice (indexer_types).
+    "GlmMoeDsaForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True,
+                                              indexer_rope_interleaved=True),
     # GLM-4.7-Flash: DeepSeek-V3's layers, its dense ones named by mlp_layer_types.
     "Glm4MoeLiteForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True),
     # Mistral Small 4: DeepSeek-V3's layers, experts chosen by softmax score (no correction
@@ -397,6 +406,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "gpt_oss": "GptOssForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
                "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
                "glm4_moe_lite": "Glm4MoeLiteForCausalLM", "minimax_m2": "MiniMaxM2ForCausalLM",
+               "deepseek_v32": "DeepseekV32ForCausalLM", "glm_moe_dsa": "GlmMoeDsaForCausalLM",
                "dots1": "Dots1ForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
                "qwen3_5_text": "Qwen3_5ForCausalLM", "llama4_text": "Llama4ForCausalLM",
                "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
@@ -735,6 +745,18 @@ def check_features(config: Any) -> None:
             layer_type_theta(config, kind)
         except ValueError as exc:
             raise ModelLoadError(str(exc)) from None
+    if getattr(config, "index_topk", None):
+        _check_sparse_attention(config)
+
+
+def _check_sparse_attention(config: Any) -> None:
+    """GLM-5's shared layers reuse an earlier full layer's choice of positions, so the first
+    layer must be full."""
+    kinds = getattr(config, "indexer_types", None)
+    if kinds and (set(kinds) - {"full", "shared"} or kinds[0] != "full"):
+        raise ModelLoadError(f"indexer_types {list(kinds)}: each is 'full' or 'shared', and "
+                             "the first layer's 'full' (a shared layer reuses the last full "
+                             "layer's choice)")
 
 
 def _check_learned_position_family(config: Any) -> None:

@@ -63,6 +63,7 @@ from tokenmill.engine.models.architecture import (
     rms_norm_eps_of,
     rotates_at,
 )
+from tokenmill.engine.models.dsa_indexer import indexer_kinds
 from tokenmill.engine.models.falcon_h1 import FalconH1Layer, FalconH1Mixer
 from tokenmill.engine.models.gated_delta_net import GatedDeltaNet
 from tokenmill.engine.models.gemma4 import (
@@ -328,13 +329,13 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup, sparse: MoeShape | None,
                  window: int | None = None, shape: tuple[int, int] | None = None,
                  reads_earlier_kv: bool = False, linear: bool = False,
-                 chunk: int | None = None, rotates: bool = True):
+                 chunk: int | None = None, rotates: bool = True, indexer: str | None = None):
         """`sparse`: the mixture of experts this layer's feed-forward block is, None: a dense
         MLP. `window`: the sliding window its attention covers, None: the whole context.
         `shape`: its attention's (KV heads, head size) on this rank where layers differ;
         `reads_earlier_kv`: its keys and values are an earlier layer's (Gemma 4); `linear`:
         its token mixer is a gated delta net (Qwen3.5), not attention; `chunk`, `rotates`: as
-        Attention's."""
+        Attention's; `indexer`: as LatentSelfAttention's."""
         super().__init__()
         flags = flags_of(config)
 
@@ -363,7 +364,8 @@ class DecoderLayer(nn.Module):
         elif linear:
             self.linear_attn = GatedDeltaNet(config, tp)
         else:
-            self.self_attn = LatentSelfAttention(config, plan, tp) if flags.latent_attention \
+            self.self_attn = LatentSelfAttention(config, plan, tp, indexer) \
+                if flags.latent_attention \
                 else Attention(config, plan, tp, window, shape, reads_earlier_kv, chunk, rotates)
         if not self.parallel or self.parallel_norms:
             self.post_attention_layernorm = norm()
@@ -517,12 +519,14 @@ class DecoderModel(nn.Module):
         sources = kv_sources(config) or range(config.num_hidden_layers)
         linear = set(linear_attention_layers(config))
         self.rotates = [rotates_at(config, i) for i in range(config.num_hidden_layers)]
+        indexers = indexer_kinds(config)
         self.layers = nn.ModuleList(
             mixer_blocks(config, plan, tp, moe) if flags.mixer_blocks else
             falcon_h1_layers(config, plan, tp) if flags.falcon_h1 else
             (DecoderLayer(config, plan, tp, moe if moe is not None and moe.is_sparse(i) else None,
                           windows[i], shapes[i] if shapes else None, sources[i] != i,
-                          i in linear, attention_chunk_of(config, i), self.rotates[i])
+                          i in linear, attention_chunk_of(config, i), self.rotates[i],
+                          indexers[i])
              for i in range(config.num_hidden_layers)))
         # Gemma 4 E2B and E4B: a small input embedding per layer (models/gemma4.py).
         per_layer = per_layer_input_width(config) if flags.gemma4 else 0

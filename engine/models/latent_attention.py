@@ -8,6 +8,12 @@ the value half. q·k and the values equal those of expanding every head's key an
 transformers does; the cache holds kv_lora_rank + rope_dim numbers per token instead of
 heads * (qk_dim + value_dim), and the existing paged kernels run it unchanged.
 
+DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5) adds an indexer (models/dsa_indexer.py)
+whose key rides in the same row, past the rotary key, where the dense path's query holds
+zeros. Where a context is longer than index_topk, each query attends to the positions the
+indexer chose only (layers/sparse_attention.py); shorter ones see every position, which is the
+dense attention above.
+
 Parameter names equal Hugging Face's (q_proj or q_a_proj/q_a_layernorm/q_b_proj,
 kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj).
 """
@@ -17,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tokenmill.engine.contract.model_shape import LatentAttention as LatentShape
@@ -34,6 +41,14 @@ from tokenmill.engine.layers.rotary import (
     rope_parameters,
     yarn_mscale,
 )
+from tokenmill.engine.layers.sparse_attention import (
+    IndexQueries,
+    attend_chosen,
+    select,
+    sparse_sequences,
+)
+from tokenmill.engine.models.architecture import flags_of
+from tokenmill.engine.models.dsa_indexer import Indexer
 
 # transformers builds the latent's norms with RMSNorm's default epsilon, not rms_norm_eps.
 LATENT_NORM_EPS = 1e-6
@@ -69,9 +84,11 @@ def softmax_scale(config: Any, qk_dim: int) -> float:
 
 class LatentSelfAttention(nn.Module):
     """This rank's heads of a latent-attention layer; the latent and its cache are whole on
-    every rank, and o_proj's partial sums are added across ranks."""
+    every rank, and o_proj's partial sums are added across ranks. `indexer`: "full", its own
+    sparse-attention indexer; "shared", the positions the last full layer's chose (GLM-5);
+    None: dense attention."""
 
-    def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup):
+    def __init__(self, config: Any, plan: ShardPlan, tp: TPGroup, indexer: str | None = None):
         super().__init__()
         latent = latent_attention_of(config)
         self.latent = latent
@@ -93,6 +110,10 @@ class LatentSelfAttention(nn.Module):
         self.scores = Scores(softmax_scale(config, latent.qk_dim))
         # DeepSeek-V2 always, and V3 with rope_interleave, rotate adjacent pairs (2i, 2i+1).
         self.interleaved = bool(getattr(config, "rope_interleave", True))
+        self.sparse = indexer is not None
+        self.index_topk = int(config.index_topk) if self.sparse else 0
+        if indexer == "full":
+            self.indexer = Indexer(config, flags_of(config).indexer_rope_interleaved)
 
     def forward(self, x: torch.Tensor, rope: RopeRows | RopeKernel | ScaledQueries,
                 kv_cache: KVLayer, meta: AttentionMetadata) -> torch.Tensor:
@@ -100,7 +121,8 @@ class LatentSelfAttention(nn.Module):
         if latent.q_lora_rank is None:
             q = self.q_proj(x)
         else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x), backend=meta.backend)[0])
+            q_residual = self.q_a_layernorm(self.q_a_proj(x), backend=meta.backend)[0]
+            q = self.q_b_proj(q_residual)
         q = q.view(tokens, self.num_heads, latent.qk_dim)
         q_nope, q_rot = q.split([latent.nope_dim, latent.rope_dim], dim=-1)
         compressed = self.kv_a_proj_with_mqa(x)
@@ -119,11 +141,41 @@ class LatentSelfAttention(nn.Module):
         query = torch.cat([q_latent, q_rot], dim=-1)
         if scale is not None:
             query = query * scale
-        row = torch.cat([kv, k_rot.reshape(tokens, -1)], dim=-1).unsqueeze(1)
+        parts = [kv, k_rot.reshape(tokens, -1)]
+        if hasattr(self, "indexer"):
+            index, index_key = self.indexer(x, q_residual, rope)
+            parts.append(index_key.to(kv.dtype))
+        elif self.sparse:  # a shared layer's row: zeros where a full layer's has its key
+            parts.append(kv.new_zeros(tokens, latent.index_dim))
+        row = torch.cat(parts, dim=-1).unsqueeze(1)
         store_kv(row, row, kv_cache, meta)
-        o = attention(query, kv_cache, meta, self.scores)[..., :latent.kv_lora_rank]
-        out = torch.einsum("thr,hvr->thv", o, value_half)
+        if self.sparse:
+            o = self._sparse_attention(query, index if hasattr(self, "indexer") else None,
+                                       kv_cache, meta)
+        else:
+            o = attention(query, kv_cache, meta, self.scores)
+        out = torch.einsum("thr,hvr->thv", o[..., :latent.kv_lora_rank], value_half)
         return self.tp.all_reduce(self.o_proj(out.reshape(tokens, -1)))
+
+    def _sparse_attention(self, query: torch.Tensor, index: IndexQueries | None,
+                          kv_cache: KVLayer, meta: AttentionMetadata) -> torch.Tensor:
+        """Dense attention (the kernels') for contexts no longer than index_topk, the chosen
+        positions for longer ones: this layer's indexer's choice, or on a shared layer the
+        choice the last full layer made in this step."""
+        longer = sparse_sequences(meta, self.index_topk)
+        if index is not None and longer:
+            meta.step_cache["dsa_chosen"] = select(index, kv_cache, meta,
+                                                   self.latent.latent_dim, self.index_topk)
+        if len(longer) < meta.num_seqs:
+            # The query reads the row's indexer key as zeros.
+            padded = F.pad(query, (0, self.latent.index_dim))
+            out = attention(padded, kv_cache, meta, self.scores)[..., :query.shape[-1]]
+        else:
+            out = torch.empty_like(query)
+        if longer:
+            attend_chosen(query, kv_cache, meta, meta.step_cache["dsa_chosen"],
+                          self.scores.scale, out)
+        return out
 
     def _halves(self, x: torch.Tensor) -> torch.Tensor:
         """Interleaved rotary pairs (2i, 2i+1) laid out as the two halves the engine's rotary

@@ -94,13 +94,16 @@ def test_triton_on_cpu_without_the_interpreter_is_a_config_error(monkeypatch):
         LLM("unused", attention_backend="cuda")
 
 
-def test_latent_attention_runs_through_the_kernels(tmp_path, vocab_tokenizer):
+@pytest.mark.parametrize("kind", ["deepseek_v3", "deepseek_v32"])
+def test_latent_attention_runs_through_the_kernels(tmp_path, vocab_tokenizer, kind):
     """DeepSeek's layers: one cached latent row (a head 40 wide, not a power of two) read by
     every query head as both key and value; prompts in chunks, decodes after. The tokens'
-    log-probabilities equal the torch path's, which a slip in the row's layout would move."""
+    log-probabilities equal the torch path's, which a slip in the row's layout would move.
+    DeepSeek-V3.2's row is 56 wide (the indexer's key past the latent's), its indexer's
+    queries and keys turned by the rotary kernel, and the longer context's attention sparse."""
     from deepseek_support import make_deepseek
 
-    directory = make_deepseek(str(tmp_path / "deepseek"), "deepseek_v3", vocab_tokenizer,
+    directory = make_deepseek(str(tmp_path / "deepseek"), kind, vocab_tokenizer,
                               num_hidden_layers=2)
     rng = random.Random(11)
     prompts = [[rng.randrange(100, 40000) for _ in range(n)] for n in (5, 30)]

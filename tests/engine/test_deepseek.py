@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from deepseek_support import KV_LORA_RANK, ROPE_DIM, hf_class, make_deepseek
+from deepseek_support import INDEX_DIM, KV_LORA_RANK, ROPE_DIM, hf_class, make_deepseek
 from model_support import (
     greedy_three_ways,
     greedy_with_hf_logprobs,
@@ -31,7 +31,8 @@ ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=8, max_num_batched
 
 
 @pytest.fixture(scope="module",
-                params=["deepseek_v3", "deepseek_v2", "glm4_moe_lite", "mistral4"])
+                params=["deepseek_v3", "deepseek_v2", "glm4_moe_lite", "mistral4", "deepseek_v32",
+                        "glm_moe_dsa"])
 def deepseek_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     return make_deepseek(str(tmp_path_factory.mktemp(request.param)), request.param,
                          vocab_tokenizer)
@@ -58,12 +59,19 @@ def test_greedy_equals_hf_batched_chunked_and_prefix_cached(deepseek_dir, refere
     with LLM(deepseek_dir, **ENGINE) as llm:
         runner = llm.engine.runner
         assert any(isinstance(m, LatentSelfAttention) for m in runner.model.modules())
-        # One row per token and layer: the latent and the rotary key, read as both K and V.
+        # One row per token and layer: the latent and the rotary key (and the sparse
+        # attention indexer's key), read as both K and V.
         assert runner.layout.planes == 1
-        assert runner.layout.head_dim == KV_LORA_RANK + ROPE_DIM
+        sparse = llm.engine.model_config.model_type in ("deepseek_v32", "glm_moe_dsa")
+        assert runner.layout.head_dim == KV_LORA_RANK + ROPE_DIM + (INDEX_DIM if sparse else 0)
         assert runner.layout.num_kv_heads == 1
         cache = runner.kv_caches[0]
         assert cache.k.data_ptr() == cache.v.data_ptr()
+        if sparse:  # GLM-5's shared layer has no indexer of its own
+            kinds = ["full", "shared", "full"] if "glm" in deepseek_dir else ["full"] * 3
+            layers = runner.model.model.layers
+            assert [hasattr(layer.self_attn, "indexer") for layer in layers] == \
+                [kind == "full" for kind in kinds]
         assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected
         runs = greedy_three_ways(llm, prompts, MAX_NEW)
     assert runs == {"batched": expected, "again": expected, "alone": expected[-2:]}
@@ -121,3 +129,26 @@ def test_lora_is_refused_at_start_up(deepseek_dir):
     with pytest.raises(ConfigError, match="enable_lora: LoRA adapters are not served on "
                                           "\\w+ForCausalLM's latent attention"):
         LLM(deepseek_dir, enable_lora=True, **ENGINE)
+
+
+def test_sparse_attention_that_cannot_work_is_refused_at_load(vocab_tokenizer):
+    """A shared layer reuses the choice of a full one before it: none before the first."""
+    from deepseek_support import deepseek_config
+
+    from tokenmill.engine.models.architecture import check_features
+    from tokenmill.engine.models.source import ModelLoadError
+
+    config = deepseek_config("glm_moe_dsa", len(vocab_tokenizer))
+    check_features(config)
+    config.indexer_types = ["shared", "full", "full"]
+    with pytest.raises(ModelLoadError, match="indexer_types .* the first layer's 'full'"):
+        check_features(config)
+
+
+def test_cuda_graphs_stay_off_for_sparse_attention():
+    """Its layers choose dense or sparse attention by the step's context lengths on the host,
+    which a replayed graph would not see."""
+    from tokenmill.engine.execution.decode_graphs import graphs_wanted
+
+    assert graphs_wanted("cuda", "triton", enforce_eager=False)
+    assert not graphs_wanted("cuda", "triton", enforce_eager=False, sparse_attention=True)
