@@ -164,6 +164,11 @@ SUPPORTED = {
     "InternLM3ForCausalLM": ArchitectureFlags(),
     # Arcee (AFM): Llama's layers with an ungated MLP of squared ReLU.
     "ArceeForCausalLM": ArchitectureFlags(ungated_mlp=True),
+    # Inception's Jais 2: Llama's layers with LayerNorm (biases), an ungated MLP of squared
+    # ReLU, biases on every projection where attention_bias and mlp_bias.
+    "Jais2ForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True),
+    # Meta's Code World Model (CWM): Llama's layers, three sliding to a full one (layer_types).
+    "CwmForCausalLM": ArchitectureFlags(),
     # ERNIE 4.5 (dense): Llama's layers, rotary over interleaved pairs, use_bias on every
     # projection where set.
     "Ernie4_5ForCausalLM": ArchitectureFlags(interleaved_rope=True),
@@ -271,6 +276,8 @@ SUPPORTED = {
     # GLM-5: V3.2's layers, some reusing the last full layer's choice (indexer_types).
     "GlmMoeDsaForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True,
                                               indexer_rope_interleaved=True),
+    # Tencent's Youtu-LLM: DeepSeek-V3's latent attention over Llama's MLP in every layer.
+    "YoutuForCausalLM": ArchitectureFlags(latent_attention=True),
     # GLM-4.7-Flash: DeepSeek-V3's layers, its dense ones named by mlp_layer_types.
     "Glm4MoeLiteForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True),
     # Mistral Small 4: DeepSeek-V3's layers, experts chosen by softmax score (no correction
@@ -407,6 +414,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
                "glm4_moe_lite": "Glm4MoeLiteForCausalLM", "minimax_m2": "MiniMaxM2ForCausalLM",
                "deepseek_v32": "DeepseekV32ForCausalLM", "glm_moe_dsa": "GlmMoeDsaForCausalLM",
+               "youtu": "YoutuForCausalLM", "cwm": "CwmForCausalLM", "jais2": "Jais2ForCausalLM",
                "dots1": "Dots1ForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
                "qwen3_5_text": "Qwen3_5ForCausalLM", "llama4_text": "Llama4ForCausalLM",
                "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",

@@ -58,7 +58,10 @@ parallelism) for:
   checkpoints;
 - MPT (`MptForCausalLM`): ALiBi with its own slopes (six heads: past a power of two, in its
   order), LayerNorm without biases, q, k and v fused and clamped, its own softmax scale;
-- OLMo (`OlmoForCausalLM`): Llama's layers, LayerNorms without a weight, q, k and v clamped."""
+- OLMo (`OlmoForCausalLM`): Llama's layers, LayerNorms without a weight, q, k and v clamped;
+- Jais 2 (`Jais2ForCausalLM`): LayerNorm with biases, an MLP of squared ReLU without a gate,
+  biases on every projection;
+- CWM (`CwmForCausalLM`): Llama 3's stretched rotary, three sliding layers to a full one."""
 
 from __future__ import annotations
 
@@ -199,6 +202,12 @@ def _config(kind: str, vocab: int):
             rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 50.0,
                              "factor": 1.0},
             **SHAPE)
+    if kind == "jais2":  # LayerNorm, squared ReLU without a gate, biases everywhere
+        return transformers.Jais2Config(vocab_size=vocab, head_dim=16, attention_bias=True,
+                                        mlp_bias=True, tie_word_embeddings=False, **SHAPE)
+    if kind == "cwm":  # Llama 3's stretched rotary, a full layer to three sliding ones
+        return transformers.CwmConfig(vocab_size=vocab, head_dim=16, sliding_window=6,
+                                      tie_word_embeddings=False, **SHAPE)
     if kind == "seed_oss":
         return transformers.SeedOssConfig(vocab_size=vocab, head_dim=16, attention_bias=True,
                                           attention_out_bias=False, **SHAPE)
@@ -212,7 +221,7 @@ def _config(kind: str, vocab: int):
                         "apertus", "stablelm", "stablelm-parallel", "gpt_neox",
                         "gpt_neox-sequential", "gpt2", "gpt_bigcode", "gpt_bigcode-mha", "opt",
                         "gptj", "falcon", "falcon-new", "falcon-sequential", "bloom", "mpt",
-                        "olmo"])
+                        "olmo", "jais2", "cwm"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     # Biases and norms drawn (but for the families that have none or keep Llama's), so that a
     # missing (or misplaced) one shows.
@@ -287,15 +296,15 @@ def test_greedy_equals_hf_batched_chunked_and_prefix_cached(served, expected):
 
 
 # Families whose layers split over ranks exactly as another family's here do (Llama's, with
-# biases as Seed-OSS's and ERNIE's, LayerNorm as StarCoder 2's, GLM-4's rotary over
-# interleaved pairs, one KV head for all as GPT-BigCode's, ALiBi's slopes as BLOOM's; q, k
-# and v read out of a fused tensor before they are split): their tensor-parallel runs would
-# repeat those.
+# biases as Seed-OSS's and ERNIE's, LayerNorm and an ungated MLP as StarCoder 2's, GLM-4's
+# rotary over interleaved pairs, one KV head for all as GPT-BigCode's, ALiBi's slopes as
+# BLOOM's; q, k and v read out of a fused tensor before they are split): their
+# tensor-parallel runs would repeat those.
 SHARDED_AS_ANOTHER = ("glm", "helium", "exaone", "internlm3", "nemotron", "stablelm",
                       "stablelm-parallel", "gpt_neox", "gpt_neox-sequential",
                       "gpt_bigcode-mha", "opt", "falcon", "falcon-sequential", "olmo", "mpt",
                       "gptj", "smollm3", "seed_oss", "arcee", "ministral", "cohere2",
-                      "hunyuan")
+                      "hunyuan", "cwm", "jais2")
 
 
 def test_tensor_parallel_equals_hf(request, variant_dir, expected, vocab_tokenizer):
