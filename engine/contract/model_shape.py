@@ -398,11 +398,12 @@ class ModelShape:
         if num_experts_of(config):  # Qwen's experts are moe_intermediate_size wide, Mixtral's
             expert_width = getattr(config, "moe_intermediate_size", None) or \
                 getattr(config, "intermediate_size", 0)
-        # Qwen2-MoE gives its shared expert's width; GLM-4.5 (as DeepSeek) and ERNIE 4.5 a
-        # count of routed-expert-wide shared experts.
+        # Qwen2-MoE gives its shared expert's width; GLM-4.5 (as DeepSeek), ERNIE 4.5 and
+        # K-EXAONE a count of routed-expert-wide shared experts.
         shared = getattr(config, "shared_expert_intermediate_size", None) or \
             expert_width * int(getattr(config, "n_shared_experts", None) or
-                               getattr(config, "moe_num_shared_experts", None) or 0)
+                               getattr(config, "moe_num_shared_experts", None) or
+                               getattr(config, "num_shared_experts", None) or 0)
         dense = getattr(config, "intermediate_size", 0)
         if getattr(config, "model_type", None) == "granitemoehybrid":
             # Granite 4.0-H: its shared MLP is the dense one where it has no experts.

@@ -289,6 +289,11 @@ SUPPORTED = {
     "Ernie4_5_MoeForCausalLM": ArchitectureFlags(interleaved_rope=True, moe="ernie"),
     # rednote's dots.llm1: Qwen3's attention (per-head q/k norms) over DeepSeek-V3's experts.
     "Dots1ForCausalLM": ArchitectureFlags(qk_norm=True, moe="deepseek"),
+    # LG's K-EXAONE (ExaoneMoE): EXAONE 4's attention (q/k norms per head, sliding layers by
+    # layer_types, the full ones without positional encoding) in pre-norm layers, over
+    # DeepSeek-V3's routing beside num_shared_experts shared ones.
+    "ExaoneMoeForCausalLM": ArchitectureFlags(qk_norm=True, full_layers_nope=True,
+                                              moe="deepseek"),
     # MiniMax-M2: q and k normalized over the whole projection (as OLMoE's), rotary on part
     # of each head, and in every layer experts under Mixtral's names chosen by sigmoid score
     # plus a correction bias, renormalized.
@@ -415,6 +420,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "glm4_moe_lite": "Glm4MoeLiteForCausalLM", "minimax_m2": "MiniMaxM2ForCausalLM",
                "deepseek_v32": "DeepseekV32ForCausalLM", "glm_moe_dsa": "GlmMoeDsaForCausalLM",
                "youtu": "YoutuForCausalLM", "cwm": "CwmForCausalLM", "jais2": "Jais2ForCausalLM",
+               "exaone_moe": "ExaoneMoeForCausalLM",
                "dots1": "Dots1ForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
                "qwen3_5_text": "Qwen3_5ForCausalLM", "llama4_text": "Llama4ForCausalLM",
                "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",

@@ -214,14 +214,16 @@ RENAMED_PARTS["phi"] = {".self_attn.dense.": ".self_attn.o_proj.", ".mlp.fc1.": 
                         ".mlp.fc2.": ".mlp.down_proj.", "model.final_layernorm.": "model.norm."}
 
 
-# MiniMax-M2 and ERNIE 4.5 keep their routing's correction bias beside the router, not in it.
+# MiniMax-M2, ERNIE 4.5 and K-EXAONE keep their routing's correction bias beside the router,
+# not in it.
 BLOCK_CORRECTION_BIAS = "block_sparse_moe.e_score_correction_bias"
 ERNIE_CORRECTION_BIAS = "mlp.moe_statics.e_score_correction_bias"
+MLP_CORRECTION_BIAS = "mlp.e_score_correction_bias"
 
 
 def renamed(config: Any, name: str) -> str:
     """A checkpoint name under the model's own, where they differ (GraniteMoE's router,
-    GLM-4's norms, MiniMax-M2's correction bias, StarCoder 2's MLP, Hunyuan's q and k
+    GLM-4's norms, MiniMax-M2's and K-EXAONE's correction bias, StarCoder 2's MLP, Hunyuan's q and k
     norms, Llama 4's dense MLP under feed_forward, Bamba's MLP and norms)."""
     if getattr(config, "model_type", None) in GRANITE_MOE_TYPES:
         for newer, older in GRANITE_NEWER_NAMES.items():
@@ -233,6 +235,8 @@ def renamed(config: Any, name: str) -> str:
         return name[:-len(BLOCK_CORRECTION_BIAS)] + "block_sparse_moe.gate.e_score_correction_bias"
     if name.endswith(ERNIE_CORRECTION_BIAS):
         return name[:-len(ERNIE_CORRECTION_BIAS)] + "mlp.gate.e_score_correction_bias"
+    if name.endswith(MLP_CORRECTION_BIAS):
+        return name[:-len(MLP_CORRECTION_BIAS)] + "mlp.gate.e_score_correction_bias"
     if getattr(config, "model_type", None) == "gemma4_text":
         layer, sep, rest = name.partition(".layers.")
         index, _, part = rest.partition(".")

@@ -1,8 +1,8 @@
 """Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE and GraniteMoeShared,
-GLM-4.5, MiniMax-M2, dots.llm1, ERNIE 4.5, Solar Open, Hunyuan-A13B, FlexOlmo, DBRX): greedy output
-equals Hugging Face token for token (batched, chunked, from the prefix cache, under tensor
-parallelism), the router math equals a dense reference, and what a sparse layer cannot take is
-refused by name."""
+GLM-4.5, MiniMax-M2, dots.llm1, K-EXAONE, ERNIE 4.5, Solar Open, Hunyuan-A13B, FlexOlmo,
+DBRX): greedy output equals Hugging Face token for token (batched, chunked, from the prefix
+cache, under tensor parallelism), the router math equals a dense reference, and what a sparse
+layer cannot take is refused by name."""
 
 from __future__ import annotations
 
@@ -83,6 +83,15 @@ def _config(kind: str, vocab: int, **changes):
             num_experts_per_tok=2, n_group=4, topk_group=2, first_k_dense_replace=1,
             n_shared_experts=1, routed_scaling_factor=2.0, norm_topk_prob=True, head_dim=16,
             **common)
+    if kind == "exaone_moe":
+        # EXAONE 4's attention (per-head q/k norms, a full layer without positional encoding
+        # after two sliding ones) in pre-norm layers over DeepSeek-V3's routing (8 experts in
+        # 4 groups, the 2 best eligible), a shared expert, layer 0 dense.
+        return transformers.ExaoneMoeConfig(
+            intermediate_size=128, moe_intermediate_size=32, num_experts=8,
+            num_experts_per_tok=2, n_group=4, topk_group=2, first_k_dense_replace=1,
+            num_shared_experts=1, routed_scaling_factor=2.0, head_dim=16, sliding_window=6,
+            sliding_window_pattern=3, **common)
     if kind == "minimax_m2":
         # Sigmoid scores plus a correction bias choose, renormalized; q and k normalized over
         # the whole projection; rotary on half of each head.
@@ -135,15 +144,18 @@ def _config(kind: str, vocab: int, **changes):
                                         "glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe",
                                         "solar_open", "hunyuan_v1_moe", "flex_olmo",
                                         "granitemoeshared", "granitemoe_swa", "dbrx",
-                                        "phimoe"])
+                                        "phimoe", "exaone_moe"])
 def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
     make_random_model(directory, _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
                       draw_norms=request.param in ("minimax_m2", "dots1", "ernie4_5_moe",
-                                                   "hunyuan_v1_moe", "flex_olmo", "dbrx",
+                                                   "exaone_moe", "hunyuan_v1_moe", "flex_olmo",
+                                                   "dbrx",
                                                    "phimoe", "granitemoe_swa"))
-    if request.param in ("glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe", "solar_open"):
-        _draw_biases(directory, prediction_layer=request.param != "solar_open")
+    if request.param in ("glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe", "solar_open",
+                         "exaone_moe"):
+        _draw_biases(directory, prediction_layer=request.param not in ("solar_open",
+                                                                       "exaone_moe"))
     return directory
 
 
