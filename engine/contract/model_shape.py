@@ -67,7 +67,12 @@ def latent_attention_of(config: Any) -> LatentAttention | None:
 def layer_attention_shapes(config: Any) -> list[tuple[int, int]] | None:
     """Each decoder layer's (KV heads, head size) where the layers differ (Gemma 4's
     full-attention layers: fewer, wider heads, as transformers' per_layer_config gives them);
-    None where every layer has the config's own."""
+    None where every layer has the config's own. MiMo-V2-Flash's sliding layers have twice its
+    KV heads."""
+    if getattr(config, "model_type", None) == MIMO_V2:
+        kv, dim = int(config.num_key_value_heads), int(config.head_dim)
+        return [(kv * 2 if kind == "sliding_attention" else kv, dim)
+                for kind in config.layer_types]
     if not getattr(config, "per_layer_config", None):
         return None
     shapes = []
@@ -78,6 +83,18 @@ def layer_attention_shapes(config: Any) -> list[tuple[int, int]] | None:
                        int(getattr(own, "head_dim", None) or
                            (own.hidden_size // heads if heads else 0))))
     return None if len(set(shapes)) == 1 else shapes
+
+
+# Xiaomi's MiMo-V2-Flash: values narrower than keys, twice the KV heads in sliding layers.
+MIMO_V2 = "mimo_v2_flash"
+
+
+def value_head_dim_of(config: Any) -> int | None:
+    """A value head's width where it is narrower than a key head's (MiMo-V2-Flash's
+    v_head_dim); None where they are the same (latent attention has its own)."""
+    if getattr(config, "model_type", None) == MIMO_V2:
+        return int(config.v_head_dim)
+    return None
 
 
 def sharded_layer_shapes(config: Any, size: int) -> list[tuple[int, int]] | None:

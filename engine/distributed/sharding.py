@@ -40,6 +40,7 @@ from tokenmill.engine.contract.model_shape import (
     mamba1_of,
     mamba2_of,
     short_conv_of,
+    value_head_dim_of,
 )
 
 COLUMN_PARALLEL = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1", "w3",
@@ -116,7 +117,7 @@ class ShardPlan:
                    shape.intermediate_size // size, vocab, -(-vocab // size),
                    shape.expert_intermediate_size // size,
                    shape.shared_expert_intermediate_size // size,
-                   latent.value_dim if latent else 0,
+                   latent.value_dim if latent else value_head_dim_of(config) or 0,
                    latent.nope_dim + latent.value_dim if latent else 0,
                    gated_queries(config), linear.sharded(size) if linear else None,
                    mamba2_of(config), _tuple(layer_attention_shapes(config)),
@@ -189,8 +190,8 @@ class ShardPlan:
                                     else self.head_dim * (2 if self.gated_queries else 1))
             return self.rank * per, (self.rank + 1) * per
         if kind in ("k_proj", "v_proj"):
-            per = self.num_kv_heads * self.head_dim
-            return self.first_kv_head * self.head_dim, self.first_kv_head * self.head_dim + per
+            width = self.output_head_dim if kind == "v_proj" else self.head_dim
+            return self.first_kv_head * width, (self.first_kv_head + self.num_kv_heads) * width
         per = self._width(parts)  # gate_proj, up_proj (w1, w3)
         return self.rank * per, (self.rank + 1) * per
 

@@ -52,6 +52,10 @@ class ArchitectureFlags:
     nanochat: bool = False
     # DeepSeek-V2/V3: multi-head latent attention (models/latent_attention.py).
     latent_attention: bool = False
+    # MiMo-V2-Flash: values narrower than keys (v_head_dim; the cache pads them to a key's
+    # width) and scaled by attention_value_scale; its sliding layers have twice the KV heads
+    # (contract/model_shape.py) and attention sinks, its full layers neither.
+    mimo_v2: bool = False
     # GLM-5: its sparse attention's indexer turns adjacent rotary pairs, as its latent
     # attention does (DeepSeek-V3.2's indexer turns two halves).
     indexer_rope_interleaved: bool = False
@@ -289,6 +293,10 @@ SUPPORTED = {
     "Ernie4_5_MoeForCausalLM": ArchitectureFlags(interleaved_rope=True, moe="ernie"),
     # rednote's dots.llm1: Qwen3's attention (per-head q/k norms) over DeepSeek-V3's experts.
     "Dots1ForCausalLM": ArchitectureFlags(qk_norm=True, moe="deepseek"),
+    # Xiaomi's MiMo-V2-Flash: Qwen2's attention (a full layer to five sliding ones, each kind
+    # its rotary base, over a third of each head) over DeepSeek-V3's routing without shared
+    # experts, the first layer dense.
+    "MiMoV2FlashForCausalLM": ArchitectureFlags(moe="deepseek", mimo_v2=True),
     # LG's K-EXAONE (ExaoneMoE): EXAONE 4's attention (q/k norms per head, sliding layers by
     # layer_types, the full ones without positional encoding) in pre-norm layers, over
     # DeepSeek-V3's routing beside num_shared_experts shared ones.
@@ -420,7 +428,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "glm4_moe_lite": "Glm4MoeLiteForCausalLM", "minimax_m2": "MiniMaxM2ForCausalLM",
                "deepseek_v32": "DeepseekV32ForCausalLM", "glm_moe_dsa": "GlmMoeDsaForCausalLM",
                "youtu": "YoutuForCausalLM", "cwm": "CwmForCausalLM", "jais2": "Jais2ForCausalLM",
-               "exaone_moe": "ExaoneMoeForCausalLM",
+               "exaone_moe": "ExaoneMoeForCausalLM", "mimo_v2_flash": "MiMoV2FlashForCausalLM",
                "dots1": "Dots1ForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
                "qwen3_5_text": "Qwen3_5ForCausalLM", "llama4_text": "Llama4ForCausalLM",
                "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tokenmill.engine.contract.model_shape import (
@@ -134,6 +135,9 @@ class Attention(nn.Module):
         self.reads_earlier_kv = reads_earlier_kv
         self.num_heads, self.config_heads = plan.num_heads, config.num_attention_heads
         self.num_kv_heads, self.head_dim = shape or (plan.num_kv_heads, plan.head_dim)
+        # MiMo-V2-Flash's values are narrower than its keys: cached padded to a key's width.
+        self.value_dim = plan.value_head_dim or self.head_dim
+        self.value_scale = float(config.attention_value_scale or 1.0) if flags.mimo_v2 else None
         # Gemma 4's full-attention layers take their values from the keys' projection.
         self.values_from_keys = flags.gemma4 and window is None and \
             bool(getattr(config, "attention_k_eq_v", False))
@@ -147,7 +151,8 @@ class Attention(nn.Module):
         # Qwen3.5's q_proj: each head's query, then its output gate.
         self.gated = gated_queries(config)
         queries = self.num_heads * self.head_dim * (2 if self.gated else 1)
-        parts = {"q_proj": queries, "k_proj": kv_size, "v_proj": kv_size}
+        parts = {"q_proj": queries, "k_proj": kv_size,
+                 "v_proj": self.num_kv_heads * self.value_dim}
         if self.values_from_keys or reads_earlier_kv:
             del parts["v_proj"]
         if reads_earlier_kv:
@@ -156,7 +161,7 @@ class Attention(nn.Module):
         # Seed-OSS sets the output projection's bias apart (attention_out_bias); GLM-4 has none.
         out_bias = bool(getattr(config, "attention_out_bias", bias)) and \
             not flags.bias_on_qkv_only
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=out_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.value_dim, hidden, bias=out_bias)
         # GLM-4.5 normalizes q and k per head where its config says use_qk_norm.
         qk_norm = flags.qk_norm or (flags.moe == "deepseek" and
                                     bool(getattr(config, "use_qk_norm", False)))
@@ -193,9 +198,9 @@ class Attention(nn.Module):
         # Llama 4 and NanoChat: q and k normalized per head, without a weight, after the turn.
         self.l2_qk_norm_eps = rms_norm_eps_of(config) if flags.nanochat or (
             flags.llama4 and rotates and bool(getattr(config, "use_qk_norm", False))) else None
-        # GPT-OSS: this rank's heads' sink logits.
-        self.sinks = nn.Parameter(torch.empty(self.num_heads)) if flags.attention_sinks \
-            else None
+        # GPT-OSS: this rank's heads' sink logits (MiMo-V2-Flash: in its sliding layers).
+        sinks = flags.attention_sinks or (flags.mimo_v2 and window is not None)
+        self.sinks = nn.Parameter(torch.empty(self.num_heads)) if sinks else None
         # BLOOM and MPT: this rank's heads' ALiBi slopes, computed (fill_computed_buffers),
         # not loaded.
         self.mpt_bias_max = float(config.attn_config.alibi_bias_max) \
@@ -234,7 +239,11 @@ class Attention(nn.Module):
             q, k, v = (t.clamp(-self.clip, self.clip) for t in (q, k, v))
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(tokens, self.num_kv_heads, self.value_dim)
+        if self.value_scale is not None:
+            v = v * self.value_scale
+        if self.value_dim != self.head_dim:
+            v = F.pad(v, (0, self.head_dim - self.value_dim))
         if self.value_norm_eps is not None:  # a new tensor: the keys may turn in place
             v = unit_rms_norm(v, self.value_norm_eps)
         if self.qk_norm and not self.qk_norm_after_rope:
@@ -246,7 +255,8 @@ class Attention(nn.Module):
         if self.l2_qk_norm_eps is not None:
             q, k = (unit_rms_norm(t, self.l2_qk_norm_eps) for t in (q, k))
         store_kv(k, v, kv_cache, meta)
-        o = attention(q, kv_cache, meta, self.scores, self.sinks, self.alibi).reshape(tokens, -1)
+        o = attention(q, kv_cache, meta, self.scores, self.sinks, self.alibi)
+        o = o[..., :self.value_dim].reshape(tokens, -1)
         if gate is not None:
             o = o * torch.sigmoid(gate.reshape(tokens, -1))
         return self.tp.all_reduce(self.o_proj(o))

@@ -135,6 +135,7 @@ RENAMED_PARTS["mamba2"] = RENAMED_PARTS["mamba"] = RENAMED_PARTS["falcon_mamba"]
 RENAMED_PARTS["falcon_h1"] = RENAMED_PARTS["jamba"] = RENAMED_PARTS["bamba"]
 RENAMED_PARTS["apertus"] = {".attention_layernorm.": ".input_layernorm.",
                             ".feedforward_layernorm.": ".post_attention_layernorm."}
+RENAMED_PARTS["mimo_v2_flash"] = {".self_attn.attention_sink_bias": ".self_attn.sinks"}
 RENAMED_PARTS["vaultgemma"] = {".pre_feedforward_layernorm.": ".post_attention_layernorm."}
 # EXAONE 3 and 3.5: Llama's layers under GPT-2's names.
 RENAMED_PARTS["exaone"] = {"transformer.wte.": "model.embed_tokens.", "transformer.h.":

@@ -1,8 +1,8 @@
 """Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE and GraniteMoeShared,
-GLM-4.5, MiniMax-M2, dots.llm1, K-EXAONE, ERNIE 4.5, Solar Open, Hunyuan-A13B, FlexOlmo,
-DBRX): greedy output equals Hugging Face token for token (batched, chunked, from the prefix
-cache, under tensor parallelism), the router math equals a dense reference, and what a sparse
-layer cannot take is refused by name."""
+GLM-4.5, MiniMax-M2, dots.llm1, K-EXAONE, MiMo-V2-Flash, ERNIE 4.5, Solar Open, Hunyuan-A13B,
+FlexOlmo, DBRX): greedy output equals Hugging Face token for token (batched, chunked, from the
+prefix cache, under tensor parallelism), the router math equals a dense reference, and what a
+sparse layer cannot take is refused by name."""
 
 from __future__ import annotations
 
@@ -92,6 +92,15 @@ def _config(kind: str, vocab: int, **changes):
             num_experts_per_tok=2, n_group=4, topk_group=2, first_k_dense_replace=1,
             num_shared_experts=1, routed_scaling_factor=2.0, head_dim=16, sliding_window=6,
             sliding_window_pattern=3, **common)
+    if kind == "mimo_v2_flash":
+        # A full layer, then two sliding ones with twice the KV heads and attention sinks;
+        # values narrower than keys and scaled; rotary over a third of each head, its base per
+        # kind of layer; DeepSeek-V3's routing (8 experts in 4 groups, the 2 best eligible)
+        # without shared experts, layer 0 dense.
+        return transformers.MiMoV2FlashConfig(
+            intermediate_size=128, moe_intermediate_size=32, n_routed_experts=8,
+            num_experts_per_tok=2, n_group=4, topk_group=2, head_dim=32, v_head_dim=16,
+            sliding_window=8, **common)
     if kind == "minimax_m2":
         # Sigmoid scores plus a correction bias choose, renormalized; q and k normalized over
         # the whole projection; rotary on half of each head.
@@ -144,18 +153,18 @@ def _config(kind: str, vocab: int, **changes):
                                         "glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe",
                                         "solar_open", "hunyuan_v1_moe", "flex_olmo",
                                         "granitemoeshared", "granitemoe_swa", "dbrx",
-                                        "phimoe", "exaone_moe"])
+                                        "phimoe", "exaone_moe", "mimo_v2_flash"])
 def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
     make_random_model(directory, _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
                       draw_norms=request.param in ("minimax_m2", "dots1", "ernie4_5_moe",
                                                    "exaone_moe", "hunyuan_v1_moe", "flex_olmo",
-                                                   "dbrx",
+                                                   "dbrx", "mimo_v2_flash",
                                                    "phimoe", "granitemoe_swa"))
     if request.param in ("glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe", "solar_open",
-                         "exaone_moe"):
-        _draw_biases(directory, prediction_layer=request.param not in ("solar_open",
-                                                                       "exaone_moe"))
+                         "exaone_moe", "mimo_v2_flash"):
+        _draw_biases(directory, prediction_layer=request.param in ("glm4_moe", "minimax_m2",
+                                                                   "dots1", "ernie4_5_moe"))
     return directory
 
 
@@ -224,8 +233,9 @@ def test_speculative_decoding_keeps_the_greedy_output(moe_dir, expected, vocab_t
 # Two ranks where the sharding differs: a gated shared expert (Qwen2-MoE), experts stored fused
 # (GraniteMoE; GraniteMoeShared's shared MLP of its own width, matched by the prefix), always-on
 # shared experts, dense layers and a float32 router (GLM-4.5). Qwen3-MoE's and Mixtral's plain
-# experts split as those do (and as any MLP).
-TP_FAMILIES = ("qwen2_moe", "granitemoe", "glm4_moe", "solar_open", "phimoe")
+# experts split as those do (and as any MLP). MiMo-V2-Flash's attention splits its own way:
+# its layers' KV heads differ, and its values are narrower than its keys.
+TP_FAMILIES = ("qwen2_moe", "granitemoe", "glm4_moe", "solar_open", "phimoe", "mimo_v2_flash")
 
 
 @pytest.mark.parametrize("size", [2])
