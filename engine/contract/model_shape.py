@@ -315,20 +315,32 @@ def recurrent_shape_of(config: Any) -> LinearAttention | Mamba2 | Mamba1 | Short
 
 
 # The model types whose "linear_attention" layers are gated delta nets: Qwen3.5's and
-# Qwen3-Next's, and OLMo Hybrid's.
+# Qwen3-Next's, and OLMo Hybrid's; Kimi Linear's decay per key channel.
 GATED_DELTA_TYPES = (*GATED_QUERY_TYPES, "olmo_hybrid")
+KIMI_LINEAR = "kimi_linear"
 
 
 def linear_attention_of(config: Any) -> LinearAttention | None:
-    """The gated delta net of a Qwen3.5, Qwen3-Next or OLMo Hybrid config (its layer_types
-    name the "linear_attention" layers), None for any other: other families name their own
-    recurrent layers so (Mamba's, Kimi's), which are not gated delta nets."""
-    if getattr(config, "model_type", None) not in GATED_DELTA_TYPES or \
-            "linear_attention" not in (getattr(config, "layer_types", None) or ()):
+    """The gated delta net of a Qwen3.5, Qwen3-Next or OLMo Hybrid config, or Kimi Linear's
+    delta attention (a key head per value head, its convolutions over queries, keys and
+    values), where layer_types name "linear_attention" layers; None for any other: other
+    families name their own recurrent layers so (Mamba's), which are not gated delta nets."""
+    if "linear_attention" not in (getattr(config, "layer_types", None) or ()):
+        return None
+    if getattr(config, "model_type", None) == KIMI_LINEAR:
+        heads, dim = int(config.linear_num_heads), int(config.linear_head_dim)
+        return LinearAttention(heads, heads, dim, dim, int(config.linear_conv_kernel_dim))
+    if getattr(config, "model_type", None) not in GATED_DELTA_TYPES:
         return None
     return LinearAttention(int(config.linear_num_key_heads), int(config.linear_num_value_heads),
                            int(config.linear_key_head_dim), int(config.linear_value_head_dim),
                            int(config.linear_conv_kernel_dim))
+
+
+def kimi_linear(config: Any) -> bool:
+    """Whether the config is Kimi Linear's (its "linear_attention" layers are Kimi Delta
+    Attention, under self_attn)."""
+    return getattr(config, "model_type", None) == KIMI_LINEAR
 
 
 def gated_queries(config: Any) -> bool:

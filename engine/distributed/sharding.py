@@ -34,8 +34,10 @@ from tokenmill.engine.contract.model_shape import (
     ShortConv,
     double_wide_layers,
     gated_queries,
+    kimi_linear,
     latent_attention_of,
     layer_attention_shapes,
+    linear_attention_layers,
     linear_attention_of,
     mamba1_of,
     mamba2_of,
@@ -101,6 +103,8 @@ class ShardPlan:
     short_conv: ShortConv | None = None
     # A Mamba-1 layer's whole shape (Mamba, Falcon Mamba), None without one.
     mamba1: Mamba1 | None = None
+    # Kimi Linear's delta attention layers, whose self_attn splits by its own heads (`linear`).
+    delta_layers: frozenset[int] = frozenset()
 
     @classmethod
     def for_model(cls, config: Any, rank: int = 0, size: int = 1) -> ShardPlan:
@@ -121,7 +125,9 @@ class ShardPlan:
                    latent.nope_dim + latent.value_dim if latent else 0,
                    gated_queries(config), linear.sharded(size) if linear else None,
                    mamba2_of(config), _tuple(layer_attention_shapes(config)),
-                   double_wide_layers(config), short_conv_of(config), mamba1_of(config))
+                   double_wide_layers(config), short_conv_of(config), mamba1_of(config),
+                   frozenset(linear_attention_layers(config)) if kimi_linear(config)
+                   else frozenset())
 
     def for_layer(self, layer: int) -> ShardPlan:
         """Decoder layer `layer`'s plan: its own KV heads and head size, and MLP width, where
@@ -163,6 +169,8 @@ class ShardPlan:
             return self._vocab_rows(tensor)
         if self.linear is not None and "linear_attn" in parts:
             return self._linear_attention_part(kind, attr, tensor)
+        if layer in self.delta_layers and "self_attn" in parts:
+            return self._delta_attention_part(kind, attr, tensor)
         if self.mamba is not None and _in_mamba_layer(parts):
             return self._mamba_part(kind, attr, tensor)
         if self.mamba1 is not None and _in_mamba_layer(parts, MAMBA1_KINDS, MAMBA1_ATTRS):
@@ -218,6 +226,24 @@ class ShardPlan:
             return tensor[rank * heads:(rank + 1) * heads]
         if kind in ("out_proj", "o_proj"):
             return self._input_columns(tensor, attr, values)
+        return _read(tensor)
+
+    def _delta_attention_part(self, kind: str, attr: str, tensor: Any) -> torch.Tensor:
+        """A Kimi Delta Attention tensor on this rank: its heads' rows of the q, k, v, decay
+        and gate projections, convolutions and decay biases, their write strengths and decay
+        rates, and o_proj's columns for them; the low-rank halves (f_a_proj, g_a_proj) and
+        the norm over a head are whole on every rank."""
+        heads = self.linear.num_v_heads
+        width = heads * self.linear.value_dim
+        if kind in ("q_proj", "k_proj", "v_proj", "f_b_proj", "g_b_proj", "q_conv1d",
+                    "k_conv1d", "v_conv1d") or attr == "dt_bias":
+            return tensor[self.rank * width:(self.rank + 1) * width]
+        if kind == "b_proj":
+            return tensor[self.rank * heads:(self.rank + 1) * heads]
+        if attr == "A_log":  # [1, 1, heads, 1]
+            return _read(tensor)[:, :, self.rank * heads:(self.rank + 1) * heads]
+        if kind == "o_proj":
+            return self._input_columns(tensor, attr, width)
         return _read(tensor)
 
     def _mamba_part(self, kind: str, attr: str, tensor: Any) -> torch.Tensor:

@@ -52,14 +52,17 @@ class KVCacheLayout:
                   kv_cache_dtype: str = "auto", tp_size: int = 1) -> KVCacheLayout:
         dtype = kv_storage_dtype(kv_cache_dtype, model_dtype)
         latent = latent_attention_of(model_config)
-        if latent is not None:
-            return cls(model_config.num_hidden_layers, 1, latent.cache_dim, block_size, dtype,
-                       planes=1)
-        plan = ShardPlan.for_model(model_config, 0, tp_size)
         layers = model_config.num_hidden_layers
+        keeping_none = set(kv_free_layers(model_config))
+        if latent is not None:  # Kimi Linear's latent layers among delta attention ones
+            storing = [i for i in range(layers) if i not in keeping_none]
+            pool = tuple(None if i in keeping_none else storing.index(i)
+                         for i in range(layers)) if keeping_none else None
+            return cls(len(storing), 1, latent.cache_dim, block_size, dtype, planes=1,
+                       pool_layers=pool)
+        plan = ShardPlan.for_model(model_config, 0, tp_size)
         shapes = sharded_layer_shapes(model_config, tp_size)
         sources = kv_sources(model_config)
-        keeping_none = set(kv_free_layers(model_config))
         if not (shapes or sources or keeping_none):
             return cls(layers, plan.num_kv_heads, plan.head_dim, block_size, dtype)
         if not (shapes or sources):  # layers without keys and values: one shape

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 
 CHUNK = 64  # prompt tokens solved together
+# The same where each key channel decays on its own: a chunk's decays are [c, c, key_dim].
+CHANNEL_CHUNK = 32
 
 
 def l2_normalized(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -66,9 +68,11 @@ def conv_step(x: torch.Tensor, states: torch.Tensor, slots: torch.Tensor,
 def delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                beta: torch.Tensor, states: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """One token per sequence (q, k [B, heads, key_dim], v [B, heads, value_dim], g and beta
-    [B, heads], float32) through the rule from each one's state (states [slots, heads,
-    key_dim, value_dim]), updated in place, in float32; returns o [B, heads, value_dim]."""
-    state = states[slots].float() * g.exp()[..., None, None]
+    [B, heads], float32; g [B, heads, key_dim] where each key channel decays on its own, as
+    Kimi's) through the rule from each one's state (states [slots, heads, key_dim,
+    value_dim]), updated in place, in float32; returns o [B, heads, value_dim]."""
+    decay = g.exp()[..., None] if g.dim() == 3 else g.exp()[..., None, None]
+    state = states[slots].float() * decay
     remembered = torch.einsum("bhkv,bhk->bhv", state, k)
     write = (v - remembered) * beta[..., None]
     state = state + k[..., :, None] * write[..., None, :]
@@ -98,6 +102,41 @@ def delta_prompts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
         return torch.linalg.solve_triangular(system, right, upper=False, unitriangular=True)
 
     return decayed_scan(q, k, g, states, slots, writes)
+
+
+def channel_delta_prompts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                          beta: torch.Tensor, states: torch.Tensor,
+                          slots: torch.Tensor) -> torch.Tensor:
+    """delta_prompts where each key channel decays on its own (Kimi Delta Attention: g [B, L,
+    heads, key_dim], 0 for padding), CHANNEL_CHUNK tokens at a time. With b the cumulative
+    log decays (a vector per token) and D_ij = e^(b_i - b_j) per channel (j <= i), token j's
+    write solves u_j + beta_j sum_{m<j} (k_j . D_jm k_m) u_m = beta_j (v_j - s^T (e^(b_j) k_j)),
+    o_i = s^T (e^(b_i) q_i) + sum_{j<=i} (q_i . D_ij k_j) u_j, and the state after the chunk
+    is e^(b_c) s + sum_j (e^(b_c - b_j) k_j) u_j^T: the per-channel factors are kept whole,
+    never split into e^(b_i) and e^(-b_j), which would overflow over a long chunk."""
+    q, k, v, g = (x.transpose(1, 2) for x in (q, k, v, g))
+    beta = beta.transpose(1, 2)
+    s = states[slots].float()
+    outputs = []
+    for start in range(0, q.shape[2], CHANNEL_CHUNK):
+        window = slice(start, start + CHANNEL_CHUNK)
+        qc, kc, vc, strength = q[:, :, window], k[:, :, window], v[:, :, window], \
+            beta[:, :, window]
+        b = g[:, :, window].cumsum(2)  # [B, heads, c, key_dim]
+        size = b.shape[2]
+        seen = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
+        pairs = (b[:, :, :, None] - b[:, :, None]).masked_fill(~seen[..., None], float("-inf"))
+        decayed_k = pairs.exp() * kc[:, :, None]  # [B, heads, i, j, key_dim]: D_ij k_j
+        earlier = torch.einsum("bhjd,bhjmd->bhjm", kc, decayed_k).tril(-1)
+        system = strength[..., None] * earlier + torch.eye(size, dtype=q.dtype, device=q.device)
+        right = strength[..., None] * (vc - (kc * b.exp()) @ s)
+        u = torch.linalg.solve_triangular(system, right, upper=False, unitriangular=True)
+        scores = torch.einsum("bhid,bhijd->bhij", qc, decayed_k)
+        outputs.append((qc * b.exp()) @ s + scores @ u)
+        last = b[:, :, -1:]
+        s = last.transpose(-1, -2).exp() * s + (kc * (last - b).exp()).transpose(-1, -2) @ u
+    states[slots] = s.to(states.dtype)
+    return torch.cat(outputs, dim=2).transpose(1, 2)
 
 
 Writes = Callable[[slice, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
@@ -140,3 +179,12 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor,
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     h = weight * h.to(x.dtype)
     return (h * F.silu(gate.float())).to(x.dtype)
+
+
+def sigmoid_gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor,
+                           eps: float) -> torch.Tensor:
+    """RMSNorm of each head's output and its weight in float32, times the sigmoid of its
+    gate, as transformers' KimiLinearRMSNormGated (Kimi Delta Attention's output norm)."""
+    h = x.float()
+    h = weight.float() * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps))
+    return (h * torch.sigmoid(gate.float())).to(x.dtype)

@@ -56,6 +56,9 @@ class ArchitectureFlags:
     # width) and scaled by attention_value_scale; its sliding layers have twice the KV heads
     # (contract/model_shape.py) and attention sinks, its full layers neither.
     mimo_v2: bool = False
+    # Kimi Linear: its "linear_attention" layers are Kimi Delta Attention
+    # (models/kimi_delta_attention.py), its others latent attention without rotary.
+    kimi_linear: bool = False
     # GLM-5: its sparse attention's indexer turns adjacent rotary pairs, as its latent
     # attention does (DeepSeek-V3.2's indexer turns two halves).
     indexer_rope_interleaved: bool = False
@@ -280,6 +283,11 @@ SUPPORTED = {
     # GLM-5: V3.2's layers, some reusing the last full layer's choice (indexer_types).
     "GlmMoeDsaForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True,
                                               indexer_rope_interleaved=True),
+    # Moonshot's Kimi Linear: Kimi Delta Attention in three layers of four, latent attention
+    # without positional encoding in the fourth, DeepSeek-V3's routing over experts stored
+    # as Mixtral's (block_sparse_moe, w1/w2/w3; fused_weights.py).
+    "KimiLinearForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True,
+                                               kimi_linear=True),
     # Tencent's Youtu-LLM: DeepSeek-V3's latent attention over Llama's MLP in every layer.
     "YoutuForCausalLM": ArchitectureFlags(latent_attention=True),
     # GLM-4.7-Flash: DeepSeek-V3's layers, its dense ones named by mlp_layer_types.
@@ -429,6 +437,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "deepseek_v32": "DeepseekV32ForCausalLM", "glm_moe_dsa": "GlmMoeDsaForCausalLM",
                "youtu": "YoutuForCausalLM", "cwm": "CwmForCausalLM", "jais2": "Jais2ForCausalLM",
                "exaone_moe": "ExaoneMoeForCausalLM", "mimo_v2_flash": "MiMoV2FlashForCausalLM",
+               "kimi_linear": "KimiLinearForCausalLM",
                "dots1": "Dots1ForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
                "qwen3_5_text": "Qwen3_5ForCausalLM", "llama4_text": "Llama4ForCausalLM",
                "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
@@ -1061,8 +1070,9 @@ def rotates_at(config: Any, layer: int) -> bool:
     full-attention layers do not where it has sliding ones."""
     if flags_of(config).full_layers_nope and getattr(config, "sliding_window", None):
         return layer_window_of(config, layer) is not None
-    if flags_of(config).mixer_blocks or getattr(config, "model_type", None) == "jamba":
-        return False  # Nemotron-H's and Jamba's attention: no positional encoding
+    if flags_of(config).mixer_blocks or flags_of(config).kimi_linear or \
+            getattr(config, "model_type", None) == "jamba":
+        return False  # Nemotron-H's, Kimi Linear's and Jamba's attention: no positions
     if flags_of(config).learned_positions or flags_of(config).alibi:
         return False  # positions embedded with the tokens, or biasing the scores (ALiBi)
     if getattr(config, "model_type", None) == "olmo_hybrid":  # rotary where a base is given

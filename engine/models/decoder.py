@@ -72,6 +72,7 @@ from tokenmill.engine.models.gemma4 import (
     per_layer_input_width,
     per_layer_inputs,
 )
+from tokenmill.engine.models.kimi_delta_attention import KimiDeltaAttention
 from tokenmill.engine.models.latent_attention import LatentSelfAttention
 from tokenmill.engine.models.mamba1_mixer import Mamba1Mixer
 from tokenmill.engine.models.mamba2_mixer import Mamba2Mixer
@@ -364,8 +365,11 @@ class DecoderLayer(nn.Module):
         # Bamba's Mamba-2 (mamba), LFM2's convolution (conv), else Qwen3.5's gated delta net
         # (linear_attn).
         self.recurrent_name = "mamba" if mamba2_of(config) or mamba1_of(config) else \
-            "conv" if short_conv_of(config) else "linear_attn"
-        if linear and mamba2_of(config):
+            "conv" if short_conv_of(config) else \
+            "self_attn" if flags.kimi_linear else "linear_attn"
+        if linear and flags.kimi_linear:
+            self.self_attn = KimiDeltaAttention(config, tp)
+        elif linear and mamba2_of(config):
             self.mamba = Mamba2Mixer(config, tp)
         elif linear and mamba1_of(config):  # Jamba's
             self.mamba = Mamba1Mixer(config, tp)

@@ -135,6 +135,10 @@ RENAMED_PARTS["mamba2"] = RENAMED_PARTS["mamba"] = RENAMED_PARTS["falcon_mamba"]
 RENAMED_PARTS["falcon_h1"] = RENAMED_PARTS["jamba"] = RENAMED_PARTS["bamba"]
 RENAMED_PARTS["apertus"] = {".attention_layernorm.": ".input_layernorm.",
                             ".feedforward_layernorm.": ".post_attention_layernorm."}
+# Kimi Linear: its experts (and its dense layers' MLP, as transformers saves it) under
+# block_sparse_moe, each expert's w1, w3 and w2, read under DeepSeek-V3's names.
+RENAMED_PARTS["kimi_linear"] = {".block_sparse_moe.": ".mlp.", ".w1.": ".gate_proj.",
+                                ".w3.": ".up_proj.", ".w2.": ".down_proj."}
 RENAMED_PARTS["mimo_v2_flash"] = {".self_attn.attention_sink_bias": ".self_attn.sinks"}
 RENAMED_PARTS["vaultgemma"] = {".pre_feedforward_layernorm.": ".post_attention_layernorm."}
 # EXAONE 3 and 3.5: Llama's layers under GPT-2's names.

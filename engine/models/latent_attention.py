@@ -115,7 +115,7 @@ class LatentSelfAttention(nn.Module):
         if indexer == "full":
             self.indexer = Indexer(config, flags_of(config).indexer_rope_interleaved)
 
-    def forward(self, x: torch.Tensor, rope: RopeRows | RopeKernel | ScaledQueries,
+    def forward(self, x: torch.Tensor, rope: RopeRows | RopeKernel | ScaledQueries | None,
                 kv_cache: KVLayer, meta: AttentionMetadata) -> torch.Tensor:
         latent, tokens = self.latent, x.shape[0]
         if latent.q_lora_rank is None:
@@ -134,7 +134,8 @@ class LatentSelfAttention(nn.Module):
         scale = rope.scale if isinstance(rope, ScaledQueries) else None
         if scale is not None:
             rope = rope.rope
-        q_rot, k_rot = rope.rotate(q_rot, k_rot)
+        if rope is not None:  # None: Kimi Linear's, without positional encoding
+            q_rot, k_rot = rope.rotate(q_rot, k_rot)
         key_half, value_half = self.kv_b_proj.halves()
         # Each head's query in the latent's space: q_nope · (W_k c) == (q_nope W_k) · c.
         q_latent = torch.einsum("thn,hnr->thr", q_nope, key_half)
