@@ -25,12 +25,14 @@ from tokenmill.engine.contract.model_shape import linear_attention_of
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
 from tokenmill.engine.layers.gated_delta import (
+    channel_delta_prompts,
     conv_prompts,
     conv_step,
     delta_prompts,
     delta_step,
     gated_rms_norm,
     l2_normalized,
+    sigmoid_gated_rms_norm,
 )
 from tokenmill.engine.layers.linear import MergedLinear
 from tokenmill.engine.layers.state_layer import StateLayer
@@ -135,16 +137,40 @@ def convolve(x: torch.Tensor, states: StateLayer, runs: SequenceRuns, weight: to
         lambda: torch.empty_like(x))
 
 
-class GatedNorm(nn.Module):
-    """Each value head's RMSNorm (weight over value_dim), times SiLU of its gate."""
+def delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+               beta: torch.Tensor, ssm: torch.Tensor, runs: SequenceRuns) -> torch.Tensor:
+    """The step's rows through the gated delta rule (float32; g [T, heads], or [T, heads,
+    key_dim] where each key channel decays on its own, Kimi's), each sequence from its state
+    in `ssm`: the decoding ones together, the prompt chunks together."""
+    prompt_rule = channel_delta_prompts if g.dim() == 3 else delta_prompts
 
-    def __init__(self, size: int, eps: float):
+    def step(rows: torch.Tensor | None, slots: torch.Tensor) -> torch.Tensor:
+        def pick(t: torch.Tensor) -> torch.Tensor:
+            return t if rows is None else t[rows]
+
+        return delta_step(pick(q), pick(k), pick(v), pick(g), pick(beta), ssm, slots)
+
+    def prompts(p: PromptRuns) -> torch.Tensor:  # padding neither decays nor writes
+        own = p.mask[..., None]
+        decay_own = own[..., None] if g.dim() == 3 else own
+        return prompt_rule(p.padded(q), p.padded(k), p.padded(v), p.padded(g) * decay_own,
+                           p.padded(beta) * own, ssm, p.slots)
+
+    return runs.mix(step, prompts, lambda: torch.empty_like(v))
+
+
+class GatedNorm(nn.Module):
+    """Each value head's RMSNorm (weight over value_dim), times SiLU of its gate (Kimi's:
+    the sigmoid, `sigmoid`)."""
+
+    def __init__(self, size: int, eps: float, sigmoid: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.norm = sigmoid_gated_rms_norm if sigmoid else gated_rms_norm
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        return gated_rms_norm(x, gate, self.weight, self.eps)
+        return self.norm(x, gate, self.weight, self.eps)
 
 
 class GatedDeltaNet(nn.Module):
@@ -209,23 +235,7 @@ class GatedDeltaNet(nn.Module):
         beta = b.sigmoid().float()
         if self.beta_scale != 1.0:
             beta = beta * self.beta_scale
-        o = self._delta(q, k, v, g, beta, states, runs).to(x.dtype)
+        o = delta_rule(q, k, v, g, beta, states.ssm, runs).to(x.dtype)
         o = getattr(self, self.norm_name)(o, z.reshape(tokens, shape.num_v_heads,
                                                        shape.value_dim))
         return self.tp.all_reduce(getattr(self, self.out_name)(o.reshape(tokens, -1)))
-
-    def _delta(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-               beta: torch.Tensor, states: StateLayer, runs: SequenceRuns) -> torch.Tensor:
-        def step(rows: torch.Tensor | None, slots: torch.Tensor) -> torch.Tensor:
-            def pick(t: torch.Tensor) -> torch.Tensor:
-                return t if rows is None else t[rows]
-
-            return delta_step(pick(q), pick(k), pick(v), pick(g), pick(beta), states.ssm,
-                              slots)
-
-        def prompts(p: PromptRuns) -> torch.Tensor:  # padding neither decays nor writes
-            own = p.mask[..., None]
-            return delta_prompts(p.padded(q), p.padded(k), p.padded(v), p.padded(g) * own,
-                                 p.padded(beta) * own, states.ssm, p.slots)
-
-        return runs.mix(step, prompts, lambda: torch.empty_like(v))

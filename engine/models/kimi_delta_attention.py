@@ -21,29 +21,17 @@ from torch import nn
 from tokenmill.engine.contract.model_shape import linear_attention_of
 from tokenmill.engine.distributed.group import TPGroup
 from tokenmill.engine.layers.attention_metadata import AttentionMetadata
-from tokenmill.engine.layers.gated_delta import (
-    channel_delta_prompts,
-    delta_step,
-    l2_normalized,
-    sigmoid_gated_rms_norm,
-)
+from tokenmill.engine.layers.gated_delta import l2_normalized
 from tokenmill.engine.layers.linear import MergedLinear
 from tokenmill.engine.layers.state_layer import StateLayer
-from tokenmill.engine.models.gated_delta_net import PromptRuns, convolve, sequence_runs
+from tokenmill.engine.models.gated_delta_net import (
+    GatedNorm,
+    convolve,
+    delta_rule,
+    sequence_runs,
+)
 
 CONVS = ("q_conv1d", "k_conv1d", "v_conv1d")
-
-
-class OutputNorm(nn.Module):
-    """o_norm: each head's RMSNorm (weight over head_dim), times the sigmoid of its gate."""
-
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        return sigmoid_gated_rms_norm(x, gate, self.weight, self.eps)
 
 
 class KimiDeltaAttention(nn.Module):
@@ -67,7 +55,7 @@ class KimiDeltaAttention(nn.Module):
         self.g_b_proj = nn.Linear(rank, width, bias=False)
         self.dt_bias = nn.Parameter(torch.zeros(width))
         self.A_log = nn.Parameter(torch.zeros(1, 1, self.num_heads, 1))
-        self.o_norm = OutputNorm(self.head_dim, float(config.rms_norm_eps))
+        self.o_norm = GatedNorm(self.head_dim, float(config.rms_norm_eps), sigmoid=True)
         self.o_proj = nn.Linear(width, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, states: StateLayer,
@@ -84,21 +72,7 @@ class KimiDeltaAttention(nn.Module):
         g = decay * F.softplus(self.f_b_proj(f_a).float().reshape(tokens, heads, dim)
                                + self.dt_bias.float().reshape(heads, dim))
         beta = b.float().sigmoid()
-
-        def step(rows: torch.Tensor | None, slots: torch.Tensor) -> torch.Tensor:
-            def pick(t: torch.Tensor) -> torch.Tensor:
-                return t if rows is None else t[rows]
-
-            return delta_step(pick(q), pick(k), pick(v), pick(g), pick(beta), states.ssm,
-                              slots)
-
-        def prompts(p: PromptRuns) -> torch.Tensor:  # padding neither decays nor writes
-            own = p.mask[..., None]
-            return channel_delta_prompts(p.padded(q), p.padded(k), p.padded(v),
-                                         p.padded(g) * own[..., None], p.padded(beta) * own,
-                                         states.ssm, p.slots)
-
-        o = runs.mix(step, prompts, lambda: torch.empty_like(v)).to(x.dtype)
+        o = delta_rule(q, k, v, g, beta, states.ssm, runs).to(x.dtype)
         gate = self.g_b_proj(g_a).reshape(tokens, heads, dim)
         o = self.o_norm(o, gate)
         return self.tp.all_reduce(self.o_proj(o.reshape(tokens, -1)))
