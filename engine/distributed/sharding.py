@@ -63,6 +63,10 @@ def check_tensor_parallel(config: Any, size: int) -> None:
     """ConfigError naming --tensor-parallel-size when the model can't be split `size` ways."""
     if size == 1:
         return
+    if getattr(config, "model_type", None) == "gemma3n_text":
+        raise ConfigError("tensor_parallel_size", f"{size}: Gemma 3n is served on one device "
+                          "(its sparse activations cut each MLP row at statistics of the whole "
+                          "row); use 1")
     problems = ModelShape.of(config).problems(size)
     if problems:
         raise ConfigError("tensor_parallel_size",

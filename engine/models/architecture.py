@@ -52,6 +52,9 @@ class ArchitectureFlags:
     nanochat: bool = False
     # DeepSeek-V2/V3: multi-head latent attention (models/latent_attention.py).
     latent_attention: bool = False
+    # Gemma 3n: AltUp's streams for the residual stream, LAuReL, sparse activations
+    # (models/gemma3n.py) around Gemma 4's attention.
+    gemma3n: bool = False
     # MiMo-V2-Flash: values narrower than keys (v_head_dim; the cache pads them to a key's
     # width) and scaled by attention_value_scale; its sliding layers have twice the KV heads
     # (contract/model_shape.py) and attention sinks, its full layers neither.
@@ -133,6 +136,8 @@ SUPPORTED = {
     "VaultGemmaForCausalLM": ArchitectureFlags(gemma=True),
     "Gemma3ForCausalLM": ArchitectureFlags(gemma=True, sandwich_norms=True, qk_norm=True),
     "Gemma4ForCausalLM": ArchitectureFlags(gemma4=True, sandwich_norms=True, qk_norm=True),
+    # Gemma 3n (E2B, E4B): AltUp, LAuReL, per-layer inputs, shared KV, sparse activations.
+    "Gemma3nForCausalLM": ArchitectureFlags(gemma3n=True, qk_norm=True),
     # Phi-3 and Phi-4: Llama's layers, stored fused (models/fused_weights.py).
     "Phi3ForCausalLM": ArchitectureFlags(),
     "GraniteForCausalLM": ArchitectureFlags(granite=True),
@@ -410,7 +415,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "qwen3_moe": "Qwen3MoeForCausalLM", "gemma": "GemmaForCausalLM",
                "gemma2": "Gemma2ForCausalLM", "vaultgemma": "VaultGemmaForCausalLM",
                "gemma3_text": "Gemma3ForCausalLM",
-               "gemma4_text": "Gemma4ForCausalLM",
+               "gemma4_text": "Gemma4ForCausalLM", "gemma3n_text": "Gemma3nForCausalLM",
                "phi3": "Phi3ForCausalLM", "granite": "GraniteForCausalLM",
                "granitemoe": "GraniteMoeForCausalLM",
                "granitemoeshared": "GraniteMoeSharedForCausalLM",
@@ -453,6 +458,7 @@ QWEN3_5_MOE = "qwen3_5_moe_text"
 # text it is exactly its causal decoder: served text-only (models/multimodal.py). PaliGemma's
 # prompt attends both ways: not here.
 MULTIMODAL_TEXT_MODELS = ("Gemma3ForConditionalGeneration", "Gemma4ForConditionalGeneration",
+                          "Gemma3nForConditionalGeneration",
                           "Mistral3ForConditionalGeneration",
                           "LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
                           "LlavaOnevisionForConditionalGeneration",
@@ -705,9 +711,21 @@ def _phimoe_names(config: Any) -> None:
     config.layer_norm_eps = config.rms_norm_eps
 
 
+def _gemma3n_names(config: Any) -> None:
+    """Gemma 3n lists an MLP width per layer; the released models' are all one."""
+    widths = config.intermediate_size
+    if isinstance(widths, (list, tuple)):
+        if len(set(widths)) != 1:
+            raise ModelLoadError(f"intermediate_size {list(widths)}: MLPs of different widths "
+                                 "per layer are not supported; Gemma 3n E2B's and E4B's are "
+                                 "one width")
+        config.intermediate_size = int(widths[0])
+
+
 # Each family whose config names what the engine reads its own way, by model type, and how.
 FAMILY_NAMES = {**dict.fromkeys(GPT2_NAMED_TYPES, _gpt2_family_names), "mpt": _mpt_names,
-                "dbrx": _dbrx_names, "falcon": _falcon_names, "phimoe": _phimoe_names}
+                "dbrx": _dbrx_names, "falcon": _falcon_names, "phimoe": _phimoe_names,
+                "gemma3n_text": _gemma3n_names}
 
 
 def declare_family_names(config: Any) -> None:

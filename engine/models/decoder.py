@@ -67,6 +67,12 @@ from tokenmill.engine.models.architecture import (
 from tokenmill.engine.models.dsa_indexer import indexer_kinds
 from tokenmill.engine.models.falcon_h1 import FalconH1Layer, FalconH1Mixer
 from tokenmill.engine.models.gated_delta_net import GatedDeltaNet
+from tokenmill.engine.models.gemma3n import (
+    Gemma3nLayer,
+    collapse_streams,
+    expand_streams,
+    stream_projections,
+)
 from tokenmill.engine.models.gemma4 import (
     Gemma4Experts,
     per_layer_input_width,
@@ -142,7 +148,7 @@ class Attention(nn.Module):
         # Gemma 4's full-attention layers take their values from the keys' projection.
         self.values_from_keys = flags.gemma4 and window is None and \
             bool(getattr(config, "attention_k_eq_v", False))
-        self.value_norm_eps = rms_norm_eps_of(config) if flags.gemma4 else None
+        self.value_norm_eps = rms_norm_eps_of(config) if flags.gemma4 or flags.gemma3n else None
         # ERNIE 4.5's use_bias puts a bias on every projection, attention's and the MLP's.
         bias = bool(getattr(config, "attention_bias", False) or getattr(config, "use_bias", False)
                     or flags.phi)
@@ -190,7 +196,7 @@ class Attention(nn.Module):
         scale = float(config.attention_multiplier) if flags.granite else scaled_by ** -0.5
         if flags.falcon_h1:  # its keys times key_multiplier: the scores take it
             scale *= float(config.key_multiplier)
-        if flags.gemma4:  # its q and k norms set the scale
+        if flags.gemma4 or flags.gemma3n:  # their q and k norms set the scale
             scale = 1.0
         if getattr(config, "softmax_scale", None):  # MPT's, where its config sets one
             scale = float(config.softmax_scale)
@@ -513,7 +519,8 @@ class DecoderModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(plan, config.hidden_size, tp)
         # Gemma multiplies the embeddings by sqrt(hidden_size), rounded to the model dtype;
         # Granite by its embedding_multiplier, as it is.
-        self.embed_scale = config.hidden_size ** 0.5 if flags.gemma or flags.gemma4 else None
+        self.embed_scale = config.hidden_size ** 0.5 \
+            if flags.gemma or flags.gemma4 or flags.gemma3n else None
         self.embed_multiplier = float(config.embedding_multiplier) \
             if flags.granite or flags.falcon_h1 else None
         # Granite's multiplier scales transformers' inputs_embeds, Falcon-H1's only the
@@ -537,13 +544,23 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(
             mixer_blocks(config, plan, tp, moe) if flags.mixer_blocks else
             falcon_h1_layers(config, plan, tp) if flags.falcon_h1 else
+            (Gemma3nLayer(config, Attention(config, plan, tp, windows[i],
+                                            reads_earlier_kv=sources[i] != i,
+                                            rotates=self.rotates[i]), i)
+             for i in range(config.num_hidden_layers)) if flags.gemma3n else
             (DecoderLayer(config, plan, tp, moe if moe is not None and moe.is_sparse(i) else None,
                           windows[i], shapes[i] if shapes else None, sources[i] != i,
                           i in linear, attention_chunk_of(config, i), self.rotates[i],
                           indexers[i])
              for i in range(config.num_hidden_layers)))
-        # Gemma 4 E2B and E4B: a small input embedding per layer (models/gemma4.py).
-        per_layer = per_layer_input_width(config) if flags.gemma4 else 0
+        # Gemma 3n's AltUp streams: projected from the embeddings and back (models/gemma3n.py).
+        self.altup = flags.gemma3n
+        if self.altup:
+            self.altup_projections = stream_projections(config)
+            self.altup_unembed_projections = stream_projections(config)
+        # Gemma 4 E2B and E4B (and Gemma 3n): a small input embedding per layer
+        # (models/gemma4.py).
+        per_layer = per_layer_input_width(config) if flags.gemma4 or flags.gemma3n else 0
         self.per_layer = per_layer > 0
         if self.per_layer:
             layers = config.num_hidden_layers
@@ -618,6 +635,8 @@ class DecoderModel(nn.Module):
         own = per_layer_inputs(self, input_ids, x) if self.per_layer else None
         nope = None if self.nope_temperature is None else \
             nope_query_scale(positions, *self.nope_temperature)
+        if self.altup:
+            x = expand_streams(self.altup_projections, x)
         residual = None
         for index, (layer, local, rotates, kv_cache) in enumerate(zip(
                 self.layers, self.local_rope, self.rotates, kv_caches, strict=True)):
@@ -627,6 +646,8 @@ class DecoderModel(nn.Module):
             for row, rows in deep:  # x is the layer's output not yet in the residual stream
                 if rows.shape[1] > index * width:
                     x[row:row + rows.shape[0]] += rows[:, index * width:(index + 1) * width]
+        if self.altup:
+            x = collapse_streams(self.altup_unembed_projections, x)
         return self.norm(x, residual, meta.backend)[0]
 
 
@@ -685,7 +706,8 @@ class CausalLM(nn.Module):
 
 def prompt_embeds_refusal(config: Any) -> str | None:
     """Why this model cannot take a prompt given as embeddings (None: it can)."""
-    if flags_of(config).gemma4 and per_layer_input_width(config):
+    if (flags_of(config).gemma4 or flags_of(config).gemma3n) and \
+            per_layer_input_width(config):
         return ("it reads an embedding per layer from each prompt token's id (Gemma 4's "
                 "per-layer inputs), which embeddings do not give")
     return None

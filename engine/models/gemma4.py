@@ -88,7 +88,9 @@ def per_layer_inputs(model: nn.Module, input_ids: torch.Tensor,
     table = model.embed_tokens_per_layer
     layers = model.config.num_hidden_layers
     width = table.weight.shape[1] // layers
-    own = table(input_ids) * torch.tensor(width ** 0.5, dtype=table.weight.dtype).item()
+    # Ids past the table's (Gemma 3n's table may be smaller than the vocabulary) read row 0.
+    ids = torch.where(input_ids < table.num_embeddings, input_ids, 0)
+    own = table(ids) * torch.tensor(width ** 0.5, dtype=table.weight.dtype).item()
     projected = model.per_layer_model_projection(embeddings) * embeddings.shape[-1] ** -0.5
     projected = model.per_layer_projection_norm(projected.view(-1, layers, width))[0]
     return (projected + own.view(-1, layers, width)) * 2 ** -0.5
