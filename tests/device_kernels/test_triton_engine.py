@@ -191,6 +191,17 @@ def test_gemma4s_layers_of_two_head_sizes_run_through_the_kernels_and_graphs(
     _graphed_kernels_equal_torch(directory, seed=11)
 
 
+def test_gemma3ns_streams_run_through_the_kernels_and_graphs(tmp_path, vocab_tokenizer):
+    """Gemma 3n's layers over AltUp's streams: their norms through the norm kernel, attention
+    through the kernels in prompt chunks, sliding windows and captured decode steps."""
+    from gemma3n_support import gemma3n_config
+    from model_support import make_random_model
+
+    directory = make_random_model(str(tmp_path / "gemma3n"), gemma3n_config(len(vocab_tokenizer)),
+                                  vocab_tokenizer, draw_norms=True)
+    _graphed_kernels_equal_torch(directory, seed=12)
+
+
 def test_qwen3_5s_linear_attention_runs_beside_the_kernels_and_graphs(tmp_path,
                                                                     vocab_tokenizer):
     """Qwen3.5's gated delta nets (torch ops, reading and writing each sequence's state slot)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gemma3n_support import gemma3n_config
 from model_support import (
     greedy_three_ways,
     greedy_with_hf_logprobs,
@@ -22,18 +23,6 @@ from tokenmill.engine.contract.config import ConfigError
 
 MAX_NEW = 8
 ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=8, max_num_batched_tokens=32)
-
-
-def gemma3n_config(vocab: int):
-    import transformers
-
-    return transformers.Gemma3nTextConfig(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=6,
-        layer_types=["sliding_attention", "full_attention"] * 3, num_kv_shared_layers=2,
-        hidden_size_per_layer_input=8, vocab_size_per_layer_input=vocab // 2, laurel_rank=8,
-        activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0, 0.0, 0.0],
-        max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 
 @pytest.fixture(scope="module")
