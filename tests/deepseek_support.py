@@ -21,7 +21,8 @@ def deepseek_config(kind: str, vocab: int, **changes: Any) -> Any:
     correction bias, and each query scaled by its position past a short pretraining context.
     DeepSeek-V3.2 and GLM-5 (glm_moe_dsa): V3's layers with sparse attention (an indexer
     chooses the 8 positions each query sees), GLM-5's indexer over interleaved rotary pairs
-    and one layer reusing another's choice. Youtu-LLM: V3's attention, no experts."""
+    and one layer reusing another's choice. Youtu-LLM: V3's attention, no experts. MiniCPM3:
+    V2's attention over halves of the rotary part, no experts, MiniCPM's multipliers."""
     import transformers
 
     common = dict(vocab_size=vocab, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
@@ -45,10 +46,14 @@ def deepseek_config(kind: str, vocab: int, **changes: Any) -> Any:
                              "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1,
                              "llama_4_scaling_beta": 0.5},
             **common)
+    dense = {k: v for k, v in common.items()
+             if not k.startswith(("n_", "num_experts", "moe_", "first_k"))}
     if kind == "youtu":  # V3's attention over Llama's MLP in every layer: no experts
-        dense = {k: v for k, v in common.items()
-                 if not k.startswith(("n_", "num_experts", "moe_", "first_k"))}
         return transformers.YoutuConfig(q_lora_rank=48, **dense)
+    if kind == "minicpm3":  # V2's attention (rotary over halves) over Llama's MLP, its
+        # embeddings, branches and last hidden state scaled
+        return transformers.MiniCPM3Config(q_lora_rank=48, scale_emb=3.0, scale_depth=1.4,
+                                           dim_model_base=16, **dense)
     if kind in ("deepseek_v32", "glm_moe_dsa"):  # V3's layers, sparse attention past 8
         # positions: an indexer of 16 heads (ties in its scores unlikely) 16 wide
         sparse = dict(q_lora_rank=48, routed_scaling_factor=2.5, norm_topk_prob=True,

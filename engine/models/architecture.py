@@ -52,6 +52,9 @@ class ArchitectureFlags:
     nanochat: bool = False
     # DeepSeek-V2/V3: multi-head latent attention (models/latent_attention.py).
     latent_attention: bool = False
+    # HyperCLOVA X: Granite's multipliers but logits times logits_scaling, and a norm after
+    # each branch (Gemma's sandwich) where use_post_norm (sandwich_norms_of).
+    logits_times_scaling: bool = False
     # Gemma 3n: AltUp's streams for the residual stream, LAuReL, sparse activations
     # (models/gemma3n.py) around Gemma 4's attention.
     gemma3n: bool = False
@@ -136,6 +139,9 @@ SUPPORTED = {
     "VaultGemmaForCausalLM": ArchitectureFlags(gemma=True),
     "Gemma3ForCausalLM": ArchitectureFlags(gemma=True, sandwich_norms=True, qk_norm=True),
     "Gemma4ForCausalLM": ArchitectureFlags(gemma4=True, sandwich_norms=True, qk_norm=True),
+    # Naver's HyperCLOVA X SEED: Granite's layers with a norm after each branch (post_norm1,
+    # post_norm2: fused_weights.py reads them as Gemma's sandwich norms), logits multiplied.
+    "HyperCLOVAXForCausalLM": ArchitectureFlags(granite=True, logits_times_scaling=True),
     # Gemma 3n (E2B, E4B): AltUp, LAuReL, per-layer inputs, shared KV, sparse activations.
     "Gemma3nForCausalLM": ArchitectureFlags(gemma3n=True, qk_norm=True),
     # Phi-3 and Phi-4: Llama's layers, stored fused (models/fused_weights.py).
@@ -293,6 +299,9 @@ SUPPORTED = {
     # as Mixtral's (block_sparse_moe, w1/w2/w3; fused_weights.py).
     "KimiLinearForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True,
                                                kimi_linear=True),
+    # OpenBMB's MiniCPM3: DeepSeek-V2's latent attention (rotary over halves, not pairs) over
+    # Llama's MLP, with Granite's multipliers under its own names (_minicpm3_names).
+    "MiniCPM3ForCausalLM": ArchitectureFlags(latent_attention=True, granite=True),
     # Tencent's Youtu-LLM: DeepSeek-V3's latent attention over Llama's MLP in every layer.
     "YoutuForCausalLM": ArchitectureFlags(latent_attention=True),
     # GLM-4.7-Flash: DeepSeek-V3's layers, its dense ones named by mlp_layer_types.
@@ -442,7 +451,8 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "deepseek_v32": "DeepseekV32ForCausalLM", "glm_moe_dsa": "GlmMoeDsaForCausalLM",
                "youtu": "YoutuForCausalLM", "cwm": "CwmForCausalLM", "jais2": "Jais2ForCausalLM",
                "exaone_moe": "ExaoneMoeForCausalLM", "mimo_v2_flash": "MiMoV2FlashForCausalLM",
-               "kimi_linear": "KimiLinearForCausalLM",
+               "kimi_linear": "KimiLinearForCausalLM", "hyperclovax": "HyperCLOVAXForCausalLM",
+               "minicpm3": "MiniCPM3ForCausalLM",
                "dots1": "Dots1ForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
                "qwen3_5_text": "Qwen3_5ForCausalLM", "llama4_text": "Llama4ForCausalLM",
                "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
@@ -711,6 +721,16 @@ def _phimoe_names(config: Any) -> None:
     config.layer_norm_eps = config.rms_norm_eps
 
 
+def _minicpm3_names(config: Any) -> None:
+    """MiniCPM3's embeddings times scale_emb, each branch times scale_depth / sqrt(layers) as
+    it joins the stream, the last hidden state divided by hidden_size / dim_model_base (its
+    config's logits_scaling, the same as dividing the logits): Granite's multipliers. Its
+    latent attention turns the two halves of the rotary part, not adjacent pairs."""
+    config.embedding_multiplier = float(config.scale_emb)
+    config.residual_multiplier = float(config.scale_depth) / config.num_hidden_layers ** 0.5
+    config.rope_interleave = False
+
+
 def _gemma3n_names(config: Any) -> None:
     """Gemma 3n lists an MLP width per layer; the released models' are all one."""
     widths = config.intermediate_size
@@ -725,7 +745,7 @@ def _gemma3n_names(config: Any) -> None:
 # Each family whose config names what the engine reads its own way, by model type, and how.
 FAMILY_NAMES = {**dict.fromkeys(GPT2_NAMED_TYPES, _gpt2_family_names), "mpt": _mpt_names,
                 "dbrx": _dbrx_names, "falcon": _falcon_names, "phimoe": _phimoe_names,
-                "gemma3n_text": _gemma3n_names}
+                "gemma3n_text": _gemma3n_names, "minicpm3": _minicpm3_names}
 
 
 def declare_family_names(config: Any) -> None:
@@ -1059,6 +1079,14 @@ def rms_norm_eps_of(config: Any) -> float:
         if eps is not None:
             return float(eps)
     raise ModelLoadError("the config gives no RMSNorm epsilon (rms_norm_eps)")
+
+
+def sandwich_norms_of(config: Any) -> bool:
+    """Whether each branch's output is normalized before it joins the stream (Gemma 2 and 3;
+    HyperCLOVA X where use_post_norm)."""
+    if flags_of(config).logits_times_scaling:
+        return bool(getattr(config, "use_post_norm", False))
+    return flags_of(config).sandwich_norms
 
 
 def layer_window_of(config: Any, layer: int) -> int | None:

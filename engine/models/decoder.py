@@ -63,6 +63,7 @@ from tokenmill.engine.models.architecture import (
     parallel_norms_of,
     rms_norm_eps_of,
     rotates_at,
+    sandwich_norms_of,
 )
 from tokenmill.engine.models.dsa_indexer import indexer_kinds
 from tokenmill.engine.models.falcon_h1 import FalconH1Layer, FalconH1Mixer
@@ -389,7 +390,7 @@ class DecoderLayer(nn.Module):
                 else Attention(config, plan, tp, window, shape, reads_earlier_kv, chunk, rotates)
         if not self.parallel or self.parallel_norms:
             self.post_attention_layernorm = norm()
-        self.sandwich = flags.sandwich_norms
+        self.sandwich = sandwich_norms_of(config)
         if self.sandwich:
             self.pre_feedforward_layernorm = norm()
         if self.sandwich or self.post_norms_only:
@@ -439,12 +440,12 @@ class DecoderLayer(nn.Module):
             x, residual = self.post_attention_layernorm(self._joining(x), residual, meta.backend)
             return self._joining(getattr(self, self.feed_forward_name)(x, meta.backend)), residual
         x, _ = self.post_attention_layernorm(x, None, meta.backend)
-        x, residual = self.pre_feedforward_layernorm(x, residual, meta.backend)
+        x, residual = self.pre_feedforward_layernorm(self._joining(x), residual, meta.backend)
         x = getattr(self, self.feed_forward_name)(x, meta.backend)
         if self.moe is not None:
             x = self.post_feedforward_layernorm_1(x, None, meta.backend)[0] + \
                 self.moe(residual, meta.backend)
-        x = self.post_feedforward_layernorm(x, None, meta.backend)[0]
+        x = self._joining(self.post_feedforward_layernorm(x, None, meta.backend)[0])
         if self.layer_scalar is not None:  # the stream whole, scaled: no residual carried
             stream = residual + x
             if self.per_layer_input_gate is not None:
@@ -677,12 +678,13 @@ class CausalLM(nn.Module):
             nn.Linear(config.hidden_size, len(classifier.labels), bias=False)
         # Gemma 2: logits pass through softcap * tanh(logits / softcap).
         self.final_softcap = getattr(config, "final_logit_softcapping", None)
-        # Granite divides its logits by logits_scaling.
+        # Granite divides its logits by logits_scaling (HyperCLOVA X multiplies them).
         self.logits_divisor = (float(config.logits_scaling) if flags_of(config).granite
-                               else None)
+                               and not flags_of(config).logits_times_scaling else None)
         # Cohere multiplies them by logit_scale, Falcon-H1 by lm_head_multiplier.
         self.logit_scale = float(config.logit_scale) if flags_of(config).cohere else \
-            float(config.lm_head_multiplier) if flags_of(config).falcon_h1 else None
+            float(config.lm_head_multiplier) if flags_of(config).falcon_h1 else \
+            float(config.logits_scaling) if flags_of(config).logits_times_scaling else None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[KVLayer], meta: AttentionMetadata,

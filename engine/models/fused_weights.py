@@ -139,6 +139,11 @@ RENAMED_PARTS["apertus"] = {".attention_layernorm.": ".input_layernorm.",
 # block_sparse_moe, each expert's w1, w3 and w2, read under DeepSeek-V3's names.
 RENAMED_PARTS["kimi_linear"] = {".block_sparse_moe.": ".mlp.", ".w1.": ".gate_proj.",
                                 ".w3.": ".up_proj.", ".w2.": ".down_proj."}
+# HyperCLOVA X: its norms after each branch (post_norm1, post_norm2) and before the MLP
+# (post_attention_layernorm) under Gemma's sandwich names, renamed in this order.
+RENAMED_PARTS["hyperclovax"] = {".post_attention_layernorm.": ".pre_feedforward_layernorm.",
+                                ".post_norm1.": ".post_attention_layernorm.",
+                                ".post_norm2.": ".post_feedforward_layernorm."}
 RENAMED_PARTS["mimo_v2_flash"] = {".self_attn.attention_sink_bias": ".self_attn.sinks"}
 RENAMED_PARTS["vaultgemma"] = {".pre_feedforward_layernorm.": ".post_attention_layernorm."}
 # EXAONE 3 and 3.5: Llama's layers under GPT-2's names.

@@ -61,7 +61,9 @@ parallelism) for:
 - OLMo (`OlmoForCausalLM`): Llama's layers, LayerNorms without a weight, q, k and v clamped;
 - Jais 2 (`Jais2ForCausalLM`): LayerNorm with biases, an MLP of squared ReLU without a gate,
   biases on every projection;
-- CWM (`CwmForCausalLM`): Llama 3's stretched rotary, three sliding layers to a full one."""
+- CWM (`CwmForCausalLM`): Llama 3's stretched rotary, three sliding layers to a full one;
+- HyperCLOVA X (`HyperCLOVAXForCausalLM`): Granite's multipliers, logits multiplied by
+  logits_scaling, a norm after each branch."""
 
 from __future__ import annotations
 
@@ -202,6 +204,12 @@ def _config(kind: str, vocab: int):
             rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 50.0,
                              "factor": 1.0},
             **SHAPE)
+    if kind == "hyperclovax":  # Granite's multipliers, logits multiplied, a norm after each
+        # branch
+        return transformers.HyperCLOVAXConfig(
+            vocab_size=vocab, tie_word_embeddings=False, embedding_multiplier=3.0,
+            attention_multiplier=0.4, residual_multiplier=0.5, logits_scaling=0.25,
+            use_post_norm=True, **SHAPE)
     if kind == "jais2":  # LayerNorm, squared ReLU without a gate, biases everywhere
         return transformers.Jais2Config(vocab_size=vocab, head_dim=16, attention_bias=True,
                                         mlp_bias=True, tie_word_embeddings=False, **SHAPE)
@@ -221,7 +229,7 @@ def _config(kind: str, vocab: int):
                         "apertus", "stablelm", "stablelm-parallel", "gpt_neox",
                         "gpt_neox-sequential", "gpt2", "gpt_bigcode", "gpt_bigcode-mha", "opt",
                         "gptj", "falcon", "falcon-new", "falcon-sequential", "bloom", "mpt",
-                        "olmo", "jais2", "cwm"])
+                        "olmo", "jais2", "cwm", "hyperclovax"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     # Biases and norms drawn (but for the families that have none or keep Llama's), so that a
     # missing (or misplaced) one shows.
@@ -304,7 +312,7 @@ SHARDED_AS_ANOTHER = ("glm", "helium", "exaone", "internlm3", "nemotron", "stabl
                       "stablelm-parallel", "gpt_neox", "gpt_neox-sequential",
                       "gpt_bigcode-mha", "opt", "falcon", "falcon-sequential", "olmo", "mpt",
                       "gptj", "smollm3", "seed_oss", "arcee", "ministral", "cohere2",
-                      "hunyuan", "cwm", "jais2")
+                      "hunyuan", "cwm", "jais2", "hyperclovax")
 
 
 def test_tensor_parallel_equals_hf(request, variant_dir, expected, vocab_tokenizer):
