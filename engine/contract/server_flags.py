@@ -345,6 +345,12 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Accepted for vLLM's command lines (its older multi-step "
                              "scheduling): every step is scheduled on its own here; "
                              "--async-scheduling overlaps the host's work with the device's.")
+    for flag in ("--max-num-partial-prefills", "--max-long-partial-prefills"):
+        parser.add_argument(flag, type=positive_int_argument, default=None, metavar="N",
+                            help="Accepted for vLLM's command lines: each step fills its token "
+                                 "budget with prompt chunks, of as many prompts as it holds; "
+                                 "--long-prefill-token-threshold caps a long prompt's share "
+                                 "of a step.")
     parser.add_argument("--mm-processor-cache-gb", type=_non_negative_float, default=None,
                         metavar="GIB",
                         help="Accepted for vLLM's command lines: each request's images are "

@@ -91,6 +91,7 @@ def vllm_server(tiny_llama_dir, tls, tmp_path_factory):
         "--multi-step-stream-outputs", "--disable-mm-preprocessor-cache",
         "--mm-processor-cache-gb", "4", "--mm-encoder-tp-mode", "data", "--model-impl", "vllm",
         "--show-hidden-metrics-for-version", "0.10", "--fully-sharded-loras",
+        "--max-num-partial-prefills", "4", "--max-long-partial-prefills", "2",
         "--compilation-config", '{"cudagraph_capture_sizes": [1, 2]}',
         "--allowed-origins", f'["{ORIGIN}"]', "--ssl-keyfile", key, "--ssl-certfile", cert,
         env={"TOKENMILL_API_KEY": KEY})
@@ -360,6 +361,8 @@ def test_each_request_and_its_output_are_logged_cut_to_max_log_len_and_no_access
     (["--mm-processor-cache-gb", "-1"], "argument --mm-processor-cache-gb: must be a number, "
      "0 or more, got '-1'"),
     (["--num-scheduler-steps", "0"], "argument --num-scheduler-steps: must be a positive"),
+    (["--max-num-partial-prefills", "0"],
+     "argument --max-num-partial-prefills: must be a positive"),
 ])
 def test_server_flags_that_cannot_work_exit_2_naming_one(flags, error, tls, capsys):
     """Before the model loads: the model named does not exist."""
