@@ -201,6 +201,9 @@ class ShardPlan:
             per = self.num_heads * (self.kv_b_rows_per_head if kind == "kv_b_proj"
                                     else self.head_dim * (2 if self.gated_queries else 1))
             return self.rank * per, (self.rank + 1) * per
+        if kind == "gate_proj" and "self_attn" in parts:  # AFMoE's gate of the output
+            per = self.num_heads * self.output_head_dim
+            return self.rank * per, (self.rank + 1) * per
         if kind in ("k_proj", "v_proj"):
             width = self.output_head_dim if kind == "v_proj" else self.head_dim
             return self.first_kv_head * width, (self.first_kv_head + self.num_kv_heads) * width

@@ -52,6 +52,9 @@ class ArchitectureFlags:
     nanochat: bool = False
     # DeepSeek-V2/V3: multi-head latent attention (models/latent_attention.py).
     latent_attention: bool = False
+    # Arcee's AFMoE (Trinity): attention's output times the sigmoid of a gate projected from
+    # the layer's input (gate_proj, one per head and channel).
+    output_gate: bool = False
     # HyperCLOVA X: Granite's multipliers but logits times logits_scaling, and a norm after
     # each branch (Gemma's sandwich) where use_post_norm (sandwich_norms_of).
     logits_times_scaling: bool = False
@@ -315,6 +318,12 @@ SUPPORTED = {
     "Ernie4_5_MoeForCausalLM": ArchitectureFlags(interleaved_rope=True, moe="ernie"),
     # rednote's dots.llm1: Qwen3's attention (per-head q/k norms) over DeepSeek-V3's experts.
     "Dots1ForCausalLM": ArchitectureFlags(qk_norm=True, moe="deepseek"),
+    # Arcee's Trinity (AfmoeForCausalLM): q/k norms per head, rotary in the sliding layers
+    # only, attention's output gated, a norm before and after each branch, DeepSeek-V3's
+    # sigmoid routing (one group, its expert_bias the correction, route_scale the scale)
+    # beside shared experts, the first num_dense_layers dense (_afmoe_names).
+    "AfmoeForCausalLM": ArchitectureFlags(moe="deepseek", qk_norm=True, sandwich_norms=True,
+                                          full_layers_nope=True, output_gate=True),
     # Xiaomi's MiMo-V2-Flash: Qwen2's attention (a full layer to five sliding ones, each kind
     # its rotary base, over a third of each head) over DeepSeek-V3's routing without shared
     # experts, the first layer dense.
@@ -452,7 +461,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "youtu": "YoutuForCausalLM", "cwm": "CwmForCausalLM", "jais2": "Jais2ForCausalLM",
                "exaone_moe": "ExaoneMoeForCausalLM", "mimo_v2_flash": "MiMoV2FlashForCausalLM",
                "kimi_linear": "KimiLinearForCausalLM", "hyperclovax": "HyperCLOVAXForCausalLM",
-               "minicpm3": "MiniCPM3ForCausalLM",
+               "minicpm3": "MiniCPM3ForCausalLM", "afmoe": "AfmoeForCausalLM",
                "dots1": "Dots1ForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
                "qwen3_5_text": "Qwen3_5ForCausalLM", "llama4_text": "Llama4ForCausalLM",
                "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
@@ -731,6 +740,16 @@ def _minicpm3_names(config: Any) -> None:
     config.rope_interleave = False
 
 
+def _afmoe_names(config: Any) -> None:
+    """AFMoE routes as DeepSeek-V3 in one group, the chosen scores renormalized and scaled
+    by route_scale; muP's checkpoints scale the embeddings by sqrt(hidden_size)."""
+    config.n_group = config.topk_group = 1
+    config.norm_topk_prob = True
+    config.routed_scaling_factor = float(config.route_scale or 1.0)
+    if getattr(config, "mup_enabled", False):
+        config.embedding_multiplier = config.hidden_size ** 0.5
+
+
 def _gemma3n_names(config: Any) -> None:
     """Gemma 3n lists an MLP width per layer; the released models' are all one."""
     widths = config.intermediate_size
@@ -745,7 +764,8 @@ def _gemma3n_names(config: Any) -> None:
 # Each family whose config names what the engine reads its own way, by model type, and how.
 FAMILY_NAMES = {**dict.fromkeys(GPT2_NAMED_TYPES, _gpt2_family_names), "mpt": _mpt_names,
                 "dbrx": _dbrx_names, "falcon": _falcon_names, "phimoe": _phimoe_names,
-                "gemma3n_text": _gemma3n_names, "minicpm3": _minicpm3_names}
+                "gemma3n_text": _gemma3n_names, "minicpm3": _minicpm3_names,
+                "afmoe": _afmoe_names}
 
 
 def declare_family_names(config: Any) -> None:

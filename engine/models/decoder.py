@@ -161,6 +161,10 @@ class Attention(nn.Module):
         queries = self.num_heads * self.head_dim * (2 if self.gated else 1)
         parts = {"q_proj": queries, "k_proj": kv_size,
                  "v_proj": self.num_kv_heads * self.value_dim}
+        # AFMoE's gate of attention's output, projected from the layer's input.
+        self.output_gate = flags.output_gate
+        if self.output_gate:
+            parts["gate_proj"] = self.num_heads * self.value_dim
         if self.values_from_keys or reads_earlier_kv:
             del parts["v_proj"]
         if reads_earlier_kv:
@@ -231,12 +235,14 @@ class Attention(nn.Module):
         tokens = x.shape[0]
         if self.reads_earlier_kv:
             return self._read_earlier_kv(x, rope, kv_cache, meta)
+        gate = None
         if self.values_from_keys:
             q, k = self.qkv_proj(x)
             v = k
+        elif self.output_gate:
+            q, k, v, gate = self.qkv_proj(x)
         else:
             q, k, v = self.qkv_proj(x)
-        gate = None
         if self.gated:
             q, gate = q.view(tokens, self.num_heads, 2, self.head_dim).unbind(2)
             q = q.contiguous()
@@ -523,7 +529,8 @@ class DecoderModel(nn.Module):
         self.embed_scale = config.hidden_size ** 0.5 \
             if flags.gemma or flags.gemma4 or flags.gemma3n else None
         self.embed_multiplier = float(config.embedding_multiplier) \
-            if flags.granite or flags.falcon_h1 else None
+            if flags.granite or flags.falcon_h1 or \
+            (flags.output_gate and getattr(config, "embedding_multiplier", None)) else None
         # Granite's multiplier scales transformers' inputs_embeds, Falcon-H1's only the
         # embeddings it looks up itself.
         self.multiplies_given_embeds = not flags.falcon_h1

@@ -144,6 +144,12 @@ RENAMED_PARTS["kimi_linear"] = {".block_sparse_moe.": ".mlp.", ".w1.": ".gate_pr
 RENAMED_PARTS["hyperclovax"] = {".post_attention_layernorm.": ".pre_feedforward_layernorm.",
                                 ".post_norm1.": ".post_attention_layernorm.",
                                 ".post_norm2.": ".post_feedforward_layernorm."}
+# AFMoE: its router and expert bias under DeepSeek-V3's names, its norms around the MLP
+# under Gemma's sandwich names.
+RENAMED_PARTS["afmoe"] = {".mlp.router.gate.": ".mlp.gate.",
+                          ".mlp.expert_bias": ".mlp.gate.e_score_correction_bias",
+                          ".pre_mlp_layernorm.": ".pre_feedforward_layernorm.",
+                          ".post_mlp_layernorm.": ".post_feedforward_layernorm."}
 RENAMED_PARTS["mimo_v2_flash"] = {".self_attn.attention_sink_bias": ".self_attn.sinks"}
 RENAMED_PARTS["vaultgemma"] = {".pre_feedforward_layernorm.": ".post_attention_layernorm."}
 # EXAONE 3 and 3.5: Llama's layers under GPT-2's names.

@@ -1,8 +1,8 @@
 """Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE and GraniteMoeShared,
-GLM-4.5, MiniMax-M2, dots.llm1, K-EXAONE, MiMo-V2-Flash, ERNIE 4.5, Solar Open, Hunyuan-A13B,
-FlexOlmo, DBRX): greedy output equals Hugging Face token for token (batched, chunked, from the
-prefix cache, under tensor parallelism), the router math equals a dense reference, and what a
-sparse layer cannot take is refused by name."""
+GLM-4.5, MiniMax-M2, dots.llm1, K-EXAONE, MiMo-V2-Flash, Trinity, ERNIE 4.5, Solar Open,
+Hunyuan-A13B, FlexOlmo, DBRX): greedy output equals Hugging Face token for token (batched,
+chunked, from the prefix cache, under tensor parallelism), the router math equals a dense
+reference, and what a sparse layer cannot take is refused by name."""
 
 from __future__ import annotations
 
@@ -92,6 +92,15 @@ def _config(kind: str, vocab: int, **changes):
             num_experts_per_tok=2, n_group=4, topk_group=2, first_k_dense_replace=1,
             num_shared_experts=1, routed_scaling_factor=2.0, head_dim=16, sliding_window=6,
             sliding_window_pattern=3, **common)
+    if kind == "afmoe":
+        # Arcee's Trinity: per-head q/k norms, rotary in the sliding layers only, the output
+        # gated, a norm before and after each branch; sigmoid routing by score plus a bias,
+        # renormalized and scaled, beside a shared expert; layer 0 dense; muP's embeddings.
+        return transformers.AfmoeConfig(
+            intermediate_size=128, moe_intermediate_size=32, num_experts=8,
+            num_experts_per_tok=2, num_shared_experts=1, num_dense_layers=1, route_scale=2.5,
+            head_dim=16, global_attn_every_n_layers=3, sliding_window=6, mup_enabled=True,
+            **common)
     if kind == "mimo_v2_flash":
         # A full layer, then two sliding ones with twice the KV heads and attention sinks;
         # values narrower than keys and scaled; rotary over a third of each head, its base per
@@ -153,7 +162,7 @@ def _config(kind: str, vocab: int, **changes):
                                         "glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe",
                                         "solar_open", "hunyuan_v1_moe", "flex_olmo",
                                         "granitemoeshared", "granitemoe_swa", "dbrx",
-                                        "phimoe", "exaone_moe", "mimo_v2_flash"])
+                                        "phimoe", "exaone_moe", "mimo_v2_flash", "afmoe"])
 def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
     make_random_model(directory, _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
@@ -162,7 +171,7 @@ def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
                                                    "dbrx", "mimo_v2_flash",
                                                    "phimoe", "granitemoe_swa"))
     if request.param in ("glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe", "solar_open",
-                         "exaone_moe", "mimo_v2_flash"):
+                         "exaone_moe", "mimo_v2_flash", "afmoe"):
         _draw_biases(directory, prediction_layer=request.param in ("glm4_moe", "minimax_m2",
                                                                    "dots1", "ernie4_5_moe"))
     if request.param == "mimo_v2_flash":  # its multi-token-prediction layer, not run
@@ -239,8 +248,10 @@ def test_speculative_decoding_keeps_the_greedy_output(moe_dir, expected, vocab_t
 # (GraniteMoE; GraniteMoeShared's shared MLP of its own width, matched by the prefix), always-on
 # shared experts, dense layers and a float32 router (GLM-4.5). Qwen3-MoE's and Mixtral's plain
 # experts split as those do (and as any MLP). MiMo-V2-Flash's attention splits its own way:
-# its layers' KV heads differ, and its values are narrower than its keys.
-TP_FAMILIES = ("qwen2_moe", "granitemoe", "glm4_moe", "solar_open", "phimoe", "mimo_v2_flash")
+# its layers' KV heads differ, and its values are narrower than its keys; AFMoE's output gate
+# splits by head.
+TP_FAMILIES = ("qwen2_moe", "granitemoe", "glm4_moe", "solar_open", "phimoe", "mimo_v2_flash",
+               "afmoe")
 
 
 @pytest.mark.parametrize("size", [2])
