@@ -318,6 +318,10 @@ SUPPORTED = {
     "Ernie4_5_MoeForCausalLM": ArchitectureFlags(interleaved_rope=True, moe="ernie"),
     # rednote's dots.llm1: Qwen3's attention (per-head q/k norms) over DeepSeek-V3's experts.
     "Dots1ForCausalLM": ArchitectureFlags(qk_norm=True, moe="deepseek"),
+    # Tencent's Hunyuan 3 (HYV3ForCausalLM): q/k norms per head before the turn, DeepSeek-V3's
+    # sigmoid routing in one group (router_scaling_factor the scale) beside shared experts,
+    # the first layer dense (_hy_v3_names).
+    "HYV3ForCausalLM": ArchitectureFlags(qk_norm=True, moe="deepseek"),
     # Arcee's Trinity (AfmoeForCausalLM): q/k norms per head, rotary in the sliding layers
     # only, attention's output gated, a norm before and after each branch, DeepSeek-V3's
     # sigmoid routing (one group, its expert_bias the correction, route_scale the scale)
@@ -462,6 +466,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "exaone_moe": "ExaoneMoeForCausalLM", "mimo_v2_flash": "MiMoV2FlashForCausalLM",
                "kimi_linear": "KimiLinearForCausalLM", "hyperclovax": "HyperCLOVAXForCausalLM",
                "minicpm3": "MiniCPM3ForCausalLM", "afmoe": "AfmoeForCausalLM",
+               "hy_v3": "HYV3ForCausalLM",
                "dots1": "Dots1ForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
                "qwen3_5_text": "Qwen3_5ForCausalLM", "llama4_text": "Llama4ForCausalLM",
                "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
@@ -750,6 +755,14 @@ def _afmoe_names(config: Any) -> None:
         config.embedding_multiplier = config.hidden_size ** 0.5
 
 
+def _hy_v3_names(config: Any) -> None:
+    """Hunyuan 3 routes as DeepSeek-V3 in one group, the chosen scores renormalized and
+    scaled by router_scaling_factor."""
+    config.n_group = config.topk_group = 1
+    config.norm_topk_prob = True
+    config.routed_scaling_factor = float(config.router_scaling_factor)
+
+
 def _gemma3n_names(config: Any) -> None:
     """Gemma 3n lists an MLP width per layer; the released models' are all one."""
     widths = config.intermediate_size
@@ -765,7 +778,7 @@ def _gemma3n_names(config: Any) -> None:
 FAMILY_NAMES = {**dict.fromkeys(GPT2_NAMED_TYPES, _gpt2_family_names), "mpt": _mpt_names,
                 "dbrx": _dbrx_names, "falcon": _falcon_names, "phimoe": _phimoe_names,
                 "gemma3n_text": _gemma3n_names, "minicpm3": _minicpm3_names,
-                "afmoe": _afmoe_names}
+                "afmoe": _afmoe_names, "hy_v3": _hy_v3_names}
 
 
 def declare_family_names(config: Any) -> None:

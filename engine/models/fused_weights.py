@@ -144,10 +144,12 @@ RENAMED_PARTS["kimi_linear"] = {".block_sparse_moe.": ".mlp.", ".w1.": ".gate_pr
 RENAMED_PARTS["hyperclovax"] = {".post_attention_layernorm.": ".pre_feedforward_layernorm.",
                                 ".post_norm1.": ".post_attention_layernorm.",
                                 ".post_norm2.": ".post_feedforward_layernorm."}
-# AFMoE: its router and expert bias under DeepSeek-V3's names, its norms around the MLP
-# under Gemma's sandwich names.
-RENAMED_PARTS["afmoe"] = {".mlp.router.gate.": ".mlp.gate.",
-                          ".mlp.expert_bias": ".mlp.gate.e_score_correction_bias",
+# AFMoE and Hunyuan 3: their router and expert bias under DeepSeek-V3's names (Hunyuan 3's
+# shared MLP too); AFMoE's norms around the MLP under Gemma's sandwich names.
+ROUTER_NAMES = {".mlp.router.gate.": ".mlp.gate.",
+                ".mlp.expert_bias": ".mlp.gate.e_score_correction_bias"}
+RENAMED_PARTS["hy_v3"] = {**ROUTER_NAMES, ".mlp.shared_mlp.": ".mlp.shared_experts."}
+RENAMED_PARTS["afmoe"] = {**ROUTER_NAMES,
                           ".pre_mlp_layernorm.": ".pre_feedforward_layernorm.",
                           ".post_mlp_layernorm.": ".post_feedforward_layernorm."}
 RENAMED_PARTS["mimo_v2_flash"] = {".self_attn.attention_sink_bias": ".self_attn.sinks"}

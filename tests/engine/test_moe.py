@@ -1,8 +1,8 @@
 """Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE and GraniteMoeShared,
 GLM-4.5, MiniMax-M2, dots.llm1, K-EXAONE, MiMo-V2-Flash, Trinity, ERNIE 4.5, Solar Open,
-Hunyuan-A13B, FlexOlmo, DBRX): greedy output equals Hugging Face token for token (batched,
-chunked, from the prefix cache, under tensor parallelism), the router math equals a dense
-reference, and what a sparse layer cannot take is refused by name."""
+Hunyuan-A13B and Hunyuan 3, FlexOlmo, DBRX): greedy output equals Hugging Face token for token
+(batched, chunked, from the prefix cache, under tensor parallelism), the router math equals a
+dense reference, and what a sparse layer cannot take is refused by name."""
 
 from __future__ import annotations
 
@@ -92,6 +92,14 @@ def _config(kind: str, vocab: int, **changes):
             num_experts_per_tok=2, n_group=4, topk_group=2, first_k_dense_replace=1,
             num_shared_experts=1, routed_scaling_factor=2.0, head_dim=16, sliding_window=6,
             sliding_window_pattern=3, **common)
+    if kind == "hy_v3":
+        # Hunyuan 3: per-head q/k norms; sigmoid routing by score plus a bias (beside the
+        # router in its checkpoints), renormalized and scaled, beside a shared expert; layer 0
+        # dense.
+        return transformers.HYV3Config(
+            intermediate_size=128, moe_intermediate_size=32, num_experts=8,
+            num_experts_per_tok=2, num_shared_experts=1, router_scaling_factor=2.0,
+            head_dim=16, **common)
     if kind == "afmoe":
         # Arcee's Trinity: per-head q/k norms, rotary in the sliding layers only, the output
         # gated, a norm before and after each branch; sigmoid routing by score plus a bias,
@@ -162,16 +170,17 @@ def _config(kind: str, vocab: int, **changes):
                                         "glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe",
                                         "solar_open", "hunyuan_v1_moe", "flex_olmo",
                                         "granitemoeshared", "granitemoe_swa", "dbrx",
-                                        "phimoe", "exaone_moe", "mimo_v2_flash", "afmoe"])
+                                        "phimoe", "exaone_moe", "mimo_v2_flash", "afmoe",
+                                        "hy_v3"])
 def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
     make_random_model(directory, _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
                       draw_norms=request.param in ("minimax_m2", "dots1", "ernie4_5_moe",
                                                    "exaone_moe", "hunyuan_v1_moe", "flex_olmo",
-                                                   "dbrx", "mimo_v2_flash",
+                                                   "dbrx", "mimo_v2_flash", "hy_v3",
                                                    "phimoe", "granitemoe_swa"))
     if request.param in ("glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe", "solar_open",
-                         "exaone_moe", "mimo_v2_flash", "afmoe"):
+                         "exaone_moe", "mimo_v2_flash", "afmoe", "hy_v3"):
         _draw_biases(directory, prediction_layer=request.param in ("glm4_moe", "minimax_m2",
                                                                    "dots1", "ernie4_5_moe"))
     if request.param == "mimo_v2_flash":  # its multi-token-prediction layer, not run
