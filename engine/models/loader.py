@@ -583,13 +583,15 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
 def prediction_layer(config: Any, name: str) -> bool:
     """Whether `name` belongs to a multi-token-prediction layer stored after the decoder's
     (DeepSeek-V3's and GLM-4.5's num_nextn_predict_layers, MiniMax-M2's num_mtp_modules,
+    Hunyuan 3's one,
     numbered from num_hidden_layers; Qwen3.5's, Qwen3-Next's and K-EXAONE's under mtp.,
     MiMo-V2-Flash's under model.mtp.): a draft head the engine does not run, so it is not
     read."""
     if name.startswith(("mtp.", "model.mtp.")):
         return True
     predicts = getattr(config, "num_nextn_predict_layers", 0) or \
-        getattr(config, "num_mtp_modules", 0)
+        getattr(config, "num_mtp_modules", 0) or \
+        int(getattr(config, "model_type", None) == "hy_v3")  # Hunyuan 3's, whatever its config
     if not predicts or not name.startswith("model.layers."):
         return False
     index = name.split(".")[2]

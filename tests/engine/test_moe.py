@@ -183,12 +183,18 @@ def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
                          "exaone_moe", "mimo_v2_flash", "afmoe", "hy_v3"):
         _draw_biases(directory, prediction_layer=request.param in ("glm4_moe", "minimax_m2",
                                                                    "dots1", "ernie4_5_moe"))
-    if request.param == "mimo_v2_flash":  # its multi-token-prediction layer, not run
+    if request.param in PREDICTION_HEADS:  # a multi-token-prediction layer, not run
         path = f"{directory}/model.safetensors"
         tensors = load_file(path)
-        tensors["model.mtp.layers.0.eh_proj.weight"] = torch.randn(64, 128)
+        tensors[PREDICTION_HEADS[request.param]] = torch.randn(64, 128)
         save_file(tensors, path, metadata={"format": "pt"})
     return directory
+
+
+# Where MiMo-V2-Flash and Hunyuan 3 store their multi-token-prediction layers (Hunyuan 3's
+# after the decoder's, with no count of them in its config).
+PREDICTION_HEADS = {"mimo_v2_flash": "model.mtp.layers.0.eh_proj.weight",
+                    "hy_v3": "model.layers.3.eh_proj.weight"}
 
 
 def _draw_biases(directory: str, prediction_layer: bool = True) -> None:
