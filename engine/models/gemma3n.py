@@ -30,11 +30,6 @@ from tokenmill.engine.layers.norm import RMSNorm
 from tokenmill.engine.layers.rotary import RopeKernel, RopeRows
 
 
-def gemma3n(config: Any) -> bool:
-    """Whether the config is Gemma 3n's text model (its residual stream AltUp's streams)."""
-    return getattr(config, "model_type", None) == "gemma3n_text"
-
-
 def magnitude_matched(x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """x scaled so that each row's RMS is target's ([..., 1]); x's RMS floored at 1e-5's
     root."""

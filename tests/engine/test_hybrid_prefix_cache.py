@@ -1,7 +1,6 @@
 """Prefix caching for models whose layers keep a recurrent state (Qwen3.5's gated delta nets,
 Nemotron-H's Mamba-2 layers, Falcon-H1's beside attention in every layer, Falcon Mamba's
-Mamba-1 layers with no attention at all, Kimi Linear's delta attention beside latent
-attention): a cached prefix resumes only where the prefix cache
+Mamba-1 layers with no attention at all): a cached prefix resumes only where the prefix cache
 kept the state after it (core/kv_cache/state_checkpoints.py). A prompt's chunk is cut at its
 last block boundary (a conversation's next turn resumes there) and where the prefix found
 cached for it ends (the next request sharing that prefix resumes there). Greedy output equals
@@ -16,7 +15,6 @@ import pytest
 import torch
 from falcon_h1_support import falcon_h1_config
 from hybrid_support import ENGINE, MAX_NEW, greedy
-from kimi_linear_support import kimi_linear_config
 from mamba1_support import mamba1_config
 from model_support import hf_greedy, hf_reference, make_random_model
 from nemotron_h_support import nemotron_h_config
@@ -39,13 +37,11 @@ def _config(family: str, vocab: int):
         return falcon_h1_config(vocab)
     if family == "falcon_mamba":  # Mamba-1 alone: a state per channel
         return mamba1_config(vocab, falcon=True)
-    if family == "kimi_linear":  # delta attention decaying per channel, latent attention
-        return kimi_linear_config(vocab)
     return qwen3_5_config(vocab)
 
 
 @pytest.fixture(scope="module", params=["qwen3_5", "nemotron_h", "falcon_h1",
-                                                     "falcon_mamba", "kimi_linear"])
+                                                     "falcon_mamba"])
 def model(request, tmp_path_factory, vocab_tokenizer):
     """A random checkpoint and transformers' greedy continuation of a prompt."""
     directory = make_random_model(str(tmp_path_factory.mktemp(request.param)),

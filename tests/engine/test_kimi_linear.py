@@ -2,17 +2,30 @@
 rule whose decay is per key channel, a state per sequence in place of keys and values) in
 three layers of four, latent attention without positional encoding in the fourth,
 DeepSeek-V3's routing over experts stored as Mixtral's. Greedy output and log-probabilities
-equal transformers batched, chunked, with state slots reused and forked (n > 1), and the
-chunked rule equals the rule token by token."""
+equal transformers batched, chunked, with state slots reused and forked (n > 1), from the
+prefix cache and over two ranks, and the chunked rule equals the rule token by token."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from hybrid_support import check_equals_transformers, check_tensor_parallel_equals_transformers
+from hybrid_support import (
+    ENGINE,
+    MAX_NEW,
+    check_equals_transformers,
+    check_tensor_parallel_equals_transformers,
+)
 from kimi_linear_support import kimi_linear_config
-from model_support import draw_correction_bias, make_random_model
+from model_support import (
+    draw_correction_bias,
+    greedy_three_ways,
+    hf_greedy,
+    hf_reference,
+    make_random_model,
+    mixed_prompts,
+)
 
+from tokenmill.engine import LLM
 from tokenmill.engine.layers.gated_delta import channel_delta_prompts, delta_step
 
 
@@ -24,8 +37,17 @@ def kimi_dir(tmp_path_factory, vocab_tokenizer) -> str:
     return draw_correction_bias(directory)
 
 
-def test_greedy_and_logprobs_equal_transformers(kimi_dir, prompts):
+def test_greedy_and_logprobs_equal_transformers(kimi_dir, prompts, vocab_tokenizer):
+    """And from the prefix cache: the second run of prompts sharing a prefix resumes from the
+    delta layers' state checkpoints (kept as Qwen3.5's are)."""
     check_equals_transformers(kimi_dir, prompts, attention_layers=1)
+    shared = mixed_prompts(vocab_tokenizer)
+    reference = hf_reference(kimi_dir)
+    with LLM(kimi_dir, **ENGINE) as llm:
+        runs = greedy_three_ways(llm, shared, MAX_NEW)
+        assert llm.engine.kv.checkpoints.num_kept > 0
+    expected = [hf_greedy(reference, p, MAX_NEW) for p in shared]
+    assert runs == {"batched": expected, "again": expected, "alone": expected[-2:]}
 
 
 def test_the_chunked_rule_equals_the_rule_token_by_token():

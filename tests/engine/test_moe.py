@@ -233,12 +233,27 @@ def expected(reference, vocab_tokenizer) -> list[list[int]]:
     return [hf_greedy(reference, p, MAX_NEW) for p in _prompts(vocab_tokenizer)]
 
 
+def _check_weight_floor(llm: LLM) -> None:
+    """A decode step's weight floor (the bandwidth bound's weights) counts top_k of each
+    sparse layer's experts."""
+    model = llm.engine.runner.model
+    report = llm.engine.memory_report()
+    blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
+    unchosen = sum(weight_bytes(b.experts) * (b.shape.num_experts - b.shape.top_k)
+                   // b.shape.num_experts for b in blocks)
+    embeddings = model.model.embed_tokens.weight.nbytes  # not tied: a step reads a few rows
+    assert report["step_weights_bytes"] == weight_bytes(model) - embeddings - unchosen
+    assert unchosen > 0
+
+
 def test_greedy_equals_hf_batched_chunked_and_prefix_cached(moe_dir, reference, expected,
                                                             vocab_tokenizer):
+    """And the engine's decode-step weight floor counts only the chosen experts."""
     prompts = _prompts(vocab_tokenizer)
     with LLM(moe_dir, **ENGINE) as llm:
         blocks = [m for m in llm.engine.runner.model.modules() if isinstance(m, SparseMoeBlock)]
         assert blocks, "the model was built without its sparse blocks"
+        _check_weight_floor(llm)
         batched = greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW)
         hits = llm.engine.kv.prefix_hits
         again = _greedy(llm, prompts)
@@ -427,19 +442,6 @@ def test_a_mixture_of_experts_gguf_file_is_refused_naming_the_way_out(tmp_path,
     with pytest.raises(ModelLoadError, match="Qwen3-30B-A3B-Q4_0.gguf holds a mixture of "
                                              "experts.*hf://ORG/NAME"):
         build_model(config, source, 64, torch.float32, torch.device("cpu"))
-
-
-def test_a_decode_steps_weight_floor_counts_the_chosen_experts_only(moe_dir):
-    """The decode bandwidth bound's weights: top_k of each sparse layer's experts."""
-    with LLM(moe_dir, **ENGINE) as llm:
-        model = llm.engine.runner.model
-        report = llm.engine.memory_report()
-    blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
-    unchosen = sum(weight_bytes(b.experts) * (b.shape.num_experts - b.shape.top_k)
-                   // b.shape.num_experts for b in blocks)
-    embeddings = model.model.embed_tokens.weight.nbytes  # not tied: a step reads a few rows
-    assert report["step_weights_bytes"] == weight_bytes(model) - embeddings - unchosen
-    assert unchosen > 0
 
 
 def test_a_top_k_that_differs_between_layers_is_refused(tmp_path, vocab_tokenizer):
