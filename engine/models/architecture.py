@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tokenmill.engine.contract.model_shape import ModelShape, num_experts_of
+from tokenmill.engine.contract.model_shape import ModelShape, kimi_linear, num_experts_of
 from tokenmill.engine.contract.pooling import Classifier
 from tokenmill.engine.layers.activation import ACTIVATIONS, UNGATED_ACTIVATIONS
 from tokenmill.engine.layers.rotary import LAYER_TYPES, layer_type_theta, rope_parameters
@@ -65,9 +65,6 @@ class ArchitectureFlags:
     # width) and scaled by attention_value_scale; its sliding layers have twice the KV heads
     # (contract/model_shape.py) and attention sinks, its full layers neither.
     mimo_v2: bool = False
-    # Kimi Linear: its "linear_attention" layers are Kimi Delta Attention
-    # (models/kimi_delta_attention.py), its others latent attention without rotary.
-    kimi_linear: bool = False
     # GLM-5: its sparse attention's indexer turns adjacent rotary pairs, as its latent
     # attention does (DeepSeek-V3.2's indexer turns two halves).
     indexer_rope_interleaved: bool = False
@@ -300,8 +297,8 @@ SUPPORTED = {
     # Moonshot's Kimi Linear: Kimi Delta Attention in three layers of four, latent attention
     # without positional encoding in the fourth, DeepSeek-V3's routing over experts stored
     # as Mixtral's (block_sparse_moe, w1/w2/w3; fused_weights.py).
-    "KimiLinearForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True,
-                                               kimi_linear=True),
+    # (contract/model_shape.py: kimi_linear names its delta layers' config).
+    "KimiLinearForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True),
     # OpenBMB's MiniCPM3: DeepSeek-V2's latent attention (rotary over halves, not pairs) over
     # Llama's MLP, with Granite's multipliers under its own names (_minicpm3_names).
     "MiniCPM3ForCausalLM": ArchitectureFlags(latent_attention=True, granite=True),
@@ -747,12 +744,10 @@ def _minicpm3_names(config: Any) -> None:
 
 def _afmoe_names(config: Any) -> None:
     """AFMoE routes as DeepSeek-V3 in one group, the chosen scores renormalized and scaled
-    by route_scale; muP's checkpoints scale the embeddings by sqrt(hidden_size)."""
+    by route_scale."""
     config.n_group = config.topk_group = 1
     config.norm_topk_prob = True
     config.routed_scaling_factor = float(config.route_scale or 1.0)
-    if getattr(config, "mup_enabled", False):
-        config.embedding_multiplier = config.hidden_size ** 0.5
 
 
 def _hy_v3_names(config: Any) -> None:
@@ -1114,6 +1109,18 @@ def rms_norm_eps_of(config: Any) -> float:
     raise ModelLoadError("the config gives no RMSNorm epsilon (rms_norm_eps)")
 
 
+def embedding_multiplier_of(config: Any) -> float | None:
+    """What the embeddings are multiplied by, as they are (not rounded to the model dtype):
+    Granite's and Falcon-H1's embedding_multiplier (MiniCPM3's scale_emb, _minicpm3_names),
+    AFMoE's sqrt(hidden_size) where mup_enabled; None for any other."""
+    flags = flags_of(config)
+    if flags.granite or flags.falcon_h1:
+        return float(config.embedding_multiplier)
+    if getattr(config, "model_type", None) == "afmoe" and getattr(config, "mup_enabled", False):
+        return config.hidden_size ** 0.5
+    return None
+
+
 def sandwich_norms_of(config: Any) -> bool:
     """Whether each branch's output is normalized before it joins the stream (Gemma 2 and 3;
     HyperCLOVA X where use_post_norm)."""
@@ -1149,7 +1156,7 @@ def rotates_at(config: Any, layer: int) -> bool:
     full-attention layers do not where it has sliding ones."""
     if flags_of(config).full_layers_nope and getattr(config, "sliding_window", None):
         return layer_window_of(config, layer) is not None
-    if flags_of(config).mixer_blocks or flags_of(config).kimi_linear or \
+    if flags_of(config).mixer_blocks or kimi_linear(config) or \
             getattr(config, "model_type", None) == "jamba":
         return False  # Nemotron-H's, Kimi Linear's and Jamba's attention: no positions
     if flags_of(config).learned_positions or flags_of(config).alibi:

@@ -15,6 +15,7 @@ from torch import nn
 
 from tokenmill.engine.contract.model_shape import (
     gated_queries,
+    kimi_linear,
     kv_sources,
     layer_attention_shapes,
     linear_attention_layers,
@@ -56,6 +57,7 @@ from tokenmill.engine.models.architecture import (
     activation_of,
     attention_chunk_of,
     classifier_of,
+    embedding_multiplier_of,
     flags_of,
     layer_window_of,
     learned_position_offset,
@@ -379,8 +381,8 @@ class DecoderLayer(nn.Module):
         # (linear_attn).
         self.recurrent_name = "mamba" if mamba2_of(config) or mamba1_of(config) else \
             "conv" if short_conv_of(config) else \
-            "self_attn" if flags.kimi_linear else "linear_attn"
-        if linear and flags.kimi_linear:
+            "self_attn" if kimi_linear(config) else "linear_attn"
+        if linear and kimi_linear(config):
             self.self_attn = KimiDeltaAttention(config, tp)
         elif linear and mamba2_of(config):
             self.mamba = Mamba2Mixer(config, tp)
@@ -528,9 +530,7 @@ class DecoderModel(nn.Module):
         # Granite by its embedding_multiplier, as it is.
         self.embed_scale = config.hidden_size ** 0.5 \
             if flags.gemma or flags.gemma4 or flags.gemma3n else None
-        self.embed_multiplier = float(config.embedding_multiplier) \
-            if flags.granite or flags.falcon_h1 or \
-            (flags.output_gate and getattr(config, "embedding_multiplier", None)) else None
+        self.embed_multiplier = embedding_multiplier_of(config)
         # Granite's multiplier scales transformers' inputs_embeds, Falcon-H1's only the
         # embeddings it looks up itself.
         self.multiplies_given_embeds = not flags.falcon_h1

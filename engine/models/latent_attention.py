@@ -112,8 +112,8 @@ class LatentSelfAttention(nn.Module):
         self.interleaved = bool(getattr(config, "rope_interleave", True))
         self.sparse = indexer is not None
         self.index_topk = int(config.index_topk) if self.sparse else 0
-        if indexer == "full":
-            self.indexer = Indexer(config, flags_of(config).indexer_rope_interleaved)
+        self.indexer = Indexer(config, flags_of(config).indexer_rope_interleaved) \
+            if indexer == "full" else None
 
     def forward(self, x: torch.Tensor, rope: RopeRows | RopeKernel | ScaledQueries | None,
                 kv_cache: KVLayer, meta: AttentionMetadata) -> torch.Tensor:
@@ -142,8 +142,8 @@ class LatentSelfAttention(nn.Module):
         query = torch.cat([q_latent, q_rot], dim=-1)
         if scale is not None:
             query = query * scale
-        parts = [kv, k_rot.reshape(tokens, -1)]
-        if hasattr(self, "indexer"):
+        parts, index = [kv, k_rot.reshape(tokens, -1)], None
+        if self.indexer is not None:
             index, index_key = self.indexer(x, q_residual, rope)
             parts.append(index_key.to(kv.dtype))
         elif self.sparse:  # a shared layer's row: zeros where a full layer's has its key
@@ -151,8 +151,7 @@ class LatentSelfAttention(nn.Module):
         row = torch.cat(parts, dim=-1).unsqueeze(1)
         store_kv(row, row, kv_cache, meta)
         if self.sparse:
-            o = self._sparse_attention(query, index if hasattr(self, "indexer") else None,
-                                       kv_cache, meta)
+            o = self._sparse_attention(query, index, kv_cache, meta)
         else:
             o = attention(query, kv_cache, meta, self.scores)
         out = torch.einsum("thr,hvr->thv", o[..., :latent.kv_lora_rank], value_half)

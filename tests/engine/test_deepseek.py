@@ -71,7 +71,7 @@ def test_greedy_equals_hf_batched_chunked_and_prefix_cached(deepseek_dir, refere
         if sparse:  # GLM-5's shared layer has no indexer of its own
             kinds = ["full", "shared", "full"] if "glm" in deepseek_dir else ["full"] * 3
             layers = runner.model.model.layers
-            assert [hasattr(layer.self_attn, "indexer") for layer in layers] == \
+            assert [layer.self_attn.indexer is not None for layer in layers] == \
                 [kind == "full" for kind in kinds]
         assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected
         runs = greedy_three_ways(llm, prompts, MAX_NEW)
