@@ -33,5 +33,8 @@ lint: setup
 # by preemption, which costs more than it gains.
 # A worker that dies ends the run naming its test: xdist's file scheduler can wait forever
 # after replacing a crashed worker (pytest-xdist issues 784 and 1323).
+# Compiled modules are cached (PYTHONDONTWRITEBYTECODE emptied, where the environment sets
+# it): each of the suite's engine, server and rank processes would otherwise compile every
+# tokenmill module again, and each worker rewrite every plugin's asserts again.
 test: lint
-	OMP_NUM_THREADS=1 $(BIN)/pytest -n 4 --dist loadfile --max-worker-restart=0 --durations=25
+	PYTHONDONTWRITEBYTECODE= OMP_NUM_THREADS=1 $(BIN)/pytest -n 4 --dist loadfile --max-worker-restart=0 --durations=25
