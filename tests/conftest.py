@@ -53,30 +53,14 @@ from tokenmill.engine.bench.word_tokenizer import word_level_tokenizer
 from tokenmill.engine.models.source import resolve_model
 
 
-def pytest_collection_finish(session) -> None:
-    """What collection made (every test module, torch's and transformers' module objects:
-    hundreds of thousands of objects) lives until the run ends: frozen, the cycle collector's
-    full passes no longer walk it (each pass would otherwise take a large part of a second)."""
-    gc.collect()
-    gc.freeze()
-
-
-def pytest_unconfigure(config) -> None:
-    """Frozen objects are never collected: given back, Python's last collection at exit frees
-    them (the native extensions would otherwise report their objects as leaked)."""
-    gc.unfreeze()
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _collect_garbage_after_each_module():
     """An engine and its loop and metrics refer to one another, so Python frees a finished one
     only when its cycle collector runs, which may be many modules later; collecting after each
     module keeps the run's memory near one module's engines (a CPU engine's KV pool alone is
-    1 GiB by default). What survives that (the session's fixtures) is frozen as collection's
-    objects are; a test that unfreezes the heap leaves it to the next module's end."""
+    1 GiB by default)."""
     yield
     gc.collect()
-    gc.freeze()
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ import shutil
 from typing import Any
 
 import torch
+from model_support import save_tokenizer
 from safetensors.torch import load_file, save_file
 
 
@@ -42,7 +43,7 @@ def make_gpt_oss(directory: str, tokenizer: Any, **changes: Any) -> str:
             elif "norm" not in name:
                 param.normal_(0.0, 0.3)
     model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
+    save_tokenizer(tokenizer, directory)
     return directory
 
 

@@ -95,6 +95,24 @@ def mixed_prompts(tokenizer, shared_steps: int = 12, repeats: int = 6) -> list[l
     return [tokenizer.encode(t) for t in texts]
 
 
+def save_tokenizer(tokenizer: Any, directory: str | Path) -> None:
+    """The tokenizer saved as the Hub's checkpoints carry it: its added tokens listed in
+    tokenizer_config.json (added_tokens_decoder). transformers 5 leaves that list out, and
+    every load then parses all of tokenizer.json in Python to find them, which more than
+    doubles the time an engine takes to load the tokenizer."""
+    import json
+
+    tokenizer.save_pretrained(directory)
+    path = Path(directory) / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config.setdefault("added_tokens_decoder", {
+        str(index): {"content": token.content, "lstrip": token.lstrip, "rstrip": token.rstrip,
+                     "normalized": token.normalized, "single_word": token.single_word,
+                     "special": token.special}
+        for index, token in tokenizer.added_tokens_decoder.items()})
+    path.write_text(json.dumps(config, indent=2))
+
+
 def make_random_model(directory: str, config, tokenizer, draw_norms: bool = False,
                       auto_class: str = "AutoModelForCausalLM") -> str:
     """A random-weight model saved as a real HF checkpoint (config, tokenizer, safetensors);
@@ -117,7 +135,7 @@ def make_random_model(directory: str, config, tokenizer, draw_norms: bool = Fals
                 p.normal_(0.0, 0.3)
     os.makedirs(directory, exist_ok=True)
     model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
+    save_tokenizer(tokenizer, directory)
     return directory
 
 
@@ -164,7 +182,7 @@ def smollm2_checkpoint(directory: Path, model: Any = None, tokenizer: Any = None
         del config.quantization_config  # the weights below are plain float32
     directory.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
+    save_tokenizer(tokenizer, directory)
     tied = getattr(config, "tie_word_embeddings", False)
     tensors = {k: v.detach().float().contiguous() for k, v in model.state_dict().items()
                if not (tied and k == "lm_head.weight")}

@@ -16,6 +16,7 @@ import os
 import random
 
 import torch
+from model_support import save_tokenizer
 
 from tokenmill.engine.server.tool_parsers import ToolCallStream, ToolParser, tool_call_message
 
@@ -168,7 +169,7 @@ def make_scripted_model(directory: str, base_tokenizer, chat_template: str,
             model.lm_head.weight[nxt, k] = 20.0
     os.makedirs(directory, exist_ok=True)
     model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
+    save_tokenizer(tokenizer, directory)
     return directory
 
 # Mistral's v11 form; [TOOL_CALLS] and [ARGS] are special tokens, as in its tokenizers.
