@@ -52,15 +52,33 @@ os.environ.setdefault("TOKENMILL_CPU_DTYPE", "float32")
 from tokenmill.engine.bench.word_tokenizer import word_level_tokenizer
 from tokenmill.engine.models.source import resolve_model
 
+# How much a worker's memory may grow past what it held after its last collection before a
+# module's end collects again (a CPU engine's KV pool alone is 1 GiB by default).
+GARBAGE_ALLOWANCE = 1 << 30
+_collected_at: list[int] = [0]
+
+
+def _resident_bytes() -> int | None:
+    """This process's resident memory (Linux's /proc), None where that cannot be read."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
 
 @pytest.fixture(scope="module", autouse=True)
 def _collect_garbage_after_each_module():
     """An engine and its loop and metrics refer to one another, so Python frees a finished one
-    only when its cycle collector runs, which may be many modules later; collecting after each
-    module keeps the run's memory near one module's engines (a CPU engine's KV pool alone is
-    1 GiB by default)."""
+    only when its cycle collector runs, which may be many modules later. A module's end
+    collects once the worker holds GARBAGE_ALLOWANCE more than after the last collection,
+    which keeps the run's memory near one module's engines; not every time, since a full
+    collection walks every object the worker imported (several tenths of a second each)."""
     yield
-    gc.collect()
+    resident = _resident_bytes()
+    if resident is None or resident > _collected_at[0] + GARBAGE_ALLOWANCE:
+        gc.collect()
+        _collected_at[0] = _resident_bytes() or 0
 
 
 @pytest.fixture(scope="session")
