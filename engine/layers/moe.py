@@ -50,7 +50,8 @@ def route_top_sigmoid(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, t
 
 def route_grouped(logits: torch.Tensor, correction: torch.Tensor | None, top_k: int,
                   groups: int, topk_group: int, renormalize: bool, scale: float,
-                  softmax: bool = False, group_top: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+                  softmax: bool = False, group_top: int = 2,
+                  bias_on_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek-V3's routing (GLM-4.5's), as transformers computes it: each expert's sigmoid
     score plus its correction bias ranks it; the experts are in `groups` groups, each group
     ranked by the sum of its `group_top` best (two), and only the topk_group best groups'
@@ -59,10 +60,12 @@ def route_grouped(logits: torch.Tensor, correction: torch.Tensor | None, top_k: 
 
     DeepSeek-V2's (`softmax`, `group_top` 1): the scores are the softmax over all experts,
     with no bias, and a group ranks by its best; ERNIE 4.5's adds its correction bias to the
-    softmax; Mistral 4's ranks a group of softmax scores by its two best, as V3."""
+    softmax; Mistral 4's ranks a group of softmax scores by its two best, as V3. Kolibri's
+    (`bias_on_logits`) adds its bias to the logits, not to their sigmoids, to choose."""
     scores = torch.softmax(logits, dim=-1, dtype=torch.float32) if softmax else \
         torch.sigmoid(logits.float())
-    choice = scores if correction is None else scores + correction.float().reshape(-1)
+    ranked = logits.float() if bias_on_logits else scores
+    choice = ranked if correction is None else ranked + correction.float().reshape(-1)
     rows, experts = choice.shape
     per_group = choice.view(rows, groups, experts // groups)
     group_scores = per_group.amax(dim=-1) if group_top == 1 else \

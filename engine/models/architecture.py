@@ -325,6 +325,17 @@ SUPPORTED = {
     # beside shared experts, the first num_dense_layers dense (_afmoe_names).
     "AfmoeForCausalLM": ArchitectureFlags(moe="deepseek", qk_norm=True, sandwich_norms=True,
                                           full_layers_nope=True, output_gate=True),
+    # Flint: Qwen3's per-head q/k norms, attention sinks in every layer, rotary in the sliding
+    # layers only; experts chosen by their sigmoid scores (no bias), renormalized where
+    # norm_topk_prob, beside a shared expert added as it is; mlp_only_layers dense.
+    "FlintForCausalLM": ArchitectureFlags(moe="flint", qk_norm=True, attention_sinks=True,
+                                          full_layers_nope=True),
+    # Kolibri: Qwen3's per-head q/k norms, rotary in the sliding layers only (in every layer
+    # where sliding_window is null), a norm before and after each branch; in every layer,
+    # experts chosen by their logits plus a bias, weighted by those logits' sigmoids
+    # (renormalized where norm_topk_prob), beside shared experts added as they are.
+    "Kolibri1ForCausalLM": ArchitectureFlags(moe="kolibri", qk_norm=True, sandwich_norms=True,
+                                             full_layers_nope=True),
     # Xiaomi's MiMo-V2-Flash: Qwen2's attention (a full layer to five sliding ones, each kind
     # its rotary base, over a third of each head) over DeepSeek-V3's routing without shared
     # experts, the first layer dense.
@@ -463,6 +474,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "exaone_moe": "ExaoneMoeForCausalLM", "mimo_v2_flash": "MiMoV2FlashForCausalLM",
                "kimi_linear": "KimiLinearForCausalLM", "hyperclovax": "HyperCLOVAXForCausalLM",
                "minicpm3": "MiniCPM3ForCausalLM", "afmoe": "AfmoeForCausalLM",
+               "flint": "FlintForCausalLM", "kolibri1": "Kolibri1ForCausalLM",
                "hy_v3": "HYV3ForCausalLM",
                "dots1": "Dots1ForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
                "qwen3_5_text": "Qwen3_5ForCausalLM", "llama4_text": "Llama4ForCausalLM",
@@ -527,6 +539,8 @@ MOE_NAMES["nemotron_h"] = MoeNames("mixer", None, "up_proj", "down_proj",
 MOE_NAMES["jamba"] = MoeNames("mlp", "gate_proj", "up_proj", "down_proj", "router")
 MOE_NAMES["hunyuan"] = MoeNames("mlp", "gate_proj", "up_proj", "down_proj", shared="shared_mlp",
                                 shared_gated=False)
+MOE_NAMES["flint"] = MoeNames("mlp", "gate_proj", "up_proj", "down_proj", shared_gated=False)
+MOE_NAMES["kolibri"] = MOE_NAMES["deepseek"]
 MOE_NAMES["llama4"] = MoeNames("feed_forward", "gate_proj", "up_proj", "down_proj", "router",
                                shared_gated=False)
 
@@ -545,6 +559,7 @@ class GroupedRouting:
     softmax: bool = False
     correction: tuple[int, ...] | None = None  # the correction bias's shape, as stored
     group_top: int = 2  # how many of a group's best scores rank it
+    bias_on_logits: bool = False  # Kolibri: the bias joins the logits, not their sigmoids
 
 
 @dataclass(frozen=True)
@@ -1061,7 +1076,7 @@ def _grouped_routing(config: Any, style: str) -> GroupedRouting | None:
     """DeepSeek's routing as the config sets it; V2's greedy top_k, MiniMax-M2's and ERNIE
     4.5's are one group."""
     if style not in ("deepseek", "deepseek_v2", "minimax", "ernie", "mistral4", "nemotron_h",
-                     "lfm2"):
+                     "lfm2", "flint", "kolibri"):
         return None
     scale = float(getattr(config, "routed_scaling_factor", 1.0) or 1.0)
     experts = num_experts_of(config)
@@ -1070,6 +1085,10 @@ def _grouped_routing(config: Any, style: str) -> GroupedRouting | None:
             config, "use_expert_bias", False) else None)
     if style == "minimax":
         return GroupedRouting(1, 1, scale, correction=(experts,))
+    if style == "flint":  # the sigmoid scores' top_k, no bias
+        return GroupedRouting(1, 1, 1.0)
+    if style == "kolibri":
+        return GroupedRouting(1, 1, 1.0, correction=(experts,), bias_on_logits=True)
     if style == "ernie":  # ERNIE keeps its bias as [1, experts]
         return GroupedRouting(1, 1, scale, softmax=True, correction=(1, experts), group_top=1)
     if style == "mistral4":

@@ -153,6 +153,16 @@ RENAMED_PARTS["afmoe"] = {**ROUTER_NAMES,
                           ".pre_mlp_layernorm.": ".pre_feedforward_layernorm.",
                           ".post_mlp_layernorm.": ".post_feedforward_layernorm."}
 RENAMED_PARTS["mimo_v2_flash"] = {".self_attn.attention_sink_bias": ".self_attn.sinks"}
+RENAMED_PARTS["flint"] = {".self_attn.softmax_offset": ".self_attn.sinks"}
+# Kolibri: its norm before the MLP is named as Llama's after attention, so that one is renamed
+# first; then the norms after each branch (as published, or as transformers names them), and
+# the router's bias.
+RENAMED_PARTS["kolibri1"] = {".post_attention_layernorm.": ".pre_feedforward_layernorm.",
+                             ".post_attn_norm.": ".post_attention_layernorm.",
+                             ".post_self_attn_layernorm.": ".post_attention_layernorm.",
+                             ".post_ffn_norm.": ".post_feedforward_layernorm.",
+                             ".post_mlp_layernorm.": ".post_feedforward_layernorm.",
+                             ".moe.router.expert_bias": ".mlp.gate.e_score_correction_bias"}
 RENAMED_PARTS["vaultgemma"] = {".pre_feedforward_layernorm.": ".post_attention_layernorm."}
 # EXAONE 3 and 3.5: Llama's layers under GPT-2's names.
 RENAMED_PARTS["exaone"] = {"transformer.wte.": "model.embed_tokens.", "transformer.h.":

@@ -119,7 +119,8 @@ class SparseMoeBlock(nn.Module):
             weights, ids = route_grouped(router(x), router.e_score_correction_bias,
                                          self.shape.top_k, grouped.groups, grouped.topk_group,
                                          self.shape.renormalize, grouped.routed_scale,
-                                         grouped.softmax, grouped.group_top)
+                                         grouped.softmax, grouped.group_top,
+                                         grouped.bias_on_logits)
         inputs = x if self.shape.latent_size is None else self.fc1_latent_proj(x)
         out = experts_sum(inputs, weights, ids, len(self.experts),
                           lambda e, rows: self.experts[e](rows, backend),

@@ -1,8 +1,8 @@
 """Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE and GraniteMoeShared,
 GLM-4.5, MiniMax-M2, dots.llm1, K-EXAONE, MiMo-V2-Flash, Trinity, ERNIE 4.5, Solar Open,
-Hunyuan-A13B and Hunyuan 3, FlexOlmo, DBRX): greedy output equals Hugging Face token for token
-(batched, chunked, from the prefix cache, under tensor parallelism), the router math equals a
-dense reference, and what a sparse layer cannot take is refused by name."""
+Hunyuan-A13B and Hunyuan 3, FlexOlmo, DBRX, Flint, Kolibri): greedy output equals Hugging Face
+token for token (batched, chunked, from the prefix cache, under tensor parallelism), the router
+math equals a dense reference, and what a sparse layer cannot take is refused by name."""
 
 from __future__ import annotations
 
@@ -109,6 +109,23 @@ def _config(kind: str, vocab: int, **changes):
             num_experts_per_tok=2, num_shared_experts=1, num_dense_layers=1, route_scale=2.5,
             head_dim=16, global_attn_every_n_layers=3, sliding_window=6, mup_enabled=True,
             **common)
+    if kind == "flint":
+        # Per-head q/k norms, attention sinks in every layer, rotary in the sliding layers
+        # only; sigmoid scores choose (no bias), renormalized, beside a shared expert added
+        # as it is; layer 0 dense.
+        return transformers.FlintConfig(
+            intermediate_size=128, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+            num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, head_dim=16,
+            sliding_window=6, mlp_only_layers=[0],
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"], **common)
+    if kind == "kolibri1":
+        # Per-head q/k norms, rotary in the sliding layers only, a norm before and after each
+        # branch; experts chosen by their logits plus a bias, weighted by those logits'
+        # sigmoids, renormalized, beside a shared expert, in every layer.
+        return transformers.Kolibri1Config(
+            moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=8,
+            num_experts_per_tok=2, norm_topk_prob=True, head_dim=16, sliding_window=6,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"], **common)
     if kind == "mimo_v2_flash":
         # A full layer, then two sliding ones with twice the KV heads and attention sinks;
         # values narrower than keys and scaled; rotary over a third of each head, its base per
@@ -171,16 +188,17 @@ def _config(kind: str, vocab: int, **changes):
                                         "solar_open", "hunyuan_v1_moe", "flex_olmo",
                                         "granitemoeshared", "granitemoe_swa", "dbrx",
                                         "phimoe", "exaone_moe", "mimo_v2_flash", "afmoe",
-                                        "hy_v3"])
+                                        "hy_v3", "flint", "kolibri1"])
 def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
     make_random_model(directory, _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
                       draw_norms=request.param in ("minimax_m2", "dots1", "ernie4_5_moe",
                                                    "exaone_moe", "hunyuan_v1_moe", "flex_olmo",
                                                    "dbrx", "mimo_v2_flash", "hy_v3",
-                                                   "phimoe", "granitemoe_swa"))
+                                                   "phimoe", "granitemoe_swa", "flint",
+                                                   "kolibri1"))
     if request.param in ("glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe", "solar_open",
-                         "exaone_moe", "mimo_v2_flash", "afmoe", "hy_v3"):
+                         "exaone_moe", "mimo_v2_flash", "afmoe", "hy_v3", "kolibri1"):
         _draw_biases(directory, prediction_layer=request.param in ("glm4_moe", "minimax_m2",
                                                                    "dots1", "ernie4_5_moe"))
     if request.param in PREDICTION_HEADS:  # a multi-token-prediction layer, not run
@@ -332,6 +350,21 @@ def test_grouped_routing_picks_within_the_best_groups():
         assert sorted(ids[row].tolist()) == sorted(chosen)
         expected = scores[row, ids[row]] / scores[row, ids[row]].sum() * 2.5
         torch.testing.assert_close(weights[row], expected)
+
+
+def test_a_bias_on_the_logits_chooses_otherwise_than_on_their_sigmoids():
+    """Kolibri adds its bias to the logits to choose: logits (2, 0) with bias (0, 1.5) choose
+    expert 0 (2 > 1.5) where V3's sigmoid scores plus the bias choose expert 1 (0.88 < 2);
+    either way the weight is the chosen logit's sigmoid."""
+    logits, correction = torch.tensor([[2.0, 0.0]]), torch.tensor([0.0, 1.5])
+    weights, ids = route_grouped(logits, correction, top_k=1, groups=1, topk_group=1,
+                                 renormalize=False, scale=1.0, bias_on_logits=True)
+    assert ids.tolist() == [[0]]
+    torch.testing.assert_close(weights, torch.sigmoid(torch.tensor([[2.0]])))
+    weights, ids = route_grouped(logits, correction, top_k=1, groups=1, topk_group=1,
+                                 renormalize=False, scale=1.0)
+    assert ids.tolist() == [[1]]
+    torch.testing.assert_close(weights, torch.sigmoid(torch.tensor([[0.0]])))
 
 
 def test_experts_sum_equals_the_dense_weighted_sum():
