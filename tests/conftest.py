@@ -55,12 +55,12 @@ from tokenmill.engine.models.source import resolve_model
 # How much a worker's memory may grow past what it held after its last collection before a
 # module's end collects again (a CPU engine's KV pool alone is 1 GiB by default).
 GARBAGE_ALLOWANCE = 1 << 30
+_collected_at: list[int] = [0]
 # Python's own full collections come a hundred times less often than by default: each walks
 # every object the worker imported (hundreds of thousands), and the modules' ends collect by
 # memory (below) anyway.
 _young, _middle, _old = gc.get_threshold()
 gc.set_threshold(_young, _middle, _old * 100)
-_collected_at: list[int] = [0]
 
 
 def _resident_bytes() -> int | None:
