@@ -283,6 +283,12 @@ def test_greedy_equals_hf_batched_chunked_and_prefix_cached(moe_dir, reference, 
     assert alone == expected[:2]
 
 
+def _one_of(moe_dir: str, families: tuple[str, ...]) -> bool:
+    """Whether the model directory (mktemp names it after its family) is of one of these
+    families, by prefix: GraniteMoE's name covers GraniteMoeShared's and GraniteMoE SWA's."""
+    return moe_dir.rstrip("/").rpartition("/")[2].startswith(families)
+
+
 # One family per way of routing (softmax over all experts, over the chosen ones, DeepSeek's
 # grouped sigmoid with a bias, Phi-3.5-MoE's sparsemixer): a verify step's rows reach the
 # experts as any step's do, whatever the family around them.
@@ -292,7 +298,7 @@ SPECULATIVE_FAMILIES = ("qwen3_moe", "mixtral", "glm4_moe", "phimoe")
 def test_speculative_decoding_keeps_the_greedy_output(moe_dir, expected, vocab_tokenizer):
     """Prompt-lookup proposals verified by the MoE target: the verify steps' rows go through
     the experts like any other rows."""
-    if not moe_dir.rstrip("/").rpartition("/")[2].startswith(SPECULATIVE_FAMILIES):
+    if not _one_of(moe_dir, SPECULATIVE_FAMILIES):
         pytest.skip("routes as a family the test runs (SPECULATIVE_FAMILIES)")
     spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}'
     with LLM(moe_dir, speculative_config=spec, **ENGINE) as llm:
@@ -313,7 +319,7 @@ TP_FAMILIES = ("qwen2_moe", "granitemoe", "glm4_moe", "solar_open", "phimoe", "m
 @pytest.mark.parametrize("size", [2])
 def test_tensor_parallel_equals_hf(moe_dir, expected, vocab_tokenizer, size):
     """Every rank holds a slice of every expert's width (and of the shared expert's)."""
-    if not moe_dir.rstrip("/").rpartition("/")[2].startswith(TP_FAMILIES):
+    if not _one_of(moe_dir, TP_FAMILIES):
         pytest.skip("plain experts split as the other families' do (TP_FAMILIES)")
     with LLM(moe_dir, tensor_parallel_size=size, **ENGINE) as llm:
         model = llm.engine.runner.model
