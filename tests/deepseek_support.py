@@ -21,7 +21,8 @@ def deepseek_config(kind: str, vocab: int, **changes: Any) -> Any:
     correction bias, and each query scaled by its position past a short pretraining context.
     DeepSeek-V3.2 and GLM-5 (glm_moe_dsa): V3's layers with sparse attention (an indexer
     chooses the 8 positions each query sees), GLM-5's indexer over interleaved rotary pairs
-    and one layer reusing another's choice. Youtu-LLM: V3's attention, no experts. MiniCPM3:
+    and one layer reusing another's choice. Sarvam-105B: V3's layers, a full-rank query, one
+    group of experts, YaRN. Youtu-LLM: V3's attention, no experts. MiniCPM3:
     V2's attention over halves of the rotary part, no experts, MiniCPM's multipliers."""
     import transformers
 
@@ -46,6 +47,11 @@ def deepseek_config(kind: str, vocab: int, **changes: Any) -> Any:
                              "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1,
                              "llama_4_scaling_beta": 0.5},
             **common)
+    if kind == "sarvam_mla":  # V3's layers with a full-rank query, one group of experts,
+        # YaRN as V2's (written in Sarvam's older fields by make_deepseek)
+        return transformers.SarvamMLAConfig(
+            q_lora_rank=None, n_group=1, topk_group=1, routed_scaling_factor=2.5,
+            norm_topk_prob=True, rope_parameters=dict(SARVAM_YARN, rope_type="yarn"), **common)
     dense = {k: v for k, v in common.items()
              if not k.startswith(("n_", "num_experts", "moe_", "first_k"))}
     if kind == "youtu":  # V3's attention over Llama's MLP in every layer: no experts
@@ -78,6 +84,27 @@ def deepseek_config(kind: str, vocab: int, **changes: Any) -> Any:
         **common)
 
 
+SARVAM_YARN = {"rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128,
+               "mscale": 1.0, "mscale_all_dim": 0.8, "beta_fast": 32, "beta_slow": 1}
+
+
+def _as_sarvam_publishes(directory: str) -> None:
+    """Sarvam-105B's config.json as published, for its remote code: its architecture's own
+    name, the experts' counts under other names, a head_dim of the cached row's width and
+    YaRN as deepseek_yarn."""
+    with open(f"{directory}/config.json") as f:
+        config = json.load(f)
+    config.pop("rope_parameters")
+    config.update(architectures=["SarvamMLAForCausalLM"],
+                  num_experts=config.pop("n_routed_experts"),
+                  num_shared_experts=config.pop("n_shared_experts"),
+                  head_dim=KV_LORA_RANK + ROPE_DIM,
+                  rope_scaling=dict(SARVAM_YARN, type="deepseek_yarn"),
+                  rope_theta=SARVAM_YARN["rope_theta"])
+    with open(f"{directory}/config.json", "w") as f:
+        json.dump(config, f)
+
+
 # transformers' class of a kind no auto class maps to its causal model.
 HF_CLASSES = {"mistral4": "Mistral4ForCausalLM"}
 
@@ -93,4 +120,6 @@ def make_deepseek(directory: str, kind: str, tokenizer: Any, **changes: Any) -> 
     too (transformers starts it at zero; drawn, it decides which experts are chosen)."""
     make_random_model(directory, deepseek_config(kind, len(tokenizer), **changes), tokenizer,
                       draw_norms=True, auto_class=HF_CLASSES.get(kind, "AutoModelForCausalLM"))
+    if kind == "sarvam_mla":
+        _as_sarvam_publishes(directory)
     return draw_correction_bias(directory)

@@ -180,6 +180,8 @@ SUPPORTED = {
     # Shanghai AI Lab's InternLM3: Llama's layers.
     "ExaoneForCausalLM": ArchitectureFlags(),
     "InternLM3ForCausalLM": ArchitectureFlags(),
+    # IQuest's IQuest-Coder: Llama's layers.
+    "IQuestCoderForCausalLM": ArchitectureFlags(),
     # Arcee (AFM): Llama's layers with an ungated MLP of squared ReLU.
     "ArceeForCausalLM": ArchitectureFlags(ungated_mlp=True),
     # Inception's Jais 2: Llama's layers with LayerNorm (biases), an ungated MLP of squared
@@ -281,6 +283,10 @@ SUPPORTED = {
     # chosen scores renormalized and scaled, always-on shared experts, and the first
     # first_k_dense_replace layers dense.
     "Glm4MoeForCausalLM": ArchitectureFlags(moe="deepseek", bias_on_qkv_only=True),
+    # Sarvam AI's Sarvam-30B (SarvamMoEForCausalLM): GLM-4.5's layers with rotary over the
+    # whole head, under Bailing's names (q, k and v fused one after the other; renamed in
+    # models/fused_weights.py).
+    "SarvamMoEForCausalLM": ArchitectureFlags(moe="deepseek", bias_on_qkv_only=True),
     # DeepSeek-V2 (and -Lite): latent attention (one cached latent per token, rotary over
     # interleaved pairs of a part of each head), and experts chosen by their softmax, greedily
     # or within the best groups (topk_method), scaled by routed_scaling_factor, beside
@@ -288,6 +294,9 @@ SUPPORTED = {
     "DeepseekV2ForCausalLM": ArchitectureFlags(moe="deepseek_v2", latent_attention=True),
     # DeepSeek-V3, V3.1 and R1: V2's latent attention and V3's experts, as GLM-4.5's.
     "DeepseekV3ForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True),
+    # Sarvam-105B (SarvamMLAForCausalLM): DeepSeek-V3's layers; transformers' config reads
+    # its older fields (deepseek_yarn, num_experts) as V3's.
+    "SarvamMLAForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True),
     # DeepSeek-V3.2: V3's layers, attention sparse past index_topk positions (DSA: an indexer
     # chooses them, models/dsa_indexer.py).
     "DeepseekV32ForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True),
@@ -475,7 +484,8 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "kimi_linear": "KimiLinearForCausalLM", "hyperclovax": "HyperCLOVAXForCausalLM",
                "minicpm3": "MiniCPM3ForCausalLM", "afmoe": "AfmoeForCausalLM",
                "flint": "FlintForCausalLM", "kolibri1": "Kolibri1ForCausalLM",
-               "hy_v3": "HYV3ForCausalLM",
+               "hy_v3": "HYV3ForCausalLM", "iquestcoder": "IQuestCoderForCausalLM",
+               "sarvam_moe": "SarvamMoEForCausalLM", "sarvam_mla": "SarvamMLAForCausalLM",
                "dots1": "Dots1ForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
                "qwen3_5_text": "Qwen3_5ForCausalLM", "llama4_text": "Llama4ForCausalLM",
                "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",

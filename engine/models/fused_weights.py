@@ -163,6 +163,14 @@ RENAMED_PARTS["kolibri1"] = {".post_attention_layernorm.": ".pre_feedforward_lay
                              ".post_ffn_norm.": ".post_feedforward_layernorm.",
                              ".post_mlp_layernorm.": ".post_feedforward_layernorm.",
                              ".moe.router.expert_bias": ".mlp.gate.e_score_correction_bias"}
+# Sarvam-30B: Bailing's names (q, k and v one after the other in query_key_value: qkv_proj),
+# its routing's correction bias named expert_bias.
+RENAMED_PARTS["sarvam_moe"] = {"model.word_embeddings.": "model.embed_tokens.",
+                               ".attention.query_key_value.": ".self_attn.qkv_proj.",
+                               ".attention.dense.": ".self_attn.o_proj.",
+                               ".attention.query_layernorm.": ".self_attn.q_norm.",
+                               ".attention.key_layernorm.": ".self_attn.k_norm.",
+                               ".mlp.gate.expert_bias": ".mlp.gate.e_score_correction_bias"}
 RENAMED_PARTS["vaultgemma"] = {".pre_feedforward_layernorm.": ".post_attention_layernorm."}
 # EXAONE 3 and 3.5: Llama's layers under GPT-2's names.
 RENAMED_PARTS["exaone"] = {"transformer.wte.": "model.embed_tokens.", "transformer.h.":

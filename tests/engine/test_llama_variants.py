@@ -63,7 +63,8 @@ parallelism) for:
   biases on every projection;
 - CWM (`CwmForCausalLM`): Llama 3's stretched rotary, three sliding layers to a full one;
 - HyperCLOVA X (`HyperCLOVAXForCausalLM`): Granite's multipliers, logits multiplied by
-  logits_scaling, a norm after each branch."""
+  logits_scaling, a norm after each branch;
+- IQuest-Coder (`IQuestCoderForCausalLM`): Llama's layers under a name of its own."""
 
 from __future__ import annotations
 
@@ -75,6 +76,7 @@ from model_support import (
     hf_reference,
     make_random_model,
     mixed_prompts,
+    update_config_json,
 )
 
 from tokenmill.engine import LLM, SamplingParams
@@ -216,6 +218,8 @@ def _config(kind: str, vocab: int):
     if kind == "cwm":  # Llama 3's stretched rotary, a full layer to three sliding ones
         return transformers.CwmConfig(vocab_size=vocab, head_dim=16, sliding_window=6,
                                       tie_word_embeddings=False, **SHAPE)
+    if kind == "iquestcoder":  # Llama's layers under an architecture of its own
+        return transformers.IQuestCoderConfig(vocab_size=vocab, head_dim=16, **SHAPE)
     if kind == "seed_oss":
         return transformers.SeedOssConfig(vocab_size=vocab, head_dim=16, attention_bias=True,
                                           attention_out_bias=False, **SHAPE)
@@ -229,7 +233,7 @@ def _config(kind: str, vocab: int):
                         "apertus", "stablelm", "stablelm-parallel", "gpt_neox",
                         "gpt_neox-sequential", "gpt2", "gpt_bigcode", "gpt_bigcode-mha", "opt",
                         "gptj", "falcon", "falcon-new", "falcon-sequential", "bloom", "mpt",
-                        "olmo", "jais2", "cwm", "hyperclovax"])
+                        "olmo", "jais2", "cwm", "hyperclovax", "iquestcoder"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     # Biases and norms drawn (but for the families that have none or keep Llama's), so that a
     # missing (or misplaced) one shows.
@@ -237,11 +241,14 @@ def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
         str(tmp_path_factory.mktemp(request.param)), _config(request.param, len(vocab_tokenizer)),
         vocab_tokenizer, draw_norms=request.param not in ("granite", "smollm3", "arcee",
                                                           "ministral3", "ministral", "exaone"))
-    if request.param in ("gpt_neox", "gpt2", "bloom", "mpt"):
+    if request.param in ("gpt_neox", "gpt2", "bloom", "mpt", "iquestcoder"):
         _as_first_published(directory, request.param)
     return directory
 
 
+# The architectures published checkpoints name for their remote code (transformers saves
+# IQuest-Coder's as Llama's).
+REMOTE_CODE_ARCHITECTURES = {"mpt": "MPTForCausalLM", "iquestcoder": "IQuestCoderForCausalLM"}
 # Where Pythia's and GPT-2's published checkpoints keep each layer's causal-mask buffers.
 CAUSAL_MASK_BUFFERS = {"gpt_neox": "gpt_neox.layers.{}.attention", "gpt2": "transformer.h.{}.attn"}
 
@@ -249,17 +256,12 @@ CAUSAL_MASK_BUFFERS = {"gpt_neox": "gpt_neox.layers.{}.attention", "gpt2": "tran
 def _as_first_published(directory: str, kind: str) -> None:
     """The checkpoint as Pythia's, GPT-2's, BLOOM's and MPT's were published: the causal-mask
     buffers beside each layer's weights (Pythia's and GPT-2's); GPT-2's and BLOOM's saved from
-    their bare decoders, every name without `transformer.`; MPT's architecture named as its
-    remote code spells it."""
-    import json
-
+    their bare decoders, every name without `transformer.`; MPT's and IQuest-Coder's
+    architecture named as their remote code spells it."""
     from safetensors.torch import load_file, save_file
 
-    if kind == "mpt":
-        with open(f"{directory}/config.json") as f:
-            config = json.load(f)
-        with open(f"{directory}/config.json", "w") as f:
-            json.dump({**config, "architectures": ["MPTForCausalLM"]}, f)
+    if kind in REMOTE_CODE_ARCHITECTURES:
+        update_config_json(directory, architectures=[REMOTE_CODE_ARCHITECTURES[kind]])
         return
 
     path = f"{directory}/model.safetensors"
@@ -312,7 +314,7 @@ SHARDED_AS_ANOTHER = ("glm", "helium", "exaone", "internlm3", "nemotron", "stabl
                       "stablelm-parallel", "gpt_neox", "gpt_neox-sequential",
                       "gpt_bigcode-mha", "opt", "falcon", "falcon-sequential", "olmo", "mpt",
                       "gptj", "smollm3", "seed_oss", "arcee", "ministral", "cohere2",
-                      "hunyuan", "cwm", "jais2", "hyperclovax")
+                      "hunyuan", "cwm", "jais2", "hyperclovax", "iquestcoder")
 
 
 def test_tensor_parallel_equals_hf(request, variant_dir, expected, vocab_tokenizer):

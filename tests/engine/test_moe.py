@@ -1,8 +1,9 @@
 """Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE and GraniteMoeShared,
 GLM-4.5, MiniMax-M2, dots.llm1, K-EXAONE, MiMo-V2-Flash, Trinity, ERNIE 4.5, Solar Open,
-Hunyuan-A13B and Hunyuan 3, FlexOlmo, DBRX, Flint, Kolibri): greedy output equals Hugging Face
-token for token (batched, chunked, from the prefix cache, under tensor parallelism), the router
-math equals a dense reference, and what a sparse layer cannot take is refused by name."""
+Hunyuan-A13B and Hunyuan 3, FlexOlmo, DBRX, Flint, Kolibri, Sarvam-30B): greedy output equals
+Hugging Face token for token (batched, chunked, from the prefix cache, under tensor
+parallelism), the router math equals a dense reference, and what a sparse layer cannot take is
+refused by name."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from model_support import (
     hf_reference,
     make_random_model,
     mixed_prompts,
+    update_config_json,
 )
 from safetensors.torch import load_file, save_file
 
@@ -62,6 +64,13 @@ def _config(kind: str, vocab: int, **changes):
             n_shared_experts=1, routed_scaling_factor=2.5, head_dim=16,
             partial_rotary_factor=0.5, use_qk_norm=True, attention_bias=True,
             num_nextn_predict_layers=1, **common)
+    if kind == "sarvam_moe":
+        # GLM-4.5's layers with rotary over the whole head, no biases, in one group of
+        # experts, under Bailing's names (q, k and v fused, word_embeddings, expert_bias).
+        return transformers.SarvamMoEConfig(
+            intermediate_size=128, moe_intermediate_size=32, n_routed_experts=8,
+            num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1,
+            n_shared_experts=1, routed_scaling_factor=2.5, head_dim=16, **common)
     if kind == "solar_open":
         # Llama's attention (biases on q, k and v) over GLM-4.5's routing, no dense layer.
         return transformers.SolarOpenConfig(
@@ -188,7 +197,7 @@ def _config(kind: str, vocab: int, **changes):
                                         "solar_open", "hunyuan_v1_moe", "flex_olmo",
                                         "granitemoeshared", "granitemoe_swa", "dbrx",
                                         "phimoe", "exaone_moe", "mimo_v2_flash", "afmoe",
-                                        "hy_v3", "flint", "kolibri1"])
+                                        "hy_v3", "flint", "kolibri1", "sarvam_moe"])
 def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
     make_random_model(directory, _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
@@ -196,17 +205,24 @@ def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
                                                    "exaone_moe", "hunyuan_v1_moe", "flex_olmo",
                                                    "dbrx", "mimo_v2_flash", "hy_v3",
                                                    "phimoe", "granitemoe_swa", "flint",
-                                                   "kolibri1"))
+                                                   "kolibri1", "sarvam_moe"))
     if request.param in ("glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe", "solar_open",
-                         "exaone_moe", "mimo_v2_flash", "afmoe", "hy_v3", "kolibri1"):
+                         "exaone_moe", "mimo_v2_flash", "afmoe", "hy_v3", "kolibri1",
+                         "sarvam_moe"):
         _draw_biases(directory, prediction_layer=request.param in ("glm4_moe", "minimax_m2",
                                                                    "dots1", "ernie4_5_moe"))
+    if request.param in HUB_ARCHITECTURES:  # as the published checkpoints name theirs
+        update_config_json(directory, architectures=[HUB_ARCHITECTURES[request.param]])
     if request.param in PREDICTION_HEADS:  # a multi-token-prediction layer, not run
         path = f"{directory}/model.safetensors"
         tensors = load_file(path)
         tensors[PREDICTION_HEADS[request.param]] = torch.randn(64, 128)
         save_file(tensors, path, metadata={"format": "pt"})
     return directory
+
+
+# Architectures transformers saves under another family's name (its model class).
+HUB_ARCHITECTURES = {"sarvam_moe": "SarvamMoEForCausalLM"}
 
 
 # Where MiMo-V2-Flash and Hunyuan 3 store their multi-token-prediction layers (Hunyuan 3's
