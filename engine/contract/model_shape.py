@@ -446,6 +446,8 @@ class ModelShape:
             shared = expert_width
         if getattr(config, "model_type", None) == "lfm2":
             dense = lfm2_mlp_width(config)
+        if getattr(config, "model_type", None) == "cohere2_moe":  # its first, dense layers'
+            dense = getattr(config, "prefix_dense_intermediate_size", None) or dense
         if getattr(config, "model_type", None) == "llama4_text":
             # Llama 4: intermediate_size is an expert's width and its shared expert's, the
             # dense layers' MLP is intermediate_size_mlp wide.

@@ -258,6 +258,12 @@ SUPPORTED = {
     # full-attention ones with no positional encoding.
     "Cohere2ForCausalLM": ArchitectureFlags(cohere=True, interleaved_rope=True,
                                             full_layers_nope=True),
+    # Command A+ (Cohere2MoeForCausalLM): Command R7B's layers (RMSNorm where rms_norm_eps is
+    # set), the first ones dense and turned (prefix_dense_*), the others' MLP experts chosen
+    # by their logits, weighted by their softmax or sigmoids (expert_selection_fn), beside
+    # shared experts summed with them or averaged (shared_expert_combination_strategy).
+    "Cohere2MoeForCausalLM": ArchitectureFlags(cohere=True, interleaved_rope=True,
+                                               full_layers_nope=True, moe="cohere2"),
     # AI2's first OLMo (OLMo-1B and 7B, -hf): Llama's layers, LayerNorms without a weight, q,
     # k and v clamped where clip_qkv is set.
     "OlmoForCausalLM": ArchitectureFlags(),
@@ -438,7 +444,8 @@ ENCODER_MODEL_TYPES = {"bert": "BertModel", "roberta": "RobertaModel",
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "ministral": "MinistralForCausalLM", "ministral3": "Ministral3ForCausalLM",
                "mistral4": "Mistral4ForCausalLM", "cohere": "CohereForCausalLM",
-               "cohere2": "Cohere2ForCausalLM", "starcoder2": "Starcoder2ForCausalLM",
+               "cohere2": "Cohere2ForCausalLM", "cohere2_moe": "Cohere2MoeForCausalLM",
+               "starcoder2": "Starcoder2ForCausalLM",
                "nemotron": "NemotronForCausalLM", "phi": "PhiForCausalLM",
                "stablelm": "StableLmForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
                "gpt2": "GPT2LMHeadModel", "gpt_bigcode": "GPTBigCodeForCausalLM",
@@ -551,6 +558,7 @@ MOE_NAMES["hunyuan"] = MoeNames("mlp", "gate_proj", "up_proj", "down_proj", shar
                                 shared_gated=False)
 MOE_NAMES["flint"] = MoeNames("mlp", "gate_proj", "up_proj", "down_proj", shared_gated=False)
 MOE_NAMES["kolibri"] = MOE_NAMES["deepseek"]
+MOE_NAMES["cohere2"] = MOE_NAMES["deepseek"]
 MOE_NAMES["llama4"] = MoeNames("feed_forward", "gate_proj", "up_proj", "down_proj", "router",
                                shared_gated=False)
 
@@ -605,6 +613,8 @@ class MoeShape:
     # PhiMoE: sparsemixer's routing of two experts, within this relative distance (its
     # router_jitter_noise) of each one's logit; None: a softmax's top_k.
     sparsemixer: float | None = None
+    # Command A+: the routed experts' output and the shared experts' averaged, not summed.
+    averages_shared: bool = False
 
     def is_sparse(self, layer: int) -> bool:
         """Whether decoder layer `layer` has the sparse block (else a dense MLP of the
@@ -1018,7 +1028,8 @@ def moe_shape_of(config: Any) -> MoeShape | None:
                               "ernie", "hunyuan") or
         (style == "dbrx" and config.ffn_config.moe_normalize_expert_weights is not None) or
         bool(getattr(config, "norm_topk_prob", False)) or
-        getattr(config, "model_type", None) in (QWEN3_VL_MOE, QWEN3_5_MOE),
+        getattr(config, "model_type", None) in (QWEN3_VL_MOE, QWEN3_5_MOE) or
+        (style == "cohere2" and _cohere2_selection(config) == "softmax"),
         sparse_step=int(getattr(config, "decoder_sparse_step", None) or
                         getattr(config, "moe_layer_interval", None) or 1),
         dense_layers=_dense_layers(config),
@@ -1029,7 +1040,25 @@ def moe_shape_of(config: Any) -> MoeShape | None:
         activation=activation,
         latent_size=getattr(config, "moe_latent_size", None),
         float32_router=style == "hunyuan",
-        sparsemixer=_sparsemixer(config) if style == "phimoe" else None)
+        sparsemixer=_sparsemixer(config) if style == "phimoe" else None,
+        averages_shared=style == "cohere2" and _cohere2_combination(config) == "average")
+
+
+def _cohere2_selection(config: Any) -> str:
+    """Command A+'s expert_selection_fn: softmax (of the chosen logits alone) or sigmoid."""
+    name = getattr(config, "expert_selection_fn", "softmax")
+    if name not in ("softmax", "sigmoid"):
+        raise ModelLoadError(f"expert_selection_fn {name!r} is not supported (softmax, sigmoid)")
+    return name
+
+
+def _cohere2_combination(config: Any) -> str:
+    """Command A+'s shared_expert_combination_strategy: sum or average."""
+    name = getattr(config, "shared_expert_combination_strategy", "average")
+    if name not in ("sum", "average"):
+        raise ModelLoadError(f"shared_expert_combination_strategy {name!r} is not supported "
+                             "(sum, average)")
+    return name
 
 
 def _sparsemixer(config: Any) -> float:
@@ -1086,7 +1115,7 @@ def _grouped_routing(config: Any, style: str) -> GroupedRouting | None:
     """DeepSeek's routing as the config sets it; V2's greedy top_k, MiniMax-M2's and ERNIE
     4.5's are one group."""
     if style not in ("deepseek", "deepseek_v2", "minimax", "ernie", "mistral4", "nemotron_h",
-                     "lfm2", "flint", "kolibri"):
+                     "lfm2", "flint", "kolibri", "cohere2"):
         return None
     scale = float(getattr(config, "routed_scaling_factor", 1.0) or 1.0)
     experts = num_experts_of(config)
@@ -1097,6 +1126,8 @@ def _grouped_routing(config: Any, style: str) -> GroupedRouting | None:
         return GroupedRouting(1, 1, scale, correction=(experts,))
     if style == "flint":  # the sigmoid scores' top_k, no bias
         return GroupedRouting(1, 1, 1.0)
+    if style == "cohere2":  # sigmoid: Flint's; softmax: the plain top_k, renormalized
+        return GroupedRouting(1, 1, 1.0) if _cohere2_selection(config) == "sigmoid" else None
     if style == "kolibri":
         return GroupedRouting(1, 1, 1.0, correction=(experts,), bias_on_logits=True)
     if style == "ernie":  # ERNIE keeps its bias as [1, experts]
@@ -1183,6 +1214,10 @@ def rotates_at(config: Any, layer: int) -> bool:
     """Whether decoder layer `layer` turns q and k by their positions: SmolLM3's no_rope_layers
     marks the layers that do (1) and those with no positional encoding at all (0); EXAONE 4's
     full-attention layers do not where it has sliding ones."""
+    if getattr(config, "model_type", None) == "cohere2_moe" and \
+            config.mlp_layer_types[layer] == "dense" and \
+            config.prefix_dense_sliding_window_pattern == 1:
+        return True  # Command A+'s first, dense layers: turned, whatever their window
     if flags_of(config).full_layers_nope and getattr(config, "sliding_window", None):
         return layer_window_of(config, layer) is not None
     if flags_of(config).mixer_blocks or kimi_linear(config) or \

@@ -110,14 +110,15 @@ def num_kv_heads_of(config: Any) -> int:
 
 
 def decoder_norm(config: Any, size: int) -> nn.Module:
-    """A norm of the residual stream: Cohere's LayerNorm, StarCoder 2's and Nemotron's (torch's,
+    """A norm of the residual stream: Cohere's LayerNorm (Command A+'s RMSNorm where it gives
+    rms_norm_eps), StarCoder 2's and Nemotron's (torch's,
     with a bias), OLMo's (without a weight), else RMSNorm (Gemma's scales by 1 + weight)."""
     flags = flags_of(config)
     if config.model_type == "olmo":
         return UnweightedLayerNorm()
     if flags.nanochat:
         return UnweightedRMSNorm(rms_norm_eps_of(config))
-    if flags.cohere:
+    if flags.cohere and getattr(config, "rms_norm_eps", None) is None:  # else Command A+'s
         return CohereLayerNorm(size, config.layer_norm_eps)
     if flags.layer_norm:  # StarCoder 2's norm_epsilon, Nemotron's norm_eps (and 1 + weight)
         eps = getattr(config, "norm_epsilon", None) or getattr(config, "layer_norm_eps", None) \

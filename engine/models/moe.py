@@ -132,4 +132,6 @@ class SparseMoeBlock(nn.Module):
             if self.shape.names.shared_gated:
                 shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
             out = out + shared
+            if self.shape.averages_shared:
+                out = out / 2
         return self.tp.all_reduce(out)

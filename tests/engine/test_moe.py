@@ -1,9 +1,9 @@
 """Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE and GraniteMoeShared,
 GLM-4.5, MiniMax-M2, dots.llm1, K-EXAONE, MiMo-V2-Flash, Trinity, ERNIE 4.5, Solar Open,
-Hunyuan-A13B and Hunyuan 3, FlexOlmo, DBRX, Flint, Kolibri, Sarvam-30B): greedy output equals
-Hugging Face token for token (batched, chunked, from the prefix cache, under tensor
-parallelism), the router math equals a dense reference, and what a sparse layer cannot take is
-refused by name."""
+Hunyuan-A13B and Hunyuan 3, FlexOlmo, DBRX, Flint, Kolibri, Sarvam-30B, Command A+): greedy
+output equals Hugging Face token for token (batched, chunked, from the prefix cache, under
+tensor parallelism), the router math equals a dense reference, and what a sparse layer cannot
+take is refused by name."""
 
 from __future__ import annotations
 
@@ -71,6 +71,20 @@ def _config(kind: str, vocab: int, **changes):
             intermediate_size=128, moe_intermediate_size=32, n_routed_experts=8,
             num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1,
             n_shared_experts=1, routed_scaling_factor=2.5, head_dim=16, **common)
+    if kind.startswith("cohere2_moe"):
+        # Command R7B's parallel layers (LayerNorm, rotary over interleaved pairs, the full
+        # layer after a sliding one without positions), the first layer dense (a width of its
+        # own) and turned; experts chosen by their logits, weighted by their sigmoids, averaged
+        # with two shared experts. -softmax: softmax weights, the shared experts summed,
+        # RMSNorms.
+        softmax = kind.endswith("softmax")
+        return transformers.Cohere2MoeConfig(
+            intermediate_size=32, prefix_dense_intermediate_size=48, num_experts=8,
+            num_experts_per_tok=2, num_shared_experts=2, first_k_dense_replace=1,
+            expert_selection_fn="softmax" if softmax else "sigmoid", norm_topk_prob=False,
+            shared_expert_combination_strategy="sum" if softmax else "average",
+            rms_norm_eps=1e-5 if softmax else None, sliding_window=6,
+            sliding_window_pattern=2, head_dim=16, logit_scale=0.5, **common)
     if kind == "solar_open":
         # Llama's attention (biases on q, k and v) over GLM-4.5's routing, no dense layer.
         return transformers.SolarOpenConfig(
@@ -197,7 +211,8 @@ def _config(kind: str, vocab: int, **changes):
                                         "solar_open", "hunyuan_v1_moe", "flex_olmo",
                                         "granitemoeshared", "granitemoe_swa", "dbrx",
                                         "phimoe", "exaone_moe", "mimo_v2_flash", "afmoe",
-                                        "hy_v3", "flint", "kolibri1", "sarvam_moe"])
+                                        "hy_v3", "flint", "kolibri1", "sarvam_moe",
+                                        "cohere2_moe", "cohere2_moe-softmax"])
 def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
     make_random_model(directory, _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
@@ -205,7 +220,8 @@ def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
                                                    "exaone_moe", "hunyuan_v1_moe", "flex_olmo",
                                                    "dbrx", "mimo_v2_flash", "hy_v3",
                                                    "phimoe", "granitemoe_swa", "flint",
-                                                   "kolibri1", "sarvam_moe"))
+                                                   "kolibri1", "sarvam_moe", "cohere2_moe",
+                                                   "cohere2_moe-softmax"))
     if request.param in ("glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe", "solar_open",
                          "exaone_moe", "mimo_v2_flash", "afmoe", "hy_v3", "kolibri1",
                          "sarvam_moe"):
@@ -513,6 +529,18 @@ def test_a_top_k_that_differs_between_layers_is_refused(tmp_path, vocab_tokenize
     directory = make_random_model(str(tmp_path), _config(
         "hunyuan_v1_moe", len(vocab_tokenizer), moe_topk=[2, 1, 2]), vocab_tokenizer)
     with pytest.raises(ModelLoadError, match=r"moe_topk differs between layers \(\[1, 2\]\)"):
+        LLM(directory, **ENGINE)
+
+
+@pytest.mark.parametrize("field", ["expert_selection_fn", "shared_expert_combination_strategy"])
+def test_command_a_plus_ways_it_does_not_define_are_refused_by_name(tmp_path, vocab_tokenizer,
+                                                                     field):
+    """Command A+'s config names how experts are weighed and joined with the shared ones;
+    transformers fails on any other name only when the model runs, the engine at load."""
+    config = _config("cohere2_moe", len(vocab_tokenizer))
+    directory = make_random_model(str(tmp_path), config, vocab_tokenizer)
+    update_config_json(directory, **{field: "median"})
+    with pytest.raises(ModelLoadError, match=f"{field} 'median' is not supported"):
         LLM(directory, **ENGINE)
 
 
