@@ -190,6 +190,11 @@ class ShardPlan:
             per = self.num_heads * self.output_head_dim if kind == "o_proj" else \
                 self._width(parts)
             return self._input_columns(tensor, attr, per)
+        if kind in ("q_norm", "k_norm") and len(_shape(tensor)) == 2:
+            # Command R+'s: a weight per head, [heads, head size]; this rank's heads'.
+            first, count = (self.rank * self.num_heads, self.num_heads) if kind == "q_norm" \
+                else (self.first_kv_head, self.num_kv_heads)
+            return tensor[first:first + count]
         if kind in ("q_norm", "k_norm") and _length(tensor) > self.head_dim:
             # OLMo's norms over the whole projection: the rows of q_proj's or k_proj's output.
             start, stop = self._output_rows(kind.replace("norm", "proj"), parts)
@@ -376,10 +381,14 @@ def _tuple(shapes: list[tuple[int, int]] | None) -> tuple[tuple[int, int], ...] 
     return None if shapes is None else tuple(shapes)
 
 
+def _shape(tensor: Any) -> tuple[int, ...]:
+    """The shape of a tensor or of a safetensors slice (which has no .shape)."""
+    return tuple(tensor.shape if hasattr(tensor, "shape") else tensor.get_shape())
+
+
 def _length(tensor: Any) -> int:
-    """The first dimension of a tensor or of a safetensors slice (which has no .shape)."""
-    shape = tensor.shape if hasattr(tensor, "shape") else tensor.get_shape()
-    return shape[0]
+    """The first dimension of a tensor or of a safetensors slice."""
+    return _shape(tensor)[0]
 
 
 def _read(tensor: Any) -> torch.Tensor:

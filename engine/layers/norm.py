@@ -97,9 +97,10 @@ class RMSNorm(nn.Module):
 class CohereLayerNorm(nn.Module):
     """Cohere's LayerNorm: the mean subtracted and the variance divided out in float32, the
     weight applied in float32, then rounded to the input dtype (CohereLayerNorm). Called as
-    RMSNorm is: the residual stream's add comes first. Torch ops on every backend."""
+    RMSNorm is: the residual stream's add comes first. Torch ops on every backend. `size` a
+    pair (heads, head size): Command R+'s q/k norms, a weight per head."""
 
-    def __init__(self, size: int, eps: float):
+    def __init__(self, size: int | tuple[int, int], eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
@@ -131,6 +132,23 @@ class LayerNorm(nn.Module):
             x = x + residual
         weight = self.weight + 1.0 if self.unit_offset else self.weight
         return F.layer_norm(x, (x.shape[-1],), weight, self.bias, self.eps), x
+
+
+class HeadLayerNorms(nn.Module):
+    """A LayerNorm without a bias for each head (StableLM 2 12B's q and k norms, `norms.{h}`):
+    every head's is held, under its checkpoint index, and this rank's `count` heads from
+    `first` are normalized, each by its own weight. Called as RMSNorm is, on [T, count, D]."""
+
+    def __init__(self, heads: int, first: int, count: int, size: int, eps: float):
+        super().__init__()
+        self.norms = nn.ModuleList(LayerNorm(size, eps, bias=False) for _ in range(heads))
+        self.first, self.count, self.eps = first, count, eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+        weight = torch.stack([norm.weight for norm in
+                              self.norms[self.first:self.first + self.count]])
+        return F.layer_norm(x, (x.shape[-1],), None, None, self.eps) * weight, x
 
 
 class UnweightedLayerNorm(UnweightedRMSNorm):

@@ -209,6 +209,11 @@ SUPPORTED = {
     # LayerNorm, rotary over part of each head, an MLP of GeLU without a gate, biases on every
     # projection, attention and the MLP side by side, each off its own norm.
     "GPTNeoXForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True, gpt_neox=True),
+    # Adept's Persimmon-8B (and Fuyu's language model): LayerNorm with biases, q, k and v
+    # fused per head as GPT-NeoX's, each head of q and k through a LayerNorm where
+    # qk_layernorm, rotary over half of each head, an MLP of squared ReLU without a gate,
+    # biases on every projection.
+    "PersimmonForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True),
     # OpenAI's GPT-2 (its Conv1D weights stored [in, out], transposed at load), BigCode's
     # GPT-BigCode (StarCoder, SantaCoder: one KV head where multi_query) and Meta's OPT
     # (positions counted from 2 in their table): LayerNorm before each branch, learned
@@ -253,6 +258,7 @@ SUPPORTED = {
     # over GLM-4.5's experts in every layer.
     "SolarOpenForCausalLM": ArchitectureFlags(moe="deepseek", bias_on_qkv_only=True),
     # Cohere's Command R (CohereForCausalLM): rotary over interleaved pairs in every layer.
+    # Command R+ normalizes q and k per head where use_qk_norm (head_layer_norm_of).
     "CohereForCausalLM": ArchitectureFlags(cohere=True, interleaved_rope=True),
     # Command R7B and Command A (Cohere2ForCausalLM): three sliding layers in four, the
     # full-attention ones with no positional encoding.
@@ -448,6 +454,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "starcoder2": "Starcoder2ForCausalLM",
                "nemotron": "NemotronForCausalLM", "phi": "PhiForCausalLM",
                "stablelm": "StableLmForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
+               "persimmon": "PersimmonForCausalLM",
                "gpt2": "GPT2LMHeadModel", "gpt_bigcode": "GPTBigCodeForCausalLM",
                "opt": "OPTForCausalLM", "gptj": "GPTJForCausalLM",
                "falcon": "FalconForCausalLM", "bloom": "BloomForCausalLM",
@@ -762,6 +769,11 @@ def _falcon_names(config: Any) -> None:
     config.layer_norm_eps = float(config.layer_norm_epsilon)
 
 
+def _persimmon_names(config: Any) -> None:
+    """Persimmon's biases, on every projection, which its config does not name."""
+    config.attention_bias = config.mlp_bias = True
+
+
 def _phimoe_names(config: Any) -> None:
     """PhiMoE's LayerNorm takes its epsilon from rms_norm_eps."""
     config.layer_norm_eps = config.rms_norm_eps
@@ -808,7 +820,8 @@ def _gemma3n_names(config: Any) -> None:
 FAMILY_NAMES = {**dict.fromkeys(GPT2_NAMED_TYPES, _gpt2_family_names), "mpt": _mpt_names,
                 "dbrx": _dbrx_names, "falcon": _falcon_names, "phimoe": _phimoe_names,
                 "gemma3n_text": _gemma3n_names, "minicpm3": _minicpm3_names,
-                "afmoe": _afmoe_names, "hy_v3": _hy_v3_names}
+                "afmoe": _afmoe_names, "hy_v3": _hy_v3_names,
+                "persimmon": _persimmon_names}
 
 
 def declare_family_names(config: Any) -> None:
@@ -841,17 +854,26 @@ def learned_position_offset(config: Any) -> int:
     return 2 if config.model_type == "opt" else 0
 
 
+def head_layer_norm_of(config: Any) -> str | None:
+    """How q and k are normalized per head by a LayerNorm: "cohere" (Command R+'s use_qk_norm:
+    Cohere's LayerNorm, a weight per head), "per_head" (StableLM 2 12B's qk_layernorm: a
+    LayerNorm without a bias per head), "shared" (Persimmon's and Phi's qk_layernorm: one
+    LayerNorm with a bias for every head); None where they are not (or by an RMSNorm: the
+    qk_norm flag)."""
+    if flags_of(config).cohere and getattr(config, "use_qk_norm", False):
+        return "cohere"
+    if not getattr(config, "qk_layernorm", False):
+        return None
+    kinds = {"stablelm": "per_head", "persimmon": "shared", "phi": "shared"}
+    return kinds.get(getattr(config, "model_type", None))
+
+
 def check_features(config: Any) -> None:
     """ModelLoadError for what a supported architecture's config asks that is not computed
-    here: Command R+'s per-head q/k LayerNorm (Cohere's use_qk_norm)."""
+    here."""
     for field in ("num_experts", "moe_topk"):  # per layer (Hunyuan's): one value for all
         if isinstance(getattr(config, field, None), (list, tuple)):
             _per_model(getattr(config, field), field)
-    cohere = getattr(config, "model_type", None) in ("cohere", "cohere2")
-    if getattr(config, "model_type", None) in ("phi", "stablelm") and \
-            getattr(config, "qk_layernorm", False):
-        raise ModelLoadError("qk_layernorm (a LayerNorm over each head of q and k) is not "
-                             "supported; Phi-1.5, Phi-2 and StableLM 2 below 12B have none")
     if getattr(config, "model_type", None) in LEARNED_POSITION_TYPES:
         _check_learned_position_family(config)
     if getattr(config, "model_type", None) == "bloom" and \
@@ -869,9 +891,6 @@ def check_features(config: Any) -> None:
     if getattr(config, "model_type", None) == "falcon" and config.alibi:
         raise ModelLoadError("alibi (Falcon-RW's linear attention biases by distance) is not "
                              "supported; Falcon's rotary models are")
-    if cohere and getattr(config, "use_qk_norm", False):
-        raise ModelLoadError("use_qk_norm (Command R+'s per-head LayerNorm of q and k) is not "
-                             "supported; Cohere checkpoints without it are (Command R, R7B, A)")
     for kind in LAYER_TYPES:
         try:
             layer_type_theta(config, kind)

@@ -34,6 +34,7 @@ from tokenmill.engine.layers.kv_layer import KVLayer
 from tokenmill.engine.layers.linear import MergedLinear
 from tokenmill.engine.layers.norm import (
     CohereLayerNorm,
+    HeadLayerNorms,
     LayerNorm,
     RMSNorm,
     UnweightedLayerNorm,
@@ -59,6 +60,7 @@ from tokenmill.engine.models.architecture import (
     classifier_of,
     embedding_multiplier_of,
     flags_of,
+    head_layer_norm_of,
     layer_window_of,
     learned_position_offset,
     moe_shape_of,
@@ -180,7 +182,11 @@ class Attention(nn.Module):
         # GLM-4.5 normalizes q and k per head where its config says use_qk_norm.
         qk_norm = flags.qk_norm or (flags.moe == "deepseek" and
                                     bool(getattr(config, "use_qk_norm", False)))
-        if qk_norm:
+        head_layer_norm = head_layer_norm_of(config)
+        if head_layer_norm:
+            self.q_norm, self.k_norm = self._head_layer_norms(config, plan, head_layer_norm)
+            qk_norm = True
+        elif qk_norm:
             self.q_norm = RMSNorm(self.head_dim, rms_norm_eps_of(config), flags.norms_add_one)
             if not reads_earlier_kv:
                 self.k_norm = RMSNorm(self.head_dim, rms_norm_eps_of(config), flags.norms_add_one)
@@ -277,6 +283,22 @@ class Attention(nn.Module):
         if gate is not None:
             o = o * torch.sigmoid(gate.reshape(tokens, -1))
         return self.tp.all_reduce(self.o_proj(o))
+
+    def _head_layer_norms(self, config: Any, plan: ShardPlan,
+                          kind: str) -> tuple[nn.Module, nn.Module]:
+        """q's and k's LayerNorm over each head (head_layer_norm_of): Command R+'s Cohere
+        LayerNorm with a weight per head (this rank's heads'), StableLM 2 12B's LayerNorm of
+        each head, Persimmon's and Phi's torch LayerNorm shared by the heads."""
+        eps = config.layer_norm_eps
+        if kind == "cohere":
+            return (CohereLayerNorm((self.num_heads, self.head_dim), eps),
+                    CohereLayerNorm((self.num_kv_heads, self.head_dim), eps))
+        if kind == "per_head":
+            return (HeadLayerNorms(config.num_attention_heads, plan.rank * self.num_heads,
+                                   self.num_heads, self.head_dim, eps),
+                    HeadLayerNorms(num_kv_heads_of(config), plan.first_kv_head,
+                                   self.num_kv_heads, self.head_dim, eps))
+        return LayerNorm(self.head_dim, eps), LayerNorm(self.head_dim, eps)
 
     def _read_earlier_kv(self, x: torch.Tensor, rope: RopeRows | RopeKernel | None,
                          kv_cache: KVLayer, meta: AttentionMetadata) -> torch.Tensor:

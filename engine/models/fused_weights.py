@@ -223,6 +223,15 @@ RENAMED_PARTS["falcon"] = {"transformer.word_embeddings.": "model.embed_tokens."
                            ".ln_mlp.": ".post_attention_layernorm.",
                            ".mlp.dense_h_to_4h.": ".mlp.up_proj.",
                            ".mlp.dense_4h_to_h.": ".mlp.down_proj."}
+# Persimmon's, Phi's and StableLM's q and k norms over each head (qk_layernorm).
+QK_LAYERNORMS = {".self_attn.q_layernorm.": ".self_attn.q_norm.",
+                 ".self_attn.k_layernorm.": ".self_attn.k_norm."}
+# Persimmon: GPT-NeoX's MLP and its q, k and v fused per head, already under self_attn
+# (_per_head_qkv_parts), its norms under their own names.
+RENAMED_PARTS["persimmon"] = {".self_attn.dense.": ".self_attn.o_proj.", **QK_LAYERNORMS,
+                              ".mlp.dense_h_to_4h.": ".mlp.up_proj.",
+                              ".mlp.dense_4h_to_h.": ".mlp.down_proj.",
+                              "model.final_layernorm.": "model.norm."}
 # BLOOM: Falcon's names, with its embeddings' norm.
 RENAMED_PARTS["bloom"] = {**RENAMED_PARTS["falcon"],
                           "transformer.word_embeddings_layernorm.": "model.embed_norm."}
@@ -247,7 +256,10 @@ RENAMED_PARTS["dbrx"] = {"transformer.wte.": "model.embed_tokens.",
 # Phi-2: its output projection (dense) and MLP (fc1, fc2) under Llama's names.
 RENAMED_PARTS["nanochat"] = {".mlp.fc1.": ".mlp.up_proj.", ".mlp.fc2.": ".mlp.down_proj."}
 RENAMED_PARTS["phi"] = {".self_attn.dense.": ".self_attn.o_proj.", ".mlp.fc1.": ".mlp.up_proj.",
-                        ".mlp.fc2.": ".mlp.down_proj.", "model.final_layernorm.": "model.norm."}
+                        ".mlp.fc2.": ".mlp.down_proj.", "model.final_layernorm.": "model.norm.",
+                        **QK_LAYERNORMS}
+# StableLM 2 12B: a norm per head under q_layernorm.norms.{h} (layers/norm.py: HeadLayerNorms).
+RENAMED_PARTS["stablelm"] = QK_LAYERNORMS
 
 
 # MiniMax-M2, ERNIE 4.5 and K-EXAONE keep their routing's correction bias beside the router,

@@ -1,7 +1,8 @@
-"""Rows of q_proj and k_proj (weights, biases, a LoRA adapter's B) reordered from rotary
-pairs of adjacent dimensions (2i, 2i+1) to the two halves (i, i + rotated / 2) each head's
-rotary turns in the engine. llama.cpp stores Llama's rows so; ERNIE 4.5, GLM-4, Cohere and
-Llama 4 rotate adjacent pairs. q and k reordered alike keep their dot product."""
+"""Rows of q_proj and k_proj (weights, biases, a LoRA adapter's B, the weights of q's and k's
+norms over each head) reordered from rotary pairs of adjacent dimensions (2i, 2i+1) to the two
+halves (i, i + rotated / 2) each head's rotary turns in the engine. llama.cpp stores Llama's
+rows so; ERNIE 4.5, GLM-4, Cohere and Llama 4 rotate adjacent pairs. q and k reordered alike
+keep their dot product."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from tokenmill.engine.layers.rotary import rope_parameters, rotary_dim
 from tokenmill.engine.models.decoder import head_dim_of, num_kv_heads_of
 
 # The tensors whose rows a rotary embedding over interleaved pairs reorders.
-ROTATED = ("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")
+ROTATED = ("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias", "q_norm.weight",
+           "k_norm.weight")
 
 
 def pairs_to_halves(w: torch.Tensor, num_heads: int,
@@ -33,6 +35,11 @@ def pairs_to_halves(w: torch.Tensor, num_heads: int,
 
 def rotary_halves(config: Any, kind: str, rows: torch.Tensor) -> torch.Tensor:
     """`rows` of q_proj or k_proj (`kind`) of a model rotating adjacent pairs, reordered per
-    head over its rotated dimensions."""
+    head over its rotated dimensions; or the weight of q's or k's norm over each head, [heads,
+    head size] (Command R+'s) or one for every head, reordered as the rows it scales."""
+    rotated = rotary_dim(head_dim_of(config), rope_parameters(config))
+    if kind in ("q_norm", "k_norm"):
+        heads = rows.shape[0] if rows.dim() == 2 else 1
+        return pairs_to_halves(rows.reshape(-1), heads, rotated).reshape(rows.shape)
     heads = config.num_attention_heads if kind == "q_proj" else num_kv_heads_of(config)
-    return pairs_to_halves(rows, heads, rotary_dim(head_dim_of(config), rope_parameters(config)))
+    return pairs_to_halves(rows, heads, rotated)

@@ -23,7 +23,8 @@ parallelism) for:
 - Cohere's Command R (`CohereForCausalLM`): LayerNorm, attention and the MLP in parallel off one
   norm, rotary over interleaved pairs, logits times logit_scale; Command R7B and A
   (`Cohere2ForCausalLM`): the same, three sliding layers in four and the full one with no
-  positional encoding;
+  positional encoding; Command R+: q and k normalized per head by Cohere's LayerNorm, a weight
+  per head (use_qk_norm);
 - StarCoder 2 (`Starcoder2ForCausalLM`): LayerNorm with biases, an MLP without a gate (c_fc,
   GeLU, c_proj), biases on every projection, a sliding window in every layer;
 - Hunyuan (`HunYuanDenseV1ForCausalLM`): q and k normalized per head after the rotary turn,
@@ -31,14 +32,18 @@ parallelism) for:
 - Nemotron (`NemotronForCausalLM`): LayerNorm with 1 + weight, rotary over half of each head,
   an MLP of squared ReLU without a gate;
 - Phi-2 (`PhiForCausalLM`): LayerNorm, attention and the MLP in parallel off one norm, a bias
-  on every projection and the LM head, rotary over two fifths of each head;
+  on every projection and the LM head, rotary over two fifths of each head; with qk_layernorm
+  one LayerNorm over each head of q and k;
+- Persimmon (`PersimmonForCausalLM`): GPT-NeoX's fused q, k and v, a LayerNorm (with a bias)
+  over each head of q and k, rotary over half of each head, squared ReLU without a gate;
 - Helium (`HeliumForCausalLM`): rotary over interleaved pairs, biases on q, k and v only;
   EXAONE 3.5 (`ExaoneForCausalLM`): Llama's layers under GPT-2's names; InternLM3
   (`InternLM3ForCausalLM`): Llama's, with biases where its config asks;
 - Apertus (`ApertusForCausalLM`): q and k normalized per head, an MLP without a gate of xIELU,
   whose parameters each layer learns;
 - StableLM (`StableLmForCausalLM`): LayerNorm, rotary over a quarter of each head, biases on q,
-  k and v, attention and the MLP in sequence or in parallel off one norm;
+  k and v, attention and the MLP in sequence or in parallel off one norm; StableLM 2 12B's
+  LayerNorm of its own for each head of q and k (qk_layernorm);
 - GPT-NeoX (`GPTNeoXForCausalLM`, Pythia): q, k and v fused head by head, rotary over a quarter
   of each head, an MLP of GeLU without a gate, biases everywhere, attention and the MLP in
   parallel off a norm each or in sequence; the causal-mask buffers older checkpoints carry are
@@ -136,6 +141,13 @@ def _config(kind: str, vocab: int):
     if kind == "cohere":  # biases on every projection, reordered with q's and k's rows
         return transformers.CohereConfig(vocab_size=vocab, logit_scale=0.5, attention_bias=True,
                                          **SHAPE)
+    if kind == "cohere-qk_norm":  # Command R+: q and k normalized per head, a weight each
+        return transformers.CohereConfig(vocab_size=vocab, logit_scale=0.5, use_qk_norm=True,
+                                         **SHAPE)
+    if kind == "persimmon":  # q and k through a LayerNorm per head; rotary over half of each
+        shape = {k: v for k, v in SHAPE.items() if k != "num_key_value_heads"}
+        return transformers.PersimmonConfig(vocab_size=vocab, tie_word_embeddings=False,
+                                            **shape)
     if kind == "cohere2":
         return transformers.Cohere2Config(vocab_size=vocab, logit_scale=0.5, sliding_window=6,
                                           head_dim=16, **SHAPE)
@@ -161,6 +173,13 @@ def _config(kind: str, vocab: int):
         return transformers.StableLmConfig(
             vocab_size=vocab, use_qkv_bias=True, partial_rotary_factor=0.25,
             use_parallel_residual=kind == "stablelm-parallel", **SHAPE)
+    if kind == "stablelm-qk_layernorm":  # StableLM 2 12B: a LayerNorm per head of q and k
+        return transformers.StableLmConfig(
+            vocab_size=vocab, partial_rotary_factor=0.25, qk_layernorm=True,
+            use_parallel_residual=True, **SHAPE)
+    if kind == "phi-qk_layernorm":  # one LayerNorm (with a bias) over every head of q and k
+        return transformers.PhiConfig(vocab_size=vocab, partial_rotary_factor=0.4,
+                                      hidden_act="gelu_new", qk_layernorm=True, **SHAPE)
     if kind in ("gpt_neox", "gpt_neox-sequential"):  # Pythia's config keys (rotary_pct)
         shape = {k: v for k, v in SHAPE.items() if k != "num_key_value_heads"}
         return transformers.GPTNeoXConfig(
@@ -233,7 +252,8 @@ def _config(kind: str, vocab: int):
                         "apertus", "stablelm", "stablelm-parallel", "gpt_neox",
                         "gpt_neox-sequential", "gpt2", "gpt_bigcode", "gpt_bigcode-mha", "opt",
                         "gptj", "falcon", "falcon-new", "falcon-sequential", "bloom", "mpt",
-                        "olmo", "jais2", "cwm", "hyperclovax", "iquestcoder"])
+                        "olmo", "jais2", "cwm", "hyperclovax", "iquestcoder", "cohere-qk_norm",
+                        "persimmon", "stablelm-qk_layernorm", "phi-qk_layernorm"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     # Biases and norms drawn (but for the families that have none or keep Llama's), so that a
     # missing (or misplaced) one shows.
@@ -314,7 +334,8 @@ SHARDED_AS_ANOTHER = ("glm", "helium", "exaone", "internlm3", "nemotron", "stabl
                       "stablelm-parallel", "gpt_neox", "gpt_neox-sequential",
                       "gpt_bigcode-mha", "opt", "falcon", "falcon-sequential", "olmo", "mpt",
                       "gptj", "smollm3", "seed_oss", "arcee", "ministral", "cohere2",
-                      "hunyuan", "cwm", "jais2", "hyperclovax", "iquestcoder")
+                      "hunyuan", "cwm", "jais2", "hyperclovax", "iquestcoder", "persimmon",
+                      "phi-qk_layernorm")
 
 
 def test_tensor_parallel_equals_hf(request, variant_dir, expected, vocab_tokenizer):
@@ -382,16 +403,6 @@ def test_lora_on_an_mlp_without_a_gate_is_refused_by_name(tmp_path, vocab_tokeni
         LLM(path, enable_lora=True, **ENGINE)
 
 
-def test_command_r_plus_q_and_k_norms_are_refused_by_name(tmp_path, vocab_tokenizer):
-    import transformers
-
-    config = transformers.CohereConfig(vocab_size=len(vocab_tokenizer), use_qk_norm=True,
-                                       **SHAPE)
-    path = make_random_model(str(tmp_path), config, vocab_tokenizer)
-    with pytest.raises(ModelLoadError, match="use_qk_norm .*not supported"):
-        LLM(path, **ENGINE)
-
-
 @pytest.mark.parametrize("kind", ["ernie4_5", "glm4", "cohere"])
 def test_a_lora_adapter_on_rotary_pairs_equals_peft(tmp_path, vocab_tokenizer, kind):
     """Families that rotate adjacent pairs have q's and k's rows reordered at load (GLM-4's
@@ -413,17 +424,6 @@ def test_a_lora_adapter_on_rotary_pairs_equals_peft(tmp_path, vocab_tokenizer, k
              dtype="float32") as llm:
         outputs = llm.generate(prompts, params, lora_request=LoRARequest("pairs", 1, adapter))
     assert [o.outputs[0].token_ids for o in outputs] == expected
-
-
-@pytest.mark.parametrize("kind", ["phi", "stablelm"])
-def test_per_head_layer_norms_of_q_and_k_are_refused_by_name(tmp_path, vocab_tokenizer, kind):
-    """Phi's and StableLM 2 12B's qk_layernorm (a LayerNorm of its own per head) is refused at
-    load rather than served without it."""
-    config = _config(kind, len(vocab_tokenizer))
-    config.qk_layernorm = True
-    path = make_random_model(str(tmp_path), config, vocab_tokenizer)
-    with pytest.raises(ModelLoadError, match="qk_layernorm .*not supported"):
-        LLM(path, **ENGINE)
 
 
 @pytest.mark.parametrize("kind, field, value, message", [
