@@ -224,6 +224,10 @@ SUPPORTED = {
                                                learned_positions=True),
     "OPTForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True,
                                         learned_positions=True),
+    # EleutherAI's GPT-Neo (125M, 1.3B, 2.7B): GPT-2's layers with q, k and v apart and without
+    # biases, scores unscaled, and its local layers sliding over window_size (_gpt_neo_names).
+    "GPTNeoForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True,
+                                           learned_positions=True),
     # EleutherAI's GPT-J (GPT-J-6B and its fine-tunes): LayerNorm, rotary over interleaved pairs
     # of the first rotary_dim dimensions of each head, attention and an MLP of GeLU without a
     # gate in parallel off one norm, under GPT-2's names.
@@ -457,6 +461,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "persimmon": "PersimmonForCausalLM",
                "gpt2": "GPT2LMHeadModel", "gpt_bigcode": "GPTBigCodeForCausalLM",
                "opt": "OPTForCausalLM", "gptj": "GPTJForCausalLM",
+               "gpt_neo": "GPTNeoForCausalLM",
                "falcon": "FalconForCausalLM", "bloom": "BloomForCausalLM",
                "mpt": "MptForCausalLM", "olmo": "OlmoForCausalLM", "dbrx": "DbrxForCausalLM",
                "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
@@ -724,6 +729,21 @@ def _gpt2_family_names(config: Any) -> None:
     config.attention_bias = config.mlp_bias = bool(config.enable_bias) if opt else True
 
 
+def _gpt_neo_names(config: Any) -> None:
+    """GPT-Neo's: the MLP's width (intermediate_size, else four times the hidden size), its
+    activation, the LayerNorm epsilon, biases on the output projection and the MLP only,
+    scores unscaled (softmax_scale 1), and its "local" attention_layers sliding over
+    window_size tokens, the others attending to the whole context."""
+    config.intermediate_size = int(config.intermediate_size or 4 * config.hidden_size)
+    config.hidden_act = config.activation_function
+    config.layer_norm_eps = float(config.layer_norm_epsilon)
+    config.attention_bias, config.attention_out_bias, config.mlp_bias = False, True, True
+    config.softmax_scale = 1.0
+    config.layer_types = ["sliding_attention" if kind == "local" else "full_attention"
+                          for kind in config.attention_layers]
+    config.sliding_window = int(config.window_size)
+
+
 def _mpt_names(config: Any) -> None:
     """MPT's: the MLP's width (expansion_ratio times d_model), activation (GeLU), biases (none
     where no_bias), LayerNorm epsilon, context length (max_seq_len), and its attention's
@@ -821,7 +841,7 @@ FAMILY_NAMES = {**dict.fromkeys(GPT2_NAMED_TYPES, _gpt2_family_names), "mpt": _m
                 "dbrx": _dbrx_names, "falcon": _falcon_names, "phimoe": _phimoe_names,
                 "gemma3n_text": _gemma3n_names, "minicpm3": _minicpm3_names,
                 "afmoe": _afmoe_names, "hy_v3": _hy_v3_names,
-                "persimmon": _persimmon_names}
+                "persimmon": _persimmon_names, "gpt_neo": _gpt_neo_names}
 
 
 def declare_family_names(config: Any) -> None:

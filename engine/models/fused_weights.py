@@ -205,6 +205,11 @@ RENAMED_PARTS["gptj"] = {"transformer.wte.": "model.embed_tokens.",
                          ".ln_1.": ".input_layernorm.", ".attn.out_proj.": ".self_attn.o_proj.",
                          ".attn.": ".self_attn.", ".mlp.fc_in.": ".mlp.up_proj.",
                          ".mlp.fc_out.": ".mlp.down_proj."}
+# GPT-Neo: GPT-2's names but for attention's, q, k and v apart under attn.attention.
+RENAMED_PARTS["gpt_neo"] = {**{stored: ours for stored, ours in RENAMED_PARTS["gpt2"].items()
+                               if ".attn." not in stored},
+                            ".attn.attention.out_proj.": ".self_attn.o_proj.",
+                            ".attn.attention.": ".self_attn."}
 # OPT: its decoder's embeddings, layers and norms under Llama's names (its checkpoints name the
 # decoder with or without model. before it).
 RENAMED_PARTS["opt"] = {"model.decoder.": "model.", "decoder.": "model.",

@@ -52,6 +52,8 @@ parallelism) for:
   per query head) and OPT (`OPTForCausalLM`): learned positions (OPT's counted from 2), no
   rotary, LayerNorm, an MLP without a gate, biases everywhere; GPT-2's Conv1D weights stored
   [in, out], under the bare names of its first checkpoints;
+- GPT-Neo (`GPTNeoForCausalLM`): GPT-2's layers with q, k and v apart, scores unscaled, local
+  layers sliding over window_size, its checkpoints' causal-mask buffers skipped;
 - GPT-J (`GPTJForCausalLM`): rotary over interleaved pairs of the first rotary_dim dimensions
   of each head, attention and the MLP in parallel off one norm, biases on the MLP and the LM
   head only;
@@ -214,6 +216,11 @@ def _config(kind: str, vocab: int):
             attn_config={"clip_qkv": 1.5, "softmax_scale": 0.4})
     if kind == "olmo":  # clamped tightly enough that the clamp bites
         return transformers.OlmoConfig(vocab_size=vocab, clip_qkv=0.3, **SHAPE)
+    if kind == "gpt_neo":  # local layers sliding over a window short enough to bite
+        return transformers.GPTNeoConfig(
+            vocab_size=vocab, hidden_size=64, num_layers=4, num_heads=4, intermediate_size=128,
+            max_position_embeddings=512, window_size=6,
+            attention_types=[[["global", "local"], 2]], bos_token_id=1, eos_token_id=2)
     if kind == "opt":
         return transformers.OPTConfig(vocab_size=vocab, hidden_size=64, ffn_dim=128,
                                       num_hidden_layers=4, num_attention_heads=4,
@@ -253,7 +260,7 @@ def _config(kind: str, vocab: int):
                         "gpt_neox-sequential", "gpt2", "gpt_bigcode", "gpt_bigcode-mha", "opt",
                         "gptj", "falcon", "falcon-new", "falcon-sequential", "bloom", "mpt",
                         "olmo", "jais2", "cwm", "hyperclovax", "iquestcoder", "cohere-qk_norm",
-                        "persimmon", "stablelm-qk_layernorm", "phi-qk_layernorm"])
+                        "persimmon", "stablelm-qk_layernorm", "phi-qk_layernorm", "gpt_neo"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     # Biases and norms drawn (but for the families that have none or keep Llama's), so that a
     # missing (or misplaced) one shows.
@@ -261,7 +268,7 @@ def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
         str(tmp_path_factory.mktemp(request.param)), _config(request.param, len(vocab_tokenizer)),
         vocab_tokenizer, draw_norms=request.param not in ("granite", "smollm3", "arcee",
                                                           "ministral3", "ministral", "exaone"))
-    if request.param in ("gpt_neox", "gpt2", "bloom", "mpt", "iquestcoder"):
+    if request.param in ("gpt_neox", "gpt2", "bloom", "mpt", "iquestcoder", "gpt_neo"):
         _as_first_published(directory, request.param)
     return directory
 
@@ -270,14 +277,15 @@ def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
 # IQuest-Coder's as Llama's).
 REMOTE_CODE_ARCHITECTURES = {"mpt": "MPTForCausalLM", "iquestcoder": "IQuestCoderForCausalLM"}
 # Where Pythia's and GPT-2's published checkpoints keep each layer's causal-mask buffers.
-CAUSAL_MASK_BUFFERS = {"gpt_neox": "gpt_neox.layers.{}.attention", "gpt2": "transformer.h.{}.attn"}
+CAUSAL_MASK_BUFFERS = {"gpt_neox": "gpt_neox.layers.{}.attention", "gpt2": "transformer.h.{}.attn",
+                       "gpt_neo": "transformer.h.{}.attn.attention"}
 
 
 def _as_first_published(directory: str, kind: str) -> None:
-    """The checkpoint as Pythia's, GPT-2's, BLOOM's and MPT's were published: the causal-mask
-    buffers beside each layer's weights (Pythia's and GPT-2's); GPT-2's and BLOOM's saved from
-    their bare decoders, every name without `transformer.`; MPT's and IQuest-Coder's
-    architecture named as their remote code spells it."""
+    """The checkpoint as Pythia's, GPT-2's, GPT-Neo's, BLOOM's and MPT's were published: the
+    causal-mask buffers beside each layer's weights (Pythia's, GPT-2's and GPT-Neo's); GPT-2's
+    and BLOOM's saved from their bare decoders, every name without `transformer.`; MPT's and
+    IQuest-Coder's architecture named as their remote code spells it."""
     from safetensors.torch import load_file, save_file
 
     if kind in REMOTE_CODE_ARCHITECTURES:
@@ -335,7 +343,7 @@ SHARDED_AS_ANOTHER = ("glm", "helium", "exaone", "internlm3", "nemotron", "stabl
                       "gpt_bigcode-mha", "opt", "falcon", "falcon-sequential", "olmo", "mpt",
                       "gptj", "smollm3", "seed_oss", "arcee", "ministral", "cohere2",
                       "hunyuan", "cwm", "jais2", "hyperclovax", "iquestcoder", "persimmon",
-                      "phi-qk_layernorm")
+                      "phi-qk_layernorm", "gpt_neo")
 
 
 def test_tensor_parallel_equals_hf(request, variant_dir, expected, vocab_tokenizer):
