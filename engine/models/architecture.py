@@ -233,6 +233,10 @@ SUPPORTED = {
     # gate in parallel off one norm, under GPT-2's names.
     "GPTJForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True,
                                          interleaved_rope=True, gptj=True),
+    # Salesforce's CodeGen (codegen-350M to 16B, -mono, -multi, -nl): GPT-J's layers, q, k and
+    # v fused in the order of the four shards it was trained on (models/fused_weights.py).
+    "CodeGenForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True,
+                                            interleaved_rope=True, gptj=True),
     # TII's Falcon (7B, 40B, 180B, Falcon 2 11B): LayerNorm, rotary, an MLP of GeLU without a
     # gate, one KV head (multi_query) or KV heads of their own (new_decoder_architecture).
     "FalconForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True, falcon=True),
@@ -461,6 +465,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "persimmon": "PersimmonForCausalLM",
                "gpt2": "GPT2LMHeadModel", "gpt_bigcode": "GPTBigCodeForCausalLM",
                "opt": "OPTForCausalLM", "gptj": "GPTJForCausalLM",
+               "codegen": "CodeGenForCausalLM",
                "gpt_neo": "GPTNeoForCausalLM",
                "falcon": "FalconForCausalLM", "bloom": "BloomForCausalLM",
                "mpt": "MptForCausalLM", "olmo": "OlmoForCausalLM", "dbrx": "DbrxForCausalLM",
@@ -706,15 +711,16 @@ def declare_attention_free(config: Any) -> None:
 
 # The model types whose configs name their layers GPT-2's way (or OPT's), and those of them
 # with learned positions.
-GPT2_NAMED_TYPES = ("gpt2", "gpt_bigcode", "opt", "gptj", "bloom")
+GPT2_NAMED_TYPES = ("gpt2", "gpt_bigcode", "opt", "gptj", "codegen", "bloom")
 LEARNED_POSITION_TYPES = ("gpt2", "gpt_bigcode", "opt")
 
 
 def _gpt2_family_names(config: Any) -> None:
-    """GPT-2's, GPT-BigCode's, OPT's, GPT-J's and BLOOM's: the MLP's width (n_inner, else four
-    times the hidden size; OPT's ffn_dim), its activation (activation_function; BLOOM's GeLU,
-    tanh), the biases (OPT's enable_bias, GPT-2's, GPT-BigCode's and BLOOM's always), the
-    LayerNorm epsilon, and GPT-J's rotated part of each head (rotary_dim, none: all of it)."""
+    """GPT-2's, GPT-BigCode's, OPT's, GPT-J's (and CodeGen's) and BLOOM's: the MLP's width
+    (n_inner, else four times the hidden size; OPT's ffn_dim), its activation
+    (activation_function; BLOOM's GeLU, tanh), the biases (OPT's enable_bias, GPT-2's,
+    GPT-BigCode's and BLOOM's always), the LayerNorm epsilon, and GPT-J's rotated part of each
+    head (rotary_dim, none: all of it)."""
     model_type = config.model_type
     opt = model_type == "opt"
     width = config.ffn_dim if opt else getattr(config, "n_inner", None) or 4 * config.hidden_size
@@ -722,7 +728,7 @@ def _gpt2_family_names(config: Any) -> None:
     config.hidden_act = "gelu_pytorch_tanh" if model_type == "bloom" else \
         config.activation_function
     config.layer_norm_eps = 1e-5 if opt else float(config.layer_norm_epsilon)
-    if model_type == "gptj":
+    if model_type in ("gptj", "codegen"):
         head_dim = config.hidden_size // config.num_attention_heads
         config.partial_rotary_factor = (config.rotary_dim or head_dim) / head_dim
         return

@@ -210,6 +210,11 @@ RENAMED_PARTS["gpt_neo"] = {**{stored: ours for stored, ours in RENAMED_PARTS["g
                                if ".attn." not in stored},
                             ".attn.attention.out_proj.": ".self_attn.o_proj.",
                             ".attn.attention.": ".self_attn."}
+# CodeGen: GPT-J's names, q, k and v fused as its four training shards held them, under a
+# name of its own (_codegen_qkv_parts; the qkv_proj others fuse in order is fused_parts').
+CODEGEN_QKV = "self_attn.codegen_qkv_proj"
+CODEGEN_SHARDS = 4
+RENAMED_PARTS["codegen"] = {**RENAMED_PARTS["gptj"], ".self_attn.qkv_proj.": f".{CODEGEN_QKV}."}
 # OPT: its decoder's embeddings, layers and norms under Llama's names (its checkpoints name the
 # decoder with or without model. before it).
 RENAMED_PARTS["opt"] = {"model.decoder.": "model.", "decoder.": "model.",
@@ -354,6 +359,8 @@ def expert_parts(config: Any, name: str) -> list[tuple[str, Take]] | None:
         return _qwen3_next_parts(config, module)
     if module.endswith(PER_HEAD_QKV):
         return _per_head_qkv_parts(config, module, attr)
+    if module.endswith(CODEGEN_QKV):
+        return _codegen_qkv_parts(config, module)
     if module.endswith(DBRX_EXPERTS) and attr in DBRX_PARTS:
         return _dbrx_expert_parts(config, module, attr)
     return None
@@ -406,6 +413,20 @@ def _per_head_qkv_parts(config: Any, module: str, attr: str) -> list[tuple[str, 
     return [(f"{parent}.q_proj.{attr}", lambda w: part(w, 0, queries)),
             (f"{parent}.k_proj.{attr}", lambda w: part(w, queries, 1)),
             (f"{parent}.v_proj.{attr}", lambda w: part(w, queries + 1, 1))]
+
+
+def _codegen_qkv_parts(config: Any, module: str) -> list[tuple[str, Take]]:
+    """CodeGen's qkv_proj: four blocks of rows, one per shard of its training, each holding
+    that shard's quarter of q's rows, then of v's, then of k's."""
+    parent = module.rpartition(".")[0]
+
+    def part(w: torch.Tensor, index: int) -> torch.Tensor:
+        shards = w.reshape(CODEGEN_SHARDS, 3, -1, w.shape[-1])
+        return shards[:, index].reshape(-1, w.shape[-1])
+
+    return [(f"{parent}.q_proj.weight", lambda w: part(w, 0)),
+            (f"{parent}.v_proj.weight", lambda w: part(w, 1)),
+            (f"{parent}.k_proj.weight", lambda w: part(w, 2))]
 
 
 # Qwen3-Next keeps a gated delta net's input projections in two tensors, grouped by key

@@ -512,7 +512,7 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
         experts = None if name in params else expert_parts(model.config, name)
         if experts:  # one tensor holding a layer's experts: read once, placed part by part
             whole = stored_for(stored, None)[:]
-            return [put(part, take(whole)) for part, take in experts]
+            return [put(part, turned(part, take(whole))) for part, take in experts]
         parts = None if name in params else fused_parts(model.config, name)
         if parts and all(part in params for part, _, _ in parts):
             if tuple(stored.shape)[0] != parts[-1][2]:
@@ -525,6 +525,13 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
                 return []  # a zero bias of a projection without one (AutoGPTQ writes them)
             raise ModelLoadError(f"checkpoint tensor {name!r} has no place in the model")
         return [put(name, stored_for(stored, params[name]))]
+
+    def turned(name: str, rows: torch.Tensor) -> torch.Tensor:
+        """A part split out of a fused tensor, reordered as a stored q_proj or k_proj is
+        (CodeGen's, rotating adjacent pairs)."""
+        if interleaved and name.endswith(ROTATED):
+            return rotary_halves(model.config, name.split(".")[-2], rows)
+        return rows
 
     def stored_for(stored: Any, target: torch.Tensor) -> Any:
         """A checkpoint tensor as ShardPlan.shard reads it: bytes read straight into `target`

@@ -52,6 +52,8 @@ parallelism) for:
   per query head) and OPT (`OPTForCausalLM`): learned positions (OPT's counted from 2), no
   rotary, LayerNorm, an MLP without a gate, biases everywhere; GPT-2's Conv1D weights stored
   [in, out], under the bare names of its first checkpoints;
+- CodeGen (`CodeGenForCausalLM`): GPT-J's layers, q, v and k fused in four blocks of rows,
+  one per shard of its training;
 - GPT-Neo (`GPTNeoForCausalLM`): GPT-2's layers with q, k and v apart, scores unscaled, local
   layers sliding over window_size, its checkpoints' causal-mask buffers skipped;
 - GPT-J (`GPTJForCausalLM`): rotary over interleaved pairs of the first rotary_dim dimensions
@@ -197,6 +199,10 @@ def _config(kind: str, vocab: int):
         return transformers.GPTJConfig(vocab_size=vocab, n_embd=64, n_layer=4, n_head=4,
                                        rotary_dim=8, n_inner=128, n_positions=512,
                                        bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if kind == "codegen":  # GPT-J's layers; eight heads, two in each training shard's block
+        return transformers.CodeGenConfig(vocab_size=vocab, n_embd=64, n_layer=4, n_head=8,
+                                          rotary_dim=4, n_inner=128, n_positions=512,
+                                          bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if kind.startswith("falcon"):
         layout = {"falcon": dict(multi_query=True, parallel_attn=True),
                   "falcon-new": dict(new_decoder_architecture=True, num_kv_heads=2),
@@ -260,7 +266,8 @@ def _config(kind: str, vocab: int):
                         "gpt_neox-sequential", "gpt2", "gpt_bigcode", "gpt_bigcode-mha", "opt",
                         "gptj", "falcon", "falcon-new", "falcon-sequential", "bloom", "mpt",
                         "olmo", "jais2", "cwm", "hyperclovax", "iquestcoder", "cohere-qk_norm",
-                        "persimmon", "stablelm-qk_layernorm", "phi-qk_layernorm", "gpt_neo"])
+                        "persimmon", "stablelm-qk_layernorm", "phi-qk_layernorm", "gpt_neo",
+                        "codegen"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     # Biases and norms drawn (but for the families that have none or keep Llama's), so that a
     # missing (or misplaced) one shows.
@@ -343,7 +350,7 @@ SHARDED_AS_ANOTHER = ("glm", "helium", "exaone", "internlm3", "nemotron", "stabl
                       "gpt_bigcode-mha", "opt", "falcon", "falcon-sequential", "olmo", "mpt",
                       "gptj", "smollm3", "seed_oss", "arcee", "ministral", "cohere2",
                       "hunyuan", "cwm", "jais2", "hyperclovax", "iquestcoder", "persimmon",
-                      "phi-qk_layernorm", "gpt_neo")
+                      "phi-qk_layernorm", "gpt_neo", "codegen")
 
 
 def test_tensor_parallel_equals_hf(request, variant_dir, expected, vocab_tokenizer):
