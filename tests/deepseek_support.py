@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import torch
 from model_support import draw_correction_bias, make_random_model
 
 KV_LORA_RANK, ROPE_DIM = 32, 8
@@ -47,6 +48,11 @@ def deepseek_config(kind: str, vocab: int, **changes: Any) -> Any:
                              "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1,
                              "llama_4_scaling_beta": 0.5},
             **common)
+    if kind == "axk1":  # V3's layers, the sparse blocks' output normalized (written as its
+        # checkpoints are published by make_deepseek)
+        return transformers.AXK1Config(q_lora_rank=48, n_group=4, topk_group=2,
+                                       routed_scaling_factor=2.5, norm_topk_prob=True,
+                                       **common)
     if kind == "sarvam_mla":  # V3's layers with a full-rank query, one group of experts,
         # YaRN as V2's (written in Sarvam's older fields by make_deepseek)
         return transformers.SarvamMLAConfig(
@@ -105,6 +111,19 @@ def _as_sarvam_publishes(directory: str) -> None:
         json.dump(config, f)
 
 
+def _as_axk1_publishes(directory: str) -> str:
+    """A.X K1's checkpoint as published: no routing correction bias, and the sparse blocks'
+    output norm for the dense layer too (which nothing reads)."""
+    from safetensors.torch import load_file, save_file
+
+    path = f"{directory}/model.safetensors"
+    tensors = {name: t for name, t in load_file(path).items()
+               if not name.endswith("e_score_correction_bias")}
+    tensors["model.layers.0.post_mlp_layernorm.weight"] = torch.full((64,), 5.0)
+    save_file(tensors, path, metadata={"format": "pt"})
+    return directory
+
+
 # transformers' class of a kind no auto class maps to its causal model.
 HF_CLASSES = {"mistral4": "Mistral4ForCausalLM"}
 
@@ -122,4 +141,6 @@ def make_deepseek(directory: str, kind: str, tokenizer: Any, **changes: Any) -> 
                       draw_norms=True, auto_class=HF_CLASSES.get(kind, "AutoModelForCausalLM"))
     if kind == "sarvam_mla":
         _as_sarvam_publishes(directory)
+    if kind == "axk1":
+        return _as_axk1_publishes(directory)
     return draw_correction_bias(directory)

@@ -314,6 +314,10 @@ SUPPORTED = {
     "DeepseekV2ForCausalLM": ArchitectureFlags(moe="deepseek_v2", latent_attention=True),
     # DeepSeek-V3, V3.1 and R1: V2's latent attention and V3's experts, as GLM-4.5's.
     "DeepseekV3ForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True),
+    # SK Telecom's A.X K1: DeepSeek-V3's layers, the sparse blocks' output through an RMSNorm
+    # (post_mlp_layernorm), the dense layers mlp_layer_types names; its checkpoints route
+    # without a correction bias (read as zero) and carry the norm for dense layers too, unused.
+    "AXK1ForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True),
     # Sarvam-105B (SarvamMLAForCausalLM): DeepSeek-V3's layers; transformers' config reads
     # its older fields (deepseek_yarn, num_experts) as V3's.
     "SarvamMLAForCausalLM": ArchitectureFlags(moe="deepseek", latent_attention=True),
@@ -510,6 +514,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "flint": "FlintForCausalLM", "kolibri1": "Kolibri1ForCausalLM",
                "hy_v3": "HYV3ForCausalLM", "iquestcoder": "IQuestCoderForCausalLM",
                "sarvam_moe": "SarvamMoEForCausalLM", "sarvam_mla": "SarvamMLAForCausalLM",
+               "axk1": "AXK1ForCausalLM",
                "dots1": "Dots1ForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM",
                "qwen3_5_text": "Qwen3_5ForCausalLM", "llama4_text": "Llama4ForCausalLM",
                "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
@@ -632,6 +637,8 @@ class MoeShape:
     sparsemixer: float | None = None
     # Command A+: the routed experts' output and the shared experts' averaged, not summed.
     averages_shared: bool = False
+    # A.X K1: the block's output through an RMSNorm of this epsilon (post_mlp_layernorm).
+    post_norm_eps: float | None = None
 
     def is_sparse(self, layer: int) -> bool:
         """Whether decoder layer `layer` has the sparse block (else a dense MLP of the
@@ -1086,7 +1093,12 @@ def moe_shape_of(config: Any) -> MoeShape | None:
         latent_size=getattr(config, "moe_latent_size", None),
         float32_router=style == "hunyuan",
         sparsemixer=_sparsemixer(config) if style == "phimoe" else None,
-        averages_shared=style == "cohere2" and _cohere2_combination(config) == "average")
+        averages_shared=style == "cohere2" and _cohere2_combination(config) == "average",
+        post_norm_eps=rms_norm_eps_of(config) if getattr(config, "model_type", None) == AXK1
+        else None)
+
+
+AXK1 = "axk1"
 
 
 def _cohere2_selection(config: Any) -> str:

@@ -171,6 +171,9 @@ RENAMED_PARTS["sarvam_moe"] = {"model.word_embeddings.": "model.embed_tokens.",
                                ".attention.query_layernorm.": ".self_attn.q_norm.",
                                ".attention.key_layernorm.": ".self_attn.k_norm.",
                                ".mlp.gate.expert_bias": ".mlp.gate.e_score_correction_bias"}
+# A.X K1: its sparse blocks' output norm, stored beside the block (loader.unread_tensor skips
+# the dense layers' copies).
+RENAMED_PARTS["axk1"] = {".post_mlp_layernorm.": ".mlp.post_mlp_layernorm."}
 RENAMED_PARTS["vaultgemma"] = {".pre_feedforward_layernorm.": ".post_attention_layernorm."}
 # EXAONE 3 and 3.5: Llama's layers under GPT-2's names.
 RENAMED_PARTS["exaone"] = {"transformer.wte.": "model.embed_tokens.", "transformer.h.":

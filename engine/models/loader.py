@@ -30,6 +30,7 @@ from tokenmill.engine.layers.rotary import (
     rope_parameters,
 )
 from tokenmill.engine.models.architecture import (
+    AXK1,
     architecture_of,
     check_features,
     classifier_of,
@@ -499,7 +500,7 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
             if name is None:
                 return []
         if name.endswith(IGNORED_SUFFIXES) or (tied and name == "lm_head.weight") or \
-                prediction_layer(model.config, name):
+                prediction_layer(model.config, name) or unread_tensor(model.config, name):
             return []
         if name not in params and f"model.{name}" in params:  # a bare decoder's names
             name = f"model.{name}"
@@ -582,9 +583,30 @@ def _load(model: CausalLM, tensors: Iterable[tuple[str, Any, int]], plan: ShardP
     if device.type == "cuda":
         torch.cuda.synchronize(device)  # the last copies to the device are asynchronous
     missing = sorted(set(params) - loaded - (built or set()))
+    for name in [name for name in missing if absent_as_zero(model.config, name)]:
+        with torch.no_grad():
+            params[name].zero_()
+        missing.remove(name)
     if missing and not partial:
         raise ModelLoadError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")
     return loaded
+
+
+def unread_tensor(config: Any, name: str) -> bool:
+    """Whether `name` is a tensor the model has no use for: A.X K1's checkpoints carry their
+    sparse blocks' output norm (post_mlp_layernorm) for the dense layers too."""
+    if getattr(config, "model_type", None) != AXK1 or ".post_mlp_layernorm." not in name:
+        return False
+    layer = name.partition(".layers.")[2].partition(".")[0]
+    return layer.isdigit() and int(layer) in moe_shape_of(config).dense_layers
+
+
+def absent_as_zero(config: Any, name: str) -> bool:
+    """Whether parameter `name`, when a checkpoint lacks it, stands for zeros: A.X K1's routing
+    correction bias, which its published checkpoints leave out (transformers starts it at
+    zero)."""
+    return getattr(config, "model_type", None) == AXK1 and \
+        name.endswith("e_score_correction_bias")
 
 
 def prediction_layer(config: Any, name: str) -> bool:

@@ -22,6 +22,7 @@ from tokenmill.engine.layers.moe import (
     route_sparsemixer,
     route_top_sigmoid,
 )
+from tokenmill.engine.layers.norm import RMSNorm
 from tokenmill.engine.models.architecture import MoeNames, MoeShape
 
 
@@ -105,6 +106,8 @@ class SparseMoeBlock(nn.Module):
                                                activation=shape.activation))
             if names.shared_gated:
                 self.shared_expert_gate = Router(hidden, 1)
+        self.post_mlp_layernorm = RMSNorm(hidden, shape.post_norm_eps) \
+            if shape.post_norm_eps is not None else None
 
     def forward(self, x: torch.Tensor, backend: str) -> torch.Tensor:
         router = getattr(self, self.router_name)
@@ -134,4 +137,7 @@ class SparseMoeBlock(nn.Module):
             out = out + shared
             if self.shape.averages_shared:
                 out = out / 2
-        return self.tp.all_reduce(out)
+        out = self.tp.all_reduce(out)
+        if self.post_mlp_layernorm is not None:  # of the whole sum: after the ranks' add
+            out = self.post_mlp_layernorm(out, backend=backend)[0]
+        return out

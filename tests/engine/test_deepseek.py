@@ -1,9 +1,10 @@
-"""DeepSeek-V2 and V3 (and Sarvam-105B, V3's layers), GLM-4.7-Flash and Mistral Small 4
-(multi-head latent attention, DeepSeek's expert routing; Mistral 4's by softmax, its queries
-scaled by position), DeepSeek-V3.2 and GLM-5 (sparse attention past the indexer's top
-positions), Youtu-LLM and MiniCPM3 (no experts): greedy output equals Hugging Face token for
-token (batched, chunked, from the prefix cache, under tensor parallelism; a quantized model's
-within its tolerance), and the KV cache keeps one latent row per token and layer."""
+"""DeepSeek-V2 and V3 (and Sarvam-105B, V3's layers; A.X K1, the sparse blocks' output
+normalized), GLM-4.7-Flash and Mistral Small 4 (multi-head latent attention, DeepSeek's expert
+routing; Mistral 4's by softmax, its queries scaled by position), DeepSeek-V3.2 and GLM-5
+(sparse attention past the indexer's top positions), Youtu-LLM and MiniCPM3 (no experts):
+greedy output equals Hugging Face token for token (batched, chunked, from the prefix cache,
+under tensor parallelism; a quantized model's within its tolerance), and the KV cache keeps one
+latent row per token and layer."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ ENGINE = dict(show_progress=False, block_size=8, max_num_seqs=8, max_num_batched
 
 @pytest.fixture(scope="module",
                 params=["deepseek_v3", "deepseek_v2", "glm4_moe_lite", "mistral4", "deepseek_v32",
-                        "glm_moe_dsa", "youtu", "minicpm3", "sarvam_mla"])
+                        "glm_moe_dsa", "youtu", "minicpm3", "sarvam_mla", "axk1"])
 def deepseek_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     return make_deepseek(str(tmp_path_factory.mktemp(request.param)), request.param,
                          vocab_tokenizer)
