@@ -34,3 +34,17 @@ def lfm2_moe_config(vocab: int, **changes: Any) -> Any:
                    max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     options.update(changes)
     return transformers.Lfm2MoeConfig(**options)
+
+
+def lfm3_config(vocab: int, **changes: Any) -> Any:
+    """LFM3's layers: convolutions, then a full attention layer (rotary over half of each head,
+    the proportional kind) and a sliding one (a window of 6, its own rotary), each head's output
+    gated; a norm before and after each branch."""
+    import transformers
+
+    options = dict(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, conv_L_cache=3,
+                   sliding_window=6, max_position_embeddings=512, bos_token_id=1,
+                   eos_token_id=2, pad_token_id=0)
+    options.update(changes)
+    return transformers.Lfm3Config(**options)

@@ -300,7 +300,7 @@ class ShortConv:
 def short_conv_of(config: Any) -> ShortConv | None:
     """The convolution layers of an LFM2 config (its layer_types name them "conv"), None for
     any other."""
-    if getattr(config, "model_type", None) not in ("lfm2", "lfm2_moe") or \
+    if getattr(config, "model_type", None) not in ("lfm2", "lfm2_moe", "lfm3") or \
             "conv" not in (getattr(config, "layer_types", None) or ()):
         return None
     return ShortConv(int(config.hidden_size), int(config.conv_L_cache))

@@ -46,7 +46,7 @@ from tokenmill.engine.contract.model_shape import (
 )
 
 COLUMN_PARALLEL = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "w1", "w3",
-                   "q_b_proj", "kv_b_proj"}
+                   "q_b_proj", "kv_b_proj", "head_gate_proj"}
 ROW_PARALLEL = {"o_proj", "down_proj", "w2"}
 VOCAB_PARALLEL = {"embed_tokens", "lm_head"}
 
@@ -209,6 +209,8 @@ class ShardPlan:
         if kind == "gate_proj" and "self_attn" in parts:  # AFMoE's gate of the output
             per = self.num_heads * self.output_head_dim
             return self.rank * per, (self.rank + 1) * per
+        if kind == "head_gate_proj":  # LFM3's: one row per head
+            return self.rank * self.num_heads, (self.rank + 1) * self.num_heads
         if kind in ("k_proj", "v_proj"):
             width = self.output_head_dim if kind == "v_proj" else self.head_dim
             return self.first_kv_head * width, (self.first_kv_head + self.num_kv_heads) * width

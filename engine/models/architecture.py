@@ -434,6 +434,10 @@ SUPPORTED = {
     # LFM2's mixtures of experts (LFM2-8B-A1B): the same layers, experts after the first
     # num_dense_layers, chosen by sigmoid scores plus a bias (expert_bias), renormalized.
     "Lfm2MoeForCausalLM": ArchitectureFlags(qk_norm=True, moe="lfm2"),
+    # LFM3: LFM2's convolutions and attention (Qwen3's, each head's output scaled by a sigmoid
+    # gate where use_attention_gate: output_gate_of), sliding layers among the full ones, each
+    # kind its own rotary, a norm before and after each branch.
+    "Lfm3ForCausalLM": ArchitectureFlags(qk_norm=True, sandwich_norms=True),
 }
 # A supported decoder with a classification head instead of its LM head, as transformers names
 # it: LlamaForSequenceClassification, Qwen3ForSequenceClassification, ... (the pooling runner).
@@ -494,6 +498,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "falcon_h1": "FalconH1ForCausalLM", "jamba": "JambaForCausalLM",
                "lfm2": "Lfm2ForCausalLM",
                "lfm2_moe": "Lfm2MoeForCausalLM", "olmo_hybrid": "OlmoHybridForCausalLM",
+               "lfm3": "Lfm3ForCausalLM",
                "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
                "seed_oss": "SeedOssForCausalLM", "exaone4": "Exaone4ForCausalLM",
                "ernie4_5": "Ernie4_5ForCausalLM", "glm4": "Glm4ForCausalLM",
@@ -885,6 +890,17 @@ def parallel_norms_of(config: Any) -> int:
 def learned_position_offset(config: Any) -> int:
     """The row of position 0 in a learned position table: OPT's counts from 2."""
     return 2 if config.model_type == "opt" else 0
+
+
+def output_gate_of(config: Any) -> str | None:
+    """How attention's output is gated by a sigmoid of a projection of the layer's input:
+    "element" (AFMoE's, a gate per output number), "head" (LFM3's where use_attention_gate,
+    one per head), None where it is not."""
+    if flags_of(config).output_gate:
+        return "element"
+    if getattr(config, "model_type", None) == "lfm3" and config.use_attention_gate:
+        return "head"
+    return None
 
 
 def head_layer_norm_of(config: Any) -> str | None:

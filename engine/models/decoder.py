@@ -64,6 +64,7 @@ from tokenmill.engine.models.architecture import (
     layer_window_of,
     learned_position_offset,
     moe_shape_of,
+    output_gate_of,
     parallel_norms_of,
     rms_norm_eps_of,
     rotates_at,
@@ -166,10 +167,12 @@ class Attention(nn.Module):
         queries = self.num_heads * self.head_dim * (2 if self.gated else 1)
         parts = {"q_proj": queries, "k_proj": kv_size,
                  "v_proj": self.num_kv_heads * self.value_dim}
-        # AFMoE's gate of attention's output, projected from the layer's input.
-        self.output_gate = flags.output_gate
-        if self.output_gate:
+        # AFMoE's and LFM3's gate of attention's output, projected from the layer's input.
+        self.output_gate = output_gate_of(config)
+        if self.output_gate == "element":
             parts["gate_proj"] = self.num_heads * self.value_dim
+        elif self.output_gate == "head":
+            parts["head_gate_proj"] = self.num_heads
         if self.values_from_keys or reads_earlier_kv:
             del parts["v_proj"]
         if reads_earlier_kv:
@@ -279,8 +282,11 @@ class Attention(nn.Module):
             q, k = (unit_rms_norm(t, self.l2_qk_norm_eps) for t in (q, k))
         store_kv(k, v, kv_cache, meta)
         o = attention(q, kv_cache, meta, self.scores, self.sinks, self.alibi)
-        o = o[..., :self.value_dim].reshape(tokens, -1)
-        if gate is not None:
+        o = o[..., :self.value_dim]
+        if gate is not None and self.output_gate == "head":
+            o = o * torch.sigmoid(gate).unsqueeze(-1)
+        o = o.reshape(tokens, -1)
+        if gate is not None and self.output_gate != "head":
             o = o * torch.sigmoid(gate.reshape(tokens, -1))
         return self.tp.all_reduce(self.o_proj(o))
 

@@ -117,6 +117,17 @@ RENAMED_PARTS = {
              ".self_attn.q_layernorm.": ".self_attn.q_norm.",
              ".self_attn.k_layernorm.": ".self_attn.k_norm.",
              "model.embedding_norm.": "model.norm."}}
+# LFM3: LFM2's names, with a norm before and after each branch, attention's Qwen3's but for its
+# output gate, one row per head (gate_proj as saved, g_proj in transformers' model).
+RENAMED_PARTS["lfm3"] = {".operator_norm.": ".input_layernorm.",
+                         ".post_operator_norm.": ".post_attention_layernorm.",
+                         ".ffn_norm.": ".pre_feedforward_layernorm.",
+                         ".post_ffn_norm.": ".post_feedforward_layernorm.",
+                         **{stored: ours for stored, ours in RENAMED_PARTS["lfm2"].items()
+                            if stored.startswith(".feed_forward.")},
+                         ".self_attn.gate_proj.": ".self_attn.head_gate_proj.",
+                         ".self_attn.g_proj.": ".self_attn.head_gate_proj.",
+                         "model.embedding_norm.": "model.norm."}
 # OLMo Hybrid's checkpoints name the norm before each layer's token mixer and the one after
 # it (before the MLP, or after attention in its attention layers) their own way.
 RENAMED_PARTS["olmo_hybrid"] = {".attention_layer_norm.": ".input_layernorm.",

@@ -2,7 +2,9 @@
 causal convolution of three taps, times C), which keep a sequence's last inputs in place of
 keys and values, and attention layers with q and k normalized per head; the MLP's width
 adjusted from intermediate_size; the final norm named embedding_norm; embeddings tied; and
-its mixtures of experts.
+its mixtures of experts; LFM3 (`Lfm3ForCausalLM`): the same convolutions, full and sliding
+attention layers, each with its rotary and each head's output gated, and a norm before and
+after each branch.
 Greedy output and log-probabilities equal transformers batched, chunked, with state slots
 reused and forked, over two tensor-parallel ranks, and resuming from the prefix cache's
 checkpoints."""
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 from hybrid_support import ENGINE, MAX_NEW, check_equals_transformers, greedy
-from lfm2_support import lfm2_config, lfm2_moe_config
+from lfm2_support import lfm2_config, lfm2_moe_config, lfm3_config
 from model_support import (
     draw_correction_bias,
     greedy_with_hf_logprobs,
@@ -84,3 +86,17 @@ def test_lora_on_attention_equals_peft_and_lfm2s_own_names_are_refused(lfm2_dir,
     own = make_adapter(lfm2_dir, str(tmp_path / "own"), Adapter("own", 4, 8, ["out_proj"]))
     with pytest.raises(ConfigError, match="target module 'out_proj' is not one of"):
         LLM(lfm2_dir, lora_modules=(f"own={own}",), **options)
+
+
+def test_lfm3_equals_transformers_alone_and_over_two_ranks(tmp_path, vocab_tokenizer, prompts):
+    """LFM3's layers (conv, conv, full, conv, sliding, conv), norms drawn; alone, then over two
+    ranks, each with its heads' output gates."""
+    directory = make_random_model(str(tmp_path), lfm3_config(len(vocab_tokenizer)),
+                                  vocab_tokenizer, draw_norms=True)
+    check_equals_transformers(directory, prompts, attention_layers=2)
+    reference = hf_reference(directory)
+    expected = [hf_greedy(reference, p, MAX_NEW) for p in prompts]
+    with LLM(directory, tensor_parallel_size=2, **ENGINE) as llm:
+        assert llm.engine.runner.model.model.layers[2].self_attn.qkv_proj.parts["head_gate_proj"] \
+            == 2
+        assert greedy_with_hf_logprobs(llm, reference, prompts, MAX_NEW) == expected
