@@ -132,6 +132,9 @@ SUPPORTED = {
     "PhimoeForCausalLM": ArchitectureFlags(layer_norm=True, moe="phimoe"),
     "Qwen2MoeForCausalLM": ArchitectureFlags(qkv_bias=True, moe="qwen"),
     "Qwen3MoeForCausalLM": ArchitectureFlags(qk_norm=True, moe="qwen"),
+    # JetBrains' Mellum: Qwen3-MoE's layers, sliding ones among them (layer_types) with their own
+    # rotary, the dense ones mlp_layer_types names; its prediction layers (mtp.) unread.
+    "MellumForCausalLM": ArchitectureFlags(qk_norm=True, moe="qwen"),
     "GemmaForCausalLM": ArchitectureFlags(gemma=True),
     "Gemma2ForCausalLM": ArchitectureFlags(gemma=True, sandwich_norms=True),
     # Google's VaultGemma: Gemma 2 with Llama's two norms (its pre_feedforward_layernorm read
@@ -498,7 +501,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "falcon_h1": "FalconH1ForCausalLM", "jamba": "JambaForCausalLM",
                "lfm2": "Lfm2ForCausalLM",
                "lfm2_moe": "Lfm2MoeForCausalLM", "olmo_hybrid": "OlmoHybridForCausalLM",
-               "lfm3": "Lfm3ForCausalLM",
+               "lfm3": "Lfm3ForCausalLM", "mellum": "MellumForCausalLM",
                "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
                "seed_oss": "SeedOssForCausalLM", "exaone4": "Exaone4ForCausalLM",
                "ernie4_5": "Ernie4_5ForCausalLM", "glm4": "Glm4ForCausalLM",

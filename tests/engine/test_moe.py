@@ -1,6 +1,6 @@
 """Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE and GraniteMoeShared,
 GLM-4.5, MiniMax-M2, dots.llm1, K-EXAONE, MiMo-V2-Flash, Trinity, ERNIE 4.5, Solar Open,
-Hunyuan-A13B and Hunyuan 3, FlexOlmo, DBRX, Flint, Kolibri, Sarvam-30B, Command A+): greedy
+Hunyuan-A13B and Hunyuan 3, FlexOlmo, DBRX, Flint, Kolibri, Sarvam-30B, Command A+, Mellum): greedy
 output equals Hugging Face token for token (batched, chunked, from the prefix cache, under
 tensor parallelism), the router math equals a dense reference, and what a sparse layer cannot
 take is refused by name."""
@@ -50,6 +50,14 @@ def _config(kind: str, vocab: int, **changes):
             intermediate_size=128, moe_intermediate_size=32, num_experts=8,
             num_experts_per_tok=2, head_dim=16, norm_topk_prob=True, mlp_only_layers=[1],
             **common)
+    if kind == "mellum":
+        # Qwen3-MoE's layers: a sliding layer between full ones, each kind its rotary base,
+        # the first layer dense (mlp_layer_types); a prediction layer under mtp., unread.
+        return transformers.MellumConfig(
+            intermediate_size=128, moe_intermediate_size=32, num_experts=8,
+            num_experts_per_tok=2, head_dim=16, sliding_window=6,
+            layer_types=["full_attention", "sliding_attention", "full_attention"],
+            mlp_layer_types=["dense", "sparse", "sparse"], **common)
     if kind == "qwen2_moe":
         # A shared expert beside four routed ones; the chosen weights are not renormalized.
         return transformers.Qwen2MoeConfig(
@@ -212,7 +220,7 @@ def _config(kind: str, vocab: int, **changes):
                                         "granitemoeshared", "granitemoe_swa", "dbrx",
                                         "phimoe", "exaone_moe", "mimo_v2_flash", "afmoe",
                                         "hy_v3", "flint", "kolibri1", "sarvam_moe",
-                                        "cohere2_moe", "cohere2_moe-softmax"])
+                                        "cohere2_moe", "cohere2_moe-softmax", "mellum"])
 def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
     make_random_model(directory, _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
@@ -241,9 +249,10 @@ def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
 HUB_ARCHITECTURES = {"sarvam_moe": "SarvamMoEForCausalLM"}
 
 
-# Where MiMo-V2-Flash and Hunyuan 3 store their multi-token-prediction layers (Hunyuan 3's
-# after the decoder's, with no count of them in its config).
+# Where MiMo-V2-Flash, Mellum and Hunyuan 3 store their multi-token-prediction layers (Hunyuan
+# 3's after the decoder's, with no count of them in its config).
 PREDICTION_HEADS = {"mimo_v2_flash": "model.mtp.layers.0.eh_proj.weight",
+                    "mellum": "mtp.layers.0.eh_proj.weight",
                     "hy_v3": "model.layers.3.eh_proj.weight"}
 
 
