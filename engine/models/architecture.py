@@ -441,6 +441,13 @@ SUPPORTED = {
     # gate where use_attention_gate: output_gate_of), sliding layers among the full ones, each
     # kind its own rotary, a norm before and after each branch.
     "Lfm3ForCausalLM": ArchitectureFlags(qk_norm=True, sandwich_norms=True),
+    # poolside's Laguna: q/k norms per head, sliding layers among the full ones, each kind its
+    # own rotary over its part of each head; attention's output scaled by the softplus of a
+    # gate per head or per number (gating); experts chosen by the sigmoids of the router's
+    # logits (soft-capped where moe_router_logit_softcapping) plus a bias, renormalized, scaled
+    # by moe_routed_scaling_factor, beside a shared expert; the dense layers mlp_layer_types
+    # names.
+    "LagunaForCausalLM": ArchitectureFlags(qk_norm=True, moe="laguna"),
 }
 # A supported decoder with a classification head instead of its LM head, as transformers names
 # it: LlamaForSequenceClassification, Qwen3ForSequenceClassification, ... (the pooling runner).
@@ -502,6 +509,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "lfm2": "Lfm2ForCausalLM",
                "lfm2_moe": "Lfm2MoeForCausalLM", "olmo_hybrid": "OlmoHybridForCausalLM",
                "lfm3": "Lfm3ForCausalLM", "mellum": "MellumForCausalLM",
+               "laguna": "LagunaForCausalLM",
                "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM",
                "seed_oss": "SeedOssForCausalLM", "exaone4": "Exaone4ForCausalLM",
                "ernie4_5": "Ernie4_5ForCausalLM", "glm4": "Glm4ForCausalLM",
@@ -533,6 +541,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "qwen2_vl_text": "Qwen2ForCausalLM", "qwen2_5_vl_text": "Qwen2ForCausalLM",
                "qwen3_vl_text": "Qwen3ForCausalLM", "qwen3_vl_moe_text": "Qwen3MoeForCausalLM"}
 QWEN3_VL_MOE = "qwen3_vl_moe_text"
+LAGUNA = "laguna"
 QWEN3_5_MOE = "qwen3_5_moe_text"
 # Multimodal architectures whose language model attends causally over text alone, so that on
 # text it is exactly its causal decoder: served text-only (models/multimodal.py). PaliGemma's
@@ -589,6 +598,7 @@ MOE_NAMES["hunyuan"] = MoeNames("mlp", "gate_proj", "up_proj", "down_proj", shar
 MOE_NAMES["flint"] = MoeNames("mlp", "gate_proj", "up_proj", "down_proj", shared_gated=False)
 MOE_NAMES["kolibri"] = MOE_NAMES["deepseek"]
 MOE_NAMES["cohere2"] = MOE_NAMES["deepseek"]
+MOE_NAMES["laguna"] = MoeNames("mlp", "gate_proj", "up_proj", "down_proj", shared_gated=False)
 MOE_NAMES["llama4"] = MoeNames("feed_forward", "gate_proj", "up_proj", "down_proj", "router",
                                shared_gated=False)
 
@@ -608,6 +618,7 @@ class GroupedRouting:
     correction: tuple[int, ...] | None = None  # the correction bias's shape, as stored
     group_top: int = 2  # how many of a group's best scores rank it
     bias_on_logits: bool = False  # Kolibri: the bias joins the logits, not their sigmoids
+    logit_softcap: float | None = None  # Laguna: cap * tanh(logits / cap) before the scores
 
 
 @dataclass(frozen=True)
@@ -810,6 +821,17 @@ def _falcon_names(config: Any) -> None:
     config.layer_norm_eps = float(config.layer_norm_epsilon)
 
 
+def _laguna_names(config: Any) -> None:
+    """Laguna's query heads, which its config may give per layer
+    (num_attention_heads_per_layer): one count for every layer, else ModelLoadError."""
+    counts = set(getattr(config, "num_attention_heads_per_layer", None) or ())
+    if len(counts) > 1:
+        raise ModelLoadError(f"num_attention_heads_per_layer differs between layers "
+                             f"({sorted(counts)}), which is not supported")
+    if counts:
+        config.num_attention_heads = counts.pop()
+
+
 def _persimmon_names(config: Any) -> None:
     """Persimmon's biases, on every projection, which its config does not name."""
     config.attention_bias = config.mlp_bias = True
@@ -862,7 +884,8 @@ FAMILY_NAMES = {**dict.fromkeys(GPT2_NAMED_TYPES, _gpt2_family_names), "mpt": _m
                 "dbrx": _dbrx_names, "falcon": _falcon_names, "phimoe": _phimoe_names,
                 "gemma3n_text": _gemma3n_names, "minicpm3": _minicpm3_names,
                 "afmoe": _afmoe_names, "hy_v3": _hy_v3_names,
-                "persimmon": _persimmon_names, "gpt_neo": _gpt_neo_names}
+                "persimmon": _persimmon_names, "gpt_neo": _gpt_neo_names,
+                LAGUNA: _laguna_names}
 
 
 def declare_family_names(config: Any) -> None:
@@ -896,14 +919,23 @@ def learned_position_offset(config: Any) -> int:
 
 
 def output_gate_of(config: Any) -> str | None:
-    """How attention's output is gated by a sigmoid of a projection of the layer's input:
-    "element" (AFMoE's, a gate per output number), "head" (LFM3's where use_attention_gate,
-    one per head), None where it is not."""
+    """How attention's output is gated by a function (output_gate_activation_of) of a
+    projection of the layer's input: "element" (AFMoE's, a gate per output number), "head"
+    (LFM3's where use_attention_gate, one per head; Laguna's by its gating), None where it is
+    not."""
     if flags_of(config).output_gate:
         return "element"
     if getattr(config, "model_type", None) == "lfm3" and config.use_attention_gate:
         return "head"
+    if getattr(config, "model_type", None) == LAGUNA:
+        return "element" if config.gating == "per-element" else "head"
     return None
+
+
+def output_gate_activation_of(config: Any) -> str:
+    """The function of attention's output gate: Laguna's softplus, computed in float32; the
+    others' sigmoid."""
+    return "softplus" if getattr(config, "model_type", None) == LAGUNA else "sigmoid"
 
 
 def head_layer_norm_of(config: Any) -> str | None:
@@ -1096,7 +1128,7 @@ def moe_shape_of(config: Any) -> MoeShape | None:
         # MiniMax-M2's, ERNIE's, Qwen3-VL's and Qwen3.5's divide the chosen scores by their
         # sum.
         renormalize=style in ("mixtral", "granite", "granite_hybrid", "gptoss", "minimax",
-                              "ernie", "hunyuan") or
+                              "ernie", "hunyuan", "laguna") or
         (style == "dbrx" and config.ffn_config.moe_normalize_expert_weights is not None) or
         bool(getattr(config, "norm_topk_prob", False)) or
         getattr(config, "model_type", None) in (QWEN3_VL_MOE, QWEN3_5_MOE) or
@@ -1191,7 +1223,7 @@ def _grouped_routing(config: Any, style: str) -> GroupedRouting | None:
     """DeepSeek's routing as the config sets it; V2's greedy top_k, MiniMax-M2's and ERNIE
     4.5's are one group."""
     if style not in ("deepseek", "deepseek_v2", "minimax", "ernie", "mistral4", "nemotron_h",
-                     "lfm2", "flint", "kolibri", "cohere2"):
+                     "lfm2", "flint", "kolibri", "cohere2", "laguna"):
         return None
     scale = float(getattr(config, "routed_scaling_factor", 1.0) or 1.0)
     experts = num_experts_of(config)
@@ -1202,6 +1234,10 @@ def _grouped_routing(config: Any, style: str) -> GroupedRouting | None:
         return GroupedRouting(1, 1, scale, correction=(experts,))
     if style == "flint":  # the sigmoid scores' top_k, no bias
         return GroupedRouting(1, 1, 1.0)
+    if style == "laguna":
+        return GroupedRouting(1, 1, float(config.moe_routed_scaling_factor),
+                              correction=(experts,),
+                              logit_softcap=float(config.moe_router_logit_softcapping) or None)
     if style == "cohere2":  # sigmoid: Flint's; softmax: the plain top_k, renormalized
         return GroupedRouting(1, 1, 1.0) if _cohere2_selection(config) == "sigmoid" else None
     if style == "kolibri":

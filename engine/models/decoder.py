@@ -64,6 +64,7 @@ from tokenmill.engine.models.architecture import (
     layer_window_of,
     learned_position_offset,
     moe_shape_of,
+    output_gate_activation_of,
     output_gate_of,
     parallel_norms_of,
     rms_norm_eps_of,
@@ -169,6 +170,7 @@ class Attention(nn.Module):
                  "v_proj": self.num_kv_heads * self.value_dim}
         # AFMoE's and LFM3's gate of attention's output, projected from the layer's input.
         self.output_gate = output_gate_of(config)
+        self.gate_activation = output_gate_activation_of(config)
         if self.output_gate == "element":
             parts["gate_proj"] = self.num_heads * self.value_dim
         elif self.output_gate == "head":
@@ -284,11 +286,17 @@ class Attention(nn.Module):
         o = attention(q, kv_cache, meta, self.scores, self.sinks, self.alibi)
         o = o[..., :self.value_dim]
         if gate is not None and self.output_gate == "head":
-            o = o * torch.sigmoid(gate).unsqueeze(-1)
+            o = o * self._gate(gate).unsqueeze(-1)
         o = o.reshape(tokens, -1)
         if gate is not None and self.output_gate != "head":
-            o = o * torch.sigmoid(gate.reshape(tokens, -1))
+            o = o * self._gate(gate.reshape(tokens, -1))
         return self.tp.all_reduce(self.o_proj(o))
+
+    def _gate(self, gate: torch.Tensor) -> torch.Tensor:
+        """The output gate's factors: its sigmoid, or Laguna's softplus in float32."""
+        if self.gate_activation == "softplus":
+            return F.softplus(gate.float()).to(gate.dtype)
+        return torch.sigmoid(gate)
 
     def _head_layer_norms(self, config: Any, plan: ShardPlan,
                           kind: str) -> tuple[nn.Module, nn.Module]:

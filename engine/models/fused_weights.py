@@ -25,7 +25,12 @@ from tokenmill.engine.contract.model_shape import (
     linear_attention_of,
     num_experts_of,
 )
-from tokenmill.engine.models.architecture import QWEN3_5_MOE, QWEN3_VL_MOE
+from tokenmill.engine.models.architecture import (
+    LAGUNA,
+    QWEN3_5_MOE,
+    QWEN3_VL_MOE,
+    output_gate_of,
+)
 from tokenmill.engine.models.decoder import head_dim_of, num_kv_heads_of
 
 
@@ -185,6 +190,9 @@ RENAMED_PARTS["sarvam_moe"] = {"model.word_embeddings.": "model.embed_tokens.",
 # A.X K1: its sparse blocks' output norm, stored beside the block (loader.unread_tensor skips
 # the dense layers' copies).
 RENAMED_PARTS["axk1"] = {".post_mlp_layernorm.": ".mlp.post_mlp_layernorm."}
+# Laguna: its routing's correction bias, stored beside the experts.
+RENAMED_PARTS["laguna"] = {".mlp.experts.e_score_correction_bias":
+                           ".mlp.gate.e_score_correction_bias"}
 RENAMED_PARTS["vaultgemma"] = {".pre_feedforward_layernorm.": ".post_attention_layernorm."}
 # EXAONE 3 and 3.5: Llama's layers under GPT-2's names.
 RENAMED_PARTS["exaone"] = {"transformer.wte.": "model.embed_tokens.", "transformer.h.":
@@ -324,6 +332,9 @@ def renamed(config: Any, name: str) -> str:
     if getattr(config, "model_type", None) == "gpt_bigcode" and \
             not getattr(config, "multi_query", True):
         name = name.replace(".self_attn.qkv_proj.", f".{PER_HEAD_QKV}.")
+    if getattr(config, "model_type", None) == LAGUNA:  # its output gate, per number or head
+        kind = "gate_proj" if output_gate_of(config) == "element" else "head_gate_proj"
+        name = name.replace(".self_attn.g_proj.", f".self_attn.{kind}.")
     if getattr(config, "model_type", None) == "glm4":
         module, _, attr = name.rpartition(".")
         parent, _, kind = module.rpartition(".")

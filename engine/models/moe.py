@@ -119,7 +119,10 @@ class SparseMoeBlock(nn.Module):
         elif grouped is None:
             weights, ids = route(router(x), self.shape.top_k, self.shape.renormalize)
         else:
-            weights, ids = route_grouped(router(x), router.e_score_correction_bias,
+            logits = router(x)
+            if grouped.logit_softcap is not None:
+                logits = torch.tanh(logits / grouped.logit_softcap) * grouped.logit_softcap
+            weights, ids = route_grouped(logits, router.e_score_correction_bias,
                                          self.shape.top_k, grouped.groups, grouped.topk_group,
                                          self.shape.renormalize, grouped.routed_scale,
                                          grouped.softmax, grouped.group_top,

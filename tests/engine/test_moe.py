@@ -1,9 +1,9 @@
 """Mixture-of-experts models (Mixtral, Qwen2-MoE, Qwen3-MoE, GraniteMoE and GraniteMoeShared,
 GLM-4.5, MiniMax-M2, dots.llm1, K-EXAONE, MiMo-V2-Flash, Trinity, ERNIE 4.5, Solar Open,
-Hunyuan-A13B and Hunyuan 3, FlexOlmo, DBRX, Flint, Kolibri, Sarvam-30B, Command A+, Mellum): greedy
-output equals Hugging Face token for token (batched, chunked, from the prefix cache, under
-tensor parallelism), the router math equals a dense reference, and what a sparse layer cannot
-take is refused by name."""
+Hunyuan-A13B and Hunyuan 3, FlexOlmo, DBRX, Flint, Kolibri, Sarvam-30B, Command A+, Mellum,
+Laguna): greedy output equals Hugging Face token for token (batched, chunked, from the prefix
+cache, under tensor parallelism), the router math equals a dense reference, and what a sparse
+layer cannot take is refused by name."""
 
 from __future__ import annotations
 
@@ -50,6 +50,17 @@ def _config(kind: str, vocab: int, **changes):
             intermediate_size=128, moe_intermediate_size=32, num_experts=8,
             num_experts_per_tok=2, head_dim=16, norm_topk_prob=True, mlp_only_layers=[1],
             **common)
+    if kind.startswith("laguna"):
+        # Per-head q/k norms, a sliding layer between full ones (each kind its rotary, the
+        # full ones' over half of each head), attention's output times the softplus of a gate
+        # per head (-element: per number); experts chosen by the sigmoids of soft-capped
+        # logits plus a bias, renormalized and scaled, beside a shared expert; layer 0 dense.
+        return transformers.LagunaConfig(
+            intermediate_size=128, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+            num_experts=8, num_experts_per_tok=2, head_dim=16, sliding_window=6,
+            layer_types=["full_attention", "sliding_attention", "full_attention"],
+            gating="per-element" if kind.endswith("element") else "per-head",
+            moe_router_logit_softcapping=1.5, moe_routed_scaling_factor=2.5, **common)
     if kind == "mellum":
         # Qwen3-MoE's layers: a sliding layer between full ones, each kind its rotary base,
         # the first layer dense (mlp_layer_types); a prediction layer under mtp., unread.
@@ -220,7 +231,8 @@ def _config(kind: str, vocab: int, **changes):
                                         "granitemoeshared", "granitemoe_swa", "dbrx",
                                         "phimoe", "exaone_moe", "mimo_v2_flash", "afmoe",
                                         "hy_v3", "flint", "kolibri1", "sarvam_moe",
-                                        "cohere2_moe", "cohere2_moe-softmax", "mellum"])
+                                        "cohere2_moe", "cohere2_moe-softmax", "mellum",
+                                        "laguna", "laguna-element"])
 def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     directory = str(tmp_path_factory.mktemp(request.param))
     make_random_model(directory, _config(request.param, len(vocab_tokenizer)), vocab_tokenizer,
@@ -229,10 +241,11 @@ def moe_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
                                                    "dbrx", "mimo_v2_flash", "hy_v3",
                                                    "phimoe", "granitemoe_swa", "flint",
                                                    "kolibri1", "sarvam_moe", "cohere2_moe",
-                                                   "cohere2_moe-softmax"))
+                                                   "cohere2_moe-softmax", "laguna",
+                                                   "laguna-element"))
     if request.param in ("glm4_moe", "minimax_m2", "dots1", "ernie4_5_moe", "solar_open",
                          "exaone_moe", "mimo_v2_flash", "afmoe", "hy_v3", "kolibri1",
-                         "sarvam_moe"):
+                         "sarvam_moe", "laguna", "laguna-element"):
         _draw_biases(directory, prediction_layer=request.param in ("glm4_moe", "minimax_m2",
                                                                    "dots1", "ernie4_5_moe"))
     if request.param in HUB_ARCHITECTURES:  # as the published checkpoints name theirs
@@ -538,6 +551,16 @@ def test_a_top_k_that_differs_between_layers_is_refused(tmp_path, vocab_tokenize
     directory = make_random_model(str(tmp_path), _config(
         "hunyuan_v1_moe", len(vocab_tokenizer), moe_topk=[2, 1, 2]), vocab_tokenizer)
     with pytest.raises(ModelLoadError, match=r"moe_topk differs between layers \(\[1, 2\]\)"):
+        LLM(directory, **ENGINE)
+
+
+def test_lagunas_query_heads_that_differ_between_layers_are_refused(tmp_path, vocab_tokenizer):
+    """Laguna's config may give each layer its own count of query heads: one count for all
+    is served (the moe_dir case), counts that differ are refused naming the field."""
+    config = _config("laguna", len(vocab_tokenizer), num_attention_heads_per_layer=[4, 2, 4])
+    directory = make_random_model(str(tmp_path), config, vocab_tokenizer)
+    with pytest.raises(ModelLoadError, match=r"num_attention_heads_per_layer differs between "
+                                             r"layers \(\[2, 4\]\)"):
         LLM(directory, **ENGINE)
 
 
