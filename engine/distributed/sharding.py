@@ -209,7 +209,7 @@ class ShardPlan:
         if kind == "gate_proj" and "self_attn" in parts:  # AFMoE's gate of the output
             per = self.num_heads * self.output_head_dim
             return self.rank * per, (self.rank + 1) * per
-        if kind == "head_gate_proj":  # LFM3's: one row per head
+        if kind == "head_gate_proj":  # LFM3's and Laguna's: one row per head
             return self.rank * self.num_heads, (self.rank + 1) * self.num_heads
         if kind in ("k_proj", "v_proj"):
             width = self.output_head_dim if kind == "v_proj" else self.head_dim

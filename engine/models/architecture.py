@@ -541,8 +541,9 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "qwen2_vl_text": "Qwen2ForCausalLM", "qwen2_5_vl_text": "Qwen2ForCausalLM",
                "qwen3_vl_text": "Qwen3ForCausalLM", "qwen3_vl_moe_text": "Qwen3MoeForCausalLM"}
 QWEN3_VL_MOE = "qwen3_vl_moe_text"
-LAGUNA = "laguna"
 QWEN3_5_MOE = "qwen3_5_moe_text"
+LAGUNA = "laguna"
+AXK1 = "axk1"
 # Multimodal architectures whose language model attends causally over text alone, so that on
 # text it is exactly its causal decoder: served text-only (models/multimodal.py). PaliGemma's
 # prompt attends both ways: not here.
@@ -1147,9 +1148,6 @@ def moe_shape_of(config: Any) -> MoeShape | None:
         averages_shared=style == "cohere2" and _cohere2_combination(config) == "average",
         post_norm_eps=rms_norm_eps_of(config) if getattr(config, "model_type", None) == AXK1
         else None)
-
-
-AXK1 = "axk1"
 
 
 def _cohere2_selection(config: Any) -> str:

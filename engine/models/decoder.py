@@ -115,8 +115,8 @@ def num_kv_heads_of(config: Any) -> int:
 
 def decoder_norm(config: Any, size: int) -> nn.Module:
     """A norm of the residual stream: Cohere's LayerNorm (Command A+'s RMSNorm where it gives
-    rms_norm_eps), StarCoder 2's and Nemotron's (torch's,
-    with a bias), OLMo's (without a weight), else RMSNorm (Gemma's scales by 1 + weight)."""
+    rms_norm_eps), StarCoder 2's and Nemotron's (torch's, with a bias), OLMo's (without a
+    weight), else RMSNorm (Gemma's scales by 1 + weight)."""
     flags = flags_of(config)
     if config.model_type == "olmo":
         return UnweightedLayerNorm()
@@ -168,7 +168,8 @@ class Attention(nn.Module):
         queries = self.num_heads * self.head_dim * (2 if self.gated else 1)
         parts = {"q_proj": queries, "k_proj": kv_size,
                  "v_proj": self.num_kv_heads * self.value_dim}
-        # AFMoE's and LFM3's gate of attention's output, projected from the layer's input.
+        # AFMoE's, LFM3's and Laguna's gate of attention's output, projected from the layer's
+        # input (output_gate_of).
         self.output_gate = output_gate_of(config)
         self.gate_activation = output_gate_activation_of(config)
         if self.output_gate == "element":

@@ -343,9 +343,9 @@ def test_greedy_equals_hf_batched_chunked_and_prefix_cached(served, expected):
 # Families whose layers split over ranks exactly as another family's here do (Llama's, with
 # biases as Seed-OSS's and ERNIE's, LayerNorm and an ungated MLP as StarCoder 2's, GLM-4's
 # rotary over interleaved pairs, one KV head for all as GPT-BigCode's, ALiBi's slopes as
-# BLOOM's; q, k and v read out of a fused tensor before they are split): their
-# tensor-parallel runs would repeat those.
-SHARDED_AS_ANOTHER = ("glm", "helium", "exaone", "internlm3", "nemotron", "stablelm",
+# BLOOM's, Command R's as Command R+'s with its norms; q, k and v read out of a fused tensor
+# before they are split): their tensor-parallel runs would repeat those.
+SHARDED_AS_ANOTHER = ("glm", "helium", "cohere", "exaone", "internlm3", "nemotron", "stablelm",
                       "stablelm-parallel", "gpt_neox", "gpt_neox-sequential",
                       "gpt_bigcode-mha", "opt", "falcon", "falcon-sequential", "olmo", "mpt",
                       "gptj", "smollm3", "seed_oss", "arcee", "ministral", "cohere2",
