@@ -227,6 +227,10 @@ SUPPORTED = {
                                                learned_positions=True),
     "OPTForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True,
                                         learned_positions=True),
+    # Meta's XGLM (564M to 7.5B): OPT's layers under their names, fixed sinusoidal positions
+    # counted from 2 (fairseq's), the embeddings times sqrt(d_model) where scale_embedding.
+    "XGLMForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True,
+                                         learned_positions=True),
     # EleutherAI's GPT-Neo (125M, 1.3B, 2.7B): GPT-2's layers with q, k and v apart and without
     # biases, scores unscaled, and its local layers sliding over window_size (_gpt_neo_names).
     "GPTNeoForCausalLM": ArchitectureFlags(ungated_mlp=True, layer_norm=True,
@@ -484,7 +488,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "gpt2": "GPT2LMHeadModel", "gpt_bigcode": "GPTBigCodeForCausalLM",
                "opt": "OPTForCausalLM", "gptj": "GPTJForCausalLM",
                "codegen": "CodeGenForCausalLM",
-               "gpt_neo": "GPTNeoForCausalLM",
+               "gpt_neo": "GPTNeoForCausalLM", "xglm": "XGLMForCausalLM",
                "falcon": "FalconForCausalLM", "bloom": "BloomForCausalLM",
                "mpt": "MptForCausalLM", "olmo": "OlmoForCausalLM", "dbrx": "DbrxForCausalLM",
                "hunyuan_v1_dense": "HunYuanDenseV1ForCausalLM",
@@ -544,6 +548,7 @@ QWEN3_VL_MOE = "qwen3_vl_moe_text"
 QWEN3_5_MOE = "qwen3_5_moe_text"
 LAGUNA = "laguna"
 AXK1 = "axk1"
+XGLM = "xglm"
 # Multimodal architectures whose language model attends causally over text alone, so that on
 # text it is exactly its causal decoder: served text-only (models/multimodal.py). PaliGemma's
 # prompt attends both ways: not here.
@@ -822,6 +827,15 @@ def _falcon_names(config: Any) -> None:
     config.layer_norm_eps = float(config.layer_norm_epsilon)
 
 
+def _xglm_names(config: Any) -> None:
+    """XGLM's: the MLP's width (ffn_dim), its activation, torch's LayerNorm epsilon, biases on
+    every projection."""
+    config.intermediate_size = int(config.ffn_dim)
+    config.hidden_act = config.activation_function
+    config.layer_norm_eps = 1e-5
+    config.attention_bias = config.mlp_bias = True
+
+
 def _laguna_names(config: Any) -> None:
     """Laguna's query heads, which its config may give per layer
     (num_attention_heads_per_layer): one count for every layer, else ModelLoadError."""
@@ -886,7 +900,7 @@ FAMILY_NAMES = {**dict.fromkeys(GPT2_NAMED_TYPES, _gpt2_family_names), "mpt": _m
                 "gemma3n_text": _gemma3n_names, "minicpm3": _minicpm3_names,
                 "afmoe": _afmoe_names, "hy_v3": _hy_v3_names,
                 "persimmon": _persimmon_names, "gpt_neo": _gpt_neo_names,
-                LAGUNA: _laguna_names}
+                LAGUNA: _laguna_names, XGLM: _xglm_names}
 
 
 def declare_family_names(config: Any) -> None:
@@ -915,8 +929,9 @@ def parallel_norms_of(config: Any) -> int:
 
 
 def learned_position_offset(config: Any) -> int:
-    """The row of position 0 in a learned position table: OPT's counts from 2."""
-    return 2 if config.model_type == "opt" else 0
+    """The row of position 0 in a learned position table: OPT's (and XGLM's sinusoids) count
+    from 2."""
+    return 2 if config.model_type in ("opt", XGLM) else 0
 
 
 def output_gate_of(config: Any) -> str | None:
@@ -1282,11 +1297,14 @@ def rms_norm_eps_of(config: Any) -> float:
 def embedding_multiplier_of(config: Any) -> float | None:
     """What the embeddings are multiplied by, as they are (not rounded to the model dtype):
     Granite's and Falcon-H1's embedding_multiplier (MiniCPM3's scale_emb, _minicpm3_names),
-    AFMoE's sqrt(hidden_size) where mup_enabled; None for any other."""
+    AFMoE's sqrt(hidden_size) where mup_enabled, XGLM's where scale_embedding; None for any
+    other."""
     flags = flags_of(config)
     if flags.granite or flags.falcon_h1:
         return float(config.embedding_multiplier)
     if getattr(config, "model_type", None) == "afmoe" and getattr(config, "mup_enabled", False):
+        return config.hidden_size ** 0.5
+    if getattr(config, "model_type", None) == XGLM and config.scale_embedding:
         return config.hidden_size ** 0.5
     return None
 

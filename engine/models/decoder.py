@@ -51,9 +51,11 @@ from tokenmill.engine.layers.rotary import (
     rope_parameters,
     scaled_queries,
 )
+from tokenmill.engine.layers.sinusoidal import SinusoidalPositions
 from tokenmill.engine.layers.state_layer import StateLayer
 from tokenmill.engine.layers.vocab_parallel import VocabParallelEmbedding
 from tokenmill.engine.models.architecture import (
+    XGLM,
     MoeShape,
     activation_of,
     attention_chunk_of,
@@ -559,6 +561,15 @@ def falcon_h1_layers(config: Any, plan: ShardPlan, tp: TPGroup) -> list[FalconH1
                           MLP(config, plan, tp)) for _ in range(config.num_hidden_layers)]
 
 
+def learned_positions(config: Any, offset: int) -> nn.Module:
+    """The table of position embeddings added to the tokens': learned (GPT-2's, OPT's), or
+    XGLM's fixed sinusoids; `offset` rows before position 0's."""
+    rows = config.max_position_embeddings + offset
+    if config.model_type == XGLM:
+        return SinusoidalPositions(rows, config.hidden_size, config.pad_token_id)
+    return nn.Embedding(rows, config.hidden_size)
+
+
 class DecoderModel(nn.Module):
     def __init__(self, config: Any, max_positions: int, plan: ShardPlan, tp: TPGroup):
         super().__init__()
@@ -569,16 +580,16 @@ class DecoderModel(nn.Module):
         self.embed_scale = config.hidden_size ** 0.5 \
             if flags.gemma or flags.gemma4 or flags.gemma3n else None
         self.embed_multiplier = embedding_multiplier_of(config)
-        # Granite's multiplier scales transformers' inputs_embeds, Falcon-H1's only the
-        # embeddings it looks up itself.
-        self.multiplies_given_embeds = not flags.falcon_h1
+        # Granite's multiplier scales transformers' inputs_embeds, Falcon-H1's (and XGLM's
+        # scale) only the embeddings it looks up itself.
+        self.multiplies_given_embeds = not flags.falcon_h1 and config.model_type != XGLM
         # BLOOM and NanoChat normalize the embeddings.
         self.embed_norm = decoder_norm(config, config.hidden_size) \
             if config.model_type == "bloom" or flags.nanochat else None
-        # GPT-2's, GPT-BigCode's and OPT's learned positions, whole on every rank.
+        # GPT-2's, GPT-BigCode's and OPT's learned positions, whole on every rank; XGLM's
+        # fixed sinusoids, computed at load.
         self.position_offset = learned_position_offset(config)
-        self.embed_positions = nn.Embedding(
-            config.max_position_embeddings + self.position_offset, config.hidden_size) \
+        self.embed_positions = learned_positions(config, self.position_offset) \
             if flags.learned_positions else None
         moe = moe_shape_of(config)
         windows = [layer_window_of(config, i) for i in range(config.num_hidden_layers)]

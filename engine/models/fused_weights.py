@@ -237,6 +237,12 @@ RENAMED_PARTS["gpt_neo"] = {**{stored: ours for stored, ours in RENAMED_PARTS["g
 CODEGEN_QKV = "self_attn.codegen_qkv_proj"
 CODEGEN_SHARDS = 4
 RENAMED_PARTS["codegen"] = {**RENAMED_PARTS["gptj"], ".self_attn.qkv_proj.": f".{CODEGEN_QKV}."}
+# XGLM: OPT's names for its layers, its final norm layer_norm.
+RENAMED_PARTS["xglm"] = {".self_attn_layer_norm.": ".input_layernorm.",
+                         "model.layer_norm.": "model.norm.",
+                         ".final_layer_norm.": ".post_attention_layernorm.",
+                         ".self_attn.out_proj.": ".self_attn.o_proj.",
+                         ".fc1.": ".mlp.up_proj.", ".fc2.": ".mlp.down_proj."}
 # OPT: its decoder's embeddings, layers and norms under Llama's names (its checkpoints name the
 # decoder with or without model. before it).
 RENAMED_PARTS["opt"] = {"model.decoder.": "model.", "decoder.": "model.",

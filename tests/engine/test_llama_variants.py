@@ -54,6 +54,8 @@ parallelism) for:
   [in, out], under the bare names of its first checkpoints;
 - CodeGen (`CodeGenForCausalLM`): GPT-J's layers, q, v and k fused in four blocks of rows,
   one per shard of its training;
+- XGLM (`XGLMForCausalLM`): OPT's layers, fixed sinusoidal positions counted from 2, the
+  embeddings times sqrt(d_model);
 - GPT-Neo (`GPTNeoForCausalLM`): GPT-2's layers with q, k and v apart, scores unscaled, local
   layers sliding over window_size, its checkpoints' causal-mask buffers skipped;
 - GPT-J (`GPTJForCausalLM`): rotary over interleaved pairs of the first rotary_dim dimensions
@@ -222,6 +224,11 @@ def _config(kind: str, vocab: int):
             attn_config={"clip_qkv": 1.5, "softmax_scale": 0.4})
     if kind == "olmo":  # clamped tightly enough that the clamp bites
         return transformers.OlmoConfig(vocab_size=vocab, clip_qkv=0.3, **SHAPE)
+    if kind == "xglm":  # fixed sinusoidal positions counted from 2, embeddings scaled
+        return transformers.XGLMConfig(vocab_size=vocab, d_model=64, ffn_dim=128, num_layers=4,
+                                       attention_heads=4, max_position_embeddings=512,
+                                       scale_embedding=True, bos_token_id=0, eos_token_id=2,
+                                       pad_token_id=1)
     if kind == "gpt_neo":  # local layers sliding over a window short enough to bite
         return transformers.GPTNeoConfig(
             vocab_size=vocab, hidden_size=64, num_layers=4, num_heads=4, intermediate_size=128,
@@ -267,7 +274,7 @@ def _config(kind: str, vocab: int):
                         "gptj", "falcon", "falcon-new", "falcon-sequential", "bloom", "mpt",
                         "olmo", "jais2", "cwm", "hyperclovax", "iquestcoder", "cohere-qk_norm",
                         "persimmon", "stablelm-qk_layernorm", "phi-qk_layernorm", "gpt_neo",
-                        "codegen"])
+                        "codegen", "xglm"])
 def variant_dir(request, tmp_path_factory, vocab_tokenizer) -> str:
     # Biases and norms drawn (but for the families that have none or keep Llama's), so that a
     # missing (or misplaced) one shows.
@@ -350,7 +357,7 @@ SHARDED_AS_ANOTHER = ("glm", "helium", "cohere", "exaone", "internlm3", "nemotro
                       "gpt_bigcode-mha", "opt", "falcon", "falcon-sequential", "olmo", "mpt",
                       "gptj", "smollm3", "seed_oss", "arcee", "ministral", "cohere2",
                       "hunyuan", "cwm", "jais2", "hyperclovax", "iquestcoder", "persimmon",
-                      "phi-qk_layernorm", "gpt_neo", "codegen")
+                      "phi-qk_layernorm", "gpt_neo", "codegen", "xglm")
 
 
 def test_tensor_parallel_equals_hf(request, variant_dir, expected, vocab_tokenizer):
