@@ -106,6 +106,9 @@ GEMMA4_EXPERT_BLOCK = ("router.", "experts.", "pre_feedforward_layernorm_2.",
 # blocks keep feed_forward), under Llama's; Nemotron-H's backbone under model, its embeddings
 # and final norm under Llama's names; LFM2's norms, MLP and attention's under Llama's and
 # Qwen3's.
+# LFM2's, Persimmon's, Phi's and StableLM's q and k norms over each head.
+QK_LAYERNORMS = {".self_attn.q_layernorm.": ".self_attn.q_norm.",
+                 ".self_attn.k_layernorm.": ".self_attn.k_norm."}
 RENAMED_PARTS = {
     "hunyuan_v1_dense": {".self_attn.query_layernorm.": ".self_attn.q_norm.",
                          ".self_attn.key_layernorm.": ".self_attn.k_norm."},
@@ -119,9 +122,7 @@ RENAMED_PARTS = {
     "lfm2": {".operator_norm.": ".input_layernorm.", ".ffn_norm.": ".post_attention_layernorm.",
              ".feed_forward.w1.": ".mlp.gate_proj.", ".feed_forward.w3.": ".mlp.up_proj.",
              ".feed_forward.w2.": ".mlp.down_proj.", ".self_attn.out_proj.": ".self_attn.o_proj.",
-             ".self_attn.q_layernorm.": ".self_attn.q_norm.",
-             ".self_attn.k_layernorm.": ".self_attn.k_norm.",
-             "model.embedding_norm.": "model.norm."}}
+             **QK_LAYERNORMS, "model.embedding_norm.": "model.norm."}}
 # LFM3: LFM2's names, with a norm before and after each branch, attention's Qwen3's but for its
 # output gate, one row per head (gate_proj as saved, g_proj in transformers' model).
 RENAMED_PARTS["lfm3"] = {".operator_norm.": ".input_layernorm.",
@@ -237,12 +238,6 @@ RENAMED_PARTS["gpt_neo"] = {**{stored: ours for stored, ours in RENAMED_PARTS["g
 CODEGEN_QKV = "self_attn.codegen_qkv_proj"
 CODEGEN_SHARDS = 4
 RENAMED_PARTS["codegen"] = {**RENAMED_PARTS["gptj"], ".self_attn.qkv_proj.": f".{CODEGEN_QKV}."}
-# XGLM: OPT's names for its layers, its final norm layer_norm.
-RENAMED_PARTS["xglm"] = {".self_attn_layer_norm.": ".input_layernorm.",
-                         "model.layer_norm.": "model.norm.",
-                         ".final_layer_norm.": ".post_attention_layernorm.",
-                         ".self_attn.out_proj.": ".self_attn.o_proj.",
-                         ".fc1.": ".mlp.up_proj.", ".fc2.": ".mlp.down_proj."}
 # OPT: its decoder's embeddings, layers and norms under Llama's names (its checkpoints name the
 # decoder with or without model. before it).
 RENAMED_PARTS["opt"] = {"model.decoder.": "model.", "decoder.": "model.",
@@ -251,6 +246,8 @@ RENAMED_PARTS["opt"] = {"model.decoder.": "model.", "decoder.": "model.",
                         ".final_layer_norm.": ".post_attention_layernorm.",
                         ".self_attn.out_proj.": ".self_attn.o_proj.",
                         ".fc1.": ".mlp.up_proj.", ".fc2.": ".mlp.down_proj."}
+# XGLM: OPT's names (without its decoder's prefix), its final norm named layer_norm.
+RENAMED_PARTS["xglm"] = {**RENAMED_PARTS["opt"], "model.layer_norm.": "model.norm."}
 # Falcon: its embeddings, layers, norms and projections under Llama's names (q, k and v stay
 # fused per KV head in query_key_value: _per_head_qkv_parts).
 RENAMED_PARTS["falcon"] = {"transformer.word_embeddings.": "model.embed_tokens.",
@@ -261,9 +258,6 @@ RENAMED_PARTS["falcon"] = {"transformer.word_embeddings.": "model.embed_tokens."
                            ".ln_mlp.": ".post_attention_layernorm.",
                            ".mlp.dense_h_to_4h.": ".mlp.up_proj.",
                            ".mlp.dense_4h_to_h.": ".mlp.down_proj."}
-# Persimmon's, Phi's and StableLM's q and k norms over each head (qk_layernorm).
-QK_LAYERNORMS = {".self_attn.q_layernorm.": ".self_attn.q_norm.",
-                 ".self_attn.k_layernorm.": ".self_attn.k_norm."}
 # Persimmon: GPT-NeoX's MLP and its q, k and v fused per head, already under self_attn
 # (_per_head_qkv_parts), its norms under their own names.
 RENAMED_PARTS["persimmon"] = {".self_attn.dense.": ".self_attn.o_proj.", **QK_LAYERNORMS,
