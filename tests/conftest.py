@@ -41,6 +41,7 @@ from model_support import (
     smollm2_checkpoint,
     smollm2_installed,
 )
+from process_support import run_directory
 
 from tokenmill.engine import LLM
 from tokenmill.engine.bench.random_model import BUILTIN_VOCAB_SIZE
@@ -97,9 +98,7 @@ def smollm2_dir(tmp_path_factory) -> Path:
     reading of the built-in GGUF, written out), which loads in about a second where the GGUF
     takes many. Written once per run: pytest-xdist's workers share it, the first to need it
     writing it under a lock while the others wait."""
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent  # every worker's base directory lies in the run's
+    shared = run_directory(tmp_path_factory)
     directory = shared / "smollm2-safetensors"
     with FileLock(f"{directory}.lock"):
         if not directory.is_dir():

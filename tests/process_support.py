@@ -25,6 +25,14 @@ def download_command(*args: str) -> list[str]:
     return [sys.executable, "-P", "-m", "tokenmill.engine.cli", "download", *args]
 
 
+def run_directory(tmp_path_factory) -> Path:
+    """The directory every pytest-xdist worker of this run shares (each worker's own base
+    directory lies in it), or the base directory itself without xdist: where what is made
+    once per run goes, each maker holding a FileLock on it."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A loopback port nothing listens on, that no other process will be handed meanwhile.
 

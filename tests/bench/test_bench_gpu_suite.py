@@ -5,6 +5,7 @@ writes, and the summary reads them back beside the issue's targets."""
 from __future__ import annotations
 
 import re
+import shutil
 
 import pytest
 import torch
@@ -88,11 +89,15 @@ def test_the_lora_part_runs_base_idle_and_mixed_adapters_in_lockstep(bench_dir):
     assert result["adapter_slot_loads"]["lora-mix"] == bench_stage.LORA_ADAPTERS
 
 
-def test_the_summary_sets_every_part_against_its_target(bench_dir, capsys):
-    bench_dir("profile")
-    bench_dir("startup")
+def test_the_summary_sets_every_part_against_its_target(bench_dir, tmp_path, capsys):
+    """The summary of the bench, profile and startup stages' files in one directory (as a
+    session writes them), the tests stage not run."""
+    for stage in ("bench", "profile", "startup"):
+        bench_dir(stage)
+        for path in bench_dir.directory(stage).glob("gpu-dry-run-*.json"):
+            shutil.copy(path, tmp_path)
     capsys.readouterr()
-    assert main(["bench", "gpu", "summary", "--dry-run", "--out", str(bench_dir.out)]) == 0
+    assert main(["bench", "gpu", "summary", "--dry-run", "--out", str(tmp_path)]) == 0
     table = capsys.readouterr().out
     for part in bench_stage.PARTS:
         assert f"| {part}, " in table

@@ -65,7 +65,7 @@ def test_attention_candidates_are_ranked_against_the_defaults_over_every_workloa
 
 def test_the_written_file_holds_each_best_under_the_key_its_kernel_looks_up(
         kernels, gpu_dry_run, monkeypatch):
-    path = gpu_dry_run.out / "launch-configs-cpu.json"
+    path = gpu_dry_run.directory("kernels") / "launch-configs-cpu.json"
     table = json.loads(path.read_text())
     assert table == kernels["result"]["launch_configs"]
     runs = kernels["result"]["parts"]["weight-only"]["runs"]

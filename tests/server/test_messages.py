@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 
-import anthropic
 import httpx
 import openai
 import pytest
@@ -47,6 +46,10 @@ def agent(tmp_path_factory, smol_tokenizer):
 
 @pytest.fixture(scope="module")
 def client(agent):
+    """Anthropic's client. Its package is imported here, not at the top: it is the slowest
+    import of all the tests, and every pytest-xdist worker imports every test file."""
+    import anthropic
+
     return anthropic.Anthropic(base_url=agent.url, api_key="sk-test", max_retries=0)
 
 
@@ -155,10 +158,9 @@ def test_a_named_tool_is_forced(client):
     assert call.input["zone"] in {"CET", "UTC"} and set(call.input) == {"zone"}
 
 
-def test_stop_sequences_end_the_text(agent):
+def test_stop_sequences_end_the_text(client):
     """The stop sequence that ended the reply is its stop_sequence, and the text stops
     before it, whole and streamed."""
-    client = anthropic.Anthropic(base_url=agent.url, api_key="sk-test", max_retries=0)
     ask = [{"role": "user", "content": "Hello"}]
     full = client.messages.create(model="agent", max_tokens=200, messages=ask,
                                   extra_body=GREEDY)
@@ -190,6 +192,8 @@ def test_a_prefilled_reply_is_continued(agent, client):
 
 
 def test_the_api_key_comes_in_x_api_key(agent):
+    import anthropic
+
     wrong = anthropic.Anthropic(base_url=agent.url, api_key="sk-wrong", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError):
         wrong.messages.create(model="agent", max_tokens=2,
