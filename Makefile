@@ -8,10 +8,11 @@ setup: $(VENV)/.installed
 
 # pip runs as a script, never `python -m pip`: the repository root holds a package named
 # `operator`, which must not shadow the standard library's module.
-# pip compiles none of the packages' modules (--no-compile): compiling all of torch's and
-# transformers' took longer than installing them, and most are never imported. One import of
-# what serving and the tests load compiles those once, before parallel test workers would each
-# compile them again; any other module compiles, once, when first imported.
+# pip compiles none of the packages' modules (--no-compile): compiling every module of every
+# package is much of the set-up's time, and most (of torch's and transformers' above all) are
+# never imported. One import of what serving and the tests load compiles those once, before
+# parallel test workers would each compile them again; any other module compiles, once, when
+# first imported.
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(BIN)/pip install --quiet --no-compile torch==2.13.0
