@@ -100,15 +100,16 @@ GEMMA4_EXPERT_BLOCK = ("router.", "experts.", "pre_feedforward_layernorm_2.",
                        "post_feedforward_layernorm_2.")
 
 
+# LFM2's, Persimmon's, Phi's and StableLM's q and k norms over each head.
+QK_LAYERNORMS = {".self_attn.q_layernorm.": ".self_attn.q_norm.",
+                 ".self_attn.k_layernorm.": ".self_attn.k_norm."}
+
 # Parts of a checkpoint name a family spells its own way, by model type, and ours: Hunyuan's
 # q and k norms under Qwen3's names; StarCoder 2's MLP without a gate under Arcee's; Bamba's
 # MLP, the norm before it and the final norm, and Llama 4's dense layers' MLP (its sparse
 # blocks keep feed_forward), under Llama's; Nemotron-H's backbone under model, its embeddings
 # and final norm under Llama's names; LFM2's norms, MLP and attention's under Llama's and
 # Qwen3's.
-# LFM2's, Persimmon's, Phi's and StableLM's q and k norms over each head.
-QK_LAYERNORMS = {".self_attn.q_layernorm.": ".self_attn.q_norm.",
-                 ".self_attn.k_layernorm.": ".self_attn.k_norm."}
 RENAMED_PARTS = {
     "hunyuan_v1_dense": {".self_attn.query_layernorm.": ".self_attn.q_norm.",
                          ".self_attn.key_layernorm.": ".self_attn.k_norm."},
