@@ -27,3 +27,23 @@ def hf_filtered(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     for warper in warpers:
         scores = warper(None, scores)
     return scores[0]
+
+
+def at_a_threshold(logits: torch.Tensor, params: SamplingParams, token: int) -> bool:
+    """Whether `token` of one row's logits sits on top-p's or min-p's edge within float32's
+    rounding: transformers' mass below it (ascending, over the top-k set) is 1 - top_p, or its
+    probability is min_p times the largest. Summed in another order (from the top, as a
+    kept set grows), such a token can fall either side of the edge."""
+    scores = logits.float().unsqueeze(0) / params.temperature
+    if params.top_k > 0:
+        scores = TopKLogitsWarper(min(params.top_k, logits.shape[0]))(None, scores)
+    probs = scores[0].softmax(dim=-1)
+    rounding = 4 * torch.finfo(torch.float32).eps
+    if params.top_p < 1.0:
+        ascending, order = probs.sort()
+        mass = ascending.cumsum(dim=-1)[(order == token).nonzero().item()].item()
+        if abs(mass - (1.0 - params.top_p)) <= rounding:
+            return True
+    largest = probs.max().item()
+    return params.min_p > 0.0 and abs(probs[token].item() - params.min_p * largest) <= \
+        rounding * largest

@@ -1,5 +1,6 @@
 """Temperature, top-k, top-p and min-p keep exactly the tokens transformers' logits warpers
-keep (top-p over the top-k set renormalized, as `generate` and vLLM apply it), whether the
+keep (top-p over the top-k set renormalized, as `generate` and vLLM apply it; a token on a
+threshold within float32's rounding may fall either side), whether the
 candidates grow on the host (CPU) or the vocabulary is sorted (as on a GPU), and a row draws
 from them with the probabilities the warpers leave."""
 
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sampling_support import hf_filtered
+from sampling_support import at_a_threshold, hf_filtered
 
 from tokenmill.engine.core import sampler, sampling_filters
 from tokenmill.engine.core.request import RequestTimings, Sequence
@@ -50,9 +51,11 @@ def test_kept_tokens_equal_transformers_warpers(monkeypatch, adaptive):
         kept = candidates(logits, params).scattered(VOCAB)
         for row, p in enumerate(params):
             expected = hf_filtered(logits[row], p)
-            assert torch.equal(kept[row].isfinite(), expected.isfinite()), (seed, row, p)
-            finite = expected.isfinite()
-            torch.testing.assert_close(kept[row][finite], expected[finite])
+            differ = (kept[row].isfinite() != expected.isfinite()).nonzero().flatten().tolist()
+            assert all(at_a_threshold(logits[row], p, t) for t in differ), (seed, row, p, differ)
+            assert len(differ) <= 1, (seed, row, p, differ)
+            both = kept[row].isfinite() & expected.isfinite()
+            torch.testing.assert_close(kept[row][both], expected[both])
 
 
 def test_growing_candidates_cover_a_flat_distribution():
