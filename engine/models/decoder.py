@@ -628,29 +628,41 @@ class DecoderModel(nn.Module):
             self.per_layer_projection_norm = RMSNorm(per_layer, rms_norm_eps_of(config))
         self.norm = decoder_norm(config, config.hidden_size)
         self.config, self.max_positions = config, max_positions
-        self.rotary, self.rotary_local = self.rotary_tables()
+        # Computed, not loaded: the loader builds them (rotary_tables) on the model's device.
+        # Built here, on the meta device, their arithmetic would run through torch's Python
+        # references, whose first use imports torch._dynamo.
+        self.rotary = self.rotary_local = None
         # Sliding layers rotate with their own base where the config gives one (Gemma 3).
-        self.local_rope = [window is not None and self.rotary_local is not None
-                           for window in windows]
+        rotations = self._rotations()
+        own_local = rotations is not None and rotations[0] != rotations[1]
+        self.local_rope = [window is not None and own_local for window in windows]
         # Ministral 3: queries scaled by position past the pretraining context (Llama 4's).
         self.temperature = query_temperature(rope_parameters(config))
         # Llama 4: the layers without positional encoding scale queries by position.
         self.nope_temperature = (int(config.floor_scale), float(config.attn_scale)) \
             if flags.llama4 and getattr(config, "attn_temperature_tuning", False) else None
 
-    def rotary_tables(self) -> tuple[RotaryEmbedding | None, RotaryEmbedding | None]:
-        """The rotary tables of full-attention layers, and of sliding ones where they differ
-        (else None), each over its layers' head size; none for an attention-free model."""
+    def _rotations(self) -> tuple[tuple[int, dict], tuple[int, dict]] | None:
+        """(head size, rope parameters) of full-attention layers and of sliding ones; None for
+        a model whose layers do not rotate."""
         full_dim, local_dim = (head_dim_of(self.config, kind) for kind in LAYER_TYPES)
         if not full_dim or not any(self.rotates):
-            return None, None
+            return None
         full = rope_parameters(self.config)
         local = rope_parameters(self.config, "sliding_attention")
         if flags_of(self.config).nanochat:  # NanoChat turns q and k the other way
             full, local = ({**params, "backward": True} for params in (full, local))
-        return (RotaryEmbedding(full_dim, self.max_positions, full),
-                None if (local, local_dim) == (full, full_dim)
-                else RotaryEmbedding(local_dim, self.max_positions, local))
+        return (full_dim, full), (local_dim, local)
+
+    def rotary_tables(self) -> tuple[RotaryEmbedding | None, RotaryEmbedding | None]:
+        """The rotary tables of full-attention layers, and of sliding ones where they differ
+        (else None), each over its layers' head size; none for an attention-free model."""
+        rotations = self._rotations()
+        if rotations is None:
+            return None, None
+        full, local = rotations
+        return (RotaryEmbedding(full[0], self.max_positions, full[1]),
+                None if local == full else RotaryEmbedding(local[0], self.max_positions, local[1]))
 
     def forward(self, input_ids, positions, kv_caches, meta, image_rows=(), embed_rows=()):
         """image_rows: (row, rows) pairs whose embeddings an image encoder's output replaces

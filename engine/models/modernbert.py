@@ -129,7 +129,9 @@ class ModernBertEncoder(nn.Module):
         self.final_norm = _norm(config)
         self.score = Head(config) if classifier else None
         self.max_positions = max_positions
-        self.rotary, self.rotary_local = self.rotary_tables()
+        # Computed, not loaded: the loader builds them (rotary_tables) on the model's device.
+        self.rotary: RotaryEmbedding | None = None
+        self.rotary_local: RotaryEmbedding | None = None
 
     def rotary_tables(self) -> tuple[RotaryEmbedding, RotaryEmbedding]:
         """The global layers' rotary table and the local layers'; computed, not loaded."""
