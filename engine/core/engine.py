@@ -71,6 +71,7 @@ from tokenmill.engine.models.architecture import (
     sliding_window_of,
 )
 from tokenmill.engine.models.decoder import prompt_embeds_refusal
+from tokenmill.engine.models.gguf_weights import gguf_quantized
 from tokenmill.engine.models.images import (
     image_grid,
     image_layout,
@@ -131,11 +132,12 @@ class LLMEngine:
         config.check_supported()
         self.config = config
         self.device = _device(config.device)
-        self.dtype = _dtype(config.dtype, self.device)
         backend = resolve_backend(config.attention_backend, self.device)
         check_kv_cache_dtype(config.kv_cache_dtype, backend, self.device)
         source = resolve_model(config.model, config.download_dir, config.revision,
                                config.hf_config_path, config.ignore_patterns)
+        self.dtype = _dtype(config.dtype, self.device, quantized_file=bool(source.gguf_file)
+                            and gguf_quantized(source.gguf_path))
         if overrides := config.config_overrides():
             source = dataclasses.replace(source, config_overrides=json.dumps(overrides))
         config_start = time.perf_counter()
@@ -1231,9 +1233,12 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _dtype(name: str, device: torch.device) -> torch.dtype:
+def _dtype(name: str, device: torch.device, quantized_file: bool) -> torch.dtype:
+    """--dtype; auto: bfloat16 on CUDA, on a CPU by its cores and the weights' file
+    (`quantized_file`: a GGUF file of quantized weights)."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else default_cpu_dtype()
+        return torch.bfloat16 if device.type == "cuda" else \
+            default_cpu_dtype(quantized_file=quantized_file)
     return DTYPES[name]
 
 

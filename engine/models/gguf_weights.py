@@ -139,11 +139,18 @@ def gguf_tensors(path: str) -> Iterator[tuple[str, torch.Tensor, int]]:
 # Bytes per block of 32 weights before the 16 bytes of nibbles: a float16 scale d (Q4_0:
 # w = (q - 8) d), or d and an offset m (Q4_1: w = q d + m).
 INT4_TYPES = {"Q4_0": 2, "Q4_1": 4}
+FLOAT_TYPES = frozenset({"F32", "F16", "BF16", "F64"})
 
 
 def gguf_tensor_types(path: str) -> dict[str, str]:
     """{HF name: GGUF storage type name (F32, Q4_1, Q8_0, ...)} for every tensor in the file."""
     return {hf_name(t.name): t.tensor_type.name for t in open_gguf(path).tensors}
+
+
+def gguf_quantized(path: str) -> bool:
+    """Whether any tensor of the file is stored quantized (in blocks of small integers, not
+    as floats)."""
+    return any(t.tensor_type.name not in FLOAT_TYPES for t in open_gguf(path).tensors)
 
 
 def gguf_int4_tensors(path: str) -> Iterator[tuple[str, Int4Weight]]:

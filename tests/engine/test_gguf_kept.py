@@ -8,6 +8,7 @@ import torch
 
 from tokenmill.engine import LLM, SamplingParams
 from tokenmill.engine.contract.config import ConfigError
+from tokenmill.engine.execution import cpu_dtype
 from tokenmill.engine.layers.int4_linear import Int4Linear, Int4MergedLinear, int4_supported
 from tokenmill.engine.layers.quantized_linear import QuantizedLinear
 from tokenmill.engine.models.loader import _gguf_int4_named, _gguf_named, load_config
@@ -35,8 +36,13 @@ def test_kept_codes_are_the_dequantized_weights_in_hugging_face_row_order(smol_s
             "down_proj"} == checked
 
 
-def test_the_builtin_model_keeps_its_file_quantization_by_default(smol_llm):
+def test_the_builtin_model_keeps_its_file_quantization_by_default(smol_llm, monkeypatch):
+    """As `make serve` starts it on cores with native bfloat16, where the model dtype would
+    otherwise be bfloat16: float32 beside the kept codes, and the README's answer."""
+    monkeypatch.delenv("TOKENMILL_CPU_DTYPE", raising=False)
+    monkeypatch.setattr(cpu_dtype, "cpu_flags", lambda: frozenset({"amx_tile", "amx_bf16"}))
     llm = LLM(show_progress=False, max_model_len=256, kv_cache_memory=16 << 20)
+    assert llm.engine.dtype == torch.float32
     reference = smol_llm  # float32, nothing quantized
     model = llm.engine.runner.model
     assert llm.engine.quantization == "gguf" and reference.engine.quantization == "none"
@@ -58,6 +64,9 @@ def test_the_builtin_model_keeps_its_file_quantization_by_default(smol_llm):
     [ref] = reference.generate([prompt], params)
     # Different weights' precision, same model: the answer starts the same way.
     assert "Paris" in out.outputs[0].text and "Paris" in ref.outputs[0].text
+    [answer] = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                        SamplingParams(temperature=0.0, max_tokens=16))
+    assert answer.outputs[0].text == "The capital of France is Paris."
     assert llm.engine.kv.allocator.num_used == 0
 
 
