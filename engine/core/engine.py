@@ -136,12 +136,13 @@ class LLMEngine:
         check_kv_cache_dtype(config.kv_cache_dtype, backend, self.device)
         source = resolve_model(config.model, config.download_dir, config.revision,
                                config.hf_config_path, config.ignore_patterns)
-        self.dtype = _dtype(config.dtype, self.device, quantized_file=bool(source.gguf_file)
-                            and gguf_quantized(source.gguf_path))
         if overrides := config.config_overrides():
             source = dataclasses.replace(source, config_overrides=json.dumps(overrides))
         config_start = time.perf_counter()
         self.model_config = load_config(source)
+        # After the config: reading it first refuses a file that is not GGUF, in its words.
+        self.dtype = _dtype(config.dtype, self.device, quantized_file=bool(source.gguf_file)
+                            and gguf_quantized(source.gguf_path))
         tokenizer_start = time.perf_counter()
         tokenizer = config.tokenizer_source()
         # None under --skip-tokenizer-init: prompts are token ids and replies have no text.
