@@ -286,6 +286,9 @@ _NO_EFFECT_SWITCHES = (
     ("--multi-step-stream-outputs",
      "a stream sends what each step added (--stream-interval sets how often)"),
     ("--enable-reasoning", "--reasoning-parser alone splits a reply's thinking off"),
+    ("--calculate-kv-scales",
+     "an int8 or fp8 KV cache stores each token's K and V rows with their own scale, taken "
+     "as they are written; there are no per-layer scales to calculate"),
 )
 
 
@@ -330,6 +333,22 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Accepted for vLLM's command lines: a preempted request's KV cache "
                              "is recomputed, not swapped (--kv-offloading-size keeps a CPU "
                              "tier of evicted prefix blocks).")
+    parser.add_argument("--preemption-mode", choices=("recompute", "swap"), default=None,
+                        help="Accepted for vLLM's command lines (its older engine's): a "
+                             "preempted request's KV cache is recomputed when it resumes, "
+                             "whichever is named (--kv-offloading-size keeps a host tier of "
+                             "evicted prefix blocks).")
+    parser.add_argument("--num-lookahead-slots", type=_non_negative_int, default=None,
+                        metavar="N",
+                        help="Accepted for vLLM's command lines (its older engine's): "
+                             "speculative decoding (--speculative-config) reserves the KV "
+                             "slots of its draft tokens itself.")
+    parser.add_argument("--cpu-offload-gb", type=_non_negative_float, default=0.0,
+                        metavar="GIB",
+                        help="Accepted for vLLM's command lines with 0 only: the weights stay "
+                             "whole on the device; a model larger than its memory is split "
+                             "with --tensor-parallel-size or made smaller with "
+                             "--quantization.")
     parser.add_argument("--kv-offloading-backend", choices=("native", "lmcache"),
                         default="native",
                         help="Accepted for vLLM's command lines with native only: "
@@ -479,6 +498,10 @@ def check_server_flags(args: argparse.Namespace) -> None:
              "one HTTP server shares the engine's process; run more replicas")):
         if size != 1:
             raise ConfigError(flag, f"{size} is not supported; {how}")
+    if args.cpu_offload_gb:
+        raise ConfigError("--cpu-offload-gb", f"{args.cpu_offload_gb:g} is not supported; the "
+                          "weights stay whole on the device: split a larger model with "
+                          "--tensor-parallel-size, or shrink it with --quantization")
     if args.kv_offloading_backend != "native":
         raise ConfigError("--kv-offloading-backend", f"{args.kv_offloading_backend} is not "
                           "available; the host tier of --kv-offloading-size is tokenmill's "

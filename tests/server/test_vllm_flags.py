@@ -92,6 +92,8 @@ def vllm_server(tiny_llama_dir, tls, tmp_path_factory):
         "--mm-processor-cache-gb", "4", "--mm-encoder-tp-mode", "data", "--model-impl", "vllm",
         "--show-hidden-metrics-for-version", "0.10", "--fully-sharded-loras",
         "--max-num-partial-prefills", "4", "--max-long-partial-prefills", "2",
+        "--calculate-kv-scales", "--preemption-mode", "swap", "--num-lookahead-slots", "0",
+        "--cpu-offload-gb", "0",
         "--compilation-config", '{"cudagraph_capture_sizes": [1, 2]}',
         "--allowed-origins", f'["{ORIGIN}"]', "--ssl-keyfile", key, "--ssl-certfile", cert,
         env={"TOKENMILL_API_KEY": KEY})
@@ -316,6 +318,11 @@ def test_each_request_and_its_output_are_logged_cut_to_max_log_len_and_no_access
      "replicas"),
     (["--api-server-count", "4"], "--api-server-count: 4 is not supported; one HTTP server "
      "shares the engine's process"),
+    (["--cpu-offload-gb", "10"], "--cpu-offload-gb: 10 is not supported; the weights stay "
+     "whole on the device"),
+    (["--cpu-offload-gb", "-1"], "argument --cpu-offload-gb: must be a number, 0 or more"),
+    (["--preemption-mode", "evict"], "argument --preemption-mode: invalid choice: 'evict'"),
+    (["--num-lookahead-slots", "two"], "argument --num-lookahead-slots: must be a whole number"),
     (["--structured-outputs-config", '{"backend": "outlines"}'], "argument "
      "--structured-outputs-config: backend 'outlines' is not available: structured outputs "
      "run on xgrammar"),
