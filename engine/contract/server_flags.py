@@ -329,20 +329,36 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
              "GGUF file given")):
         parser.add_argument(flag, choices=choices, default="auto",
                             help=f"Accepted for vLLM's command lines: {what}.")
-    parser.add_argument("--swap-space", type=float, default=None, metavar="GIB",
-                        help="Accepted for vLLM's command lines: a preempted request's KV cache "
-                             "is recomputed, not swapped (--kv-offloading-size keeps a CPU "
-                             "tier of evicted prefix blocks).")
-    parser.add_argument("--preemption-mode", choices=("recompute", "swap"), default=None,
-                        help="Accepted for vLLM's command lines (its older engine's): a "
-                             "preempted request's KV cache is recomputed when it resumes, "
-                             "whichever is named (--kv-offloading-size keeps a host tier of "
-                             "evicted prefix blocks).")
-    parser.add_argument("--num-lookahead-slots", type=_non_negative_int, default=None,
-                        metavar="N",
-                        help="Accepted for vLLM's command lines (its older engine's): "
-                             "speculative decoding (--speculative-config) reserves the KV "
-                             "slots of its draft tokens itself.")
+    gib = {"type": _non_negative_float, "metavar": "GIB"}
+    steps = {"type": positive_int_argument, "metavar": "N"}
+    # Flags whose value changes nothing here: (flag, argparse options, why).
+    for flag, options, why in (
+            ("--swap-space", {"type": float, "metavar": "GIB"},
+             "a preempted request's KV cache is recomputed, not swapped (--kv-offloading-size "
+             "keeps a CPU tier of evicted prefix blocks)"),
+            ("--preemption-mode", {"choices": ("recompute", "swap")},
+             "a preempted request's KV cache is recomputed when it resumes, whichever mode is "
+             "named (the flag is from its older engine)"),
+            ("--num-lookahead-slots", {"type": _non_negative_int, "metavar": "N"},
+             "speculative decoding (--speculative-config) reserves the KV slots of its draft "
+             "tokens itself (the flag is from its older engine)"),
+            ("--prefix-caching-hash-algo",
+             {"choices": ("builtin", "sha256", "sha256_cbor", "sha256_cbor_64bit", "xxhash",
+                          "xxhash_cbor")},
+             "a cached block is used only once its tokens are compared, so no hash collision "
+             "can serve another prompt's KV, whatever the hash"),
+            ("--num-scheduler-steps", {**steps, "default": 1},
+             "every step is scheduled on its own here (the flag is its older multi-step "
+             "scheduling's); --async-scheduling overlaps the host's work with the device's"),
+            *((partial, steps,
+               "each step fills its token budget with prompt chunks, of as many prompts as it "
+               "holds; --long-prefill-token-threshold caps a long prompt's share of a step")
+              for partial in ("--max-num-partial-prefills", "--max-long-partial-prefills")),
+            ("--mm-processor-cache-gb", gib,
+             "each request's images are prepared as it arrives (no cache of processed "
+             "images)")):
+        parser.add_argument(flag, **{"default": None, **options},
+                            help=f"Accepted for vLLM's command lines: {why}.")
     parser.add_argument("--cpu-offload-gb", type=_non_negative_float, default=0.0,
                         metavar="GIB",
                         help="Accepted for vLLM's command lines with 0 only: the weights stay "
@@ -353,27 +369,6 @@ def add_vllm_compat_arguments(parser: argparse.ArgumentParser) -> None:
                         default="native",
                         help="Accepted for vLLM's command lines with native only: "
                              "--kv-offloading-size's host tier is tokenmill's own.")
-    parser.add_argument("--prefix-caching-hash-algo", default=None,
-                        choices=("builtin", "sha256", "sha256_cbor", "sha256_cbor_64bit",
-                                 "xxhash", "xxhash_cbor"),
-                        help="Accepted for vLLM's command lines: a cached block is used only "
-                             "once its tokens are compared, so no hash collision can serve "
-                             "another prompt's KV, whatever the hash.")
-    parser.add_argument("--num-scheduler-steps", type=positive_int_argument, default=1,
-                        metavar="N",
-                        help="Accepted for vLLM's command lines (its older multi-step "
-                             "scheduling): every step is scheduled on its own here; "
-                             "--async-scheduling overlaps the host's work with the device's.")
-    for flag in ("--max-num-partial-prefills", "--max-long-partial-prefills"):
-        parser.add_argument(flag, type=positive_int_argument, default=None, metavar="N",
-                            help="Accepted for vLLM's command lines: each step fills its token "
-                                 "budget with prompt chunks, of as many prompts as it holds; "
-                                 "--long-prefill-token-threshold caps a long prompt's share "
-                                 "of a step.")
-    parser.add_argument("--mm-processor-cache-gb", type=_non_negative_float, default=None,
-                        metavar="GIB",
-                        help="Accepted for vLLM's command lines: each request's images are "
-                             "prepared as it arrives (no cache of processed images).")
     parser.add_argument("--mm-encoder-tp-mode", choices=("weights", "data"), default=None,
                         help="Accepted for vLLM's command lines: under tensor parallelism the "
                              "image encoder runs whole on rank 0.")
