@@ -139,6 +139,7 @@ def gguf_tensors(path: str) -> Iterator[tuple[str, torch.Tensor, int]]:
 # Bytes per block of 32 weights before the 16 bytes of nibbles: a float16 scale d (Q4_0:
 # w = (q - 8) d), or d and an offset m (Q4_1: w = q d + m).
 INT4_TYPES = {"Q4_0": 2, "Q4_1": 4}
+# The storage types of plain floats: a tensor of any other type is quantized.
 FLOAT_TYPES = frozenset({"F32", "F16", "BF16", "F64"})
 
 
