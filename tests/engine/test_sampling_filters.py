@@ -66,7 +66,9 @@ def test_growing_candidates_cover_a_flat_distribution():
     kept = candidates(logits, [params])
     count = int(kept.logits.isfinite().sum())
     assert count > 4 * sampling_filters.FIRST_CANDIDATES
-    assert count == int(hf_filtered(logits[0], params).isfinite().sum())
+    ours = kept.scattered(VOCAB)[0].isfinite()
+    differ = (ours != hf_filtered(logits[0], params).isfinite()).nonzero().flatten().tolist()
+    assert len(differ) <= 1 and all(at_a_threshold(logits[0], params, t) for t in differ)
 
 
 def test_a_row_without_filters_keeps_the_whole_vocabulary_in_order():
