@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from transformers.generation.logits_process import (
     MinPLogitsWarper,
@@ -34,10 +36,7 @@ def at_a_threshold(logits: torch.Tensor, params: SamplingParams, token: int) -> 
     rounding: transformers' mass below it (ascending, over the top-k set) is 1 - top_p, or its
     probability is min_p times the largest. Summed in another order (from the top, as a
     kept set grows), such a token can fall either side of the edge."""
-    scores = logits.float().unsqueeze(0) / params.temperature
-    if params.top_k > 0:
-        scores = TopKLogitsWarper(min(params.top_k, logits.shape[0]))(None, scores)
-    probs = scores[0].softmax(dim=-1)
+    probs = hf_filtered(logits, dataclasses.replace(params, top_p=1.0, min_p=0.0)).softmax(-1)
     rounding = 4 * torch.finfo(torch.float32).eps
     if params.top_p < 1.0:
         ascending, order = probs.sort()
@@ -47,3 +46,15 @@ def at_a_threshold(logits: torch.Tensor, params: SamplingParams, token: int) -> 
     largest = probs.max().item()
     return params.min_p > 0.0 and abs(probs[token].item() - params.min_p * largest) <= \
         rounding * largest
+
+
+def assert_kept_as_transformers(kept: torch.Tensor, logits: torch.Tensor,
+                                params: SamplingParams) -> None:
+    """One row's kept logits (-inf where dropped) keep transformers' tokens, but for at most
+    one on an edge (at_a_threshold), with the same values."""
+    expected = hf_filtered(logits, params)
+    differ = (kept.isfinite() != expected.isfinite()).nonzero().flatten().tolist()
+    assert len(differ) <= 1 and all(at_a_threshold(logits, params, t) for t in differ), \
+        (params, differ)
+    both = kept.isfinite() & expected.isfinite()
+    torch.testing.assert_close(kept[both], expected[both])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sampling_support import at_a_threshold, hf_filtered
+from sampling_support import assert_kept_as_transformers, hf_filtered
 
 from tokenmill.engine.core import sampler, sampling_filters
 from tokenmill.engine.core.request import RequestTimings, Sequence
@@ -50,12 +50,7 @@ def test_kept_tokens_equal_transformers_warpers(monkeypatch, adaptive):
         logits = _logits(seed)
         kept = candidates(logits, params).scattered(VOCAB)
         for row, p in enumerate(params):
-            expected = hf_filtered(logits[row], p)
-            differ = (kept[row].isfinite() != expected.isfinite()).nonzero().flatten().tolist()
-            assert all(at_a_threshold(logits[row], p, t) for t in differ), (seed, row, p, differ)
-            assert len(differ) <= 1, (seed, row, p, differ)
-            both = kept[row].isfinite() & expected.isfinite()
-            torch.testing.assert_close(kept[row][both], expected[both])
+            assert_kept_as_transformers(kept[row], logits[row], p)
 
 
 def test_growing_candidates_cover_a_flat_distribution():
@@ -66,9 +61,7 @@ def test_growing_candidates_cover_a_flat_distribution():
     kept = candidates(logits, [params])
     count = int(kept.logits.isfinite().sum())
     assert count > 4 * sampling_filters.FIRST_CANDIDATES
-    ours = kept.scattered(VOCAB)[0].isfinite()
-    differ = (ours != hf_filtered(logits[0], params).isfinite()).nonzero().flatten().tolist()
-    assert len(differ) <= 1 and all(at_a_threshold(logits[0], params, t) for t in differ)
+    assert_kept_as_transformers(kept.scattered(VOCAB)[0], logits[0], params)
 
 
 def test_a_row_without_filters_keeps_the_whole_vocabulary_in_order():
